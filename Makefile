@@ -1,0 +1,32 @@
+# The two commands of the README, and the builds behind them.
+#   make test   set up a fresh Debian machine, build, run every CPU test (what CI runs)
+# Other targets: build, asan-test (recipe tests under ASan+UBSan), fuzz, bench.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: setup build test asan-test fuzz bench clean
+
+setup:
+	bash scripts/setup.sh
+
+build: setup
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+asan-test: setup
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON
+	cmake --build build-asan -j $(JOBS) --target recipe_tests
+	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L recipe
+
+fuzz: setup
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_FUZZ=ON -DDEEPINFER_SANITIZE=ON
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_tokenizer_roundtrip fuzz_render_request
+
+bench: build
+	$(BUILD)/bench/bench_recipe
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz

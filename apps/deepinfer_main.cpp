@@ -1,0 +1,17 @@
+// deepinfer: one binary, one subcommand per job.
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"DeepInfer: DeepSeek inference stack"};
+  app.require_subcommand(1);
+  std::map<std::string, std::function<int()>> runs;
+  runs["tokenize"] = deepinfer::apps::add_tokenize_command(app);
+  runs["render"] = deepinfer::apps::add_render_command(app);
+  CLI11_PARSE(app, argc, argv);
+  for (CLI::App* sub : app.get_subcommands()) return runs.at(sub->get_name())();
+  return 2;
+}

@@ -1,0 +1,80 @@
+// The one canonical conversation: every API dialect (OpenAI Chat Completions, OpenAI Responses, Anthropic
+// Messages) converts into it, and every prompt format renders from it. Tool-call arguments are held once,
+// as a parsed JSON object, and serialized per format only at the edge.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
+#include "deepinfer/core/status.h"
+
+namespace deepinfer::recipe {
+
+enum class Role {
+  kSystem,
+  kDeveloper,       // OpenAI's operator role; V3.2+ render it as a user turn with instructions
+  kUser,
+  kAssistant,
+  kTool,            // the result of one tool call
+  kLatestReminder,  // DeepSeek V4's reminder role
+};
+std::string_view role_name(Role role);
+Result<Role> parse_role(std::string_view name);
+
+// One part of a message's content. Text is untrusted: it is never matched against control tokens.
+struct ContentPart {
+  enum class Kind { kText, kImage };
+  Kind kind = Kind::kText;
+  std::string text;       // kText: the text (UTF-8)
+  std::string image_url;  // kImage: a URL or data: URI, passed through untouched
+};
+
+struct ToolCall {
+  std::string id;                 // e.g. "call_1"; may be empty for formats that carry no ids
+  std::string name;               // function name
+  boost::json::object arguments;  // parsed arguments, keys in the order the model or client wrote them
+};
+
+struct Message {
+  Role role = Role::kUser;
+  // Content parts in order. `content_is_null` distinguishes JSON null from "" (the V3/R1 templates branch
+  // on it for assistant turns that only call tools).
+  std::vector<ContentPart> content;
+  bool content_is_null = false;
+  std::optional<std::string> reasoning_content;  // assistant: the thinking that preceded the answer
+  std::vector<ToolCall> tool_calls;              // assistant
+  std::string tool_call_id;                      // tool: which call this result answers
+  std::string name;                              // optional participant or tool name
+  bool prefix = false;                           // assistant: a prefix the model must continue (V3.1)
+
+  // The text parts joined with `separator`; images are skipped. "" when content is null.
+  std::string text(std::string_view separator = "\n") const;
+  bool has_images() const;
+};
+
+// A function the model may call. `function` is the OpenAI function object as the client sent it
+// (`name`, `description`, `parameters`, ... in the client's key order): the DSML formats print it verbatim.
+struct ToolDefinition {
+  std::string name;
+  boost::json::object function;
+};
+
+struct ConversationOptions {
+  bool thinking = false;                        // reasoning on (thinking mode) or off (chat mode)
+  std::optional<std::string> reasoning_effort;  // "low" | "medium" | "high" | "xhigh" | "max" | "1".."100"
+  bool add_generation_prompt = true;            // end with the assistant turn opener
+  std::optional<boost::json::value> response_format;  // JSON schema request (V3.2+ print it)
+};
+
+struct Conversation {
+  std::vector<Message> messages;
+  std::vector<ToolDefinition> tools;
+  ConversationOptions options;
+};
+
+}  // namespace deepinfer::recipe

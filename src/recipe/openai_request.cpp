@@ -1,0 +1,281 @@
+// OpenAI Chat Completions request -> Conversation. One validating pass; the first error wins and names
+// the field's JSON path.
+#include "deepinfer/recipe/openai_request.h"
+
+#include <boost/json.hpp>
+
+namespace deepinfer::recipe {
+namespace json = boost::json;
+namespace {
+
+std::string kind_name(const json::value& v) {
+  switch (v.kind()) {
+    case json::kind::null: return "null";
+    case json::kind::bool_: return "a boolean";
+    case json::kind::int64:
+    case json::kind::uint64:
+    case json::kind::double_: return "a number";
+    case json::kind::string: return "a string";
+    case json::kind::array: return "an array";
+    case json::kind::object: return "an object";
+  }
+  return "unknown";
+}
+
+Status type_error(const std::string& path, std::string_view expected, const json::value& got) {
+  return Status::invalid_argument(path + " must be " + std::string(expected) + ", got " + kind_name(got));
+}
+
+// Parses a content field: a string, null, or an array of {"type": "text"|"image_url", ...} parts.
+Status parse_content(const json::value& content, const std::string& path, Message& message) {
+  if (content.is_null()) {
+    message.content_is_null = true;
+    return Status();
+  }
+  if (content.is_string()) {
+    message.content.push_back({ContentPart::Kind::kText, std::string(content.get_string()), {}});
+    return Status();
+  }
+  if (!content.is_array()) return type_error(path, "a string, an array of content parts or null", content);
+  const json::array& parts = content.get_array();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::string part_path = path + "[" + std::to_string(i) + "]";
+    if (!parts[i].is_object()) return type_error(part_path, "an object", parts[i]);
+    const json::object& part = parts[i].get_object();
+    const json::value* type = part.if_contains("type");
+    if (type == nullptr || !type->is_string()) return Status::invalid_argument(part_path + ".type must be a string");
+    std::string_view type_name = type->get_string();
+    if (type_name == "text" || type_name == "input_text") {
+      const json::value* text = part.if_contains("text");
+      if (text == nullptr || !text->is_string()) return Status::invalid_argument(part_path + ".text must be a string");
+      message.content.push_back({ContentPart::Kind::kText, std::string(text->get_string()), {}});
+    } else if (type_name == "image_url") {
+      const json::value* image = part.if_contains("image_url");
+      std::string url;
+      if (image != nullptr && image->is_string()) {
+        url = image->get_string();
+      } else if (image != nullptr && image->is_object() && image->get_object().if_contains("url") &&
+                 image->get_object().at("url").is_string()) {
+        url = image->get_object().at("url").get_string();
+      } else {
+        return Status::invalid_argument(part_path + ".image_url must be a string or an object with a string url");
+      }
+      message.content.push_back({ContentPart::Kind::kImage, {}, std::move(url)});
+    } else {
+      return Status::invalid_argument(part_path + ".type '" + std::string(type_name) +
+                                      "' is not supported; expected text or image_url");
+    }
+  }
+  return Status();
+}
+
+Status parse_tool_call(const json::value& value, const std::string& path, ToolCall& call) {
+  if (!value.is_object()) return type_error(path, "an object", value);
+  const json::object& object = value.get_object();
+  if (const json::value* id = object.if_contains("id")) {
+    if (!id->is_string()) return type_error(path + ".id", "a string", *id);
+    call.id = id->get_string();
+  }
+  if (const json::value* type = object.if_contains("type")) {
+    if (!type->is_string() || type->get_string() != "function") {
+      return Status::invalid_argument(path + ".type must be \"function\"");
+    }
+  }
+  const json::value* function = object.if_contains("function");
+  if (function == nullptr || !function->is_object()) {
+    return Status::invalid_argument(path + ".function must be an object with name and arguments");
+  }
+  const json::object& fn = function->get_object();
+  const json::value* name = fn.if_contains("name");
+  if (name == nullptr || !name->is_string() || name->get_string().empty()) {
+    return Status::invalid_argument(path + ".function.name must be a non-empty string");
+  }
+  call.name = name->get_string();
+  const json::value* arguments = fn.if_contains("arguments");
+  std::string arguments_path = path + ".function.arguments";
+  if (arguments == nullptr || arguments->is_null()) return Status();  // no arguments: {}
+  if (arguments->is_object()) {
+    call.arguments = arguments->get_object();
+    return Status();
+  }
+  if (!arguments->is_string()) return type_error(arguments_path, "a JSON string or an object", *arguments);
+  std::string_view text = arguments->get_string();
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) return Status();  // "" means {}
+  boost::system::error_code ec;
+  json::value parsed = json::parse(text, ec);
+  if (ec) {
+    return Status::invalid_argument(arguments_path + " is not valid JSON (" + ec.message() + "): " +
+                                    std::string(text.substr(0, 200)));
+  }
+  if (!parsed.is_object()) return type_error(arguments_path, "a JSON object", parsed);
+  call.arguments = std::move(parsed.get_object());
+  return Status();
+}
+
+Status parse_message(const json::value& value, const std::string& path, Message& message) {
+  if (!value.is_object()) return type_error(path, "an object", value);
+  const json::object& object = value.get_object();
+  const json::value* role = object.if_contains("role");
+  if (role == nullptr || !role->is_string()) return Status::invalid_argument(path + ".role must be a string");
+  Result<Role> parsed_role = parse_role(role->get_string());
+  if (!parsed_role.ok()) return Status::invalid_argument(path + ".role: " + parsed_role.status().message());
+  message.role = *parsed_role;
+
+  const json::value* content = object.if_contains("content");
+  if (content == nullptr) {
+    message.content_is_null = true;
+  } else if (Status s = parse_content(*content, path + ".content", message); !s.ok()) {
+    return s;
+  }
+  if (message.role != Role::kAssistant && message.content_is_null) {
+    return Status::invalid_argument(path + ".content is required for role " + std::string(role_name(message.role)));
+  }
+  if (const json::value* name = object.if_contains("name")) {
+    if (!name->is_string()) return type_error(path + ".name", "a string", *name);
+    message.name = name->get_string();
+  }
+  for (const char* key : {"reasoning_content", "reasoning"}) {
+    const json::value* reasoning = object.if_contains(key);
+    if (reasoning == nullptr || reasoning->is_null()) continue;
+    if (!reasoning->is_string()) return type_error(path + "." + key, "a string", *reasoning);
+    if (message.role != Role::kAssistant) {
+      return Status::invalid_argument(path + "." + key + " is only allowed on assistant messages");
+    }
+    message.reasoning_content = std::string(reasoning->get_string());
+    break;
+  }
+  if (const json::value* calls = object.if_contains("tool_calls"); calls != nullptr && !calls->is_null()) {
+    if (message.role != Role::kAssistant) {
+      return Status::invalid_argument(path + ".tool_calls is only allowed on assistant messages");
+    }
+    if (!calls->is_array()) return type_error(path + ".tool_calls", "an array", *calls);
+    const json::array& list = calls->get_array();
+    for (size_t i = 0; i < list.size(); ++i) {
+      ToolCall call;
+      if (Status s = parse_tool_call(list[i], path + ".tool_calls[" + std::to_string(i) + "]", call); !s.ok()) {
+        return s;
+      }
+      message.tool_calls.push_back(std::move(call));
+    }
+  }
+  if (message.role == Role::kAssistant && message.content_is_null && message.tool_calls.empty()) {
+    return Status::invalid_argument(path + " is an assistant message with neither content nor tool_calls");
+  }
+  if (const json::value* id = object.if_contains("tool_call_id"); id != nullptr && !id->is_null()) {
+    if (!id->is_string()) return type_error(path + ".tool_call_id", "a string", *id);
+    message.tool_call_id = id->get_string();
+  }
+  if (const json::value* prefix = object.if_contains("prefix"); prefix != nullptr && !prefix->is_null()) {
+    if (!prefix->is_bool()) return type_error(path + ".prefix", "a boolean", *prefix);
+    message.prefix = prefix->get_bool();
+  }
+  return Status();
+}
+
+Status parse_tools(const json::value& value, std::vector<ToolDefinition>& tools) {
+  if (value.is_null()) return Status();
+  if (!value.is_array()) return type_error("tools", "an array", value);
+  const json::array& list = value.get_array();
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::string path = "tools[" + std::to_string(i) + "]";
+    if (!list[i].is_object()) return type_error(path, "an object", list[i]);
+    const json::object& tool = list[i].get_object();
+    const json::value* type = tool.if_contains("type");
+    if (type != nullptr && (!type->is_string() || type->get_string() != "function")) {
+      return Status::invalid_argument(path + ".type must be \"function\"");
+    }
+    const json::value* function = tool.if_contains("function");
+    if (function == nullptr || !function->is_object()) return Status::invalid_argument(path + ".function must be an object");
+    const json::value* name = function->get_object().if_contains("name");
+    if (name == nullptr || !name->is_string() || name->get_string().empty()) {
+      return Status::invalid_argument(path + ".function.name must be a non-empty string");
+    }
+    if (const json::value* parameters = function->get_object().if_contains("parameters");
+        parameters != nullptr && !parameters->is_object()) {
+      return type_error(path + ".function.parameters", "a JSON Schema object", *parameters);
+    }
+    tools.push_back({std::string(name->get_string()), function->get_object()});
+  }
+  return Status();
+}
+
+// Reads a thinking switch: a bool, or {"type": "enabled"|"disabled"} as Anthropic writes it.
+Status parse_thinking(const json::value& value, const std::string& path, bool& thinking) {
+  if (value.is_bool()) {
+    thinking = value.get_bool();
+    return Status();
+  }
+  if (value.is_object()) {
+    const json::value* type = value.get_object().if_contains("type");
+    if (type != nullptr && type->is_string() && (type->get_string() == "enabled" || type->get_string() == "disabled")) {
+      thinking = type->get_string() == "enabled";
+      return Status();
+    }
+  }
+  return Status::invalid_argument(path + " must be a boolean or {\"type\": \"enabled\"|\"disabled\"}");
+}
+
+}  // namespace
+
+Result<Conversation> conversation_from_openai_chat(const json::value& request) {
+  if (!request.is_object()) return Status::invalid_argument("the request body must be a JSON object");
+  const json::object& body = request.get_object();
+  Conversation conversation;
+  const json::value* messages = body.if_contains("messages");
+  if (messages == nullptr) return Status::invalid_argument("messages is required");
+  if (!messages->is_array()) return type_error("messages", "an array", *messages);
+  if (messages->get_array().empty()) return Status::invalid_argument("messages must not be empty");
+  const json::array& list = messages->get_array();
+  conversation.messages.resize(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (Status s = parse_message(list[i], "messages[" + std::to_string(i) + "]", conversation.messages[i]); !s.ok()) {
+      return s;
+    }
+  }
+  if (const json::value* tools = body.if_contains("tools")) {
+    if (Status s = parse_tools(*tools, conversation.tools); !s.ok()) return s;
+  }
+  ConversationOptions& options = conversation.options;
+  if (const json::value* thinking = body.if_contains("thinking"); thinking != nullptr && !thinking->is_null()) {
+    if (Status s = parse_thinking(*thinking, "thinking", options.thinking); !s.ok()) return s;
+  }
+  if (const json::value* kwargs = body.if_contains("chat_template_kwargs"); kwargs != nullptr && !kwargs->is_null()) {
+    if (!kwargs->is_object()) return type_error("chat_template_kwargs", "an object", *kwargs);
+    // `thinking` wins over `enable_thinking`, as in the official V3.1 template.
+    for (const char* key : {"enable_thinking", "thinking"}) {
+      const json::value* value = kwargs->get_object().if_contains(key);
+      if (value == nullptr) continue;
+      if (!value->is_bool()) return type_error(std::string("chat_template_kwargs.") + key, "a boolean", *value);
+      options.thinking = value->get_bool();
+    }
+  }
+  if (const json::value* effort = body.if_contains("reasoning_effort"); effort != nullptr && !effort->is_null()) {
+    if (effort->is_string()) {
+      options.reasoning_effort = std::string(effort->get_string());
+    } else if (effort->is_int64()) {
+      options.reasoning_effort = std::to_string(effort->get_int64());
+    } else {
+      return type_error("reasoning_effort", "a string or an integer", *effort);
+    }
+  }
+  if (const json::value* add = body.if_contains("add_generation_prompt"); add != nullptr && !add->is_null()) {
+    if (!add->is_bool()) return type_error("add_generation_prompt", "a boolean", *add);
+    options.add_generation_prompt = add->get_bool();
+  }
+  if (const json::value* format = body.if_contains("response_format"); format != nullptr && !format->is_null()) {
+    if (!format->is_object()) return type_error("response_format", "an object", *format);
+    const json::value* type = format->get_object().if_contains("type");
+    // {"type": "text"} asks for nothing; the formats only print schemas.
+    if (type == nullptr || !type->is_string() || type->get_string() != "text") options.response_format = *format;
+  }
+  return conversation;
+}
+
+Result<Conversation> conversation_from_openai_chat(std::string_view json_text) {
+  boost::system::error_code ec;
+  json::value request = json::parse(json_text, ec);
+  if (ec) return Status::invalid_argument("the request body is not valid JSON: " + ec.message());
+  return conversation_from_openai_chat(request);
+}
+
+}  // namespace deepinfer::recipe

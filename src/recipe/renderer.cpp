@@ -1,0 +1,80 @@
+// Format registry and prompt tokenization: control segments become their added-token ids, every other
+// run of text is tokenized untrusted as one string.
+#include "deepinfer/recipe/renderer.h"
+
+#include <array>
+
+#include "prompt_builder.h"
+
+namespace deepinfer::recipe {
+namespace {
+
+constexpr std::array<PromptFormat, 6> kFormats = {PromptFormat::kDeepSeekV3,  PromptFormat::kDeepSeekR1,
+                                                  PromptFormat::kDeepSeekV31, PromptFormat::kDeepSeekV32,
+                                                  PromptFormat::kDeepSeekV4,  PromptFormat::kDeepSeekV41};
+
+}  // namespace
+
+std::string_view format_name(PromptFormat format) {
+  switch (format) {
+    case PromptFormat::kDeepSeekV3: return "deepseek-v3";
+    case PromptFormat::kDeepSeekR1: return "deepseek-r1";
+    case PromptFormat::kDeepSeekV31: return "deepseek-v3.1";
+    case PromptFormat::kDeepSeekV32: return "deepseek-v3.2";
+    case PromptFormat::kDeepSeekV4: return "deepseek-v4";
+    case PromptFormat::kDeepSeekV41: return "deepseek-v4.1";
+  }
+  return "unknown";
+}
+
+Result<PromptFormat> parse_format(std::string_view name) {
+  for (PromptFormat format : kFormats) {
+    if (format_name(format) == name) return format;
+  }
+  return Status::invalid_argument("unknown prompt format '" + std::string(name) +
+                                  "'; expected deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v3.2, "
+                                  "deepseek-v4 or deepseek-v4.1");
+}
+
+std::span<const PromptFormat> all_formats() { return kFormats; }
+
+Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format) {
+  if (conversation.messages.empty()) return Status::invalid_argument("messages must not be empty");
+  switch (format) {
+    case PromptFormat::kDeepSeekV3: return render_v3(conversation);
+    case PromptFormat::kDeepSeekR1: return render_r1(conversation);
+    case PromptFormat::kDeepSeekV31: return render_v31(conversation);
+    default: return render_dsml(conversation, format);
+  }
+}
+
+void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt) {
+  prompt.token_ids.clear();
+  prompt.token_ids.reserve(prompt.text.size() / 3 + 16);
+  std::string run;  // pending non-control text
+  auto flush = [&] {
+    if (run.empty()) return;
+    tokenizer.encode(run, TextTrust::kUntrusted, prompt.token_ids);
+    run.clear();
+  };
+  for (const PromptSegment& segment : prompt.segments) {
+    if (segment.kind == PromptSegment::Kind::kControl) {
+      if (std::optional<TokenId> id = tokenizer.added_token_id(segment.text)) {
+        flush();
+        prompt.token_ids.push_back(*id);
+        continue;
+      }
+    }
+    run += segment.text;  // a marker this tokenizer lacks is ordinary text, as the reference sees it
+  }
+  flush();
+}
+
+Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
+                                           const Tokenizer& tokenizer) {
+  Result<RenderedPrompt> prompt = render_prompt(conversation, format);
+  if (prompt.ok()) tokenize_prompt(tokenizer, *prompt);
+  return prompt;
+}
+
+}  // namespace deepinfer::recipe

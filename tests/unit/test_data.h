@@ -1,0 +1,32 @@
+// Helpers for tests that read committed reference data under tests/data/ and the tokenizer that
+// scripts/setup.sh fetches into models/.
+#pragma once
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+namespace deepinfer::testing {
+
+inline std::string source_path(const std::string& relative) { return std::string(DEEPINFER_SOURCE_DIR) + "/" + relative; }
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    return {};
+  }
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+inline boost::json::value read_json(const std::string& relative) { return boost::json::parse(read_file(source_path(relative))); }
+
+// The DeepSeek-V3 tokenizer fetched by scripts/setup.sh.
+inline std::string tokenizer_path() { return source_path("models/deepseek-v3/tokenizer.json"); }
+
+}  // namespace deepinfer::testing
