@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake ninja-build pkg-config clang
+  build-essential cmake ninja-build clang
   libboost1.81-dev libboost-json1.81-dev   # HTTP (Beast/Asio) and JSON
   libpcre2-dev                             # pre-tokenizer regexes
   libxxhash-dev                            # block hashes
