@@ -1,0 +1,70 @@
+// SamplingParams: the per-request knobs that decide how the next token is drawn from the model's logits,
+// with the names, defaults and ranges that vLLM and OpenAI-API users expect. The server fills it from a
+// request (recipe never sees it); the scheduler reads the stop fields; the sampler reads the rest.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "deepinfer/core/status.h"
+
+namespace deepinfer::engine {
+
+using TokenId = int32_t;
+
+// Below this temperature a request samples greedily (vLLM's _SAMPLING_EPS): dividing logits by a smaller
+// number only risks overflow, and the distribution is a point mass to within float precision anyway.
+inline constexpr float kGreedyTemperature = 1e-5f;
+// logit_bias values are clamped to [-kMaxLogitBias, kMaxLogitBias] when applied (OpenAI's range).
+inline constexpr float kMaxLogitBias = 100.0f;
+// At most this many top alternatives per token (OpenAI's top_logprobs limit).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+// A value type; copy freely. Thread-safety: none needed (no shared state).
+// Defaults are "off": plain sampling from softmax(logits) at temperature 1.
+struct SamplingParams {
+  // Logits are divided by this before softmax. [0, inf); below kGreedyTemperature (so 0) means greedy:
+  // argmax of the processed logits, ties to the lowest token id.
+  float temperature = 1.0f;
+  // Keep only the top_k most likely tokens (ties at the boundary go to the lower id, so exactly
+  // min(top_k, #finite) tokens stay). -1 or 0: off.
+  int32_t top_k = -1;
+  // Nucleus: keep the smallest most-likely-first prefix whose probability mass reaches top_p. (0, 1]; 1: off.
+  float top_p = 1.0f;
+  // Drop tokens whose probability is below min_p times the most likely token's. [0, 1]; 0: off.
+  float min_p = 0.0f;
+  // vLLM/HF (Keskar et al. 2019, CTRL): for every token in the prompt or the output so far, a positive logit
+  // is divided by it and a negative one multiplied. (0, inf); 1: off; > 1 discourages repetition.
+  float repetition_penalty = 1.0f;
+  // OpenAI: subtract presence_penalty once from each token that occurs in the output so far (not the
+  // prompt). [-2, 2]; 0: off.
+  float presence_penalty = 0.0f;
+  // OpenAI: subtract frequency_penalty times the token's count in the output so far. [-2, 2]; 0: off.
+  float frequency_penalty = 0.0f;
+  // token id -> value added to that token's logit, clamped to [-100, 100]; -100 effectively bans a token.
+  // Ids must lie in [0, vocab_size); values must be finite.
+  std::map<TokenId, float> logit_bias;
+  // Same seed, same params, same logits -> same tokens, whatever else shares the batch. Unset: the engine
+  // supplies a per-request seed (see make_request_rng in sampler.h).
+  std::optional<uint64_t> seed;
+  // Most tokens to generate; unset: until the context is full. >= 1. Read by the scheduler, not the sampler.
+  std::optional<int64_t> max_tokens;
+  // Generation stops after emitting any of these (the token is part of the output). Read by the scheduler.
+  std::vector<TokenId> stop_token_ids;
+  // Do not stop at the model's end-of-sequence token. Read by the scheduler; the sampler does not ban EOS.
+  bool ignore_eos = false;
+  // Unset: no logprobs. Set to n in [0, 20]: return the sampled token's logprob and the n most likely
+  // alternatives, all from the raw model distribution (log_softmax of the logits before any processing).
+  std::optional<int32_t> logprobs;
+
+  bool is_greedy() const { return temperature < kGreedyTemperature; }
+
+  // Ok, or InvalidArgument naming the first bad field, its value and the allowed range, e.g.
+  // "top_p must be in (0, 1], got 0". Checks NaN/inf too. Ranges follow vLLM's SamplingParams.
+  // REQUIRES: nothing; vocab_size <= 0 is itself reported as an error.
+  Status validate(int64_t vocab_size) const;
+};
+
+}  // namespace deepinfer::engine

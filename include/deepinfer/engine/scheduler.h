@@ -1,0 +1,148 @@
+// The continuous-batching scheduler: each step it picks which sequences compute which tokens, within a token
+// budget, a sequence cap and the KV block pool, and after the model ran it folds the sampled tokens back in.
+// The engine's step is three lines:
+//   ScheduledBatch batch = scheduler.schedule();
+//   StepOutput out = executor.run(batch);
+//   scheduler.update(batch, out.sampled_token_ids);
+// Policy (vLLM V1's, which operators know): running sequences first, then waiting ones FCFS; chunked prefill
+// falls out of the token budget; preemption by recompute when blocks run out.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "deepinfer/core/status.h"
+#include "deepinfer/engine/sequence.h"
+#include "deepinfer/kvcache/block_pool.h"
+
+namespace deepinfer::engine {
+
+struct SchedulerConfig {
+  int32_t max_num_batched_tokens = 8192;  // tokens computed per step, prefill chunks and decodes together
+  int32_t max_num_seqs = 256;             // running sequences at most (scheduled this step or not)
+  int32_t num_blocks = 0;                 // KV blocks of kvcache::kBlockTokens tokens in the pool
+  // On: a prompt longer than the step's remaining budget is prefilled in chunks over several steps.
+  // Off: a sequence is admitted only when all its tokens fit the remaining budget; one longer than
+  // max_num_batched_tokens is aborted.
+  bool enable_chunked_prefill = true;
+
+  // InvalidArgument naming the field when a limit is not positive.
+  Status validate() const;
+};
+
+// One sequence's work in a step: compute the KV of `token_ids` at positions start_position, start_position+1,
+// ..., and, when `samples`, the logits of the last one, from which the executor samples exactly one token.
+struct ScheduledEntry {
+  SequenceId sequence_id = 0;
+  std::vector<TokenId> token_ids;  // [num_tokens] >= 1: a prefill chunk, a recompute chunk or one decode token
+  int64_t start_position = 0;      // == the sequence's num_computed_tokens before this step
+  // Copy of the sequence's block table, covering positions [0, start_position + token_ids.size()); the
+  // executor writes this step's KV at block_table[p / kBlockTokens], slot p % kBlockTokens.
+  std::vector<kvcache::BlockId> block_table;
+  // True when these are the sequence's last uncomputed tokens: the end of its prompt (or of a recompute
+  // after preemption) or a decode token. Exactly one sampled token is expected back for such an entry.
+  bool samples = false;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  int64_t end_position() const { return start_position + num_tokens(); }  // exclusive
+};
+
+// A sequence that finished since the previous schedule() (by update, cancel or abort). Reported once.
+struct FinishedSequence {
+  SequenceId id = 0;
+  FinishReason reason = FinishReason::kNone;
+  std::string message;  // empty for kStop / kLength
+  int64_t num_prompt_tokens = 0;
+  int64_t num_generated_tokens = 0;
+};
+
+struct ScheduledBatch {
+  uint64_t step = 0;  // 1, 2, ...: which schedule() call produced it
+  // Running sequences first, in admission order, then the ones admitted this step, in queue order.
+  std::vector<ScheduledEntry> entries;
+  // Sequences preempted this step, in the order they were chosen (most recently admitted first). They
+  // released their blocks and wait at the front of the queue; their generated tokens are kept.
+  std::vector<SequenceId> preempted;
+  // Sequences that finished since the previous schedule(), plus any aborted during this one. After this
+  // batch they are forgotten: find() returns nullptr and cancel() NotFound.
+  std::vector<FinishedSequence> finished;
+
+  bool empty() const { return entries.empty(); }
+  int64_t num_scheduled_tokens() const;
+  int64_t num_sampling_entries() const;
+};
+
+// Not thread-safe: the engine calls every method from its one step thread.
+class Scheduler {
+ public:
+  // Errors: those of SchedulerConfig::validate().
+  static Result<Scheduler> create(const SchedulerConfig& config);
+
+  // Queues a request at the back of the waiting queue. A request that can never be scheduled (its prompt
+  // needs more blocks than the pool has, or, with chunked prefill off, more tokens than
+  // max_num_batched_tokens) is accepted and finished as kAborted with the reason; it is reported in the
+  // next batch's `finished`.
+  // Errors (nothing queued): InvalidArgument for a duplicate live id, an empty prompt or max_tokens < 1.
+  Status add(SequenceRequest request);
+
+  // Finishes a live sequence as kCancelled wherever it is (waiting, preempted, mid-prefill, decoding),
+  // releasing its blocks at once; it is reported in the next batch's `finished`. If it is in a batch that
+  // was scheduled but not yet updated, update() skips its entry (its sampled token is dropped).
+  // A sequence already finished but not yet reported is left as it is (Ok).
+  // Errors: NotFound when no live sequence has this id (never added, or already reported).
+  Status cancel(SequenceId id);
+
+  // Plans one step; mutates the queues, block tables (allocating this step's blocks) and preemption state,
+  // never num_computed_tokens (update() advances it). Deterministic. Calling schedule() again without
+  // update() abandons the previous batch: its tokens are simply scheduled again.
+  ScheduledBatch schedule();
+
+  // Folds a step's results in: advances num_computed_tokens of every entry, appends the sampled token of
+  // each sampling entry, finishes a sequence on a stop token (kStop, checked first) or on reaching
+  // max_tokens (kLength), and releases finished sequences' blocks.
+  // `sampled_token_ids`: one per entry with `samples`, in entry order (cancelled entries included).
+  // Errors (nothing changes): InvalidArgument when `batch` is not the latest schedule()'s, was already
+  // updated, or the sampled count differs; Internal when an entry disagrees with the sequence's state.
+  Status update(const ScheduledBatch& batch, std::span<const TokenId> sampled_token_ids);
+
+  // A live (not yet reported) sequence, or nullptr. The pointer is valid until the next non-const call.
+  const SequenceState* find(SequenceId id) const;
+  std::vector<SequenceId> running_ids() const;  // admission order
+  std::vector<SequenceId> waiting_ids() const;  // queue order, preempted ones included
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  // True while any sequence waits or runs, or a finished one is still to be reported by schedule().
+  bool has_pending_work() const { return !running_.empty() || !waiting_.empty() || !newly_finished_.empty(); }
+
+  const kvcache::BlockPool& block_pool() const { return block_pool_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  SequenceState& state(SequenceId id);
+  // Why `seq` can never be scheduled, or nullopt when it can.
+  std::optional<std::string> why_never_schedulable(const SequenceState& seq) const;
+  void finish(SequenceState& seq, FinishReason reason, std::string message);  // does not touch the queues
+  void release_blocks(SequenceState& seq);
+  void preempt(SequenceState& seq);  // does not touch running_
+  // Grows seq's block table to cover `end_position` tokens. REQUIRES: enough free blocks.
+  void allocate_blocks(SequenceState& seq, int64_t end_position);
+  ScheduledEntry make_entry(const SequenceState& seq, int64_t num_new_tokens) const;
+
+  SchedulerConfig config_;
+  kvcache::BlockPool block_pool_;
+  std::unordered_map<SequenceId, SequenceState> sequences_;  // live ones: not yet reported as finished
+  std::vector<SequenceId> running_;                          // admission order; the tail is preempted first
+  std::deque<SequenceId> waiting_;                           // FCFS; preempted ones pushed at the front
+  std::vector<SequenceId> newly_finished_;                   // to report in the next batch, in finish order
+  uint64_t last_step_ = 0;
+  bool last_step_updated_ = true;
+};
+
+}  // namespace deepinfer::engine

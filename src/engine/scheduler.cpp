@@ -1,0 +1,305 @@
+// Scheduler: running sequences first (decode tokens or their next prefill chunk), then FCFS admission from
+// the waiting queue, within the token budget, the sequence cap and the free KV blocks; preemption by
+// recompute of the most recently admitted sequence when a running one needs a block and none is free.
+#include "deepinfer/engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+#include <utility>
+
+namespace deepinfer::engine {
+
+using kvcache::blocks_for_tokens;
+
+Status SchedulerConfig::validate() const {
+  if (max_num_batched_tokens < 1) {
+    return Status::invalid_argument("SchedulerConfig.max_num_batched_tokens must be >= 1, got " +
+                                    std::to_string(max_num_batched_tokens));
+  }
+  if (max_num_seqs < 1) {
+    return Status::invalid_argument("SchedulerConfig.max_num_seqs must be >= 1, got " + std::to_string(max_num_seqs));
+  }
+  if (num_blocks < 1) {
+    return Status::invalid_argument("SchedulerConfig.num_blocks must be >= 1, got " + std::to_string(num_blocks));
+  }
+  return Status::ok_status();
+}
+
+int64_t ScheduledBatch::num_scheduled_tokens() const {
+  int64_t total = 0;
+  for (const ScheduledEntry& entry : entries) total += entry.num_tokens();
+  return total;
+}
+
+int64_t ScheduledBatch::num_sampling_entries() const {
+  return std::count_if(entries.begin(), entries.end(), [](const ScheduledEntry& entry) { return entry.samples; });
+}
+
+Result<Scheduler> Scheduler::create(const SchedulerConfig& config) {
+  if (Status status = config.validate(); !status.ok()) return status;
+  return Scheduler(config);
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config) : config_(config), block_pool_(config.num_blocks) {}
+
+SequenceState& Scheduler::state(SequenceId id) {
+  auto it = sequences_.find(id);
+  assert(it != sequences_.end());
+  return it->second;
+}
+
+const SequenceState* Scheduler::find(SequenceId id) const {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? nullptr : &it->second;
+}
+
+std::vector<SequenceId> Scheduler::running_ids() const { return running_; }
+
+std::vector<SequenceId> Scheduler::waiting_ids() const { return {waiting_.begin(), waiting_.end()}; }
+
+std::optional<std::string> Scheduler::why_never_schedulable(const SequenceState& seq) const {
+  // All tokens up to the newest must be in the cache at once to compute the next one, and with every other
+  // sequence preempted the whole pool is available: beyond that, waiting cannot help.
+  int64_t blocks_needed = blocks_for_tokens(seq.num_tokens());
+  if (blocks_needed > block_pool_.num_total()) {
+    return "sequence " + std::to_string(seq.id) + " needs " + std::to_string(blocks_needed) + " KV blocks for " +
+           std::to_string(seq.num_tokens()) + " tokens (" + std::to_string(seq.num_prompt_tokens()) + " prompt + " +
+           std::to_string(seq.num_generated_tokens()) + " generated) but the pool has " +
+           std::to_string(block_pool_.num_total()) + " blocks of " + std::to_string(kvcache::kBlockTokens) +
+           " tokens; raise num_blocks or shorten the request";
+  }
+  int64_t uncomputed = seq.num_tokens() - seq.num_computed_tokens;
+  if (!config_.enable_chunked_prefill && uncomputed > config_.max_num_batched_tokens) {
+    return "sequence " + std::to_string(seq.id) + " must compute " + std::to_string(uncomputed) +
+           " tokens in one step but max_num_batched_tokens is " + std::to_string(config_.max_num_batched_tokens) +
+           " and chunked prefill is off; raise max_num_batched_tokens or enable chunked prefill";
+  }
+  return std::nullopt;
+}
+
+Status Scheduler::add(SequenceRequest request) {
+  if (sequences_.contains(request.id)) {
+    return Status::invalid_argument("Scheduler::add: sequence id " + std::to_string(request.id) + " is already live");
+  }
+  if (request.prompt_token_ids.empty()) {
+    return Status::invalid_argument("Scheduler::add: sequence " + std::to_string(request.id) + " has an empty prompt");
+  }
+  if (request.max_tokens < 1) {
+    return Status::invalid_argument("Scheduler::add: sequence " + std::to_string(request.id) + " has max_tokens " +
+                                    std::to_string(request.max_tokens) + "; it must be >= 1");
+  }
+  SequenceState seq;
+  seq.id = request.id;
+  seq.prompt_token_ids = std::move(request.prompt_token_ids);
+  seq.max_tokens = request.max_tokens;
+  seq.stop_token_ids = std::move(request.stop_token_ids);
+  SequenceId id = seq.id;
+  SequenceState& stored = sequences_.emplace(id, std::move(seq)).first->second;
+  if (std::optional<std::string> reason = why_never_schedulable(stored)) {
+    finish(stored, FinishReason::kAborted, std::move(*reason));
+  } else {
+    waiting_.push_back(stored.id);
+  }
+  return Status::ok_status();
+}
+
+Status Scheduler::cancel(SequenceId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) {
+    return Status::not_found("Scheduler::cancel: no live sequence " + std::to_string(id) +
+                             " (never added, or its finish was already reported)");
+  }
+  SequenceState& seq = it->second;
+  if (seq.is_finished()) return Status::ok_status();
+  if (seq.status == SequenceStatus::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  }
+  finish(seq, FinishReason::kCancelled, "cancelled by the caller");
+  return Status::ok_status();
+}
+
+void Scheduler::release_blocks(SequenceState& seq) {
+  for (kvcache::BlockId block : seq.block_table) {
+    [[maybe_unused]] Status status = block_pool_.release(block);
+    assert(status.ok() && "the scheduler owns one reference to each block in a block table");
+  }
+  seq.block_table.clear();
+}
+
+void Scheduler::finish(SequenceState& seq, FinishReason reason, std::string message) {
+  release_blocks(seq);
+  seq.status = SequenceStatus::kFinished;
+  seq.finish_reason = reason;
+  seq.finish_message = std::move(message);
+  newly_finished_.push_back(seq.id);
+}
+
+void Scheduler::preempt(SequenceState& seq) {
+  release_blocks(seq);
+  seq.num_computed_tokens = 0;
+  seq.status = SequenceStatus::kPreempted;
+  ++seq.num_preemptions;
+  waiting_.push_front(seq.id);
+}
+
+void Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
+  int64_t needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
+  assert(needed <= block_pool_.num_free());
+  for (int64_t i = 0; i < needed; ++i) {
+    std::optional<kvcache::BlockId> block = block_pool_.allocate();
+    assert(block.has_value());
+    seq.block_table.push_back(*block);
+  }
+}
+
+ScheduledEntry Scheduler::make_entry(const SequenceState& seq, int64_t num_new_tokens) const {
+  ScheduledEntry entry;
+  entry.sequence_id = seq.id;
+  entry.start_position = seq.num_computed_tokens;
+  entry.token_ids.reserve(static_cast<size_t>(num_new_tokens));
+  for (int64_t position = entry.start_position; position < entry.start_position + num_new_tokens; ++position) {
+    entry.token_ids.push_back(seq.token_at(position));
+  }
+  entry.block_table = seq.block_table;
+  entry.samples = entry.end_position() == seq.num_tokens();
+  return entry;
+}
+
+ScheduledBatch Scheduler::schedule() {
+  ScheduledBatch batch;
+  batch.step = ++last_step_;
+  last_step_updated_ = false;
+  int64_t budget = config_.max_num_batched_tokens;
+
+  // 1. Running sequences, in admission order: one decode token, or the next prefill chunk.
+  size_t index = 0;
+  while (index < running_.size() && budget > 0) {
+    SequenceState& seq = state(running_[index]);
+    if (std::optional<std::string> reason = why_never_schedulable(seq)) {
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+      finish(seq, FinishReason::kAborted, std::move(*reason));
+      continue;
+    }
+    int64_t num_new_tokens = seq.num_tokens() - seq.num_computed_tokens;
+    assert(num_new_tokens >= 1 && "a running sequence always has a token to compute");
+    if (!config_.enable_chunked_prefill && num_new_tokens > budget) {
+      ++index;  // only after an abandoned batch: its whole prompt waits for a step with room
+      continue;
+    }
+    num_new_tokens = std::min(num_new_tokens, budget);
+    int64_t end_position = seq.num_computed_tokens + num_new_tokens;
+    int64_t blocks_needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
+    bool preempted_itself = false;
+    while (blocks_needed > block_pool_.num_free()) {
+      // The tail was admitted last. It is never one scheduled earlier in this loop (those sit before
+      // `index`), and it is `seq` itself only when everything after `seq` is gone; `seq` at index 0 always
+      // fits, since why_never_schedulable() bounds its need by the whole pool.
+      SequenceState& victim = state(running_.back());
+      running_.pop_back();
+      preempt(victim);
+      batch.preempted.push_back(victim.id);
+      if (victim.id == seq.id) {
+        preempted_itself = true;
+        break;
+      }
+    }
+    if (preempted_itself) break;
+    allocate_blocks(seq, end_position);
+    batch.entries.push_back(make_entry(seq, num_new_tokens));
+    budget -= num_new_tokens;
+    ++index;
+  }
+
+  // 2. Admission, FCFS, unless this step preempted (the blocks just freed go to the running ones first;
+  // admitting now would only thrash).
+  if (batch.preempted.empty()) {
+    while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
+      SequenceState& seq = state(waiting_.front());
+      if (std::optional<std::string> reason = why_never_schedulable(seq)) {
+        waiting_.pop_front();
+        finish(seq, FinishReason::kAborted, std::move(*reason));
+        continue;
+      }
+      int64_t num_new_tokens = seq.num_tokens() - seq.num_computed_tokens;
+      if (!config_.enable_chunked_prefill && num_new_tokens > budget) break;
+      num_new_tokens = std::min(num_new_tokens, budget);
+      int64_t end_position = seq.num_computed_tokens + num_new_tokens;
+      if (blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size()) > block_pool_.num_free()) {
+        break;  // FCFS: nobody overtakes the head of the queue
+      }
+      waiting_.pop_front();
+      seq.status = SequenceStatus::kRunning;
+      running_.push_back(seq.id);
+      allocate_blocks(seq, end_position);
+      batch.entries.push_back(make_entry(seq, num_new_tokens));
+      budget -= num_new_tokens;
+    }
+  }
+
+  // 3. Report and forget the finished ones.
+  for (SequenceId id : newly_finished_) {
+    auto it = sequences_.find(id);
+    assert(it != sequences_.end());
+    const SequenceState& seq = it->second;
+    batch.finished.push_back(
+        {id, seq.finish_reason, seq.finish_message, seq.num_prompt_tokens(), seq.num_generated_tokens()});
+    sequences_.erase(it);
+  }
+  newly_finished_.clear();
+  return batch;
+}
+
+Status Scheduler::update(const ScheduledBatch& batch, std::span<const TokenId> sampled_token_ids) {
+  if (batch.step != last_step_ || last_step_updated_) {
+    return Status::invalid_argument("Scheduler::update: batch of step " + std::to_string(batch.step) +
+                                    " is not the latest un-updated one (latest step " + std::to_string(last_step_) +
+                                    (last_step_updated_ ? ", already updated)" : ")"));
+  }
+  int64_t num_sampling = batch.num_sampling_entries();
+  if (static_cast<int64_t>(sampled_token_ids.size()) != num_sampling) {
+    return Status::invalid_argument("Scheduler::update: step " + std::to_string(batch.step) + " has " +
+                                    std::to_string(num_sampling) + " sampling entries but " +
+                                    std::to_string(sampled_token_ids.size()) + " sampled tokens were given");
+  }
+  // Check everything before changing anything.
+  for (const ScheduledEntry& entry : batch.entries) {
+    auto it = sequences_.find(entry.sequence_id);
+    if (it == sequences_.end()) {
+      return Status::internal("Scheduler::update: step " + std::to_string(batch.step) + " names sequence " +
+                              std::to_string(entry.sequence_id) + ", which is not live");
+    }
+    const SequenceState& seq = it->second;
+    if (seq.is_finished()) continue;  // cancelled after schedule(): skipped below
+    if (seq.status != SequenceStatus::kRunning || entry.start_position != seq.num_computed_tokens ||
+        entry.num_tokens() < 1 || entry.end_position() > seq.num_tokens() ||
+        entry.samples != (entry.end_position() == seq.num_tokens())) {
+      return Status::internal(
+          "Scheduler::update: step " + std::to_string(batch.step) + " entry of sequence " + std::to_string(seq.id) +
+          " (positions " + std::to_string(entry.start_position) + ".." + std::to_string(entry.end_position()) +
+          ") disagrees with its state (" + std::string(sequence_status_name(seq.status)) + ", " +
+          std::to_string(seq.num_computed_tokens) + " computed of " + std::to_string(seq.num_tokens()) + ")");
+    }
+  }
+  size_t next_sampled = 0;
+  for (const ScheduledEntry& entry : batch.entries) {
+    std::optional<TokenId> sampled;
+    if (entry.samples) sampled = sampled_token_ids[next_sampled++];
+    SequenceState& seq = state(entry.sequence_id);
+    if (seq.is_finished()) continue;
+    seq.num_computed_tokens = entry.end_position();
+    if (!sampled) continue;
+    seq.generated_token_ids.push_back(*sampled);
+    bool is_stop =
+        std::find(seq.stop_token_ids.begin(), seq.stop_token_ids.end(), *sampled) != seq.stop_token_ids.end();
+    if (is_stop || seq.num_generated_tokens() >= seq.max_tokens) {
+      running_.erase(std::find(running_.begin(), running_.end(), seq.id));
+      finish(seq, is_stop ? FinishReason::kStop : FinishReason::kLength, "");
+    }
+  }
+  last_step_updated_ = true;
+  return Status::ok_status();
+}
+
+}  // namespace deepinfer::engine
