@@ -10,6 +10,7 @@ packages=(
   libboost1.81-dev libboost-json1.81-dev   # HTTP (Beast/Asio) and JSON
   libpcre2-dev                             # pre-tokenizer regexes
   libxxhash-dev                            # block hashes
+  libopenblas-dev                          # CPU GEMMs
   libcli11-dev libspdlog-dev libfmt-dev    # CLI, logging
   libgtest-dev libgmock-dev libbenchmark-dev
   libclang-rt-14-dev                       # libFuzzer and sanitizer runtimes for clang
