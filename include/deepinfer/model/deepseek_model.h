@@ -1,0 +1,66 @@
+// The DeepSeek forward pass (deepseek_v2 and deepseek_v3 architectures) on a Backend: MLA with or without
+// q-LoRA in the absorbed form over a paged latent KV cache, YaRN rope, dense and MoE feed-forward layers.
+// Reference: Hugging Face transformers' modeling_deepseek_v2.py / modeling_deepseek_v3.py (5.17), which the
+// fixtures' reference logits come from; DeepSeek-V2 paper §2.1 (MLA) and DeepSeek-V3 paper §2.1.2 (routing).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "deepinfer/backend/backend.h"
+#include "deepinfer/core/status.h"
+#include "deepinfer/model/config.h"
+
+namespace deepinfer::model {
+
+// One sequence's part of a step: `num_tokens` consecutive rows of ForwardBatch::token_ids, at positions
+// start_position .. start_position + num_tokens - 1. Tokens before start_position are already in the cache.
+struct SequenceChunk {
+  int32_t num_tokens = 0;
+  int32_t start_position = 0;
+  std::vector<int32_t> block_table;  // cache blocks (64 tokens each) covering positions [0, start + num_tokens)
+};
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;        // [T], the sequences' chunks one after another
+  std::vector<SequenceChunk> sequences;  // in the order of their rows
+  std::vector<int32_t> logits_rows;      // rows whose next-token logits are wanted, ascending
+};
+
+// Per-layer latent caches the caller owns: layer_caches[l] points to [num_blocks, 64, kv_cache_dim()]
+// floats. forward() writes the new tokens' entries (normalized latent, then the roped key) into the slots
+// their block tables give.
+using LayerCaches = std::span<float* const>;
+
+class DeepSeekModel {
+ public:
+  // Loads config.json and the safetensors weights from `dir`. kF32 keeps float32 weights (the path exact
+  // against the reference); kBF16 keeps bf16 weights with float32 accumulation. FP8 checkpoints are
+  // dequantized with their block scales. MTP layers are loaded and kept. Prints a progress bar to stderr
+  // when `progress` is set. Errors name the file and tensor.
+  static Result<std::unique_ptr<DeepSeekModel>> load(const std::filesystem::path& dir, backend::Backend& backend,
+                                                     backend::WeightMatrix::Precision precision,
+                                                     bool progress = false);
+  ~DeepSeekModel();
+
+  const ModelConfig& config() const;
+  size_t weight_bytes() const;
+
+  // Runs every layer over the batch's tokens, writes their KV entries, and fills `logits` with
+  // [logits_rows.size(), vocab_size] float32 logits. REQUIRES: block tables cover every position touched;
+  // token ids < vocab_size (else InvalidArgument). Not thread-safe (uses per-model scratch buffers).
+  Status forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits);
+
+  struct Weights;
+
+ private:
+  DeepSeekModel(ModelConfig config, backend::Backend& backend);
+  ModelConfig config_;
+  backend::Backend& backend_;
+  std::unique_ptr<Weights> weights_;
+};
+
+}  // namespace deepinfer::model
