@@ -1,0 +1,130 @@
+// Engine step: schedule, execute (forward + sample), update; plus request admission and cancellation.
+#include "deepinfer/engine/engine.h"
+
+#include <algorithm>
+
+namespace deepinfer::engine {
+
+Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
+               const EngineConfig& config, Scheduler scheduler, kvcache::LatentKvStorage storage)
+    : backend_(std::move(backend)),
+      model_(std::move(model)),
+      config_(config),
+      scheduler_(std::move(scheduler)),
+      kv_storage_(std::move(storage)),
+      sampler_(model_->config().vocab_size) {
+  for (int32_t l = 0; l < kv_storage_.num_layers(); ++l) layer_caches_.push_back(kv_storage_.layer_data(l));
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
+                                               std::unique_ptr<model::DeepSeekModel> model,
+                                               const EngineConfig& config) {
+  const model::ModelConfig& c = model->config();
+  EngineConfig resolved = config;
+  if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
+  const int64_t block_bytes = kvcache::kBlockTokens * c.num_hidden_layers * c.kv_cache_dim() * sizeof(float);
+  const int64_t num_blocks = resolved.kv_cache_bytes / block_bytes;
+  if (num_blocks < 1) {
+    return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) +
+                                    " holds no KV block; one block needs " + std::to_string(block_bytes) + " bytes");
+  }
+  SchedulerConfig scheduler_config;
+  scheduler_config.max_num_batched_tokens = resolved.max_num_batched_tokens;
+  scheduler_config.max_num_seqs = resolved.max_num_seqs;
+  scheduler_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, INT32_MAX));
+  Result<Scheduler> scheduler = Scheduler::create(scheduler_config);
+  if (!scheduler.ok()) return scheduler.status();
+  Result<kvcache::LatentKvStorage> storage = kvcache::LatentKvStorage::create(
+      static_cast<int32_t>(c.num_hidden_layers), scheduler_config.num_blocks, static_cast<int32_t>(c.kv_cache_dim()));
+  if (!storage.ok()) return storage.status();
+  return std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
+                                            std::move(scheduler).value(), std::move(storage).value()));
+}
+
+Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingParams& params) {
+  const model::ModelConfig& c = model_->config();
+  if (prompt.empty()) return Status::invalid_argument("the prompt has no tokens");
+  if (Status s = params.validate(c.vocab_size); !s.ok()) return s;
+  for (TokenId id : prompt) {
+    if (id < 0 || id >= c.vocab_size) {
+      return Status::invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                      std::to_string(c.vocab_size) + ")");
+    }
+  }
+  const int64_t room = config_.max_model_len - static_cast<int64_t>(prompt.size());
+  if (room < 1) {
+    return Status::invalid_argument("the prompt has " + std::to_string(prompt.size()) +
+                                    " tokens; max_model_len is " + std::to_string(config_.max_model_len));
+  }
+  SequenceRequest request;
+  request.id = next_id_++;
+  request.prompt_token_ids = prompt;
+  request.max_tokens = std::min(params.max_tokens.value_or(room), room);
+  request.stop_token_ids = params.stop_token_ids;
+  if (!params.ignore_eos) {
+    for (int64_t eos : c.eos_token_ids) request.stop_token_ids.push_back(static_cast<TokenId>(eos));
+  }
+  if (Status s = scheduler_.add(request); !s.ok()) return s;
+  requests_[request.id] = {std::move(prompt), {}, params, make_request_rng(params, static_cast<uint64_t>(request.id))};
+  return request.id;
+}
+
+Status Engine::cancel(SequenceId id) { return scheduler_.cancel(id); }
+
+Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
+  model::ForwardBatch forward;
+  for (const ScheduledEntry& entry : batch.entries) {
+    int32_t first_row = static_cast<int32_t>(forward.token_ids.size());
+    forward.token_ids.insert(forward.token_ids.end(), entry.token_ids.begin(), entry.token_ids.end());
+    forward.sequences.push_back({static_cast<int32_t>(entry.num_tokens()), static_cast<int32_t>(entry.start_position),
+                                 entry.block_table});
+    if (entry.samples) forward.logits_rows.push_back(first_row + static_cast<int32_t>(entry.num_tokens()) - 1);
+  }
+  if (Status s = model_->forward(forward, layer_caches_, logits_); !s.ok()) return s;
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<SamplerRow> rows;
+  for (const ScheduledEntry& entry : batch.entries) {
+    if (!entry.samples) continue;
+    RequestState& request = requests_.at(entry.sequence_id);
+    SamplerRow row;
+    row.logits = std::span<const float>(logits_.data() + rows.size() * vocab, static_cast<size_t>(vocab));
+    row.params = &request.params;
+    row.prompt_token_ids = request.prompt;
+    row.output_token_ids = request.output;
+    row.rng = &request.rng;
+    rows.push_back(row);
+  }
+  std::vector<SampledToken> sampled(rows.size());
+  if (Status s = sampler_.sample(rows, sampled); !s.ok()) return s;
+  return sampled;
+}
+
+Result<std::vector<TokenEvent>> Engine::step() {
+  ScheduledBatch batch = scheduler_.schedule();
+  num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
+  std::vector<TokenEvent> events;
+  for (const FinishedSequence& finished : batch.finished) {
+    events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message});
+    requests_.erase(finished.id);
+  }
+  if (batch.empty()) return events;
+  Result<std::vector<SampledToken>> out = run(batch);
+  if (!out.ok()) return out.status();
+  std::vector<TokenId> tokens;
+  for (const SampledToken& token : *out) tokens.push_back(token.token_id);
+  if (Status s = scheduler_.update(batch, tokens); !s.ok()) return s;
+  size_t next = 0;
+  for (const ScheduledEntry& entry : batch.entries) {
+    if (!entry.samples) continue;
+    SampledToken& token = (*out)[next++];
+    auto request = requests_.find(entry.sequence_id);
+    if (request == requests_.end()) continue;  // cancelled between schedule() and update()
+    request->second.output.push_back(token.token_id);
+    // A finish (stop token, length) is reported once, by the next step's `finished` list.
+    events.push_back({entry.sequence_id, token.token_id, token.logprob, std::move(token.top_logprobs), false,
+                      FinishReason::kNone, {}});
+  }
+  return events;
+}
+
+}  // namespace deepinfer::engine

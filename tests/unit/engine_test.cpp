@@ -1,0 +1,176 @@
+// The engine end to end on the tiny DeepSeek-V3 fixture: scheduler + forward + sampler give the reference's
+// greedy tokens for all 7 prompts run together under a small token budget (chunked prefill mixed with
+// decode), and again when a small KV cache forces preemption; cancellation frees everything; a seeded
+// sampled request gives the same tokens alone and in a batch.
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "deepinfer/engine/engine.h"
+#include "deepinfer/model/safetensors.h"
+#include "test_data.h"
+
+namespace deepinfer::engine {
+namespace {
+
+const std::string kFixture = "tests/data/models/tiny-deepseek-v3";
+
+std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
+  auto backend = backend::make_cpu_backend();
+  auto model = model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
+                                          backend::WeightMatrix::Precision::kF32);
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  return std::move(engine).value();
+}
+
+struct Reference {
+  std::vector<std::vector<int32_t>> prompts, greedy;
+};
+
+Reference load_reference() {
+  Reference ref;
+  auto file = model::SafetensorsFile::open(deepinfer::testing::source_path(kFixture + "/reference.safetensors"));
+  EXPECT_TRUE(file.ok());
+  for (int i = 0; i < 7; ++i) {
+    for (const char* field : {".input_ids", ".greedy"}) {
+      const model::TensorView* view = (*file)->find("prompt_" + std::to_string(i) + field);
+      std::vector<int32_t> values(static_cast<size_t>(view->numel()));
+      std::memcpy(values.data(), view->data, view->size_bytes);
+      (std::string(field) == ".greedy" ? ref.greedy : ref.prompts).push_back(values);
+    }
+  }
+  return ref;
+}
+
+// Runs the engine until idle; returns tokens and finish reasons per request.
+struct Outcome {
+  std::map<SequenceId, std::vector<TokenId>> tokens;
+  std::map<SequenceId, FinishReason> reasons;
+  int steps = 0;
+};
+
+Outcome drain(Engine& engine, std::map<int, SequenceId> cancel_at_step = {}) {
+  Outcome outcome;
+  while (engine.has_pending_work()) {
+    if (auto it = cancel_at_step.find(outcome.steps); it != cancel_at_step.end()) {
+      EXPECT_TRUE(engine.cancel(it->second).ok());
+    }
+    auto events = engine.step();
+    EXPECT_TRUE(events.ok()) << events.status().to_string();
+    if (!events.ok()) break;
+    for (const TokenEvent& event : *events) {
+      if (event.token) outcome.tokens[event.id].push_back(*event.token);
+      if (event.finished) outcome.reasons[event.id] = event.finish_reason;
+    }
+    if (++outcome.steps > 10000) {
+      ADD_FAILURE() << "engine did not drain";
+      break;
+    }
+  }
+  return outcome;
+}
+
+SamplingParams greedy_params() {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.max_tokens = 16;
+  params.ignore_eos = true;  // the reference decodes 16 tokens with no EOS stop
+  return params;
+}
+
+TEST(EngineTest, AllPromptsTogetherUnderASmallBudgetMatchReferenceGreedy) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 96;  // the 600-token prompt takes 7+ chunked steps while others decode
+  config.kv_cache_bytes = 64ll << 20;
+  auto engine = make_engine(config);
+  Reference ref = load_reference();
+  std::vector<SequenceId> ids;
+  for (const auto& prompt : ref.prompts) ids.push_back(*engine->submit(prompt, greedy_params()));
+  Outcome outcome = drain(*engine);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(outcome.tokens[ids[i]], ref.greedy[i]) << "prompt_" << i;
+    EXPECT_EQ(outcome.reasons[ids[i]], FinishReason::kLength) << "prompt_" << i;
+  }
+  EXPECT_EQ(engine->scheduler().block_pool().num_free(), engine->scheduler().block_pool().num_total());
+}
+
+TEST(EngineTest, PreemptionByRecomputeKeepsOutputsExact) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  // 16 blocks of 64 tokens: the 600- and 300-token prompts cannot both stay resident.
+  const int64_t block_bytes = 64 * 3 * (64 + 16) * sizeof(float);
+  config.kv_cache_bytes = 16 * block_bytes;
+  auto engine = make_engine(config);
+  Reference ref = load_reference();
+  std::vector<SequenceId> ids;
+  for (int i : {4, 5, 6, 3}) ids.push_back(*engine->submit(ref.prompts[i], greedy_params()));
+  Outcome outcome = drain(*engine);
+  int index = 0;
+  for (int i : {4, 5, 6, 3}) {
+    EXPECT_EQ(outcome.tokens[ids[index]], ref.greedy[i]) << "prompt_" << i;
+    ++index;
+  }
+  EXPECT_GT(engine->num_preemptions(), 0) << "the scenario must preempt";
+  EXPECT_EQ(engine->scheduler().block_pool().num_free(), engine->scheduler().block_pool().num_total());
+}
+
+TEST(EngineTest, CancellationFreesBlocksAtAnyPoint) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 64;
+  config.kv_cache_bytes = 64ll << 20;
+  auto engine = make_engine(config);
+  Reference ref = load_reference();
+  SequenceId waiting = *engine->submit(ref.prompts[6], greedy_params());
+  SequenceId prefilling = *engine->submit(ref.prompts[5], greedy_params());
+  SequenceId decoding = *engine->submit(ref.prompts[1], greedy_params());
+  SequenceId untouched = *engine->submit(ref.prompts[2], greedy_params());
+  Outcome outcome = drain(*engine, {{0, waiting}, {3, prefilling}, {12, decoding}});
+  EXPECT_EQ(outcome.reasons[waiting], FinishReason::kCancelled);
+  EXPECT_EQ(outcome.reasons[prefilling], FinishReason::kCancelled);
+  EXPECT_EQ(outcome.reasons[decoding], FinishReason::kCancelled);
+  EXPECT_EQ(outcome.tokens[untouched], ref.greedy[2]);
+  EXPECT_EQ(engine->scheduler().block_pool().num_free(), engine->scheduler().block_pool().num_total());
+}
+
+TEST(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
+  EngineConfig config;
+  config.kv_cache_bytes = 64ll << 20;
+  Reference ref = load_reference();
+  SamplingParams params;
+  params.temperature = 0.8f;
+  params.top_p = 0.9f;
+  params.seed = 1234;
+  params.max_tokens = 12;
+  params.ignore_eos = true;
+  auto alone = make_engine(config);
+  SequenceId id = *alone->submit(ref.prompts[3], params);
+  std::vector<TokenId> tokens_alone = drain(*alone).tokens[id];
+  auto batched = make_engine(config);
+  for (int i : {0, 5, 2}) batched->submit(ref.prompts[i], greedy_params());
+  SequenceId id_in_batch = *batched->submit(ref.prompts[3], params);
+  batched->submit(ref.prompts[4], params);  // same seed, other prompt
+  EXPECT_EQ(drain(*batched).tokens[id_in_batch], tokens_alone);
+  EXPECT_EQ(tokens_alone.size(), 12u);
+}
+
+TEST(EngineTest, BadRequestsAreRejectedWithAReason) {
+  EngineConfig config;
+  config.kv_cache_bytes = 8ll << 20;
+  auto engine = make_engine(config);
+  SamplingParams params = greedy_params();
+  EXPECT_FALSE(engine->submit({}, params).ok());
+  auto out_of_vocab = engine->submit({5, 4096}, params);
+  ASSERT_FALSE(out_of_vocab.ok());
+  EXPECT_NE(out_of_vocab.status().message().find("4096"), std::string::npos);
+  params.top_p = 0.0f;
+  EXPECT_FALSE(engine->submit({5, 6}, params).ok());
+  EXPECT_FALSE(engine->submit(std::vector<TokenId>(2000, 5), greedy_params()).ok());  // past max_model_len 1024
+}
+
+}  // namespace
+}  // namespace deepinfer::engine
