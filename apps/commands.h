@@ -11,5 +11,6 @@ namespace deepinfer::apps {
 // Registers the subcommand; the returned function runs it after parsing.
 std::function<int()> add_tokenize_command(CLI::App& app);
 std::function<int()> add_render_command(CLI::App& app);
+std::function<int()> add_generate_command(CLI::App& app);
 
 }  // namespace deepinfer::apps

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::function<int()>> runs;
   runs["tokenize"] = deepinfer::apps::add_tokenize_command(app);
   runs["render"] = deepinfer::apps::add_render_command(app);
+  runs["generate"] = deepinfer::apps::add_generate_command(app);
   CLI11_PARSE(app, argc, argv);
   for (CLI::App* sub : app.get_subcommands()) return runs.at(sub->get_name())();
   return 2;

@@ -111,9 +111,15 @@ float softmax_scale(const ModelConfig& c) {
 
 class Loader {
  public:
-  Loader(const Checkpoint& checkpoint, const ModelConfig& config, Precision precision, bool progress)
-      : checkpoint_(checkpoint), config_(config), precision_(precision), progress_(progress),
+  Loader(const Checkpoint& checkpoint, const ModelConfig& config, Precision precision, LoadProgress progress)
+      : checkpoint_(checkpoint), config_(config), precision_(precision), progress_(std::move(progress)),
         total_(checkpoint.total_bytes()) {}
+
+  // Tensors the model does not use (an MTP layer's own embedding copy, say) still count as read.
+  void finish() {
+    done_ = total_;
+    report();
+  }
 
   Status vector(const std::string& name, std::vector<int64_t> shape, std::vector<float>& out) {
     Result<std::vector<float>> values = load(name, shape);
@@ -215,24 +221,16 @@ class Loader {
     return config_.weight_block_size.size() == 2 ? config_.weight_block_size[i] : 128;
   }
   void report() {
-    if (!progress_ || total_ == 0) return;
-    int percent = static_cast<int>(100.0 * done_ / total_);
-    if (percent == last_percent_) return;
-    last_percent_ = percent;
-    int filled = percent * 40 / 100;
-    std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%% %.1f/%.1f MB", filled,
-                 "########################################", 40 - filled, "", percent, done_ / 1e6, total_ / 1e6);
-    if (percent >= 100) std::fprintf(stderr, "\n");
+    if (progress_) progress_(done_, total_);
   }
 
   const Checkpoint& checkpoint_;
   const ModelConfig& config_;
   Precision precision_;
-  bool progress_;
+  LoadProgress progress_;
   size_t total_;
   size_t done_ = 0;
   size_t bytes_ = 0;
-  int last_percent_ = -1;
 };
 
 }  // namespace
@@ -256,7 +254,7 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem
   std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend));
   const ModelConfig& c = model->config_;
   Weights& w = *model->weights_;
-  Loader loader(**checkpoint, c, precision, progress);
+  Loader loader(**checkpoint, c, precision, progress ? terminal_progress_bar("loading " + dir.filename().string()) : LoadProgress());
   Status s;
   if (!(s = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size, w.embed_tokens)).ok()) return s;
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -279,6 +277,7 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem
   compute_rope(c, w.inv_freq, w.rope_attention_factor);
   w.softmax_scale = softmax_scale(c);
   w.bytes = loader.bytes();
+  loader.finish();
   return model;
 }
 

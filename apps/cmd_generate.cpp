@@ -1,0 +1,113 @@
+// deepinfer generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N [--temperature T]
+//   [--top-p P] [--top-k K] [--seed S] [--bf16] [--json]: one request through the engine on the CPU.
+// With --json: {"output_ids": [...], "text": "..."} (text when the checkpoint directory has a tokenizer.json).
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <boost/json.hpp>
+
+#include "commands.h"
+#include "deepinfer/engine/engine.h"
+#include "deepinfer/recipe/tokenizer.h"
+
+namespace deepinfer::apps {
+
+std::function<int()> add_generate_command(CLI::App& app) {
+  struct Options {
+    std::string model;
+    std::optional<std::string> prompt;
+    std::optional<std::string> prompt_ids;
+    int64_t max_tokens = 16;
+    float temperature = 0.0f;
+    float top_p = 1.0f;
+    int32_t top_k = -1;
+    std::optional<uint64_t> seed;
+    bool bf16 = false;
+    bool json = false;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate from one prompt with a DeepSeek checkpoint on the CPU");
+  cmd->add_option("--model", options->model, "Checkpoint directory (config.json + *.safetensors)")->required();
+  auto* prompt = cmd->add_option("--prompt", options->prompt, "Prompt text (needs tokenizer.json in the model directory)");
+  auto* ids = cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated");
+  prompt->excludes(ids);
+  cmd->add_option("--max-tokens", options->max_tokens, "Tokens to generate at most")->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", options->temperature, "0 is greedy");
+  cmd->add_option("--top-p", options->top_p, "Nucleus sampling mass (1 is off)");
+  cmd->add_option("--top-k", options->top_k, "Keep the k most likely tokens (-1 is off)");
+  cmd->add_option("--seed", options->seed, "Per-request seed");
+  cmd->add_flag("--bf16", options->bf16, "Keep weights in bf16 (float32 accumulation); default float32");
+  cmd->add_flag("--json", options->json, "Print {\"output_ids\": [...], \"text\": ...}");
+  return [options]() -> int {
+    auto fail = [](const std::string& message) {
+      std::cerr << "deepinfer generate: " << message << "\n";
+      return 1;
+    };
+    std::shared_ptr<const recipe::Tokenizer> tokenizer;
+    if (std::filesystem::exists(std::filesystem::path(options->model) / "tokenizer.json")) {
+      auto loaded = recipe::Tokenizer::load(options->model);
+      if (!loaded.ok()) return fail(loaded.status().to_string());
+      tokenizer = *loaded;
+    }
+    std::vector<engine::TokenId> prompt_ids;
+    if (options->prompt_ids) {
+      std::stringstream stream(*options->prompt_ids);
+      std::string item;
+      while (std::getline(stream, item, ',')) {
+        try {
+          prompt_ids.push_back(std::stoi(item));
+        } catch (const std::exception&) {
+          return fail("--prompt-ids: '" + item + "' is not an integer");
+        }
+      }
+    } else if (options->prompt) {
+      if (!tokenizer) return fail("--prompt needs tokenizer.json in " + options->model + "; use --prompt-ids");
+      prompt_ids = tokenizer->encode(*options->prompt, recipe::TextTrust::kTrusted);
+    } else {
+      return fail("give --prompt or --prompt-ids");
+    }
+    auto backend = backend::make_cpu_backend();
+    auto precision = options->bf16 ? backend::WeightMatrix::Precision::kBF16 : backend::WeightMatrix::Precision::kF32;
+    auto model = model::DeepSeekModel::load(options->model, *backend, precision, /*progress=*/true);
+    if (!model.ok()) return fail(model.status().to_string());
+    auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine::EngineConfig{});
+    if (!engine.ok()) return fail(engine.status().to_string());
+    engine::SamplingParams params;
+    params.temperature = options->temperature;
+    params.top_p = options->top_p;
+    params.top_k = options->top_k;
+    params.seed = options->seed;
+    params.max_tokens = options->max_tokens;
+    auto id = (*engine)->submit(prompt_ids, params);
+    if (!id.ok()) return fail(id.status().message());
+    std::vector<engine::TokenId> output;
+    engine::FinishReason reason = engine::FinishReason::kNone;
+    while ((*engine)->has_pending_work()) {
+      auto events = (*engine)->step();
+      if (!events.ok()) return fail(events.status().to_string());
+      for (const auto& event : *events) {
+        if (event.token) output.push_back(*event.token);
+        if (event.finished) reason = event.finish_reason;
+      }
+    }
+    std::string text = tokenizer ? tokenizer->decode(output) : std::string();
+    if (options->json) {
+      boost::json::object result{{"output_ids", boost::json::array(output.begin(), output.end())},
+                                  {"finish_reason", std::string(engine::finish_reason_name(reason))}};
+      if (tokenizer) result["text"] = text;
+      std::cout << boost::json::serialize(result) << "\n";
+    } else if (tokenizer) {
+      std::cout << text << "\n";
+    } else {
+      for (size_t i = 0; i < output.size(); ++i) std::cout << (i ? "," : "") << output[i];
+      std::cout << "\n";
+    }
+    return 0;
+  };
+}
+
+}  // namespace deepinfer::apps
