@@ -1,6 +1,6 @@
 # The two commands of the README, and the builds behind them.
 #   make test   set up a fresh Debian machine, build, run every CPU test (what CI runs)
-# Other targets: build, asan-test (recipe tests under ASan+UBSan), fuzz, bench.
+# Other targets: build, asan-test (recipe, scheduler and sampler tests under ASan+UBSan), fuzz, bench.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
@@ -18,8 +18,8 @@ test: build
 
 asan-test: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON
-	cmake --build build-asan -j $(JOBS) --target recipe_tests
-	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L recipe
+	cmake --build build-asan -j $(JOBS) --target recipe_tests engine_tests
+	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L 'recipe|engine'
 
 fuzz: setup
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_FUZZ=ON -DDEEPINFER_SANITIZE=ON
@@ -27,6 +27,7 @@ fuzz: setup
 
 bench: build
 	$(BUILD)/bench/bench_recipe
+	$(BUILD)/bench/bench_engine
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

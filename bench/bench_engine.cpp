@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
          {"weight_GB", weight_bytes / 1e9}, {"kv_cache_GB", (*engine)->kv_cache_bytes() / 1e9},
          {"seconds", std::chrono::duration<double>(Clock::now() - load_start).count()},
          {"hidden", config.hidden_size}, {"layers", config.num_hidden_layers}, {"experts", config.n_routed_experts},
-         {"top_k", config.num_experts_per_tok}, {"vocab", config.vocab_size}});
+         {"top_k", config.num_experts_per_tok}, {"vocab", config.vocab_size},
+         {"cpu_features", backend::cpu_features()}});
 
   std::mt19937 rng(7);
   for (int batch : batches) {

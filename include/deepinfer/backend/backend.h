@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -76,7 +77,10 @@ class Backend {
   virtual void mla_attention(const MlaAttentionParams& params) = 0;
 };
 
-// The CPU backend: OpenBLAS GEMMs, OpenMP loops, AVX-512 BF16 conversion where the CPU has it.
+// The CPU backend: OpenBLAS GEMMs, OpenMP loops, AVX-512 bf16 widening where the CPU has it (detected at
+// run time).
 std::unique_ptr<Backend> make_cpu_backend();
+// The SIMD features the CPU backend found, e.g. "baseline,avx2,avx512f,avx512bw,avx512bf16".
+std::string cpu_features();
 
 }  // namespace deepinfer::backend

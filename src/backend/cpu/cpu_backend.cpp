@@ -18,12 +18,29 @@ namespace {
 constexpr int64_t kBlockTokens = 64;  // tokens per KV cache block (FlashMLA's page size)
 constexpr int64_t kBf16TileRows = 256;
 
-float bf16_to_f32(uint16_t bits) {
-  uint32_t widened = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
+// Widening bf16 -> float32 is the bf16 path's inner loop: an AVX-512 build of it is chosen at run time when
+// the CPU has AVX-512 (the generic build is vectorized for the baseline ISA).
+void widen_bf16_generic(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, sizeof(float));
+  }
 }
+
+__attribute__((target("avx512f,avx512bw"))) void widen_bf16_avx512(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, sizeof(float));
+  }
+}
+
+using WidenFn = void (*)(const uint16_t*, float*, int64_t);
+WidenFn select_widen() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? widen_bf16_avx512
+                                                                                  : widen_bf16_generic;
+}
+const WidenFn widen_bf16 = select_widen();
 
 uint16_t f32_to_bf16(float value) {  // round to nearest even, NaN kept quiet
   uint32_t bits;
@@ -65,7 +82,7 @@ class CpuBackend final : public Backend {
         for (int64_t row0 = begin; row0 < end; row0 += kBf16TileRows) {
           const int64_t rows = std::min(kBf16TileRows, end - row0);
           const uint16_t* src = w.bf16.data() + row0 * w.cols;
-          for (int64_t i = 0; i < rows * w.cols; ++i) tile[static_cast<size_t>(i)] = bf16_to_f32(src[i]);
+          widen_bf16(src, tile.data(), rows * w.cols);
           gemm(x, m, tile.data(), rows, w.cols, y + row0, w.rows);
         }
       }
@@ -178,5 +195,15 @@ WeightMatrix WeightMatrix::from_f32(std::vector<float> values, int64_t rows, int
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::string cpu_features() {
+  __builtin_cpu_init();
+  std::string features = "baseline";
+  if (__builtin_cpu_supports("avx2")) features += ",avx2";
+  if (__builtin_cpu_supports("avx512f")) features += ",avx512f";
+  if (__builtin_cpu_supports("avx512bw")) features += ",avx512bw";
+  if (__builtin_cpu_supports("avx512bf16")) features += ",avx512bf16";
+  return features;
+}
 
 }  // namespace deepinfer::backend
