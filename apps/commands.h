@@ -12,5 +12,6 @@ namespace deepinfer::apps {
 std::function<int()> add_tokenize_command(CLI::App& app);
 std::function<int()> add_render_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
+std::function<int()> add_default_model_command(CLI::App& app);
 
 }  // namespace deepinfer::apps

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -21,7 +20,7 @@
 #include <boost/json.hpp>
 
 #include "deepinfer/engine/engine.h"
-#include "deepinfer/model/tensor_names.h"
+#include "deepinfer/model/random_checkpoint.h"
 
 namespace {
 
@@ -44,57 +43,6 @@ boost::json::object random_v3_config(int layers) {
                             {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}},
           {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
           {"num_nextn_predict_layers", 0}, {"torch_dtype", "bfloat16"}};
-}
-
-// Writes config.json and model.safetensors (bf16, N(0, 0.02); norms 1) for `config` into `dir`.
-int write_random_checkpoint(const std::filesystem::path& dir, const boost::json::object& config) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << boost::json::serialize(config);
-  auto parsed = model::load_model_config(dir);
-  if (!parsed.ok()) {
-    std::cerr << parsed.status().to_string() << "\n";
-    return 1;
-  }
-  std::vector<model::ExpectedTensor> tensors = model::expected_tensors(*parsed);
-  boost::json::object header;
-  size_t offset = 0;
-  for (const auto& t : tensors) {
-    if (!t.required) continue;
-    size_t bytes = 2;
-    for (int64_t d : t.shape) bytes *= static_cast<size_t>(d);
-    header[t.name] = {{"dtype", "BF16"}, {"shape", boost::json::array(t.shape.begin(), t.shape.end())},
-                      {"data_offsets", boost::json::array{offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string header_text = boost::json::serialize(header);
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  std::ofstream out(dir / "model.safetensors", std::ios::binary);
-  uint64_t header_size = header_text.size();
-  out.write(reinterpret_cast<const char*>(&header_size), 8);
-  out << header_text;
-  std::mt19937_64 rng(42);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<uint16_t> buffer;
-  for (const auto& t : tensors) {
-    if (!t.required) continue;
-    size_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    bool is_norm = t.name.find("norm") != std::string::npos;
-    bool is_bias = t.name.find("e_score_correction_bias") != std::string::npos;
-    buffer.resize(n);
-    // A few normal draws tiled: random enough for timing, fast to write gigabytes.
-    std::vector<uint16_t> tile(4096);
-    for (auto& v : tile) {
-      float f = is_norm ? 1.0f : is_bias ? 0.0f : normal(rng);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      v = static_cast<uint16_t>(bits >> 16);
-    }
-    size_t shift = rng() % 4096;
-    for (size_t i = 0; i < n; ++i) buffer[i] = tile[(i * 7 + shift) % 4096];
-    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(n * 2));
-  }
-  return out.good() ? 0 : 1;
 }
 
 double peak_rss_gib() {
@@ -136,7 +84,10 @@ int main(int argc, char** argv) {
     model_dir = random_dir;
     if (!std::filesystem::exists(std::filesystem::path(random_dir) / "model.safetensors")) {
       auto start = Clock::now();
-      if (write_random_checkpoint(random_dir, random_v3_config(layers)) != 0) return 1;
+      if (Status s = model::write_random_checkpoint(random_dir, random_v3_config(layers), 42); !s.ok()) {
+        std::cerr << s.to_string() << "\n";
+        return 1;
+      }
       print({{"bench", "write_random_checkpoint"}, {"dir", random_dir},
              {"seconds", std::chrono::duration<double>(Clock::now() - start).count()}});
     }

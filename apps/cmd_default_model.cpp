@@ -1,0 +1,48 @@
+// deepinfer default-model --out DIR [--tokenizer DIR]: writes the built-in default model (DeepSeek-V3
+// architecture, random weights, the real DeepSeek-V3 tokenizer) into DIR. Deterministic; `make serve` runs it
+// once. The model produces random text: it exists to try the API.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "deepinfer/model/random_checkpoint.h"
+
+namespace deepinfer::apps {
+
+std::function<int()> add_default_model_command(CLI::App& app) {
+  struct Options {
+    std::string out = "models/default";
+    std::string tokenizer = "models/deepseek-v3";
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("default-model", "Write the built-in default model (random weights)");
+  cmd->add_option("--out", options->out, "Directory to write")->capture_default_str();
+  cmd->add_option("--tokenizer", options->tokenizer, "Directory with DeepSeek-V3's tokenizer.json to copy")
+      ->capture_default_str();
+  return [options]() -> int {
+    namespace fs = std::filesystem;
+    const fs::path out(options->out);
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::error_code ec;
+      fs::create_directories(out, ec);
+      fs::copy_file(fs::path(options->tokenizer) / file, out / file, fs::copy_options::overwrite_existing, ec);
+      if (ec) {
+        std::cerr << "deepinfer default-model: " << (fs::path(options->tokenizer) / file).string() << ": "
+                  << ec.message() << " (run scripts/setup.sh to fetch the tokenizer)\n";
+        return 1;
+      }
+    }
+    Status s = model::write_random_checkpoint(out, model::default_model_config(), /*seed=*/20261130);
+    if (!s.ok()) {
+      std::cerr << "deepinfer default-model: " << s.to_string() << "\n";
+      return 1;
+    }
+    std::cout << "wrote the default model (random weights, DeepSeek-V3 architecture and tokenizer) to " << out.string()
+              << "\n";
+    return 0;
+  };
+}
+
+}  // namespace deepinfer::apps

@@ -1,0 +1,110 @@
+// Random-weight DeepSeek checkpoints in the release layout, written tensor by tensor (constant memory).
+#include "deepinfer/model/random_checkpoint.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "deepinfer/model/config.h"
+#include "deepinfer/model/tensor_names.h"
+
+namespace deepinfer::model {
+namespace {
+
+// SplitMix64 (Steele et al., "Fast splittable pseudorandom number generators", 2014): portable and exact.
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint16_t to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace
+
+boost::json::object default_model_config() {
+  return {{"architectures", boost::json::array{"DeepseekV3ForCausalLM"}},
+          {"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 256},
+          {"intermediate_size", 512}, {"moe_intermediate_size", 128}, {"num_hidden_layers", 3},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 4}, {"n_shared_experts", 1},
+          {"n_routed_experts", 16}, {"routed_scaling_factor", 2.5}, {"kv_lora_rank", 128}, {"q_lora_rank", 192},
+          {"qk_rope_head_dim", 32}, {"v_head_dim", 64}, {"qk_nope_head_dim", 64}, {"n_group", 4},
+          {"topk_group", 2}, {"num_experts_per_tok", 4}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 1},
+          {"norm_topk_prob", true}, {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"},
+          {"hidden_act", "silu"}, {"max_position_embeddings", 16384}, {"rope_theta", 10000.0},
+          {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096},
+                            {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}},
+          {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+          {"num_nextn_predict_layers", 1}, {"torch_dtype", "bfloat16"}};
+}
+
+Status write_random_checkpoint(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
+                               float stddev) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::io_error(dir.string() + ": cannot create: " + ec.message());
+  {
+    std::ofstream out(dir / "config.json");
+    out << boost::json::serialize(config) << "\n";
+    if (!out) return Status::io_error((dir / "config.json").string() + ": write failed");
+  }
+  Result<ModelConfig> parsed = load_model_config(dir);
+  if (!parsed.ok()) return parsed.status();
+  std::vector<ExpectedTensor> tensors = expected_tensors(*parsed);
+  boost::json::object header;
+  uint64_t offset = 0;
+  for (const ExpectedTensor& t : tensors) {
+    if (!t.required) continue;
+    uint64_t bytes = 2;
+    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", "BF16"}, {"shape", boost::json::array(t.shape.begin(), t.shape.end())},
+                      {"data_offsets", boost::json::array{offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string header_text = boost::json::serialize(header);
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // 8-byte aligned data, as safetensors writes
+  const std::filesystem::path path = dir / "model.safetensors";
+  const std::filesystem::path partial = dir / "model.safetensors.partial";
+  std::ofstream out(partial, std::ios::binary);
+  uint64_t header_size = header_text.size();
+  out.write(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
+  out << header_text;
+  uint64_t state = seed;
+  // Uniform in [-a, a] has standard deviation a / sqrt(3).
+  const float amplitude = stddev * std::sqrt(3.0f);
+  std::vector<uint16_t> buffer;
+  for (const ExpectedTensor& t : tensors) {
+    if (!t.required) continue;
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    const bool is_norm = t.name.find("norm") != std::string::npos;
+    const bool is_bias = t.name.find("e_score_correction_bias") != std::string::npos;
+    buffer.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      float value = is_norm ? 1.0f : 0.0f;
+      if (!is_norm && !is_bias) {
+        double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+        value = static_cast<float>((2.0 * unit - 1.0) * amplitude);
+      }
+      buffer[i] = to_bf16(value);
+    }
+    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(n * sizeof(uint16_t)));
+  }
+  out.close();
+  if (!out) return Status::io_error(partial.string() + ": write failed");
+  std::filesystem::rename(partial, path, ec);  // atomic: a killed setup never leaves a truncated checkpoint
+  if (ec) return Status::io_error(path.string() + ": " + ec.message());
+  return Status();
+}
+
+}  // namespace deepinfer::model
