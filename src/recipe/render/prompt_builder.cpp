@@ -31,4 +31,17 @@ RenderedPrompt PromptBuilder::finish() && {
   return prompt;
 }
 
+std::string hoisted_system_prompt(const Conversation& conversation, bool last_only) {
+  std::string prompt;
+  bool first = true;
+  for (const Message& message : conversation.messages) {
+    if (message.role != Role::kSystem) continue;
+    if (last_only) prompt.clear();
+    if (!first && !last_only) prompt += "\n\n";
+    prompt += message.text();
+    first = false;
+  }
+  return prompt;
+}
+
 }  // namespace deepinfer::recipe

@@ -1,6 +1,7 @@
 // PromptBuilder: the renderers' output buffer, a list of segments that merges adjacent ones of one kind.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -45,6 +46,10 @@ inline constexpr std::string_view kToolOutputsBegin = "<｜tool▁outputs▁begi
 inline constexpr std::string_view kToolOutputsEnd = "<｜tool▁outputs▁end｜>";
 inline constexpr std::string_view kToolOutputBegin = "<｜tool▁output▁begin｜>";
 inline constexpr std::string_view kToolOutputEnd = "<｜tool▁output▁end｜>";
+
+// The system prompt the V3 / R1 / V3.1 templates put right after BOS: every system message's text joined
+// with "\n\n", or only the last one (R1).
+std::string hoisted_system_prompt(const Conversation& conversation, bool last_only);
 
 // Per-format renderers (render_v3.cpp, render_v31.cpp, render_dsml.cpp). They assume a validated
 // Conversation (conversation_from_* or a caller that upholds the same rules).

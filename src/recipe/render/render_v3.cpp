@@ -31,19 +31,7 @@ Result<RenderedPrompt> render(const Conversation& conversation, Variant variant)
   PromptBuilder out;
   out.control(kBos);
   // System prompt: V3 joins every system message with "\n\n"; R1 keeps the last one.
-  bool first_system = true;
-  std::string system_prompt;
-  for (const Message& message : conversation.messages) {
-    if (message.role != Role::kSystem) continue;
-    if (variant == Variant::kR1) {
-      system_prompt = message.text();
-    } else {
-      if (!first_system) system_prompt += "\n\n";
-      system_prompt += message.text();
-    }
-    first_system = false;
-  }
-  out.content(system_prompt);
+  out.content(hoisted_system_prompt(conversation, variant == Variant::kR1));
 
   bool is_first = false;  // a tool call has been opened (never reset, as in the templates)
   bool is_tool = false;   // inside a run of tool outputs

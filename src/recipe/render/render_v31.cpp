@@ -14,15 +14,7 @@ Result<RenderedPrompt> render_v31(const Conversation& conversation) {
   const bool thinking = conversation.options.thinking;
   PromptBuilder out;
   out.control(kBos);
-  bool first_system = true;
-  std::string system_prompt;
-  for (const Message& message : conversation.messages) {
-    if (message.role != Role::kSystem) continue;
-    if (!first_system) system_prompt += "\n\n";
-    system_prompt += message.text();
-    first_system = false;
-  }
-  out.content(system_prompt);
+  out.content(hoisted_system_prompt(conversation, /*last_only=*/false));
 
   bool is_tool = false;
   bool is_last_user = false;
