@@ -13,5 +13,6 @@ std::function<int()> add_tokenize_command(CLI::App& app);
 std::function<int()> add_render_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
 std::function<int()> add_default_model_command(CLI::App& app);
+std::function<int()> add_serve_command(CLI::App& app);
 
 }  // namespace deepinfer::apps

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   runs["render"] = deepinfer::apps::add_render_command(app);
   runs["generate"] = deepinfer::apps::add_generate_command(app);
   runs["default-model"] = deepinfer::apps::add_default_model_command(app);
+  runs["serve"] = deepinfer::apps::add_serve_command(app);
   CLI11_PARSE(app, argc, argv);
   for (CLI::App* sub : app.get_subcommands()) return runs.at(sub->get_name())();
   return 2;

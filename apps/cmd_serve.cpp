@@ -1,0 +1,243 @@
+// deepinfer serve [--model-path DIR] [--host H] [--port P] ...: the OpenAI- and Anthropic-compatible server on
+// the CPU backend. With no --model-path it serves the built-in default model (models/default, written by
+// `make serve` or `deepinfer default-model`). SIGINT/SIGTERM drain in-flight requests, then exit 0.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "commands.h"
+#include "deepinfer/engine/engine.h"
+#include "deepinfer/model/config.h"
+#include "deepinfer/recipe/tokenizer.h"
+#include "deepinfer/server/server.h"
+
+namespace deepinfer::apps {
+namespace {
+
+constexpr const char* kDefaultModelPath = "models/default";
+constexpr int64_t kDefaultModelMaxTokens = 256;
+
+// "1073741824", "2GiB", "512MiB", "1.5G" (binary units) or "2GB" (decimal) -> bytes.
+std::optional<int64_t> parse_bytes(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  double value = 0;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  auto [end, ec] = std::from_chars(first, last, value);
+  if (ec != std::errc() || value < 0) return std::nullopt;
+  const std::string_view unit(end, static_cast<size_t>(last - end));
+  static const std::pair<std::string_view, double> kUnits[] = {
+      {"", 1},         {"b", 1},       {"k", 0x1p10},   {"ki", 0x1p10}, {"kib", 0x1p10}, {"kb", 1e3},
+      {"m", 0x1p20},   {"mi", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},    {"g", 0x1p30},   {"gi", 0x1p30},
+      {"gib", 0x1p30}, {"gb", 1e9},    {"t", 0x1p40},   {"ti", 0x1p40}, {"tib", 0x1p40}, {"tb", 1e12}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name) return static_cast<int64_t>(value * scale);
+  }
+  return std::nullopt;
+}
+
+std::string directory_name(const std::filesystem::path& path) {
+  std::filesystem::path p = path;
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+}  // namespace
+
+std::function<int()> add_serve_command(CLI::App& app) {
+  struct Options {
+    std::optional<std::string> model_path;
+    std::optional<std::string> tokenizer;
+    std::string host = "127.0.0.1";
+    uint16_t port = 8000;
+    std::string served_model_name;
+    int64_t max_model_len = 0;
+    int32_t max_num_seqs = 64;
+    int32_t max_num_batched_tokens = 2048;
+    std::string kv_cache_memory = "1GiB";
+    int32_t tensor_parallel_size = 1;
+    std::optional<std::string> chat_format;
+    std::string api_key;
+    std::string max_body_bytes = "16MiB";
+    int32_t max_concurrent_requests = 256;
+    int32_t max_json_depth = 64;
+    std::optional<int64_t> default_max_tokens;
+    int32_t http_threads = 2;
+    bool bf16 = false;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
+  cmd->add_option("--model-path,--model", options->model_path,
+                  "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: models/default, "
+                  "the built-in default model");
+  cmd->add_option("--tokenizer", options->tokenizer, "Directory or file with tokenizer.json (default: the model's)");
+  cmd->add_option("--host", options->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", options->port, "Port to listen on (0: any free port)")->capture_default_str();
+  cmd->add_option("--served-model-name", options->served_model_name,
+                  "The model id clients use (default: the model directory's name)");
+  cmd->add_option("--max-model-len", options->max_model_len,
+                  "Prompt plus generated tokens per request (default: the model's max_position_embeddings)");
+  cmd->add_option("--max-num-seqs", options->max_num_seqs, "Sequences running at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", options->max_num_batched_tokens, "Tokens computed per engine step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-cache-memory", options->kv_cache_memory, "Memory for the KV cache: bytes, or e.g. 2GiB, 512MiB")
+      ->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", options->tensor_parallel_size, "Devices per model (1 on the CPU)")
+      ->capture_default_str();
+  cmd->add_option("--chat-format", options->chat_format,
+                  "Prompt format: deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v3.2, deepseek-v4, deepseek-v4.1 "
+                  "(default: from the checkpoint's model_type)");
+  cmd->add_option("--api-key", options->api_key, "Require this key (Authorization: Bearer KEY or x-api-key: KEY)")
+      ->envname("DEEPINFER_API_KEY");
+  cmd->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body (bytes, or e.g. 16MiB)")
+      ->capture_default_str();
+  cmd->add_option("--max-concurrent-requests", options->max_concurrent_requests,
+                  "Generation requests in flight; more get 429 with Retry-After")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-json-depth", options->max_json_depth, "Deepest JSON nesting a request may use")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 100000));
+  cmd->add_option("--default-max-tokens", options->default_max_tokens,
+                  "max_tokens for chat and messages requests that give none; 0: until max-model-len "
+                  "(default: 0, or 256 for the built-in default model)");
+  cmd->add_option("--http-threads", options->http_threads, "Threads serving HTTP")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_flag("--bf16", options->bf16, "Keep weights in bf16 (float32 accumulation); default float32");
+
+  return [options]() -> int {
+    namespace fs = std::filesystem;
+    auto fail = [](const std::string& message) {
+      std::cerr << "deepinfer serve: " << message << "\n";
+      return 1;
+    };
+    if (options->tensor_parallel_size != 1) {
+      return fail("--tensor-parallel-size " + std::to_string(options->tensor_parallel_size) +
+                  ": the CPU backend runs a model on one device; only 1 is supported");
+    }
+    const bool default_model = !options->model_path.has_value();
+    const fs::path model_path = options->model_path.value_or(kDefaultModelPath);
+    if (!fs::exists(model_path / "config.json")) {
+      if (default_model) {
+        return fail("no model at " + model_path.string() +
+                    ": run `make serve` (or `deepinfer default-model --out models/default`) to create the built-in "
+                    "default model, or pass --model-path DIR");
+      }
+      return fail("--model-path " + model_path.string() + ": no config.json there");
+    }
+    std::optional<int64_t> kv_bytes = parse_bytes(options->kv_cache_memory);
+    if (!kv_bytes || *kv_bytes <= 0) return fail("--kv-cache-memory '" + options->kv_cache_memory + "' is not a size");
+    std::optional<int64_t> body_bytes = parse_bytes(options->max_body_bytes);
+    if (!body_bytes || *body_bytes <= 0)
+      return fail("--max-body-bytes '" + options->max_body_bytes + "' is not a size");
+
+    Result<model::ModelConfig> config = model::load_model_config(model_path);
+    if (!config.ok()) return fail(config.status().to_string());
+    Result<recipe::PromptFormat> checkpoint_format = server::default_chat_format(config->model_type);
+    recipe::PromptFormat format = recipe::PromptFormat::kDeepSeekV3;
+    if (options->chat_format) {
+      Result<recipe::PromptFormat> parsed = recipe::parse_format(*options->chat_format);
+      if (!parsed.ok()) return fail("--chat-format: " + parsed.status().message());
+      format = *parsed;
+      if (checkpoint_format.ok() && *checkpoint_format != format) {
+        spdlog::warn("--chat-format {} overrides {}, the format of this checkpoint's model_type {}",
+                     recipe::format_name(format), recipe::format_name(*checkpoint_format), config->model_type);
+      }
+    } else if (!checkpoint_format.ok()) {
+      return fail(checkpoint_format.status().message());
+    } else {
+      format = *checkpoint_format;
+    }
+    if (options->max_model_len < 0) return fail("--max-model-len must be positive");
+    if (options->max_model_len > config->max_position_embeddings) {
+      return fail("--max-model-len " + std::to_string(options->max_model_len) + " exceeds the model's " +
+                  "max_position_embeddings " + std::to_string(config->max_position_embeddings));
+    }
+
+    const fs::path tokenizer_path = options->tokenizer.value_or(model_path.string());
+    Result<std::shared_ptr<const recipe::Tokenizer>> tokenizer = recipe::Tokenizer::load(tokenizer_path);
+    if (!tokenizer.ok()) return fail(tokenizer.status().to_string() + " (the server needs the model's tokenizer.json)");
+    if (static_cast<int64_t>((*tokenizer)->vocab_size()) > config->vocab_size) {
+      return fail("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " tokens but the model only " +
+                  std::to_string(config->vocab_size) + ": wrong tokenizer for this checkpoint?");
+    }
+
+    auto backend = backend::make_cpu_backend();
+    const auto precision =
+        options->bf16 ? backend::WeightMatrix::Precision::kBF16 : backend::WeightMatrix::Precision::kF32;
+    auto model = model::DeepSeekModel::load(model_path, *backend, precision, /*progress=*/isatty(STDERR_FILENO) != 0);
+    if (!model.ok()) return fail(model.status().to_string());
+    engine::EngineConfig engine_config;
+    engine_config.max_model_len = options->max_model_len;
+    engine_config.max_num_seqs = options->max_num_seqs;
+    engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
+    engine_config.kv_cache_bytes = *kv_bytes;
+    auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
+    if (!engine.ok()) return fail(engine.status().to_string());
+
+    server::ModelInfo info;
+    info.served_model_name =
+        options->served_model_name.empty() ? directory_name(fs::absolute(model_path)) : options->served_model_name;
+    info.model_type = config->model_type;
+    info.vocab_size = config->vocab_size;
+    info.max_model_len = options->max_model_len > 0 ? options->max_model_len : config->max_position_embeddings;
+    info.bos_token_id = config->bos_token_id;
+    info.root = fs::absolute(model_path);
+    std::error_code ec;
+    const bool is_builtin = default_model || fs::equivalent(model_path, kDefaultModelPath, ec);
+    if (is_builtin) {
+      info.description =
+          "The built-in default model: DeepSeek-V3 architecture with random weights and the real DeepSeek-V3 "
+          "tokenizer. It produces random text; it exists to try the API.";
+    }
+
+    server::ServerConfig server_config;
+    server_config.host = options->host;
+    server_config.port = options->port;
+    server_config.api_key = options->api_key;
+    server_config.max_body_bytes = *body_bytes;
+    server_config.max_concurrent_requests = options->max_concurrent_requests;
+    server_config.max_json_depth = options->max_json_depth;
+    server_config.chat_format = format;
+    server_config.default_max_tokens = options->default_max_tokens.value_or(is_builtin ? kDefaultModelMaxTokens : 0);
+    server_config.http_threads = options->http_threads;
+    server_config.handle_signals = true;
+    auto server =
+        server::Server::start(server_config, info, server::wrap_engine(std::move(engine).value()), *tokenizer);
+    if (!server.ok()) return fail(server.status().to_string());
+
+    const std::string host = options->host == "0.0.0.0" || options->host == "::" ? "127.0.0.1" : options->host;
+    const std::string url = "http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                            std::to_string((*server)->port());
+    std::cout << "deepinfer serve: " << info.served_model_name << " (" << info.root.string() << ", "
+              << config->model_type << ", chat format " << recipe::format_name(format) << ", max_model_len "
+              << info.max_model_len << ") on " << url << "\n";
+    if (is_builtin) {
+      std::cout << "  The built-in default model has random weights: it produces random text and exists to try "
+                   "the API. Requests without max_tokens stop after "
+                << server_config.default_max_tokens << " tokens.\n";
+    }
+    std::cout << "Try it:\n  curl " << url << "/v1/chat/completions -H 'Content-Type: application/json'"
+              << (options->api_key.empty() ? "" : " -H 'Authorization: Bearer YOUR_API_KEY'") << " -d '{\"model\": \""
+              << info.served_model_name << "\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n"
+              << std::flush;
+    (*server)->wait();
+    std::cout << "deepinfer serve: stopped\n";
+    return 0;
+  };
+}
+
+}  // namespace deepinfer::apps

@@ -1,0 +1,75 @@
+// The server's Prometheus metrics (text exposition format 0.0.4), every name prefixed `deepinfer_`:
+//   deepinfer_time_to_first_token_seconds        histogram  request arrival -> first generated token
+//   deepinfer_time_per_output_token_seconds      histogram  per request: (last token - first token) / (n - 1)
+//   deepinfer_e2e_request_latency_seconds        histogram  request arrival -> response end
+//   deepinfer_prompt_tokens_total                counter    prompt tokens of admitted requests
+//   deepinfer_prompt_tokens_cached_total         counter    of those, served from the prefix cache
+//   deepinfer_generation_tokens_total            counter    generated tokens (every token the engine produced)
+//   deepinfer_num_requests_running               gauge      sequences the engine is running
+//   deepinfer_num_requests_waiting               gauge      sequences queued (preempted ones included)
+//   deepinfer_kv_cache_blocks_used               gauge      KV blocks in use
+//   deepinfer_kv_cache_blocks_free               gauge      KV blocks free
+//   deepinfer_requests_total{outcome}            counter    finished generation requests by outcome: the
+//                                                           finish reason (stop, length, tool_calls), or
+//                                                           client_disconnect, or error_<HTTP status>
+//   deepinfer_client_disconnects_total           counter    clients that went away before their response ended
+//   deepinfer_malformed_tool_calls_total         counter    tool-call markup the output parser could not parse
+//   deepinfer_http_requests_total{status}        counter    HTTP responses by status code (every route)
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deepinfer/server/engine_loop.h"
+
+namespace deepinfer::server {
+
+// A cumulative histogram with fixed upper bounds (seconds). Thread-safe.
+class Histogram {
+ public:
+  // REQUIRES: bounds ascending.
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double value);
+  // Appends the HELP, TYPE, _bucket, _sum and _count lines for `name`.
+  void render(std::string_view name, std::string_view help, std::string& out) const;
+  uint64_t count() const;
+
+ private:
+  std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> buckets_;  // GUARDED_BY(mu_) per bound (not cumulative); +Inf is count_
+  double sum_ = 0.0;               // GUARDED_BY(mu_)
+  uint64_t count_ = 0;             // GUARDED_BY(mu_)
+};
+
+// Thread-safe: every member may be updated from any thread.
+class Metrics {
+ public:
+  Metrics();
+
+  Histogram time_to_first_token;
+  Histogram time_per_output_token;
+  Histogram e2e_request_latency;
+  std::atomic<int64_t> prompt_tokens{0};
+  std::atomic<int64_t> prompt_tokens_cached{0};
+  std::atomic<int64_t> generation_tokens{0};
+  std::atomic<int64_t> client_disconnects{0};
+  std::atomic<int64_t> malformed_tool_calls{0};
+
+  void count_outcome(std::string_view outcome);
+  void count_http_status(int status);
+  // The whole exposition, with the engine gauges taken from `load`.
+  std::string render(const EngineLoad& load) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t, std::less<>> outcomes_;  // GUARDED_BY(mu_)
+  std::map<int, int64_t> http_statuses_;                  // GUARDED_BY(mu_)
+};
+
+}  // namespace deepinfer::server

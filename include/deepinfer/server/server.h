@@ -1,0 +1,78 @@
+// `deepinfer serve`'s HTTP server: OpenAI-compatible (chat completions, completions, models) and
+// Anthropic-compatible (messages) endpoints, plus /health, /metrics, /tokenize and /detokenize, on
+// Boost.Beast with C++20 coroutines. The engine runs on its own thread (EngineLoop); HTTP runs on a small
+// pool of io_context threads, each connection on its own strand. See src/server/README.md for the routes,
+// the request semantics and how each API dialect maps onto the Conversation.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/core/status.h"
+#include "deepinfer/recipe/renderer.h"
+#include "deepinfer/recipe/tokenizer.h"
+#include "deepinfer/server/engine_loop.h"
+
+namespace deepinfer::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;  // 0: an ephemeral port (see Server::port())
+  // Non-empty: /v1/*, /tokenize and /detokenize require `Authorization: Bearer KEY` or `x-api-key: KEY`.
+  // /health and /metrics stay open (probes and scrapers).
+  std::string api_key;
+  int64_t max_body_bytes = 16ll << 20;    // larger bodies get 413
+  int32_t max_concurrent_requests = 256;  // generation requests in flight; more get 429 with Retry-After
+  int32_t max_json_depth = 64;            // deeper request JSON gets 400
+  recipe::PromptFormat chat_format = recipe::PromptFormat::kDeepSeekV3;
+  // max_tokens when a request gives none; 0: until the context (max_model_len) is full.
+  int64_t default_max_tokens = 0;
+  int32_t http_threads = 2;
+  int32_t idle_timeout_seconds = 60;  // keep-alive connections idle this long are closed
+  // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
+  // stop); a second one cancels what is still running and stops at once.
+  bool handle_signals = false;
+};
+
+// What the server says and checks about the model.
+struct ModelInfo {
+  std::string served_model_name;  // the `model` requests must name (or omit), and /v1/models' id
+  std::string model_type;         // config.json's, e.g. "deepseek_v3"
+  int64_t vocab_size = 0;         // the embedding's size: ids at or above it are rejected
+  int64_t max_model_len = 0;      // prompt + generated tokens
+  int64_t bos_token_id = 0;       // prepended to /v1/completions and /tokenize text prompts
+  std::string description;        // optional; shown in /v1/models (the built-in default says what it is)
+  std::filesystem::path root;     // the checkpoint directory
+};
+
+// The chat format a checkpoint's model_type implies: deepseek_v2 and deepseek_v3 -> deepseek-v3.
+Result<recipe::PromptFormat> default_chat_format(const std::string& model_type);
+
+class Server {
+ public:
+  // Binds host:port, starts the engine thread and the HTTP threads, and returns at once.
+  // Errors: IoError when the address cannot be bound; InvalidArgument for a bad config.
+  static Result<std::unique_ptr<Server>> start(ServerConfig config, ModelInfo model, std::unique_ptr<StepEngine> engine,
+                                               std::shared_ptr<const recipe::Tokenizer> tokenizer);
+  ~Server();  // shutdown(false) and wait()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  uint16_t port() const;  // the bound port
+  // Stops accepting connections and requests (new ones get 503); when `drain`, lets in-flight requests
+  // finish, else cancels them; then stops. Thread-safe; returns at once.
+  void shutdown(bool drain = true);
+  // Blocks until the server has stopped (after shutdown() or a signal).
+  void wait();
+
+  struct Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deepinfer::server

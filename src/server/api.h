@@ -1,0 +1,193 @@
+// Internal to the server: what the HTTP layer (http_server.cpp) and the API dialects (openai_api.cpp,
+// anthropic_api.cpp) share. A dialect turns a request body into a GenerationPlan (prompt ids, sampling
+// parameters, an OutputBuilder and a ResponseWriter); the HTTP layer runs the plan against the engine.
+#pragma once
+
+#include <boost/json.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "deepinfer/engine/sampling_params.h"
+#include "deepinfer/recipe/detokenizer.h"
+#include "deepinfer/recipe/stream_parser.h"
+#include "deepinfer/recipe/tokenizer.h"
+#include "deepinfer/server/metrics.h"
+#include "deepinfer/server/server.h"
+#include "deepinfer/server/stop_matcher.h"
+
+namespace deepinfer::server {
+
+// ---- Errors ---------------------------------------------------------------------------------------------
+
+// An error a client gets. Rendered per dialect: OpenAI {"error": {"message", "type", "param", "code"}},
+// Anthropic {"type": "error", "error": {"type", "message"}}; the type follows from the status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;            // the request field to blame, when there is one
+  std::string code;             // OpenAI's machine-readable code ("model_not_found", "context_length_exceeded", ...)
+  int retry_after_seconds = 0;  // > 0: sent as Retry-After
+};
+
+ApiError bad_request(std::string message, std::string param = {});
+// A 400 from a recipe or engine Status whose message starts with the field path ("messages[1].content ...").
+ApiError bad_request_from(const Status& status);
+
+enum class Dialect { kOpenAI, kAnthropic };
+std::string error_body(const ApiError& error, Dialect dialect);
+
+template <class T>
+using ApiResult = std::variant<T, ApiError>;
+
+// ---- Request JSON ---------------------------------------------------------------------------------------
+
+// Parses a request body: valid UTF-8 (else 400 naming the byte offset), JSON (else 400 with line and
+// column), at most `max_depth` levels of nesting (else 400 naming the limit), a JSON object (else 400).
+ApiResult<boost::json::value> parse_body(std::string_view body, int32_t max_depth);
+
+// Typed field readers: absent or null leaves `out` unset and returns nullopt; a wrong type or a value out of
+// range returns the 400 naming the field (and the range).
+std::optional<ApiError> read_bool(const boost::json::object& body, std::string_view key, std::optional<bool>& out);
+std::optional<ApiError> read_string(const boost::json::object& body, std::string_view key,
+                                    std::optional<std::string>& out);
+std::optional<ApiError> read_integer(const boost::json::object& body, std::string_view key, int64_t min, int64_t max,
+                                     std::optional<int64_t>& out);
+// [min, max]; with min_exclusive, (min, max].
+std::optional<ApiError> read_number(const boost::json::object& body, std::string_view key, double min, double max,
+                                    bool min_exclusive, std::optional<double>& out);
+// A string or an array of strings (`stop`, `stop_sequences`).
+std::optional<ApiError> read_string_list(const boost::json::object& body, std::string_view key,
+                                         std::vector<std::string>& out);
+
+// ---- Generation ---------------------------------------------------------------------------------------
+
+struct ApiContext {
+  const ModelInfo* model = nullptr;
+  std::shared_ptr<const recipe::Tokenizer> tokenizer;
+  recipe::PromptFormat chat_format = recipe::PromptFormat::kDeepSeekV3;
+  int64_t default_max_tokens = 0;
+};
+
+// Checks a request's `model` against the served name: absent is fine, another name is a 404.
+std::optional<ApiError> check_model(const boost::json::object& body, const ModelInfo& model, bool required);
+
+// Fills max_tokens against the prompt length and max_model_len: 400 when the prompt does not leave room for
+// one token or prompt + requested max_tokens exceed max_model_len (both numbers in the message).
+std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,
+                                    std::string_view max_tokens_field, engine::SamplingParams& params);
+
+// The final message as built from the emitted deltas.
+struct OutputToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments_text;  // the concatenated argument fragments
+};
+struct OutputMessage {
+  std::string reasoning;
+  std::string content;
+  std::vector<OutputToolCall> tool_calls;
+};
+
+// Tokens -> visible deltas: the output parser (chat dialects) or the detokenizer (completions), followed by
+// the stop strings. Stop strings are matched within each run of reasoning or content text (tool-call
+// arguments are never cut); a partial match is held back; the text from the match on is dropped.
+class OutputBuilder {
+ public:
+  // Chat: every token goes through the stream parser.
+  OutputBuilder(recipe::StreamParser parser, std::vector<std::string> stops);
+  // Completions: the incremental detokenizer; special tokens (EOS, ...) add no text.
+  OutputBuilder(std::shared_ptr<const recipe::Tokenizer> tokenizer, std::vector<std::string> stops);
+
+  // Feeds one generated token and appends what may be shown now to `out`. Returns true when a stop string
+  // completed: generation is over, feed nothing more.
+  bool push(recipe::TokenId token, std::vector<recipe::StreamEvent>& out);
+  // Generation ended by the engine (EOS, stop token, length): appends what was held back.
+  void finish(std::vector<recipe::StreamEvent>& out);
+  const OutputMessage& message() const { return message_; }
+  const std::optional<std::string>& stop_string() const { return matcher_.matched(); }
+  int32_t malformed_tool_calls() const;
+
+ private:
+  // Passes parser events through the stop matcher into `out`; true on a stop-string match.
+  bool filter(std::vector<recipe::StreamEvent>& events, std::vector<recipe::StreamEvent>& out);
+  void flush_text(std::vector<recipe::StreamEvent>& out);
+  void emit(recipe::StreamEvent event, std::vector<recipe::StreamEvent>& out);
+
+  std::optional<recipe::StreamParser> parser_;
+  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
+  std::optional<recipe::IncrementalDetokenizer> detokenizer_;
+  StopMatcher matcher_;
+  recipe::StreamEvent::Kind text_kind_ = recipe::StreamEvent::Kind::kContent;
+  std::vector<recipe::StreamEvent> scratch_;
+  OutputMessage message_;
+};
+
+// One generated token's logprobs, as the engine reported them.
+struct TokenLogprobs {
+  recipe::TokenId token = 0;
+  float logprob = 0.0f;
+  std::vector<engine::TokenLogprob> top;
+};
+
+struct FinishInfo {
+  enum class Kind { kStop, kStopString, kLength };
+  Kind kind = Kind::kStop;
+  std::optional<std::string> stop_string;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+// Writes one response in a dialect's shapes. Streaming: start() once, deltas() per batch of events, then
+// finish() (or stream_error()), each returning the SSE bytes to send. Non-streaming: only finish(), which
+// returns the JSON body.
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  virtual std::string start(const FinishInfo& usage_so_far) = 0;
+  virtual std::string deltas(const std::vector<recipe::StreamEvent>& events, std::vector<TokenLogprobs>& logprobs) = 0;
+  virtual std::string finish(const OutputMessage& message, const FinishInfo& info,
+                             std::vector<TokenLogprobs>& logprobs) = 0;
+  virtual std::string stream_error(const ApiError& error) = 0;
+};
+
+struct GenerationPlan {
+  Dialect dialect = Dialect::kOpenAI;
+  std::vector<recipe::TokenId> prompt_token_ids;
+  engine::SamplingParams params;
+  bool stream = false;
+  std::unique_ptr<OutputBuilder> builder;
+  std::unique_ptr<ResponseWriter> writer;
+};
+
+// Each takes a body parse_body() accepted (a JSON object).
+ApiResult<GenerationPlan> plan_chat_completion(const boost::json::value& body, const ApiContext& context);
+ApiResult<GenerationPlan> plan_completion(const boost::json::value& body, const ApiContext& context);
+ApiResult<GenerationPlan> plan_anthropic_messages(const boost::json::value& body, const ApiContext& context);
+
+// /tokenize: {"prompt": TEXT, "add_special_tokens"?} or a chat request {"messages": [...], ...};
+// /detokenize: {"tokens": [ids]}. Both return the JSON body.
+ApiResult<std::string> tokenize_endpoint(const boost::json::value& body, const ApiContext& context);
+ApiResult<std::string> detokenize_endpoint(const boost::json::value& body, const ApiContext& context);
+// GET /v1/models and /v1/models/{id}.
+std::string models_body(const ModelInfo& model, int64_t created);
+boost::json::object model_object(const ModelInfo& model, int64_t created);
+
+// Shared helpers of the dialects.
+std::string random_id(std::string_view prefix);  // prefix + 24 hex digits
+int64_t unix_time();
+// The prompt ended inside a reasoning block (the generation prompt opened <think>).
+bool prompt_opens_reasoning(const recipe::RenderedPrompt& prompt);
+// The sampling fields OpenAI's two endpoints share (temperature, top_p, top_k, min_p, penalties, seed, stop,
+// stop_token_ids, ignore_eos, logit_bias, n).
+std::optional<ApiError> read_openai_sampling(const boost::json::object& body, const ApiContext& context,
+                                             engine::SamplingParams& params, std::vector<std::string>& stops);
+// "data: {json}\n\n".
+std::string sse_data(const boost::json::value& value);
+
+}  // namespace deepinfer::server

@@ -1,0 +1,437 @@
+// What every dialect shares: error bodies, the guarded body parser, typed field readers, context checks.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "api.h"
+
+namespace deepinfer::server {
+namespace json = boost::json;
+
+// ---- Errors ---------------------------------------------------------------------------------------------
+
+ApiError bad_request(std::string message, std::string param) {
+  return ApiError{400, std::move(message), std::move(param), {}, 0};
+}
+
+ApiError bad_request_from(const Status& status) {
+  if (status.code() != StatusCode::kInvalidArgument && status.code() != StatusCode::kUnsupported &&
+      status.code() != StatusCode::kNotFound) {
+    return ApiError{500, "internal server error", {}, {}, 0};
+  }
+  // Recipe's messages start with the field path: "messages[2].content is required ...".
+  const std::string& message = status.message();
+  std::string first = message.substr(0, message.find(' '));
+  if (first.ends_with(':')) first.pop_back();
+  static constexpr std::string_view kTopLevel[] = {"messages",        "tools",
+                                                   "tool_choice",     "reasoning_effort",
+                                                   "thinking",        "chat_template_kwargs",
+                                                   "response_format", "add_generation_prompt",
+                                                   "system"};
+  const bool path_like = first.find_first_of(".[") != std::string::npos ||
+                         std::find(std::begin(kTopLevel), std::end(kTopLevel), first) != std::end(kTopLevel);
+  const bool path_chars = std::all_of(first.begin(), first.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '[' || c == ']';
+  });
+  return bad_request(message, path_like && path_chars ? first : std::string());
+}
+
+namespace {
+
+std::string_view openai_type(int status) {
+  switch (status) {
+    case 429:
+      return "rate_limit_error";
+    case 500:
+    case 503:
+      return "server_error";
+    default:
+      return "invalid_request_error";
+  }
+}
+
+std::string_view anthropic_type(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 500:
+      return "api_error";
+    case 503:
+      return "overloaded_error";
+    default:
+      return "invalid_request_error";
+  }
+}
+
+// Offset of the first byte that does not belong to well-formed UTF-8 (Unicode 15, Table 3-7), or npos.
+size_t find_invalid_utf8(std::string_view text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t size = text.size();
+  size_t i = 0;
+  while (i < size) {
+    const unsigned char lead = bytes[i];
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead == 0xE0) {
+      length = 3, low = 0xA0;
+    } else if (lead == 0xED) {
+      length = 3, high = 0x9F;
+    } else if (lead >= 0xE1 && lead <= 0xEF) {
+      length = 3;
+    } else if (lead == 0xF0) {
+      length = 4, low = 0x90;
+    } else if (lead >= 0xF1 && lead <= 0xF3) {
+      length = 4;
+    } else if (lead == 0xF4) {
+      length = 4, high = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + length > size) return i;
+    if (bytes[i + 1] < low || bytes[i + 1] > high) return i;
+    for (size_t k = 2; k < length; ++k) {
+      if (bytes[i + k] < 0x80 || bytes[i + k] > 0xBF) return i;
+    }
+    i += length;
+  }
+  return std::string_view::npos;
+}
+
+std::string kind_name(const json::value& v) {
+  switch (v.kind()) {
+    case json::kind::null:
+      return "null";
+    case json::kind::bool_:
+      return "a boolean";
+    case json::kind::int64:
+    case json::kind::uint64:
+    case json::kind::double_:
+      return "a number";
+    case json::kind::string:
+      return "a string";
+    case json::kind::array:
+      return "an array";
+    case json::kind::object:
+      return "an object";
+  }
+  return "unknown";
+}
+
+ApiError type_error(std::string_view key, std::string_view expected, const json::value& got) {
+  return bad_request(fmt::format("{} must be {}, got {}", key, expected, kind_name(got)), std::string(key));
+}
+
+// A present, non-null field, or nullptr.
+const json::value* field(const json::object& body, std::string_view key) {
+  const json::value* value = body.if_contains(key);
+  return value == nullptr || value->is_null() ? nullptr : value;
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& error, Dialect dialect) {
+  if (dialect == Dialect::kAnthropic) {
+    return json::serialize(json::object{
+        {"type", "error"}, {"error", {{"type", anthropic_type(error.status)}, {"message", error.message}}}});
+  }
+  json::object inner{
+      {"message", error.message}, {"type", openai_type(error.status)}, {"param", nullptr}, {"code", nullptr}};
+  if (!error.param.empty()) inner["param"] = error.param;
+  if (!error.code.empty()) inner["code"] = error.code;
+  return json::serialize(json::object{{"error", std::move(inner)}});
+}
+
+// ---- Request JSON ---------------------------------------------------------------------------------------
+
+ApiResult<json::value> parse_body(std::string_view body, int32_t max_depth) {
+  if (size_t bad = find_invalid_utf8(body); bad != std::string_view::npos) {
+    return bad_request(fmt::format("the request body is not valid UTF-8 (first invalid byte at offset {})", bad));
+  }
+  json::parse_options options;
+  options.max_depth = static_cast<size_t>(std::max(1, max_depth));
+  json::stream_parser parser(json::storage_ptr(), options);
+  boost::system::error_code ec;
+  const size_t consumed = parser.write(body.data(), body.size(), ec);
+  if (!ec) parser.finish(ec);
+  if (ec) {
+    if (ec == json::error::too_deep) {
+      return bad_request(
+          fmt::format("the request JSON nests deeper than {} levels (the server's --max-json-depth)", max_depth));
+    }
+    const size_t at = std::min(consumed, body.size());
+    const std::string_view before = body.substr(0, at);
+    const size_t line = static_cast<size_t>(std::count(before.begin(), before.end(), '\n')) + 1;
+    const size_t line_start = before.rfind('\n');
+    const size_t column = at - (line_start == std::string_view::npos ? 0 : line_start + 1) + 1;
+    if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+      return bad_request("the request body is empty; expected a JSON object");
+    }
+    return bad_request(
+        fmt::format("the request body is not valid JSON: {} at line {}, column {}", ec.message(), line, column));
+  }
+  json::value value = parser.release();
+  if (!value.is_object()) return bad_request("the request body must be a JSON object, got " + kind_name(value));
+  return value;
+}
+
+std::optional<ApiError> read_bool(const json::object& body, std::string_view key, std::optional<bool>& out) {
+  const json::value* value = field(body, key);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_bool()) return type_error(key, "a boolean", *value);
+  out = value->get_bool();
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_string(const json::object& body, std::string_view key, std::optional<std::string>& out) {
+  const json::value* value = field(body, key);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_string()) return type_error(key, "a string", *value);
+  out = std::string(value->get_string());
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_integer(const json::object& body, std::string_view key, int64_t min, int64_t max,
+                                     std::optional<int64_t>& out) {
+  const json::value* value = field(body, key);
+  if (value == nullptr) return std::nullopt;
+  int64_t number = 0;
+  bool in_range = true;
+  if (value->is_int64()) {
+    number = value->get_int64();
+  } else if (value->is_uint64()) {
+    in_range = false;  // above INT64_MAX
+  } else if (value->is_double() && std::isfinite(value->get_double()) &&
+             value->get_double() == std::floor(value->get_double())) {
+    const double d = value->get_double();
+    if (d < -9.2e18 || d > 9.2e18) {
+      in_range = false;
+    } else {
+      number = static_cast<int64_t>(d);
+    }
+  } else {
+    return type_error(key, "an integer", *value);
+  }
+  if (!in_range || number < min || number > max) {
+    std::string range =
+        max == std::numeric_limits<int64_t>::max() ? fmt::format(">= {}", min) : fmt::format("in [{}, {}]", min, max);
+    return bad_request(fmt::format("{} must be an integer {}, got {}", key, range, json::serialize(*value)),
+                       std::string(key));
+  }
+  out = number;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_number(const json::object& body, std::string_view key, double min, double max,
+                                    bool min_exclusive, std::optional<double>& out) {
+  const json::value* value = field(body, key);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_number()) return type_error(key, "a number", *value);
+  const double number = value->to_number<double>();
+  if (!(min_exclusive ? number > min : number >= min) || !(number <= max)) {
+    return bad_request(fmt::format("{} must be in {}{}, {}], got {}", key, min_exclusive ? "(" : "[", min, max,
+                                   json::serialize(*value)),
+                       std::string(key));
+  }
+  out = number;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_string_list(const json::object& body, std::string_view key,
+                                         std::vector<std::string>& out) {
+  constexpr size_t kMaxStops = 64;
+  const json::value* value = field(body, key);
+  if (value == nullptr) return std::nullopt;
+  if (value->is_string()) {
+    if (!value->get_string().empty()) out.emplace_back(value->get_string());
+    return std::nullopt;
+  }
+  if (!value->is_array()) return type_error(key, "a string or an array of strings", *value);
+  const json::array& list = value->get_array();
+  if (list.size() > kMaxStops) {
+    return bad_request(fmt::format("{} has {} entries; at most {} are allowed", key, list.size(), kMaxStops),
+                       std::string(key));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_string() || list[i].get_string().empty()) {
+      return bad_request(fmt::format("{}[{}] must be a non-empty string", key, i), std::string(key));
+    }
+    out.emplace_back(list[i].get_string());
+  }
+  return std::nullopt;
+}
+
+// ---- Context checks -------------------------------------------------------------------------------------
+
+std::optional<ApiError> check_model(const json::object& body, const ModelInfo& model, bool required) {
+  const json::value* value = field(body, "model");
+  if (value == nullptr) {
+    if (!required) return std::nullopt;
+    return bad_request("model is required", "model");
+  }
+  if (!value->is_string()) return type_error("model", "a string", *value);
+  if (value->get_string() == model.served_model_name) return std::nullopt;
+  return ApiError{404,
+                  fmt::format("The model `{}` does not exist; this server serves `{}`",
+                              std::string(value->get_string()), model.served_model_name),
+                  "model", "model_not_found", 0};
+}
+
+std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,
+                                    std::string_view max_tokens_field, engine::SamplingParams& params) {
+  const int64_t max_model_len = context.model->max_model_len;
+  if (prompt_tokens >= max_model_len) {
+    return ApiError{400,
+                    fmt::format("the prompt has {} tokens, but this model's max_model_len is {} tokens (prompt plus "
+                                "generated tokens); shorten the prompt to at most {} tokens",
+                                prompt_tokens, max_model_len, max_model_len - 1),
+                    {},
+                    "context_length_exceeded",
+                    0};
+  }
+  const int64_t room = max_model_len - prompt_tokens;
+  if (requested) {
+    if (*requested > room) {
+      return ApiError{400,
+                      fmt::format("this model's max_model_len is {} tokens, but the request asks for {} ({} in the "
+                                  "prompt, {} in {}); lower {} to at most {}",
+                                  max_model_len, prompt_tokens + *requested, prompt_tokens, *requested,
+                                  max_tokens_field, max_tokens_field, room),
+                      std::string(max_tokens_field), "context_length_exceeded", 0};
+    }
+    params.max_tokens = *requested;
+  } else {
+    params.max_tokens = context.default_max_tokens > 0 ? std::min(context.default_max_tokens, room) : room;
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_openai_sampling(const json::object& body, const ApiContext& context,
+                                             engine::SamplingParams& params, std::vector<std::string>& stops) {
+  const int64_t vocab = context.model->vocab_size;
+  std::optional<double> number;
+  if (auto e = read_number(body, "temperature", 0.0, 2.0, false, number)) return e;
+  if (number) params.temperature = static_cast<float>(*number);
+  number.reset();
+  if (auto e = read_number(body, "top_p", 0.0, 1.0, true, number)) return e;
+  if (number) params.top_p = static_cast<float>(*number);
+  number.reset();
+  if (auto e = read_number(body, "min_p", 0.0, 1.0, false, number)) return e;
+  if (number) params.min_p = static_cast<float>(*number);
+  number.reset();
+  if (auto e = read_number(body, "presence_penalty", -2.0, 2.0, false, number)) return e;
+  if (number) params.presence_penalty = static_cast<float>(*number);
+  number.reset();
+  if (auto e = read_number(body, "frequency_penalty", -2.0, 2.0, false, number)) return e;
+  if (number) params.frequency_penalty = static_cast<float>(*number);
+  number.reset();
+  if (auto e = read_number(body, "repetition_penalty", 0.0, 100.0, true, number)) return e;
+  if (number) params.repetition_penalty = static_cast<float>(*number);
+  std::optional<int64_t> integer;
+  if (auto e = read_integer(body, "top_k", -1, vocab, integer)) return e;
+  if (integer) params.top_k = static_cast<int32_t>(*integer);
+  integer.reset();
+  if (const json::value* seed = field(body, "seed")) {
+    if (seed->is_int64()) {
+      params.seed = static_cast<uint64_t>(seed->get_int64());
+    } else if (seed->is_uint64()) {
+      params.seed = seed->get_uint64();
+    } else {
+      return type_error("seed", "an integer", *seed);
+    }
+  }
+  if (auto e = read_integer(body, "n", 1, 128, integer)) return e;
+  if (integer && *integer > 1) {
+    return bad_request(fmt::format("n = {} is not supported yet; send n = 1 (or several requests)", *integer), "n");
+  }
+  integer.reset();
+  if (auto e = read_integer(body, "min_tokens", 0, std::numeric_limits<int64_t>::max(), integer)) return e;
+  if (integer && *integer > 0) return bad_request("min_tokens is not supported yet", "min_tokens");
+  std::optional<bool> flag;
+  if (auto e = read_bool(body, "ignore_eos", flag)) return e;
+  params.ignore_eos = flag.value_or(false);
+  if (auto e = read_string_list(body, "stop", stops)) return e;
+  if (const json::value* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array()) return type_error("stop_token_ids", "an array of token ids", *ids);
+    const json::array& list = ids->get_array();
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_int64() || list[i].get_int64() < 0 || list[i].get_int64() >= vocab) {
+        return bad_request(fmt::format("stop_token_ids[{}] must be a token id in [0, {})", i, vocab), "stop_token_ids");
+      }
+      params.stop_token_ids.push_back(static_cast<engine::TokenId>(list[i].get_int64()));
+    }
+  }
+  if (const json::value* bias = field(body, "logit_bias")) {
+    if (!bias->is_object()) return type_error("logit_bias", "an object of token id -> bias", *bias);
+    for (const auto& [key, value] : bias->get_object()) {
+      int64_t id = -1;
+      auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab) {
+        return bad_request(fmt::format("logit_bias key '{}' must be a token id in [0, {})", std::string(key), vocab),
+                           "logit_bias");
+      }
+      if (!value.is_number() || !(std::abs(value.to_number<double>()) <= engine::kMaxLogitBias)) {
+        return bad_request(fmt::format("logit_bias['{}'] must be a number in [-100, 100]", std::string(key)),
+                           "logit_bias");
+      }
+      params.logit_bias[static_cast<engine::TokenId>(id)] = static_cast<float>(value.to_number<double>());
+    }
+  }
+  return std::nullopt;
+}
+
+// ---- Helpers --------------------------------------------------------------------------------------------
+
+std::string random_id(std::string_view prefix) {
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  return fmt::format("{}{:016x}{:08x}", prefix, generator(), static_cast<uint32_t>(generator()));
+}
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool prompt_opens_reasoning(const recipe::RenderedPrompt& prompt) {
+  std::string_view text = prompt.text;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  return text.ends_with("<think>");
+}
+
+std::string sse_data(const json::value& value) { return "data: " + json::serialize(value) + "\n\n"; }
+
+json::object model_object(const ModelInfo& model, int64_t created) {
+  json::object object{{"id", model.served_model_name},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "deepinfer"},
+                      {"root", model.root.string()},
+                      {"parent", nullptr},
+                      {"max_model_len", model.max_model_len}};
+  if (!model.description.empty()) object["description"] = model.description;
+  return object;
+}
+
+std::string models_body(const ModelInfo& model, int64_t created) {
+  return json::serialize(json::object{{"object", "list"}, {"data", json::array{model_object(model, created)}}});
+}
+
+}  // namespace deepinfer::server

@@ -1,0 +1,195 @@
+// The engine thread: drain the command queue, step while there is work, hand each request its events.
+#include "deepinfer/server/engine_loop.h"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+
+namespace deepinfer::server {
+namespace {
+
+class EngineAdapter final : public StepEngine {
+ public:
+  explicit EngineAdapter(std::unique_ptr<engine::Engine> engine) : engine_(std::move(engine)) {}
+  Result<engine::SequenceId> submit(std::vector<engine::TokenId> prompt,
+                                    const engine::SamplingParams& params) override {
+    return engine_->submit(std::move(prompt), params);
+  }
+  Status cancel(engine::SequenceId id) override { return engine_->cancel(id); }
+  Result<std::vector<engine::TokenEvent>> step() override { return engine_->step(); }
+  bool has_pending_work() const override { return engine_->has_pending_work(); }
+  EngineLoad load() const override {
+    const engine::Scheduler& scheduler = engine_->scheduler();
+    return {scheduler.num_running(), scheduler.num_waiting(), scheduler.block_pool().num_used(),
+            scheduler.block_pool().num_free()};
+  }
+
+ private:
+  std::unique_ptr<engine::Engine> engine_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepEngine> wrap_engine(std::unique_ptr<engine::Engine> engine) {
+  return std::make_unique<EngineAdapter>(std::move(engine));
+}
+
+EngineLoop::EngineLoop(std::unique_ptr<StepEngine> engine) : engine_(std::move(engine)) {
+  publish_load();
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() { stop(); }
+
+EngineLoop::Ticket EngineLoop::submit(std::vector<engine::TokenId> prompt, engine::SamplingParams params,
+                                      std::shared_ptr<EventSink> sink) {
+  Ticket ticket;
+  bool stopped = false;
+  {
+    std::lock_guard lock(mu_);
+    ticket = next_ticket_++;
+    stopped = stopping_;
+    if (!stopped) commands_.push_back(Submit{ticket, std::move(prompt), std::move(params), sink});
+  }
+  if (stopped) {  // the engine thread is gone: answer here
+    GenerationEvent event;
+    event.event.finished = true;
+    event.event.finish_reason = engine::FinishReason::kCancelled;
+    event.error = Status::unsupported("the server is shutting down");
+    sink->deliver({std::move(event)});
+    return ticket;
+  }
+  wake_.notify_one();
+  return ticket;
+}
+
+void EngineLoop::cancel(Ticket ticket) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    commands_.push_back(Cancel{ticket});
+  }
+  wake_.notify_one();
+}
+
+EngineLoad EngineLoop::load() const {
+  return {num_running_.load(), num_waiting_.load(), kv_blocks_used_.load(), kv_blocks_free_.load()};
+}
+
+void EngineLoop::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::publish_load() {
+  EngineLoad load = engine_->load();
+  num_running_ = load.num_running;
+  num_waiting_ = load.num_waiting;
+  kv_blocks_used_ = load.kv_blocks_used;
+  kv_blocks_free_ = load.kv_blocks_free;
+}
+
+void EngineLoop::apply(Submit& command) {
+  Result<engine::SequenceId> id = engine_->submit(std::move(command.prompt), command.params);
+  if (!id.ok()) {
+    GenerationEvent event;
+    event.event.finished = true;
+    event.event.finish_reason = engine::FinishReason::kAborted;
+    event.error = id.status();
+    command.sink->deliver({std::move(event)});
+    return;
+  }
+  live_[*id] = Live{command.ticket, std::move(command.sink)};
+  sequence_of_[command.ticket] = *id;
+}
+
+void EngineLoop::apply(const Cancel& command) {
+  auto it = sequence_of_.find(command.ticket);
+  if (it == sequence_of_.end()) return;  // already finished (or its submit failed)
+  const engine::SequenceId id = it->second;
+  sequence_of_.erase(it);
+  live_.erase(id);  // the requester is gone: its finish event is dropped
+  if (Status s = engine_->cancel(id); !s.ok()) spdlog::debug("engine cancel of sequence {}: {}", id, s.to_string());
+}
+
+void EngineLoop::fail_all(const Status& error) {
+  for (auto& [id, live] : live_) {
+    (void)engine_->cancel(id);
+    GenerationEvent event;
+    event.event.id = id;
+    event.event.finished = true;
+    event.event.finish_reason = engine::FinishReason::kAborted;
+    event.error = error;
+    live.sink->deliver({std::move(event)});
+  }
+  live_.clear();
+  sequence_of_.clear();
+}
+
+void EngineLoop::run() {
+  std::deque<std::variant<Submit, Cancel>> commands;
+  while (true) {
+    bool stopping = false;
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !commands_.empty() || engine_->has_pending_work(); });
+      commands.swap(commands_);
+      stopping = stopping_;
+    }
+    for (auto& command : commands) {
+      if (auto* submit = std::get_if<Submit>(&command)) {
+        if (stopping) {
+          GenerationEvent event;
+          event.event.finished = true;
+          event.event.finish_reason = engine::FinishReason::kCancelled;
+          event.error = Status::unsupported("the server is shutting down");
+          submit->sink->deliver({std::move(event)});
+        } else {
+          apply(*submit);
+        }
+      } else {
+        apply(std::get<Cancel>(command));
+      }
+    }
+    commands.clear();
+    if (stopping) {
+      fail_all(Status::unsupported("the server is shutting down"));
+      // Let the cancellations take effect so the blocks are accounted for.
+      while (engine_->has_pending_work()) {
+        if (!engine_->step().ok()) break;
+      }
+      publish_load();
+      return;
+    }
+    if (engine_->has_pending_work()) {
+      Result<std::vector<engine::TokenEvent>> events = engine_->step();
+      if (!events.ok()) {
+        spdlog::error("engine step failed: {}", events.status().to_string());
+        fail_all(Status::internal("the engine failed"));
+      } else {
+        // Group by request, keeping order, so each sink is woken once per step.
+        std::unordered_map<engine::SequenceId, std::vector<GenerationEvent>> grouped;
+        for (engine::TokenEvent& event : *events) {
+          if (!live_.contains(event.id)) continue;  // cancelled by its requester
+          grouped[event.id].push_back(GenerationEvent{std::move(event), Status()});
+        }
+        for (auto& [id, list] : grouped) {
+          auto live = live_.find(id);
+          const bool finished = list.back().event.finished;
+          live->second.sink->deliver(std::move(list));
+          if (finished) {
+            sequence_of_.erase(live->second.ticket);
+            live_.erase(live);
+          }
+        }
+      }
+    }
+    publish_load();
+  }
+}
+
+}  // namespace deepinfer::server

@@ -1,0 +1,105 @@
+// Prometheus text exposition of the server's metrics.
+#include "deepinfer/server/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace deepinfer::server {
+namespace {
+
+// Latency buckets (seconds) as vLLM exposes them, so existing dashboards read the same.
+std::vector<double> ttft_buckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> tpot_buckets() {
+  return {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> e2e_buckets() {
+  return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0};
+}
+
+void scalar(std::string& out, std::string_view name, std::string_view type, std::string_view help, int64_t value) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size(), 0) {}
+
+void Histogram::observe(double value) {
+  const size_t bucket = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
+  std::lock_guard lock(mu_);
+  if (bucket < buckets_.size()) ++buckets_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+uint64_t Histogram::count() const {
+  std::lock_guard lock(mu_);
+  return count_;
+}
+
+void Histogram::render(std::string_view name, std::string_view help, std::string& out) const {
+  std::lock_guard lock(mu_);
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += buckets_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
+  }
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name, sum_, name, count_);
+}
+
+Metrics::Metrics()
+    : time_to_first_token(ttft_buckets()), time_per_output_token(tpot_buckets()), e2e_request_latency(e2e_buckets()) {}
+
+void Metrics::count_outcome(std::string_view outcome) {
+  std::lock_guard lock(mu_);
+  auto it = outcomes_.find(outcome);
+  if (it == outcomes_.end()) it = outcomes_.emplace(std::string(outcome), 0).first;
+  ++it->second;
+}
+
+void Metrics::count_http_status(int status) {
+  std::lock_guard lock(mu_);
+  ++http_statuses_[status];
+}
+
+std::string Metrics::render(const EngineLoad& load) const {
+  std::string out;
+  time_to_first_token.render("deepinfer_time_to_first_token_seconds",
+                             "Time from a request's arrival to its first generated token.", out);
+  time_per_output_token.render("deepinfer_time_per_output_token_seconds",
+                               "Mean time between a request's generated tokens after the first.", out);
+  e2e_request_latency.render("deepinfer_e2e_request_latency_seconds",
+                             "Time from a request's arrival to the end of its response.", out);
+  scalar(out, "deepinfer_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", prompt_tokens);
+  scalar(out, "deepinfer_prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.",
+         prompt_tokens_cached);
+  scalar(out, "deepinfer_generation_tokens_total", "counter", "Generated tokens.", generation_tokens);
+  scalar(out, "deepinfer_num_requests_running", "gauge", "Sequences the engine is running.", load.num_running);
+  scalar(out, "deepinfer_num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", load.num_waiting);
+  scalar(out, "deepinfer_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", load.kv_blocks_used);
+  scalar(out, "deepinfer_kv_cache_blocks_free", "gauge", "KV cache blocks free.", load.kv_blocks_free);
+  scalar(out, "deepinfer_client_disconnects_total", "counter", "Clients that went away before their response ended.",
+         client_disconnects);
+  scalar(out, "deepinfer_malformed_tool_calls_total", "counter",
+         "Tool-call markup the output parser could not parse (emitted as content).", malformed_tool_calls);
+  std::lock_guard lock(mu_);
+  out +=
+      "# HELP deepinfer_requests_total Finished generation requests by outcome.\n"
+      "# TYPE deepinfer_requests_total counter\n";
+  for (const auto& [outcome, count] : outcomes_) {
+    out += fmt::format("deepinfer_requests_total{{outcome=\"{}\"}} {}\n", outcome, count);
+  }
+  out +=
+      "# HELP deepinfer_http_requests_total HTTP responses by status code.\n"
+      "# TYPE deepinfer_http_requests_total counter\n";
+  for (const auto& [status, count] : http_statuses_) {
+    out += fmt::format("deepinfer_http_requests_total{{status=\"{}\"}} {}\n", status, count);
+  }
+  return out;
+}
+
+}  // namespace deepinfer::server

@@ -1,0 +1,566 @@
+// OpenAI dialect: /v1/chat/completions and /v1/completions (request -> GenerationPlan, and the response and
+// chunk shapes), /tokenize and /detokenize.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "api.h"
+#include "deepinfer/recipe/openai_request.h"
+
+namespace deepinfer::server {
+namespace json = boost::json;
+using Kind = recipe::StreamEvent::Kind;
+
+namespace {
+
+// JSON has no -inf: a token the model rules out gets OpenAI's floor instead.
+double finite_logprob(float logprob) { return std::isfinite(logprob) ? static_cast<double>(logprob) : -9999.0; }
+
+json::array byte_values(const std::string& bytes) {
+  json::array out;
+  for (char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+json::object usage_object(const FinishInfo& info) {
+  return {{"prompt_tokens", info.prompt_tokens},
+          {"completion_tokens", info.completion_tokens},
+          {"total_tokens", info.prompt_tokens + info.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", info.cached_tokens}}}};
+}
+
+std::string_view finish_reason(const FinishInfo& info, const OutputMessage& message) {
+  if (info.kind == FinishInfo::Kind::kLength) return "length";
+  if (!message.tool_calls.empty()) return "tool_calls";
+  return "stop";
+}
+
+// Reads the stream flags: `stream`, and `stream_options` (only with stream: true).
+std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream, bool& include_usage) {
+  std::optional<bool> flag;
+  if (auto e = read_bool(body, "stream", flag)) return e;
+  stream = flag.value_or(false);
+  const json::value* options = body.if_contains("stream_options");
+  if (options == nullptr || options->is_null()) return std::nullopt;
+  if (!stream) return bad_request("stream_options is only allowed with stream: true", "stream_options");
+  if (!options->is_object()) return bad_request("stream_options must be an object", "stream_options");
+  std::optional<bool> usage;
+  if (auto e = read_bool(options->get_object(), "include_usage", usage)) {
+    e->message = "stream_options." + e->message;
+    e->param = "stream_options.include_usage";
+    return e;
+  }
+  include_usage = usage.value_or(false);
+  return std::nullopt;
+}
+
+// ---- Chat completions -----------------------------------------------------------------------------------
+
+class ChatWriter final : public ResponseWriter {
+ public:
+  ChatWriter(const ApiContext& context, bool stream, bool include_usage, bool logprobs)
+      : tokenizer_(context.tokenizer),
+        id_(random_id("chatcmpl-")),
+        created_(unix_time()),
+        model_(context.model->served_model_name),
+        stream_(stream),
+        include_usage_(include_usage),
+        logprobs_(logprobs) {}
+
+  std::string start(const FinishInfo&) override {
+    return sse_data(chunk(json::object{{"role", "assistant"}, {"content", ""}}, nullptr));
+  }
+
+  std::string deltas(const std::vector<recipe::StreamEvent>& events, std::vector<TokenLogprobs>& logprobs) override {
+    take(logprobs);
+    // Consecutive pieces of one kind share a chunk.
+    enum class Last { kNone, kReasoning, kContent, kToolName, kToolArguments };
+    std::vector<json::object> deltas;
+    Last last = Last::kNone;
+    int32_t last_tool = -1;
+    for (const recipe::StreamEvent& event : events) {
+      switch (event.kind) {
+        case Kind::kReasoning:
+        case Kind::kContent: {
+          const Last kind = event.kind == Kind::kReasoning ? Last::kReasoning : Last::kContent;
+          const char* key = kind == Last::kReasoning ? "reasoning_content" : "content";
+          if (last == kind) {
+            deltas.back()[key].as_string().append(event.text);
+          } else {
+            deltas.push_back({{key, event.text}});
+          }
+          last = kind;
+          break;
+        }
+        case Kind::kToolCallBegin:
+          deltas.push_back(
+              {{"tool_calls", json::array{{{"index", event.tool_index},
+                                           {"id", event.tool_id},
+                                           {"type", "function"},
+                                           {"function", {{"name", event.tool_name}, {"arguments", ""}}}}}}});
+          last = Last::kToolName;
+          last_tool = event.tool_index;
+          break;
+        case Kind::kToolArguments:
+          if ((last == Last::kToolName || last == Last::kToolArguments) && last_tool == event.tool_index) {
+            deltas.back()["tool_calls"]
+                .as_array()[0]
+                .as_object()["function"]
+                .as_object()["arguments"]
+                .as_string()
+                .append(event.text);
+          } else {
+            deltas.push_back({{"tool_calls",
+                               json::array{{{"index", event.tool_index}, {"function", {{"arguments", event.text}}}}}}});
+          }
+          last = Last::kToolArguments;
+          last_tool = event.tool_index;
+          break;
+        case Kind::kToolCallEnd:
+          break;
+      }
+    }
+    std::string out;
+    for (json::object& delta : deltas) out += sse_data(chunk(std::move(delta), nullptr));
+    return out;
+  }
+
+  std::string finish(const OutputMessage& message, const FinishInfo& info,
+                     std::vector<TokenLogprobs>& logprobs) override {
+    take(logprobs);
+    if (stream_) {
+      std::string out = sse_data(chunk(json::object{}, json::string(finish_reason(info, message))));
+      if (include_usage_) {
+        out += sse_data(json::object{{"id", id_},
+                                     {"object", "chat.completion.chunk"},
+                                     {"created", created_},
+                                     {"model", model_},
+                                     {"choices", json::array{}},
+                                     {"usage", usage_object(info)}});
+      }
+      return out + "data: [DONE]\n\n";
+    }
+    json::object reply{{"role", "assistant"}, {"content", nullptr}, {"reasoning_content", nullptr}};
+    if (!message.content.empty() || message.tool_calls.empty()) reply["content"] = message.content;
+    if (!message.reasoning.empty()) reply["reasoning_content"] = message.reasoning;
+    if (!message.tool_calls.empty()) {
+      json::array calls;
+      for (const OutputToolCall& call : message.tool_calls) {
+        calls.push_back({{"id", call.id},
+                         {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments_text}}}});
+      }
+      reply["tool_calls"] = std::move(calls);
+    }
+    json::object choice{{"index", 0},
+                        {"message", std::move(reply)},
+                        {"logprobs", logprobs_value()},
+                        {"finish_reason", finish_reason(info, message)}};
+    return json::serialize(json::object{{"id", id_},
+                                        {"object", "chat.completion"},
+                                        {"created", created_},
+                                        {"model", model_},
+                                        {"choices", json::array{std::move(choice)}},
+                                        {"usage", usage_object(info)}});
+  }
+
+  std::string stream_error(const ApiError& error) override {
+    return "data: " + error_body(error, Dialect::kOpenAI) + "\n\ndata: [DONE]\n\n";
+  }
+
+ private:
+  void take(std::vector<TokenLogprobs>& logprobs) {
+    if (logprobs_)
+      pending_.insert(pending_.end(), std::make_move_iterator(logprobs.begin()),
+                      std::make_move_iterator(logprobs.end()));
+    logprobs.clear();
+  }
+
+  json::object entry(recipe::TokenId token, float logprob) const {
+    const std::string bytes = tokenizer_->token_bytes(token);
+    const recipe::TokenId ids[] = {token};
+    return {{"token", tokenizer_->decode(ids)}, {"logprob", finite_logprob(logprob)}, {"bytes", byte_values(bytes)}};
+  }
+
+  // {"content": [...]} for the pending tokens (and clears them), or null when there are none.
+  json::value logprobs_value() {
+    if (!logprobs_ || pending_.empty()) return nullptr;
+    json::array content;
+    for (const TokenLogprobs& token : pending_) {
+      json::object item = entry(token.token, token.logprob);
+      json::array top;
+      for (const engine::TokenLogprob& alternative : token.top)
+        top.push_back(entry(alternative.token_id, alternative.logprob));
+      item["top_logprobs"] = std::move(top);
+      content.push_back(std::move(item));
+    }
+    pending_.clear();
+    return json::object{{"content", std::move(content)}};
+  }
+
+  json::object chunk(json::object delta, json::value finish) {
+    json::object choice{{"index", 0},
+                        {"delta", std::move(delta)},
+                        {"logprobs", logprobs_value()},
+                        {"finish_reason", std::move(finish)}};
+    json::object out{{"id", id_},
+                     {"object", "chat.completion.chunk"},
+                     {"created", created_},
+                     {"model", model_},
+                     {"choices", json::array{std::move(choice)}}};
+    if (include_usage_) out["usage"] = nullptr;
+    return out;
+  }
+
+  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  bool stream_;
+  bool include_usage_;
+  bool logprobs_;
+  std::vector<TokenLogprobs> pending_;
+};
+
+// ---- Completions ----------------------------------------------------------------------------------------
+
+class CompletionWriter final : public ResponseWriter {
+ public:
+  CompletionWriter(const ApiContext& context, bool stream, bool include_usage, bool logprobs)
+      : tokenizer_(context.tokenizer),
+        id_(random_id("cmpl-")),
+        created_(unix_time()),
+        model_(context.model->served_model_name),
+        stream_(stream),
+        include_usage_(include_usage),
+        logprobs_(logprobs) {}
+
+  std::string start(const FinishInfo&) override { return {}; }
+
+  std::string deltas(const std::vector<recipe::StreamEvent>& events, std::vector<TokenLogprobs>& logprobs) override {
+    take(logprobs);
+    std::string text;
+    for (const recipe::StreamEvent& event : events) text += event.text;
+    if (text.empty()) return {};
+    return sse_data(chunk(std::move(text), nullptr));
+  }
+
+  std::string finish(const OutputMessage& message, const FinishInfo& info,
+                     std::vector<TokenLogprobs>& logprobs) override {
+    take(logprobs);
+    const std::string_view reason = info.kind == FinishInfo::Kind::kLength ? "length" : "stop";
+    if (stream_) {
+      std::string out = sse_data(chunk("", json::string(reason)));
+      if (include_usage_) {
+        out += sse_data(json::object{{"id", id_},
+                                     {"object", "text_completion"},
+                                     {"created", created_},
+                                     {"model", model_},
+                                     {"choices", json::array{}},
+                                     {"usage", usage_object(info)}});
+      }
+      return out + "data: [DONE]\n\n";
+    }
+    json::object choice{
+        {"index", 0}, {"text", message.content}, {"logprobs", logprobs_value()}, {"finish_reason", reason}};
+    return json::serialize(json::object{{"id", id_},
+                                        {"object", "text_completion"},
+                                        {"created", created_},
+                                        {"model", model_},
+                                        {"choices", json::array{std::move(choice)}},
+                                        {"usage", usage_object(info)}});
+  }
+
+  std::string stream_error(const ApiError& error) override {
+    return "data: " + error_body(error, Dialect::kOpenAI) + "\n\ndata: [DONE]\n\n";
+  }
+
+ private:
+  void take(std::vector<TokenLogprobs>& logprobs) {
+    if (logprobs_)
+      pending_.insert(pending_.end(), std::make_move_iterator(logprobs.begin()),
+                      std::make_move_iterator(logprobs.end()));
+    logprobs.clear();
+  }
+
+  std::string piece(recipe::TokenId token) const {
+    const recipe::TokenId ids[] = {token};
+    return tokenizer_->decode(ids);
+  }
+
+  // The legacy shape: parallel arrays of tokens, their logprobs, {token: logprob} alternatives, offsets.
+  json::value logprobs_value() {
+    if (!logprobs_ || pending_.empty()) return nullptr;
+    json::array tokens, token_logprobs, top_logprobs, text_offset;
+    for (const TokenLogprobs& token : pending_) {
+      std::string text = piece(token.token);
+      text_offset.push_back(text_offset_);
+      text_offset_ += static_cast<int64_t>(text.size());
+      tokens.push_back(json::string(text));
+      token_logprobs.push_back(finite_logprob(token.logprob));
+      json::object top;
+      for (const engine::TokenLogprob& alternative : token.top) {
+        top[piece(alternative.token_id)] = finite_logprob(alternative.logprob);
+      }
+      top_logprobs.push_back(std::move(top));
+    }
+    pending_.clear();
+    return json::object{{"tokens", std::move(tokens)},
+                        {"token_logprobs", std::move(token_logprobs)},
+                        {"top_logprobs", std::move(top_logprobs)},
+                        {"text_offset", std::move(text_offset)}};
+  }
+
+  json::object chunk(std::string text, json::value finish) {
+    json::object choice{
+        {"index", 0}, {"text", std::move(text)}, {"logprobs", logprobs_value()}, {"finish_reason", std::move(finish)}};
+    json::object out{{"id", id_},
+                     {"object", "text_completion"},
+                     {"created", created_},
+                     {"model", model_},
+                     {"choices", json::array{std::move(choice)}}};
+    if (include_usage_) out["usage"] = nullptr;
+    return out;
+  }
+
+  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  bool stream_;
+  bool include_usage_;
+  bool logprobs_;
+  int64_t text_offset_ = 0;
+  std::vector<TokenLogprobs> pending_;
+};
+
+// Text prompt -> ids as Hugging Face encodes with add_special_tokens (the DeepSeek tokenizers prepend BOS).
+std::vector<recipe::TokenId> encode_text_prompt(const ApiContext& context, std::string_view text,
+                                                bool add_special_tokens) {
+  std::vector<recipe::TokenId> ids;
+  if (add_special_tokens) ids.push_back(static_cast<recipe::TokenId>(context.model->bos_token_id));
+  context.tokenizer->encode(text, recipe::TextTrust::kTrusted, ids);
+  if (add_special_tokens && ids.size() > 1 && ids[1] == ids[0]) ids.erase(ids.begin());  // the text had its own BOS
+  return ids;
+}
+
+std::optional<ApiError> check_token_ids(const json::array& list, std::string_view field, const ApiContext& context,
+                                        std::vector<recipe::TokenId>& ids) {
+  const int64_t vocab = context.model->vocab_size;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_int64() || list[i].get_int64() < 0 || list[i].get_int64() >= vocab) {
+      return bad_request(
+          fmt::format("{}[{}] must be a token id in [0, {}), got {}", field, i, vocab, json::serialize(list[i])),
+          std::string(field));
+    }
+    ids.push_back(static_cast<recipe::TokenId>(list[i].get_int64()));
+  }
+  return std::nullopt;
+}
+
+// `prompt`: a string, a list of token ids, or a one-element list of either.
+std::optional<ApiError> read_completion_prompt(const json::object& body, const ApiContext& context,
+                                               bool add_special_tokens, std::vector<recipe::TokenId>& ids) {
+  const json::value* prompt = body.if_contains("prompt");
+  if (prompt == nullptr || prompt->is_null()) return bad_request("prompt is required", "prompt");
+  if (prompt->is_string()) {
+    ids = encode_text_prompt(context, prompt->get_string(), add_special_tokens);
+  } else if (prompt->is_array()) {
+    const json::array& list = prompt->get_array();
+    if (list.empty()) return bad_request("prompt must not be empty", "prompt");
+    if (list[0].is_string() || list[0].is_array()) {
+      if (list.size() > 1) {
+        return bad_request(fmt::format("prompt holds {} prompts; batched prompts are not supported yet, send one "
+                                       "prompt per request",
+                                       list.size()),
+                           "prompt");
+      }
+      if (list[0].is_string()) {
+        ids = encode_text_prompt(context, list[0].get_string(), add_special_tokens);
+      } else if (auto e = check_token_ids(list[0].get_array(), "prompt[0]", context, ids)) {
+        return e;
+      }
+    } else if (auto e = check_token_ids(list, "prompt", context, ids)) {
+      return e;
+    }
+  } else {
+    return bad_request("prompt must be a string, an array of token ids, or a one-element array of either", "prompt");
+  }
+  if (ids.empty()) return bad_request("prompt has no tokens", "prompt");
+  return std::nullopt;
+}
+
+// tool_choice: "none" drops the tools from the prompt; "auto", "required" and a named function render and parse
+// as "auto" (there is no constrained decoding yet), but a named function must be one of `tools`.
+std::optional<ApiError> apply_tool_choice(const json::object& body, recipe::Conversation& conversation) {
+  const json::value* choice = body.if_contains("tool_choice");
+  if (choice == nullptr || choice->is_null()) return std::nullopt;
+  if (choice->is_string()) {
+    std::string_view mode = choice->get_string();
+    if (mode == "none") {
+      conversation.tools.clear();
+      return std::nullopt;
+    }
+    if (mode == "auto") return std::nullopt;
+    if (mode == "required") {
+      if (conversation.tools.empty()) return bad_request("tool_choice \"required\" needs tools", "tool_choice");
+      return std::nullopt;
+    }
+    return bad_request(fmt::format("tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
+                                   "\"function\": {{\"name\": ...}}}}, got \"{}\"",
+                                   std::string(mode)),
+                       "tool_choice");
+  }
+  if (!choice->is_object()) return bad_request("tool_choice must be a string or an object", "tool_choice");
+  const json::object& object = choice->get_object();
+  const json::value* function = object.if_contains("function");
+  const json::value* name =
+      function != nullptr && function->is_object() ? function->get_object().if_contains("name") : nullptr;
+  if (name == nullptr || !name->is_string()) {
+    return bad_request("tool_choice.function.name must be a string", "tool_choice.function.name");
+  }
+  for (const recipe::ToolDefinition& tool : conversation.tools) {
+    if (tool.name == name->get_string()) return std::nullopt;
+  }
+  return bad_request(
+      fmt::format("tool_choice.function.name '{}' is not one of the request's tools", std::string(name->get_string())),
+      "tool_choice.function.name");
+}
+
+}  // namespace
+
+ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const ApiContext& context) {
+  const json::object& body = request.get_object();
+  if (auto e = check_model(body, *context.model, false)) return *e;
+  Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
+  if (!conversation.ok()) return bad_request_from(conversation.status());
+  if (auto e = apply_tool_choice(body, *conversation)) return *e;
+  std::optional<bool> parallel;
+  if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
+
+  GenerationPlan plan;
+  std::vector<std::string> stops;
+  if (auto e = read_openai_sampling(body, context, plan.params, stops)) return *e;
+  std::optional<bool> logprobs;
+  if (auto e = read_bool(body, "logprobs", logprobs)) return *e;
+  std::optional<int64_t> top_logprobs;
+  if (auto e = read_integer(body, "top_logprobs", 0, engine::kMaxLogprobs, top_logprobs)) return *e;
+  if (top_logprobs && !logprobs.value_or(false))
+    return bad_request("top_logprobs needs logprobs: true", "top_logprobs");
+  if (logprobs.value_or(false)) plan.params.logprobs = static_cast<int32_t>(top_logprobs.value_or(0));
+  std::optional<int64_t> max_tokens, max_completion_tokens;
+  if (auto e = read_integer(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), max_tokens)) return *e;
+  if (auto e =
+          read_integer(body, "max_completion_tokens", 1, std::numeric_limits<int64_t>::max(), max_completion_tokens)) {
+    return *e;
+  }
+  bool include_usage = false;
+  if (auto e = read_stream_flags(body, plan.stream, include_usage)) return *e;
+
+  Result<recipe::RenderedPrompt> prompt =
+      recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer);
+  if (!prompt.ok()) return bad_request_from(prompt.status());
+  const std::string_view max_field = max_completion_tokens ? "max_completion_tokens" : "max_tokens";
+  if (auto e = fit_context(context, static_cast<int64_t>(prompt->token_ids.size()),
+                           max_completion_tokens ? max_completion_tokens : max_tokens, max_field, plan.params)) {
+    e->param = e->param.empty() ? "messages" : e->param;
+    return *e;
+  }
+  if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
+
+  recipe::StreamParserOptions options;
+  options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
+  options.tools_enabled = !conversation->tools.empty();
+  plan.dialect = Dialect::kOpenAI;
+  plan.prompt_token_ids = std::move(prompt->token_ids);
+  plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
+                                                 std::move(stops));
+  plan.writer = std::make_unique<ChatWriter>(context, plan.stream, include_usage, plan.params.logprobs.has_value());
+  return plan;
+}
+
+ApiResult<GenerationPlan> plan_completion(const json::value& request, const ApiContext& context) {
+  const json::object& body = request.get_object();
+  if (auto e = check_model(body, *context.model, false)) return *e;
+  std::optional<bool> echo, add_special_tokens;
+  if (auto e = read_bool(body, "echo", echo)) return *e;
+  if (echo.value_or(false)) return bad_request("echo is not supported yet", "echo");
+  std::optional<std::string> suffix;
+  if (auto e = read_string(body, "suffix", suffix)) return *e;
+  if (suffix && !suffix->empty()) return bad_request("suffix is not supported", "suffix");
+  std::optional<int64_t> best_of;
+  if (auto e = read_integer(body, "best_of", 1, 128, best_of)) return *e;
+  if (best_of.value_or(1) > 1) return bad_request("best_of > 1 is not supported yet", "best_of");
+  if (auto e = read_bool(body, "add_special_tokens", add_special_tokens)) return *e;
+
+  GenerationPlan plan;
+  std::vector<std::string> stops;
+  if (auto e = read_openai_sampling(body, context, plan.params, stops)) return *e;
+  std::optional<int64_t> logprobs;
+  if (auto e = read_integer(body, "logprobs", 0, engine::kMaxLogprobs, logprobs)) return *e;
+  if (logprobs) plan.params.logprobs = static_cast<int32_t>(*logprobs);
+  std::optional<int64_t> max_tokens;
+  if (auto e = read_integer(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), max_tokens)) return *e;
+  bool include_usage = false;
+  if (auto e = read_stream_flags(body, plan.stream, include_usage)) return *e;
+
+  if (auto e = read_completion_prompt(body, context, add_special_tokens.value_or(true), plan.prompt_token_ids))
+    return *e;
+  // The legacy endpoint's default is 16 tokens (OpenAI's and vLLM's).
+  constexpr int64_t kDefaultCompletionTokens = 16;
+  const int64_t room = context.model->max_model_len - static_cast<int64_t>(plan.prompt_token_ids.size());
+  if (!max_tokens && room > 0) max_tokens = std::min(kDefaultCompletionTokens, room);
+  if (auto e = fit_context(context, static_cast<int64_t>(plan.prompt_token_ids.size()), max_tokens, "max_tokens",
+                           plan.params)) {
+    e->param = e->param.empty() ? "prompt" : e->param;
+    return *e;
+  }
+  if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
+  plan.dialect = Dialect::kOpenAI;
+  plan.builder = std::make_unique<OutputBuilder>(context.tokenizer, std::move(stops));
+  plan.writer = std::make_unique<CompletionWriter>(context, plan.stream, include_usage, logprobs.has_value());
+  return plan;
+}
+
+ApiResult<std::string> tokenize_endpoint(const json::value& request, const ApiContext& context) {
+  const json::object& body = request.get_object();
+  if (auto e = check_model(body, *context.model, false)) return *e;
+  std::optional<bool> add_special_tokens, return_token_strs;
+  if (auto e = read_bool(body, "add_special_tokens", add_special_tokens)) return *e;
+  if (auto e = read_bool(body, "return_token_strs", return_token_strs)) return *e;
+  std::vector<recipe::TokenId> ids;
+  if (body.contains("messages")) {
+    Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
+    if (!conversation.ok()) return bad_request_from(conversation.status());
+    Result<recipe::RenderedPrompt> prompt =
+        recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer);
+    if (!prompt.ok()) return bad_request_from(prompt.status());
+    ids = std::move(prompt->token_ids);
+  } else {
+    std::optional<std::string> prompt;
+    if (auto e = read_string(body, "prompt", prompt)) return *e;
+    if (!prompt) return bad_request("give prompt (a string) or messages (a chat)", "prompt");
+    ids = encode_text_prompt(context, *prompt, add_special_tokens.value_or(true));
+  }
+  json::object out{{"count", ids.size()},
+                   {"max_model_len", context.model->max_model_len},
+                   {"tokens", json::array(ids.begin(), ids.end())}};
+  if (return_token_strs.value_or(false)) {
+    json::array pieces;
+    for (recipe::TokenId id : ids) pieces.push_back(json::string(context.tokenizer->id_to_piece(id).value_or("")));
+    out["token_strs"] = std::move(pieces);
+  }
+  return json::serialize(out);
+}
+
+ApiResult<std::string> detokenize_endpoint(const json::value& request, const ApiContext& context) {
+  const json::object& body = request.get_object();
+  if (auto e = check_model(body, *context.model, false)) return *e;
+  const json::value* tokens = body.if_contains("tokens");
+  if (tokens == nullptr || !tokens->is_array()) return bad_request("tokens must be an array of token ids", "tokens");
+  std::vector<recipe::TokenId> ids;
+  if (auto e = check_token_ids(tokens->get_array(), "tokens", context, ids)) return *e;
+  return json::serialize(json::object{{"prompt", context.tokenizer->decode(ids)}});
+}
+
+}  // namespace deepinfer::server

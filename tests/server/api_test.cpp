@@ -1,0 +1,282 @@
+// The endpoints end to end on one in-process server: chat completions (stream and not, usage exact),
+// completions, Anthropic messages, models, health, metrics, tokenize/detokenize.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "server_fixture.h"
+
+namespace deepinfer::server::testing {
+namespace {
+
+namespace json = boost::json;
+
+class ApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = start_server().release(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  TestClient client() { return TestClient(server_->port()); }
+  static Server* server_;
+};
+Server* ApiTest::server_ = nullptr;
+
+const std::string kChat =
+    R"({"model": "default", "messages": [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello, who are you?"}], "max_tokens": 6, "temperature": 0, "ignore_eos": true)";
+
+std::string chat(const std::string& extra = "") { return kChat + extra + "}"; }
+
+TEST_F(ApiTest, ChatNonStreamingHasExactUsage) {
+  TestClient c = client();
+  HttpResponse response = c.post("/v1/chat/completions", chat());
+  ASSERT_EQ(response.status, 200) << response.body;
+  EXPECT_EQ(response.headers["content-type"], "application/json");
+  json::object body = response.json().as_object();
+  EXPECT_TRUE(body["id"].as_string().starts_with("chatcmpl-"));
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["model"], kModelName);
+  const json::object& choice = body["choices"].as_array()[0].as_object();
+  EXPECT_EQ(choice.at("finish_reason"), "length");
+  EXPECT_EQ(choice.at("message").at("role"), "assistant");
+  EXPECT_TRUE(choice.at("message").at("content").is_string());
+  EXPECT_TRUE(choice.at("message").as_object().contains("reasoning_content"));
+  const json::object& usage = body["usage"].as_object();
+  EXPECT_EQ(usage.at("prompt_tokens").as_int64(), rendered_prompt_tokens(chat()));
+  EXPECT_EQ(usage.at("completion_tokens").as_int64(), 6);
+  EXPECT_EQ(usage.at("total_tokens").as_int64(), usage.at("prompt_tokens").as_int64() + 6);
+  EXPECT_EQ(usage.at("prompt_tokens_details").at("cached_tokens").as_int64(), 0);
+}
+
+TEST_F(ApiTest, ChatStreamingMatchesNonStreamingAndCountsUsage) {
+  TestClient c = client();
+  HttpResponse plain = c.post("/v1/chat/completions", chat());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string expected = std::string(plain.json().at("choices").at(0).at("message").at("content").as_string());
+
+  HttpResponse response = c.post("/v1/chat/completions",
+                                 chat(R"(, "stream": true, "stream_options": {"include_usage": true}, "logprobs": true,
+                                        "top_logprobs": 2)"));
+  ASSERT_EQ(response.status, 200) << response.body;
+  EXPECT_EQ(response.headers["content-type"], "text/event-stream");
+  std::vector<SseEvent> events = parse_sse(response.body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back().data, "[DONE]");
+  std::string content;
+  int64_t logprob_tokens = 0;
+  std::string finish_reason;
+  json::object usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json::object chunk = json::parse(events[i].data).as_object();
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    EXPECT_TRUE(chunk.contains("usage"));
+    json::array& choices = chunk["choices"].as_array();
+    if (choices.empty()) {
+      usage = chunk["usage"].as_object();
+      continue;
+    }
+    json::object& choice = choices[0].as_object();
+    json::object& delta = choice["delta"].as_object();
+    if (i == 0) {
+      EXPECT_EQ(str(delta["role"]), "assistant");
+    }
+    if (delta.contains("content")) content += delta["content"].as_string();
+    if (choice["logprobs"].is_object()) {
+      for (const json::value& entry : choice["logprobs"].at("content").as_array()) {
+        ++logprob_tokens;
+        EXPECT_EQ(entry.at("top_logprobs").as_array().size(), 2u);
+        EXPECT_LE(entry.at("logprob").to_number<double>(), 0.0);
+      }
+    }
+    if (choice["finish_reason"].is_string()) finish_reason = choice["finish_reason"].as_string();
+  }
+  EXPECT_EQ(content, expected);
+  EXPECT_EQ(finish_reason, "length");
+  EXPECT_EQ(logprob_tokens, 6);
+  ASSERT_FALSE(usage.empty());
+  EXPECT_EQ(usage["prompt_tokens"].as_int64(), rendered_prompt_tokens(chat()));
+  EXPECT_EQ(usage["completion_tokens"].as_int64(), 6);
+}
+
+TEST_F(ApiTest, ChatSeededSamplingIsReproducible) {
+  TestClient c = client();
+  const std::string request = chat(R"(, "temperature": 0.9, "top_p": 0.9, "top_k": 50, "seed": 7,
+                                      "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
+                                      "logit_bias": {"100": -100})");
+  HttpResponse first = c.post("/v1/chat/completions", request);
+  HttpResponse second = c.post("/v1/chat/completions", request);
+  ASSERT_EQ(first.status, 200) << first.body;
+  ASSERT_EQ(second.status, 200) << second.body;
+  EXPECT_EQ(first.json().at("choices").at(0).at("message").at("content"),
+            second.json().at("choices").at(0).at("message").at("content"));
+}
+
+TEST_F(ApiTest, CompletionsWithTextAndTokenPrompts) {
+  TestClient c = client();
+  HttpResponse text = c.post("/v1/completions",
+                             R"({"model": "default", "prompt": "The capital of France is", "max_tokens": 5,
+                                 "temperature": 0, "ignore_eos": true, "logprobs": 1})");
+  ASSERT_EQ(text.status, 200) << text.body;
+  json::object body = text.json().as_object();
+  EXPECT_EQ(body["object"], "text_completion");
+  const std::vector<recipe::TokenId> ids = tokenizer()->encode("The capital of France is", recipe::TextTrust::kTrusted);
+  EXPECT_EQ(body["usage"].at("prompt_tokens").as_int64(), static_cast<int64_t>(ids.size()) + 1);  // + BOS
+  EXPECT_EQ(body["usage"].at("completion_tokens").as_int64(), 5);
+  const json::object& choice = body["choices"].at(0).as_object();
+  EXPECT_EQ(choice.at("finish_reason"), "length");
+  EXPECT_EQ(choice.at("logprobs").at("tokens").as_array().size(), 5u);
+  EXPECT_EQ(choice.at("logprobs").at("top_logprobs").at(0).as_object().size(), 1u);
+
+  // The same prompt as token ids (BOS included) gives the same text.
+  json::array id_array{0};
+  for (recipe::TokenId id : ids) id_array.push_back(id);
+  HttpResponse tokens = c.post(
+      "/v1/completions",
+      json::serialize(json::object{{"prompt", id_array}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}}));
+  ASSERT_EQ(tokens.status, 200) << tokens.body;
+  EXPECT_EQ(tokens.json().at("choices").at(0).at("text"), choice.at("text"));
+
+  HttpResponse stream =
+      c.post("/v1/completions", json::serialize(json::object{{"prompt", id_array},
+                                                             {"max_tokens", 5},
+                                                             {"temperature", 0},
+                                                             {"ignore_eos", true},
+                                                             {"stream", true},
+                                                             {"stream_options", {{"include_usage", true}}}}));
+  ASSERT_EQ(stream.status, 200) << stream.body;
+  std::string streamed;
+  int64_t completion_tokens = -1;
+  for (const SseEvent& event : parse_sse(stream.body)) {
+    if (event.data == "[DONE]") continue;
+    json::object chunk = json::parse(event.data).as_object();
+    if (!chunk["choices"].as_array().empty()) streamed += chunk["choices"].at(0).at("text").as_string();
+    if (chunk["usage"].is_object()) completion_tokens = chunk["usage"].at("completion_tokens").as_int64();
+  }
+  EXPECT_EQ(streamed, std::string(choice.at("text").as_string()));
+  EXPECT_EQ(completion_tokens, 5);
+}
+
+TEST_F(ApiTest, AnthropicMessages) {
+  TestClient c = client();
+  const std::string request =
+      R"({"model": "default", "max_tokens": 4, "system": [{"type": "text", "text": "Be brief."}],
+          "messages": [{"role": "user", "content": [{"type": "text", "text": "What is the weather?"}]},
+                       {"role": "assistant", "content": [{"type": "thinking", "thinking": "Use the tool.", "signature": ""},
+                                                         {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                          "input": {"city": "Paris"}}]},
+                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                                                    {"type": "text", "text": "Thanks"}]}],
+          "tools": [{"name": "get_weather", "description": "Weather by city",
+                     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+          "temperature": 0)";
+  HttpResponse response =
+      c.post("/v1/messages", request + "}", {{"x-api-key", "anything"}, {"anthropic-version", "2023-06-01"}});
+  ASSERT_EQ(response.status, 200) << response.body;
+  json::object body = response.json().as_object();
+  EXPECT_EQ(body["type"], "message");
+  EXPECT_EQ(body["role"], "assistant");
+  EXPECT_TRUE(body["id"].as_string().starts_with("msg_"));
+  EXPECT_TRUE(body["content"].is_array());
+  EXPECT_EQ(body["usage"].at("output_tokens").as_int64(), 4);
+  EXPECT_GT(body["usage"].at("input_tokens").as_int64(), 20);
+  EXPECT_EQ(body["stop_reason"], "max_tokens");
+
+  HttpResponse stream = c.post("/v1/messages", request + R"(, "stream": true})");
+  ASSERT_EQ(stream.status, 200) << stream.body;
+  std::vector<SseEvent> events = parse_sse(stream.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.front().event, "message_start");
+  EXPECT_EQ(events[events.size() - 2].event, "message_delta");
+  EXPECT_EQ(events.back().event, "message_stop");
+  json::object start = json::parse(events.front().data).as_object();
+  EXPECT_EQ(start["message"].at("usage").at("input_tokens"), body["usage"].at("input_tokens"));
+  json::object delta = json::parse(events[events.size() - 2].data).as_object();
+  EXPECT_EQ(delta["delta"].at("stop_reason"), "max_tokens");
+  EXPECT_EQ(delta["usage"].at("output_tokens").as_int64(), 4);
+  int open_blocks = 0;
+  for (const SseEvent& event : events) {
+    EXPECT_EQ(json::parse(event.data).at("type").as_string(), event.event);
+    if (event.event == "content_block_start") ++open_blocks;
+    if (event.event == "content_block_stop") --open_blocks;
+    EXPECT_GE(open_blocks, 0);
+    EXPECT_LE(open_blocks, 1);
+  }
+  EXPECT_EQ(open_blocks, 0);
+}
+
+TEST_F(ApiTest, ModelsHealthAndMetrics) {
+  TestClient c = client();
+  HttpResponse models = c.get("/v1/models");
+  ASSERT_EQ(models.status, 200);
+  json::object model = models.json().at("data").at(0).as_object();
+  EXPECT_EQ(model["id"], kModelName);
+  EXPECT_EQ(model["object"], "model");
+  EXPECT_EQ(model["max_model_len"].as_int64(), 4096);
+  EXPECT_TRUE(model["description"].is_string());
+  EXPECT_EQ(c.get("/v1/models/default").status, 200);
+  EXPECT_EQ(c.get("/v1/models/other").status, 404);
+
+  HttpResponse health = c.get("/health");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_TRUE(health.keep_alive);
+
+  ASSERT_EQ(c.post("/v1/chat/completions", chat()).status, 200);
+  HttpResponse metrics = c.get("/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_TRUE(metrics.headers["content-type"].starts_with("text/plain"));
+  for (const char* name :
+       {"deepinfer_time_to_first_token_seconds_bucket", "deepinfer_time_per_output_token_seconds_count",
+        "deepinfer_e2e_request_latency_seconds_sum", "deepinfer_prompt_tokens_total",
+        "deepinfer_generation_tokens_total", "deepinfer_prompt_tokens_cached_total", "deepinfer_num_requests_running",
+        "deepinfer_num_requests_waiting", "deepinfer_kv_cache_blocks_used", "deepinfer_kv_cache_blocks_free",
+        "deepinfer_requests_total{outcome=\"length\"}", "deepinfer_client_disconnects_total"}) {
+    EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
+  }
+  EXPECT_GE(metric_value(metrics.body, "deepinfer_generation_tokens_total"), 6);
+  EXPECT_EQ(metric_value(metrics.body, "deepinfer_kv_cache_blocks_used"), 0);
+}
+
+TEST_F(ApiTest, TokenizeDetokenizeRoundTrip) {
+  TestClient c = client();
+  const std::string text = "Hello, world! 你好，世界 🙂";
+  HttpResponse tokenized =
+      c.post("/tokenize", json::serialize(json::object{{"prompt", text}, {"add_special_tokens", false}}));
+  ASSERT_EQ(tokenized.status, 200) << tokenized.body;
+  json::object body = tokenized.json().as_object();
+  EXPECT_EQ(body["count"].as_int64(), static_cast<int64_t>(body["tokens"].as_array().size()));
+  EXPECT_EQ(body["max_model_len"].as_int64(), 4096);
+  HttpResponse detokenized = c.post("/detokenize", json::serialize(json::object{{"tokens", body["tokens"]}}));
+  ASSERT_EQ(detokenized.status, 200) << detokenized.body;
+  EXPECT_EQ(str(detokenized.json().at("prompt")), text);
+
+  // A chat: the count is the rendered prompt's, the number the usage reports.
+  HttpResponse chat_tokens = c.post("/tokenize", chat());
+  ASSERT_EQ(chat_tokens.status, 200) << chat_tokens.body;
+  EXPECT_EQ(chat_tokens.json().at("count").as_int64(), rendered_prompt_tokens(chat()));
+}
+
+TEST_F(ApiTest, ToolChoice) {
+  TestClient c = client();
+  const std::string tools = R"(, "tools": [{"type": "function", "function": {"name": "get_weather",
+                                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+  EXPECT_EQ(c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "auto")")).status, 200);
+  EXPECT_EQ(c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "required")")).status, 200);
+  EXPECT_EQ(c.post("/v1/chat/completions",
+                   chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"))
+                .status,
+            200);
+  // tool_choice none: the tools are not rendered, so the prompt is the one without tools.
+  HttpResponse none = c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "none")"));
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_EQ(none.json().at("usage").at("prompt_tokens").as_int64(), rendered_prompt_tokens(chat()));
+  HttpResponse unknown = c.post("/v1/chat/completions",
+                                chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}})"));
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_EQ(unknown.json().at("error").at("param"), "tool_choice.function.name");
+  EXPECT_EQ(c.post("/v1/chat/completions", chat(R"(, "tool_choice": "required")")).status, 400);
+}
+
+}  // namespace
+}  // namespace deepinfer::server::testing

@@ -1,0 +1,215 @@
+// The error table: each bad request gets its status and an error body of the dialect's shape, and the
+// server keeps serving good requests afterwards. Also the API key and the concurrency limit.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "server_fixture.h"
+
+namespace deepinfer::server::testing {
+namespace {
+
+namespace json = boost::json;
+
+const std::string kGood =
+    R"({"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "ignore_eos": true})";
+
+struct BadRequest {
+  std::string name;
+  std::string target;
+  std::string body;
+  int status;
+  std::string message_part;  // must occur in error.message
+  std::string param;         // expected error.param ("" for null)
+};
+
+void expect_openai_error(const HttpResponse& response, int status, const std::string& message_part,
+                         const std::string& param, const std::string& name) {
+  SCOPED_TRACE(name);
+  EXPECT_EQ(response.status, status) << response.body;
+  EXPECT_EQ(response.headers.at("content-type"), "application/json");
+  json::value body;
+  ASSERT_NO_THROW(body = json::parse(response.body)) << response.body;
+  ASSERT_TRUE(body.is_object());
+  const json::object& error = body.at("error").as_object();
+  ASSERT_TRUE(error.at("message").is_string());
+  EXPECT_NE(std::string(error.at("message").as_string()).find(message_part), std::string::npos) << response.body;
+  EXPECT_TRUE(error.at("type").is_string());
+  ASSERT_TRUE(error.contains("param"));
+  ASSERT_TRUE(error.contains("code"));
+  if (param.empty()) {
+    EXPECT_TRUE(error.at("param").is_null()) << response.body;
+  } else {
+    EXPECT_EQ(str(error.at("param")), param) << response.body;
+  }
+}
+
+class ErrorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    TestServerOptions options;
+    options.max_model_len = 64;
+    options.config.max_body_bytes = 64 * 1024;
+    options.config.max_json_depth = 16;
+    server_ = start_server(options).release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static Server* server_;
+};
+Server* ErrorTest::server_ = nullptr;
+
+TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
+  std::string long_prompt = R"({"messages": [{"role": "user", "content": ")";
+  for (int i = 0; i < 100; ++i) long_prompt += "word ";
+  long_prompt += R"("}]})";
+  std::string deep = std::string(40, '[') + std::string(40, ']');
+  const std::vector<BadRequest> cases = {
+      {"malformed JSON", "/v1/chat/completions", R"({"messages": [)", 400, "not valid JSON", ""},
+      {"empty body", "/v1/chat/completions", "", 400, "empty", ""},
+      {"not an object", "/v1/chat/completions", "[1, 2]", 400, "must be a JSON object", ""},
+      {"messages wrong type", "/v1/chat/completions", R"({"messages": "hi"})", 400, "messages must be an array",
+       "messages"},
+      {"message content wrong type", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": 5}]})", 400,
+       "messages[0].content", "messages[0].content"},
+      {"bad role", "/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})", 400,
+       "messages[0].role", "messages[0].role"},
+      {"temperature wrong type", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400, "temperature must be a number",
+       "temperature"},
+      {"temperature out of range", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "temperature": 3})", 400, "[0, 2]", "temperature"},
+      {"top_p out of range", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "top_p": 0})",
+       400, "top_p", "top_p"},
+      {"max_tokens zero", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", 400, "max_tokens", "max_tokens"},
+      {"n > 1", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400,
+       "not supported yet", "n"},
+      {"logit_bias bad key", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", 400, "logit_bias",
+       "logit_bias"},
+      {"stream_options without stream", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}})", 400,
+       "stream_options", "stream_options"},
+      {"unknown model", "/v1/chat/completions", R"({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})",
+       404, "gpt-4", "model"},
+      {"prompt longer than max_model_len", "/v1/chat/completions", long_prompt, 400, "max_model_len is 64", "messages"},
+      {"max_tokens past max_model_len", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100})", 400, "max_model_len is 64",
+       "max_tokens"},
+      {"too deep JSON", "/v1/chat/completions", deep, 400, "deeper than 16", ""},
+      {"invalid UTF-8", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xC3\x28\"}]}",
+       400, "not valid UTF-8", ""},
+      {"completions batch", "/v1/completions", R"({"prompt": ["a", "b"]})", 400, "not supported yet", "prompt"},
+      {"completions token out of vocabulary", "/v1/completions", R"({"prompt": [1, 999999]})", 400, "prompt[1]",
+       "prompt"},
+      {"detokenize bad ids", "/detokenize", R"({"tokens": [-1]})", 400, "tokens[0]", "tokens"},
+  };
+  TestClient client(server_->port());
+  for (const BadRequest& bad : cases) {
+    HttpResponse response = client.post(bad.target, bad.body);
+    expect_openai_error(response, bad.status, bad.message_part, bad.param, bad.name);
+    EXPECT_TRUE(response.keep_alive) << bad.name;
+    // The same connection still serves a good request.
+    HttpResponse good = client.post("/v1/chat/completions", kGood);
+    EXPECT_EQ(good.status, 200) << bad.name << ": " << good.body;
+  }
+}
+
+TEST_F(ErrorTest, RoutesAndMethods) {
+  TestClient client(server_->port());
+  expect_openai_error(client.get("/v1/nothing"), 404, "no route", "", "unknown route");
+  HttpResponse wrong_method = client.get("/v1/chat/completions");
+  expect_openai_error(wrong_method, 405, "use POST", "", "wrong method");
+  EXPECT_EQ(wrong_method.headers["allow"], "POST");
+  EXPECT_EQ(client.post("/v1/chat/completions", kGood).status, 200);
+}
+
+TEST_F(ErrorTest, OversizedBodyIs413) {
+  TestClient client(server_->port());
+  std::string huge = R"({"messages": [{"role": "user", "content": ")" + std::string(100 * 1024, 'a') + R"("}]})";
+  HttpResponse response = client.post("/v1/chat/completions", huge);
+  expect_openai_error(response, 413, "65536 bytes", "", "oversized body");
+  EXPECT_FALSE(response.keep_alive);
+  TestClient again(server_->port());
+  EXPECT_EQ(again.post("/v1/chat/completions", kGood).status, 200);
+}
+
+TEST_F(ErrorTest, MalformedHttpIs400) {
+  TestClient client(server_->port());
+  HttpResponse response = client.raw("GARBAGE\r\n\r\n");
+  EXPECT_EQ(response.status, 400);
+  TestClient again(server_->port());
+  EXPECT_EQ(again.post("/v1/chat/completions", kGood).status, 200);
+}
+
+TEST_F(ErrorTest, AnthropicErrorsHaveAnthropicShape) {
+  TestClient client(server_->port());
+  for (
+      const auto& [body, status] : std::vector<std::pair<std::string, int>>{
+          {R"({"model": "default", "messages": [{"role": "user", "content": "x"}]})", 400},  // no max_tokens
+          {R"({"model": "claude", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})", 404},
+          {R"({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]})",
+           400},
+          {R"({"model": "default", "max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "x"}]})",
+           400},
+          {"{", 400}}) {
+    HttpResponse response = client.post("/v1/messages", body);
+    EXPECT_EQ(response.status, status) << body << " -> " << response.body;
+    json::object error = response.json().as_object();
+    EXPECT_EQ(error["type"], "error") << response.body;
+    EXPECT_TRUE(error["error"].at("type").is_string());
+    EXPECT_TRUE(error["error"].at("message").is_string());
+  }
+  EXPECT_EQ(client
+                .post("/v1/messages",
+                      R"({"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})")
+                .status,
+            200);
+}
+
+TEST(AuthTest, ApiKeyIsRequiredOnApiRoutes) {
+  TestServerOptions options;
+  options.config.api_key = "sk-test-123";
+  std::unique_ptr<Server> server = start_server(options);
+  TestClient client(server->port());
+  expect_openai_error(client.post("/v1/chat/completions", kGood), 401, "API key", "", "no key");
+  expect_openai_error(client.post("/v1/chat/completions", kGood, {{"Authorization", "Bearer wrong"}}), 401, "API key",
+                      "", "wrong key");
+  HttpResponse anthropic = client.post("/v1/messages", R"({"model": "default", "max_tokens": 2, "messages": []})");
+  EXPECT_EQ(anthropic.status, 401);
+  EXPECT_EQ(anthropic.json().at("error").at("type"), "authentication_error");
+  EXPECT_EQ(client.post("/v1/chat/completions", kGood, {{"Authorization", "Bearer sk-test-123"}}).status, 200);
+  EXPECT_EQ(client.post("/v1/chat/completions", kGood, {{"x-api-key", "sk-test-123"}}).status, 200);
+  EXPECT_EQ(client.get("/health").status, 200);  // probes need no key
+  EXPECT_EQ(client.get("/metrics").status, 200);
+}
+
+TEST(LimitTest, ConcurrentRequestsOverTheLimitGet429WithRetryAfter) {
+  TestServerOptions options;
+  options.config.max_concurrent_requests = 1;
+  std::unique_ptr<Server> server = start_server(options);
+  TestClient streaming(server->port());
+  // Hold the only slot with a long stream, read until it produced something.
+  streaming.stream_until(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3000, "ignore_eos": true, "stream": true})",
+      [](const std::string& body) { return body.find("\"content\"") != std::string::npos; });
+  TestClient second(server->port());
+  HttpResponse refused = second.post("/v1/chat/completions", kGood);
+  expect_openai_error(refused, 429, "concurrent requests", "", "over the limit");
+  EXPECT_EQ(refused.headers["retry-after"], "1");
+  streaming.close();  // the stream's slot returns once the server sees the disconnect
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    HttpResponse response = second.post("/v1/chat/completions", kGood);
+    if (response.status == 200) return;
+    ASSERT_EQ(response.status, 429);
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  FAIL() << "the slot never came back";
+}
+
+}  // namespace
+}  // namespace deepinfer::server::testing
