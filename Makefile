@@ -1,10 +1,11 @@
 # The two commands of the README, and the builds behind them.
-#   make test   set up a fresh Debian machine, build, run every CPU test (what CI runs)
+#   make serve  set up a fresh Debian machine, build, serve the built-in default model on 127.0.0.1:8000
+#   make test   set up, build, run every CPU test, then the openai / @anthropic-ai/sdk clients (what CI runs)
 # Other targets: build, asan-test (recipe, scheduler and sampler tests under ASan+UBSan), fuzz, bench.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: setup build test asan-test fuzz bench clean
+.PHONY: setup build test sdk-test asan-test fuzz bench serve clean
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +16,16 @@ build: setup
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	BUILD=$(BUILD) bash tests/sdk/run.sh
+
+sdk-test: build
+	BUILD=$(BUILD) bash tests/sdk/run.sh
+
+models/default/model.safetensors: | build
+	$(BUILD)/apps/deepinfer default-model --out models/default
+
+serve: build models/default/model.safetensors
+	$(BUILD)/apps/deepinfer serve --model-path models/default --host 127.0.0.1 --port 8000
 
 asan-test: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON
