@@ -169,6 +169,7 @@ struct GenerationPlan {
 ApiResult<GenerationPlan> plan_chat_completion(const boost::json::value& body, const ApiContext& context);
 ApiResult<GenerationPlan> plan_completion(const boost::json::value& body, const ApiContext& context);
 ApiResult<GenerationPlan> plan_anthropic_messages(const boost::json::value& body, const ApiContext& context);
+ApiResult<GenerationPlan> plan_responses(const boost::json::value& body, const ApiContext& context);  // /v1/responses
 
 // /tokenize: {"prompt": TEXT, "add_special_tokens"?} or a chat request {"messages": [...], ...};
 // /detokenize: {"tokens": [ids]}. Both return the JSON body.

@@ -120,7 +120,7 @@ struct RequestInfo {
   Clock::time_point start = Clock::now();
 };
 
-enum class Route { kHealth, kMetrics, kModels, kModel, kChat, kCompletions, kMessages, kTokenize, kDetokenize };
+enum class Route { kHealth, kMetrics, kModels, kModel, kChat, kCompletions, kMessages, kResponses, kTokenize, kDetokenize };
 
 struct RouteEntry {
   std::string_view path;
@@ -136,6 +136,7 @@ constexpr RouteEntry kRoutes[] = {
     {"/v1/chat/completions", http::verb::post, Route::kChat, true},
     {"/v1/completions", http::verb::post, Route::kCompletions, true},
     {"/v1/messages", http::verb::post, Route::kMessages, true},
+    {"/v1/responses", http::verb::post, Route::kResponses, true},
     {"/tokenize", http::verb::post, Route::kTokenize, true},
     {"/detokenize", http::verb::post, Route::kDetokenize, true},
 };
@@ -546,6 +547,7 @@ awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request&
     case Route::kChat:
     case Route::kCompletions:
     case Route::kMessages:
+    case Route::kResponses:
       co_return co_await generate(conn, request, info, route);
   }
   co_return 500;
@@ -599,6 +601,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
   ApiResult<GenerationPlan> planned =
       route == Route::kChat          ? plan_chat_completion(std::get<boost::json::value>(body), api)
       : route == Route::kCompletions ? plan_completion(std::get<boost::json::value>(body), api)
+      : route == Route::kResponses   ? plan_responses(std::get<boost::json::value>(body), api)
                                      : plan_anthropic_messages(std::get<boost::json::value>(body), api);
   if (auto* error = std::get_if<ApiError>(&planned)) {
     metrics.count_outcome(fmt::format("error_{}", error->status));
