@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts `deepinfer serve` on the built-in default model on a loopback port, runs the official openai and
 # @anthropic-ai/sdk clients' tests against it (node --test), and stops the server. Used by `make test`.
+# Also starts two scripted_server test doubles (build/tests/scripted) for the tool-call/reasoning tests.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -10,7 +11,11 @@ PORT=${DEEPINFER_TEST_PORT:-18123}
 log=$(mktemp)
 "$BUILD/apps/deepinfer" serve --model-path models/default --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
 server=$!
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -f "$log"' EXIT
+# The test-only scripted engine double behind the real server, for tools.test.mjs (V3.1 and V4.1 formats).
+V31_PORT=${DEEPINFER_SCRIPTED_PORT_V31:-18124}; V41_PORT=${DEEPINFER_SCRIPTED_PORT_V41:-18125}
+"$BUILD/tests/scripted/scripted_server" --port "$V31_PORT" --chat-format deepseek-v3.1 >>"$log" 2>&1 & scripted31=$!
+"$BUILD/tests/scripted/scripted_server" --port "$V41_PORT" --chat-format deepseek-v4.1 >>"$log" 2>&1 & scripted41=$!
+trap 'kill "$server" "$scripted31" "$scripted41" 2>/dev/null || true; wait "$server" "$scripted31" "$scripted41" 2>/dev/null || true; rm -f "$log"' EXIT
 # Wait for /health (at most 60 s).
 node -e '
   const url = process.argv[1];
@@ -22,4 +27,10 @@ node -e '
     }
     process.exit(1);
   })();' "http://127.0.0.1:$PORT/health" || { echo "server did not become healthy:"; cat "$log"; exit 1; }
+for p in "$V31_PORT" "$V41_PORT"; do
+  node -e 'const u = process.argv[1], end = Date.now() + 30000; (async () => { while (Date.now() < end) {
+    try { if ((await fetch(u)).ok) process.exit(0); } catch {} await new Promise((r) => setTimeout(r, 250)); }
+    process.exit(1); })();' "http://127.0.0.1:$p/health" || { echo "scripted_server did not become healthy:"; cat "$log"; exit 1; }
+done
+export DEEPINFER_SCRIPTED_URL_V31="http://127.0.0.1:$V31_PORT" DEEPINFER_SCRIPTED_URL_V41="http://127.0.0.1:$V41_PORT"
 DEEPINFER_URL="http://127.0.0.1:$PORT" node --test --test-reporter=spec tests/sdk/ || { echo "--- server log"; tail -50 "$log"; exit 1; }
