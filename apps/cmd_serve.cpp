@@ -111,7 +111,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(2, 100000));
   cmd->add_option("--default-max-tokens", options->default_max_tokens,
-                  "max_tokens for chat and messages requests that give none; 0: until max-model-len "
+                  "max_tokens for chat and responses requests that give none (Anthropic requires it); 0: until max-model-len "
                   "(default: 0, or 256 for the built-in default model)");
   cmd->add_option("--http-threads", options->http_threads, "Threads serving HTTP")
       ->capture_default_str()
