@@ -956,6 +956,24 @@ TEST(StreamParserTest, EndOfSequenceEndsTheMessage) {
   EXPECT_TRUE(parser.result().ended_with_eos);
 }
 
+// Regression: the default model (random weights) emitted `<｜place▁holder▁no▁34｜>` into content.
+TEST(StreamParserTest, SpecialTokensOtherThanEosAreNotText) {
+  auto tokenizer = deepseek_v3_tokenizer();
+  ASSERT_NE(tokenizer, nullptr);
+  StreamParser parser(PromptFormat::kDeepSeekV3, tokenizer, chat());
+  std::vector<StreamEvent> events;
+  const TokenId placeholder = *tokenizer->added_token_id("<｜place▁holder▁no▁34｜>");
+  const TokenId bos = *tokenizer->added_token_id("<｜begin▁of▁sentence｜>");
+  ASSERT_TRUE(tokenizer->is_special_token(placeholder));
+  for (TokenId id : tokenizer->encode("Hello", TextTrust::kTrusted)) parser.push(id, events);
+  parser.push(placeholder, events);
+  parser.push(bos, events);
+  for (TokenId id : tokenizer->encode(" world", TextTrust::kTrusted)) parser.push(id, events);
+  parser.push(kEosId, events);
+  EXPECT_EQ(parser.result().content, "Hello world");
+  EXPECT_EQ(joined(events, Kind::kContent), "Hello world");
+}
+
 TEST(StreamParserTest, CallIdsAreUniqueAndIndexed) {
   auto tokenizer = deepseek_v3_tokenizer();
   ASSERT_NE(tokenizer, nullptr);

@@ -10,7 +10,8 @@
 //     <｜tool▁call▁end｜>)+<｜tool▁calls▁end｜>]
 //   deepseek-v3.2 / v4 / v4.1: [reasoning </think>] content [\n\n<｜DSML｜function_calls|tool_calls| calls> blocks of
 //     invoke/parameter tags (DSML text, not tokens)]; V4 may open its tool-call block before </think>.
-// The end-of-sequence token ends the message and is not content.
+// The end-of-sequence token ends the message and is not content; other tokens flagged `special` in the
+// tokenizer (BOS, padding, placeholders) are skipped, as vLLM's default skip_special_tokens does.
 //
 // Markers are matched on the decoded text, whether the model wrote them as one added token or as several
 // ordinary pieces, so the result depends only on the text (plus the end-of-sequence id), never on how it was

@@ -277,6 +277,9 @@ void StreamParser::Impl::push(TokenId token, std::vector<StreamEvent>& events) {
     end_of_output();
     return;
   }
+  // Tokens flagged special other than EOS (BOS, padding, DeepSeek's placeholder ids) are never text, as with
+  // vLLM's default skip_special_tokens. The structural markers (tool calls, roles) are not flagged special.
+  if (tokenizer_->is_special_token(token)) return;
   buffer_ += detokenizer_.push(token);
   run();
   buffer_.erase(0, position_);  // what stays is a short undecided tail
