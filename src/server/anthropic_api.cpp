@@ -12,37 +12,21 @@ using Kind = recipe::StreamEvent::Kind;
 
 namespace {
 
-const json::value* present(const json::object& object, std::string_view key) {
-  const json::value* value = object.if_contains(key);
-  return value == nullptr || value->is_null() ? nullptr : value;
-}
-
-// A string field of a content block, required.
-std::optional<ApiError> block_string(const json::object& block, std::string_view key, const std::string& path,
-                                     std::string& out) {
-  const json::value* value = present(block, key);
-  if (value == nullptr || !value->is_string()) {
-    return bad_request(fmt::format("{}.{} must be a string", path, key), path + "." + std::string(key));
-  }
-  out = value->get_string();
-  return std::nullopt;
-}
-
 std::optional<ApiError> image_part(const json::object& block, const std::string& path, recipe::ContentPart& part) {
   const json::value* source = present(block, "source");
   if (source == nullptr || !source->is_object())
     return bad_request(path + ".source must be an object", path + ".source");
   const json::object& src = source->get_object();
   std::string type;
-  if (auto e = block_string(src, "type", path + ".source", type)) return e;
+  if (auto e = required_string(src, "type", path + ".source", type)) return e;
   part.kind = recipe::ContentPart::Kind::kImage;
   if (type == "base64") {
     std::string media_type, data;
-    if (auto e = block_string(src, "media_type", path + ".source", media_type)) return e;
-    if (auto e = block_string(src, "data", path + ".source", data)) return e;
+    if (auto e = required_string(src, "media_type", path + ".source", media_type)) return e;
+    if (auto e = required_string(src, "data", path + ".source", data)) return e;
     part.image_url = "data:" + media_type + ";base64," + data;
   } else if (type == "url") {
-    if (auto e = block_string(src, "url", path + ".source", part.image_url)) return e;
+    if (auto e = required_string(src, "url", path + ".source", part.image_url)) return e;
   } else {
     return bad_request(fmt::format("{}.source.type must be \"base64\" or \"url\", got \"{}\"", path, type),
                        path + ".source.type");
@@ -68,10 +52,10 @@ std::optional<ApiError> tool_result_content(const json::value* content, const st
     if (!blocks[i].is_object()) return bad_request(block_path + " must be an object", block_path);
     const json::object& block = blocks[i].get_object();
     std::string type;
-    if (auto e = block_string(block, "type", block_path, type)) return e;
+    if (auto e = required_string(block, "type", block_path, type)) return e;
     recipe::ContentPart part;
     if (type == "text") {
-      if (auto e = block_string(block, "text", block_path, part.text)) return e;
+      if (auto e = required_string(block, "text", block_path, part.text)) return e;
     } else if (type == "image") {
       if (auto e = image_part(block, block_path, part)) return e;
     } else {
@@ -91,7 +75,7 @@ std::optional<ApiError> convert_message(const json::value& value, const std::str
   if (!value.is_object()) return bad_request(path + " must be an object", path);
   const json::object& object = value.get_object();
   std::string role;
-  if (auto e = block_string(object, "role", path, role)) return e;
+  if (auto e = required_string(object, "role", path, role)) return e;
   if (role != "user" && role != "assistant") {
     return bad_request(fmt::format("{}.role must be \"user\" or \"assistant\", got \"{}\"", path, role),
                        path + ".role");
@@ -119,10 +103,10 @@ std::optional<ApiError> convert_message(const json::value& value, const std::str
     if (!blocks[i].is_object()) return bad_request(block_path + " must be an object", block_path);
     const json::object& block = blocks[i].get_object();
     std::string type;
-    if (auto e = block_string(block, "type", block_path, type)) return e;
+    if (auto e = required_string(block, "type", block_path, type)) return e;
     if (type == "text") {
       recipe::ContentPart part;
-      if (auto e = block_string(block, "text", block_path, part.text)) return e;
+      if (auto e = required_string(block, "text", block_path, part.text)) return e;
       message.content.push_back(std::move(part));
     } else if (type == "image" && !assistant) {
       recipe::ContentPart part;
@@ -131,14 +115,14 @@ std::optional<ApiError> convert_message(const json::value& value, const std::str
     } else if (type == "tool_result" && !assistant) {
       recipe::Message result;
       result.role = recipe::Role::kTool;
-      if (auto e = block_string(block, "tool_use_id", block_path, result.tool_call_id)) return e;
+      if (auto e = required_string(block, "tool_use_id", block_path, result.tool_call_id)) return e;
       if (auto e = tool_result_content(present(block, "content"), block_path + ".content", result)) return e;
       flush_user();
       out.push_back(std::move(result));
     } else if (type == "tool_use" && assistant) {
       recipe::ToolCall call;
-      if (auto e = block_string(block, "id", block_path, call.id)) return e;
-      if (auto e = block_string(block, "name", block_path, call.name)) return e;
+      if (auto e = required_string(block, "id", block_path, call.id)) return e;
+      if (auto e = required_string(block, "name", block_path, call.name)) return e;
       const json::value* input = present(block, "input");
       if (input != nullptr && !input->is_object()) {
         return bad_request(block_path + ".input must be an object", block_path + ".input");
@@ -147,7 +131,7 @@ std::optional<ApiError> convert_message(const json::value& value, const std::str
       message.tool_calls.push_back(std::move(call));
     } else if (type == "thinking" && assistant) {
       std::string thinking;
-      if (auto e = block_string(block, "thinking", block_path, thinking)) return e;
+      if (auto e = required_string(block, "thinking", block_path, thinking)) return e;
       message.reasoning_content = message.reasoning_content.value_or("") + thinking;
     } else if (type == "redacted_thinking" && assistant) {
       // Opaque to us: nothing to render.
@@ -180,10 +164,10 @@ std::optional<ApiError> convert_system(const json::value* system, recipe::Conver
       const std::string path = fmt::format("system[{}]", i);
       if (!blocks[i].is_object()) return bad_request(path + " must be an object", path);
       std::string type;
-      if (auto e = block_string(blocks[i].get_object(), "type", path, type)) return e;
+      if (auto e = required_string(blocks[i].get_object(), "type", path, type)) return e;
       if (type != "text") return bad_request(path + ".type must be \"text\"", path + ".type");
       recipe::ContentPart part;
-      if (auto e = block_string(blocks[i].get_object(), "text", path, part.text)) return e;
+      if (auto e = required_string(blocks[i].get_object(), "text", path, part.text)) return e;
       message.content.push_back(std::move(part));
     }
   } else {
@@ -209,7 +193,7 @@ std::optional<ApiError> convert_tools(const json::value* tools, recipe::Conversa
                          path + ".type");
     }
     std::string name;
-    if (auto e = block_string(tool, "name", path, name)) return e;
+    if (auto e = required_string(tool, "name", path, name)) return e;
     if (name.empty()) return bad_request(path + ".name must not be empty", path + ".name");
     json::object function{{"name", name}};
     if (const json::value* description = present(tool, "description")) {
@@ -232,14 +216,14 @@ std::optional<ApiError> apply_tool_choice(const json::value* choice, recipe::Con
   if (choice == nullptr) return std::nullopt;
   if (!choice->is_object()) return bad_request("tool_choice must be an object", "tool_choice");
   std::string type;
-  if (auto e = block_string(choice->get_object(), "type", "tool_choice", type)) return e;
+  if (auto e = required_string(choice->get_object(), "type", "tool_choice", type)) return e;
   if (type == "none") {
     conversation.tools.clear();
   } else if (type == "any") {
     if (conversation.tools.empty()) return bad_request("tool_choice \"any\" needs tools", "tool_choice");
   } else if (type == "tool") {
     std::string name;
-    if (auto e = block_string(choice->get_object(), "name", "tool_choice", name)) return e;
+    if (auto e = required_string(choice->get_object(), "name", "tool_choice", name)) return e;
     bool found = false;
     for (const recipe::ToolDefinition& tool : conversation.tools) found = found || tool.name == name;
     if (!found)

@@ -191,4 +191,11 @@ std::optional<ApiError> read_openai_sampling(const boost::json::object& body, co
 // "data: {json}\n\n".
 std::string sse_data(const boost::json::value& value);
 
+// The value of `key` in `object`, or nullptr when it is absent or JSON null.
+const boost::json::value* present(const boost::json::object& object, std::string_view key);
+// Reads the required string field `key` of `object` (at JSON path `path`) into `out`; a 400 naming
+// `path.key` when it is missing or not a string.
+std::optional<ApiError> required_string(const boost::json::object& object, std::string_view key,
+                                        const std::string& path, std::string& out);
+
 }  // namespace deepinfer::server

@@ -434,4 +434,19 @@ std::string models_body(const ModelInfo& model, int64_t created) {
   return json::serialize(json::object{{"object", "list"}, {"data", json::array{model_object(model, created)}}});
 }
 
+const boost::json::value* present(const boost::json::object& object, std::string_view key) {
+  const boost::json::value* value = object.if_contains(key);
+  return value == nullptr || value->is_null() ? nullptr : value;
+}
+
+std::optional<ApiError> required_string(const boost::json::object& object, std::string_view key,
+                                        const std::string& path, std::string& out) {
+  const boost::json::value* value = present(object, key);
+  if (value == nullptr || !value->is_string()) {
+    return bad_request(fmt::format("{}.{} must be a string", path, key), path + "." + std::string(key));
+  }
+  out = value->get_string();
+  return std::nullopt;
+}
+
 }  // namespace deepinfer::server

@@ -12,21 +12,6 @@ using Kind = recipe::StreamEvent::Kind;
 
 namespace {
 
-const json::value* present(const json::object& object, std::string_view key) {
-  const json::value* value = object.if_contains(key);
-  return value == nullptr || value->is_null() ? nullptr : value;
-}
-
-std::optional<ApiError> required_string(const json::object& object, std::string_view key, const std::string& path,
-                                        std::string& out) {
-  const json::value* value = present(object, key);
-  if (value == nullptr || !value->is_string()) {
-    return bad_request(fmt::format("{}.{} must be a string", path, key), path + "." + std::string(key));
-  }
-  out = value->get_string();
-  return std::nullopt;
-}
-
 recipe::ContentPart text_part(std::string_view text) {
   return {recipe::ContentPart::Kind::kText, std::string(text), {}};
 }
