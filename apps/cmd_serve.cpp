@@ -73,6 +73,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::optional<int64_t> default_max_tokens;
     int32_t http_threads = 2;
     bool bf16 = false;
+    bool no_prefix_caching = false;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
@@ -117,6 +118,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   cmd->add_flag("--bf16", options->bf16, "Keep weights in bf16 (float32 accumulation); default float32");
+  cmd->add_flag("--no-prefix-caching", options->no_prefix_caching,
+                "Turn off automatic prefix caching (reuse of cached KV blocks of shared prompt prefixes)");
 
   return [options]() -> int {
     namespace fs = std::filesystem;
@@ -185,6 +188,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.max_num_seqs = options->max_num_seqs;
     engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
     engine_config.kv_cache_bytes = *kv_bytes;
+    engine_config.enable_prefix_caching = !options->no_prefix_caching;
     auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
     if (!engine.ok()) return fail(engine.status().to_string());
 

@@ -32,6 +32,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   scheduler_config.max_num_batched_tokens = resolved.max_num_batched_tokens;
   scheduler_config.max_num_seqs = resolved.max_num_seqs;
   scheduler_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, INT32_MAX));
+  scheduler_config.enable_prefix_caching = resolved.enable_prefix_caching;
+  // The prefix index lives and dies with this engine and its one model, so a fixed fingerprint per engine
+  // suffices for now; tiers that outlive the engine (host, disk) will need the checkpoint's identity here.
+  scheduler_config.fingerprint = kvcache::model_fingerprint("deepinfer-engine-device-tier", "");
   Result<Scheduler> scheduler = Scheduler::create(scheduler_config);
   if (!scheduler.ok()) return scheduler.status();
   Result<kvcache::LatentKvStorage> storage = kvcache::LatentKvStorage::create(
@@ -104,7 +108,8 @@ Result<std::vector<TokenEvent>> Engine::step() {
   num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
   std::vector<TokenEvent> events;
   for (const FinishedSequence& finished : batch.finished) {
-    events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message});
+    events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message,
+                      finished.num_cached_tokens});
     requests_.erase(finished.id);
   }
   if (batch.empty()) return events;
@@ -122,7 +127,7 @@ Result<std::vector<TokenEvent>> Engine::step() {
     request->second.output.push_back(token.token_id);
     // A finish (stop token, length) is reported once, by the next step's `finished` list.
     events.push_back({entry.sequence_id, token.token_id, token.logprob, std::move(token.top_logprobs), false,
-                      FinishReason::kNone, {}});
+                      FinishReason::kNone, {}, 0});
   }
   return events;
 }

@@ -139,6 +139,7 @@ void Scheduler::finish(SequenceState& seq, FinishReason reason, std::string mess
 void Scheduler::preempt(SequenceState& seq) {
   release_blocks(seq);
   seq.num_computed_tokens = 0;
+  seq.num_registered_blocks = 0;
   seq.status = SequenceStatus::kPreempted;
   ++seq.num_preemptions;
   waiting_.push_front(seq.id);
@@ -148,10 +149,71 @@ void Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
   int64_t needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
   assert(needed <= block_pool_.num_free());
   for (int64_t i = 0; i < needed; ++i) {
-    std::optional<kvcache::BlockId> block = block_pool_.allocate();
-    assert(block.has_value());
-    seq.block_table.push_back(*block);
+    seq.block_table.push_back(allocate_block());
   }
+}
+
+kvcache::BlockId Scheduler::allocate_block() {
+  std::optional<kvcache::BlockId> block = block_pool_.allocate();
+  assert(block.has_value());
+  // The least recently freed block: if it still held indexed content, that content is evicted now.
+  if (auto it = hash_of_block_.find(*block); it != hash_of_block_.end()) {
+    cached_block_of_.erase(it->second);
+    hash_of_block_.erase(it);
+  }
+  return *block;
+}
+
+std::optional<kvcache::BlockId> Scheduler::cached_block(const kvcache::BlockHash& hash) const {
+  auto it = cached_block_of_.find(hash);
+  if (it == cached_block_of_.end()) return std::nullopt;
+  return it->second;
+}
+
+namespace {
+std::vector<int32_t> all_tokens(const SequenceState& seq, int64_t count) {
+  std::vector<int32_t> tokens;
+  tokens.reserve(static_cast<size_t>(count));
+  for (int64_t position = 0; position < count; ++position) tokens.push_back(seq.token_at(position));
+  return tokens;
+}
+}  // namespace
+
+std::vector<kvcache::BlockId> Scheduler::match_prefix(SequenceState& seq) {
+  std::vector<kvcache::BlockId> matched;
+  if (!config_.enable_prefix_caching || cached_block_of_.empty()) return matched;
+  // Never the block of the last token: at least that token is computed, so a token can be sampled.
+  const int64_t max_blocks = (seq.num_tokens() - 1) / kvcache::kBlockTokens;
+  if (static_cast<int64_t>(seq.block_hashes.size()) < max_blocks) {
+    std::vector<int32_t> tokens = all_tokens(seq, max_blocks * kvcache::kBlockTokens);
+    kvcache::extend_block_hash_chain(seq.block_hashes, tokens, config_.fingerprint);
+  }
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    auto it = cached_block_of_.find(seq.block_hashes[static_cast<size_t>(i)]);
+    if (it == cached_block_of_.end()) break;
+    matched.push_back(it->second);
+  }
+  return matched;
+}
+
+void Scheduler::register_computed_blocks(SequenceState& seq) {
+  if (!config_.enable_prefix_caching) return;
+  const int64_t full_blocks = seq.num_computed_tokens / kvcache::kBlockTokens;
+  if (full_blocks <= seq.num_registered_blocks) return;
+  if (static_cast<int64_t>(seq.block_hashes.size()) < full_blocks) {
+    std::vector<int32_t> tokens = all_tokens(seq, full_blocks * kvcache::kBlockTokens);
+    kvcache::extend_block_hash_chain(seq.block_hashes, tokens, config_.fingerprint);
+  }
+  for (int64_t i = seq.num_registered_blocks; i < full_blocks; ++i) {
+    const kvcache::BlockHash& hash = seq.block_hashes[static_cast<size_t>(i)];
+    kvcache::BlockId block = seq.block_table[static_cast<size_t>(i)];
+    // Another sequence may have computed the same content first (its block stays the indexed one), or this
+    // block may already be indexed (it was matched at admission).
+    if (cached_block_of_.contains(hash) || hash_of_block_.contains(block)) continue;
+    cached_block_of_.emplace(hash, block);
+    hash_of_block_.emplace(block, hash);
+  }
+  seq.num_registered_blocks = full_blocks;
 }
 
 ScheduledEntry Scheduler::make_entry(const SequenceState& seq, int64_t num_new_tokens) const {
@@ -222,16 +284,34 @@ ScheduledBatch Scheduler::schedule() {
         finish(seq, FinishReason::kAborted, std::move(*reason));
         continue;
       }
-      int64_t num_new_tokens = seq.num_tokens() - seq.num_computed_tokens;
+      assert(seq.block_table.empty() && seq.num_computed_tokens == 0);
+      std::vector<kvcache::BlockId> matched = match_prefix(seq);
+      const int64_t num_matched_tokens = static_cast<int64_t>(matched.size()) * kvcache::kBlockTokens;
+      int64_t num_new_tokens = seq.num_tokens() - num_matched_tokens;
       if (!config_.enable_chunked_prefill && num_new_tokens > budget) break;
       num_new_tokens = std::min(num_new_tokens, budget);
-      int64_t end_position = seq.num_computed_tokens + num_new_tokens;
-      if (blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size()) > block_pool_.num_free()) {
+      int64_t end_position = num_matched_tokens + num_new_tokens;
+      // Reviving a matched block that sits on the free list takes it from the free blocks too.
+      const int64_t matched_free =
+          std::count_if(matched.begin(), matched.end(), [this](kvcache::BlockId b) { return block_pool_.is_free(b); });
+      if (blocks_for_tokens(end_position) - static_cast<int64_t>(matched.size()) + matched_free >
+          block_pool_.num_free()) {
         break;  // FCFS: nobody overtakes the head of the queue
       }
       waiting_.pop_front();
+      if (seq.status == SequenceStatus::kWaiting) seq.num_cached_tokens = num_matched_tokens;
+      num_prefix_query_tokens_ += seq.num_tokens();
+      num_prefix_hit_tokens_ += num_matched_tokens;
       seq.status = SequenceStatus::kRunning;
       running_.push_back(seq.id);
+      for (kvcache::BlockId block : matched) {
+        [[maybe_unused]] Status status =
+            block_pool_.is_free(block) ? block_pool_.reclaim(block) : block_pool_.retain(block);
+        assert(status.ok());
+        seq.block_table.push_back(block);
+      }
+      seq.num_computed_tokens = num_matched_tokens;
+      seq.num_registered_blocks = static_cast<int64_t>(matched.size());
       allocate_blocks(seq, end_position);
       batch.entries.push_back(make_entry(seq, num_new_tokens));
       budget -= num_new_tokens;
@@ -243,8 +323,8 @@ ScheduledBatch Scheduler::schedule() {
     auto it = sequences_.find(id);
     assert(it != sequences_.end());
     const SequenceState& seq = it->second;
-    batch.finished.push_back(
-        {id, seq.finish_reason, seq.finish_message, seq.num_prompt_tokens(), seq.num_generated_tokens()});
+    batch.finished.push_back({id, seq.finish_reason, seq.finish_message, seq.num_prompt_tokens(),
+                              seq.num_generated_tokens(), seq.num_cached_tokens});
     sequences_.erase(it);
   }
   newly_finished_.clear();
@@ -289,6 +369,7 @@ Status Scheduler::update(const ScheduledBatch& batch, std::span<const TokenId> s
     SequenceState& seq = state(entry.sequence_id);
     if (seq.is_finished()) continue;
     seq.num_computed_tokens = entry.end_position();
+    register_computed_blocks(seq);
     if (!sampled) continue;
     seq.generated_token_ids.push_back(*sampled);
     bool is_stop =

@@ -668,6 +668,8 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
       if (!done && event.finished) {
         cancel_guard.armed = false;
         done = true;
+        finish.cached_tokens = event.num_cached_tokens;
+        metrics.prompt_tokens_cached += event.num_cached_tokens;
         if (event.finish_reason == engine::FinishReason::kStop ||
             event.finish_reason == engine::FinishReason::kLength) {
           finish.kind = event.finish_reason == engine::FinishReason::kLength ? FinishInfo::Kind::kLength

@@ -3,6 +3,7 @@
 // decode), and again when a small KV cache forces preemption; cancellation frees everything; a seeded
 // sampled request gives the same tokens alone and in a batch.
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@ Reference load_reference() {
 struct Outcome {
   std::map<SequenceId, std::vector<TokenId>> tokens;
   std::map<SequenceId, FinishReason> reasons;
+  std::map<SequenceId, int64_t> cached_tokens;  // from the finish events
   int steps = 0;
 };
 
@@ -65,7 +67,10 @@ Outcome drain(Engine& engine, std::map<int, SequenceId> cancel_at_step = {}) {
     if (!events.ok()) break;
     for (const TokenEvent& event : *events) {
       if (event.token) outcome.tokens[event.id].push_back(*event.token);
-      if (event.finished) outcome.reasons[event.id] = event.finish_reason;
+      if (event.finished) {
+        outcome.reasons[event.id] = event.finish_reason;
+        outcome.cached_tokens[event.id] = event.num_cached_tokens;
+      }
     }
     if (++outcome.steps > 10000) {
       ADD_FAILURE() << "engine did not drain";
@@ -156,6 +161,64 @@ TEST(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
   batched->submit(ref.prompts[4], params);  // same seed, other prompt
   EXPECT_EQ(drain(*batched).tokens[id_in_batch], tokens_alone);
   EXPECT_EQ(tokens_alone.size(), 12u);
+}
+
+TEST(EngineTest, MultiTurnReusesThePrefixCacheExactly) {
+  // Turn 1: prompt_5 (300 tokens) and 16 greedy tokens. Turn 2: turn 1's prompt + its output + 5 more tokens.
+  // Turn 2 on the same engine reuses the 4 full blocks turn 1 computed (300 prompt + 15 decoded tokens of KV:
+  // 256 tokens) and must give the same tokens as on a fresh engine with prefix caching off.
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  config.kv_cache_bytes = 64ll << 20;
+  Reference ref = load_reference();
+  auto engine = make_engine(config);
+  SequenceId first = *engine->submit(ref.prompts[5], greedy_params());
+  Outcome turn1 = drain(*engine);
+  ASSERT_EQ(turn1.tokens[first], ref.greedy[5]);
+  EXPECT_EQ(turn1.cached_tokens[first], 0);
+  ASSERT_GE(ref.prompts[2].size(), 5u);
+  std::vector<TokenId> prompt2 = ref.prompts[5];
+  prompt2.insert(prompt2.end(), turn1.tokens[first].begin(), turn1.tokens[first].end());
+  prompt2.insert(prompt2.end(), ref.prompts[2].begin(), ref.prompts[2].begin() + 5);
+  SequenceId second = *engine->submit(prompt2, greedy_params());
+  Outcome turn2 = drain(*engine);
+  EXPECT_EQ(turn2.cached_tokens[second], 256);
+  EXPECT_EQ(engine->scheduler().block_pool().num_free(), engine->scheduler().block_pool().num_total());
+
+  EngineConfig uncached_config = config;
+  uncached_config.enable_prefix_caching = false;
+  auto uncached = make_engine(uncached_config);
+  SequenceId fresh = *uncached->submit(prompt2, greedy_params());
+  Outcome reference = drain(*uncached);
+  EXPECT_EQ(reference.cached_tokens[fresh], 0);
+  ASSERT_EQ(reference.tokens[fresh].size(), 16u);
+  EXPECT_EQ(turn2.tokens[second], reference.tokens[fresh]);
+}
+
+TEST(EngineTest, AllPromptsTwiceOnOneEngineMatchReferenceGreedy) {
+  EngineConfig config;
+  config.max_num_batched_tokens = 96;
+  config.kv_cache_bytes = 64ll << 20;
+  auto engine = make_engine(config);
+  Reference ref = load_reference();
+  int64_t cached_second_run = 0;
+  for (int run = 0; run < 2; ++run) {
+    std::vector<SequenceId> ids;
+    for (const auto& prompt : ref.prompts) ids.push_back(*engine->submit(prompt, greedy_params()));
+    Outcome outcome = drain(*engine);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(outcome.tokens[ids[i]], ref.greedy[i]) << "run " << run << ", prompt_" << i;
+      if (run == 1) {
+        EXPECT_EQ(outcome.cached_tokens[ids[i]],
+                  (static_cast<int64_t>(ref.prompts[i].size()) - 1) / kvcache::kBlockTokens * kvcache::kBlockTokens)
+            << "prompt_" << i;
+        cached_second_run += outcome.cached_tokens[ids[i]];
+      }
+    }
+  }
+  EXPECT_GT(cached_second_run, 0);
+  std::cout << "[ cached ] second run: " << cached_second_run << " prompt tokens from the prefix cache\n";
+  EXPECT_EQ(engine->scheduler().block_pool().num_free(), engine->scheduler().block_pool().num_total());
 }
 
 TEST(EngineTest, BadRequestsAreRejectedWithAReason) {

@@ -100,8 +100,9 @@ void check_invariants(const Scheduler& scheduler, const ScheduledBatch& batch,
     EXPECT_EQ(static_cast<int64_t>(entry.block_table.size()), blocks_for_tokens(entry.end_position()))
         << where << ": block table size of sequence " << seq->id;
   }
-  std::set<kvcache::BlockId> owned;
-  int64_t num_owned = 0;
+  // A block is owned once per block table holding it (prefix caching shares full prompt blocks between
+  // sequences, never within one); its reference count is its number of owners.
+  std::map<kvcache::BlockId, int32_t> owners;
   for (SequenceId id : scheduler.running_ids()) {
     const SequenceState* seq = scheduler.find(id);
     ASSERT_NE(seq, nullptr) << where;
@@ -109,12 +110,15 @@ void check_invariants(const Scheduler& scheduler, const ScheduledBatch& batch,
       EXPECT_EQ(static_cast<int64_t>(seq->block_table.size()), blocks_for_tokens(seq->num_computed_tokens))
           << where << ": block table of unscheduled running sequence " << id;
     }
-    for (kvcache::BlockId block : seq->block_table) {
-      EXPECT_TRUE(owned.insert(block).second) << where << ": block " << block << " owned twice";
-      EXPECT_EQ(scheduler.block_pool().ref_count(block), 1) << where << ": block " << block;
-      ++num_owned;
-    }
+    std::set<kvcache::BlockId> own(seq->block_table.begin(), seq->block_table.end());
+    EXPECT_EQ(own.size(), seq->block_table.size()) << where << ": sequence " << id << " holds a block twice";
+    for (kvcache::BlockId block : seq->block_table) ++owners[block];
   }
+  for (const auto& [block, count] : owners) {
+    EXPECT_EQ(scheduler.block_pool().ref_count(block), count) << where << ": block " << block;
+  }
+  const int64_t num_owned = static_cast<int64_t>(owners.size());
+  EXPECT_LE(scheduler.num_cached_blocks(), scheduler.block_pool().num_total()) << where;
   for (SequenceId id : scheduler.waiting_ids()) {
     const SequenceState* seq = scheduler.find(id);
     ASSERT_NE(seq, nullptr) << where;
@@ -217,8 +221,18 @@ void run_scenario(const Scenario& scenario) {
 }
 
 SchedulerConfig config(int32_t max_num_batched_tokens, int32_t max_num_seqs, int32_t num_blocks,
-                       bool enable_chunked_prefill = true) {
-  return {max_num_batched_tokens, max_num_seqs, num_blocks, enable_chunked_prefill};
+                       bool enable_chunked_prefill = true, bool enable_prefix_caching = true) {
+  return {max_num_batched_tokens, max_num_seqs, num_blocks, enable_chunked_prefill, enable_prefix_caching, {}};
+}
+
+// A request whose prompt is `shared` shared-prefix tokens (the same for every id) then `own` tokens of its own.
+SequenceRequest shared_prefix_request(SequenceId id, int shared, int own, int64_t max_tokens) {
+  SequenceRequest r;
+  r.id = id;
+  for (int i = 0; i < shared; ++i) r.prompt_token_ids.push_back(static_cast<TokenId>(7000000 + i));
+  for (int i = 0; i < own; ++i) r.prompt_token_ids.push_back(static_cast<TokenId>(100000 * id + i));
+  r.max_tokens = max_tokens;
+  return r;
 }
 
 constexpr FinishReason kStop = FinishReason::kStop;
@@ -380,7 +394,8 @@ TEST(SchedulerTest, SequenceNeedingABlockPreemptsItselfWhenItIsTheNewest) {
               {.scheduled = {{1, 10}, {2, 64}}, .running = {1, 2}, .free_blocks = 0},
               {.scheduled = {{1, 1}}, .running = {1}, .waiting = {2}, .preempted = {2}, .free_blocks = 1},
               {.scheduled = {{1, 1}}, .running = {1}, .waiting = {2}, .free_blocks = 1},
-              {.scheduled = {{2, 65}}, .running = {2}, .finished = {{1, kLength}}, .free_blocks = 0},
+              // Its first block (64 computed prompt tokens) is still in the prefix cache: only token 64 is recomputed.
+              {.scheduled = {{2, 1}}, .running = {2}, .finished = {{1, kLength}}, .free_blocks = 0},
               {.finished = {{2, kLength}}, .free_blocks = 2},
           },
   });
@@ -485,8 +500,8 @@ TEST(SchedulerTest, RandomWorkloadsKeepInvariantsAndDrain) {
     std::mt19937 rng(seed);
     auto pick = [&rng](uint32_t lo, uint32_t hi) { return static_cast<int32_t>(lo + rng() % (hi - lo + 1)); };
     const int32_t budgets[] = {8, 64, 100, 300};
-    SchedulerConfig cfg =
-        config(budgets[pick(0, 3)], pick(1, 6), pick(1, 12), /*enable_chunked_prefill=*/pick(0, 9) < 7);
+    SchedulerConfig cfg = config(budgets[pick(0, 3)], pick(1, 6), pick(1, 12),
+                                 /*enable_chunked_prefill=*/pick(0, 9) < 7, /*enable_prefix_caching=*/seed % 2 == 0);
     std::vector<Arrival> arrivals;
     std::map<SequenceId, Cancellation> cancellations;
     const int num_requests = pick(1, 12);
@@ -564,6 +579,151 @@ TEST(SchedulerTest, RandomWorkloadsKeepInvariantsAndDrain) {
     EXPECT_EQ(reported.size(), static_cast<size_t>(num_requests)) << "seed " << seed;
     EXPECT_EQ(scheduler.block_pool().num_free(), cfg.num_blocks) << "seed " << seed << ": blocks leaked";
   }
+}
+
+TEST(SchedulerTest, PrefixCacheAdmitsASharedTwoBlockPrefixAsComputed) {
+  // Sequence 2 shares sequence 1's first 128 prompt tokens (2 full blocks): it is admitted with them computed
+  // and schedules only its own 20 tokens, while both run; its 3rd block is its own.
+  run_scenario({
+      .name = "8 blocks: 138-token prompt, then a 148-token prompt sharing its first 128 tokens",
+      .config = config(1000, 8, 8),
+      .arrivals = {{1, shared_prefix_request(1, 128, 10, 4)}, {2, shared_prefix_request(2, 128, 20, 1)}},
+      .steps =
+          {
+              {.scheduled = {{1, 138}}, .running = {1}, .free_blocks = 5},
+              {.scheduled = {{1, 1}, {2, 20}}, .running = {1, 2}, .free_blocks = 4},
+              {.scheduled = {{1, 1}}, .running = {1}, .finished = {{2, kLength}}, .free_blocks = 5},
+              {.scheduled = {{1, 1}}, .running = {1}, .free_blocks = 5},
+              {.finished = {{1, kLength}}, .free_blocks = 8},
+          },
+  });
+}
+
+TEST(SchedulerTest, PrefixCacheOffComputesEverything) {
+  run_scenario({
+      .name = "as above with prefix caching off",
+      .config = config(1000, 8, 8, true, /*enable_prefix_caching=*/false),
+      .arrivals = {{1, shared_prefix_request(1, 128, 10, 4)}, {2, shared_prefix_request(2, 128, 20, 1)}},
+      .steps =
+          {
+              {.scheduled = {{1, 138}}, .running = {1}, .free_blocks = 5},
+              {.scheduled = {{1, 1}, {2, 148}}, .running = {1, 2}, .free_blocks = 2},
+              {.scheduled = {{1, 1}}, .running = {1}, .finished = {{2, kLength}}, .free_blocks = 5},
+              {.scheduled = {{1, 1}}, .running = {1}, .free_blocks = 5},
+              {.finished = {{1, kLength}}, .free_blocks = 8},
+          },
+  });
+}
+
+// Schedules one step and answers every sampling entry with default_sample.
+ScheduledBatch run_step(Scheduler& scheduler, int step) {
+  ScheduledBatch batch = scheduler.schedule();
+  std::vector<TokenId> sampled;
+  for (const ScheduledEntry& entry : batch.entries) {
+    if (entry.samples) sampled.push_back(default_sample(step, entry.sequence_id));
+  }
+  EXPECT_TRUE(scheduler.update(batch, sampled).ok());
+  return batch;
+}
+
+TEST(SchedulerTest, PrefixCacheSharesBlockIdsAndOutlivesTheFirstRequest) {
+  Result<Scheduler> created = Scheduler::create(config(1000, 8, 8));
+  ASSERT_TRUE(created.ok());
+  Scheduler& scheduler = *created;
+  ASSERT_TRUE(scheduler.add(shared_prefix_request(1, 128, 10, 3)).ok());
+  run_step(scheduler, 1);
+  const std::vector<kvcache::BlockId> first_table = scheduler.find(1)->block_table;
+  EXPECT_EQ(scheduler.num_cached_blocks(), 2);
+  EXPECT_EQ(scheduler.find(1)->num_cached_tokens, 0);
+
+  // While sequence 1 runs: sequence 2 shares its two full blocks (reference count 2).
+  ASSERT_TRUE(scheduler.add(shared_prefix_request(2, 128, 5, 1)).ok());
+  ScheduledBatch batch = scheduler.schedule();
+  ASSERT_EQ(batch.entries.size(), 2u);
+  EXPECT_EQ(batch.entries[1].start_position, 128);
+  EXPECT_EQ(batch.entries[1].num_tokens(), 5);
+  const SequenceState* second = scheduler.find(2);
+  EXPECT_EQ(second->num_computed_tokens, 128);
+  EXPECT_EQ(second->num_cached_tokens, 128);
+  ASSERT_EQ(second->block_table.size(), 3u);
+  EXPECT_EQ(second->block_table[0], first_table[0]);
+  EXPECT_EQ(second->block_table[1], first_table[1]);
+  EXPECT_NE(second->block_table[2], first_table[2]);
+  EXPECT_EQ(scheduler.block_pool().ref_count(first_table[0]), 2);
+  EXPECT_EQ(scheduler.block_pool().num_used(), 4);
+  ASSERT_TRUE(scheduler.update(batch, std::vector<TokenId>{1, 2}).ok());
+
+  // Both finish; the cached blocks go back to the free list but stay indexed.
+  int step = 3;
+  while (scheduler.has_pending_work()) run_step(scheduler, step++);
+  EXPECT_EQ(scheduler.block_pool().num_free(), 8);
+  EXPECT_EQ(scheduler.num_cached_blocks(), 2);
+
+  // A third request with the same prefix revives them: same ids, 128 tokens cached.
+  ASSERT_TRUE(scheduler.add(shared_prefix_request(3, 128, 64, 1)).ok());
+  batch = scheduler.schedule();
+  ASSERT_EQ(batch.entries.size(), 1u);
+  EXPECT_EQ(batch.entries[0].start_position, 128);
+  EXPECT_EQ(batch.entries[0].num_tokens(), 64);
+  EXPECT_EQ(scheduler.find(3)->block_table[0], first_table[0]);
+  EXPECT_EQ(scheduler.find(3)->block_table[1], first_table[1]);
+  EXPECT_EQ(scheduler.block_pool().num_free(), 8 - 3);
+  EXPECT_EQ(batch.entries[0].block_table.size(), 3u);
+  ASSERT_TRUE(scheduler.update(batch, std::vector<TokenId>{1}).ok());
+  EXPECT_EQ(scheduler.num_cached_blocks(), 3);  // its own full block (tokens 128..191) joined the index
+  batch = scheduler.schedule();
+  ASSERT_EQ(batch.finished.size(), 1u);
+  EXPECT_EQ(batch.finished[0].num_cached_tokens, 128);
+  EXPECT_EQ(scheduler.block_pool().num_free(), 8);
+  EXPECT_EQ(scheduler.num_prefix_hit_tokens(), 256);
+}
+
+TEST(SchedulerTest, PrefixCacheNeverReusesTheBlockOfTheLastPromptToken) {
+  Result<Scheduler> created = Scheduler::create(config(1000, 8, 8));
+  ASSERT_TRUE(created.ok());
+  Scheduler& scheduler = *created;
+  ASSERT_TRUE(scheduler.add(shared_prefix_request(1, 128, 0, 1)).ok());
+  while (scheduler.has_pending_work()) run_step(scheduler, 1);
+  EXPECT_EQ(scheduler.num_cached_blocks(), 2);
+  ASSERT_TRUE(scheduler.add(shared_prefix_request(2, 128, 0, 1)).ok());  // the same 128 tokens
+  ScheduledBatch batch = scheduler.schedule();
+  ASSERT_EQ(batch.entries.size(), 1u);
+  EXPECT_EQ(batch.entries[0].start_position, 64);  // block 1 holds the last token: recomputed
+  EXPECT_EQ(batch.entries[0].num_tokens(), 64);
+  EXPECT_TRUE(batch.entries[0].samples);
+  EXPECT_EQ(scheduler.find(2)->num_cached_tokens, 64);
+}
+
+TEST(SchedulerTest, PrefixCacheEvictsIndexOnlyBlocksBeforePreempting) {
+  // 4 blocks. Sequence 1 leaves 2 indexed blocks on the free list; sequence 2 (other tokens) needs all 4:
+  // the cached ones are evicted (least recently freed first), nobody is preempted.
+  Result<Scheduler> created = Scheduler::create(config(1000, 8, 4));
+  ASSERT_TRUE(created.ok());
+  Scheduler& scheduler = *created;
+  ASSERT_TRUE(scheduler.add(shared_prefix_request(1, 128, 2, 1)).ok());
+  int step = 1;
+  while (scheduler.has_pending_work()) run_step(scheduler, step++);
+  EXPECT_EQ(scheduler.num_cached_blocks(), 2);
+  EXPECT_EQ(scheduler.block_pool().num_free(), 4);
+
+  ASSERT_TRUE(scheduler.add(request(2, 250, 1)).ok());
+  ScheduledBatch batch = scheduler.schedule();
+  EXPECT_TRUE(batch.preempted.empty());
+  ASSERT_EQ(batch.entries.size(), 1u);
+  EXPECT_EQ(batch.entries[0].num_tokens(), 250);
+  EXPECT_EQ(scheduler.num_cached_blocks(), 0) << "both cached blocks were reallocated";
+  EXPECT_EQ(scheduler.block_pool().num_free(), 0);
+  ASSERT_TRUE(scheduler.update(batch, std::vector<TokenId>{1}).ok());
+  EXPECT_EQ(scheduler.num_cached_blocks(), 3);  // sequence 2's full blocks
+  while (scheduler.has_pending_work()) run_step(scheduler, step++);
+  EXPECT_EQ(scheduler.block_pool().num_free(), 4);
+
+  // Sequence 1's prefix is gone: the same prompt again computes everything.
+  ASSERT_TRUE(scheduler.add(shared_prefix_request(4, 128, 2, 1)).ok());
+  batch = scheduler.schedule();
+  ASSERT_EQ(batch.entries.size(), 1u);
+  EXPECT_EQ(batch.entries[0].start_position, 0);
+  EXPECT_EQ(scheduler.find(4)->num_cached_tokens, 0);
 }
 
 // ---- Contracts outside the step tables ----------------------------------------------------------------------

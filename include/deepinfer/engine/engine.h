@@ -25,6 +25,7 @@ struct EngineConfig {
   int32_t max_num_seqs = 64;              // --max-num-seqs
   int64_t max_model_len = 0;              // prompt + output tokens; 0: the model's max_position_embeddings
   int64_t kv_cache_bytes = 1ll << 30;     // memory for the latent KV cache (sets the number of blocks)
+  bool enable_prefix_caching = true;      // --no-prefix-caching turns it off
 };
 
 // What one step produced for one request: a new token, or the request's end. A request's end is reported
@@ -37,6 +38,8 @@ struct TokenEvent {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string message;  // why an aborted request was aborted
+  // On the finish event: prompt tokens whose KV was reused from the prefix cache (a multiple of 64).
+  int64_t num_cached_tokens = 0;
 };
 
 // Not thread-safe: one thread drives submit / cancel / step.

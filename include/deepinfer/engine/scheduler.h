@@ -18,6 +18,7 @@
 
 #include "deepinfer/core/status.h"
 #include "deepinfer/engine/sequence.h"
+#include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/kvcache/block_pool.h"
 
 namespace deepinfer::engine {
@@ -30,6 +31,15 @@ struct SchedulerConfig {
   // Off: a sequence is admitted only when all its tokens fit the remaining budget; one longer than
   // max_num_batched_tokens is aborted.
   bool enable_chunked_prefill = true;
+  // Automatic prefix caching (device tier): a full block whose 64 tokens' KV is computed is indexed by its
+  // chained hash (kvcache/block_hash.h); an admitted sequence reuses the blocks of the longest indexed
+  // prefix of its tokens, never the block holding its last token (at least one token is computed, so one
+  // can be sampled). An indexed block whose last owner released it stays on the pool's free list with its
+  // content (LRU order) and is revived on a hit; allocating it for other content drops it from the index,
+  // so cached blocks are always evicted before anyone is preempted.
+  bool enable_prefix_caching = true;
+  // Identifies the model in the block hashes (see kvcache::model_fingerprint).
+  kvcache::ModelFingerprint fingerprint = {};
 
   // InvalidArgument naming the field when a limit is not positive.
   Status validate() const;
@@ -59,6 +69,7 @@ struct FinishedSequence {
   std::string message;  // empty for kStop / kLength
   int64_t num_prompt_tokens = 0;
   int64_t num_generated_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
 };
 
 struct ScheduledBatch {
@@ -97,9 +108,10 @@ class Scheduler {
   // Errors: NotFound when no live sequence has this id (never added, or already reported).
   Status cancel(SequenceId id);
 
-  // Plans one step; mutates the queues, block tables (allocating this step's blocks) and preemption state,
-  // never num_computed_tokens (update() advances it). Deterministic. Calling schedule() again without
-  // update() abandons the previous batch: its tokens are simply scheduled again.
+  // Plans one step; mutates the queues, block tables (allocating this step's blocks) and preemption state;
+  // num_computed_tokens only at admission, to the length of the reused cached prefix (update() advances it).
+  // Deterministic. Calling schedule() again without update() abandons the previous batch: its tokens are simply
+  // scheduled again.
   ScheduledBatch schedule();
 
   // Folds a step's results in: advances num_computed_tokens of every entry, appends the sampled token of
@@ -120,6 +132,13 @@ class Scheduler {
   bool has_pending_work() const { return !running_.empty() || !waiting_.empty() || !newly_finished_.empty(); }
 
   const kvcache::BlockPool& block_pool() const { return block_pool_; }
+  // Blocks in the prefix index (in use by a sequence, or free but still holding indexed content).
+  int64_t num_cached_blocks() const { return static_cast<int64_t>(cached_block_of_.size()); }
+  // The indexed block holding `hash`, or nullopt.
+  std::optional<kvcache::BlockId> cached_block(const kvcache::BlockHash& hash) const;
+  // Lifetime totals: prompt (and recompute) tokens looked up at admission, and those found in the cache.
+  int64_t num_prefix_query_tokens() const { return num_prefix_query_tokens_; }
+  int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -134,6 +153,12 @@ class Scheduler {
   // Grows seq's block table to cover `end_position` tokens. REQUIRES: enough free blocks.
   void allocate_blocks(SequenceState& seq, int64_t end_position);
   ScheduledEntry make_entry(const SequenceState& seq, int64_t num_new_tokens) const;
+  // The indexed blocks of the longest cached prefix of seq's tokens, excluding the block of its last token.
+  std::vector<kvcache::BlockId> match_prefix(SequenceState& seq);
+  // Adds seq's full computed blocks to the index (those not added yet).
+  void register_computed_blocks(SequenceState& seq);
+  // Takes a block from the pool, dropping it from the index when it held cached content.
+  kvcache::BlockId allocate_block();
 
   SchedulerConfig config_;
   kvcache::BlockPool block_pool_;
@@ -141,6 +166,11 @@ class Scheduler {
   std::vector<SequenceId> running_;                          // admission order; the tail is preempted first
   std::deque<SequenceId> waiting_;                           // FCFS; preempted ones pushed at the front
   std::vector<SequenceId> newly_finished_;                   // to report in the next batch, in finish order
+  // The prefix index: hash -> block, and block -> hash for eviction on reallocation.
+  std::unordered_map<kvcache::BlockHash, kvcache::BlockId, kvcache::BlockHashHasher> cached_block_of_;
+  std::unordered_map<kvcache::BlockId, kvcache::BlockHash> hash_of_block_;
+  int64_t num_prefix_query_tokens_ = 0;
+  int64_t num_prefix_hit_tokens_ = 0;
   uint64_t last_step_ = 0;
   bool last_step_updated_ = true;
 };

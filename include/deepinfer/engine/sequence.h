@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/kvcache/block_pool.h"
 
 namespace deepinfer::engine {
@@ -85,6 +86,12 @@ struct SequenceState {
   // block_table[i] holds the KV of positions [i * kBlockTokens, (i + 1) * kBlockTokens).
   std::vector<kvcache::BlockId> block_table;
   int32_t num_preemptions = 0;
+  // Prefix caching: the chained hashes of the sequence's full blocks computed so far (a prefix of the chain
+  // of its tokens), and how many of its leading blocks were offered to the prefix index.
+  std::vector<kvcache::BlockHash> block_hashes;
+  int64_t num_registered_blocks = 0;
+  // Prompt tokens whose KV came from the prefix cache at first admission (a multiple of kBlockTokens).
+  int64_t num_cached_tokens = 0;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(prompt_token_ids.size()); }
   int64_t num_generated_tokens() const { return static_cast<int64_t>(generated_token_ids.size()); }
