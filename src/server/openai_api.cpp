@@ -54,18 +54,48 @@ std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream
   return std::nullopt;
 }
 
-// ---- Chat completions -----------------------------------------------------------------------------------
-
-class ChatWriter final : public ResponseWriter {
+// What the chat and completions writers share: the response identity, the logprobs held for the next chunk,
+// and the SSE error shape.
+class OpenAIWriter : public ResponseWriter {
  public:
-  ChatWriter(const ApiContext& context, bool stream, bool include_usage, bool logprobs)
+  std::string stream_error(const ApiError& error) override {
+    return "data: " + error_body(error, Dialect::kOpenAI) + "\n\ndata: [DONE]\n\n";
+  }
+
+ protected:
+  OpenAIWriter(const ApiContext& context, std::string_view id_prefix, bool stream, bool include_usage, bool logprobs)
       : tokenizer_(context.tokenizer),
-        id_(random_id("chatcmpl-")),
+        id_(random_id(id_prefix)),
         created_(unix_time()),
         model_(context.model->served_model_name),
         stream_(stream),
         include_usage_(include_usage),
         logprobs_(logprobs) {}
+
+  // Keeps the step's token logprobs for the next chunk when they were asked for.
+  void take(std::vector<TokenLogprobs>& logprobs) {
+    if (logprobs_)
+      pending_.insert(pending_.end(), std::make_move_iterator(logprobs.begin()),
+                      std::make_move_iterator(logprobs.end()));
+    logprobs.clear();
+  }
+
+  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  bool stream_;
+  bool include_usage_;
+  bool logprobs_;
+  std::vector<TokenLogprobs> pending_;
+};
+
+// ---- Chat completions -----------------------------------------------------------------------------------
+
+class ChatWriter final : public OpenAIWriter {
+ public:
+  ChatWriter(const ApiContext& context, bool stream, bool include_usage, bool logprobs)
+      : OpenAIWriter(context, "chatcmpl-", stream, include_usage, logprobs) {}
 
   std::string start(const FinishInfo&) override {
     return sse_data(chunk(json::object{{"role", "assistant"}, {"content", ""}}, nullptr));
@@ -164,17 +194,7 @@ class ChatWriter final : public ResponseWriter {
                                         {"usage", usage_object(info)}});
   }
 
-  std::string stream_error(const ApiError& error) override {
-    return "data: " + error_body(error, Dialect::kOpenAI) + "\n\ndata: [DONE]\n\n";
-  }
-
  private:
-  void take(std::vector<TokenLogprobs>& logprobs) {
-    if (logprobs_)
-      pending_.insert(pending_.end(), std::make_move_iterator(logprobs.begin()),
-                      std::make_move_iterator(logprobs.end()));
-    logprobs.clear();
-  }
 
   json::object entry(recipe::TokenId token, float logprob) const {
     const std::string bytes = tokenizer_->token_bytes(token);
@@ -212,28 +232,14 @@ class ChatWriter final : public ResponseWriter {
     return out;
   }
 
-  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
-  std::string id_;
-  int64_t created_;
-  std::string model_;
-  bool stream_;
-  bool include_usage_;
-  bool logprobs_;
-  std::vector<TokenLogprobs> pending_;
 };
 
 // ---- Completions ----------------------------------------------------------------------------------------
 
-class CompletionWriter final : public ResponseWriter {
+class CompletionWriter final : public OpenAIWriter {
  public:
   CompletionWriter(const ApiContext& context, bool stream, bool include_usage, bool logprobs)
-      : tokenizer_(context.tokenizer),
-        id_(random_id("cmpl-")),
-        created_(unix_time()),
-        model_(context.model->served_model_name),
-        stream_(stream),
-        include_usage_(include_usage),
-        logprobs_(logprobs) {}
+      : OpenAIWriter(context, "cmpl-", stream, include_usage, logprobs) {}
 
   std::string start(const FinishInfo&) override { return {}; }
 
@@ -271,17 +277,7 @@ class CompletionWriter final : public ResponseWriter {
                                         {"usage", usage_object(info)}});
   }
 
-  std::string stream_error(const ApiError& error) override {
-    return "data: " + error_body(error, Dialect::kOpenAI) + "\n\ndata: [DONE]\n\n";
-  }
-
  private:
-  void take(std::vector<TokenLogprobs>& logprobs) {
-    if (logprobs_)
-      pending_.insert(pending_.end(), std::make_move_iterator(logprobs.begin()),
-                      std::make_move_iterator(logprobs.end()));
-    logprobs.clear();
-  }
 
   std::string piece(recipe::TokenId token) const {
     const recipe::TokenId ids[] = {token};
@@ -323,15 +319,7 @@ class CompletionWriter final : public ResponseWriter {
     return out;
   }
 
-  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
-  std::string id_;
-  int64_t created_;
-  std::string model_;
-  bool stream_;
-  bool include_usage_;
-  bool logprobs_;
   int64_t text_offset_ = 0;
-  std::vector<TokenLogprobs> pending_;
 };
 
 // Text prompt -> ids as Hugging Face encodes with add_special_tokens (the DeepSeek tokenizers prepend BOS).
