@@ -1,0 +1,565 @@
+// The disk tier's block files (format in disk_block_store.h): atomic writes by temp file + rename, headers
+// validated at open(), payload checksums at get(), and an in-memory index with LRU order rebuilt by scanning.
+// POSIX calls rather than iostreams: fsync, O_EXCL, flock and futimens have no portable equivalents.
+#include "deepinfer/kvcache/disk_block_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace deepinfer::kvcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::array<unsigned char, 8> kMagic = {'D', 'I', 'K', 'V', 'B', 'L', 'K', '\0'};
+constexpr size_t kHeaderChecksumOffset = 120;
+constexpr std::string_view kBlockSuffix = ".kvb";
+constexpr std::string_view kTempSuffix = ".tmp";
+
+using Header = std::array<std::byte, kDiskBlockHeaderBytes>;
+
+void put_u64(std::byte* out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>(value >> (8 * i));
+}
+void put_u32(std::byte* out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<std::byte>(value >> (8 * i));
+}
+uint64_t get_u64(const std::byte* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return value;
+}
+uint32_t get_u32(const std::byte* in) {
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= static_cast<uint32_t>(in[i]) << (8 * i);
+  return value;
+}
+
+struct HeaderFields {
+  ModelFingerprint fingerprint;
+  BlockHash hash;
+  BlockHash parent;
+  uint64_t payload_bytes = 0;
+  uint64_t sequence = 0;
+  uint64_t payload_checksum = 0;
+};
+
+Header encode_header(const HeaderFields& fields) {
+  Header header{};
+  std::memcpy(header.data(), kMagic.data(), kMagic.size());
+  put_u32(header.data() + 8, kDiskBlockFormatVersion);
+  put_u32(header.data() + 12, static_cast<uint32_t>(kDiskBlockHeaderBytes));
+  put_u64(header.data() + 16, fields.fingerprint.low);
+  put_u64(header.data() + 24, fields.fingerprint.high);
+  put_u64(header.data() + 32, fields.hash.low);
+  put_u64(header.data() + 40, fields.hash.high);
+  put_u64(header.data() + 48, fields.parent.low);
+  put_u64(header.data() + 56, fields.parent.high);
+  put_u64(header.data() + 64, fields.payload_bytes);
+  put_u64(header.data() + 72, fields.sequence);
+  put_u64(header.data() + 80, fields.payload_checksum);
+  put_u64(header.data() + kHeaderChecksumOffset, XXH3_64bits(header.data(), kHeaderChecksumOffset));
+  return header;
+}
+
+// The fields of a structurally sound header (magic, version, size, header checksum); nullopt otherwise.
+std::optional<HeaderFields> decode_header(const Header& header) {
+  if (std::memcmp(header.data(), kMagic.data(), kMagic.size()) != 0) return std::nullopt;
+  if (get_u32(header.data() + 8) != kDiskBlockFormatVersion) return std::nullopt;
+  if (get_u32(header.data() + 12) != kDiskBlockHeaderBytes) return std::nullopt;
+  if (get_u64(header.data() + kHeaderChecksumOffset) != XXH3_64bits(header.data(), kHeaderChecksumOffset)) {
+    return std::nullopt;
+  }
+  for (size_t i = 88; i < kHeaderChecksumOffset; ++i) {
+    if (header[i] != std::byte{0}) return std::nullopt;
+  }
+  HeaderFields fields;
+  fields.fingerprint = {get_u64(header.data() + 16), get_u64(header.data() + 24)};
+  fields.hash = {get_u64(header.data() + 32), get_u64(header.data() + 40)};
+  fields.parent = {get_u64(header.data() + 48), get_u64(header.data() + 56)};
+  fields.payload_bytes = get_u64(header.data() + 64);
+  fields.sequence = get_u64(header.data() + 72);
+  fields.payload_checksum = get_u64(header.data() + 80);
+  return fields;
+}
+
+enum class Verdict { kValid, kCorrupt, kForeign };
+
+struct Checked {
+  Verdict verdict = Verdict::kCorrupt;
+  std::string reason;  // when not valid
+  HeaderFields fields;
+};
+
+// Everything open() validates: the header against the options, the name and the file's size.
+Checked check_header(const Header& header, const BlockHash& name_hash, uint64_t file_size,
+                     const DiskBlockStoreOptions& options) {
+  Checked checked;
+  std::optional<HeaderFields> fields = decode_header(header);
+  if (!fields) {
+    checked.reason = "bad header (magic, version, size or header checksum)";
+    return checked;
+  }
+  checked.fields = *fields;
+  if (fields->fingerprint != options.fingerprint) {
+    checked.verdict = Verdict::kForeign;
+    checked.reason =
+        "written under model fingerprint " + fields->fingerprint.to_hex() + ", not " + options.fingerprint.to_hex();
+    return checked;
+  }
+  if (fields->hash != name_hash) {
+    checked.reason = "header holds block " + fields->hash.to_hex();
+  } else if (fields->payload_bytes != options.block_bytes) {
+    checked.reason = "payload size " + std::to_string(fields->payload_bytes) + " != block_bytes " +
+                     std::to_string(options.block_bytes);
+  } else if (file_size != kDiskBlockHeaderBytes + fields->payload_bytes) {
+    checked.reason = "file size " + std::to_string(file_size) +
+                     " != " + std::to_string(kDiskBlockHeaderBytes + fields->payload_bytes) + " (truncated or padded)";
+  } else {
+    checked.verdict = Verdict::kValid;
+  }
+  return checked;
+}
+
+std::string errno_text(int error) { return std::generic_category().message(error); }
+
+Status io_error(std::string_view operation, const fs::path& path, int error) {
+  return Status::io_error("disk KV tier: " + std::string(operation) + " " + path.string() + ": " + errno_text(error));
+}
+
+// Writes all of `bytes`, retrying on EINTR and short writes. 0 or an errno.
+int write_all(int fd, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t written = ::write(fd, bytes.data(), bytes.size());
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    bytes = bytes.subspan(static_cast<size_t>(written));
+  }
+  return 0;
+}
+
+// Reads exactly out.size() bytes at `offset`. 0, an errno, or -1 when the file ends first.
+int pread_all(int fd, std::span<std::byte> out, uint64_t offset) {
+  while (!out.empty()) {
+    const ssize_t got = ::pread(fd, out.data(), out.size(), static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (got == 0) return -1;
+    out = out.subspan(static_cast<size_t>(got));
+    offset += static_cast<uint64_t>(got);
+  }
+  return 0;
+}
+
+int fsync_directory(const fs::path& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const int result = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  return result;
+}
+
+// Sets the file's mtime to the wall clock (recency that survives a restart). Best effort.
+void touch_mtime(int fd) {
+  timespec times[2];
+  times[0].tv_sec = 0;
+  times[0].tv_nsec = UTIME_OMIT;
+  clock_gettime(CLOCK_REALTIME, &times[1]);
+  (void)::futimens(fd, times);
+}
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+bool is_hex_digit(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+
+// "<32 lowercase hex>" -> BlockHash (the inverse of BlockHash::to_hex); nullopt for anything else.
+std::optional<BlockHash> parse_hex(std::string_view hex) {
+  if (hex.size() != 32) return std::nullopt;
+  uint64_t halves[2] = {0, 0};
+  for (size_t i = 0; i < 32; ++i) {
+    const char c = hex[i];
+    uint64_t digit = 0;
+    if (c >= '0' && c <= '9') {
+      digit = static_cast<uint64_t>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      digit = static_cast<uint64_t>(c - 'a' + 10);
+    } else {
+      return std::nullopt;
+    }
+    halves[i / 16] = (halves[i / 16] << 4) | digit;
+  }
+  return BlockHash{halves[1], halves[0]};
+}
+
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+// Closes a file descriptor on scope exit.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DiskBlockStore>> DiskBlockStore::open(DiskBlockStoreOptions options) {
+  if (options.directory.empty()) return Status::invalid_argument("disk KV tier: directory is empty");
+  if (options.block_bytes == 0) return Status::invalid_argument("disk KV tier: block_bytes is 0; it must be > 0");
+  if (options.capacity_blocks < 1) {
+    return Status::invalid_argument("disk KV tier: capacity_blocks is " + std::to_string(options.capacity_blocks) +
+                                    "; it must be >= 1");
+  }
+  std::error_code error;
+  fs::create_directories(options.directory, error);
+  if (error) {
+    return Status::io_error("disk KV tier: cannot create directory " + options.directory.string() + ": " +
+                            error.message());
+  }
+  const fs::path lock_path = options.directory / "LOCK";
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) return io_error("open", lock_path, errno);
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int lock_error = errno;
+    ::close(lock_fd);
+    if (lock_error == EWOULDBLOCK) {
+      return Status::io_error("disk KV tier: " + options.directory.string() +
+                              " is in use by another store (its LOCK is held); give each process its own directory");
+    }
+    return io_error("flock", lock_path, lock_error);
+  }
+  std::unique_ptr<DiskBlockStore> store(new DiskBlockStore(std::move(options), lock_fd));
+  if (Status status = store->scan(); !status.ok()) return status;
+  return store;
+}
+
+DiskBlockStore::DiskBlockStore(DiskBlockStoreOptions options, int lock_fd)
+    : options_(std::move(options)), lock_fd_(lock_fd) {}
+
+DiskBlockStore::~DiskBlockStore() { ::close(lock_fd_); }
+
+fs::path DiskBlockStore::block_path(const BlockHash& hash) const {
+  const std::string hex = hash.to_hex();
+  return options_.directory / hex.substr(0, 2) / (hex + std::string(kBlockSuffix));
+}
+
+Status DiskBlockStore::scan() {
+  struct Found {
+    int64_t mtime_ns;
+    uint64_t sequence;
+    BlockHash hash;
+    BlockHash parent;
+  };
+  std::vector<Found> found;
+  uint64_t max_sequence = 0;
+  int64_t corrupt = 0;
+  int64_t foreign = 0;
+  int64_t temps = 0;
+  // Fan-out directories are created by put() on demand; scan the ones that exist.
+  std::vector<std::string> prefixes;
+  {
+    std::error_code error;
+    for (fs::directory_iterator it(options_.directory, error), end; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      std::error_code type_error;
+      if (name.size() == 2 && is_hex_digit(name[0]) && is_hex_digit(name[1]) && it->is_directory(type_error)) {
+        prefixes.push_back(name);
+      }
+    }
+    if (error) {
+      return Status::io_error("disk KV tier: cannot list " + options_.directory.string() + ": " + error.message());
+    }
+  }
+  for (const std::string& prefix : prefixes) {
+    const fs::path directory = options_.directory / prefix;
+    std::error_code error;
+    // Names first, then work: unlinking while iterating a directory is unspecified.
+    std::vector<std::string> names;
+    for (fs::directory_iterator it(directory, error), end; !error && it != end; it.increment(error)) {
+      std::error_code type_error;
+      if (it->is_regular_file(type_error)) names.push_back(it->path().filename().string());
+    }
+    if (error) return Status::io_error("disk KV tier: cannot list " + directory.string() + ": " + error.message());
+
+    for (const std::string& name : names) {
+      const fs::path path = directory / name;
+      if (ends_with(name, kTempSuffix)) {
+        if (::unlink(path.c_str()) == 0) ++temps;
+        continue;
+      }
+      if (!ends_with(name, kBlockSuffix)) continue;  // not ours
+      const std::optional<BlockHash> name_hash = parse_hex(std::string_view(name).substr(0, name.size() - 4));
+      Verdict verdict = Verdict::kCorrupt;
+      HeaderFields fields;
+      struct stat st {};
+      if (name_hash && name.compare(0, 2, prefix) == 0) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return io_error("open", path, errno);
+        FdCloser closer(fd);
+        if (::fstat(fd, &st) != 0) return io_error("fstat", path, errno);
+        Header header;
+        const int read_error = pread_all(fd, header, 0);
+        if (read_error > 0) return io_error("read", path, read_error);
+        if (read_error == 0) {  // -1: shorter than a header, corrupt
+          Checked checked = check_header(header, *name_hash, static_cast<uint64_t>(st.st_size), options_);
+          verdict = checked.verdict;
+          fields = checked.fields;
+        }
+      }
+      if (verdict == Verdict::kValid) {
+        found.push_back({mtime_ns(st), fields.sequence, fields.hash, fields.parent});
+        max_sequence = std::max(max_sequence, fields.sequence);
+        continue;
+      }
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
+      ++(verdict == Verdict::kForeign ? foreign : corrupt);
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.sequence < b.sequence;
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Found& block : found) {
+    recency_.push_back(block.hash);
+    index_.emplace(block.hash, Entry{block.parent, std::prev(recency_.end())});
+  }
+  next_sequence_ = max_sequence + 1;
+  stats_.corrupt_dropped += corrupt;
+  stats_.foreign_dropped += foreign;
+  stats_.temp_files_removed += temps;
+  evict_over_capacity_locked();
+  return Status::ok_status();
+}
+
+Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload) {
+  if (payload.size() != options_.block_bytes) {
+    return Status::invalid_argument("disk KV tier: put of block " + hash.to_hex() + " with " +
+                                    std::to_string(payload.size()) + " payload bytes; block_bytes is " +
+                                    std::to_string(options_.block_bytes));
+  }
+  uint64_t sequence = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.contains(hash)) {
+      touch_locked(hash);
+      return Status::ok_status();
+    }
+    sequence = next_sequence_++;
+  }
+
+  const fs::path final_path = block_path(hash);
+  const fs::path directory = final_path.parent_path();
+  const fs::path temp_path = directory / (hash.to_hex() + "." + std::to_string(sequence) + std::string(kTempSuffix));
+  const Header header = encode_header(
+      {options_.fingerprint, hash, parent, payload.size(), sequence, XXH3_64bits(payload.data(), payload.size())});
+
+  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {  // the first block of this fan-out directory
+    if (::mkdir(directory.c_str(), 0755) != 0 && errno != EEXIST) return io_error("mkdir", directory, errno);
+    if (options_.sync) {
+      if (int error = fsync_directory(options_.directory); error != 0) {
+        return io_error("fsync", options_.directory, error);
+      }
+    }
+    fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  }
+  if (fd < 0) return io_error("create", temp_path, errno);
+  auto fail = [&](std::string_view operation, int error) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(temp_path.c_str());
+    return io_error(operation, temp_path, error);
+  };
+  if (int error = write_all(fd, header); error != 0) return fail("write", error);
+  if (options_.test_hook_mid_write) options_.test_hook_mid_write(hash);
+  if (int error = write_all(fd, payload); error != 0) return fail("write", error);
+  touch_mtime(fd);
+  if (options_.sync && ::fsync(fd) != 0) return fail("fsync", errno);
+  const int close_result = ::close(fd);
+  fd = -1;
+  if (close_result != 0) return fail("close", errno);
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.contains(hash)) {  // a concurrent put() of the same block won; its bytes are the same
+      ::unlink(temp_path.c_str());
+      touch_locked(hash);
+      return Status::ok_status();
+    }
+    // Under the lock, so that the file under the final name and the index always agree.
+    if (::rename(temp_path.c_str(), final_path.c_str()) != 0) return fail("rename", errno);
+    recency_.push_back(hash);
+    index_.emplace(hash, Entry{parent, std::prev(recency_.end())});
+    ++stats_.writes;
+    stats_.bytes_written += payload.size();
+    evict_over_capacity_locked();
+  }
+  if (options_.sync) {
+    if (int error = fsync_directory(directory); error != 0) return io_error("fsync", directory, error);
+  }
+  return Status::ok_status();
+}
+
+Status DiskBlockStore::get(const BlockHash& hash, std::span<std::byte> out) {
+  if (out.size() != options_.block_bytes) {
+    return Status::invalid_argument("disk KV tier: get of block " + hash.to_hex() + " into " +
+                                    std::to_string(out.size()) + " bytes; block_bytes is " +
+                                    std::to_string(options_.block_bytes));
+  }
+  const fs::path path = block_path(hash);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!index_.contains(hash)) {
+      ++stats_.misses;
+      return Status::not_found("disk KV tier: block " + hash.to_hex() + " is not on disk");
+    }
+  }
+
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int open_error = errno;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.misses;
+    if (open_error != ENOENT) return io_error("open", path, open_error);
+    // Deleted behind our back: forget it, unless a put() has just written it again.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 && index_.contains(hash)) {
+      recency_.erase(index_.at(hash).recency);
+      index_.erase(hash);
+    }
+    return Status::not_found("disk KV tier: block " + hash.to_hex() + " vanished from " + path.string());
+  }
+  FdCloser closer(fd);
+
+  // Verdict on the bytes: anything but kValid deletes the file (when it is still the one we read).
+  Verdict verdict = Verdict::kCorrupt;
+  std::string reason;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.misses;
+    return io_error("fstat", path, error);
+  }
+  Header header;
+  int read_error = pread_all(fd, header, 0);
+  if (read_error == 0) {
+    Checked checked = check_header(header, hash, static_cast<uint64_t>(st.st_size), options_);
+    verdict = checked.verdict;
+    reason = std::move(checked.reason);
+    if (verdict == Verdict::kValid) {
+      read_error = pread_all(fd, out, kDiskBlockHeaderBytes);
+      if (read_error == 0 && XXH3_64bits(out.data(), out.size()) != checked.fields.payload_checksum) {
+        verdict = Verdict::kCorrupt;
+        reason = "payload checksum mismatch";
+      }
+    }
+  }
+  if (read_error > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.misses;
+    return io_error("read", path, read_error);
+  }
+  if (read_error < 0) {
+    verdict = Verdict::kCorrupt;
+    reason = "file ends early (truncated)";
+  }
+
+  if (verdict == Verdict::kValid) {
+    touch_mtime(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.contains(hash)) touch_locked(hash);
+    ++stats_.hits;
+    stats_.bytes_read += out.size();
+    return Status::ok_status();
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.misses;
+  struct stat now {};
+  const bool same_file = ::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev;
+  if (same_file) {
+    if (Status status = erase_locked(hash); !status.ok()) return status;
+    ++(verdict == Verdict::kForeign ? stats_.foreign_dropped : stats_.corrupt_dropped);
+  }
+  return Status::corruption("disk KV tier: block file " + path.string() + " dropped: " + reason);
+}
+
+bool DiskBlockStore::contains(const BlockHash& hash) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.contains(hash);
+}
+
+Status DiskBlockStore::remove(const BlockHash& hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return erase_locked(hash);
+}
+
+size_t DiskBlockStore::match_prefix(std::span<const BlockHash> chain) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t matched = 0;
+  while (matched < chain.size() && index_.contains(chain[matched])) ++matched;
+  return matched;
+}
+
+DiskBlockStoreStats DiskBlockStore::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DiskBlockStoreStats snapshot = stats_;
+  snapshot.blocks = static_cast<int64_t>(index_.size());
+  return snapshot;
+}
+
+void DiskBlockStore::evict_over_capacity_locked() {
+  while (static_cast<int64_t>(index_.size()) > options_.capacity_blocks) {
+    // An unlink failure leaves a file the next open() indexes again; the index still shrinks.
+    (void)erase_locked(recency_.front());
+    ++stats_.evictions;
+  }
+}
+
+Status DiskBlockStore::erase_locked(const BlockHash& hash_ref) {
+  const BlockHash hash = hash_ref;  // hash_ref may live in recency_ (evict passes recency_.front())
+  auto it = index_.find(hash);
+  if (it == index_.end()) return Status::ok_status();
+  recency_.erase(it->second.recency);
+  index_.erase(it);
+  const fs::path path = block_path(hash);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
+  return Status::ok_status();
+}
+
+void DiskBlockStore::touch_locked(const BlockHash& hash) {
+  auto it = index_.find(hash);
+  if (it == index_.end()) return;
+  recency_.splice(recency_.end(), recency_, it->second.recency);
+}
+
+}  // namespace deepinfer::kvcache
