@@ -22,8 +22,11 @@
 //   offset  88  u8[32] reserved, zero
 //   offset 120  u64    XXH3-64 (seed 0) of header bytes [0, 120)
 //   offset 128  u8[payload size]  the payload: the block's KV bytes, opaque to the store
-// File size must be exactly 128 + payload size. Recency survives a restart through the file's mtime, which
-// put() sets to the wall clock and get() refreshes (ties broken by the sequence number).
+// File size must be exactly 128 + payload size. Another magic, version or header size, a bad header checksum
+// or non-zero reserved bytes make the file malformed (counted as corrupt); a valid header with another
+// fingerprint makes it foreign. The parent hash is recorded for tools and future chain rebuilding; the store
+// does not interpret it. Recency survives a restart through the file's mtime, which put() sets to the wall
+// clock and get() refreshes; ties (file systems with coarse timestamps) are broken by the sequence number.
 #pragma once
 
 #include <cstddef>
