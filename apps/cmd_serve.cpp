@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "commands.h"
+#include "deepinfer/engine/checkpoint_fingerprint.h"
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/model/config.h"
 #include "deepinfer/recipe/tokenizer.h"
@@ -64,6 +65,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t max_num_seqs = 64;
     int32_t max_num_batched_tokens = 2048;
     std::string kv_cache_memory = "1GiB";
+    std::string kv_host_cache_memory = "0";
+    std::string tiered_kv_storage_path;
+    std::string kv_disk_cache_size = "16GiB";
+    double kv_cache_ttl_hours = 168.0;
+    std::string kv_host_evict_rate = "unlimited";
     int32_t tensor_parallel_size = 1;
     std::optional<std::string> chat_format;
     std::string api_key;
@@ -118,6 +124,22 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   cmd->add_flag("--bf16", options->bf16, "Keep weights in bf16 (float32 accumulation); default float32");
+  cmd->add_option("--kv-host-cache-memory", options->kv_host_cache_memory,
+                  "Host-RAM tier of the prefix cache below the device (e.g. 8GiB; 0: none). Completed blocks are "
+                  "written through to it and loaded back instead of recomputed")
+      ->capture_default_str();
+  cmd->add_option("--tiered-kv-storage-path", options->tiered_kv_storage_path,
+                  "Directory of the durable disk tier (below host; needs --kv-host-cache-memory, defaults it to "
+                  "1GiB). Blocks survive restarts and crashes; corrupt or foreign blocks are dropped");
+  cmd->add_option("--kv-disk-cache-size", options->kv_disk_cache_size, "Capacity of the disk tier")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-ttl-hours", options->kv_cache_ttl_hours,
+                  "TTL of the default retention class on the host tier (classes chat: 7 days, agent: 3 days; a "
+                  "request picks one with the X-KV-Cache-Class header)")
+      ->capture_default_str();
+  cmd->add_option("--kv-host-evict-rate", options->kv_host_evict_rate,
+                  "Bytes per second the host tier's background eviction may drop (e.g. 1GiB; unlimited)")
+      ->capture_default_str();
   cmd->add_flag("--no-prefix-caching", options->no_prefix_caching,
                 "Turn off automatic prefix caching (reuse of cached KV blocks of shared prompt prefixes)");
 
@@ -189,6 +211,31 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
     engine_config.kv_cache_bytes = *kv_bytes;
     engine_config.enable_prefix_caching = !options->no_prefix_caching;
+    std::optional<int64_t> host_bytes = parse_bytes(options->kv_host_cache_memory);
+    if (!host_bytes) return fail("--kv-host-cache-memory '" + options->kv_host_cache_memory + "' is not a size");
+    engine_config.host_cache_bytes = *host_bytes;
+    if (!options->tiered_kv_storage_path.empty()) {
+      engine_config.disk_cache_path = options->tiered_kv_storage_path;
+      if (engine_config.host_cache_bytes == 0) engine_config.host_cache_bytes = 1ll << 30;
+      std::optional<int64_t> disk_bytes = parse_bytes(options->kv_disk_cache_size);
+      if (!disk_bytes || *disk_bytes <= 0) {
+        return fail("--kv-disk-cache-size '" + options->kv_disk_cache_size + "' is not a size");
+      }
+      engine_config.disk_cache_bytes = *disk_bytes;
+    }
+    if (!(options->kv_cache_ttl_hours > 0)) return fail("--kv-cache-ttl-hours must be positive");
+    engine_config.kv_cache_ttl_hours = options->kv_cache_ttl_hours;
+    if (options->kv_host_evict_rate != "unlimited") {
+      std::optional<int64_t> rate = parse_bytes(options->kv_host_evict_rate);
+      if (!rate || *rate <= 0) return fail("--kv-host-evict-rate '" + options->kv_host_evict_rate + "' is not a size");
+      engine_config.host_evict_bytes_per_s = static_cast<double>(*rate);
+    }
+    if (engine_config.host_cache_bytes > 0) {
+      Result<kvcache::ModelFingerprint> fingerprint =
+          engine::checkpoint_fingerprint(model_path, options->bf16 ? "bf16 weights, f32 latent KV" : "f32 weights, f32 latent KV");
+      if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
+      engine_config.fingerprint = *fingerprint;
+    }
     auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
     if (!engine.ok()) return fail(engine.status().to_string());
 

@@ -2,8 +2,43 @@
 #include "deepinfer/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 
 namespace deepinfer::engine {
+
+namespace {
+// Milliseconds on the monotonic clock: the host tier's TTLs (in memory, so they need not survive a restart).
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Engine::OffloadTiers::OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, kvcache::LatentKvStorage& storage)
+    : store_(std::move(store)), storage_(storage), scratch_(store_->config().block_bytes) {}
+
+int64_t Engine::OffloadTiers::match(std::span<const kvcache::BlockHash> chain) {
+  return store_->match(chain, now_ms());
+}
+
+bool Engine::OffloadTiers::load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) {
+  if (!store_->load(hash, scratch_, ttl_class, now_ms())) return false;
+  const size_t layer_bytes = scratch_.size() / static_cast<size_t>(storage_.num_layers());
+  for (int32_t layer = 0; layer < storage_.num_layers(); ++layer) {
+    std::memcpy(storage_.block_data(layer, block), scratch_.data() + layer * layer_bytes, layer_bytes);
+  }
+  return true;
+}
+
+void Engine::OffloadTiers::store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent,
+                                 kvcache::BlockId block, kvcache::TtlClassId ttl_class) {
+  const size_t layer_bytes = scratch_.size() / static_cast<size_t>(storage_.num_layers());
+  for (int32_t layer = 0; layer < storage_.num_layers(); ++layer) {
+    std::memcpy(scratch_.data() + layer * layer_bytes, storage_.block_data(layer, block), layer_bytes);
+  }
+  store_->store(hash, parent, scratch_, ttl_class, now_ms());
+}
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
                const EngineConfig& config, Scheduler scheduler, kvcache::LatentKvStorage storage)
@@ -14,6 +49,23 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
       kv_storage_(std::move(storage)),
       sampler_(model_->config().vocab_size) {
   for (int32_t l = 0; l < kv_storage_.num_layers(); ++l) layer_caches_.push_back(kv_storage_.layer_data(l));
+}
+
+KvTierStats Engine::kv_tier_stats() const {
+  KvTierStats stats;
+  stats.device_usage_blocks = scheduler_.num_cached_blocks();
+  stats.device_capacity_blocks = scheduler_.block_pool().num_total();
+  stats.device_hit_blocks =
+      (scheduler_.num_prefix_hit_tokens() - scheduler_.num_prefix_loaded_tokens()) / kvcache::kBlockTokens;
+  stats.device_miss_blocks = scheduler_.num_prefix_query_blocks() - stats.device_hit_blocks;
+  stats.device_evicted_blocks = scheduler_.num_device_evicted_blocks();
+  stats.loaded_blocks = scheduler_.num_prefix_loaded_tokens() / kvcache::kBlockTokens;
+  if (offload_) stats.lower = offload_->offload().counters();
+  return stats;
+}
+
+void Engine::flush_kv_tiers() {
+  if (offload_) offload_->offload().flush();
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
@@ -33,22 +85,71 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   scheduler_config.max_num_seqs = resolved.max_num_seqs;
   scheduler_config.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, INT32_MAX));
   scheduler_config.enable_prefix_caching = resolved.enable_prefix_caching;
-  // The prefix index lives and dies with this engine and its one model, so a fixed fingerprint per engine
-  // suffices for now; tiers that outlive the engine (host, disk) will need the checkpoint's identity here.
-  scheduler_config.fingerprint = kvcache::model_fingerprint("deepinfer-engine-device-tier", "");
+  // Without the checkpoint's identity the cache cannot outlive this engine: a fixed value serves the device
+  // and host tiers, which live and die with it and its one model; the disk tier requires the real one.
+  const bool has_fingerprint = resolved.fingerprint != kvcache::ModelFingerprint{};
+  scheduler_config.fingerprint =
+      has_fingerprint ? resolved.fingerprint : kvcache::model_fingerprint("deepinfer-engine-device-tier", "");
+  if (!resolved.disk_cache_path.empty() && !has_fingerprint) {
+    return Status::invalid_argument("the disk KV tier (" + resolved.disk_cache_path +
+                                    ") needs the checkpoint's fingerprint in EngineConfig.fingerprint");
+  }
+  if (!resolved.disk_cache_path.empty() && resolved.host_cache_bytes <= 0) {
+    return Status::invalid_argument("the disk KV tier (" + resolved.disk_cache_path +
+                                    ") loads through the host tier: set a host cache size too");
+  }
+  if (resolved.host_cache_bytes > 0 && !resolved.enable_prefix_caching) {
+    return Status::invalid_argument("the host/disk KV tiers need prefix caching; it is off");
+  }
   Result<Scheduler> scheduler = Scheduler::create(scheduler_config);
   if (!scheduler.ok()) return scheduler.status();
   Result<kvcache::LatentKvStorage> storage = kvcache::LatentKvStorage::create(
       static_cast<int32_t>(c.num_hidden_layers), scheduler_config.num_blocks, static_cast<int32_t>(c.kv_cache_dim()));
   if (!storage.ok()) return storage.status();
-  return std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
-                                            std::move(scheduler).value(), std::move(storage).value()));
+  auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
+                                                   std::move(scheduler).value(), std::move(storage).value()));
+  if (resolved.host_cache_bytes > 0) {
+    kvcache::OffloadConfig offload;
+    offload.block_bytes = static_cast<size_t>(block_bytes);
+    offload.host_capacity_blocks = resolved.host_cache_bytes / block_bytes;
+    if (offload.host_capacity_blocks < 1) {
+      return Status::invalid_argument("host KV cache of " + std::to_string(resolved.host_cache_bytes) +
+                                      " bytes holds no block; one block needs " + std::to_string(block_bytes));
+    }
+    offload.evict_bytes_per_s = resolved.host_evict_bytes_per_s;
+    if (!(resolved.kv_cache_ttl_hours > 0)) {
+      return Status::invalid_argument("kv_cache_ttl_hours must be > 0, got " +
+                                      std::to_string(resolved.kv_cache_ttl_hours));
+    }
+    offload.retention = kvcache::RetentionConfig::defaults(resolved.kv_cache_ttl_hours);
+    if (!resolved.disk_cache_path.empty()) {
+      kvcache::DiskBlockStoreOptions disk;
+      disk.directory = resolved.disk_cache_path;
+      disk.fingerprint = scheduler_config.fingerprint;
+      disk.block_bytes = offload.block_bytes;
+      disk.capacity_blocks = resolved.disk_cache_bytes / block_bytes;
+      if (disk.capacity_blocks < 1) {
+        return Status::invalid_argument("disk KV cache of " + std::to_string(resolved.disk_cache_bytes) +
+                                        " bytes holds no block; one block needs " + std::to_string(block_bytes));
+      }
+      offload.disk = std::move(disk);
+    }
+    Result<std::unique_ptr<kvcache::KvOffloadStore>> store = kvcache::KvOffloadStore::create(std::move(offload));
+    if (!store.ok()) return store.status();
+    engine->offload_ = std::make_unique<OffloadTiers>(std::move(store).value(), engine->kv_storage_);
+    engine->scheduler_.set_lower_tiers(engine->offload_.get());
+  }
+  return engine;
 }
 
 Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingParams& params) {
   const model::ModelConfig& c = model_->config();
   if (prompt.empty()) return Status::invalid_argument("the prompt has no tokens");
   if (Status s = params.validate(c.vocab_size); !s.ok()) return s;
+  if (const size_t classes = kvcache::RetentionConfig::defaults().classes.size(); params.kv_ttl_class >= classes) {
+    return Status::invalid_argument("kv_ttl_class " + std::to_string(params.kv_ttl_class) + " is not a retention class (0.." +
+                                    std::to_string(classes - 1) + ")");
+  }
   for (TokenId id : prompt) {
     if (id < 0 || id >= c.vocab_size) {
       return Status::invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -65,8 +166,14 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
   request.prompt_token_ids = prompt;
   request.max_tokens = std::min(params.max_tokens.value_or(room), room);
   request.stop_token_ids = params.stop_token_ids;
+  request.ttl_class = params.kv_ttl_class;
   if (!params.ignore_eos) {
     for (int64_t eos : c.eos_token_ids) request.stop_token_ids.push_back(static_cast<TokenId>(eos));
+  }
+  if (offload_) {
+    // Read the request's disk blocks into host while it waits in the queue.
+    std::vector<kvcache::BlockHash> chain = kvcache::block_hash_chain(request.prompt_token_ids, scheduler_.config().fingerprint);
+    offload_->offload().prefetch(chain, request.ttl_class, now_ms());
   }
   if (Status s = scheduler_.add(request); !s.ok()) return s;
   requests_[request.id] = {std::move(prompt), {}, params, make_request_rng(params, static_cast<uint64_t>(request.id))};
@@ -104,6 +211,7 @@ Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
 }
 
 Result<std::vector<TokenEvent>> Engine::step() {
+  if (offload_) offload_->offload().tick(now_ms());
   ScheduledBatch batch = scheduler_.schedule();
   num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
   std::vector<TokenEvent> events;

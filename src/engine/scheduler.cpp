@@ -93,6 +93,7 @@ Status Scheduler::add(SequenceRequest request) {
   seq.prompt_token_ids = std::move(request.prompt_token_ids);
   seq.max_tokens = request.max_tokens;
   seq.stop_token_ids = std::move(request.stop_token_ids);
+  seq.ttl_class = request.ttl_class;
   SequenceId id = seq.id;
   SequenceState& stored = sequences_.emplace(id, std::move(seq)).first->second;
   if (std::optional<std::string> reason = why_never_schedulable(stored)) {
@@ -160,6 +161,7 @@ kvcache::BlockId Scheduler::allocate_block() {
   if (auto it = hash_of_block_.find(*block); it != hash_of_block_.end()) {
     cached_block_of_.erase(it->second);
     hash_of_block_.erase(it);
+    ++num_device_evicted_blocks_;
   }
   return *block;
 }
@@ -181,7 +183,7 @@ std::vector<int32_t> all_tokens(const SequenceState& seq, int64_t count) {
 
 std::vector<kvcache::BlockId> Scheduler::match_prefix(SequenceState& seq) {
   std::vector<kvcache::BlockId> matched;
-  if (!config_.enable_prefix_caching || cached_block_of_.empty()) return matched;
+  if (!config_.enable_prefix_caching || (cached_block_of_.empty() && lower_tiers_ == nullptr)) return matched;
   // Never the block of the last token: at least that token is computed, so a token can be sampled.
   const int64_t max_blocks = (seq.num_tokens() - 1) / kvcache::kBlockTokens;
   if (static_cast<int64_t>(seq.block_hashes.size()) < max_blocks) {
@@ -194,6 +196,15 @@ std::vector<kvcache::BlockId> Scheduler::match_prefix(SequenceState& seq) {
     matched.push_back(it->second);
   }
   return matched;
+}
+
+int64_t Scheduler::match_lower_tiers(const SequenceState& seq, int64_t device_blocks) {
+  if (lower_tiers_ == nullptr || !config_.enable_prefix_caching) return 0;
+  const int64_t max_blocks = (seq.num_tokens() - 1) / kvcache::kBlockTokens;
+  if (device_blocks >= max_blocks) return 0;
+  std::span<const kvcache::BlockHash> rest(seq.block_hashes.data() + device_blocks,
+                                           static_cast<size_t>(max_blocks - device_blocks));
+  return lower_tiers_->match(rest);
 }
 
 void Scheduler::register_computed_blocks(SequenceState& seq) {
@@ -212,6 +223,10 @@ void Scheduler::register_computed_blocks(SequenceState& seq) {
     if (cached_block_of_.contains(hash) || hash_of_block_.contains(block)) continue;
     cached_block_of_.emplace(hash, block);
     hash_of_block_.emplace(block, hash);
+    if (lower_tiers_ != nullptr) {
+      lower_tiers_->store(hash, i == 0 ? kvcache::kRootBlockHash : seq.block_hashes[static_cast<size_t>(i - 1)], block,
+                          seq.ttl_class);
+    }
   }
   seq.num_registered_blocks = full_blocks;
 }
@@ -286,7 +301,10 @@ ScheduledBatch Scheduler::schedule() {
       }
       assert(seq.block_table.empty() && seq.num_computed_tokens == 0);
       std::vector<kvcache::BlockId> matched = match_prefix(seq);
-      const int64_t num_matched_tokens = static_cast<int64_t>(matched.size()) * kvcache::kBlockTokens;
+      const auto device_blocks = static_cast<int64_t>(matched.size());
+      // Blocks the lower tiers hold after the device hit: loaded into fresh blocks below, before prefill.
+      int64_t lower_blocks = match_lower_tiers(seq, device_blocks);
+      int64_t num_matched_tokens = (device_blocks + lower_blocks) * kvcache::kBlockTokens;
       int64_t num_new_tokens = seq.num_tokens() - num_matched_tokens;
       if (!config_.enable_chunked_prefill && num_new_tokens > budget) break;
       num_new_tokens = std::min(num_new_tokens, budget);
@@ -294,14 +312,11 @@ ScheduledBatch Scheduler::schedule() {
       // Reviving a matched block that sits on the free list takes it from the free blocks too.
       const int64_t matched_free =
           std::count_if(matched.begin(), matched.end(), [this](kvcache::BlockId b) { return block_pool_.is_free(b); });
-      if (blocks_for_tokens(end_position) - static_cast<int64_t>(matched.size()) + matched_free >
-          block_pool_.num_free()) {
+      if (blocks_for_tokens(end_position) - device_blocks + matched_free > block_pool_.num_free()) {
         break;  // FCFS: nobody overtakes the head of the queue
       }
       waiting_.pop_front();
-      if (seq.status == SequenceStatus::kWaiting) seq.num_cached_tokens = num_matched_tokens;
-      num_prefix_query_tokens_ += seq.num_tokens();
-      num_prefix_hit_tokens_ += num_matched_tokens;
+      const bool first_admission = seq.status == SequenceStatus::kWaiting;
       seq.status = SequenceStatus::kRunning;
       running_.push_back(seq.id);
       for (kvcache::BlockId block : matched) {
@@ -310,8 +325,36 @@ ScheduledBatch Scheduler::schedule() {
         assert(status.ok());
         seq.block_table.push_back(block);
       }
+      // Load-back: each loaded block is indexed on device like a computed one. A copy that turns out gone or
+      // corrupt ends the hit there; the rest is computed (fewer tokens than planned, so it still fits).
+      for (int64_t i = 0; i < lower_blocks; ++i) {
+        const kvcache::BlockHash& hash = seq.block_hashes[static_cast<size_t>(device_blocks + i)];
+        kvcache::BlockId block = allocate_block();
+        seq.block_table.push_back(block);
+        if (!lower_tiers_->load(hash, block, seq.ttl_class)) {
+          lower_blocks = i;
+          break;
+        }
+        if (!cached_block_of_.contains(hash)) {
+          cached_block_of_.emplace(hash, block);
+          hash_of_block_.emplace(block, hash);
+        }
+      }
+      // After a failed load the hit is shorter; the end can only move back, so the blocks still fit.
+      num_matched_tokens = (device_blocks + lower_blocks) * kvcache::kBlockTokens;
+      num_new_tokens = std::min(seq.num_tokens() - num_matched_tokens, budget);
+      end_position = num_matched_tokens + num_new_tokens;
+      if (first_admission) {
+        seq.num_cached_tokens = num_matched_tokens;
+        seq.num_loaded_tokens = lower_blocks * kvcache::kBlockTokens;
+      }
+      num_prefix_query_tokens_ += seq.num_tokens();
+      num_prefix_query_blocks_ += (seq.num_tokens() - 1) / kvcache::kBlockTokens;
+      num_prefix_hit_tokens_ += num_matched_tokens;
+      num_prefix_loaded_tokens_ += lower_blocks * kvcache::kBlockTokens;
       seq.num_computed_tokens = num_matched_tokens;
-      seq.num_registered_blocks = static_cast<int64_t>(matched.size());
+      seq.num_registered_blocks = device_blocks + lower_blocks;
+      // A failed load leaves its fresh block in the table: it is simply computed.
       allocate_blocks(seq, end_position);
       batch.entries.push_back(make_entry(seq, num_new_tokens));
       budget -= num_new_tokens;
@@ -324,7 +367,7 @@ ScheduledBatch Scheduler::schedule() {
     assert(it != sequences_.end());
     const SequenceState& seq = it->second;
     batch.finished.push_back({id, seq.finish_reason, seq.finish_message, seq.num_prompt_tokens(),
-                              seq.num_generated_tokens(), seq.num_cached_tokens});
+                              seq.num_generated_tokens(), seq.num_cached_tokens, seq.num_loaded_tokens});
     sequences_.erase(it);
   }
   newly_finished_.clear();

@@ -21,7 +21,7 @@ class EngineAdapter final : public StepEngine {
   EngineLoad load() const override {
     const engine::Scheduler& scheduler = engine_->scheduler();
     return {scheduler.num_running(), scheduler.num_waiting(), scheduler.block_pool().num_used(),
-            scheduler.block_pool().num_free()};
+            scheduler.block_pool().num_free(), engine_->kv_tier_stats()};
   }
 
  private:
@@ -73,7 +73,8 @@ void EngineLoop::cancel(Ticket ticket) {
 }
 
 EngineLoad EngineLoop::load() const {
-  return {num_running_.load(), num_waiting_.load(), kv_blocks_used_.load(), kv_blocks_free_.load()};
+  std::lock_guard lock(kv_tiers_mu_);
+  return {num_running_.load(), num_waiting_.load(), kv_blocks_used_.load(), kv_blocks_free_.load(), kv_tiers_};
 }
 
 void EngineLoop::stop() {
@@ -91,6 +92,8 @@ void EngineLoop::publish_load() {
   num_waiting_ = load.num_waiting;
   kv_blocks_used_ = load.kv_blocks_used;
   kv_blocks_free_ = load.kv_blocks_free;
+  std::lock_guard lock(kv_tiers_mu_);
+  kv_tiers_ = load.kv_tiers;
 }
 
 void EngineLoop::apply(Submit& command) {

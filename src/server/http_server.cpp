@@ -608,6 +608,18 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
     co_return co_await send_error(*conn, info, *error, dialect);
   }
   GenerationPlan& plan = std::get<GenerationPlan>(planned);
+  // Retention class of the request's cached KV (kvcache::RetentionConfig::defaults(): default, chat, agent).
+  if (auto header = request.find("X-KV-Cache-Class"); header != request.end()) {
+    const std::string name(header->value());
+    std::optional<kvcache::TtlClassId> ttl_class = kvcache::RetentionConfig::defaults().find(name);
+    if (!ttl_class) {
+      const ApiError error = bad_request(
+          fmt::format("header X-KV-Cache-Class: '{}' is not a retention class; use default, chat or agent", name));
+      metrics.count_outcome("error_400");
+      co_return co_await send_error(*conn, info, error, dialect);
+    }
+    plan.params.kv_ttl_class = *ttl_class;
+  }
   request.body().clear();
   request.body().shrink_to_fit();
 

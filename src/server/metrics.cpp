@@ -66,6 +66,63 @@ void Metrics::count_http_status(int status) {
   ++http_statuses_[status];
 }
 
+namespace {
+// One labelled family: a line per tier that has a value.
+void tier_family(std::string& out, std::string_view name, std::string_view type, std::string_view help,
+                 const std::vector<std::pair<std::string_view, int64_t>>& values) {
+  if (values.empty()) return;
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  for (const auto& [tier, value] : values) out += fmt::format("{}{{tier=\"{}\"}} {}\n", name, tier, value);
+}
+
+void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
+  using Values = std::vector<std::pair<std::string_view, int64_t>>;
+  auto per_tier = [&](int64_t device, auto field) {
+    Values values{{"device", device}};
+    if (s.lower) {
+      values.emplace_back("host", s.lower->host.*field);
+      if (s.lower->disk.capacity_blocks > 0) values.emplace_back("disk", s.lower->disk.*field);
+    }
+    return values;
+  };
+  auto lower_only = [&](auto field) {
+    Values values;
+    if (s.lower) {
+      values.emplace_back("host", s.lower->host.*field);
+      if (s.lower->disk.capacity_blocks > 0) values.emplace_back("disk", s.lower->disk.*field);
+    }
+    return values;
+  };
+  using C = kvcache::OffloadTierCounters;
+  tier_family(out, "deepinfer_kv_tier_usage_blocks", "gauge", "Blocks cached in the tier.",
+              per_tier(s.device_usage_blocks, &C::usage_blocks));
+  tier_family(out, "deepinfer_kv_tier_capacity_blocks", "gauge", "Blocks the tier can hold.",
+              per_tier(s.device_capacity_blocks, &C::capacity_blocks));
+  tier_family(out, "deepinfer_kv_tier_hits_total", "counter", "Prompt blocks found in the tier.",
+              per_tier(s.device_hit_blocks, &C::hit_blocks));
+  tier_family(out, "deepinfer_kv_tier_misses_total", "counter", "Prompt blocks looked up in the tier and not found.",
+              per_tier(s.device_miss_blocks, &C::miss_blocks));
+  tier_family(out, "deepinfer_kv_tier_evictions_total", "counter", "Blocks dropped under capacity pressure.",
+              per_tier(s.device_evicted_blocks, &C::evicted_blocks));
+  tier_family(out, "deepinfer_kv_tier_expired_total", "counter", "Blocks dropped because their TTL passed.",
+              lower_only(&C::expired_blocks));
+  tier_family(out, "deepinfer_kv_tier_refused_total", "counter", "Stores refused or failed.",
+              lower_only(&C::refused_blocks));
+  tier_family(out, "deepinfer_kv_tier_corrupt_total", "counter", "Blocks found corrupt or foreign and dropped.",
+              lower_only(&C::corrupt_blocks));
+  tier_family(out, "deepinfer_kv_tier_bytes_written_total", "counter", "Bytes copied into the tier.",
+              lower_only(&C::bytes_written));
+  tier_family(out, "deepinfer_kv_tier_bytes_read_total", "counter", "Bytes copied out of the tier.",
+              lower_only(&C::bytes_read));
+  scalar(out, "deepinfer_kv_tier_loaded_blocks_total", "counter",
+         "Device blocks filled from host or disk instead of prefill.", s.loaded_blocks);
+  if (s.lower && s.lower->disk.capacity_blocks > 0) {
+    scalar(out, "deepinfer_kv_disk_queue_blocks", "gauge", "Blocks waiting for the background disk writer.",
+           s.lower->disk_queue_blocks);
+  }
+}
+}  // namespace
+
 std::string Metrics::render(const EngineLoad& load) const {
   std::string out;
   time_to_first_token.render("deepinfer_time_to_first_token_seconds",
@@ -82,6 +139,7 @@ std::string Metrics::render(const EngineLoad& load) const {
   scalar(out, "deepinfer_num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", load.num_waiting);
   scalar(out, "deepinfer_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", load.kv_blocks_used);
   scalar(out, "deepinfer_kv_cache_blocks_free", "gauge", "KV cache blocks free.", load.kv_blocks_free);
+  render_kv_tiers(load.kv_tiers, out);
   scalar(out, "deepinfer_client_disconnects_total", "counter", "Clients that went away before their response ended.",
          client_disconnects);
   scalar(out, "deepinfer_malformed_tool_calls_total", "counter",

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
@@ -16,6 +17,7 @@
 #include "deepinfer/engine/sampling_params.h"
 #include "deepinfer/engine/scheduler.h"
 #include "deepinfer/kvcache/block_pool.h"
+#include "deepinfer/kvcache/offload_store.h"
 #include "deepinfer/model/deepseek_model.h"
 
 namespace deepinfer::engine {
@@ -26,6 +28,28 @@ struct EngineConfig {
   int64_t max_model_len = 0;              // prompt + output tokens; 0: the model's max_position_embeddings
   int64_t kv_cache_bytes = 1ll << 30;     // memory for the latent KV cache (sets the number of blocks)
   bool enable_prefix_caching = true;      // --no-prefix-caching turns it off
+  // Identity of the checkpoint in every block hash (kvcache::model_fingerprint): blocks of other weights or
+  // another KV dtype never match, on disk across restarts included. Zero: a fixed value (device tier only).
+  kvcache::ModelFingerprint fingerprint = {};
+  // The tiers below the device (kvcache::KvOffloadStore): off when host_cache_bytes is 0. The disk tier
+  // needs the host tier (it loads through it) and a nonzero fingerprint.
+  int64_t host_cache_bytes = 0;            // --kv-host-cache-gb
+  std::string disk_cache_path;             // --tiered-kv-storage-path; empty: no disk tier
+  int64_t disk_cache_bytes = 16ll << 30;   // --kv-disk-cache-gb
+  double kv_cache_ttl_hours = 168.0;       // --kv-cache-ttl-hours: TTL of the default retention class
+  double host_evict_bytes_per_s = kvcache::kUnlimited;  // --kv-evict-mb-per-s: host eviction token bucket
+};
+
+// The prefix cache's state per tier, for metrics. Device: blocks indexed in the pool (usage), the pool
+// (capacity), prompt blocks served from it (hits), cached blocks overwritten (evictions).
+struct KvTierStats {
+  int64_t device_usage_blocks = 0;
+  int64_t device_capacity_blocks = 0;
+  int64_t device_hit_blocks = 0;
+  int64_t device_miss_blocks = 0;  // looked up at admission and not on device
+  int64_t device_evicted_blocks = 0;
+  int64_t loaded_blocks = 0;  // device blocks filled from a lower tier
+  std::optional<kvcache::OffloadCounters> lower;  // absent without host/disk tiers
 };
 
 // What one step produced for one request: a new token, or the request's end. A request's end is reported
@@ -63,6 +87,9 @@ class Engine {
   const Scheduler& scheduler() const { return scheduler_; }
   size_t kv_cache_bytes() const { return kv_storage_.size_bytes(); }
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
+  KvTierStats kv_tier_stats() const;
+  // Blocks until every block written through so far is on disk (tests, shutdown). No-op without a disk tier.
+  void flush_kv_tiers();
 
  private:
   struct RequestState {
@@ -71,6 +98,22 @@ class Engine {
     SamplingParams params;
     RequestRng rng;
   };
+  // The scheduler's view of the KV offload store: copies blocks between the latent storage and the store.
+  class OffloadTiers final : public LowerTiers {
+   public:
+    OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, kvcache::LatentKvStorage& storage);
+    int64_t match(std::span<const kvcache::BlockHash> chain) override;
+    bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) override;
+    void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
+               kvcache::TtlClassId ttl_class) override;
+    kvcache::KvOffloadStore& offload() { return *store_; }
+
+   private:
+    std::unique_ptr<kvcache::KvOffloadStore> store_;
+    kvcache::LatentKvStorage& storage_;
+    std::vector<std::byte> scratch_;  // one block's payload: layer-major, kBlockTokens x entry_dim floats each
+  };
+
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
          const EngineConfig& config, Scheduler scheduler, kvcache::LatentKvStorage storage);
   // The executor: one forward pass over the batch, then sampling of the rows that produce a token.
@@ -81,6 +124,7 @@ class Engine {
   EngineConfig config_;
   Scheduler scheduler_;
   kvcache::LatentKvStorage kv_storage_;
+  std::unique_ptr<OffloadTiers> offload_;  // null without host/disk tiers; points into kv_storage_
   std::vector<float*> layer_caches_;
   Sampler sampler_;
   std::map<SequenceId, RequestState> requests_;

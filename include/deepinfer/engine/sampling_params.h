@@ -55,6 +55,9 @@ struct SamplingParams {
   std::vector<TokenId> stop_token_ids;
   // Do not stop at the model's end-of-sequence token. Read by the scheduler; the sampler does not ban EOS.
   bool ignore_eos = false;
+  // Retention class of the request's cached KV blocks (a kvcache::TtlClassId: 0 default, then the classes of
+  // the engine's RetentionConfig, e.g. chat, agent). Read by the scheduler, not the sampler.
+  uint8_t kv_ttl_class = 0;
   // Unset: no logprobs. Set to n in [0, 20]: return the sampled token's logprob and the n most likely
   // alternatives, all from the raw model distribution (log_softmax of the logits before any processing).
   std::optional<int32_t> logprobs;

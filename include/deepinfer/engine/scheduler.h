@@ -23,6 +23,21 @@
 
 namespace deepinfer::engine {
 
+// The tiers below the device (host RAM, disk) as the scheduler sees them; the engine implements it over
+// kvcache::KvOffloadStore and its KV storage. Called on the scheduler's thread, inside schedule() and update().
+class LowerTiers {
+ public:
+  virtual ~LowerTiers() = default;
+  // How many leading blocks of `chain` are held below the device (index only; counts hits and misses).
+  virtual int64_t match(std::span<const kvcache::BlockHash> chain) = 0;
+  // Copies the KV of `hash` into device block `block`. False when the copy is gone or corrupt: the scheduler
+  // then computes that block and the rest instead.
+  virtual bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) = 0;
+  // Device block `block` now holds the computed KV of `hash` (chained from `parent`): write it through.
+  virtual void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
+                     kvcache::TtlClassId ttl_class) = 0;
+};
+
 struct SchedulerConfig {
   int32_t max_num_batched_tokens = 8192;  // tokens computed per step, prefill chunks and decodes together
   int32_t max_num_seqs = 256;             // running sequences at most (scheduled this step or not)
@@ -70,6 +85,7 @@ struct FinishedSequence {
   int64_t num_prompt_tokens = 0;
   int64_t num_generated_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
+  int64_t num_loaded_tokens = 0;  // of those, loaded from a tier below the device
 };
 
 struct ScheduledBatch {
@@ -93,6 +109,11 @@ class Scheduler {
  public:
   // Errors: those of SchedulerConfig::validate().
   static Result<Scheduler> create(const SchedulerConfig& config);
+
+  // Lets admission extend a device prefix hit with blocks loaded from `tiers` (not owned; must outlive the
+  // scheduler, or be reset with nullptr), and writes every newly computed full block through to it.
+  // Only with enable_prefix_caching.
+  void set_lower_tiers(LowerTiers* tiers) { lower_tiers_ = tiers; }
 
   // Queues a request at the back of the waiting queue. A request that can never be scheduled (its prompt
   // needs more blocks than the pool has, or, with chunked prefill off, more tokens than
@@ -139,6 +160,12 @@ class Scheduler {
   // Lifetime totals: prompt (and recompute) tokens looked up at admission, and those found in the cache.
   int64_t num_prefix_query_tokens() const { return num_prefix_query_tokens_; }
   int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
+  // Of the hit tokens, those loaded from a tier below the device; and device blocks whose cached content was
+  // evicted (reallocated for other content).
+  int64_t num_prefix_loaded_tokens() const { return num_prefix_loaded_tokens_; }
+  // Full blocks looked up at admission (the last token's block excluded): hits plus misses.
+  int64_t num_prefix_query_blocks() const { return num_prefix_query_blocks_; }
+  int64_t num_device_evicted_blocks() const { return num_device_evicted_blocks_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -155,8 +182,12 @@ class Scheduler {
   ScheduledEntry make_entry(const SequenceState& seq, int64_t num_new_tokens) const;
   // The indexed blocks of the longest cached prefix of seq's tokens, excluding the block of its last token.
   std::vector<kvcache::BlockId> match_prefix(SequenceState& seq);
-  // Adds seq's full computed blocks to the index (those not added yet).
+  // Adds seq's full computed blocks to the index (those not added yet) and writes them through to the lower
+  // tiers.
   void register_computed_blocks(SequenceState& seq);
+  // How many blocks after the `device_blocks` matched on device the lower tiers hold (bounded like
+  // match_prefix). REQUIRES: match_prefix(seq) ran (seq.block_hashes covers the bound).
+  int64_t match_lower_tiers(const SequenceState& seq, int64_t device_blocks);
   // Takes a block from the pool, dropping it from the index when it held cached content.
   kvcache::BlockId allocate_block();
 
@@ -171,6 +202,10 @@ class Scheduler {
   std::unordered_map<kvcache::BlockId, kvcache::BlockHash> hash_of_block_;
   int64_t num_prefix_query_tokens_ = 0;
   int64_t num_prefix_hit_tokens_ = 0;
+  int64_t num_prefix_loaded_tokens_ = 0;
+  int64_t num_prefix_query_blocks_ = 0;
+  int64_t num_device_evicted_blocks_ = 0;
+  LowerTiers* lower_tiers_ = nullptr;
   uint64_t last_step_ = 0;
   bool last_step_updated_ = true;
 };

@@ -9,6 +9,7 @@
 
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/kvcache/block_pool.h"
+#include "deepinfer/kvcache/prefix_index.h"
 
 namespace deepinfer::engine {
 
@@ -66,6 +67,7 @@ struct SequenceRequest {
   std::vector<TokenId> prompt_token_ids;  // REQUIRES: not empty
   int64_t max_tokens = 0;                 // REQUIRES: >= 1; generated tokens at most, a stop token included
   std::vector<TokenId> stop_token_ids;    // sampling any of these finishes the sequence with kStop
+  kvcache::TtlClassId ttl_class = kvcache::kDefaultTtlClass;  // retention class of its cached blocks
 };
 
 // One sequence's state, owned and mutated only by the Scheduler; read through Scheduler::find().
@@ -76,6 +78,7 @@ struct SequenceState {
   std::vector<TokenId> generated_token_ids;
   int64_t max_tokens = 0;
   std::vector<TokenId> stop_token_ids;
+  kvcache::TtlClassId ttl_class = kvcache::kDefaultTtlClass;
 
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
@@ -90,8 +93,10 @@ struct SequenceState {
   // of its tokens), and how many of its leading blocks were offered to the prefix index.
   std::vector<kvcache::BlockHash> block_hashes;
   int64_t num_registered_blocks = 0;
-  // Prompt tokens whose KV came from the prefix cache at first admission (a multiple of kBlockTokens).
+  // Prompt tokens whose KV came from the prefix cache at first admission (a multiple of kBlockTokens), and
+  // of those, the ones loaded from a tier below the device.
   int64_t num_cached_tokens = 0;
+  int64_t num_loaded_tokens = 0;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(prompt_token_ids.size()); }
   int64_t num_generated_tokens() const { return static_cast<int64_t>(generated_token_ids.size()); }

@@ -27,6 +27,7 @@ struct EngineLoad {
   int32_t num_waiting = 0;
   int32_t kv_blocks_used = 0;
   int32_t kv_blocks_free = 0;
+  engine::KvTierStats kv_tiers;  // the prefix cache per tier
 };
 
 // What the server needs from an engine. Same contract as engine::Engine's methods of the same names;
@@ -115,6 +116,8 @@ class EngineLoop {
   std::unordered_map<engine::SequenceId, Live> live_;
   std::unordered_map<Ticket, engine::SequenceId> sequence_of_;
   std::atomic<int32_t> num_running_{0}, num_waiting_{0}, kv_blocks_used_{0}, kv_blocks_free_{0};
+  mutable std::mutex kv_tiers_mu_;
+  engine::KvTierStats kv_tiers_;  // GUARDED_BY(kv_tiers_mu_)
   std::thread thread_;
 };
 

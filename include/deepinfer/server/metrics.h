@@ -15,6 +15,19 @@
 //   deepinfer_client_disconnects_total           counter    clients that went away before their response ended
 //   deepinfer_malformed_tool_calls_total         counter    tool-call markup the output parser could not parse
 //   deepinfer_http_requests_total{status}        counter    HTTP responses by status code (every route)
+// The prefix cache per tier (tier = device, host, disk; host and disk only when configured), in 64-token blocks:
+//   deepinfer_kv_tier_usage_blocks{tier}         gauge      blocks cached in the tier
+//   deepinfer_kv_tier_capacity_blocks{tier}      gauge      blocks the tier can hold
+//   deepinfer_kv_tier_hits_total{tier}           counter    prompt blocks found in the tier (the fastest holding them)
+//   deepinfer_kv_tier_misses_total{tier}         counter    prompt blocks looked up in the tier and not found
+//   deepinfer_kv_tier_evictions_total{tier}      counter    blocks dropped under capacity pressure
+//   deepinfer_kv_tier_expired_total{tier}        counter    blocks dropped because their TTL passed (host)
+//   deepinfer_kv_tier_refused_total{tier}        counter    stores refused (tier full, eviction bucket empty) or failed
+//   deepinfer_kv_tier_corrupt_total{tier}        counter    blocks found corrupt or foreign and dropped (disk)
+//   deepinfer_kv_tier_bytes_written_total{tier}  counter    bytes copied into the tier
+//   deepinfer_kv_tier_bytes_read_total{tier}     counter    bytes copied out of the tier (load-back)
+//   deepinfer_kv_tier_loaded_blocks_total        counter    device blocks filled from host or disk instead of prefill
+//   deepinfer_kv_disk_queue_blocks               gauge      blocks waiting for the background disk writer
 #pragma once
 
 #include <atomic>

@@ -1,0 +1,306 @@
+// The engine's tiers below the device on the tiny DeepSeek-V3 fixture. A two-turn conversation (prompt_5 and
+// its 16 greedy tokens, then that plus 5 more tokens) must give turn 2 the same greedy tokens as a cache-off
+// engine when turn 1's blocks come back from host RAM (after the device evicted them), from disk after a
+// restart, from disk after the first process was killed with SIGKILL, and when a disk block is corrupted
+// (then it is dropped and recomputed, never used).
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "deepinfer/engine/engine.h"
+#include "deepinfer/kvcache/block_hash.h"
+#include "deepinfer/model/safetensors.h"
+#include "test_data.h"
+
+extern char** environ;
+
+namespace deepinfer::engine {
+namespace {
+
+const std::string kFixture = "tests/data/models/tiny-deepseek-v3";
+// Tiny V3: 3 layers x 80 latent values x 64 tokens x 4 bytes.
+constexpr int64_t kBlockBytes = 3 * 80 * kvcache::kBlockTokens * 4;
+const kvcache::ModelFingerprint kFingerprint = kvcache::model_fingerprint("tiny-deepseek-v3 test", "f32");
+constexpr const char* kChildDirVariable = "DEEPINFER_KV_TIERS_CHILD_DIR";
+
+std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
+  auto backend = backend::make_cpu_backend();
+  auto model = model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
+                                          backend::WeightMatrix::Precision::kF32);
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+std::vector<int32_t> reference_ids(const std::string& name) {
+  auto file = model::SafetensorsFile::open(deepinfer::testing::source_path(kFixture + "/reference.safetensors"));
+  EXPECT_TRUE(file.ok());
+  const model::TensorView* view = (*file)->find(name);
+  std::vector<int32_t> values(static_cast<size_t>(view->numel()));
+  std::memcpy(values.data(), view->data, view->size_bytes);
+  return values;
+}
+
+SamplingParams greedy_params() {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.max_tokens = 16;
+  params.ignore_eos = true;
+  return params;
+}
+
+struct Turn {
+  std::vector<TokenId> tokens;
+  int64_t cached_tokens = 0;
+};
+
+Turn generate(Engine& engine, const std::vector<TokenId>& prompt) {
+  Turn run;
+  SequenceId id = *engine.submit(prompt, greedy_params());
+  for (int steps = 0; engine.has_pending_work() && steps < 10000; ++steps) {
+    auto events = engine.step();
+    EXPECT_TRUE(events.ok()) << events.status().to_string();
+    if (!events.ok()) break;
+    for (const TokenEvent& event : *events) {
+      if (event.id != id) continue;
+      if (event.token) run.tokens.push_back(*event.token);
+      if (event.finished) run.cached_tokens = event.num_cached_tokens;
+    }
+  }
+  return run;
+}
+
+std::vector<TokenId> turn1_prompt() { return reference_ids("prompt_5.input_ids"); }  // 300 tokens
+
+std::vector<TokenId> turn2_prompt(const std::vector<TokenId>& turn1_output) {
+  std::vector<TokenId> prompt = turn1_prompt();
+  prompt.insert(prompt.end(), turn1_output.begin(), turn1_output.end());
+  std::vector<int32_t> more = reference_ids("prompt_2.input_ids");
+  prompt.insert(prompt.end(), more.begin(), more.begin() + 5);
+  return prompt;  // 321 tokens: 5 full blocks, of which the 4 turn 1 completed are cacheable
+}
+
+EngineConfig base_config() {
+  EngineConfig config;
+  config.max_num_batched_tokens = 256;
+  config.kv_cache_bytes = 8 * kBlockBytes;  // 8 device blocks: turn 2 alone needs 6
+  config.fingerprint = kFingerprint;
+  return config;
+}
+
+EngineConfig tiered_config(const std::filesystem::path& disk_dir) {
+  EngineConfig config = base_config();
+  config.host_cache_bytes = 64 * kBlockBytes;
+  config.disk_cache_path = disk_dir.string();
+  config.disk_cache_bytes = 64 * kBlockBytes;
+  return config;
+}
+
+// Turn 2 on a fresh cache-off engine: the tokens every cached run must reproduce.
+std::vector<TokenId> uncached_turn2(const std::vector<TokenId>& prompt) {
+  EngineConfig config = base_config();
+  config.enable_prefix_caching = false;
+  auto engine = make_engine(config);
+  Turn run = generate(*engine, prompt);
+  EXPECT_EQ(run.tokens.size(), 16u);
+  return run.tokens;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/deepinfer-kv-tiers-XXXXXX";
+    path_ = ::mkdtemp(pattern);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(EngineKvTiersTest, HostTierServesBlocksTheDeviceEvicted) {
+  EngineConfig config = base_config();
+  config.host_cache_bytes = 64 * kBlockBytes;
+  auto engine = make_engine(config);
+  Turn turn1 = generate(*engine, turn1_prompt());
+  ASSERT_EQ(turn1.tokens, reference_ids("prompt_5.greedy"));
+  // Other prompts take the 8 device blocks over, oldest free first: turn 1's cached blocks are evicted.
+  for (int i : {0, 1, 3, 4, 6}) generate(*engine, reference_ids("prompt_" + std::to_string(i) + ".input_ids"));
+  KvTierStats before = engine->kv_tier_stats();
+  ASSERT_GE(before.device_evicted_blocks, 4);
+  ASSERT_TRUE(before.lower.has_value());
+  EXPECT_GE(before.lower->host.stored_blocks, 4);
+
+  std::vector<TokenId> prompt2 = turn2_prompt(turn1.tokens);
+  Turn turn2 = generate(*engine, prompt2);
+  KvTierStats after = engine->kv_tier_stats();
+  EXPECT_EQ(turn2.cached_tokens, 256);
+  EXPECT_EQ(after.loaded_blocks - before.loaded_blocks, 4);
+  EXPECT_EQ(after.lower->host.bytes_read - before.lower->host.bytes_read, 4 * kBlockBytes);
+  EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
+}
+
+TEST(EngineKvTiersTest, DiskTierServesBlocksAfterARestart) {
+  TempDir dir;
+  std::vector<TokenId> turn1_output;
+  {
+    auto engine = make_engine(tiered_config(dir.path()));
+    Turn turn1 = generate(*engine, turn1_prompt());
+    ASSERT_EQ(turn1.tokens, reference_ids("prompt_5.greedy"));
+    turn1_output = turn1.tokens;
+  }  // the engine's destructor drains the disk queue
+  std::vector<TokenId> prompt2 = turn2_prompt(turn1_output);
+  auto engine = make_engine(tiered_config(dir.path()));
+  Turn turn2 = generate(*engine, prompt2);
+  EXPECT_EQ(turn2.cached_tokens, 256);
+  KvTierStats stats = engine->kv_tier_stats();
+  EXPECT_EQ(stats.loaded_blocks, 4);
+  EXPECT_GE(stats.lower->disk.hit_blocks, 4);
+  EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
+}
+
+TEST(EngineKvTiersTest, ACorruptDiskBlockIsDroppedAndRecomputed) {
+  TempDir dir;
+  std::vector<TokenId> turn1_output;
+  {
+    auto engine = make_engine(tiered_config(dir.path()));
+    turn1_output = generate(*engine, turn1_prompt()).tokens;
+  }
+  // Flip one payload byte of block 2 (the third of the chain).
+  std::vector<kvcache::BlockHash> chain = kvcache::block_hash_chain(turn1_prompt(), kFingerprint);
+  const std::string hex = chain[2].to_hex();
+  const std::filesystem::path file = dir.path() / hex.substr(0, 2) / (hex + ".kvb");
+  ASSERT_TRUE(std::filesystem::exists(file)) << file;
+  {
+    std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+    stream.seekg(128 + 1000);
+    char byte = 0;
+    stream.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x40);
+    stream.seekp(128 + 1000);
+    stream.write(&byte, 1);
+  }
+  std::vector<TokenId> prompt2 = turn2_prompt(turn1_output);
+  auto engine = make_engine(tiered_config(dir.path()));
+  Turn turn2 = generate(*engine, prompt2);
+  EXPECT_EQ(turn2.cached_tokens, 128);  // blocks 0 and 1 loaded; 2 was corrupt, so 2 and 3 were computed
+  KvTierStats stats = engine->kv_tier_stats();
+  EXPECT_EQ(stats.loaded_blocks, 2);
+  EXPECT_EQ(stats.lower->disk.corrupt_blocks, 1);
+  EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
+}
+
+// Turn only as the child of DiskTierServesBlocksAfterKill9: computes turn 1 with a disk tier, waits until its
+// blocks are on disk, says so on stdout, then sleeps until it is killed.
+TEST(EngineKvTiersChild, ComputeTurn1ThenWaitForSigkill) {
+  const char* dir = std::getenv(kChildDirVariable);
+  if (dir == nullptr) GTEST_SKIP() << "only run by DiskTierServesBlocksAfterKill9";
+  auto engine = make_engine(tiered_config(dir));
+  Turn turn1 = generate(*engine, turn1_prompt());
+  engine->flush_kv_tiers();
+  std::string line = "TURN1";
+  for (TokenId token : turn1.tokens) line += " " + std::to_string(token);
+  line += "\n";
+  ASSERT_EQ(::write(STDOUT_FILENO, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+TEST(EngineKvTiersTest, DiskTierServesBlocksAfterKill9) {
+  TempDir dir;
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+  std::string filter = "--gtest_filter=EngineKvTiersChild.*";
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  env_strings.push_back(std::string(kChildDirVariable) + "=" + dir.path().string());
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  pid_t child = 0;
+  ASSERT_EQ(posix_spawn(&child, self.c_str(), &actions, nullptr, argv, envp.data()), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_fds[1]);
+
+  // Read the child's "TURN1 <tokens>" line (gtest prints its own lines around it).
+  std::string output;
+  char buffer[4096];
+  while (output.find("TURN1") == std::string::npos || output.find('\n', output.find("TURN1")) == std::string::npos) {
+    ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    output.append(buffer, static_cast<size_t>(n));
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(pipe_fds[0]);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << output;
+  const size_t start = output.find("TURN1");
+  ASSERT_NE(start, std::string::npos) << output;
+  std::vector<TokenId> turn1_output;
+  {
+    std::istringstream line(output.substr(start + 5, output.find('\n', start) - start - 5));
+    for (TokenId token; line >> token;) turn1_output.push_back(token);
+  }
+  ASSERT_EQ(turn1_output, reference_ids("prompt_5.greedy"));
+
+  std::vector<TokenId> prompt2 = turn2_prompt(turn1_output);
+  auto engine = make_engine(tiered_config(dir.path()));
+  Turn turn2 = generate(*engine, prompt2);
+  EXPECT_EQ(turn2.cached_tokens, 256);
+  EXPECT_EQ(engine->kv_tier_stats().loaded_blocks, 4);
+  EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
+}
+
+TEST(EngineKvTiersTest, ConfigurationErrorsAreExplicit) {
+  auto backend = backend::make_cpu_backend();
+  auto load = [&] {
+    return std::move(model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
+                                                backend::WeightMatrix::Precision::kF32))
+        .value();
+  };
+  EngineConfig no_host = base_config();
+  no_host.disk_cache_path = "/tmp/unused";
+  auto engine = Engine::create(backend::make_cpu_backend(), load(), no_host);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("host tier"), std::string::npos) << engine.status().to_string();
+
+  EngineConfig no_fingerprint = tiered_config("/tmp/unused");
+  no_fingerprint.fingerprint = {};
+  engine = Engine::create(backend::make_cpu_backend(), load(), no_fingerprint);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("fingerprint"), std::string::npos) << engine.status().to_string();
+
+  EngineConfig bad_class = base_config();
+  auto ok_engine = make_engine(bad_class);
+  SamplingParams params = greedy_params();
+  params.kv_ttl_class = 7;
+  auto submitted = ok_engine->submit({1, 2, 3}, params);
+  ASSERT_FALSE(submitted.ok());
+  EXPECT_NE(submitted.status().message().find("retention class"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace deepinfer::engine
