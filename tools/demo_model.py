@@ -98,6 +98,7 @@ def apply_rope(x, cos, sin):
     """x [..., T, R] with pairs (2i, 2i+1); cos/sin [T, R/2]. Returns the rotated pairs, evens then odds (the
     de-interleaved order; q and k use the same order, so q.k is that of the interleaved rotation)."""
     even, odd = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # bf16 under autocast: q and k stay one dtype for SDPA
     return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
 
 
@@ -189,7 +190,8 @@ class Moe(nn.Module):
 
     def route(self, x):
         """x [N, hidden] -> (ids [N, k], weights [N, k] float32)."""
-        logits = F.linear(x.float(), self.gate.weight.float())
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the router stays float32
+            logits = F.linear(x.float(), self.gate.weight.float())
         scores = torch.sigmoid(logits)
         choice = scores + self.gate.e_score_correction_bias.float()
         N = x.shape[0]

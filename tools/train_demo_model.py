@@ -299,7 +299,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32, help="sequences per step")
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--eval-every", type=float, default=40.0, help="seconds between validation checks")
+    ap.add_argument("--eval-every", type=float, default=20.0, help="seconds between validation checks")
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
