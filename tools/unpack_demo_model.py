@@ -1,0 +1,106 @@
+"""Turns the packed demo model (assets/demo-model/: config.json + demo-model.xz.NN, written by
+tools/train_demo_model.py) into checkpoint directories in the release layout, deterministically (same bytes
+every run; Python stdlib only, so scripts/setup.sh can run it on a fresh machine):
+
+  DIR/      config.json, model.safetensors (bf16; e_score_correction_bias float32), tokenizer files
+  DIR-fp8/  the same with the linear layers in DeepSeek's block-scaled FP8 (float8_e4m3fn + 128x128
+            weight_scale_inv) and quantization_config in config.json
+
+The MTP layer's embed_tokens and shared_head.head are written as copies of model.embed_tokens and lm_head,
+as DeepSeek's checkpoints store them (the model shares them, DeepSeek-V3 §2.2).
+
+  python3 tools/unpack_demo_model.py --src assets/demo-model --tokenizer models/deepseek-v3 --out models/demo
+"""
+import argparse
+import glob
+import json
+import lzma
+import os
+import shutil
+import struct
+import sys
+
+
+def read_container(blob):
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8: 8 + n])
+    meta = header.pop("__metadata__", {})
+    base = 8 + n
+    return meta, {name: (info["dtype"], info["shape"], blob[base + info["data_offsets"][0]: base + info["data_offsets"][1]])
+                  for name, info in header.items()}
+
+
+def unplane(planes):
+    """[high bytes][low bytes] -> little-endian bf16 pairs."""
+    half = len(planes) // 2
+    out = bytearray(len(planes))
+    out[1::2] = planes[:half]
+    out[0::2] = planes[half:]
+    return bytes(out)
+
+
+def write_safetensors(path, tensors):
+    names = sorted(tensors)
+    header, offset = {}, 0
+    for name in names:
+        dtype, shape, data = tensors[name]
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    partial = path + ".partial"
+    with open(partial, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name in names:
+            f.write(tensors[name][2])
+    os.replace(partial, path)  # a killed setup never leaves a truncated checkpoint
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--src", default="assets/demo-model", help="config.json and demo-model.xz.NN")
+    ap.add_argument("--tokenizer", default="models/deepseek-v3", help="directory with tokenizer.json")
+    ap.add_argument("--out", default="models/demo")
+    ap.add_argument("--fp8-out", default=None, help="default: OUT-fp8")
+    args = ap.parse_args()
+    fp8_out = args.fp8_out or args.out.rstrip("/") + "-fp8"
+    parts = sorted(glob.glob(os.path.join(args.src, "demo-model.xz.[0-9][0-9]")))
+    if not parts:
+        print("unpack_demo_model: no %s/demo-model.xz.NN" % args.src, file=sys.stderr)
+        return 1
+    meta, packed = read_container(lzma.decompress(b"".join(open(p, "rb").read() for p in parts)))
+    if meta.get("layout") != "bf16-byte-planes":
+        print("unpack_demo_model: unknown layout %r" % meta.get("layout"), file=sys.stderr)
+        return 1
+    config = json.load(open(os.path.join(args.src, "config.json")))
+    bf16 = {}
+    fp8 = {}
+    for name, (dtype, shape, data) in packed.items():
+        if name.startswith("fp8."):
+            fp8[name[4:]] = (dtype, shape, data)
+        else:
+            bf16[name] = (dtype, shape, unplane(data) if dtype == "BF16" else data)
+    for i in range(config.get("num_nextn_predict_layers", 0)):
+        p = "model.layers.%d." % (config["num_hidden_layers"] + i)
+        bf16[p + "embed_tokens.weight"] = bf16["model.embed_tokens.weight"]
+        bf16[p + "shared_head.head.weight"] = bf16["lm_head.weight"]
+    fp8_tensors = dict(bf16)
+    fp8_tensors.update(fp8)
+    fp8_config = dict(config, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3",
+                                                   "quant_method": "fp8", "weight_block_size": [128, 128]})
+    for directory, tensors, cfg in ((args.out, bf16, config), (fp8_out, fp8_tensors, fp8_config)):
+        os.makedirs(directory, exist_ok=True)
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(os.path.join(args.tokenizer, file), os.path.join(directory, file))
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+        write_safetensors(os.path.join(directory, "model.safetensors"), tensors)
+        print("unpack_demo_model: wrote %s (%d tensors)" % (directory, len(tensors)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
