@@ -1,5 +1,5 @@
 # The two commands of the README, and the builds behind them.
-#   make serve  set up a fresh Debian machine, build, serve the built-in default model on 127.0.0.1:8000
+#   make serve  set up a fresh Debian machine, build, serve the built-in demo model on 127.0.0.1:8000
 #   make test   set up, build, run every CPU test, then the openai / @anthropic-ai/sdk clients (what CI runs)
 # Other targets: build, asan-test (recipe, scheduler and sampler tests under ASan+UBSan), fuzz, bench.
 BUILD ?= build
@@ -21,11 +21,8 @@ test: build
 sdk-test: build
 	BUILD=$(BUILD) bash tests/sdk/run.sh
 
-models/default/model.safetensors: | build
-	$(BUILD)/apps/deepinfer default-model --out models/default
-
-serve: build models/default/model.safetensors
-	$(BUILD)/apps/deepinfer serve --model-path models/default --host 127.0.0.1 --port 8000
+serve: build
+	$(BUILD)/apps/deepinfer serve --model-path models/demo --host 127.0.0.1 --port 8000
 
 asan-test: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON

@@ -1,6 +1,6 @@
 // deepinfer serve [--model-path DIR] [--host H] [--port P] ...: the OpenAI- and Anthropic-compatible server on
-// the CPU backend. With no --model-path it serves the built-in default model (models/default, written by
-// `make serve` or `deepinfer default-model`). SIGINT/SIGTERM drain in-flight requests, then exit 0.
+// the CPU backend. With no --model-path it serves the built-in demo model (models/demo, which scripts/setup.sh
+// unpacks from assets/demo-model). SIGINT/SIGTERM drain in-flight requests, then exit 0.
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -24,7 +24,7 @@
 namespace deepinfer::apps {
 namespace {
 
-constexpr const char* kDefaultModelPath = "models/default";
+constexpr const char* kDefaultModelPath = "models/demo";
 constexpr int64_t kDefaultModelMaxTokens = 256;
 
 // "1073741824", "2GiB", "512MiB", "1.5G" (binary units) or "2GB" (decimal) -> bytes.
@@ -84,7 +84,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
   cmd->add_option("--model-path,--model", options->model_path,
-                  "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: models/default, "
+                  "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: models/demo, "
                   "the built-in default model");
   cmd->add_option("--tokenizer", options->tokenizer, "Directory or file with tokenizer.json (default: the model's)");
   cmd->add_option("--host", options->host, "Address to listen on")->capture_default_str();
@@ -158,8 +158,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (!fs::exists(model_path / "config.json")) {
       if (default_model) {
         return fail("no model at " + model_path.string() +
-                    ": run `make serve` (or `deepinfer default-model --out models/default`) to create the built-in "
-                    "default model, or pass --model-path DIR");
+                    ": run `make setup` (scripts/setup.sh unpacks the built-in demo model from assets/demo-model), or pass "
+                    "--model-path DIR");
       }
       return fail("--model-path " + model_path.string() + ": no config.json there");
     }
@@ -251,8 +251,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
     const bool is_builtin = default_model || fs::equivalent(model_path, kDefaultModelPath, ec);
     if (is_builtin) {
       info.description =
-          "The built-in default model: DeepSeek-V3 architecture with random weights and the real DeepSeek-V3 "
-          "tokenizer. It produces random text; it exists to try the API.";
+          "The built-in demo model: DeepSeek-V3 architecture (MLA, MoE with the V3 router, one MTP layer), 45M "
+          "parameters with the real DeepSeek-V3 tokenizer, trained for 5 minutes on Debian's documentation "
+          "(assets/demo-model). It speaks the chat format; it knows little.";
     }
 
     server::ServerConfig server_config;
@@ -277,8 +278,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
               << config->model_type << ", chat format " << recipe::format_name(format) << ", max_model_len "
               << info.max_model_len << ") on " << url << "\n";
     if (is_builtin) {
-      std::cout << "  The built-in default model has random weights: it produces random text and exists to try "
-                   "the API. Requests without max_tokens stop after "
+      std::cout << "  The built-in demo model: 45M parameters trained for 5 minutes on Debian's documentation; it "
+                   "speaks the chat format and knows little. Requests without max_tokens stop after "
                 << server_config.default_max_tokens << " tokens.\n";
     }
     std::cout << "Try it:\n  curl " << url << "/v1/chat/completions -H 'Content-Type: application/json'"

@@ -12,7 +12,7 @@ namespace deepinfer::apps {
 std::function<int()> add_tokenize_command(CLI::App& app);
 std::function<int()> add_render_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
-std::function<int()> add_default_model_command(CLI::App& app);
+std::function<int()> add_random_model_command(CLI::App& app);
 std::function<int()> add_serve_command(CLI::App& app);
 
 }  // namespace deepinfer::apps

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   runs["tokenize"] = deepinfer::apps::add_tokenize_command(app);
   runs["render"] = deepinfer::apps::add_render_command(app);
   runs["generate"] = deepinfer::apps::add_generate_command(app);
-  runs["default-model"] = deepinfer::apps::add_default_model_command(app);
+  runs["random-model"] = deepinfer::apps::add_random_model_command(app);
   runs["serve"] = deepinfer::apps::add_serve_command(app);
   CLI11_PARSE(app, argc, argv);
   for (CLI::App* sub : app.get_subcommands()) return runs.at(sub->get_name())();

@@ -32,7 +32,7 @@ uint16_t to_bf16(float value) {
 
 }  // namespace
 
-boost::json::object default_model_config() {
+boost::json::object random_model_config() {
   return {{"architectures", boost::json::array{"DeepseekV3ForCausalLM"}},
           {"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 256},
           {"intermediate_size", 512}, {"moe_intermediate_size", 128}, {"num_hidden_layers", 3},

@@ -15,7 +15,7 @@
 // with the model's tokenizer, TextTrust::kTrusted, so markers become their added-token ids.
 //
 // Usage: scripted_server [--host H] [--port P] [--chat-format deepseek-v3.1|deepseek-v4.1|...]
-//                        [--model-path models/default] [--served-model-name default] [--step-delay-ms 3]
+//                        [--model-path models/demo] [--served-model-name default] [--step-delay-ms 3]
 // Runs until SIGTERM/SIGINT (drains in-flight requests first).
 #include <spdlog/spdlog.h>
 
@@ -202,7 +202,7 @@ int fail(const std::string& message) {
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
   using namespace deepinfer;
-  std::string host = "127.0.0.1", chat_format = "deepseek-v3.1", model_path = "models/default", name = "default";
+  std::string host = "127.0.0.1", chat_format = "deepseek-v3.1", model_path = "models/demo", name = "default";
   int port = 18124, step_delay_ms = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

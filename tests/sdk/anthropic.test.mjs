@@ -9,7 +9,7 @@ const client = new Anthropic({
   apiKey: process.env.DEEPINFER_API_KEY ?? 'unused',
   maxRetries: 0,
 });
-const model = process.env.DEEPINFER_MODEL ?? 'default';
+const model = process.env.DEEPINFER_MODEL ?? 'demo';
 
 test('messages, non-streaming and streaming agree', async () => {
   const request = {

@@ -1,5 +1,5 @@
 // The official `openai` npm client against a running `deepinfer serve` (DEEPINFER_URL, default
-// http://127.0.0.1:8000) on the built-in default model: chat and completions, streaming and not, logprobs,
+// http://127.0.0.1:8000) on the built-in demo model: chat and completions, streaming and not, logprobs,
 // and an error surfacing as the SDK's APIError.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -7,7 +7,7 @@ import OpenAI from 'openai';
 
 const baseURL = (process.env.DEEPINFER_URL ?? 'http://127.0.0.1:8000') + '/v1';
 const client = new OpenAI({ baseURL, apiKey: process.env.DEEPINFER_API_KEY ?? 'unused', maxRetries: 0 });
-const model = process.env.DEEPINFER_MODEL ?? 'default';
+const model = process.env.DEEPINFER_MODEL ?? 'demo';
 
 test('models lists the served model', async () => {
   const models = await client.models.list();

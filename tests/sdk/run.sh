@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Starts `deepinfer serve` on the built-in default model on a loopback port, runs the official openai and
+# Starts `deepinfer serve` on the built-in demo model (models/demo, unpacked by setup) on a loopback port, runs the official openai and
 # @anthropic-ai/sdk clients' tests against it (node --test), and stops the server. Used by `make test`.
 # Also starts two scripted_server test doubles (build/tests/scripted) for the tool-call/reasoning tests.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 PORT=${DEEPINFER_TEST_PORT:-18123}
-[ -f models/default/model.safetensors ] || "$BUILD/apps/deepinfer" default-model --out models/default
 (cd tests/sdk && npm ci --silent --no-audit --no-fund)
 log=$(mktemp)
-"$BUILD/apps/deepinfer" serve --model-path models/default --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
+"$BUILD/apps/deepinfer" serve --model-path models/demo --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
 server=$!
 # The test-only scripted engine double behind the real server, for tools.test.mjs (V3.1 and V4.1 formats).
 V31_PORT=${DEEPINFER_SCRIPTED_PORT_V31:-18124}; V41_PORT=${DEEPINFER_SCRIPTED_PORT_V41:-18125}

@@ -34,7 +34,7 @@ inline constexpr const char* kModelName = "default";
 inline const std::filesystem::path& model_dir() {
   static const std::filesystem::path dir = [] {
     namespace fs = std::filesystem;
-    const boost::json::object config = model::default_model_config();
+    const boost::json::object config = model::random_model_config();
     const std::string key = std::to_string(std::hash<std::string>{}(boost::json::serialize(config)));
     const fs::path final_dir = fs::path(SERVER_TEST_MODEL_DIR) / key;
     if (fs::exists(final_dir / "tokenizer.json")) return final_dir;

@@ -31,7 +31,7 @@ uint64_t fnv1a_of_file(const std::filesystem::path& path) {
 
 TEST(RandomCheckpointTest, DefaultModelIsDeterministicAndLoads) {
   const auto dir = std::filesystem::temp_directory_path() / ("deepinfer-default-" + std::to_string(::getpid()));
-  ASSERT_TRUE(write_random_checkpoint(dir, default_model_config(), 20261130).ok());
+  ASSERT_TRUE(write_random_checkpoint(dir, random_model_config(), 20261130).ok());
   EXPECT_EQ(std::filesystem::file_size(dir / "model.safetensors"), 145874288u);
   // Regression value: a change here changes the default model every user gets.
   EXPECT_EQ(fnv1a_of_file(dir / "model.safetensors"), 0xcfdf8fc4060a9aefull);

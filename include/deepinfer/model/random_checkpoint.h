@@ -21,6 +21,6 @@ Status write_random_checkpoint(const std::filesystem::path& dir, const boost::js
 // The built-in default model: DeepSeek-V3's architecture (MLA with q-LoRA, a dense first layer, sigmoid
 // noaux_tc MoE with shared expert, YaRN, one MTP layer) at a size a laptop CPU serves quickly, with the real
 // DeepSeek-V3 vocabulary (129,280) so the real tokenizer applies.
-boost::json::object default_model_config();
+boost::json::object random_model_config();
 
 }  // namespace deepinfer::model
