@@ -157,8 +157,23 @@ def load_tokenizer(tokenizer_model):
     return _load(file)
 
 
+_resolved = {}  # (tokenizer_model, format) -> (Tokenizer, format): a gateway resolves the same pair per request
+
+
 def resolve(tokenizer_model, format=None):
-    """(Tokenizer, prompt format name) for a tokenizer_model and an optional explicit format."""
+    """(Tokenizer, prompt format name) for a tokenizer_model and an optional explicit format. Decided once per
+    pair (a directory's files are read the first time only)."""
+    key = (os.fspath(tokenizer_model) if isinstance(tokenizer_model, os.PathLike) else tokenizer_model, format)
+    try:
+        return _resolved[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable tokenizer_model, refused below
+        pass
+    result = _resolve(tokenizer_model, format)
+    _resolved[key] = result
+    return result
+
+
+def _resolve(tokenizer_model, format):
     if format is not None:
         _check_format(format)
     if tokenizer_model is None:

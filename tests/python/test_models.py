@@ -32,6 +32,7 @@ def test_every_name_renders_in_its_format(name, fmt):
 def test_names_newer_than_r1_warn_once_about_the_shipped_tokenizer():
     from deepseek_recipe import _models
     _models._warned.clear()
+    _models._resolved.clear()
     conversation = ds.Conversation()
     conversation.add_user_message("Hi")
     with pytest.warns(UserWarning, match="DeepSeek-V4.1-Flash is tokenized with the shipped DeepSeek-V3 tokenizer"):
