@@ -157,7 +157,9 @@ void bind_conversation(py::module_& module) {
 
   py::class_<PyConversation>(module, "Conversation",
                              "The canonical conversation every prompt format renders from. Build it message by "
-                             "message, or convert an API request with from_openai / from_anthropic.")
+                             "message, or convert an API request with from_openai / from_anthropic. Rendering "
+                             "releases the GIL, so several threads may render (the same or different "
+                             "conversations) at once.")
       .def(py::init<>())
       .def_static(
           "from_openai",

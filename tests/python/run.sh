@@ -2,19 +2,23 @@
 # The Python module's tests, part of `make test`: `pip install .` through the in-tree build backend (offline,
 # nothing downloaded) into $BUILD/python-site, building in $BUILD/python-module (kept, so a later run only
 # rebuilds what changed), then pytest on tests/python with that folder on PYTHONPATH. Extra arguments go to
-# pytest. The interpreter: $PYTHON, else the first of python3 and /usr/bin/python3 that has pytest (Debian's
-# python3-pytest, from scripts/setup.sh, belongs to /usr/bin/python3; a pyenv python3 usually lacks it).
+# pytest. The interpreter: $PYTHON, else the first of python3 and /usr/bin/python3 that has pytest, NumPy,
+# FastAPI and httpx, else the first with pytest (the Debian packages of scripts/setup.sh belong to
+# /usr/bin/python3; a pyenv python3 on PATH usually lacks them).
 # `run.sh --interpreter` prints that choice.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 find_interpreter() {
-  local candidate
-  for candidate in python3 /usr/bin/python3; do
-    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import pytest" >/dev/null 2>&1; then
-      command -v "$candidate"
-      return 0
-    fi
+  local candidate modules
+  # First one with every test dependency (else the NumPy and FastAPI tests skip), then one with pytest.
+  for modules in "pytest, numpy, fastapi, httpx" "pytest"; do
+    for candidate in python3 /usr/bin/python3; do
+      if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import $modules" >/dev/null 2>&1; then
+        command -v "$candidate"
+        return 0
+      fi
+    done
   done
   return 1
 }
