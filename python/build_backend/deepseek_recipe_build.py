@@ -115,15 +115,26 @@ def _check_tokenizer():
                            "(scripts/setup.sh fetches it) and build again" % (", ".join(missing), TOKENIZER_DIR))
 
 
-def _build_module(config_settings):
-    """Builds the extension module; returns its path."""
+class _BuildTree:
+    """The CMake build tree: the one the settings name (kept), else a temporary one (removed on exit)."""
+
+    def __init__(self, config_settings):
+        path = _setting(config_settings, "build-dir", "DEEPINFER_PYTHON_BUILD_DIR")
+        self.temporary = not path
+        self.path = tempfile.mkdtemp(prefix="deepseek_recipe_build-") if self.temporary else os.path.abspath(path)
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, *exc):
+        if self.temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _build_module(config_settings, build_dir):
+    """Builds the extension module in build_dir; returns its path."""
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake is not installed: run `make setup` (or apt-get install cmake ninja-build g++)")
-    build_dir = _setting(config_settings, "build-dir", "DEEPINFER_PYTHON_BUILD_DIR")
-    if build_dir:
-        build_dir = os.path.abspath(build_dir)
-    else:
-        build_dir = tempfile.mkdtemp(prefix="deepseek_recipe_build-")
     configure = ["cmake", "-S", ROOT, "-B", build_dir]
     if not os.path.isfile(os.path.join(build_dir, "CMakeCache.txt")):
         if shutil.which("ninja"):
@@ -218,19 +229,21 @@ def prepare_metadata_for_build_editable(metadata_directory, config_settings=None
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     _check_tokenizer()
-    module = _build_module(config_settings)
-    return _write_wheel(wheel_directory, [(name, _read(path)) for name, path in _package_files(module)])
+    with _BuildTree(config_settings) as build_dir:
+        module = _build_module(config_settings, build_dir)
+        return _write_wheel(wheel_directory, [(name, _read(path)) for name, path in _package_files(module)])
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     """The package stays in python/deepseek_recipe (a .pth file points there); the module and the tokenizer
     are copied next to its sources (git-ignored). Rebuild after changing C++."""
     _check_tokenizer()
-    module = _build_module(config_settings)
     source = os.path.join(ROOT, "python", PACKAGE)
-    for old in glob.glob(os.path.join(source, "_core*")):
-        os.remove(old)
-    shutil.copy2(module, source)
+    with _BuildTree(config_settings) as build_dir:
+        module = _build_module(config_settings, build_dir)
+        for old in glob.glob(os.path.join(source, "_core*")):
+            os.remove(old)
+        shutil.copy2(module, source)
     os.makedirs(os.path.join(source, "tokenizers", "deepseek-v3"), exist_ok=True)
     for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(TOKENIZER_DIR, name)):
