@@ -1,11 +1,12 @@
 # The two commands of the README, and the builds behind them.
 #   make serve  set up a fresh Debian machine, build, serve the built-in demo model on 127.0.0.1:8000
-#   make test   set up, build, run every CPU test, then the openai / @anthropic-ai/sdk clients (what CI runs)
-# Other targets: build, asan-test (recipe, scheduler and sampler tests under ASan+UBSan), fuzz, bench.
+#   make test   set up, build, run every CPU test, the Python module's tests (pip install . + pytest), then the
+#               openai / @anthropic-ai/sdk clients (what CI runs)
+# Other targets: build, python-test, asan-test (recipe, scheduler and sampler tests under ASan+UBSan), fuzz, bench.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: setup build test sdk-test asan-test fuzz bench serve clean
+.PHONY: setup build test python-test sdk-test asan-test fuzz bench serve clean
 
 setup:
 	bash scripts/setup.sh
@@ -16,7 +17,12 @@ build: setup
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	BUILD=$(BUILD) CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) bash tests/python/run.sh
 	BUILD=$(BUILD) bash tests/sdk/run.sh
+
+# deepseek_recipe: pip install . (the in-tree backend, offline) into $(BUILD)/python-site, then pytest.
+python-test: setup
+	BUILD=$(BUILD) CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) bash tests/python/run.sh
 
 sdk-test: build
 	BUILD=$(BUILD) bash tests/sdk/run.sh

@@ -15,6 +15,8 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev    # CLI, logging
   libgtest-dev libgmock-dev libbenchmark-dev
   libclang-rt-14-dev                       # libFuzzer and sanitizer runtimes for clang
+  python3-dev python3-pip pybind11-dev python3-pybind11   # the deepseek_recipe module (pip install .)
+  python3-pytest python3-numpy python3-fastapi python3-httpx  # its tests (tests/python) and the seed's gateway
 )
 missing=()
 for p in "${packages[@]}"; do

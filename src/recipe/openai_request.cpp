@@ -172,29 +172,37 @@ Status parse_message(const json::value& value, const std::string& path, Message&
   return Status();
 }
 
+Status parse_tool(const json::value& value, const std::string& path, ToolDefinition& out) {
+  if (!value.is_object()) return type_error(path, "an object", value);
+  const json::object& tool = value.get_object();
+  const json::value* type = tool.if_contains("type");
+  if (type != nullptr && (!type->is_string() || type->get_string() != "function")) {
+    return Status::invalid_argument(path + ".type must be \"function\"");
+  }
+  const json::value* function = tool.if_contains("function");
+  if (function == nullptr || !function->is_object()) {
+    return Status::invalid_argument(path + ".function must be an object");
+  }
+  const json::value* name = function->get_object().if_contains("name");
+  if (name == nullptr || !name->is_string() || name->get_string().empty()) {
+    return Status::invalid_argument(path + ".function.name must be a non-empty string");
+  }
+  if (const json::value* parameters = function->get_object().if_contains("parameters");
+      parameters != nullptr && !parameters->is_object()) {
+    return type_error(path + ".function.parameters", "a JSON Schema object", *parameters);
+  }
+  out = {std::string(name->get_string()), function->get_object()};
+  return Status();
+}
+
 Status parse_tools(const json::value& value, std::vector<ToolDefinition>& tools) {
   if (value.is_null()) return Status();
   if (!value.is_array()) return type_error("tools", "an array", value);
   const json::array& list = value.get_array();
   for (size_t i = 0; i < list.size(); ++i) {
-    std::string path = "tools[" + std::to_string(i) + "]";
-    if (!list[i].is_object()) return type_error(path, "an object", list[i]);
-    const json::object& tool = list[i].get_object();
-    const json::value* type = tool.if_contains("type");
-    if (type != nullptr && (!type->is_string() || type->get_string() != "function")) {
-      return Status::invalid_argument(path + ".type must be \"function\"");
-    }
-    const json::value* function = tool.if_contains("function");
-    if (function == nullptr || !function->is_object()) return Status::invalid_argument(path + ".function must be an object");
-    const json::value* name = function->get_object().if_contains("name");
-    if (name == nullptr || !name->is_string() || name->get_string().empty()) {
-      return Status::invalid_argument(path + ".function.name must be a non-empty string");
-    }
-    if (const json::value* parameters = function->get_object().if_contains("parameters");
-        parameters != nullptr && !parameters->is_object()) {
-      return type_error(path + ".function.parameters", "a JSON Schema object", *parameters);
-    }
-    tools.push_back({std::string(name->get_string()), function->get_object()});
+    ToolDefinition tool;
+    if (Status s = parse_tool(list[i], "tools[" + std::to_string(i) + "]", tool); !s.ok()) return s;
+    tools.push_back(std::move(tool));
   }
   return Status();
 }
@@ -213,6 +221,40 @@ Status parse_thinking(const json::value& value, const std::string& path, bool& t
     }
   }
   return Status::invalid_argument(path + " must be a boolean or {\"type\": \"enabled\"|\"disabled\"}");
+}
+
+// tool_choice: "none" drops the tools from the prompt; "auto", "required" and a named function render and parse
+// as "auto" (there is no constrained decoding yet), but a named function must be one of `tools`.
+Status apply_tool_choice(const json::value& choice, Conversation& conversation) {
+  if (choice.is_null()) return Status();
+  if (choice.is_string()) {
+    std::string_view mode = choice.get_string();
+    if (mode == "none") {
+      conversation.tools.clear();
+      return Status();
+    }
+    if (mode == "auto") return Status();
+    if (mode == "required") {
+      if (conversation.tools.empty()) return Status::invalid_argument("tool_choice \"required\" needs tools");
+      return Status();
+    }
+    return Status::invalid_argument(
+        "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": "
+        "...}}, got \"" +
+        std::string(mode) + "\"");
+  }
+  if (!choice.is_object()) return Status::invalid_argument("tool_choice must be a string or an object");
+  const json::value* function = choice.get_object().if_contains("function");
+  const json::value* name =
+      function != nullptr && function->is_object() ? function->get_object().if_contains("name") : nullptr;
+  if (name == nullptr || !name->is_string()) {
+    return Status::invalid_argument("tool_choice.function.name must be a string");
+  }
+  for (const ToolDefinition& tool : conversation.tools) {
+    if (tool.name == name->get_string()) return Status();
+  }
+  return Status::invalid_argument("tool_choice.function.name '" + std::string(name->get_string()) +
+                                  "' is not one of the request's tools");
 }
 
 }  // namespace
@@ -268,6 +310,9 @@ Result<Conversation> conversation_from_openai_chat(const json::value& request) {
     // {"type": "text"} asks for nothing; the formats only print schemas.
     if (type == nullptr || !type->is_string() || type->get_string() != "text") options.response_format = *format;
   }
+  if (const json::value* choice = body.if_contains("tool_choice")) {
+    if (Status s = apply_tool_choice(*choice, conversation); !s.ok()) return s;
+  }
   return conversation;
 }
 
@@ -276,6 +321,18 @@ Result<Conversation> conversation_from_openai_chat(std::string_view json_text) {
   json::value request = json::parse(json_text, ec);
   if (ec) return Status::invalid_argument("the request body is not valid JSON: " + ec.message());
   return conversation_from_openai_chat(request);
+}
+
+Result<Message> message_from_openai(const json::value& message, const std::string& path) {
+  Message out;
+  if (Status s = parse_message(message, path, out); !s.ok()) return s;
+  return out;
+}
+
+Result<ToolDefinition> tool_from_openai(const json::value& tool, const std::string& path) {
+  ToolDefinition out;
+  if (Status s = parse_tool(tool, path, out); !s.ok()) return s;
+  return out;
 }
 
 }  // namespace deepinfer::recipe

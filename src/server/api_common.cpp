@@ -410,12 +410,6 @@ int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-bool prompt_opens_reasoning(const recipe::RenderedPrompt& prompt) {
-  std::string_view text = prompt.text;
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
-  return text.ends_with("<think>");
-}
-
 std::string sse_data(const json::value& value) { return "data: " + json::serialize(value) + "\n\n"; }
 
 json::object model_object(const ModelInfo& model, int64_t created) {

@@ -378,43 +378,6 @@ std::optional<ApiError> read_completion_prompt(const json::object& body, const A
   return std::nullopt;
 }
 
-// tool_choice: "none" drops the tools from the prompt; "auto", "required" and a named function render and parse
-// as "auto" (there is no constrained decoding yet), but a named function must be one of `tools`.
-std::optional<ApiError> apply_tool_choice(const json::object& body, recipe::Conversation& conversation) {
-  const json::value* choice = body.if_contains("tool_choice");
-  if (choice == nullptr || choice->is_null()) return std::nullopt;
-  if (choice->is_string()) {
-    std::string_view mode = choice->get_string();
-    if (mode == "none") {
-      conversation.tools.clear();
-      return std::nullopt;
-    }
-    if (mode == "auto") return std::nullopt;
-    if (mode == "required") {
-      if (conversation.tools.empty()) return bad_request("tool_choice \"required\" needs tools", "tool_choice");
-      return std::nullopt;
-    }
-    return bad_request(fmt::format("tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
-                                   "\"function\": {{\"name\": ...}}}}, got \"{}\"",
-                                   std::string(mode)),
-                       "tool_choice");
-  }
-  if (!choice->is_object()) return bad_request("tool_choice must be a string or an object", "tool_choice");
-  const json::object& object = choice->get_object();
-  const json::value* function = object.if_contains("function");
-  const json::value* name =
-      function != nullptr && function->is_object() ? function->get_object().if_contains("name") : nullptr;
-  if (name == nullptr || !name->is_string()) {
-    return bad_request("tool_choice.function.name must be a string", "tool_choice.function.name");
-  }
-  for (const recipe::ToolDefinition& tool : conversation.tools) {
-    if (tool.name == name->get_string()) return std::nullopt;
-  }
-  return bad_request(
-      fmt::format("tool_choice.function.name '{}' is not one of the request's tools", std::string(name->get_string())),
-      "tool_choice.function.name");
-}
-
 }  // namespace
 
 ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const ApiContext& context) {
@@ -422,7 +385,6 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   if (auto e = check_model(body, *context.model, false)) return *e;
   Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
   if (!conversation.ok()) return bad_request_from(conversation.status());
-  if (auto e = apply_tool_choice(body, *conversation)) return *e;
   std::optional<bool> parallel;
   if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
 

@@ -1,6 +1,7 @@
 // OpenAI Chat Completions requests -> Conversation: what is accepted, and errors that name the field.
 #include <string>
 
+#include <boost/json.hpp>
 #include <gtest/gtest.h>
 
 #include "deepinfer/recipe/openai_request.h"
@@ -74,6 +75,12 @@ TEST(OpenAIRequestTest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"thinking": "yes"}})",
        "chat_template_kwargs.thinking must be a boolean"},
       {R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": 1.5})", "reasoning_effort must be"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
+       "tool_choice \"required\" needs tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "some"})", "tool_choice must be"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": {"name": "g"}},
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       "tool_choice.function.name 'g' is not one of the request's tools"},
   };
   for (const Case& c : cases) {
     Result<Conversation> result = conversation_from_openai_chat(std::string_view(c.request));
@@ -82,6 +89,37 @@ TEST(OpenAIRequestTest, ErrorsNameTheField) {
     EXPECT_NE(result.status().message().find(c.expected_fragment), std::string::npos)
         << "request: " << c.request << "\nmessage: " << result.status().message();
   }
+}
+
+TEST(OpenAIRequestTest, ToolChoiceNoneDropsTheTools) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  for (const char* choice : {R"("none")", R"("auto")", R"("required")", R"({"type": "function", "function": {"name": "f"}})"}) {
+    std::string request = R"({"messages": [{"role": "user", "content": "x"}], )" + tools + R"(, "tool_choice": )" +
+                          choice + "}";
+    Result<Conversation> c = conversation_from_openai_chat(std::string_view(request));
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->tools.size(), std::string_view(choice) == R"("none")" ? 0u : 1u) << choice;
+  }
+}
+
+// One message or tool at a time (the Python builder): the same validation, the caller's path in errors.
+TEST(OpenAIRequestTest, SingleMessageAndToolNameTheirPath) {
+  Result<Message> message = message_from_openai(boost::json::parse(R"({"role": "tool", "tool_call_id": "c", "content": "r"})"),
+                                                "messages[7]");
+  ASSERT_TRUE(message.ok()) << message.status().to_string();
+  EXPECT_EQ(message->role, Role::kTool);
+  EXPECT_EQ(message->tool_call_id, "c");
+  Result<Message> bad = message_from_openai(boost::json::parse(R"({"role": "assistant"})"), "messages[7]");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "messages[7] is an assistant message with neither content nor tool_calls");
+  Result<ToolDefinition> tool =
+      tool_from_openai(boost::json::parse(R"({"type": "function", "function": {"name": "f", "parameters": {}}})"), "tools[2]");
+  ASSERT_TRUE(tool.ok()) << tool.status().to_string();
+  EXPECT_EQ(tool->name, "f");
+  Result<ToolDefinition> bad_tool =
+      tool_from_openai(boost::json::parse(R"({"type": "function", "function": {"name": "f", "parameters": 1}})"), "tools[2]");
+  ASSERT_FALSE(bad_tool.ok());
+  EXPECT_EQ(bad_tool.status().message(), "tools[2].function.parameters must be a JSON Schema object, got a number");
 }
 
 }  // namespace

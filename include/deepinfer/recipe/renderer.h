@@ -69,4 +69,8 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt);
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
                                            const Tokenizer& tokenizer);
 
+// The prompt ends inside a reasoning block (its generation prompt opened <think>, trailing spaces and newlines
+// aside): the model's output then starts as reasoning (StreamParserOptions::starts_in_reasoning).
+bool prompt_opens_reasoning(const RenderedPrompt& prompt);
+
 }  // namespace deepinfer::recipe

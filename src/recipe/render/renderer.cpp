@@ -77,4 +77,10 @@ Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, Pro
   return prompt;
 }
 
+bool prompt_opens_reasoning(const RenderedPrompt& prompt) {
+  std::string_view text = prompt.text;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  return text.ends_with("<think>");
+}
+
 }  // namespace deepinfer::recipe

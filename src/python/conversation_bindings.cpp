@@ -1,0 +1,306 @@
+// Conversation (builder, from_openai, from_anthropic) and RenderedInput. Every message and tool goes through
+// the recipe's OpenAI validators (message_from_openai, tool_from_openai), so the builder accepts and rejects
+// exactly what an OpenAI payload would, with the same messages.
+#include <pybind11/stl.h>
+
+#include <boost/json.hpp>
+#include <mutex>
+#include <optional>
+
+#include "bindings.h"
+#include "deepinfer/recipe/anthropic_request.h"
+#include "deepinfer/recipe/openai_request.h"
+
+namespace deepinfer::python {
+namespace {
+
+namespace json = boost::json;
+using recipe::TokenId;
+
+// Rendering runs with the GIL released; `mu` keeps other Python threads from changing the conversation
+// meanwhile. Every method takes it (uncontended, it costs nanoseconds).
+struct PyConversation {
+  recipe::Conversation conversation;
+  std::mutex mu;
+};
+
+struct PyRenderedInput {
+  std::string text;
+  std::shared_ptr<const std::vector<TokenId>> ids;
+  recipe::PromptFormat format = recipe::PromptFormat::kDeepSeekV3;
+  std::shared_ptr<TokenizerHandle> tokenizer;
+  bool starts_in_reasoning = false;
+  bool tools_enabled = false;
+  py::object token_list_cache;  // `token_ids`, built on first access
+  py::object text_cache;
+};
+
+void append_message(PyConversation& self, const json::value& message) {
+  std::lock_guard lock(self.mu);
+  const std::string path = "messages[" + std::to_string(self.conversation.messages.size()) + "]";
+  self.conversation.messages.push_back(unwrap(recipe::message_from_openai(message, path)));
+}
+
+// A message of `role` whose content is a str or a list of OpenAI content parts.
+void add_simple_message(PyConversation& self, std::string_view role, py::handle content) {
+  json::object message{{"role", role}};
+  message["content"] = to_json(content, "content");
+  append_message(self, message);
+}
+
+json::value tool_calls_json(py::handle tool_calls) {
+  if (!PyList_Check(tool_calls.ptr()) && !PyTuple_Check(tool_calls.ptr())) {
+    throw py::type_error("tool_calls must be a list of OpenAI tool calls or ToolCall objects");
+  }
+  json::array calls;
+  py::sequence list = py::reinterpret_borrow<py::sequence>(tool_calls);
+  for (size_t i = 0; i < list.size(); ++i) {
+    py::object item = list[i];
+    if (std::optional<json::object> parsed = tool_call_json(item)) {
+      calls.push_back(std::move(*parsed));
+    } else {
+      calls.push_back(to_json(item, "tool_calls[" + std::to_string(i) + "]"));
+    }
+  }
+  return calls;
+}
+
+std::unique_ptr<PyConversation> from_conversation(recipe::Conversation conversation) {
+  auto out = std::make_unique<PyConversation>();
+  out->conversation = std::move(conversation);
+  return out;
+}
+
+template <class Parse>
+std::unique_ptr<PyConversation> parse_payload(py::handle payload, Parse parse) {
+  json::value request = payload_to_json(payload);
+  std::optional<Result<recipe::Conversation>> conversation;
+  {
+    py::gil_scoped_release release;
+    conversation.emplace(parse(request));
+  }
+  return from_conversation(unwrap(std::move(*conversation)));
+}
+
+std::unique_ptr<PyRenderedInput> render_for_engine(PyConversation& self, py::handle tokenizer_model,
+                                                   std::optional<bool> add_generation_prompt, py::handle format) {
+  ModelChoice choice = resolve_model(tokenizer_model, format);
+  auto rendered = std::make_unique<PyRenderedInput>();
+  std::optional<Result<recipe::RenderedPrompt>> prompt;
+  {
+    py::gil_scoped_release release;
+    std::lock_guard lock(self.mu);
+    recipe::ConversationOptions& options = self.conversation.options;
+    const bool saved = options.add_generation_prompt;
+    if (add_generation_prompt) options.add_generation_prompt = *add_generation_prompt;
+    prompt.emplace(recipe::render_and_tokenize(self.conversation, choice.format, *choice.tokenizer->tokenizer));
+    options.add_generation_prompt = saved;
+    rendered->tools_enabled = !self.conversation.tools.empty();
+  }
+  recipe::RenderedPrompt result = unwrap(std::move(*prompt));
+  rendered->starts_in_reasoning = recipe::prompt_opens_reasoning(result);
+  rendered->text = std::move(result.text);
+  rendered->ids = std::make_shared<const std::vector<TokenId>>(std::move(result.token_ids));
+  rendered->format = choice.format;
+  rendered->tokenizer = std::move(choice.tokenizer);
+  return rendered;
+}
+
+}  // namespace
+
+void bind_conversation(py::module_& module) {
+  py::class_<PyRenderedInput>(module, "RenderedInput",
+                              "A rendered prompt: its text and token ids (control markers as their ids, request "
+                              "text tokenized untrusted). Immutable.")
+      .def_property_readonly(
+          "token_ids",
+          [](PyRenderedInput& self) -> py::object {
+            if (!self.token_list_cache) self.token_list_cache = token_list(*self.ids);
+            return self.token_list_cache;
+          },
+          "The ids as a list of int (built once, on first access): what JSON bodies, vLLM's TokensPrompt and "
+          "SGLang's input_ids take. For no per-token objects use token_array.")
+      .def_property_readonly(
+          "token_array", [](const PyRenderedInput& self) { return token_array(self.ids); },
+          "The ids without copying: a read-only NumPy int32 array when NumPy is installed, else a memoryview "
+          "(format 'i'). Both support the buffer protocol (np.asarray, torch.frombuffer, bytes(...)).")
+      .def_property_readonly("num_tokens", [](const PyRenderedInput& self) { return self.ids->size(); })
+      .def("__len__", [](const PyRenderedInput& self) { return self.ids->size(); })
+      .def_property_readonly(
+          "text",
+          [](PyRenderedInput& self) -> py::object {
+            if (!self.text_cache) self.text_cache = py::str(self.text.data(), self.text.size());
+            return self.text_cache;
+          },
+          "The prompt text, byte for byte what DeepSeek's template or reference encoder produces.")
+      .def_property_readonly(
+          "format", [](const PyRenderedInput& self) { return recipe::format_name(self.format); },
+          "The prompt format it was rendered in (\"deepseek-v4.1\", ...).")
+      .def_property_readonly(
+          "starts_in_reasoning", [](const PyRenderedInput& self) { return self.starts_in_reasoning; },
+          "The prompt ends inside a reasoning block (it opened <think>): the output starts as "
+          "reasoning.")
+      .def_property_readonly(
+          "tools_enabled", [](const PyRenderedInput& self) { return self.tools_enabled; },
+          "The conversation offered tools (so tool-call markup in the output is parsed).")
+      .def(
+          "stream_parser",
+          [](const PyRenderedInput& self) {
+            return new_stream_parser(self.tokenizer, self.format, self.starts_in_reasoning, self.tools_enabled);
+          },
+          "A StreamOutputParser for this prompt's output: same tokenizer and format, starting in reasoning when "
+          "the prompt opened it, recognising tool calls only when tools were offered (what the server does).")
+      .def("__repr__", [](const PyRenderedInput& self) {
+        return "RenderedInput(format='" + std::string(recipe::format_name(self.format)) +
+               "', num_tokens=" + std::to_string(self.ids->size()) + ")";
+      });
+
+  py::class_<PyConversation>(module, "Conversation",
+                             "The canonical conversation every prompt format renders from. Build it message by "
+                             "message, or convert an API request with from_openai / from_anthropic. Rendering "
+                             "releases the GIL, so several threads may render (the same or different "
+                             "conversations) at once.")
+      .def(py::init<>())
+      .def_static(
+          "from_openai",
+          [](py::handle payload) {
+            return parse_payload(
+                payload, [](const json::value& request) { return recipe::conversation_from_openai_chat(request); });
+          },
+          py::arg("payload"),
+          "An OpenAI Chat Completions request (dict, or JSON text as str/bytes): messages, tools, tool_choice, "
+          "reasoning_effort, response_format, add_generation_prompt and the thinking switches "
+          "(chat_template_kwargs.thinking / enable_thinking, thinking). Sampling fields are ignored. Raises "
+          "ValueError naming the field (\"messages[2].tool_calls[0].function.arguments ...\").")
+      .def_static(
+          "from_anthropic",
+          [](py::handle payload) {
+            return parse_payload(payload, [](const json::value& request) {
+              return recipe::conversation_from_anthropic_messages(request);
+            });
+          },
+          py::arg("payload"),
+          "An Anthropic Messages request (dict or JSON text): system, messages (text, image, tool_use, "
+          "tool_result, thinking blocks), tools, tool_choice, thinking. Sampling fields are ignored.")
+      .def(
+          "set_reasoning_mode",
+          [](PyConversation& self, bool enabled) {
+            std::lock_guard lock(self.mu);
+            self.conversation.options.thinking = enabled;
+          },
+          py::arg("enabled"), "Thinking mode (the prompt opens <think>) or chat mode (the default).")
+      .def(
+          "set_reasoning_effort",
+          [](PyConversation& self, py::handle effort) {
+            std::optional<std::string> value;
+            if (PyBool_Check(effort.ptr())) {
+              throw py::type_error("reasoning effort must be a str, an int or None, got bool");
+            } else if (PyLong_Check(effort.ptr())) {
+              value = py::str(effort).cast<std::string>();
+            } else if (PyUnicode_Check(effort.ptr())) {
+              value = effort.cast<std::string>();
+            } else if (!effort.is_none()) {
+              throw py::type_error("reasoning effort must be a str, an int or None, got " +
+                                   std::string(Py_TYPE(effort.ptr())->tp_name));
+            }
+            std::lock_guard lock(self.mu);
+            self.conversation.options.reasoning_effort = std::move(value);
+          },
+          py::arg("effort"),
+          "\"low\" | \"medium\" | \"high\" | \"xhigh\" | \"max\", or 1..100 (V4.1); None for the format's "
+          "default. Checked against the format when rendering.")
+      .def(
+          "register_tool",
+          [](PyConversation& self, const std::string& name, py::handle description, py::handle parameters) {
+            json::object function{{"name", name}};
+            if (!description.is_none()) function["description"] = to_json(description, "description");
+            if (!parameters.is_none()) function["parameters"] = to_json(parameters, "parameters");
+            json::value tool = json::object{{"type", "function"}, {"function", std::move(function)}};
+            std::lock_guard lock(self.mu);
+            const std::string path = "tools[" + std::to_string(self.conversation.tools.size()) + "]";
+            self.conversation.tools.push_back(unwrap(recipe::tool_from_openai(tool, path)));
+          },
+          py::arg("name"), py::arg("description") = py::none(), py::arg("parameters") = py::none(),
+          "Offers a function to the model, as OpenAI's {\"type\": \"function\", \"function\": {name, description, "
+          "parameters}} (a None description or parameters is left out).")
+      .def(
+          "add_system_message",
+          [](PyConversation& self, py::handle content) { add_simple_message(self, "system", content); },
+          py::arg("content"), "content: a str or a list of OpenAI content parts.")
+      .def(
+          "add_developer_message",
+          [](PyConversation& self, py::handle content) { add_simple_message(self, "developer", content); },
+          py::arg("content"))
+      .def(
+          "add_user_message",
+          [](PyConversation& self, py::handle content) { add_simple_message(self, "user", content); },
+          py::arg("content"), "content: a str or a list of OpenAI content parts (text, image_url).")
+      .def(
+          "add_assistant_message",
+          [](PyConversation& self, py::handle content, py::handle reasoning_content, py::handle tool_calls,
+             bool prefix) {
+            json::object message{{"role", "assistant"}};
+            message["content"] = to_json(content, "content");
+            if (!reasoning_content.is_none())
+              message["reasoning_content"] = to_json(reasoning_content, "reasoning_content");
+            if (!tool_calls.is_none()) message["tool_calls"] = tool_calls_json(tool_calls);
+            if (prefix) message["prefix"] = true;
+            append_message(self, message);
+          },
+          py::arg("content") = py::none(), py::arg("reasoning_content") = py::none(),
+          py::arg("tool_calls") = py::none(), py::arg("prefix") = false,
+          "An earlier assistant turn. tool_calls: OpenAI tool calls ({\"id\", \"type\": \"function\", \"function\": "
+          "{\"name\", \"arguments\"}}, arguments a JSON string or a dict) or ToolCall objects from "
+          "StreamOutputParser. prefix=True: a prefix the model must continue (V3.1).")
+      .def(
+          "add_tool_result",
+          [](PyConversation& self, const std::string& tool_call_id, py::handle result) {
+            json::object message{{"role", "tool"}, {"tool_call_id", tool_call_id}};
+            message["content"] = to_json(result, "result");
+            append_message(self, message);
+          },
+          py::arg("tool_call_id"), py::arg("result"), "The result (str or content parts) of the call `tool_call_id`.")
+      .def(
+          "add_message",
+          [](PyConversation& self, py::handle message) { append_message(self, to_json(message, "message")); },
+          py::arg("message"), "Any OpenAI Chat Completions message dict (role, content, tool_calls, ...).")
+      .def("render_for_engine", &render_for_engine, py::arg("tokenizer_model") = py::none(),
+           py::arg("add_generation_prompt") = py::none(), py::kw_only(), py::arg("format") = py::none(),
+           "Renders and tokenizes the conversation (C++, the GIL released). tokenizer_model: a directory "
+           "holding tokenizer.json, or a known model name (deepseek_recipe.MODELS) whose tokenizer ships in the "
+           "package. The prompt format comes from `format` if given, else from the model name, else from the "
+           "directory's tokenizer_config.json. add_generation_prompt: end with the assistant turn opener "
+           "(None: the conversation's own setting, True unless the payload said otherwise). Raises ValueError "
+           "with the renderer's message for conversations the format cannot express.")
+      .def_property_readonly("reasoning_mode",
+                             [](PyConversation& self) {
+                               std::lock_guard lock(self.mu);
+                               return self.conversation.options.thinking;
+                             })
+      .def_property_readonly("reasoning_effort",
+                             [](PyConversation& self) {
+                               std::lock_guard lock(self.mu);
+                               return self.conversation.options.reasoning_effort;
+                             })
+      .def_property_readonly("tool_names",
+                             [](PyConversation& self) {
+                               std::lock_guard lock(self.mu);
+                               std::vector<std::string> names;
+                               for (const recipe::ToolDefinition& tool : self.conversation.tools)
+                                 names.push_back(tool.name);
+                               return names;
+                             })
+      .def("__len__",
+           [](PyConversation& self) {
+             std::lock_guard lock(self.mu);
+             return self.conversation.messages.size();
+           })
+      .def("__repr__", [](PyConversation& self) {
+        std::lock_guard lock(self.mu);
+        return "Conversation(messages=" + std::to_string(self.conversation.messages.size()) +
+               ", tools=" + std::to_string(self.conversation.tools.size()) +
+               ", reasoning_mode=" + (self.conversation.options.thinking ? "True" : "False") + ")";
+      });
+}
+
+}  // namespace deepinfer::python

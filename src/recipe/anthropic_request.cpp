@@ -1,0 +1,285 @@
+// Anthropic Messages request -> Conversation. One validating pass; the first error wins and names the
+// field's JSON path (the server derives the error's `param` from it).
+#include "deepinfer/recipe/anthropic_request.h"
+
+#include <boost/json.hpp>
+
+namespace deepinfer::recipe {
+namespace json = boost::json;
+namespace {
+
+std::string indexed(const std::string& path, size_t index) { return path + "[" + std::to_string(index) + "]"; }
+std::string quoted(std::string_view text) {
+  std::string out(1, '"');  // appended, not `"\"" + ...`: GCC 12 at -O3 warns falsely (-Wrestrict) on that
+  out.append(text);
+  out += '"';
+  return out;
+}
+
+// The value of `key`, or nullptr when it is absent or JSON null.
+const json::value* present(const json::object& object, std::string_view key) {
+  const json::value* value = object.if_contains(key);
+  return value == nullptr || value->is_null() ? nullptr : value;
+}
+
+Status required_string(const json::object& object, std::string_view key, const std::string& path, std::string& out) {
+  const json::value* value = present(object, key);
+  if (value == nullptr || !value->is_string()) {
+    return Status::invalid_argument(path + "." + std::string(key) + " must be a string");
+  }
+  out = value->get_string();
+  return Status();
+}
+
+ContentPart text_part(std::string text) { return {ContentPart::Kind::kText, std::move(text), {}}; }
+
+Status image_part(const json::object& block, const std::string& path, ContentPart& part) {
+  const json::value* source = present(block, "source");
+  if (source == nullptr || !source->is_object()) return Status::invalid_argument(path + ".source must be an object");
+  const json::object& src = source->get_object();
+  std::string type;
+  if (Status s = required_string(src, "type", path + ".source", type); !s.ok()) return s;
+  part.kind = ContentPart::Kind::kImage;
+  if (type == "base64") {
+    std::string media_type, data;
+    if (Status s = required_string(src, "media_type", path + ".source", media_type); !s.ok()) return s;
+    if (Status s = required_string(src, "data", path + ".source", data); !s.ok()) return s;
+    part.image_url = "data:" + media_type + ";base64," + data;
+  } else if (type == "url") {
+    if (Status s = required_string(src, "url", path + ".source", part.image_url); !s.ok()) return s;
+  } else {
+    return Status::invalid_argument(path + ".source.type must be \"base64\" or \"url\", got " + quoted(type));
+  }
+  return Status();
+}
+
+// A tool_result's content: a string, or text (and image) blocks.
+Status tool_result_content(const json::value* content, const std::string& path, Message& message) {
+  if (content == nullptr) {
+    message.content.push_back(text_part(""));
+    return Status();
+  }
+  if (content->is_string()) {
+    message.content.push_back(text_part(std::string(content->get_string())));
+    return Status();
+  }
+  if (!content->is_array()) return Status::invalid_argument(path + " must be a string or an array of content blocks");
+  const json::array& blocks = content->get_array();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::string block_path = indexed(path, i);
+    if (!blocks[i].is_object()) return Status::invalid_argument(block_path + " must be an object");
+    const json::object& block = blocks[i].get_object();
+    std::string type;
+    if (Status s = required_string(block, "type", block_path, type); !s.ok()) return s;
+    ContentPart part;
+    if (type == "text") {
+      if (Status s = required_string(block, "text", block_path, part.text); !s.ok()) return s;
+    } else if (type == "image") {
+      if (Status s = image_part(block, block_path, part); !s.ok()) return s;
+    } else {
+      return Status::invalid_argument(block_path + ".type " + quoted(type) + " is not supported in a tool result");
+    }
+    message.content.push_back(std::move(part));
+  }
+  if (message.content.empty()) message.content.push_back(text_part(""));
+  return Status();
+}
+
+// One Anthropic message -> one or more Conversation messages (each tool_result becomes a tool message, in
+// block order, between the user text before and after it).
+Status convert_message(const json::value& value, const std::string& path, std::vector<Message>& out) {
+  if (!value.is_object()) return Status::invalid_argument(path + " must be an object");
+  const json::object& object = value.get_object();
+  std::string role;
+  if (Status s = required_string(object, "role", path, role); !s.ok()) return s;
+  if (role != "user" && role != "assistant") {
+    return Status::invalid_argument(path + ".role must be \"user\" or \"assistant\", got " + quoted(role));
+  }
+  const bool assistant = role == "assistant";
+  const json::value* content = present(object, "content");
+  if (content == nullptr) return Status::invalid_argument(path + ".content is required");
+  Message message;
+  message.role = assistant ? Role::kAssistant : Role::kUser;
+  if (content->is_string()) {
+    message.content.push_back(text_part(std::string(content->get_string())));
+    out.push_back(std::move(message));
+    return Status();
+  }
+  if (!content->is_array()) {
+    return Status::invalid_argument(path + ".content must be a string or an array of content blocks");
+  }
+  const json::array& blocks = content->get_array();
+  auto flush_user = [&] {
+    if (!message.content.empty()) out.push_back(std::move(message));
+    message = Message{};
+    message.role = Role::kUser;
+  };
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::string block_path = indexed(path + ".content", i);
+    if (!blocks[i].is_object()) return Status::invalid_argument(block_path + " must be an object");
+    const json::object& block = blocks[i].get_object();
+    std::string type;
+    if (Status s = required_string(block, "type", block_path, type); !s.ok()) return s;
+    if (type == "text") {
+      ContentPart part;
+      if (Status s = required_string(block, "text", block_path, part.text); !s.ok()) return s;
+      message.content.push_back(std::move(part));
+    } else if (type == "image" && !assistant) {
+      ContentPart part;
+      if (Status s = image_part(block, block_path, part); !s.ok()) return s;
+      message.content.push_back(std::move(part));
+    } else if (type == "tool_result" && !assistant) {
+      Message result;
+      result.role = Role::kTool;
+      if (Status s = required_string(block, "tool_use_id", block_path, result.tool_call_id); !s.ok()) return s;
+      if (Status s = tool_result_content(present(block, "content"), block_path + ".content", result); !s.ok()) {
+        return s;
+      }
+      flush_user();
+      out.push_back(std::move(result));
+    } else if (type == "tool_use" && assistant) {
+      ToolCall call;
+      if (Status s = required_string(block, "id", block_path, call.id); !s.ok()) return s;
+      if (Status s = required_string(block, "name", block_path, call.name); !s.ok()) return s;
+      const json::value* input = present(block, "input");
+      if (input != nullptr && !input->is_object())
+        return Status::invalid_argument(block_path + ".input must be an object");
+      if (input != nullptr) call.arguments = input->get_object();
+      message.tool_calls.push_back(std::move(call));
+    } else if (type == "thinking" && assistant) {
+      std::string thinking;
+      if (Status s = required_string(block, "thinking", block_path, thinking); !s.ok()) return s;
+      message.reasoning_content = message.reasoning_content.value_or("") + thinking;
+    } else if (type == "redacted_thinking" && assistant) {
+      // Opaque to us: nothing to render.
+    } else {
+      return Status::invalid_argument(block_path + ".type " + quoted(type) + " is not supported in a" +
+                                      (assistant ? "n assistant" : " user") + " message");
+    }
+  }
+  if (assistant) {
+    if (message.content.empty()) message.content_is_null = !message.tool_calls.empty();
+    if (message.content.empty() && message.tool_calls.empty()) message.content.push_back(text_part(""));
+    out.push_back(std::move(message));
+  } else if (!message.content.empty()) {
+    out.push_back(std::move(message));
+  }
+  return Status();
+}
+
+Status convert_system(const json::value* system, Conversation& conversation) {
+  if (system == nullptr) return Status();
+  Message message;
+  message.role = Role::kSystem;
+  if (system->is_string()) {
+    message.content.push_back(text_part(std::string(system->get_string())));
+  } else if (system->is_array()) {
+    const json::array& blocks = system->get_array();
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const std::string path = indexed("system", i);
+      if (!blocks[i].is_object()) return Status::invalid_argument(path + " must be an object");
+      std::string type;
+      if (Status s = required_string(blocks[i].get_object(), "type", path, type); !s.ok()) return s;
+      if (type != "text") return Status::invalid_argument(path + ".type must be \"text\"");
+      ContentPart part;
+      if (Status s = required_string(blocks[i].get_object(), "text", path, part.text); !s.ok()) return s;
+      message.content.push_back(std::move(part));
+    }
+  } else {
+    return Status::invalid_argument("system must be a string or an array of text blocks");
+  }
+  if (!message.content.empty()) conversation.messages.push_back(std::move(message));
+  return Status();
+}
+
+Status convert_tools(const json::value* tools, Conversation& conversation) {
+  if (tools == nullptr) return Status();
+  if (!tools->is_array()) return Status::invalid_argument("tools must be an array");
+  const json::array& list = tools->get_array();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string path = indexed("tools", i);
+    if (!list[i].is_object()) return Status::invalid_argument(path + " must be an object");
+    const json::object& tool = list[i].get_object();
+    if (const json::value* type = present(tool, "type");
+        type != nullptr && !(type->is_string() && type->get_string() == "custom")) {
+      return Status::invalid_argument(path + ".type " + json::serialize(*type) +
+                                      " is not supported: only client tools (name, description, input_schema) are");
+    }
+    std::string name;
+    if (Status s = required_string(tool, "name", path, name); !s.ok()) return s;
+    if (name.empty()) return Status::invalid_argument(path + ".name must not be empty");
+    json::object function{{"name", name}};
+    if (const json::value* description = present(tool, "description")) {
+      if (!description->is_string()) return Status::invalid_argument(path + ".description must be a string");
+      function["description"] = *description;
+    }
+    const json::value* schema = present(tool, "input_schema");
+    if (schema == nullptr || !schema->is_object()) {
+      return Status::invalid_argument(path + ".input_schema must be a JSON Schema object");
+    }
+    function["parameters"] = *schema;
+    conversation.tools.push_back({name, std::move(function)});
+  }
+  return Status();
+}
+
+// tool_choice {"type": "auto" | "any" | "tool" | "none", "name"}: as in the OpenAI dialect, "none" drops the
+// tools, the others render and parse as auto; a named tool must exist.
+Status apply_tool_choice(const json::value* choice, Conversation& conversation) {
+  if (choice == nullptr) return Status();
+  if (!choice->is_object()) return Status::invalid_argument("tool_choice must be an object");
+  std::string type;
+  if (Status s = required_string(choice->get_object(), "type", "tool_choice", type); !s.ok()) return s;
+  if (type == "none") {
+    conversation.tools.clear();
+  } else if (type == "any") {
+    if (conversation.tools.empty()) return Status::invalid_argument("tool_choice \"any\" needs tools");
+  } else if (type == "tool") {
+    std::string name;
+    if (Status s = required_string(choice->get_object(), "name", "tool_choice", name); !s.ok()) return s;
+    bool found = false;
+    for (const ToolDefinition& tool : conversation.tools) found = found || tool.name == name;
+    if (!found) return Status::invalid_argument("tool_choice.name '" + name + "' is not one of the request's tools");
+  } else if (type != "auto") {
+    return Status::invalid_argument("tool_choice.type must be auto, any, tool or none, got " + quoted(type));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<Conversation> conversation_from_anthropic_messages(const json::value& request) {
+  if (!request.is_object()) return Status::invalid_argument("the request body must be a JSON object");
+  const json::object& body = request.get_object();
+  Conversation conversation;
+  if (Status s = convert_system(present(body, "system"), conversation); !s.ok()) return s;
+  const json::value* messages = present(body, "messages");
+  if (messages == nullptr || !messages->is_array()) return Status::invalid_argument("messages must be an array");
+  if (messages->get_array().empty()) return Status::invalid_argument("messages must not be empty");
+  for (size_t i = 0; i < messages->get_array().size(); ++i) {
+    if (Status s = convert_message(messages->get_array()[i], indexed("messages", i), conversation.messages); !s.ok()) {
+      return s;
+    }
+  }
+  if (Status s = convert_tools(present(body, "tools"), conversation); !s.ok()) return s;
+  if (Status s = apply_tool_choice(present(body, "tool_choice"), conversation); !s.ok()) return s;
+  if (const json::value* thinking = present(body, "thinking")) {
+    const json::value* type = thinking->is_object() ? thinking->get_object().if_contains("type") : nullptr;
+    if (type == nullptr || !type->is_string() ||
+        (type->get_string() != "enabled" && type->get_string() != "disabled")) {
+      return Status::invalid_argument(
+          "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
+    }
+    conversation.options.thinking = type->get_string() == "enabled";  // budget_tokens is not enforced
+  }
+  return conversation;
+}
+
+Result<Conversation> conversation_from_anthropic_messages(std::string_view json_text) {
+  boost::system::error_code ec;
+  json::value request = json::parse(json_text, ec);
+  if (ec) return Status::invalid_argument("the request body is not valid JSON: " + ec.message());
+  return conversation_from_anthropic_messages(request);
+}
+
+}  // namespace deepinfer::recipe

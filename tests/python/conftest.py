@@ -1,0 +1,53 @@
+"""Shared fixtures of the deepseek_recipe tests. tests/python/run.sh installs the module (pip install .) and
+runs these with it on PYTHONPATH; they need no network, no model and no GPU."""
+import json
+import os
+
+import pytest
+
+import deepseek_recipe as ds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOLDEN_DIR = os.path.join(ROOT, "tests", "data", "chat-templates", "goldens")
+TOKENIZER_DIR = os.path.join(ROOT, "models", "deepseek-v3")  # fetched by `make setup`
+EOS = "<｜end▁of▁sentence｜>"
+
+
+def pytest_configure(config):
+    # Said once per process; test_models checks it.
+    config.addinivalue_line("filterwarnings", "ignore:deepseek_recipe.*shipped DeepSeek-V3 tokenizer:UserWarning")
+
+
+def golden_cases():
+    """(format, case) for every golden case the reference could render."""
+    cases = []
+    for fmt in ds.FORMATS:
+        with open(os.path.join(GOLDEN_DIR, fmt + ".json"), encoding="utf-8") as f:
+            for case in json.load(f)["cases"]:
+                if "prompt" in case:
+                    cases.append((fmt, case))
+    return cases
+
+
+def case_id(fmt, case):
+    return "%s-%s-%s" % (fmt, case["case"], json.dumps(case["options"], sort_keys=True))
+
+
+def apply_options(conversation, options):
+    """The goldens' options: V3.1 `thinking`, the encoders' `thinking_mode` and `reasoning_effort`."""
+    if "thinking" in options:
+        conversation.set_reasoning_mode(options["thinking"])
+    if "thinking_mode" in options:
+        conversation.set_reasoning_mode(options["thinking_mode"] == "thinking")
+    if "reasoning_effort" in options:
+        conversation.set_reasoning_effort(options["reasoning_effort"])
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return ds.Tokenizer("deepseek-ai/DeepSeek-V3")
+
+
+def read_json(*parts):
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,91 @@
+// Anthropic Messages requests -> Conversation: blocks become the canonical messages, and errors name the field.
+#include "deepinfer/recipe/anthropic_request.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+#include <string>
+
+namespace deepinfer::recipe {
+namespace {
+
+TEST(AnthropicRequestTest, BlocksBecomeMessages) {
+  Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(R"({
+    "model": "m", "max_tokens": 10,
+    "system": [{"type": "text", "text": "Be brief."}],
+    "messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "use the tool"},
+                                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"b": 1, "a": 2}}]},
+      {"role": "user", "content": [{"type": "text", "text": "before"},
+                                   {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
+                                   {"type": "text", "text": "after"}]}
+    ],
+    "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "tool", "name": "f"},
+    "thinking": {"type": "enabled", "budget_tokens": 100}
+  })"));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_EQ(c->messages.size(), 6u);
+  EXPECT_EQ(c->messages[0].role, Role::kSystem);
+  EXPECT_EQ(c->messages[0].text(), "Be brief.");
+  EXPECT_EQ(c->messages[2].role, Role::kAssistant);
+  EXPECT_TRUE(c->messages[2].content_is_null);
+  EXPECT_EQ(c->messages[2].reasoning_content.value_or(""), "use the tool");
+  ASSERT_EQ(c->messages[2].tool_calls.size(), 1u);
+  EXPECT_EQ(c->messages[2].tool_calls[0].arguments.begin()->key(), "b");  // key order kept
+  // A tool_result splits the user turn: text before, the result, text after.
+  EXPECT_EQ(c->messages[3].text(), "before");
+  EXPECT_EQ(c->messages[4].role, Role::kTool);
+  EXPECT_EQ(c->messages[4].tool_call_id, "t1");
+  EXPECT_EQ(c->messages[4].text(), "sunny");
+  EXPECT_EQ(c->messages[5].text(), "after");
+  ASSERT_EQ(c->tools.size(), 1u);
+  EXPECT_EQ(boost::json::serialize(c->tools[0].function),
+            R"({"name":"f","description":"d","parameters":{"type":"object"}})");
+  EXPECT_TRUE(c->options.thinking);
+}
+
+TEST(AnthropicRequestTest, ToolChoiceNoneDropsTheTools) {
+  Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {}}],
+          "tool_choice": {"type": "none"}})"));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->tools.empty());
+}
+
+TEST(AnthropicRequestTest, ErrorsNameTheField) {
+  struct Case {
+    const char* request;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"messages": 1})", "messages must be an array"},
+      {R"({"messages": []})", "messages must not be empty"},
+      {R"({"messages": [{"role": "system", "content": "x"}]})",
+       "messages[0].role must be \"user\" or \"assistant\", got \"system\""},
+      {R"({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]})",
+       "messages[0].content[0].type \"tool_use\" is not supported in a user message"},
+      {R"({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": 1}]}]})",
+       "messages[0].content[0].input must be an object"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]}]})",
+       "messages[0].content[0].source.type must be \"base64\" or \"url\", got \"file\""},
+      {R"({"system": 3, "messages": [{"role": "user", "content": "x"}]})",
+       "system must be a string or an array of text blocks"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]})",
+       "tools[0].input_schema must be a JSON Schema object"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}})",
+       "tool_choice \"any\" needs tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "on"}})",
+       "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}"},
+  };
+  for (const Case& c : cases) {
+    Result<Conversation> result = conversation_from_anthropic_messages(std::string_view(c.request));
+    ASSERT_FALSE(result.ok()) << c.request;
+    EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument) << c.request;
+    EXPECT_EQ(result.status().message(), c.message) << c.request;
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::recipe
