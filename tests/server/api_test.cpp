@@ -231,11 +231,21 @@ TEST_F(ApiTest, ModelsHealthAndMetrics) {
         "deepinfer_e2e_request_latency_seconds_sum", "deepinfer_prompt_tokens_total",
         "deepinfer_generation_tokens_total", "deepinfer_prompt_tokens_cached_total", "deepinfer_num_requests_running",
         "deepinfer_num_requests_waiting", "deepinfer_kv_cache_blocks_used", "deepinfer_kv_cache_blocks_free",
-        "deepinfer_requests_total{outcome=\"length\"}", "deepinfer_client_disconnects_total"}) {
+        "deepinfer_requests_total{outcome=\"length\"}", "deepinfer_client_disconnects_total",
+        "deepinfer_kv_tier_usage_blocks{tier=\"device\"}", "deepinfer_kv_tier_hits_total{tier=\"device\"}",
+        "deepinfer_kv_tier_misses_total{tier=\"device\"}", "deepinfer_kv_tier_loaded_blocks_total"}) {
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   }
   EXPECT_GE(metric_value(metrics.body, "deepinfer_generation_tokens_total"), 6);
   EXPECT_EQ(metric_value(metrics.body, "deepinfer_kv_cache_blocks_used"), 0);
+}
+
+TEST_F(ApiTest, KvCacheClassHeaderPicksARetentionClassOrIsRejected) {
+  TestClient c = client();
+  EXPECT_EQ(c.post("/v1/chat/completions", chat(), {{"X-KV-Cache-Class", "agent"}}).status, 200);
+  HttpResponse bad = c.post("/v1/chat/completions", chat(), {{"X-KV-Cache-Class", "forever"}});
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("X-KV-Cache-Class: 'forever' is not a retention class"), std::string::npos) << bad.body;
 }
 
 TEST_F(ApiTest, TokenizeDetokenizeRoundTrip) {
