@@ -27,7 +27,8 @@ fi
 
 # ---- build (3 translation units in parallel; ~20 s on one core each) ----
 ARCH="-gencode=arch=compute_90a,code=sm_90a"
-NVFLAGS="-std=c++20 -O3 $ARCH -I$ROOT/include -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings"
+# No -Werror here: a new warning from the GPU machine's g++ 13 must not cost the run (CMake builds use -Werror).
+NVFLAGS="-std=c++20 -O3 $ARCH -I$ROOT/include -Xcompiler=-Wall,-Wextra"
 BIN=""
 if [ -z "${NVCC:-}" ]; then
   log "nvcc not found: cannot build"; status=1
@@ -42,7 +43,7 @@ else
   "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_mla.cu -o "$BUILD/gpu_check_mla.o" >"$OUT/build-check.txt" 2>&1 &
   p3=$!
   # The project's CPU backend for the cross-backend comparison: no OpenBLAS headers there, so a tiny cblas shim.
-  g++ -std=c++20 -O2 -fopenmp -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/tests/gpu/shim" \
+  g++ -std=c++20 -O2 -fopenmp -Wall -Wextra -I"$ROOT/include" -I"$ROOT/tests/gpu/shim" \
     -c src/backend/cpu/cpu_backend.cpp -o "$BUILD/cpu_backend.o" >"$OUT/build-cpu-backend.txt" 2>&1
   cpu_rc=$?
   wait $p1; k_rc=$?
