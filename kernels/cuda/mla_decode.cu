@@ -1,0 +1,468 @@
+// MLA decode kernels (absorbed form, paged bf16 latent cache): a simple f32 reference kernel and the fast
+// tensor-core kernel with split-KV and its combine kernel. Contracts in include/deepinfer/kernels/cuda/mla_decode.h.
+//
+// Fast kernel, one CTA = (head block of 16*G heads, sequence, split), 4*G warps:
+//   - m-group g (4 warps) owns heads [16g, 16g+16) of the block; warp w of the group computes the scores of
+//     tokens [16w, 16w+16) of the current 64-token page over all 576 dims (mma m16n8k16, Q and K from shared
+//     memory by ldmatrix), and the output columns [128w, 128w+128) of P·V (V = the page's first 512 dims,
+//     ldmatrix.trans). Row maxima and P (bf16) are exchanged through shared memory within the group.
+//   - pages are double-buffered: page i+1 streams in by cp.async (16 B per thread-copy, rows past the context
+//     zero-filled so garbage or NaN in unused rows never reaches the MMA) while page i is computed.
+//   - shared rows are 1152 B; 16 B chunks are XOR-swizzled by (row & 7) so ldmatrix is bank-conflict free.
+#include "deepinfer/kernels/cuda/mla_decode.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace deepinfer::kernels::cuda {
+namespace {
+
+constexpr int kChunksPerRow = kMlaEntryDim * 2 / 16;            // 72 sixteen-byte chunks per cached token
+constexpr int kRowBytes = kMlaEntryDim * 2;                     // 1152
+constexpr int kPageBytes = kMlaBlockTokens * kRowBytes;         // 73,728
+constexpr int kPStride = kMlaBlockTokens + 8;                   // bf16 row stride of P in shared memory (pad)
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ int swizzle(int row, int chunk) { return row * kChunksPerRow + (chunk ^ (row & 7)); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; copies zeros instead when !valid (src-size 0: nothing is read).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a · b, m16n8k16, bf16 inputs, f32 accumulators (PTX ISA, "mma.m16n8k16" fragment layouts).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int kGroups>
+constexpr int fast_smem_bytes() {
+  return kGroups * 16 * kRowBytes            // Q: the CTA's heads
+         + 2 * kPageBytes                    // two page buffers
+         + kGroups * 16 * kPStride * 2       // P per m-group
+         + kGroups * 4 * 16 * 4;             // per-warp row maxima / row sums
+}
+
+template <int kGroups>
+__global__ void __launch_bounds__(128 * kGroups, 1) mla_decode_fast_kernel(const MlaDecodeParams p) {
+  constexpr int kThreads = 128 * kGroups;
+  constexpr int kHeadsPerCta = 16 * kGroups;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* s_q = smem;
+  uint8_t* s_kv = s_q + kHeadsPerCta * kRowBytes;
+  __nv_bfloat16* s_p = reinterpret_cast<__nv_bfloat16*>(s_kv + 2 * kPageBytes);
+  float* s_red = reinterpret_cast<float*>(s_p + kGroups * 16 * kPStride);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int head0 = static_cast<int>(blockIdx.x) * kHeadsPerCta;
+  const int split = static_cast<int>(blockIdx.y);
+  const int b = static_cast<int>(blockIdx.z);
+  const int ctx = p.context_lens[b];
+  const int num_pages = (ctx + kMlaBlockTokens - 1) / kMlaBlockTokens;
+  const int pages_per_split = (num_pages + p.num_splits - 1) / p.num_splits;
+  const int page_begin = split * pages_per_split;
+  const int page_end = min(num_pages, page_begin + pages_per_split);
+
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int group = warp / 4;   // m-group: heads [16 group, 16 group + 16) of the block
+  const int wn = warp % 4;      // tokens [16 wn, +16) for scores, columns [128 wn, +128) for the output
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const size_t row0 = static_cast<size_t>(b) * p.num_heads + head0 + group * 16 + g;  // rows g and g + 8
+
+  if (page_begin >= page_end) {  // empty split (or empty context): zeros, and lse -inf for the combine
+    for (int nt = 0; nt < 16; ++nt) {
+      const int col = wn * 128 + nt * 8 + 2 * t;
+      for (int half = 0; half < 2; ++half) {
+        const size_t row = row0 + 8 * half;
+        if (p.num_splits == 1) {
+          *reinterpret_cast<uint32_t*>(p.out + row * kMlaLatentDim + col) = 0u;
+        } else {
+          float* o = p.workspace + (row * p.num_splits + split) * kMlaLatentDim + col;
+          o[0] = 0.0f;
+          o[1] = 0.0f;
+          if (wn == 0 && nt == 0 && t == 0) {
+            float* lse = p.workspace + static_cast<size_t>(p.batch) * p.num_heads * p.num_splits * kMlaLatentDim;
+            lse[row * p.num_splits + split] = -INFINITY;
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
+  auto load_page = [&](int page, int buffer) {
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.kv_cache) +
+                         static_cast<size_t>(table[page]) * kPageBytes;
+    uint8_t* dst = s_kv + buffer * kPageBytes;
+    const int valid_rows = min(kMlaBlockTokens, ctx - page * kMlaBlockTokens);
+#pragma unroll 4
+    for (int c = tid; c < kMlaBlockTokens * kChunksPerRow; c += kThreads) {
+      const int row = c / kChunksPerRow;
+      const int chunk = c - row * kChunksPerRow;
+      cp_async_16(dst + swizzle(row, chunk) * 16, src + c * 16, row < valid_rows);
+    }
+  };
+
+  {  // Q of the CTA's heads, in the same group as the first page
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.q) +
+                         (static_cast<size_t>(b) * p.num_heads + head0) * kRowBytes;
+    for (int c = tid; c < kHeadsPerCta * kChunksPerRow; c += kThreads) {
+      const int row = c / kChunksPerRow;
+      const int chunk = c - row * kChunksPerRow;
+      cp_async_16(s_q + swizzle(row, chunk) * 16, src + c * 16, true);
+    }
+  }
+  load_page(page_begin, 0);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  float acc[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m_row[2] = {-INFINITY, -INFINITY};  // running max (log2 domain) of rows g, g + 8
+  float l_row[2] = {0.0f, 0.0f};            // this thread's share of the running sum
+
+  float* s_max = s_red + group * 64;
+  __nv_bfloat16* s_pg = s_p + group * 16 * kPStride;
+  const int barrier_id = 1 + group;
+
+  for (int page = page_begin; page < page_end; ++page) {
+    const int buffer = (page - page_begin) & 1;
+    cp_async_wait_all();
+    __syncthreads();  // page visible to all; everyone is done with the other buffer and with s_max / s_p
+    if (page + 1 < page_end) load_page(page + 1, buffer ^ 1);
+    cp_async_commit();
+    const uint8_t* kv = s_kv + buffer * kPageBytes;
+
+    // S[16 heads, 16 tokens] = Q · Kᵀ over 576 dims.
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const int q_row = group * 16 + (lane % 16);
+    const int k_row = wn * 16 + (lane % 8) + (lane / 16) * 8;
+#pragma unroll 6
+    for (int ks = 0; ks < kMlaEntryDim / 16; ++ks) {
+      uint32_t a[4];
+      uint32_t bk[4];
+      ldmatrix_x4(a, s_q + swizzle(q_row, ks * 2 + lane / 16) * 16);
+      ldmatrix_x4(bk, kv + swizzle(k_row, ks * 2 + (lane / 8) % 2) * 16);
+      mma_bf16(s[0], a, bk[0], bk[1]);
+      mma_bf16(s[1], a, bk[2], bk[3]);
+    }
+
+    // Scale, mask past the context, row maxima across the group's 4 warps.
+    const int token_base = page * kMlaBlockTokens + wn * 16;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token = token_base + j * 8 + 2 * t + (e & 1);
+        s[j][e] = token < ctx ? s[j][e] * scale_log2 : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    }
+    if (t == 0) {
+      s_max[wn * 16 + g] = tile_max[0];
+      s_max[wn * 16 + g + 8] = tile_max[1];
+    }
+    named_barrier(barrier_id, 128);
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m_row[r];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) mx = fmaxf(mx, s_max[w * 16 + g + 8 * r]);
+      alpha[r] = exp2f(m_row[r] - mx);  // m_row = -inf on the first page: 0; mx is finite (token 0 of the page is valid)
+      m_row[r] = mx;
+      l_row[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - m_row[e / 2]);
+        l_row[e / 2] += s[j][e];
+      }
+      const int col = wn * 16 + j * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(s_pg + g * kPStride + col) = pack_bf16x2(s[j][0], s[j][1]);
+      *reinterpret_cast<uint32_t*>(s_pg + (g + 8) * kPStride + col) = pack_bf16x2(s[j][2], s[j][3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      acc[i][0] *= alpha[0];
+      acc[i][1] *= alpha[0];
+      acc[i][2] *= alpha[1];
+      acc[i][3] *= alpha[1];
+    }
+    named_barrier(barrier_id, 128);  // P of all 64 tokens visible to the group
+
+    // O[16 heads, 128 columns] += P[16, 64] · V[64, 128 columns of this warp].
+#pragma unroll
+    for (int ks = 0; ks < kMlaBlockTokens / 16; ++ks) {
+      uint32_t a[4];
+      ldmatrix_x4(a, s_pg + (lane % 16) * kPStride + ks * 16 + (lane / 16) * 8);
+      const int v_row = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, kv + swizzle(v_row, (wn * 128 + np * 16) / 8 + lane / 16) * 16);
+        mma_bf16(acc[2 * np], a, bv[0], bv[1]);
+        mma_bf16(acc[2 * np + 1], a, bv[2], bv[3]);
+      }
+    }
+  }
+
+  // Row sums across the group's warps (all warps used the same running maxima).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_row[r] += __shfl_xor_sync(0xffffffffu, l_row[r], 1);
+    l_row[r] += __shfl_xor_sync(0xffffffffu, l_row[r], 2);
+  }
+  if (t == 0) {
+    s_max[wn * 16 + g] = l_row[0];
+    s_max[wn * 16 + g + 8] = l_row[1];
+  }
+  named_barrier(barrier_id, 128);
+  float total[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    total[r] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) total[r] += s_max[w * 16 + g + 8 * r];
+  }
+  const float inv[2] = {1.0f / total[0], 1.0f / total[1]};
+
+  if (p.num_splits == 1) {
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      const int col = wn * 128 + nt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(p.out + row0 * kMlaLatentDim + col) =
+          pack_bf16x2(acc[nt][0] * inv[0], acc[nt][1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(p.out + (row0 + 8) * kMlaLatentDim + col) =
+          pack_bf16x2(acc[nt][2] * inv[1], acc[nt][3] * inv[1]);
+    }
+  } else {
+    float* o0 = p.workspace + (row0 * p.num_splits + split) * kMlaLatentDim;
+    float* o1 = p.workspace + ((row0 + 8) * p.num_splits + split) * kMlaLatentDim;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      const int col = wn * 128 + nt * 8 + 2 * t;
+      *reinterpret_cast<float2*>(o0 + col) = make_float2(acc[nt][0] * inv[0], acc[nt][1] * inv[0]);
+      *reinterpret_cast<float2*>(o1 + col) = make_float2(acc[nt][2] * inv[1], acc[nt][3] * inv[1]);
+    }
+    if (wn == 0 && t == 0) {
+      float* lse = p.workspace + static_cast<size_t>(p.batch) * p.num_heads * p.num_splits * kMlaLatentDim;
+      lse[row0 * p.num_splits + split] = m_row[0] + log2f(total[0]);
+      lse[(row0 + 8) * p.num_splits + split] = m_row[1] + log2f(total[1]);
+    }
+  }
+}
+
+// out[row] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max); one CTA of 128 threads per (sequence, head).
+__global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecodeParams p) {
+  const size_t row = static_cast<size_t>(blockIdx.y) * p.num_heads + blockIdx.x;
+  const float* lse = p.workspace + static_cast<size_t>(p.batch) * p.num_heads * p.num_splits * kMlaLatentDim +
+                     row * p.num_splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, lse[s]);
+  const int col = static_cast<int>(threadIdx.x) * 4;
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (mx != -INFINITY) {
+    float weight_sum = 0.0f;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float w = exp2f(lse[s] - mx);
+      if (w == 0.0f) continue;
+      const float4 o = *reinterpret_cast<const float4*>(p.workspace + (row * p.num_splits + s) * kMlaLatentDim + col);
+      sum.x += w * o.x;
+      sum.y += w * o.y;
+      sum.z += w * o.z;
+      sum.w += w * o.w;
+      weight_sum += w;
+    }
+    const float inv = 1.0f / weight_sum;
+    sum.x *= inv;
+    sum.y *= inv;
+    sum.z *= inv;
+    sum.w *= inv;
+  }
+  uint2 packed = make_uint2(pack_bf16x2(sum.x, sum.y), pack_bf16x2(sum.z, sum.w));
+  *reinterpret_cast<uint2*>(p.out + row * kMlaLatentDim + col) = packed;
+}
+
+__device__ float block_reduce(float value, bool is_max, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, value, o);
+    value = is_max ? fmaxf(value, other) : value + other;
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warps = static_cast<int>(blockDim.x) / 32;
+  __syncthreads();  // scratch free from any previous use
+  if (threadIdx.x % 32 == 0) scratch[warp] = value;
+  __syncthreads();
+  float result = scratch[0];
+  for (int w = 1; w < warps; ++w) result = is_max ? fmaxf(result, scratch[w]) : result + scratch[w];
+  return result;
+}
+
+// Reference: one CTA of 256 threads per (head, sequence); f32 math on CUDA cores.
+__global__ void __launch_bounds__(256) mla_decode_reference_kernel(const MlaDecodeParams p) {
+  extern __shared__ float scores[];  // [64 * max_blocks_per_seq]
+  __shared__ float scratch[32];
+  const int h = static_cast<int>(blockIdx.x);
+  const int b = static_cast<int>(blockIdx.y);
+  const int ctx = p.context_lens[b];
+  const size_t row = static_cast<size_t>(b) * p.num_heads + h;
+  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q) + row * kMlaEntryDim;
+  const __nv_bfloat16* cache = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
+  const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  auto entry = [&](int j) {
+    return cache + (static_cast<size_t>(table[j / kMlaBlockTokens]) * kMlaBlockTokens + j % kMlaBlockTokens) *
+                       kMlaEntryDim;
+  };
+  for (int j = warp; j < ctx; j += 8) {
+    const __nv_bfloat16* kv = entry(j);
+    float dot = 0.0f;
+    for (int c = lane; c < kMlaEntryDim; c += 32) dot += __bfloat162float(q[c]) * __bfloat162float(kv[c]);
+    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) scores[j] = dot * p.scale;
+  }
+  __syncthreads();
+  float local_max = -INFINITY;
+  for (int j = static_cast<int>(threadIdx.x); j < ctx; j += 256) local_max = fmaxf(local_max, scores[j]);
+  const float mx = block_reduce(local_max, true, scratch);
+  float local_sum = 0.0f;
+  for (int j = static_cast<int>(threadIdx.x); j < ctx; j += 256) {
+    scores[j] = expf(scores[j] - mx);
+    local_sum += scores[j];
+  }
+  const float sum = block_reduce(local_sum, false, scratch);  // its barriers also publish scores[]
+  const float inv = ctx > 0 ? 1.0f / sum : 0.0f;
+  for (int c = static_cast<int>(threadIdx.x); c < kMlaLatentDim; c += 256) {
+    float acc = 0.0f;
+    for (int j = 0; j < ctx; ++j) acc += scores[j] * __bfloat162float(entry(j)[c]);
+    reinterpret_cast<__nv_bfloat16*>(p.out)[row * kMlaLatentDim + c] = __float2bfloat16(acc * inv);
+  }
+}
+
+bool common_params_valid(const MlaDecodeParams& p) {
+  return p.batch > 0 && p.num_heads > 0 && p.max_blocks_per_seq > 0 && p.q != nullptr && p.kv_cache != nullptr &&
+         p.block_table != nullptr && p.context_lens != nullptr && p.out != nullptr && p.batch <= 65535;
+}
+
+template <int kGroups>
+cudaError_t launch_fast(const MlaDecodeParams& p) {
+  constexpr int kSmem = fast_smem_bytes<kGroups>();
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int smem_optin = 0;
+  err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  if (kSmem > smem_optin) return cudaErrorInvalidConfiguration;
+  err = cudaFuncSetAttribute(mla_decode_fast_kernel<kGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(p.num_heads / (16 * kGroups)), static_cast<unsigned>(p.num_splits),
+                  static_cast<unsigned>(p.batch));
+  mla_decode_fast_kernel<kGroups><<<grid, 128 * kGroups, kSmem, p.stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.num_splits == 1) return err;
+  mla_decode_combine_kernel<<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 128, 0,
+                              p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t mla_decode_workspace_floats(int batch, int num_heads, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<size_t>(batch) * num_heads * num_splits * (kMlaLatentDim + 1);
+}
+
+int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms) {
+  const int heads_per_cta = num_heads % 64 == 0 ? 64 : 16;
+  const int ctas = batch * std::max(1, num_heads / heads_per_cta);
+  if (ctas >= num_sms) return 1;
+  const int pages = (max_context + kMlaBlockTokens - 1) / kMlaBlockTokens;
+  int splits = (2 * num_sms + ctas - 1) / ctas;
+  splits = std::min(splits, std::max(1, pages / 4));
+  return std::clamp(splits, 1, 64);
+}
+
+cudaError_t run_mla_decode(const MlaDecodeParams& p) {
+  if (!common_params_valid(p) || p.num_heads % 16 != 0 || p.num_splits < 1 || p.num_splits > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.num_splits > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
+  int heads_per_cta = p.heads_per_cta;
+  if (heads_per_cta == 0) heads_per_cta = p.num_heads % 64 == 0 ? 64 : 16;
+  if (p.num_heads % heads_per_cta != 0) return cudaErrorInvalidValue;
+  switch (heads_per_cta) {
+    case 16: return launch_fast<1>(p);
+    case 32: return launch_fast<2>(p);
+    case 64: return launch_fast<4>(p);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t run_mla_decode_reference(const MlaDecodeParams& p) {
+  if (!common_params_valid(p)) return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(p.max_blocks_per_seq) * kMlaBlockTokens * sizeof(float);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int smem_optin = 0;
+  err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  if (smem + 32 * sizeof(float) > static_cast<size_t>(smem_optin)) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(mla_decode_reference_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  mla_decode_reference_kernel<<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 256, smem,
+                                p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace deepinfer::kernels::cuda
