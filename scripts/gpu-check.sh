@@ -66,7 +66,7 @@ else
   log "build took $(( $(date +%s) - start )) s"
   grep -E "registers|spill|smem" "$OUT/build-mla_decode.txt" | sed 's/ptxas info    : //' | paste - - - 2>/dev/null \
     | head -20 >"$OUT/ptxas-summary.txt"
-  grep -B1 -E "Used [0-9]+ registers" "$OUT/build-mla_decode.txt" | grep -oE "(bytes stack frame.*|Used.*)" \
+  grep -B1 -E "Used [0-9]+ registers" "$OUT/build-mla_decode.txt" | grep -oE "([0-9]+ bytes stack frame.*|Used.*)" \
     | tee -a "$OUT/gpu-check.log" >/dev/null
 fi
 
