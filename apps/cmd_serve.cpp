@@ -80,6 +80,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t http_threads = 2;
     bool bf16 = false;
     bool no_prefix_caching = false;
+    int64_t tokenization_cache_mb = 64;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
@@ -142,6 +143,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-prefix-caching", options->no_prefix_caching,
                 "Turn off automatic prefix caching (reuse of cached KV blocks of shared prompt prefixes)");
+  cmd->add_option("--tokenization-cache-mb", options->tokenization_cache_mb,
+                  "MiB for token ids of prompt text already seen (a growing conversation re-tokenizes only its new "
+                  "turns); 0: off")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
 
   return [options]() -> int {
     namespace fs = std::filesystem;
@@ -266,6 +272,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.chat_format = format;
     server_config.default_max_tokens = options->default_max_tokens.value_or(is_builtin ? kDefaultModelMaxTokens : 0);
     server_config.http_threads = options->http_threads;
+    server_config.tokenization_cache_bytes = options->tokenization_cache_mb << 20;
     server_config.handle_signals = true;
     auto server =
         server::Server::start(server_config, info, server::wrap_engine(std::move(engine).value()), *tokenizer);

@@ -182,7 +182,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   }
 
   Result<recipe::RenderedPrompt> prompt =
-      recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer);
+      recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
   if (!prompt.ok()) return bad_request_from(prompt.status());
   if (auto e =
           fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_tokens, "max_tokens", plan.params)) {

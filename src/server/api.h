@@ -15,6 +15,7 @@
 #include "deepinfer/engine/sampling_params.h"
 #include "deepinfer/recipe/detokenizer.h"
 #include "deepinfer/recipe/stream_parser.h"
+#include "deepinfer/recipe/tokenization_cache.h"
 #include "deepinfer/recipe/tokenizer.h"
 #include "deepinfer/server/metrics.h"
 #include "deepinfer/server/server.h"
@@ -69,6 +70,8 @@ std::optional<ApiError> read_string_list(const boost::json::object& body, std::s
 struct ApiContext {
   const ModelInfo* model = nullptr;
   std::shared_ptr<const recipe::Tokenizer> tokenizer;
+  // Shared by every request (internally synchronized); null: prompts are tokenized without a cache.
+  recipe::TokenizationCache* tokenization_cache = nullptr;
   recipe::PromptFormat chat_format = recipe::PromptFormat::kDeepSeekV3;
   int64_t default_max_tokens = 0;
 };

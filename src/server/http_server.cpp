@@ -197,6 +197,11 @@ struct Server::Impl {
         created(unix_time()) {
     api.model = &model;
     api.tokenizer = std::move(tokenizer);
+    if (config.tokenization_cache_bytes > 0) {
+      tokenization_cache =
+          std::make_unique<recipe::TokenizationCache>(static_cast<size_t>(config.tokenization_cache_bytes));
+      api.tokenization_cache = tokenization_cache.get();
+    }
     api.chat_format = config.chat_format;
     api.default_max_tokens = config.default_max_tokens;
   }
@@ -224,9 +229,13 @@ struct Server::Impl {
                      "request_too_large");
   }
   bool authorized(const Request& request) const;
+  recipe::TokenizationCache::Stats tokenization_stats() const {
+    return tokenization_cache ? tokenization_cache->stats() : recipe::TokenizationCache::Stats{};
+  }
 
   ServerConfig config;
   ModelInfo model;
+  std::unique_ptr<recipe::TokenizationCache> tokenization_cache;  // null when the config turns it off
   ApiContext api;
   Metrics metrics;
   std::unique_ptr<EngineLoop> loop;  // outlives the io_context: pending coroutines cancel through it
@@ -519,7 +528,7 @@ awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request&
     case Route::kHealth:
       co_return co_await send(*conn, info, 200, std::string(R"({"status":"ok"})"), kJson);
     case Route::kMetrics:
-      co_return co_await send(*conn, info, 200, metrics.render(loop->load()), kPrometheusText);
+      co_return co_await send(*conn, info, 200, metrics.render(loop->load(), tokenization_stats()), kPrometheusText);
     case Route::kModels:
       co_return co_await send(*conn, info, 200, models_body(model, created), kJson);
     case Route::kModel: {

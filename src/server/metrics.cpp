@@ -123,7 +123,7 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
 }
 }  // namespace
 
-std::string Metrics::render(const EngineLoad& load) const {
+std::string Metrics::render(const EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const {
   std::string out;
   time_to_first_token.render("deepinfer_time_to_first_token_seconds",
                              "Time from a request's arrival to its first generated token.", out);
@@ -144,6 +144,19 @@ std::string Metrics::render(const EngineLoad& load) const {
          client_disconnects);
   scalar(out, "deepinfer_malformed_tool_calls_total", "counter",
          "Tool-call markup the output parser could not parse (emitted as content).", malformed_tool_calls);
+  scalar(out, "deepinfer_tokenization_cache_hits_total", "counter",
+         "Prompt text runs whose token ids came from the tokenization cache.", static_cast<int64_t>(tokenization.hits));
+  scalar(out, "deepinfer_tokenization_cache_misses_total", "counter",
+         "Prompt text runs tokenized and added to the tokenization cache.", static_cast<int64_t>(tokenization.misses));
+  scalar(out, "deepinfer_tokenization_cache_hit_tokens_total", "counter",
+         "Prompt tokens served from the tokenization cache.", static_cast<int64_t>(tokenization.hit_tokens));
+  scalar(out, "deepinfer_tokenization_cache_miss_tokens_total", "counter",
+         "Prompt tokens tokenized on a tokenization cache miss.", static_cast<int64_t>(tokenization.miss_tokens));
+  scalar(out, "deepinfer_tokenization_cache_evictions_total", "counter",
+         "Tokenization cache entries evicted, least recently used first.",
+         static_cast<int64_t>(tokenization.evictions));
+  scalar(out, "deepinfer_tokenization_cache_bytes", "gauge", "Bytes held by the tokenization cache's entries.",
+         static_cast<int64_t>(tokenization.bytes));
   std::lock_guard lock(mu_);
   out +=
       "# HELP deepinfer_requests_total Finished generation requests by outcome.\n"

@@ -408,7 +408,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   if (auto e = read_stream_flags(body, plan.stream, include_usage)) return *e;
 
   Result<recipe::RenderedPrompt> prompt =
-      recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer);
+      recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
   if (!prompt.ok()) return bad_request_from(prompt.status());
   const std::string_view max_field = max_completion_tokens ? "max_completion_tokens" : "max_tokens";
   if (auto e = fit_context(context, static_cast<int64_t>(prompt->token_ids.size()),
@@ -483,7 +483,7 @@ ApiResult<std::string> tokenize_endpoint(const json::value& request, const ApiCo
     Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
     if (!conversation.ok()) return bad_request_from(conversation.status());
     Result<recipe::RenderedPrompt> prompt =
-        recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer);
+        recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
     if (!prompt.ok()) return bad_request_from(prompt.status());
     ids = std::move(prompt->token_ids);
   } else {

@@ -571,7 +571,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   plan.stream = stream.value_or(false);
 
   Result<recipe::RenderedPrompt> prompt =
-      recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer);
+      recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
   if (!prompt.ok()) return bad_request_from(prompt.status());
   if (auto e = fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_output_tokens,
                            "max_output_tokens", plan.params)) {

@@ -233,7 +233,10 @@ TEST_F(ApiTest, ModelsHealthAndMetrics) {
         "deepinfer_num_requests_waiting", "deepinfer_kv_cache_blocks_used", "deepinfer_kv_cache_blocks_free",
         "deepinfer_requests_total{outcome=\"length\"}", "deepinfer_client_disconnects_total",
         "deepinfer_kv_tier_usage_blocks{tier=\"device\"}", "deepinfer_kv_tier_hits_total{tier=\"device\"}",
-        "deepinfer_kv_tier_misses_total{tier=\"device\"}", "deepinfer_kv_tier_loaded_blocks_total"}) {
+        "deepinfer_kv_tier_misses_total{tier=\"device\"}", "deepinfer_kv_tier_loaded_blocks_total",
+        "deepinfer_tokenization_cache_hits_total", "deepinfer_tokenization_cache_misses_total",
+        "deepinfer_tokenization_cache_hit_tokens_total", "deepinfer_tokenization_cache_miss_tokens_total",
+        "deepinfer_tokenization_cache_evictions_total", "deepinfer_tokenization_cache_bytes"}) {
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   }
   EXPECT_GE(metric_value(metrics.body, "deepinfer_generation_tokens_total"), 6);
@@ -265,6 +268,32 @@ TEST_F(ApiTest, TokenizeDetokenizeRoundTrip) {
   HttpResponse chat_tokens = c.post("/tokenize", chat());
   ASSERT_EQ(chat_tokens.status, 200) << chat_tokens.body;
   EXPECT_EQ(chat_tokens.json().at("count").as_int64(), rendered_prompt_tokens(chat()));
+}
+
+TEST_F(ApiTest, AGrowingConversationIsTokenizedFromTheCache) {
+  TestClient c = client();
+  // Long enough turns that each is cached (runs of at least TokenizationCache::kDefaultMinCachedBytes).
+  const std::string question = "Please explain, in a few careful sentences, how a radix tree indexes prefixes.";
+  const std::string answer = "A radix tree stores each shared prefix once, so lookups walk the common path once.";
+  json::array messages{json::object{{"role", "user"}, {"content", question}}};
+  auto tokenize = [&] {
+    HttpResponse response = c.post("/tokenize", json::serialize(json::object{{"messages", messages}}));
+    EXPECT_EQ(response.status, 200) << response.body;
+    return response.json().at("count").as_int64();
+  };
+  tokenize();
+  const std::string before = c.get("/metrics").body;
+  messages.push_back(json::object{{"role", "assistant"}, {"content", answer}});
+  messages.push_back(json::object{{"role", "user"}, {"content", "And how is a block found again after eviction?"}});
+  const int64_t count = tokenize();
+  const std::string after = c.get("/metrics").body;
+  // The first turn came from the cache; the ids are the uncached render's.
+  EXPECT_GE(metric_value(after, "deepinfer_tokenization_cache_hits_total"),
+            metric_value(before, "deepinfer_tokenization_cache_hits_total") + 1);
+  EXPECT_GT(metric_value(after, "deepinfer_tokenization_cache_hit_tokens_total"),
+            metric_value(before, "deepinfer_tokenization_cache_hit_tokens_total"));
+  EXPECT_GT(metric_value(after, "deepinfer_tokenization_cache_bytes"), 0);
+  EXPECT_EQ(count, rendered_prompt_tokens(json::serialize(json::object{{"messages", messages}})));
 }
 
 TEST_F(ApiTest, ToolChoice) {

@@ -6,9 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "deepinfer/recipe/openai_request.h"
-#include "deepinfer/recipe/renderer.h"
-#include "test_data.h"
+#include "golden_cases.h"
 
 namespace deepinfer::recipe {
 namespace {
@@ -31,19 +29,12 @@ TEST(RenderTokensTest, IdsEqualReferenceTokenizationOfGoldenPrompts) {
   auto tokenizer = deepseek_v3_tokenizer();
   ASSERT_NE(tokenizer, nullptr);
   for (PromptFormat format : all_formats()) {
-    json::value file = deepinfer::testing::read_json("tests/data/chat-templates/goldens/" +
-                                                     std::string(format_name(format)) + ".json");
+    json::value file = deepinfer::testing::golden_file(format);
     for (const json::value& item : file.at("cases").as_array()) {
       const json::object& golden = item.as_object();
       if (!golden.contains("prompt") || golden.at("case").as_string() == "injection_text") continue;
-      Conversation conversation = parse(golden.at("request"));
+      Conversation conversation = deepinfer::testing::golden_conversation(golden);
       const json::object& options = golden.at("options").as_object();
-      if (options.contains("thinking")) conversation.options.thinking = options.at("thinking").as_bool();
-      if (options.contains("thinking_mode")) conversation.options.thinking = options.at("thinking_mode") == "thinking";
-      if (options.contains("reasoning_effort")) {
-        const json::value& e = options.at("reasoning_effort");
-        conversation.options.reasoning_effort = e.is_string() ? std::string(e.as_string()) : std::to_string(e.as_int64());
-      }
       Result<RenderedPrompt> prompt = render_and_tokenize(conversation, format, *tokenizer);
       ASSERT_TRUE(prompt.ok()) << prompt.status().to_string();
       std::vector<TokenId> expected = tokenizer->encode(golden.at("prompt").as_string(), TextTrust::kTrusted);

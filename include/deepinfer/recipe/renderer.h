@@ -31,6 +31,7 @@
 
 #include "deepinfer/core/status.h"
 #include "deepinfer/recipe/conversation.h"
+#include "deepinfer/recipe/tokenization_cache.h"
 #include "deepinfer/recipe/tokenizer.h"
 
 namespace deepinfer::recipe {
@@ -63,11 +64,14 @@ Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFor
 // Fills `prompt.token_ids`: control segments as their added-token ids where the tokenizer has them, and
 // each maximal run of other text tokenized untrusted as one string (so ids equal the reference
 // tokenizer's on the whole prompt text whenever the request text holds no marker text).
-void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt);
+// With a `cache`, each run's ids come from it when it holds that run (a conversation that grew by a turn
+// re-tokenizes only the runs that changed) and new runs are added to it; the ids are identical to those
+// without a cache. `cache` is not owned and may be shared between threads (tokenization_cache.h).
+void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache = nullptr);
 
 // render_prompt + tokenize_prompt.
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
-                                           const Tokenizer& tokenizer);
+                                           const Tokenizer& tokenizer, TokenizationCache* cache = nullptr);
 
 // The prompt ends inside a reasoning block (its generation prompt opened <think>, trailing spaces and newlines
 // aside): the model's output then starts as reasoning (StreamParserOptions::starts_in_reasoning).

@@ -64,6 +64,10 @@ class Tokenizer {
   // One past the largest id defined (the model's embedding may be larger: DeepSeek-V3 pads to 129,280).
   size_t vocab_size() const;
 
+  // Unique per loaded tokenizer in this process and never reused, not even after this one is destroyed:
+  // what caches of encode results (per-thread word caches, TokenizationCache) key on.
+  uint64_t instance_id() const;
+
   struct Impl;
 
  private:

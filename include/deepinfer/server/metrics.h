@@ -15,6 +15,13 @@
 //   deepinfer_client_disconnects_total           counter    clients that went away before their response ended
 //   deepinfer_malformed_tool_calls_total         counter    tool-call markup the output parser could not parse
 //   deepinfer_http_requests_total{status}        counter    HTTP responses by status code (every route)
+//   deepinfer_tokenization_cache_hits_total      counter    prompt text runs whose ids came from the
+//                                                           tokenization cache (--tokenization-cache-mb)
+//   deepinfer_tokenization_cache_misses_total    counter    runs encoded and added to it
+//   deepinfer_tokenization_cache_hit_tokens_total counter   prompt tokens served from it
+//   deepinfer_tokenization_cache_miss_tokens_total counter  prompt tokens encoded on a miss
+//   deepinfer_tokenization_cache_evictions_total counter    entries evicted (least recently used first)
+//   deepinfer_tokenization_cache_bytes           gauge      bytes its entries hold (all 0 when it is off)
 // The prefix cache per tier (tier = device, host, disk; host and disk only when configured), in 64-token blocks:
 //   deepinfer_kv_tier_usage_blocks{tier}         gauge      blocks cached in the tier
 //   deepinfer_kv_tier_capacity_blocks{tier}      gauge      blocks the tier can hold
@@ -38,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deepinfer/recipe/tokenization_cache.h"
 #include "deepinfer/server/engine_loop.h"
 
 namespace deepinfer::server {
@@ -76,8 +84,9 @@ class Metrics {
 
   void count_outcome(std::string_view outcome);
   void count_http_status(int status);
-  // The whole exposition, with the engine gauges taken from `load`.
-  std::string render(const EngineLoad& load) const;
+  // The whole exposition, with the engine gauges taken from `load` and the tokenization cache's counters
+  // from `tokenization` (the server's cache keeps them; a default Stats when it has none).
+  std::string render(const EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const;
 
  private:
   mutable std::mutex mu_;

@@ -31,6 +31,9 @@ struct ServerConfig {
   // max_tokens when a request gives none; 0: until the context (max_model_len) is full.
   int64_t default_max_tokens = 0;
   int32_t http_threads = 2;
+  // Capacity of the one TokenizationCache every request's prompt is tokenized through (runs of text seen in
+  // earlier requests, e.g. the history of a growing agent conversation, are not encoded again); 0: none.
+  int64_t tokenization_cache_bytes = 64ll << 20;
   int32_t idle_timeout_seconds = 60;  // keep-alive connections idle this long are closed
   // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
   // stop); a second one cancels what is still running and stops at once.

@@ -48,14 +48,23 @@ Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFor
   }
 }
 
-void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt) {
+void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache) {
   prompt.token_ids.clear();
   prompt.token_ids.reserve(prompt.text.size() / 3 + 16);
-  std::string run;  // pending non-control text
+  // The pending run of non-control text: a view of one segment while it is one (the usual case), copied
+  // into `joined` once a second segment extends it.
+  std::string_view run;
+  std::string joined;
   auto flush = [&] {
     if (run.empty()) return;
-    tokenizer.encode(run, TextTrust::kUntrusted, prompt.token_ids);
-    run.clear();
+    // The run is the unit of tokenization, so it is also the unit of the cache (tokenization_cache.h).
+    if (cache != nullptr) {
+      cache->encode(tokenizer, run, TextTrust::kUntrusted, prompt.token_ids);
+    } else {
+      tokenizer.encode(run, TextTrust::kUntrusted, prompt.token_ids);
+    }
+    run = {};
+    joined.clear();
   };
   for (const PromptSegment& segment : prompt.segments) {
     if (segment.kind == PromptSegment::Kind::kControl) {
@@ -65,15 +74,22 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt) {
         continue;
       }
     }
-    run += segment.text;  // a marker this tokenizer lacks is ordinary text, as the reference sees it
+    // A marker this tokenizer lacks is ordinary text, as the reference sees it.
+    if (run.empty()) {
+      run = segment.text;
+    } else {
+      if (joined.empty()) joined.assign(run);
+      joined += segment.text;
+      run = joined;
+    }
   }
   flush();
 }
 
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
-                                           const Tokenizer& tokenizer) {
+                                           const Tokenizer& tokenizer, TokenizationCache* cache) {
   Result<RenderedPrompt> prompt = render_prompt(conversation, format);
-  if (prompt.ok()) tokenize_prompt(tokenizer, *prompt);
+  if (prompt.ok()) tokenize_prompt(tokenizer, *prompt, cache);
   return prompt;
 }
 

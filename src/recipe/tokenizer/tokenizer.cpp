@@ -349,4 +349,6 @@ bool Tokenizer::is_special_token(TokenId id) const {
 
 size_t Tokenizer::vocab_size() const { return impl_->piece_of_id.size(); }
 
+uint64_t Tokenizer::instance_id() const { return impl_->instance_id; }
+
 }  // namespace deepinfer::recipe
