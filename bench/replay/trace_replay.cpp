@@ -245,7 +245,8 @@ std::string replay_usage() {
          "                    [--host-blocks N] [--disk-blocks N] [--evict-blocks-per-s R]\n"
          "                    [--high-watermark F] [--low-watermark F]\n"
          "Replays a Mooncake trace (512-token blocks) through the KV cache policy, no model; one JSON line per\n"
-         "device capacity (in 512-token blocks; default: 8 sizes up to one holding the whole working set).\n";
+         "device capacity (in 512-token blocks; default: 8 sizes up to one holding the whole working set).\n"
+         "With --live URL it replays the trace against a running server instead (bench_replay --live URL --help).\n";
 }
 
 Result<ReplayOptions> parse_replay_args(std::span<const std::string> args) {

@@ -17,9 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
+#include <boost/beast/http/verb.hpp>
 #include <boost/json.hpp>
 #include <chrono>
 #include <cmath>
@@ -35,176 +33,34 @@
 #include <thread>
 #include <vector>
 
+#include "http_client.h"
+
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace json = boost::json;
-using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point start, Clock::time_point end) {
-  return std::chrono::duration<double, std::milli>(end - start).count();
+using deepinfer::bench::HttpClient;
+using deepinfer::bench::HttpUrl;
+using deepinfer::bench::latency_json;
+using deepinfer::bench::scan_sse;
+using deepinfer::bench::summarize_latencies;
+using Clock = deepinfer::bench::BenchClock;
+
+double ms_since(Clock::time_point start, Clock::time_point end) { return deepinfer::bench::ms_between(start, end); }
+
+// This program reports a failed call by exception, caught in main() or per request.
+template <class T>
+T value_or_throw(deepinfer::Result<T> result) {
+  if (!result.ok()) throw std::runtime_error(result.status().message());
+  return std::move(result).value();
 }
 
-struct Url {
-  std::string host = "127.0.0.1";
-  std::string port = "8000";
-  std::string base_path;  // e.g. "" or "/prefix"
-};
-
-Url parse_url(const std::string& text) {
-  Url url;
-  std::string rest = text;
-  if (rest.starts_with("http://")) {
-    rest = rest.substr(7);
-  } else if (rest.find("://") != std::string::npos) {
-    throw std::runtime_error("only http:// URLs are supported: " + text);
-  }
-  const size_t slash = rest.find('/');
-  std::string authority = rest.substr(0, slash);
-  if (slash != std::string::npos) url.base_path = rest.substr(slash);
-  while (!url.base_path.empty() && url.base_path.back() == '/') url.base_path.pop_back();
-  if (url.base_path.ends_with("/v1")) url.base_path.resize(url.base_path.size() - 3);
-  const size_t colon = authority.rfind(':');
-  if (colon != std::string::npos) {
-    url.host = authority.substr(0, colon);
-    url.port = authority.substr(colon + 1);
-  } else {
-    url.host = authority;
-    url.port = "80";
-  }
-  return url;
-}
-
-// One blocking keep-alive HTTP/1.1 connection; reconnects when the server closed it.
-class Client {
- public:
-  Client(Url url, std::string api_key) : url_(std::move(url)), api_key_(std::move(api_key)), socket_(io_) {}
-
-  struct Response {
-    int status = 0;
-    std::string body;
-  };
-
-  Response request(http::verb method, const std::string& path, const std::string& body) {
-    ensure_connected();
-    write(method, path, body);
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(boost::none);
-    http::read(socket_, buffer_, parser);
-    Response out{static_cast<int>(parser.get().result_int()), std::move(parser.get().body())};
-    if (!parser.get().keep_alive()) disconnect();
-    return out;
-  }
-
-  // Sends a POST and calls on_bytes(body so far, now) after every read until the response ends.
-  template <class OnBytes>
-  int stream(const std::string& path, const std::string& body, OnBytes on_bytes) {
-    ensure_connected();
-    write(http::verb::post, path, body);
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(boost::none);
-    while (!parser.is_done()) {
-      http::read_some(socket_, buffer_, parser);
-      if (parser.is_header_done()) on_bytes(parser.get().body(), Clock::now());
-    }
-    if (!parser.get().keep_alive()) disconnect();
-    return static_cast<int>(parser.get().result_int());
-  }
-
-  void disconnect() {
-    boost::system::error_code ec;
-    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
-    buffer_.clear();
-  }
-
- private:
-  void ensure_connected() {
-    if (socket_.is_open()) return;
-    asio::ip::tcp::resolver resolver(io_);
-    asio::connect(socket_, resolver.resolve(url_.host, url_.port));
-    socket_.set_option(asio::ip::tcp::no_delay(true));
-    buffer_.clear();
-  }
-
-  void write(http::verb method, const std::string& path, const std::string& body) {
-    http::request<http::string_body> req{method, url_.base_path + path, 11};
-    req.set(http::field::host, url_.host);
-    req.set(http::field::content_type, "application/json");
-    if (!api_key_.empty()) req.set(http::field::authorization, "Bearer " + api_key_);
-    req.body() = body;
-    req.keep_alive(true);
-    req.prepare_payload();
-    http::write(socket_, req);
-  }
-
-  Url url_;
-  std::string api_key_;
-  asio::io_context io_;
-  asio::ip::tcp::socket socket_;
-  beast::flat_buffer buffer_;
-};
-
-// Incremental SSE: feeds complete `data:` payloads of the body (from `consumed` on) to on_data.
-template <class OnData>
-void scan_sse(const std::string& body, size_t& consumed, OnData on_data) {
-  while (true) {
-    const size_t end = body.find("\n\n", consumed);
-    if (end == std::string::npos) return;
-    std::string_view event(body.data() + consumed, end - consumed);
-    consumed = end + 2;
-    std::string data;
-    size_t start = 0;
-    while (start <= event.size()) {
-      size_t line_end = event.find('\n', start);
-      if (line_end == std::string_view::npos) line_end = event.size();
-      std::string_view line = event.substr(start, line_end - start);
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line.starts_with("data:")) {
-        line.remove_prefix(5);
-        if (line.starts_with(" ")) line.remove_prefix(1);
-        if (!data.empty()) data += '\n';
-        data.append(line);
-      }
-      start = line_end + 1;
-    }
-    if (!data.empty()) on_data(data);
-  }
-}
-
-struct Stats {
-  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
-};
-
-Stats summarize(std::vector<double> values) {
-  Stats s;
-  if (values.empty()) return s;
-  std::sort(values.begin(), values.end());
-  auto pct = [&](double p) {  // linear interpolation between closest ranks (numpy's default)
-    const double rank = p / 100.0 * static_cast<double>(values.size() - 1);
-    const size_t lo = static_cast<size_t>(std::floor(rank));
-    const size_t hi = std::min(lo + 1, values.size() - 1);
-    return values[lo] + (values[hi] - values[lo]) * (rank - static_cast<double>(lo));
-  };
-  s.p50 = pct(50);
-  s.p90 = pct(90);
-  s.p99 = pct(99);
-  double sum = 0;
-  for (double v : values) sum += v;
-  s.mean = sum / static_cast<double>(values.size());
-  return s;
-}
-
-json::object to_json(const Stats& s) {
-  auto r = [](double v) { return std::round(v * 1000.0) / 1000.0; };
-  return {{"p50", r(s.p50)}, {"p90", r(s.p90)}, {"p99", r(s.p99)}, {"mean", r(s.mean)}};
-}
+HttpUrl parse_url(const std::string& text) { return value_or_throw(deepinfer::bench::parse_http_url(text)); }
 
 struct Options {
   std::string url = "http://127.0.0.1:8000";
-  std::string model = "default";
+  std::string model = "demo";
   std::string api_key;
   std::vector<int> concurrency{1};
   int requests = 64;
@@ -259,18 +115,18 @@ struct RequestResult {
 };
 
 // Tokens the chat template adds around one user message: measured with /tokenize when the server has it.
-int template_overhead(Client& client, const Options& opt) {
+int template_overhead(HttpClient& client, const Options& opt) {
   json::object body{{"model", opt.model}, {"messages", json::array{json::object{{"role", "user"}, {"content", ""}}}}};
   try {
-    Client::Response r = client.request(http::verb::post, "/tokenize", json::serialize(body));
-    if (r.status != 200) return 0;
-    return static_cast<int>(json::parse(r.body).at("count").to_number<int64_t>());
+    deepinfer::Result<HttpClient::Response> r = client.request(http::verb::post, "/tokenize", json::serialize(body));
+    if (!r.ok() || r->status != 200) return 0;
+    return static_cast<int>(json::parse(r->body).at("count").to_number<int64_t>());
   } catch (const std::exception&) {
     return 0;
   }
 }
 
-RequestResult run_one(Client& client, const Options& opt, const std::string& prompt) {
+RequestResult run_one(HttpClient& client, const Options& opt, const std::string& prompt) {
   json::object body{{"model", opt.model},
                     {"messages", json::array{json::object{{"role", "user"}, {"content", prompt}}}},
                     {"max_tokens", opt.max_tokens},
@@ -287,7 +143,8 @@ RequestResult run_one(Client& client, const Options& opt, const std::string& pro
   int status = 0;
   std::string error_text;
   try {
-    status = client.stream("/v1/chat/completions", text, [&](const std::string& so_far, Clock::time_point now) {
+    deepinfer::Result<int> streamed =
+        client.stream("/v1/chat/completions", text, [&](const std::string& so_far, Clock::time_point now) {
       scan_sse(so_far, consumed, [&](const std::string& data) {
         if (data == "[DONE]") {
           done = true;
@@ -326,7 +183,12 @@ RequestResult run_one(Client& client, const Options& opt, const std::string& pro
         }
       });
     });
-  } catch (const std::exception& e) {
+    if (!streamed.ok()) {
+      result.error = streamed.status().message();
+      return result;
+    }
+    status = *streamed;
+  } catch (const std::exception& e) {  // a malformed usage object (json::at) in the callback
     client.disconnect();
     result.error = e.what();
     return result;
@@ -381,12 +243,12 @@ json::object run_level(const Options& opt, int concurrency, const std::vector<st
   std::vector<RequestResult> results(prompts.size());
   const bool show = !opt.no_progress && isatty(STDERR_FILENO);
   ProgressBar bar(show, static_cast<int>(prompts.size()), "concurrency " + std::to_string(concurrency));
-  const Url url = parse_url(opt.url);
+  const HttpUrl url = parse_url(opt.url);
   const Clock::time_point start = Clock::now();
   std::vector<std::thread> workers;
   for (int w = 0; w < concurrency; ++w) {
     workers.emplace_back([&] {
-      Client client(url, opt.api_key);
+      HttpClient client(url, opt.api_key);
       while (true) {
         const int i = next.fetch_add(1);
         if (i >= static_cast<int>(prompts.size())) break;
@@ -438,9 +300,9 @@ json::object run_level(const Options& opt, int concurrency, const std::vector<st
                     {"requests_per_s", r3(completed / duration_s)},
                     {"output_tokens_per_s", r3(static_cast<double>(output_tokens) / duration_s)},
                     {"total_tokens_per_s", r3(static_cast<double>(output_tokens + prompt_tokens) / duration_s)},
-                    {"ttft_ms", to_json(summarize(ttft))},
-                    {"tpot_ms", to_json(summarize(tpot))},
-                    {"e2e_ms", to_json(summarize(e2e))}};
+                    {"ttft_ms", latency_json(summarize_latencies(ttft))},
+                    {"tpot_ms", latency_json(summarize_latencies(tpot))},
+                    {"e2e_ms", latency_json(summarize_latencies(e2e))}};
   if (!opt.label.empty()) line["label"] = opt.label;
   if (!first_error.empty()) line["first_error"] = first_error;
   return line;
@@ -460,8 +322,8 @@ std::string read_file(const std::string& path) {
 }
 
 json::object run_overhead(const Options& opt) {
-  const Url url = parse_url(opt.url);
-  Client client(url, opt.api_key);
+  const HttpUrl url = parse_url(opt.url);
+  HttpClient client(url, opt.api_key);
   const json::value original = json::parse(read_file(opt.overhead_file));
   const json::array& all_messages = original.at("messages").as_array();
 
@@ -473,7 +335,7 @@ json::object run_overhead(const Options& opt) {
     return body;
   };
   auto count_tokens = [&](const json::object& body) -> int64_t {
-    Client::Response r = client.request(http::verb::post, "/tokenize", json::serialize(body));
+    HttpClient::Response r = value_or_throw(client.request(http::verb::post, "/tokenize", json::serialize(body)));
     if (r.status != 200) throw std::runtime_error("/tokenize: HTTP " + std::to_string(r.status) + ": " + r.body);
     return json::parse(r.body).at("count").to_number<int64_t>();
   };
@@ -497,10 +359,10 @@ json::object run_overhead(const Options& opt) {
   std::string ids_body;
   for (int i = 0; i < opt.overhead_repeats + 1; ++i) {  // the first round warms up and is not counted
     auto t0 = Clock::now();
-    Client::Response h = client.request(http::verb::get, "/health", "");
+    HttpClient::Response h = value_or_throw(client.request(http::verb::get, "/health", ""));
     auto t1 = Clock::now();
     if (h.status != 200) throw std::runtime_error("/health: HTTP " + std::to_string(h.status));
-    Client::Response tok = client.request(http::verb::post, "/tokenize", body_text);
+    HttpClient::Response tok = value_or_throw(client.request(http::verb::post, "/tokenize", body_text));
     auto t2 = Clock::now();
     if (tok.status != 200) throw std::runtime_error("/tokenize: HTTP " + std::to_string(tok.status));
     json::value parsed = json::parse(tok.body);
@@ -508,7 +370,7 @@ json::object run_overhead(const Options& opt) {
     json::object detok{{"model", opt.model}, {"tokens", parsed.at("tokens")}};
     ids_body = json::serialize(detok);
     auto t3 = Clock::now();
-    Client::Response de = client.request(http::verb::post, "/detokenize", ids_body);
+    HttpClient::Response de = value_or_throw(client.request(http::verb::post, "/detokenize", ids_body));
     auto t4 = Clock::now();
     if (de.status != 200) throw std::runtime_error("/detokenize: HTTP " + std::to_string(de.status));
     if (i > 0) {
@@ -545,7 +407,7 @@ json::object run_overhead(const Options& opt) {
     const std::string gen_text = json::serialize(gen);
     for (int i = 0; i < opt.overhead_repeats; ++i) {
       auto t0 = Clock::now();
-      Client::Response r = client.request(http::verb::post, "/v1/chat/completions", gen_text);
+      HttpClient::Response r = value_or_throw(client.request(http::verb::post, "/v1/chat/completions", gen_text));
       auto t1 = Clock::now();
       generate_ms.push_back(ms_since(t0, t1));
       if (r.status != 200) {
@@ -640,7 +502,7 @@ int main(int argc, char** argv) {
     }
 
     // Prompts: random words, sized so the rendered prompt is about --prompt-tokens tokens.
-    Client probe(parse_url(opt.url), opt.api_key);
+    HttpClient probe(parse_url(opt.url), opt.api_key);
     const int words = std::max(1, opt.prompt_tokens - template_overhead(probe, opt));
     probe.disconnect();
     std::mt19937_64 rng(opt.seed);
