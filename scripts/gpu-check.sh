@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check: on a machine with an NVIDIA Hopper GPU and CUDA 13 (nvcc, cuBLAS; no other project dependency),
 # builds the CUDA check/bench programs with direct nvcc commands, runs nvidia-smi, the checks + benchmarks
-# (tests/gpu/gpu_check_mla.cu) and compute-sanitizer memcheck on the small cases, writes everything under
+# (tests/gpu/gpu_check_mla.cu), compute-sanitizer memcheck on the small cases, then the GEMM stage
+# (tests/gpu/gpu_check_gemm.cu: bf16 cuBLAS + FP8 block-scaled cuBLASLt, checks + V3 shapes), writes everything under
 # $OUT (default build-gpu/out) and prints a short table last. Each stage runs even if an earlier one failed;
 # the exit status is 0 only when all of them passed. Usage: bash scripts/gpu-check.sh
 set -u
@@ -42,6 +43,10 @@ else
   p2=$!
   "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_mla.cu -o "$BUILD/gpu_check_mla.o" >"$OUT/build-check.txt" 2>&1 &
   p3=$!
+  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/cuda/gemm.cu -o "$BUILD/gemm.o" >"$OUT/build-gemm.txt" 2>&1 &
+  p4=$!
+  "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_gemm.cu -o "$BUILD/gpu_check_gemm.o" >"$OUT/build-check-gemm.txt" 2>&1 &
+  p5=$!
   # The project's CPU backend for the cross-backend comparison: no OpenBLAS headers there, so a tiny cblas shim.
   g++ -std=c++20 -O2 -fopenmp -Wall -Wextra -I"$ROOT/include" -I"$ROOT/tests/gpu/shim" \
     -c src/backend/cpu/cpu_backend.cpp -o "$BUILD/cpu_backend.o" >"$OUT/build-cpu-backend.txt" 2>&1
@@ -62,6 +67,16 @@ else
     else
       log "FAILED: gpu_check_mla"; tail -n 30 "$OUT/build-check.txt" "$OUT/link.txt"; status=1
     fi
+  fi
+  wait $p4; g_rc=$?
+  wait $p5; g2_rc=$?
+  GEMM_BIN=""
+  if [ $g_rc -eq 0 ] && [ $g2_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_gemm.o" "$BUILD/gemm.o" \
+       -o "$BUILD/gpu_check_gemm" -lcublasLt -lcublas >"$OUT/link-gemm.txt" 2>&1; then
+    GEMM_BIN="$BUILD/gpu_check_gemm"; log "built gpu_check_gemm"
+  else
+    log "FAILED: gpu_check_gemm"; tail -n 30 "$OUT/build-gemm.txt" "$OUT/build-check-gemm.txt" "$OUT/link-gemm.txt"
+    status=1
   fi
   log "build took $(( $(date +%s) - start )) s"
   grep -E "registers|spill|smem" "$OUT/build-mla_decode.txt" | sed 's/ptxas info    : //' | paste - - - 2>/dev/null \
@@ -92,6 +107,16 @@ if [ -n "$BIN" ]; then
   fi
 fi
 
+# ---- GEMM stage (bf16 cuBLAS, FP8 block-scaled; runs whatever happened above) ----
+if [ -n "${GEMM_BIN:-}" ]; then
+  log "running gpu_check_gemm (checks, cuBLAS bf16 ceiling, V3 shapes)"
+  timeout 150 "$GEMM_BIN" >"$OUT/gpu_check_gemm.jsonl" 2>"$OUT/gpu_check_gemm.stderr"
+  gemm_rc=$?
+  log "gpu_check_gemm exit $gemm_rc"; [ $gemm_rc -ne 0 ] && status=1
+  grep -E '"ok":false|error|fatal' "$OUT/gpu_check_gemm.jsonl" | head -20
+  tail -n 5 "$OUT/gpu_check_gemm.stderr"
+fi
+
 echo
 echo "== gpu-check: full output in $OUT =="
 grep -h '"kind":"ceiling"\|"kind":"floor"' "$OUT/gpu_check_mla.jsonl" 2>/dev/null | cut -c1-200
@@ -99,5 +124,11 @@ grep -h '"kind":"bench"' "$OUT/gpu_check_mla.jsonl" 2>/dev/null \
   | sed -E 's/.*"case":"([^"]*)","variant":"([^"]*)".*"splits":([0-9]+),"median_us":([0-9.]+),"min_us":([0-9.]+),"max_us":([0-9.]+),"gbps":([0-9.]+),"pct_copy":([0-9.]+),"tflops":([0-9.]+),"pct_gemm":([0-9.]+),"max_row_rel_err":([^,]*),.*"ok":([a-z]+).*/\1 \2 s=\3 med=\4 [\5..\6]us \7GB\/s \8% \9TF/' 
 grep -h "ERROR SUMMARY" "$OUT/memcheck.txt" 2>/dev/null | tail -1 | sed 's/^/memcheck: /'
 sed -n '/^case /,$p' "$OUT/gpu_check_mla.jsonl" 2>/dev/null
+echo
+echo "== GEMM (FP8 1x128/128x128 block-scaled vs bf16 cuBLAS; DG_H800 = DeepGEMM README, H800) =="
+grep -h '"kind":"check"' "$OUT/gpu_check_gemm.jsonl" 2>/dev/null \
+  | sed -E 's/.*"case":"([^"]*)","variant":"([^"]*)","path":"([^"]*)".*"rel_err":([^,]*),.*"rel_err_vs_unquantized":([^,]*),.*"ok":([a-z]+).*/check \1 \2 (\3) err=\4 vs_unquant=\5 ok=\6/' \
+  | grep '^check' | cut -c1-150
+sed -n '/^case /,$p' "$OUT/gpu_check_gemm.jsonl" 2>/dev/null | grep -v '^check '
 echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
