@@ -65,7 +65,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t max_num_seqs = 64;
     int32_t max_num_batched_tokens = 2048;
     std::string kv_cache_memory = "1GiB";
-    std::string kv_host_cache_memory = "0";
+    std::string kv_host_cache_memory;  // empty: none, or 1GiB when a disk tier is set
     std::string tiered_kv_storage_path;
     std::string kv_disk_cache_size = "16GiB";
     double kv_cache_ttl_hours = 168.0;
@@ -126,9 +126,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 256));
   cmd->add_flag("--bf16", options->bf16, "Keep weights in bf16 (float32 accumulation); default float32");
   cmd->add_option("--kv-host-cache-memory", options->kv_host_cache_memory,
-                  "Host-RAM tier of the prefix cache below the device (e.g. 8GiB; 0: none). Completed blocks are "
-                  "written through to it and loaded back instead of recomputed")
-      ->capture_default_str();
+                  "Host-RAM tier of the prefix cache below the device (e.g. 8GiB; default none, or 1GiB with "
+                  "--tiered-kv-storage-path). Completed blocks are written through to it and loaded back instead of "
+                  "recomputed");
   cmd->add_option("--tiered-kv-storage-path", options->tiered_kv_storage_path,
                   "Directory of the durable disk tier (below host; needs --kv-host-cache-memory, defaults it to "
                   "1GiB). Blocks survive restarts and crashes; corrupt or foreign blocks are dropped");
@@ -217,12 +217,19 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
     engine_config.kv_cache_bytes = *kv_bytes;
     engine_config.enable_prefix_caching = !options->no_prefix_caching;
-    std::optional<int64_t> host_bytes = parse_bytes(options->kv_host_cache_memory);
-    if (!host_bytes) return fail("--kv-host-cache-memory '" + options->kv_host_cache_memory + "' is not a size");
-    engine_config.host_cache_bytes = *host_bytes;
+    if (!options->kv_host_cache_memory.empty()) {
+      std::optional<int64_t> host_bytes = parse_bytes(options->kv_host_cache_memory);
+      if (!host_bytes) return fail("--kv-host-cache-memory '" + options->kv_host_cache_memory + "' is not a size");
+      engine_config.host_cache_bytes = *host_bytes;
+    }
     if (!options->tiered_kv_storage_path.empty()) {
       engine_config.disk_cache_path = options->tiered_kv_storage_path;
-      if (engine_config.host_cache_bytes == 0) engine_config.host_cache_bytes = 1ll << 30;
+      if (options->kv_host_cache_memory.empty()) {
+        engine_config.host_cache_bytes = 1ll << 30;
+      } else if (engine_config.host_cache_bytes == 0) {
+        return fail("--tiered-kv-storage-path needs a host tier (the disk tier loads through it), but "
+                    "--kv-host-cache-memory is 0");
+      }
       std::optional<int64_t> disk_bytes = parse_bytes(options->kv_disk_cache_size);
       if (!disk_bytes || *disk_bytes <= 0) {
         return fail("--kv-disk-cache-size '" + options->kv_disk_cache_size + "' is not a size");
@@ -233,7 +240,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.kv_cache_ttl_hours = options->kv_cache_ttl_hours;
     if (options->kv_host_evict_rate != "unlimited") {
       std::optional<int64_t> rate = parse_bytes(options->kv_host_evict_rate);
-      if (!rate || *rate <= 0) return fail("--kv-host-evict-rate '" + options->kv_host_evict_rate + "' is not a size");
+      if (!rate || *rate <= 0) {
+        return fail("--kv-host-evict-rate '" + options->kv_host_evict_rate +
+                    "' must be a positive size per second (e.g. 1GiB) or 'unlimited'");
+      }
       engine_config.host_evict_bytes_per_s = static_cast<double>(*rate);
     }
     if (engine_config.host_cache_bytes > 0) {

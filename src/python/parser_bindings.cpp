@@ -42,6 +42,15 @@ struct PyStreamParser {
   bool finish_called = false;
 };
 
+// The same rule as the server's: a generated token id must lie in the tokenizer's vocabulary.
+void check_token_id(const PyStreamParser& self, TokenId token_id) {
+  const size_t vocab = self.tokenizer->tokenizer->vocab_size();
+  if (token_id < 0 || static_cast<size_t>(token_id) >= vocab) {
+    throw py::value_error("token id " + std::to_string(token_id) + " is outside the vocabulary [0, " +
+                          std::to_string(vocab) + ")");
+  }
+}
+
 std::string_view kind_name(Kind kind) {
   switch (kind) {
     case Kind::kReasoning:
@@ -278,6 +287,7 @@ void bind_parser(py::module_& module) {
       .def(
           "step",
           [](PyStreamParser& self, TokenId token_id) {
+            check_token_id(self, token_id);
             PyStepEvent event;
             self.parser.push(token_id, event.events);
             return complete(self, std::move(event));
@@ -290,6 +300,7 @@ void bind_parser(py::module_& module) {
           [](PyStreamParser& self, const std::vector<TokenId>& token_ids) {
             PyStepEvent event;
             std::vector<recipe::StreamEvent> scratch;
+            for (TokenId id : token_ids) check_token_id(self, id);
             for (TokenId id : token_ids) {
               scratch.clear();
               self.parser.push(id, scratch);

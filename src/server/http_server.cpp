@@ -7,6 +7,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -619,7 +621,8 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
   GenerationPlan& plan = std::get<GenerationPlan>(planned);
   // Retention class of the request's cached KV (kvcache::RetentionConfig::defaults(): default, chat, agent).
   if (auto header = request.find("X-KV-Cache-Class"); header != request.end()) {
-    const std::string name(header->value());
+    std::string name(header->value());
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
     std::optional<kvcache::TtlClassId> ttl_class = kvcache::RetentionConfig::defaults().find(name);
     if (!ttl_class) {
       const ApiError error = bad_request(

@@ -385,6 +385,23 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   if (auto e = check_model(body, *context.model, false)) return *e;
   Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
   if (!conversation.ok()) return bad_request_from(conversation.status());
+  // No constrained decoding yet: a JSON response_format is only honoured where DeepSeek's own prompt format
+  // describes it to the model (V3.2 and later print the schema, as DeepSeek's reference encoders do); elsewhere it
+  // would be silently ignored, so it is refused. vLLM's guided_* extensions are refused everywhere.
+  if (conversation->options.response_format && (context.chat_format == recipe::PromptFormat::kDeepSeekV3 ||
+                                                context.chat_format == recipe::PromptFormat::kDeepSeekR1 ||
+                                                context.chat_format == recipe::PromptFormat::kDeepSeekV31)) {
+    return bad_request(fmt::format("response_format other than {{\"type\": \"text\"}} is not supported with the {} "
+                                   "prompt format (it does not describe a response format to the model, and there "
+                                   "is no constrained decoding yet)",
+                                   recipe::format_name(context.chat_format)),
+                       "response_format");
+  }
+  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (body.contains(guided)) {
+      return bad_request(fmt::format("{} is not supported yet (no constrained decoding)", guided), guided);
+    }
+  }
   std::optional<bool> parallel;
   if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
 

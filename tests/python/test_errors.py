@@ -102,3 +102,13 @@ def test_a_broken_tokenizer_file_raises_the_loader_message(tmp_path):
         "%s: field 'model.type' is \"WordPiece\"; only BPE is supported" % file
     file.write_text("{garbage")  # Corruption: RuntimeError
     assert raises(RuntimeError, lambda: ds.Tokenizer(str(tmp_path))) == "%s: not valid JSON: syntax error" % file
+
+
+def test_the_parser_rejects_token_ids_outside_the_vocabulary():
+    # Regression: step(-1) and step(10**9) used to return an empty event silently.
+    parser = ds.StreamOutputParser(TOKENIZER_DIR, format="deepseek-v3")
+    vocab = ds.Tokenizer(TOKENIZER_DIR).vocab_size
+    assert raises(ValueError, lambda: parser.step(-1)) == "token id -1 is outside the vocabulary [0, %d)" % vocab
+    assert raises(ValueError, lambda: parser.step(10**9)).startswith("token id 1000000000 is outside the vocabulary")
+    assert raises(ValueError, lambda: parser.feed([1, 2, vocab]))
+    assert parser.step(1) is not None  # still usable after the errors

@@ -87,6 +87,13 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
        R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", 400, "max_tokens", "max_tokens"},
       {"n > 1", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400,
        "not supported yet", "n"},
+      // Regression: a JSON response_format was accepted and ignored by formats that do not describe it.
+      {"response_format json on V3", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", 400,
+       "is not supported with the deepseek-v3 prompt format", "response_format"},
+      {"guided_json", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "guided_json": {"type": "object"}})", 400,
+       "guided_json is not supported yet", "guided_json"},
       {"logit_bias bad key", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", 400, "logit_bias",
        "logit_bias"},
