@@ -340,6 +340,10 @@ ScheduledBatch Scheduler::schedule() {
           hash_of_block_.emplace(block, hash);
         }
       }
+      if (lower_tiers_ != nullptr && config_.enable_prefix_caching &&
+          device_blocks + lower_blocks < (seq.num_tokens() - 1) / kvcache::kBlockTokens) {
+        lower_tiers_->record_miss();
+      }
       // After a failed load the hit is shorter; the end can only move back, so the blocks still fit.
       num_matched_tokens = (device_blocks + lower_blocks) * kvcache::kBlockTokens;
       num_new_tokens = std::min(seq.num_tokens() - num_matched_tokens, budget);

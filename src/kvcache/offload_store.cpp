@@ -147,22 +147,21 @@ int64_t KvOffloadStore::match(std::span<const BlockHash> chain, int64_t now_ms) 
   std::lock_guard lock(mu_);
   int64_t matched = 0;
   for (const BlockHash& hash : chain) {
-    if (host_live_locked(hash, now_ms)) {
-      ++counters_.host.hit_blocks;
-    } else {
-      ++counters_.host.miss_blocks;
+    if (!host_live_locked(hash, now_ms)) {
       if (!disk_) break;
       const bool queued = std::any_of(disk_queue_.begin(), disk_queue_.end(),
                                       [&](const DiskWrite& write) { return write.hash == hash; });
-      if (!queued && !disk_->contains(hash)) {
-        ++counters_.disk.miss_blocks;
-        break;
-      }
-      ++counters_.disk.hit_blocks;
+      if (!queued && !disk_->contains(hash)) break;
     }
     ++matched;
   }
   return matched;
+}
+
+void KvOffloadStore::record_miss() {
+  std::lock_guard lock(mu_);
+  ++counters_.host.miss_blocks;
+  if (disk_) ++counters_.disk.miss_blocks;
 }
 
 bool KvOffloadStore::load(const BlockHash& hash, std::span<std::byte> out, TtlClassId ttl_class, int64_t now_ms) {
@@ -174,6 +173,7 @@ bool KvOffloadStore::load(const BlockHash& hash, std::span<std::byte> out, TtlCl
     if (it != host_.end() && it->second.expiry_ms > now_ms) {
       std::copy(it->second.payload->begin(), it->second.payload->end(), out.begin());
       counters_.host.bytes_read += static_cast<int64_t>(config_.block_bytes);
+      ++counters_.host.hit_blocks;
       touch_locked(hash, expiry_ms);
       return true;
     }
@@ -181,6 +181,7 @@ bool KvOffloadStore::load(const BlockHash& hash, std::span<std::byte> out, TtlCl
     for (const DiskWrite& write : disk_queue_) {
       if (write.hash != hash) continue;
       std::copy(write.payload->begin(), write.payload->end(), out.begin());
+      ++counters_.host.hit_blocks;  // the bytes are in host memory, waiting for the disk writer
       host_insert_locked(hash, write.payload, expiry_ms, now_ms);
       return true;
     }
@@ -190,6 +191,8 @@ bool KvOffloadStore::load(const BlockHash& hash, std::span<std::byte> out, TtlCl
   auto copy = std::make_shared<const std::vector<std::byte>>(out.begin(), out.end());
   std::lock_guard lock(mu_);
   counters_.disk.bytes_read += static_cast<int64_t>(config_.block_bytes);
+  ++counters_.host.miss_blocks;
+  ++counters_.disk.hit_blocks;
   host_insert_locked(hash, std::move(copy), expiry_ms, now_ms);
   return true;
 }

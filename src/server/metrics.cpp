@@ -98,9 +98,10 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
               per_tier(s.device_usage_blocks, &C::usage_blocks));
   tier_family(out, "deepinfer_kv_tier_capacity_blocks", "gauge", "Blocks the tier can hold.",
               per_tier(s.device_capacity_blocks, &C::capacity_blocks));
-  tier_family(out, "deepinfer_kv_tier_hits_total", "counter", "Prompt blocks found in the tier.",
+  tier_family(out, "deepinfer_kv_tier_hits_total", "counter", "Prompt blocks served from the tier at admission.",
               per_tier(s.device_hit_blocks, &C::hit_blocks));
-  tier_family(out, "deepinfer_kv_tier_misses_total", "counter", "Prompt blocks looked up in the tier and not found.",
+  tier_family(out, "deepinfer_kv_tier_misses_total", "counter",
+              "Prompt blocks an admitted request needed from the tier and did not get from it.",
               per_tier(s.device_miss_blocks, &C::miss_blocks));
   tier_family(out, "deepinfer_kv_tier_evictions_total", "counter", "Blocks dropped under capacity pressure.",
               per_tier(s.device_evicted_blocks, &C::evicted_blocks));

@@ -154,6 +154,8 @@ TEST(EngineKvTiersTest, HostTierServesBlocksTheDeviceEvicted) {
   EXPECT_EQ(turn2.cached_tokens, 256);
   EXPECT_EQ(after.loaded_blocks - before.loaded_blocks, 4);
   EXPECT_EQ(after.lower->host.bytes_read - before.lower->host.bytes_read, 4 * kBlockBytes);
+  // Regression: hits were counted at every match, also for steps where the request could not be admitted yet.
+  EXPECT_EQ(after.lower->host.hit_blocks - before.lower->host.hit_blocks, 4);
   EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
 }
 

@@ -106,6 +106,7 @@ class Engine {
     bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) override;
     void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
                kvcache::TtlClassId ttl_class) override;
+    void record_miss() override { store_->record_miss(); }
     kvcache::KvOffloadStore& offload() { return *store_; }
 
    private:

@@ -28,7 +28,8 @@ namespace deepinfer::engine {
 class LowerTiers {
  public:
   virtual ~LowerTiers() = default;
-  // How many leading blocks of `chain` are held below the device (index only; counts hits and misses).
+  // How many leading blocks of `chain` are held below the device (index only; counts nothing: a waiting
+  // request may be matched at several steps before it is admitted).
   virtual int64_t match(std::span<const kvcache::BlockHash> chain) = 0;
   // Copies the KV of `hash` into device block `block`. False when the copy is gone or corrupt: the scheduler
   // then computes that block and the rest instead.
@@ -36,6 +37,8 @@ class LowerTiers {
   // Device block `block` now holds the computed KV of `hash` (chained from `parent`): write it through.
   virtual void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
                      kvcache::TtlClassId ttl_class) = 0;
+  // An admitted request's hit ended at a block the lower tiers could not serve (for metrics).
+  virtual void record_miss() = 0;
 };
 
 struct SchedulerConfig {

@@ -54,8 +54,8 @@ struct OffloadConfig {
 struct OffloadTierCounters {
   int64_t usage_blocks = 0;
   int64_t capacity_blocks = 0;
-  int64_t hit_blocks = 0;      // blocks a lookup found in this tier (the fastest one below device holding them)
-  int64_t miss_blocks = 0;     // blocks a lookup reached this tier for and did not find
+  int64_t hit_blocks = 0;      // blocks loaded back from this tier (the fastest one below device holding them)
+  int64_t miss_blocks = 0;     // blocks an admitted lookup needed from this tier and did not get from it
   int64_t stored_blocks = 0;   // copies written into this tier
   int64_t refused_blocks = 0;  // stores refused (host full, no eviction token) or failed (disk write error)
   int64_t evicted_blocks = 0;  // dropped under capacity pressure
@@ -90,14 +90,18 @@ class KvOffloadStore {
   void store(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload, TtlClassId ttl_class,
              int64_t now_ms);
 
-  // How many leading blocks of `chain` are held below the device (live in host, or on disk), counting hits
-  // and misses per tier. Index only: no block is read.
+  // How many leading blocks of `chain` are held below the device (live in host, or on disk). Index only: no
+  // block is read, nothing is counted (a request may be matched again before it is admitted).
   int64_t match(std::span<const BlockHash> chain, int64_t now_ms);
 
   // Copies block `hash` into `out` (block_bytes): from host (touching it for `ttl_class`), else from disk,
   // verified, and then kept in host too. False when neither holds it intact (a corrupt or foreign disk copy is
   // dropped, never returned): the caller recomputes.
   bool load(const BlockHash& hash, std::span<std::byte> out, TtlClassId ttl_class, int64_t now_ms);
+
+  // Counts an admitted request's lookup ending at a block that no tier below the device could serve (absent,
+  // expired or corrupt): one miss in host, and one in disk when there is a disk tier. Hits are counted by load().
+  void record_miss();
 
   // Queues disk -> host reads of the blocks of `chain` that only the disk holds, so a request waiting in the
   // queue finds them in host at admission.

@@ -25,8 +25,10 @@
 // The prefix cache per tier (tier = device, host, disk; host and disk only when configured), in 64-token blocks:
 //   deepinfer_kv_tier_usage_blocks{tier}         gauge      blocks cached in the tier
 //   deepinfer_kv_tier_capacity_blocks{tier}      gauge      blocks the tier can hold
-//   deepinfer_kv_tier_hits_total{tier}           counter    prompt blocks found in the tier (the fastest holding them)
-//   deepinfer_kv_tier_misses_total{tier}         counter    prompt blocks looked up in the tier and not found
+//   deepinfer_kv_tier_hits_total{tier}           counter    prompt blocks served from the tier at admission (device:
+//                                                           reused in place; host, disk: loaded back)
+//   deepinfer_kv_tier_misses_total{tier}         counter    prompt blocks an admitted request needed from the tier and
+//                                                           did not get from it (absent, expired or corrupt)
 //   deepinfer_kv_tier_evictions_total{tier}      counter    blocks dropped under capacity pressure
 //   deepinfer_kv_tier_expired_total{tier}        counter    blocks dropped because their TTL passed (host)
 //   deepinfer_kv_tier_refused_total{tier}        counter    stores refused (tier full, eviction bucket empty) or failed
