@@ -57,6 +57,7 @@ std::string directory_name(const std::filesystem::path& path) {
 std::function<int()> add_serve_command(CLI::App& app) {
   struct Options {
     std::optional<std::string> model_path;
+    std::optional<std::string> positional_model;  // `deepinfer serve DIR`, as `vllm serve MODEL`
     std::optional<std::string> tokenizer;
     std::string host = "127.0.0.1";
     uint16_t port = 8000;
@@ -84,6 +85,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
+  cmd->add_option("model", options->positional_model, "Checkpoint directory, as a positional argument (same as --model-path)");
   cmd->add_option("--model-path,--model", options->model_path,
                   "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: models/demo, "
                   "the built-in default model");
@@ -159,6 +161,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail("--tensor-parallel-size " + std::to_string(options->tensor_parallel_size) +
                   ": the CPU backend runs a model on one device; only 1 is supported");
     }
+    if (options->positional_model) {
+      if (options->model_path && *options->model_path != *options->positional_model) {
+        return fail("two models given: " + *options->positional_model + " and --model-path " + *options->model_path);
+      }
+      options->model_path = options->positional_model;
+    }
     const bool default_model = !options->model_path.has_value();
     const fs::path model_path = options->model_path.value_or(kDefaultModelPath);
     if (!fs::exists(model_path / "config.json")) {
@@ -167,7 +175,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
                     ": run `make setup` (scripts/setup.sh unpacks the built-in demo model from assets/demo-model), or pass "
                     "--model-path DIR");
       }
-      return fail("--model-path " + model_path.string() + ": no config.json there");
+      return fail("--model-path " + model_path.string() +
+                  ": no config.json there (a local checkpoint directory is needed; nothing is downloaded)");
     }
     std::optional<int64_t> kv_bytes = parse_bytes(options->kv_cache_memory);
     if (!kv_bytes || *kv_bytes <= 0) return fail("--kv-cache-memory '" + options->kv_cache_memory + "' is not a size");
