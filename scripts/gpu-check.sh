@@ -2,7 +2,9 @@
 # gpu-check: on a machine with an NVIDIA Hopper GPU and CUDA 13 (nvcc, cuBLAS; no other project dependency),
 # builds the CUDA check/bench programs with direct nvcc commands, runs nvidia-smi, the checks + benchmarks
 # (tests/gpu/gpu_check_mla.cu), compute-sanitizer memcheck on the small cases, then the GEMM stage
-# (tests/gpu/gpu_check_gemm.cu: bf16 cuBLAS + FP8 block-scaled cuBLASLt, checks + V3 shapes), writes everything under
+# (tests/gpu/gpu_check_gemm.cu: bf16 cuBLAS + FP8 block-scaled cuBLASLt, checks + V3 shapes), the ops stage
+# (tests/gpu/gpu_check_ops.cu: rms_norm/silu_mul/rope vs the CPU backend, MoE routing vs the model's rule, token
+# permutation/gather/combine; V3 sizes at T = 128 and 8192; memcheck on --quick), writes everything under
 # $OUT (default build-gpu/out) and prints a short table last. Each stage runs even if an earlier one failed;
 # the exit status is 0 only when all of them passed. Usage: bash scripts/gpu-check.sh
 set -u
@@ -47,6 +49,14 @@ else
   p4=$!
   "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_gemm.cu -o "$BUILD/gpu_check_gemm.o" >"$OUT/build-check-gemm.txt" 2>&1 &
   p5=$!
+  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/cuda/fused_ops.cu -o "$BUILD/fused_ops.o" >"$OUT/build-fused_ops.txt" 2>&1 &
+  p6=$!
+  "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_ops.cu -o "$BUILD/gpu_check_ops.o" >"$OUT/build-check-ops.txt" 2>&1 &
+  p7=$!
+  # The model's MoE routing rule (standard library only), the reference of the routing kernel.
+  g++ -std=c++20 -O2 -Wall -Wextra -I"$ROOT/include" -c src/model/moe_routing.cpp -o "$BUILD/moe_routing.o" \
+    >"$OUT/build-moe-routing.txt" 2>&1 &
+  p8=$!
   # The project's CPU backend for the cross-backend comparison: no OpenBLAS headers there, so a tiny cblas shim.
   g++ -std=c++20 -O2 -fopenmp -Wall -Wextra -I"$ROOT/include" -I"$ROOT/tests/gpu/shim" \
     -c src/backend/cpu/cpu_backend.cpp -o "$BUILD/cpu_backend.o" >"$OUT/build-cpu-backend.txt" 2>&1
@@ -76,6 +86,20 @@ else
     GEMM_BIN="$BUILD/gpu_check_gemm"; log "built gpu_check_gemm"
   else
     log "FAILED: gpu_check_gemm"; tail -n 30 "$OUT/build-gemm.txt" "$OUT/build-check-gemm.txt" "$OUT/link-gemm.txt"
+    status=1
+  fi
+  wait $p6; f_rc=$?
+  wait $p7; f2_rc=$?
+  wait $p8; r_rc=$?
+  OPS_BIN=""
+  if [ $f_rc -eq 0 ] && [ $f2_rc -eq 0 ] && [ $r_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_ops.o" \
+       "$BUILD/fused_ops.o" "$BUILD/cpu_backend.o" "$BUILD/moe_routing.o" -o "$BUILD/gpu_check_ops" -Xcompiler=-fopenmp \
+       >"$OUT/link-ops.txt" 2>&1; then
+    OPS_BIN="$BUILD/gpu_check_ops"; log "built gpu_check_ops"
+  else
+    log "FAILED: gpu_check_ops"
+    tail -n 30 "$OUT/build-fused_ops.txt" "$OUT/build-check-ops.txt" "$OUT/build-moe-routing.txt" \
+      "$OUT/build-cpu-backend.txt" "$OUT/link-ops.txt" 2>/dev/null
     status=1
   fi
   log "build took $(( $(date +%s) - start )) s"
@@ -117,6 +141,24 @@ if [ -n "${GEMM_BIN:-}" ]; then
   tail -n 5 "$OUT/gpu_check_gemm.stderr"
 fi
 
+# ---- fused ops + MoE routing/permutation stage (runs whatever happened above) ----
+if [ -n "${OPS_BIN:-}" ]; then
+  log "running gpu_check_ops (checks vs the CPU backend and the model's routing rule, V3 sizes T=128/8192)"
+  timeout 150 "$OPS_BIN" >"$OUT/gpu_check_ops.jsonl" 2>"$OUT/gpu_check_ops.stderr"
+  ops_rc=$?
+  log "gpu_check_ops exit $ops_rc"; [ $ops_rc -ne 0 ] && status=1
+  grep -E '"ok":false|error|fatal' "$OUT/gpu_check_ops.jsonl" | head -20
+  tail -n 5 "$OUT/gpu_check_ops.stderr"
+  SAN=$(command -v compute-sanitizer || ls "$CUDA_BIN/compute-sanitizer" 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -n "$SAN" ]; then
+    log "compute-sanitizer --tool memcheck gpu_check_ops --quick"
+    timeout 100 "$SAN" --tool memcheck --error-exitcode 3 "$OPS_BIN" --quick >"$OUT/memcheck-ops.txt" 2>&1
+    san_rc=$?
+    log "memcheck (ops) exit $san_rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-ops.txt" | tail -1)"
+    [ $san_rc -ne 0 ] && { status=1; grep -m5 -A8 "Invalid\|Error" "$OUT/memcheck-ops.txt"; }
+  fi
+fi
+
 echo
 echo "== gpu-check: full output in $OUT =="
 grep -h '"kind":"ceiling"\|"kind":"floor"' "$OUT/gpu_check_mla.jsonl" 2>/dev/null | cut -c1-200
@@ -130,5 +172,10 @@ grep -h '"kind":"check"' "$OUT/gpu_check_gemm.jsonl" 2>/dev/null \
   | sed -E 's/.*"case":"([^"]*)","variant":"([^"]*)","path":"([^"]*)".*"rel_err":([^,]*),.*"rel_err_vs_unquantized":([^,]*),.*"ok":([a-z]+).*/check \1 \2 (\3) err=\4 vs_unquant=\5 ok=\6/' \
   | grep '^check' | cut -c1-150
 sed -n '/^case /,$p' "$OUT/gpu_check_gemm.jsonl" 2>/dev/null | grep -v '^check '
+echo
+echo "== fused ops + MoE (bf16 unless named; GB/s of the fewest bytes; floor = bytes / measured copy) =="
+grep -h '"ok":false' "$OUT/gpu_check_ops.jsonl" 2>/dev/null | cut -c1-200 | head -10
+sed -n '/^case /,$p' "$OUT/gpu_check_ops.jsonl" 2>/dev/null
+grep -h "ERROR SUMMARY" "$OUT/memcheck-ops.txt" 2>/dev/null | tail -1 | sed 's/^/memcheck (ops): /'
 echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

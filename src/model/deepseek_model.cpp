@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 
+#include "deepinfer/model/moe_routing.h"
 #include "deepinfer/model/safetensors.h"
 
 namespace deepinfer::model {
@@ -283,56 +284,22 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem
 
 namespace {
 
-// Router of one MoE layer for one token: expert ids and weights (transformers' DeepseekV2Moe /
-// DeepseekV3TopkRouter; masked groups are filled with 0.0 exactly as the reference does).
-void route(const ModelConfig& c, const float* logits, const std::vector<float>& bias, std::vector<int32_t>& ids,
-           std::vector<float>& weights) {
-  const int64_t n = c.n_routed_experts, k = c.num_experts_per_tok;
-  std::vector<float> scores(static_cast<size_t>(n)), choice(static_cast<size_t>(n));
-  if (c.scoring_func == "sigmoid") {
-    for (int64_t e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
-  } else {
-    float max_logit = *std::max_element(logits, logits + n);
-    double sum = 0.0;
-    for (int64_t e = 0; e < n; ++e) sum += std::exp(static_cast<double>(logits[e]) - max_logit);
-    for (int64_t e = 0; e < n; ++e) scores[e] = static_cast<float>(std::exp(logits[e] - max_logit) / sum);
-  }
-  for (int64_t e = 0; e < n; ++e) choice[e] = scores[e] + (bias.empty() ? 0.0f : bias[e]);
-  if (c.topk_method == "noaux_tc" || c.topk_method == "group_limited_greedy") {
-    const int64_t groups = c.n_group, per_group = n / groups;
-    std::vector<float> group_score(static_cast<size_t>(groups));
-    for (int64_t g = 0; g < groups; ++g) {
-      std::vector<float> member(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
-      std::sort(member.begin(), member.end(), std::greater<>());
-      // noaux_tc: sum of the top-2 of each group; group_limited_greedy: the group's max.
-      group_score[g] = c.topk_method == "noaux_tc" ? member[0] + (per_group > 1 ? member[1] : 0.0f) : member[0];
-    }
-    std::vector<int64_t> order(static_cast<size_t>(groups));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return group_score[a] > group_score[b]; });
-    std::vector<bool> keep(static_cast<size_t>(groups), false);
-    for (int64_t g = 0; g < c.topk_group; ++g) keep[order[g]] = true;
-    for (int64_t e = 0; e < n; ++e) {
-      if (!keep[e / per_group]) choice[e] = 0.0f;
-    }
-  }
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](int32_t a, int32_t b) { return choice[a] > choice[b] || (choice[a] == choice[b] && a < b); });
-  ids.assign(order.begin(), order.begin() + k);
-  weights.resize(static_cast<size_t>(k));
-  double sum = 0.0;
-  for (int64_t i = 0; i < k; ++i) {
-    weights[i] = scores[ids[i]];
-    sum += weights[i];
-  }
-  // V3 renormalizes then scales; V2 (DeepSeek's rule) either renormalizes or scales.
-  bool normalize = c.norm_topk_prob && k > 1;
-  for (float& weight : weights) {
-    if (normalize) weight = static_cast<float>(weight / (sum + 1e-20));
-    if (!normalize || c.model_type == "deepseek_v3") weight *= static_cast<float>(c.routed_scaling_factor);
-  }
+// Router of one MoE layer for one token: the config's rule through route_token (src/model/moe_routing.cpp,
+// shared with the GPU routing kernel's checks).
+MoeRoutingRule routing_rule(const ModelConfig& c) {
+  MoeRoutingRule rule;
+  rule.scoring = c.scoring_func == "sigmoid" ? MoeRoutingRule::Scoring::kSigmoid : MoeRoutingRule::Scoring::kSoftmax;
+  rule.topk = c.topk_method == "noaux_tc"               ? MoeRoutingRule::TopK::kNoauxTc
+              : c.topk_method == "group_limited_greedy" ? MoeRoutingRule::TopK::kGroupLimitedGreedy
+                                                        : MoeRoutingRule::TopK::kGreedy;
+  rule.num_experts = c.n_routed_experts;
+  rule.top_k = c.num_experts_per_tok;
+  rule.n_group = c.n_group;
+  rule.topk_group = c.topk_group;
+  rule.norm_topk_prob = c.norm_topk_prob;
+  rule.scale_after_normalize = c.model_type == "deepseek_v3";
+  rule.routed_scaling_factor = c.routed_scaling_factor;
+  return rule;
 }
 
 }  // namespace
@@ -474,8 +441,9 @@ Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_cache
       std::vector<std::vector<std::pair<int32_t, float>>> by_expert(static_cast<size_t>(n));
       std::vector<int32_t> ids;
       std::vector<float> weights;
+      const MoeRoutingRule rule = routing_rule(c);
       for (int64_t t = 0; t < T; ++t) {
-        route(c, router.data() + t * n, L.gate_bias, ids, weights);
+        route_token(rule, router.data() + t * n, L.gate_bias, ids, weights);
         for (size_t i = 0; i < ids.size(); ++i) by_expert[ids[i]].push_back({static_cast<int32_t>(t), weights[i]});
       }
       if (L.has_shared) {

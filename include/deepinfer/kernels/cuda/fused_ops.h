@@ -1,0 +1,124 @@
+// Fused element-wise / per-row ops of the DeepSeek forward pass and the MoE routing + token permutation, on the
+// device. Semantics are the CPU backend's (include/deepinfer/backend/backend.h, src/backend/cpu/cpu_backend.cpp)
+// and the model's routing rule (include/deepinfer/model/moe_routing.h); tests/gpu/gpu_check_ops.cu checks each
+// against them. Storage is bf16 (kBF16) or float32 (kF32); arithmetic is float32 (rope's cos/sin in double).
+// Every launcher is asynchronous on params.stream and returns the launch error; pointers are device memory
+// owned by the caller. Vectorized (16-byte) paths run when sizes, strides and pointers allow; otherwise a
+// scalar path computes the same function.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer::kernels::cuda {
+
+enum class DType : int { kF32 = 0, kBF16 = 1 };
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight, rows at row stride `stride` (elements, >= dim) in x
+// and y; y may alias x. With `residual` non-null (DeepSeek's / vLLM's fused_add_rms_norm):
+//   residual[r, :] = x[r, :] + residual[r, :]   (float sum, stored in the dtype: bf16 rounds once)
+//   y[r, :]        = rms_norm(residual[r, :] as stored) * weight
+// residual has the same stride as x. x, y, residual, weight all have `dtype`.
+struct RmsNormParams {
+  DType dtype = DType::kBF16;
+  int64_t rows = 0, dim = 0, stride = 0;
+  float eps = 1e-6f;
+  const void* x = nullptr;
+  const void* weight = nullptr;  // [dim]
+  void* residual = nullptr;      // optional, updated in place
+  void* y = nullptr;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_rms_norm(const RmsNormParams& params);
+
+// out[r, :] = silu(gate_up[r, :n]) * gate_up[r, n:2n], silu(g) = g / (1 + exp(-g)).
+struct SiluMulParams {
+  DType dtype = DType::kBF16;
+  int64_t rows = 0, n = 0;
+  const void* gate_up = nullptr;  // [rows, 2n]
+  void* out = nullptr;            // [rows, n]
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_silu_mul(const SiluMulParams& params);
+
+// Rotary embedding in place, as the CPU backend's rope: `rows` vectors of `dim` values at row stride `stride`,
+// vector r at position positions[r / vectors_per_position]; pairs (x[2i], x[2i+1]) rotate by
+// angle = double(pos) * double(inv_freq[i]), c = cos(angle) * attention_factor, s = sin(angle) * attention_factor
+// (double, rounded to float), and are written de-interleaved: x[i] = a c - b s, x[i + dim/2] = b c + a s.
+// dim even, <= 256.
+struct RopeParams {
+  DType dtype = DType::kBF16;
+  int64_t rows = 0, dim = 0, stride = 0, vectors_per_position = 1;
+  void* x = nullptr;
+  const int32_t* positions = nullptr;  // [ceil(rows / vectors_per_position)]
+  const float* inv_freq = nullptr;     // [dim / 2]
+  float attention_factor = 1.0f;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_rope(const RopeParams& params);
+
+// MoE routing, the model's rule exactly (include/deepinfer/model/moe_routing.h: scores, bias, group selection,
+// tie rules, weights); one warp per token. logits f32 [T, E]; ids int32 [T, k] in the rule's order (choice
+// descending, equal choices -> lower expert index; equal group scores -> lower group index); weights f32 [T, k].
+// E <= 512, E % n_group == 0, n_group <= 32, topk_group <= n_group, k <= min(E, 32).
+struct MoeRoutingParams {
+  int64_t tokens = 0, num_experts = 0, top_k = 0;
+  bool sigmoid = false;           // false: softmax (V2); true: sigmoid (V3)
+  int grouping = 0;               // 0 greedy, 1 group_limited_greedy (group max), 2 noaux_tc (top-2 sum)
+  int n_group = 1, topk_group = 1;
+  bool norm_topk_prob = false;
+  bool scale_after_normalize = false;  // V3
+  double routed_scaling_factor = 1.0;
+  const float* logits = nullptr;  // [T, E]
+  const float* bias = nullptr;    // [E] e_score_correction_bias, or null (+0)
+  int32_t* ids = nullptr;         // [T, k]
+  float* weights = nullptr;       // [T, k]
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_moe_routing(const MoeRoutingParams& params);
+
+// Token permutation for grouped expert GEMMs. Entry j = t * k + slot of ids [T, k] (ids of one token distinct).
+//   counts[e]          number of entries routed to expert e
+//   offsets[e]         exclusive prefix sum of counts; offsets[E] = T * k
+//   sorted_entries[p]  the entries grouped by expert (expert 0's first), within an expert in token order:
+//                      the row p of the permuted activations is token sorted_entries[p] / k
+//   entry_position[j]  the inverse: sorted_entries[entry_position[j]] == j
+// Workspace: moe_permute_workspace_bytes(T * k, E) bytes of device memory (scratch, contents ignored).
+struct MoePermuteParams {
+  int64_t tokens = 0, top_k = 0, num_experts = 0;  // E <= 1024
+  const int32_t* ids = nullptr;      // [T, k], values in [0, E)
+  int32_t* counts = nullptr;         // [E]
+  int32_t* offsets = nullptr;        // [E + 1]
+  int32_t* sorted_entries = nullptr; // [T * k]
+  int32_t* entry_position = nullptr; // [T * k]
+  void* workspace = nullptr;
+  cudaStream_t stream = nullptr;
+};
+size_t moe_permute_workspace_bytes(int64_t entries, int64_t num_experts);
+cudaError_t run_moe_permute(const MoePermuteParams& params);
+
+// Gather for the grouped GEMM: permuted[p, :] = x[sorted_entries[p] / k, :], rows of `hidden` bf16 values.
+struct MoeGatherParams {
+  int64_t entries = 0, top_k = 0, hidden = 0;
+  const uint16_t* x = nullptr;             // bf16 [T, hidden]
+  const int32_t* sorted_entries = nullptr; // [T * k]
+  uint16_t* permuted = nullptr;            // bf16 [T * k, hidden]
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_moe_gather(const MoeGatherParams& params);
+
+// Combine: out[t, :] = (base ? base[t, :] : 0) + Σ_slot weights[t, slot] · expert_out[entry_position[t k + slot], :]
+// in float (slot order), rounded once to bf16. base (e.g. the shared experts' output) may alias out.
+struct MoeCombineParams {
+  int64_t tokens = 0, top_k = 0, hidden = 0;
+  const uint16_t* expert_out = nullptr;    // bf16 [T * k, hidden], permuted order
+  const int32_t* entry_position = nullptr; // [T * k]
+  const float* weights = nullptr;          // [T, k]
+  const uint16_t* base = nullptr;          // bf16 [T, hidden] or null
+  uint16_t* out = nullptr;                 // bf16 [T, hidden]
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_moe_combine(const MoeCombineParams& params);
+
+}  // namespace deepinfer::kernels::cuda

@@ -1,0 +1,650 @@
+// Fused per-row ops (RMSNorm with optional residual add, SiLU·mul, rope) and MoE routing + token permutation.
+// Contracts in include/deepinfer/kernels/cuda/fused_ops.h; checked by tests/gpu/gpu_check_ops.cu.
+#include "deepinfer/kernels/cuda/fused_ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+namespace deepinfer::kernels::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16(v); }
+// The value as the dtype stores it.
+template <typename T>
+__device__ __forceinline__ float round_trip(float v) { return to_f(from_f<T>(v)); }
+
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte access
+
+template <typename T>
+__device__ __forceinline__ void load16(const T* p, float (&f)[kVec<T>]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i) f[i] = to_f(e[i]);
+}
+template <typename T>
+__device__ __forceinline__ void store16(T* p, const float (&f)[kVec<T>]) {
+  uint4 u;
+  T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i) e[i] = from_f<T>(f[i]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+// Half a 16-byte vector (8 bytes).
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&f)[kVec<T> / 2]) {
+  uint2 u;
+  T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+  for (int i = 0; i < kVec<T> / 2; ++i) e[i] = from_f<T>(f[i]);
+  *reinterpret_cast<uint2*>(p) = u;
+}
+
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the total.
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+// ---- RMSNorm ----
+
+// One CTA per row; each thread keeps VPT 16-byte vectors of the row in registers (read once, written once).
+template <typename T, int VPT>
+__global__ void __launch_bounds__(256) rms_norm_vec_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* residual, T* y,
+                                    int64_t dim, int64_t stride, float eps) {
+  constexpr int N = kVec<T>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * stride;
+  const int nvec = static_cast<int>(dim / N);
+  float v[VPT][N];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int vi = threadIdx.x + j * blockDim.x;
+    if (vi < nvec) {
+      load16(x + base + static_cast<int64_t>(vi) * N, v[j]);
+      if (residual != nullptr) {
+        float r[N];
+        load16(residual + base + static_cast<int64_t>(vi) * N, r);
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[j][i] = round_trip<T>(v[j][i] + r[i]);
+        store16(residual + base + static_cast<int64_t>(vi) * N, v[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i) ss += v[j][i] * v[j][i];
+    }
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int vi = threadIdx.x + j * blockDim.x;
+    if (vi < nvec) {
+      float w[N];
+      load16(weight + static_cast<int64_t>(vi) * N, w);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[j][i] = v[j][i] * inv * w[i];
+      store16(y + base + static_cast<int64_t>(vi) * N, v[j]);
+    }
+  }
+}
+
+// Any size / alignment: two passes over the row (the second re-reads x, or the residual just written).
+template <typename T>
+__global__ void rms_norm_scalar_kernel(const T* x, const T* weight, T* residual, T* y, int64_t dim, int64_t stride,
+                                       float eps) {
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * stride;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = to_f(x[base + i]);
+    if (residual != nullptr) {
+      v = round_trip<T>(v + to_f(residual[base + i]));
+      residual[base + i] = from_f<T>(v);
+    }
+    ss += v * v;
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = to_f(residual != nullptr ? residual[base + i] : x[base + i]);
+    y[base + i] = from_f<T>(v * inv * to_f(weight[i]));
+  }
+}
+
+template <typename T>
+cudaError_t launch_rms_norm(const RmsNormParams& p) {
+  constexpr int N = kVec<T>;
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.weight);
+  T* r = static_cast<T*>(p.residual);
+  T* y = static_cast<T*>(p.y);
+  const dim3 grid(static_cast<unsigned>(p.rows));
+  const bool vec = p.dim % N == 0 && p.stride % N == 0 && aligned16(p.x) && aligned16(p.weight) &&
+                   aligned16(p.residual) && aligned16(p.y);
+  const int64_t nvec = p.dim / N;
+  if (vec && nvec <= 8 * 256) {  // bf16 dim <= 16384, f32 dim <= 8192 in registers; wider rows: scalar path
+    const int threads = nvec >= 256 ? 256 : static_cast<int>((nvec + 31) / 32 * 32);
+    const int64_t vpt = (nvec + threads - 1) / threads;
+    if (vpt <= 1) rms_norm_vec_kernel<T, 1><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
+    else if (vpt <= 2) rms_norm_vec_kernel<T, 2><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
+    else if (vpt <= 4) rms_norm_vec_kernel<T, 4><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
+    else rms_norm_vec_kernel<T, 8><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
+  } else {
+    rms_norm_scalar_kernel<T><<<grid, 256, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
+  }
+  return cudaGetLastError();
+}
+
+// ---- SiLU * up ----
+
+template <typename T>
+__global__ void silu_mul_vec_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t n) {
+  constexpr int N = kVec<T>;
+  const int64_t per_row = n / N, total = rows * per_row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / per_row, c = (idx % per_row) * N;
+    float g[N], u[N];
+    load16(gate_up + row * 2 * n + c, g);
+    load16(gate_up + row * 2 * n + n + c, u);
+#pragma unroll
+    for (int i = 0; i < N; ++i) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    store16(out + row * n + c, g);
+  }
+}
+template <typename T>
+__global__ void silu_mul_scalar_kernel(const T* gate_up, T* out, int64_t rows, int64_t n) {
+  const int64_t total = rows * n;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / n, c = idx % n;
+    const float g = to_f(gate_up[row * 2 * n + c]), u = to_f(gate_up[row * 2 * n + n + c]);
+    out[idx] = from_f<T>(g / (1.0f + expf(-g)) * u);
+  }
+}
+int grid_for(int64_t work, int threads) {
+  int64_t blocks = (work + threads - 1) / threads;
+  return static_cast<int>(blocks < 1 ? 1 : blocks > 132 * 16 ? 132 * 16 : blocks);
+}
+template <typename T>
+cudaError_t launch_silu_mul(const SiluMulParams& p) {
+  constexpr int N = kVec<T>;
+  const T* gu = static_cast<const T*>(p.gate_up);
+  T* out = static_cast<T*>(p.out);
+  if (p.n % N == 0 && aligned16(p.gate_up) && aligned16(p.out))
+    silu_mul_vec_kernel<T><<<grid_for(p.rows * p.n / N, 256), 256, 0, p.stream>>>(gu, out, p.rows, p.n);
+  else
+    silu_mul_scalar_kernel<T><<<grid_for(p.rows * p.n, 256), 256, 0, p.stream>>>(gu, out, p.rows, p.n);
+  return cudaGetLastError();
+}
+
+// ---- rope ----
+
+// One CTA per position group (vectors_per_position rows sharing a position): cos/sin for the position once,
+// in double, into shared memory. Vector path: L = dim / N lanes per row (L divides 32), each lane 16 bytes =
+// N/2 pairs; the whole row is read into registers before __syncwarp, then written de-interleaved (in place).
+template <typename T, bool kVector>
+__global__ void rope_kernel(T* x, int64_t rows, int dim, int64_t stride, int64_t vpp, const int32_t* positions,
+                            const float* inv_freq, float factor) {
+  __shared__ float cs[128], sn[128];
+  const int half = dim / 2;
+  const int64_t group = blockIdx.x;
+  const double pos = static_cast<double>(positions[group]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double s, c;
+    sincos(pos * static_cast<double>(inv_freq[i]), &s, &c);
+    cs[i] = static_cast<float>(c * factor);
+    sn[i] = static_cast<float>(s * factor);
+  }
+  __syncthreads();
+  const int64_t r0 = group * vpp, r1 = r0 + vpp < rows ? r0 + vpp : rows;
+  if constexpr (kVector) {
+    constexpr int N = kVec<T>;
+    const int lanes_per_row = dim / N, rows_per_warp = 32 / lanes_per_row;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int part = lane % lanes_per_row;
+    for (int64_t wbase = r0 + static_cast<int64_t>(warp) * rows_per_warp; wbase < r1;
+         wbase += static_cast<int64_t>(warps) * rows_per_warp) {
+      const int64_t row = wbase + lane / lanes_per_row;
+      const bool valid = lane / lanes_per_row < rows_per_warp && row < r1;
+      float f[N];
+      if (valid) load16(x + row * stride + part * N, f);
+      __syncwarp();
+      if (valid) {
+        float lo[N / 2], hi[N / 2];
+#pragma unroll
+        for (int q = 0; q < N / 2; ++q) {
+          const int i = part * (N / 2) + q;
+          const float a = f[2 * q], b = f[2 * q + 1];
+          lo[q] = a * cs[i] - b * sn[i];
+          hi[q] = b * cs[i] + a * sn[i];
+        }
+        store8(x + row * stride + part * (N / 2), lo);
+        store8(x + row * stride + half + part * (N / 2), hi);
+      }
+    }
+  } else {
+    for (int64_t row = r0 + threadIdx.x; row < r1; row += blockDim.x) {
+      T* v = x + row * stride;
+      float buf[256];
+      for (int i = 0; i < dim; ++i) buf[i] = to_f(v[i]);
+      for (int i = 0; i < half; ++i) {
+        const float a = buf[2 * i], b = buf[2 * i + 1];
+        v[i] = from_f<T>(a * cs[i] - b * sn[i]);
+        v[i + half] = from_f<T>(b * cs[i] + a * sn[i]);
+      }
+    }
+  }
+}
+template <typename T>
+cudaError_t launch_rope(const RopeParams& p) {
+  constexpr int N = kVec<T>;
+  if (p.dim % 2 != 0 || p.dim > 256 || p.vectors_per_position < 1) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  T* x = static_cast<T*>(p.x);
+  const int64_t groups = (p.rows + p.vectors_per_position - 1) / p.vectors_per_position;
+  const int lanes = static_cast<int>(p.dim / N);
+  const bool vec = p.dim % N == 0 && lanes <= 32 && 32 % lanes == 0 && p.stride % N == 0 && aligned16(p.x);
+  if (vec) {
+    const int64_t rows_per_warp = 32 / lanes;
+    const int64_t warps = (p.vectors_per_position + rows_per_warp - 1) / rows_per_warp;
+    const int threads = static_cast<int>(warps >= 8 ? 256 : warps * 32);
+    rope_kernel<T, true><<<static_cast<unsigned>(groups), threads, 0, p.stream>>>(
+        x, p.rows, static_cast<int>(p.dim), p.stride, p.vectors_per_position, p.positions, p.inv_freq,
+        p.attention_factor);
+  } else {
+    const int threads = p.vectors_per_position >= 128 ? 128 : static_cast<int>((p.vectors_per_position + 31) / 32 * 32);
+    rope_kernel<T, false><<<static_cast<unsigned>(groups), threads, 0, p.stream>>>(
+        x, p.rows, static_cast<int>(p.dim), p.stride, p.vectors_per_position, p.positions, p.inv_freq,
+        p.attention_factor);
+  }
+  return cudaGetLastError();
+}
+
+// ---- MoE routing ----
+
+// a before b in the rule's order: larger value first, equal values -> lower index first (invalid: INT_MAX).
+__device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+constexpr int kRoutingWarps = 4;
+constexpr int kRoutingMaxExperts = 512;
+
+// One warp per token; lane l holds experts l + 32 j (j < J). Shared memory per warp: the choices (padded by one
+// float per 32 so that lane g scanning group g hits distinct banks when a group is 32 experts).
+template <int J>
+__global__ void __launch_bounds__(kRoutingWarps * 32) moe_routing_kernel(MoeRoutingParams p) {
+  __shared__ float choice_smem[kRoutingWarps][kRoutingMaxExperts + kRoutingMaxExperts / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRoutingWarps + warp;
+  if (t >= p.tokens) return;  // warp-uniform
+  const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
+  const float* logits = p.logits + t * E;
+  float score[J], choice[J];
+  float lmax = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = lane + 32 * j;
+    score[j] = e < E ? logits[e] : -INFINITY;
+    lmax = fmaxf(lmax, score[j]);
+  }
+  if (p.sigmoid) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) score[j] = 1.0f / (1.0f + expf(-score[j]));
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (lane + 32 * j < E) sum += exp(static_cast<double>(score[j]) - lmax);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+    for (int j = 0; j < J; ++j) score[j] = static_cast<float>(expf(score[j] - lmax) / sum);
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = lane + 32 * j;
+    choice[j] = score[j] + (p.bias != nullptr && e < E ? p.bias[e] : 0.0f);
+  }
+  if (p.grouping != 0) {
+    float* sm = choice_smem[warp];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E) sm[e + e / 32] = choice[j];
+    }
+    __syncwarp();
+    const int per_group = E / p.n_group;
+    float gs = -INFINITY;
+    if (lane < p.n_group) {
+      float t1 = -INFINITY, t2 = -INFINITY;  // top-2 as a multiset
+      for (int m = 0; m < per_group; ++m) {
+        const int e = lane * per_group + m;
+        const float v = sm[e + e / 32];
+        if (v > t1) {
+          t2 = t1;
+          t1 = v;
+        } else if (v > t2) {
+          t2 = v;
+        }
+      }
+      gs = p.grouping == 2 ? t1 + (per_group > 1 ? t2 : 0.0f) : t1;
+    }
+    // Rank of this group in a stable descending sort: groups ahead = larger score, or equal and lower index.
+    int rank = 0;
+    for (int g = 0; g < p.n_group; ++g) {
+      const float other = __shfl_sync(0xffffffffu, gs, g);
+      rank += (other > gs || (other == gs && g < lane)) ? 1 : 0;
+    }
+    const unsigned keep = __ballot_sync(0xffffffffu, lane < p.n_group && rank < p.topk_group);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E && !((keep >> (e / per_group)) & 1u)) choice[j] = 0.0f;
+    }
+  }
+  unsigned taken = 0;
+  int my_id = 0;
+  float my_score = 0.0f;
+  for (int s = 0; s < k; ++s) {
+    float bv = -INFINITY, bs = 0.0f;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E && !((taken >> j) & 1u) && better(choice[j], e, bv, bi)) {
+        bv = choice[j];
+        bi = e;
+        bs = score[j];
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+      if (better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+        bs = os;
+      }
+    }
+    if (bi % 32 == lane) taken |= 1u << (bi / 32);
+    if (lane == s) {
+      my_id = bi;
+      my_score = bs;
+    }
+  }
+  double sum = 0.0;
+  for (int s = 0; s < k; ++s) sum += static_cast<double>(__shfl_sync(0xffffffffu, my_score, s));
+  if (lane < k) {
+    const bool normalize = p.norm_topk_prob && k > 1;
+    float w = my_score;
+    if (normalize) w = static_cast<float>(static_cast<double>(w) / (sum + 1e-20));
+    if (!normalize || p.scale_after_normalize) w *= static_cast<float>(p.routed_scaling_factor);
+    p.ids[t * k + lane] = my_id;
+    p.weights[t * k + lane] = w;
+  }
+}
+
+// ---- token permutation ----
+
+constexpr int kPermThreads = 256;
+constexpr int kPermItems = 16;
+constexpr int kPermChunk = kPermThreads * kPermItems;  // entries per chunk (CTA)
+
+__global__ void moe_chunk_count_kernel(const int32_t* ids, int64_t entries, int E, int32_t* chunk_counts) {
+  extern __shared__ int hist[];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPermChunk;
+  for (int i = threadIdx.x; i < kPermChunk; i += blockDim.x)
+    if (base + i < entries) atomicAdd(&hist[ids[base + i]], 1);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) chunk_counts[static_cast<int64_t>(blockIdx.x) * E + e] = hist[e];
+}
+
+// One CTA, one thread per expert: chunk counts -> each chunk's first position per expert; counts; offsets.
+__global__ void moe_scan_kernel(int32_t* chunk_base, int chunks, int E, int32_t* counts, int32_t* offsets) {
+  __shared__ int warp_total[32];
+  const int e = threadIdx.x, lane = e % 32, warp = e / 32;
+  int running = 0;
+  if (e < E) {
+    for (int c = 0; c < chunks; ++c) {
+      const int v = chunk_base[static_cast<int64_t>(c) * E + e];
+      chunk_base[static_cast<int64_t>(c) * E + e] = running;
+      running += v;
+    }
+  }
+  int incl = running;  // inclusive scan over experts
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < static_cast<int>(blockDim.x / 32) ? warp_total[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += v;
+    }
+    warp_total[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  const int excl = incl - running + (warp > 0 ? warp_total[warp - 1] : 0);
+  if (e < E) {
+    counts[e] = running;
+    offsets[e] = excl;
+    if (e == E - 1) offsets[E] = excl + running;
+    for (int c = 0; c < chunks; ++c) chunk_base[static_cast<int64_t>(c) * E + e] += excl;
+  }
+}
+
+// Stable scatter of one chunk: 16 sub-rounds of 256 consecutive entries; within a warp, equal experts are ranked
+// by __match_any_sync; across the 8 warps by their per-expert counts in shared memory; across sub-rounds by a
+// running per-expert counter.
+__global__ void __launch_bounds__(kPermThreads) moe_chunk_scatter_kernel(const int32_t* ids, int64_t entries, int E,
+                                                                          const int32_t* chunk_base,
+                                                                          int32_t* sorted_entries,
+                                                                          int32_t* entry_position) {
+  extern __shared__ int smem[];
+  constexpr int kWarps = kPermThreads / 32;
+  int* running = smem;               // [E]
+  int* warp_counts = smem + E;       // [kWarps][E]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPermChunk;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    running[e] = chunk_base[static_cast<int64_t>(blockIdx.x) * E + e];
+    for (int w = 0; w < kWarps; ++w) warp_counts[w * E + e] = 0;
+  }
+  int item[kPermItems];
+#pragma unroll
+  for (int r = 0; r < kPermItems; ++r) {
+    const int64_t j = base + r * kPermThreads + threadIdx.x;
+    item[r] = j < entries ? ids[j] : -1;
+  }
+  __syncthreads();
+  const unsigned lower = (1u << lane) - 1u;
+#pragma unroll
+  for (int r = 0; r < kPermItems; ++r) {
+    const int e = item[r];
+    const int64_t j = base + r * kPermThreads + threadIdx.x;
+    const unsigned peers = __match_any_sync(0xffffffffu, e >= 0 ? e : -1 - lane);
+    const int rank = __popc(peers & lower);
+    if (e >= 0 && lane == 31 - __clz(peers)) warp_counts[warp * E + e] = __popc(peers);
+    __syncthreads();
+    if (e >= 0) {
+      int pos = running[e] + rank;
+      for (int w = 0; w < warp; ++w) pos += warp_counts[w * E + e];
+      sorted_entries[pos] = static_cast<int32_t>(j);
+      entry_position[j] = pos;
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < E; x += blockDim.x) {
+      int total = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        total += warp_counts[w * E + x];
+        warp_counts[w * E + x] = 0;
+      }
+      running[x] += total;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void moe_gather_kernel(const uint16_t* x, const int32_t* sorted_entries, uint16_t* permuted,
+                                  int64_t entries, int64_t top_k, int64_t hidden, bool vec) {
+  const int64_t per_row = vec ? hidden / 8 : hidden, total = entries * per_row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = idx / per_row, c = idx % per_row;
+    const int64_t src = sorted_entries[p] / top_k;
+    if (vec)
+      reinterpret_cast<uint4*>(permuted + p * hidden)[c] = reinterpret_cast<const uint4*>(x + src * hidden)[c];
+    else
+      permuted[p * hidden + c] = x[src * hidden + c];
+  }
+}
+
+__global__ void moe_combine_kernel(const bf16* expert_out, const int32_t* entry_position, const float* weights,
+                                   const bf16* base, bf16* out, int64_t tokens, int64_t top_k, int64_t hidden,
+                                   bool vec) {
+  constexpr int N = 8;
+  const int64_t per_row = vec ? hidden / N : hidden, total = tokens * per_row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / per_row, c = idx % per_row;
+    if (vec) {
+      float acc[N];
+      if (base != nullptr) {
+        load16(base + t * hidden + c * N, acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+      }
+      for (int64_t s = 0; s < top_k; ++s) {
+        const int64_t pos = entry_position[t * top_k + s];
+        const float w = weights[t * top_k + s];
+        float v[N];
+        load16(expert_out + pos * hidden + c * N, v);
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[i] += w * v[i];
+      }
+      store16(out + t * hidden + c * N, acc);
+    } else {
+      float acc = base != nullptr ? __bfloat162float(base[t * hidden + c]) : 0.0f;
+      for (int64_t s = 0; s < top_k; ++s)
+        acc += weights[t * top_k + s] * __bfloat162float(expert_out[entry_position[t * top_k + s] * hidden + c]);
+      out[t * hidden + c] = __float2bfloat16(acc);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t run_rms_norm(const RmsNormParams& p) {
+  if (p.rows <= 0) return cudaSuccess;
+  if (p.dim <= 0 || p.stride < p.dim) return cudaErrorInvalidValue;
+  return p.dtype == DType::kBF16 ? launch_rms_norm<bf16>(p) : launch_rms_norm<float>(p);
+}
+
+cudaError_t run_silu_mul(const SiluMulParams& p) {
+  if (p.rows <= 0 || p.n <= 0) return cudaSuccess;
+  return p.dtype == DType::kBF16 ? launch_silu_mul<bf16>(p) : launch_silu_mul<float>(p);
+}
+
+cudaError_t run_rope(const RopeParams& p) {
+  return p.dtype == DType::kBF16 ? launch_rope<bf16>(p) : launch_rope<float>(p);
+}
+
+cudaError_t run_moe_routing(const MoeRoutingParams& p) {
+  if (p.tokens <= 0) return cudaSuccess;
+  const int64_t E = p.num_experts;
+  if (E <= 0 || E > kRoutingMaxExperts || p.top_k < 1 || p.top_k > 32 || p.top_k > E) return cudaErrorInvalidValue;
+  if (p.grouping != 0 && (p.n_group < 1 || p.n_group > 32 || E % p.n_group != 0 || p.topk_group < 1 ||
+                          p.topk_group > p.n_group))
+    return cudaErrorInvalidValue;
+  const unsigned blocks = static_cast<unsigned>((p.tokens + kRoutingWarps - 1) / kRoutingWarps);
+  const int threads = kRoutingWarps * 32;
+  if (E <= 64) moe_routing_kernel<2><<<blocks, threads, 0, p.stream>>>(p);
+  else if (E <= 128) moe_routing_kernel<4><<<blocks, threads, 0, p.stream>>>(p);
+  else if (E <= 256) moe_routing_kernel<8><<<blocks, threads, 0, p.stream>>>(p);
+  else moe_routing_kernel<16><<<blocks, threads, 0, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+size_t moe_permute_workspace_bytes(int64_t entries, int64_t num_experts) {
+  const int64_t chunks = (entries + kPermChunk - 1) / kPermChunk;
+  return static_cast<size_t>((chunks < 1 ? 1 : chunks) * num_experts) * sizeof(int32_t);
+}
+
+cudaError_t run_moe_permute(const MoePermuteParams& p) {
+  const int64_t entries = p.tokens * p.top_k;
+  const int E = static_cast<int>(p.num_experts);
+  if (E <= 0 || E > 1024 || p.tokens < 0 || p.top_k < 1) return cudaErrorInvalidValue;
+  const int chunks = static_cast<int>((entries + kPermChunk - 1) / kPermChunk);
+  int32_t* chunk_base = static_cast<int32_t*>(p.workspace);
+  if (chunks > 0) {
+    moe_chunk_count_kernel<<<chunks, kPermThreads, E * sizeof(int), p.stream>>>(p.ids, entries, E, chunk_base);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  moe_scan_kernel<<<1, (E + 31) / 32 * 32, 0, p.stream>>>(chunk_base, chunks, E, p.counts, p.offsets);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  if (chunks > 0) {
+    const size_t smem = static_cast<size_t>(E) * (1 + kPermThreads / 32) * sizeof(int);  // <= 36 KB
+    moe_chunk_scatter_kernel<<<chunks, kPermThreads, smem, p.stream>>>(p.ids, entries, E, chunk_base,
+                                                                       p.sorted_entries, p.entry_position);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t run_moe_gather(const MoeGatherParams& p) {
+  if (p.entries <= 0 || p.hidden <= 0) return cudaSuccess;
+  const bool vec = p.hidden % 8 == 0 && aligned16(p.x) && aligned16(p.permuted);
+  moe_gather_kernel<<<grid_for(p.entries * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream>>>(
+      p.x, p.sorted_entries, p.permuted, p.entries, p.top_k, p.hidden, vec);
+  return cudaGetLastError();
+}
+
+cudaError_t run_moe_combine(const MoeCombineParams& p) {
+  if (p.tokens <= 0 || p.hidden <= 0) return cudaSuccess;
+  const bool vec = p.hidden % 8 == 0 && aligned16(p.expert_out) && aligned16(p.base) && aligned16(p.out);
+  moe_combine_kernel<<<grid_for(p.tokens * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream>>>(
+      reinterpret_cast<const bf16*>(p.expert_out), p.entry_position, p.weights, reinterpret_cast<const bf16*>(p.base),
+      reinterpret_cast<bf16*>(p.out), p.tokens, p.top_k, p.hidden, vec);
+  return cudaGetLastError();
+}
+
+}  // namespace deepinfer::kernels::cuda
