@@ -293,6 +293,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.http_threads = options->http_threads;
     server_config.tokenization_cache_bytes = options->tokenization_cache_mb << 20;
     server_config.handle_signals = true;
+    const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     auto server =
         server::Server::start(server_config, info, server::wrap_engine(std::move(engine).value()), *tokenizer);
     if (!server.ok()) return fail(server.status().to_string());
@@ -303,6 +304,15 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::cout << "deepinfer serve: " << info.served_model_name << " (" << info.root.string() << ", "
               << config->model_type << ", chat format " << recipe::format_name(format) << ", max_model_len "
               << info.max_model_len << ") on " << url << "\n";
+    std::cout << "  KV cache (blocks of 64 tokens): device " << tiers.device_capacity_blocks;
+    if (tiers.lower) {
+      std::cout << ", host " << tiers.lower->host.capacity_blocks;
+      if (tiers.lower->disk.capacity_blocks > 0) {
+        std::cout << ", disk " << tiers.lower->disk.capacity_blocks << " at " << engine_config.disk_cache_path << " ("
+                  << tiers.lower->disk.usage_blocks << " cached)";
+      }
+    }
+    std::cout << "; prefix caching " << (engine_config.enable_prefix_caching ? "on" : "off") << "\n";
     if (is_builtin) {
       std::cout << "  The built-in demo model: 45M parameters trained for 5 minutes on Debian's documentation; it "
                    "speaks the chat format and knows little. Requests without max_tokens stop after "
