@@ -4,7 +4,8 @@
 # (tests/gpu/gpu_check_mla.cu), compute-sanitizer memcheck on the small cases, then the GEMM stage
 # (tests/gpu/gpu_check_gemm.cu: bf16 cuBLAS + FP8 block-scaled cuBLASLt, checks + V3 shapes), the ops stage
 # (tests/gpu/gpu_check_ops.cu: rms_norm/silu_mul/rope vs the CPU backend, MoE routing vs the model's rule, token
-# permutation/gather/combine; V3 sizes at T = 128 and 8192; memcheck on --quick), writes everything under
+# permutation/gather/combine; V3 sizes at T = 128 and 8192; memcheck on --quick), the MLA prefill stage
+# (tests/gpu/gpu_check_prefill.cu: varlen causal checks vs float64, H=128 4K/32K/8x4K timings), writes everything under
 # $OUT (default build-gpu/out) and prints a short table last. Each stage runs even if an earlier one failed;
 # the exit status is 0 only when all of them passed. Usage: bash scripts/gpu-check.sh
 set -u
@@ -57,6 +58,10 @@ else
   g++ -std=c++20 -O2 -Wall -Wextra -I"$ROOT/include" -c src/model/moe_routing.cpp -o "$BUILD/moe_routing.o" \
     >"$OUT/build-moe-routing.txt" 2>&1 &
   p8=$!
+  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/cuda/mla_prefill.cu -o "$BUILD/mla_prefill.o" >"$OUT/build-mla_prefill.txt" 2>&1 &
+  p9=$!
+  "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_prefill.cu -o "$BUILD/gpu_check_prefill.o" >"$OUT/build-check-prefill.txt" 2>&1 &
+  p10=$!
   # The project's CPU backend for the cross-backend comparison: no OpenBLAS headers there, so a tiny cblas shim.
   g++ -std=c++20 -O2 -fopenmp -Wall -Wextra -I"$ROOT/include" -I"$ROOT/tests/gpu/shim" \
     -c src/backend/cpu/cpu_backend.cpp -o "$BUILD/cpu_backend.o" >"$OUT/build-cpu-backend.txt" 2>&1
@@ -100,6 +105,19 @@ else
     log "FAILED: gpu_check_ops"
     tail -n 30 "$OUT/build-fused_ops.txt" "$OUT/build-check-ops.txt" "$OUT/build-moe-routing.txt" \
       "$OUT/build-cpu-backend.txt" "$OUT/link-ops.txt" 2>/dev/null
+    status=1
+  fi
+  wait $p9; pf_rc=$?
+  wait $p10; pf2_rc=$?
+  PREFILL_BIN=""
+  if [ $pf_rc -eq 0 ] && [ $pf2_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_prefill.o" "$BUILD/mla_prefill.o" \
+       -o "$BUILD/gpu_check_prefill" -lcublas >"$OUT/link-prefill.txt" 2>&1; then
+    PREFILL_BIN="$BUILD/gpu_check_prefill"; log "built gpu_check_prefill"
+    grep -A2 "mla_prefill_fast_kernel" "$OUT/build-mla_prefill.txt" | grep -oE "([0-9]+ bytes stack frame.*|Used.*)" \
+      | sed 's/^/mla_prefill_fast_kernel: /' | tee -a "$OUT/gpu-check.log" >/dev/null
+  else
+    log "FAILED: gpu_check_prefill"
+    tail -n 30 "$OUT/build-mla_prefill.txt" "$OUT/build-check-prefill.txt" "$OUT/link-prefill.txt" 2>/dev/null
     status=1
   fi
   log "build took $(( $(date +%s) - start )) s"
@@ -159,6 +177,16 @@ if [ -n "${OPS_BIN:-}" ]; then
   fi
 fi
 
+# ---- MLA prefill attention stage (expanded form, varlen, causal; runs whatever happened above) ----
+if [ -n "${PREFILL_BIN:-}" ]; then
+  log "running gpu_check_prefill (varlen checks vs float64, V3 H=128 timings vs the cuBLAS bf16 ceiling)"
+  timeout 90 "$PREFILL_BIN" >"$OUT/gpu_check_prefill.jsonl" 2>"$OUT/gpu_check_prefill.stderr"
+  pre_rc=$?
+  log "gpu_check_prefill exit $pre_rc"; [ $pre_rc -ne 0 ] && status=1
+  grep -E '"ok":false|error|fatal' "$OUT/gpu_check_prefill.jsonl" | head -20
+  tail -n 5 "$OUT/gpu_check_prefill.stderr"
+fi
+
 echo
 echo "== gpu-check: full output in $OUT =="
 grep -h '"kind":"ceiling"\|"kind":"floor"' "$OUT/gpu_check_mla.jsonl" 2>/dev/null | cut -c1-200
@@ -177,5 +205,10 @@ echo "== fused ops + MoE (bf16 unless named; GB/s of the fewest bytes; floor = b
 grep -h '"ok":false' "$OUT/gpu_check_ops.jsonl" 2>/dev/null | cut -c1-200 | head -10
 sed -n '/^case /,$p' "$OUT/gpu_check_ops.jsonl" 2>/dev/null
 grep -h "ERROR SUMMARY" "$OUT/memcheck-ops.txt" 2>/dev/null | tail -1 | sed 's/^/memcheck (ops): /'
+echo
+echo "== MLA prefill (expanded, causal; TFLOPS = 2*H*(192+128)*L(L+1)/2 per sequence / time; %gemm of this run's cuBLAS bf16) =="
+grep -h '"ok":false' "$OUT/gpu_check_prefill.jsonl" 2>/dev/null | cut -c1-200 | head -10
+grep -h "mla_prefill_fast_kernel" "$OUT/gpu-check.log" 2>/dev/null | tail -2
+sed -n '/^case /,$p' "$OUT/gpu_check_prefill.jsonl" 2>/dev/null
 echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
