@@ -146,7 +146,8 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
   const model::ModelConfig& c = model_->config();
   if (prompt.empty()) return Status::invalid_argument("the prompt has no tokens");
   if (Status s = params.validate(c.vocab_size); !s.ok()) return s;
-  if (const size_t classes = kvcache::RetentionConfig::defaults().classes.size(); params.kv_ttl_class >= classes) {
+  static const size_t classes = kvcache::RetentionConfig::defaults().classes.size();
+  if (params.kv_ttl_class >= classes) {
     return Status::invalid_argument("kv_ttl_class " + std::to_string(params.kv_ttl_class) + " is not a retention class (0.." +
                                     std::to_string(classes - 1) + ")");
   }
@@ -171,13 +172,14 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
     for (int64_t eos : c.eos_token_ids) request.stop_token_ids.push_back(static_cast<TokenId>(eos));
   }
   if (offload_) {
-    // Read the request's disk blocks into host while it waits in the queue.
-    std::vector<kvcache::BlockHash> chain = kvcache::block_hash_chain(request.prompt_token_ids, scheduler_.config().fingerprint);
-    offload_->offload().prefetch(chain, request.ttl_class, now_ms());
+    // Read the request's disk blocks into host while it waits in the queue; the scheduler reuses the chain.
+    request.block_hashes = kvcache::block_hash_chain(request.prompt_token_ids, scheduler_.config().fingerprint);
+    offload_->offload().prefetch(request.block_hashes, request.ttl_class, now_ms());
   }
-  if (Status s = scheduler_.add(request); !s.ok()) return s;
-  requests_[request.id] = {std::move(prompt), {}, params, make_request_rng(params, static_cast<uint64_t>(request.id))};
-  return request.id;
+  const SequenceId id = request.id;
+  if (Status s = scheduler_.add(std::move(request)); !s.ok()) return s;
+  requests_[id] = {std::move(prompt), {}, params, make_request_rng(params, static_cast<uint64_t>(id))};
+  return id;
 }
 
 Status Engine::cancel(SequenceId id) { return scheduler_.cancel(id); }

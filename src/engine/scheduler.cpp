@@ -94,6 +94,7 @@ Status Scheduler::add(SequenceRequest request) {
   seq.max_tokens = request.max_tokens;
   seq.stop_token_ids = std::move(request.stop_token_ids);
   seq.ttl_class = request.ttl_class;
+  seq.block_hashes = std::move(request.block_hashes);
   SequenceId id = seq.id;
   SequenceState& stored = sequences_.emplace(id, std::move(seq)).first->second;
   if (std::optional<std::string> reason = why_never_schedulable(stored)) {

@@ -136,7 +136,8 @@ void KvOffloadStore::store(const BlockHash& hash, const BlockHash& parent, std::
   }
   auto copy = std::make_shared<const std::vector<std::byte>>(payload.begin(), payload.end());
   host_insert_locked(hash, copy, expiry_ms, now_ms);
-  if (disk_ && !disk_->contains(hash)) {
+  if (disk_ && !pending_writes_.contains(hash) && !disk_->contains(hash)) {
+    pending_writes_.emplace(hash, copy);
     disk_queue_.push_back({hash, parent, std::move(copy)});
     lock.unlock();
     work_cv_.notify_one();
@@ -149,9 +150,7 @@ int64_t KvOffloadStore::match(std::span<const BlockHash> chain, int64_t now_ms) 
   for (const BlockHash& hash : chain) {
     if (!host_live_locked(hash, now_ms)) {
       if (!disk_) break;
-      const bool queued = std::any_of(disk_queue_.begin(), disk_queue_.end(),
-                                      [&](const DiskWrite& write) { return write.hash == hash; });
-      if (!queued && !disk_->contains(hash)) break;
+      if (!pending_writes_.contains(hash) && !disk_->contains(hash)) break;
     }
     ++matched;
   }
@@ -177,12 +176,11 @@ bool KvOffloadStore::load(const BlockHash& hash, std::span<std::byte> out, TtlCl
       touch_locked(hash, expiry_ms);
       return true;
     }
-    // Still in the write queue: the bytes are in memory.
-    for (const DiskWrite& write : disk_queue_) {
-      if (write.hash != hash) continue;
-      std::copy(write.payload->begin(), write.payload->end(), out.begin());
-      ++counters_.host.hit_blocks;  // the bytes are in host memory, waiting for the disk writer
-      host_insert_locked(hash, write.payload, expiry_ms, now_ms);
+    // Waiting for (or being written by) the disk writer: the bytes are in memory.
+    if (auto pending = pending_writes_.find(hash); pending != pending_writes_.end()) {
+      std::copy(pending->second->begin(), pending->second->end(), out.begin());
+      ++counters_.host.hit_blocks;
+      host_insert_locked(hash, pending->second, expiry_ms, now_ms);
       return true;
     }
   }
@@ -275,6 +273,7 @@ void KvOffloadStore::run_background() {
       }
     }
     lock.lock();
+    for (const DiskWrite& write : batch) pending_writes_.erase(write.hash);
     counters_.disk.stored_blocks += written;
     counters_.disk.bytes_written += written * static_cast<int64_t>(config_.block_bytes);
     counters_.disk.refused_blocks += failed;

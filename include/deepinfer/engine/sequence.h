@@ -68,6 +68,9 @@ struct SequenceRequest {
   int64_t max_tokens = 0;                 // REQUIRES: >= 1; generated tokens at most, a stop token included
   std::vector<TokenId> stop_token_ids;    // sampling any of these finishes the sequence with kStop
   kvcache::TtlClassId ttl_class = kvcache::kDefaultTtlClass;  // retention class of its cached blocks
+  // Optional: the chained hashes of the prompt's leading full blocks, when the caller already computed them
+  // (under the scheduler's fingerprint). REQUIRES: a prefix of block_hash_chain(prompt_token_ids, fingerprint).
+  std::vector<kvcache::BlockHash> block_hashes;
 };
 
 // One sequence's state, owned and mutated only by the Scheduler; read through Scheduler::find().

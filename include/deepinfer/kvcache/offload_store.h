@@ -153,6 +153,8 @@ class KvOffloadStore {
   TokenBucket host_bucket_;
   bool host_evicting_ = false;
   std::deque<DiskWrite> disk_queue_;
+  // Every block queued for or being written by the background writer, by hash: its bytes are still in memory.
+  std::unordered_map<BlockHash, std::shared_ptr<const std::vector<std::byte>>, BlockHashHasher> pending_writes_;
   std::deque<Prefetch> prefetch_queue_;
   int64_t disk_in_flight_ = 0;  // writes taken off the queue and not yet done
   bool stop_ = false;
