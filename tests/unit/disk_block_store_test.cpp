@@ -23,8 +23,12 @@
 #include <thread>
 #include <vector>
 
+#include "temp_dir.h"
+
 namespace deepinfer::kvcache {
 namespace {
+
+using TempDir = deepinfer::testing::TempDir;
 
 namespace fs = std::filesystem;
 
@@ -50,27 +54,6 @@ std::vector<std::byte> payload_of(uint64_t id, size_t bytes = kBlockBytes) {
   }
   return payload;
 }
-
-// A fresh directory under the system temp directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("deepinfer-disk-" + std::to_string(::getpid()) + "-" +
-                                         std::to_string(counter++) + "-" + (info ? info->name() : "x"));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 DiskBlockStoreOptions options_for(const fs::path& directory, int64_t capacity_blocks = 1000,
                                   const ModelFingerprint& fingerprint = kFingerprint, bool sync = false) {

@@ -26,11 +26,14 @@
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/model/safetensors.h"
 #include "test_data.h"
+#include "temp_dir.h"
 
 extern char** environ;
 
 namespace deepinfer::engine {
 namespace {
+
+using TempDir = deepinfer::testing::TempDir;
 
 const std::string kFixture = "tests/data/models/tiny-deepseek-v3";
 // Tiny V3: 3 layers x 80 latent values x 64 tokens x 4 bytes.
@@ -121,19 +124,6 @@ std::vector<TokenId> uncached_turn2(const std::vector<TokenId>& prompt) {
   EXPECT_EQ(run.tokens.size(), 16u);
   return run.tokens;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/deepinfer-kv-tiers-XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 TEST(EngineKvTiersTest, HostTierServesBlocksTheDeviceEvicted) {
   EngineConfig config = base_config();

@@ -12,8 +12,12 @@
 
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 namespace deepinfer::kvcache {
 namespace {
+
+using TempDir = deepinfer::testing::TempDir;
 
 constexpr size_t kBytes = 256;
 constexpr int64_t kHour = 3600 * 1000;
@@ -39,19 +43,6 @@ std::vector<BlockHash> chain_of(uint64_t first, uint64_t count) {
   for (uint64_t i = first; i < first + count; ++i) chain.push_back(hash_of(i));
   return chain;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/deepinfer-offload-XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 TEST(OffloadStoreTest, StoreMatchLoadRoundTripsThroughHost) {
   auto store = std::move(KvOffloadStore::create(host_only(8))).value();
