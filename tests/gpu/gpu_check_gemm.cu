@@ -20,20 +20,15 @@
 #include <vector>
 
 #include "deepinfer/kernels/cuda/gemm.h"
+#include "gpu_check_common.h"
 
 namespace {
 
 namespace k = deepinfer::kernels::cuda;
+using namespace deepinfer::gpu_check;
 constexpr double kTolerance = 1e-2;
 constexpr int kG = k::kFp8GroupSize;
 
-#define CUDA_TRY(expr)                                                                                 \
-  do {                                                                                                 \
-    cudaError_t err_ = (expr);                                                                         \
-    if (err_ != cudaSuccess)                                                                           \
-      throw std::runtime_error(std::string(#expr) + " -> " + cudaGetErrorName(err_) + " (line " +     \
-                               std::to_string(__LINE__) + ")");                                        \
-  } while (0)
 #define GEMM_TRY(expr)                                                                                 \
   do {                                                                                                 \
     k::GemmStatus st_ = (expr);                                                                        \
@@ -42,12 +37,6 @@ constexpr int kG = k::kFp8GroupSize;
                                ", cublas status " + std::to_string(st_.cublas));                       \
   } while (0)
 
-float bf16_to_float(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 // float8_e4m3fn -> float (bias 7, no infinities, 0x7f/0xff NaN).
 double e4m3_to_double(uint8_t v) {
   const int sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 7;
@@ -56,46 +45,6 @@ double e4m3_to_double(uint8_t v) {
   return sign ? -mag : mag;
 }
 
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : count(n) { CUDA_TRY(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      if (ptr) cudaFree(ptr);
-      ptr = o.ptr;
-      count = o.count;
-      o.ptr = nullptr;
-      o.count = 0;
-    }
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(count);
-    CUDA_TRY(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  std::vector<T> download_range(size_t offset, size_t n) const {
-    std::vector<T> v(n);
-    CUDA_TRY(cudaMemcpy(v.data(), ptr + offset, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
-
-__host__ __device__ inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 // Random bf16: uniform in [-1, 1) times a per-128-column-group magnitude 2^e, e in [-3, 3] (varies the scales,
 // as real activations and weights do).
 __global__ void fill_random_bf16(__nv_bfloat16* dst, size_t n, size_t cols, uint64_t seed, float amplitude) {
@@ -162,7 +111,7 @@ Problem make_problem(int m, int n, int kdim, uint64_t seed) {
   p.ws = DeviceBuffer<float>(static_cast<size_t>(nblocks) * ld);
   fill_random(p.x.ptr, m, kdim, seed * 2 + 1, 1.0f);
   fill_random(p.w.ptr, n, kdim, seed * 2 + 2, 0.05f);
-  CUDA_TRY(cudaMemset(p.ws.ptr, 0xff, p.ws.count * sizeof(float)));  // NaN in the padding: must never be read
+  p.ws.poison();  // NaN in the padding: must never be read
   weight_quant_kernel<<<dim3((kdim + kG - 1) / kG, nblocks), 256>>>(reinterpret_cast<const __nv_bfloat16*>(p.w.ptr),
                                                                      p.wq.ptr, p.ws.ptr, n, kdim, ld);
   CUDA_TRY(cudaGetLastError());
@@ -331,7 +280,7 @@ void check_case(const std::string& name, int m, int n, int kdim, uint64_t seed) 
     int kind;  // 0 bf16, 1 fp8 auto, 2 fp8 simt
   };
   for (V v : {V{"bf16_cublas", 0}, V{"fp8_auto", 1}, V{"fp8_simt", 2}}) {
-    CUDA_TRY(cudaMemset(p.y.ptr, 0xff, p.y.count * sizeof(uint16_t)));  // NaN poison
+    p.y.poison();  // NaN
     k::Fp8GemmPath used = k::Fp8GemmPath::kAuto;
     std::string error;
     try {
@@ -367,31 +316,6 @@ void check_case(const std::string& name, int m, int n, int kdim, uint64_t seed) 
     std::fflush(stdout);
   }
   g_summary.push_back({"check " + name, 0, 0, 0, 0, 0, worst});
-}
-
-template <typename F>
-std::vector<float> time_events(F&& launch, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) launch(i);
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * reps);
-  for (auto& e : ev) CUDA_TRY(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    CUDA_TRY(cudaEventRecord(ev[2 * i]));
-    launch(warmup + i);
-    CUDA_TRY(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) CUDA_TRY(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) cudaEventDestroy(e);
-  return ms;
-}
-struct Stats {
-  double median_us, min_us, max_us;
-};
-Stats stats_of(std::vector<float> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {1e3 * ms[ms.size() / 2], 1e3 * ms.front(), 1e3 * ms.back()};
 }
 
 void measure_ceiling() {
@@ -480,7 +404,7 @@ void bench_shape(int m, int n, int kdim, size_t l2_bytes) {
     }
     Err e;
     if (v.kind != 3) {  // correctness of this path at this size: poison, run once on set 0, compare the sample
-      CUDA_TRY(cudaMemset(ps[0].y.ptr, 0xff, ps[0].y.count * sizeof(uint16_t)));
+      ps[0].y.poison();
       launch(0);
       CUDA_TRY(cudaDeviceSynchronize());
       e = compare(ps[0], s, v.kind == 0 ? s.ref_exact : s.ref_deq);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "deepinfer/kernels/cuda/mla_decode.h"
+#include "gpu_check_common.h"
 #ifdef DEEPINFER_GPU_CHECK_CPU_BACKEND
 #include "deepinfer/backend/backend.h"
 #endif
@@ -27,71 +28,14 @@
 namespace {
 
 namespace k = deepinfer::kernels::cuda;
+using namespace deepinfer::gpu_check;
 
 constexpr int kD = k::kMlaEntryDim;
 constexpr int kC = k::kMlaLatentDim;
 constexpr int kPage = k::kMlaBlockTokens;
 constexpr double kTolerance = 1e-2;
 
-#define CUDA_TRY(expr)                                                                                    \
-  do {                                                                                                    \
-    cudaError_t err_ = (expr);                                                                            \
-    if (err_ != cudaSuccess)                                                                              \
-      throw std::runtime_error(std::string(#expr) + " -> " + cudaGetErrorName(err_) + ": " +             \
-                               cudaGetErrorString(err_) + " (line " + std::to_string(__LINE__) + ")");    \
-  } while (0)
-#define CUBLAS_TRY(expr)                                                                                  \
-  do {                                                                                                    \
-    cublasStatus_t st_ = (expr);                                                                          \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                     \
-      throw std::runtime_error(std::string(#expr) + " -> cublas status " + std::to_string(static_cast<int>(st_))); \
-  } while (0)
-
-float bf16_to_float(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-constexpr uint16_t kBf16NaN = 0x7fc0;
-
-template <typename T>
-struct DeviceBuffer {  // owns one cudaMalloc
-  T* ptr = nullptr;
-  size_t count = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : count(n) { CUDA_TRY(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      if (ptr) cudaFree(ptr);
-      ptr = o.ptr;
-      count = o.count;
-      o.ptr = nullptr;
-      o.count = 0;
-    }
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  void upload(const std::vector<T>& v) { CUDA_TRY(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> v(count);
-    CUDA_TRY(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
-
 // Counter-based random bf16 in [-amplitude, amplitude): splitmix64 of (seed, index).
-__host__ __device__ inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 __global__ void fill_random_bf16(__nv_bfloat16* dst, size_t n, uint64_t seed, float amplitude) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -342,7 +286,7 @@ void check_case(const std::string& name, int batch, int heads, const std::vector
   std::string worst_variant;
   int variants_run = 0;
   for (const Variant& v : variants_for(heads, true)) {
-    CUDA_TRY(cudaMemset(pr.out.ptr, 0xff, pr.out.count * sizeof(uint16_t)));  // NaN poison
+    pr.out.poison();  // NaN
     int splits = 1;
     cudaError_t err = run_variant(pr, v, workspace, &splits);
     if (err == cudaSuccess) err = cudaDeviceSynchronize();
@@ -438,67 +382,20 @@ void check_case(const std::string& name, int batch, int heads, const std::vector
   std::fflush(stdout);
 }
 
-template <typename F>
-std::vector<float> time_events(F&& launch, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) launch(i);
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * reps);
-  for (auto& e : ev) CUDA_TRY(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    CUDA_TRY(cudaEventRecord(ev[2 * i]));
-    launch(i);
-    CUDA_TRY(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) CUDA_TRY(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) cudaEventDestroy(e);
-  return ms;
-}
-struct Stats {
-  double median_us, min_us, max_us;
-};
-Stats stats_of(std::vector<float> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {1e3 * ms[ms.size() / 2], 1e3 * ms.front(), 1e3 * ms.back()};
-}
-
 double g_copy_gbps = 0.0, g_gemm_tflops = 0.0;
 
 void measure_ceilings() {
   {  // device-to-device copy, 2 GiB, bytes read + written
     const size_t bytes = size_t{2} << 30;
-    DeviceBuffer<uint8_t> a(bytes), b(bytes);
-    CUDA_TRY(cudaMemset(a.ptr, 0x5a, bytes));
-    auto ms = time_events([&](int) { CUDA_TRY(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice)); }, 3, 20);
-    Stats s = stats_of(ms);
+    Stats s = time_d2d_copy(bytes, [](uint8_t* src, size_t n) { CUDA_TRY(cudaMemset(src, 0x5a, n)); }, 3, 20);
     g_copy_gbps = 2.0 * bytes / (s.median_us * 1e-6) / 1e9;
     std::printf("{\"kind\":\"ceiling\",\"name\":\"d2d_copy\",\"bytes\":%zu,\"median_us\":%.1f,\"min_us\":%.1f,"
                 "\"max_us\":%.1f,\"gbps_read_plus_write\":%.1f}\n",
                 bytes, s.median_us, s.min_us, s.max_us, g_copy_gbps);
   }
-  {  // cuBLAS bf16 GEMM 8192^3, f32 accumulation, random inputs
-    const int n = 8192;
-    DeviceBuffer<uint16_t> a(size_t{1} * n * n), b(size_t{1} * n * n), c(size_t{1} * n * n);
-    fill_random(a.ptr, a.count, 11, 1.0f);
-    fill_random(b.ptr, b.count, 12, 1.0f);
-    cublasHandle_t handle;
-    CUBLAS_TRY(cublasCreate(&handle));
-    const float alpha = 1.0f, beta = 0.0f;
-    auto ms = time_events(
-        [&](int) {
-          CUBLAS_TRY(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.ptr, CUDA_R_16BF, n, b.ptr,
-                                  CUDA_R_16BF, n, &beta, c.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-        },
-        3, 20);
-    cublasDestroy(handle);
-    Stats s = stats_of(ms);
-    g_gemm_tflops = 2.0 * n * n * static_cast<double>(n) / (s.median_us * 1e-6) / 1e12;
-    std::printf("{\"kind\":\"ceiling\",\"name\":\"cublas_bf16_gemm_8192\",\"median_us\":%.1f,\"min_us\":%.1f,"
-                "\"max_us\":%.1f,\"tflops\":%.1f}\n",
-                s.median_us, s.min_us, s.max_us, g_gemm_tflops);
-  }
+  // cuBLAS bf16 GEMM 8192^3, f32 accumulation, random inputs
+  g_gemm_tflops = measure_cublas_bf16_gemm_ceiling(
+      [](uint16_t* p, size_t n, uint64_t seed) { fill_random(p, n, seed, 1.0f); }, 3, 20);
   std::fflush(stdout);
 }
 
@@ -545,7 +442,8 @@ void bench_case(int heads, int ctx) {
       // allocate workspaces outside the timed region
       launch(0);
       launch(1);
-      s = stats_of(time_events(launch, 3, 30));
+      // Timed runs restart at set 0 after the 3 warm-up runs (time_events numbers them on from the warm-up).
+      s = stats_of(time_events([&](int i) { launch(i < 3 ? i : i - 3); }, 3, 30));
     } catch (const std::exception& ex) {
       std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"variant\":\"%s\",\"error\":\"%s\"}\n", cname.c_str(),
                   v.name.c_str(), ex.what());
@@ -555,7 +453,7 @@ void bench_case(int heads, int ctx) {
     }
     if (failed) continue;
     // Correctness of this variant on this size: poison set 0's output, run once, compare the sampled rows.
-    CUDA_TRY(cudaMemset(sets[0].out.ptr, 0xff, sets[0].out.count * sizeof(uint16_t)));
+    sets[0].out.poison();
     launch(0);
     CUDA_TRY(cudaDeviceSynchronize());
     std::vector<uint16_t> out = sets[0].out.download();

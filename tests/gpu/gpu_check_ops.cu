@@ -25,55 +25,21 @@
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
 #include "deepinfer/model/moe_routing.h"
+#include "gpu_check_common.h"
 
 namespace {
 
 namespace k = deepinfer::kernels::cuda;
 namespace be = deepinfer::backend;
 namespace dm = deepinfer::model;
+using namespace deepinfer::gpu_check;
 
-#define CUDA_TRY(expr)                                                                                 \
-  do {                                                                                                 \
-    cudaError_t err_ = (expr);                                                                         \
-    if (err_ != cudaSuccess)                                                                           \
-      throw std::runtime_error(std::string(#expr) + " -> " + cudaGetErrorName(err_) + " (line " +     \
-                               std::to_string(__LINE__) + ")");                                        \
-  } while (0)
-
-float bf16_to_float(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 uint16_t float_to_bf16(float value) {  // round to nearest even (inputs here are finite)
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
 }
-
-template <typename T>
-struct Dev {
-  T* ptr = nullptr;
-  size_t count = 0;
-  Dev() = default;
-  explicit Dev(size_t n) : count(n) { CUDA_TRY(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() {
-    if (ptr) cudaFree(ptr);
-  }
-  void upload(const std::vector<T>& v) {
-    CUDA_TRY(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(count);
-    CUDA_TRY(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  void poison() { CUDA_TRY(cudaMemset(ptr, 0xff, count * sizeof(T))); }  // NaN for floats/bf16, -1 for ints
-};
 
 std::mt19937_64 g_rng(20261130);
 bool g_all_ok = true;
@@ -135,7 +101,7 @@ HostTensor random_tensor(k::DType dtype, size_t n, float scale) {
 size_t elem_bytes(k::DType d) { return d == k::DType::kBF16 ? 2 : 4; }
 struct DevTensor {
   k::DType dtype;
-  Dev<uint8_t> buf;
+  DeviceBuffer<uint8_t> buf;
   DevTensor(k::DType d, size_t n) : dtype(d), buf(n * elem_bytes(d)) {}
   void upload(const HostTensor& h) {
     const void* src = dtype == k::DType::kBF16 ? static_cast<const void*>(h.bf16.data()) : h.f32.data();
@@ -256,8 +222,8 @@ void check_rope(k::DType dt, int64_t rows, int64_t dim, int64_t stride, int64_t 
   const float factor = static_cast<float>(0.1 * std::log(40.0) + 1.0);
   DevTensor dx(dt, n);
   dx.upload(x);
-  Dev<int32_t> dpos(pos.size());
-  Dev<float> dinv(inv.size());
+  DeviceBuffer<int32_t> dpos(pos.size());
+  DeviceBuffer<float> dinv(inv.size());
   dpos.upload(pos);
   dinv.upload(inv);
   // In place, so no poison: the comparison covers every row value and the padding between rows must stay as is.
@@ -398,8 +364,9 @@ struct RoutingOut {
 };
 RoutingOut run_routing_device(const dm::MoeRoutingRule& rule, const RoutingInput& in, int64_t T) {
   const int64_t E = rule.num_experts, kk = rule.top_k;
-  Dev<float> dl(static_cast<size_t>(T * E)), db(std::max<size_t>(in.bias.size(), 1)), dw(static_cast<size_t>(T * kk));
-  Dev<int32_t> di(static_cast<size_t>(T * kk));
+  DeviceBuffer<float> dl(static_cast<size_t>(T * E)), db(std::max<size_t>(in.bias.size(), 1)),
+      dw(static_cast<size_t>(T * kk));
+  DeviceBuffer<int32_t> di(static_cast<size_t>(T * kk));
   dl.upload(in.logits);
   if (!in.bias.empty()) db.upload(in.bias);
   di.poison();
@@ -444,8 +411,8 @@ std::vector<int32_t> check_routing(const RouteCase& rc, int64_t T) {
 // ---- permutation, gather, combine ----
 void check_permute(const std::string& name, const std::vector<int32_t>& ids, int64_t T, int64_t kk, int64_t E) {
   const int64_t entries = T * kk;
-  Dev<int32_t> dids(ids.size()), counts(E), offsets(E + 1), sorted(entries), position(entries);
-  Dev<uint8_t> ws(k::moe_permute_workspace_bytes(entries, E));
+  DeviceBuffer<int32_t> dids(ids.size()), counts(E), offsets(E + 1), sorted(entries), position(entries);
+  DeviceBuffer<uint8_t> ws(k::moe_permute_workspace_bytes(entries, E));
   dids.upload(ids);
   counts.poison();
   offsets.poison();
@@ -499,8 +466,8 @@ void check_permute(const std::string& name, const std::vector<int32_t>& ids, int
     std::vector<float> wts(static_cast<size_t>(entries));
     std::uniform_real_distribution<float> u(0.05f, 1.0f);
     for (float& w : wts) w = u(g_rng);
-    Dev<uint16_t> dx(x.size()), dperm(eo.size()), deo(eo.size()), dbase(base.size()), dout(base.size());
-    Dev<float> dw(wts.size());
+    DeviceBuffer<uint16_t> dx(x.size()), dperm(eo.size()), deo(eo.size()), dbase(base.size()), dout(base.size());
+    DeviceBuffer<float> dw(wts.size());
     dx.upload(x);
     deo.upload(eo);
     dbase.upload(base);
@@ -566,34 +533,6 @@ std::vector<int32_t> skewed_ids(int64_t T, int64_t kk, int64_t hot) {
 }
 
 // ---- timing ----
-template <typename F>
-std::vector<float> time_events(F&& launch, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) launch(i);
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * reps);
-  for (auto& e : ev) CUDA_TRY(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    CUDA_TRY(cudaEventRecord(ev[2 * i]));
-    launch(warmup + i);
-    CUDA_TRY(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) CUDA_TRY(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) cudaEventDestroy(e);
-  return ms;
-}
-double median_us(std::vector<float> ms) {
-  std::sort(ms.begin(), ms.end());
-  return 1e3 * ms[ms.size() / 2];
-}
-
-__device__ inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 __global__ void fill_kernel(uint8_t* p, size_t n_words, uint64_t seed, int mode) {
   // mode 0: bf16 pairs uniform in [-2, 2); mode 1: f32 normal-ish in [-4, 4)
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n_words;
@@ -618,7 +557,7 @@ int sets_for(double bytes) {
 }
 void bench_row(const std::string& name, double bytes, const std::function<void(int)>& launch, int sets) {
   const int reps = std::max(30, 2 * sets);
-  const double us = median_us(time_events(launch, std::max(3, sets), reps));
+  const double us = stats_of(time_events(launch, std::max(3, sets), reps)).median_us;
   const double gbps = bytes / (us * 1e-6) / 1e9;
   const double floor_us = g_copy_gbps > 0 ? bytes / (g_copy_gbps * 1e3) : 0;
   const double pct = g_copy_gbps > 0 ? 100.0 * gbps / g_copy_gbps : 0;
@@ -631,7 +570,7 @@ void bench_row(const std::string& name, double bytes, const std::function<void(i
 
 // A pool of `sets` copies of a buffer (rotated so that timings do not run from L2).
 struct Pool {
-  Dev<uint8_t> buf;
+  DeviceBuffer<uint8_t> buf;
   size_t each = 0;
   Pool(size_t bytes, int sets, uint64_t seed, int mode) : buf(((bytes + 255) / 256 * 256) * sets), each((bytes + 255) / 256 * 256) {
     fill(buf.ptr, buf.count, seed, mode);
@@ -692,10 +631,10 @@ void bench_all() {
     {  // rope: q (T*128 heads x 64, contiguous, 128 per position) and k (T x 64 at stride 576)
       std::vector<int32_t> pos(static_cast<size_t>(T));
       for (int64_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>(1000 + i);
-      Dev<int32_t> dpos(pos.size());
+      DeviceBuffer<int32_t> dpos(pos.size());
       dpos.upload(pos);
       std::vector<float> inv = make_inv_freq(64);
-      Dev<float> dinv(inv.size());
+      DeviceBuffer<float> dinv(inv.size());
       dinv.upload(inv);
       struct R {
         const char* name;
@@ -724,8 +663,8 @@ void bench_all() {
       const double rbytes = 4.0 * T * E + 8.0 * T * kk + 4.0 * E;
       const int sets = sets_for(rbytes);
       Pool logits(4 * T * E, sets, 8, 1), bias(4 * E, 1, 9, 1);
-      Dev<int32_t> ids(static_cast<size_t>(T * kk) * sets);
-      Dev<float> wts(static_cast<size_t>(T * kk) * sets);
+      DeviceBuffer<int32_t> ids(static_cast<size_t>(T * kk) * sets);
+      DeviceBuffer<float> wts(static_cast<size_t>(T * kk) * sets);
       k::MoeRoutingParams rp = device_rule(make_rule(dm::MoeRoutingRule::Scoring::kSigmoid, dm::MoeRoutingRule::TopK::kNoauxTc,
                                                      E, kk, 8, 4, true, true, 2.5));
       rp.tokens = T;
@@ -739,8 +678,8 @@ void bench_all() {
       };
       bench_row(t + "moe_routing V3 256e top8", rbytes, route, sets);
       const int64_t entries = T * kk;
-      Dev<int32_t> counts(E), offsets(E + 1), sorted(entries), position(entries);
-      Dev<uint8_t> ws(k::moe_permute_workspace_bytes(entries, E));
+      DeviceBuffer<int32_t> counts(E), offsets(E + 1), sorted(entries), position(entries);
+      DeviceBuffer<uint8_t> ws(k::moe_permute_workspace_bytes(entries, E));
       const double pbytes = 4.0 * entries * 3 + 8.0 * E;
       bench_row(t + "moe_permute (counts, offsets, order)", pbytes, [&](int i) {
         k::MoePermuteParams p;
@@ -788,10 +727,7 @@ void bench_all() {
 
 void measure_copy() {
   const size_t bytes = size_t{2} << 30;
-  Dev<uint8_t> a(bytes), b(bytes);
-  fill(a.ptr, bytes, 77, 0);
-  const double us = median_us(time_events(
-      [&](int) { CUDA_TRY(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice)); }, 3, 20));
+  const double us = time_d2d_copy(bytes, [](uint8_t* src, size_t n) { fill(src, n, 77, 0); }, 3, 20).median_us;
   g_copy_gbps = 2.0 * bytes / (us * 1e-6) / 1e9;
   std::printf("{\"kind\":\"ceiling\",\"name\":\"d2d_copy\",\"bytes\":%zu,\"median_us\":%.1f,\"gbps_read_plus_write\":%.1f}\n",
               bytes, us, g_copy_gbps);

@@ -21,52 +21,17 @@
 #include <vector>
 
 #include "deepinfer/kernels/cuda/mla_prefill.h"
+#include "gpu_check_common.h"
 
 namespace {
 
 namespace k = deepinfer::kernels::cuda;
+using namespace deepinfer::gpu_check;
 constexpr double kTolerance = 1e-2;
 constexpr int kQK = k::kMlaPrefillQkDim;
 constexpr int kV = k::kMlaPrefillVDim;
-constexpr uint16_t kBf16NaN = 0x7fc0;
 
-#define CUDA_TRY(expr)                                                                                 \
-  do {                                                                                                 \
-    cudaError_t err_ = (expr);                                                                         \
-    if (err_ != cudaSuccess)                                                                           \
-      throw std::runtime_error(std::string(#expr) + " -> " + cudaGetErrorName(err_) + " (line " +     \
-                               std::to_string(__LINE__) + ")");                                        \
-  } while (0)
-#define CUBLAS_TRY(expr)                                                                               \
-  do {                                                                                                 \
-    cublasStatus_t st_ = (expr);                                                                       \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                  \
-      throw std::runtime_error(std::string(#expr) + " -> cublas status " + std::to_string(static_cast<int>(st_))); \
-  } while (0)
-
-double bf16_to_double(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-template <typename T>
-struct DeviceBuffer {  // owns one cudaMalloc
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) { CUDA_TRY(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(count);
-    CUDA_TRY(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
+double bf16_to_double(uint16_t bits) { return bf16_to_float(bits); }  // the float64 references compute in double
 
 // Uniform bf16 values in [-amp, amp) from a hash of (seed, index): fresh random data on the device.
 __global__ void fill_random_kernel(uint16_t* out, size_t n, uint32_t seed, float amp) {
@@ -90,31 +55,6 @@ void fill_random(uint16_t* p, size_t n, uint32_t seed, float amp) {
 void poison(uint16_t* p, size_t n) {  // every element NaN (0x7fc0 -> bytes c0 7f: not a memset pattern)
   std::vector<uint16_t> nan(n, kBf16NaN);
   CUDA_TRY(cudaMemcpy(p, nan.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
-}
-
-template <typename F>
-std::vector<float> time_events(F&& launch, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) launch(i);
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * reps);
-  for (auto& e : ev) CUDA_TRY(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    CUDA_TRY(cudaEventRecord(ev[2 * i]));
-    launch(warmup + i);
-    CUDA_TRY(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CUDA_TRY(cudaDeviceSynchronize());
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) CUDA_TRY(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) cudaEventDestroy(e);
-  return ms;
-}
-struct Stats {
-  double median_us, min_us, max_us;
-};
-Stats stats_of(std::vector<float> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {1e3 * ms[ms.size() / 2], 1e3 * ms.front(), 1e3 * ms.back()};
 }
 
 bool g_all_ok = true;
@@ -251,32 +191,8 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
 }
 
 void measure_ceiling() {  // cuBLAS bf16 GEMM 8192^3, f32 accumulation, random inputs (as gpu_check_mla)
-  const int n = 8192;
-  DeviceBuffer<uint16_t> a(size_t{1} * n * n), b(size_t{1} * n * n), c(size_t{1} * n * n);
-  fill_random(a.ptr, a.count, 11, 1.0f);
-  fill_random(b.ptr, b.count, 12, 1.0f);
-  cublasHandle_t handle;
-  CUBLAS_TRY(cublasCreate(&handle));
-  const float alpha = 1.0f, beta = 0.0f;
-  std::vector<float> ms;
-  try {
-    ms = time_events(
-        [&](int) {
-          CUBLAS_TRY(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.ptr, CUDA_R_16BF, n, b.ptr,
-                                  CUDA_R_16BF, n, &beta, c.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-        },
-        3, 20);
-  } catch (...) {
-    cublasDestroy(handle);
-    throw;
-  }
-  cublasDestroy(handle);
-  Stats s = stats_of(ms);
-  g_gemm_tflops = 2.0 * n * n * static_cast<double>(n) / (s.median_us * 1e-6) / 1e12;
-  std::printf("{\"kind\":\"ceiling\",\"name\":\"cublas_bf16_gemm_8192\",\"median_us\":%.1f,\"min_us\":%.1f,"
-              "\"max_us\":%.1f,\"tflops\":%.1f}\n",
-              s.median_us, s.min_us, s.max_us, g_gemm_tflops);
+  g_gemm_tflops = measure_cublas_bf16_gemm_ceiling(
+      [](uint16_t* p, size_t n, uint32_t seed) { fill_random(p, n, seed, 1.0f); }, 3, 20);
   std::fflush(stdout);
 }
 
