@@ -1,5 +1,5 @@
 // deepinfer generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N [--temperature T]
-//   [--top-p P] [--top-k K] [--seed S] [--bf16] [--json]: one request through the engine on the CPU.
+//   [--top-p P] [--top-k K] [--seed S] [--device cpu|cuda] [--bf16] [--json]: one request through the engine.
 // With --json: {"output_ids": [...], "text": "..."} (text when the checkpoint directory has a tokenizer.json).
 #include <filesystem>
 #include <iostream>
@@ -11,6 +11,7 @@
 #include <boost/json.hpp>
 
 #include "commands.h"
+#include "backend_choice.h"
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/recipe/tokenizer.h"
 
@@ -26,7 +27,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
     float top_p = 1.0f;
     int32_t top_k = -1;
     std::optional<uint64_t> seed;
-    bool bf16 = false;
+    DeviceOptions device;
     bool json = false;
   };
   auto options = std::make_shared<Options>();
@@ -40,7 +41,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--top-p", options->top_p, "Nucleus sampling mass (1 is off)");
   cmd->add_option("--top-k", options->top_k, "Keep the k most likely tokens (-1 is off)");
   cmd->add_option("--seed", options->seed, "Per-request seed");
-  cmd->add_flag("--bf16", options->bf16, "Keep weights in bf16 (float32 accumulation); default float32");
+  add_device_flags(cmd, options->device);
   cmd->add_flag("--json", options->json, "Print {\"output_ids\": [...], \"text\": ...}");
   return [options]() -> int {
     auto fail = [](const std::string& message) {
@@ -70,9 +71,10 @@ std::function<int()> add_generate_command(CLI::App& app) {
     } else {
       return fail("give --prompt or --prompt-ids");
     }
-    auto backend = backend::make_cpu_backend();
-    auto precision = options->bf16 ? backend::WeightMatrix::Precision::kBF16 : backend::WeightMatrix::Precision::kF32;
-    auto model = model::DeepSeekModel::load(options->model, *backend, precision, /*progress=*/true);
+    Result<BackendChoice> choice = make_backend(options->device);
+    if (!choice.ok()) return fail(choice.status().to_string());
+    auto backend = std::move(choice->backend);
+    auto model = model::DeepSeekModel::load(options->model, *backend, choice->precision, /*progress=*/true);
     if (!model.ok()) return fail(model.status().to_string());
     auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine::EngineConfig{});
     if (!engine.ok()) return fail(engine.status().to_string());

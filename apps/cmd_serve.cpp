@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "commands.h"
+#include "backend_choice.h"
 #include "deepinfer/engine/checkpoint_fingerprint.h"
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/model/config.h"
@@ -79,7 +80,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t max_json_depth = 64;
     std::optional<int64_t> default_max_tokens;
     int32_t http_threads = 2;
-    bool bf16 = false;
+    DeviceOptions device;
     bool no_prefix_caching = false;
     int64_t tokenization_cache_mb = 64;
   };
@@ -126,7 +127,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", options->http_threads, "Threads serving HTTP")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  cmd->add_flag("--bf16", options->bf16, "Keep weights in bf16 (float32 accumulation); default float32");
+  add_device_flags(cmd, options->device);
   cmd->add_option("--kv-host-cache-memory", options->kv_host_cache_memory,
                   "Host-RAM tier of the prefix cache below the device (e.g. 8GiB; default none, or 1GiB with "
                   "--tiered-kv-storage-path). Completed blocks are written through to it and loaded back instead of "
@@ -215,10 +216,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   std::to_string(config->vocab_size) + ": wrong tokenizer for this checkpoint?");
     }
 
-    auto backend = backend::make_cpu_backend();
-    const auto precision =
-        options->bf16 ? backend::WeightMatrix::Precision::kBF16 : backend::WeightMatrix::Precision::kF32;
-    auto model = model::DeepSeekModel::load(model_path, *backend, precision, /*progress=*/isatty(STDERR_FILENO) != 0);
+    Result<BackendChoice> choice = make_backend(options->device);
+    if (!choice.ok()) return fail(choice.status().to_string());
+    auto backend = std::move(choice->backend);
+    auto model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
+                                            /*progress=*/isatty(STDERR_FILENO) != 0);
     if (!model.ok()) return fail(model.status().to_string());
     engine::EngineConfig engine_config;
     engine_config.max_model_len = options->max_model_len;
@@ -257,7 +259,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     if (engine_config.host_cache_bytes > 0) {
       Result<kvcache::ModelFingerprint> fingerprint =
-          engine::checkpoint_fingerprint(model_path, options->bf16 ? "bf16 weights, f32 latent KV" : "f32 weights, f32 latent KV");
+          engine::checkpoint_fingerprint(model_path, choice->compute_mode);
       if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
       engine_config.fingerprint = *fingerprint;
     }

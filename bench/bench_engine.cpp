@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   }
   auto load_start = Clock::now();
   auto backend = backend::make_cpu_backend();
-  auto precision = bf16 ? backend::WeightMatrix::Precision::kBF16 : backend::WeightMatrix::Precision::kF32;
+  auto precision = bf16 ? backend::Precision::kBF16 : backend::Precision::kF32;
   auto model = model::DeepSeekModel::load(model_dir, *backend, precision);
   if (!model.ok()) {
     std::cerr << model.status().to_string() << "\n";

@@ -1,214 +1,140 @@
 #!/usr/bin/env bash
-# gpu-check: on a machine with an NVIDIA Hopper GPU and CUDA 13 (nvcc, cuBLAS; no other project dependency),
-# builds the CUDA check/bench programs with direct nvcc commands, runs nvidia-smi, the checks + benchmarks
-# (tests/gpu/gpu_check_mla.cu), compute-sanitizer memcheck on the small cases, then the GEMM stage
-# (tests/gpu/gpu_check_gemm.cu: bf16 cuBLAS + FP8 block-scaled cuBLASLt, checks + V3 shapes), the ops stage
-# (tests/gpu/gpu_check_ops.cu: rms_norm/silu_mul/rope vs the CPU backend, MoE routing vs the model's rule, token
-# permutation/gather/combine; V3 sizes at T = 128 and 8192; memcheck on --quick), the MLA prefill stage
-# (tests/gpu/gpu_check_prefill.cu: varlen causal checks vs float64, H=128 4K/32K/8x4K timings), writes everything under
-# $OUT (default build-gpu/out) and prints a short table last. Each stage runs even if an earlier one failed;
-# the exit status is 0 only when all of them passed. Usage: bash scripts/gpu-check.sh
+# gpu-check: the CUDA backend and kernels checked and timed on an NVIDIA Hopper GPU, in one call there.
+#
+#   here:  bash scripts/gpu-check.sh prepare   CMake build (DEEPINFER_CUDA=ON) of the GPU programs and the test
+#                                             binaries, bundled with the shared libraries the GPU machine lacks
+#                                             (OpenBLAS, Boost.JSON, ...) and the DeepSeek-V3 tokenizer into
+#                                             .device-gpu/bundle.tar.xz (git-ignored, ~9 MB)
+#   there: bash scripts/gpu-check.sh           with .device-gpu carried; STAGES="backend model serve" runs a subset
+#
+# Stages (each runs even if an earlier one failed; the exit status is 0 only when all passed):
+#   mla      tests/gpu/gpu_check_mla: MLA decode kernel vs float64 and the CPU backend, ceilings, timings; memcheck
+#   gemm     tests/gpu/gpu_check_gemm: bf16 cuBLAS and FP8 block-scaled GEMMs, checks and DeepSeek-V3 shapes
+#   ops      tests/gpu/gpu_check_ops: fused rms_norm/silu_mul/rope, MoE routing and permutation; memcheck
+#   prefill  tests/gpu/gpu_check_prefill: MLA prefill attention (expanded, varlen, causal) vs float64, timings
+#   backend  tests/gpu/gpu_check_backend: every Backend op on CUDA vs the CPU backend; memcheck
+#   model    model_tests' CUDA cases: the three fixtures end to end vs transformers' reference logits (bf16 bound,
+#            argmax and greedy agreement) and CUDA vs CPU on V3 attention dims (every attention path); memcheck
+#   serve    deepinfer serve --device cuda on the demo model: a chat completion through the OpenAI API
+#   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
+# Everything lands under $OUT (default /tmp/gpu-check/out); a short table is printed last.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-BUILD=${GPU_BUILD:-$ROOT/build-gpu}
-OUT=${OUT:-$BUILD/out}
-mkdir -p "$BUILD" "$OUT"
-NVCC=$(command -v nvcc || true)
-[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
-CUDA_BIN=$(dirname "${NVCC:-/usr/local/cuda/bin/nvcc}")
+BUNDLE=$ROOT/.device-gpu/bundle.tar.xz
+
+if [ "${1:-}" = prepare ]; then
+  CMAKE_BUILD=${CMAKE_BUILD:-build}  # a configured build with DEEPINFER_CUDA=ON
+  cmake --build "$CMAKE_BUILD" --target gpu_check_mla gpu_check_gemm gpu_check_ops gpu_check_prefill \
+    gpu_check_backend model_tests bench_model deepinfer || exit 1
+  stage=$(mktemp -d) && mkdir -p "$stage/bin" "$stage/lib" "$stage/tokenizer"
+  bins="tests/gpu/gpu_check_mla tests/gpu/gpu_check_gemm tests/gpu/gpu_check_ops tests/gpu/gpu_check_prefill
+        tests/gpu/gpu_check_backend tests/model_tests bench/gpu/bench_model apps/deepinfer"
+  for b in $bins; do cp "$CMAKE_BUILD/$b" "$stage/bin/"; done
+  strip "$stage"/bin/*
+  # Every shared library they link but CUDA's and the C/C++ runtime's (the GPU machine has those).
+  for b in "$stage"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u \
+    | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt)\.so' \
+    | xargs -r cp -L -t "$stage/lib/"
+  cp models/deepseek-v3/tokenizer.json models/deepseek-v3/tokenizer_config.json "$stage/tokenizer/"
+  mkdir -p .device-gpu && tar -C "$stage" -cJf "$BUNDLE" bin lib tokenizer && rm -rf "$stage"
+  grep -qx '/.device-gpu/' .git/info/exclude || echo '/.device-gpu/' >>.git/info/exclude
+  ls -la "$BUNDLE"
+  exit 0
+fi
+
+WORK=${GPU_WORK:-/tmp/gpu-check}
+OUT=${OUT:-$WORK/out}
+STAGES=${STAGES:-"mla gemm ops prefill backend model serve bench"}
+mkdir -p "$WORK" "$OUT"
 status=0
 log() { echo "[gpu-check $(date +%T)] $*" | tee -a "$OUT/gpu-check.log"; }
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+if [ ! -f "$BUNDLE" ]; then
+  log "no $BUNDLE: run 'bash scripts/gpu-check.sh prepare' on a build machine and carry .device-gpu"
+  exit 1
+fi
+tar -C "$WORK" -xJf "$BUNDLE"
+BIN=$WORK/bin
+export LD_LIBRARY_PATH="$WORK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export DEEPINFER_SOURCE_DIR=$ROOT  # test data of the checkout, not of the build machine's path
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 
 log "nvidia-smi"
-if command -v nvidia-smi >/dev/null; then
-  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
-    2>&1 | tee -a "$OUT/gpu-check.log"
-else
-  log "nvidia-smi not found"
-fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
+  2>&1 | tee -a "$OUT/gpu-check.log"
 
-# ---- build (3 translation units in parallel; ~20 s on one core each) ----
-ARCH="-gencode=arch=compute_90a,code=sm_90a"
-# No -Werror here: a new warning from the GPU machine's g++ 13 must not cost the run (CMake builds use -Werror).
-NVFLAGS="-std=c++20 -O3 $ARCH -I$ROOT/include -Xcompiler=-Wall,-Wextra"
-BIN=""
-if [ -z "${NVCC:-}" ]; then
-  log "nvcc not found: cannot build"; status=1
-else
-  log "building with $NVCC ($("$NVCC" --version | tail -1))"
-  start=$(date +%s)
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/cuda/mla_decode.cu -o "$BUILD/mla_decode.o" >"$OUT/build-mla_decode.txt" 2>&1 &
-  p1=$!
-  "$NVCC" $NVFLAGS -DDEEPINFER_GPU_CHECK_CPU_BACKEND -Xcompiler=-fopenmp -c tests/gpu/gpu_check_mla.cu \
-    -o "$BUILD/gpu_check_mla_cpu.o" >"$OUT/build-check-cpu.txt" 2>&1 &
-  p2=$!
-  "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_mla.cu -o "$BUILD/gpu_check_mla.o" >"$OUT/build-check.txt" 2>&1 &
-  p3=$!
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/cuda/gemm.cu -o "$BUILD/gemm.o" >"$OUT/build-gemm.txt" 2>&1 &
-  p4=$!
-  "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_gemm.cu -o "$BUILD/gpu_check_gemm.o" >"$OUT/build-check-gemm.txt" 2>&1 &
-  p5=$!
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/cuda/fused_ops.cu -o "$BUILD/fused_ops.o" >"$OUT/build-fused_ops.txt" 2>&1 &
-  p6=$!
-  "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_ops.cu -o "$BUILD/gpu_check_ops.o" >"$OUT/build-check-ops.txt" 2>&1 &
-  p7=$!
-  # The model's MoE routing rule (standard library only), the reference of the routing kernel.
-  g++ -std=c++20 -O2 -Wall -Wextra -I"$ROOT/include" -c src/model/moe_routing.cpp -o "$BUILD/moe_routing.o" \
-    >"$OUT/build-moe-routing.txt" 2>&1 &
-  p8=$!
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/cuda/mla_prefill.cu -o "$BUILD/mla_prefill.o" >"$OUT/build-mla_prefill.txt" 2>&1 &
-  p9=$!
-  "$NVCC" $NVFLAGS -c tests/gpu/gpu_check_prefill.cu -o "$BUILD/gpu_check_prefill.o" >"$OUT/build-check-prefill.txt" 2>&1 &
-  p10=$!
-  # The project's CPU backend for the cross-backend comparison: no OpenBLAS headers there, so a tiny cblas shim.
-  g++ -std=c++20 -O2 -fopenmp -Wall -Wextra -I"$ROOT/include" -I"$ROOT/tests/gpu/shim" \
-    -c src/backend/cpu/cpu_backend.cpp -o "$BUILD/cpu_backend.o" >"$OUT/build-cpu-backend.txt" 2>&1
-  cpu_rc=$?
-  wait $p1; k_rc=$?
-  wait $p2; c2_rc=$?
-  wait $p3; c3_rc=$?
-  if [ $k_rc -ne 0 ]; then
-    log "FAILED: kernels/cuda/mla_decode.cu"; tail -n 30 "$OUT/build-mla_decode.txt"; status=1
-  else
-    if [ $cpu_rc -eq 0 ] && [ $c2_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_mla_cpu.o" "$BUILD/mla_decode.o" \
-         "$BUILD/cpu_backend.o" -o "$BUILD/gpu_check_mla" -lcublas -Xcompiler=-fopenmp >"$OUT/link.txt" 2>&1; then
-      BIN="$BUILD/gpu_check_mla"; log "built gpu_check_mla (with the CPU backend comparison)"
-    elif [ $c3_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_mla.o" "$BUILD/mla_decode.o" -o "$BUILD/gpu_check_mla" \
-         -lcublas >>"$OUT/link.txt" 2>&1; then
-      BIN="$BUILD/gpu_check_mla"; log "built gpu_check_mla WITHOUT the CPU backend comparison (see $OUT/build-*.txt)"
-      tail -n 5 "$OUT/build-cpu-backend.txt" "$OUT/build-check-cpu.txt" "$OUT/link.txt" 2>/dev/null
-    else
-      log "FAILED: gpu_check_mla"; tail -n 30 "$OUT/build-check.txt" "$OUT/link.txt"; status=1
-    fi
-  fi
-  wait $p4; g_rc=$?
-  wait $p5; g2_rc=$?
-  GEMM_BIN=""
-  if [ $g_rc -eq 0 ] && [ $g2_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_gemm.o" "$BUILD/gemm.o" \
-       -o "$BUILD/gpu_check_gemm" -lcublasLt -lcublas >"$OUT/link-gemm.txt" 2>&1; then
-    GEMM_BIN="$BUILD/gpu_check_gemm"; log "built gpu_check_gemm"
-  else
-    log "FAILED: gpu_check_gemm"; tail -n 30 "$OUT/build-gemm.txt" "$OUT/build-check-gemm.txt" "$OUT/link-gemm.txt"
+# run NAME TIMEOUT CMD...: stdout to $OUT/NAME.jsonl (or .txt), stderr to $OUT/NAME.stderr; failure marks the run.
+run() {
+  local name=$1 limit=$2; shift 2
+  log "running $name: $*"
+  timeout "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.stderr"
+  local rc=$?
+  log "$name exit $rc"
+  if [ $rc -ne 0 ]; then
     status=1
+    grep -E '"ok":false|error|FAILED|fatal' "$OUT/$name.out" | cut -c1-300 | head -20
+    tail -n 8 "$OUT/$name.stderr"
   fi
-  wait $p6; f_rc=$?
-  wait $p7; f2_rc=$?
-  wait $p8; r_rc=$?
-  OPS_BIN=""
-  if [ $f_rc -eq 0 ] && [ $f2_rc -eq 0 ] && [ $r_rc -eq 0 ] && [ $cpu_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_ops.o" \
-       "$BUILD/fused_ops.o" "$BUILD/cpu_backend.o" "$BUILD/moe_routing.o" -o "$BUILD/gpu_check_ops" -Xcompiler=-fopenmp \
-       >"$OUT/link-ops.txt" 2>&1; then
-    OPS_BIN="$BUILD/gpu_check_ops"; log "built gpu_check_ops"
-  else
-    log "FAILED: gpu_check_ops"
-    tail -n 30 "$OUT/build-fused_ops.txt" "$OUT/build-check-ops.txt" "$OUT/build-moe-routing.txt" \
-      "$OUT/build-cpu-backend.txt" "$OUT/link-ops.txt" 2>/dev/null
-    status=1
-  fi
-  wait $p9; pf_rc=$?
-  wait $p10; pf2_rc=$?
-  PREFILL_BIN=""
-  if [ $pf_rc -eq 0 ] && [ $pf2_rc -eq 0 ] && "$NVCC" $ARCH "$BUILD/gpu_check_prefill.o" "$BUILD/mla_prefill.o" \
-       -o "$BUILD/gpu_check_prefill" -lcublas >"$OUT/link-prefill.txt" 2>&1; then
-    PREFILL_BIN="$BUILD/gpu_check_prefill"; log "built gpu_check_prefill"
-    grep -A2 "mla_prefill_fast_kernel" "$OUT/build-mla_prefill.txt" | grep -oE "([0-9]+ bytes stack frame.*|Used.*)" \
-      | sed 's/^/mla_prefill_fast_kernel: /' | tee -a "$OUT/gpu-check.log" >/dev/null
-  else
-    log "FAILED: gpu_check_prefill"
-    tail -n 30 "$OUT/build-mla_prefill.txt" "$OUT/build-check-prefill.txt" "$OUT/link-prefill.txt" 2>/dev/null
-    status=1
-  fi
-  log "build took $(( $(date +%s) - start )) s"
-  grep -E "registers|spill|smem" "$OUT/build-mla_decode.txt" | sed 's/ptxas info    : //' | paste - - - 2>/dev/null \
-    | head -20 >"$OUT/ptxas-summary.txt"
-  grep -B1 -E "Used [0-9]+ registers" "$OUT/build-mla_decode.txt" | grep -oE "([0-9]+ bytes stack frame.*|Used.*)" \
-    | tee -a "$OUT/gpu-check.log" >/dev/null
-fi
+}
+# memcheck NAME TIMEOUT CMD...: compute-sanitizer's memcheck; any error fails the run.
+memcheck() {
+  local name=$1 limit=$2; shift 2
+  [ -z "$SAN" ] && { log "compute-sanitizer not found"; status=1; return; }
+  log "compute-sanitizer memcheck $name"
+  timeout "$limit" "$SAN" --tool memcheck --error-exitcode 3 "$@" >"$OUT/memcheck-$name.txt" 2>&1
+  local rc=$?
+  log "memcheck $name exit $rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-$name.txt" | tail -1)"
+  [ $rc -ne 0 ] && { status=1; grep -m5 -A8 "Invalid\|Error" "$OUT/memcheck-$name.txt"; tail -n 5 "$OUT/memcheck-$name.txt"; }
+}
 
-# ---- checks + benchmarks ----
-if [ -n "$BIN" ]; then
-  log "running gpu_check_mla (checks, ceilings, benchmarks)"
-  timeout 240 "$BIN" >"$OUT/gpu_check_mla.jsonl" 2>"$OUT/gpu_check_mla.stderr"
-  run_rc=$?
-  log "gpu_check_mla exit $run_rc"; [ $run_rc -ne 0 ] && status=1
-  grep -E '"ok":false|error|fatal' "$OUT/gpu_check_mla.jsonl" | head -20
-  tail -n 5 "$OUT/gpu_check_mla.stderr"
-
-  # ---- memory checker on the small cases ----
-  SAN=$(command -v compute-sanitizer || ls "$CUDA_BIN/compute-sanitizer" 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  if [ -n "$SAN" ]; then
-    log "compute-sanitizer --tool memcheck gpu_check_mla --quick"
-    timeout 120 "$SAN" --tool memcheck --error-exitcode 3 "$BIN" --quick >"$OUT/memcheck.txt" 2>&1
-    san_rc=$?
-    log "memcheck exit $san_rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.txt" | tail -1)"
-    [ $san_rc -ne 0 ] && { status=1; grep -m5 -A8 "Invalid\|Error" "$OUT/memcheck.txt"; }
-  else
-    log "compute-sanitizer not found"
-  fi
+want mla && { run gpu_check_mla 240 "$BIN/gpu_check_mla"; memcheck mla 120 "$BIN/gpu_check_mla" --quick; }
+want gemm && run gpu_check_gemm 150 "$BIN/gpu_check_gemm"
+want ops && { run gpu_check_ops 150 "$BIN/gpu_check_ops"; memcheck ops 100 "$BIN/gpu_check_ops" --quick; }
+want prefill && run gpu_check_prefill 90 "$BIN/gpu_check_prefill"
+want backend && { run gpu_check_backend 120 "$BIN/gpu_check_backend"; memcheck backend 200 "$BIN/gpu_check_backend"; }
+if want model; then
+  run model_tests 200 "$BIN/model_tests" --gtest_filter='*Cuda*'
+  memcheck model 400 "$BIN/model_tests" --gtest_filter='*Cuda*'
 fi
-
-# ---- GEMM stage (bf16 cuBLAS, FP8 block-scaled; runs whatever happened above) ----
-if [ -n "${GEMM_BIN:-}" ]; then
-  log "running gpu_check_gemm (checks, cuBLAS bf16 ceiling, V3 shapes)"
-  timeout 150 "$GEMM_BIN" >"$OUT/gpu_check_gemm.jsonl" 2>"$OUT/gpu_check_gemm.stderr"
-  gemm_rc=$?
-  log "gpu_check_gemm exit $gemm_rc"; [ $gemm_rc -ne 0 ] && status=1
-  grep -E '"ok":false|error|fatal' "$OUT/gpu_check_gemm.jsonl" | head -20
-  tail -n 5 "$OUT/gpu_check_gemm.stderr"
+if want serve; then
+  mkdir -p "$WORK/models/deepseek-v3" && cp "$WORK"/tokenizer/* "$WORK/models/deepseek-v3/"
+  python3 tools/unpack_demo_model.py --src assets/demo-model --tokenizer "$WORK/models/deepseek-v3" \
+    --out "$WORK/models/demo" >"$OUT/unpack.txt" 2>&1 || { log "unpacking the demo model failed"; status=1; }
+  "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port 8123 >"$OUT/serve.stderr" 2>&1 &
+  server=$!
+  for _ in $(seq 1 60); do curl -sf localhost:8123/health >/dev/null 2>&1 && break; sleep 1; done
+  curl -s localhost:8123/v1/chat/completions -H 'content-type: application/json' -d '{"model": "demo",
+    "messages": [{"role": "user", "content": "What is a Python list?"}], "max_tokens": 48, "temperature": 0}' \
+    >"$OUT/serve.json" 2>&1
+  if grep -q '"finish_reason"' "$OUT/serve.json"; then log "serve --device cuda: $(cut -c1-400 "$OUT/serve.json")"
+  else log "serve --device cuda FAILED: $(cut -c1-300 "$OUT/serve.json")"; tail -n 20 "$OUT/serve.stderr"; status=1; fi
+  kill $server 2>/dev/null; wait $server 2>/dev/null
 fi
-
-# ---- fused ops + MoE routing/permutation stage (runs whatever happened above) ----
-if [ -n "${OPS_BIN:-}" ]; then
-  log "running gpu_check_ops (checks vs the CPU backend and the model's routing rule, V3 sizes T=128/8192)"
-  timeout 150 "$OPS_BIN" >"$OUT/gpu_check_ops.jsonl" 2>"$OUT/gpu_check_ops.stderr"
-  ops_rc=$?
-  log "gpu_check_ops exit $ops_rc"; [ $ops_rc -ne 0 ] && status=1
-  grep -E '"ok":false|error|fatal' "$OUT/gpu_check_ops.jsonl" | head -20
-  tail -n 5 "$OUT/gpu_check_ops.stderr"
-  SAN=$(command -v compute-sanitizer || ls "$CUDA_BIN/compute-sanitizer" 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  if [ -n "$SAN" ]; then
-    log "compute-sanitizer --tool memcheck gpu_check_ops --quick"
-    timeout 100 "$SAN" --tool memcheck --error-exitcode 3 "$OPS_BIN" --quick >"$OUT/memcheck-ops.txt" 2>&1
-    san_rc=$?
-    log "memcheck (ops) exit $san_rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-ops.txt" | tail -1)"
-    [ $san_rc -ne 0 ] && { status=1; grep -m5 -A8 "Invalid\|Error" "$OUT/memcheck-ops.txt"; }
-  fi
-fi
-
-# ---- MLA prefill attention stage (expanded form, varlen, causal; runs whatever happened above) ----
-if [ -n "${PREFILL_BIN:-}" ]; then
-  log "running gpu_check_prefill (varlen checks vs float64, V3 H=128 timings vs the cuBLAS bf16 ceiling)"
-  timeout 90 "$PREFILL_BIN" >"$OUT/gpu_check_prefill.jsonl" 2>"$OUT/gpu_check_prefill.stderr"
-  pre_rc=$?
-  log "gpu_check_prefill exit $pre_rc"; [ $pre_rc -ne 0 ] && status=1
-  grep -E '"ok":false|error|fatal' "$OUT/gpu_check_prefill.jsonl" | head -20
-  tail -n 5 "$OUT/gpu_check_prefill.stderr"
-fi
+want bench && run bench_model 330 "$BIN/bench_model"
 
 echo
 echo "== gpu-check: full output in $OUT =="
-grep -h '"kind":"ceiling"\|"kind":"floor"' "$OUT/gpu_check_mla.jsonl" 2>/dev/null | cut -c1-200
-grep -h '"kind":"bench"' "$OUT/gpu_check_mla.jsonl" 2>/dev/null \
-  | sed -E 's/.*"case":"([^"]*)","variant":"([^"]*)".*"splits":([0-9]+),"median_us":([0-9.]+),"min_us":([0-9.]+),"max_us":([0-9.]+),"gbps":([0-9.]+),"pct_copy":([0-9.]+),"tflops":([0-9.]+),"pct_gemm":([0-9.]+),"max_row_rel_err":([^,]*),.*"ok":([a-z]+).*/\1 \2 s=\3 med=\4 [\5..\6]us \7GB\/s \8% \9TF/' 
-grep -h "ERROR SUMMARY" "$OUT/memcheck.txt" 2>/dev/null | tail -1 | sed 's/^/memcheck: /'
-sed -n '/^case /,$p' "$OUT/gpu_check_mla.jsonl" 2>/dev/null
+grep -h '"kind":"bench"' "$OUT/gpu_check_mla.out" 2>/dev/null \
+  | sed -E 's/.*"case":"([^"]*)","variant":"([^"]*)".*"splits":([0-9]+),"median_us":([0-9.]+),"min_us":([0-9.]+),"max_us":([0-9.]+),"gbps":([0-9.]+),"pct_copy":([0-9.]+),"tflops":([0-9.]+),"pct_gemm":([0-9.]+),"max_row_rel_err":([^,]*),.*"ok":([a-z]+).*/\1 \2 s=\3 med=\4 [\5..\6]us \7GB\/s \8% \9TF/'
+for f in gpu_check_mla gpu_check_gemm gpu_check_ops gpu_check_prefill; do
+  [ -f "$OUT/$f.out" ] && { echo "-- $f"; sed -n '/^case /,$p' "$OUT/$f.out" | grep -v '^check '; }
+done
+grep -h "ERROR SUMMARY" "$OUT"/memcheck-*.txt 2>/dev/null | sed 's/^/memcheck: /'
+grep -h '^\[ .*cuda\|\[  PASSED\|\[  FAILED' "$OUT/model_tests.out" 2>/dev/null | grep -v "chunk [07] prompt" | head -40
+tail -n 3 "$OUT/gpu_check_backend.out" 2>/dev/null
 echo
-echo "== GEMM (FP8 1x128/128x128 block-scaled vs bf16 cuBLAS; DG_H800 = DeepGEMM README, H800) =="
-grep -h '"kind":"check"' "$OUT/gpu_check_gemm.jsonl" 2>/dev/null \
-  | sed -E 's/.*"case":"([^"]*)","variant":"([^"]*)","path":"([^"]*)".*"rel_err":([^,]*),.*"rel_err_vs_unquantized":([^,]*),.*"ok":([a-z]+).*/check \1 \2 (\3) err=\4 vs_unquant=\5 ok=\6/' \
-  | grep '^check' | cut -c1-150
-sed -n '/^case /,$p' "$OUT/gpu_check_gemm.jsonl" 2>/dev/null | grep -v '^check '
-echo
-echo "== fused ops + MoE (bf16 unless named; GB/s of the fewest bytes; floor = bytes / measured copy) =="
-grep -h '"ok":false' "$OUT/gpu_check_ops.jsonl" 2>/dev/null | cut -c1-200 | head -10
-sed -n '/^case /,$p' "$OUT/gpu_check_ops.jsonl" 2>/dev/null
-grep -h "ERROR SUMMARY" "$OUT/memcheck-ops.txt" 2>/dev/null | tail -1 | sed 's/^/memcheck (ops): /'
-echo
-echo "== MLA prefill (expanded, causal; TFLOPS = 2*H*(192+128)*L(L+1)/2 per sequence / time; %gemm of this run's cuBLAS bf16) =="
-grep -h '"ok":false' "$OUT/gpu_check_prefill.jsonl" 2>/dev/null | cut -c1-200 | head -10
-grep -h "mla_prefill_fast_kernel" "$OUT/gpu-check.log" 2>/dev/null | tail -2
-sed -n '/^case /,$p' "$OUT/gpu_check_prefill.jsonl" 2>/dev/null
+echo "== model (random weights; decode at ctx 4096, % of roofline = bytes a step must read / this run's copy rate;"
+echo "   prefill one sequence, % of this run's peak in the weights' precision: bf16 cuBLAS or FP8 run_fp8_gemm 8192^3) =="
+grep -h '"kind":"ceiling"\|"kind":"model"\|"error"' "$OUT/bench_model.out" 2>/dev/null | cut -c1-200
+jf() { sed -nE "s/.*\"$1\":\"?([^,\"}]*).*/\1/p" <<<"$2"; }  # one field of one JSON line
+grep -h '"kind":"decode".*"median_ms"' "$OUT/bench_model.out" 2>/dev/null | while read -r l; do
+  printf "%-9s decode  B=%-5s %10s tok/s  step %9s ms  roofline %8s ms  %5s%% of roofline\n" "$(jf model "$l")" \
+    "$(jf batch "$l")" "$(jf tokens_per_s "$l")" "$(jf median_ms "$l")" "$(jf roofline_ms "$l")" "$(jf pct_roofline "$l")"
+done
+grep -h '"kind":"prefill".*"median_ms"' "$OUT/bench_model.out" 2>/dev/null | while read -r l; do
+  printf "%-9s prefill T=%-5s %10s tok/s  pass %9s ms  %8s TFLOPS  %5s%% of peak\n" "$(jf model "$l")" \
+    "$(jf tokens "$l")" "$(jf tokens_per_s "$l")" "$(jf median_ms "$l")" "$(jf tflops "$l")" "$(jf pct_peak "$l")"
+done
 echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

@@ -12,6 +12,7 @@ std::string_view status_code_name(StatusCode code) {
     case StatusCode::kCorruption: return "Corruption";
     case StatusCode::kUnsupported: return "Unsupported";
     case StatusCode::kInternal: return "Internal";
+    case StatusCode::kResourceExhausted: return "ResourceExhausted";
   }
   return "Unknown";
 }

@@ -15,8 +15,10 @@ int64_t now_ms() {
 }
 }  // namespace
 
-Engine::OffloadTiers::OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, kvcache::LatentKvStorage& storage)
-    : store_(std::move(store)), storage_(storage), scratch_(store_->config().block_bytes) {}
+Engine::OffloadTiers::OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, backend::Backend& backend,
+                                   std::span<const backend::Buffer> layer_caches)
+    : store_(std::move(store)), backend_(backend), layer_caches_(layer_caches),
+      scratch_(store_->config().block_bytes) {}
 
 int64_t Engine::OffloadTiers::match(std::span<const kvcache::BlockHash> chain) {
   return store_->match(chain, now_ms());
@@ -24,31 +26,33 @@ int64_t Engine::OffloadTiers::match(std::span<const kvcache::BlockHash> chain) {
 
 bool Engine::OffloadTiers::load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) {
   if (!store_->load(hash, scratch_, ttl_class, now_ms())) return false;
-  const size_t layer_bytes = scratch_.size() / static_cast<size_t>(storage_.num_layers());
-  for (int32_t layer = 0; layer < storage_.num_layers(); ++layer) {
-    std::memcpy(storage_.block_data(layer, block), scratch_.data() + layer * layer_bytes, layer_bytes);
+  const size_t layer_bytes = scratch_.size() / layer_caches_.size();
+  for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
+    backend_.upload(scratch_.data() + layer * layer_bytes, layer_bytes, layer_caches_[layer],
+                    static_cast<size_t>(block) * layer_bytes);
   }
   return true;
 }
 
 void Engine::OffloadTiers::store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent,
                                  kvcache::BlockId block, kvcache::TtlClassId ttl_class) {
-  const size_t layer_bytes = scratch_.size() / static_cast<size_t>(storage_.num_layers());
-  for (int32_t layer = 0; layer < storage_.num_layers(); ++layer) {
-    std::memcpy(scratch_.data() + layer * layer_bytes, storage_.block_data(layer, block), layer_bytes);
+  const size_t layer_bytes = scratch_.size() / layer_caches_.size();
+  for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
+    backend_.download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes, layer_bytes,
+                      scratch_.data() + layer * layer_bytes);
   }
   store_->store(hash, parent, scratch_, ttl_class, now_ms());
 }
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
-               const EngineConfig& config, Scheduler scheduler, kvcache::LatentKvStorage storage)
+               const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches)
     : backend_(std::move(backend)),
       model_(std::move(model)),
       config_(config),
       scheduler_(std::move(scheduler)),
-      kv_storage_(std::move(storage)),
+      layer_caches_(std::move(layer_caches)),
       sampler_(model_->config().vocab_size) {
-  for (int32_t l = 0; l < kv_storage_.num_layers(); ++l) layer_caches_.push_back(kv_storage_.layer_data(l));
+  for (const backend::Buffer& layer : layer_caches_) kv_cache_bytes_ += layer.bytes;
 }
 
 KvTierStats Engine::kv_tier_stats() const {
@@ -74,7 +78,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   const model::ModelConfig& c = model->config();
   EngineConfig resolved = config;
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
-  const int64_t block_bytes = kvcache::kBlockTokens * c.num_hidden_layers * c.kv_cache_dim() * sizeof(float);
+  // One block of every layer's cache, in the backend's cache dtype (float32 on CPU, bf16 on CUDA).
+  const int64_t block_bytes = static_cast<int64_t>(model->layer_block_bytes()) * c.num_hidden_layers;
   const int64_t num_blocks = resolved.kv_cache_bytes / block_bytes;
   if (num_blocks < 1) {
     return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) +
@@ -103,11 +108,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   }
   Result<Scheduler> scheduler = Scheduler::create(scheduler_config);
   if (!scheduler.ok()) return scheduler.status();
-  Result<kvcache::LatentKvStorage> storage = kvcache::LatentKvStorage::create(
-      static_cast<int32_t>(c.num_hidden_layers), scheduler_config.num_blocks, static_cast<int32_t>(c.kv_cache_dim()));
-  if (!storage.ok()) return storage.status();
+  Result<std::vector<backend::Buffer>> layer_caches = model->make_layer_caches(scheduler_config.num_blocks);
+  if (!layer_caches.ok()) return layer_caches.status();
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
-                                                   std::move(scheduler).value(), std::move(storage).value()));
+                                                   std::move(scheduler).value(), std::move(layer_caches).value()));
   if (resolved.host_cache_bytes > 0) {
     kvcache::OffloadConfig offload;
     offload.block_bytes = static_cast<size_t>(block_bytes);
@@ -136,7 +140,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     }
     Result<std::unique_ptr<kvcache::KvOffloadStore>> store = kvcache::KvOffloadStore::create(std::move(offload));
     if (!store.ok()) return store.status();
-    engine->offload_ = std::make_unique<OffloadTiers>(std::move(store).value(), engine->kv_storage_);
+    engine->offload_ = std::make_unique<OffloadTiers>(std::move(store).value(), *engine->backend_, engine->layer_caches_);
     engine->scheduler_.set_lower_tiers(engine->offload_.get());
   }
   return engine;

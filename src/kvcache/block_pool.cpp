@@ -1,5 +1,5 @@
 // BlockPool: reference counts plus an intrusive doubly linked free list over block ids, so allocate,
-// release and reclaim are O(1) and deterministic. LatentKvStorage: one flat float32 buffer.
+// release and reclaim are O(1) and deterministic.
 #include "deepinfer/kvcache/block_pool.h"
 
 #include <cassert>
@@ -96,62 +96,5 @@ void BlockPool::unlink_free(BlockId id) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-
-Result<LatentKvStorage> LatentKvStorage::create(int32_t num_layers, int32_t num_blocks, int32_t entry_dim) {
-  if (num_layers <= 0 || num_blocks <= 0 || entry_dim <= 0) {
-    return Status::invalid_argument("LatentKvStorage: num_layers (" + std::to_string(num_layers) + "), num_blocks (" +
-                                    std::to_string(num_blocks) + ") and entry_dim (" + std::to_string(entry_dim) +
-                                    ") must be positive");
-  }
-  // Overflow check on the product, in floats and then in bytes.
-  constexpr size_t kMax = std::numeric_limits<size_t>::max() / sizeof(float);
-  size_t num_floats = static_cast<size_t>(num_layers);
-  for (size_t factor :
-       {static_cast<size_t>(num_blocks), static_cast<size_t>(kBlockTokens), static_cast<size_t>(entry_dim)}) {
-    if (num_floats > kMax / factor) {
-      return Status::invalid_argument("LatentKvStorage: " + std::to_string(num_layers) + " layers x " +
-                                      std::to_string(num_blocks) + " blocks x " + std::to_string(kBlockTokens) +
-                                      " tokens x " + std::to_string(entry_dim) + " floats overflows size_t");
-    }
-    num_floats *= factor;
-  }
-  return LatentKvStorage(num_layers, num_blocks, entry_dim, num_floats);
-}
-
-LatentKvStorage::LatentKvStorage(int32_t num_layers, int32_t num_blocks, int32_t entry_dim, size_t num_floats)
-    : num_layers_(num_layers), num_blocks_(num_blocks), entry_dim_(entry_dim), data_(num_floats, 0.0f) {}
-
-size_t LatentKvStorage::offset(int32_t layer, BlockId block, int32_t slot) const {
-  assert(layer >= 0 && layer < num_layers_);
-  assert(block >= 0 && block < num_blocks_);
-  assert(slot >= 0 && slot < kBlockTokens);
-  return ((static_cast<size_t>(layer) * num_blocks_ + block) * kBlockTokens + slot) * entry_dim_;
-}
-
-float* LatentKvStorage::layer_data(int32_t layer) { return data_.data() + offset(layer, 0, 0); }
-const float* LatentKvStorage::layer_data(int32_t layer) const { return data_.data() + offset(layer, 0, 0); }
-
-float* LatentKvStorage::block_data(int32_t layer, BlockId block) { return data_.data() + offset(layer, block, 0); }
-const float* LatentKvStorage::block_data(int32_t layer, BlockId block) const {
-  return data_.data() + offset(layer, block, 0);
-}
-
-float* LatentKvStorage::entry(int32_t layer, BlockId block, int32_t slot) {
-  return data_.data() + offset(layer, block, slot);
-}
-const float* LatentKvStorage::entry(int32_t layer, BlockId block, int32_t slot) const {
-  return data_.data() + offset(layer, block, slot);
-}
-
-float* LatentKvStorage::entry_at(int32_t layer, std::span<const BlockId> block_table, int64_t position) {
-  assert(position >= 0 && static_cast<size_t>(position / kBlockTokens) < block_table.size());
-  return entry(layer, block_table[static_cast<size_t>(position / kBlockTokens)],
-               static_cast<int32_t>(position % kBlockTokens));
-}
-const float* LatentKvStorage::entry_at(int32_t layer, std::span<const BlockId> block_table, int64_t position) const {
-  assert(position >= 0 && static_cast<size_t>(position / kBlockTokens) < block_table.size());
-  return entry(layer, block_table[static_cast<size_t>(position / kBlockTokens)],
-               static_cast<int32_t>(position % kBlockTokens));
-}
 
 }  // namespace deepinfer::kvcache

@@ -1,6 +1,7 @@
-// DeepSeek V2/V3 forward pass over the backend interface. Attention runs in MLA's absorbed form for prefill
-// and decode alike: queries are mapped into the latent space with W_UK, attention reads only the cached
-// latent + rope key, and W_UV maps the result back (DeepSeek-V2 paper §2.1.3, "absorbed" inference).
+// DeepSeek V2/V3 forward pass over the backend interface. Attention runs in MLA's absorbed form: queries are
+// mapped into the latent space with W_UK, attention reads only the cached latent + rope key, and W_UV maps the
+// result back (DeepSeek-V2 paper §2.1.3, "absorbed" inference). A backend with an expanded-form kernel may take a
+// step whose sequences all start at position 0 (a prefill with nothing cached) in the expanded form instead.
 #include "deepinfer/model/deepseek_model.h"
 
 #include <algorithm>
@@ -10,60 +11,73 @@
 #include <numeric>
 #include <string>
 
-#include "deepinfer/model/moe_routing.h"
+#include "deepinfer/backend/moe_routing.h"
 #include "deepinfer/model/safetensors.h"
 
 namespace deepinfer::model {
 
-using backend::WeightMatrix;
-using Precision = backend::WeightMatrix::Precision;
+using backend::Buffer;
+using backend::MoeRoutingRule;
+using backend::Precision;
+using backend::Tensor;
+using backend::Weight;
+using WeightPtr = std::unique_ptr<Weight>;
 
 namespace {
 constexpr int64_t kBlockTokens = 64;
 }
 
 struct Mlp {
-  WeightMatrix gate_up;  // [2 * intermediate, hidden]: gate rows then up rows
-  WeightMatrix down;     // [hidden, intermediate]
+  WeightPtr gate_up;  // [2 * intermediate, hidden]: gate rows then up rows
+  WeightPtr down;     // [hidden, intermediate]
 };
 
 struct Layer {
-  std::vector<float> input_layernorm, post_attention_layernorm;
+  Buffer input_layernorm, post_attention_layernorm;
   // Attention.
-  WeightMatrix q_proj;  // V2-Lite: [H * qk_head_dim, hidden]
-  WeightMatrix q_a_proj, q_b_proj;
-  std::vector<float> q_a_layernorm;
-  WeightMatrix kv_a_proj_with_mqa;  // [C + R, hidden]
-  std::vector<float> kv_a_layernorm;
-  std::vector<WeightMatrix> w_uk_t;  // per head [C, qk_nope]: maps q_nope into the latent space
-  std::vector<WeightMatrix> w_uv;    // per head [v_head, C]
-  WeightMatrix o_proj;
+  WeightPtr q_proj;  // V2-Lite: [H * qk_head_dim, hidden]
+  WeightPtr q_a_proj, q_b_proj;
+  Buffer q_a_layernorm;
+  WeightPtr kv_a_proj_with_mqa;  // [C + R, hidden]
+  Buffer kv_a_layernorm;
+  WeightPtr w_uk_t;  // H stacked [C, qk_nope]: maps q_nope into the latent space
+  WeightPtr w_uv;    // H stacked [v_head, C]
+  WeightPtr kv_b;    // [H * (nope + v), C], kept only for a backend with the expanded form
+  WeightPtr o_proj;
   // Feed-forward: dense, or MoE.
   bool moe = false;
   Mlp dense;
-  WeightMatrix gate;                   // router [n_routed, hidden], float32 always (as the reference)
-  std::vector<float> gate_bias;        // e_score_correction_bias [n_routed] (noaux_tc)
-  std::vector<Mlp> experts;
+  WeightPtr gate;  // router [n_routed, hidden], float32 always (as the reference)
+  Buffer gate_bias;  // e_score_correction_bias [n_routed] (noaux_tc)
+  bool has_gate_bias = false;
+  Mlp experts;  // n_routed stacked
   Mlp shared;
   bool has_shared = false;
 };
 
 struct MtpLayer {
-  std::vector<float> enorm, hnorm;
-  WeightMatrix eh_proj;
+  Buffer enorm, hnorm;
+  WeightPtr eh_proj;
   Layer layer;
 };
 
 struct DeepSeekModel::Weights {
-  WeightMatrix embed_tokens;  // kept as [vocab, hidden]
+  WeightPtr embed_tokens;  // [vocab, hidden]
   std::vector<Layer> layers;
   std::vector<MtpLayer> mtp_layers;
-  std::vector<float> norm;
-  WeightMatrix lm_head;
-  std::vector<float> inv_freq;  // [R / 2]
+  Buffer norm;
+  WeightPtr lm_head;
+  Buffer inv_freq;  // [R / 2]
   float rope_attention_factor = 1.0f;
   float softmax_scale = 0.0f;
+  MoeRoutingRule rule;
   size_t bytes = 0;
+};
+
+// Activations of one step, grown to the largest step seen (rows), in the backend's activation dtype.
+struct DeepSeekModel::Scratch {
+  int64_t capacity = 0;
+  Buffer x, normed, q, q_a, kv, q_absorbed, out_latent, attn, projected, gate_up, act, ffn;
 };
 
 namespace {
@@ -110,181 +124,8 @@ float softmax_scale(const ModelConfig& c) {
   return static_cast<float>(scale);
 }
 
-class Loader {
- public:
-  Loader(const Checkpoint& checkpoint, const ModelConfig& config, Precision precision, LoadProgress progress)
-      : checkpoint_(checkpoint), config_(config), precision_(precision), progress_(std::move(progress)),
-        total_(checkpoint.total_bytes()) {}
 
-  // Tensors the model does not use (an MTP layer's own embedding copy, say) still count as read.
-  void finish() {
-    done_ = total_;
-    report();
-  }
-
-  Status vector(const std::string& name, std::vector<int64_t> shape, std::vector<float>& out) {
-    Result<std::vector<float>> values = load(name, shape);
-    if (!values.ok()) return values.status();
-    out = std::move(values).value();
-    return Status();
-  }
-
-  Status matrix(const std::string& name, int64_t rows, int64_t cols, WeightMatrix& out) {
-    Result<std::vector<float>> values = load(name, {rows, cols});
-    if (!values.ok()) return values.status();
-    out = WeightMatrix::from_f32(std::move(values).value(), rows, cols, precision_);
-    bytes_ += out.bytes();
-    return Status();
-  }
-
-  // gate_proj and up_proj fused into one [2 * inter, hidden] matrix.
-  Status mlp(const std::string& prefix, int64_t inter, Mlp& out) {
-    const int64_t hidden = config_.hidden_size;
-    Result<std::vector<float>> gate = load(prefix + ".gate_proj.weight", {inter, hidden});
-    if (!gate.ok()) return gate.status();
-    Result<std::vector<float>> up = load(prefix + ".up_proj.weight", {inter, hidden});
-    if (!up.ok()) return up.status();
-    std::vector<float> fused = std::move(gate).value();
-    fused.insert(fused.end(), up->begin(), up->end());
-    out.gate_up = WeightMatrix::from_f32(std::move(fused), 2 * inter, hidden, precision_);
-    bytes_ += out.gate_up.bytes();
-    return matrix(prefix + ".down_proj.weight", hidden, inter, out.down);
-  }
-
-  Status layer(int64_t index, Layer& out) {
-    const ModelConfig& c = config_;
-    const std::string p = "model.layers." + std::to_string(index);
-    const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, rank = c.kv_lora_rank;
-    Status s;
-    if (!(s = vector(p + ".input_layernorm.weight", {hidden}, out.input_layernorm)).ok()) return s;
-    if (!(s = vector(p + ".post_attention_layernorm.weight", {hidden}, out.post_attention_layernorm)).ok()) return s;
-    if (c.q_lora_rank) {
-      if (!(s = matrix(p + ".self_attn.q_a_proj.weight", *c.q_lora_rank, hidden, out.q_a_proj)).ok()) return s;
-      if (!(s = vector(p + ".self_attn.q_a_layernorm.weight", {*c.q_lora_rank}, out.q_a_layernorm)).ok()) return s;
-      if (!(s = matrix(p + ".self_attn.q_b_proj.weight", heads * c.qk_head_dim(), *c.q_lora_rank, out.q_b_proj)).ok()) {
-        return s;
-      }
-    } else if (!(s = matrix(p + ".self_attn.q_proj.weight", heads * c.qk_head_dim(), hidden, out.q_proj)).ok()) {
-      return s;
-    }
-    if (!(s = matrix(p + ".self_attn.kv_a_proj_with_mqa.weight", rank + c.qk_rope_head_dim, hidden,
-                     out.kv_a_proj_with_mqa)).ok()) {
-      return s;
-    }
-    if (!(s = vector(p + ".self_attn.kv_a_layernorm.weight", {rank}, out.kv_a_layernorm)).ok()) return s;
-    // kv_b_proj [H * (nope + v), C] split into per-head absorbed matrices.
-    const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim;
-    Result<std::vector<float>> kv_b = load(p + ".self_attn.kv_b_proj.weight", {heads * (nope + v), rank});
-    if (!kv_b.ok()) return kv_b.status();
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* head = kv_b->data() + h * (nope + v) * rank;
-      std::vector<float> uk_t(static_cast<size_t>(rank * nope));  // transpose of W_UK[h] ([nope, C])
-      for (int64_t n = 0; n < nope; ++n) {
-        for (int64_t r = 0; r < rank; ++r) uk_t[r * nope + n] = head[n * rank + r];
-      }
-      out.w_uk_t.push_back(WeightMatrix::from_f32(std::move(uk_t), rank, nope, precision_));
-      out.w_uv.push_back(WeightMatrix::from_f32(std::vector<float>(head + nope * rank, head + (nope + v) * rank), v,
-                                                rank, precision_));
-      bytes_ += out.w_uk_t.back().bytes() + out.w_uv.back().bytes();
-    }
-    if (!(s = matrix(p + ".self_attn.o_proj.weight", hidden, heads * v, out.o_proj)).ok()) return s;
-    out.moe = c.is_moe_layer(index);
-    if (!out.moe) return mlp(p + ".mlp", c.intermediate_size, out.dense);
-    Result<std::vector<float>> gate = load(p + ".mlp.gate.weight", {c.n_routed_experts, hidden});
-    if (!gate.ok()) return gate.status();
-    out.gate = WeightMatrix::from_f32(std::move(gate).value(), c.n_routed_experts, hidden, Precision::kF32);
-    bytes_ += out.gate.bytes();
-    if (c.topk_method == "noaux_tc") {
-      if (!(s = vector(p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts}, out.gate_bias)).ok()) return s;
-    }
-    out.experts.resize(static_cast<size_t>(c.n_routed_experts));
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      if (!(s = mlp(p + ".mlp.experts." + std::to_string(e), c.moe_intermediate_size, out.experts[e])).ok()) return s;
-    }
-    out.has_shared = c.n_shared_experts > 0;
-    if (out.has_shared) return mlp(p + ".mlp.shared_experts", c.moe_intermediate_size * c.n_shared_experts, out.shared);
-    return Status();
-  }
-
-  size_t bytes() const { return bytes_; }
-
- private:
-  Result<std::vector<float>> load(const std::string& name, std::vector<int64_t> shape) {
-    const TensorView* view = checkpoint_.find(name);
-    Result<std::vector<float>> values = checkpoint_.load_f32(name, shape, block(0), block(1));
-    if (values.ok() && view != nullptr) {
-      done_ += view->size_bytes;
-      report();
-    }
-    return values;
-  }
-  int64_t block(size_t i) const {
-    return config_.weight_block_size.size() == 2 ? config_.weight_block_size[i] : 128;
-  }
-  void report() {
-    if (progress_) progress_(done_, total_);
-  }
-
-  const Checkpoint& checkpoint_;
-  const ModelConfig& config_;
-  Precision precision_;
-  LoadProgress progress_;
-  size_t total_;
-  size_t done_ = 0;
-  size_t bytes_ = 0;
-};
-
-}  // namespace
-
-DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend)
-    : config_(std::move(config)), backend_(backend), weights_(std::make_unique<Weights>()) {}
-DeepSeekModel::~DeepSeekModel() = default;
-const ModelConfig& DeepSeekModel::config() const { return config_; }
-size_t DeepSeekModel::weight_bytes() const { return weights_->bytes; }
-
-Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem::path& dir, backend::Backend& backend,
-                                                           Precision precision, bool progress) {
-  Result<ModelConfig> config = load_model_config(dir);
-  if (!config.ok()) return config.status();
-  if (config->qk_rope_head_dim > 256 || config->qk_rope_head_dim % 2 != 0) {
-    return Status::unsupported(dir.string() + "/config.json: qk_rope_head_dim " +
-                               std::to_string(config->qk_rope_head_dim) + " (must be even and <= 256)");
-  }
-  Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend));
-  const ModelConfig& c = model->config_;
-  Weights& w = *model->weights_;
-  Loader loader(**checkpoint, c, precision, progress ? terminal_progress_bar("loading " + dir.filename().string()) : LoadProgress());
-  Status s;
-  if (!(s = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size, w.embed_tokens)).ok()) return s;
-  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!(s = loader.layer(l, w.layers[l])).ok()) return s;
-  }
-  for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
-    MtpLayer mtp;
-    const int64_t index = c.num_hidden_layers + i;
-    const std::string p = "model.layers." + std::to_string(index);
-    if (!(s = loader.vector(p + ".enorm.weight", {c.hidden_size}, mtp.enorm)).ok()) return s;
-    if (!(s = loader.vector(p + ".hnorm.weight", {c.hidden_size}, mtp.hnorm)).ok()) return s;
-    if (!(s = loader.matrix(p + ".eh_proj.weight", c.hidden_size, 2 * c.hidden_size, mtp.eh_proj)).ok()) return s;
-    if (!(s = loader.layer(index, mtp.layer)).ok()) return s;
-    w.mtp_layers.push_back(std::move(mtp));
-  }
-  if (!(s = loader.vector("model.norm.weight", {c.hidden_size}, w.norm)).ok()) return s;
-  const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (!(s = loader.matrix(head, c.vocab_size, c.hidden_size, w.lm_head)).ok()) return s;
-  compute_rope(c, w.inv_freq, w.rope_attention_factor);
-  w.softmax_scale = softmax_scale(c);
-  w.bytes = loader.bytes();
-  loader.finish();
-  return model;
-}
-
-namespace {
-
-// Router of one MoE layer for one token: the config's rule through route_token (src/model/moe_routing.cpp,
+// Router of one MoE layer for one token: the config's rule through route_token (src/backend/moe_routing.cpp,
 // shared with the GPU routing kernel's checks).
 MoeRoutingRule routing_rule(const ModelConfig& c) {
   MoeRoutingRule rule;
@@ -302,7 +143,379 @@ MoeRoutingRule routing_rule(const ModelConfig& c) {
   return rule;
 }
 
+// Fills backend weights from a checkpoint, or with random values when there is none (benchmarks of real configs).
+class Loader {
+ public:
+  Loader(backend::Backend& backend, const Checkpoint* checkpoint, const ModelConfig& config, Precision precision,
+         LoadProgress progress, uint64_t seed)
+      : backend_(backend), checkpoint_(checkpoint), config_(config), precision_(precision),
+        progress_(std::move(progress)), total_(checkpoint ? checkpoint->total_bytes() : 0), seed_(seed) {}
+
+  // Tensors the model does not use (an MTP layer's own embedding copy, say) still count as read.
+  void finish() {
+    done_ = total_;
+    report();
+  }
+  size_t bytes() const { return bytes_; }
+  bool random() const { return checkpoint_ == nullptr; }
+
+  // A float32 vector; `random_value` fills it when there is no checkpoint.
+  Status vector(const std::string& name, int64_t n, float random_value, Buffer& out) {
+    std::vector<float> values(static_cast<size_t>(n), random_value);
+    if (!random()) {
+      Result<std::vector<float>> loaded = load(name, {n});
+      if (!loaded.ok()) return loaded.status();
+      values = std::move(loaded).value();
+    }
+    Result<Buffer> buffer = backend_.make_vector(values);
+    if (!buffer.ok()) return buffer.status();
+    out = std::move(buffer).value();
+    bytes_ += out.bytes;
+    return Status();
+  }
+
+  // `count` stacked [rows, cols] matrices; `fill(weight)` sets them from the checkpoint.
+  template <typename Fill>
+  Status weight(int64_t count, int64_t rows, int64_t cols, Precision precision, WeightPtr& out, Fill fill) {
+    Result<WeightPtr> w = backend_.make_weight(count, rows, cols, precision);
+    if (!w.ok()) return w.status();
+    out = std::move(w).value();
+    bytes_ += out->bytes;
+    if (random()) {
+      backend_.fill_random(*out, seed_++, 1.0f / std::sqrt(static_cast<float>(cols)));
+      return Status();
+    }
+    return fill(*out);
+  }
+
+  // A checkpoint matrix.
+  Status matrix(const std::string& name, int64_t rows, int64_t cols, Precision precision, WeightPtr& out) {
+    return weight(1, rows, cols, precision, out, [&](Weight& w) { return set(w, 0, {name}, rows, cols); });
+  }
+
+  // Sets slot `index` of `w` from the checkpoint tensors `names` stacked by rows (gate_proj then up_proj, say):
+  // their FP8 bytes and block scales as stored when w is FP8 (then each part's rows are a multiple of 128), else
+  // float32 values (FP8 dequantized with its scales).
+  Status set(Weight& w, int64_t index, std::vector<std::string> names, int64_t part_rows, int64_t cols) {
+    std::vector<float> values;
+    std::vector<uint8_t> fp8;
+    std::vector<float> scales;
+    for (const std::string& name : names) {
+      if (w.precision == Precision::kFP8) {
+        Status s = load_fp8(name, part_rows, cols, fp8, scales);
+        if (!s.ok()) return s;
+      } else {
+        Result<std::vector<float>> part = load(name, {part_rows, cols});
+        if (!part.ok()) return part.status();
+        values.insert(values.end(), part->begin(), part->end());
+      }
+    }
+    backend::HostMatrix host;
+    host.rows = part_rows * static_cast<int64_t>(names.size());
+    host.cols = cols;
+    host.f32 = values;
+    host.fp8 = fp8;
+    host.fp8_scales = scales;
+    return backend_.set_matrix(w, index, host);
+  }
+
+  Result<std::vector<float>> load(const std::string& name, std::vector<int64_t> shape) {
+    const TensorView* view = checkpoint_->find(name);
+    Result<std::vector<float>> values = checkpoint_->load_f32(name, shape, block(0), block(1));
+    if (values.ok() && view != nullptr) {
+      done_ += view->size_bytes;
+      report();
+    }
+    return values;
+  }
+
+  // The precision of a linear weight made of `parts` checkpoint tensors [part_rows, cols] stacked by rows, the
+  // first named `name`: FP8 only when asked for, the checkpoint stores it as FP8 in 128x128 blocks, cols is a
+  // multiple of 128 (the FP8 GEMM's K) and stacked parts end on block boundaries; else bf16 when FP8 was asked for.
+  Precision linear_precision(const std::string& name, int64_t part_rows, int64_t cols, int64_t parts = 1) const {
+    if (precision_ != Precision::kFP8) return precision_;
+    const bool shape_ok = cols % 128 == 0 && (parts == 1 || part_rows % 128 == 0);
+    if (random()) return shape_ok ? Precision::kFP8 : Precision::kBF16;
+    const TensorView* view = checkpoint_->find(name);
+    const bool fp8 = shape_ok && view != nullptr && view->dtype == DType::kF8E4M3 && block(0) == 128 && block(1) == 128;
+    return fp8 ? Precision::kFP8 : Precision::kBF16;
+  }
+  Precision dense_precision() const { return precision_ == Precision::kFP8 ? Precision::kBF16 : precision_; }
+
+ private:
+  Status load_fp8(const std::string& name, int64_t rows, int64_t cols, std::vector<uint8_t>& fp8,
+                  std::vector<float>& scales) {
+    const TensorView* view = checkpoint_->find(name);
+    if (view == nullptr || view->dtype != DType::kF8E4M3 || view->shape != std::vector<int64_t>{rows, cols}) {
+      return Status::invalid_argument(name + ": expected a float8_e4m3fn tensor of " + std::to_string(rows) + " x " +
+                                      std::to_string(cols));
+    }
+    const std::byte* data = view->data;
+    fp8.insert(fp8.end(), reinterpret_cast<const uint8_t*>(data), reinterpret_cast<const uint8_t*>(data) + rows * cols);
+    Result<std::vector<float>> s = load(name + "_scale_inv", {(rows + 127) / 128, (cols + 127) / 128});
+    if (!s.ok()) return s.status();
+    scales.insert(scales.end(), s->begin(), s->end());
+    done_ += view->size_bytes;
+    report();
+    return Status();
+  }
+  int64_t block(size_t i) const {
+    return config_.weight_block_size.size() == 2 ? config_.weight_block_size[i] : 128;
+  }
+  void report() {
+    if (progress_) progress_(done_, total_);
+  }
+
+  backend::Backend& backend_;
+  const Checkpoint* checkpoint_;
+  const ModelConfig& config_;
+  Precision precision_;
+  LoadProgress progress_;
+  size_t total_;
+  size_t done_ = 0;
+  size_t bytes_ = 0;
+  uint64_t seed_;
+};
+
+// An MLP (count 1, tensors under `prefix`) or `count` routed experts stacked (tensors under prefix.<e>).
+Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t count, int64_t inter, int64_t hidden,
+                Mlp& out) {
+  auto name = [&](int64_t e, const char* part) {
+    return (experts ? prefix + "." + std::to_string(e) : prefix) + "." + part + ".weight";
+  };
+  Status s = loader.weight(count, 2 * inter, hidden, loader.linear_precision(name(0, "gate_proj"), inter, hidden, 2),
+                           out.gate_up,
+                           [&](Weight& w) {
+                             for (int64_t e = 0; e < count; ++e) {
+                               Status st = loader.set(w, e, {name(e, "gate_proj"), name(e, "up_proj")}, inter, hidden);
+                               if (!st.ok()) return st;
+                             }
+                             return Status();
+                           });
+  if (!s.ok()) return s;
+  return loader.weight(count, hidden, inter, loader.linear_precision(name(0, "down_proj"), hidden, inter), out.down,
+                       [&](Weight& w) {
+                         for (int64_t e = 0; e < count; ++e) {
+                           Status st = loader.set(w, e, {name(e, "down_proj")}, hidden, inter);
+                           if (!st.ok()) return st;
+                         }
+                         return Status();
+                       });
+}
+
+Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& c, int64_t index, Layer& out) {
+  const std::string p = "model.layers." + std::to_string(index);
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, rank = c.kv_lora_rank;
+  const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, R = c.qk_rope_head_dim;
+  Status s;
+  if (!(s = loader.vector(p + ".input_layernorm.weight", hidden, 1.0f, out.input_layernorm)).ok()) return s;
+  if (!(s = loader.vector(p + ".post_attention_layernorm.weight", hidden, 1.0f, out.post_attention_layernorm)).ok()) {
+    return s;
+  }
+  auto linear = [&](const std::string& name, int64_t rows, int64_t cols, WeightPtr& w) {
+    return loader.matrix(name, rows, cols, loader.linear_precision(name, rows, cols), w);
+  };
+  if (c.q_lora_rank) {
+    if (!(s = linear(p + ".self_attn.q_a_proj.weight", *c.q_lora_rank, hidden, out.q_a_proj)).ok()) return s;
+    if (!(s = loader.vector(p + ".self_attn.q_a_layernorm.weight", *c.q_lora_rank, 1.0f, out.q_a_layernorm)).ok()) {
+      return s;
+    }
+    if (!(s = linear(p + ".self_attn.q_b_proj.weight", heads * c.qk_head_dim(), *c.q_lora_rank, out.q_b_proj)).ok()) {
+      return s;
+    }
+  } else if (!(s = linear(p + ".self_attn.q_proj.weight", heads * c.qk_head_dim(), hidden, out.q_proj)).ok()) {
+    return s;
+  }
+  if (!(s = linear(p + ".self_attn.kv_a_proj_with_mqa.weight", rank + R, hidden, out.kv_a_proj_with_mqa)).ok()) {
+    return s;
+  }
+  if (!(s = loader.vector(p + ".self_attn.kv_a_layernorm.weight", rank, 1.0f, out.kv_a_layernorm)).ok()) return s;
+  // kv_b_proj [H * (nope + v), C] split into per-head absorbed matrices (and kept whole for the expanded form).
+  const Precision dense = loader.dense_precision();
+  std::vector<float> kv_b;
+  if (!loader.random()) {
+    Result<std::vector<float>> loaded = loader.load(p + ".self_attn.kv_b_proj.weight", {heads * (nope + v), rank});
+    if (!loaded.ok()) return loaded.status();
+    kv_b = std::move(loaded).value();
+  }
+  s = loader.weight(heads, rank, nope, dense, out.w_uk_t, [&](Weight& w) {
+    std::vector<float> uk_t(static_cast<size_t>(rank * nope));  // transpose of W_UK[h] ([nope, C])
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* head = kv_b.data() + h * (nope + v) * rank;
+      for (int64_t n = 0; n < nope; ++n) {
+        for (int64_t r = 0; r < rank; ++r) uk_t[static_cast<size_t>(r * nope + n)] = head[n * rank + r];
+      }
+      backend::HostMatrix m{rank, nope, uk_t, {}, {}};
+      if (Status st = backend.set_matrix(w, h, m); !st.ok()) return st;
+    }
+    return Status();
+  });
+  if (!s.ok()) return s;
+  s = loader.weight(heads, v, rank, dense, out.w_uv, [&](Weight& w) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* head = kv_b.data() + h * (nope + v) * rank;
+      backend::HostMatrix m{v, rank, std::span<const float>(head + nope * rank, static_cast<size_t>(v * rank)), {}, {}};
+      if (Status st = backend.set_matrix(w, h, m); !st.ok()) return st;
+    }
+    return Status();
+  });
+  if (!s.ok()) return s;
+  backend::MlaExpanded expanded{heads, rank, R, nope, v, 0.0f, nullptr};
+  if (backend.has_mla_expanded(expanded)) {
+    s = loader.weight(1, heads * (nope + v), rank, dense, out.kv_b, [&](Weight& w) {
+      return backend.set_matrix(w, 0, backend::HostMatrix{heads * (nope + v), rank, kv_b, {}, {}});
+    });
+    if (!s.ok()) return s;
+  }
+  if (!(s = linear(p + ".self_attn.o_proj.weight", hidden, heads * v, out.o_proj)).ok()) return s;
+  out.moe = c.is_moe_layer(index);
+  if (!out.moe) return load_mlp(loader, p + ".mlp", false, 1, c.intermediate_size, hidden, out.dense);
+  if (!(s = loader.matrix(p + ".mlp.gate.weight", c.n_routed_experts, hidden, Precision::kF32, out.gate)).ok()) {
+    return s;
+  }
+  out.has_gate_bias = c.topk_method == "noaux_tc";
+  if (out.has_gate_bias) {
+    if (!(s = loader.vector(p + ".mlp.gate.e_score_correction_bias", c.n_routed_experts, 0.0f, out.gate_bias)).ok()) {
+      return s;
+    }
+  }
+  if (!(s = load_mlp(loader, p + ".mlp.experts", true, c.n_routed_experts, c.moe_intermediate_size, hidden, out.experts))
+           .ok()) {
+    return s;
+  }
+  out.has_shared = c.n_shared_experts > 0;
+  if (out.has_shared) {
+    return load_mlp(loader, p + ".mlp.shared_experts", false, 1, c.moe_intermediate_size * c.n_shared_experts, hidden,
+                    out.shared);
+  }
+  return Status();
+}
+
+// Everything but the checkpoint: the layers, MTP layers, final norm, head and rope tables through `loader`.
+Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, DeepSeekModel::Weights& w) {
+  Status s;
+  if (!(s = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size, loader.dense_precision(),
+                          w.embed_tokens)).ok()) {
+    return s;
+  }
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!(s = load_layer(loader, backend, c, l, w.layers[static_cast<size_t>(l)])).ok()) return s;
+  }
+  for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
+    MtpLayer mtp;
+    const int64_t index = c.num_hidden_layers + i;
+    const std::string p = "model.layers." + std::to_string(index);
+    if (!(s = loader.vector(p + ".enorm.weight", c.hidden_size, 1.0f, mtp.enorm)).ok()) return s;
+    if (!(s = loader.vector(p + ".hnorm.weight", c.hidden_size, 1.0f, mtp.hnorm)).ok()) return s;
+    if (!(s = loader.matrix(p + ".eh_proj.weight", c.hidden_size, 2 * c.hidden_size,
+                            loader.linear_precision(p + ".eh_proj.weight", c.hidden_size, 2 * c.hidden_size),
+                            mtp.eh_proj)).ok()) {
+      return s;
+    }
+    if (!(s = load_layer(loader, backend, c, index, mtp.layer)).ok()) return s;
+    w.mtp_layers.push_back(std::move(mtp));
+  }
+  if (!(s = loader.vector("model.norm.weight", c.hidden_size, 1.0f, w.norm)).ok()) return s;
+  const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (!(s = loader.matrix(head, c.vocab_size, c.hidden_size, loader.dense_precision(), w.lm_head)).ok()) return s;
+  std::vector<float> inv_freq;
+  compute_rope(c, inv_freq, w.rope_attention_factor);
+  Result<Buffer> inv_freq_buffer = backend.make_vector(inv_freq);
+  if (!inv_freq_buffer.ok()) return inv_freq_buffer.status();
+  w.inv_freq = std::move(inv_freq_buffer).value();
+  w.softmax_scale = softmax_scale(c);
+  w.rule = routing_rule(c);
+  w.bytes = loader.bytes();
+  loader.finish();
+  return Status();
+}
+
+Status check_supported(const ModelConfig& c, const std::string& where) {
+  if (c.qk_rope_head_dim > 256 || c.qk_rope_head_dim % 2 != 0) {
+    return Status::unsupported(where + ": qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
+                               " (must be even and <= 256)");
+  }
+  return Status();
+}
+
 }  // namespace
+
+DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend)
+    : config_(std::move(config)), backend_(backend), weights_(std::make_unique<Weights>()),
+      scratch_(std::make_unique<Scratch>()) {}
+DeepSeekModel::~DeepSeekModel() = default;
+const ModelConfig& DeepSeekModel::config() const { return config_; }
+size_t DeepSeekModel::weight_bytes() const { return weights_->bytes; }
+
+size_t DeepSeekModel::layer_block_bytes() const {
+  return static_cast<size_t>(kBlockTokens * config_.kv_cache_dim()) * backend::dtype_size(backend_.cache_dtype());
+}
+
+Result<std::vector<Buffer>> DeepSeekModel::make_layer_caches(int64_t num_blocks) const {
+  std::vector<Buffer> caches;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    Result<Buffer> layer = backend_.alloc(layer_block_bytes() * static_cast<size_t>(num_blocks));
+    if (!layer.ok()) return layer.status();
+    caches.push_back(std::move(layer).value());
+  }
+  return caches;
+}
+
+Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem::path& dir, backend::Backend& backend,
+                                                           Precision precision, bool progress) {
+  Result<ModelConfig> config = load_model_config(dir);
+  if (!config.ok()) return config.status();
+  if (Status s = check_supported(*config, dir.string() + "/config.json"); !s.ok()) return s;
+  Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend));
+  Loader loader(backend, checkpoint->get(), model->config_, precision,
+                progress ? terminal_progress_bar("loading " + dir.filename().string()) : LoadProgress(), 0);
+  if (Status s = build(loader, backend, model->config_, *model->weights_); !s.ok()) return s;
+  return model;
+}
+
+Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::create_random(const ModelConfig& config,
+                                                                    backend::Backend& backend, Precision precision,
+                                                                    uint64_t seed) {
+  if (Status s = check_supported(config, "config"); !s.ok()) return s;
+  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend));
+  Loader loader(backend, nullptr, model->config_, precision, LoadProgress(), seed);
+  if (Status s = build(loader, backend, model->config_, *model->weights_); !s.ok()) return s;
+  return model;
+}
+
+Status DeepSeekModel::reserve_scratch(int64_t rows) {
+  Scratch& s = *scratch_;
+  if (rows <= s.capacity) return Status();
+  const ModelConfig& c = config_;
+  const int64_t capacity = std::max<int64_t>(rows, 2 * s.capacity);
+  const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  int64_t inter = c.moe_intermediate_size * std::max<int64_t>(c.n_shared_experts, 1);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.is_moe_layer(l)) inter = std::max(inter, c.intermediate_size);
+  }
+  const size_t element = backend::dtype_size(backend_.activation_dtype());
+  struct Want {
+    Buffer* buffer;
+    int64_t cols;
+  };
+  const Want wants[] = {{&s.x, c.hidden_size},          {&s.normed, c.hidden_size},
+                        {&s.q, H * c.qk_head_dim()},    {&s.q_a, c.q_lora_rank.value_or(1)},
+                        {&s.kv, C + R},                 {&s.q_absorbed, H * (C + R)},
+                        {&s.out_latent, H * C},         {&s.attn, H * c.v_head_dim},
+                        {&s.projected, c.hidden_size},  {&s.gate_up, 2 * inter},
+                        {&s.act, inter},                {&s.ffn, c.hidden_size}};
+  for (const Want& want : wants) {
+    *want.buffer = Buffer();  // free before allocating the larger one
+    Result<Buffer> b = backend_.alloc(static_cast<size_t>(capacity * want.cols) * element);
+    if (!b.ok()) return b.status();
+    *want.buffer = std::move(b).value();
+  }
+  s.capacity = capacity;
+  return Status();
+}
 
 Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits) {
   const ModelConfig& c = config_;
@@ -310,19 +523,21 @@ Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_cache
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
   const int64_t hidden = c.hidden_size, H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim(), V = c.v_head_dim, entry = C + R;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   if (static_cast<int64_t>(layer_caches.size()) < c.num_hidden_layers) {
     return Status::invalid_argument("forward: " + std::to_string(layer_caches.size()) + " layer caches for " +
                                     std::to_string(c.num_hidden_layers) + " layers");
   }
   // Row bookkeeping: each row's position, sequence, and cache slot.
-  std::vector<int32_t> positions(static_cast<size_t>(T)), row_sequence(static_cast<size_t>(T)),
-      row_context(static_cast<size_t>(T));
+  std::vector<int32_t> positions(static_cast<size_t>(T)), row_sequence(static_cast<size_t>(T));
   std::vector<int64_t> slot(static_cast<size_t>(T));
   std::vector<std::vector<int32_t>> block_tables;
+  bool rows_start_at_zero = true;
   int64_t row = 0;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const SequenceChunk& chunk = batch.sequences[s];
     block_tables.push_back(chunk.block_table);
+    rows_start_at_zero = rows_start_at_zero && chunk.start_position == 0;
     for (int32_t i = 0; i < chunk.num_tokens; ++i, ++row) {
       if (row >= T) return Status::invalid_argument("forward: sequence chunks cover more rows than token_ids");
       int32_t position = chunk.start_position + i;
@@ -333,158 +548,110 @@ Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_cache
       }
       positions[row] = position;
       row_sequence[row] = static_cast<int32_t>(s);
-      row_context[row] = position + 1;
       slot[row] = chunk.block_table[block_index] * kBlockTokens + position % kBlockTokens;
     }
   }
   if (row != T) return Status::invalid_argument("forward: sequence chunks do not cover token_ids");
-
-  // Embedding.
-  std::vector<float> x(static_cast<size_t>(T * hidden)), normed(x.size());
-  for (int64_t t = 0; t < T; ++t) {
-    int32_t id = batch.token_ids[t];
+  for (int32_t id : batch.token_ids) {
     if (id < 0 || id >= c.vocab_size) {
       return Status::invalid_argument("forward: token id " + std::to_string(id) + " outside the vocabulary of " +
                                       std::to_string(c.vocab_size));
     }
-    float* out = x.data() + t * hidden;
-    if (w.embed_tokens.precision == Precision::kF32) {
-      std::copy_n(w.embed_tokens.f32.data() + id * hidden, hidden, out);
-    } else {
-      for (int64_t i = 0; i < hidden; ++i) {
-        uint32_t bits = static_cast<uint32_t>(w.embed_tokens.bf16[id * hidden + i]) << 16;
-        std::memcpy(out + i, &bits, sizeof(float));
-      }
-    }
   }
+  for (int32_t r : batch.logits_rows) {
+    if (r < 0 || r >= T) return Status::invalid_argument("forward: logits row outside the batch");
+  }
+  if (T == 0 || c.num_hidden_layers == 0) {
+    logits.clear();
+    return Status();
+  }
+  if (Status s = reserve_scratch(T); !s.ok()) return s;
+  backend::StepLayout layout;
+  layout.token_ids = batch.token_ids;
+  layout.positions = positions;
+  layout.row_sequence = row_sequence;
+  layout.slots = slot;
+  layout.block_tables = block_tables;
+  layout.logits_rows = batch.logits_rows;
+  layout.rows_start_at_zero = rows_start_at_zero;
+  if (Status s = backend_.begin_step(layout); !s.ok()) return s;
 
-  std::vector<float> q, q_a, kv_a, q_nope_h, q_latent(static_cast<size_t>(T * H * C)), q_rope(static_cast<size_t>(T * H * R)),
-      head_latent, head_out, out_latent(static_cast<size_t>(T * H * C)), attn(static_cast<size_t>(T * H * V)),
-      projected(static_cast<size_t>(T * hidden)), gate_up, act, ffn(static_cast<size_t>(T * hidden)), router;
+  const backend::DType dtype = backend_.activation_dtype();
+  const Scratch& S = *scratch_;
+  auto tensor = [&](const Buffer& b, int64_t cols) { return Tensor{b.data(), dtype, T, cols, cols}; };
+  Tensor x = tensor(S.x, hidden), normed = tensor(S.normed, hidden), q = tensor(S.q, H * qk);
+  Tensor kv = tensor(S.kv, entry), q_absorbed = tensor(S.q_absorbed, H * entry);
+  Tensor out_latent = tensor(S.out_latent, H * C), attn = tensor(S.attn, H * V);
+  Tensor projected = tensor(S.projected, hidden), ffn = tensor(S.ffn, hidden);
+  // Per-head views: head h's rope part of q, and of the absorbed query, as rows of R values.
+  Tensor q_rope = q.reshaped(qk).cols_slice(nope, R);
+  Tensor q_absorbed_rope = q_absorbed.reshaped(entry).cols_slice(C, R);
+  backend::MlaAttention attention{H, C, R, w.softmax_scale};
+  backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, nullptr};
+  const bool use_expanded = rows_start_at_zero && backend_.has_mla_expanded(expanded);
+
+  backend_.embed(*w.embed_tokens, x);
+  backend_.rms_norm(x, w.layers[0].input_layernorm, eps, normed);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const Layer& L = w.layers[l];
-    float* cache = layer_caches[l];
-    backend_.rms_norm(x.data(), T, hidden, hidden, L.input_layernorm.data(), static_cast<float>(c.rms_norm_eps),
-                      normed.data());
-    // Queries [T, H, qk].
-    q.resize(static_cast<size_t>(T * H * qk));
+    const Layer& L = w.layers[static_cast<size_t>(l)];
+    const Buffer& cache = layer_caches[static_cast<size_t>(l)];
+    // Queries [T, H * qk].
     if (c.q_lora_rank) {
-      q_a.resize(static_cast<size_t>(T * *c.q_lora_rank));
-      backend_.linear(normed.data(), T, L.q_a_proj, q_a.data());
-      backend_.rms_norm(q_a.data(), T, *c.q_lora_rank, *c.q_lora_rank, L.q_a_layernorm.data(),
-                        static_cast<float>(c.rms_norm_eps), q_a.data());
-      backend_.linear(q_a.data(), T, L.q_b_proj, q.data());
+      Tensor q_a = tensor(S.q_a, *c.q_lora_rank);
+      backend_.linear(normed, *L.q_a_proj, q_a);
+      backend_.rms_norm(q_a, L.q_a_layernorm, eps, q_a);
+      backend_.linear(q_a, *L.q_b_proj, q);
     } else {
-      backend_.linear(normed.data(), T, L.q_proj, q.data());
+      backend_.linear(normed, *L.q_proj, q);
     }
     // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache.
-    kv_a.resize(static_cast<size_t>(T * entry));
-    backend_.linear(normed.data(), T, L.kv_a_proj_with_mqa, kv_a.data());
-    backend_.rms_norm(kv_a.data(), T, C, entry, L.kv_a_layernorm.data(), static_cast<float>(c.rms_norm_eps),
-                      kv_a.data());
-    backend_.rope(kv_a.data() + C, T, R, entry, 1, positions.data(), w.inv_freq.data(), w.rope_attention_factor);
-    for (int64_t t = 0; t < T; ++t) std::copy_n(kv_a.data() + t * entry, entry, cache + slot[t] * entry);
-    // q_rope: roped copy of each head's rope part; q_latent: W_UK[h]ᵀ q_nope per head.
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < H; ++h) std::copy_n(q.data() + (t * H + h) * qk + nope, R, q_rope.data() + (t * H + h) * R);
+    backend_.linear(normed, *L.kv_a_proj_with_mqa, kv);
+    backend_.rms_norm(kv.cols_slice(0, C), L.kv_a_layernorm, eps, kv.cols_slice(0, C));
+    backend_.rope(kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
+    backend_.store_kv(kv, cache);
+    backend_.rope(q_rope, H, w.inv_freq, w.rope_attention_factor);
+    if (use_expanded) {
+      expanded.kv_b = L.kv_b.get();
+      backend_.mla_expanded(expanded, q, kv, attn);
+    } else {
+      // Absorbed query per head: [W_UK[h]ᵀ q_nope | roped q_rope]; attention over the latent; W_UV per head.
+      backend_.linear_heads(q, qk, *L.w_uk_t, q_absorbed, entry);
+      backend_.copy(q_rope, q_absorbed_rope);
+      backend_.mla_attention(attention, q_absorbed, cache, out_latent);
+      backend_.linear_heads(out_latent, C, *L.w_uv, attn, V);
     }
-    backend_.rope(q_rope.data(), T * H, R, R, H, positions.data(), w.inv_freq.data(), w.rope_attention_factor);
-    q_nope_h.resize(static_cast<size_t>(T * nope));
-    head_latent.resize(static_cast<size_t>(T * C));
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t t = 0; t < T; ++t) std::copy_n(q.data() + (t * H + h) * qk, nope, q_nope_h.data() + t * nope);
-      backend_.linear(q_nope_h.data(), T, L.w_uk_t[h], head_latent.data());
-      for (int64_t t = 0; t < T; ++t) std::copy_n(head_latent.data() + t * C, C, q_latent.data() + (t * H + h) * C);
-    }
-    backend::MlaAttentionParams params;
-    params.num_tokens = T;
-    params.num_heads = H;
-    params.kv_lora_rank = C;
-    params.rope_dim = R;
-    params.scale = w.softmax_scale;
-    params.q_latent = q_latent.data();
-    params.q_rope = q_rope.data();
-    params.out_latent = out_latent.data();
-    params.row_sequence = row_sequence.data();
-    params.row_context = row_context.data();
-    params.block_tables = block_tables;
-    params.cache = cache;
-    backend_.mla_attention(params);
-    // Values per head with W_UV, then o_proj.
-    head_out.resize(static_cast<size_t>(T * V));
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t t = 0; t < T; ++t) std::copy_n(out_latent.data() + (t * H + h) * C, C, head_latent.data() + t * C);
-      backend_.linear(head_latent.data(), T, L.w_uv[h], head_out.data());
-      for (int64_t t = 0; t < T; ++t) std::copy_n(head_out.data() + t * V, V, attn.data() + (t * H + h) * V);
-    }
-    backend_.linear(attn.data(), T, L.o_proj, projected.data());
-    for (int64_t i = 0; i < T * hidden; ++i) x[i] += projected[i];
+    backend_.linear(attn, *L.o_proj, projected);
+    backend_.add_rms_norm(x, projected, L.post_attention_layernorm, eps, normed);
 
     // Feed-forward.
-    backend_.rms_norm(x.data(), T, hidden, hidden, L.post_attention_layernorm.data(),
-                      static_cast<float>(c.rms_norm_eps), normed.data());
-    auto run_mlp = [&](const Mlp& mlp, const float* input, int64_t rows, float* output) {
-      const int64_t inter = mlp.down.cols;
-      gate_up.resize(static_cast<size_t>(rows * 2 * inter));
-      act.resize(static_cast<size_t>(rows * inter));
-      backend_.linear(input, rows, mlp.gate_up, gate_up.data());
-      backend_.silu_mul(gate_up.data(), rows, inter, act.data());
-      backend_.linear(act.data(), rows, mlp.down, output);
+    auto run_mlp = [&](const Mlp& mlp, Tensor output) {
+      const int64_t inter = mlp.down->cols;
+      Tensor gate_up = tensor(S.gate_up, 2 * inter), act = tensor(S.act, inter);
+      backend_.linear(normed, *mlp.gate_up, gate_up);
+      backend_.silu_mul(gate_up, act);
+      backend_.linear(act, *mlp.down, output);
     };
     if (!L.moe) {
-      run_mlp(L.dense, normed.data(), T, ffn.data());
+      run_mlp(L.dense, ffn);
     } else {
-      const int64_t n = c.n_routed_experts;
-      router.resize(static_cast<size_t>(T * n));
-      // Router logits in float32 from float32 weights, as the reference computes them.
-      backend_.linear(normed.data(), T, L.gate, router.data());
-      std::vector<std::vector<std::pair<int32_t, float>>> by_expert(static_cast<size_t>(n));
-      std::vector<int32_t> ids;
-      std::vector<float> weights;
-      const MoeRoutingRule rule = routing_rule(c);
-      for (int64_t t = 0; t < T; ++t) {
-        route_token(rule, router.data() + t * n, L.gate_bias, ids, weights);
-        for (size_t i = 0; i < ids.size(); ++i) by_expert[ids[i]].push_back({static_cast<int32_t>(t), weights[i]});
-      }
       if (L.has_shared) {
-        run_mlp(L.shared, normed.data(), T, ffn.data());
+        run_mlp(L.shared, ffn);
       } else {
-        std::fill(ffn.begin(), ffn.end(), 0.0f);
+        backend_.fill_zero(ffn);
       }
-      std::vector<float> gathered, expert_out;
-      for (int64_t e = 0; e < n; ++e) {
-        const auto& tokens = by_expert[e];
-        if (tokens.empty()) continue;
-        const int64_t rows = static_cast<int64_t>(tokens.size());
-        gathered.resize(static_cast<size_t>(rows * hidden));
-        expert_out.resize(static_cast<size_t>(rows * hidden));
-        for (int64_t r = 0; r < rows; ++r) {
-          std::copy_n(normed.data() + tokens[r].first * hidden, hidden, gathered.data() + r * hidden);
-        }
-        run_mlp(L.experts[e], gathered.data(), rows, expert_out.data());
-        for (int64_t r = 0; r < rows; ++r) {
-          float* out = ffn.data() + tokens[r].first * hidden;
-          const float* in = expert_out.data() + r * hidden;
-          for (int64_t i = 0; i < hidden; ++i) out[i] += tokens[r].second * in[i];
-        }
-      }
+      backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr, L.experts.gate_up.get(),
+                              L.experts.down.get()};
+      backend_.moe(normed, moe, ffn);
     }
-    for (int64_t i = 0; i < T * hidden; ++i) x[i] += ffn[i];
+    // The residual add, fused with the next layer's input norm.
+    if (l + 1 < c.num_hidden_layers) {
+      backend_.add_rms_norm(x, ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, normed);
+    } else {
+      backend_.add(x, ffn);
+    }
   }
-
   // Final norm and lm_head for the requested rows only.
-  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
-  std::vector<float> selected(static_cast<size_t>(rows * hidden));
-  for (int64_t r = 0; r < rows; ++r) {
-    int32_t source = batch.logits_rows[r];
-    if (source < 0 || source >= T) return Status::invalid_argument("forward: logits row outside the batch");
-    std::copy_n(x.data() + source * hidden, hidden, selected.data() + r * hidden);
-  }
-  backend_.rms_norm(selected.data(), rows, hidden, hidden, w.norm.data(), static_cast<float>(c.rms_norm_eps),
-                    selected.data());
-  logits.resize(static_cast<size_t>(rows * c.vocab_size));
-  backend_.linear(selected.data(), rows, w.lm_head, logits.data());
-  return Status();
+  return backend_.logits(x, w.norm, eps, *w.lm_head, logits);
 }
 
 }  // namespace deepinfer::model

@@ -324,36 +324,35 @@ void check_case(const std::string& name, int batch, int heads, const std::vector
   {
     namespace be = deepinfer::backend;
     std::vector<uint16_t> cache_bits = pr.cache.download();
-    std::vector<float> cache(cache_bits.size()), q_latent(static_cast<size_t>(batch) * heads * kC),
-        q_rope(static_cast<size_t>(batch) * heads * k::kMlaRopeDim), out(static_cast<size_t>(batch) * heads * kC);
-    for (size_t i = 0; i < cache.size(); ++i) cache[i] = bf16_to_float(cache_bits[i]);
-    for (size_t r = 0; r < static_cast<size_t>(batch) * heads; ++r) {
-      for (int c = 0; c < kC; ++c) q_latent[r * kC + c] = bf16_to_float(hv.q[r * kD + c]);
-      for (int c = 0; c < k::kMlaRopeDim; ++c) q_rope[r * k::kMlaRopeDim + c] = bf16_to_float(hv.q[r * kD + kC + c]);
-    }
+    auto cpu = be::make_cpu_backend();
+    // The backend's own memory: the cache as float, q as [B, H * (C + R)] (latent | rope per head), out [B, H * C].
+    be::Buffer cache = cpu->alloc(cache_bits.size() * sizeof(float)).value();
+    be::Buffer q = cpu->alloc(static_cast<size_t>(batch) * heads * kD * sizeof(float)).value();
+    std::vector<float> out(static_cast<size_t>(batch) * heads * kC);
+    float* cache_f = static_cast<float*>(cache.data());
+    float* q_f = static_cast<float*>(q.data());
+    for (size_t i = 0; i < cache_bits.size(); ++i) cache_f[i] = bf16_to_float(cache_bits[i]);
+    for (size_t i = 0; i < static_cast<size_t>(batch) * heads * kD; ++i) q_f[i] = bf16_to_float(hv.q[i]);
     std::vector<std::vector<int32_t>> tables(batch);
-    std::vector<int32_t> row_sequence(batch), row_context(batch);
+    std::vector<int32_t> row_sequence(batch), positions(batch), token_ids(batch, 0);
+    std::vector<int64_t> slots(batch, -1);
     for (int b = 0; b < batch; ++b) {
       const int pages = (pr.context[b] + kPage - 1) / kPage;
       tables[b].assign(pr.table.begin() + static_cast<long>(b) * pr.max_blocks,
                        pr.table.begin() + static_cast<long>(b) * pr.max_blocks + pages);
       row_sequence[b] = b;
-      row_context[b] = pr.context[b];
+      positions[b] = pr.context[b] - 1;
     }
-    be::MlaAttentionParams mp;
-    mp.num_tokens = batch;
-    mp.num_heads = heads;
-    mp.kv_lora_rank = kC;
-    mp.rope_dim = k::kMlaRopeDim;
-    mp.scale = scale;
-    mp.q_latent = q_latent.data();
-    mp.q_rope = q_rope.data();
-    mp.out_latent = out.data();
-    mp.row_sequence = row_sequence.data();
-    mp.row_context = row_context.data();
-    mp.block_tables = tables;
-    mp.cache = cache.data();
-    be::make_cpu_backend()->mla_attention(mp);
+    be::StepLayout layout;
+    layout.token_ids = token_ids;
+    layout.positions = positions;
+    layout.row_sequence = row_sequence;
+    layout.slots = slots;
+    layout.block_tables = tables;
+    if (!cpu->begin_step(layout).ok()) std::abort();
+    be::MlaAttention attention{heads, kC, k::kMlaRopeDim, scale};
+    cpu->mla_attention(attention, be::Tensor{q.data(), be::DType::kF32, batch, heads * kD, heads * kD}, cache,
+                       be::Tensor{out.data(), be::DType::kF32, batch, heads * kC, heads * kC});
     std::vector<std::vector<double>> cpu_refs;
     for (auto [b, h] : rows) {
       const float* o = out.data() + (static_cast<size_t>(b) * heads + h) * kC;

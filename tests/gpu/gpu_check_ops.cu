@@ -1,7 +1,7 @@
 // gpu_check_ops: checks the fused ops and MoE kernels (kernels/cuda/fused_ops.cu) against the project's own CPU
 // code on fresh random inputs — rms_norm (+ fused residual add), silu_mul and rope against the CPU backend
 // (src/backend/cpu/cpu_backend.cpp), MoE routing against the model's rule route_token
-// (src/model/moe_routing.cpp, the function deepseek_model.cpp calls), token permutation / gather / combine
+// (src/backend/moe_routing.cpp, the function deepseek_model.cpp calls), token permutation / gather / combine
 // against the model's by-expert grouping — then times each at V3 decode / prefill sizes (T = 128, 8192) against
 // the run's device-copy bandwidth. Outputs are poisoned (NaN / -1) before every checked run.
 // Prints JSON lines, then a table. Exit status 0 only when every check passed (timings never fail it).
@@ -24,14 +24,13 @@
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
-#include "deepinfer/model/moe_routing.h"
+#include "deepinfer/backend/moe_routing.h"
 #include "gpu_check_common.h"
 
 namespace {
 
 namespace k = deepinfer::kernels::cuda;
 namespace be = deepinfer::backend;
-namespace dm = deepinfer::model;
 using namespace deepinfer::gpu_check;
 
 uint16_t float_to_bf16(float value) {  // round to nearest even (inputs here are finite)
@@ -45,6 +44,11 @@ std::mt19937_64 g_rng(20261130);
 bool g_all_ok = true;
 double g_copy_gbps = 0.0;
 std::unique_ptr<be::Backend> g_cpu;
+
+// A host array as a CPU backend tensor (the CPU backend's memory is host memory).
+be::Tensor cpu_tensor(const float* data, int64_t rows, int64_t cols, int64_t stride) {
+  return be::Tensor{const_cast<float*>(data), be::DType::kF32, rows, cols, stride};
+}
 
 struct Row {
   std::string name;
@@ -166,7 +170,8 @@ void check_rms_norm(k::DType dt, int64_t rows, int64_t dim, int64_t stride, bool
       }
   }
   std::vector<float> ref(n, 0.0f);
-  g_cpu->rms_norm(in.data(), rows, dim, stride, w.f32.data(), 1e-6f, ref.data());
+  be::Buffer weight = g_cpu->make_vector(w.f32).value();
+  g_cpu->rms_norm(cpu_tensor(in.data(), rows, dim, stride), weight, 1e-6f, cpu_tensor(ref.data(), rows, dim, stride));
   std::vector<float> got = dy.download();
   Cmp c;
   for (int64_t row = 0; row < rows; ++row)
@@ -192,7 +197,7 @@ void check_silu_mul(k::DType dt, int64_t rows, int64_t n) {
   CUDA_TRY(k::run_silu_mul(p));
   CUDA_TRY(cudaDeviceSynchronize());
   std::vector<float> ref(static_cast<size_t>(rows * n));
-  g_cpu->silu_mul(gu.f32.data(), rows, n, ref.data());
+  g_cpu->silu_mul(cpu_tensor(gu.f32.data(), rows, 2 * n, 2 * n), cpu_tensor(ref.data(), rows, n, n));
   std::vector<float> got = dout.download();
   Cmp c;
   for (size_t i = 0; i < ref.size(); ++i) c.add(got[i], ref[i]);
@@ -240,7 +245,12 @@ void check_rope(k::DType dt, int64_t rows, int64_t dim, int64_t stride, int64_t 
   CUDA_TRY(k::run_rope(p));
   CUDA_TRY(cudaDeviceSynchronize());
   std::vector<float> ref = x.f32;
-  g_cpu->rope(ref.data(), rows, dim, stride, vpp, pos.data(), inv.data(), factor);
+  // The CPU backend reads positions from its step: one row per position, nothing else used.
+  be::StepLayout layout;
+  layout.positions = pos;
+  if (!g_cpu->begin_step(layout).ok()) std::abort();
+  be::Buffer inv_freq = g_cpu->make_vector(inv).value();
+  g_cpu->rope(cpu_tensor(ref.data(), rows, dim, stride), vpp, inv_freq, factor);
   std::vector<float> got = dx.download();
   Cmp c;
   long padding_changed = 0;
@@ -257,13 +267,13 @@ void check_rope(k::DType dt, int64_t rows, int64_t dim, int64_t stride, int64_t 
 // ---- MoE routing ----
 struct RouteCase {
   const char* name;
-  dm::MoeRoutingRule rule;
+  be::MoeRoutingRule rule;
   int logits_kind;  // 0 normal(0, 2); 1 grid {0, .25, .., 4} (exact ties)
   float bias_lo, bias_hi;  // bias uniform in [lo, hi); lo == hi == 0: no bias tensor
 };
-dm::MoeRoutingRule make_rule(dm::MoeRoutingRule::Scoring s, dm::MoeRoutingRule::TopK t, int64_t E, int64_t kk,
+be::MoeRoutingRule make_rule(be::MoeRoutingRule::Scoring s, be::MoeRoutingRule::TopK t, int64_t E, int64_t kk,
                              int64_t ng, int64_t tg, bool norm, bool after, double rsf) {
-  dm::MoeRoutingRule r;
+  be::MoeRoutingRule r;
   r.scoring = s;
   r.topk = t;
   r.num_experts = E;
@@ -275,12 +285,12 @@ dm::MoeRoutingRule make_rule(dm::MoeRoutingRule::Scoring s, dm::MoeRoutingRule::
   r.routed_scaling_factor = rsf;
   return r;
 }
-k::MoeRoutingParams device_rule(const dm::MoeRoutingRule& r) {
+k::MoeRoutingParams device_rule(const be::MoeRoutingRule& r) {
   k::MoeRoutingParams p;
   p.num_experts = r.num_experts;
   p.top_k = r.top_k;
-  p.sigmoid = r.scoring == dm::MoeRoutingRule::Scoring::kSigmoid;
-  p.grouping = r.topk == dm::MoeRoutingRule::TopK::kGreedy ? 0 : r.topk == dm::MoeRoutingRule::TopK::kGroupLimitedGreedy ? 1 : 2;
+  p.sigmoid = r.scoring == be::MoeRoutingRule::Scoring::kSigmoid;
+  p.grouping = r.topk == be::MoeRoutingRule::TopK::kGreedy ? 0 : r.topk == be::MoeRoutingRule::TopK::kGroupLimitedGreedy ? 1 : 2;
   p.n_group = static_cast<int>(r.n_group);
   p.topk_group = static_cast<int>(r.topk_group);
   p.norm_topk_prob = r.norm_topk_prob;
@@ -291,13 +301,13 @@ k::MoeRoutingParams device_rule(const dm::MoeRoutingRule& r) {
 // True when a decision of the rule (order within the top k + 1 choices after masking; the kept/dropped group
 // boundary) rests on two different values closer than rounding could blur (float32 vs float64, CPU expf vs GPU
 // expf): such tokens are redrawn. Exact ties (equal inputs) are kept: the documented tie rule decides them.
-bool near_tie(const dm::MoeRoutingRule& r, const float* logits, const std::vector<float>& bias) {
+bool near_tie(const be::MoeRoutingRule& r, const float* logits, const std::vector<float>& bias) {
   const int64_t E = r.num_experts;
   std::vector<double> s(static_cast<size_t>(E)), c(static_cast<size_t>(E));
   double mx = *std::max_element(logits, logits + E), sum = 0;
   for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(logits[e]) - mx);
   for (int64_t e = 0; e < E; ++e) {
-    s[e] = r.scoring == dm::MoeRoutingRule::Scoring::kSigmoid ? 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])))
+    s[e] = r.scoring == be::MoeRoutingRule::Scoring::kSigmoid ? 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])))
                                                               : std::exp(logits[e] - mx) / sum;
     c[e] = s[e] + (bias.empty() ? 0.0 : bias[e]);
   }
@@ -305,13 +315,13 @@ bool near_tie(const dm::MoeRoutingRule& r, const float* logits, const std::vecto
     const double gap = std::fabs(a - b);
     return gap > 0 && gap < 1e-6 + 1e-5 * std::max(std::fabs(a), std::fabs(b));
   };
-  if (r.topk != dm::MoeRoutingRule::TopK::kGreedy) {
+  if (r.topk != be::MoeRoutingRule::TopK::kGreedy) {
     const int64_t per = E / r.n_group;
     std::vector<double> gs(static_cast<size_t>(r.n_group));
     for (int64_t g = 0; g < r.n_group; ++g) {
       std::vector<double> m(c.begin() + g * per, c.begin() + (g + 1) * per);
       std::sort(m.begin(), m.end(), std::greater<>());
-      gs[g] = r.topk == dm::MoeRoutingRule::TopK::kNoauxTc ? m[0] + (per > 1 ? m[1] : 0.0) : m[0];
+      gs[g] = r.topk == be::MoeRoutingRule::TopK::kNoauxTc ? m[0] + (per > 1 ? m[1] : 0.0) : m[0];
       for (size_t i = 0; i + 1 < m.size() && i < 2; ++i)
         if (close(m[i], m[i + 1])) return true;  // which two members are the top-2 (sum unaffected, but be safe)
     }
@@ -362,7 +372,7 @@ struct RoutingOut {
   std::vector<int32_t> ids;
   std::vector<float> weights;
 };
-RoutingOut run_routing_device(const dm::MoeRoutingRule& rule, const RoutingInput& in, int64_t T) {
+RoutingOut run_routing_device(const be::MoeRoutingRule& rule, const RoutingInput& in, int64_t T) {
   const int64_t E = rule.num_experts, kk = rule.top_k;
   DeviceBuffer<float> dl(static_cast<size_t>(T * E)), db(std::max<size_t>(in.bias.size(), 1)),
       dw(static_cast<size_t>(T * kk));
@@ -391,7 +401,7 @@ std::vector<int32_t> check_routing(const RouteCase& rc, int64_t T) {
   std::vector<int32_t> ids;
   std::vector<float> w;
   for (int64_t t = 0; t < T; ++t) {
-    dm::route_token(rc.rule, in.logits.data() + t * E, in.bias, ids, w);
+    be::route_token(rc.rule, in.logits.data() + t * E, in.bias, ids, w);
     for (int64_t s = 0; s < kk; ++s) {
       const int32_t gi = got.ids[t * kk + s];
       const float gw = got.weights[t * kk + s];
@@ -665,7 +675,7 @@ void bench_all() {
       Pool logits(4 * T * E, sets, 8, 1), bias(4 * E, 1, 9, 1);
       DeviceBuffer<int32_t> ids(static_cast<size_t>(T * kk) * sets);
       DeviceBuffer<float> wts(static_cast<size_t>(T * kk) * sets);
-      k::MoeRoutingParams rp = device_rule(make_rule(dm::MoeRoutingRule::Scoring::kSigmoid, dm::MoeRoutingRule::TopK::kNoauxTc,
+      k::MoeRoutingParams rp = device_rule(make_rule(be::MoeRoutingRule::Scoring::kSigmoid, be::MoeRoutingRule::TopK::kNoauxTc,
                                                      E, kk, 8, 4, true, true, 2.5));
       rp.tokens = T;
       rp.bias = static_cast<const float*>(bias.at(0));
@@ -754,8 +764,8 @@ void print_summary() {
 }
 
 void run_checks(bool quick) {
-  using S = dm::MoeRoutingRule::Scoring;
-  using K = dm::MoeRoutingRule::TopK;
+  using S = be::MoeRoutingRule::Scoring;
+  using K = be::MoeRoutingRule::TopK;
   for (k::DType dt : {k::DType::kBF16, k::DType::kF32}) {
     check_rms_norm(dt, 128, 7168, 7168, false);
     check_rms_norm(dt, 37, 7168, 7168, true);

@@ -71,7 +71,7 @@ inline std::unique_ptr<Server> start_server(TestServerOptions options = {}) {
   // DEEPINFER_TEST_LOG=1 shows the server's request log.
   spdlog::set_level(std::getenv("DEEPINFER_TEST_LOG") != nullptr ? spdlog::level::info : spdlog::level::warn);
   auto backend = backend::make_cpu_backend();
-  auto model = model::DeepSeekModel::load(model_dir(), *backend, backend::WeightMatrix::Precision::kBF16);
+  auto model = model::DeepSeekModel::load(model_dir(), *backend, backend::Precision::kBF16);
   if (!model.ok()) throw std::runtime_error(model.status().to_string());
   ModelInfo info;
   info.served_model_name = kModelName;

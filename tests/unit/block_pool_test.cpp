@@ -1,6 +1,5 @@
 // BlockPool: scripted operations with the expected result, ref count and free count after each step
-// (allocation order, sharing through ref counts, exhaustion, errors that change nothing). LatentKvStorage:
-// layout and argument checks.
+// (allocation order, sharing through ref counts, exhaustion, errors that change nothing).
 #include "deepinfer/kvcache/block_pool.h"
 
 #include <gtest/gtest.h>
@@ -171,39 +170,6 @@ TEST(BlocksForTokensTest, RoundsUpToWholeBlocks) {
   };
   const Case cases[] = {{0, 0}, {1, 1}, {63, 1}, {64, 1}, {65, 2}, {128, 2}, {129, 3}};
   for (const Case& c : cases) EXPECT_EQ(blocks_for_tokens(c.tokens), c.blocks) << c.tokens << " tokens";
-}
-
-TEST(LatentKvStorageTest, LayoutIsLayerBlockSlotEntry) {
-  Result<LatentKvStorage> created = LatentKvStorage::create(/*num_layers=*/3, /*num_blocks=*/5, /*entry_dim=*/7);
-  ASSERT_TRUE(created.ok()) << created.status().to_string();
-  LatentKvStorage& storage = *created;
-  EXPECT_EQ(storage.size_bytes(), 3u * 5 * kBlockTokens * 7 * sizeof(float));
-  EXPECT_EQ(storage.bytes_per_token(), 3u * 7 * sizeof(float));
-  const float* base = storage.layer_data(0);
-  EXPECT_EQ(storage.layer_data(2) - base, 2 * 5 * kBlockTokens * 7);
-  EXPECT_EQ(storage.block_data(1, 4) - base, (1 * 5 + 4) * kBlockTokens * 7);
-  EXPECT_EQ(storage.entry(2, 3, 63) - base, ((2 * 5 + 3) * kBlockTokens + 63) * 7);
-  EXPECT_EQ(*storage.entry(2, 3, 63), 0.0f);
-
-  // Position 130 of a sequence with blocks {4, 0, 2}: block 2, slot 2.
-  const std::vector<BlockId> block_table = {4, 0, 2};
-  storage.entry_at(1, block_table, 130)[6] = 1.5f;
-  EXPECT_EQ(storage.entry(1, 2, 2)[6], 1.5f);
-  const LatentKvStorage& read_only = storage;
-  EXPECT_EQ(read_only.entry_at(1, block_table, 130), read_only.entry(1, 2, 2));
-  EXPECT_EQ(read_only.entry_at(1, block_table, 0), read_only.entry(1, 4, 0));
-}
-
-TEST(LatentKvStorageTest, RejectsNonPositiveAndOverflowingSizes) {
-  struct Case {
-    int32_t num_layers, num_blocks, entry_dim;
-  };
-  const Case cases[] = {{0, 1, 1}, {1, 0, 1}, {1, 1, 0}, {-1, 1, 1}, {INT32_MAX, INT32_MAX, INT32_MAX}};
-  for (const Case& c : cases) {
-    Result<LatentKvStorage> created = LatentKvStorage::create(c.num_layers, c.num_blocks, c.entry_dim);
-    ASSERT_FALSE(created.ok()) << c.num_layers << " x " << c.num_blocks << " x " << c.entry_dim;
-    EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument) << created.status().to_string();
-  }
 }
 
 }  // namespace

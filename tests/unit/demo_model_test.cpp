@@ -23,7 +23,6 @@
 namespace deepinfer::model {
 namespace {
 
-using backend::WeightMatrix;
 constexpr int kBlockTokens = 64;
 
 std::string setting(const char* env, const std::string& fallback) {
@@ -57,12 +56,9 @@ void run(DeepSeekModel& model, const std::vector<int32_t>& prompt, int decode, s
   const ModelConfig& c = model.config();
   const int64_t total = static_cast<int64_t>(prompt.size()) + decode;
   const int64_t blocks = total / kBlockTokens + 1;
-  std::vector<std::vector<float>> storage(static_cast<size_t>(c.num_hidden_layers));
-  std::vector<float*> caches;
-  for (auto& layer : storage) {
-    layer.resize(static_cast<size_t>(blocks * kBlockTokens * c.kv_cache_dim()));
-    caches.push_back(layer.data());
-  }
+  Result<std::vector<backend::Buffer>> made = model.make_layer_caches(blocks);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  const std::vector<backend::Buffer> caches = std::move(made).value();
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
   const int32_t n = static_cast<int32_t>(prompt.size());
@@ -134,7 +130,7 @@ class DemoModelTest : public ::testing::Test {
 };
 
 TEST_F(DemoModelTest, Float32LogitsAndGreedyTokensMatchPyTorch) {
-  auto model = DeepSeekModel::load(dir_, *backend_, WeightMatrix::Precision::kF32);
+  auto model = DeepSeekModel::load(dir_, *backend_, backend::Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   const int64_t vocab = (*model)->config().vocab_size;
   for (const Reference& ref : references_) {
@@ -155,7 +151,7 @@ TEST_F(DemoModelTest, Fp8CopyLoadsAndReportsError) {
   if (!std::filesystem::exists(std::filesystem::path(fp8_dir) / "model.safetensors")) {
     GTEST_SKIP() << "no FP8 copy at " << fp8_dir;
   }
-  auto model = DeepSeekModel::load(fp8_dir, *backend_, WeightMatrix::Precision::kF32);
+  auto model = DeepSeekModel::load(fp8_dir, *backend_, backend::Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   EXPECT_EQ((*model)->config().quant_method, "fp8");
   for (const Reference& ref : references_) {

@@ -44,7 +44,7 @@ constexpr const char* kChildDirVariable = "DEEPINFER_KV_TIERS_CHILD_DIR";
 std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
   auto backend = backend::make_cpu_backend();
   auto model = model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
-                                          backend::WeightMatrix::Precision::kF32);
+                                          backend::Precision::kF32);
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
@@ -270,7 +270,7 @@ TEST(EngineKvTiersTest, ConfigurationErrorsAreExplicit) {
   auto backend = backend::make_cpu_backend();
   auto load = [&] {
     return std::move(model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
-                                                backend::WeightMatrix::Precision::kF32))
+                                                backend::Precision::kF32))
         .value();
   };
   EngineConfig no_host = base_config();

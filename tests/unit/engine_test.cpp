@@ -22,7 +22,7 @@ const std::string kFixture = "tests/data/models/tiny-deepseek-v3";
 std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
   auto backend = backend::make_cpu_backend();
   auto model = model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
-                                          backend::WeightMatrix::Precision::kF32);
+                                          backend::Precision::kF32);
   EXPECT_TRUE(model.ok()) << model.status().to_string();
   auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();

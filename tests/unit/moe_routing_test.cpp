@@ -1,8 +1,8 @@
-// route_token (src/model/moe_routing.cpp), the MoE routing rule shared by the model's forward pass and the GPU
+// route_token (src/backend/moe_routing.cpp), the MoE routing rule shared by the model's forward pass and the GPU
 // routing kernel's checks: the documented tie rules, the V2/V3 weight rules, and agreement on random inputs with
 // the model's router as it was written before it was factored out (copied below verbatim but for the
 // ModelConfig argument).
-#include "deepinfer/model/moe_routing.h"
+#include "deepinfer/backend/moe_routing.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <random>
 #include <string>
 
-namespace deepinfer::model {
+namespace deepinfer::backend {
 namespace {
 
 struct OldConfig {  // the ModelConfig fields the pre-refactor route() read
@@ -174,4 +174,4 @@ TEST(MoeRouting, V3NormalizesThenScalesAndV2ScalesOnly) {
 }
 
 }  // namespace
-}  // namespace deepinfer::model
+}  // namespace deepinfer::backend

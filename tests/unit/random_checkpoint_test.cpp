@@ -36,7 +36,7 @@ TEST(RandomCheckpointTest, DefaultModelIsDeterministicAndLoads) {
   // Regression value: a change here changes the default model every user gets.
   EXPECT_EQ(fnv1a_of_file(dir / "model.safetensors"), 0xcfdf8fc4060a9aefull);
   auto backend = backend::make_cpu_backend();
-  auto model = DeepSeekModel::load(dir, *backend, backend::WeightMatrix::Precision::kBF16);
+  auto model = DeepSeekModel::load(dir, *backend, backend::Precision::kBF16);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   EXPECT_EQ((*model)->config().vocab_size, 129280);
   EXPECT_EQ((*model)->config().num_nextn_predict_layers, 1);

@@ -2,6 +2,7 @@
 // scripts/setup.sh fetches into models/.
 #pragma once
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -11,7 +12,12 @@
 
 namespace deepinfer::testing {
 
-inline std::string source_path(const std::string& relative) { return std::string(DEEPINFER_SOURCE_DIR) + "/" + relative; }
+// The checkout the tests read data from: $DEEPINFER_SOURCE_DIR when set (a test binary carried to another machine,
+// scripts/gpu-check.sh), else the one it was built from.
+inline std::string source_path(const std::string& relative) {
+  const char* root = std::getenv("DEEPINFER_SOURCE_DIR");
+  return std::string(root != nullptr ? root : DEEPINFER_SOURCE_DIR) + "/" + relative;
+}
 
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,13 +1,22 @@
-// The backend interface: the few batched operations the DeepSeek forward pass is made of. Model code sees
-// only this header; the CPU implementation lives in src/backend/cpu, the CUDA one will sit behind the same
-// calls (ggml's narrow backend interface). Every operation is batch-first: rows are tokens of one step, from
-// any number of sequences; attention reads the paged latent KV cache through per-sequence block tables.
+// The backend interface: the few batched operations the DeepSeek forward pass is made of, over memory the
+// backend owns (host RAM for the CPU backend, device memory for CUDA). Model code sees only this header; the
+// implementations live in src/backend/cpu and src/backend/cuda (ggml's narrow backend interface: one forward
+// pass, one test definition, several backends).
 //
-// Conventions: float32 activations, row-major, contiguous unless a stride is given. A call never allocates
-// what it returns; outputs are caller-owned and must not alias inputs unless stated.
-// Thread-safety: a Backend is used by one engine thread; it may use threads internally.
+// A step goes: begin_step(layout) once (the rows' token ids, positions, cache slots and block tables, given on
+// the host; a device backend uploads them), then ops over Tensors, then logits() copies the wanted rows'
+// logits to the host. Every op is batch-first: rows are tokens of one step, from any number of sequences.
+//
+// Conventions: activations are 2-D row-major views (Tensor) in the backend's activation dtype (CPU: float32,
+// CUDA: bfloat16); outputs are caller-owned, written entirely, and must not alias inputs unless stated. Ops
+// on a device backend are asynchronous on the backend's stream; logits(), download() and synchronize() wait.
+// Weights and vectors are uploaded once (make_weight / make_vector) and are immutable afterwards.
+// Thread-safety: a Backend is used by one engine thread at a time; it may use threads internally.
+// Errors: shape mismatches are programming errors (checked with DEEPINFER_CHECK-style aborts in the backends);
+// memory exhaustion and device faults are reported as Status by the calls that return one.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -15,66 +24,175 @@
 #include <string_view>
 #include <vector>
 
+#include "deepinfer/backend/moe_routing.h"
+#include "deepinfer/core/status.h"
+
 namespace deepinfer::backend {
 
-// A linear layer's weight [rows = out_features, cols = in_features], as checkpoints store it, in the
-// precision it is kept in memory. kF32 is the reference-exact path; kBF16 keeps half the bytes and
-// accumulates in float32 (values converted exactly from the checkpoint's bf16 or rounded from FP8 x scale).
-struct WeightMatrix {
-  enum class Precision { kF32, kBF16 };
-  Precision precision = Precision::kF32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  std::vector<float> f32;      // kF32: rows * cols
-  std::vector<uint16_t> bf16;  // kBF16: rows * cols, bfloat16 bit patterns
+enum class DType : uint8_t { kF32, kBF16 };
+inline size_t dtype_size(DType d) { return d == DType::kF32 ? 4 : 2; }
 
-  static WeightMatrix from_f32(std::vector<float> values, int64_t rows, int64_t cols, Precision precision);
-  size_t bytes() const { return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t); }
+// Backend memory (host or device), freed when the last copy goes away. Never dereference data() on the host
+// unless the backend is the CPU one.
+struct Buffer {
+  std::shared_ptr<void> storage;
+  size_t bytes = 0;
+  void* data() const { return storage.get(); }
+};
+
+// A 2-D view of backend memory: rows x cols elements of `dtype`, row stride `stride` elements (>= cols).
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0, stride = 0;
+
+  // Columns [begin, begin + count) of every row.
+  Tensor cols_slice(int64_t begin, int64_t count) const {
+    return {static_cast<char*>(data) + begin * static_cast<int64_t>(dtype_size(dtype)), dtype, rows, count, stride};
+  }
+  // Rows [begin, begin + count).
+  Tensor rows_slice(int64_t begin, int64_t count) const {
+    return {static_cast<char*>(data) + begin * stride * static_cast<int64_t>(dtype_size(dtype)), dtype, count, cols,
+            stride};
+  }
+  // The same memory seen as rows of `new_cols` (contiguous views only: stride == cols, rows*cols % new_cols == 0).
+  Tensor reshaped(int64_t new_cols) const { return {data, dtype, rows * cols / new_cols, new_cols, new_cols}; }
+};
+
+// How a weight matrix is kept: kF32 is the reference-exact path (CPU); kBF16 halves the bytes and accumulates in
+// float32; kFP8 keeps DeepSeek's native float8_e4m3fn values with one float32 scale per 128x128 block
+// (CUDA: block-scaled FP8 GEMMs with 1x128 activation scales; the CPU backend widens FP8 to bfloat16).
+enum class Precision { kF32, kBF16, kFP8 };
+
+// Host data of one matrix [rows][cols], in one of two forms: float32 values (rounded to the weight's
+// precision; an FP8 weight takes only the second form), or the checkpoint's float8_e4m3fn bytes with their block
+// scales [ceil(rows/128)][ceil(cols/128)] (scale_inv as stored: value = fp8 * scale). Borrowed for the call.
+struct HostMatrix {
+  int64_t rows = 0, cols = 0;
+  std::span<const float> f32;
+  std::span<const uint8_t> fp8;
+  std::span<const float> fp8_scales;
+};
+
+// A weight on the backend: `count` matrices [rows][cols] (out_features x in_features, as checkpoints store them).
+class Weight {
+ public:
+  virtual ~Weight() = default;
+  Precision precision = Precision::kF32;
+  int64_t count = 1, rows = 0, cols = 0;
+  size_t bytes = 0;  // backend memory held
+};
+
+// What one step's rows are. Host spans, read during begin_step only.
+struct StepLayout {
+  std::span<const int32_t> token_ids;     // [T]
+  std::span<const int32_t> positions;     // [T] position of each row in its sequence
+  std::span<const int32_t> row_sequence;  // [T] index into block_tables
+  std::span<const int64_t> slots;         // [T] cache slot of each row: block * 64 + position % 64
+  std::span<const std::vector<int32_t>> block_tables;  // per sequence: block ids (64 tokens each)
+  std::span<const int32_t> logits_rows;   // rows whose logits are wanted, ascending
+  // Per sequence, when every sequence's rows start at position 0 (a prefill with nothing cached): lets a backend
+  // attend within the step's rows only (the expanded form). Empty otherwise.
+  bool rows_start_at_zero = false;
+};
+
+// One MoE layer's routed experts: router [E, hidden] (kF32 always, as the reference computes router logits in
+// float32), optional e_score_correction_bias [E], experts stacked as gate_up [E][2I][hidden] (gate rows then up
+// rows) and down [E][hidden][I].
+struct MoeWeights {
+  MoeRoutingRule rule;
+  const Weight* router = nullptr;
+  const Buffer* bias = nullptr;  // make_vector of E values, or null
+  const Weight* gate_up = nullptr;
+  const Weight* down = nullptr;
 };
 
 // MLA attention in the absorbed form over a paged latent cache (DeepSeek-V2 paper §2.1.2-2.1.3; FlashMLA's
-// layout): for each head h and query token t,
-//   score(t, j) = scale * (q_latent[t, h, :] · latent[j, :kv_lora_rank] + q_rope[t, h, :] · latent[j, kv_lora_rank:])
-// over the cached tokens j <= position(t) of t's sequence (causal), softmax over j, then
-//   out_latent[t, h, :] = sum_j p(t, j) * latent[j, :kv_lora_rank].
-// The caller turns out_latent into values with W_UV and projects with o_proj.
-struct MlaAttentionParams {
-  int64_t num_tokens = 0;      // T query rows in this step
-  int64_t num_heads = 0;       // H
-  int64_t kv_lora_rank = 0;    // C (512 for V3)
-  int64_t rope_dim = 0;        // R (64 for V3); a cache entry holds C + R floats
-  float scale = 0.0f;          // softmax scale, mscale included
-  const float* q_latent = nullptr;  // [T, H, C]
-  const float* q_rope = nullptr;    // [T, H, R], rope already applied
-  float* out_latent = nullptr;      // [T, H, C]
-  // Per query row: which sequence it belongs to and how many cached tokens it sees (position + 1).
-  const int32_t* row_sequence = nullptr;  // [T] index into block_tables
-  const int32_t* row_context = nullptr;   // [T]
-  // Per sequence: its block table (block ids, 64 tokens each) into `cache`.
-  std::span<const std::vector<int32_t>> block_tables;
-  const float* cache = nullptr;  // this layer's cache: [num_blocks, 64, C + R]
+// layout): q holds, per row t and head h, [q_latent (C) | roped q_rope (R)] at q[t, h*(C+R) ...]; the cache
+// layer holds [num_blocks, 64, C + R] entries (latent | roped key) in the backend's cache dtype. For each row t
+// (at position p of its sequence) and head h:
+//   score(t, j) = scale * (q_latent · latent[j, :C] + q_rope · latent[j, C:]) over j <= p,
+//   out[t, h*C ...] = sum_j softmax_j(score) * latent[j, :C].
+struct MlaAttention {
+  int64_t num_heads = 0, kv_lora_rank = 0, rope_dim = 0;
+  float scale = 0.0f;  // softmax scale, mscale included
+};
+
+// The expanded form of MLA for a step whose rows all start at position 0 (StepLayout::rows_start_at_zero):
+// q [T, H*(nope+R)] (q_nope | roped q_rope per head), kv [T, C+R] (normalized latent | roped key), kv_b the
+// checkpoint's kv_b_proj [H*(nope+V), C]; out [T, H*V] = causal softmax(q·kᵀ·scale)·v per head with
+// k = [kv_b_k(latent) | rope key], v = kv_b_v(latent).
+struct MlaExpanded {
+  int64_t num_heads = 0, kv_lora_rank = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
+  float scale = 0.0f;
+  const Weight* kv_b = nullptr;
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  virtual DType activation_dtype() const = 0;
+  virtual DType cache_dtype() const = 0;
 
-  // y[m, w.rows] = x[m, w.cols] · wᵀ.
-  virtual void linear(const float* x, int64_t m, const WeightMatrix& w, float* y) = 0;
-  // y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight, for `rows` rows of `dim` values with a row
-  // stride of `stride` (>= dim) in x and y; y may alias x.
-  virtual void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t stride, const float* weight,
-                        float eps, float* y) = 0;
-  // out[r, :] = silu(gate_up[r, :n]) * gate_up[r, n:2n]: the SwiGLU of a fused gate|up projection.
-  virtual void silu_mul(const float* gate_up, int64_t rows, int64_t n, float* out) = 0;
-  // Rotary embedding in place on `rows` vectors of `dim` values at row stride `stride`, vector r at
-  // position positions[r / vectors_per_position]. Pairs (x[2i], x[2i+1]) rotate by angle pos * inv_freq[i]
-  // and the result is written de-interleaved (first halves, then second halves), as DeepSeek's checkpoints
-  // expect (transformers' apply_rotary_pos_emb_interleave); cos/sin are multiplied by `attention_factor`.
-  virtual void rope(float* x, int64_t rows, int64_t dim, int64_t stride, int64_t vectors_per_position,
-                    const int32_t* positions, const float* inv_freq, float attention_factor) = 0;
-  virtual void mla_attention(const MlaAttentionParams& params) = 0;
+  // Memory. alloc returns zero-filled memory; errors: ResourceExhausted. upload/download copy between host
+  // and backend memory and return when the copy is done (after the ops queued before them).
+  virtual Result<Buffer> alloc(size_t bytes) = 0;
+  virtual void upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) = 0;
+  virtual void download(const Buffer& src, size_t src_offset, size_t bytes, void* host) = 0;
+  // Waits for every queued op; reports a device fault (Internal) if one happened.
+  virtual Status synchronize() = 0;
+
+  // Weights: make_weight allocates `count` stacked matrices (count > 1: per-head or per-expert weights; linear()
+  // takes count 1), set_matrix fills matrix `index` from the host, fill_random fills all of them with values
+  // uniform in [-scale, scale) from `seed` (benchmarks; FP8 draws the 8-bit values and sets the block scales so).
+  // Errors: ResourceExhausted; InvalidArgument when the host data's shape or form does not match.
+  virtual Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols,
+                                                      Precision precision) = 0;
+  virtual Status set_matrix(Weight& w, int64_t index, const HostMatrix& host) = 0;
+  virtual void fill_random(Weight& w, uint64_t seed, float scale) = 0;
+  // A float32 vector (norm weights, biases) in whatever form the backend's ops read.
+  virtual Result<Buffer> make_vector(std::span<const float> values) = 0;
+
+  // Step. Errors: ResourceExhausted.
+  virtual Status begin_step(const StepLayout& layout) = 0;
+
+  // out[t] = table[token_ids[t]] for the step's rows. table: count 1, [vocab, hidden].
+  virtual void embed(const Weight& table, Tensor out) = 0;
+  // y = x · wᵀ (y [rows, w.rows]; x [rows, w.cols]).
+  virtual void linear(const Tensor& x, const Weight& w, Tensor y) = 0;
+  // Per stacked matrix h < w.count: y[:, h*y_head_stride ...+w.rows] = x[:, h*x_head_stride ...+w.cols] · w_hᵀ.
+  virtual void linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y,
+                            int64_t y_head_stride) = 0;
+  // y[r] = x[r] / sqrt(mean(x[r]²) + eps) * weight; y may alias x.
+  virtual void rms_norm(const Tensor& x, const Buffer& weight, float eps, Tensor y) = 0;
+  // residual += delta, then y = rms_norm(residual).
+  virtual void add_rms_norm(Tensor residual, const Tensor& delta, const Buffer& weight, float eps, Tensor y) = 0;
+  // x += delta.
+  virtual void add(Tensor x, const Tensor& delta) = 0;
+  // x = 0.
+  virtual void fill_zero(Tensor x) = 0;
+  // dst = src (same shape; strides may differ).
+  virtual void copy(const Tensor& src, Tensor dst) = 0;
+  // out[r, :n] = silu(gate_up[r, :n]) * gate_up[r, n:2n], n = out.cols.
+  virtual void silu_mul(const Tensor& gate_up, Tensor out) = 0;
+  // Rotary embedding in place on x's rows (each `cols` = rope dim values); row r is at position
+  // positions[r / vectors_per_position] of the step. Pairs (x[2i], x[2i+1]) rotate by pos * inv_freq[i], written
+  // de-interleaved (first halves, then second halves), as DeepSeek's checkpoints expect (transformers'
+  // apply_rotary_pos_emb_interleave); cos/sin times `attention_factor`. inv_freq: make_vector of cols/2 values.
+  virtual void rope(Tensor x, int64_t vectors_per_position, const Buffer& inv_freq, float attention_factor) = 0;
+  // cache[slots[t]] = kv[t] for the step's rows (kv [T, C+R]; cache in cache_dtype()).
+  virtual void store_kv(const Tensor& kv, const Buffer& cache_layer) = 0;
+  virtual void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) = 0;
+  // Whether mla_expanded() may be called for steps with rows_start_at_zero (a faster prefill).
+  virtual bool has_mla_expanded(const MlaExpanded& a) const = 0;
+  virtual void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, Tensor out) = 0;
+  // out += sum over the token's top-k experts of weight_e * down_e(silu(gate_e x) * up_e x).
+  virtual void moe(const Tensor& x, const MoeWeights& w, Tensor out) = 0;
+  // Rows logits_rows of x: final norm, then logits = x · lm_headᵀ in float32 into host memory
+  // [logits_rows.size(), lm_head.rows]. Waits for the step.
+  virtual Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                        std::vector<float>& host_logits) = 0;
 };
 
 // The CPU backend: OpenBLAS GEMMs, OpenMP loops, AVX-512 bf16 widening where the CPU has it (detected at
@@ -82,5 +200,7 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend();
 // The SIMD features the CPU backend found, e.g. "baseline,avx2,avx512f,avx512bw,avx512bf16".
 std::string cpu_features();
+// The CUDA backend on device `device` (built with DEEPINFER_CUDA; else, or with no usable GPU, Unsupported).
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
 
 }  // namespace deepinfer::backend

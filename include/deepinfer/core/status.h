@@ -18,6 +18,7 @@ enum class StatusCode {
   kCorruption,       // data on disk or on the wire is malformed
   kUnsupported,      // valid input that this build does not handle
   kInternal,         // a bug: an invariant of ours does not hold
+  kResourceExhausted,  // memory (host or device) ran out
 };
 
 // A success or an error with a message a user can act on. Cheap to copy when ok.
@@ -32,6 +33,9 @@ class Status {
   static Status corruption(std::string message) { return {StatusCode::kCorruption, std::move(message)}; }
   static Status unsupported(std::string message) { return {StatusCode::kUnsupported, std::move(message)}; }
   static Status internal(std::string message) { return {StatusCode::kInternal, std::move(message)}; }
+  static Status resource_exhausted(std::string message) {
+    return {StatusCode::kResourceExhausted, std::move(message)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -85,7 +85,7 @@ class Engine {
 
   const model::ModelConfig& model_config() const { return model_->config(); }
   const Scheduler& scheduler() const { return scheduler_; }
-  size_t kv_cache_bytes() const { return kv_storage_.size_bytes(); }
+  size_t kv_cache_bytes() const { return kv_cache_bytes_; }
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
   KvTierStats kv_tier_stats() const;
   // Blocks until every block written through so far is on disk (tests, shutdown). No-op without a disk tier.
@@ -101,7 +101,8 @@ class Engine {
   // The scheduler's view of the KV offload store: copies blocks between the latent storage and the store.
   class OffloadTiers final : public LowerTiers {
    public:
-    OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, kvcache::LatentKvStorage& storage);
+    OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, backend::Backend& backend,
+                 std::span<const backend::Buffer> layer_caches);
     int64_t match(std::span<const kvcache::BlockHash> chain) override;
     bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) override;
     void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
@@ -111,12 +112,13 @@ class Engine {
 
    private:
     std::unique_ptr<kvcache::KvOffloadStore> store_;
-    kvcache::LatentKvStorage& storage_;
-    std::vector<std::byte> scratch_;  // one block's payload: layer-major, kBlockTokens x entry_dim floats each
+    backend::Backend& backend_;
+    std::span<const backend::Buffer> layer_caches_;
+    std::vector<std::byte> scratch_;  // one block's payload: layer-major, kBlockTokens x entry_dim values each
   };
 
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
-         const EngineConfig& config, Scheduler scheduler, kvcache::LatentKvStorage storage);
+         const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches);
   // The executor: one forward pass over the batch, then sampling of the rows that produce a token.
   Result<std::vector<SampledToken>> run(const ScheduledBatch& batch);
 
@@ -124,9 +126,9 @@ class Engine {
   std::unique_ptr<model::DeepSeekModel> model_;
   EngineConfig config_;
   Scheduler scheduler_;
-  kvcache::LatentKvStorage kv_storage_;
-  std::unique_ptr<OffloadTiers> offload_;  // null without host/disk tiers; points into kv_storage_
-  std::vector<float*> layer_caches_;
+  std::vector<backend::Buffer> layer_caches_;  // per layer [num_blocks, 64, kv_cache_dim] in the cache dtype
+  size_t kv_cache_bytes_ = 0;
+  std::unique_ptr<OffloadTiers> offload_;  // null without host/disk tiers; points into layer_caches_
   Sampler sampler_;
   std::map<SequenceId, RequestState> requests_;
   SequenceId next_id_ = 1;

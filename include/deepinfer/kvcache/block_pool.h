@@ -1,6 +1,6 @@
-// The paged KV cache's bookkeeping: a pool of fixed-size block ids with reference counts (BlockPool), and
-// the float32 storage those ids index for MLA's latent cache (LatentKvStorage). The pool never touches the
-// storage; the model's executor reads and writes it through block tables the scheduler hands out.
+// The paged KV cache's bookkeeping: a pool of fixed-size block ids with reference counts (BlockPool). The pool
+// never touches the storage those ids index (per-layer caches on the backend, DeepSeekModel::make_layer_caches);
+// the model's forward pass reads and writes it through block tables the scheduler hands out.
 #pragma once
 
 #include <cstddef>
@@ -78,54 +78,6 @@ class BlockPool {
   BlockId free_head_ = kNone;
   BlockId free_tail_ = kNone;
   int32_t num_free_ = 0;
-};
-
-// The MLA latent KV cache of one model replica: for every layer and block, kBlockTokens entries of
-// `entry_dim` = kv_lora_rank + qk_rope_head_dim float32 values (512 + 64 = 576 for DeepSeek-V3): the
-// compressed latent c_KV followed by the rope key k_R (DeepSeek-V2 paper §2.1.2-2.1.3). Layout, row-major:
-//   [num_layers][num_blocks][kBlockTokens][entry_dim]
-// so one layer's cache is a paged tensor [num_blocks, kBlockTokens, entry_dim] addressed through a block
-// table, as FlashMLA's kcache is (there in bf16 and with a head dimension of 1).
-// The storage is zero-filled at creation and owned by this object; pointers stay valid while it lives.
-// Thread-safety: the object is not synchronised; distinct blocks may be written from distinct threads.
-class LatentKvStorage {
- public:
-  // Allocates num_layers * num_blocks * kBlockTokens * entry_dim floats.
-  // Errors: InvalidArgument when a dimension is not positive or the size overflows size_t.
-  static Result<LatentKvStorage> create(int32_t num_layers, int32_t num_blocks, int32_t entry_dim);
-
-  int32_t num_layers() const { return num_layers_; }
-  int32_t num_blocks() const { return num_blocks_; }
-  int32_t entry_dim() const { return entry_dim_; }
-  size_t size_bytes() const { return data_.size() * sizeof(float); }
-  size_t bytes_per_token() const { return static_cast<size_t>(num_layers_) * entry_dim_ * sizeof(float); }
-
-  // One layer: [num_blocks][kBlockTokens][entry_dim]. REQUIRES: 0 <= layer < num_layers().
-  float* layer_data(int32_t layer);
-  const float* layer_data(int32_t layer) const;
-
-  // One block of one layer: [kBlockTokens][entry_dim]. REQUIRES: layer and block in range.
-  float* block_data(int32_t layer, BlockId block);
-  const float* block_data(int32_t layer, BlockId block) const;
-
-  // One token's entry: [entry_dim], at `slot` in [0, kBlockTokens) of `block`. REQUIRES: all in range.
-  float* entry(int32_t layer, BlockId block, int32_t slot);
-  const float* entry(int32_t layer, BlockId block, int32_t slot) const;
-
-  // The entry of the token at `position` of a sequence whose blocks are `block_table`: block
-  // block_table[position / kBlockTokens], slot position % kBlockTokens.
-  // REQUIRES: 0 <= position < block_table.size() * kBlockTokens, ids in range.
-  float* entry_at(int32_t layer, std::span<const BlockId> block_table, int64_t position);
-  const float* entry_at(int32_t layer, std::span<const BlockId> block_table, int64_t position) const;
-
- private:
-  LatentKvStorage(int32_t num_layers, int32_t num_blocks, int32_t entry_dim, size_t num_floats);
-  size_t offset(int32_t layer, BlockId block, int32_t slot) const;
-
-  int32_t num_layers_ = 0;
-  int32_t num_blocks_ = 0;
-  int32_t entry_dim_ = 0;
-  std::vector<float> data_;
 };
 
 }  // namespace deepinfer::kvcache

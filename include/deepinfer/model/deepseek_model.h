@@ -30,37 +30,49 @@ struct ForwardBatch {
   std::vector<int32_t> logits_rows;      // rows whose next-token logits are wanted, ascending
 };
 
-// Per-layer latent caches the caller owns: layer_caches[l] points to [num_blocks, 64, kv_cache_dim()]
-// floats. forward() writes the new tokens' entries (normalized latent, then the roped key) into the slots
-// their block tables give.
-using LayerCaches = std::span<float* const>;
+// Per-layer latent caches the caller owns, in the backend's memory: layer_caches[l] holds
+// [num_blocks, 64, kv_cache_dim()] values of backend.cache_dtype(). forward() writes the new tokens' entries
+// (normalized latent, then the roped key) into the slots their block tables give.
+using LayerCaches = std::span<const backend::Buffer>;
 
 class DeepSeekModel {
  public:
-  // Loads config.json and the safetensors weights from `dir`. kF32 keeps float32 weights (the path exact
-  // against the reference); kBF16 keeps bf16 weights with float32 accumulation. FP8 checkpoints are
-  // dequantized with their block scales. MTP layers are loaded and kept. Prints a progress bar to stderr
-  // when `progress` is set. Errors name the file and tensor.
+  // Loads config.json and the safetensors weights from `dir` into the backend. kF32 keeps float32 weights (the
+  // path exact against the reference); kBF16 keeps bf16 weights with float32 accumulation; kFP8 keeps the
+  // linear weights an FP8 checkpoint stores as FP8 in FP8 with their block scales (the rest bf16); otherwise FP8
+  // checkpoints are dequantized with their block scales. MTP layers are loaded and kept. Prints a progress bar
+  // to stderr when `progress` is set. Errors name the file and tensor.
   static Result<std::unique_ptr<DeepSeekModel>> load(const std::filesystem::path& dir, backend::Backend& backend,
-                                                     backend::WeightMatrix::Precision precision,
-                                                     bool progress = false);
+                                                     backend::Precision precision, bool progress = false);
+  // A model of `config`'s shapes with random weights made on the backend (benchmarks of real configs without
+  // their checkpoints): linear weights uniform in +-1/sqrt(in_features), norms 1, router bias 0.
+  static Result<std::unique_ptr<DeepSeekModel>> create_random(const ModelConfig& config, backend::Backend& backend,
+                                                              backend::Precision precision, uint64_t seed);
   ~DeepSeekModel();
 
   const ModelConfig& config() const;
   size_t weight_bytes() const;
+  // Bytes of one cache block (64 tokens) of one layer in the backend's cache dtype.
+  size_t layer_block_bytes() const;
+  // Zero-filled per-layer caches of `num_blocks` blocks on the backend, for forward(). Errors: ResourceExhausted.
+  Result<std::vector<backend::Buffer>> make_layer_caches(int64_t num_blocks) const;
 
-  // Runs every layer over the batch's tokens, writes their KV entries, and fills `logits` with
+  // Runs every layer over the batch's tokens, writes their KV entries, and fills `logits` (host) with
   // [logits_rows.size(), vocab_size] float32 logits. REQUIRES: block tables cover every position touched;
-  // token ids < vocab_size (else InvalidArgument). Not thread-safe (uses per-model scratch buffers).
+  // token ids < vocab_size (else InvalidArgument). Errors from the backend (ResourceExhausted, Internal) are
+  // returned. Not thread-safe (uses per-model scratch buffers).
   Status forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits);
 
   struct Weights;
 
  private:
+  struct Scratch;
   DeepSeekModel(ModelConfig config, backend::Backend& backend);
+  Status reserve_scratch(int64_t rows);
   ModelConfig config_;
   backend::Backend& backend_;
   std::unique_ptr<Weights> weights_;
+  std::unique_ptr<Scratch> scratch_;
 };
 
 }  // namespace deepinfer::model

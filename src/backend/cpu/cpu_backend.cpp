@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
@@ -50,75 +53,201 @@ uint16_t f32_to_bf16(float value) {  // round to nearest even, NaN kept quiet
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// y[m, n] (row stride ldy) = x[m, k] · w[n, k]ᵀ, single-threaded.
-void gemm(const float* x, int64_t m, const float* w, int64_t n, int64_t k, float* y, int64_t ldy) {
+// y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · w[n, k]ᵀ, single-threaded.
+void gemm(const float* x, int64_t ldx, int64_t m, const float* w, int64_t n, int64_t k, float* y, int64_t ldy) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-              1.0f, x, static_cast<int>(k), w, static_cast<int>(k), 0.0f, y, static_cast<int>(ldy));
+              1.0f, x, static_cast<int>(ldx), w, static_cast<int>(k), 0.0f, y, static_cast<int>(ldy));
 }
+
+// splitmix64: the random weights' counter-based generator (benchmarks), so a value depends on (seed, index) only.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Stacked matrices in host memory: float32 values (kF32) or bf16 bit patterns (kBF16). kFP8 is kept as bf16
+// here (make_weight reports kBF16, so the model hands over dequantized float32 values).
+struct CpuWeight final : Weight {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  const float* f32_matrix(int64_t i) const { return f32.data() + i * rows * cols; }
+  const uint16_t* bf16_matrix(int64_t i) const { return bf16.data() + i * rows * cols; }
+};
+
+const CpuWeight& cpu(const Weight& w) { return static_cast<const CpuWeight&>(w); }
+float* f32(const Tensor& t) { return static_cast<float*>(t.data); }
+const float* f32(const Buffer& b) { return static_cast<const float*>(b.data()); }
 
 class CpuBackend final : public Backend {
  public:
   CpuBackend() { openblas_set_num_threads(1); }
 
   std::string_view name() const override { return "cpu"; }
+  DType activation_dtype() const override { return DType::kF32; }
+  DType cache_dtype() const override { return DType::kF32; }
 
-  // One OpenMP team splits the output columns; each thread runs a single-threaded sgemm on its slice (bf16
-  // slices are widened tile by tile into the thread's own buffer). One thread pool for everything: OpenBLAS's
-  // own threads spinning beside OpenMP's cost 4x at small batch on 2 cores.
-  void linear(const float* x, int64_t m, const WeightMatrix& w, float* y) override {
-    if (m == 0) return;
-    const bool parallel = m * w.rows * w.cols >= (1 << 18);
-#pragma omp parallel if (parallel)
-    {
-      const int64_t threads = omp_get_num_threads();
-      const int64_t per_thread = ((w.rows + threads - 1) / threads + 15) / 16 * 16;
-      const int64_t begin = std::min<int64_t>(w.rows, per_thread * omp_get_thread_num());
-      const int64_t end = std::min<int64_t>(w.rows, begin + per_thread);
-      if (w.precision == WeightMatrix::Precision::kF32) {
-        if (end > begin) gemm(x, m, w.f32.data() + begin * w.cols, end - begin, w.cols, y + begin, w.rows);
+  Result<Buffer> alloc(size_t bytes) override {
+    void* p = std::calloc(std::max<size_t>(bytes, 1), 1);
+    if (p == nullptr) return Status::resource_exhausted("host memory: cannot allocate " + std::to_string(bytes) + " bytes");
+    return Buffer{std::shared_ptr<void>(p, std::free), bytes};
+  }
+  void upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override {
+    std::memcpy(static_cast<char*>(dst.data()) + dst_offset, host, bytes);
+  }
+  void download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override {
+    std::memcpy(host, static_cast<const char*>(src.data()) + src_offset, bytes);
+  }
+  Status synchronize() override { return Status(); }
+
+  Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols, Precision precision) override {
+    auto w = std::make_unique<CpuWeight>();
+    w->precision = precision == Precision::kF32 ? Precision::kF32 : Precision::kBF16;
+    w->count = count;
+    w->rows = rows;
+    w->cols = cols;
+    const size_t n = static_cast<size_t>(count * rows * cols);
+    try {
+      if (w->precision == Precision::kF32) {
+        w->f32.resize(n);
       } else {
-        thread_local std::vector<float> tile;
-        tile.resize(static_cast<size_t>(kBf16TileRows * w.cols));
-        for (int64_t row0 = begin; row0 < end; row0 += kBf16TileRows) {
-          const int64_t rows = std::min(kBf16TileRows, end - row0);
-          const uint16_t* src = w.bf16.data() + row0 * w.cols;
-          widen_bf16(src, tile.data(), rows * w.cols);
-          gemm(x, m, tile.data(), rows, w.cols, y + row0, w.rows);
-        }
+        w->bf16.resize(n);
+      }
+    } catch (const std::bad_alloc&) {
+      return Status::resource_exhausted("host memory: cannot allocate a " + std::to_string(count) + " x " +
+                                        std::to_string(rows) + " x " + std::to_string(cols) + " weight");
+    }
+    w->bytes = w->f32.size() * sizeof(float) + w->bf16.size() * sizeof(uint16_t);
+    return std::unique_ptr<Weight>(std::move(w));
+  }
+
+  Status set_matrix(Weight& weight, int64_t index, const HostMatrix& host) override {
+    CpuWeight& w = static_cast<CpuWeight&>(weight);
+    const size_t n = static_cast<size_t>(w.rows * w.cols);
+    if (index < 0 || index >= w.count || host.rows != w.rows || host.cols != w.cols || host.f32.size() != n) {
+      return Status::invalid_argument("set_matrix: a " + std::to_string(host.rows) + " x " + std::to_string(host.cols) +
+                                      " float32 matrix (" + std::to_string(host.f32.size()) + " values) for slot " +
+                                      std::to_string(index) + " of a " + std::to_string(w.count) + " x " +
+                                      std::to_string(w.rows) + " x " + std::to_string(w.cols) + " weight");
+    }
+    if (w.precision == Precision::kF32) {
+      std::copy(host.f32.begin(), host.f32.end(), w.f32.begin() + static_cast<ptrdiff_t>(index * n));
+    } else {
+      uint16_t* out = w.bf16.data() + index * n;
+      for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(host.f32[i]);
+    }
+    return Status();
+  }
+
+  void fill_random(Weight& weight, uint64_t seed, float scale) override {
+    CpuWeight& w = static_cast<CpuWeight&>(weight);
+    const int64_t n = w.count * w.rows * w.cols;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      // 24 random bits -> [-1, 1).
+      float u = static_cast<float>(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i))) >> 40) *
+                    (2.0f / 16777216.0f) - 1.0f;
+      if (w.precision == Precision::kF32) {
+        w.f32[static_cast<size_t>(i)] = u * scale;
+      } else {
+        w.bf16[static_cast<size_t>(i)] = f32_to_bf16(u * scale);
       }
     }
   }
 
-  void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t stride, const float* weight, float eps,
-                float* y) override {
-#pragma omp parallel for schedule(static) if (rows > 4)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* in = x + r * stride;
-      double sum = 0.0;
-      for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(in[i]) * in[i];
-      float inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(dim) + eps));
-      float* out = y + r * stride;
-      for (int64_t i = 0; i < dim; ++i) out[i] = in[i] * inv * weight[i];
+  Result<Buffer> make_vector(std::span<const float> values) override {
+    Result<Buffer> b = alloc(values.size() * sizeof(float));
+    if (!b.ok()) return b.status();
+    if (!values.empty()) std::memcpy(b->data(), values.data(), values.size() * sizeof(float));
+    return b;
+  }
+
+  Status begin_step(const StepLayout& layout) override {
+    token_ids_.assign(layout.token_ids.begin(), layout.token_ids.end());
+    positions_.assign(layout.positions.begin(), layout.positions.end());
+    row_sequence_.assign(layout.row_sequence.begin(), layout.row_sequence.end());
+    slots_.assign(layout.slots.begin(), layout.slots.end());
+    block_tables_.assign(layout.block_tables.begin(), layout.block_tables.end());
+    logits_rows_.assign(layout.logits_rows.begin(), layout.logits_rows.end());
+    return Status();
+  }
+
+  void embed(const Weight& table, Tensor out) override {
+    const CpuWeight& w = cpu(table);
+    for (int64_t t = 0; t < out.rows; ++t) {
+      const int64_t id = token_ids_[static_cast<size_t>(t)];
+      float* o = f32(out) + t * out.stride;
+      if (w.precision == Precision::kF32) {
+        std::copy_n(w.f32.data() + id * w.cols, w.cols, o);
+      } else {
+        widen_bf16(w.bf16.data() + id * w.cols, o, w.cols);
+      }
     }
   }
 
-  void silu_mul(const float* gate_up, int64_t rows, int64_t n, float* out) override {
-#pragma omp parallel for schedule(static) if (rows > 4)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gate = gate_up + r * 2 * n;
+  void linear(const Tensor& x, const Weight& w, Tensor y) override { linear_matrix(x, cpu(w), 0, y); }
+
+  void linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y, int64_t y_head_stride) override {
+    for (int64_t h = 0; h < w.count; ++h) {
+      Tensor xh{f32(x) + h * x_head_stride, DType::kF32, x.rows, w.cols, x.stride};
+      Tensor yh{f32(y) + h * y_head_stride, DType::kF32, y.rows, w.rows, y.stride};
+      linear_matrix(xh, cpu(w), h, yh);
+    }
+  }
+
+  void rms_norm(const Tensor& x, const Buffer& weight, float eps, Tensor y) override {
+    const float* wt = f32(weight);
+#pragma omp parallel for schedule(static) if (x.rows > 4)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* in = f32(x) + r * x.stride;
+      double sum = 0.0;
+      for (int64_t i = 0; i < x.cols; ++i) sum += static_cast<double>(in[i]) * in[i];
+      float inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(x.cols) + eps));
+      float* out = f32(y) + r * y.stride;
+      for (int64_t i = 0; i < x.cols; ++i) out[i] = in[i] * inv * wt[i];
+    }
+  }
+
+  void add_rms_norm(Tensor residual, const Tensor& delta, const Buffer& weight, float eps, Tensor y) override {
+    add(residual, delta);
+    rms_norm(residual, weight, eps, y);
+  }
+
+  void add(Tensor x, const Tensor& delta) override {
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* a = f32(x) + r * x.stride;
+      const float* b = f32(delta) + r * delta.stride;
+      for (int64_t i = 0; i < x.cols; ++i) a[i] += b[i];
+    }
+  }
+
+  void fill_zero(Tensor x) override {
+    for (int64_t r = 0; r < x.rows; ++r) std::fill_n(f32(x) + r * x.stride, x.cols, 0.0f);
+  }
+
+  void copy(const Tensor& src, Tensor dst) override {
+    for (int64_t r = 0; r < src.rows; ++r) std::copy_n(f32(src) + r * src.stride, src.cols, f32(dst) + r * dst.stride);
+  }
+
+  void silu_mul(const Tensor& gate_up, Tensor out) override {
+    const int64_t n = out.cols;
+#pragma omp parallel for schedule(static) if (out.rows > 4)
+    for (int64_t r = 0; r < out.rows; ++r) {
+      const float* gate = f32(gate_up) + r * gate_up.stride;
       const float* up = gate + n;
-      float* o = out + r * n;
+      float* o = f32(out) + r * out.stride;
       for (int64_t i = 0; i < n; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     }
   }
 
-  void rope(float* x, int64_t rows, int64_t dim, int64_t stride, int64_t vectors_per_position,
-            const int32_t* positions, const float* inv_freq, float attention_factor) override {
-    const int64_t half = dim / 2;
-#pragma omp parallel for schedule(static) if (rows > 16)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* v = x + r * stride;
-      double position = positions[r / vectors_per_position];
+  void rope(Tensor x, int64_t vectors_per_position, const Buffer& inv_freq_buffer, float attention_factor) override {
+    const int64_t dim = x.cols, half = dim / 2;
+    const float* inv_freq = f32(inv_freq_buffer);
+#pragma omp parallel for schedule(static) if (x.rows > 16)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* v = f32(x) + r * x.stride;
+      double position = positions_[static_cast<size_t>(r / vectors_per_position)];
       float rotated[256];  // rope dims <= 256 (DeepSeek: 64); checked when the model loads
       for (int64_t i = 0; i < half; ++i) {
         double angle = position * static_cast<double>(inv_freq[i]);
@@ -133,28 +262,36 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void mla_attention(const MlaAttentionParams& p) override {
-    const int64_t entry = p.kv_lora_rank + p.rope_dim;
+  void store_kv(const Tensor& kv, const Buffer& cache_layer) override {
+    float* cache = static_cast<float*>(cache_layer.data());
+    for (int64_t t = 0; t < kv.rows; ++t) {
+      std::copy_n(f32(kv) + t * kv.stride, kv.cols, cache + slots_[static_cast<size_t>(t)] * kv.cols);
+    }
+  }
+
+  void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) override {
+    const int64_t C = a.kv_lora_rank, R = a.rope_dim, entry = C + R, H = a.num_heads;
+    const float* cache = f32(cache_layer);
 #pragma omp parallel
     {
       std::vector<double> scores;
-      std::vector<double> accumulator(static_cast<size_t>(p.kv_lora_rank));
+      std::vector<double> accumulator(static_cast<size_t>(C));
 #pragma omp for schedule(dynamic) collapse(2)
-      for (int64_t t = 0; t < p.num_tokens; ++t) {
-        for (int64_t h = 0; h < p.num_heads; ++h) {
-          const std::vector<int32_t>& blocks = p.block_tables[static_cast<size_t>(p.row_sequence[t])];
-          const int64_t context = p.row_context[t];
-          const float* q_latent = p.q_latent + (t * p.num_heads + h) * p.kv_lora_rank;
-          const float* q_rope = p.q_rope + (t * p.num_heads + h) * p.rope_dim;
+      for (int64_t t = 0; t < q.rows; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
+          const std::vector<int32_t>& blocks = block_tables_[static_cast<size_t>(row_sequence_[static_cast<size_t>(t)])];
+          const int64_t context = positions_[static_cast<size_t>(t)] + 1;
+          const float* q_latent = f32(q) + t * q.stride + h * entry;
+          const float* q_rope = q_latent + C;
           scores.resize(static_cast<size_t>(context));
           double max_score = -INFINITY;
           for (int64_t j = 0; j < context; ++j) {
-            const float* kv = p.cache + (blocks[static_cast<size_t>(j / kBlockTokens)] * kBlockTokens +
-                                         j % kBlockTokens) * entry;
+            const float* kv = cache + (blocks[static_cast<size_t>(j / kBlockTokens)] * kBlockTokens +
+                                       j % kBlockTokens) * entry;
             float dot = 0.0f;
-            for (int64_t c = 0; c < p.kv_lora_rank; ++c) dot += q_latent[c] * kv[c];
-            for (int64_t c = 0; c < p.rope_dim; ++c) dot += q_rope[c] * kv[p.kv_lora_rank + c];
-            scores[static_cast<size_t>(j)] = static_cast<double>(dot) * p.scale;
+            for (int64_t c = 0; c < C; ++c) dot += q_latent[c] * kv[c];
+            for (int64_t c = 0; c < R; ++c) dot += q_rope[c] * kv[C + c];
+            scores[static_cast<size_t>(j)] = static_cast<double>(dot) * a.scale;
             max_score = std::max(max_score, scores[static_cast<size_t>(j)]);
           }
           double sum = 0.0;
@@ -164,35 +301,118 @@ class CpuBackend final : public Backend {
           }
           std::fill(accumulator.begin(), accumulator.end(), 0.0);
           for (int64_t j = 0; j < context; ++j) {
-            const float* kv = p.cache + (blocks[static_cast<size_t>(j / kBlockTokens)] * kBlockTokens +
-                                         j % kBlockTokens) * entry;
+            const float* kv = cache + (blocks[static_cast<size_t>(j / kBlockTokens)] * kBlockTokens +
+                                       j % kBlockTokens) * entry;
             double weight = scores[static_cast<size_t>(j)] / sum;
-            for (int64_t c = 0; c < p.kv_lora_rank; ++c) accumulator[static_cast<size_t>(c)] += weight * kv[c];
+            for (int64_t c = 0; c < C; ++c) accumulator[static_cast<size_t>(c)] += weight * kv[c];
           }
-          float* out = p.out_latent + (t * p.num_heads + h) * p.kv_lora_rank;
-          for (int64_t c = 0; c < p.kv_lora_rank; ++c) out[c] = static_cast<float>(accumulator[static_cast<size_t>(c)]);
+          float* o = f32(out) + t * out.stride + h * C;
+          for (int64_t c = 0; c < C; ++c) o[c] = static_cast<float>(accumulator[static_cast<size_t>(c)]);
         }
       }
     }
   }
 
+  // The CPU path stays in the absorbed form everywhere: one attention code path, exact against the reference.
+  bool has_mla_expanded(const MlaExpanded&) const override { return false; }
+  void mla_expanded(const MlaExpanded&, const Tensor&, const Tensor&, Tensor) override {
+    std::fprintf(stderr, "cpu backend: mla_expanded called although has_mla_expanded() is false\n");
+    std::abort();
+  }
+
+  void moe(const Tensor& x, const MoeWeights& w, Tensor out) override {
+    const int64_t T = x.rows, hidden = x.cols, n = w.rule.num_experts;
+    router_.resize(static_cast<size_t>(T * n));
+    // Router logits in float32 from float32 weights, as the reference computes them.
+    linear(x, *w.router, Tensor{router_.data(), DType::kF32, T, n, n});
+    std::vector<float> bias;
+    if (w.bias != nullptr) bias.assign(f32(*w.bias), f32(*w.bias) + n);
+    std::vector<std::vector<std::pair<int32_t, float>>> by_expert(static_cast<size_t>(n));
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    for (int64_t t = 0; t < T; ++t) {
+      route_token(w.rule, router_.data() + t * n, bias, ids, weights);
+      for (size_t i = 0; i < ids.size(); ++i) by_expert[ids[i]].push_back({static_cast<int32_t>(t), weights[i]});
+    }
+    const int64_t inter = w.down->cols;
+    for (int64_t e = 0; e < n; ++e) {
+      const auto& tokens = by_expert[static_cast<size_t>(e)];
+      if (tokens.empty()) continue;
+      const int64_t rows = static_cast<int64_t>(tokens.size());
+      gathered_.resize(static_cast<size_t>(rows * hidden));
+      gate_up_.resize(static_cast<size_t>(rows * 2 * inter));
+      act_.resize(static_cast<size_t>(rows * inter));
+      expert_out_.resize(static_cast<size_t>(rows * hidden));
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(f32(x) + tokens[r].first * x.stride, hidden, gathered_.data() + r * hidden);
+      }
+      linear_matrix(Tensor{gathered_.data(), DType::kF32, rows, hidden, hidden}, cpu(*w.gate_up), e,
+                    Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter});
+      silu_mul(Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter},
+               Tensor{act_.data(), DType::kF32, rows, inter, inter});
+      linear_matrix(Tensor{act_.data(), DType::kF32, rows, inter, inter}, cpu(*w.down), e,
+                    Tensor{expert_out_.data(), DType::kF32, rows, hidden, hidden});
+      for (int64_t r = 0; r < rows; ++r) {
+        float* o = f32(out) + tokens[r].first * out.stride;
+        const float* in = expert_out_.data() + r * hidden;
+        for (int64_t i = 0; i < hidden; ++i) o[i] += tokens[r].second * in[i];
+      }
+    }
+  }
+
+  Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                std::vector<float>& host_logits) override {
+    const int64_t rows = static_cast<int64_t>(logits_rows_.size()), hidden = x.cols;
+    selected_.resize(static_cast<size_t>(rows * hidden));
+    Tensor selected{selected_.data(), DType::kF32, rows, hidden, hidden};
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(f32(x) + logits_rows_[static_cast<size_t>(r)] * x.stride, hidden, selected_.data() + r * hidden);
+    }
+    rms_norm(selected, norm, eps, selected);
+    host_logits.resize(static_cast<size_t>(rows * lm_head.rows));
+    linear(selected, lm_head, Tensor{host_logits.data(), DType::kF32, rows, lm_head.rows, lm_head.rows});
+    return Status();
+  }
+
+ private:
+  // y = x · w[index]ᵀ. One OpenMP team splits the output columns; each thread runs a single-threaded sgemm on
+  // its slice (bf16 slices are widened tile by tile into the thread's own buffer). One thread pool for
+  // everything: OpenBLAS's own threads spinning beside OpenMP's cost 4x at small batch on 2 cores.
+  void linear_matrix(const Tensor& x, const CpuWeight& w, int64_t index, Tensor y) {
+    const int64_t m = x.rows;
+    if (m == 0) return;
+    const bool parallel = m * w.rows * w.cols >= (1 << 18);
+    const float* xp = f32(x);
+    float* yp = f32(y);
+#pragma omp parallel if (parallel)
+    {
+      const int64_t threads = omp_get_num_threads();
+      const int64_t per_thread = ((w.rows + threads - 1) / threads + 15) / 16 * 16;
+      const int64_t begin = std::min<int64_t>(w.rows, per_thread * omp_get_thread_num());
+      const int64_t end = std::min<int64_t>(w.rows, begin + per_thread);
+      if (w.precision == Precision::kF32) {
+        if (end > begin) {
+          gemm(xp, x.stride, m, w.f32_matrix(index) + begin * w.cols, end - begin, w.cols, yp + begin, y.stride);
+        }
+      } else {
+        thread_local std::vector<float> tile;
+        tile.resize(static_cast<size_t>(kBf16TileRows * w.cols));
+        for (int64_t row0 = begin; row0 < end; row0 += kBf16TileRows) {
+          const int64_t rows = std::min(kBf16TileRows, end - row0);
+          widen_bf16(w.bf16_matrix(index) + row0 * w.cols, tile.data(), rows * w.cols);
+          gemm(xp, x.stride, m, tile.data(), rows, w.cols, yp + row0, y.stride);
+        }
+      }
+    }
+  }
+
+  std::vector<int32_t> token_ids_, positions_, row_sequence_, logits_rows_;
+  std::vector<int64_t> slots_;
+  std::vector<std::vector<int32_t>> block_tables_;
+  std::vector<float> router_, gathered_, gate_up_, act_, expert_out_, selected_;
 };
 
 }  // namespace
-
-WeightMatrix WeightMatrix::from_f32(std::vector<float> values, int64_t rows, int64_t cols, Precision precision) {
-  WeightMatrix w;
-  w.precision = precision;
-  w.rows = rows;
-  w.cols = cols;
-  if (precision == Precision::kF32) {
-    w.f32 = std::move(values);
-  } else {
-    w.bf16.resize(values.size());
-    for (size_t i = 0; i < values.size(); ++i) w.bf16[i] = f32_to_bf16(values[i]);
-  }
-  return w;
-}
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 

@@ -1,6 +1,6 @@
 // Fused element-wise / per-row ops of the DeepSeek forward pass and the MoE routing + token permutation, on the
 // device. Semantics are the CPU backend's (include/deepinfer/backend/backend.h, src/backend/cpu/cpu_backend.cpp)
-// and the model's routing rule (include/deepinfer/model/moe_routing.h); tests/gpu/gpu_check_ops.cu checks each
+// and the model's routing rule (include/deepinfer/backend/moe_routing.h); tests/gpu/gpu_check_ops.cu checks each
 // against them. Storage is bf16 (kBF16) or float32 (kF32); arithmetic is float32 (rope's cos/sin in double).
 // Every launcher is asynchronous on params.stream and returns the launch error; pointers are device memory
 // owned by the caller. Vectorized (16-byte) paths run when sizes, strides and pointers allow; otherwise a
@@ -58,7 +58,7 @@ struct RopeParams {
 };
 cudaError_t run_rope(const RopeParams& params);
 
-// MoE routing, the model's rule exactly (include/deepinfer/model/moe_routing.h: scores, bias, group selection,
+// MoE routing, the model's rule exactly (include/deepinfer/backend/moe_routing.h: scores, bias, group selection,
 // tie rules, weights); one warp per token. logits f32 [T, E]; ids int32 [T, k] in the rule's order (choice
 // descending, equal choices -> lower expert index; equal group scores -> lower group index); weights f32 [T, k].
 // E <= 512, E % n_group == 0, n_group <= 32, topk_group <= n_group, k <= min(E, 32).

@@ -1,13 +1,13 @@
-// MoE routing of one token (contract in include/deepinfer/model/moe_routing.h). Standard library only: the GPU
+// MoE routing of one token (contract in include/deepinfer/backend/moe_routing.h). Standard library only: the GPU
 // checks compile this file on the GPU machine as their routing reference.
-#include "deepinfer/model/moe_routing.h"
+#include "deepinfer/backend/moe_routing.h"
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <numeric>
 
-namespace deepinfer::model {
+namespace deepinfer::backend {
 
 void route_token(const MoeRoutingRule& rule, const float* logits, const std::vector<float>& bias,
                  std::vector<int32_t>& ids, std::vector<float>& weights) {
@@ -60,4 +60,4 @@ void route_token(const MoeRoutingRule& rule, const float* logits, const std::vec
   }
 }
 
-}  // namespace deepinfer::model
+}  // namespace deepinfer::backend

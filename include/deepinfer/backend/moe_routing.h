@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace deepinfer::model {
+namespace deepinfer::backend {
 
 struct MoeRoutingRule {
   enum class Scoring { kSoftmax, kSigmoid };
@@ -38,4 +38,4 @@ struct MoeRoutingRule {
 void route_token(const MoeRoutingRule& rule, const float* logits, const std::vector<float>& bias,
                  std::vector<int32_t>& ids, std::vector<float>& weights);
 
-}  // namespace deepinfer::model
+}  // namespace deepinfer::backend

@@ -1,0 +1,456 @@
+// bench_model: the model-level GPU benchmark (issue 5). DeepSeek-V2-Lite in bf16 and a 4-layer slice of DeepSeek-V3
+// in FP8, their real shapes (bench/gpu/configs) with random weights on the CUDA backend: decode tokens/s at context
+// 4096 against a memory roofline, prefill tokens/s against tensor-core peaks, all ceilings measured in this process.
+// Prints one JSON line per measurement (an "error" field when one could not be made); passes or fails nothing.
+//
+// Usage: bench_model [--model v2-lite|v3-slice|all] [--batches 1,8,64,256] [--prefill 4096,32768] [--steps 10]
+//                    [--prefill-steps 2] [--configs DIR]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deepinfer/backend/backend.h"
+#include "deepinfer/kernels/cuda/gemm.h"
+#include "deepinfer/model/config.h"
+#include "deepinfer/model/deepseek_model.h"
+#include "gpu_check_common.h"  // tests/gpu: CUDA_TRY, DeviceBuffer, CUDA-event timing, the copy ceiling
+
+namespace {
+
+using namespace deepinfer;
+namespace gc = deepinfer::gpu_check;
+namespace k = deepinfer::kernels::cuda;
+using backend::Precision;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kContext = 4096;    // decode: every sequence's new token sits at position kContext - 1
+constexpr int64_t kBlockTokens = 64;  // tokens per cache block (DeepSeekModel's paged cache)
+constexpr int kWarmupSteps = 2;
+constexpr int kCeilingReps = 5;  // ceilings: best of 5
+constexpr uint64_t kSeed = 1130;
+
+// One JSON object on one line, fields in the order added (scripts/gpu-check.sh reads them with sed).
+class JsonLine {
+ public:
+  explicit JsonLine(std::string_view kind) { str("kind", kind); }
+  JsonLine& str(std::string_view key, std::string_view value) {
+    std::string quoted = "\"";
+    for (char c : value) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      quoted += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+    }
+    return raw(key, quoted + "\"");
+  }
+  JsonLine& integer(std::string_view key, int64_t value) { return raw(key, std::to_string(value)); }
+  JsonLine& num(std::string_view key, double value, int decimals) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.*f", decimals, value);
+    return raw(key, buf);
+  }
+  void print() const {
+    std::printf("{%s}\n", body_.c_str());
+    std::fflush(stdout);  // a crash later must not take the lines already measured with it
+  }
+
+ private:
+  JsonLine& raw(std::string_view key, const std::string& value) {
+    if (!body_.empty()) body_ += ",";
+    body_ += "\"" + std::string(key) + "\":" + value;
+    return *this;
+  }
+  std::string body_;
+};
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+Stats stats_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+// Ceilings of this GPU, 0 where the measurement failed (its line says why).
+struct Ceilings {
+  double copy_gbps = 0;  // device-to-device copy, bytes read + written
+  double bf16_tflops = 0, fp8_tflops = 0;
+};
+
+// Uniform values in [-1, 1) as bf16 bits, filled on the host (this file is plain C++: no fill kernels).
+void fill_bf16(gc::DeviceBuffer<uint16_t>& buffer, uint64_t seed) {
+  std::vector<uint16_t> host(buffer.count);
+  for (size_t i = 0; i < host.size(); ++i) {
+    const float value = static_cast<float>(gc::splitmix64(seed * 0x100000000ull + i) >> 40) / 8388608.0f - 1.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    host[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  buffer.upload(host);
+}
+
+void measure_copy(Ceilings& ceilings) {
+  const size_t bytes = size_t{2} << 30;
+  JsonLine line("ceiling");
+  line.str("name", "d2d_copy").integer("bytes", static_cast<int64_t>(bytes));
+  try {
+    gc::Stats s = gc::time_d2d_copy(
+        bytes, [](uint8_t* p, size_t n) { CUDA_TRY(cudaMemset(p, 0x5a, n)); }, 2, kCeilingReps);
+    ceilings.copy_gbps = 2.0 * bytes / (s.min_us * 1e-6) / 1e9;
+    line.num("best_us", s.min_us, 1)
+        .num("median_us", s.median_us, 1)
+        .num("gbps_read_plus_write", ceilings.copy_gbps, 1);
+  } catch (const std::exception& e) {
+    line.str("error", e.what());
+    (void)cudaGetLastError();
+  }
+  line.print();
+}
+
+// cuBLAS bf16 GEMM 8192³, f32 accumulation (tests/gpu's ceiling, taken as the best of 5 rather than the median).
+void measure_bf16_gemm(Ceilings& ceilings) {
+  const int n = 8192;
+  JsonLine line("ceiling");
+  line.str("name", "cublas_bf16_gemm_8192");
+  try {
+    gc::DeviceBuffer<uint16_t> a(size_t{1} * n * n), b(size_t{1} * n * n), c(size_t{1} * n * n);
+    fill_bf16(a, 11);
+    fill_bf16(b, 12);
+    cublasHandle_t handle;
+    CUBLAS_TRY(cublasCreate(&handle));
+    std::unique_ptr<cublasContext, decltype(&cublasDestroy)> guard(handle, &cublasDestroy);
+    const float alpha = 1.0f, beta = 0.0f;
+    gc::Stats s = gc::stats_of(gc::time_events(
+        [&](int) {
+          CUBLAS_TRY(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.ptr, CUDA_R_16BF, n, b.ptr,
+                                  CUDA_R_16BF, n, &beta, c.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+        },
+        2, kCeilingReps));
+    ceilings.bf16_tflops = 2.0 * n * n * static_cast<double>(n) / (s.min_us * 1e-6) / 1e12;
+    line.num("best_us", s.min_us, 1).num("median_us", s.median_us, 1).num("tflops", ceilings.bf16_tflops, 1);
+  } catch (const std::exception& e) {
+    line.str("error", e.what());
+    (void)cudaGetLastError();
+  }
+  line.print();
+}
+
+// FP8 block-scaled GEMM 8192³ through the kernels the CUDA backend uses (run_fp8_gemm, as tests/gpu/gpu_check_gemm.cu
+// calls it): x quantized by run_act_quant, W random e4m3 bytes with one scale per 128x128 block. The GEMM alone.
+void measure_fp8_gemm(Ceilings& ceilings) {
+  const int n = 8192;
+  JsonLine line("ceiling");
+  line.str("name", "fp8_gemm_8192");
+  try {
+    gc::DeviceBuffer<uint16_t> x(size_t{1} * n * n), y(size_t{1} * n * n);
+    gc::DeviceBuffer<uint8_t> x_fp8(size_t{1} * n * n), w_fp8(size_t{1} * n * n);
+    gc::DeviceBuffer<float> x_scale(size_t{1} * (n / k::kFp8GroupSize) * n);
+    gc::DeviceBuffer<float> w_scale(size_t{1} * (n / k::kFp8GroupSize) * k::fp8_weight_scale_ld(n));
+    fill_bf16(x, 13);
+    std::vector<uint8_t> w_host(w_fp8.count);
+    for (size_t i = 0; i < w_host.size(); ++i) {
+      const uint8_t byte = static_cast<uint8_t>(gc::splitmix64(14 * 0x100000000ull + i));
+      w_host[i] = (byte & 0x7f) == 0x7f ? byte ^ 1 : byte;  // 0x7f / 0xff are e4m3fn's NaNs
+    }
+    w_fp8.upload(w_host);
+    w_scale.upload(std::vector<float>(w_scale.count, 1.0f / k::kFp8E4m3Max));
+    k::ActQuantParams quant;
+    quant.m = quant.k = n;
+    quant.x = x.ptr;
+    quant.x_fp8 = x_fp8.ptr;
+    quant.x_scale = x_scale.ptr;
+    CUDA_TRY(k::run_act_quant(quant));
+
+    k::GemmStatus status;
+    std::unique_ptr<k::GemmLibrary, decltype(&k::gemm_library_destroy)> lib(
+        k::gemm_library_create(size_t{32} << 20, &status), &k::gemm_library_destroy);
+    if (!lib) throw std::runtime_error(std::string("gemm_library_create: ") + status.where);
+    k::Fp8GemmParams p;
+    p.m = p.n = p.k = n;
+    p.x_fp8 = x_fp8.ptr;
+    p.x_scale = x_scale.ptr;
+    p.w_fp8 = w_fp8.ptr;
+    p.w_scale = w_scale.ptr;
+    p.y = y.ptr;
+    k::Fp8GemmPath used = k::Fp8GemmPath::kAuto;
+    gc::Stats s = gc::stats_of(gc::time_events(
+        [&](int) {
+          k::GemmStatus st = k::run_fp8_gemm(lib.get(), p, &used);
+          if (!st.ok()) {
+            throw std::runtime_error(std::string(st.where) + " -> cuda " + cudaGetErrorName(st.cuda) +
+                                     ", cublas status " + std::to_string(st.cublas));
+          }
+        },
+        2, kCeilingReps));
+    ceilings.fp8_tflops = 2.0 * n * n * static_cast<double>(n) / (s.min_us * 1e-6) / 1e12;
+    line.str("path", used == k::Fp8GemmPath::kCublasLt ? "cublaslt" : "simt")
+        .num("best_us", s.min_us, 1)
+        .num("median_us", s.median_us, 1)
+        .num("tflops", ceilings.fp8_tflops, 1);
+  } catch (const std::exception& e) {
+    line.str("error", e.what());
+    (void)cudaGetLastError();
+  }
+  line.print();
+}
+
+// What a step must read or compute, from the config and the precision DeepSeekModel keeps each weight in
+// (src/model/deepseek_model.cpp, Loader): linear weights in the run's precision (bf16: 2 bytes per parameter; FP8:
+// 1 byte, the 128x128 block scales, 4 bytes per 16 KiB, left out); embedding, lm_head and the absorbed W_UK / W_UV
+// (kv_b_proj) in bf16; the router in float32. Norm vectors and the few embedding rows a step reads are left out.
+struct ModelShape {
+  double non_expert_bytes = 0;  // read by every decode step whatever the routing: attention, dense/shared MLPs,
+                                // routers, lm_head
+  double expert_bytes = 0;      // one routed expert of one layer (gate, up, down)
+  int64_t moe_layers = 0;
+  // Weight parameters each prefill token is multiplied by: attention in the expanded form (kv_b_proj on every
+  // token), dense or shared MLP, router and the top-k experts. Embedding (a lookup) and lm_head (last row only) out.
+  double active_params_per_token = 0;
+};
+
+ModelShape model_shape(const model::ModelConfig& c, Precision precision) {
+  const double linear = precision == Precision::kFP8 ? 1.0 : 2.0, bf16 = 2.0, f32 = 4.0;
+  const double hidden = static_cast<double>(c.hidden_size), heads = static_cast<double>(c.num_attention_heads);
+  const double rank = static_cast<double>(c.kv_lora_rank), qk = static_cast<double>(c.qk_head_dim());
+  const double q_path =
+      c.q_lora_rank ? static_cast<double>(*c.q_lora_rank) * (hidden + heads * qk) : heads * qk * hidden;
+  const double attention = q_path + static_cast<double>(c.kv_cache_dim()) * hidden +  // q, kv_a_proj_with_mqa
+                           hidden * heads * static_cast<double>(c.v_head_dim);        // o_proj
+  const double kv_b = heads * static_cast<double>(c.qk_nope_head_dim + c.v_head_dim) * rank;
+  const double expert = 3.0 * hidden * static_cast<double>(c.moe_intermediate_size);
+  ModelShape s;
+  s.expert_bytes = expert * linear;
+  s.non_expert_bytes = static_cast<double>(c.vocab_size) * hidden * bf16;  // lm_head
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    s.non_expert_bytes += attention * linear + kv_b * bf16;
+    s.active_params_per_token += attention + kv_b;
+    if (c.is_moe_layer(l)) {
+      ++s.moe_layers;
+      const double router = static_cast<double>(c.n_routed_experts) * hidden;
+      const double shared = expert * static_cast<double>(c.n_shared_experts);
+      s.non_expert_bytes += router * f32 + shared * linear;
+      s.active_params_per_token += router + shared + expert * static_cast<double>(c.num_experts_per_tok);
+    } else {
+      const double mlp = 3.0 * hidden * static_cast<double>(c.intermediate_size);
+      s.non_expert_bytes += mlp * linear;
+      s.active_params_per_token += mlp;
+    }
+  }
+  return s;
+}
+
+// Times `steps` forward passes after `warmup` untimed ones (scratch growth, GEMM plans), wall clock around each:
+// forward() returns once the logits are on the host. Returns ms per step, or the first error.
+Result<std::vector<double>> time_forward(model::DeepSeekModel& model, const model::ForwardBatch& batch,
+                                         model::LayerCaches caches, int warmup, int steps) {
+  std::vector<float> logits;
+  std::vector<double> ms;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto start = Clock::now();
+    if (Status s = model.forward(batch, caches, logits); !s.ok()) return s;
+    const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (i >= warmup) ms.push_back(elapsed);
+  }
+  return ms;
+}
+
+std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(count));
+  for (int32_t& id : ids) id = token(rng);
+  return ids;
+}
+
+std::vector<int32_t> block_range(int64_t first, int64_t count) {
+  std::vector<int32_t> blocks(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) blocks[static_cast<size_t>(i)] = static_cast<int32_t>(first + i);
+  return blocks;
+}
+
+struct Run {
+  std::string name;  // --model value
+  Precision precision;
+  model::DeepSeekModel& model;
+  backend::Backend& backend;
+  ModelShape shape;
+  const Ceilings& ceilings;
+};
+
+// Decode: `batch` sequences at context 4096, one new token each (position 4095) with its own 64 cache blocks; the
+// cache holds zeros, which costs the attention kernels the same reads as real entries.
+void bench_decode(const Run& run, int64_t batch, int steps) {
+  const model::ModelConfig& c = run.model.config();
+  JsonLine line("decode");
+  line.str("model", run.name).integer("batch", batch).integer("context", kContext);
+  const int64_t blocks_per_sequence = kContext / kBlockTokens;
+  Result<std::vector<backend::Buffer>> caches = run.model.make_layer_caches(batch * blocks_per_sequence + 1);
+  if (!caches.ok()) return line.str("error", caches.status().to_string()).print();
+  model::ForwardBatch fb;
+  fb.token_ids = random_tokens(batch, c.vocab_size, kSeed + static_cast<uint64_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    fb.sequences.push_back(
+        {1, static_cast<int32_t>(kContext - 1), block_range(b * blocks_per_sequence, blocks_per_sequence)});
+    fb.logits_rows.push_back(static_cast<int32_t>(b));
+  }
+  Result<std::vector<double>> ms = time_forward(run.model, fb, *caches, kWarmupSteps, steps);
+  if (!ms.ok()) return line.str("error", ms.status().to_string()).print();
+  const Stats st = stats_of(*ms);
+
+  // Roofline: each byte the step must read, read once at the measured copy rate. Routed experts under uniform
+  // routing: a layer's E experts each stay unpicked by all `batch` tokens with probability (1 - k/E)^batch.
+  const double experts_e = static_cast<double>(c.n_routed_experts), top_k = static_cast<double>(c.num_experts_per_tok);
+  const double experts_per_layer =
+      c.n_routed_experts > 0 ? experts_e * (1.0 - std::pow(1.0 - top_k / experts_e, static_cast<double>(batch))) : 0.0;
+  const double expert_bytes = static_cast<double>(run.shape.moe_layers) * experts_per_layer * run.shape.expert_bytes;
+  const double kv_bytes = static_cast<double>(batch * kContext * c.kv_cache_dim() * c.num_hidden_layers) *
+                          static_cast<double>(backend::dtype_size(run.backend.cache_dtype()));
+  const double step_bytes = run.shape.non_expert_bytes + expert_bytes + kv_bytes;
+  line.integer("steps", steps)
+      .num("median_ms", st.median, 3)
+      .num("min_ms", st.min, 3)
+      .num("max_ms", st.max, 3)
+      .num("tokens_per_s", static_cast<double>(batch) / (st.median * 1e-3), 1)
+      .num("bytes_non_expert", run.shape.non_expert_bytes, 0)
+      .num("experts_per_moe_layer", experts_per_layer, 2)
+      .num("bytes_experts", expert_bytes, 0)
+      .num("bytes_kv", kv_bytes, 0)
+      .num("bytes_step", step_bytes, 0)
+      // forward() also copies these float32 logits to the host (not in the roofline).
+      .num("logits_host_bytes", static_cast<double>(batch * c.vocab_size * 4), 0);
+  if (run.ceilings.copy_gbps > 0) {
+    const double roofline_ms = step_bytes / (run.ceilings.copy_gbps * 1e9) * 1e3;
+    line.num("roofline_ms", roofline_ms, 3).num("pct_roofline", 100.0 * roofline_ms / st.median, 1);
+  }
+  line.print();
+}
+
+// Prefill: one sequence of `tokens` from position 0 in one forward, logits for its last row only.
+void bench_prefill(const Run& run, int64_t tokens, int steps) {
+  const model::ModelConfig& c = run.model.config();
+  JsonLine line("prefill");
+  line.str("model", run.name).integer("tokens", tokens);
+  const backend::MlaExpanded expanded{
+      c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim, 0.0f, nullptr};
+  line.str("attention", run.backend.has_mla_expanded(expanded) ? "expanded" : "absorbed");
+  const int64_t blocks = (tokens + kBlockTokens - 1) / kBlockTokens;
+  Result<std::vector<backend::Buffer>> caches = run.model.make_layer_caches(blocks + 1);
+  if (!caches.ok()) return line.str("error", caches.status().to_string()).print();
+  model::ForwardBatch fb;
+  fb.token_ids = random_tokens(tokens, c.vocab_size, kSeed + static_cast<uint64_t>(tokens));
+  fb.sequences.push_back({static_cast<int32_t>(tokens), 0, block_range(0, blocks)});
+  fb.logits_rows = {static_cast<int32_t>(tokens - 1)};
+  Result<std::vector<double>> ms = time_forward(run.model, fb, *caches, 1, steps);
+  if (!ms.ok()) return line.str("error", ms.status().to_string()).print();
+  const Stats st = stats_of(*ms);
+
+  // FLOPs: 2 per weight parameter per token, plus causal attention's QKᵀ (qk_head_dim 192) and PV (v_head_dim 128)
+  // over T(T+1)/2 query-key pairs per head per layer (the expanded form's count).
+  const double t = static_cast<double>(tokens);
+  const double attention_flops = 2.0 * static_cast<double>(c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim)) *
+                                 t * (t + 1.0) / 2.0 * static_cast<double>(c.num_hidden_layers);
+  const double flops = 2.0 * run.shape.active_params_per_token * t + attention_flops;
+  const double tflops = flops / (st.median * 1e-3) / 1e12;
+  line.integer("steps", steps)
+      .num("median_ms", st.median, 2)
+      .num("min_ms", st.min, 2)
+      .num("max_ms", st.max, 2)
+      .num("tokens_per_s", t / (st.median * 1e-3), 1)
+      .num("active_params_per_token", run.shape.active_params_per_token, 0)
+      .num("flops", flops, 0)
+      .num("tflops", tflops, 1);
+  if (run.ceilings.bf16_tflops > 0) line.num("pct_bf16_peak", 100.0 * tflops / run.ceilings.bf16_tflops, 1);
+  if (run.ceilings.fp8_tflops > 0) line.num("pct_fp8_peak", 100.0 * tflops / run.ceilings.fp8_tflops, 1);
+  // The peak of the weights' precision (attention runs in bf16 either way).
+  const double peak = run.precision == Precision::kFP8 ? run.ceilings.fp8_tflops : run.ceilings.bf16_tflops;
+  if (peak > 0) line.num("pct_peak", 100.0 * tflops / peak, 1);
+  line.print();
+}
+
+void bench_model(const std::string& name, Precision precision, const std::filesystem::path& config_dir,
+                 const std::vector<int64_t>& batches, const std::vector<int64_t>& prefill, int steps, int prefill_steps,
+                 const Ceilings& ceilings) {
+  JsonLine line("model");
+  line.str("model", name).str("precision", precision == Precision::kFP8 ? "fp8" : "bf16");
+  Result<model::ModelConfig> config = model::load_model_config(config_dir / name / "config.json");
+  if (!config.ok()) return line.str("error", config.status().to_string()).print();
+  config->num_nextn_predict_layers = 0;  // MTP is not benchmarked
+  Result<std::unique_ptr<backend::Backend>> backend = backend::make_cuda_backend(0);
+  if (!backend.ok()) return line.str("error", backend.status().to_string()).print();
+  const auto start = Clock::now();
+  Result<std::unique_ptr<model::DeepSeekModel>> model =
+      model::DeepSeekModel::create_random(*config, **backend, precision, kSeed);
+  Status synced = model.ok() ? (*backend)->synchronize() : model.status();  // fill_random is asynchronous
+  if (!synced.ok()) return line.str("error", synced.to_string()).print();
+  const double load_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const ModelShape shape = model_shape(*config, precision);
+  line.integer("layers", config->num_hidden_layers)
+      .integer("weight_bytes", static_cast<int64_t>((*model)->weight_bytes()))
+      .num("load_s", load_s, 2)
+      .num("bytes_non_expert", shape.non_expert_bytes, 0)
+      .num("bytes_per_expert", shape.expert_bytes, 0)
+      .integer("moe_layers", shape.moe_layers)
+      .num("active_params_per_token", shape.active_params_per_token, 0)
+      .print();
+  const Run run{name, precision, **model, **backend, shape, ceilings};
+  for (int64_t batch : batches) bench_decode(run, batch, steps);
+  for (int64_t tokens : prefill) bench_prefill(run, tokens, prefill_steps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Model-level GPU benchmark: decode and prefill of DeepSeek-V2-Lite (bf16) and a 4-layer DeepSeek-V3 "
+      "slice (FP8) with random weights on the CUDA backend; JSON lines"};
+  std::string which = "all";
+  std::vector<int64_t> batches = {1, 8, 64, 256};
+  std::vector<int64_t> prefill = {4096, 32768};
+  int steps = 10, prefill_steps = 2;
+  // The script runs from the repository root; the source tree's copy otherwise.
+  std::string configs =
+      std::filesystem::exists("bench/gpu/configs") ? "bench/gpu/configs" : DEEPINFER_SOURCE_DIR "/bench/gpu/configs";
+  app.add_option("--model", which, "v2-lite, v3-slice or all")
+      ->check(CLI::IsMember({"v2-lite", "v3-slice", "all"}))
+      ->capture_default_str();
+  app.add_option("--batches", batches, "decode batch sizes (context 4096 each)")->delimiter(',')->capture_default_str();
+  app.add_option("--prefill", prefill, "prefill lengths (one sequence each)")->delimiter(',')->capture_default_str();
+  app.add_option("--steps", steps, "timed decode steps (after 2 warm-up steps)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--prefill-steps", prefill_steps, "timed prefill passes (after 1 warm-up pass)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--configs", configs, "directory with <model>/config.json")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess) {
+    JsonLine("device").str("error", cudaGetErrorString(e)).print();
+    return 1;
+  }
+  JsonLine("device")
+      .str("name", prop.name)
+      .integer("sms", prop.multiProcessorCount)
+      .integer("memory_bytes", static_cast<int64_t>(prop.totalGlobalMem))
+      .print();
+  Ceilings ceilings;
+  measure_copy(ceilings);
+  measure_bf16_gemm(ceilings);
+  measure_fp8_gemm(ceilings);
+  for (const auto& [name, precision] :
+       {std::pair{"v2-lite", Precision::kBF16}, std::pair{"v3-slice", Precision::kFP8}}) {
+    if (which == "all" || which == name) {
+      bench_model(name, precision, configs, batches, prefill, steps, prefill_steps, ceilings);
+    }
+  }
+  return 0;
+}

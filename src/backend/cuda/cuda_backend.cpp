@@ -1,0 +1,206 @@
+// The CUDA backend's device setup, memory (alloc / upload / download), error recording and synchronization, and
+// make_cuda_backend. The ops live in the sibling files named in cuda_backend.h.
+#include "cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <utility>
+
+#include "check.h"
+
+namespace deepinfer::backend {
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return cuda::CudaBackend::create(device); }
+
+namespace cuda {
+namespace {
+
+constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;  // gemm.h: plenty on Hopper
+
+std::string cuda_error_text(cudaError_t err) {
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+}
+
+}  // namespace
+
+Scratch::~Scratch() {
+  if (ptr_ != nullptr) cudaFree(ptr_);
+}
+
+cudaError_t Scratch::reserve(size_t bytes, cudaStream_t stream) {
+  if (bytes <= bytes_ && ptr_ != nullptr) return cudaSuccess;
+  if (ptr_ != nullptr) {
+    if (cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) return err;
+    cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  const size_t grown = bytes < 256 ? 256 : bytes + bytes / 4;  // a little headroom: fewer syncs as T varies
+  if (cudaError_t err = cudaMalloc(&ptr_, grown); err != cudaSuccess) {
+    ptr_ = nullptr;
+    return err;
+  }
+  bytes_ = grown;
+  return cudaSuccess;
+}
+
+Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess)
+    return Status::unsupported("no usable CUDA device: cudaGetDeviceCount: " + cuda_error_text(err));
+  if (count == 0) return Status::unsupported("no CUDA device found (cudaGetDeviceCount returned 0)");
+  if (device < 0 || device >= count)
+    return Status::invalid_argument("CUDA device " + std::to_string(device) + " does not exist (this machine has " +
+                                    std::to_string(count) + ")");
+  cudaDeviceProp prop{};
+  if (cudaError_t err = cudaGetDeviceProperties(&prop, device); err != cudaSuccess)
+    return Status::unsupported("cudaGetDeviceProperties(" + std::to_string(device) + "): " + cuda_error_text(err));
+  // The kernels are built for sm_90a only (top-level CMakeLists.txt); anything else fails at the first launch.
+  if (prop.major != 9 || prop.minor != 0)
+    return Status::unsupported("CUDA device " + std::to_string(device) + " (" + prop.name + ") is sm_" +
+                               std::to_string(prop.major) + std::to_string(prop.minor) +
+                               "; this build's kernels run on sm_90 (Hopper: H100, H200) only");
+
+  std::unique_ptr<CudaBackend> backend(new CudaBackend());
+  backend->device_ = device;
+  backend->num_sms_ = prop.multiProcessorCount;
+  auto setup_error = [&](const std::string& what, const std::string& detail) {
+    return Status::internal("CUDA backend setup on device " + std::to_string(device) + ": " + what + ": " + detail);
+  };
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess)
+    return setup_error("cudaSetDevice", cuda_error_text(err));
+  if (cudaError_t err = cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking); err != cudaSuccess)
+    return setup_error("cudaStreamCreate", cuda_error_text(err));
+  if (cudaError_t err = cudaEventCreateWithFlags(&backend->staging_copied_, cudaEventDisableTiming); err != cudaSuccess)
+    return setup_error("cudaEventCreate", cuda_error_text(err));
+  if (cublasStatus_t st = cublasCreate(&backend->blas_); st != CUBLAS_STATUS_SUCCESS)
+    return setup_error("cublasCreate", cublasGetStatusString(st));
+  if (cublasStatus_t st = cublasSetStream(backend->blas_, backend->stream_); st != CUBLAS_STATUS_SUCCESS)
+    return setup_error("cublasSetStream", cublasGetStatusString(st));
+  kernels::cuda::GemmStatus gemm_status;
+  backend->gemm_ = kernels::cuda::gemm_library_create(kCublasLtWorkspaceBytes, &gemm_status);
+  if (backend->gemm_ == nullptr)
+    return setup_error(std::string("gemm_library_create: ") + gemm_status.where,
+                       gemm_status.cuda != cudaSuccess ? cuda_error_text(gemm_status.cuda)
+                                                       : "cuBLAS status " + std::to_string(gemm_status.cublas));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (gemm_ != nullptr) kernels::cuda::gemm_library_destroy(gemm_);
+  if (blas_ != nullptr) cublasDestroy(blas_);
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
+  if (staging_copied_ != nullptr) cudaEventDestroy(staging_copied_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::fail(Status status) {
+  if (sticky_.ok()) sticky_ = std::move(status);
+}
+
+void CudaBackend::check_cuda(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // clear a non-sticky error so that later checks report their own
+  fail(Status::internal(std::string("CUDA backend: ") + what + ": " + cuda_error_text(err)));
+}
+
+void CudaBackend::check_blas(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  fail(Status::internal(std::string("CUDA backend: ") + what + ": " + cublasGetStatusString(status)));
+}
+
+void CudaBackend::check_gemm(const kernels::cuda::GemmStatus& status, const char* what) {
+  if (status.ok()) return;
+  if (status.cuda != cudaSuccess) {
+    cudaGetLastError();
+    fail(Status::internal(std::string("CUDA backend: ") + what + " (" + status.where +
+                          "): " + cuda_error_text(status.cuda)));
+  } else {
+    fail(Status::internal(std::string("CUDA backend: ") + what + " (" + status.where +
+                          "): " + cublasGetStatusString(static_cast<cublasStatus_t>(status.cublas))));
+  }
+}
+
+Status CudaBackend::take_sticky() {
+  Status status = std::move(sticky_);
+  sticky_ = Status();
+  return status;
+}
+
+char* CudaBackend::reserve(Scratch& scratch, size_t bytes) {
+  if (cudaError_t err = scratch.reserve(bytes, stream_); err != cudaSuccess) {
+    cudaGetLastError();
+    fail(Status::resource_exhausted("CUDA backend: scratch of " + std::to_string(bytes) + " bytes on device " +
+                                    std::to_string(device_) + ": " + cudaGetErrorString(err)));
+    return nullptr;
+  }
+  return scratch.data();
+}
+
+void CudaBackend::activate() { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+
+Status CudaBackend::upload_now(const void* host, size_t bytes, void* device_dst) {
+  cudaError_t err = cudaMemcpyAsync(device_dst, host, bytes, cudaMemcpyHostToDevice, stream_);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::internal("CUDA backend: upload of " + std::to_string(bytes) + " bytes: " + cuda_error_text(err));
+  }
+  return Status();
+}
+
+Result<Buffer> CudaBackend::alloc(size_t bytes) {
+  activate();
+  Buffer buffer;
+  if (bytes == 0) return buffer;
+  void* ptr = nullptr;
+  if (cudaError_t err = cudaMalloc(&ptr, bytes); err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::resource_exhausted("cudaMalloc of " + std::to_string(bytes) + " bytes on CUDA device " +
+                                      std::to_string(device_) + ": " + cudaGetErrorString(err));
+  }
+  buffer.storage = std::shared_ptr<void>(ptr, [](void* p) { cudaFree(p); });
+  buffer.bytes = bytes;
+  // Zero-filled in stream order: every later op and copy of this backend runs after it.
+  if (cudaError_t err = cudaMemsetAsync(ptr, 0, bytes, stream_); err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::internal("cudaMemsetAsync of a new " + std::to_string(bytes) +
+                            "-byte buffer: " + cuda_error_text(err));
+  }
+  return buffer;
+}
+
+void CudaBackend::upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) {
+  BACKEND_CHECK(dst_offset <= dst.bytes && bytes <= dst.bytes - dst_offset,
+                "upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(dst_offset) +
+                    " into a buffer of " + std::to_string(dst.bytes));
+  if (bytes == 0) return;
+  activate();
+  if (Status s = upload_now(host, bytes, static_cast<char*>(dst.data()) + dst_offset); !s.ok()) fail(std::move(s));
+}
+
+void CudaBackend::download(const Buffer& src, size_t src_offset, size_t bytes, void* host) {
+  BACKEND_CHECK(src_offset <= src.bytes && bytes <= src.bytes - src_offset,
+                "download of " + std::to_string(bytes) + " bytes at offset " + std::to_string(src_offset) +
+                    " from a buffer of " + std::to_string(src.bytes));
+  if (bytes == 0) return;
+  activate();
+  check_cuda(
+      cudaMemcpyAsync(host, static_cast<const char*>(src.data()) + src_offset, bytes, cudaMemcpyDeviceToHost, stream_),
+      "download (cudaMemcpyAsync)");
+  check_cuda(cudaStreamSynchronize(stream_), "download (cudaStreamSynchronize)");
+}
+
+Status CudaBackend::synchronize() {
+  activate();
+  check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  check_cuda(cudaGetLastError(), "a kernel of this step");
+  return take_sticky();
+}
+
+}  // namespace cuda
+}  // namespace deepinfer::backend

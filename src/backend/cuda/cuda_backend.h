@@ -1,0 +1,196 @@
+// The CUDA backend's class, shared by the files of src/backend/cuda, one job each: cuda_backend.cpp (device,
+// memory, errors), cuda_weights.cpp (weights and vectors), cuda_step.cpp (step layout, embedding, KV store),
+// cuda_gemm.cpp (linear layers, logits), cuda_rowwise.cpp (norms, rope, SiLU, add/copy), cuda_attention.cpp (MLA),
+// cuda_moe.cpp (routed experts). Internal: model code sees only include/deepinfer/backend/backend.h.
+//
+// Execution model: one CUDA stream per backend; every op enqueues kernels on it and returns. A failed launch or
+// allocation inside a void op is recorded (the first one: `sticky_`), the rest of the step's ops are skipped, and
+// the next synchronize() / logits() / begin_step() returns it. Temporaries live in growable per-purpose Scratch
+// buffers (never freed while queued work may still read them).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "deepinfer/backend/backend.h"
+#include "deepinfer/kernels/cuda/gemm.h"
+
+namespace deepinfer::backend::cuda {
+
+// A weight in device memory. kBF16 / kF32: values [count * rows][cols]. kFP8: e4m3 values
+// [count * rows][stride] with stride = round_up(cols, 128) (zero columns past `cols`, so activations quantize in
+// whole 1x128 groups even for the tiny models' 160-wide layers) and f32 block scales
+// [count][scale_rows = ceil(rows/128)][scale_ld = fp8_weight_scale_ld(stride)] (run_fp8_gemm's padded layout).
+class CudaWeight final : public Weight {
+ public:
+  Buffer values;
+  Buffer scales;  // kFP8 only
+  int64_t stride = 0;
+  int64_t scale_rows = 0, scale_ld = 0;
+};
+
+// Matrix `index` of a weight stack: the pointers the GEMMs take.
+struct MatrixRef {
+  Precision precision = Precision::kBF16;
+  int64_t rows = 0, cols = 0, stride = 0;  // stride: elements per stored row
+  const void* values = nullptr;
+  const float* scales = nullptr;  // kFP8: [ceil(rows/128)][scale_ld]
+  int64_t scale_ld = 0;
+};
+MatrixRef matrix_of(const Weight& weight, int64_t index);
+
+// make_vector's layout: n float32 values at offset 0, then the same n values as bf16 at vector_bf16_offset(n)
+// (rope's inv_freq and the router bias read the f32 copy; RMSNorm's bf16 kernel reads the bf16 one).
+inline size_t vector_bf16_offset(int64_t n) { return (static_cast<size_t>(n) * 4 + 255) / 256 * 256; }
+inline size_t vector_bytes(int64_t n) { return vector_bf16_offset(n) + static_cast<size_t>(n) * 2; }
+// The two copies of a make_vector buffer of n values (checked: the buffer holds at least n (f32) / exactly n (bf16);
+// `what` names the op in the failure message).
+const float* vector_f32(const Buffer& vector, int64_t n, const char* what);
+const uint16_t* vector_bf16(const Buffer& vector, int64_t n, const char* what);
+
+// A growable device buffer for one purpose's temporaries.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch();
+  // At least `bytes` of device memory, valid until the next reserve. Growing waits for `stream` first (queued
+  // kernels may still read the old memory). Returns the CUDA error, leaving the scratch empty, on failure.
+  cudaError_t reserve(size_t bytes, cudaStream_t stream);
+  char* data() const { return static_cast<char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Offsets of several temporaries carved from one Scratch, each 256-byte aligned (cuBLASLt, cp.async and the
+// vectorized kernels want 16).
+struct ScratchLayout {
+  size_t bytes = 0;
+  size_t add(size_t n) {
+    const size_t offset = bytes;
+    bytes += (n + 255) / 256 * 256;
+    return offset;
+  }
+};
+
+// The current step, as begin_step uploaded it: host copies (for dispatch decisions and checks) and device
+// pointers into one step buffer.
+struct StepState {
+  int64_t rows = 0;
+  std::vector<int32_t> token_ids, positions, logits_rows;
+  // Block table rows on the device: in row order (table row t = row t's sequence) when every sequence has exactly
+  // one row (a decode step: the layout run_mla_decode wants), else one per sequence. row_table[t] names row t's.
+  bool one_row_per_sequence = false;
+  int64_t table_rows = 0, max_blocks = 1;
+  int32_t max_context = 0;
+  // The expanded form: rows grouped by sequence, each group at positions 0, 1, ... (cu_seqlens over groups).
+  bool rows_start_at_zero = false;
+  int32_t num_groups = 0, max_group_rows = 0;
+
+  const int32_t* token_ids_device = nullptr;    // [rows]
+  const int32_t* positions_device = nullptr;    // [rows]
+  const int32_t* row_table_device = nullptr;    // [rows]
+  const int32_t* row_context_device = nullptr;  // [rows] position + 1
+  const int64_t* slots_device = nullptr;        // [rows]
+  const int32_t* logits_rows_device = nullptr;  // [logits_rows.size()]
+  const int32_t* block_table_device = nullptr;  // [table_rows, max_blocks], padded with 0
+  const int32_t* cu_seqlens_device = nullptr;   // [num_groups + 1] when rows_start_at_zero
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Errors: Unsupported (no usable device, not Hopper), InvalidArgument (no such device), Internal.
+  static Result<std::unique_ptr<Backend>> create(int device);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  DType activation_dtype() const override { return DType::kBF16; }
+  DType cache_dtype() const override { return DType::kBF16; }
+
+  Result<Buffer> alloc(size_t bytes) override;
+  void upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override;
+  void download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override;
+  Status synchronize() override;
+
+  Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols, Precision precision) override;
+  Status set_matrix(Weight& w, int64_t index, const HostMatrix& host) override;
+  void fill_random(Weight& w, uint64_t seed, float scale) override;
+  Result<Buffer> make_vector(std::span<const float> values) override;
+
+  Status begin_step(const StepLayout& layout) override;
+
+  void embed(const Weight& table, Tensor out) override;
+  void linear(const Tensor& x, const Weight& w, Tensor y) override;
+  void linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y, int64_t y_head_stride) override;
+  void rms_norm(const Tensor& x, const Buffer& weight, float eps, Tensor y) override;
+  void add_rms_norm(Tensor residual, const Tensor& delta, const Buffer& weight, float eps, Tensor y) override;
+  void add(Tensor x, const Tensor& delta) override;
+  void fill_zero(Tensor x) override;
+  void copy(const Tensor& src, Tensor dst) override;
+  void silu_mul(const Tensor& gate_up, Tensor out) override;
+  void rope(Tensor x, int64_t vectors_per_position, const Buffer& inv_freq, float attention_factor) override;
+  void store_kv(const Tensor& kv, const Buffer& cache_layer) override;
+  void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) override;
+  bool has_mla_expanded(const MlaExpanded& a) const override;
+  void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, Tensor out) override;
+  void moe(const Tensor& x, const MoeWeights& w, Tensor out) override;
+  Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                std::vector<float>& host_logits) override;
+
+ private:
+  CudaBackend() = default;
+
+  // Errors (cuda_backend.cpp). failed(): a previous op of this step failed; ops then do nothing.
+  bool failed() const { return !sticky_.ok(); }
+  void fail(Status status);
+  void check_cuda(cudaError_t err, const char* what);
+  void check_blas(cublasStatus_t status, const char* what);
+  void check_gemm(const kernels::cuda::GemmStatus& status, const char* what);
+  Status take_sticky();
+  // scratch.reserve(bytes) on the stream; nullptr (failure recorded) when device memory ran out.
+  char* reserve(Scratch& scratch, size_t bytes);
+  void activate();  // cudaSetDevice: the calling thread may not be the one that created the backend
+  Status upload_now(const void* host, size_t bytes, void* device_dst);
+
+  // GEMMs (cuda_gemm.cpp). linear_matrix: y = x · wᵀ for one matrix of any precision, bf16 activations with any
+  // row strides. gemm_f32_out: the same with float32 output y [x.rows, ldy].
+  void linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y);
+  void linear_fp8(const Tensor& x, const MatrixRef& w, Tensor y);
+  void gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, int64_t ldy);
+
+  // Row-wise helpers (cuda_rowwise.cpp): the RMSNorm kernel on a bf16 tensor whose rows share x's and y's stride.
+  void rms_norm_same_stride(const Tensor& x, const uint16_t* weight, float eps, Tensor y, uint16_t* residual);
+
+  int device_ = 0;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;               // strided / batched / f32 GEMMs (leading dimensions)
+  kernels::cuda::GemmLibrary* gemm_ = nullptr;  // FP8 block-scaled GEMMs (cuBLASLt plans)
+  Status sticky_;                               // the first error since the last report
+
+  StepState step_;
+  Scratch step_buffer_;      // the step's device arrays (StepState's pointers)
+  void* staging_ = nullptr;  // pinned host copy of the step arrays, one H2D copy per step
+  size_t staging_bytes_ = 0;
+  cudaEvent_t staging_copied_ = nullptr;  // the last H2D copy out of staging_ has finished reading it
+  int32_t* moe_offsets_host_ = nullptr;   // pinned, the per-expert offsets of one MoE layer
+  size_t moe_offsets_capacity_ = 0;
+
+  // Temporaries by purpose; a function uses only its own, so nested calls never clobber their caller's.
+  Scratch gemm_in_;       // linear_fp8 / gemm_f32_out: converted, padded, quantized activations
+  Scratch gemm_out_;      // linear_fp8: output staging when y is strided or unaligned
+  Scratch gemm_staging_;  // f32 weights: f32 output before bf16; FP8 weights: bf16 output before f32
+  Scratch rowwise_;       // silu_mul on strided views
+  Scratch attention_;     // MLA split-KV workspace, expanded k/v, contiguous q/out copies
+  Scratch moe_;           // routing, permutation, permuted activations and expert outputs
+  Scratch logits_;        // selected rows and their f32 logits
+};
+
+}  // namespace deepinfer::backend::cuda

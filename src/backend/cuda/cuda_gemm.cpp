@@ -1,0 +1,260 @@
+// The CUDA backend's GEMMs: linear and linear_heads (bf16 through cuBLAS with the views' leading dimensions, FP8
+// through act_quant + the block-scaled GEMM of kernels/cuda/gemm.cu, float32 weights through cuBLAS sgemm), and
+// logits (row selection, final norm, float32 lm_head GEMM, copy to the host).
+//
+// cuBLAS is column-major: a row-major y [M, N] = x [M, K] · W [N, K]ᵀ is, in its terms, yᵀ [N, M] (ld = y.stride)
+// = op_T(W viewed as [K, N], ld = W's row stride) · xᵀ (viewed as [K, M], ld = x.stride).
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "check.h"
+#include "cuda_backend.h"
+#include "deepinfer/kernels/cuda/backend_ops.h"
+#include "deepinfer/kernels/cuda/fused_ops.h"
+
+namespace deepinfer::backend::cuda {
+namespace {
+
+namespace kc = kernels::cuda;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+std::string dims(const Tensor& t) { return "[" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + "]"; }
+std::string dims(const MatrixRef& m) { return "[" + std::to_string(m.rows) + ", " + std::to_string(m.cols) + "]"; }
+
+// cuBLAS and the GEMM kernels take int sizes and leading dimensions.
+bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+}  // namespace
+
+void CudaBackend::linear(const Tensor& x, const Weight& w, Tensor y) {
+  BACKEND_CHECK(w.count == 1, "linear takes one matrix; this weight stacks " + std::to_string(w.count));
+  linear_matrix(x, matrix_of(w, 0), y);
+}
+
+void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
+  BACKEND_CHECK(x.dtype == DType::kBF16 && y.dtype == DType::kBF16, "linear: activations must be bf16");
+  BACKEND_CHECK(x.cols == w.cols && y.cols == w.rows && x.rows == y.rows,
+                "linear: x " + dims(x) + " · w " + dims(w) + "ᵀ -> y " + dims(y));
+  BACKEND_CHECK(fits_int(x.rows) && fits_int(w.stride) && fits_int(w.rows) && fits_int(x.stride) && fits_int(y.stride),
+                "linear: a size or stride beyond INT_MAX");
+  if (failed() || x.rows == 0) return;
+  const int m = static_cast<int>(x.rows), n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  switch (w.precision) {
+    case Precision::kBF16: {
+      const float one = 1.0f, zero = 0.0f;
+      check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w.values, CUDA_R_16BF,
+                              static_cast<int>(w.stride), x.data, CUDA_R_16BF, static_cast<int>(x.stride), &zero,
+                              y.data, CUDA_R_16BF, static_cast<int>(y.stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "linear (cublasGemmEx, bf16)");
+      return;
+    }
+    case Precision::kFP8:
+      linear_fp8(x, w, y);
+      return;
+    case Precision::kF32: {
+      // cuBLAS has no bf16 x f32 GEMM: float32 output first, then one rounding into y.
+      auto* y32 = reinterpret_cast<float*>(reserve(gemm_staging_, static_cast<size_t>(x.rows * w.rows) * 4));
+      if (y32 == nullptr) return;
+      gemm_f32_out(x, w, y32, w.rows);
+      kc::Convert2dParams c;
+      c.rows = x.rows;
+      c.src_cols = c.dst_cols = w.rows;
+      c.src_dtype = kc::DType::kF32;
+      c.dst_dtype = kc::DType::kBF16;
+      c.src = y32;
+      c.src_stride = w.rows;
+      c.dst = y.data;
+      c.dst_stride = y.stride;
+      c.stream = stream_;
+      check_cuda(kc::run_convert_2d(c), "linear (f32 -> bf16)");
+      return;
+    }
+  }
+}
+
+// act_quant wants a contiguous [M, K] with K % 128 == 0 and 16-byte rows: a strided, unaligned or narrow x is
+// copied (zero-padded to the weight's stored stride) first. run_fp8_gemm writes a contiguous [M, N]: a strided
+// or unaligned y gets it through scratch.
+void CudaBackend::linear_fp8(const Tensor& x, const MatrixRef& w, Tensor y) {
+  const int64_t M = x.rows, N = w.rows, K = w.cols, padded = w.stride;
+  const bool direct_in = x.stride == K && K == padded && aligned16(x.data);
+  const bool direct_out = y.stride == N && aligned16(y.data);
+  ScratchLayout l;
+  const size_t o_padded = direct_in ? 0 : l.add(static_cast<size_t>(M * padded) * 2);
+  const size_t o_fp8 = l.add(static_cast<size_t>(M * padded));
+  const size_t o_scale = l.add(static_cast<size_t>(padded / kc::kFp8GroupSize * M) * 4);
+  char* base = reserve(gemm_in_, l.bytes);
+  if (base == nullptr) return;
+  const void* x_in = x.data;
+  if (!direct_in) {
+    kc::Convert2dParams c;
+    c.rows = M;
+    c.src_cols = K;
+    c.dst_cols = padded;
+    c.src = x.data;
+    c.src_stride = x.stride;
+    c.dst = base + o_padded;
+    c.dst_stride = padded;
+    c.stream = stream_;
+    check_cuda(kc::run_convert_2d(c), "linear (FP8: padded copy of x)");
+    x_in = base + o_padded;
+  }
+  kc::ActQuantParams q;
+  q.m = static_cast<int>(M);
+  q.k = static_cast<int>(padded);
+  q.x = static_cast<const uint16_t*>(x_in);
+  q.x_fp8 = reinterpret_cast<uint8_t*>(base + o_fp8);
+  q.x_scale = reinterpret_cast<float*>(base + o_scale);
+  q.stream = stream_;
+  check_cuda(kc::run_act_quant(q), "linear (FP8 act_quant)");
+  uint16_t* y_out = static_cast<uint16_t*>(y.data);
+  if (!direct_out) {
+    y_out = reinterpret_cast<uint16_t*>(reserve(gemm_out_, static_cast<size_t>(M * N) * 2));
+    if (y_out == nullptr) return;
+  }
+  kc::Fp8GemmParams g;
+  g.m = static_cast<int>(M);
+  g.n = static_cast<int>(N);
+  g.k = static_cast<int>(padded);
+  g.x_fp8 = q.x_fp8;
+  g.x_scale = q.x_scale;
+  g.w_fp8 = static_cast<const uint8_t*>(w.values);
+  g.w_scale = w.scales;
+  g.y = y_out;
+  g.path = kc::Fp8GemmPath::kAuto;
+  g.stream = stream_;
+  check_gemm(kc::run_fp8_gemm(gemm_, g), "linear (FP8 GEMM)");
+  if (!direct_out) copy(Tensor{y_out, DType::kBF16, M, N, N}, y);
+}
+
+void CudaBackend::gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, int64_t ldy) {
+  BACKEND_CHECK(x.dtype == DType::kBF16 && x.cols == w.cols && ldy >= w.rows,
+                "GEMM with f32 output: x " + dims(x) + " · w " + dims(w) + "ᵀ, ldy " + std::to_string(ldy));
+  BACKEND_CHECK(fits_int(x.rows) && fits_int(w.stride) && fits_int(w.rows) && fits_int(x.stride) && fits_int(ldy),
+                "GEMM with f32 output: a size or stride beyond INT_MAX");
+  if (failed() || x.rows == 0) return;
+  const int m = static_cast<int>(x.rows), n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  const float one = 1.0f, zero = 0.0f;
+  switch (w.precision) {
+    case Precision::kBF16:
+      check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w.values, CUDA_R_16BF,
+                              static_cast<int>(w.stride), x.data, CUDA_R_16BF, static_cast<int>(x.stride), &zero, y,
+                              CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "GEMM with f32 output (cublasGemmEx, bf16)");
+      return;
+    case Precision::kF32: {
+      // The router's float32 path (the reference computes router logits in float32): x widened exactly.
+      auto* x32 = reinterpret_cast<float*>(reserve(gemm_in_, static_cast<size_t>(x.rows * w.cols) * 4));
+      if (x32 == nullptr) return;
+      kc::Convert2dParams c;
+      c.rows = x.rows;
+      c.src_cols = c.dst_cols = w.cols;
+      c.src_dtype = kc::DType::kBF16;
+      c.dst_dtype = kc::DType::kF32;
+      c.src = x.data;
+      c.src_stride = x.stride;
+      c.dst = x32;
+      c.dst_stride = w.cols;
+      c.stream = stream_;
+      check_cuda(kc::run_convert_2d(c), "GEMM with f32 output (bf16 -> f32)");
+      check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, static_cast<const float*>(w.values),
+                             static_cast<int>(w.stride), x32, k, &zero, y, static_cast<int>(ldy)),
+                 "GEMM with f32 output (cublasSgemm)");
+      return;
+    }
+    case Precision::kFP8: {
+      // The FP8 GEMM writes bf16: widen its output afterwards.
+      auto* y16 = reinterpret_cast<uint16_t*>(reserve(gemm_staging_, static_cast<size_t>(x.rows * w.rows) * 2));
+      if (y16 == nullptr) return;
+      linear_fp8(x, w, Tensor{y16, DType::kBF16, x.rows, w.rows, w.rows});
+      kc::Convert2dParams c;
+      c.rows = x.rows;
+      c.src_cols = c.dst_cols = w.rows;
+      c.src_dtype = kc::DType::kBF16;
+      c.dst_dtype = kc::DType::kF32;
+      c.src = y16;
+      c.src_stride = w.rows;
+      c.dst = y;
+      c.dst_stride = ldy;
+      c.stream = stream_;
+      check_cuda(kc::run_convert_2d(c), "GEMM with f32 output (FP8: bf16 -> f32)");
+      return;
+    }
+  }
+}
+
+void CudaBackend::linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y,
+                               int64_t y_head_stride) {
+  const int64_t H = w.count;
+  BACKEND_CHECK(x.dtype == DType::kBF16 && y.dtype == DType::kBF16, "linear_heads: activations must be bf16");
+  BACKEND_CHECK(x.rows == y.rows && x_head_stride >= 0 && (H - 1) * x_head_stride + w.cols <= x.cols &&
+                    (H == 1 || y_head_stride >= w.rows) && (H - 1) * y_head_stride + w.rows <= y.cols,
+                "linear_heads: " + std::to_string(H) + " heads of [" + std::to_string(w.rows) + ", " +
+                    std::to_string(w.cols) + "] with x " + dims(x) + " (head stride " + std::to_string(x_head_stride) +
+                    ") and y " + dims(y) + " (head stride " + std::to_string(y_head_stride) + ")");
+  if (failed() || x.rows == 0) return;
+  if (w.precision != Precision::kBF16) {
+    // FP8 / f32 per-head weights: one GEMM per head (correct, not fast; the bf16 path is the batched one).
+    for (int64_t h = 0; h < H; ++h)
+      linear_matrix(x.cols_slice(h * x_head_stride, w.cols), matrix_of(w, h), y.cols_slice(h * y_head_stride, w.rows));
+    return;
+  }
+  const MatrixRef w0 = matrix_of(w, 0);
+  BACKEND_CHECK(fits_int(x.rows) && fits_int(w.rows) && fits_int(w.cols) && fits_int(x.stride) && fits_int(y.stride) &&
+                    fits_int(H),
+                "linear_heads: a size or stride beyond INT_MAX");
+  const float one = 1.0f, zero = 0.0f;
+  check_blas(
+      cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(x.rows),
+                                 static_cast<int>(w.cols), &one, w0.values, CUDA_R_16BF, static_cast<int>(w0.stride),
+                                 w.rows * w0.stride, x.data, CUDA_R_16BF, static_cast<int>(x.stride), x_head_stride,
+                                 &zero, y.data, CUDA_R_16BF, static_cast<int>(y.stride), y_head_stride,
+                                 static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "linear_heads (cublasGemmStridedBatchedEx)");
+}
+
+Status CudaBackend::logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                           std::vector<float>& host_logits) {
+  activate();
+  const MatrixRef w = matrix_of(lm_head, 0);
+  const int64_t n = static_cast<int64_t>(step_.logits_rows.size()), hidden = x.cols, vocab = w.rows;
+  BACKEND_CHECK(lm_head.count == 1 && w.cols == hidden && x.dtype == DType::kBF16,
+                "logits: x " + dims(x) + " against lm_head " + dims(w));
+  for (int32_t r : step_.logits_rows)
+    BACKEND_CHECK(r < x.rows, "logits: row " + std::to_string(r) + " of x with " + std::to_string(x.rows) + " rows");
+  const uint16_t* norm_weight = vector_bf16(norm, hidden, "logits (final norm)");
+  host_logits.resize(static_cast<size_t>(n * vocab));
+  if (n > 0 && !failed()) {
+    ScratchLayout l;
+    const size_t o_rows = l.add(static_cast<size_t>(n * hidden) * 2);
+    const size_t o_logits = l.add(static_cast<size_t>(n * vocab) * 4);
+    char* base = reserve(logits_, l.bytes);
+    if (base != nullptr) {
+      const Tensor selected{base + o_rows, DType::kBF16, n, hidden, hidden};
+      kc::GatherRowsParams g;
+      g.rows = n;
+      g.cols = hidden;
+      g.indices = step_.logits_rows_device;
+      g.format = kc::TableFormat::kBF16;
+      g.table = x.data;
+      g.table_rows = x.rows;
+      g.table_stride = x.stride;
+      g.dst = static_cast<uint16_t*>(selected.data);
+      g.dst_stride = hidden;
+      g.stream = stream_;
+      check_cuda(kc::run_gather_rows(g), "logits (row selection)");
+      rms_norm_same_stride(selected, norm_weight, eps, selected, nullptr);
+      auto* out = reinterpret_cast<float*>(base + o_logits);
+      gemm_f32_out(selected, w, out, vocab);
+      if (!failed())
+        check_cuda(cudaMemcpyAsync(host_logits.data(), out, static_cast<size_t>(n * vocab) * 4, cudaMemcpyDeviceToHost,
+                                   stream_),
+                   "logits (copy to host)");
+    }
+  }
+  return synchronize();
+}
+
+}  // namespace deepinfer::backend::cuda

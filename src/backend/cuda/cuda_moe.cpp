@@ -1,0 +1,192 @@
+// Routed experts on the CUDA backend: float32 router logits, routing (run_moe_routing: the model's rule exactly),
+// permutation of the token copies by expert, one gate_up GEMM and one down GEMM per non-empty expert over its
+// contiguous rows, SiLU·mul over all rows at once, and the weighted combine added onto `out`.
+#include <string>
+
+#include "check.h"
+#include "cuda_backend.h"
+#include "deepinfer/kernels/cuda/backend_ops.h"
+#include "deepinfer/kernels/cuda/fused_ops.h"
+
+namespace deepinfer::backend::cuda {
+namespace {
+
+namespace kc = kernels::cuda;
+
+int grouping_of(MoeRoutingRule::TopK topk) {
+  switch (topk) {
+    case MoeRoutingRule::TopK::kGreedy:
+      return 0;
+    case MoeRoutingRule::TopK::kGroupLimitedGreedy:
+      return 1;
+    case MoeRoutingRule::TopK::kNoauxTc:
+      return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
+  const MoeRoutingRule& rule = w.rule;
+  const int64_t T = x.rows, hidden = x.cols, E = rule.num_experts, k = rule.top_k;
+  BACKEND_CHECK(w.router != nullptr && w.gate_up != nullptr && w.down != nullptr, "moe: missing weights");
+  BACKEND_CHECK(x.dtype == DType::kBF16 && out.dtype == DType::kBF16 && out.rows == T && out.cols == hidden,
+                "moe: x and out must be bf16 of the same shape");
+  BACKEND_CHECK(w.router->count == 1 && w.router->rows == E && w.router->cols == hidden,
+                "moe: the router must be one [" + std::to_string(E) + ", " + std::to_string(hidden) + "] matrix");
+  const int64_t I = w.gate_up->rows / 2;
+  BACKEND_CHECK(w.gate_up->count == E && w.gate_up->rows == 2 * I && w.gate_up->cols == hidden && w.down->count == E &&
+                    w.down->rows == hidden && w.down->cols == I,
+                "moe: experts must stack gate_up [E][2I][hidden] and down [E][hidden][I]");
+  // run_moe_routing's limits (fused_ops.h).
+  BACKEND_CHECK(E >= 1 && E <= 512 && k >= 1 && k <= 32 && k <= E,
+                "moe: " + std::to_string(E) + " experts, top " + std::to_string(k) +
+                    " (the routing kernel takes E <= 512, k <= min(E, 32))");
+  const int grouping = grouping_of(rule.topk);
+  BACKEND_CHECK(grouping == 0 || (rule.n_group >= 1 && rule.n_group <= 32 && E % rule.n_group == 0 &&
+                                  rule.topk_group >= 1 && rule.topk_group <= rule.n_group),
+                "moe: n_group " + std::to_string(rule.n_group) + ", topk_group " + std::to_string(rule.topk_group) +
+                    " (n_group <= 32 dividing E, topk_group <= n_group)");
+  const float* bias = w.bias != nullptr ? vector_f32(*w.bias, E, "moe (e_score_correction_bias)") : nullptr;
+  if (failed() || T == 0) return;
+
+  const int64_t P = T * k;  // token copies, one per (token, chosen expert)
+  const bool direct_x = x.stride == hidden, direct_out = out.stride == hidden;
+  ScratchLayout l;
+  const size_t o_logits = l.add(static_cast<size_t>(T * E) * 4);
+  const size_t o_ids = l.add(static_cast<size_t>(P) * 4);
+  const size_t o_weights = l.add(static_cast<size_t>(P) * 4);
+  const size_t o_counts = l.add(static_cast<size_t>(E) * 4);
+  const size_t o_offsets = l.add(static_cast<size_t>(E + 1) * 4);
+  const size_t o_sorted = l.add(static_cast<size_t>(P) * 4);
+  const size_t o_position = l.add(static_cast<size_t>(P) * 4);
+  const size_t o_workspace = l.add(kc::moe_permute_workspace_bytes(P, E));
+  const size_t o_x = direct_x ? 0 : l.add(static_cast<size_t>(T * hidden) * 2);
+  const size_t o_permuted = l.add(static_cast<size_t>(P * hidden) * 2);
+  const size_t o_gate_up = l.add(static_cast<size_t>(P * 2 * I) * 2);
+  const size_t o_act = l.add(static_cast<size_t>(P * I) * 2);
+  const size_t o_expert_out = l.add(static_cast<size_t>(P * hidden) * 2);
+  const size_t o_out = direct_out ? 0 : l.add(static_cast<size_t>(T * hidden) * 2);
+  char* base = reserve(moe_, l.bytes);
+  if (base == nullptr) return;
+  auto* ids = reinterpret_cast<int32_t*>(base + o_ids);
+  auto* weights = reinterpret_cast<float*>(base + o_weights);
+  auto* offsets = reinterpret_cast<int32_t*>(base + o_offsets);
+  auto* sorted = reinterpret_cast<int32_t*>(base + o_sorted);
+  auto* position = reinterpret_cast<int32_t*>(base + o_position);
+  auto* logits = reinterpret_cast<float*>(base + o_logits);
+
+  gemm_f32_out(x, matrix_of(*w.router, 0), logits, E);
+
+  kc::MoeRoutingParams r;
+  r.tokens = T;
+  r.num_experts = E;
+  r.top_k = k;
+  r.sigmoid = rule.scoring == MoeRoutingRule::Scoring::kSigmoid;
+  r.grouping = grouping;
+  r.n_group = static_cast<int>(rule.n_group);
+  r.topk_group = static_cast<int>(rule.topk_group);
+  r.norm_topk_prob = rule.norm_topk_prob;
+  r.scale_after_normalize = rule.scale_after_normalize;
+  r.routed_scaling_factor = rule.routed_scaling_factor;
+  r.logits = logits;
+  r.bias = bias;
+  r.ids = ids;
+  r.weights = weights;
+  r.stream = stream_;
+  check_cuda(kc::run_moe_routing(r), "moe (routing)");
+
+  kc::MoePermuteParams perm;
+  perm.tokens = T;
+  perm.top_k = k;
+  perm.num_experts = E;
+  perm.ids = ids;
+  perm.counts = reinterpret_cast<int32_t*>(base + o_counts);
+  perm.offsets = offsets;
+  perm.sorted_entries = sorted;
+  perm.entry_position = position;
+  perm.workspace = base + o_workspace;
+  perm.stream = stream_;
+  check_cuda(kc::run_moe_permute(perm), "moe (permute)");
+
+  // The per-expert row ranges decide which GEMMs to launch, so the host needs them: one device-to-host copy and
+  // one stream synchronization per MoE layer. (A grouped GEMM reading the offsets on the device would remove it;
+  // so would CUDA graphs with a fixed expert capacity.)
+  if (static_cast<size_t>(E + 1) > moe_offsets_capacity_) {
+    if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
+    moe_offsets_host_ = nullptr;
+    moe_offsets_capacity_ = 0;
+    void* pinned = nullptr;
+    check_cuda(cudaHostAlloc(&pinned, static_cast<size_t>(E + 1) * 4, cudaHostAllocDefault), "moe (pinned offsets)");
+    if (failed()) return;
+    moe_offsets_host_ = static_cast<int32_t*>(pinned);
+    moe_offsets_capacity_ = static_cast<size_t>(E + 1);
+  }
+  check_cuda(
+      cudaMemcpyAsync(moe_offsets_host_, offsets, static_cast<size_t>(E + 1) * 4, cudaMemcpyDeviceToHost, stream_),
+      "moe (offsets to host)");
+  check_cuda(cudaStreamSynchronize(stream_), "moe (waiting for the routing)");
+  if (failed()) return;
+  const int32_t* host_offsets = moe_offsets_host_;
+  bool offsets_ok = host_offsets[0] == 0 && host_offsets[E] == P;
+  for (int64_t e = 0; e < E && offsets_ok; ++e) offsets_ok = host_offsets[e] <= host_offsets[e + 1];
+  if (!offsets_ok) {
+    fail(Status::internal("moe: the permutation's expert offsets are inconsistent (offsets[E] = " +
+                          std::to_string(host_offsets[E]) + ", want " + std::to_string(P) + ")"));
+    return;
+  }
+
+  Tensor x_rows = x;
+  if (!direct_x) {
+    x_rows = Tensor{base + o_x, DType::kBF16, T, hidden, hidden};
+    copy(x, x_rows);
+  }
+  kc::MoeGatherParams g;
+  g.entries = P;
+  g.top_k = k;
+  g.hidden = hidden;
+  g.x = static_cast<const uint16_t*>(x_rows.data);
+  g.sorted_entries = sorted;
+  g.permuted = reinterpret_cast<uint16_t*>(base + o_permuted);
+  g.stream = stream_;
+  check_cuda(kc::run_moe_gather(g), "moe (gather)");
+
+  const Tensor permuted{base + o_permuted, DType::kBF16, P, hidden, hidden};
+  const Tensor gate_up{base + o_gate_up, DType::kBF16, P, 2 * I, 2 * I};
+  const Tensor act{base + o_act, DType::kBF16, P, I, I};
+  const Tensor expert_out{base + o_expert_out, DType::kBF16, P, hidden, hidden};
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
+    if (count > 0)
+      linear_matrix(permuted.rows_slice(begin, count), matrix_of(*w.gate_up, e), gate_up.rows_slice(begin, count));
+  }
+  silu_mul(gate_up, act);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
+    if (count > 0)
+      linear_matrix(act.rows_slice(begin, count), matrix_of(*w.down, e), expert_out.rows_slice(begin, count));
+  }
+
+  // combine: out = base + Σ_slot weight · expert_out, in float, rounded once; base may alias out, but both are
+  // indexed as contiguous [T, hidden], so a strided out goes through a contiguous copy.
+  Tensor accumulated = out;
+  if (!direct_out) {
+    accumulated = Tensor{base + o_out, DType::kBF16, T, hidden, hidden};
+    copy(out, accumulated);
+  }
+  kc::MoeCombineParams c;
+  c.tokens = T;
+  c.top_k = k;
+  c.hidden = hidden;
+  c.expert_out = static_cast<const uint16_t*>(expert_out.data);
+  c.entry_position = position;
+  c.weights = weights;
+  c.base = static_cast<const uint16_t*>(accumulated.data);
+  c.out = static_cast<uint16_t*>(accumulated.data);
+  c.stream = stream_;
+  check_cuda(kc::run_moe_combine(c), "moe (combine)");
+  if (!direct_out) copy(accumulated, out);
+}
+
+}  // namespace deepinfer::backend::cuda

@@ -1,0 +1,537 @@
+// gpu_check_backend: every op of the CUDA backend (src/backend/cuda) against the CPU backend, the reference, on the
+// same random inputs (bf16-representable, so both backends start from identical values), through the Backend
+// interface only (ggml's test-backend-ops). Strided views carry a sentinel in their padding columns, which must
+// survive every op. mla_expanded, which the CPU backend lacks, is checked against a float64 loop here.
+// Prints one JSON line per check; exit status 0 only when every check passed (2: no usable CUDA device).
+//   gpu_check_backend [device]
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend/backend.h"
+
+namespace {
+
+namespace be = deepinfer::backend;
+using be::Backend;
+using be::Buffer;
+using be::DType;
+using be::Precision;
+using be::Tensor;
+
+constexpr float kSentinel = 77.0f;  // the padding columns' value (exact in bf16)
+
+uint16_t to_bf16_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+float from_bf16_bits(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+float round_bf16(float v) { return from_bf16_bits(to_bf16_bits(v)); }
+
+float e4m3_to_float(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float mag = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+struct Random {
+  std::mt19937_64 engine{20250611};
+  // n bf16-representable values uniform in [-scale, scale).
+  std::vector<float> values(size_t n, float scale = 1.0f) {
+    std::uniform_real_distribution<float> u(-scale, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = round_bf16(u(engine));
+    return v;
+  }
+  int64_t index(int64_t n) { return std::uniform_int_distribution<int64_t>(0, n - 1)(engine); }
+};
+
+int g_failures = 0;
+
+void expect_close(const std::string& name, const std::vector<float>& got, const std::vector<float>& want,
+                  double tolerance) {
+  double max_err = 0.0, max_ref = 0.0;
+  size_t worst = 0;
+  bool finite = got.size() == want.size();
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) finite = false;
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (err > max_err) {
+      max_err = err;
+      worst = i;
+    }
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+  }
+  const bool ok = finite && max_err <= tolerance * std::max(max_ref, 1e-3);
+  std::printf(
+      "{\"check\":\"%s\",\"values\":%zu,\"max_abs_err\":%.4g,\"max_abs_ref\":%.4g,\"worst_index\":%zu,"
+      "\"got\":%.6g,\"want\":%.6g,\"tolerance\":%.3g,\"ok\":%s}\n",
+      name.c_str(), want.size(), max_err, max_ref, worst, worst < got.size() ? got[worst] : NAN,
+      worst < want.size() ? want[worst] : NAN, tolerance, ok ? "true" : "false");
+  if (!ok) ++g_failures;
+}
+
+void expect(const std::string& name, bool ok, const std::string& detail = "") {
+  std::printf("{\"check\":\"%s\",\"detail\":\"%s\",\"ok\":%s}\n", name.c_str(), detail.c_str(), ok ? "true" : "false");
+  if (!ok) ++g_failures;
+}
+
+void expect_ok(const std::string& name, const deepinfer::Status& s) { expect(name, s.ok(), s.to_string()); }
+
+template <class T>
+T must(deepinfer::Result<T> r, const char* what) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, r.status().to_string().c_str());
+    std::exit(1);
+  }
+  return std::move(r).value();
+}
+
+// An activation [rows, cols] at row stride `stride` in one backend's memory; padding columns hold kSentinel.
+struct Act {
+  Buffer buffer;
+  Tensor view;
+};
+
+Act make_act(Backend& b, const std::vector<float>& host, int64_t rows, int64_t cols, int64_t stride) {
+  const DType d = b.activation_dtype();
+  Act a;
+  a.buffer = must(b.alloc(static_cast<size_t>(rows * stride) * be::dtype_size(d)), "alloc");
+  std::vector<float> full(static_cast<size_t>(rows * stride), kSentinel);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) full[r * stride + c] = host[r * cols + c];
+  if (d == DType::kF32) {
+    b.upload(full.data(), full.size() * 4, a.buffer, 0);
+  } else {
+    std::vector<uint16_t> bits(full.size());
+    for (size_t i = 0; i < full.size(); ++i) bits[i] = to_bf16_bits(full[i]);
+    b.upload(bits.data(), bits.size() * 2, a.buffer, 0);
+  }
+  a.view = Tensor{a.buffer.data(), d, rows, cols, stride};
+  return a;
+}
+Act make_act(Backend& b, int64_t rows, int64_t cols, int64_t stride) {
+  return make_act(b, std::vector<float>(static_cast<size_t>(rows * cols), 0.0f), rows, cols, stride);
+}
+
+// The view's values [rows, cols]; a changed padding column fails the check `name`.
+std::vector<float> read_act(Backend& b, const Act& a, const std::string& name) {
+  expect_ok(name + " (synchronize)", b.synchronize());
+  const int64_t rows = a.view.rows, cols = a.view.cols, stride = a.view.stride;
+  std::vector<float> full(static_cast<size_t>(rows * stride));
+  if (a.view.dtype == DType::kF32) {
+    b.download(a.buffer, 0, full.size() * 4, full.data());
+  } else {
+    std::vector<uint16_t> bits(full.size());
+    b.download(a.buffer, 0, bits.size() * 2, bits.data());
+    for (size_t i = 0; i < bits.size(); ++i) full[i] = from_bf16_bits(bits[i]);
+  }
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  bool padding_ok = true;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < stride; ++c) {
+      if (c < cols)
+        out[r * cols + c] = full[r * stride + c];
+      else
+        padding_ok = padding_ok && full[r * stride + c] == kSentinel;
+    }
+  if (stride > cols) expect(name + " (padding untouched)", padding_ok, b.name().data());
+  return out;
+}
+
+// The same weight on both backends: host values [count][rows][cols]. FP8: the GPU gets e4m3 bytes with
+// power-of-two block scales, the CPU the exactly dequantized values (a bf16 weight).
+struct WeightPair {
+  std::unique_ptr<be::Weight> cpu, gpu;
+  std::vector<float> values;  // what both compute with
+};
+
+WeightPair make_weights(Backend& cpu, Backend& gpu, Random& rng, int64_t count, int64_t rows, int64_t cols,
+                        Precision precision, float scale) {
+  WeightPair w;
+  const int64_t n = rows * cols;
+  w.cpu = must(cpu.make_weight(count, rows, cols, precision == Precision::kFP8 ? Precision::kBF16 : precision),
+               "make_weight (cpu)");
+  w.gpu = must(gpu.make_weight(count, rows, cols, precision), "make_weight (gpu)");
+  for (int64_t m = 0; m < count; ++m) {
+    std::vector<float> values;
+    be::HostMatrix gpu_host{rows, cols, {}, {}, {}};
+    std::vector<uint8_t> bytes;
+    std::vector<float> scales;
+    if (precision == Precision::kFP8) {
+      const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+      bytes.resize(static_cast<size_t>(n));
+      for (uint8_t& b : bytes) {
+        b = static_cast<uint8_t>(rng.index(256));
+        if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN
+      }
+      scales.resize(static_cast<size_t>(sr * sc));
+      for (float& s : scales) s = std::ldexp(scale, -8 - static_cast<int>(rng.index(3)));  // |fp8| <= 448
+      values.resize(static_cast<size_t>(n));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          values[r * cols + c] = e4m3_to_float(bytes[r * cols + c]) * scales[(r / 128) * sc + c / 128];
+      gpu_host.fp8 = bytes;
+      gpu_host.fp8_scales = scales;
+    } else {
+      values = rng.values(static_cast<size_t>(n), scale);
+      gpu_host.f32 = values;
+    }
+    expect_ok("set_matrix (gpu)", gpu.set_matrix(*w.gpu, m, gpu_host));
+    expect_ok("set_matrix (cpu)", cpu.set_matrix(*w.cpu, m, be::HostMatrix{rows, cols, values, {}, {}}));
+    w.values.insert(w.values.end(), values.begin(), values.end());
+  }
+  return w;
+}
+
+struct Pair {
+  Backend& cpu;
+  Backend& gpu;
+  Random rng;
+};
+
+void check_linear(Pair& p, const char* label, Precision precision, int64_t M, int64_t K, int64_t N, int64_t x_pad,
+                  int64_t y_pad, double tolerance) {
+  WeightPair w = make_weights(p.cpu, p.gpu, p.rng, 1, N, K, precision, 1.0f / std::sqrt(static_cast<float>(K)));
+  const std::vector<float> x = p.rng.values(static_cast<size_t>(M * K));
+  std::vector<float> results[2];
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  const be::Weight* weights[2] = {w.cpu.get(), w.gpu.get()};
+  for (int i = 0; i < 2; ++i) {
+    Act xa = make_act(*backends[i], x, M, K, K + x_pad);
+    Act ya = make_act(*backends[i], M, N, N + y_pad);
+    backends[i]->linear(xa.view, *weights[i], ya.view);
+    results[i] = read_act(*backends[i], ya, label);
+  }
+  expect_close(label, results[1], results[0], tolerance);
+}
+
+void check_linear_heads(Pair& p, const char* label, Precision precision) {
+  const int64_t T = 6, H = 4, K = 64, N = 32, x_head = 80, y_head = 40;
+  WeightPair w = make_weights(p.cpu, p.gpu, p.rng, H, N, K, precision, 0.125f);
+  const std::vector<float> x = p.rng.values(static_cast<size_t>(T * H * x_head));
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  const be::Weight* weights[2] = {w.cpu.get(), w.gpu.get()};
+  std::vector<float> results[2];
+  for (int i = 0; i < 2; ++i) {
+    Act xa = make_act(*backends[i], x, T, H * x_head, H * x_head + 8);
+    Act ya = make_act(*backends[i], T, H * y_head, H * y_head + 8);
+    backends[i]->fill_zero(ya.view);
+    backends[i]->linear_heads(xa.view, x_head, *weights[i], ya.view, y_head);
+    results[i] = read_act(*backends[i], ya, label);
+  }
+  expect_close(label, results[1], results[0], 2e-2);
+}
+
+void check_rowwise(Pair& p) {
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  for (int64_t dim : {160, 7168}) {
+    const int64_t rows = 9;
+    const std::vector<float> x = p.rng.values(static_cast<size_t>(rows * dim), 4.0f);
+    const std::vector<float> delta = p.rng.values(static_cast<size_t>(rows * dim), 4.0f);
+    const std::vector<float> norm = p.rng.values(static_cast<size_t>(dim), 2.0f);
+    std::vector<float> normed[2], strided[2], fused_res[2], fused_y[2], mixed_y[2], added[2], copied[2], zero[2];
+    for (int i = 0; i < 2; ++i) {
+      Backend& b = *backends[i];
+      Buffer nw = must(b.make_vector(norm), "make_vector");
+      Act xa = make_act(b, x, rows, dim, dim);
+      Act ya = make_act(b, rows, dim, dim);
+      b.rms_norm(xa.view, nw, 1e-6f, ya.view);
+      normed[i] = read_act(b, ya, "rms_norm");
+      Act yb = make_act(b, rows, dim, dim + 24);  // a different stride than x: the copy-then-normalize path
+      b.rms_norm(xa.view, nw, 1e-6f, yb.view);
+      strided[i] = read_act(b, yb, "rms_norm (strided y)");
+      Act res = make_act(b, x, rows, dim, dim), da = make_act(b, delta, rows, dim, dim);
+      Act y2 = make_act(b, rows, dim, dim);
+      b.add_rms_norm(res.view, da.view, nw, 1e-6f, y2.view);
+      fused_y[i] = read_act(b, y2, "add_rms_norm");
+      fused_res[i] = read_act(b, res, "add_rms_norm residual");
+      Act res2 = make_act(b, x, rows, dim, dim + 8), y3 = make_act(b, rows, dim, dim + 16);
+      b.add_rms_norm(res2.view, da.view, nw, 1e-6f, y3.view);
+      mixed_y[i] = read_act(b, y3, "add_rms_norm (mixed strides)");
+      Act xs = make_act(b, x, rows, dim, dim + 8), ds = make_act(b, delta, rows, dim, dim + 16);
+      b.add(xs.view, ds.view);
+      added[i] = read_act(b, xs, "add");
+      Act cs = make_act(b, rows, dim, dim + 40);
+      b.copy(ds.view, cs.view);
+      copied[i] = read_act(b, cs, "copy");
+      b.fill_zero(cs.view);
+      zero[i] = read_act(b, cs, "fill_zero");
+    }
+    const std::string d = " dim " + std::to_string(dim);
+    expect_close("rms_norm" + d, normed[1], normed[0], 1e-2);
+    expect_close("rms_norm strided" + d, strided[1], strided[0], 1e-2);
+    expect_close("add_rms_norm y" + d, fused_y[1], fused_y[0], 1.5e-2);
+    expect_close("add_rms_norm residual" + d, fused_res[1], fused_res[0], 1e-2);
+    expect_close("add_rms_norm mixed strides" + d, mixed_y[1], mixed_y[0], 1.5e-2);
+    expect_close("add" + d, added[1], added[0], 1e-2);
+    expect_close("copy" + d, copied[1], copied[0], 0.0);
+    expect_close("fill_zero" + d, zero[1], zero[0], 0.0);
+  }
+  for (int64_t n : {96, 2048}) {
+    const int64_t rows = 7;
+    const std::vector<float> gu = p.rng.values(static_cast<size_t>(rows * 2 * n), 4.0f);
+    std::vector<float> direct[2], strided[2];
+    for (int i = 0; i < 2; ++i) {
+      Backend& b = *backends[i];
+      Act g = make_act(b, gu, rows, 2 * n, 2 * n), o = make_act(b, rows, n, n);
+      b.silu_mul(g.view, o.view);
+      direct[i] = read_act(b, o, "silu_mul");
+      Act gs = make_act(b, gu, rows, 2 * n, 2 * n + 8), os = make_act(b, rows, n, n + 8);
+      b.silu_mul(gs.view, os.view);
+      strided[i] = read_act(b, os, "silu_mul strided");
+    }
+    expect_close("silu_mul n " + std::to_string(n), direct[1], direct[0], 1e-2);
+    expect_close("silu_mul strided n " + std::to_string(n), strided[1], strided[0], 1e-2);
+  }
+}
+
+// A step of `rows` rows over sequences given as (first position, rows); block tables of distinct random blocks.
+struct StepData {
+  std::vector<int32_t> token_ids, positions, row_sequence, logits_rows;
+  std::vector<int64_t> slots;
+  std::vector<std::vector<int32_t>> block_tables;
+  bool rows_start_at_zero = false;
+  be::StepLayout layout() const {
+    return be::StepLayout{token_ids, positions, row_sequence, slots, block_tables, logits_rows, rows_start_at_zero};
+  }
+};
+
+StepData make_step(Random& rng, const std::vector<std::pair<int32_t, int32_t>>& sequences, int64_t num_blocks,
+                   int64_t vocab) {
+  StepData s;
+  std::vector<int32_t> free_blocks(static_cast<size_t>(num_blocks));
+  for (int64_t i = 0; i < num_blocks; ++i) free_blocks[i] = static_cast<int32_t>(i);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng.engine);
+  size_t next = 0;
+  s.rows_start_at_zero = true;
+  for (size_t q = 0; q < sequences.size(); ++q) {
+    const auto [start, rows] = sequences[q];
+    std::vector<int32_t> table;
+    for (int32_t b = 0; b < (start + rows + 63) / 64; ++b) table.push_back(free_blocks.at(next++));
+    for (int32_t i = 0; i < rows; ++i) {
+      const int32_t pos = start + i;
+      s.token_ids.push_back(static_cast<int32_t>(rng.index(vocab)));
+      s.positions.push_back(pos);
+      s.row_sequence.push_back(static_cast<int32_t>(q));
+      s.slots.push_back(static_cast<int64_t>(table[pos / 64]) * 64 + pos % 64);
+    }
+    s.block_tables.push_back(table);
+    s.rows_start_at_zero = s.rows_start_at_zero && start == 0;
+  }
+  return s;
+}
+
+void check_step_ops(Pair& p) {
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  const int64_t vocab = 1000, hidden = 160, H = 4, nope = 32, R = 64;
+  const StepData s = make_step(p.rng, {{5, 3}, {0, 4}, {130, 1}}, 16, vocab);
+  const int64_t T = static_cast<int64_t>(s.token_ids.size());
+  WeightPair table = make_weights(p.cpu, p.gpu, p.rng, 1, vocab, hidden, Precision::kBF16, 1.0f);
+  std::vector<float> inv_freq(R / 2);
+  for (int64_t i = 0; i < R / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / R);
+  const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * (nope + R)));
+  std::vector<float> embedded[2], roped[2];
+  const be::Weight* tables[2] = {table.cpu.get(), table.gpu.get()};
+  for (int i = 0; i < 2; ++i) {
+    Backend& b = *backends[i];
+    expect_ok("begin_step", b.begin_step(s.layout()));
+    Act e = make_act(b, T, hidden, hidden + 8);
+    b.embed(*tables[i], e.view);
+    embedded[i] = read_act(b, e, "embed");
+    Buffer freq = must(b.make_vector(inv_freq), "make_vector");
+    Act qa = make_act(b, q, T, H * (nope + R), H * (nope + R));
+    // The rope part of every head: T * H vectors of R values at stride nope + R.
+    const Tensor rope_view{static_cast<char*>(qa.buffer.data()) + nope * be::dtype_size(b.activation_dtype()),
+                           b.activation_dtype(), T * H, R, nope + R};
+    b.rope(rope_view, H, freq, 1.25f);
+    roped[i] = read_act(b, qa, "rope");
+  }
+  expect_close("embed", embedded[1], embedded[0], 0.0);
+  expect_close("rope (q heads, strided)", roped[1], roped[0], 1e-2);
+}
+
+// store_kv + mla_attention on a step; the cache starts with random entries (the earlier tokens).
+void check_attention(Pair& p, const char* label, int64_t H, int64_t C, int64_t R,
+                     const std::vector<std::pair<int32_t, int32_t>>& sequences) {
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  const int64_t D = C + R, num_blocks = 24;
+  const StepData s = make_step(p.rng, sequences, num_blocks, 100);
+  const int64_t T = static_cast<int64_t>(s.token_ids.size());
+  const std::vector<float> cache_values = p.rng.values(static_cast<size_t>(num_blocks * 64 * D));
+  const std::vector<float> kv = p.rng.values(static_cast<size_t>(T * D));
+  const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * D));
+  const be::MlaAttention a{H, C, R, 1.0f / std::sqrt(static_cast<float>(D))};
+  std::vector<float> results[2];
+  for (int i = 0; i < 2; ++i) {
+    Backend& b = *backends[i];
+    expect_ok("begin_step", b.begin_step(s.layout()));
+    Act cache = make_act(b, cache_values, num_blocks * 64, D, D);
+    Act kva = make_act(b, kv, T, D, D + 8);
+    b.store_kv(kva.view, cache.buffer);
+    Act qa = make_act(b, q, T, H * D, H * D);
+    Act out = make_act(b, T, H * C, H * C);
+    b.mla_attention(a, qa.view, cache.buffer, out.view);
+    results[i] = read_act(b, out, label);
+  }
+  expect_close(label, results[1], results[0], 2e-2);
+}
+
+// mla_expanded against a float64 loop: k = [latent · kv_bᵀ (nope part) | rope key], v = the V part.
+void check_mla_expanded(Pair& p) {
+  Backend& b = p.gpu;
+  const int64_t H = 2, C = 64, nope = 128, R = 64, V = 128, qk = nope + R;
+  const be::MlaExpanded a{H, C, R, nope, V, 1.0f / std::sqrt(static_cast<float>(qk)), nullptr};
+  if (!b.has_mla_expanded(a)) {
+    expect("mla_expanded available", false);
+    return;
+  }
+  const StepData s = make_step(p.rng, {{0, 5}, {0, 70}, {0, 1}}, 8, 100);
+  const int64_t T = static_cast<int64_t>(s.token_ids.size());
+  WeightPair kv_b = make_weights(p.cpu, b, p.rng, 1, H * (nope + V), C, Precision::kBF16, 0.125f);
+  const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * qk));
+  const std::vector<float> kv = p.rng.values(static_cast<size_t>(T * (C + R)));
+  be::MlaExpanded with_weight = a;
+  with_weight.kv_b = kv_b.gpu.get();
+  expect_ok("begin_step (expanded)", b.begin_step(s.layout()));
+  Act qa = make_act(b, q, T, H * qk, H * qk), kva = make_act(b, kv, T, C + R, C + R);
+  Act out = make_act(b, T, H * V, H * V + 8);
+  b.mla_expanded(with_weight, qa.view, kva.view, out.view);
+  const std::vector<float> got = read_act(b, out, "mla_expanded");
+
+  std::vector<double> kvb(static_cast<size_t>(T * H * (nope + V)));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < H * (nope + V); ++j) {
+      double sum = 0.0;
+      for (int64_t c = 0; c < C; ++c) sum += static_cast<double>(kv[t * (C + R) + c]) * kv_b.values[j * C + c];
+      kvb[t * H * (nope + V) + j] = sum;
+    }
+  std::vector<float> want(static_cast<size_t>(T * H * V));
+  int64_t begin = 0;
+  for (size_t q_seq = 0; q_seq < s.block_tables.size(); ++q_seq) {
+    int64_t len = 0;
+    while (begin + len < T && s.row_sequence[begin + len] == static_cast<int32_t>(q_seq)) ++len;
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<double> score(static_cast<size_t>(i + 1));
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          const int64_t ti = begin + i, tj = begin + j;
+          double dot = 0.0;
+          for (int64_t c = 0; c < nope; ++c) dot += q[(ti * H + h) * qk + c] * kvb[(tj * H + h) * (nope + V) + c];
+          for (int64_t c = 0; c < R; ++c) dot += q[(ti * H + h) * qk + nope + c] * kv[tj * (C + R) + C + c];
+          score[j] = dot * a.scale;
+          mx = std::max(mx, score[j]);
+        }
+        double sum = 0.0;
+        for (double& x : score) sum += (x = std::exp(x - mx));
+        for (int64_t c = 0; c < V; ++c) {
+          double acc = 0.0;
+          for (int64_t j = 0; j <= i; ++j) acc += score[j] * kvb[((begin + j) * H + h) * (nope + V) + nope + c];
+          want[(begin + i) * H * V + h * V + c] = static_cast<float>(acc / sum);
+        }
+      }
+    begin += len;
+  }
+  expect_close("mla_expanded (vs float64)", got, want, 3e-2);
+}
+
+void check_moe(Pair& p, const char* label, Precision precision) {
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  const int64_t T = 7, hidden = 160, E = 16, I = 96;
+  be::MoeRoutingRule rule;
+  rule.scoring = be::MoeRoutingRule::Scoring::kSigmoid;
+  rule.topk = be::MoeRoutingRule::TopK::kNoauxTc;
+  rule.num_experts = E;
+  rule.top_k = 4;
+  rule.n_group = 4;
+  rule.topk_group = 2;
+  rule.norm_topk_prob = true;
+  rule.scale_after_normalize = true;
+  rule.routed_scaling_factor = 2.5;
+  WeightPair router = make_weights(p.cpu, p.gpu, p.rng, 1, E, hidden, Precision::kF32, 0.3f);
+  WeightPair gate_up = make_weights(p.cpu, p.gpu, p.rng, E, 2 * I, hidden, precision, 0.08f);
+  WeightPair down = make_weights(p.cpu, p.gpu, p.rng, E, hidden, I, precision, 0.1f);
+  const std::vector<float> bias = p.rng.values(static_cast<size_t>(E), 0.1f);
+  const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden));
+  const std::vector<float> out0 = p.rng.values(static_cast<size_t>(T * hidden));
+  std::vector<float> results[2];
+  for (int i = 0; i < 2; ++i) {
+    Backend& b = *backends[i];
+    WeightPair* ws[3] = {&router, &gate_up, &down};
+    auto pick = [&](WeightPair* w) { return i == 0 ? w->cpu.get() : w->gpu.get(); };
+    Buffer bias_buffer = must(b.make_vector(bias), "make_vector");
+    const be::MoeWeights mw{rule, pick(ws[0]), &bias_buffer, pick(ws[1]), pick(ws[2])};
+    Act xa = make_act(b, x, T, hidden, hidden + 8), oa = make_act(b, out0, T, hidden, hidden + 16);
+    b.moe(xa.view, mw, oa.view);
+    results[i] = read_act(b, oa, label);
+  }
+  expect_close(label, results[1], results[0], precision == Precision::kFP8 ? 8e-2 : 3e-2);
+}
+
+void check_logits(Pair& p) {
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  const int64_t hidden = 160, vocab = 1000;
+  StepData s = make_step(p.rng, {{0, 3}, {7, 3}}, 4, vocab);
+  s.logits_rows = {1, 4, 5};
+  const int64_t T = static_cast<int64_t>(s.token_ids.size());
+  WeightPair lm_head = make_weights(p.cpu, p.gpu, p.rng, 1, vocab, hidden, Precision::kBF16, 0.1f);
+  const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden), 3.0f);
+  const std::vector<float> norm = p.rng.values(static_cast<size_t>(hidden), 2.0f);
+  std::vector<float> results[2];
+  for (int i = 0; i < 2; ++i) {
+    Backend& b = *backends[i];
+    expect_ok("begin_step", b.begin_step(s.layout()));
+    Buffer nw = must(b.make_vector(norm), "make_vector");
+    Act xa = make_act(b, x, T, hidden, hidden + 8);
+    expect_ok("logits", b.logits(xa.view, nw, 1e-6f, i == 0 ? *lm_head.cpu : *lm_head.gpu, results[i]));
+  }
+  expect_close("logits", results[1], results[0], 2e-2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int device = argc > 1 ? std::atoi(argv[1]) : 0;
+  auto gpu = be::make_cuda_backend(device);
+  if (!gpu.ok()) {
+    std::fprintf(stderr, "gpu_check_backend: %s\n", gpu.status().to_string().c_str());
+    return 2;
+  }
+  std::unique_ptr<Backend> cpu = be::make_cpu_backend();
+  Pair p{*cpu, **gpu, Random{}};
+  check_linear(p, "linear bf16 (strided, K 160)", Precision::kBF16, 5, 160, 96, 40, 4, 2e-2);
+  check_linear(p, "linear bf16 (K 512)", Precision::kBF16, 33, 512, 256, 0, 0, 2e-2);
+  check_linear(p, "linear f32 weight", Precision::kF32, 7, 160, 16, 8, 8, 2e-2);
+  check_linear(p, "linear fp8 (padded K 160, N 96: simple kernel)", Precision::kFP8, 5, 160, 96, 40, 4, 8e-2);
+  check_linear(p, "linear fp8 (K 512, N 256: cuBLASLt)", Precision::kFP8, 33, 512, 256, 0, 0, 8e-2);
+  check_linear(p, "linear fp8 (strided y)", Precision::kFP8, 3, 256, 128, 0, 24, 8e-2);
+  check_linear_heads(p, "linear_heads bf16", Precision::kBF16);
+  check_linear_heads(p, "linear_heads f32 (per-head loop)", Precision::kF32);
+  check_rowwise(p);
+  check_step_ops(p);
+  check_attention(p, "mla_attention decode (C 512, R 64, H 16: run_mla_decode)", 16, 512, 64,
+                  {{0, 1}, {69, 1}, {300, 1}});
+  check_attention(p, "mla_attention decode shape, H 4 (generic)", 4, 512, 64, {{10, 1}, {129, 1}});
+  check_attention(p, "mla_attention chunked prefill (C 64, R 32, generic)", 4, 64, 32, {{5, 3}, {0, 70}, {200, 2}});
+  check_mla_expanded(p);
+  check_moe(p, "moe bf16 experts (strided x, out)", Precision::kBF16);
+  check_moe(p, "moe fp8 experts", Precision::kFP8);
+  check_logits(p);
+  std::printf("{\"summary\":\"gpu_check_backend\",\"failures\":%d}\n", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
