@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "op_profile.h"
 #include "deepinfer/kernels/cuda/gemm.h"
 #include "deepinfer/model/config.h"
 #include "deepinfer/model/deepseek_model.h"
@@ -248,14 +249,17 @@ ModelShape model_shape(const model::ModelConfig& c, Precision precision) {
 }
 
 // Times `steps` forward passes after `warmup` untimed ones (scratch growth, GEMM plans), wall clock around each:
-// forward() returns once the logits are on the host. Returns ms per step, or the first error.
+// forward() returns once the logits are on the host, forward_greedy() (greedy) once the argmax ids are. Returns ms
+// per step, or the first error.
 Result<std::vector<double>> time_forward(model::DeepSeekModel& model, const model::ForwardBatch& batch,
-                                         model::LayerCaches caches, int warmup, int steps) {
+                                         model::LayerCaches caches, int warmup, int steps, bool greedy = false) {
   std::vector<float> logits;
+  std::vector<int32_t> ids;
   std::vector<double> ms;
   for (int i = 0; i < warmup + steps; ++i) {
     const auto start = Clock::now();
-    if (Status s = model.forward(batch, caches, logits); !s.ok()) return s;
+    Status s = greedy ? model.forward_greedy(batch, caches, ids) : model.forward(batch, caches, logits);
+    if (!s.ok()) return s;
     const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     if (i >= warmup) ms.push_back(elapsed);
   }
@@ -283,7 +287,33 @@ struct Run {
   backend::Backend& backend;
   ModelShape shape;
   const Ceilings& ceilings;
+  bench::ProfilingBackend* profiler;  // null unless --profile
 };
+
+// --profile: one more forward with every op timed on its own; a JSON line per op, the slowest first.
+void profile_forward(const Run& run, const std::string& phase, const model::ForwardBatch& fb,
+                     std::span<const backend::Buffer> caches) {
+  if (run.profiler == nullptr) return;
+  run.profiler->seconds.clear();
+  run.profiler->calls.clear();
+  run.profiler->enabled = true;
+  std::vector<float> logits;
+  Status s = run.model.forward(fb, caches, logits);
+  run.profiler->enabled = false;
+  if (!s.ok()) return JsonLine("profile").str("model", run.name).str("phase", phase).str("error", s.to_string()).print();
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [op, sec] : run.profiler->seconds) ops.push_back({sec, op});
+  std::sort(ops.rbegin(), ops.rend());
+  for (const auto& [sec, op] : ops) {
+    JsonLine("profile")
+        .str("model", run.name)
+        .str("phase", phase)
+        .str("op", op)
+        .num("ms", sec * 1e3, 3)
+        .integer("calls", run.profiler->calls[op])
+        .print();
+  }
+}
 
 // Decode: `batch` sequences at context 4096, one new token each (position 4095) with its own 64 cache blocks; the
 // cache holds zeros, which costs the attention kernels the same reads as real entries.
@@ -301,8 +331,13 @@ void bench_decode(const Run& run, int64_t batch, int steps) {
         {1, static_cast<int32_t>(kContext - 1), block_range(b * blocks_per_sequence, blocks_per_sequence)});
     fb.logits_rows.push_back(static_cast<int32_t>(b));
   }
-  Result<std::vector<double>> ms = time_forward(run.model, fb, *caches, kWarmupSteps, steps);
+  // Greedy decoding (only the argmax ids leave the GPU) is the measurement; a step that brings every row's float32
+  // logits to the host (sampling on the CPU) is reported beside it.
+  Result<std::vector<double>> ms = time_forward(run.model, fb, *caches, kWarmupSteps, steps, /*greedy=*/true);
   if (!ms.ok()) return line.str("error", ms.status().to_string()).print();
+  Result<std::vector<double>> logits_ms = time_forward(run.model, fb, *caches, 1, steps);
+  if (!logits_ms.ok()) return line.str("error", logits_ms.status().to_string()).print();
+  profile_forward(run, "decode B=" + std::to_string(batch), fb, *caches);
   const Stats st = stats_of(*ms);
 
   // Roofline: each byte the step must read, read once at the measured copy rate. Routed experts under uniform
@@ -324,7 +359,9 @@ void bench_decode(const Run& run, int64_t batch, int steps) {
       .num("bytes_experts", expert_bytes, 0)
       .num("bytes_kv", kv_bytes, 0)
       .num("bytes_step", step_bytes, 0)
-      // forward() also copies these float32 logits to the host (not in the roofline).
+      .str("sampling", "greedy on the GPU")
+      // The same step bringing every row's float32 logits to the host instead (not in the roofline).
+      .num("with_logits_to_host_ms", stats_of(*logits_ms).median, 3)
       .num("logits_host_bytes", static_cast<double>(batch * c.vocab_size * 4), 0);
   if (run.ceilings.copy_gbps > 0) {
     const double roofline_ms = step_bytes / (run.ceilings.copy_gbps * 1e9) * 1e3;
@@ -349,6 +386,7 @@ void bench_prefill(const Run& run, int64_t tokens, int steps) {
   fb.sequences.push_back({static_cast<int32_t>(tokens), 0, block_range(0, blocks)});
   fb.logits_rows = {static_cast<int32_t>(tokens - 1)};
   Result<std::vector<double>> ms = time_forward(run.model, fb, *caches, 1, steps);
+  if (ms.ok()) profile_forward(run, "prefill T=" + std::to_string(tokens), fb, *caches);
   if (!ms.ok()) return line.str("error", ms.status().to_string()).print();
   const Stats st = stats_of(*ms);
 
@@ -377,7 +415,7 @@ void bench_prefill(const Run& run, int64_t tokens, int steps) {
 
 void bench_model(const std::string& name, Precision precision, const std::filesystem::path& config_dir,
                  const std::vector<int64_t>& batches, const std::vector<int64_t>& prefill, int steps, int prefill_steps,
-                 const Ceilings& ceilings) {
+                 const Ceilings& ceilings, bool profile) {
   JsonLine line("model");
   line.str("model", name).str("precision", precision == Precision::kFP8 ? "fp8" : "bf16");
   Result<model::ModelConfig> config = model::load_model_config(config_dir / name / "config.json");
@@ -385,9 +423,13 @@ void bench_model(const std::string& name, Precision precision, const std::filesy
   config->num_nextn_predict_layers = 0;  // MTP is not benchmarked
   Result<std::unique_ptr<backend::Backend>> backend = backend::make_cuda_backend(0);
   if (!backend.ok()) return line.str("error", backend.status().to_string()).print();
+  // With --profile the model runs on a pass-through wrapper (timing only while enabled).
+  std::unique_ptr<bench::ProfilingBackend> profiler;
+  if (profile) profiler = std::make_unique<bench::ProfilingBackend>(**backend);
+  backend::Backend& used = profiler ? *profiler : **backend;
   const auto start = Clock::now();
   Result<std::unique_ptr<model::DeepSeekModel>> model =
-      model::DeepSeekModel::create_random(*config, **backend, precision, kSeed);
+      model::DeepSeekModel::create_random(*config, used, precision, kSeed);
   Status synced = model.ok() ? (*backend)->synchronize() : model.status();  // fill_random is asynchronous
   if (!synced.ok()) return line.str("error", synced.to_string()).print();
   const double load_s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -400,7 +442,7 @@ void bench_model(const std::string& name, Precision precision, const std::filesy
       .integer("moe_layers", shape.moe_layers)
       .num("active_params_per_token", shape.active_params_per_token, 0)
       .print();
-  const Run run{name, precision, **model, **backend, shape, ceilings};
+  const Run run{name, precision, **model, **backend, shape, ceilings, profiler.get()};
   for (int64_t batch : batches) bench_decode(run, batch, steps);
   for (int64_t tokens : prefill) bench_prefill(run, tokens, prefill_steps);
 }
@@ -430,6 +472,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--configs", configs, "directory with <model>/config.json")->capture_default_str();
+  bool profile = false;
+  app.add_flag("--profile", profile, "after each measurement, one more forward with every backend op timed alone");
   CLI11_PARSE(app, argc, argv);
 
   cudaDeviceProp prop{};
@@ -449,7 +493,7 @@ int main(int argc, char** argv) {
   for (const auto& [name, precision] :
        {std::pair{"v2-lite", Precision::kBF16}, std::pair{"v3-slice", Precision::kFP8}}) {
     if (which == "all" || which == name) {
-      bench_model(name, precision, configs, batches, prefill, steps, prefill_steps, ceilings);
+      bench_model(name, precision, configs, batches, prefill, steps, prefill_steps, ceilings, profile);
     }
   }
   return 0;

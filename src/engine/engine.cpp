@@ -197,6 +197,24 @@ Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
                                  entry.block_table});
     if (entry.samples) forward.logits_rows.push_back(first_row + static_cast<int32_t>(entry.num_tokens()) - 1);
   }
+  // A step whose every sampled row is plain greedy gets only the argmax ids from the backend, not the logits.
+  bool plain_greedy = true;
+  for (const ScheduledEntry& entry : batch.entries) {
+    if (entry.samples) plain_greedy = plain_greedy && requests_.at(entry.sequence_id).params.is_plain_greedy();
+  }
+  if (plain_greedy) {
+    if (Status s = model_->forward_greedy(forward, layer_caches_, greedy_ids_); !s.ok()) return s;
+    std::vector<SampledToken> sampled;
+    for (const ScheduledEntry& entry : batch.entries) {
+      if (!entry.samples) continue;
+      const int32_t id = greedy_ids_[sampled.size()];
+      if (id < 0) return Status::internal("greedy sampling: no finite logit in the row of sequence " +
+                                          std::to_string(entry.sequence_id));
+      ++requests_.at(entry.sequence_id).rng.counter;  // as the sampler does for every row
+      sampled.push_back(SampledToken{id, std::nullopt, {}});
+    }
+    return sampled;
+  }
   if (Status s = model_->forward(forward, layer_caches_, logits_); !s.ok()) return s;
   const int64_t vocab = model_->config().vocab_size;
   std::vector<SamplerRow> rows;

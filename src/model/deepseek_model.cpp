@@ -518,6 +518,15 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
 }
 
 Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits) {
+  return run(batch, layer_caches, &logits, nullptr);
+}
+
+Status DeepSeekModel::forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids) {
+  return run(batch, layer_caches, nullptr, &ids);
+}
+
+Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
+                          std::vector<int32_t>* greedy) {
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
@@ -562,7 +571,8 @@ Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_cache
     if (r < 0 || r >= T) return Status::invalid_argument("forward: logits row outside the batch");
   }
   if (T == 0 || c.num_hidden_layers == 0) {
-    logits.clear();
+    if (logits) logits->clear();
+    if (greedy) greedy->clear();
     return Status();
   }
   if (Status s = reserve_scratch(T); !s.ok()) return s;
@@ -651,7 +661,8 @@ Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_cache
     }
   }
   // Final norm and lm_head for the requested rows only.
-  return backend_.logits(x, w.norm, eps, *w.lm_head, logits);
+  if (greedy != nullptr) return backend_.greedy_tokens(x, w.norm, eps, *w.lm_head, *greedy);
+  return backend_.logits(x, w.norm, eps, *w.lm_head, *logits);
 }
 
 }  // namespace deepinfer::model

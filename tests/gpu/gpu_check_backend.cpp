@@ -450,23 +450,43 @@ void check_mla_expanded(Pair& p) {
   expect_close("mla_expanded (vs float64)", got, want, 3e-2);
 }
 
-void check_moe(Pair& p, const char* label, Precision precision) {
+// One routed-experts layer on both backends. The CUDA backend runs the grouped kernel (moe_grouped.h) for up to 1024
+// token copies (T * top_k) and per-expert GEMMs after a host copy of the offsets beyond; the cases cover both, bf16
+// and FP8 experts, K and N that are not multiples of the kernel's tiles (K 200, 104: 16-byte vectors past the last
+// full stage; N 200: a partial 16-column warp tile), and enough experts and columns for the kernel's K split to be
+// 1, 2 and 4 (on a 132-SM H200). `skewed`: the correction bias sends every token to expert 3 (T rows: the kernel's
+// loop over chunks of 8 rows, last one partial) and keeps the last group's experts empty.
+struct MoeCase {
+  const char* label;
+  Precision precision;
+  int64_t T, hidden, I, E, top_k;
+  bool skewed;
+  int64_t x_pad, out_pad;  // extra columns of x's and out's rows (strided views)
+};
+
+void check_moe(Pair& p, const MoeCase& c) {
   Backend* backends[2] = {&p.cpu, &p.gpu};
-  const int64_t T = 7, hidden = 160, E = 16, I = 96;
+  const int64_t T = c.T, hidden = c.hidden, E = c.E, I = c.I;
   be::MoeRoutingRule rule;
   rule.scoring = be::MoeRoutingRule::Scoring::kSigmoid;
   rule.topk = be::MoeRoutingRule::TopK::kNoauxTc;
   rule.num_experts = E;
-  rule.top_k = 4;
+  rule.top_k = c.top_k;
   rule.n_group = 4;
   rule.topk_group = 2;
   rule.norm_topk_prob = true;
   rule.scale_after_normalize = true;
   rule.routed_scaling_factor = 2.5;
   WeightPair router = make_weights(p.cpu, p.gpu, p.rng, 1, E, hidden, Precision::kF32, 0.3f);
-  WeightPair gate_up = make_weights(p.cpu, p.gpu, p.rng, E, 2 * I, hidden, precision, 0.08f);
-  WeightPair down = make_weights(p.cpu, p.gpu, p.rng, E, hidden, I, precision, 0.1f);
-  const std::vector<float> bias = p.rng.values(static_cast<size_t>(E), 0.1f);
+  WeightPair gate_up =
+      make_weights(p.cpu, p.gpu, p.rng, E, 2 * I, hidden, c.precision, 1.0f / std::sqrt(static_cast<float>(hidden)));
+  WeightPair down =
+      make_weights(p.cpu, p.gpu, p.rng, E, hidden, I, c.precision, 1.0f / std::sqrt(static_cast<float>(I)));
+  std::vector<float> bias = p.rng.values(static_cast<size_t>(E), 0.1f);
+  if (c.skewed) {
+    bias[3] = 8.0f;  // sigmoid scores are in (0, 1): expert 3 (and its group) wins for every token
+    for (int64_t e = E - E / rule.n_group; e < E; ++e) bias[e] = -8.0f;  // the last group never wins
+  }
   const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden));
   const std::vector<float> out0 = p.rng.values(static_cast<size_t>(T * hidden));
   std::vector<float> results[2];
@@ -476,11 +496,13 @@ void check_moe(Pair& p, const char* label, Precision precision) {
     auto pick = [&](WeightPair* w) { return i == 0 ? w->cpu.get() : w->gpu.get(); };
     Buffer bias_buffer = must(b.make_vector(bias), "make_vector");
     const be::MoeWeights mw{rule, pick(ws[0]), &bias_buffer, pick(ws[1]), pick(ws[2])};
-    Act xa = make_act(b, x, T, hidden, hidden + 8), oa = make_act(b, out0, T, hidden, hidden + 16);
+    Act xa = make_act(b, x, T, hidden, hidden + c.x_pad), oa = make_act(b, out0, T, hidden, hidden + c.out_pad);
     b.moe(xa.view, mw, oa.view);
-    results[i] = read_act(b, oa, label);
+    results[i] = read_act(b, oa, c.label);
   }
-  expect_close(label, results[1], results[0], precision == Precision::kFP8 ? 8e-2 : 3e-2);
+  // The per-expert FP8 path quantizes activations to e4m3 (act_quant); the grouped kernel keeps them bf16.
+  const bool grouped = T * c.top_k <= 1024;
+  expect_close(c.label, results[1], results[0], c.precision == Precision::kFP8 && !grouped ? 8e-2 : 3e-2);
 }
 
 void check_logits(Pair& p) {
@@ -529,8 +551,22 @@ int main(int argc, char** argv) {
   check_attention(p, "mla_attention decode shape, H 4 (generic)", 4, 512, 64, {{10, 1}, {129, 1}});
   check_attention(p, "mla_attention chunked prefill (C 64, R 32, generic)", 4, 64, 32, {{5, 3}, {0, 70}, {200, 2}});
   check_mla_expanded(p);
-  check_moe(p, "moe bf16 experts (strided x, out)", Precision::kBF16);
-  check_moe(p, "moe fp8 experts", Precision::kFP8);
+  const Precision bf16 = Precision::kBF16, fp8 = Precision::kFP8;
+  const MoeCase moe_cases[] = {
+      {"moe bf16 experts (grouped kernel; strided x, out)", bf16, 7, 160, 96, 16, 4, false, 8, 16},
+      {"moe fp8 experts (grouped kernel; strided x, out)", fp8, 7, 160, 96, 16, 4, false, 8, 16},
+      {"moe bf16 skewed (grouped: one expert 21 rows, empty experts; K 200/104, N 200 tails)", bf16, 21, 200, 104, 16,
+       4, true, 0, 0},
+      {"moe fp8 skewed (grouped: one expert 21 rows, empty experts; K 200/104, N 200 tails)", fp8, 21, 200, 104, 16, 4,
+       true, 0, 0},
+      {"moe bf16 (grouped: down K 1408 as V2-Lite, K split 1 and 4)", bf16, 5, 256, 1408, 16, 6, false, 0, 8},
+      {"moe fp8 (grouped: down K 1408, K split 1 and 4)", fp8, 5, 256, 1408, 16, 6, false, 0, 0},
+      {"moe fp8 (grouped: 64 experts, K split 1 and 2)", fp8, 21, 256, 704, 64, 6, true, 0, 0},
+      {"moe bf16 (grouped: 64 experts, K split 1 and 4)", bf16, 21, 256, 704, 64, 6, false, 8, 0},
+      {"moe bf16 prefill (per-expert GEMMs, host offsets: P 1200)", bf16, 300, 160, 96, 16, 4, true, 8, 16},
+      {"moe fp8 prefill (per-expert GEMMs, host offsets: P 1200)", fp8, 300, 160, 96, 16, 4, true, 0, 0},
+  };
+  for (const MoeCase& c : moe_cases) check_moe(p, c);
   check_logits(p);
   std::printf("{\"summary\":\"gpu_check_backend\",\"failures\":%d}\n", g_failures);
   return g_failures == 0 ? 0 : 1;

@@ -203,6 +203,32 @@ int run_eight_prompts(DeepSeekModel& model, const std::vector<ReferencePrompt>& 
   return agree_total;
 }
 
+// forward_greedy returns each logits row's argmax (lowest id on ties) without the logits: every prompt position
+// of the 7 prompts prefilled in one batch, against the argmax of forward()'s logits for the same batch.
+void expect_greedy_ids_equal_logits_argmax(DeepSeekModel& model, const std::vector<ReferencePrompt>& reference) {
+  const int64_t vocab = model.config().vocab_size;
+  int64_t total = 0;
+  for (const auto& ref : reference) total += static_cast<int64_t>(ref.input_ids.size());
+  TestCache cache(model, total / kBlockTokens + static_cast<int64_t>(reference.size()) + 1);
+  ForwardBatch batch;
+  for (const auto& ref : reference) {
+    const int32_t n = static_cast<int32_t>(ref.input_ids.size()), first = static_cast<int32_t>(batch.token_ids.size());
+    batch.token_ids.insert(batch.token_ids.end(), ref.input_ids.begin(), ref.input_ids.end());
+    batch.sequences.push_back({n, 0, cache.allocate(n)});
+    for (int32_t r = 0; r < n; ++r) batch.logits_rows.push_back(first + r);
+  }
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(model.forward(batch, cache.pointers, logits).ok());
+  ASSERT_TRUE(model.forward_greedy(batch, cache.pointers, ids).ok());
+  ASSERT_EQ(ids.size(), batch.logits_rows.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    ASSERT_EQ(ids[r], argmax(logits.data() + static_cast<int64_t>(r) * vocab, vocab)) << "row " << r;
+  }
+}
+
+TEST_P(ExactnessTest, GreedyIdsEqualTheLogitsArgmax) { expect_greedy_ids_equal_logits_argmax(*model_, reference_); }
+
 TEST_P(ExactnessTest, EightPromptsInOneBatch) {
   int positions = 0;
   EXPECT_EQ(run_eight_prompts(*model_, reference_, 1e-4, &positions), positions);
@@ -254,6 +280,7 @@ void run_cuda_fixture(const std::string& fixture, const std::string& dir, const 
                 fixture.c_str(), label, chunk, worst, agree_total, positions, greedy_same, reference.size());
     EXPECT_GE(agree_total * 100, positions * min_agree_percent) << "chunk " << chunk;
   }
+  expect_greedy_ids_equal_logits_argmax(**model, reference);
   int positions = 0;
   int agree = run_eight_prompts(**model, reference, 0.35, &positions);
   std::printf("[ %s cuda %s batch of 8 ] argmax agreement %d/%d\n", fixture.c_str(), label, agree, positions);

@@ -193,6 +193,11 @@ class Backend {
   // [logits_rows.size(), lm_head.rows]. Waits for the step.
   virtual Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
                         std::vector<float>& host_logits) = 0;
+  // Greedy decoding without the logits on the host: the same logits, then per row the argmax (the lowest id among
+  // equal maxima, the engine sampler's rule) into host ids [logits_rows.size()]; -1 for a row with no value above
+  // -inf. Waits for the step.
+  virtual Status greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                               std::vector<int32_t>& host_ids) = 0;
 };
 
 // The CPU backend: OpenBLAS GEMMs, OpenMP loops, AVX-512 bf16 widening where the CPU has it (detected at

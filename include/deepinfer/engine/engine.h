@@ -134,6 +134,7 @@ class Engine {
   SequenceId next_id_ = 1;
   int64_t num_preemptions_ = 0;
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_ids_;
 };
 
 }  // namespace deepinfer::engine

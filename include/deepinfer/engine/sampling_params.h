@@ -63,6 +63,12 @@ struct SamplingParams {
   std::optional<int32_t> logprobs;
 
   bool is_greedy() const { return temperature < kGreedyTemperature; }
+  // Greedy with nothing that reads or changes the logits first (penalties, logit_bias, logprobs): the token is the
+  // plain argmax, which the backend computes where the logits are (DeepSeekModel::forward_greedy).
+  bool is_plain_greedy() const {
+    return is_greedy() && repetition_penalty == 1.0f && presence_penalty == 0.0f && frequency_penalty == 0.0f &&
+           logit_bias.empty() && !logprobs.has_value();
+  }
 
   // Ok, or InvalidArgument naming the first bad field, its value and the allowed range, e.g.
   // "top_p must be in (0, 1], got 0". Checks NaN/inf too. Ranges follow vLLM's SamplingParams.

@@ -62,6 +62,9 @@ class DeepSeekModel {
   // token ids < vocab_size (else InvalidArgument). Errors from the backend (ResourceExhausted, Internal) are
   // returned. Not thread-safe (uses per-model scratch buffers).
   Status forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits);
+  // The same pass, but only each logits row's argmax (the lowest id among equal maxima) comes back to the host:
+  // ids [logits_rows.size()], -1 for a row with no value above -inf. Greedy decoding without moving the logits.
+  Status forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids);
 
   struct Weights;
 
@@ -69,6 +72,9 @@ class DeepSeekModel {
   struct Scratch;
   DeepSeekModel(ModelConfig config, backend::Backend& backend);
   Status reserve_scratch(int64_t rows);
+  // forward() (logits set) or forward_greedy() (greedy set).
+  Status run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
+             std::vector<int32_t>* greedy);
   ModelConfig config_;
   backend::Backend& backend_;
   std::unique_ptr<Weights> weights_;

@@ -374,6 +374,25 @@ class CpuBackend final : public Backend {
     return Status();
   }
 
+  Status greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                       std::vector<int32_t>& host_ids) override {
+    Status s = logits(x, norm, eps, lm_head, greedy_logits_);
+    if (!s.ok()) return s;
+    const int64_t vocab = lm_head.rows, rows = static_cast<int64_t>(logits_rows_.size());
+    host_ids.assign(static_cast<size_t>(rows), -1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = greedy_logits_.data() + r * vocab;
+      float best = -INFINITY;
+      for (int64_t i = 0; i < vocab; ++i) {
+        if (row[i] > best) {  // strict: the lowest id wins ties; NaN never wins
+          best = row[i];
+          host_ids[static_cast<size_t>(r)] = static_cast<int32_t>(i);
+        }
+      }
+    }
+    return Status();
+  }
+
  private:
   // y = x · w[index]ᵀ. One OpenMP team splits the output columns; each thread runs a single-threaded sgemm on
   // its slice (bf16 slices are widened tile by tile into the thread's own buffer). One thread pool for
@@ -409,7 +428,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> token_ids_, positions_, row_sequence_, logits_rows_;
   std::vector<int64_t> slots_;
   std::vector<std::vector<int32_t>> block_tables_;
-  std::vector<float> router_, gathered_, gate_up_, act_, expert_out_, selected_;
+  std::vector<float> router_, gathered_, gate_up_, act_, expert_out_, selected_, greedy_logits_;
 };
 
 }  // namespace

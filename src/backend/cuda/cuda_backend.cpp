@@ -94,6 +94,7 @@ CudaBackend::~CudaBackend() {
   if (blas_ != nullptr) cublasDestroy(blas_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
   if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
+  if (pinned_host_ != nullptr) cudaFreeHost(pinned_host_);
   if (staging_copied_ != nullptr) cudaEventDestroy(staging_copied_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }

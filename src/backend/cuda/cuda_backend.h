@@ -143,6 +143,8 @@ class CudaBackend final : public Backend {
   void moe(const Tensor& x, const MoeWeights& w, Tensor out) override;
   Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
                 std::vector<float>& host_logits) override;
+  Status greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                       std::vector<int32_t>& host_ids) override;
 
  private:
   CudaBackend() = default;
@@ -162,6 +164,8 @@ class CudaBackend final : public Backend {
   // GEMMs (cuda_gemm.cpp). linear_matrix: y = x · wᵀ for one matrix of any precision, bf16 activations with any
   // row strides. gemm_f32_out: the same with float32 output y [x.rows, ldy].
   void linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y);
+  float* device_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head);
+  void* pinned_host(size_t bytes);
   void linear_fp8(const Tensor& x, const MatrixRef& w, Tensor y);
   void gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, int64_t ldy);
 
@@ -181,6 +185,9 @@ class CudaBackend final : public Backend {
   size_t staging_bytes_ = 0;
   cudaEvent_t staging_copied_ = nullptr;  // the last H2D copy out of staging_ has finished reading it
   int32_t* moe_offsets_host_ = nullptr;   // pinned, the per-expert offsets of one MoE layer
+  void* pinned_host_ = nullptr;           // pinned staging for logits / greedy ids on their way to the host
+  size_t pinned_host_bytes_ = 0;
+  int32_t* greedy_ids_device_ = nullptr;  // in logits_, set by device_logits
   size_t moe_offsets_capacity_ = 0;
 
   // Temporaries by purpose; a function uses only its own, so nested calls never clobber their caller's.

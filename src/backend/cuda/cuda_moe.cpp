@@ -1,17 +1,66 @@
 // Routed experts on the CUDA backend: float32 router logits, routing (run_moe_routing: the model's rule exactly),
-// permutation of the token copies by expert, one gate_up GEMM and one down GEMM per non-empty expert over its
-// contiguous rows, SiLU·mul over all rows at once, and the weighted combine added onto `out`.
+// permutation of the token copies by expert, the expert GEMMs over each expert's contiguous rows, SiLU·mul over all
+// rows at once, and the weighted combine added onto `out`. The expert GEMMs take one of two paths:
+//   - up to kGroupedMaxEntries token copies (decode, small batches): the grouped kernel of moe_grouped.h, one launch
+//     per projection reading the expert offsets on the device, so the layer never waits for the host;
+//   - more (prefill): one cuBLAS / cuBLASLt GEMM per non-empty expert, after copying the offsets to the host.
 #include <string>
 
 #include "check.h"
 #include "cuda_backend.h"
 #include "deepinfer/kernels/cuda/backend_ops.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
+#include "deepinfer/kernels/cuda/moe_grouped.h"
 
 namespace deepinfer::backend::cuda {
 namespace {
 
 namespace kc = kernels::cuda;
+
+// Token copies (T * top_k) up to which the grouped kernel runs. It streams every active expert's weights once per
+// chunk of <= 8 rows, which beats per-expert GEMMs as long as experts see few rows. Measured on the H200 (bench_model,
+// decode at B = 256): V2-Lite (P = 1536 over 64 experts, 24 rows each) took 55 ms per step in the per-expert path;
+// the grouped one reads each expert 3 times, ~1 ms per layer. Past ~4096 copies (prefill) per-expert tensor-core
+// GEMMs reuse each weight tile over many rows, and the one host synchronization per layer costs little next to them.
+constexpr int64_t kGroupedMaxEntries = 4096;
+
+// Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
+// stay on cuBLAS), and input widths that split into 16-byte vectors (cols % 8 == 0; every DeepSeek shape does).
+bool grouped_supports(const Weight& w) {
+  return (w.precision == Precision::kBF16 || w.precision == Precision::kFP8) && w.cols % 8 == 0;
+}
+
+// The grouped kernel's parameters for y [P, w.rows] = x [P, w.cols] · W[e]ᵀ over the rows offsets[e]..offsets[e+1]
+// (x and y contiguous scratch views; CudaWeight's layout: matrices rows * stride elements apart, FP8 scales
+// scale_rows * scale_ld floats apart).
+kc::MoeGroupedGemmParams grouped_params(const Tensor& x, const Weight& weight, const int32_t* offsets, Tensor y,
+                                        int num_sms, cudaStream_t stream) {
+  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
+  BACKEND_CHECK(w != nullptr, "a weight made by another backend was passed to the CUDA backend");
+  BACKEND_CHECK(x.stride == x.cols && y.stride == y.cols && x.cols == w->cols && y.cols == w->rows && x.rows == y.rows,
+                "moe (grouped): contiguous x [P, " + std::to_string(w->cols) + "] and y [P, " +
+                    std::to_string(w->rows) + "] expected");
+  kc::MoeGroupedGemmParams p;
+  p.format = w->precision == Precision::kFP8 ? kc::MoeWeightFormat::kFP8 : kc::MoeWeightFormat::kBF16;
+  p.rows = x.rows;
+  p.num_experts = w->count;
+  p.n = w->rows;
+  p.k = w->cols;
+  p.offsets = offsets;
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.w = w->values.data();
+  p.w_ld = w->stride;
+  p.w_matrix_stride = w->rows * w->stride;
+  if (w->precision == Precision::kFP8) {
+    p.w_scale = static_cast<const float*>(w->scales.data());
+    p.w_scale_ld = w->scale_ld;
+    p.w_scale_matrix_stride = w->scale_rows * w->scale_ld;
+  }
+  p.y = static_cast<uint16_t*>(y.data);
+  p.num_sms = num_sms;
+  p.stream = stream;
+  return p;
+}
 
 int grouping_of(MoeRoutingRule::TopK topk) {
   switch (topk) {
@@ -110,31 +159,35 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   perm.stream = stream_;
   check_cuda(kc::run_moe_permute(perm), "moe (permute)");
 
-  // The per-expert row ranges decide which GEMMs to launch, so the host needs them: one device-to-host copy and
-  // one stream synchronization per MoE layer. (A grouped GEMM reading the offsets on the device would remove it;
-  // so would CUDA graphs with a fixed expert capacity.)
-  if (static_cast<size_t>(E + 1) > moe_offsets_capacity_) {
-    if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
-    moe_offsets_host_ = nullptr;
-    moe_offsets_capacity_ = 0;
-    void* pinned = nullptr;
-    check_cuda(cudaHostAlloc(&pinned, static_cast<size_t>(E + 1) * 4, cudaHostAllocDefault), "moe (pinned offsets)");
+  const bool grouped = P <= kGroupedMaxEntries && grouped_supports(*w.gate_up) && grouped_supports(*w.down);
+
+  // Per-expert GEMMs: the per-expert row ranges decide which GEMMs to launch, so the host needs them: one
+  // device-to-host copy and one stream synchronization per MoE layer. The grouped path reads them on the device.
+  const int32_t* host_offsets = nullptr;
+  if (!grouped) {
+    if (static_cast<size_t>(E + 1) > moe_offsets_capacity_) {
+      if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
+      moe_offsets_host_ = nullptr;
+      moe_offsets_capacity_ = 0;
+      void* pinned = nullptr;
+      check_cuda(cudaHostAlloc(&pinned, static_cast<size_t>(E + 1) * 4, cudaHostAllocDefault), "moe (pinned offsets)");
+      if (failed()) return;
+      moe_offsets_host_ = static_cast<int32_t*>(pinned);
+      moe_offsets_capacity_ = static_cast<size_t>(E + 1);
+    }
+    check_cuda(
+        cudaMemcpyAsync(moe_offsets_host_, offsets, static_cast<size_t>(E + 1) * 4, cudaMemcpyDeviceToHost, stream_),
+        "moe (offsets to host)");
+    check_cuda(cudaStreamSynchronize(stream_), "moe (waiting for the routing)");
     if (failed()) return;
-    moe_offsets_host_ = static_cast<int32_t*>(pinned);
-    moe_offsets_capacity_ = static_cast<size_t>(E + 1);
-  }
-  check_cuda(
-      cudaMemcpyAsync(moe_offsets_host_, offsets, static_cast<size_t>(E + 1) * 4, cudaMemcpyDeviceToHost, stream_),
-      "moe (offsets to host)");
-  check_cuda(cudaStreamSynchronize(stream_), "moe (waiting for the routing)");
-  if (failed()) return;
-  const int32_t* host_offsets = moe_offsets_host_;
-  bool offsets_ok = host_offsets[0] == 0 && host_offsets[E] == P;
-  for (int64_t e = 0; e < E && offsets_ok; ++e) offsets_ok = host_offsets[e] <= host_offsets[e + 1];
-  if (!offsets_ok) {
-    fail(Status::internal("moe: the permutation's expert offsets are inconsistent (offsets[E] = " +
-                          std::to_string(host_offsets[E]) + ", want " + std::to_string(P) + ")"));
-    return;
+    host_offsets = moe_offsets_host_;
+    bool offsets_ok = host_offsets[0] == 0 && host_offsets[E] == P;
+    for (int64_t e = 0; e < E && offsets_ok; ++e) offsets_ok = host_offsets[e] <= host_offsets[e + 1];
+    if (!offsets_ok) {
+      fail(Status::internal("moe: the permutation's expert offsets are inconsistent (offsets[E] = " +
+                            std::to_string(host_offsets[E]) + ", want " + std::to_string(P) + ")"));
+      return;
+    }
   }
 
   Tensor x_rows = x;
@@ -156,16 +209,26 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const Tensor gate_up{base + o_gate_up, DType::kBF16, P, 2 * I, 2 * I};
   const Tensor act{base + o_act, DType::kBF16, P, I, I};
   const Tensor expert_out{base + o_expert_out, DType::kBF16, P, hidden, hidden};
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
-    if (count > 0)
-      linear_matrix(permuted.rows_slice(begin, count), matrix_of(*w.gate_up, e), gate_up.rows_slice(begin, count));
-  }
-  silu_mul(gate_up, act);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
-    if (count > 0)
-      linear_matrix(act.rows_slice(begin, count), matrix_of(*w.down, e), expert_out.rows_slice(begin, count));
+  if (grouped) {
+    // FP8 experts: the kernel multiplies the bf16 activations by the exactly widened FP8 weights (no act_quant),
+    // so this path is more accurate than the cuBLASLt one, whose activations are quantized to e4m3 per 1x128.
+    check_cuda(kc::run_moe_grouped_gemm(grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_)),
+               "moe (grouped gate_up)");
+    silu_mul(gate_up, act);
+    check_cuda(kc::run_moe_grouped_gemm(grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_)),
+               "moe (grouped down)");
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
+      if (count > 0)
+        linear_matrix(permuted.rows_slice(begin, count), matrix_of(*w.gate_up, e), gate_up.rows_slice(begin, count));
+    }
+    silu_mul(gate_up, act);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
+      if (count > 0)
+        linear_matrix(act.rows_slice(begin, count), matrix_of(*w.down, e), expert_out.rows_slice(begin, count));
+    }
   }
 
   // combine: out = base + Σ_slot weight · expert_out, in float, rounded once; base may alias out, but both are

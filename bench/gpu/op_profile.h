@@ -1,0 +1,116 @@
+// A Backend that forwards every call to another one and, while enabled, times each op on the host with the
+// device synchronized before and after (so the op's own time, launch included; steps run slower while it is on).
+// bench_model --profile uses it to say where a decode or prefill step goes. Not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+
+#include "deepinfer/backend/backend.h"
+
+namespace deepinfer::bench {
+
+class ProfilingBackend final : public backend::Backend {
+ public:
+  explicit ProfilingBackend(backend::Backend& inner) : inner_(inner) {}
+  bool enabled = false;
+  std::map<std::string, double> seconds;  // op name -> total time while enabled
+  std::map<std::string, int64_t> calls;
+
+  std::string_view name() const override { return inner_.name(); }
+  backend::DType activation_dtype() const override { return inner_.activation_dtype(); }
+  backend::DType cache_dtype() const override { return inner_.cache_dtype(); }
+  Result<backend::Buffer> alloc(size_t bytes) override { return inner_.alloc(bytes); }
+  void upload(const void* host, size_t bytes, const backend::Buffer& dst, size_t offset) override {
+    timed("upload", [&] { inner_.upload(host, bytes, dst, offset); });
+  }
+  void download(const backend::Buffer& src, size_t offset, size_t bytes, void* host) override {
+    timed("download", [&] { inner_.download(src, offset, bytes, host); });
+  }
+  Status synchronize() override { return inner_.synchronize(); }
+  Result<std::unique_ptr<backend::Weight>> make_weight(int64_t count, int64_t rows, int64_t cols,
+                                                       backend::Precision precision) override {
+    return inner_.make_weight(count, rows, cols, precision);
+  }
+  Status set_matrix(backend::Weight& w, int64_t index, const backend::HostMatrix& host) override {
+    return inner_.set_matrix(w, index, host);
+  }
+  void fill_random(backend::Weight& w, uint64_t seed, float scale) override { inner_.fill_random(w, seed, scale); }
+  Result<backend::Buffer> make_vector(std::span<const float> values) override { return inner_.make_vector(values); }
+  Status begin_step(const backend::StepLayout& layout) override {
+    Status s;
+    timed("begin_step", [&] { s = inner_.begin_step(layout); });
+    return s;
+  }
+  void embed(const backend::Weight& table, backend::Tensor out) override {
+    timed("embed", [&] { inner_.embed(table, out); });
+  }
+  void linear(const backend::Tensor& x, const backend::Weight& w, backend::Tensor y) override {
+    const char* kind = w.precision == backend::Precision::kFP8 ? "linear fp8" : "linear bf16";
+    timed(std::string(kind) + " " + std::to_string(w.rows) + "x" + std::to_string(w.cols),
+          [&] { inner_.linear(x, w, y); });
+  }
+  void linear_heads(const backend::Tensor& x, int64_t xs, const backend::Weight& w, backend::Tensor y,
+                    int64_t ys) override {
+    timed("linear_heads " + std::to_string(w.rows) + "x" + std::to_string(w.cols),
+          [&] { inner_.linear_heads(x, xs, w, y, ys); });
+  }
+  void rms_norm(const backend::Tensor& x, const backend::Buffer& w, float eps, backend::Tensor y) override {
+    timed("rms_norm", [&] { inner_.rms_norm(x, w, eps, y); });
+  }
+  void add_rms_norm(backend::Tensor r, const backend::Tensor& d, const backend::Buffer& w, float eps,
+                    backend::Tensor y) override {
+    timed("add_rms_norm", [&] { inner_.add_rms_norm(r, d, w, eps, y); });
+  }
+  void add(backend::Tensor x, const backend::Tensor& d) override { timed("add", [&] { inner_.add(x, d); }); }
+  void fill_zero(backend::Tensor x) override { timed("fill_zero", [&] { inner_.fill_zero(x); }); }
+  void copy(const backend::Tensor& s, backend::Tensor d) override { timed("copy", [&] { inner_.copy(s, d); }); }
+  void silu_mul(const backend::Tensor& g, backend::Tensor o) override { timed("silu_mul", [&] { inner_.silu_mul(g, o); }); }
+  void rope(backend::Tensor x, int64_t vpp, const backend::Buffer& f, float a) override {
+    timed("rope", [&] { inner_.rope(x, vpp, f, a); });
+  }
+  void store_kv(const backend::Tensor& kv, const backend::Buffer& c) override {
+    timed("store_kv", [&] { inner_.store_kv(kv, c); });
+  }
+  void mla_attention(const backend::MlaAttention& a, const backend::Tensor& q, const backend::Buffer& c,
+                     backend::Tensor o) override {
+    timed("mla_attention", [&] { inner_.mla_attention(a, q, c, o); });
+  }
+  bool has_mla_expanded(const backend::MlaExpanded& a) const override { return inner_.has_mla_expanded(a); }
+  void mla_expanded(const backend::MlaExpanded& a, const backend::Tensor& q, const backend::Tensor& kv,
+                    backend::Tensor o) override {
+    timed("mla_expanded", [&] { inner_.mla_expanded(a, q, kv, o); });
+  }
+  void moe(const backend::Tensor& x, const backend::MoeWeights& w, backend::Tensor out) override {
+    timed("moe", [&] { inner_.moe(x, w, out); });
+  }
+  Status logits(const backend::Tensor& x, const backend::Buffer& norm, float eps, const backend::Weight& head,
+                std::vector<float>& host) override {
+    Status s;
+    timed("logits", [&] { s = inner_.logits(x, norm, eps, head, host); });
+    return s;
+  }
+
+  Status greedy_tokens(const backend::Tensor& x, const backend::Buffer& norm, float eps, const backend::Weight& head,
+                       std::vector<int32_t>& ids) override {
+    Status s;
+    timed("greedy_tokens", [&] { s = inner_.greedy_tokens(x, norm, eps, head, ids); });
+    return s;
+  }
+
+ private:
+  template <typename F>
+  void timed(const std::string& op, F&& f) {
+    if (!enabled) return f();
+    (void)inner_.synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    (void)inner_.synchronize();
+    seconds[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    calls[op] += 1;
+  }
+  backend::Backend& inner_;
+};
+
+}  // namespace deepinfer::bench

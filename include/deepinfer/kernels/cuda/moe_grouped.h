@@ -1,0 +1,64 @@
+// Grouped expert GEMM for small batches (MoE decode and short chunks): every expert's rows times that expert's
+// weight in one launch, with the per-expert row ranges read on the device, so the MoE layer needs no
+// device-to-host copy and no stream synchronization (the per-expert cuBLAS loop needs both, and one launch per
+// expert). Built to stream each weight once per chunk of <= 8 rows at memory speed; for many rows per expert
+// (prefill) cuBLAS / cuBLASLt are faster. Checked through the backend by tests/gpu/gpu_check_backend.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace deepinfer::kernels::cuda {
+
+// How the stacked expert weights are stored.
+//   kBF16: bf16 [E][N][w_ld].
+//   kFP8:  float8_e4m3fn [E][N][w_ld] with float32 128x128 block scales [E][ceil(N/128)][w_scale_ld] (the layout of
+//          gemm.h and CudaWeight): value = e4m3 * w_scale[e][n / 128][k / 128]. The 8-bit values are widened exactly
+//          to bf16 and multiplied with the bf16 activations; the activations are not quantized (unlike act_quant +
+//          run_fp8_gemm), so the result is the exact product of the dequantized weight, rounded once to bf16.
+//          The NaN codes (S.1111.111) read as +-480 (checkpoints hold none).
+enum class MoeWeightFormat : int { kBF16 = 0, kFP8 = 1 };
+
+// For each expert e < E and each row r in [offsets[e], offsets[e+1]):
+//   y[r, n] = bf16( Σ_k x[r, k] · W[e][n, k] )   for n < N, k < K, float32 accumulation.
+// Rows are the token copies grouped by expert (run_moe_permute + run_moe_gather in fused_ops.h).
+//
+// REQUIRES (the launcher returns cudaErrorInvalidValue otherwise):
+//   1 <= E <= 65535; n >= 1; k >= 1 and k % 8 == 0 (16-byte rows of x); rows >= 0;
+//   x, w 16-byte aligned; kBF16: w_ld >= k, w_ld % 8 == 0, w_matrix_stride >= n * w_ld and % 8 == 0;
+//   kFP8: w_ld >= round_up(k, 16), w_ld % 16 == 0, w_matrix_stride >= n * w_ld and % 16 == 0,
+//         w_scale_ld >= ceil(k / 128), w_scale_matrix_stride >= ceil(n / 128) * w_scale_ld.
+// Offsets (device memory, written by an earlier kernel on the stream): offsets[0] == 0, non-decreasing,
+// offsets[E] == rows. Then every row of y is written exactly once. A violation traps (the stream reports an
+// error) instead of computing garbage: offsets[e+1] < offsets[e], or an expert's range outside [0, rows], or
+// offsets[0] != 0, or offsets[E] != rows.
+// x, w, w_scale, offsets are only read; y must not overlap them. Asynchronous on params.stream; returns the launch
+// error. Thread-safe (no state besides the launch).
+//
+// Shape of the work: CTAs of 4 warps; a warp owns 16 output columns (the M side of mma.sync m16n8k16, weights as
+// A, so the <= 8 rows of a chunk are the N = 8 side) and streams those 16 weight rows with 16-byte loads; grid.y
+// = min(E, rows) slots, slot j serving the j-th non-empty expert (empty experts cost nothing). When the rows are
+// too few to occupy the GPU, the warps of a CTA also split K (k_split 2 or 4) and add their partial sums
+// through shared memory.
+struct MoeGroupedGemmParams {
+  MoeWeightFormat format = MoeWeightFormat::kBF16;
+  int64_t rows = 0;                  // P: rows of x and y (token copies)
+  int64_t num_experts = 0;           // E
+  int64_t n = 0, k = 0;              // output columns N, reduction length K
+  const int32_t* offsets = nullptr;  // [E + 1] row ranges per expert
+  const uint16_t* x = nullptr;       // bf16 [rows, k], contiguous
+  const void* w = nullptr;           // [E][n][w_ld]: bf16 or e4m3 bytes (elements past k are never used)
+  int64_t w_ld = 0;                  // elements per stored weight row
+  int64_t w_matrix_stride = 0;       // elements from one expert's matrix to the next
+  const float* w_scale = nullptr;    // kFP8: [E][ceil(n/128)][w_scale_ld]
+  int64_t w_scale_ld = 0;
+  int64_t w_scale_matrix_stride = 0;  // floats from one expert's scales to the next
+  uint16_t* y = nullptr;              // bf16 [rows, n], contiguous
+  int num_sms = 0;                    // the device's SMs, for choosing k_split (0: 132, an H100/H200)
+  int k_split = 0;                    // 0: automatic; 1, 2 or 4: forced (checks, benchmarks)
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
+
+}  // namespace deepinfer::kernels::cuda

@@ -1,0 +1,309 @@
+// Grouped expert GEMM for small row counts (MoE decode): weights streamed once per chunk of <= 8 rows, expert
+// row ranges read on the device. Contract in include/deepinfer/kernels/cuda/moe_grouped.h.
+//
+// Why this shape. At decode an expert sees 1-8 rows, so the GEMM is a matrix-vector product bound by reading the
+// weights (DeepSeek-V3: 44 MB of FP8 per expert and layer). mma.sync m16n8k16 with the weights as A (16 output
+// columns) and the chunk's rows as B (8 rows) keeps the arithmetic off the critical path even for FP8 (16 values
+// per 16-byte load, 8 rows each), where CUDA-core FMAs would not keep up with HBM at 8 rows.
+//   - A lane (group g = lane / 4, t = lane % 4) loads 16 bytes of weight row n0 + g and of row n0 + g + 8 at
+//     k + t * (elements per 16 bytes), and 16 bytes of x row g at the same k: the order of k inside an mma does
+//     not matter as long as A and B agree, so the fragments come straight from global memory, no shared memory
+//     and no barriers in the streaming loop (weights: ld.global.nc.L1::no_allocate, used once; x: the read-only
+//     path, L1-resident and shared by every warp working on the same chunk).
+//   - Stages of 2 loads per row are double-buffered in registers: stage s + 1 is in flight while s is multiplied.
+//   - FP8: e4m3 bytes become bf16 exactly by bit moves (sign, then exponent/mantissa shifted into bf16's fields,
+//     which leaves the value scaled by 2^-120, undone by one bf16x2 multiply that is exact, subnormals included),
+//     one 128-wide K group per stage; the group's f32 partial sum is multiplied by its block scale and added.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "deepinfer/kernels/cuda/moe_grouped.h"
+
+namespace deepinfer::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpCols = 16;      // output columns per warp: the mma's M
+constexpr int kChunkRows = 8;      // rows per pass over the weights: the mma's N
+constexpr int kStepsPerStage = 2;  // 16-byte loads per weight row and stage
+constexpr int kFp8Group = 128;
+
+// Per format: weight elements per 16-byte load, K covered by one load of the 4 lanes of a group, K per stage.
+template <bool kFp8>
+struct Format {
+  static constexpr int kElems = kFp8 ? 16 : 8;
+  static constexpr int kStepK = 4 * kElems;
+  static constexpr int kStageK = kStepsPerStage * kStepK;  // FP8: one 128-wide scale group
+  static constexpr int kXLoads = kElems / 8;               // 16-byte x loads per weight load
+  static constexpr int kBytes = kFp8 ? 1 : 2;
+};
+static_assert(Format<true>::kStageK == kFp8Group, "an FP8 stage is one block-scale group");
+
+// Weights are read once per chunk: keep them out of L1 so that x stays there (DeepEP's ld_nc_global idiom).
+__device__ __forceinline__ uint4 load_weight(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// d += a · b, m16n8k16, bf16 inputs, f32 accumulators (PTX ISA, "mma.m16n8k16" fragment layouts).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four e4m3 bytes (lowest byte first) -> two bf16x2 words of the same values, in order. The byte's 7
+// exponent/mantissa bits land in bf16's exponent/mantissa (bias 127 instead of 7: value * 2^-120, subnormals
+// becoming bf16 subnormals); the multiply by 2^120 (bf16 0x7b80) is exact. Checked for all 256 codes on the host.
+__device__ __forceinline__ void e4m3x4_to_bf16x2(uint32_t q, uint32_t& lo, uint32_t& hi) {
+  const uint32_t a = __byte_perm(q, 0u, 0x1404), b = __byte_perm(q, 0u, 0x3424);  // bytes at bits 8-15, 24-31
+  const uint32_t ra = (a & 0x80008000u) | ((a >> 4) & 0x07f007f0u);
+  const uint32_t rb = (b & 0x80008000u) | ((b >> 4) & 0x07f007f0u);
+  constexpr uint32_t kTwoPow120 = 0x7b807b80u;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(ra), "r"(kTwoPow120));
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(rb), "r"(kTwoPow120));
+}
+
+template <bool kFp8>
+struct Stage {
+  uint4 wa[kStepsPerStage], wb[kStepsPerStage];     // weight rows n0 + g and n0 + g + 8
+  uint4 x[kStepsPerStage * Format<kFp8>::kXLoads];  // x row g at the same k
+  float scale;                                      // FP8: the stage's block scale
+};
+
+// What one warp streams: its two weight rows of one expert, x row g of the current chunk.
+struct WarpView {
+  const char* wa = nullptr;  // weight row n0 + g (bytes), valid when row_a
+  const char* wb = nullptr;  // weight row n0 + g + 8
+  bool row_a = false, row_b = false;
+  const uint16_t* x = nullptr;  // x row g of the chunk, valid when x_row
+  bool x_row = false;
+  const float* scales = nullptr;  // FP8: the block-scale row of this warp's 16 columns
+  int k = 0, t = 0;
+};
+
+template <bool kFp8>
+__device__ __forceinline__ void load_stage(Stage<kFp8>& s, const WarpView& v, int k0) {
+  using F = Format<kFp8>;
+#pragma unroll
+  for (int i = 0; i < kStepsPerStage; ++i) {
+    const int k = k0 + i * F::kStepK + v.t * F::kElems;
+    const bool in_k = k < v.k;  // k % 8 == 0: a 16-byte x vector is wholly inside or outside
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    s.wa[i] = in_k && v.row_a ? load_weight(v.wa + static_cast<int64_t>(k) * F::kBytes) : zero;
+    s.wb[i] = in_k && v.row_b ? load_weight(v.wb + static_cast<int64_t>(k) * F::kBytes) : zero;
+#pragma unroll
+    for (int j = 0; j < F::kXLoads; ++j) {
+      const int kx = k + 8 * j;
+      s.x[i * F::kXLoads + j] = v.x_row && kx < v.k ? __ldg(reinterpret_cast<const uint4*>(v.x + kx)) : zero;
+    }
+  }
+  if constexpr (kFp8) s.scale = v.scales[k0 / kFp8Group];
+}
+
+// Fragments: a lane's 16-byte load of row n0 + g holds consecutive k; pairs (0,1) (2,3) go to one mma as
+// (k = 2t, 2t+1) and (2t+8, 2t+9), the B fragment taking x's pairs at the same positions (see the file comment).
+template <bool kFp8>
+__device__ __forceinline__ void multiply_stage(float (&acc)[4], const Stage<kFp8>& s) {
+  if constexpr (!kFp8) {
+#pragma unroll
+    for (int i = 0; i < kStepsPerStage; ++i) {
+      const uint4 a = s.wa[i], b = s.wb[i], x = s.x[i];
+      mma_bf16(acc, a.x, b.x, a.y, b.y, x.x, x.y);
+      mma_bf16(acc, a.z, b.z, a.w, b.w, x.z, x.w);
+    }
+  } else {
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < kStepsPerStage; ++i) {
+      uint32_t pa[8], pb[8];
+      const uint32_t qa[4] = {s.wa[i].x, s.wa[i].y, s.wa[i].z, s.wa[i].w};
+      const uint32_t qb[4] = {s.wb[i].x, s.wb[i].y, s.wb[i].z, s.wb[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        e4m3x4_to_bf16x2(qa[j], pa[2 * j], pa[2 * j + 1]);
+        e4m3x4_to_bf16x2(qb[j], pb[2 * j], pb[2 * j + 1]);
+      }
+      const uint4 x0 = s.x[2 * i], x1 = s.x[2 * i + 1];
+      const uint32_t xp[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        mma_bf16(part, pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1], xp[2 * j], xp[2 * j + 1]);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[r] = fmaf(s.scale, part[r], acc[r]);
+  }
+}
+
+// Stages [first, last) of K for one chunk, stage s + 1 loading while s multiplies (two named buffers, unrolled
+// by two: an indexed pair would live in local memory).
+template <bool kFp8>
+__device__ __forceinline__ void stream_k(float (&acc)[4], const WarpView& v, int first, int last) {
+  constexpr int kStageK = Format<kFp8>::kStageK;
+  if (first >= last) return;
+  Stage<kFp8> even, odd;
+  load_stage(even, v, first * kStageK);
+  for (int s = first; s < last; s += 2) {
+    if (s + 1 < last) load_stage(odd, v, (s + 1) * kStageK);
+    multiply_stage(acc, even);
+    if (s + 1 >= last) break;
+    if (s + 2 < last) load_stage(even, v, (s + 2) * kStageK);
+    multiply_stage(acc, odd);
+  }
+}
+
+// Slot blockIdx.y serves the blockIdx.y-th non-empty expert (in expert order); -1 when there are fewer. Also
+// checks the offsets it reads. Contains __syncthreads: every thread of the CTA calls it.
+__device__ int find_expert(const int32_t* offsets, int num_experts, int slot) {
+  __shared__ int found;
+  __shared__ int warp_count[kWarps];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (threadIdx.x == 0) found = -1;
+  int seen = 0;  // non-empty experts before `base` (the same in every thread)
+  for (int base = 0; base < num_experts && seen <= slot; base += kThreads) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    bool non_empty = false;
+    if (e < num_experts) {
+      const int32_t begin = offsets[e], end = offsets[e + 1];
+      if (end < begin) __trap();  // offsets must not decrease
+      non_empty = end > begin;
+    }
+    const unsigned mask = __ballot_sync(0xffffffffu, non_empty);
+    if (lane == 0) warp_count[warp] = __popc(mask);
+    __syncthreads();
+    int before = seen;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) before += warp_count[w];
+      seen += warp_count[w];
+    }
+    if (non_empty && before + __popc(mask & ((1u << lane) - 1u)) == slot) found = e;
+    __syncthreads();  // `found` published; warp_count free for the next round
+  }
+  return found;
+}
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// 4 CTAs (16 warps) per SM: at most 128 registers per thread.
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const MoeGroupedGemmParams p, int split) {
+  using F = Format<kFp8>;
+  const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
+    __trap();  // some rows of y would be left unwritten
+  const int e = find_expert(p.offsets, num_experts, static_cast<int>(blockIdx.y));
+  if (e < 0) return;  // fewer non-empty experts than slots (uniform over the CTA)
+  const int begin = p.offsets[e], end = p.offsets[e + 1];
+  if (begin < 0 || end > rows) __trap();
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int col_warps = kWarps / split;  // warps side by side over N; `split` warps share K for each
+  const int part = warp % split;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * col_warps + warp / split) * kWarpCols;
+  const int64_t n_a = n0 + g, n_b = n0 + g + 8;
+  const bool active = n0 < p.n;
+
+  WarpView v;
+  v.k = static_cast<int>(p.k);
+  v.t = t;
+  v.row_a = n_a < p.n;
+  v.row_b = n_b < p.n;
+  const char* w = static_cast<const char*>(p.w) + static_cast<int64_t>(e) * p.w_matrix_stride * F::kBytes;
+  // Rows past N are never dereferenced; clamping keeps even the pointer arithmetic inside the matrix.
+  v.wa = w + min64(n_a, p.n - 1) * p.w_ld * F::kBytes;
+  v.wb = w + min64(n_b, p.n - 1) * p.w_ld * F::kBytes;
+  if constexpr (kFp8)
+    v.scales = p.w_scale + static_cast<int64_t>(e) * p.w_scale_matrix_stride +
+               min64(n0, p.n - 1) / kFp8Group * p.w_scale_ld;  // 16 | 128: the warp's columns share a block
+
+  const int stages = (v.k + F::kStageK - 1) / F::kStageK;
+  const int first = part * stages / split, last = (part + 1) * stages / split;
+  __shared__ float partial[kWarps][4][32];  // split > 1: each warp's sums, [value][lane] (conflict-free)
+
+  for (int c0 = begin; c0 < end; c0 += kChunkRows) {
+    const int chunk_rows = min(kChunkRows, end - c0);
+    v.x_row = g < chunk_rows;  // rows past the chunk multiply zeros and are not stored
+    v.x = p.x + static_cast<int64_t>(c0 + (v.x_row ? g : 0)) * p.k;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (active) stream_k<kFp8>(acc, v, first, last);
+    if (split > 1) {  // uniform over the CTA, as is the chunk loop
+      if (part > 0)
+        for (int r = 0; r < 4; ++r) partial[warp][r][lane] = acc[r];
+      __syncthreads();
+      if (part == 0)
+        for (int q = 1; q < split; ++q)
+          for (int r = 0; r < 4; ++r) acc[r] += partial[warp + q][r][lane];
+      __syncthreads();  // partial free for the next chunk
+    }
+    if (!active || part != 0) continue;
+    // D fragment: acc[0..1] = rows 2t, 2t+1 of column n0 + g; acc[2..3] the same rows of column n0 + g + 8.
+    const int r0 = 2 * t, r1 = 2 * t + 1;
+    __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
+    if (v.row_a) {
+      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * p.n + n_a] = __float2bfloat16(acc[0]);
+      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * p.n + n_a] = __float2bfloat16(acc[1]);
+    }
+    if (v.row_b) {
+      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * p.n + n_b] = __float2bfloat16(acc[2]);
+      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * p.n + n_b] = __float2bfloat16(acc[3]);
+    }
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Warps along K per column tile: enough warps to keep ~16 per SM streaming (about 2-4 KB of loads in flight each,
+// which covers HBM latency x bandwidth per SM), counting every slot as a non-empty expert (an upper bound).
+int choose_split(const MoeGroupedGemmParams& p, int64_t slots, int stages) {
+  if (p.k_split != 0) return p.k_split;
+  const int64_t sms = p.num_sms > 0 ? p.num_sms : 132;
+  const int64_t column_warps = (p.n + kWarpCols - 1) / kWarpCols * slots;
+  int split = 1;
+  while (split < kWarps && column_warps * split < 16 * sms && stages >= 4 * split) split *= 2;
+  return split;
+}
+
+}  // namespace
+
+cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
+  const bool fp8 = p.format == MoeWeightFormat::kFP8;
+  if (p.format != MoeWeightFormat::kBF16 && !fp8) return cudaErrorInvalidValue;
+  if (p.num_experts < 1 || p.num_experts > 65535 || p.n < 1 || p.k < 1 || p.k % 8 != 0 || p.rows < 0 ||
+      p.rows > INT32_MAX || p.k > INT32_MAX / 2 || p.offsets == nullptr || p.x == nullptr || p.w == nullptr ||
+      p.y == nullptr || !aligned16(p.x) || !aligned16(p.w))
+    return cudaErrorInvalidValue;
+  if (p.k_split != 0 && p.k_split != 1 && p.k_split != 2 && p.k_split != 4) return cudaErrorInvalidValue;
+  if (fp8) {
+    const int64_t groups = (p.k + kFp8Group - 1) / kFp8Group, scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
+    if (p.w_ld < (p.k + 15) / 16 * 16 || p.w_ld % 16 != 0 || p.w_matrix_stride < p.n * p.w_ld ||
+        p.w_matrix_stride % 16 != 0 || p.w_scale == nullptr || p.w_scale_ld < groups ||
+        p.w_scale_matrix_stride < scale_rows * p.w_scale_ld)
+      return cudaErrorInvalidValue;
+  } else if (p.w_ld < p.k || p.w_ld % 8 != 0 || p.w_matrix_stride < p.n * p.w_ld || p.w_matrix_stride % 8 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.rows == 0) return cudaSuccess;
+
+  const int64_t slots = std::min(p.num_experts, p.rows);  // at most this many experts have rows
+  const int stage_k = fp8 ? Format<true>::kStageK : Format<false>::kStageK;
+  const int stages = static_cast<int>((p.k + stage_k - 1) / stage_k);
+  const int split = choose_split(p, slots, stages);
+  const int64_t cta_cols = kWarpCols * (kWarps / split);
+  const dim3 grid(static_cast<unsigned>((p.n + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
+  if (fp8)
+    moe_grouped_gemm_kernel<true><<<grid, kThreads, 0, p.stream>>>(p, split);
+  else
+    moe_grouped_gemm_kernel<false><<<grid, kThreads, 0, p.stream>>>(p, split);
+  return cudaGetLastError();
+}
+
+}  // namespace deepinfer::kernels::cuda
