@@ -19,9 +19,9 @@ namespace kc = kernels::cuda;
 
 // Token copies (T * top_k) up to which the grouped kernel runs. It streams every active expert's weights once per
 // chunk of <= 8 rows, which beats per-expert GEMMs as long as experts see few rows. Measured on the H200 (bench_model,
-// decode at B = 256): V2-Lite (P = 1536 over 64 experts, 24 rows each) took 55 ms per step in the per-expert path;
-// the grouped one reads each expert 3 times, ~1 ms per layer. Past ~4096 copies (prefill) per-expert tensor-core
-// GEMMs reuse each weight tile over many rows, and the one host synchronization per layer costs little next to them.
+// decode at B = 256): a V2-Lite step (P = 1536 over 64 experts, 24 rows each) took 67 ms with the limit at 1024
+// (per-expert path) and 39.5 ms at 4096 (grouped, each expert read 3 times). Past ~4096 copies (prefill) per-expert
+// tensor-core GEMMs reuse each weight tile over many rows, and the one host synchronization per layer costs little.
 constexpr int64_t kGroupedMaxEntries = 4096;
 
 // Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
