@@ -1,4 +1,4 @@
-// The device flags shared by `deepinfer serve` and `deepinfer generate`: --device cpu|cuda and --bf16, turned
+// The device flags shared by `deepinfer serve` and `deepinfer generate`: --device auto|cpu|cuda and --bf16, turned
 // into a backend, the weights' precision, and the compute mode that goes into the KV cache's model fingerprint
 // (a disk tier written by one mode is never read by another).
 #pragma once
@@ -14,17 +14,18 @@
 namespace deepinfer::apps {
 
 struct DeviceOptions {
-  std::string device = "cpu";
+  std::string device = "auto";
   bool bf16 = false;
 };
 
 inline void add_device_flags(CLI::App* cmd, DeviceOptions& options) {
   cmd->add_option("--device", options.device,
-                  "cpu, or cuda (GPU 0 of CUDA_VISIBLE_DEVICES: bf16 weights and KV cache, FP8 checkpoints kept in "
-                  "FP8 with their block scales)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+                  "auto (cuda when a usable GPU is there, else cpu), cpu (float32, the reference-exact path), or cuda "
+                  "(GPU 0 of CUDA_VISIBLE_DEVICES: bf16 weights and KV cache, FP8 checkpoints kept in FP8)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  cmd->add_flag("--bf16", options.bf16, "CPU: keep weights in bf16 (float32 accumulation); default float32");
+  cmd->add_flag("--bf16", options.bf16,
+                "CPU: keep weights in bf16 (float32 accumulation); default float32. With --device auto it selects the CPU");
 }
 
 struct BackendChoice {
@@ -35,13 +36,15 @@ struct BackendChoice {
 
 inline Result<BackendChoice> make_backend(const DeviceOptions& options) {
   BackendChoice choice;
-  if (options.device == "cuda") {
+  if (options.device != "cpu" && !(options.device == "auto" && options.bf16)) {
     Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
-    if (!cuda.ok()) return cuda.status();
-    choice.backend = std::move(cuda).value();
-    choice.precision = backend::Precision::kFP8;  // FP8 where the checkpoint is FP8, else bf16
-    choice.compute_mode = "cuda: bf16/fp8 weights, bf16 latent KV";
-    return choice;
+    if (!cuda.ok() && options.device == "cuda") return cuda.status();
+    if (cuda.ok()) {
+      choice.backend = std::move(cuda).value();
+      choice.precision = backend::Precision::kFP8;  // FP8 where the checkpoint is FP8, else bf16
+      choice.compute_mode = "cuda: bf16/fp8 weights, bf16 latent KV";
+      return choice;
+    }
   }
   choice.backend = backend::make_cpu_backend();
   choice.precision = options.bf16 ? backend::Precision::kBF16 : backend::Precision::kF32;

@@ -219,6 +219,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     Result<BackendChoice> choice = make_backend(options->device);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
+    const std::string device_name(backend->name()), compute_mode = choice->compute_mode;
     auto model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
                                             /*progress=*/isatty(STDERR_FILENO) != 0);
     if (!model.ok()) return fail(model.status().to_string());
@@ -306,6 +307,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::cout << "deepinfer serve: " << info.served_model_name << " (" << info.root.string() << ", "
               << config->model_type << ", chat format " << recipe::format_name(format) << ", max_model_len "
               << info.max_model_len << ") on " << url << "\n";
+    std::cout << "  device " << device_name << " (" << compute_mode << ")\n";
     std::cout << "  KV cache (blocks of 64 tokens): device " << tiers.device_capacity_blocks;
     if (tiers.lower) {
       std::cout << ", host " << tiers.lower->host.capacity_blocks;
