@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -85,17 +86,27 @@ class ProfilingBackend final : public backend::Backend {
   void moe(const backend::Tensor& x, const backend::MoeWeights& w, backend::Tensor out) override {
     timed("moe", [&] { inner_.moe(x, w, out); });
   }
-  Status logits(const backend::Tensor& x, const backend::Buffer& norm, float eps, const backend::Weight& head,
-                std::vector<float>& host) override {
+  // While timing, the ops run eagerly (each is synchronized on its own, which a recorded graph could not be);
+  // otherwise the inner backend may record and replay them as usual.
+  Status run_graph(const backend::GraphKey& key, const std::function<void()>& ops) override {
+    if (!enabled) return inner_.run_graph(key, ops);
+    ops();
+    return inner_.synchronize();
+  }
+  void reset_graphs() override { inner_.reset_graphs(); }
+  int64_t graph_replays() const override { return inner_.graph_replays(); }
+  void compute_logits(const backend::Tensor& x, const backend::Buffer& norm, float eps, const backend::Weight& head,
+                      bool greedy) override {
+    timed(greedy ? "greedy head" : "logits head", [&] { inner_.compute_logits(x, norm, eps, head, greedy); });
+  }
+  Status read_logits(std::vector<float>& host) override {
     Status s;
-    timed("logits", [&] { s = inner_.logits(x, norm, eps, head, host); });
+    timed("read logits", [&] { s = inner_.read_logits(host); });
     return s;
   }
-
-  Status greedy_tokens(const backend::Tensor& x, const backend::Buffer& norm, float eps, const backend::Weight& head,
-                       std::vector<int32_t>& ids) override {
+  Status read_greedy_tokens(std::vector<int32_t>& ids) override {
     Status s;
-    timed("greedy_tokens", [&] { s = inner_.greedy_tokens(x, norm, eps, head, ids); });
+    timed("read greedy tokens", [&] { s = inner_.read_greedy_tokens(ids); });
     return s;
   }
 

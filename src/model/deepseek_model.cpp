@@ -5,6 +5,7 @@
 #include "deepinfer/model/deepseek_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +26,12 @@ using WeightPtr = std::unique_ptr<Weight>;
 
 namespace {
 constexpr int64_t kBlockTokens = 64;
+// Decode steps pad their block tables to a power of two of at least this many blocks (1024 tokens), so that a
+// growing context keeps its CUDA graph until it doubles (one graph per bucket, not per block).
+constexpr int64_t kMinGraphBlocks = 16;
+// GraphKey::owner of each model: distinct for every model ever made, so that a new model at a dead one's address
+// never replays the dead one's graphs.
+std::atomic<uint64_t> next_graph_owner{1};
 }
 
 struct Mlp {
@@ -443,7 +450,7 @@ Status check_supported(const ModelConfig& c, const std::string& where) {
 
 DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend)
     : config_(std::move(config)), backend_(backend), weights_(std::make_unique<Weights>()),
-      scratch_(std::make_unique<Scratch>()) {}
+      scratch_(std::make_unique<Scratch>()), graph_owner_(next_graph_owner.fetch_add(1)) {}
 DeepSeekModel::~DeepSeekModel() = default;
 const ModelConfig& DeepSeekModel::config() const { return config_; }
 size_t DeepSeekModel::weight_bytes() const { return weights_->bytes; }
@@ -497,6 +504,8 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
     if (!c.is_moe_layer(l)) inter = std::max(inter, c.intermediate_size);
   }
   const size_t element = backend::dtype_size(backend_.activation_dtype());
+  // The backend's graphs bake in the old buffers' addresses: drop them before the buffers go.
+  backend_.reset_graphs();
   struct Want {
     Buffer* buffer;
     int64_t cols;
@@ -576,6 +585,23 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     return Status();
   }
   if (Status s = reserve_scratch(T); !s.ok()) return s;
+  backend::MlaAttention attention{H, C, R, w.softmax_scale};
+  backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, nullptr};
+  const bool use_expanded = rows_start_at_zero && backend_.has_mla_expanded(expanded);
+  // A decode step (one row per sequence, few rows) may run as a recorded graph; its block tables are padded to a
+  // power-of-two bucket whether or not graphs are on, so that both ways compute the same values (the attention
+  // kernel's split count follows the table's stride).
+  bool decode_step = T <= kGraphMaxRows && !use_expanded;
+  int64_t longest_table = 0;
+  for (const SequenceChunk& chunk : batch.sequences) {
+    decode_step = decode_step && chunk.num_tokens == 1;
+    longest_table = std::max(longest_table, static_cast<int64_t>(chunk.block_table.size()));
+  }
+  int64_t table_stride = 0;
+  if (decode_step) {
+    table_stride = kMinGraphBlocks;
+    while (table_stride < longest_table) table_stride *= 2;
+  }
   backend::StepLayout layout;
   layout.token_ids = batch.token_ids;
   layout.positions = positions;
@@ -584,6 +610,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   layout.block_tables = block_tables;
   layout.logits_rows = batch.logits_rows;
   layout.rows_start_at_zero = rows_start_at_zero;
+  layout.block_table_stride = table_stride;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
 
   const backend::DType dtype = backend_.activation_dtype();
@@ -596,73 +623,97 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   // Per-head views: head h's rope part of q, and of the absorbed query, as rows of R values.
   Tensor q_rope = q.reshaped(qk).cols_slice(nope, R);
   Tensor q_absorbed_rope = q_absorbed.reshaped(entry).cols_slice(C, R);
-  backend::MlaAttention attention{H, C, R, w.softmax_scale};
-  backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, nullptr};
-  const bool use_expanded = rows_start_at_zero && backend_.has_mla_expanded(expanded);
 
-  backend_.embed(*w.embed_tokens, x);
-  backend_.rms_norm(x, w.layers[0].input_layernorm, eps, normed);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const Layer& L = w.layers[static_cast<size_t>(l)];
-    const Buffer& cache = layer_caches[static_cast<size_t>(l)];
-    // Queries [T, H * qk].
-    if (c.q_lora_rank) {
-      Tensor q_a = tensor(S.q_a, *c.q_lora_rank);
-      backend_.linear(normed, *L.q_a_proj, q_a);
-      backend_.rms_norm(q_a, L.q_a_layernorm, eps, q_a);
-      backend_.linear(q_a, *L.q_b_proj, q);
-    } else {
-      backend_.linear(normed, *L.q_proj, q);
-    }
-    // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache.
-    backend_.linear(normed, *L.kv_a_proj_with_mqa, kv);
-    backend_.rms_norm(kv.cols_slice(0, C), L.kv_a_layernorm, eps, kv.cols_slice(0, C));
-    backend_.rope(kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
-    backend_.store_kv(kv, cache);
-    backend_.rope(q_rope, H, w.inv_freq, w.rope_attention_factor);
-    if (use_expanded) {
-      expanded.kv_b = L.kv_b.get();
-      backend_.mla_expanded(expanded, q, kv, attn);
-    } else {
-      // Absorbed query per head: [W_UK[h]ᵀ q_nope | roped q_rope]; attention over the latent; W_UV per head.
-      backend_.linear_heads(q, qk, *L.w_uk_t, q_absorbed, entry);
-      backend_.copy(q_rope, q_absorbed_rope);
-      backend_.mla_attention(attention, q_absorbed, cache, out_latent);
-      backend_.linear_heads(out_latent, C, *L.w_uv, attn, V);
-    }
-    backend_.linear(attn, *L.o_proj, projected);
-    backend_.add_rms_norm(x, projected, L.post_attention_layernorm, eps, normed);
-
-    // Feed-forward.
-    auto run_mlp = [&](const Mlp& mlp, Tensor output) {
-      const int64_t inter = mlp.down->cols;
-      Tensor gate_up = tensor(S.gate_up, 2 * inter), act = tensor(S.act, inter);
-      backend_.linear(normed, *mlp.gate_up, gate_up);
-      backend_.silu_mul(gate_up, act);
-      backend_.linear(act, *mlp.down, output);
-    };
-    if (!L.moe) {
-      run_mlp(L.dense, ffn);
-    } else {
-      if (L.has_shared) {
-        run_mlp(L.shared, ffn);
+  // The step's device work, from the embedding to the head's logits (and argmax ids) in backend memory: what
+  // run_graph may record. No host decision inside depends on the step's values, only on its shapes.
+  auto device_work = [&] {
+    backend_.embed(*w.embed_tokens, x);
+    backend_.rms_norm(x, w.layers[0].input_layernorm, eps, normed);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const Layer& L = w.layers[static_cast<size_t>(l)];
+      const Buffer& cache = layer_caches[static_cast<size_t>(l)];
+      // Queries [T, H * qk].
+      if (c.q_lora_rank) {
+        Tensor q_a = tensor(S.q_a, *c.q_lora_rank);
+        backend_.linear(normed, *L.q_a_proj, q_a);
+        backend_.rms_norm(q_a, L.q_a_layernorm, eps, q_a);
+        backend_.linear(q_a, *L.q_b_proj, q);
       } else {
-        backend_.fill_zero(ffn);
+        backend_.linear(normed, *L.q_proj, q);
       }
-      backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr, L.experts.gate_up.get(),
-                              L.experts.down.get()};
-      backend_.moe(normed, moe, ffn);
+      // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache.
+      backend_.linear(normed, *L.kv_a_proj_with_mqa, kv);
+      backend_.rms_norm(kv.cols_slice(0, C), L.kv_a_layernorm, eps, kv.cols_slice(0, C));
+      backend_.rope(kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
+      backend_.store_kv(kv, cache);
+      backend_.rope(q_rope, H, w.inv_freq, w.rope_attention_factor);
+      if (use_expanded) {
+        expanded.kv_b = L.kv_b.get();
+        backend_.mla_expanded(expanded, q, kv, attn);
+      } else {
+        // Absorbed query per head: [W_UK[h]ᵀ q_nope | roped q_rope]; attention over the latent; W_UV per head.
+        backend_.linear_heads(q, qk, *L.w_uk_t, q_absorbed, entry);
+        backend_.copy(q_rope, q_absorbed_rope);
+        backend_.mla_attention(attention, q_absorbed, cache, out_latent);
+        backend_.linear_heads(out_latent, C, *L.w_uv, attn, V);
+      }
+      backend_.linear(attn, *L.o_proj, projected);
+      backend_.add_rms_norm(x, projected, L.post_attention_layernorm, eps, normed);
+
+      // Feed-forward.
+      auto run_mlp = [&](const Mlp& mlp, Tensor output) {
+        const int64_t inter = mlp.down->cols;
+        Tensor gate_up = tensor(S.gate_up, 2 * inter), act = tensor(S.act, inter);
+        backend_.linear(normed, *mlp.gate_up, gate_up);
+        backend_.silu_mul(gate_up, act);
+        backend_.linear(act, *mlp.down, output);
+      };
+      if (!L.moe) {
+        run_mlp(L.dense, ffn);
+      } else {
+        if (L.has_shared) {
+          run_mlp(L.shared, ffn);
+        } else {
+          backend_.fill_zero(ffn);
+        }
+        backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr, L.experts.gate_up.get(),
+                                L.experts.down.get()};
+        backend_.moe(normed, moe, ffn);
+      }
+      // The residual add, fused with the next layer's input norm.
+      if (l + 1 < c.num_hidden_layers) {
+        backend_.add_rms_norm(x, ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, normed);
+      } else {
+        backend_.add(x, ffn);
+      }
     }
-    // The residual add, fused with the next layer's input norm.
-    if (l + 1 < c.num_hidden_layers) {
-      backend_.add_rms_norm(x, ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, normed);
-    } else {
-      backend_.add(x, ffn);
+    // Final norm and lm_head for the requested rows only.
+    backend_.compute_logits(x, w.norm, eps, *w.lm_head, greedy != nullptr);
+  };
+  if (decode_step && use_graphs_) {
+    // The graphs write into these caches: another set (another engine's, a test's second run) needs new graphs.
+    bool same_caches = graph_cache_layers_.size() == static_cast<size_t>(c.num_hidden_layers);
+    for (int64_t l = 0; l < c.num_hidden_layers && same_caches; ++l)
+      same_caches = graph_cache_layers_[static_cast<size_t>(l)] == layer_caches[static_cast<size_t>(l)].data();
+    if (!same_caches) {
+      backend_.reset_graphs();
+      graph_cache_layers_.clear();
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        graph_cache_layers_.push_back(layer_caches[static_cast<size_t>(l)].data());
     }
+    backend::GraphKey key;
+    key.rows = T;
+    key.sequences = static_cast<int64_t>(batch.sequences.size());
+    key.max_blocks_per_sequence = table_stride;
+    key.logits_rows = static_cast<int64_t>(batch.logits_rows.size());
+    key.variant = greedy != nullptr ? 1 : 0;
+    key.owner = graph_owner_;
+    if (Status s = backend_.run_graph(key, device_work); !s.ok()) return s;
+  } else {
+    device_work();
   }
-  // Final norm and lm_head for the requested rows only.
-  if (greedy != nullptr) return backend_.greedy_tokens(x, w.norm, eps, *w.lm_head, *greedy);
-  return backend_.logits(x, w.norm, eps, *w.lm_head, *logits);
+  if (greedy != nullptr) return backend_.read_greedy_tokens(*greedy);
+  return backend_.read_logits(*logits);
 }
 
 }  // namespace deepinfer::model

@@ -6,10 +6,13 @@
 // A step goes: begin_step(layout) once (the rows' token ids, positions, cache slots and block tables, given on
 // the host; a device backend uploads them), then ops over Tensors, then logits() copies the wanted rows'
 // logits to the host. Every op is batch-first: rows are tokens of one step, from any number of sequences.
+// The ops between begin_step and the logits' read may go through run_graph, which lets a device backend record
+// them once per shape and replay the recording (CUDA graphs) instead of launching each op again.
 //
 // Conventions: activations are 2-D row-major views (Tensor) in the backend's activation dtype (CPU: float32,
 // CUDA: bfloat16); outputs are caller-owned, written entirely, and must not alias inputs unless stated. Ops
-// on a device backend are asynchronous on the backend's stream; logits(), download() and synchronize() wait.
+// on a device backend are asynchronous on the backend's stream; logits(), read_logits(), download() and
+// synchronize() wait.
 // Weights and vectors are uploaded once (make_weight / make_vector) and are immutable afterwards.
 // Thread-safety: a Backend is used by one engine thread at a time; it may use threads internally.
 // Errors: shape mismatches are programming errors (checked with DEEPINFER_CHECK-style aborts in the backends);
@@ -18,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -94,6 +98,23 @@ struct StepLayout {
   // Per sequence, when every sequence's rows start at position 0 (a prefill with nothing cached): lets a backend
   // attend within the step's rows only (the expanded form). Empty otherwise.
   bool rows_start_at_zero = false;
+  // Blocks per block-table row on the device (each table padded with block 0 up to it): 0 means the longest
+  // table's length; else at least that (else InvalidArgument). A caller that runs steps through run_graph passes
+  // the GraphKey's max_blocks_per_sequence, so that steps of one key share their device layout and every kernel
+  // parameter derived from it (the CUDA backend's attention split count among them). The CPU backend ignores it.
+  int64_t block_table_stride = 0;
+};
+
+// What a run_graph recording depends on besides the ops themselves: the step's shapes, which the recorded kernels
+// bake in. Equal keys promise the same sequence of ops over the same shapes and the same caller-owned buffers.
+struct GraphKey {
+  int64_t rows = 0;                     // the step's rows (T)
+  int64_t sequences = 0;                // block tables
+  int64_t max_blocks_per_sequence = 0;  // StepLayout::block_table_stride of the step (not 0)
+  int64_t logits_rows = 0;              // StepLayout::logits_rows.size()
+  int64_t variant = 0;                  // the caller's: tells apart op sequences over the same shapes
+  uint64_t owner = 0;                   // the caller's: callers sharing one backend use distinct owners
+  bool operator==(const GraphKey&) const = default;
 };
 
 // One MoE layer's routed experts: router [E, hidden] (kF32 always, as the reference computes router logits in
@@ -157,6 +178,28 @@ class Backend {
   // Step. Errors: ResourceExhausted.
   virtual Status begin_step(const StepLayout& layout) = 0;
 
+  // Runs `ops`, which issue this step's device work through this backend's ops and nothing else: no upload,
+  // download, synchronize, begin_step or read_* (no host-visible result until run_graph returns), and no decision
+  // on the host from device data. A backend may record them: the CUDA backend runs them eagerly the first time it
+  // sees `key` (scratch buffers grow, GEMM plans are made), records them into a CUDA graph the second time and
+  // launches it, and afterwards launches the recording without calling `ops`. Every pointer and host-side value
+  // the recording baked in must therefore be the same for every step of `key`: the step's arrays (re-uploaded by
+  // each begin_step into the same device memory) are read on the device, and the caller must not free, move or
+  // swap a buffer the ops use (activations, caches) while recordings of it exist: call reset_graphs() first.
+  // Backend memory that moves (scratch growth) discards the recordings that used it. A backend may run any call
+  // eagerly (the CPU backend always; the CUDA backend for steps that are not pure decode (one row per sequence,
+  // not rows_start_at_zero), and for keys whose ops synchronized with the host during the eager run).
+  // REQUIRES: begin_step succeeded for a step of `key`'s shapes. Errors: those of the ops (reported here, as
+  // synchronize() would), Internal when recording fails; the step's results are then undefined.
+  // Not reentrant: ops must not call run_graph.
+  virtual Status run_graph(const GraphKey& key, const std::function<void()>& ops) = 0;
+  // Discards every recording (the next run_graph of each key runs eagerly again). Call before freeing or
+  // replacing a buffer that recorded ops used. No-op on backends that do not record.
+  virtual void reset_graphs() {}
+  // How many times a recording was launched in place of calling ops (0 on backends that do not record): tests
+  // use it to check that graphs ran.
+  virtual int64_t graph_replays() const { return 0; }
+
   // out[t] = table[token_ids[t]] for the step's rows. table: count 1, [vocab, hidden].
   virtual void embed(const Weight& table, Tensor out) = 0;
   // y = x · wᵀ (y [rows, w.rows]; x [rows, w.cols]).
@@ -189,15 +232,30 @@ class Backend {
   virtual void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, Tensor out) = 0;
   // out += sum over the token's top-k experts of weight_e * down_e(silu(gate_e x) * up_e x).
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor out) = 0;
-  // Rows logits_rows of x: final norm, then logits = x · lm_headᵀ in float32 into host memory
-  // [logits_rows.size(), lm_head.rows]. Waits for the step.
-  virtual Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                        std::vector<float>& host_logits) = 0;
-  // Greedy decoding without the logits on the host: the same logits, then per row the argmax (the lowest id among
-  // equal maxima, the engine sampler's rule) into host ids [logits_rows.size()]; -1 for a row with no value above
-  // -inf. Waits for the step.
-  virtual Status greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                               std::vector<int32_t>& host_ids) = 0;
+  // The step's head, in two halves so that the device half may run inside run_graph. compute_logits: rows
+  // logits_rows of x, final norm, then logits = x · lm_headᵀ in float32 [logits_rows.size(), lm_head.rows], and
+  // with `greedy` also per row the argmax (the lowest id among equal maxima, the engine sampler's rule; -1 for a
+  // row with no value above -inf); both kept in the backend for one read. read_logits / read_greedy_tokens move
+  // them to host memory, wait for the step, and report its errors.
+  // REQUIRES (read_*): compute_logits ran for this step (with `greedy` for read_greedy_tokens) and its results were
+  // not read yet.
+  virtual void compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) = 0;
+  virtual Status read_logits(std::vector<float>& host_logits) = 0;
+  virtual Status read_greedy_tokens(std::vector<int32_t>& host_ids) = 0;
+
+  // compute_logits then read_logits: host logits [logits_rows.size(), lm_head.rows]. Waits for the step.
+  Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                std::vector<float>& host_logits) {
+    compute_logits(x, norm, eps, lm_head, false);
+    return read_logits(host_logits);
+  }
+  // Greedy decoding without the logits on the host: compute_logits with the argmax, then read_greedy_tokens (host
+  // ids [logits_rows.size()]). Waits for the step.
+  Status greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
+                       std::vector<int32_t>& host_ids) {
+    compute_logits(x, norm, eps, lm_head, true);
+    return read_greedy_tokens(host_ids);
+  }
 };
 
 // The CPU backend: OpenBLAS GEMMs, OpenMP loops, AVX-512 bf16 widening where the CPU has it (detected at

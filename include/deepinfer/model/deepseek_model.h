@@ -66,6 +66,18 @@ class DeepSeekModel {
   // ids [logits_rows.size()], -1 for a row with no value above -inf. Greedy decoding without moving the logits.
   Status forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids);
 
+  // Decode steps (every sequence one row, at most kGraphMaxRows rows, not all at position 0) go through
+  // Backend::run_graph, which on the CUDA backend replays a CUDA graph per (rows, block-table bucket, logits rows,
+  // greedy or not) instead of launching every op. On by default; off runs every step eagerly. Either way such a
+  // step's block tables are padded to the same power-of-two bucket, so graph and eager runs compute the same
+  // values bit for bit. Switching to another set of layer caches, or growing the per-model scratch, discards the
+  // backend's graphs (they bake in those addresses).
+  void set_use_graphs(bool use_graphs) { use_graphs_ = use_graphs; }
+  // Why 256: launch overhead matters at small batches (a 256-row step already takes tens of ms), and up to 256 rows
+  // the MoE layers stay on the grouped kernel, which never waits for the host (256 x top-8 = 2048 token copies,
+  // under cuda_moe.cpp's 4096); a step that does wait runs eagerly anyway.
+  static constexpr int64_t kGraphMaxRows = 256;
+
   struct Weights;
 
  private:
@@ -79,6 +91,9 @@ class DeepSeekModel {
   backend::Backend& backend_;
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<Scratch> scratch_;
+  bool use_graphs_ = true;
+  uint64_t graph_owner_ = 0;                     // GraphKey::owner: unique per model, never reused
+  std::vector<const void*> graph_cache_layers_;  // the layer caches the backend's graphs of this model wrote
 };
 
 }  // namespace deepinfer::model

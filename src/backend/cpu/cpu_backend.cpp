@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <new>
 #include <vector>
 
@@ -170,6 +171,7 @@ class CpuBackend final : public Backend {
     slots_.assign(layout.slots.begin(), layout.slots.end());
     block_tables_.assign(layout.block_tables.begin(), layout.block_tables.end());
     logits_rows_.assign(layout.logits_rows.begin(), layout.logits_rows.end());
+    head_has_ids_ = false;
     return Status();
   }
 
@@ -360,36 +362,50 @@ class CpuBackend final : public Backend {
     }
   }
 
-  Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                std::vector<float>& host_logits) override {
-    const int64_t rows = static_cast<int64_t>(logits_rows_.size()), hidden = x.cols;
+  // Plain host memory: nothing to record, so graphs are the ops themselves.
+  Status run_graph(const GraphKey& /*key*/, const std::function<void()>& ops) override {
+    ops();
+    return Status();
+  }
+
+  void compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) override {
+    const int64_t rows = static_cast<int64_t>(logits_rows_.size()), hidden = x.cols, vocab = lm_head.rows;
     selected_.resize(static_cast<size_t>(rows * hidden));
     Tensor selected{selected_.data(), DType::kF32, rows, hidden, hidden};
     for (int64_t r = 0; r < rows; ++r) {
       std::copy_n(f32(x) + logits_rows_[static_cast<size_t>(r)] * x.stride, hidden, selected_.data() + r * hidden);
     }
     rms_norm(selected, norm, eps, selected);
-    host_logits.resize(static_cast<size_t>(rows * lm_head.rows));
-    linear(selected, lm_head, Tensor{host_logits.data(), DType::kF32, rows, lm_head.rows, lm_head.rows});
-    return Status();
-  }
-
-  Status greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                       std::vector<int32_t>& host_ids) override {
-    Status s = logits(x, norm, eps, lm_head, greedy_logits_);
-    if (!s.ok()) return s;
-    const int64_t vocab = lm_head.rows, rows = static_cast<int64_t>(logits_rows_.size());
-    host_ids.assign(static_cast<size_t>(rows), -1);
+    head_logits_.resize(static_cast<size_t>(rows * vocab));
+    linear(selected, lm_head, Tensor{head_logits_.data(), DType::kF32, rows, vocab, vocab});
+    head_has_ids_ = greedy;
+    if (!greedy) return;
+    head_ids_.assign(static_cast<size_t>(rows), -1);
     for (int64_t r = 0; r < rows; ++r) {
-      const float* row = greedy_logits_.data() + r * vocab;
+      const float* row = head_logits_.data() + r * vocab;
       float best = -INFINITY;
       for (int64_t i = 0; i < vocab; ++i) {
         if (row[i] > best) {  // strict: the lowest id wins ties; NaN never wins
           best = row[i];
-          host_ids[static_cast<size_t>(r)] = static_cast<int32_t>(i);
+          head_ids_[static_cast<size_t>(r)] = static_cast<int32_t>(i);
         }
       }
     }
+  }
+
+  // A swap, not a copy: a step's logits can be 100 MB, and the caller's vector keeps its capacity for the next step.
+  Status read_logits(std::vector<float>& host_logits) override {
+    host_logits.swap(head_logits_);
+    head_logits_.clear();
+    return Status();
+  }
+
+  Status read_greedy_tokens(std::vector<int32_t>& host_ids) override {
+    if (!head_has_ids_) {
+      std::fprintf(stderr, "cpu backend: read_greedy_tokens without compute_logits(greedy) for this step\n");
+      std::abort();
+    }
+    host_ids = head_ids_;
     return Status();
   }
 
@@ -428,7 +444,11 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> token_ids_, positions_, row_sequence_, logits_rows_;
   std::vector<int64_t> slots_;
   std::vector<std::vector<int32_t>> block_tables_;
-  std::vector<float> router_, gathered_, gate_up_, act_, expert_out_, selected_, greedy_logits_;
+  std::vector<float> router_, gathered_, gate_up_, act_, expert_out_, selected_;
+  // compute_logits' results, until read: logits [logits_rows, vocab] and, after a greedy one, the argmax ids.
+  std::vector<float> head_logits_;
+  std::vector<int32_t> head_ids_;
+  bool head_has_ids_ = false;
 };
 
 }  // namespace

@@ -48,7 +48,11 @@ void CudaBackend::mla_attention(const MlaAttention& a, const Tensor& q, const Bu
     p.block_table = step_.block_table_device;  // in row order on a one-row-per-sequence step
     p.context_lens = step_.row_context_device;
     p.out = static_cast<uint16_t*>(out.data);
-    p.num_splits = kc::mla_decode_num_splits(p.batch, p.num_heads, step_.max_context, num_sms_);
+    // From the table's stride, not the rows' contexts: a graph replays this launch for every step of its key.
+    // Splits past a row's pages are empty (the kernel writes lse -inf for them); a padded stride costs a little
+    // combine work, never a wrong result.
+    p.num_splits = kc::mla_decode_num_splits(p.batch, p.num_heads, static_cast<int>(step_.max_blocks * kBlockTokens),
+                                             num_sms_);
     const size_t floats = kc::mla_decode_workspace_floats(p.batch, p.num_heads, p.num_splits);
     if (floats > 0) {
       p.workspace = reinterpret_cast<float*>(reserve(attention_, floats * sizeof(float)));

@@ -17,6 +17,9 @@ namespace cuda {
 namespace {
 
 constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;  // gemm.h: plenty on Hopper
+// cuBLAS's own handle: a workspace of ours, so that it never allocates one while a graph is being captured (the
+// cuBLAS documentation's advice for graph capture; 32 MiB is its recommended size on Hopper).
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 std::string cuda_error_text(cudaError_t err) {
   return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
@@ -78,6 +81,12 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     return setup_error("cublasCreate", cublasGetStatusString(st));
   if (cublasStatus_t st = cublasSetStream(backend->blas_, backend->stream_); st != CUBLAS_STATUS_SUCCESS)
     return setup_error("cublasSetStream", cublasGetStatusString(st));
+  // After cublasSetStream, which resets the handle to the default workspace pool.
+  if (cudaError_t err = cudaMalloc(&backend->blas_workspace_, kCublasWorkspaceBytes); err != cudaSuccess)
+    return setup_error("cudaMalloc (cuBLAS workspace)", cuda_error_text(err));
+  if (cublasStatus_t st = cublasSetWorkspace(backend->blas_, backend->blas_workspace_, kCublasWorkspaceBytes);
+      st != CUBLAS_STATUS_SUCCESS)
+    return setup_error("cublasSetWorkspace", cublasGetStatusString(st));
   kernels::cuda::GemmStatus gemm_status;
   backend->gemm_ = kernels::cuda::gemm_library_create(kCublasLtWorkspaceBytes, &gemm_status);
   if (backend->gemm_ == nullptr)
@@ -90,8 +99,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& [key, graph] : graphs_) destroy_graph(graph);
   if (gemm_ != nullptr) kernels::cuda::gemm_library_destroy(gemm_);
   if (blas_ != nullptr) cublasDestroy(blas_);
+  if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
   if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
   if (pinned_host_ != nullptr) cudaFreeHost(pinned_host_);
@@ -133,13 +144,33 @@ Status CudaBackend::take_sticky() {
 }
 
 char* CudaBackend::reserve(Scratch& scratch, size_t bytes) {
+  if (capturing_ && !scratch.fits(bytes)) {
+    // Growing would synchronize the capturing stream and move memory the graph is baking in. The key's warm-up
+    // run reserved the same sizes, so this is a bug (an op whose scratch depends on more than the key).
+    fail(Status::internal("CUDA backend: a scratch buffer of " + std::to_string(scratch.capacity()) +
+                          " bytes must grow to " + std::to_string(bytes) + " during a graph capture"));
+    return nullptr;
+  }
+  const size_t capacity = scratch.capacity();
   if (cudaError_t err = scratch.reserve(bytes, stream_); err != cudaSuccess) {
+    ++buffers_generation_;  // a failed allocation comes after freeing the old memory
     cudaGetLastError();
     fail(Status::resource_exhausted("CUDA backend: scratch of " + std::to_string(bytes) + " bytes on device " +
                                     std::to_string(device_) + ": " + cudaGetErrorString(err)));
     return nullptr;
   }
+  if (scratch.capacity() != capacity) ++buffers_generation_;
   return scratch.data();
+}
+
+bool CudaBackend::note_host_synchronization(const char* what) {
+  if (capturing_) {
+    fail(Status::internal(std::string("CUDA backend: ") + what +
+                          " waits for the device on the host, which a graph capture cannot hold"));
+    return false;
+  }
+  host_synchronized_ = true;
+  return true;
 }
 
 void CudaBackend::activate() { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
@@ -176,6 +207,7 @@ Result<Buffer> CudaBackend::alloc(size_t bytes) {
 }
 
 void CudaBackend::upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) {
+  BACKEND_CHECK(!capturing_, "upload inside run_graph's ops");
   BACKEND_CHECK(dst_offset <= dst.bytes && bytes <= dst.bytes - dst_offset,
                 "upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(dst_offset) +
                     " into a buffer of " + std::to_string(dst.bytes));
@@ -185,6 +217,7 @@ void CudaBackend::upload(const void* host, size_t bytes, const Buffer& dst, size
 }
 
 void CudaBackend::download(const Buffer& src, size_t src_offset, size_t bytes, void* host) {
+  BACKEND_CHECK(!capturing_, "download inside run_graph's ops");
   BACKEND_CHECK(src_offset <= src.bytes && bytes <= src.bytes - src_offset,
                 "download of " + std::to_string(bytes) + " bytes at offset " + std::to_string(src_offset) +
                     " from a buffer of " + std::to_string(src.bytes));
@@ -197,6 +230,7 @@ void CudaBackend::download(const Buffer& src, size_t src_offset, size_t bytes, v
 }
 
 Status CudaBackend::synchronize() {
+  BACKEND_CHECK(!capturing_, "synchronize inside run_graph's ops");
   activate();
   check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   check_cuda(cudaGetLastError(), "a kernel of this step");

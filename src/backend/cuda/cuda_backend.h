@@ -1,12 +1,20 @@
 // The CUDA backend's class, shared by the files of src/backend/cuda, one job each: cuda_backend.cpp (device,
 // memory, errors), cuda_weights.cpp (weights and vectors), cuda_step.cpp (step layout, embedding, KV store),
 // cuda_gemm.cpp (linear layers, logits), cuda_rowwise.cpp (norms, rope, SiLU, add/copy), cuda_attention.cpp (MLA),
-// cuda_moe.cpp (routed experts). Internal: model code sees only include/deepinfer/backend/backend.h.
+// cuda_moe.cpp (routed experts), cuda_graph.cpp (run_graph: CUDA graphs of decode steps). Internal: model code sees
+// only include/deepinfer/backend/backend.h.
 //
 // Execution model: one CUDA stream per backend; every op enqueues kernels on it and returns. A failed launch or
 // allocation inside a void op is recorded (the first one: `sticky_`), the rest of the step's ops are skipped, and
-// the next synchronize() / logits() / begin_step() returns it. Temporaries live in growable per-purpose Scratch
-// buffers (never freed while queued work may still read them).
+// the next synchronize() / run_graph() / read_logits() / begin_step() returns it. Temporaries live in growable
+// per-purpose Scratch buffers (never freed while queued work may still read them).
+//
+// Graphs (run_graph, cuda_graph.cpp): a pure decode step's ops are run eagerly for a new GraphKey, captured into a
+// CUDA graph the second time, and replayed by one cudaGraphLaunch afterwards. A graph bakes in every pointer and
+// kernel parameter of its capture, so: the step's device arrays stay at one address per key (begin_step uploads
+// into a grow-only buffer); kernel parameters derive from the key's shapes only, never from the step's values
+// (the attention split count comes from the block-table stride, not from the contexts); any Scratch growth bumps
+// buffers_generation_, which discards the graphs captured before it; cuBLAS gets a fixed workspace.
 #pragma once
 
 #include <cublas_v2.h>
@@ -14,6 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
@@ -63,6 +73,9 @@ class Scratch {
   // kernels may still read the old memory). Returns the CUDA error, leaving the scratch empty, on failure.
   cudaError_t reserve(size_t bytes, cudaStream_t stream);
   char* data() const { return static_cast<char*>(ptr_); }
+  size_t capacity() const { return bytes_; }
+  // Whether reserve(bytes) would keep the current memory (no allocation, no synchronization).
+  bool fits(size_t bytes) const { return ptr_ != nullptr && bytes <= bytes_; }
 
  private:
   void* ptr_ = nullptr;
@@ -88,8 +101,10 @@ struct StepState {
   // Block table rows on the device: in row order (table row t = row t's sequence) when every sequence has exactly
   // one row (a decode step: the layout run_mla_decode wants), else one per sequence. row_table[t] names row t's.
   bool one_row_per_sequence = false;
-  int64_t table_rows = 0, max_blocks = 1;
-  int32_t max_context = 0;
+  // max_blocks: the block table's row stride (StepLayout::block_table_stride, else the longest table). Kernel
+  // parameters derive from it and never from the rows' contexts, so that a graph captured on one step of a
+  // GraphKey is right for every other step of it.
+  int64_t sequences = 0, table_rows = 0, max_blocks = 1;
   // The expanded form: rows grouped by sequence, each group at positions 0, 1, ... (cu_seqlens over groups).
   bool rows_start_at_zero = false;
   int32_t num_groups = 0, max_group_rows = 0;
@@ -102,6 +117,26 @@ struct StepState {
   const int32_t* logits_rows_device = nullptr;  // [logits_rows.size()]
   const int32_t* block_table_device = nullptr;  // [table_rows, max_blocks], padded with 0
   const int32_t* cu_seqlens_device = nullptr;   // [num_groups + 1] when rows_start_at_zero
+};
+
+// Where compute_logits left the step's head results (device memory in the logits_ scratch), for read_*.
+struct HeadResult {
+  const float* logits = nullptr;  // [rows, vocab] float32, or null when there are no rows or an op failed
+  const int32_t* ids = nullptr;   // [rows] argmax ids when compute_logits ran with greedy, else null
+  int64_t rows = 0, vocab = 0;
+  bool computed = false;          // compute_logits ran for this step
+  bool greedy = false;
+};
+
+struct GraphKeyHash {
+  size_t operator()(const GraphKey& k) const {
+    size_t h = 0;
+    for (uint64_t v : {static_cast<uint64_t>(k.rows), static_cast<uint64_t>(k.sequences),
+                       static_cast<uint64_t>(k.max_blocks_per_sequence), static_cast<uint64_t>(k.logits_rows),
+                       static_cast<uint64_t>(k.variant), k.owner})
+      h = h * 1000003u ^ std::hash<uint64_t>{}(v);
+    return h;
+  }
 };
 
 class CudaBackend final : public Backend {
@@ -125,6 +160,9 @@ class CudaBackend final : public Backend {
   Result<Buffer> make_vector(std::span<const float> values) override;
 
   Status begin_step(const StepLayout& layout) override;
+  Status run_graph(const GraphKey& key, const std::function<void()>& ops) override;
+  void reset_graphs() override;
+  int64_t graph_replays() const override { return graph_replays_; }
 
   void embed(const Weight& table, Tensor out) override;
   void linear(const Tensor& x, const Weight& w, Tensor y) override;
@@ -141,10 +179,9 @@ class CudaBackend final : public Backend {
   bool has_mla_expanded(const MlaExpanded& a) const override;
   void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, Tensor out) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor out) override;
-  Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                std::vector<float>& host_logits) override;
-  Status greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                       std::vector<int32_t>& host_ids) override;
+  void compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) override;
+  Status read_logits(std::vector<float>& host_logits) override;
+  Status read_greedy_tokens(std::vector<int32_t>& host_ids) override;
 
  private:
   CudaBackend() = default;
@@ -156,15 +193,29 @@ class CudaBackend final : public Backend {
   void check_blas(cublasStatus_t status, const char* what);
   void check_gemm(const kernels::cuda::GemmStatus& status, const char* what);
   Status take_sticky();
-  // scratch.reserve(bytes) on the stream; nullptr (failure recorded) when device memory ran out.
+  // scratch.reserve(bytes) on the stream; nullptr (failure recorded) when device memory ran out, or when it would
+  // have to grow during a graph capture. Growth bumps buffers_generation_.
   char* reserve(Scratch& scratch, size_t bytes);
+  // Ops that cannot be captured (they wait for the device on the host) call this: during a warm-up run it marks
+  // the key eager-only; during a capture (a bug: the warm-up saw the same ops) it records an Internal error.
+  // Returns false when the op must not go on.
+  bool note_host_synchronization(const char* what);
   void activate();  // cudaSetDevice: the calling thread may not be the one that created the backend
   Status upload_now(const void* host, size_t bytes, void* device_dst);
+
+  // Graphs (cuda_graph.cpp).
+  struct Graph {
+    uint64_t generation = 0;         // buffers_generation_ its buffers belong to
+    bool capturable = true;          // its warm-up run issued no host synchronization
+    cudaGraphExec_t exec = nullptr;  // null until captured (the key's second run)
+    HeadResult head;                 // what the captured ops' compute_logits left: restored at every launch
+  };
+  Status capture(Graph& graph, const std::function<void()>& ops);
+  void destroy_graph(Graph& graph);
 
   // GEMMs (cuda_gemm.cpp). linear_matrix: y = x · wᵀ for one matrix of any precision, bf16 activations with any
   // row strides. gemm_f32_out: the same with float32 output y [x.rows, ldy].
   void linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y);
-  float* device_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head);
   void* pinned_host(size_t bytes);
   void linear_fp8(const Tensor& x, const MatrixRef& w, Tensor y);
   void gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, int64_t ldy);
@@ -176,6 +227,7 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;               // strided / batched / f32 GEMMs (leading dimensions)
+  void* blas_workspace_ = nullptr;              // blas_'s fixed workspace: cuBLAS never allocates in a capture
   kernels::cuda::GemmLibrary* gemm_ = nullptr;  // FP8 block-scaled GEMMs (cuBLASLt plans)
   Status sticky_;                               // the first error since the last report
 
@@ -187,8 +239,14 @@ class CudaBackend final : public Backend {
   int32_t* moe_offsets_host_ = nullptr;   // pinned, the per-expert offsets of one MoE layer
   void* pinned_host_ = nullptr;           // pinned staging for logits / greedy ids on their way to the host
   size_t pinned_host_bytes_ = 0;
-  int32_t* greedy_ids_device_ = nullptr;  // in logits_, set by device_logits
+  HeadResult head_;                       // compute_logits' results of this step
   size_t moe_offsets_capacity_ = 0;
+
+  std::unordered_map<GraphKey, Graph, GraphKeyHash> graphs_;
+  uint64_t buffers_generation_ = 0;  // bumped whenever a Scratch grows (graphs captured before it are stale)
+  bool capturing_ = false;           // inside cudaStreamBeginCapture .. EndCapture
+  bool host_synchronized_ = false;   // an op synchronized with the host since the last run_graph began
+  int64_t graph_replays_ = 0;
 
   // Temporaries by purpose; a function uses only its own, so nested calls never clobber their caller's.
   Scratch gemm_in_;       // linear_fp8 / gemm_f32_out: converted, padded, quantized activations

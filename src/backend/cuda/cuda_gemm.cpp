@@ -1,6 +1,6 @@
 // The CUDA backend's GEMMs: linear and linear_heads (bf16 through cuBLAS with the views' leading dimensions, FP8
 // through act_quant + the block-scaled GEMM of kernels/cuda/gemm.cu, float32 weights through cuBLAS sgemm), and
-// logits (row selection, final norm, float32 lm_head GEMM, copy to the host).
+// the head (row selection, final norm, float32 lm_head GEMM, argmax on the device; then the copy to the host).
 //
 // cuBLAS is column-major: a row-major y [M, N] = x [M, K] · W [N, K]ᵀ is, in its terms, yᵀ [N, M] (ld = y.stride)
 // = op_T(W viewed as [K, N], ld = W's row stride) · xᵀ (viewed as [K, M], ld = x.stride).
@@ -225,10 +225,10 @@ void CudaBackend::linear_heads(const Tensor& x, int64_t x_head_stride, const Wei
       "linear_heads (cublasGemmStridedBatchedEx)");
 }
 
-// The step's logits rows: gather, final norm, lm_head with float32 output into the logits scratch. Returns the
-// device logits [logits_rows.size(), vocab], or null when there are none or an op failed.
-float* CudaBackend::device_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head) {
-  activate();
+// The step's logits rows: gather, final norm, lm_head with float32 output into the logits scratch, and with
+// `greedy` the argmax ids beside them. Device work only (it may be captured into a graph); head_ says where the
+// results are, for read_logits / read_greedy_tokens.
+void CudaBackend::compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) {
   const MatrixRef w = matrix_of(lm_head, 0);
   const int64_t n = static_cast<int64_t>(step_.logits_rows.size()), hidden = x.cols, vocab = w.rows;
   BACKEND_CHECK(lm_head.count == 1 && w.cols == hidden && x.dtype == DType::kBF16,
@@ -236,13 +236,18 @@ float* CudaBackend::device_logits(const Tensor& x, const Buffer& norm, float eps
   for (int32_t r : step_.logits_rows)
     BACKEND_CHECK(r < x.rows, "logits: row " + std::to_string(r) + " of x with " + std::to_string(x.rows) + " rows");
   const uint16_t* norm_weight = vector_bf16(norm, hidden, "logits (final norm)");
-  if (n == 0 || failed()) return nullptr;
+  head_ = HeadResult{};
+  head_.rows = n;
+  head_.vocab = vocab;
+  head_.computed = true;
+  head_.greedy = greedy;
+  if (n == 0 || failed()) return;
   ScratchLayout l;
   const size_t o_rows = l.add(static_cast<size_t>(n * hidden) * 2);
   const size_t o_ids = l.add(static_cast<size_t>(n) * 4);
   const size_t o_logits = l.add(static_cast<size_t>(n * vocab) * 4);
   char* base = reserve(logits_, l.bytes);
-  if (base == nullptr) return nullptr;
+  if (base == nullptr) return;
   const Tensor selected{base + o_rows, DType::kBF16, n, hidden, hidden};
   kc::GatherRowsParams g;
   g.rows = n;
@@ -257,10 +262,21 @@ float* CudaBackend::device_logits(const Tensor& x, const Buffer& norm, float eps
   g.stream = stream_;
   check_cuda(kc::run_gather_rows(g), "logits (row selection)");
   rms_norm_same_stride(selected, norm_weight, eps, selected, nullptr);
-  auto* out = reinterpret_cast<float*>(base + o_logits);
-  gemm_f32_out(selected, w, out, vocab);
-  greedy_ids_device_ = reinterpret_cast<int32_t*>(base + o_ids);
-  return failed() ? nullptr : out;
+  auto* logits = reinterpret_cast<float*>(base + o_logits);
+  gemm_f32_out(selected, w, logits, vocab);
+  auto* ids = reinterpret_cast<int32_t*>(base + o_ids);
+  if (greedy && !failed()) {
+    kc::ArgmaxParams a;
+    a.rows = n;
+    a.cols = vocab;
+    a.logits = logits;
+    a.ids = ids;
+    a.stream = stream_;
+    check_cuda(kc::run_argmax(a), "greedy_tokens (argmax)");
+  }
+  if (failed()) return;
+  head_.logits = logits;
+  head_.ids = greedy ? ids : nullptr;
 }
 
 // A pinned host buffer of at least `bytes` (device-to-host copies into pageable memory ran at ~2 GB/s on the H200
@@ -278,15 +294,17 @@ void* CudaBackend::pinned_host(size_t bytes) {
   return p;
 }
 
-Status CudaBackend::logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                           std::vector<float>& host_logits) {
-  const size_t count = step_.logits_rows.size() * static_cast<size_t>(lm_head.rows);
+Status CudaBackend::read_logits(std::vector<float>& host_logits) {
+  BACKEND_CHECK(!capturing_, "read_logits inside run_graph's ops");
+  BACKEND_CHECK(head_.computed, "read_logits without compute_logits for this step");
+  activate();
+  const size_t count = static_cast<size_t>(head_.rows * head_.vocab);
   host_logits.resize(count);
-  const float* out = device_logits(x, norm, eps, lm_head);
-  if (out != nullptr) {
+  if (head_.logits != nullptr && !failed()) {
     void* staging = pinned_host(count * 4);
     if (staging != nullptr) {
-      check_cuda(cudaMemcpyAsync(staging, out, count * 4, cudaMemcpyDeviceToHost, stream_), "logits (copy to host)");
+      check_cuda(cudaMemcpyAsync(staging, head_.logits, count * 4, cudaMemcpyDeviceToHost, stream_),
+                 "logits (copy to host)");
       Status s = synchronize();
       if (!s.ok()) return s;
       std::memcpy(host_logits.data(), staging, count * 4);
@@ -295,27 +313,20 @@ Status CudaBackend::logits(const Tensor& x, const Buffer& norm, float eps, const
   return synchronize();
 }
 
-Status CudaBackend::greedy_tokens(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
-                                  std::vector<int32_t>& host_ids) {
-  const int64_t n = static_cast<int64_t>(step_.logits_rows.size());
-  host_ids.assign(static_cast<size_t>(n), -1);
-  const float* out = device_logits(x, norm, eps, lm_head);
-  if (out != nullptr) {
-    kc::ArgmaxParams a;
-    a.rows = n;
-    a.cols = lm_head.rows;
-    a.logits = out;
-    a.ids = greedy_ids_device_;
-    a.stream = stream_;
-    check_cuda(kc::run_argmax(a), "greedy_tokens (argmax)");
-    void* staging = pinned_host(static_cast<size_t>(n) * 4);
-    if (staging != nullptr && !failed()) {
-      check_cuda(cudaMemcpyAsync(staging, greedy_ids_device_, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost,
-                                 stream_),
+Status CudaBackend::read_greedy_tokens(std::vector<int32_t>& host_ids) {
+  BACKEND_CHECK(!capturing_, "read_greedy_tokens inside run_graph's ops");
+  BACKEND_CHECK(head_.computed && head_.greedy, "read_greedy_tokens without compute_logits(greedy) for this step");
+  activate();
+  const size_t n = static_cast<size_t>(head_.rows);
+  host_ids.assign(n, -1);
+  if (head_.ids != nullptr && !failed()) {
+    void* staging = pinned_host(n * 4);
+    if (staging != nullptr) {
+      check_cuda(cudaMemcpyAsync(staging, head_.ids, n * 4, cudaMemcpyDeviceToHost, stream_),
                  "greedy_tokens (copy to host)");
       Status s = synchronize();
       if (!s.ok()) return s;
-      std::memcpy(host_ids.data(), staging, static_cast<size_t>(n) * 4);
+      std::memcpy(host_ids.data(), staging, n * 4);
     }
   }
   return synchronize();

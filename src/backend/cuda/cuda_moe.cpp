@@ -3,7 +3,8 @@
 // rows at once, and the weighted combine added onto `out`. The expert GEMMs take one of two paths:
 //   - up to kGroupedMaxEntries token copies (decode, small batches): the grouped kernel of moe_grouped.h, one launch
 //     per projection reading the expert offsets on the device, so the layer never waits for the host;
-//   - more (prefill): one cuBLAS / cuBLASLt GEMM per non-empty expert, after copying the offsets to the host.
+//   - more (prefill): one cuBLAS / cuBLASLt GEMM per non-empty expert, after copying the offsets to the host (a
+//     host synchronization, so a step that takes this path never runs as a CUDA graph).
 #include <string>
 
 #include "check.h"
@@ -165,6 +166,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   // device-to-host copy and one stream synchronization per MoE layer. The grouped path reads them on the device.
   const int32_t* host_offsets = nullptr;
   if (!grouped) {
+    // The one op that waits for the device on the host: run_graph runs keys that reach it eagerly.
+    if (!note_host_synchronization("moe (per-expert GEMMs)")) return;
     if (static_cast<size_t>(E + 1) > moe_offsets_capacity_) {
       if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
       moe_offsets_host_ = nullptr;

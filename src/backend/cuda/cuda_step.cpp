@@ -1,5 +1,7 @@
 // The step of the CUDA backend: begin_step validates the layout, packs every per-row array into one pinned staging
-// buffer and uploads it with one copy; embed and store_kv are the ops that read those arrays directly.
+// buffer and uploads it with one copy; embed and store_kv are the ops that read those arrays directly. The copy's
+// destination is a grow-only device buffer at the same offsets for the same shapes, so that a CUDA graph captured
+// on one step (run_graph) reads the next step's arrays when replayed after its begin_step.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -22,10 +24,12 @@ std::string row_text(size_t t) { return "row " + std::to_string(t); }
 }  // namespace
 
 Status CudaBackend::begin_step(const StepLayout& layout) {
+  BACKEND_CHECK(!capturing_, "begin_step inside run_graph's ops");
   activate();
   // Whatever happens below, no op may run on the previous step's arrays: until this call succeeds the step has no
   // rows (ops given rows then fail their shape checks).
   step_ = StepState{};
+  head_ = HeadResult{};
   // An error of the previous step not yet reported: report it now rather than run on a broken state.
   if (failed()) return take_sticky();
   const size_t T = layout.token_ids.size();
@@ -36,7 +40,6 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
                                     std::to_string(layout.row_sequence.size()) + " row sequences, " +
                                     std::to_string(layout.slots.size()) + " slots");
   std::vector<int32_t> rows_of_sequence(S, 0);
-  int32_t max_context = 0;
   for (size_t t = 0; t < T; ++t) {
     const int32_t seq = layout.row_sequence[t], pos = layout.positions[t];
     if (seq < 0 || static_cast<size_t>(seq) >= S)
@@ -50,7 +53,6 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
       return Status::invalid_argument("begin_step: " + row_text(t) + " has cache slot " +
                                       std::to_string(layout.slots[t]));
     ++rows_of_sequence[static_cast<size_t>(seq)];
-    max_context = std::max(max_context, pos + 1);
   }
   for (size_t i = 0; i < layout.logits_rows.size(); ++i)
     if (layout.logits_rows[i] < 0 || static_cast<size_t>(layout.logits_rows[i]) >= T ||
@@ -63,7 +65,7 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   st.token_ids.assign(layout.token_ids.begin(), layout.token_ids.end());
   st.positions.assign(layout.positions.begin(), layout.positions.end());
   st.logits_rows.assign(layout.logits_rows.begin(), layout.logits_rows.end());
-  st.max_context = max_context;
+  st.sequences = static_cast<int64_t>(S);
   st.one_row_per_sequence = true;
   for (int32_t n : rows_of_sequence) st.one_row_per_sequence = st.one_row_per_sequence && n <= 1;
   st.table_rows = st.one_row_per_sequence ? static_cast<int64_t>(T) : static_cast<int64_t>(S);
@@ -71,9 +73,13 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
     return layout.block_tables[st.one_row_per_sequence ? static_cast<size_t>(layout.row_sequence[table_row])
                                                        : static_cast<size_t>(table_row)];
   };
-  st.max_blocks = 1;
+  int64_t longest = 1;
   for (int64_t r = 0; r < st.table_rows; ++r)
-    st.max_blocks = std::max<int64_t>(st.max_blocks, static_cast<int64_t>(table_of_row(r).size()));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(table_of_row(r).size()));
+  if (layout.block_table_stride < 0 || (layout.block_table_stride != 0 && layout.block_table_stride < longest))
+    return Status::invalid_argument("begin_step: block_table_stride " + std::to_string(layout.block_table_stride) +
+                                    " is below the longest block table (" + std::to_string(longest) + " blocks)");
+  st.max_blocks = layout.block_table_stride != 0 ? layout.block_table_stride : longest;
 
   // The expanded form: consecutive rows of one sequence form a group at positions 0, 1, ...; a sequence appears
   // in one group only (cu_seqlens over the groups, in row order).
