@@ -4,6 +4,7 @@
 //
 // cuBLAS is column-major: a row-major y [M, N] = x [M, K] · W [N, K]ᵀ is, in its terms, yᵀ [N, M] (ld = y.stride)
 // = op_T(W viewed as [K, N], ld = W's row stride) · xᵀ (viewed as [K, M], ld = x.stride).
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -307,7 +308,16 @@ Status CudaBackend::read_logits(std::vector<float>& host_logits) {
                  "logits (copy to host)");
       Status s = synchronize();
       if (!s.ok()) return s;
-      std::memcpy(host_logits.data(), staging, count * 4);
+      // Out of the pinned buffer on all cores: one core moved ~5 GB/s on the H200 machine (a 256-row step of
+      // DeepSeek-V3's vocabulary, 132 MB, cost 26 ms on top of the step).
+      const int64_t chunk = int64_t{1} << 20;  // floats
+      const int64_t chunks = (static_cast<int64_t>(count) + chunk - 1) / chunk;
+      const float* from = static_cast<const float*>(staging);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t begin = c * chunk, n = std::min<int64_t>(chunk, static_cast<int64_t>(count) - begin);
+        std::memcpy(host_logits.data() + begin, from + begin, static_cast<size_t>(n) * 4);
+      }
     }
   }
   return synchronize();
