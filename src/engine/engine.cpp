@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstring>
 
+#include <omp.h>
+
 namespace deepinfer::engine {
 
 namespace {
@@ -51,7 +53,10 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
       config_(config),
       scheduler_(std::move(scheduler)),
       layer_caches_(std::move(layer_caches)),
-      sampler_(model_->config().vocab_size) {
+      samplers_(static_cast<size_t>(config.sampling_threads > 0
+                                        ? config.sampling_threads
+                                        : std::clamp(omp_get_max_threads(), 1, kMaxSamplerThreads)),
+                Sampler(model_->config().vocab_size)) {
   for (const backend::Buffer& layer : layer_caches_) kv_cache_bytes_ += layer.bytes;
 }
 
@@ -230,8 +235,32 @@ Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
     rows.push_back(row);
   }
   std::vector<SampledToken> sampled(rows.size());
-  if (Status s = sampler_.sample(rows, sampled); !s.ok()) return s;
+  if (Status s = sample_rows(rows, sampled); !s.ok()) return s;
   return sampled;
+}
+
+// Rows are independent (each request draws from its own Philox stream), so a large step's rows are split over
+// threads, one Sampler each: the same tokens as one Sampler, in a fraction of the time (measured on the 2-core dev
+// machine: 256 rows of a 129,280-token vocabulary at top_p 0.9 cost 408 ms on one core; the GPU step they follow
+// took 12 ms). Every row is checked before any is sampled, so the step stays all-or-nothing.
+Status Engine::sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled) {
+  const int64_t work = static_cast<int64_t>(rows.size()) * samplers_[0].vocab_size();
+  const int64_t threads = std::min<int64_t>(static_cast<int64_t>(samplers_.size()), static_cast<int64_t>(rows.size()));
+  if (threads <= 1 || work < config_.parallel_sampling_min_logits) return samplers_[0].sample(rows, sampled);
+  if (Status s = samplers_[0].check(rows, sampled); !s.ok()) return s;
+  const int64_t per = (static_cast<int64_t>(rows.size()) + threads - 1) / threads;
+  std::vector<Status> results(static_cast<size_t>(threads));
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(threads))
+  for (int64_t t = 0; t < threads; ++t) {
+    const size_t begin = static_cast<size_t>(std::min<int64_t>(t * per, static_cast<int64_t>(rows.size())));
+    const size_t end = std::min(rows.size(), begin + static_cast<size_t>(per));
+    results[static_cast<size_t>(t)] =
+        samplers_[static_cast<size_t>(t)].sample(rows.subspan(begin, end - begin), sampled.subspan(begin, end - begin));
+  }
+  for (const Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return Status();
 }
 
 Result<std::vector<TokenEvent>> Engine::step() {

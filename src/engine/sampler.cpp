@@ -381,7 +381,7 @@ Status Sampler::final_distribution(const SamplerRow& row, std::vector<TokenProba
   return Status();
 }
 
-Status Sampler::sample(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) {
+Status Sampler::check(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) const {
   if (outputs.size() != rows.size()) {
     return Status::invalid_argument("sampler got " + std::to_string(rows.size()) + " rows but " +
                                     std::to_string(outputs.size()) + " output slots");
@@ -390,6 +390,11 @@ Status Sampler::sample(std::span<const SamplerRow> rows, std::span<SampledToken>
     if (Status status = check_row(rows[i], i); !status.ok()) return status;
     if (rows[i].rng == nullptr) return Status::invalid_argument("row " + std::to_string(i) + ": rng is null");
   }
+  return Status();
+}
+
+Status Sampler::sample(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) {
+  if (Status status = check(rows, outputs); !status.ok()) return status;
   for (size_t i = 0; i < rows.size(); ++i) {
     const SamplerRow& row = rows[i];
     process_logits(row);

@@ -163,6 +163,36 @@ TEST(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
   EXPECT_EQ(tokens_alone.size(), 12u);
 }
 
+// A step's rows sampled on 4 threads (one Sampler each) give the very tokens one thread gives: every request draws
+// from its own seeded stream, whichever thread samples its row.
+TEST(EngineTest, SampledStepsGiveTheSameTokensOnOneOrFourThreads) {
+  Reference ref = load_reference();
+  std::map<SequenceId, std::vector<TokenId>> by_threads[2];
+  for (int run = 0; run < 2; ++run) {
+    EngineConfig config;
+    config.kv_cache_bytes = 64ll << 20;
+    config.sampling_threads = run == 0 ? 1 : 4;
+    config.parallel_sampling_min_logits = 0;  // split even this small vocabulary
+    auto engine = make_engine(config);
+    for (int i = 0; i < 7; ++i) {
+      SamplingParams params;
+      params.temperature = 0.9f;
+      params.top_p = 0.95f;
+      params.top_k = i % 2 == 0 ? -1 : 40;
+      params.seed = 100 + static_cast<uint64_t>(i);
+      params.max_tokens = 10;
+      params.ignore_eos = true;
+      ASSERT_TRUE(engine->submit(ref.prompts[static_cast<size_t>(i)], params).ok());
+    }
+    by_threads[run] = drain(*engine).tokens;
+  }
+  ASSERT_EQ(by_threads[0].size(), 7u);
+  for (const auto& [id, tokens] : by_threads[0]) {
+    EXPECT_EQ(tokens.size(), 10u);
+    EXPECT_EQ(by_threads[1][id], tokens) << "request " << id;
+  }
+}
+
 TEST(EngineTest, MultiTurnReusesThePrefixCacheExactly) {
   // Turn 1: prompt_5 (300 tokens) and 16 greedy tokens. Turn 2: turn 1's prompt + its output + 5 more tokens.
   // Turn 2 on the same engine reuses the 4 full blocks turn 1 computed (300 prompt + 15 decoded tokens of KV:

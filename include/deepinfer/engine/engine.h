@@ -38,6 +38,10 @@ struct EngineConfig {
   int64_t disk_cache_bytes = 16ll << 30;   // --kv-disk-cache-gb
   double kv_cache_ttl_hours = 168.0;       // --kv-cache-ttl-hours: TTL of the default retention class
   double host_evict_bytes_per_s = kvcache::kUnlimited;  // --kv-evict-mb-per-s: host eviction token bucket
+  // Threads that sample a step's rows (0: OpenMP's thread count, at most 16), and the step size (rows x vocab
+  // logits) from which they are used: below it one thread samples (thread start-up would cost more).
+  int32_t sampling_threads = 0;
+  int64_t parallel_sampling_min_logits = int64_t{1} << 21;
 };
 
 // The prefix cache's state per tier, for metrics. Device: blocks indexed in the pool (usage), the pool
@@ -129,7 +133,10 @@ class Engine {
   std::vector<backend::Buffer> layer_caches_;  // per layer [num_blocks, 64, kv_cache_dim] in the cache dtype
   size_t kv_cache_bytes_ = 0;
   std::unique_ptr<OffloadTiers> offload_;  // null without host/disk tiers; points into layer_caches_
-  Sampler sampler_;
+  // Sampling threads: one Sampler each (a Sampler keeps per-row scratch and is single-threaded).
+  static constexpr int kMaxSamplerThreads = 16;
+  Status sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled);
+  std::vector<Sampler> samplers_;
   std::map<SequenceId, RequestState> requests_;
   SequenceId next_id_ = 1;
   int64_t num_preemptions_ = 0;

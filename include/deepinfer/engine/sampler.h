@@ -113,6 +113,9 @@ class Sampler {
   // returns InvalidArgument naming the row and the problem, and mutates neither outputs nor any rng.
   // REQUIRES: outputs.size() == rows.size().
   Status sample(std::span<const SamplerRow> rows, std::span<SampledToken> outputs);
+  // The checks sample() makes before it mutates anything, alone: for callers that split a batch over several
+  // Samplers (one per thread) and want the whole batch all-or-nothing.
+  Status check(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) const;
 
   // The distribution step 8 draws from, for one row, without drawing: the kept tokens in ascending id order
   // with probabilities summing to 1 (greedy: the argmax alone, probability 1). Does not touch row.rng
