@@ -8,7 +8,7 @@ BUILD=${BUILD:-build}
 PORT=${DEEPINFER_TEST_PORT:-18123}
 (cd tests/sdk && npm ci --silent --no-audit --no-fund)
 log=$(mktemp)
-"$BUILD/apps/deepinfer" serve --model-path models/demo --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
+"$BUILD/apps/deepinfer" serve --model-path models/demo --device cpu --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
 server=$!
 # The test-only scripted engine double behind the real server, for tools.test.mjs (V3.1 and V4.1 formats).
 V31_PORT=${DEEPINFER_SCRIPTED_PORT_V31:-18124}; V41_PORT=${DEEPINFER_SCRIPTED_PORT_V41:-18125}
