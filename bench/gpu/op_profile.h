@@ -23,11 +23,18 @@ class ProfilingBackend final : public backend::Backend {
   backend::DType activation_dtype() const override { return inner_.activation_dtype(); }
   backend::DType cache_dtype() const override { return inner_.cache_dtype(); }
   Result<backend::Buffer> alloc(size_t bytes) override { return inner_.alloc(bytes); }
-  void upload(const void* host, size_t bytes, const backend::Buffer& dst, size_t offset) override {
-    timed("upload", [&] { inner_.upload(host, bytes, dst, offset); });
+  Status upload(const void* host, size_t bytes, const backend::Buffer& dst, size_t offset) override {
+    Status s;
+    timed("upload", [&] { s = inner_.upload(host, bytes, dst, offset); });
+    return s;
   }
-  void download(const backend::Buffer& src, size_t offset, size_t bytes, void* host) override {
-    timed("download", [&] { inner_.download(src, offset, bytes, host); });
+  Status download(const backend::Buffer& src, size_t offset, size_t bytes, void* host) override {
+    Status s;
+    timed("download", [&] { s = inner_.download(src, offset, bytes, host); });
+    return s;
+  }
+  Status check_model_shapes(const backend::ModelShapes& shapes) const override {
+    return inner_.check_model_shapes(shapes);
   }
   Status synchronize() override { return inner_.synchronize(); }
   Result<std::unique_ptr<backend::Weight>> make_weight(int64_t count, int64_t rows, int64_t cols,

@@ -21,12 +21,18 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restric
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * cols;
   float best = -INFINITY;
   int32_t best_i = -1;
+  bool bad = false;  // a NaN or +inf logit: the row gets -1, as the CPU sampler rejects such logits
   for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
     const float v = row[c];
+    bad = bad || isnan(v) || v == INFINITY;
     if (v > best) {  // ascending scan: a later equal value never replaces an earlier one
       best = v;
       best_i = static_cast<int32_t>(c);
     }
+  }
+  if (__syncthreads_or(bad)) {
+    if (threadIdx.x == 0) ids[blockIdx.x] = -1;
+    return;
   }
   values[threadIdx.x] = best;
   indices[threadIdx.x] = best_i;

@@ -30,8 +30,12 @@ bool Engine::OffloadTiers::load(const kvcache::BlockHash& hash, kvcache::BlockId
   if (!store_->load(hash, scratch_, ttl_class, now_ms())) return false;
   const size_t layer_bytes = scratch_.size() / layer_caches_.size();
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
-    backend_.upload(scratch_.data() + layer * layer_bytes, layer_bytes, layer_caches_[layer],
-                    static_cast<size_t>(block) * layer_bytes);
+    // A failed copy is a miss: the block is then computed, never used half-written.
+    if (!backend_.upload(scratch_.data() + layer * layer_bytes, layer_bytes, layer_caches_[layer],
+                         static_cast<size_t>(block) * layer_bytes)
+             .ok()) {
+      return false;
+    }
   }
   return true;
 }
@@ -40,8 +44,12 @@ void Engine::OffloadTiers::store(const kvcache::BlockHash& hash, const kvcache::
                                  kvcache::BlockId block, kvcache::TtlClassId ttl_class) {
   const size_t layer_bytes = scratch_.size() / layer_caches_.size();
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
-    backend_.download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes, layer_bytes,
-                      scratch_.data() + layer * layer_bytes);
+    // A block that cannot be read back is not stored: a lower tier never holds another block's bytes.
+    if (!backend_.download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes, layer_bytes,
+                           scratch_.data() + layer * layer_bytes)
+             .ok()) {
+      return;
+    }
   }
   store_->store(hash, parent, scratch_, ttl_class, now_ms());
 }
@@ -213,8 +221,12 @@ Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
     for (const ScheduledEntry& entry : batch.entries) {
       if (!entry.samples) continue;
       const int32_t id = greedy_ids_[sampled.size()];
-      if (id < 0) return Status::internal("greedy sampling: no finite logit in the row of sequence " +
-                                          std::to_string(entry.sequence_id));
+      // The sampler's verdict on such a row (InvalidArgument), whichever path sampled it.
+      if (id < 0) {
+        return Status::invalid_argument("row of sequence " + std::to_string(entry.sequence_id) +
+                                        ": logits hold a NaN or +inf, or nothing above -inf; logits must be finite "
+                                        "or -inf");
+      }
       ++requests_.at(entry.sequence_id).rng.counter;  // as the sampler does for every row
       sampled.push_back(SampledToken{id, std::nullopt, {}});
     }

@@ -438,7 +438,22 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
   return Status();
 }
 
-Status check_supported(const ModelConfig& c, const std::string& where) {
+Status check_supported(const ModelConfig& c, const backend::Backend& backend, const std::string& where) {
+  backend::ModelShapes shapes;
+  shapes.num_heads = c.num_attention_heads;
+  shapes.kv_lora_rank = c.kv_lora_rank;
+  shapes.rope_dim = c.qk_rope_head_dim;
+  shapes.nope_dim = c.qk_nope_head_dim;
+  shapes.v_dim = c.v_head_dim;
+  shapes.hidden = c.hidden_size;
+  bool has_moe = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) has_moe = has_moe || c.is_moe_layer(l);
+  if (has_moe) {
+    shapes.num_experts = c.n_routed_experts;
+    shapes.top_k = c.num_experts_per_tok;
+    shapes.n_group = c.topk_method == "greedy" ? 1 : c.n_group;
+  }
+  if (Status s = backend.check_model_shapes(shapes); !s.ok()) return Status::unsupported(where + ": " + s.message());
   if (c.qk_rope_head_dim > 256 || c.qk_rope_head_dim % 2 != 0) {
     return Status::unsupported(where + ": qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                " (must be even and <= 256)");
@@ -473,7 +488,7 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem
                                                            Precision precision, bool progress) {
   Result<ModelConfig> config = load_model_config(dir);
   if (!config.ok()) return config.status();
-  if (Status s = check_supported(*config, dir.string() + "/config.json"); !s.ok()) return s;
+  if (Status s = check_supported(*config, backend, dir.string() + "/config.json"); !s.ok()) return s;
   Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
   if (!checkpoint.ok()) return checkpoint.status();
   std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend));
@@ -486,7 +501,7 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem
 Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::create_random(const ModelConfig& config,
                                                                     backend::Backend& backend, Precision precision,
                                                                     uint64_t seed) {
-  if (Status s = check_supported(config, "config"); !s.ok()) return s;
+  if (Status s = check_supported(config, backend, "config"); !s.ok()) return s;
   std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend));
   Loader loader(backend, nullptr, model->config_, precision, LoadProgress(), seed);
   if (Status s = build(loader, backend, model->config_, *model->weights_); !s.ok()) return s;
@@ -498,6 +513,9 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
   if (rows <= s.capacity) return Status();
   const ModelConfig& c = config_;
   const int64_t capacity = std::max<int64_t>(rows, 2 * s.capacity);
+  // Nothing is usable until every buffer is regrown: a failed allocation part way leaves capacity 0, so the next
+  // step allocates again instead of writing through a freed buffer.
+  s.capacity = 0;
   const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
   int64_t inter = c.moe_intermediate_size * std::max<int64_t>(c.n_shared_experts, 1);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

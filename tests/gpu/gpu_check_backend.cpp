@@ -115,11 +115,11 @@ Act make_act(Backend& b, const std::vector<float>& host, int64_t rows, int64_t c
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) full[r * stride + c] = host[r * cols + c];
   if (d == DType::kF32) {
-    b.upload(full.data(), full.size() * 4, a.buffer, 0);
+    expect_ok("upload", b.upload(full.data(), full.size() * 4, a.buffer, 0));
   } else {
     std::vector<uint16_t> bits(full.size());
     for (size_t i = 0; i < full.size(); ++i) bits[i] = to_bf16_bits(full[i]);
-    b.upload(bits.data(), bits.size() * 2, a.buffer, 0);
+    expect_ok("upload", b.upload(bits.data(), bits.size() * 2, a.buffer, 0));
   }
   a.view = Tensor{a.buffer.data(), d, rows, cols, stride};
   return a;
@@ -134,10 +134,10 @@ std::vector<float> read_act(Backend& b, const Act& a, const std::string& name) {
   const int64_t rows = a.view.rows, cols = a.view.cols, stride = a.view.stride;
   std::vector<float> full(static_cast<size_t>(rows * stride));
   if (a.view.dtype == DType::kF32) {
-    b.download(a.buffer, 0, full.size() * 4, full.data());
+    expect_ok(name + " (download)", b.download(a.buffer, 0, full.size() * 4, full.data()));
   } else {
     std::vector<uint16_t> bits(full.size());
-    b.download(a.buffer, 0, bits.size() * 2, bits.data());
+    expect_ok(name + " (download)", b.download(a.buffer, 0, bits.size() * 2, bits.data()));
     for (size_t i = 0; i < bits.size(); ++i) full[i] = from_bf16_bits(bits[i]);
   }
   std::vector<float> out(static_cast<size_t>(rows * cols));

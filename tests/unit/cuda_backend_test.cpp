@@ -58,6 +58,22 @@ double relative_error(const float* a, const float* b, int64_t n) {
   return std::sqrt(diff / norm);
 }
 
+// A model the CUDA kernels cannot run is refused when it loads (Unsupported naming the limit), not by an abort at
+// its first step: here 640 routed experts (the routing kernel takes up to 512).
+TEST(CudaBackendTest, RefusesAModelItsKernelsCannotRunWhenItLoads) {
+  Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+  if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
+  deepinfer::testing::TempDir dir("cuda-backend-limits");
+  boost::json::object config = random_model_config();
+  config["n_routed_experts"] = 640;
+  config["moe_intermediate_size"] = 16;
+  ASSERT_TRUE(write_random_checkpoint(dir.path(), config, 1).ok());
+  auto model = DeepSeekModel::load(dir.path(), **cuda, backend::Precision::kBF16);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), StatusCode::kUnsupported) << model.status().to_string();
+  EXPECT_NE(model.status().message().find("512"), std::string::npos) << model.status().to_string();
+}
+
 TEST(CudaBackendTest, AgreesWithTheCpuBackendOnEveryAttentionPath) {
   Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
   if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();

@@ -117,6 +117,12 @@ struct GraphKey {
   bool operator==(const GraphKey&) const = default;
 };
 
+// The shapes of a model that decide whether a backend's kernels can run it.
+struct ModelShapes {
+  int64_t num_heads = 0, kv_lora_rank = 0, rope_dim = 0, nope_dim = 0, v_dim = 0, hidden = 0;
+  int64_t num_experts = 0, top_k = 0, n_group = 1;  // num_experts 0: no MoE layer
+};
+
 // One MoE layer's routed experts: router [E, hidden] (kF32 always, as the reference computes router logits in
 // float32), optional e_score_correction_bias [E], experts stacked as gate_up [E][2I][hidden] (gate rows then up
 // rows) and down [E][hidden][I].
@@ -157,10 +163,14 @@ class Backend {
   virtual DType cache_dtype() const = 0;
 
   // Memory. alloc returns zero-filled memory; errors: ResourceExhausted. upload/download copy between host
-  // and backend memory and return when the copy is done (after the ops queued before them).
+  // and backend memory and return when the copy is done (after the ops queued before them); a failed copy, or
+  // an earlier op's device fault, is returned (Internal) and the destination is then unspecified.
   virtual Result<Buffer> alloc(size_t bytes) = 0;
-  virtual void upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) = 0;
-  virtual void download(const Buffer& src, size_t src_offset, size_t bytes, void* host) = 0;
+  virtual Status upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) = 0;
+  virtual Status download(const Buffer& src, size_t src_offset, size_t bytes, void* host) = 0;
+  // Whether this backend runs a model of these shapes (called when a model loads, before any weight is read).
+  // Errors: Unsupported naming the limit.
+  virtual Status check_model_shapes(const ModelShapes& shapes) const = 0;
   // Waits for every queued op; reports a device fault (Internal) if one happened.
   virtual Status synchronize() = 0;
 
@@ -235,7 +245,7 @@ class Backend {
   // The step's head, in two halves so that the device half may run inside run_graph. compute_logits: rows
   // logits_rows of x, final norm, then logits = x · lm_headᵀ in float32 [logits_rows.size(), lm_head.rows], and
   // with `greedy` also per row the argmax (the lowest id among equal maxima, the engine sampler's rule; -1 for a
-  // row with no value above -inf); both kept in the backend for one read. read_logits / read_greedy_tokens move
+  // row holding a NaN or +inf, or nothing above -inf); both kept in the backend for one read. read_logits / read_greedy_tokens move
   // them to host memory, wait for the step, and report its errors.
   // REQUIRES (read_*): compute_logits ran for this step (with `greedy` for read_greedy_tokens) and its results were
   // not read yet.

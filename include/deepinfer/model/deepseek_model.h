@@ -63,7 +63,8 @@ class DeepSeekModel {
   // returned. Not thread-safe (uses per-model scratch buffers).
   Status forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits);
   // The same pass, but only each logits row's argmax (the lowest id among equal maxima) comes back to the host:
-  // ids [logits_rows.size()], -1 for a row with no value above -inf. Greedy decoding without moving the logits.
+  // ids [logits_rows.size()], -1 for a row holding a NaN or +inf or nothing above -inf. Greedy decoding without
+  // moving the logits.
   Status forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids);
 
   // Decode steps (every sequence one row, at most kGraphMaxRows rows, not all at position 0) go through

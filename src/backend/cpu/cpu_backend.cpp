@@ -94,12 +94,16 @@ class CpuBackend final : public Backend {
     if (p == nullptr) return Status::resource_exhausted("host memory: cannot allocate " + std::to_string(bytes) + " bytes");
     return Buffer{std::shared_ptr<void>(p, std::free), bytes};
   }
-  void upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override {
+  Status upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override {
     std::memcpy(static_cast<char*>(dst.data()) + dst_offset, host, bytes);
+    return Status();
   }
-  void download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override {
+  Status download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override {
     std::memcpy(host, static_cast<const char*>(src.data()) + src_offset, bytes);
+    return Status();
   }
+  // Any DeepSeek shape: the CPU ops take any size (rope dims up to 256, checked by the model).
+  Status check_model_shapes(const ModelShapes&) const override { return Status(); }
   Status synchronize() override { return Status(); }
 
   Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols, Precision precision) override {
@@ -384,12 +388,15 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = head_logits_.data() + r * vocab;
       float best = -INFINITY;
+      bool bad = false;  // NaN or +inf: the row has no token, as the sampler rejects such logits
       for (int64_t i = 0; i < vocab; ++i) {
-        if (row[i] > best) {  // strict: the lowest id wins ties; NaN never wins
+        bad = bad || std::isnan(row[i]) || row[i] == INFINITY;
+        if (row[i] > best) {  // strict: the lowest id wins ties
           best = row[i];
           head_ids_[static_cast<size_t>(r)] = static_cast<int32_t>(i);
         }
       }
+      if (bad) head_ids_[static_cast<size_t>(r)] = -1;
     }
   }
 

@@ -206,27 +206,59 @@ Result<Buffer> CudaBackend::alloc(size_t bytes) {
   return buffer;
 }
 
-void CudaBackend::upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) {
+Status CudaBackend::upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) {
   BACKEND_CHECK(!capturing_, "upload inside run_graph's ops");
   BACKEND_CHECK(dst_offset <= dst.bytes && bytes <= dst.bytes - dst_offset,
                 "upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(dst_offset) +
                     " into a buffer of " + std::to_string(dst.bytes));
-  if (bytes == 0) return;
+  if (bytes == 0) return Status();
   activate();
   if (Status s = upload_now(host, bytes, static_cast<char*>(dst.data()) + dst_offset); !s.ok()) fail(std::move(s));
+  return synchronize();
 }
 
-void CudaBackend::download(const Buffer& src, size_t src_offset, size_t bytes, void* host) {
+Status CudaBackend::download(const Buffer& src, size_t src_offset, size_t bytes, void* host) {
   BACKEND_CHECK(!capturing_, "download inside run_graph's ops");
   BACKEND_CHECK(src_offset <= src.bytes && bytes <= src.bytes - src_offset,
                 "download of " + std::to_string(bytes) + " bytes at offset " + std::to_string(src_offset) +
                     " from a buffer of " + std::to_string(src.bytes));
-  if (bytes == 0) return;
+  if (bytes == 0) return Status();
   activate();
   check_cuda(
       cudaMemcpyAsync(host, static_cast<const char*>(src.data()) + src_offset, bytes, cudaMemcpyDeviceToHost, stream_),
       "download (cudaMemcpyAsync)");
   check_cuda(cudaStreamSynchronize(stream_), "download (cudaStreamSynchronize)");
+  return synchronize();
+}
+
+// The limits of the kernels the ops dispatch to (fused_ops.h, mla_generic.h, mla_decode.h), checked before a
+// model's weights are read rather than by an abort at its first step.
+Status CudaBackend::check_model_shapes(const ModelShapes& m) const {
+  auto limit = [](bool ok, const std::string& what) {
+    return ok ? Status() : Status::unsupported("the CUDA backend cannot run this model: " + what);
+  };
+  Status s;
+  if (!(s = limit(m.kv_lora_rank > 0 && m.kv_lora_rank + m.rope_dim <= 1024,
+                  "kv_lora_rank + qk_rope_head_dim = " + std::to_string(m.kv_lora_rank + m.rope_dim) +
+                      " (the attention kernels take up to 1024)")).ok()) {
+    return s;
+  }
+  if (!(s = limit(m.rope_dim % 2 == 0 && m.rope_dim <= 256,
+                  "qk_rope_head_dim " + std::to_string(m.rope_dim) + " (even, up to 256)")).ok()) {
+    return s;
+  }
+  if (!(s = limit(m.num_heads >= 1 && m.num_heads <= 65535,
+                  std::to_string(m.num_heads) + " attention heads (up to 65535)")).ok()) {
+    return s;
+  }
+  if (m.num_experts == 0) return Status();
+  if (!(s = limit(m.num_experts <= 512 && m.top_k >= 1 && m.top_k <= 32 && m.top_k <= m.num_experts,
+                  std::to_string(m.num_experts) + " routed experts, top " + std::to_string(m.top_k) +
+                      " (the routing kernel takes up to 512 experts and top 32)")).ok()) {
+    return s;
+  }
+  return limit(m.n_group >= 1 && m.n_group <= 32 && m.num_experts % m.n_group == 0,
+               "n_group " + std::to_string(m.n_group) + " (up to 32, dividing the experts)");
 }
 
 Status CudaBackend::synchronize() {

@@ -150,8 +150,9 @@ class CudaBackend final : public Backend {
   DType cache_dtype() const override { return DType::kBF16; }
 
   Result<Buffer> alloc(size_t bytes) override;
-  void upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override;
-  void download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override;
+  Status upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override;
+  Status download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override;
+  Status check_model_shapes(const ModelShapes& shapes) const override;
   Status synchronize() override;
 
   Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols, Precision precision) override;

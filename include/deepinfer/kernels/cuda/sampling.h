@@ -12,8 +12,8 @@ struct ArgmaxParams {
   int64_t rows = 0, cols = 0;
   const float* logits = nullptr;  // [rows, cols] contiguous, device
   int32_t* ids = nullptr;         // [rows] device: per row the index of the largest value, the lowest index among
-                                  // equal maxima (the CPU sampler's rule); -1 when no value is greater than -inf
-                                  // (all -inf or NaN: NaN never wins a comparison)
+                                  // equal maxima (the CPU sampler's rule); -1 when the row holds a NaN or +inf
+                                  // (the CPU sampler rejects those) or nothing above -inf
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_argmax(const ArgmaxParams& params);
