@@ -413,6 +413,41 @@ void bench_prefill(const Run& run, int64_t tokens, int steps) {
   line.print();
 }
 
+// A prefill chunk over a cached prefix (chunked prefill, a prefix-cache hit): `tokens` new rows of one sequence at
+// positions prefix .. prefix + tokens - 1 (the cache holds zeros, which cost the attention the same reads). The
+// absorbed form runs here (the expanded kernel takes rows from position 0 only); TFLOPS counts what the absorbed
+// attention computes: per row, head and visible key 2 * (C + R) + 2 * C.
+void bench_chunk(const Run& run, int64_t prefix, int64_t tokens, int steps) {
+  const model::ModelConfig& c = run.model.config();
+  JsonLine line("chunk");
+  line.str("model", run.name).integer("prefix", prefix).integer("tokens", tokens);
+  const int64_t blocks = (prefix + tokens + kBlockTokens - 1) / kBlockTokens;
+  Result<std::vector<backend::Buffer>> caches = run.model.make_layer_caches(blocks + 1);
+  if (!caches.ok()) return line.str("error", caches.status().to_string()).print();
+  model::ForwardBatch fb;
+  fb.token_ids = random_tokens(tokens, c.vocab_size, kSeed + static_cast<uint64_t>(prefix));
+  fb.sequences.push_back({static_cast<int32_t>(tokens), static_cast<int32_t>(prefix), block_range(0, blocks)});
+  fb.logits_rows = {static_cast<int32_t>(tokens - 1)};
+  Result<std::vector<double>> ms = time_forward(run.model, fb, *caches, 1, steps);
+  if (!ms.ok()) return line.str("error", ms.status().to_string()).print();
+  profile_forward(run, "chunk " + std::to_string(tokens) + " after " + std::to_string(prefix), fb, *caches);
+  const Stats st = stats_of(*ms);
+  const double t = static_cast<double>(tokens), p = static_cast<double>(prefix);
+  const double pairs = t * p + t * (t + 1.0) / 2.0;  // visible keys summed over the rows
+  const double attention_flops = pairs * static_cast<double>(c.num_attention_heads) *
+                                 (2.0 * static_cast<double>(c.kv_cache_dim()) + 2.0 * static_cast<double>(c.kv_lora_rank)) *
+                                 static_cast<double>(c.num_hidden_layers);
+  const double flops = 2.0 * run.shape.active_params_per_token * t + attention_flops;
+  const double tflops = flops / (st.median * 1e-3) / 1e12;
+  line.integer("steps", steps)
+      .num("median_ms", st.median, 2)
+      .num("tokens_per_s", t / (st.median * 1e-3), 1)
+      .num("attention_flops", attention_flops, 0)
+      .num("tflops", tflops, 1);
+  if (run.ceilings.bf16_tflops > 0) line.num("pct_bf16_peak", 100.0 * tflops / run.ceilings.bf16_tflops, 1);
+  line.print();
+}
+
 void bench_model(const std::string& name, Precision precision, const std::filesystem::path& config_dir,
                  const std::vector<int64_t>& batches, const std::vector<int64_t>& prefill, int steps, int prefill_steps,
                  const Ceilings& ceilings, bool profile) {
@@ -445,6 +480,7 @@ void bench_model(const std::string& name, Precision precision, const std::filesy
   const Run run{name, precision, **model, **backend, shape, ceilings, profiler.get()};
   for (int64_t batch : batches) bench_decode(run, batch, steps);
   for (int64_t tokens : prefill) bench_prefill(run, tokens, prefill_steps);
+  bench_chunk(run, 3584, 512, prefill_steps);
 }
 
 }  // namespace

@@ -91,6 +91,16 @@ __global__ void store_kv_kernel(StoreKvParams p) {
   }
 }
 
+__global__ void row_block_tables_kernel(RowBlockTablesParams p) {
+  const int64_t total = p.rows * p.max_blocks;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t r = i / p.max_blocks, b = i % p.max_blocks;
+    const int32_t table = p.row_table[r];
+    if (table < 0 || table >= p.table_rows) __trap();
+    p.row_tables[i] = p.block_table[static_cast<int64_t>(table) * p.max_blocks + b];
+  }
+}
+
 // splitmix64 (Steele et al. 2014; the finalizer of Java's SplittableRandom).
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -169,6 +179,15 @@ cudaError_t run_store_kv(const StoreKvParams& p) {
   if (p.rows < 0 || p.dim <= 0 || p.dim > p.kv_stride) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   store_kv_kernel<<<grid_for(p.rows * p.dim), kThreads, 0, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t run_row_block_tables(const RowBlockTablesParams& p) {
+  if (p.rows < 0 || p.max_blocks <= 0 || p.table_rows <= 0 || !p.row_table || !p.block_table || !p.row_tables) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.rows == 0) return cudaSuccess;
+  row_block_tables_kernel<<<grid_for(p.rows * p.max_blocks), kThreads, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

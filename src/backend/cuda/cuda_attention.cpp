@@ -1,11 +1,14 @@
-// MLA attention on the CUDA backend. Absorbed form: run_mla_decode (tensor cores, split-KV) for pure decode steps
-// of DeepSeek's shapes (C = 512, R = 64), the generic kernel (mla_generic.h) for everything else. Expanded form:
+// MLA attention on the CUDA backend. Absorbed form: run_mla_decode (tensor cores, split-KV) for DeepSeek's shapes
+// (C = 512, R = 64, H % 16 == 0) — a pure decode step directly, any other step (prefill chunks over a cached
+// prefix, decode rows beside them) with one batch entry per query row — and the generic kernel (mla_generic.h,
+// CUDA cores) for other shapes. Expanded form:
 // the kv_b GEMM, the k/v layout kernel, then run_mla_prefill (qk 192 / v 128).
 #include <cstdint>
 #include <string>
 
 #include "check.h"
 #include "cuda_backend.h"
+#include "deepinfer/kernels/cuda/backend_ops.h"
 #include "deepinfer/kernels/cuda/mla_decode.h"
 #include "deepinfer/kernels/cuda/mla_generic.h"
 #include "deepinfer/kernels/cuda/mla_prefill.h"
@@ -34,10 +37,29 @@ void CudaBackend::mla_attention(const MlaAttention& a, const Tensor& q, const Bu
   BACKEND_CHECK(cache_layer.bytes % static_cast<size_t>(kBlockTokens * D * 2) == 0,
                 "mla_attention: the cache layer is not whole blocks of bf16 [64, " + std::to_string(D) + "]");
   if (failed() || T == 0) return;
-  const bool decode_kernel = C == kc::kMlaLatentDim && R == kc::kMlaRopeDim && H % 16 == 0 &&
-                             step_.one_row_per_sequence && T <= 65535 && q.stride == H * D && out.stride == H * C &&
-                             aligned16(q.data) && aligned16(out.data);
+  const bool decode_kernel = C == kc::kMlaLatentDim && R == kc::kMlaRopeDim && H % 16 == 0 && T <= 65535 &&
+                             q.stride == H * D && out.stride == H * C && aligned16(q.data) && aligned16(out.data);
   if (decode_kernel) {
+    // The kernel reads block tables by batch entry: a step with several rows per sequence gets one table per row
+    // (a copy of its sequence's) and each row its own context (position + 1, so the rows stay causal). The
+    // absorbed form costs (C + R + C) / (192 + 128) = 3.4x the expanded form's FLOPs per (row, key), but on tensor
+    // cores instead of the generic kernel's CUDA cores (~30x fewer FLOP/s); bench_model's "chunk" line measures it.
+    const int32_t* tables = step_.block_table_device;  // in row order on a one-row-per-sequence step
+    if (!step_.one_row_per_sequence) {
+      auto* row_tables = reinterpret_cast<int32_t*>(
+          reserve(attention_tables_, static_cast<size_t>(T * step_.max_blocks) * sizeof(int32_t)));
+      if (row_tables == nullptr) return;
+      kc::RowBlockTablesParams rt;
+      rt.rows = T;
+      rt.max_blocks = step_.max_blocks;
+      rt.table_rows = step_.table_rows;
+      rt.row_table = step_.row_table_device;
+      rt.block_table = step_.block_table_device;
+      rt.row_tables = row_tables;
+      rt.stream = stream_;
+      check_cuda(kc::run_row_block_tables(rt), "mla_attention (per-row block tables)");
+      tables = row_tables;
+    }
     kc::MlaDecodeParams p;
     p.batch = static_cast<int>(T);
     p.num_heads = static_cast<int>(H);
@@ -45,7 +67,7 @@ void CudaBackend::mla_attention(const MlaAttention& a, const Tensor& q, const Bu
     p.scale = a.scale;
     p.q = static_cast<const uint16_t*>(q.data);
     p.kv_cache = static_cast<const uint16_t*>(cache_layer.data());
-    p.block_table = step_.block_table_device;  // in row order on a one-row-per-sequence step
+    p.block_table = tables;
     p.context_lens = step_.row_context_device;
     p.out = static_cast<uint16_t*>(out.data);
     // From the table's stride, not the rows' contexts: a graph replays this launch for every step of its key.

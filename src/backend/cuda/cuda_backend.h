@@ -255,6 +255,7 @@ class CudaBackend final : public Backend {
   Scratch gemm_staging_;  // f32 weights: f32 output before bf16; FP8 weights: bf16 output before f32
   Scratch rowwise_;       // silu_mul on strided views
   Scratch attention_;     // MLA split-KV workspace, expanded k/v, contiguous q/out copies
+  Scratch attention_tables_;  // MLA decode kernel over a step with several rows per sequence: per-row block tables
   Scratch moe_;           // routing, permutation, permuted activations and expert outputs
   Scratch logits_;        // selected rows and their f32 logits
 };

@@ -71,6 +71,18 @@ struct StoreKvParams {
 };
 cudaError_t run_store_kv(const StoreKvParams& params);
 
+// Per-row block tables: row_tables[r, :] = block_table[row_table[r], :] for `rows` rows of `max_blocks` ids, so
+// that a kernel indexing block tables by its batch index (run_mla_decode) can take one query row per batch entry.
+// REQUIRES: 0 <= row_table[r] < table_rows (else the kernel traps).
+struct RowBlockTablesParams {
+  int64_t rows = 0, max_blocks = 0, table_rows = 0;
+  const int32_t* row_table = nullptr;    // [rows]
+  const int32_t* block_table = nullptr;  // [table_rows, max_blocks]
+  int32_t* row_tables = nullptr;         // [rows, max_blocks]
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_row_block_tables(const RowBlockTablesParams& params);
+
 // Random weights for benchmarks, a pure function of (seed, logical index i = (m * rows + r) * cols + c for
 // element (m, r, c) of `count` matrices [rows][cols]): u = (splitmix64(seed ^ splitmix64(i)) >> 40) * 2^-23 - 1,
 // uniform in [-1, 1) (the CPU backend's fill_random, bit for bit), then
