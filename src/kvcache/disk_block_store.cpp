@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -57,6 +58,7 @@ struct HeaderFields {
   uint64_t payload_bytes = 0;
   uint64_t sequence = 0;
   uint64_t payload_checksum = 0;
+  uint64_t expires_at_unix_ms = 0;
 };
 
 Header encode_header(const HeaderFields& fields) {
@@ -73,6 +75,7 @@ Header encode_header(const HeaderFields& fields) {
   put_u64(header.data() + 64, fields.payload_bytes);
   put_u64(header.data() + 72, fields.sequence);
   put_u64(header.data() + 80, fields.payload_checksum);
+  put_u64(header.data() + 88, fields.expires_at_unix_ms);
   put_u64(header.data() + kHeaderChecksumOffset, XXH3_64bits(header.data(), kHeaderChecksumOffset));
   return header;
 }
@@ -85,7 +88,7 @@ std::optional<HeaderFields> decode_header(const Header& header) {
   if (get_u64(header.data() + kHeaderChecksumOffset) != XXH3_64bits(header.data(), kHeaderChecksumOffset)) {
     return std::nullopt;
   }
-  for (size_t i = 88; i < kHeaderChecksumOffset; ++i) {
+  for (size_t i = 96; i < kHeaderChecksumOffset; ++i) {
     if (header[i] != std::byte{0}) return std::nullopt;
   }
   HeaderFields fields;
@@ -95,6 +98,7 @@ std::optional<HeaderFields> decode_header(const Header& header) {
   fields.payload_bytes = get_u64(header.data() + 64);
   fields.sequence = get_u64(header.data() + 72);
   fields.payload_checksum = get_u64(header.data() + 80);
+  fields.expires_at_unix_ms = get_u64(header.data() + 88);
   return fields;
 }
 
@@ -278,9 +282,12 @@ Status DiskBlockStore::scan() {
     uint64_t sequence;
     BlockHash hash;
     BlockHash parent;
+    int64_t expires_at_unix_ms;
   };
   std::vector<Found> found;
   uint64_t max_sequence = 0;
+  int64_t expired_files = 0;
+  const int64_t now = now_unix_ms();
   int64_t corrupt = 0;
   int64_t foreign = 0;
   int64_t temps = 0;
@@ -335,8 +342,15 @@ Status DiskBlockStore::scan() {
           fields = checked.fields;
         }
       }
+      const int64_t expiry = static_cast<int64_t>(fields.expires_at_unix_ms);
+      if (verdict == Verdict::kValid && expiry != 0 && expiry <= now) {
+        if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
+        ++expired_files;
+        max_sequence = std::max(max_sequence, fields.sequence);
+        continue;
+      }
       if (verdict == Verdict::kValid) {
-        found.push_back({mtime_ns(st), fields.sequence, fields.hash, fields.parent});
+        found.push_back({mtime_ns(st), fields.sequence, fields.hash, fields.parent, expiry});
         max_sequence = std::max(max_sequence, fields.sequence);
         continue;
       }
@@ -350,9 +364,10 @@ Status DiskBlockStore::scan() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& block : found) {
     recency_.push_back(block.hash);
-    index_.emplace(block.hash, Entry{block.parent, std::prev(recency_.end())});
+    index_.emplace(block.hash, Entry{block.parent, block.expires_at_unix_ms, std::prev(recency_.end())});
   }
   next_sequence_ = max_sequence + 1;
+  stats_.expired += expired_files;
   stats_.corrupt_dropped += corrupt;
   stats_.foreign_dropped += foreign;
   stats_.temp_files_removed += temps;
@@ -360,17 +375,21 @@ Status DiskBlockStore::scan() {
   return Status::ok_status();
 }
 
-Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload) {
+Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload,
+                           int64_t ttl_ms) {
   if (payload.size() != options_.block_bytes) {
     return Status::invalid_argument("disk KV tier: put of block " + hash.to_hex() + " with " +
                                     std::to_string(payload.size()) + " payload bytes; block_bytes is " +
                                     std::to_string(options_.block_bytes));
   }
+  const int64_t expires_at_unix_ms = ttl_ms > 0 ? now_unix_ms() + ttl_ms : 0;
   uint64_t sequence = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (index_.contains(hash)) {
+    if (auto it = index_.find(hash); it != index_.end() && !expired(it->second, now_unix_ms())) {
       touch_locked(hash);
+      int64_t& expiry = it->second.expires_at_unix_ms;
+      if (expiry != 0 && (expires_at_unix_ms == 0 || expires_at_unix_ms > expiry)) expiry = expires_at_unix_ms;
       return Status::ok_status();
     }
     sequence = next_sequence_++;
@@ -380,7 +399,8 @@ Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::
   const fs::path directory = final_path.parent_path();
   const fs::path temp_path = directory / (hash.to_hex() + "." + std::to_string(sequence) + std::string(kTempSuffix));
   const Header header = encode_header(
-      {options_.fingerprint, hash, parent, payload.size(), sequence, XXH3_64bits(payload.data(), payload.size())});
+      {options_.fingerprint, hash, parent, payload.size(), sequence, XXH3_64bits(payload.data(), payload.size()),
+       static_cast<uint64_t>(std::max<int64_t>(expires_at_unix_ms, 0))});
 
   int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0 && errno == ENOENT) {  // the first block of this fan-out directory
@@ -409,15 +429,21 @@ Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::
 
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (index_.contains(hash)) {  // a concurrent put() of the same block won; its bytes are the same
+    if (auto it = index_.find(hash); it != index_.end() && !expired(it->second, now_unix_ms())) {
+      // A concurrent put() of the same block won; its bytes are the same.
       ::unlink(temp_path.c_str());
       touch_locked(hash);
       return Status::ok_status();
     }
-    // Under the lock, so that the file under the final name and the index always agree.
+    // Under the lock, so that the file under the final name and the index always agree. An expired entry of the
+    // same hash is replaced: the rename puts the new file (new expiry) under its name.
     if (::rename(temp_path.c_str(), final_path.c_str()) != 0) return fail("rename", errno);
+    if (auto it = index_.find(hash); it != index_.end()) {
+      recency_.erase(it->second.recency);
+      index_.erase(it);
+    }
     recency_.push_back(hash);
-    index_.emplace(hash, Entry{parent, std::prev(recency_.end())});
+    index_.emplace(hash, Entry{parent, expires_at_unix_ms, std::prev(recency_.end())});
     ++stats_.writes;
     stats_.bytes_written += payload.size();
     evict_over_capacity_locked();
@@ -437,9 +463,16 @@ Status DiskBlockStore::get(const BlockHash& hash, std::span<std::byte> out) {
   const fs::path path = block_path(hash);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!index_.contains(hash)) {
+    auto it = index_.find(hash);
+    if (it == index_.end()) {
       ++stats_.misses;
       return Status::not_found("disk KV tier: block " + hash.to_hex() + " is not on disk");
+    }
+    if (expired(it->second, now_unix_ms())) {
+      ++stats_.misses;
+      ++stats_.expired;
+      if (Status status = erase_locked(hash); !status.ok()) return status;
+      return Status::not_found("disk KV tier: block " + hash.to_hex() + " expired");
     }
   }
 
@@ -515,7 +548,8 @@ Status DiskBlockStore::get(const BlockHash& hash, std::span<std::byte> out) {
 
 bool DiskBlockStore::contains(const BlockHash& hash) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return index_.contains(hash);
+  auto it = index_.find(hash);
+  return it != index_.end() && !expired(it->second, now_unix_ms());
 }
 
 Status DiskBlockStore::remove(const BlockHash& hash) {
@@ -526,7 +560,11 @@ Status DiskBlockStore::remove(const BlockHash& hash) {
 size_t DiskBlockStore::match_prefix(std::span<const BlockHash> chain) const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t matched = 0;
-  while (matched < chain.size() && index_.contains(chain[matched])) ++matched;
+  const int64_t now = now_unix_ms();
+  for (; matched < chain.size(); ++matched) {
+    auto it = index_.find(chain[matched]);
+    if (it == index_.end() || expired(it->second, now)) break;
+  }
   return matched;
 }
 
@@ -554,6 +592,12 @@ Status DiskBlockStore::erase_locked(const BlockHash& hash_ref) {
   const fs::path path = block_path(hash);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
   return Status::ok_status();
+}
+
+int64_t DiskBlockStore::now_unix_ms() const {
+  if (options_.now_unix_ms) return options_.now_unix_ms();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 void DiskBlockStore::touch_locked(const BlockHash& hash) {

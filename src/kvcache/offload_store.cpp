@@ -138,7 +138,7 @@ void KvOffloadStore::store(const BlockHash& hash, const BlockHash& parent, std::
   host_insert_locked(hash, copy, expiry_ms, now_ms);
   if (disk_ && !pending_writes_.contains(hash) && !disk_->contains(hash)) {
     pending_writes_.emplace(hash, copy);
-    disk_queue_.push_back({hash, parent, std::move(copy)});
+    disk_queue_.push_back({hash, parent, std::move(copy), config_.retention.ttl_ms(ttl_class)});
     lock.unlock();
     work_cv_.notify_one();
   }
@@ -266,7 +266,7 @@ void KvOffloadStore::run_background() {
     int64_t failed = 0;
     for (const DiskWrite& write : batch) {
       if (disk_->contains(write.hash)) continue;
-      if (disk_->put(write.hash, write.parent, *write.payload).ok()) {
+      if (disk_->put(write.hash, write.parent, *write.payload, write.ttl_ms).ok()) {
         ++written;
       } else {
         ++failed;
@@ -292,6 +292,7 @@ OffloadCounters KvOffloadStore::counters() const {
     counters.disk.usage_blocks = stats.blocks;
     counters.disk.evicted_blocks = stats.evictions;
     counters.disk.corrupt_blocks = stats.corrupt_dropped + stats.foreign_dropped;
+    counters.disk.expired_blocks = stats.expired;
   }
   return counters;
 }

@@ -149,7 +149,8 @@ TEST(DiskBlockStoreTest, OnDiskFormatMatchesTheHeaderComment) {
   EXPECT_EQ(le_u64(file, 72), 1u) << "first sequence number of a fresh directory";
   const std::vector<std::byte> payload = payload_of(7);
   EXPECT_EQ(le_u64(file, 80), XXH3_64bits(payload.data(), payload.size()));
-  for (size_t i = 88; i < 120; ++i) EXPECT_EQ(file[i], std::byte{0}) << "reserved byte " << i;
+  EXPECT_EQ(le_u64(file, 88), 0u) << "expiry: put() without a TTL never expires";
+  for (size_t i = 96; i < 120; ++i) EXPECT_EQ(file[i], std::byte{0}) << "reserved byte " << i;
   EXPECT_EQ(le_u64(file, 120), XXH3_64bits(file.data(), 120));
   EXPECT_TRUE(std::equal(payload.begin(), payload.end(), file.begin() + kDiskBlockHeaderBytes));
   EXPECT_TRUE(fs::exists(dir.path() / "LOCK"));
@@ -655,6 +656,53 @@ TEST(DiskBlockStoreTest, MatchPrefixStopsAtTheFirstHole) {
   EXPECT_EQ(store->match_prefix(std::span<const BlockHash>()), 0u);
   EXPECT_EQ(store->match_prefix(std::span(chain).subspan(2)), 4u) << "a chain need not start at block 0";
   EXPECT_EQ(store->stats().hits + store->stats().misses, 0) << "match_prefix reads no file";
+}
+
+// Blocks expire ttl_ms after their put() by the store's clock (a fake one here): an expired block is absent to
+// contains() and match_prefix(), a miss for get() (which deletes it and counts it expired), dropped by open(), and
+// written afresh by a later put(). The expiry sits in the header at offset 88 (0: never, as files written before the
+// field existed hold there), so it outlives a restart.
+TEST(DiskBlockStoreTest, ExpiredBlocksAreAbsentMissesDroppedAtOpenAndRewritable) {
+  TempDir dir;
+  int64_t now = 1'800'000'000'000;  // Unix ms
+  DiskBlockStoreOptions options = options_for(dir.path());
+  options.now_unix_ms = [&now] { return now; };
+  auto store = open_store(options);
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::byte> p0 = payload_of(0), p1 = payload_of(1), p2 = payload_of(2);
+  ASSERT_TRUE(store->put(hash_of(0), parent_of(0), p0, 1000).ok());  // expires at now + 1 s
+  ASSERT_TRUE(store->put(hash_of(1), parent_of(1), p1, 5000).ok());  // at now + 5 s
+  ASSERT_TRUE(store->put(hash_of(2), parent_of(2), p2).ok());        // never
+  EXPECT_EQ(le_u64(read_file(store->block_path(hash_of(0))), 88), static_cast<uint64_t>(now + 1000));
+  const std::vector<BlockHash> chain = {hash_of(0), hash_of(1), hash_of(2)};
+  EXPECT_EQ(store->match_prefix(chain), 3u);
+
+  now += 1000;  // block 0's expiry: expired from this millisecond on
+  EXPECT_FALSE(store->contains(hash_of(0)));
+  EXPECT_TRUE(store->contains(hash_of(1)));
+  EXPECT_EQ(store->match_prefix(chain), 0u) << "an expired block ends the match";
+  EXPECT_EQ(store->match_prefix(std::span(chain).subspan(1)), 2u);
+  std::vector<std::byte> out(kBlockBytes);
+  EXPECT_EQ(store->get(hash_of(0), out).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(fs::exists(store->block_path(hash_of(0)))) << "get() deletes an expired block";
+  EXPECT_EQ(store->stats().expired, 1);
+  EXPECT_EQ(store->stats().misses, 1);
+  EXPECT_TRUE(serves_intact(*store, 1));
+
+  ASSERT_TRUE(store->put(hash_of(0), parent_of(0), p0, 1000).ok());  // written afresh, a new expiry
+  EXPECT_TRUE(serves_intact(*store, 0));
+
+  // A restart after block 1's expiry: open() drops it, keeps the others with their expiries.
+  store.reset();
+  now += 4000;  // block 1 expires (now + 5 s from its put); block 0's new copy expired too (1 s)
+  store = open_store(options);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->stats().expired, 2);
+  EXPECT_EQ(store->stats().blocks, 1);
+  EXPECT_FALSE(fs::exists(store->block_path(hash_of(1))));
+  EXPECT_TRUE(serves_intact(*store, 2)) << "a block without a TTL never expires";
+  now += int64_t{365} * 24 * 3600 * 1000;
+  EXPECT_TRUE(serves_intact(*store, 2));
 }
 
 // --- threads --------------------------------------------------------------------------------------------

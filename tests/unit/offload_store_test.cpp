@@ -158,6 +158,42 @@ TEST(OffloadStoreTest, DiskTierHoldsWhatHostEvictedAndSurvivesReopen) {
   EXPECT_EQ(out, payload_of(1));
 }
 
+// The disk copy of a block keeps its request's retention class: it expires when the host copy would (the disk
+// store's wall clock, faked here), across a reopen too, and is then neither matched nor loaded.
+TEST(OffloadStoreTest, DiskCopiesExpireWithTheirRetentionClass) {
+  TempDir dir;
+  int64_t wall_ms = 1'800'000'000'000;
+  OffloadConfig config = host_only(2);  // default class 1 h
+  config.disk = DiskBlockStoreOptions{};
+  config.disk->directory = dir.path();
+  config.disk->fingerprint = {1, 2};
+  config.disk->block_bytes = kBytes;
+  config.disk->capacity_blocks = 100;
+  config.disk->sync = false;
+  config.disk->now_unix_ms = [&wall_ms] { return wall_ms; };
+  const TtlClassId agent = *config.retention.find("agent");  // 3 days
+  {
+    auto store = std::move(KvOffloadStore::create(config)).value();
+    for (uint64_t i = 0; i < 4; ++i) {
+      store->store(hash_of(i), hash_of(i - 1), payload_of(i), i < 2 ? kDefaultTtlClass : agent, 0);
+    }
+    store->flush();
+    EXPECT_EQ(store->counters().disk.usage_blocks, 4);
+  }
+  wall_ms += 2 * kHour;  // the default class (1 h) has expired on disk, the agent class (3 days) has not
+  auto reopened = std::move(KvOffloadStore::create(config)).value();
+  EXPECT_EQ(reopened->counters().disk.usage_blocks, 2);
+  EXPECT_EQ(reopened->counters().disk.expired_blocks, 2);
+  EXPECT_EQ(reopened->match(chain_of(0, 4), 0), 0) << "block 0 expired: the chain ends before it";
+  EXPECT_EQ(reopened->match(chain_of(2, 2), 0), 2);
+  std::vector<std::byte> out(kBytes);
+  EXPECT_FALSE(reopened->load(hash_of(1), out, kDefaultTtlClass, 0));
+  ASSERT_TRUE(reopened->load(hash_of(3), out, agent, 0));
+  EXPECT_EQ(out, payload_of(3));
+  wall_ms += 3 * 24 * kHour;  // and now the agent class too (still in host, which the engine's clock governs)
+  EXPECT_EQ(reopened->match(chain_of(2, 1), 0), 0);
+}
+
 TEST(OffloadStoreTest, ConfigErrorsNameTheField) {
   OffloadConfig config = host_only(0);
   auto store = KvOffloadStore::create(config);

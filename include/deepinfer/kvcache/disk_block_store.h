@@ -19,7 +19,8 @@
 //   offset  64  u64    payload size in bytes (== block_bytes)
 //   offset  72  u64    write sequence number (per directory, increasing; breaks recency ties on open())
 //   offset  80  u64    XXH3-64 (seed 0) of the payload
-//   offset  88  u8[32] reserved, zero
+//   offset  88  u64    expiry, Unix time in ms (0: never; files of before this field hold 0 there)
+//   offset  96  u8[24] reserved, zero
 //   offset 120  u64    XXH3-64 (seed 0) of header bytes [0, 120)
 //   offset 128  u8[payload size]  the payload: the block's KV bytes, opaque to the store
 // File size must be exactly 128 + payload size. Another magic, version or header size, a bad header checksum
@@ -58,6 +59,9 @@ struct DiskBlockStoreOptions {
   // power loss a block may be missing or, on some file systems, present with garbage; the checksums then
   // drop it. For tests and benchmarks, or a cache you are content to lose on power loss.
   bool sync = true;
+  // The wall clock blocks expire by, in Unix ms (the disk tier outlives the process, so not a steady clock).
+  // Empty: the system clock. Test seam.
+  std::function<int64_t()> now_unix_ms;
   // Test seam, empty in production: called by put() after the temp file holds the header and before the
   // payload is written (a test kills the process there to leave a half-written temp file behind).
   std::function<void(const BlockHash&)> test_hook_mid_write;
@@ -71,6 +75,7 @@ struct DiskBlockStoreStats {
   int64_t writes = 0;              // block files written by put()
   int64_t evictions = 0;           // blocks deleted to stay within capacity_blocks (put() and open())
   int64_t corrupt_dropped = 0;     // files deleted as malformed (open() and get())
+  int64_t expired = 0;             // files deleted because their expiry passed (open() and get())
   int64_t foreign_dropped = 0;     // files deleted as written under another fingerprint (open() and get())
   int64_t temp_files_removed = 0;  // leftover temp files of interrupted put()s, removed by open()
   uint64_t bytes_written = 0;      // payload bytes written by put()
@@ -98,7 +103,10 @@ class DiskBlockStore {
   DiskBlockStore(const DiskBlockStore&) = delete;
   DiskBlockStore& operator=(const DiskBlockStore&) = delete;
 
-  // Stores one block. When `hash` is already on disk, only refreshes its recency (same hash, same KV).
+  // Stores one block, to expire `ttl_ms` after now by the store's clock (ttl_ms 0: never; an expired block is
+  // absent to contains(), match_prefix() and get(), and deleted by get() and open()). When `hash` is already on disk, only refreshes its
+  // recency (same hash, same KV) and, in the index, moves its expiry later when this one is later (the file keeps
+  // the expiry it was written with: after a restart that one applies).
   // Otherwise writes <hh>/<hash>.<seq>.tmp (header, payload, fsync when options.sync), renames it over
   // <hh>/<hash>.kvb, fsyncs the directory (when options.sync), adds it to the index as most recently used,
   // and evicts least recently used blocks beyond capacity_blocks. A reader never sees a partial file under
@@ -106,7 +114,7 @@ class DiskBlockStore {
   // REQUIRES: payload.size() == block_bytes (else InvalidArgument, nothing written).
   // Errors: IoError naming the file and errno when a write, fsync or rename fails (the temp file is removed;
   // the index is unchanged).
-  Status put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload);
+  Status put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload, int64_t ttl_ms = 0);
 
   // Reads block `hash` into `out` and verifies the header and the payload checksum; on success marks it
   // most recently used (also in the file's mtime) and counts a hit. Any failure counts a miss, and the caller
@@ -118,7 +126,7 @@ class DiskBlockStore {
   // operating system refuses the read (the block stays indexed).
   Status get(const BlockHash& hash, std::span<std::byte> out);
 
-  // Whether `hash` is in the index. Index only: no I/O, no recency change.
+  // Whether `hash` is in the index and not expired. Index only: no I/O, no recency change.
   bool contains(const BlockHash& hash) const;
 
   // Deletes block `hash` from the index and the disk. Ok when it was absent.
@@ -126,8 +134,8 @@ class DiskBlockStore {
   // file would be indexed again by the next open()).
   Status remove(const BlockHash& hash);
 
-  // The number of leading elements of `chain` that are all in the index: chain[0, n) are on disk and
-  // chain[n] is not (or n == chain.size()). Index only: no I/O, no recency change.
+  // The number of leading elements of `chain` that are all in the index and not expired: chain[0, n) are on disk
+  // and chain[n] is not (or n == chain.size()). Index only: no I/O, no recency change.
   size_t match_prefix(std::span<const BlockHash> chain) const;
 
   // A snapshot of the counters.
@@ -140,6 +148,7 @@ class DiskBlockStore {
  private:
   struct Entry {
     BlockHash parent;
+    int64_t expires_at_unix_ms = 0;  // 0: never
     std::list<BlockHash>::iterator recency;  // into recency_
   };
 
@@ -153,6 +162,11 @@ class DiskBlockStore {
   Status erase_locked(const BlockHash& hash);
   // Makes an indexed `hash` the most recently used. REQUIRES: mu_ held.
   void touch_locked(const BlockHash& hash);
+  int64_t now_unix_ms() const;
+  // Whether an index entry has expired at `now`. REQUIRES: mu_ held.
+  static bool expired(const Entry& entry, int64_t now) {
+    return entry.expires_at_unix_ms != 0 && entry.expires_at_unix_ms <= now;
+  }
 
   const DiskBlockStoreOptions options_;
   const int lock_fd_;

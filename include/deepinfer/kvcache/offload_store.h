@@ -59,7 +59,7 @@ struct OffloadTierCounters {
   int64_t stored_blocks = 0;   // copies written into this tier
   int64_t refused_blocks = 0;  // stores refused (host full, no eviction token) or failed (disk write error)
   int64_t evicted_blocks = 0;  // dropped under capacity pressure
-  int64_t expired_blocks = 0;  // dropped because their TTL passed (host)
+  int64_t expired_blocks = 0;  // dropped because their TTL passed (host: by tick(); disk: found expired by a load or at open)
   int64_t corrupt_blocks = 0;  // found corrupt or foreign and dropped (disk)
   int64_t bytes_written = 0;
   int64_t bytes_read = 0;
@@ -126,6 +126,7 @@ class KvOffloadStore {
     BlockHash hash;
     BlockHash parent;
     std::shared_ptr<const std::vector<std::byte>> payload;
+    int64_t ttl_ms;  // the request's retention class: the disk copy expires as the host copy would
   };
   struct Prefetch {
     BlockHash hash;
