@@ -24,6 +24,11 @@ namespace kc = kernels::cuda;
 // (per-expert path) and 39.5 ms at 4096 (grouped, each expert read 3 times). Past ~4096 copies (prefill) per-expert
 // tensor-core GEMMs reuse each weight tile over many rows, and the one host synchronization per layer costs little.
 constexpr int64_t kGroupedMaxEntries = 4096;
+// ... and up to this many copies per expert on average: the grouped kernel reads an expert's weights once per 8
+// rows, the per-expert GEMMs once. Measured (bench_model --profile, H200): V2-Lite, a 512-token chunk (48 rows per
+// expert) spent 53.6 ms in MoE on the grouped path, where per-expert GEMMs cost ~30 ms at any row count up to a
+// 4K prefill; at 24 rows per expert (decode, batch 256) the grouped path wins (38.6 vs 67 ms per step).
+constexpr int64_t kGroupedMaxRowsPerExpert = 32;
 
 // Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
 // stay on cuBLAS), and input widths that split into 16-byte vectors (cols % 8 == 0; every DeepSeek shape does).
@@ -160,7 +165,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   perm.stream = stream_;
   check_cuda(kc::run_moe_permute(perm), "moe (permute)");
 
-  const bool grouped = P <= kGroupedMaxEntries && grouped_supports(*w.gate_up) && grouped_supports(*w.down);
+  const bool grouped = P <= kGroupedMaxEntries && P <= kGroupedMaxRowsPerExpert * E &&
+                       grouped_supports(*w.gate_up) && grouped_supports(*w.down);
 
   // Per-expert GEMMs: the per-expert row ranges decide which GEMMs to launch, so the host needs them: one
   // device-to-host copy and one stream synchronization per MoE layer. The grouped path reads them on the device.
