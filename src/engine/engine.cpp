@@ -1,11 +1,11 @@
 // Engine step: schedule, execute (forward + sample), update; plus request admission and cancellation.
 #include "deepinfer/engine/engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-
-#include <omp.h>
 
 namespace deepinfer::engine {
 
@@ -19,7 +19,9 @@ int64_t now_ms() {
 
 Engine::OffloadTiers::OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, backend::Backend& backend,
                                    std::span<const backend::Buffer> layer_caches)
-    : store_(std::move(store)), backend_(backend), layer_caches_(layer_caches),
+    : store_(std::move(store)),
+      backend_(backend),
+      layer_caches_(layer_caches),
       scratch_(store_->config().block_bytes) {}
 
 int64_t Engine::OffloadTiers::match(std::span<const kvcache::BlockHash> chain) {
@@ -31,8 +33,9 @@ bool Engine::OffloadTiers::load(const kvcache::BlockHash& hash, kvcache::BlockId
   const size_t layer_bytes = scratch_.size() / layer_caches_.size();
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
     // A failed copy is a miss: the block is then computed, never used half-written.
-    if (!backend_.upload(scratch_.data() + layer * layer_bytes, layer_bytes, layer_caches_[layer],
-                         static_cast<size_t>(block) * layer_bytes)
+    if (!backend_
+             .upload(scratch_.data() + layer * layer_bytes, layer_bytes, layer_caches_[layer],
+                     static_cast<size_t>(block) * layer_bytes)
              .ok()) {
       return false;
     }
@@ -45,8 +48,9 @@ void Engine::OffloadTiers::store(const kvcache::BlockHash& hash, const kvcache::
   const size_t layer_bytes = scratch_.size() / layer_caches_.size();
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
     // A block that cannot be read back is not stored: a lower tier never holds another block's bytes.
-    if (!backend_.download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes, layer_bytes,
-                           scratch_.data() + layer * layer_bytes)
+    if (!backend_
+             .download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes, layer_bytes,
+                       scratch_.data() + layer * layer_bytes)
              .ok()) {
       return;
     }
@@ -61,10 +65,10 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
       config_(config),
       scheduler_(std::move(scheduler)),
       layer_caches_(std::move(layer_caches)),
-      samplers_(static_cast<size_t>(config.sampling_threads > 0
-                                        ? config.sampling_threads
-                                        : std::clamp(omp_get_max_threads(), 1, kMaxSamplerThreads)),
-                Sampler(model_->config().vocab_size)) {
+      samplers_(
+          static_cast<size_t>(config.sampling_threads > 0 ? config.sampling_threads
+                                                          : std::clamp(omp_get_max_threads(), 1, kMaxSamplerThreads)),
+          Sampler(model_->config().vocab_size)) {
   for (const backend::Buffer& layer : layer_caches_) kv_cache_bytes_ += layer.bytes;
 }
 
@@ -153,7 +157,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     }
     Result<std::unique_ptr<kvcache::KvOffloadStore>> store = kvcache::KvOffloadStore::create(std::move(offload));
     if (!store.ok()) return store.status();
-    engine->offload_ = std::make_unique<OffloadTiers>(std::move(store).value(), *engine->backend_, engine->layer_caches_);
+    engine->offload_ =
+        std::make_unique<OffloadTiers>(std::move(store).value(), *engine->backend_, engine->layer_caches_);
     engine->scheduler_.set_lower_tiers(engine->offload_.get());
   }
   return engine;
@@ -165,8 +170,8 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
   if (Status s = params.validate(c.vocab_size); !s.ok()) return s;
   static const size_t classes = kvcache::RetentionConfig::defaults().classes.size();
   if (params.kv_ttl_class >= classes) {
-    return Status::invalid_argument("kv_ttl_class " + std::to_string(params.kv_ttl_class) + " is not a retention class (0.." +
-                                    std::to_string(classes - 1) + ")");
+    return Status::invalid_argument("kv_ttl_class " + std::to_string(params.kv_ttl_class) +
+                                    " is not a retention class (0.." + std::to_string(classes - 1) + ")");
   }
   for (TokenId id : prompt) {
     if (id < 0 || id >= c.vocab_size) {
@@ -176,8 +181,8 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
   }
   const int64_t room = config_.max_model_len - static_cast<int64_t>(prompt.size());
   if (room < 1) {
-    return Status::invalid_argument("the prompt has " + std::to_string(prompt.size()) +
-                                    " tokens; max_model_len is " + std::to_string(config_.max_model_len));
+    return Status::invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens; max_model_len is " +
+                                    std::to_string(config_.max_model_len));
   }
   SequenceRequest request;
   request.id = next_id_++;
@@ -206,8 +211,8 @@ Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
   for (const ScheduledEntry& entry : batch.entries) {
     int32_t first_row = static_cast<int32_t>(forward.token_ids.size());
     forward.token_ids.insert(forward.token_ids.end(), entry.token_ids.begin(), entry.token_ids.end());
-    forward.sequences.push_back({static_cast<int32_t>(entry.num_tokens()), static_cast<int32_t>(entry.start_position),
-                                 entry.block_table});
+    forward.sequences.push_back(
+        {static_cast<int32_t>(entry.num_tokens()), static_cast<int32_t>(entry.start_position), entry.block_table});
     if (entry.samples) forward.logits_rows.push_back(first_row + static_cast<int32_t>(entry.num_tokens()) - 1);
   }
   // A step whose every sampled row is plain greedy gets only the argmax ids from the backend, not the logits.
@@ -254,23 +259,33 @@ Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
 // Rows are independent (each request draws from its own Philox stream), so a large step's rows are split over
 // threads, one Sampler each: the same tokens as one Sampler, in a fraction of the time (measured on the 2-core dev
 // machine: 256 rows of a 129,280-token vocabulary at top_p 0.9 cost 408 ms on one core; the GPU step they follow
-// took 12 ms). Every row is checked before any is sampled, so the step stays all-or-nothing.
+// took 12 ms). Every row is checked before any is sampled, so the step stays all-or-nothing; each row is checked
+// once, by the thread that samples it.
 Status Engine::sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled) {
   const int64_t work = static_cast<int64_t>(rows.size()) * samplers_[0].vocab_size();
   const int64_t threads = std::min<int64_t>(static_cast<int64_t>(samplers_.size()), static_cast<int64_t>(rows.size()));
   if (threads <= 1 || work < config_.parallel_sampling_min_logits) return samplers_[0].sample(rows, sampled);
-  if (Status s = samplers_[0].check(rows, sampled); !s.ok()) return s;
   const int64_t per = (static_cast<int64_t>(rows.size()) + threads - 1) / threads;
-  std::vector<Status> results(static_cast<size_t>(threads));
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(threads))
+  auto begin_of = [&](int64_t t) {
+    return static_cast<size_t>(std::min<int64_t>(t * per, static_cast<int64_t>(rows.size())));
+  };
+  auto count_of = [&](int64_t t) {
+    return std::min(rows.size(), begin_of(t) + static_cast<size_t>(per)) - begin_of(t);
+  };
+  // Every row checked (in parallel) before any is sampled.
+  std::vector<Status> checks(static_cast<size_t>(threads));
+#pragma omp parallel for schedule(static) num_threads(static_cast <int>(threads))
   for (int64_t t = 0; t < threads; ++t) {
-    const size_t begin = static_cast<size_t>(std::min<int64_t>(t * per, static_cast<int64_t>(rows.size())));
-    const size_t end = std::min(rows.size(), begin + static_cast<size_t>(per));
-    results[static_cast<size_t>(t)] =
-        samplers_[static_cast<size_t>(t)].sample(rows.subspan(begin, end - begin), sampled.subspan(begin, end - begin));
+    checks[static_cast<size_t>(t)] = samplers_[static_cast<size_t>(t)].check(
+        rows.subspan(begin_of(t), count_of(t)), sampled.subspan(begin_of(t), count_of(t)), begin_of(t));
   }
-  for (const Status& s : results) {
+  for (const Status& s : checks) {
     if (!s.ok()) return s;
+  }
+#pragma omp parallel for schedule(static) num_threads(static_cast <int>(threads))
+  for (int64_t t = 0; t < threads; ++t) {
+    samplers_[static_cast<size_t>(t)].sample_checked(rows.subspan(begin_of(t), count_of(t)),
+                                                     sampled.subspan(begin_of(t), count_of(t)));
   }
   return Status();
 }
@@ -281,7 +296,13 @@ Result<std::vector<TokenEvent>> Engine::step() {
   num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
   std::vector<TokenEvent> events;
   for (const FinishedSequence& finished : batch.finished) {
-    events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message,
+    events.push_back({finished.id,
+                      std::nullopt,
+                      std::nullopt,
+                      {},
+                      true,
+                      finished.reason,
+                      finished.message,
                       finished.num_cached_tokens});
     requests_.erase(finished.id);
   }
@@ -299,8 +320,14 @@ Result<std::vector<TokenEvent>> Engine::step() {
     if (request == requests_.end()) continue;  // cancelled between schedule() and update()
     request->second.output.push_back(token.token_id);
     // A finish (stop token, length) is reported once, by the next step's `finished` list.
-    events.push_back({entry.sequence_id, token.token_id, token.logprob, std::move(token.top_logprobs), false,
-                      FinishReason::kNone, {}, 0});
+    events.push_back({entry.sequence_id,
+                      token.token_id,
+                      token.logprob,
+                      std::move(token.top_logprobs),
+                      false,
+                      FinishReason::kNone,
+                      {},
+                      0});
   }
   return events;
 }

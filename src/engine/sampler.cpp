@@ -381,20 +381,27 @@ Status Sampler::final_distribution(const SamplerRow& row, std::vector<TokenProba
   return Status();
 }
 
-Status Sampler::check(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) const {
+Status Sampler::check(std::span<const SamplerRow> rows, std::span<SampledToken> outputs, size_t first_row) const {
   if (outputs.size() != rows.size()) {
     return Status::invalid_argument("sampler got " + std::to_string(rows.size()) + " rows but " +
                                     std::to_string(outputs.size()) + " output slots");
   }
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (Status status = check_row(rows[i], i); !status.ok()) return status;
-    if (rows[i].rng == nullptr) return Status::invalid_argument("row " + std::to_string(i) + ": rng is null");
+    if (Status status = check_row(rows[i], first_row + i); !status.ok()) return status;
+    if (rows[i].rng == nullptr) {
+      return Status::invalid_argument("row " + std::to_string(first_row + i) + ": rng is null");
+    }
   }
   return Status();
 }
 
 Status Sampler::sample(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) {
   if (Status status = check(rows, outputs); !status.ok()) return status;
+  sample_checked(rows, outputs);
+  return Status();
+}
+
+void Sampler::sample_checked(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const SamplerRow& row = rows[i];
     process_logits(row);
@@ -416,7 +423,6 @@ Status Sampler::sample(std::span<const SamplerRow> rows, std::span<SampledToken>
     outputs[i].token_id = token;
     fill_logprobs(row, outputs[i]);
   }
-  return Status();
 }
 
 }  // namespace deepinfer::engine

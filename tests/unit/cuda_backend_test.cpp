@@ -3,20 +3,21 @@
 // prefill step whose sequences all start at 0 (the expanded-form kernel), pure decode steps (the paged MLA decode
 // kernel), and a mixed step of decode rows and prefill chunks with a cached prefix (the generic absorbed kernel).
 // The same token ids go to both backends. Bounds: per step, the median row's relative error within a bf16 bound;
-// over all steps, 90% of the rows' argmax equal. Not every row: bf16 hidden states can flip a near-tie in the sigmoid router, and a
-// row routed to another expert moves by 10-30% (seen on the H200: one row in 3 of one decode step). A kernel bug
-// moves every row of its path. Skipped without a GPU (scripts/gpu-check.sh runs it on the H200).
+// over all steps, 90% of the rows' argmax equal. Not every row: bf16 hidden states can flip a near-tie in the sigmoid
+// router, and a row routed to another expert moves by 10-30% (seen on the H200: one row in 3 of one decode step). A
+// kernel bug moves every row of its path. Skipped without a GPU (scripts/gpu-check.sh runs it on the H200).
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/model/deepseek_model.h"
 #include "deepinfer/model/random_checkpoint.h"
+#include "logits_compare.h"
 #include "temp_dir.h"
 
 namespace deepinfer::model {
@@ -48,15 +49,8 @@ struct Sequence {
   std::vector<int32_t> table;
 };
 
-// ‖a − b‖ / ‖b‖ over n values.
-double relative_error(const float* a, const float* b, int64_t n) {
-  double diff = 0.0, norm = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
+using deepinfer::testing::argmax;
+using deepinfer::testing::relative_error;
 
 // A model the CUDA kernels cannot run is refused when it loads (Unsupported naming the limit), not by an abort at
 // its first step: here 640 routed experts (the routing kernel takes up to 512).
@@ -128,7 +122,7 @@ TEST(CudaBackendTest, AgreesWithTheCpuBackendOnEveryAttentionPath) {
       const float* a = got.data() + r * vocab;
       const float* b = expected.data() + r * vocab;
       errors.push_back(relative_error(a, b, vocab));
-      agree += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b ? 1 : 0;
+      agree += argmax(a, vocab) == argmax(b, vocab) ? 1 : 0;
     }
     std::sort(errors.begin(), errors.end());
     const double median = errors[errors.size() / 2];
@@ -144,7 +138,7 @@ TEST(CudaBackendTest, AgreesWithTheCpuBackendOnEveryAttentionPath) {
       row += rows[s];
       if (q.cached == static_cast<int32_t>(q.tokens.size())) {
         const float* last = expected.data() + (row - 1) * vocab;
-        q.tokens.push_back(static_cast<int32_t>(std::max_element(last, last + vocab) - last));
+        q.tokens.push_back(argmax(last, vocab));
       }
     }
   };
@@ -243,7 +237,7 @@ TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
     EXPECT_EQ(eager.ids[static_cast<size_t>(step)], graphs.ids[static_cast<size_t>(step)]) << "step " << step;
     for (size_t r = 0; r < prompts.size(); ++r) {
       const float* row = a.data() + r * static_cast<size_t>(vocab);
-      EXPECT_EQ(graphs.ids[static_cast<size_t>(step)][r], std::max_element(row, row + vocab) - row)
+      EXPECT_EQ(graphs.ids[static_cast<size_t>(step)][r], argmax(row, vocab))
           << "step " << step << " row " << r << ": the greedy id is not the logits' argmax";
     }
   }

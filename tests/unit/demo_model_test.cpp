@@ -4,6 +4,8 @@
 // identical; the FP8 copy (models/demo-fp8) loads and its error is reported. Skipped only while the repository
 // has no demo model (no assets/demo-model/config.json). DEEPINFER_DEMO_MODEL_DIR and DEEPINFER_DEMO_REFERENCE
 // point it elsewhere (the CPU smoke run of tools/train_demo_model.py).
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,11 +15,10 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/model/deepseek_model.h"
 #include "deepinfer/model/safetensors.h"
+#include "logits_compare.h"
 #include "test_data.h"
 
 namespace deepinfer::model {
@@ -48,7 +49,7 @@ std::vector<T> values(const SafetensorsFile& file, const std::string& name) {
   return out;
 }
 
-int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+using deepinfer::testing::argmax;
 
 // Prefill of the whole prompt, then `decode` greedy tokens one at a time through the KV cache.
 void run(DeepSeekModel& model, const std::vector<int32_t>& prompt, int decode, std::vector<float>& prompt_logits,
@@ -110,18 +111,7 @@ class DemoModelTest : public ::testing::Test {
 
   // Relative error over the stored positions; counts argmax agreement.
   double compare(const Reference& ref, const std::vector<float>& ours, int64_t vocab, int* agree) const {
-    double diff = 0.0, norm = 0.0;
-    *agree = 0;
-    for (size_t k = 0; k < ref.positions.size(); ++k) {
-      const float* a = ours.data() + ref.positions[k] * vocab;
-      const float* b = ref.logits.data() + k * vocab;
-      for (int64_t v = 0; v < vocab; ++v) {
-        diff += (static_cast<double>(a[v]) - b[v]) * (static_cast<double>(a[v]) - b[v]);
-        norm += static_cast<double>(b[v]) * b[v];
-      }
-      *agree += argmax(a, vocab) == argmax(b, vocab) ? 1 : 0;
-    }
-    return std::sqrt(diff / norm);
+    return deepinfer::testing::stored_positions_error(ref.positions, ref.logits, ours, vocab, agree);
   }
 
   std::string dir_, reference_path_;

@@ -4,6 +4,8 @@
 // 8 different prompts in one batch. The bf16-weight path reports its error and argmax agreement. The CUDA backend
 // (bf16 activations and KV cache, FP8 weights kept FP8) runs the same prompts on a machine with a GPU (skipped
 // without one; scripts/gpu-check.sh runs it on the H200): within a bf16 bound, argmax and greedy agreement reported.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,16 +13,14 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/model/deepseek_model.h"
 #include "deepinfer/model/safetensors.h"
+#include "logits_compare.h"
 #include "test_data.h"
 
 namespace deepinfer::model {
 namespace {
-
 
 constexpr int kBlockTokens = 64;
 
@@ -50,8 +50,9 @@ std::vector<ReferencePrompt> load_reference(const std::string& dir) {
   for (int i = 0;; ++i) {
     std::string p = "prompt_" + std::to_string(i);
     if ((*file)->find(p + ".input_ids") == nullptr) break;
-    prompts.push_back({p, tensor_values<int32_t>(**file, p + ".input_ids"), tensor_values<int32_t>(**file, p + ".positions"),
-                       tensor_values<float>(**file, p + ".logits"), tensor_values<int32_t>(**file, p + ".greedy")});
+    prompts.push_back({p, tensor_values<int32_t>(**file, p + ".input_ids"),
+                       tensor_values<int32_t>(**file, p + ".positions"), tensor_values<float>(**file, p + ".logits"),
+                       tensor_values<int32_t>(**file, p + ".greedy")});
   }
   return prompts;
 }
@@ -79,7 +80,7 @@ struct RunResult {
   std::vector<int32_t> greedy;
 };
 
-int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+using deepinfer::testing::argmax;
 
 RunResult run_sequence(DeepSeekModel& model, const std::vector<int32_t>& prompt, int chunk, int decode_tokens) {
   const ModelConfig& c = model.config();
@@ -117,18 +118,7 @@ RunResult run_sequence(DeepSeekModel& model, const std::vector<int32_t>& prompt,
 
 // ‖ours − reference‖ / ‖reference‖ over the stored positions; counts argmax agreement.
 double relative_error(const ReferencePrompt& ref, const std::vector<float>& ours, int64_t vocab, int* argmax_agree) {
-  double diff = 0.0, norm = 0.0;
-  *argmax_agree = 0;
-  for (size_t k = 0; k < ref.positions.size(); ++k) {
-    const float* a = ours.data() + ref.positions[k] * vocab;
-    const float* b = ref.logits.data() + k * vocab;
-    for (int64_t v = 0; v < vocab; ++v) {
-      diff += (static_cast<double>(a[v]) - b[v]) * (static_cast<double>(a[v]) - b[v]);
-      norm += static_cast<double>(b[v]) * b[v];
-    }
-    *argmax_agree += argmax(a, vocab) == argmax(b, vocab) ? 1 : 0;
-  }
-  return std::sqrt(diff / norm);
+  return deepinfer::testing::stored_positions_error(ref.positions, ref.logits, ours, vocab, argmax_agree);
 }
 
 class ExactnessTest : public ::testing::TestWithParam<std::string> {
@@ -156,11 +146,13 @@ TEST_P(ExactnessTest, Float32LogitsAndGreedyTokensMatchInEveryChunking) {
       RunResult run = run_sequence(*model_, ref.input_ids, chunk, 16);
       int agree = 0;
       double error = relative_error(ref, run.logits, vocab, &agree);
-      EXPECT_LE(error, 1e-4) << GetParam() << " " << ref.name << " (" << ref.input_ids.size() << " tokens) chunk " << chunk;
+      EXPECT_LE(error, 1e-4) << GetParam() << " " << ref.name << " (" << ref.input_ids.size() << " tokens) chunk "
+                             << chunk;
       EXPECT_EQ(agree, static_cast<int>(ref.positions.size())) << ref.name << " chunk " << chunk;
       EXPECT_EQ(run.greedy, ref.greedy) << GetParam() << " " << ref.name << " chunk " << chunk;
-      if (chunk == 0) std::printf("[ %s %s ] %zu tokens: relative error %.3g\n", GetParam().c_str(), ref.name.c_str(),
-                                  ref.input_ids.size(), error);
+      if (chunk == 0)
+        std::printf("[ %s %s ] %zu tokens: relative error %.3g\n", GetParam().c_str(), ref.name.c_str(),
+                    ref.input_ids.size(), error);
     }
   }
 }

@@ -113,9 +113,11 @@ class Sampler {
   // returns InvalidArgument naming the row and the problem, and mutates neither outputs nor any rng.
   // REQUIRES: outputs.size() == rows.size().
   Status sample(std::span<const SamplerRow> rows, std::span<SampledToken> outputs);
-  // The checks sample() makes before it mutates anything, alone: for callers that split a batch over several
-  // Samplers (one per thread) and want the whole batch all-or-nothing.
-  Status check(std::span<const SamplerRow> rows, std::span<SampledToken> outputs) const;
+  // sample() in two halves, for callers that split a batch over several Samplers (one per thread) and want the
+  // whole batch all-or-nothing: check() makes every check sample() makes, naming rows from `first_row` on;
+  // sample_checked() then samples. REQUIRES (sample_checked): check() returned ok for these rows and outputs.
+  Status check(std::span<const SamplerRow> rows, std::span<SampledToken> outputs, size_t first_row = 0) const;
+  void sample_checked(std::span<const SamplerRow> rows, std::span<SampledToken> outputs);
 
   // The distribution step 8 draws from, for one row, without drawing: the kept tokens in ascending id order
   // with probabilities summing to 1 (greedy: the argmax alone, probability 1). Does not touch row.rng

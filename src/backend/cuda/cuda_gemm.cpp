@@ -61,17 +61,7 @@ void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
       auto* y32 = reinterpret_cast<float*>(reserve(gemm_staging_, static_cast<size_t>(x.rows * w.rows) * 4));
       if (y32 == nullptr) return;
       gemm_f32_out(x, w, y32, w.rows);
-      kc::Convert2dParams c;
-      c.rows = x.rows;
-      c.src_cols = c.dst_cols = w.rows;
-      c.src_dtype = kc::DType::kF32;
-      c.dst_dtype = kc::DType::kBF16;
-      c.src = y32;
-      c.src_stride = w.rows;
-      c.dst = y.data;
-      c.dst_stride = y.stride;
-      c.stream = stream_;
-      check_cuda(kc::run_convert_2d(c), "linear (f32 -> bf16)");
+      copy(Tensor{y32, DType::kF32, x.rows, w.rows, w.rows}, y);
       return;
     }
   }
@@ -159,17 +149,7 @@ void CudaBackend::gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, in
       // The router's float32 path (the reference computes router logits in float32): x widened exactly.
       auto* x32 = reinterpret_cast<float*>(reserve(gemm_in_, static_cast<size_t>(x.rows * w.cols) * 4));
       if (x32 == nullptr) return;
-      kc::Convert2dParams c;
-      c.rows = x.rows;
-      c.src_cols = c.dst_cols = w.cols;
-      c.src_dtype = kc::DType::kBF16;
-      c.dst_dtype = kc::DType::kF32;
-      c.src = x.data;
-      c.src_stride = x.stride;
-      c.dst = x32;
-      c.dst_stride = w.cols;
-      c.stream = stream_;
-      check_cuda(kc::run_convert_2d(c), "GEMM with f32 output (bf16 -> f32)");
+      copy(x, Tensor{x32, DType::kF32, x.rows, w.cols, w.cols});
       check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, static_cast<const float*>(w.values),
                              static_cast<int>(w.stride), x32, k, &zero, y, static_cast<int>(ldy)),
                  "GEMM with f32 output (cublasSgemm)");
@@ -180,17 +160,7 @@ void CudaBackend::gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, in
       auto* y16 = reinterpret_cast<uint16_t*>(reserve(gemm_staging_, static_cast<size_t>(x.rows * w.rows) * 2));
       if (y16 == nullptr) return;
       linear_fp8(x, w, Tensor{y16, DType::kBF16, x.rows, w.rows, w.rows});
-      kc::Convert2dParams c;
-      c.rows = x.rows;
-      c.src_cols = c.dst_cols = w.rows;
-      c.src_dtype = kc::DType::kBF16;
-      c.dst_dtype = kc::DType::kF32;
-      c.src = y16;
-      c.src_stride = w.rows;
-      c.dst = y;
-      c.dst_stride = ldy;
-      c.stream = stream_;
-      check_cuda(kc::run_convert_2d(c), "GEMM with f32 output (FP8: bf16 -> f32)");
+      copy(Tensor{y16, DType::kBF16, x.rows, w.rows, w.rows}, Tensor{y, DType::kF32, x.rows, w.rows, ldy});
       return;
     }
   }

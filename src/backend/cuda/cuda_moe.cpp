@@ -165,8 +165,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   perm.stream = stream_;
   check_cuda(kc::run_moe_permute(perm), "moe (permute)");
 
-  const bool grouped = P <= kGroupedMaxEntries && P <= kGroupedMaxRowsPerExpert * E &&
-                       grouped_supports(*w.gate_up) && grouped_supports(*w.down);
+  const bool grouped = P <= kGroupedMaxEntries && P <= kGroupedMaxRowsPerExpert * E && grouped_supports(*w.gate_up) &&
+                       grouped_supports(*w.down);
 
   // Per-expert GEMMs: the per-expert row ranges decide which GEMMs to launch, so the host needs them: one
   // device-to-host copy and one stream synchronization per MoE layer. The grouped path reads them on the device.
@@ -227,17 +227,17 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     check_cuda(kc::run_moe_grouped_gemm(grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_)),
                "moe (grouped down)");
   } else {
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
-      if (count > 0)
-        linear_matrix(permuted.rows_slice(begin, count), matrix_of(*w.gate_up, e), gate_up.rows_slice(begin, count));
-    }
+    // One GEMM per non-empty expert over its contiguous rows.
+    auto per_expert = [&](const Tensor& in, const Weight& weight, const Tensor& result) {
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
+        if (count > 0)
+          linear_matrix(in.rows_slice(begin, count), matrix_of(weight, e), result.rows_slice(begin, count));
+      }
+    };
+    per_expert(permuted, *w.gate_up, gate_up);
     silu_mul(gate_up, act);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
-      if (count > 0)
-        linear_matrix(act.rows_slice(begin, count), matrix_of(*w.down, e), expert_out.rows_slice(begin, count));
-    }
+    per_expert(act, *w.down, expert_out);
   }
 
   // combine: out = base + Σ_slot weight · expert_out, in float, rounded once; base may alias out, but both are
