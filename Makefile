@@ -2,11 +2,12 @@
 #   make serve  set up a fresh Debian machine, build, serve the built-in demo model on 127.0.0.1:8000
 #   make test   set up, build, run every CPU test, the Python module's tests (pip install . + pytest), then the
 #               openai / @anthropic-ai/sdk clients (what CI runs)
-# Other targets: build, python-test, asan-test (recipe, scheduler and sampler tests under ASan+UBSan), fuzz, bench.
+# Other targets: build, python-test, asan-test (recipe, scheduler and sampler tests under ASan+UBSan), fuzz (build
+# the libFuzzer targets), fuzz-ci (each for FUZZ_SECONDS), fuzz-long (each for an hour), bench.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: setup build test python-test sdk-test asan-test fuzz bench serve clean
+.PHONY: setup build test python-test sdk-test asan-test fuzz fuzz-ci fuzz-long bench serve clean
 
 setup:
 	bash scripts/setup.sh
@@ -37,7 +38,16 @@ asan-test: setup
 
 fuzz: setup
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPINFER_FUZZ=ON -DDEEPINFER_SANITIZE=ON
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_tokenizer_roundtrip fuzz_render_request
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
+
+# Every fuzz target for FUZZ_SECONDS each (CI: 20), or for hours (fuzz-long: FUZZ_LONG_SECONDS each).
+FUZZ_SECONDS ?= 20
+FUZZ_LONG_SECONDS ?= 3600
+fuzz-ci: fuzz
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+fuzz-long: fuzz
+	bash scripts/fuzz.sh $(FUZZ_LONG_SECONDS)
 
 bench: build
 	$(BUILD)/bench/bench_recipe

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "commands.h"
 #include "backend_choice.h"
@@ -25,8 +26,27 @@
 namespace deepinfer::apps {
 namespace {
 
-constexpr const char* kDefaultModelPath = "models/demo";
 constexpr int64_t kDefaultModelMaxTokens = 256;
+
+// Where the built-in demo model lives (scripts/setup.sh unpacks it into <repo>/models/demo and demo-fp8),
+// whatever the working directory: beside the binary's repository (build/apps/deepinfer), else the source
+// tree this binary was built from, else ./models/demo.
+std::vector<std::filesystem::path> builtin_model_dirs() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> roots;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back(exe.parent_path().parent_path().parent_path());
+  roots.emplace_back(DEEPINFER_SOURCE_DIR);
+  roots.push_back(fs::current_path(ec));
+  std::vector<fs::path> dirs;
+  for (const fs::path& root : roots) {
+    for (const char* name : {"models/demo", "models/demo-fp8"}) {
+      if (fs::exists(root / name / "config.json", ec)) dirs.push_back(fs::weakly_canonical(root / name, ec));
+    }
+  }
+  return dirs;
+}
 
 // "1073741824", "2GiB", "512MiB", "1.5G" (binary units) or "2GB" (decimal) -> bytes.
 std::optional<int64_t> parse_bytes(std::string text) {
@@ -83,6 +103,14 @@ std::function<int()> add_serve_command(CLI::App& app) {
     DeviceOptions device;
     bool no_prefix_caching = false;
     int64_t tokenization_cache_mb = 64;
+    std::string max_header_bytes = "64KiB";
+    int32_t max_connections = 1024;
+    int32_t max_connections_per_ip = 0;
+    int32_t idle_timeout_s = 60;
+    int32_t body_read_timeout_s = 60;
+    int32_t shutdown_timeout_s = 30;
+    bool metrics_require_api_key = false;
+    bool kv_disk_reset = false;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
@@ -152,6 +180,37 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
 
+  cmd->add_option("--max-header-bytes", options->max_header_bytes,
+                  "Largest request line + header fields, and apart from them all trailer fields (431 beyond)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", options->max_connections,
+                  "Open connections at once (more are answered 503 and closed); lowered to the file-descriptor "
+                  "limit less 64")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections-per-ip", options->max_connections_per_ip,
+                  "Open connections one client address may hold (0: half of --max-connections; raise it behind a "
+                  "gateway)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--idle-timeout-s", options->idle_timeout_s,
+                  "Seconds a connection may wait for (or send) its next request's header")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  cmd->add_option("--body-read-timeout-s", options->body_read_timeout_s,
+                  "Seconds a request body may take to arrive after its header")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  cmd->add_option("--shutdown-timeout-s", options->shutdown_timeout_s,
+                  "On SIGTERM: seconds in-flight requests may take to finish; then streams end with an error "
+                  "event and the server exits")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 86400));
+  cmd->add_flag("--metrics-require-api-key", options->metrics_require_api_key,
+                "Serve /metrics only with the API key (--api-key); /health stays open");
+  cmd->add_flag("--kv-disk-reset", options->kv_disk_reset,
+                "Delete the disk tier's blocks of another model instead of refusing to start on its directory");
+
   return [options]() -> int {
     namespace fs = std::filesystem;
     auto fail = [](const std::string& message) {
@@ -169,10 +228,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
       options->model_path = options->positional_model;
     }
     const bool default_model = !options->model_path.has_value();
-    const fs::path model_path = options->model_path.value_or(kDefaultModelPath);
+    const std::vector<fs::path> builtin_dirs = builtin_model_dirs();
+    const fs::path model_path = options->model_path ? fs::path(*options->model_path)
+                                : builtin_dirs.empty() ? fs::path("models/demo")
+                                                       : builtin_dirs.front();
     if (!fs::exists(model_path / "config.json")) {
       if (default_model) {
-        return fail("no model at " + model_path.string() +
+        return fail("no built-in model at <repository>/models/demo or " + fs::absolute(model_path).string() +
                     ": run `make setup` (scripts/setup.sh unpacks the built-in demo model from assets/demo-model), or pass "
                     "--model-path DIR");
       }
@@ -181,6 +243,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     std::optional<int64_t> kv_bytes = parse_bytes(options->kv_cache_memory);
     if (!kv_bytes || *kv_bytes <= 0) return fail("--kv-cache-memory '" + options->kv_cache_memory + "' is not a size");
+    std::optional<int64_t> header_bytes = parse_bytes(options->max_header_bytes);
+    if (!header_bytes || *header_bytes < 1024 || *header_bytes > (16 << 20))
+      return fail("--max-header-bytes '" + options->max_header_bytes + "' must be a size from 1KiB to 16MiB");
+    if (options->kv_disk_reset && options->tiered_kv_storage_path.empty())
+      return fail("--kv-disk-reset needs --tiered-kv-storage-path (it resets that directory)");
+    if (options->metrics_require_api_key && options->api_key.empty())
+      return fail("--metrics-require-api-key needs --api-key (or DEEPINFER_API_KEY)");
     std::optional<int64_t> body_bytes = parse_bytes(options->max_body_bytes);
     if (!body_bytes || *body_bytes <= 0)
       return fail("--max-body-bytes '" + options->max_body_bytes + "' is not a size");
@@ -236,6 +305,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     if (!options->tiered_kv_storage_path.empty()) {
       engine_config.disk_cache_path = options->tiered_kv_storage_path;
+      engine_config.disk_cache_model_name = fs::absolute(model_path).filename().string();
+      engine_config.disk_cache_reset = options->kv_disk_reset;
       if (options->kv_host_cache_memory.empty()) {
         engine_config.host_cache_bytes = 1ll << 30;
       } else if (engine_config.host_cache_bytes == 0) {
@@ -276,7 +347,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
     info.bos_token_id = config->bos_token_id;
     info.root = fs::absolute(model_path);
     std::error_code ec;
-    const bool is_builtin = default_model || fs::equivalent(model_path, kDefaultModelPath, ec);
+    const bool is_builtin =
+        default_model || std::any_of(builtin_dirs.begin(), builtin_dirs.end(), [&](const fs::path& dir) {
+          std::error_code equivalent_error;
+          return fs::equivalent(model_path, dir, equivalent_error);
+        });
     if (is_builtin) {
       info.description =
           "The built-in demo model: DeepSeek-V3 architecture (MLA, MoE with the V3 router, one MTP layer), 45M "
@@ -296,6 +371,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.http_threads = options->http_threads;
     server_config.tokenization_cache_bytes = options->tokenization_cache_mb << 20;
     server_config.handle_signals = true;
+    server_config.max_header_bytes = *header_bytes;
+    server_config.max_connections = options->max_connections;
+    server_config.max_connections_per_ip = options->max_connections_per_ip;
+    server_config.idle_timeout_seconds = options->idle_timeout_s;
+    server_config.body_read_timeout_seconds = options->body_read_timeout_s;
+    server_config.shutdown_timeout_seconds = options->shutdown_timeout_s;
+    server_config.metrics_require_api_key = options->metrics_require_api_key;
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     auto server =
         server::Server::start(server_config, info, server::wrap_engine(std::move(engine).value()), *tokenizer);
@@ -312,8 +394,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (tiers.lower) {
       std::cout << ", host " << tiers.lower->host.capacity_blocks;
       if (tiers.lower->disk.capacity_blocks > 0) {
+        const kvcache::DiskRecoveryStats& r = tiers.lower->disk_recovery;
         std::cout << ", disk " << tiers.lower->disk.capacity_blocks << " at " << engine_config.disk_cache_path << " ("
-                  << tiers.lower->disk.usage_blocks << " cached)";
+                  << r.recovered_blocks << " recovered; dropped at open: " << r.corrupt_dropped << " corrupt, "
+                  << r.foreign_dropped << " of another model, " << r.expired_dropped << " expired, " << r.evicted
+                  << " over capacity; " << r.temp_files_removed << " unfinished writes removed)";
       }
     }
     std::cout << "; prefix caching " << (engine_config.enable_prefix_caching ? "on" : "off") << "\n";

@@ -147,6 +147,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
       kvcache::DiskBlockStoreOptions disk;
       disk.directory = resolved.disk_cache_path;
       disk.fingerprint = scheduler_config.fingerprint;
+      disk.model_name = resolved.disk_cache_model_name;
+      disk.reset_foreign = resolved.disk_cache_reset;
       disk.block_bytes = offload.block_bytes;
       disk.capacity_blocks = resolved.disk_cache_bytes / block_bytes;
       if (disk.capacity_blocks < 1) {

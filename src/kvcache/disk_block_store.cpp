@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -262,7 +263,9 @@ Result<std::unique_ptr<DiskBlockStore>> DiskBlockStore::open(DiskBlockStoreOptio
     return io_error("flock", lock_path, lock_error);
   }
   std::unique_ptr<DiskBlockStore> store(new DiskBlockStore(std::move(options), lock_fd));
+  if (Status status = store->check_manifest(); !status.ok()) return status;
   if (Status status = store->scan(); !status.ok()) return status;
+  if (Status status = store->write_manifest(); !status.ok()) return status;
   return store;
 }
 
@@ -270,6 +273,49 @@ DiskBlockStore::DiskBlockStore(DiskBlockStoreOptions options, int lock_fd)
     : options_(std::move(options)), lock_fd_(lock_fd) {}
 
 DiskBlockStore::~DiskBlockStore() { ::close(lock_fd_); }
+
+namespace {
+constexpr std::string_view kManifestName = "MODEL";
+
+std::string refusal(const fs::path& directory, const std::string& theirs, const DiskBlockStoreOptions& ours) {
+  return "disk KV tier: " + directory.string() + " holds KV blocks of " + theirs + ", not of this server's model " +
+         (ours.model_name.empty() ? std::string() : "'" + ours.model_name + "' ") + "(fingerprint " +
+         ours.fingerprint.to_hex() + "); give this model its own --tiered-kv-storage-path, or pass --kv-disk-reset " +
+         "to delete those blocks";
+}
+}  // namespace
+
+Status DiskBlockStore::check_manifest() {
+  const fs::path path = options_.directory / std::string(kManifestName);
+  std::ifstream in(path);
+  if (!in) return Status::ok_status();  // a new directory, or one of before MODEL: the scan decides
+  std::string line, fingerprint_hex, name;
+  while (std::getline(in, line)) {
+    if (line.starts_with("fingerprint ")) fingerprint_hex = line.substr(12);
+    if (line.starts_with("model ")) name = line.substr(6);
+  }
+  const std::optional<BlockHash> recorded = parse_hex(fingerprint_hex);
+  if (!recorded) return Status::ok_status();  // unreadable: rewritten after the scan, which checks every block
+  const ModelFingerprint theirs{recorded->low, recorded->high};
+  if (theirs == options_.fingerprint) return Status::ok_status();
+  if (!options_.reset_foreign) {
+    return Status::failed_precondition(
+        refusal(options_.directory, "model '" + name + "' (fingerprint " + theirs.to_hex() + ")", options_));
+  }
+  return Status::ok_status();
+}
+
+Status DiskBlockStore::write_manifest() {
+  const fs::path path = options_.directory / std::string(kManifestName);
+  const fs::path temp = options_.directory / (std::string(kManifestName) + std::string(kTempSuffix));
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << "fingerprint " << options_.fingerprint.to_hex() << "\nmodel " << options_.model_name << "\n";
+    if (!out.flush()) return io_error("write", temp, errno);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) return io_error("rename", temp, errno);
+  return Status::ok_status();
+}
 
 fs::path DiskBlockStore::block_path(const BlockHash& hash) const {
   const std::string hex = hash.to_hex();
@@ -291,6 +337,8 @@ Status DiskBlockStore::scan() {
   int64_t corrupt = 0;
   int64_t foreign = 0;
   int64_t temps = 0;
+  std::vector<fs::path> foreign_paths;  // deleted only once the whole scan allows it (reset_foreign)
+  std::optional<ModelFingerprint> foreign_fingerprint;
   // Fan-out directories are created by put() on demand; scan the ones that exist.
   std::vector<std::string> prefixes;
   {
@@ -354,9 +402,25 @@ Status DiskBlockStore::scan() {
         max_sequence = std::max(max_sequence, fields.sequence);
         continue;
       }
+      if (verdict == Verdict::kForeign) {
+        foreign_paths.push_back(path);
+        if (!foreign_fingerprint) foreign_fingerprint = fields.fingerprint;
+        continue;
+      }
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
-      ++(verdict == Verdict::kForeign ? foreign : corrupt);
+      ++corrupt;
     }
+  }
+  if (!foreign_paths.empty() && !options_.reset_foreign) {
+    return Status::failed_precondition(refusal(
+        options_.directory,
+        std::to_string(foreign_paths.size()) + " block(s) of another model (fingerprint " +
+            foreign_fingerprint->to_hex() + "; the directory does not record which model)",
+        options_));
+  }
+  for (const fs::path& path : foreign_paths) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
+    ++foreign;
   }
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
     return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.sequence < b.sequence;
@@ -367,11 +431,14 @@ Status DiskBlockStore::scan() {
     index_.emplace(block.hash, Entry{block.parent, block.expires_at_unix_ms, std::prev(recency_.end())});
   }
   next_sequence_ = max_sequence + 1;
+  const int64_t evictions_before = stats_.evictions;
   stats_.expired += expired_files;
   stats_.corrupt_dropped += corrupt;
   stats_.foreign_dropped += foreign;
   stats_.temp_files_removed += temps;
   evict_over_capacity_locked();
+  recovery_ = DiskRecoveryStats{static_cast<int64_t>(index_.size()), corrupt, foreign, expired_files, temps,
+                                stats_.evictions - evictions_before};
   return Status::ok_status();
 }
 

@@ -293,6 +293,7 @@ OffloadCounters KvOffloadStore::counters() const {
     counters.disk.evicted_blocks = stats.evictions;
     counters.disk.corrupt_blocks = stats.corrupt_dropped + stats.foreign_dropped;
     counters.disk.expired_blocks = stats.expired;
+    counters.disk_recovery = disk_->recovery();
   }
   return counters;
 }

@@ -3,6 +3,8 @@
 #include "deepinfer/recipe/anthropic_request.h"
 
 #include <boost/json.hpp>
+#include <algorithm>
+#include <cstdint>
 
 namespace deepinfer::recipe {
 namespace json = boost::json;
@@ -270,7 +272,23 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
       return Status::invalid_argument(
           "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
     }
-    conversation.options.thinking = type->get_string() == "enabled";  // budget_tokens is not enforced
+    conversation.options.thinking = type->get_string() == "enabled";
+    // Anthropic's rule: budget_tokens is required with "enabled", an integer of at least 1,024. It is
+    // validated, not enforced (generation stops at max_tokens; src/server/README.md says so).
+    const json::value* budget = thinking->get_object().if_contains("budget_tokens");
+    if (conversation.options.thinking) {
+      const bool integer = budget != nullptr && (budget->is_int64() || budget->is_uint64());
+      const int64_t value = budget == nullptr ? 0 : budget->is_int64() ? budget->get_int64()
+                                                 : budget->is_uint64() ? static_cast<int64_t>(std::min<uint64_t>(budget->get_uint64(), INT64_MAX))
+                                                                       : 0;
+      if (!integer || value < 1024) {
+        return Status::invalid_argument("thinking.budget_tokens must be an integer of at least 1024 when thinking is "
+                                        "enabled, got " +
+                                        (budget == nullptr ? std::string("none") : json::serialize(*budget)));
+      }
+    } else if (budget != nullptr) {
+      return Status::invalid_argument("thinking.budget_tokens is only allowed with {\"type\": \"enabled\"}");
+    }
   }
   return conversation;
 }

@@ -417,7 +417,7 @@ json::object model_object(const ModelInfo& model, int64_t created) {
                       {"object", "model"},
                       {"created", created},
                       {"owned_by", "deepinfer"},
-                      {"root", model.root.string()},
+                      {"root", model.served_model_name},  // never the checkpoint's path on this host
                       {"parent", nullptr},
                       {"max_model_len", model.max_model_len}};
   if (!model.description.empty()) object["description"] = model.description;

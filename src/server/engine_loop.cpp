@@ -55,7 +55,7 @@ EngineLoop::Ticket EngineLoop::submit(std::vector<engine::TokenId> prompt, engin
     GenerationEvent event;
     event.event.finished = true;
     event.event.finish_reason = engine::FinishReason::kCancelled;
-    event.error = Status::unsupported("the server is shutting down");
+    event.error = Status::shutting_down("the server is shutting down");
     sink->deliver({std::move(event)});
     return ticket;
   }
@@ -149,7 +149,7 @@ void EngineLoop::run() {
           GenerationEvent event;
           event.event.finished = true;
           event.event.finish_reason = engine::FinishReason::kCancelled;
-          event.error = Status::unsupported("the server is shutting down");
+          event.error = Status::shutting_down("the server is shutting down");
           submit->sink->deliver({std::move(event)});
         } else {
           apply(*submit);
@@ -160,7 +160,7 @@ void EngineLoop::run() {
     }
     commands.clear();
     if (stopping) {
-      fail_all(Status::unsupported("the server is shutting down"));
+      fail_all(Status::shutting_down("the server is shutting down"));
       // Let the cancellations take effect so the blocks are accounted for.
       while (engine_->has_pending_work()) {
         if (!engine_->step().ok()) break;

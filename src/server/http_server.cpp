@@ -2,6 +2,7 @@
 // the generation driver that runs a GenerationPlan against the engine thread and streams the result.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <boost/asio.hpp>
@@ -16,8 +17,10 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "api.h"
+#include "http_framing.h"
 #include "deepinfer/server/server.h"
 
 namespace deepinfer::server {
@@ -33,8 +36,8 @@ using Request = http::request<http::string_body>;
 namespace {
 
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
-constexpr auto kBodyReadTimeout = std::chrono::seconds(60);
-constexpr size_t kHeaderLimitBytes = 64 * 1024;
+constexpr uint64_t kDiscardBodyBytes = 64 * 1024;  // a refused request's body up to this is read and dropped
+constexpr int kReservedFileDescriptors = 64;  // kept free of connections: engine, disk tier, logs, accept()
 constexpr std::string_view kJson = "application/json";
 constexpr std::string_view kPrometheusText = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -107,9 +110,9 @@ class RequestChannel final : public EventSink, public std::enable_shared_from_th
 };
 
 struct Connection {
-  explicit Connection(tcp::socket socket) : stream(std::move(socket)) {}
+  Connection(tcp::socket socket, size_t buffer_limit) : stream(std::move(socket)), buffer(buffer_limit) {}
   beast::tcp_stream stream;
-  beast::flat_buffer buffer;
+  beast::flat_buffer buffer;  // bounded: a header or trailer that never ends cannot grow it past the limit
   bool close = false;             // close after the current response
   bool response_started = false;  // bytes of the current response went out
 };
@@ -153,11 +156,6 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0 && !b.empty();
 }
 
-bool is_http_protocol_error(const beast::error_code& ec) {
-  static const boost::system::error_category& category = http::make_error_code(http::error::end_of_stream).category();
-  return ec.category() == category && ec != http::error::end_of_stream && ec != http::error::partial_message;
-}
-
 // Builds an ApiError outside the coroutines (g++ 12 rejects aggregate initialization from string literals in a
 // coroutine body: "array used as initializer").
 ApiError api_error(int status, std::string message, std::string code = {}, int retry_after_seconds = 0,
@@ -172,6 +170,8 @@ ApiError engine_error(const Status& status) {
     case StatusCode::kInvalidArgument:
       return bad_request(status.message());
     case StatusCode::kUnsupported:
+      return ApiError{400, status.message(), {}, "unsupported", 0};
+    case StatusCode::kShuttingDown:
       return ApiError{503, "the server is shutting down", {}, {}, 5};
     default:
       spdlog::error("request failed in the engine: {}", status.to_string());
@@ -196,7 +196,10 @@ struct Server::Impl {
         acceptor(ioc),
         signals(ioc),
         force_stop(ioc),
+        drain_deadline(ioc),
         created(unix_time()) {
+    limits.max_header_bytes = static_cast<size_t>(config.max_header_bytes);
+    limits.max_body_bytes = static_cast<uint64_t>(config.max_body_bytes);
     api.model = &model;
     api.tokenizer = std::move(tokenizer);
     if (config.tokenization_cache_bytes > 0) {
@@ -214,7 +217,9 @@ struct Server::Impl {
   void maybe_finish();
 
   awaitable<void> listen();
-  awaitable<void> session(tcp::socket socket);
+  awaitable<void> refuse_connection(tcp::socket socket, std::string reason);
+  awaitable<void> session(tcp::socket socket, std::string peer);
+  void release_connection(const std::string& peer);
   awaitable<void> handle(std::shared_ptr<Connection> conn, Request& request);
   awaitable<int> dispatch(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info);
   awaitable<int> generate(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info, Route route);
@@ -224,18 +229,30 @@ struct Server::Impl {
   awaitable<int> send_error(Connection& conn, const RequestInfo& info, const ApiError& error, Dialect dialect,
                             std::vector<std::pair<std::string, std::string>> headers = {});
   awaitable<void> linger_close(Connection& conn);
+  // One piece of an event stream: a chunk (HTTP/1.1) or raw bytes (HTTP/1.0); `last` ends the stream (the
+  // last chunk; nothing for HTTP/1.0, whose connection closes). False when the write failed.
+  awaitable<bool> write_sse(Connection& conn, bool chunked, const std::string& bytes, bool last);
   ApiError too_large() const {
     return api_error(413,
                      fmt::format("the request body is larger than the server's limit of {} bytes (--max-body-bytes)",
                                  config.max_body_bytes),
                      "request_too_large");
   }
-  bool authorized(const Request& request) const;
+  bool authorized(const http::request_header<>& header) const;
+  // What a request's header alone decides, before any body byte is read: draining, no route, wrong method,
+  // no key. An error, or the route to run.
+  struct Precheck {
+    const RouteEntry* entry = nullptr;
+    std::optional<ApiError> error;
+    std::vector<std::pair<std::string, std::string>> headers;
+  };
+  Precheck precheck(const http::request_header<>& header) const;
   recipe::TokenizationCache::Stats tokenization_stats() const {
     return tokenization_cache ? tokenization_cache->stats() : recipe::TokenizationCache::Stats{};
   }
 
   ServerConfig config;
+  HttpLimits limits;
   ModelInfo model;
   std::unique_ptr<recipe::TokenizationCache> tokenization_cache;  // null when the config turns it off
   ApiContext api;
@@ -246,7 +263,13 @@ struct Server::Impl {
   tcp::acceptor acceptor;
   asio::signal_set signals;
   asio::steady_timer force_stop;
+  asio::steady_timer drain_deadline;
   std::vector<std::thread> threads;
+  std::mutex connections_mu;
+  int32_t connections = 0;                                    // GUARDED_BY(connections_mu)
+  std::unordered_map<std::string, int32_t> connections_by_ip;  // GUARDED_BY(connections_mu)
+  int32_t max_connections = 0;                                // effective limits, set by start()
+  int32_t max_connections_per_ip = 0;
   std::mutex join_mu;
   std::atomic<int32_t> in_flight{0};  // generation requests holding a concurrency slot
   std::atomic<int32_t> active{0};     // requests being handled (drain waits for 0)
@@ -299,6 +322,16 @@ void Server::Impl::begin_shutdown(bool drain) {
     if (!draining.exchange(true)) {
       boost::system::error_code ec;
       acceptor.close(ec);
+      if (drain) {
+        drain_deadline.expires_after(std::chrono::seconds(config.shutdown_timeout_seconds));
+        drain_deadline.async_wait([this](const boost::system::error_code& ec) {
+          if (ec || stopped.load()) return;
+          spdlog::warn("drain deadline of {} s (--shutdown-timeout-s) passed with {} request(s) in flight; "
+                       "ending them",
+                       config.shutdown_timeout_seconds, active.load());
+          begin_shutdown(false);
+        });
+      }
     }
     if (!drain) {
       loop->stop();  // live requests end with an error their coroutines send
@@ -334,15 +367,66 @@ awaitable<void> Server::Impl::listen() {
     }
     socket.set_option(tcp::no_delay(true), ec);
     auto executor = socket.get_executor();
-    asio::co_spawn(executor, session(std::move(socket)), [](std::exception_ptr error) {
+    const tcp::endpoint remote = socket.remote_endpoint(ec);
+    std::string peer = ec ? std::string("unknown") : remote.address().to_string();
+    std::string refusal;
+    {
+      std::lock_guard lock(connections_mu);
+      int32_t& from_peer = connections_by_ip[peer];
+      if (connections >= max_connections) {
+        refusal = fmt::format("the server is at its limit of {} open connections (--max-connections)",
+                              max_connections);
+      } else if (from_peer >= max_connections_per_ip) {
+        refusal = fmt::format("this client address holds {} open connections, the limit per address "
+                              "(--max-connections-per-ip)",
+                              from_peer);
+      } else {
+        ++connections;
+        ++from_peer;
+      }
+      if (!refusal.empty() && from_peer == 0) connections_by_ip.erase(peer);
+    }
+    if (!refusal.empty()) {
+      metrics.count_http_status(503);
+      asio::co_spawn(executor, refuse_connection(std::move(socket), std::move(refusal)), asio::detached);
+      continue;
+    }
+    asio::co_spawn(executor, session(std::move(socket), peer), [this, peer](std::exception_ptr error) {
+      release_connection(peer);
       if (!error) return;
       try {
         std::rethrow_exception(error);
       } catch (const std::exception& e) {
         spdlog::error("connection ended by an exception: {}", e.what());
+      } catch (...) {
+        spdlog::error("connection ended by an exception");
       }
     });
   }
+}
+
+void Server::Impl::release_connection(const std::string& peer) {
+  std::lock_guard lock(connections_mu);
+  --connections;
+  if (auto it = connections_by_ip.find(peer); it != connections_by_ip.end() && --it->second <= 0) {
+    connections_by_ip.erase(it);
+  }
+}
+
+// Over a connection limit: one short 503 (no request is read), then close. Bounded by the write timeout.
+awaitable<void> Server::Impl::refuse_connection(tcp::socket socket, std::string reason) {
+  beast::tcp_stream stream(std::move(socket));
+  const std::string body = error_body(api_error(503, reason + "; retry shortly", "too_many_connections", 1),
+                                      Dialect::kOpenAI);
+  const std::string bytes = fmt::format(
+      "HTTP/1.1 503 Service Unavailable\r\nServer: deepinfer\r\nContent-Type: application/json\r\nRetry-After: "
+      "1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
+      body.size(), body);
+  stream.expires_after(std::chrono::seconds(5));
+  beast::error_code ec;
+  co_await asio::async_write(stream, asio::buffer(bytes), asio::redirect_error(use_awaitable, ec));
+  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream.socket().close(ec);
 }
 
 awaitable<int> Server::Impl::send(Connection& conn, const RequestInfo& info, int status, std::string body,
@@ -373,14 +457,29 @@ awaitable<int> Server::Impl::send_error(Connection& conn, const RequestInfo& inf
   co_return co_await send(conn, info, error.status, error_body(error, dialect), "application/json", std::move(headers));
 }
 
+awaitable<bool> Server::Impl::write_sse(Connection& conn, bool chunked, const std::string& bytes, bool last) {
+  beast::error_code ec;
+  conn.stream.expires_after(kWriteTimeout);
+  if (last) {
+    if (chunked) co_await asio::async_write(conn.stream, http::make_chunk_last(), asio::redirect_error(use_awaitable, ec));
+  } else if (chunked) {
+    co_await asio::async_write(conn.stream, http::make_chunk(asio::buffer(bytes)), asio::redirect_error(use_awaitable, ec));
+  } else {
+    co_await asio::async_write(conn.stream, asio::buffer(bytes), asio::redirect_error(use_awaitable, ec));
+  }
+  co_return !ec;
+}
+
 // After refusing a request without reading its body: stop sending, read and discard what the client still
 // sends (bounded), so that closing does not reset the connection before the client reads our answer.
 awaitable<void> Server::Impl::linger_close(Connection& conn) {
   beast::error_code ec;
   conn.stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  // Bounded in bytes and time, so that a refused client cannot keep the connection (or the server reading)
+  // going: enough for a client to finish writing a modest body and read our answer.
   std::vector<char> scratch(64 * 1024);
-  int64_t budget = config.max_body_bytes + (64ll << 20);
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  int64_t budget = std::min<int64_t>(config.max_body_bytes, 4ll << 20) + (1ll << 20);
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
   while (budget > 0 && Clock::now() < deadline) {
     conn.stream.expires_after(std::chrono::seconds(2));
     size_t n = co_await conn.stream.async_read_some(asio::buffer(scratch), asio::redirect_error(use_awaitable, ec));
@@ -389,7 +488,7 @@ awaitable<void> Server::Impl::linger_close(Connection& conn) {
   }
 }
 
-bool Server::Impl::authorized(const Request& request) const {
+bool Server::Impl::authorized(const http::request_header<>& request) const {
   if (config.api_key.empty()) return true;
   std::string_view authorization = request[http::field::authorization];
   if (authorization.size() > 7 && beast::iequals(authorization.substr(0, 7), "Bearer ") &&
@@ -399,51 +498,117 @@ bool Server::Impl::authorized(const Request& request) const {
   return constant_time_equal(request["x-api-key"], config.api_key);
 }
 
-awaitable<void> Server::Impl::session(tcp::socket socket) {
-  auto conn = std::make_shared<Connection>(std::move(socket));
+Server::Impl::Precheck Server::Impl::precheck(const http::request_header<>& header) const {
+  Precheck out;
+  std::string_view path(header.target().data(), header.target().size());
+  path = path.substr(0, path.find('?'));
+  if (draining && path != "/health" && path != "/metrics") {
+    out.error = api_error(503, "the server is shutting down", {}, 5);
+    return out;
+  }
+  const auto matches = [&](const RouteEntry& candidate) {
+    return candidate.path == path || (candidate.route == Route::kModels && path.starts_with("/v1/models/"));
+  };
+  const RouteEntry* allowed = nullptr;
+  for (const RouteEntry& candidate : kRoutes) {
+    if (!matches(candidate)) continue;
+    allowed = &candidate;
+    if (candidate.method == header.method()) out.entry = &candidate;
+  }
+  const std::string method(header.method_string());
+  if (allowed == nullptr) {
+    out.error = api_error(404, fmt::format("no route for {} {}", method, loggable_target(path)), "not_found");
+    return out;
+  }
+  if (out.entry == nullptr) {
+    const std::string allow(http::to_string(allowed->method));
+    out.error = api_error(405, fmt::format("{} does not accept {}; use {}", std::string(path), method, allow),
+                          "method_not_allowed");
+    out.headers = allow_header(allow);
+    return out;
+  }
+  const bool needs_auth = out.entry->needs_auth || (out.entry->route == Route::kMetrics && config.metrics_require_api_key);
+  if (needs_auth && !authorized(header)) {
+    out.entry = nullptr;
+    out.error = api_error(401, "missing or invalid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
+                          "invalid_api_key");
+  }
+  return out;
+}
+
+awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
+  auto conn = std::make_shared<Connection>(std::move(socket), connection_buffer_bytes(limits));
   beast::error_code ec;
   while (!conn->close) {
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(kHeaderLimitBytes);
-    parser.body_limit(static_cast<uint64_t>(config.max_body_bytes));
+    RequestParser parser(limits);
     conn->response_started = false;
+    // The next request's header must be complete within the idle timeout (slow headers included).
     conn->stream.expires_after(std::chrono::seconds(config.idle_timeout_seconds));
     co_await http::async_read_header(conn->stream, conn->buffer, parser, asio::redirect_error(use_awaitable, ec));
     RequestInfo info;
-    if (ec == http::error::body_limit) {  // the Content-Length alone is over the limit
-      info.version = parser.get().version();
-      co_await send_error(*conn, info, too_large(), dialect_of(parser.get().target()));
-      co_await linger_close(*conn);
-      break;
-    }
+    info.version = parser.get().version() == 10 ? 10 : 11;
+    info.target = loggable_target(std::string_view(parser.get().target().data(), parser.get().target().size()));
+    info.method = std::string(parser.get().method_string());
     if (ec) {
-      if (is_http_protocol_error(ec)) {
+      if (std::optional<FramingError> refused = parse_error_response(ec, limits)) {
         conn->close = true;
-        co_await send_error(*conn, info, bad_request("malformed HTTP request: " + ec.message()), Dialect::kOpenAI);
+        info.keep_alive = false;
+        const ApiError error = api_error(refused->status, refused->message,
+                                         refused->status == 413 ? "request_too_large" : std::string());
+        co_await send_error(*conn, info, error, dialect_of(info.target));
+        co_await linger_close(*conn);
       }
       break;
     }
-    info.version = parser.get().version();
     info.keep_alive = parser.get().keep_alive();
-    info.method = std::string(parser.get().method_string());
-    info.target = std::string(parser.get().target());
     const Dialect dialect = dialect_of(info.target);
+    if (config.test_hook_on_request) {
+      config.test_hook_on_request(std::string_view(parser.get().target().data(), parser.get().target().size()));
+    }
+    // Refusals the header alone decides, before any body byte is read or buffered: framing, route, key.
+    std::optional<ApiError> refusal;
+    std::vector<std::pair<std::string, std::string>> refusal_headers;
+    if (std::optional<FramingError> framing = check_framing(parser.get().base())) {
+      refusal = api_error(framing->status, framing->message);
+    } else {
+      Precheck checked = precheck(parser.get().base());
+      refusal = std::move(checked.error);
+      refusal_headers = std::move(checked.headers);
+    }
+    if (refusal) {
+      // A small body of a known length is read (into the bounded parser) and dropped, so the connection can go on;
+      // anything else is not read at all, and the connection closes after the answer.
+      if (!parser.is_done()) {
+        const boost::optional<std::uint64_t> length = parser.content_length();
+        if (length && *length <= kDiscardBodyBytes && !parser.get().chunked()) {
+          conn->stream.expires_after(std::chrono::seconds(config.body_read_timeout_seconds));
+          co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(use_awaitable, ec));
+          if (ec) break;
+        } else {
+          conn->close = true;
+        }
+      }
+      co_await send_error(*conn, info, *refusal, dialect, std::move(refusal_headers));
+      if (conn->close) {
+        co_await linger_close(*conn);
+        break;
+      }
+      continue;
+    }
     if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
       http::response<http::empty_body> go_on{http::status::continue_, info.version};
       co_await http::async_write(conn->stream, go_on, asio::redirect_error(use_awaitable, ec));
       if (ec) break;
     }
-    conn->stream.expires_after(kBodyReadTimeout);
+    conn->stream.expires_after(std::chrono::seconds(config.body_read_timeout_seconds));
     co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(use_awaitable, ec));
-    if (ec == http::error::body_limit) {
-      co_await send_error(*conn, info, too_large(), dialect);
-      co_await linger_close(*conn);
-      break;
-    }
     if (ec) {
-      if (is_http_protocol_error(ec)) {
+      if (std::optional<FramingError> refused = parse_error_response(ec, limits)) {
         conn->close = true;
-        co_await send_error(*conn, info, bad_request("malformed HTTP request: " + ec.message()), dialect);
+        const ApiError error =
+            refused->status == 413 ? too_large() : api_error(refused->status, refused->message);
+        co_await send_error(*conn, info, error, dialect);
+        co_await linger_close(*conn);
       }
       break;
     }
@@ -453,6 +618,7 @@ awaitable<void> Server::Impl::session(tcp::socket socket) {
   }
   conn->stream.socket().shutdown(tcp::socket::shutdown_send, ec);
   conn->stream.socket().close(ec);  // also ends a disconnect watcher still waiting on it
+  (void)peer;
 }
 
 awaitable<void> Server::Impl::handle(std::shared_ptr<Connection> conn, Request& request) {
@@ -461,7 +627,7 @@ awaitable<void> Server::Impl::handle(std::shared_ptr<Connection> conn, Request& 
   info.version = request.version();
   info.keep_alive = request.keep_alive();
   info.method = std::string(request.method_string());
-  info.target = std::string(request.target());
+  info.target = loggable_target(std::string_view(request.target().data(), request.target().size()));
   int status = 500;
   bool failed = false;
   try {
@@ -484,46 +650,12 @@ awaitable<void> Server::Impl::handle(std::shared_ptr<Connection> conn, Request& 
 }
 
 awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info) {
-  std::string_view path = request.target();
+  std::string_view path(request.target().data(), request.target().size());
   path = path.substr(0, path.find('?'));
   const Dialect dialect = path == "/v1/messages" ? Dialect::kAnthropic : Dialect::kOpenAI;
-  if (draining && path != "/health" && path != "/metrics") {
-    co_return co_await send_error(*conn, info, api_error(503, "the server is shutting down", {}, 5), dialect);
-  }
-  const RouteEntry* entry = nullptr;
-  bool path_known = false;
-  for (const RouteEntry& candidate : kRoutes) {
-    const bool matches =
-        candidate.path == path || (candidate.route == Route::kModels && path.starts_with("/v1/models/"));
-    if (!matches) continue;
-    path_known = true;
-    if (candidate.method == request.method()) entry = &candidate;
-  }
-  if (!path_known) {
-    co_return co_await send_error(
-        *conn, info, api_error(404, fmt::format("no route for {} {}", info.method, std::string(path)), "not_found"),
-        dialect);
-  }
-  if (entry == nullptr) {
-    const RouteEntry* allowed = nullptr;
-    for (const RouteEntry& candidate : kRoutes) {
-      if (candidate.path == path || (candidate.route == Route::kModels && path.starts_with("/v1/models/")))
-        allowed = &candidate;
-    }
-    const std::string allow(http::to_string(allowed->method));
-    co_return co_await send_error(
-        *conn, info,
-        api_error(405, fmt::format("{} does not accept {}; use {}", std::string(path), info.method, allow),
-                  "method_not_allowed"),
-        dialect, allow_header(allow));
-  }
-  if (entry->needs_auth && !authorized(request)) {
-    co_return co_await send_error(
-        *conn, info,
-        api_error(401, "missing or invalid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
-                  "invalid_api_key"),
-        dialect);
-  }
+  Precheck checked = precheck(request.base());  // again: draining may have begun while the body was read
+  if (checked.error) co_return co_await send_error(*conn, info, *checked.error, dialect, std::move(checked.headers));
+  const RouteEntry* entry = checked.entry;
   Route route = entry->route;
   if (route == Route::kModels && path != "/v1/models") route = Route::kModel;
   switch (route) {
@@ -656,6 +788,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
   bool done = false, client_gone = false, headers_sent = false;
   std::optional<Clock::time_point> first_token, last_token;
   http::response<http::empty_body> sse_header{http::status::ok, info.version};
+  const bool chunked_sse = info.version >= 11;
   http::response_serializer<http::empty_body> sse_serializer{sse_header};
   beast::error_code ec;
 
@@ -720,8 +853,9 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
       sse_header.set(http::field::content_type, "text/event-stream");
       sse_header.set(http::field::cache_control, "no-cache");
       sse_header.set("X-Accel-Buffering", "no");
-      sse_header.keep_alive(info.keep_alive && !draining);
-      sse_header.chunked(true);
+      // HTTP/1.0 has no chunked coding: the event stream is the raw body, ended by closing the connection.
+      sse_header.keep_alive(info.keep_alive && !draining && chunked_sse);
+      if (chunked_sse) sse_header.chunked(true);
       if (!sse_header.keep_alive()) conn->close = true;
       conn->response_started = true;
       conn->stream.expires_after(kWriteTimeout);
@@ -737,19 +871,11 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
     bytes += plan.writer->deltas(deltas, batch_logprobs);
     deltas.clear();
     if (done) bytes += plan.writer->finish(plan.builder->message(), finish, batch_logprobs);
-    if (!bytes.empty()) {
-      conn->stream.expires_after(kWriteTimeout);
-      co_await asio::async_write(conn->stream, http::make_chunk(asio::buffer(bytes)),
-                                 asio::redirect_error(use_awaitable, ec));
-      if (ec) {
-        client_gone = true;
-        break;
-      }
+    if (!bytes.empty() && !co_await write_sse(*conn, chunked_sse, bytes, false)) {
+      client_gone = true;
+      break;
     }
-    if (done) {
-      co_await asio::async_write(conn->stream, http::make_chunk_last(), asio::redirect_error(use_awaitable, ec));
-      if (ec) conn->close = true;
-    }
+    if (done && !co_await write_sse(*conn, chunked_sse, {}, true)) conn->close = true;
   }
 
   // Stop the disconnect watcher (its wait is the only operation pending on the socket now).
@@ -767,11 +893,9 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
     metrics.count_outcome(fmt::format("error_{}", failure->status));
     if (!headers_sent) co_return co_await send_error(*conn, info, *failure, dialect);
     const std::string bytes = plan.writer->stream_error(*failure);
-    conn->stream.expires_after(kWriteTimeout);
-    co_await asio::async_write(conn->stream, http::make_chunk(asio::buffer(bytes)),
-                               asio::redirect_error(use_awaitable, ec));
-    if (!ec) co_await asio::async_write(conn->stream, http::make_chunk_last(), asio::redirect_error(use_awaitable, ec));
-    if (ec) conn->close = true;
+    if (!co_await write_sse(*conn, chunked_sse, bytes, false) || !co_await write_sse(*conn, chunked_sse, {}, true)) {
+      conn->close = true;
+    }
     co_return 200;
   }
   int status = 200;
@@ -799,6 +923,13 @@ Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo mod
   if (config.max_concurrent_requests < 1) return Status::invalid_argument("--max-concurrent-requests must be positive");
   if (config.max_json_depth < 2) return Status::invalid_argument("--max-json-depth must be at least 2");
   if (config.http_threads < 1) config.http_threads = 1;
+  if (config.max_header_bytes < 1024 || config.max_header_bytes > (1 << 24))
+    return Status::invalid_argument("--max-header-bytes must be between 1KiB and 16MiB");
+  if (config.max_connections < 1) return Status::invalid_argument("--max-connections must be positive");
+  if (config.max_connections_per_ip < 0) return Status::invalid_argument("--max-connections-per-ip must be >= 0");
+  if (config.idle_timeout_seconds < 1 || config.body_read_timeout_seconds < 1)
+    return Status::invalid_argument("the idle and body read timeouts must be at least 1 s");
+  if (config.shutdown_timeout_seconds < 0) return Status::invalid_argument("--shutdown-timeout-s must be >= 0");
   auto impl = std::make_unique<Impl>(std::move(config), std::move(model), std::move(engine), std::move(tokenizer));
   if (Status s = impl->bind(); !s.ok()) {
     impl->loop->stop();
@@ -809,9 +940,34 @@ Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo mod
     impl->signals.add(SIGTERM);
     impl->arm_signals();
   }
+  impl->max_connections = impl->config.max_connections;
+  if (rlimit limit{}; ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    const int64_t usable = static_cast<int64_t>(limit.rlim_cur) - kReservedFileDescriptors;
+    if (usable < impl->max_connections) {
+      impl->max_connections = static_cast<int32_t>(std::max<int64_t>(usable, 1));
+      spdlog::warn("--max-connections {} lowered to {}: the file-descriptor limit (ulimit -n) is {}",
+                   impl->config.max_connections, impl->max_connections, static_cast<int64_t>(limit.rlim_cur));
+    }
+  }
+  impl->max_connections_per_ip = impl->config.max_connections_per_ip > 0
+                                     ? std::min(impl->config.max_connections_per_ip, impl->max_connections)
+                                     : std::max(1, impl->max_connections / 2);
   asio::co_spawn(impl->ioc, impl->listen(), asio::detached);
   for (int32_t i = 0; i < impl->config.http_threads; ++i) {
-    impl->threads.emplace_back([io = &impl->ioc] { io->run(); });
+    // What escapes a handler (not a coroutine, which its completion handler catches) unwinds that handler's
+    // operation, and with it the connection's coroutine and socket; the thread logs it and serves on.
+    impl->threads.emplace_back([io = &impl->ioc] {
+      while (true) {
+        try {
+          io->run();
+          return;
+        } catch (const std::exception& e) {
+          spdlog::error("an HTTP handler threw: {}; its connection is closed", e.what());
+        } catch (...) {
+          spdlog::error("an HTTP handler threw; its connection is closed");
+        }
+      }
+    });
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }

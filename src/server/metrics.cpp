@@ -120,6 +120,15 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
   if (s.lower && s.lower->disk.capacity_blocks > 0) {
     scalar(out, "deepinfer_kv_disk_queue_blocks", "gauge", "Blocks waiting for the background disk writer.",
            s.lower->disk_queue_blocks);
+    const kvcache::DiskRecoveryStats& r = s.lower->disk_recovery;
+    out += "# HELP deepinfer_kv_disk_recovery_blocks What the disk tier found in its directory at startup.\n"
+           "# TYPE deepinfer_kv_disk_recovery_blocks gauge\n";
+    const std::pair<std::string_view, int64_t> outcomes[] = {
+        {"recovered", r.recovered_blocks}, {"corrupt", r.corrupt_dropped},       {"foreign", r.foreign_dropped},
+        {"expired", r.expired_dropped},    {"temp_file", r.temp_files_removed}, {"evicted", r.evicted}};
+    for (const auto& [outcome, value] : outcomes) {
+      out += fmt::format("deepinfer_kv_disk_recovery_blocks{{outcome=\"{}\"}} {}\n", outcome, value);
+    }
   }
 }
 }  // namespace

@@ -29,7 +29,7 @@ ANTHROPIC = {
     "model": "anything", "max_tokens": 100,
     "system": "You are a weather bot.",
     "tools": [{"name": "get_weather", "description": "Weather", "input_schema": SCHEMA}],
-    "thinking": {"type": "enabled", "budget_tokens": 1000},
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
     "messages": [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": [

@@ -38,7 +38,7 @@ for (const [format, variable] of [['deepseek-v3.1', 'DEEPINFER_SCRIPTED_URL_V31'
     };
     const messagesRequest = {
       model, max_tokens: 512, messages: [{ role: 'user', content: ask }], tools: anthropicTools,
-      thinking: { type: 'enabled', budget_tokens: 256 },
+      thinking: { type: 'enabled', budget_tokens: 1024 },
     };
 
     test('openai: non-streaming reasoning_content and tool_calls', async () => {

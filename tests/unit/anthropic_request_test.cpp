@@ -23,7 +23,7 @@ TEST(AnthropicRequestTest, BlocksBecomeMessages) {
     ],
     "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
     "tool_choice": {"type": "tool", "name": "f"},
-    "thinking": {"type": "enabled", "budget_tokens": 100}
+    "thinking": {"type": "enabled", "budget_tokens": 1024}
   })"));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   ASSERT_EQ(c->messages.size(), 6u);
@@ -78,6 +78,13 @@ TEST(AnthropicRequestTest, ErrorsNameTheField) {
        "tool_choice \"any\" needs tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "on"}})",
        "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}"},
+      // Regression: a negative budget was accepted.
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": -1}})",
+       "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got -1"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled"}})",
+       "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got none"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1.5e3}})",
+       "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got 1.5E3"},
   };
   for (const Case& c : cases) {
     Result<Conversation> result = conversation_from_anthropic_messages(std::string_view(c.request));

@@ -496,14 +496,48 @@ TEST(DiskBlockStoreTest, LeftoverTempFilesAreRemovedAndUnrelatedFilesKept) {
 
 // --- foreign blocks -------------------------------------------------------------------------------------
 
-TEST(DiskBlockStoreTest, BlocksOfAnotherModelAreDroppedAtOpenAndNeverServed) {
+// Regression: opening another model's directory silently deleted every block in it (only a metric said so).
+TEST(DiskBlockStoreTest, ADirectoryOfAnotherModelIsRefusedNamingBothModelsAndKeptIntact) {
+  TempDir dir;
+  {
+    DiskBlockStoreOptions theirs = options_for(dir.path(), 1000, kOtherFingerprint);
+    theirs.model_name = "their-model";
+    auto store = open_store(theirs);
+    ASSERT_NE(store, nullptr);
+    for (uint64_t id = 0; id < 5; ++id) put_block(*store, id);
+  }
+  DiskBlockStoreOptions ours = options_for(dir.path(), 1000, kFingerprint);
+  ours.model_name = "our-model";
+  Result<std::unique_ptr<DiskBlockStore>> refused = DiskBlockStore::open(ours);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("'their-model'"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("'our-model'"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("--kv-disk-reset"), std::string::npos) << refused.status().message();
+  // A directory of before MODEL (no manifest): the foreign block files themselves refuse it.
+  fs::remove(dir.path() / "MODEL");
+  refused = DiskBlockStore::open(ours);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("5 block(s) of another model"), std::string::npos)
+      << refused.status().message();
+  // Nothing was deleted: their model still finds every block.
+  DiskBlockStoreOptions theirs = options_for(dir.path(), 1000, kOtherFingerprint);
+  auto again = open_store(theirs);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->stats().blocks, 5);
+}
+
+TEST(DiskBlockStoreTest, WithResetBlocksOfAnotherModelAreDroppedAtOpenAndNeverServed) {
   TempDir dir;
   {
     auto store = open_store(options_for(dir.path(), 1000, kOtherFingerprint));
     ASSERT_NE(store, nullptr);
     for (uint64_t id = 0; id < 5; ++id) put_block(*store, id);
   }
-  auto store = open_store(options_for(dir.path(), 1000, kFingerprint));
+  DiskBlockStoreOptions reset = options_for(dir.path(), 1000, kFingerprint);
+  reset.reset_foreign = true;
+  auto store = open_store(reset);
   ASSERT_NE(store, nullptr);
   DiskBlockStoreStats stats = store->stats();
   EXPECT_EQ(stats.foreign_dropped, 5);

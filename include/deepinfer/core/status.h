@@ -19,6 +19,8 @@ enum class StatusCode {
   kUnsupported,      // valid input that this build does not handle
   kInternal,         // a bug: an invariant of ours does not hold
   kResourceExhausted,  // memory (host or device) ran out
+  kShuttingDown,       // the work was refused or cut short because the process is stopping
+  kFailedPrecondition,  // the system is not in a state to do this (e.g. a directory of another model)
 };
 
 // A success or an error with a message a user can act on. Cheap to copy when ok.
@@ -36,6 +38,11 @@ class Status {
   static Status resource_exhausted(std::string message) {
     return {StatusCode::kResourceExhausted, std::move(message)};
   }
+
+  static Status failed_precondition(std::string message) {
+    return {StatusCode::kFailedPrecondition, std::move(message)};
+  }
+  static Status shutting_down(std::string message) { return {StatusCode::kShuttingDown, std::move(message)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
@@ -60,6 +67,11 @@ class Result {
   Result(Status status) : state_(std::move(status)) {       // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(state_).ok() && "a Result built from a Status must carry an error");
   }
+  static Status failed_precondition(std::string message) {
+    return {StatusCode::kFailedPrecondition, std::move(message)};
+  }
+  static Status shutting_down(std::string message) { return {StatusCode::kShuttingDown, std::move(message)}; }
+
   bool ok() const { return std::holds_alternative<T>(state_); }
   const T& value() const& { return std::get<T>(state_); }
   T& value() & { return std::get<T>(state_); }

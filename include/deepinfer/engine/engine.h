@@ -35,6 +35,8 @@ struct EngineConfig {
   // needs the host tier (it loads through it) and a nonzero fingerprint.
   int64_t host_cache_bytes = 0;            // --kv-host-cache-gb
   std::string disk_cache_path;             // --tiered-kv-storage-path; empty: no disk tier
+  std::string disk_cache_model_name;       // recorded in the disk tier's MODEL and named when it is refused
+  bool disk_cache_reset = false;           // --kv-disk-reset: delete another model's blocks instead of refusing
   int64_t disk_cache_bytes = 16ll << 30;   // --kv-disk-cache-gb
   double kv_cache_ttl_hours = 168.0;       // --kv-cache-ttl-hours: TTL of the default retention class
   double host_evict_bytes_per_s = kvcache::kUnlimited;  // --kv-evict-mb-per-s: host eviction token bucket

@@ -5,6 +5,8 @@
 //
 // On-disk format (version 1). The directory holds
 //   <directory>/LOCK                        flock()ed by the open store: one store per directory at a time
+//   <directory>/MODEL                       text: "fingerprint <32 hex>\nmodel <name>\n", the model whose blocks
+//                                           these are (written by open(); a directory of another model is refused)
 //   <directory>/<hh>/<32 hex>.kvb           one block; <32 hex> is BlockHash::to_hex(), <hh> its first 2 digits
 //                                           (256 fan-out directories at most, each made by the first put() into it)
 //   <directory>/<hh>/<32 hex>.<seq>.tmp     a put() in progress (or killed): removed by open()
@@ -38,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 
 #include "deepinfer/core/status.h"
@@ -50,7 +53,12 @@ inline constexpr uint32_t kDiskBlockFormatVersion = 1;
 
 struct DiskBlockStoreOptions {
   std::filesystem::path directory;  // created (with parents) if missing
-  ModelFingerprint fingerprint;     // blocks written under another fingerprint are foreign: dropped, never served
+  ModelFingerprint fingerprint;     // blocks written under another fingerprint are foreign: never served
+  std::string model_name;           // recorded in MODEL and named in errors (e.g. the checkpoint directory)
+  // A directory that holds blocks of another model (by MODEL, or by a foreign block file when MODEL is
+  // missing) is refused by open(), naming both models, unless this is set: then those blocks are deleted
+  // (--kv-disk-reset).
+  bool reset_foreign = false;
   size_t block_bytes = 0;           // exact payload size of one block (all layers' latent KV of 64 tokens)
   int64_t capacity_blocks = 0;      // max blocks kept on disk; put() beyond it evicts the least recently used
   // fsync each block file before its rename and the fan-out directory after it, so a put() that returned
@@ -82,6 +90,17 @@ struct DiskBlockStoreStats {
   uint64_t bytes_read = 0;         // payload bytes returned by successful get()s
 };
 
+// What open() found in the directory (fixed once open() returns): the startup log line and
+// deepinfer_kv_disk_recovery_blocks report it.
+struct DiskRecoveryStats {
+  int64_t recovered_blocks = 0;    // valid blocks indexed
+  int64_t corrupt_dropped = 0;     // malformed files deleted
+  int64_t foreign_dropped = 0;     // another model's files deleted (only with reset_foreign)
+  int64_t expired_dropped = 0;     // files whose expiry had passed, deleted
+  int64_t temp_files_removed = 0;  // leftovers of interrupted put()s
+  int64_t evicted = 0;             // valid blocks beyond capacity_blocks, deleted
+};
+
 // The store. Every method may be called from any thread: an internal mutex guards the index, the recency
 // list and the counters, and is held for index updates and the metadata operations that must agree with
 // the index (rename into place, unlink); reading and writing block bytes and fsync happen outside it, so a
@@ -89,14 +108,17 @@ struct DiskBlockStoreStats {
 // The object owns the directory (through LOCK) while it lives; destroy it before opening the directory again.
 class DiskBlockStore {
  public:
-  // Creates `directory` when missing, takes its LOCK, and scans it: leftover temp files are removed; each
+  // Creates `directory` when missing, takes its LOCK, checks MODEL (another model's directory is refused
+  // unless options.reset_foreign), and scans it: leftover temp files are removed; each
   // .kvb file's header is validated (magic, format version, header checksum, fingerprint, block hash equal
   // to the file name's, payload size, file size), not its payload checksum (get() checks that). Foreign files
-  // (another fingerprint) and malformed ones are deleted and counted. The valid ones form the index, oldest
+  // (another fingerprint; only with reset_foreign, else open() fails and deletes none of them) and malformed
+  // ones are deleted and counted; then MODEL is (re)written. The valid ones form the index, oldest
   // first by (mtime, sequence number); when there are more than capacity_blocks, the oldest are evicted.
   // Cost: one open() and one 128-byte read per file.
   // Errors: InvalidArgument when directory is empty, block_bytes is 0 or capacity_blocks < 1; IoError when
-  // the directory cannot be created or read, or its LOCK is held (another store, in this or another process).
+  // the directory cannot be created or read, or its LOCK is held (another store, in this or another process);
+  // FailedPrecondition when it holds another model's blocks and reset_foreign is not set.
   static Result<std::unique_ptr<DiskBlockStore>> open(DiskBlockStoreOptions options);
 
   ~DiskBlockStore();
@@ -140,6 +162,8 @@ class DiskBlockStore {
 
   // A snapshot of the counters.
   DiskBlockStoreStats stats() const;
+  // What open() recovered and dropped. Immutable after open(); any thread.
+  const DiskRecoveryStats& recovery() const { return recovery_; }
 
   const DiskBlockStoreOptions& options() const { return options_; }
   // The final path of block `hash`: <directory>/<hh>/<32 hex>.kvb (whether or not it exists).
@@ -153,8 +177,12 @@ class DiskBlockStore {
   };
 
   DiskBlockStore(DiskBlockStoreOptions options, int lock_fd);
+  // open()'s check of MODEL against options_ (FailedPrecondition for another model's directory).
+  Status check_manifest();
   // open()'s scan of the fan-out directories. Runs before the store is shared.
   Status scan();
+  // Writes MODEL (temp file + rename) after a successful scan.
+  Status write_manifest();
   // Drops least recently used blocks until at most capacity_blocks remain, counting evictions.
   // REQUIRES: mu_ held.
   void evict_over_capacity_locked();
@@ -170,6 +198,7 @@ class DiskBlockStore {
 
   const DiskBlockStoreOptions options_;
   const int lock_fd_;
+  DiskRecoveryStats recovery_;  // written by open() before the store is shared
 
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;  // GUARDED_BY(mu_)

@@ -69,6 +69,7 @@ struct OffloadCounters {
   OffloadTierCounters host;
   OffloadTierCounters disk;
   int64_t disk_queue_blocks = 0;  // blocks waiting for the background writer
+  DiskRecoveryStats disk_recovery;  // what the disk tier's open() found (zero without a disk tier)
 };
 
 // Thread-safety: every public method may be called from any thread; one mutex guards the host tier and the

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <string_view>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,7 +24,7 @@ struct ServerConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;  // 0: an ephemeral port (see Server::port())
   // Non-empty: /v1/*, /tokenize and /detokenize require `Authorization: Bearer KEY` or `x-api-key: KEY`.
-  // /health and /metrics stay open (probes and scrapers).
+  // /health and /metrics stay open (probes and scrapers; /metrics keyed with metrics_require_api_key).
   std::string api_key;
   int64_t max_body_bytes = 16ll << 20;    // larger bodies get 413
   int32_t max_concurrent_requests = 256;  // generation requests in flight; more get 429 with Retry-After
@@ -34,7 +36,24 @@ struct ServerConfig {
   // Capacity of the one TokenizationCache every request's prompt is tokenized through (runs of text seen in
   // earlier requests, e.g. the history of a growing agent conversation, are not encoded again); 0: none.
   int64_t tokenization_cache_bytes = 64ll << 20;
-  int32_t idle_timeout_seconds = 60;  // keep-alive connections idle this long are closed
+  // Limits that hold before authentication (SECURITY.md lists them). A keep-alive connection idle this long,
+  // or a request header not complete this long after the connection became idle, is closed.
+  int32_t idle_timeout_seconds = 60;
+  int32_t body_read_timeout_seconds = 60;  // a body not complete this long after its header: connection closed
+  int64_t max_header_bytes = 64 * 1024;    // request line + header fields, and trailer fields apart: 431
+  // Open connections at once; more are answered 503 and closed. Clamped at start to the file-descriptor
+  // limit (RLIMIT_NOFILE) less 64 descriptors kept for the engine, the disk tier and logs.
+  int32_t max_connections = 1024;
+  // Share of max_connections one client address may hold; 0: half of max_connections. Raise it to
+  // max_connections behind a gateway that is the only client.
+  int32_t max_connections_per_ip = 0;
+  // SIGTERM / shutdown(true): in-flight requests get this long to finish; then streams end with an error
+  // event, the rest is cancelled, and the server stops (a Kubernetes grace period is 30 s).
+  int32_t shutdown_timeout_seconds = 30;
+  bool metrics_require_api_key = false;  // /metrics behind api_key too (when one is set)
+  // Test seam, empty in production: called on the HTTP thread with each request's path once its header is
+  // read, outside every per-request handler; what it throws ends that connection only.
+  std::function<void(std::string_view path)> test_hook_on_request;
   // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
   // stop); a second one cancels what is still running and stops at once.
   bool handle_signals = false;
