@@ -1,10 +1,10 @@
 // Scheduler: running sequences first (decode tokens or their next prefill chunk), then FCFS admission from
 // the waiting queue, within the token budget, the sequence cap and the free KV blocks; preemption by
 // recompute of the most recently admitted sequence when a running one needs a block and none is free.
+#include "deepinfer/core/check.h"
 #include "deepinfer/engine/scheduler.h"
 
 #include <algorithm>
-#include <cassert>
 #include <utility>
 
 namespace deepinfer::engine {
@@ -44,7 +44,7 @@ Scheduler::Scheduler(const SchedulerConfig& config) : config_(config), block_poo
 
 SequenceState& Scheduler::state(SequenceId id) {
   auto it = sequences_.find(id);
-  assert(it != sequences_.end());
+  DEEPINFER_CHECK(it != sequences_.end());
   return it->second;
 }
 
@@ -125,7 +125,7 @@ Status Scheduler::cancel(SequenceId id) {
 void Scheduler::release_blocks(SequenceState& seq) {
   for (kvcache::BlockId block : seq.block_table) {
     [[maybe_unused]] Status status = block_pool_.release(block);
-    assert(status.ok() && "the scheduler owns one reference to each block in a block table");
+    DEEPINFER_CHECK(status.ok(), "the scheduler owns one reference to each block in a block table");
   }
   seq.block_table.clear();
 }
@@ -149,7 +149,7 @@ void Scheduler::preempt(SequenceState& seq) {
 
 void Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
   int64_t needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
-  assert(needed <= block_pool_.num_free());
+  DEEPINFER_CHECK(needed <= block_pool_.num_free());
   for (int64_t i = 0; i < needed; ++i) {
     seq.block_table.push_back(allocate_block());
   }
@@ -157,7 +157,7 @@ void Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
 
 kvcache::BlockId Scheduler::allocate_block() {
   std::optional<kvcache::BlockId> block = block_pool_.allocate();
-  assert(block.has_value());
+  DEEPINFER_CHECK(block.has_value());
   // The least recently freed block: if it still held indexed content, that content is evicted now.
   if (auto it = hash_of_block_.find(*block); it != hash_of_block_.end()) {
     cached_block_of_.erase(it->second);
@@ -261,7 +261,7 @@ ScheduledBatch Scheduler::schedule() {
       continue;
     }
     int64_t num_new_tokens = seq.num_tokens() - seq.num_computed_tokens;
-    assert(num_new_tokens >= 1 && "a running sequence always has a token to compute");
+    DEEPINFER_CHECK(num_new_tokens >= 1, "a running sequence always has a token to compute");
     if (!config_.enable_chunked_prefill && num_new_tokens > budget) {
       ++index;  // only after an abandoned batch: its whole prompt waits for a step with room
       continue;
@@ -300,7 +300,7 @@ ScheduledBatch Scheduler::schedule() {
         finish(seq, FinishReason::kAborted, std::move(*reason));
         continue;
       }
-      assert(seq.block_table.empty() && seq.num_computed_tokens == 0);
+      DEEPINFER_CHECK(seq.block_table.empty() && seq.num_computed_tokens == 0);
       std::vector<kvcache::BlockId> matched = match_prefix(seq);
       const auto device_blocks = static_cast<int64_t>(matched.size());
       // Blocks the lower tiers hold after the device hit: loaded into fresh blocks below, before prefill.
@@ -323,7 +323,7 @@ ScheduledBatch Scheduler::schedule() {
       for (kvcache::BlockId block : matched) {
         [[maybe_unused]] Status status =
             block_pool_.is_free(block) ? block_pool_.reclaim(block) : block_pool_.retain(block);
-        assert(status.ok());
+        DEEPINFER_CHECK(status.ok());
         seq.block_table.push_back(block);
       }
       // Load-back: each loaded block is indexed on device like a computed one. A copy that turns out gone or
@@ -369,7 +369,7 @@ ScheduledBatch Scheduler::schedule() {
   // 3. Report and forget the finished ones.
   for (SequenceId id : newly_finished_) {
     auto it = sequences_.find(id);
-    assert(it != sequences_.end());
+    DEEPINFER_CHECK(it != sequences_.end());
     const SequenceState& seq = it->second;
     batch.finished.push_back({id, seq.finish_reason, seq.finish_message, seq.num_prompt_tokens(),
                               seq.num_generated_tokens(), seq.num_cached_tokens, seq.num_loaded_tokens});

@@ -1,10 +1,10 @@
 // Chained block hashes over an explicit little-endian byte layout (block_hash.h), so the same tokens give
 // the same hash on every machine and in every process: the disk tier and the router depend on that.
+#include "deepinfer/core/check.h"
 #include "deepinfer/kvcache/block_hash.h"
 
 #include <xxhash.h>
 
-#include <cassert>
 #include <cstring>
 
 namespace deepinfer::kvcache {
@@ -35,7 +35,7 @@ std::string BlockHash::to_hex() const {
 ModelFingerprint model_fingerprint(std::string_view config_json, std::string_view weights_identity) {
   static constexpr char kDomain[] = "deepinfer-kv-v1";  // 15 chars + the terminating NUL below
   XXH3_state_t* state = XXH3_createState();
-  assert(state != nullptr);
+  DEEPINFER_CHECK(state != nullptr);
   XXH3_128bits_reset(state);
   XXH3_128bits_update(state, kDomain, sizeof(kDomain));
   for (std::string_view part : {config_json, weights_identity}) {
@@ -81,10 +81,10 @@ std::vector<BlockHash> block_hash_chain(std::span<const int32_t> token_ids, cons
 
 void extend_block_hash_chain(std::vector<BlockHash>& chain, std::span<const int32_t> token_ids,
                              const ModelFingerprint& fingerprint, int32_t block_tokens) {
-  assert(block_tokens > 0);
+  DEEPINFER_CHECK(block_tokens > 0);
   const size_t block = static_cast<size_t>(block_tokens);
   const size_t num_full = token_ids.size() / block;
-  assert(chain.size() <= num_full);
+  DEEPINFER_CHECK(chain.size() <= num_full);
   chain.reserve(num_full);
   for (size_t i = chain.size(); i < num_full; ++i) {
     const BlockHash parent = i == 0 ? kRootBlockHash : chain[i - 1];

@@ -1,8 +1,8 @@
 // BlockPool: reference counts plus an intrusive doubly linked free list over block ids, so allocate,
 // release and reclaim are O(1) and deterministic.
+#include "deepinfer/core/check.h"
 #include "deepinfer/kvcache/block_pool.h"
 
-#include <cassert>
 #include <limits>
 #include <string>
 
@@ -12,7 +12,7 @@ BlockPool::BlockPool(int32_t num_blocks)
     : ref_counts_(static_cast<size_t>(num_blocks > 0 ? num_blocks : 0), 0),
       next_free_(ref_counts_.size(), kNone),
       prev_free_(ref_counts_.size(), kNone) {
-  assert(num_blocks >= 0);
+  DEEPINFER_CHECK(num_blocks >= 0);
   for (BlockId id = 0; id < num_total(); ++id) push_free_tail(id);
 }
 
@@ -55,7 +55,7 @@ Status BlockPool::reclaim(BlockId id) {
 }
 
 int32_t BlockPool::ref_count(BlockId id) const {
-  assert(id >= 0 && id < num_total());
+  DEEPINFER_CHECK(id >= 0 && id < num_total());
   return ref_counts_[id];
 }
 

@@ -1,9 +1,9 @@
 // KvOffloadStore: the host tier (a hash map of shared payloads ordered by expiry), the disk tier behind it,
 // and one background thread that drains the disk write queue in batches and serves prefetches.
+#include "deepinfer/core/check.h"
 #include "deepinfer/kvcache/offload_store.h"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <string>
 
@@ -127,7 +127,7 @@ bool KvOffloadStore::host_insert_locked(const BlockHash& hash, std::shared_ptr<c
 
 void KvOffloadStore::store(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload,
                            TtlClassId ttl_class, int64_t now_ms) {
-  assert(payload.size() == config_.block_bytes);
+  DEEPINFER_CHECK(payload.size() == config_.block_bytes);
   const int64_t expiry_ms = now_ms + config_.retention.ttl_ms(ttl_class);
   std::unique_lock lock(mu_);
   if (host_.contains(hash)) {
@@ -164,7 +164,7 @@ void KvOffloadStore::record_miss() {
 }
 
 bool KvOffloadStore::load(const BlockHash& hash, std::span<std::byte> out, TtlClassId ttl_class, int64_t now_ms) {
-  assert(out.size() == config_.block_bytes);
+  DEEPINFER_CHECK(out.size() == config_.block_bytes);
   const int64_t expiry_ms = now_ms + config_.retention.ttl_ms(ttl_class);
   {
     std::lock_guard lock(mu_);

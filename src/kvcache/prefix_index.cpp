@@ -1,10 +1,10 @@
 // The radix prefix index: a node table with a free list, one hash map from (parent, hash) to child, and per
 // tier an ordered set of the nodes allowed to leave that tier. Every mutation of a node takes it out of the
 // candidate sets, changes it, and puts it back where the leaf rule allows, so the sets are always exact.
+#include "deepinfer/core/check.h"
 #include "deepinfer/kvcache/prefix_index.h"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 
 namespace deepinfer::kvcache {
@@ -28,7 +28,7 @@ std::string_view tier_name(Tier tier) {
 }
 
 RetentionConfig RetentionConfig::defaults(double default_ttl_hours) {
-  assert(default_ttl_hours > 0);
+  DEEPINFER_CHECK(default_ttl_hours > 0);
   RetentionConfig config;
   config.classes = {{"default", static_cast<int64_t>(std::llround(default_ttl_hours * kMsPerHour))},
                     {"chat", 7 * kMsPerDay},
@@ -66,7 +66,7 @@ Status RetentionConfig::validate() const {
 
 PrefixIndex::PrefixIndex(RetentionConfig retention, TierSet demoting_tiers)
     : retention_(std::move(retention)), demoting_tiers_(demoting_tiers) {
-  assert(retention_.validate().ok());
+  DEEPINFER_CHECK(retention_.validate().ok());
 }
 
 Status PrefixIndex::check_live(NodeId node, const char* operation) const {
@@ -81,7 +81,7 @@ PrefixIndex::CandidateKey PrefixIndex::key_of(NodeId node) const {
 }
 
 bool PrefixIndex::can_remove_from_tier(NodeId node, Tier tier) const {
-  assert(contains(node));
+  DEEPINFER_CHECK(contains(node));
   const PrefixNode& info = nodes_[static_cast<size_t>(node)].info;
   if (!info.tiers.has(tier) || info.pin_count > 0) return false;
   if (info.children_in_tier[static_cast<size_t>(tier_index(tier))] > 0) return false;
@@ -90,7 +90,7 @@ bool PrefixIndex::can_remove_from_tier(NodeId node, Tier tier) const {
 }
 
 bool PrefixIndex::is_eviction_candidate(NodeId node, Tier tier) const {
-  assert(contains(node));
+  DEEPINFER_CHECK(contains(node));
   const PrefixNode& info = nodes_[static_cast<size_t>(node)].info;
   if (!info.tiers.has(tier) || info.pin_count > 0) return false;
   if (info.children_in_tier[static_cast<size_t>(tier_index(tier))] > 0) return false;
@@ -168,9 +168,9 @@ void PrefixIndex::touch_one(NodeId node, int64_t now_ms, TtlClassId ttl_class) {
 }
 
 void PrefixIndex::touch(std::span<const NodeId> nodes, int64_t now_ms, TtlClassId ttl_class) {
-  assert(ttl_class < retention_.classes.size());
+  DEEPINFER_CHECK(ttl_class < retention_.classes.size());
   for (NodeId node : nodes) {
-    assert(contains(node));
+    DEEPINFER_CHECK(contains(node));
     unlist(node);
     touch_one(node, now_ms, ttl_class);
     relist(node);
@@ -216,7 +216,7 @@ Result<NodeId> PrefixIndex::add_block(NodeId parent, const BlockHash& hash, Tier
   relist(node);
   if (!nodes_[static_cast<size_t>(node)].info.tiers.has(tier)) {
     Status status = add_to_tier(node, tier);
-    assert(status.ok());
+    DEEPINFER_CHECK(status.ok());
     (void)status;
   }
   return node;
@@ -312,7 +312,7 @@ Status PrefixIndex::remove_from_tier(NodeId node, Tier tier) {
 
 void PrefixIndex::erase_node(NodeId node) {
   Node& n = nodes_[static_cast<size_t>(node)];
-  assert(n.info.num_children == 0 && n.info.tiers.empty() && n.listed == 0);
+  DEEPINFER_CHECK(n.info.num_children == 0 && n.info.tiers.empty() && n.listed == 0);
   children_.erase(ChildKey{n.info.parent, n.info.hash});
   if (n.info.parent != kNoNode) {
     unlist(n.info.parent);

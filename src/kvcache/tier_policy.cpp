@@ -1,9 +1,9 @@
 // TierPolicy: admission, load-back, demotion and watermark/TTL eviction over the PrefixIndex, each eviction
 // paid for from the tier's token bucket. The comments in tier_policy.h state the policy; this file follows it.
+#include "deepinfer/core/check.h"
 #include "deepinfer/kvcache/tier_policy.h"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <string>
 
@@ -11,7 +11,7 @@ namespace deepinfer::kvcache {
 
 TokenBucket::TokenBucket(double rate_per_s, double burst)
     : rate_per_s_(rate_per_s), burst_(burst), tokens_(rate_per_s == kUnlimited ? kUnlimited : burst) {
-  assert(rate_per_s > 0 && burst > 0);
+  DEEPINFER_CHECK(rate_per_s > 0 && burst > 0);
 }
 
 void TokenBucket::refill(int64_t now_ms) {
@@ -146,7 +146,7 @@ bool TierPolicy::admit(NodeId node, Tier tier, int64_t now_ms) {
     return false;
   }
   Status status = index_.add_to_tier(node, tier);
-  assert(status.ok());
+  DEEPINFER_CHECK(status.ok());
   (void)status;
   ++counters.admitted_blocks;
   counters.bytes_written += config_.bytes_per_block;
@@ -165,10 +165,10 @@ bool TierPolicy::evict(NodeId node, Tier tier, int64_t now_ms, TickResult* resul
     if (lower.has_value() && !info.tiers.has(*lower)) {
       // Pin while the lower tier makes room, so its eviction cannot take this node's last copy away.
       Status pinned = index_.pin(node);
-      assert(pinned.ok());
+      DEEPINFER_CHECK(pinned.ok());
       const bool demoted = admit(node, *lower, now_ms);
       Status unpinned = index_.unpin(node);
-      assert(unpinned.ok());
+      DEEPINFER_CHECK(unpinned.ok());
       (void)pinned;
       (void)unpinned;
       if (demoted) {
@@ -188,20 +188,20 @@ bool TierPolicy::evict(NodeId node, Tier tier, int64_t now_ms, TickResult* resul
     if (result != nullptr) ++result->evicted[t];
   }
   Status status = index_.remove_from_tier(node, tier);
-  assert(status.ok());
+  DEEPINFER_CHECK(status.ok());
   (void)status;
   return true;
 }
 
 LookupResult TierPolicy::lookup(std::span<const BlockHash> chain, int64_t prompt_tokens, int64_t now_ms,
                                 TtlClassId ttl_class) {
-  assert(ttl_class < config_.retention.classes.size() && prompt_tokens >= 0);
+  DEEPINFER_CHECK(ttl_class < config_.retention.classes.size() && prompt_tokens >= 0);
   LookupResult result;
   std::vector<NodeId> matched = index_.match(chain, now_ms, config_.required_kinds);
   // Pin the whole match first: loading one block back may evict from device, and must not evict the rest.
   for (NodeId node : matched) {
     Status status = index_.pin(node);
-    assert(status.ok());
+    DEEPINFER_CHECK(status.ok());
     (void)status;
   }
   size_t usable = 0;
@@ -226,7 +226,7 @@ LookupResult TierPolicy::lookup(std::span<const BlockHash> chain, int64_t prompt
   }
   for (size_t i = usable; i < matched.size(); ++i) {
     Status status = index_.unpin(matched[i]);
-    assert(status.ok());
+    DEEPINFER_CHECK(status.ok());
     (void)status;
   }
   matched.resize(usable);
@@ -255,7 +255,7 @@ LookupResult TierPolicy::lookup(std::span<const BlockHash> chain, int64_t prompt
 }
 
 InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms, TtlClassId ttl_class) {
-  assert(ttl_class < config_.retention.classes.size());
+  DEEPINFER_CHECK(ttl_class < config_.retention.classes.size());
   InsertResult result;
   const bool write_through = config_.write_through_to_host && tier_present(Tier::kHost);
   NodeId parent = kNoNode;
@@ -264,7 +264,7 @@ InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms
     if (node != kNoNode) {
       // Pin first: the admissions below may evict, and must not take this node.
       Status status = index_.pin(node);
-      assert(status.ok());
+      DEEPINFER_CHECK(status.ok());
       (void)status;
       const NodeId touched[] = {node};
       index_.touch(touched, now_ms, ttl_class);
@@ -279,15 +279,15 @@ InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms
       if (!device_room && !host_room) break;
       const Tier first = device_room ? Tier::kDevice : Tier::kHost;
       Result<NodeId> added = index_.add_block(parent, hash, first, now_ms, ttl_class, config_.required_kinds);
-      assert(added.ok());
+      DEEPINFER_CHECK(added.ok());
       node = *added;
       Status status = index_.pin(node);
-      assert(status.ok());
+      DEEPINFER_CHECK(status.ok());
       ++tier_counters(first).admitted_blocks;
       tier_counters(first).bytes_written += config_.bytes_per_block;
       if (device_room && host_room) {
         status = index_.add_to_tier(node, Tier::kHost);
-        assert(status.ok());
+        DEEPINFER_CHECK(status.ok());
         ++tier_counters(Tier::kHost).admitted_blocks;
         tier_counters(Tier::kHost).bytes_written += config_.bytes_per_block;
       }

@@ -156,9 +156,9 @@ TEST(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
   SequenceId id = *alone->submit(ref.prompts[3], params);
   std::vector<TokenId> tokens_alone = drain(*alone).tokens[id];
   auto batched = make_engine(config);
-  for (int i : {0, 5, 2}) batched->submit(ref.prompts[i], greedy_params());
+  for (int i : {0, 5, 2}) ASSERT_TRUE(batched->submit(ref.prompts[i], greedy_params()).ok());
   SequenceId id_in_batch = *batched->submit(ref.prompts[3], params);
-  batched->submit(ref.prompts[4], params);  // same seed, other prompt
+  ASSERT_TRUE(batched->submit(ref.prompts[4], params).ok());  // same seed, other prompt
   EXPECT_EQ(drain(*batched).tokens[id_in_batch], tokens_alone);
   EXPECT_EQ(tokens_alone.size(), 12u);
 }

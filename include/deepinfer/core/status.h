@@ -2,7 +2,7 @@
 // with a value-or-error wrapper in the spirit of std::expected, which C++20 lacks).
 #pragma once
 
-#include <cassert>
+#include "deepinfer/core/check.h"
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,7 +25,7 @@ enum class StatusCode {
 
 // A success or an error with a message a user can act on. Cheap to copy when ok.
 // Thread-safety: a Status is a value; distinct objects may be used from distinct threads.
-class Status {
+class [[nodiscard]] Status {
  public:
   Status() = default;
   static Status ok_status() { return Status(); }
@@ -61,17 +61,12 @@ std::string_view status_code_name(StatusCode code);
 // A value of type T, or the Status that explains why there is none.
 // REQUIRES: value() only when ok(); status() is Ok when ok().
 template <class T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : state_(std::move(value)) {}            // NOLINT(google-explicit-constructor)
   Result(Status status) : state_(std::move(status)) {       // NOLINT(google-explicit-constructor)
-    assert(!std::get<Status>(state_).ok() && "a Result built from a Status must carry an error");
+    DEEPINFER_CHECK(!std::get<Status>(state_).ok(), "a Result built from a Status must carry an error");
   }
-  static Status failed_precondition(std::string message) {
-    return {StatusCode::kFailedPrecondition, std::move(message)};
-  }
-  static Status shutting_down(std::string message) { return {StatusCode::kShuttingDown, std::move(message)}; }
-
   bool ok() const { return std::holds_alternative<T>(state_); }
   const T& value() const& { return std::get<T>(state_); }
   T& value() & { return std::get<T>(state_); }
