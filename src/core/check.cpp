@@ -6,9 +6,10 @@
 
 namespace deepinfer::detail {
 
-void check_failed(std::string_view condition, std::string_view message, const std::source_location& where) {
-  std::fprintf(stderr, "%s:%u: %s: invariant violated: %.*s%s%.*s\n", where.file_name(),
-               static_cast<unsigned>(where.line()), where.function_name(), static_cast<int>(condition.size()),
+void check_failed(std::string_view condition, std::string_view message, const char* file, int line,
+                  const char* function) {
+  std::fprintf(stderr, "%s:%d: %s: invariant violated: %.*s%s%.*s\n", file, line, function,
+               static_cast<int>(condition.size()),
                condition.data(), message.empty() ? "" : ": ", static_cast<int>(message.size()), message.data());
   std::fflush(stderr);
   std::abort();

@@ -1,6 +1,8 @@
 // Engine step: schedule, execute (forward + sample), update; plus request admission and cancellation.
 #include "deepinfer/engine/engine.h"
 
+#include "model_executor.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -64,12 +66,11 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
       model_(std::move(model)),
       config_(config),
       scheduler_(std::move(scheduler)),
-      layer_caches_(std::move(layer_caches)),
-      samplers_(
-          static_cast<size_t>(config.sampling_threads > 0 ? config.sampling_threads
-                                                          : std::clamp(omp_get_max_threads(), 1, kMaxSamplerThreads)),
-          Sampler(model_->config().vocab_size)) {
+      layer_caches_(std::move(layer_caches)) {
   for (const backend::Buffer& layer : layer_caches_) kv_cache_bytes_ += layer.bytes;
+  // Sampling threads: one Sampler each (a Sampler keeps per-row scratch and is single-threaded), at most 16.
+  const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
+  executor_ = std::make_unique<ModelExecutor>(*model_, layer_caches_, threads, config.parallel_sampling_min_logits);
 }
 
 KvTierStats Engine::kv_tier_stats() const {
@@ -201,96 +202,15 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
     offload_->offload().prefetch(request.block_hashes, request.ttl_class, now_ms());
   }
   const SequenceId id = request.id;
-  if (Status s = scheduler_.add(std::move(request)); !s.ok()) return s;
-  requests_[id] = {std::move(prompt), {}, params, make_request_rng(params, static_cast<uint64_t>(id))};
+  if (Status s = executor_->add_request(id, prompt, params); !s.ok()) return s;
+  if (Status s = scheduler_.add(std::move(request)); !s.ok()) {
+    executor_->remove_request(id);
+    return s;
+  }
   return id;
 }
 
 Status Engine::cancel(SequenceId id) { return scheduler_.cancel(id); }
-
-Result<std::vector<SampledToken>> Engine::run(const ScheduledBatch& batch) {
-  model::ForwardBatch forward;
-  for (const ScheduledEntry& entry : batch.entries) {
-    int32_t first_row = static_cast<int32_t>(forward.token_ids.size());
-    forward.token_ids.insert(forward.token_ids.end(), entry.token_ids.begin(), entry.token_ids.end());
-    forward.sequences.push_back(
-        {static_cast<int32_t>(entry.num_tokens()), static_cast<int32_t>(entry.start_position), entry.block_table});
-    if (entry.samples) forward.logits_rows.push_back(first_row + static_cast<int32_t>(entry.num_tokens()) - 1);
-  }
-  // A step whose every sampled row is plain greedy gets only the argmax ids from the backend, not the logits.
-  bool plain_greedy = true;
-  for (const ScheduledEntry& entry : batch.entries) {
-    if (entry.samples) plain_greedy = plain_greedy && requests_.at(entry.sequence_id).params.is_plain_greedy();
-  }
-  if (plain_greedy) {
-    if (Status s = model_->forward_greedy(forward, layer_caches_, greedy_ids_); !s.ok()) return s;
-    std::vector<SampledToken> sampled;
-    for (const ScheduledEntry& entry : batch.entries) {
-      if (!entry.samples) continue;
-      const int32_t id = greedy_ids_[sampled.size()];
-      // The sampler's verdict on such a row (InvalidArgument), whichever path sampled it.
-      if (id < 0) {
-        return Status::invalid_argument("row of sequence " + std::to_string(entry.sequence_id) +
-                                        ": logits hold a NaN or +inf, or nothing above -inf; logits must be finite "
-                                        "or -inf");
-      }
-      ++requests_.at(entry.sequence_id).rng.counter;  // as the sampler does for every row
-      sampled.push_back(SampledToken{id, std::nullopt, {}});
-    }
-    return sampled;
-  }
-  if (Status s = model_->forward(forward, layer_caches_, logits_); !s.ok()) return s;
-  const int64_t vocab = model_->config().vocab_size;
-  std::vector<SamplerRow> rows;
-  for (const ScheduledEntry& entry : batch.entries) {
-    if (!entry.samples) continue;
-    RequestState& request = requests_.at(entry.sequence_id);
-    SamplerRow row;
-    row.logits = std::span<const float>(logits_.data() + rows.size() * vocab, static_cast<size_t>(vocab));
-    row.params = &request.params;
-    row.prompt_token_ids = request.prompt;
-    row.output_token_ids = request.output;
-    row.rng = &request.rng;
-    rows.push_back(row);
-  }
-  std::vector<SampledToken> sampled(rows.size());
-  if (Status s = sample_rows(rows, sampled); !s.ok()) return s;
-  return sampled;
-}
-
-// Rows are independent (each request draws from its own Philox stream), so a large step's rows are split over
-// threads, one Sampler each: the same tokens as one Sampler, in a fraction of the time (measured on the 2-core dev
-// machine: 256 rows of a 129,280-token vocabulary at top_p 0.9 cost 408 ms on one core; the GPU step they follow
-// took 12 ms). Every row is checked before any is sampled, so the step stays all-or-nothing; each row is checked
-// once, by the thread that samples it.
-Status Engine::sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled) {
-  const int64_t work = static_cast<int64_t>(rows.size()) * samplers_[0].vocab_size();
-  const int64_t threads = std::min<int64_t>(static_cast<int64_t>(samplers_.size()), static_cast<int64_t>(rows.size()));
-  if (threads <= 1 || work < config_.parallel_sampling_min_logits) return samplers_[0].sample(rows, sampled);
-  const int64_t per = (static_cast<int64_t>(rows.size()) + threads - 1) / threads;
-  auto begin_of = [&](int64_t t) {
-    return static_cast<size_t>(std::min<int64_t>(t * per, static_cast<int64_t>(rows.size())));
-  };
-  auto count_of = [&](int64_t t) {
-    return std::min(rows.size(), begin_of(t) + static_cast<size_t>(per)) - begin_of(t);
-  };
-  // Every row checked (in parallel) before any is sampled.
-  std::vector<Status> checks(static_cast<size_t>(threads));
-#pragma omp parallel for schedule(static) num_threads(static_cast <int>(threads))
-  for (int64_t t = 0; t < threads; ++t) {
-    checks[static_cast<size_t>(t)] = samplers_[static_cast<size_t>(t)].check(
-        rows.subspan(begin_of(t), count_of(t)), sampled.subspan(begin_of(t), count_of(t)), begin_of(t));
-  }
-  for (const Status& s : checks) {
-    if (!s.ok()) return s;
-  }
-#pragma omp parallel for schedule(static) num_threads(static_cast <int>(threads))
-  for (int64_t t = 0; t < threads; ++t) {
-    samplers_[static_cast<size_t>(t)].sample_checked(rows.subspan(begin_of(t), count_of(t)),
-                                                     sampled.subspan(begin_of(t), count_of(t)));
-  }
-  return Status();
-}
 
 Result<std::vector<TokenEvent>> Engine::step() {
   if (offload_) offload_->offload().tick(now_ms());
@@ -298,38 +218,21 @@ Result<std::vector<TokenEvent>> Engine::step() {
   num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
   std::vector<TokenEvent> events;
   for (const FinishedSequence& finished : batch.finished) {
-    events.push_back({finished.id,
-                      std::nullopt,
-                      std::nullopt,
-                      {},
-                      true,
-                      finished.reason,
-                      finished.message,
+    events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message,
                       finished.num_cached_tokens});
-    requests_.erase(finished.id);
+    executor_->remove_request(finished.id);
   }
   if (batch.empty()) return events;
-  Result<std::vector<SampledToken>> out = run(batch);
+  Result<StepOutput> out = executor_->run(batch);
   if (!out.ok()) return out.status();
-  std::vector<TokenId> tokens;
-  for (const SampledToken& token : *out) tokens.push_back(token.token_id);
-  if (Status s = scheduler_.update(batch, tokens); !s.ok()) return s;
-  size_t next = 0;
-  for (const ScheduledEntry& entry : batch.entries) {
-    if (!entry.samples) continue;
-    SampledToken& token = (*out)[next++];
-    auto request = requests_.find(entry.sequence_id);
-    if (request == requests_.end()) continue;  // cancelled between schedule() and update()
-    request->second.output.push_back(token.token_id);
-    // A finish (stop token, length) is reported once, by the next step's `finished` list.
-    events.push_back({entry.sequence_id,
-                      token.token_id,
-                      token.logprob,
-                      std::move(token.top_logprobs),
-                      false,
-                      FinishReason::kNone,
-                      {},
-                      0});
+  if (Status s = scheduler_.update(batch, *out); !s.ok()) return s;
+  // Each kept token is one event, in order; a finish (stop token, length) is reported once, by the next step's
+  // `finished` list.
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    for (SampledToken& token : out->entries[i]) {
+      events.push_back({batch.entries[i].sequence_id, token.token_id, token.logprob, std::move(token.top_logprobs),
+                        false, FinishReason::kNone, {}, 0});
+    }
   }
   return events;
 }

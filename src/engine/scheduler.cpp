@@ -4,6 +4,8 @@
 #include "deepinfer/core/check.h"
 #include "deepinfer/engine/scheduler.h"
 
+#include "deepinfer/engine/executor.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -21,6 +23,10 @@ Status SchedulerConfig::validate() const {
   }
   if (num_blocks < 1) {
     return Status::invalid_argument("SchedulerConfig.num_blocks must be >= 1, got " + std::to_string(num_blocks));
+  }
+  if (num_lookahead_slots < 0) {
+    return Status::invalid_argument("SchedulerConfig.num_lookahead_slots must be >= 0, got " +
+                                    std::to_string(num_lookahead_slots));
   }
   return Status::ok_status();
 }
@@ -284,9 +290,21 @@ ScheduledBatch Scheduler::schedule() {
       }
     }
     if (preempted_itself) break;
-    allocate_blocks(seq, end_position);
+    // Lookahead slots for drafts: within the budget, max_tokens and the blocks free now (never preempting).
+    int64_t lookahead = 0;
+    if (config_.num_lookahead_slots > 0 && end_position == seq.num_tokens()) {
+      lookahead = std::min<int64_t>({config_.num_lookahead_slots, budget - num_new_tokens,
+                                     seq.max_tokens - seq.num_generated_tokens() - 1});
+      while (lookahead > 0 && blocks_for_tokens(end_position + lookahead) -
+                                      static_cast<int64_t>(seq.block_table.size()) > block_pool_.num_free()) {
+        --lookahead;
+      }
+      lookahead = std::max<int64_t>(lookahead, 0);
+    }
+    allocate_blocks(seq, end_position + lookahead);
     batch.entries.push_back(make_entry(seq, num_new_tokens));
-    budget -= num_new_tokens;
+    batch.entries.back().num_lookahead_slots = static_cast<int32_t>(lookahead);
+    budget -= num_new_tokens + lookahead;
     ++index;
   }
 
@@ -379,20 +397,48 @@ ScheduledBatch Scheduler::schedule() {
   return batch;
 }
 
-Status Scheduler::update(const ScheduledBatch& batch, std::span<const TokenId> sampled_token_ids) {
-  if (batch.step != last_step_ || last_step_updated_) {
-    return Status::invalid_argument("Scheduler::update: batch of step " + std::to_string(batch.step) +
-                                    " is not the latest un-updated one (latest step " + std::to_string(last_step_) +
-                                    (last_step_updated_ ? ", already updated)" : ")"));
+StepOutput StepOutput::one_token_per_sampling_entry(const ScheduledBatch& batch, std::span<const TokenId> token_ids) {
+  StepOutput out;
+  out.entries.resize(batch.entries.size());
+  size_t next = 0;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    if (batch.entries[i].samples && next < token_ids.size()) out.entries[i].push_back({token_ids[next++], {}, {}});
   }
-  int64_t num_sampling = batch.num_sampling_entries();
+  return out;
+}
+
+Status Scheduler::update(const ScheduledBatch& batch, std::span<const TokenId> sampled_token_ids) {
+  const int64_t num_sampling = batch.num_sampling_entries();
   if (static_cast<int64_t>(sampled_token_ids.size()) != num_sampling) {
     return Status::invalid_argument("Scheduler::update: step " + std::to_string(batch.step) + " has " +
                                     std::to_string(num_sampling) + " sampling entries but " +
                                     std::to_string(sampled_token_ids.size()) + " sampled tokens were given");
   }
+  StepOutput out = StepOutput::one_token_per_sampling_entry(batch, sampled_token_ids);
+  return update(batch, out);
+}
+
+Status Scheduler::update(const ScheduledBatch& batch, StepOutput& out) {
+  if (batch.step != last_step_ || last_step_updated_) {
+    return Status::invalid_argument("Scheduler::update: batch of step " + std::to_string(batch.step) +
+                                    " is not the latest un-updated one (latest step " + std::to_string(last_step_) +
+                                    (last_step_updated_ ? ", already updated)" : ")"));
+  }
+  if (out.entries.size() != batch.entries.size()) {
+    return Status::invalid_argument("Scheduler::update: step " + std::to_string(batch.step) + " has " +
+                                    std::to_string(batch.entries.size()) + " entries but the output has " +
+                                    std::to_string(out.entries.size()));
+  }
   // Check everything before changing anything.
-  for (const ScheduledEntry& entry : batch.entries) {
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    const size_t produced = out.entries[i].size();
+    const size_t most = entry.samples ? 1 + static_cast<size_t>(entry.num_lookahead_slots) : 0;
+    if (produced > most || (entry.samples && produced == 0)) {
+      return Status::invalid_argument("Scheduler::update: step " + std::to_string(batch.step) + " entry of sequence " +
+                                      std::to_string(entry.sequence_id) + " got " + std::to_string(produced) +
+                                      " tokens; it takes " + (entry.samples ? "1.." + std::to_string(most) : "none"));
+    }
     auto it = sequences_.find(entry.sequence_id);
     if (it == sequences_.end()) {
       return Status::internal("Scheduler::update: step " + std::to_string(batch.step) + " names sequence " +
@@ -410,21 +456,45 @@ Status Scheduler::update(const ScheduledBatch& batch, std::span<const TokenId> s
           std::to_string(seq.num_computed_tokens) + " computed of " + std::to_string(seq.num_tokens()) + ")");
     }
   }
-  size_t next_sampled = 0;
-  for (const ScheduledEntry& entry : batch.entries) {
-    std::optional<TokenId> sampled;
-    if (entry.samples) sampled = sampled_token_ids[next_sampled++];
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    std::vector<SampledToken>& tokens = out.entries[i];
     SequenceState& seq = state(entry.sequence_id);
-    if (seq.is_finished()) continue;
+    if (seq.is_finished()) {
+      tokens.clear();  // cancelled since schedule(): its tokens are dropped
+      continue;
+    }
+    // tokens[j] for j < size - 1 are accepted drafts: their KV sits at end_position() + j.
     seq.num_computed_tokens = entry.end_position();
+    size_t kept = 0;
+    bool finished = false;
+    FinishReason reason = FinishReason::kNone;
+    while (kept < tokens.size()) {
+      const TokenId token = tokens[kept].token_id;
+      seq.generated_token_ids.push_back(token);
+      ++kept;
+      if (kept < tokens.size()) ++seq.num_computed_tokens;
+      const bool is_stop =
+          std::find(seq.stop_token_ids.begin(), seq.stop_token_ids.end(), token) != seq.stop_token_ids.end();
+      if (is_stop || seq.num_generated_tokens() >= seq.max_tokens) {
+        finished = true;
+        reason = is_stop ? FinishReason::kStop : FinishReason::kLength;
+        break;
+      }
+    }
+    tokens.resize(kept);  // tokens after a finish are dropped
+    // Roll back the lookahead: blocks wholly past the computed tokens held only rejected drafts' KV (the
+    // slots of rejected drafts inside the last kept block are simply overwritten by later steps).
+    const int64_t keep_blocks = blocks_for_tokens(seq.num_computed_tokens);
+    while (static_cast<int64_t>(seq.block_table.size()) > keep_blocks) {
+      [[maybe_unused]] Status status = block_pool_.release(seq.block_table.back());
+      DEEPINFER_CHECK(status.ok(), "a lookahead block is owned by its sequence alone");
+      seq.block_table.pop_back();
+    }
     register_computed_blocks(seq);
-    if (!sampled) continue;
-    seq.generated_token_ids.push_back(*sampled);
-    bool is_stop =
-        std::find(seq.stop_token_ids.begin(), seq.stop_token_ids.end(), *sampled) != seq.stop_token_ids.end();
-    if (is_stop || seq.num_generated_tokens() >= seq.max_tokens) {
+    if (finished) {
       running_.erase(std::find(running_.begin(), running_.end(), seq.id));
-      finish(seq, is_stop ? FinishReason::kStop : FinishReason::kLength, "");
+      finish(seq, reason, "");
     }
   }
   last_step_updated_ = true;

@@ -5,17 +5,17 @@
 // The message is only evaluated on failure. Thread-safe.
 #pragma once
 
-#include <source_location>
 #include <string_view>
 
 namespace deepinfer::detail {
-[[noreturn]] void check_failed(std::string_view condition, std::string_view message,
-                               const std::source_location& where);
+[[noreturn]] void check_failed(std::string_view condition, std::string_view message, const char* file, int line,
+                               const char* function);
 }  // namespace deepinfer::detail
 
-#define DEEPINFER_CHECK(cond, ...)                                                                              \
-  do {                                                                                                          \
-    if (!(cond)) [[unlikely]] {                                                                                 \
-      ::deepinfer::detail::check_failed(#cond, ::std::string_view{"" __VA_ARGS__}, std::source_location::current()); \
-    }                                                                                                           \
+// __FILE__/__LINE__ rather than std::source_location: clang 14 (the fuzz and sanitizer builds) lacks it.
+#define DEEPINFER_CHECK(cond, ...)                                                                          \
+  do {                                                                                                      \
+    if (!(cond)) [[unlikely]] {                                                                             \
+      ::deepinfer::detail::check_failed(#cond, ::std::string_view{"" __VA_ARGS__}, __FILE__, __LINE__, __func__); \
+    }                                                                                                       \
   } while (false)

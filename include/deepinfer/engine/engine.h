@@ -17,6 +17,7 @@
 #include "deepinfer/engine/sampling_params.h"
 #include "deepinfer/engine/scheduler.h"
 #include "deepinfer/kvcache/block_pool.h"
+#include "deepinfer/engine/executor.h"
 #include "deepinfer/kvcache/offload_store.h"
 #include "deepinfer/model/deepseek_model.h"
 
@@ -98,12 +99,6 @@ class Engine {
   void flush_kv_tiers();
 
  private:
-  struct RequestState {
-    std::vector<TokenId> prompt;
-    std::vector<TokenId> output;
-    SamplingParams params;
-    RequestRng rng;
-  };
   // The scheduler's view of the KV offload store: copies blocks between the latent storage and the store.
   class OffloadTiers final : public LowerTiers {
    public:
@@ -125,8 +120,6 @@ class Engine {
 
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
          const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches);
-  // The executor: one forward pass over the batch, then sampling of the rows that produce a token.
-  Result<std::vector<SampledToken>> run(const ScheduledBatch& batch);
 
   std::unique_ptr<backend::Backend> backend_;
   std::unique_ptr<model::DeepSeekModel> model_;
@@ -135,15 +128,9 @@ class Engine {
   std::vector<backend::Buffer> layer_caches_;  // per layer [num_blocks, 64, kv_cache_dim] in the cache dtype
   size_t kv_cache_bytes_ = 0;
   std::unique_ptr<OffloadTiers> offload_;  // null without host/disk tiers; points into layer_caches_
-  // Sampling threads: one Sampler each (a Sampler keeps per-row scratch and is single-threaded).
-  static constexpr int kMaxSamplerThreads = 16;
-  Status sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled);
-  std::vector<Sampler> samplers_;
-  std::map<SequenceId, RequestState> requests_;
+  std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
   SequenceId next_id_ = 1;
   int64_t num_preemptions_ = 0;
-  std::vector<float> logits_;
-  std::vector<int32_t> greedy_ids_;
 };
 
 }  // namespace deepinfer::engine

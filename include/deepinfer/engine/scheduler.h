@@ -1,9 +1,9 @@
 // The continuous-batching scheduler: each step it picks which sequences compute which tokens, within a token
 // budget, a sequence cap and the KV block pool, and after the model ran it folds the sampled tokens back in.
-// The engine's step is three lines:
+// The engine's step is three lines (executor.h):
 //   ScheduledBatch batch = scheduler.schedule();
-//   StepOutput out = executor.run(batch);
-//   scheduler.update(batch, out.sampled_token_ids);
+//   Result<StepOutput> out = executor.run(batch);
+//   scheduler.update(batch, *out);
 // Policy (vLLM V1's, which operators know): running sequences first, then waiting ones FCFS; chunked prefill
 // falls out of the token budget; preemption by recompute when blocks run out.
 #pragma once
@@ -58,6 +58,11 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   // Identifies the model in the block hashes (see kvcache::model_fingerprint).
   kvcache::ModelFingerprint fingerprint = {};
+  // KV slots reserved after a running sequence's sampling entry for draft tokens (speculative decoding: the
+  // executor drafts into them and verifies in the same step), at most this many, fewer when the token budget,
+  // max_tokens or the free blocks leave less room (lookahead never preempts anyone). update() rolls back the
+  // slots of rejected drafts. 0: plain decoding.
+  int32_t num_lookahead_slots = 0;
 
   // InvalidArgument naming the field when a limit is not positive.
   Status validate() const;
@@ -75,6 +80,9 @@ struct ScheduledEntry {
   // True when these are the sequence's last uncomputed tokens: the end of its prompt (or of a recompute
   // after preemption) or a decode token. Exactly one sampled token is expected back for such an entry.
   bool samples = false;
+  // KV slots after end_position() that block_table also covers, for the executor's draft tokens (only on a
+  // sampling entry; see SchedulerConfig::num_lookahead_slots and StepOutput).
+  int32_t num_lookahead_slots = 0;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t end_position() const { return start_position + num_tokens(); }  // exclusive
@@ -90,6 +98,9 @@ struct FinishedSequence {
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
   int64_t num_loaded_tokens = 0;  // of those, loaded from a tier below the device
 };
+
+// What the executor returns for a batch (executor.h).
+struct StepOutput;
 
 struct ScheduledBatch {
   uint64_t step = 0;  // 1, 2, ...: which schedule() call produced it
@@ -138,12 +149,18 @@ class Scheduler {
   // scheduled again.
   ScheduledBatch schedule();
 
-  // Folds a step's results in: advances num_computed_tokens of every entry, appends the sampled token of
-  // each sampling entry, finishes a sequence on a stop token (kStop, checked first) or on reaching
-  // max_tokens (kLength), and releases finished sequences' blocks.
-  // `sampled_token_ids`: one per entry with `samples`, in entry order (cancelled entries included).
-  // Errors (nothing changes): InvalidArgument when `batch` is not the latest schedule()'s, was already
-  // updated, or the sampled count differs; Internal when an entry disagrees with the sequence's state.
+  // Folds a step's results in (`out` as executor.h's StepOutput describes it). Per entry: num_computed_tokens
+  // advances to end_position() plus the accepted drafts; the entry's tokens are appended in order, and the
+  // first stop token (kStop, checked first) or the one reaching max_tokens (kLength) finishes the sequence,
+  // releasing its blocks; the lookahead blocks past the computed tokens are released (the rejected drafts'
+  // KV is rolled back); full blocks of computed tokens join the prefix index, so a block hash never covers
+  // an unverified token. `out` is trimmed to the tokens kept: none for an entry cancelled since schedule(),
+  // none past a finish.
+  // Errors (nothing changes): InvalidArgument when `batch` is not the latest schedule()'s or was already
+  // updated, or `out` does not match it (entry count; 0 tokens for a non-sampling entry; 1..k+1 for a
+  // sampling entry with k lookahead slots); Internal when an entry disagrees with the sequence's state.
+  Status update(const ScheduledBatch& batch, StepOutput& out);
+  // The same with one token per sampling entry and no lookahead (table-driven tests; the plain decoding case).
   Status update(const ScheduledBatch& batch, std::span<const TokenId> sampled_token_ids);
 
   // A live (not yet reported) sequence, or nullptr. The pointer is valid until the next non-const call.
