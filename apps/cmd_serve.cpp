@@ -380,7 +380,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.metrics_require_api_key = options->metrics_require_api_key;
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     auto server =
-        server::Server::start(server_config, info, server::wrap_engine(std::move(engine).value()), *tokenizer);
+        server::Server::start(server_config, info, engine::make_in_process_client(std::move(engine).value()), *tokenizer);
     if (!server.ok()) return fail(server.status().to_string());
 
     const std::string host = options->host == "0.0.0.0" || options->host == "::" ? "127.0.0.1" : options->host;

@@ -16,7 +16,7 @@ using namespace deepinfer;
 
 namespace {
 // A valid one-tensor shard ("w": F32 [2, 2]) for the index target to point at.
-std::string tiny_shard() {
+[[maybe_unused]] std::string tiny_shard() {
   const std::string header = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
   std::string out(8, '\0');
   const uint64_t n = header.size();

@@ -19,7 +19,7 @@ using namespace deepinfer::recipe;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const auto& tok = fuzz::tokenizer();
-  const std::vector<PromptFormat> formats = all_formats();
+  const auto formats = all_formats();
   const uint8_t control = data[0];
   const PromptFormat format = formats[control % formats.size()];
   StreamParserOptions options;

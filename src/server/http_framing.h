@@ -60,7 +60,6 @@ class RequestParser final : public http::basic_parser<true> {
 
   HttpLimits limits_;
   http::request<http::string_body> message_;
-  bool header_done_ = false;
   size_t field_bytes_ = 0;
   size_t trailer_bytes_ = 0;
 };

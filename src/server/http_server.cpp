@@ -48,14 +48,14 @@ double seconds_since(Clock::time_point start, Clock::time_point end = Clock::now
 // The request's events, queued by the engine thread and awaited by the request's coroutine. deliver() posts
 // one wake-up to the request's strand (at most one outstanding), which cancels the timer the coroutine
 // waits on; the coroutine always checks the queue before waiting, so no wake-up is lost.
-class RequestChannel final : public EventSink, public std::enable_shared_from_this<RequestChannel> {
+class RequestChannel final : public engine::EventSink, public std::enable_shared_from_this<RequestChannel> {
  public:
   explicit RequestChannel(asio::any_io_executor executor) : executor_(executor), timer_(executor) {}
 
-  void deliver(std::vector<GenerationEvent> events) override {
+  void deliver(std::vector<engine::GenerationEvent> events) override {
     {
       std::lock_guard lock(mu_);
-      for (GenerationEvent& event : events) events_.push_back(std::move(event));
+      for (engine::GenerationEvent& event : events) events_.push_back(std::move(event));
       if (wake_posted_) return;
       wake_posted_ = true;
     }
@@ -83,9 +83,9 @@ class RequestChannel final : public EventSink, public std::enable_shared_from_th
     }
   }
 
-  std::vector<GenerationEvent> take() {
+  std::vector<engine::GenerationEvent> take() {
     std::lock_guard lock(mu_);
-    std::vector<GenerationEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+    std::vector<engine::GenerationEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
     events_.clear();
     return out;
   }
@@ -103,7 +103,7 @@ class RequestChannel final : public EventSink, public std::enable_shared_from_th
   asio::any_io_executor executor_;
   asio::steady_timer timer_;
   std::mutex mu_;
-  std::deque<GenerationEvent> events_;  // GUARDED_BY(mu_)
+  std::deque<engine::GenerationEvent> events_;  // GUARDED_BY(mu_)
   bool wake_posted_ = false;            // GUARDED_BY(mu_)
   bool client_gone_ = false;            // strand only
   bool done_ = false;                   // strand only
@@ -187,11 +187,11 @@ Result<recipe::PromptFormat> default_chat_format(const std::string& model_type) 
 }
 
 struct Server::Impl {
-  Impl(ServerConfig config_in, ModelInfo model_in, std::unique_ptr<StepEngine> engine,
+  Impl(ServerConfig config_in, ModelInfo model_in, std::unique_ptr<engine::EngineClient> engine,
        std::shared_ptr<const recipe::Tokenizer> tokenizer)
       : config(std::move(config_in)),
         model(std::move(model_in)),
-        loop(std::make_unique<EngineLoop>(std::move(engine))),
+        client(std::move(engine)),
         work(asio::make_work_guard(ioc)),
         acceptor(ioc),
         signals(ioc),
@@ -257,7 +257,7 @@ struct Server::Impl {
   std::unique_ptr<recipe::TokenizationCache> tokenization_cache;  // null when the config turns it off
   ApiContext api;
   Metrics metrics;
-  std::unique_ptr<EngineLoop> loop;  // outlives the io_context: pending coroutines cancel through it
+  std::unique_ptr<engine::EngineClient> client;  // outlives the io_context: pending coroutines cancel through it
   asio::io_context ioc;
   asio::executor_work_guard<asio::io_context::executor_type> work;
   tcp::acceptor acceptor;
@@ -334,7 +334,7 @@ void Server::Impl::begin_shutdown(bool drain) {
       }
     }
     if (!drain) {
-      loop->stop();  // live requests end with an error their coroutines send
+      client->stop();  // live requests end with an error their coroutines send
       // ... unless a client does not read it: stop anyway after a grace period.
       force_stop.expires_after(std::chrono::seconds(2));
       force_stop.async_wait([this](const boost::system::error_code& ec) {
@@ -662,7 +662,7 @@ awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request&
     case Route::kHealth:
       co_return co_await send(*conn, info, 200, std::string(R"({"status":"ok"})"), kJson);
     case Route::kMetrics:
-      co_return co_await send(*conn, info, 200, metrics.render(loop->load(), tokenization_stats()), kPrometheusText);
+      co_return co_await send(*conn, info, 200, metrics.render(client->load(), tokenization_stats()), kPrometheusText);
     case Route::kModels:
       co_return co_await send(*conn, info, 200, models_body(model, created), kJson);
     case Route::kModel: {
@@ -773,13 +773,13 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
   auto executor = co_await asio::this_coro::executor;
   auto channel = std::make_shared<RequestChannel>(executor);
   struct CancelGuard {
-    EngineLoop& loop;
-    EngineLoop::Ticket ticket;
+    engine::EngineClient& loop;
+    engine::EngineClient::Ticket ticket;
     bool armed = true;
     ~CancelGuard() {
       if (armed) loop.cancel(ticket);
     }
-  } cancel_guard{*loop, loop->submit(std::move(plan.prompt_token_ids), plan.params, channel)};
+  } cancel_guard{*client, client->submit(std::move(plan.prompt_token_ids), plan.params, channel)};
   asio::co_spawn(executor, watch_disconnect(conn, channel), asio::detached);
 
   std::vector<TokenLogprobs> batch_logprobs, all_logprobs;
@@ -798,7 +798,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
       client_gone = true;
       break;
     }
-    for (GenerationEvent& generated : channel->take()) {
+    for (engine::GenerationEvent& generated : channel->take()) {
       if (done) break;
       if (!generated.error.ok()) {
         cancel_guard.armed = false;
@@ -914,7 +914,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
   co_return status;
 }
 
-Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo model, std::unique_ptr<StepEngine> engine,
+Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo model, std::unique_ptr<engine::EngineClient> engine,
                                               std::shared_ptr<const recipe::Tokenizer> tokenizer) {
   if (engine == nullptr || tokenizer == nullptr)
     return Status::invalid_argument("the server needs an engine and a tokenizer");
@@ -932,7 +932,7 @@ Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo mod
   if (config.shutdown_timeout_seconds < 0) return Status::invalid_argument("--shutdown-timeout-s must be >= 0");
   auto impl = std::make_unique<Impl>(std::move(config), std::move(model), std::move(engine), std::move(tokenizer));
   if (Status s = impl->bind(); !s.ok()) {
-    impl->loop->stop();
+    impl->client->stop();
     return s;
   }
   if (impl->config.handle_signals) {
@@ -988,7 +988,7 @@ void Server::wait() {
   for (std::thread& thread : impl_->threads) {
     if (thread.joinable()) thread.join();
   }
-  impl_->loop->stop();
+  impl_->client->stop();
 }
 
 }  // namespace deepinfer::server

@@ -133,7 +133,7 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
 }
 }  // namespace
 
-std::string Metrics::render(const EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const {
+std::string Metrics::render(const engine::EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const {
   std::string out;
   time_to_first_token.render("deepinfer_time_to_first_token_seconds",
                              "Time from a request's arrival to its first generated token.", out);

@@ -34,7 +34,7 @@
 #include "deepinfer/model/config.h"
 #include "deepinfer/recipe/renderer.h"
 #include "deepinfer/recipe/tokenizer.h"
-#include "deepinfer/server/engine_loop.h"
+#include "deepinfer/engine/engine_client.h"
 #include "deepinfer/server/server.h"
 
 namespace {
@@ -49,8 +49,8 @@ using deepinfer::engine::TokenId;
 using deepinfer::recipe::PromptFormat;
 using deepinfer::recipe::TextTrust;
 using deepinfer::recipe::Tokenizer;
-using deepinfer::server::EngineLoad;
-using deepinfer::server::StepEngine;
+using deepinfer::engine::EngineLoad;
+using deepinfer::engine::StepEngine;
 
 constexpr std::string_view kReasoning = "The user wants the weather in Paris. I should call get_weather.";
 
@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
   server_config.handle_signals = true;
   auto engine = std::make_unique<ScriptedEngine>(*tokenizer, *format, static_cast<TokenId>(config->eos_token_ids[0]),
                                                  info.vocab_size, info.max_model_len, step_delay_ms);
-  auto server = server::Server::start(server_config, info, std::move(engine), *tokenizer);
+  auto server = server::Server::start(server_config, info, std::make_unique<deepinfer::engine::InProcessEngineClient>(std::move(engine)), *tokenizer);
   if (!server.ok()) return fail(server.status().to_string());
   std::cout << "scripted_server: " << recipe::format_name(*format) << " on http://" << host << ":"
             << (*server)->port() << "\n"

@@ -89,7 +89,7 @@ inline std::unique_ptr<Server> start_server(TestServerOptions options = {}) {
   if (!engine.ok()) throw std::runtime_error(engine.status().to_string());
   options.config.host = "127.0.0.1";
   options.config.port = 0;
-  auto server = Server::start(options.config, info, wrap_engine(std::move(engine).value()), tokenizer());
+  auto server = Server::start(options.config, info, engine::make_in_process_client(std::move(engine).value()), tokenizer());
   if (!server.ok()) throw std::runtime_error(server.status().to_string());
   return std::move(server).value();
 }

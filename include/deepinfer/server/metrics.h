@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "deepinfer/recipe/tokenization_cache.h"
-#include "deepinfer/server/engine_loop.h"
+#include "deepinfer/engine/engine_client.h"
 
 namespace deepinfer::server {
 
@@ -88,7 +88,7 @@ class Metrics {
   void count_http_status(int status);
   // The whole exposition, with the engine gauges taken from `load` and the tokenization cache's counters
   // from `tokenization` (the server's cache keeps them; a default Stats when it has none).
-  std::string render(const EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const;
+  std::string render(const engine::EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const;
 
  private:
   mutable std::mutex mu_;

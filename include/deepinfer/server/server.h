@@ -1,6 +1,6 @@
 // `deepinfer serve`'s HTTP server: OpenAI-compatible (chat completions, completions, models) and
 // Anthropic-compatible (messages) endpoints, plus /health, /metrics, /tokenize and /detokenize, on
-// Boost.Beast with C++20 coroutines. The engine runs on its own thread (EngineLoop); HTTP runs on a small
+// Boost.Beast with C++20 coroutines. The engine is reached only through engine::EngineClient; HTTP runs on a small
 // pool of io_context threads, each connection on its own strand. See src/server/README.md for the routes,
 // the request semantics and how each API dialect maps onto the Conversation.
 #pragma once
@@ -16,7 +16,7 @@
 #include "deepinfer/core/status.h"
 #include "deepinfer/recipe/renderer.h"
 #include "deepinfer/recipe/tokenizer.h"
-#include "deepinfer/server/engine_loop.h"
+#include "deepinfer/engine/engine_client.h"
 
 namespace deepinfer::server {
 
@@ -77,7 +77,7 @@ class Server {
  public:
   // Binds host:port, starts the engine thread and the HTTP threads, and returns at once.
   // Errors: IoError when the address cannot be bound; InvalidArgument for a bad config.
-  static Result<std::unique_ptr<Server>> start(ServerConfig config, ModelInfo model, std::unique_ptr<StepEngine> engine,
+  static Result<std::unique_ptr<Server>> start(ServerConfig config, ModelInfo model, std::unique_ptr<engine::EngineClient> engine,
                                                std::shared_ptr<const recipe::Tokenizer> tokenizer);
   ~Server();  // shutdown(false) and wait()
   Server(const Server&) = delete;

@@ -1,47 +1,51 @@
-// The engine thread: drain the command queue, step while there is work, hand each request its events.
-#include "deepinfer/server/engine_loop.h"
+// InProcessEngineClient: drain the command queue, step while there is work, hand each request its events.
+#include "deepinfer/engine/engine_client.h"
 
 #include <spdlog/spdlog.h>
 
 #include <utility>
 
-namespace deepinfer::server {
+namespace deepinfer::engine {
 namespace {
 
 class EngineAdapter final : public StepEngine {
  public:
-  explicit EngineAdapter(std::unique_ptr<engine::Engine> engine) : engine_(std::move(engine)) {}
-  Result<engine::SequenceId> submit(std::vector<engine::TokenId> prompt,
-                                    const engine::SamplingParams& params) override {
+  explicit EngineAdapter(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  Result<SequenceId> submit(std::vector<TokenId> prompt,
+                                    const SamplingParams& params) override {
     return engine_->submit(std::move(prompt), params);
   }
-  Status cancel(engine::SequenceId id) override { return engine_->cancel(id); }
-  Result<std::vector<engine::TokenEvent>> step() override { return engine_->step(); }
+  Status cancel(SequenceId id) override { return engine_->cancel(id); }
+  Result<std::vector<TokenEvent>> step() override { return engine_->step(); }
   bool has_pending_work() const override { return engine_->has_pending_work(); }
   EngineLoad load() const override {
-    const engine::Scheduler& scheduler = engine_->scheduler();
+    const Scheduler& scheduler = engine_->scheduler();
     return {scheduler.num_running(), scheduler.num_waiting(), scheduler.block_pool().num_used(),
             scheduler.block_pool().num_free(), engine_->kv_tier_stats()};
   }
 
  private:
-  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<Engine> engine_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepEngine> wrap_engine(std::unique_ptr<engine::Engine> engine) {
+std::unique_ptr<StepEngine> wrap_engine(std::unique_ptr<Engine> engine) {
   return std::make_unique<EngineAdapter>(std::move(engine));
 }
 
-EngineLoop::EngineLoop(std::unique_ptr<StepEngine> engine) : engine_(std::move(engine)) {
+std::unique_ptr<EngineClient> make_in_process_client(std::unique_ptr<Engine> engine) {
+  return std::make_unique<InProcessEngineClient>(wrap_engine(std::move(engine)));
+}
+
+InProcessEngineClient::InProcessEngineClient(std::unique_ptr<StepEngine> engine) : engine_(std::move(engine)) {
   publish_load();
   thread_ = std::thread([this] { run(); });
 }
 
-EngineLoop::~EngineLoop() { stop(); }
+InProcessEngineClient::~InProcessEngineClient() { stop(); }
 
-EngineLoop::Ticket EngineLoop::submit(std::vector<engine::TokenId> prompt, engine::SamplingParams params,
+EngineClient::Ticket InProcessEngineClient::submit(std::vector<TokenId> prompt, SamplingParams params,
                                       std::shared_ptr<EventSink> sink) {
   Ticket ticket;
   bool stopped = false;
@@ -54,7 +58,7 @@ EngineLoop::Ticket EngineLoop::submit(std::vector<engine::TokenId> prompt, engin
   if (stopped) {  // the engine thread is gone: answer here
     GenerationEvent event;
     event.event.finished = true;
-    event.event.finish_reason = engine::FinishReason::kCancelled;
+    event.event.finish_reason = FinishReason::kCancelled;
     event.error = Status::shutting_down("the server is shutting down");
     sink->deliver({std::move(event)});
     return ticket;
@@ -63,7 +67,7 @@ EngineLoop::Ticket EngineLoop::submit(std::vector<engine::TokenId> prompt, engin
   return ticket;
 }
 
-void EngineLoop::cancel(Ticket ticket) {
+void InProcessEngineClient::cancel(Ticket ticket) {
   {
     std::lock_guard lock(mu_);
     if (stopping_) return;
@@ -72,12 +76,12 @@ void EngineLoop::cancel(Ticket ticket) {
   wake_.notify_one();
 }
 
-EngineLoad EngineLoop::load() const {
+EngineLoad InProcessEngineClient::load() const {
   std::lock_guard lock(kv_tiers_mu_);
   return {num_running_.load(), num_waiting_.load(), kv_blocks_used_.load(), kv_blocks_free_.load(), kv_tiers_};
 }
 
-void EngineLoop::stop() {
+void InProcessEngineClient::stop() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
@@ -86,7 +90,7 @@ void EngineLoop::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void EngineLoop::publish_load() {
+void InProcessEngineClient::publish_load() {
   EngineLoad load = engine_->load();
   num_running_ = load.num_running;
   num_waiting_ = load.num_waiting;
@@ -96,12 +100,12 @@ void EngineLoop::publish_load() {
   kv_tiers_ = load.kv_tiers;
 }
 
-void EngineLoop::apply(Submit& command) {
-  Result<engine::SequenceId> id = engine_->submit(std::move(command.prompt), command.params);
+void InProcessEngineClient::apply(Submit& command) {
+  Result<SequenceId> id = engine_->submit(std::move(command.prompt), command.params);
   if (!id.ok()) {
     GenerationEvent event;
     event.event.finished = true;
-    event.event.finish_reason = engine::FinishReason::kAborted;
+    event.event.finish_reason = FinishReason::kAborted;
     event.error = id.status();
     command.sink->deliver({std::move(event)});
     return;
@@ -110,22 +114,22 @@ void EngineLoop::apply(Submit& command) {
   sequence_of_[command.ticket] = *id;
 }
 
-void EngineLoop::apply(const Cancel& command) {
+void InProcessEngineClient::apply(const Cancel& command) {
   auto it = sequence_of_.find(command.ticket);
   if (it == sequence_of_.end()) return;  // already finished (or its submit failed)
-  const engine::SequenceId id = it->second;
+  const SequenceId id = it->second;
   sequence_of_.erase(it);
   live_.erase(id);  // the requester is gone: its finish event is dropped
   if (Status s = engine_->cancel(id); !s.ok()) spdlog::debug("engine cancel of sequence {}: {}", id, s.to_string());
 }
 
-void EngineLoop::fail_all(const Status& error) {
+void InProcessEngineClient::fail_all(const Status& error) {
   for (auto& [id, live] : live_) {
     (void)engine_->cancel(id);
     GenerationEvent event;
     event.event.id = id;
     event.event.finished = true;
-    event.event.finish_reason = engine::FinishReason::kAborted;
+    event.event.finish_reason = FinishReason::kAborted;
     event.error = error;
     live.sink->deliver({std::move(event)});
   }
@@ -133,7 +137,7 @@ void EngineLoop::fail_all(const Status& error) {
   sequence_of_.clear();
 }
 
-void EngineLoop::run() {
+void InProcessEngineClient::run() {
   std::deque<std::variant<Submit, Cancel>> commands;
   while (true) {
     bool stopping = false;
@@ -148,7 +152,7 @@ void EngineLoop::run() {
         if (stopping) {
           GenerationEvent event;
           event.event.finished = true;
-          event.event.finish_reason = engine::FinishReason::kCancelled;
+          event.event.finish_reason = FinishReason::kCancelled;
           event.error = Status::shutting_down("the server is shutting down");
           submit->sink->deliver({std::move(event)});
         } else {
@@ -169,14 +173,14 @@ void EngineLoop::run() {
       return;
     }
     if (engine_->has_pending_work()) {
-      Result<std::vector<engine::TokenEvent>> events = engine_->step();
+      Result<std::vector<TokenEvent>> events = engine_->step();
       if (!events.ok()) {
         spdlog::error("engine step failed: {}", events.status().to_string());
         fail_all(Status::internal("the engine failed"));
       } else {
         // Group by request, keeping order, so each sink is woken once per step.
-        std::unordered_map<engine::SequenceId, std::vector<GenerationEvent>> grouped;
-        for (engine::TokenEvent& event : *events) {
+        std::unordered_map<SequenceId, std::vector<GenerationEvent>> grouped;
+        for (TokenEvent& event : *events) {
           if (!live_.contains(event.id)) continue;  // cancelled by its requester
           grouped[event.id].push_back(GenerationEvent{std::move(event), Status()});
         }
@@ -195,4 +199,4 @@ void EngineLoop::run() {
   }
 }
 
-}  // namespace deepinfer::server
+}  // namespace deepinfer::engine

@@ -1,0 +1,143 @@
+// The engine's async face, EngineClient: submit, cancel, token events per request (EventSink), load. The
+// server, a prefill worker's hand-off and the router's workers talk to an engine only through it; the
+// in-process implementation (InProcessEngineClient) is one thread that owns the engine and runs its step
+// loop, fed submits and cancels through a mutex-protected queue, stepping only while the engine has work and
+// otherwise sleeping on a condition variable. A remote client (a prefill or decode worker in another
+// process) is the next implementation of the same interface.
+// StepEngine is the narrow face of the engine that thread drives, so tests can put a scripted double behind
+// the real server (the real one is Engine, wrapped by wrap_engine).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "deepinfer/core/status.h"
+#include "deepinfer/engine/engine.h"
+
+namespace deepinfer::engine {
+
+// A snapshot of the engine's load, for the running / waiting / KV-block gauges.
+struct EngineLoad {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t kv_blocks_used = 0;
+  int32_t kv_blocks_free = 0;
+  KvTierStats kv_tiers;  // the prefix cache per tier
+};
+
+// What the server needs from an engine. Same contract as Engine's methods of the same names;
+// called from the engine thread only.
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+  virtual Result<SequenceId> submit(std::vector<TokenId> prompt_token_ids,
+                                            const SamplingParams& params) = 0;
+  virtual Status cancel(SequenceId id) = 0;
+  virtual Result<std::vector<TokenEvent>> step() = 0;
+  virtual bool has_pending_work() const = 0;
+  virtual EngineLoad load() const = 0;
+};
+
+// Adapts the real engine. Takes ownership.
+std::unique_ptr<StepEngine> wrap_engine(std::unique_ptr<Engine> engine);
+
+class EngineClient;
+// The real engine behind an InProcessEngineClient. Takes ownership.
+std::unique_ptr<EngineClient> make_in_process_client(std::unique_ptr<Engine> engine);
+
+// One event for one request: a token or the request's end (TokenEvent), or an error that ends it
+// (the engine refused the submit, or a step failed). `error` is Ok for engine events.
+struct GenerationEvent {
+  TokenEvent event;
+  Status error;
+};
+
+// Receives a request's events. deliver() is called on the engine thread, in order, with every event of one
+// step for this request; it must not block (queue and wake the HTTP side). After an event with
+// event.finished set or a non-Ok error, nothing more is delivered.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  virtual void deliver(std::vector<GenerationEvent> events) = 0;
+};
+
+// Thread-safety: every method may be called from any thread.
+class EngineClient {
+ public:
+  using Ticket = uint64_t;  // the client's id for a request, assigned at submit, never reused
+
+  virtual ~EngineClient() = default;
+  // Queues a request. Its events (or the submit's error, e.g. InvalidArgument for a prompt outside the
+  // vocabulary, ShuttingDown after stop()) go to `sink`, which the client keeps until the request's end.
+  // Never blocks on the engine.
+  virtual Ticket submit(std::vector<TokenId> prompt_token_ids, SamplingParams params,
+                        std::shared_ptr<EventSink> sink) = 0;
+  // Cancels a request wherever it is (queued, running, already finished: then nothing happens). Its KV
+  // blocks return to the pool in the engine's next step; no further events are delivered.
+  virtual void cancel(Ticket ticket) = 0;
+  // The load after the latest step (or after the latest submit/cancel while idle).
+  virtual EngineLoad load() const = 0;
+  // Ends every live request with a ShuttingDown error event, stops the engine and waits for it. Idempotent.
+  virtual void stop() = 0;
+};
+
+// The engine in this process, on a thread of its own.
+class InProcessEngineClient final : public EngineClient {
+ public:
+  // Starts the engine thread. REQUIRES: engine non-null.
+  explicit InProcessEngineClient(std::unique_ptr<StepEngine> engine);
+  ~InProcessEngineClient() override;  // stop()
+  InProcessEngineClient(const InProcessEngineClient&) = delete;
+  InProcessEngineClient& operator=(const InProcessEngineClient&) = delete;
+
+  Ticket submit(std::vector<TokenId> prompt_token_ids, SamplingParams params,
+                std::shared_ptr<EventSink> sink) override;
+  void cancel(Ticket ticket) override;
+  EngineLoad load() const override;
+  void stop() override;
+
+ private:
+  struct Submit {
+    Ticket ticket;
+    std::vector<TokenId> prompt;
+    SamplingParams params;
+    std::shared_ptr<EventSink> sink;
+  };
+  struct Cancel {
+    Ticket ticket;
+  };
+  struct Live {
+    Ticket ticket;
+    std::shared_ptr<EventSink> sink;
+  };
+
+  void run();
+  void apply(Submit& command);
+  void apply(const Cancel& command);
+  void publish_load();
+  void fail_all(const Status& error);
+
+  std::unique_ptr<StepEngine> engine_;  // touched by the engine thread only
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::variant<Submit, Cancel>> commands_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                              // GUARDED_BY(mu_)
+  Ticket next_ticket_ = 1;                             // GUARDED_BY(mu_)
+  // Engine thread only.
+  std::unordered_map<SequenceId, Live> live_;
+  std::unordered_map<Ticket, SequenceId> sequence_of_;
+  std::atomic<int32_t> num_running_{0}, num_waiting_{0}, kv_blocks_used_{0}, kv_blocks_free_{0};
+  mutable std::mutex kv_tiers_mu_;
+  KvTierStats kv_tiers_;  // GUARDED_BY(kv_tiers_mu_)
+  std::thread thread_;
+};
+
+}  // namespace deepinfer::engine
