@@ -3,6 +3,7 @@
 // result back (DeepSeek-V2 paper §2.1.3, "absorbed" inference). A backend with an expanded-form kernel may take a
 // step whose sequences all start at position 0 (a prefill with nothing cached) in the expanded form instead.
 #include "deepinfer/model/deepseek_model.h"
+#include "deepinfer/core/types.h"
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +26,7 @@ using backend::Weight;
 using WeightPtr = std::unique_ptr<Weight>;
 
 namespace {
-constexpr int64_t kBlockTokens = 64;
+constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 // Decode steps pad their block tables to a power of two of at least this many blocks (1024 tokens), so that a
 // growing context keeps its CUDA graph until it doubles (one graph per bucket, not per block).
 constexpr int64_t kMinGraphBlocks = 16;

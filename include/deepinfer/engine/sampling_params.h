@@ -3,6 +3,8 @@
 // request (recipe never sees it); the scheduler reads the stop fields; the sampler reads the rest.
 #pragma once
 
+#include "deepinfer/core/types.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -12,7 +14,7 @@
 
 namespace deepinfer::engine {
 
-using TokenId = int32_t;
+using ::deepinfer::TokenId;  // core/types.h
 
 // Below this temperature a request samples greedily (vLLM's _SAMPLING_EPS): dividing logits by a smaller
 // number only risks overflow, and the distribution is a point mass to within float precision anyway.

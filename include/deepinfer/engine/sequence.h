@@ -2,6 +2,8 @@
 // sampling parameters beyond what decides when it ends (those belong to the sampler).
 #pragma once
 
+#include "deepinfer/core/types.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -13,7 +15,7 @@
 
 namespace deepinfer::engine {
 
-using TokenId = int32_t;     // the tokenizer's id type (recipe::TokenId); also declared in sampling_params.h
+using ::deepinfer::TokenId;  // core/types.h
 using SequenceId = int64_t;  // chosen by the caller, unique among the scheduler's live sequences
 
 enum class SequenceStatus {

@@ -3,6 +3,8 @@
 // the model's forward pass reads and writes it through block tables the scheduler hands out.
 #pragma once
 
+#include "deepinfer/core/types.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -14,7 +16,7 @@
 namespace deepinfer::kvcache {
 
 // Tokens per KV block: FlashMLA's page size (FlashMLA README, "paged kvcache with block size 64").
-inline constexpr int32_t kBlockTokens = 64;
+using ::deepinfer::kBlockTokens;  // core/types.h
 
 // Index of a block in [0, num_total()). Valid in every layer's storage alike.
 using BlockId = int32_t;

@@ -4,6 +4,8 @@
 // ids must match `Tokenizer.encode(text, add_special_tokens=False).ids` exactly.
 #pragma once
 
+#include "deepinfer/core/types.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -17,7 +19,7 @@
 
 namespace deepinfer::recipe {
 
-using TokenId = int32_t;
+using ::deepinfer::TokenId;  // core/types.h
 
 // Whether added-token text inside a string may become an added-token id.
 enum class TextTrust {

@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/core/types.h"
 
 namespace deepinfer::backend {
 namespace {
 
-constexpr int64_t kBlockTokens = 64;  // tokens per KV cache block (FlashMLA's page size)
+constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 constexpr int64_t kBf16TileRows = 256;
 
 // Widening bf16 -> float32 is the bf16 path's inner loop: an AVX-512 build of it is chosen at run time when

@@ -9,6 +9,7 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "deepinfer/kernels/cuda/backend_ops.h"
+#include "deepinfer/core/types.h"
 #include "deepinfer/kernels/cuda/mla_decode.h"
 #include "deepinfer/kernels/cuda/mla_generic.h"
 #include "deepinfer/kernels/cuda/mla_prefill.h"
@@ -18,7 +19,7 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-constexpr int64_t kBlockTokens = 64;
+constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -11,13 +11,14 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "deepinfer/kernels/cuda/backend_ops.h"
+#include "deepinfer/core/types.h"
 
 namespace deepinfer::backend::cuda {
 namespace {
 
 namespace kc = kernels::cuda;
 
-constexpr int64_t kBlockTokens = 64;
+constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 
 std::string row_text(size_t t) { return "row " + std::to_string(t); }
 
