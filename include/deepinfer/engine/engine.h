@@ -38,6 +38,10 @@ struct EngineConfig {
   std::string disk_cache_path;             // --tiered-kv-storage-path; empty: no disk tier
   std::string disk_cache_model_name;       // recorded in the disk tier's MODEL and named when it is refused
   bool disk_cache_reset = false;           // --kv-disk-reset: delete another model's blocks instead of refusing
+  // KV events (kvcache/kv_events.h: vLLM's schema over ZeroMQ) of every tier: off when the endpoint is empty.
+  // At start: AllBlocksCleared, then BlockStored for each disk block recovered; then every change.
+  std::string kv_events_endpoint;          // --kv-events-endpoint, e.g. tcp://*:5557
+  std::string kv_events_replay_endpoint;   // --kv-events-replay-endpoint, e.g. tcp://*:5558; empty: no replay
   int64_t disk_cache_bytes = 16ll << 30;   // --kv-disk-cache-gb
   double kv_cache_ttl_hours = 168.0;       // --kv-cache-ttl-hours: TTL of the default retention class
   double host_evict_bytes_per_s = kvcache::kUnlimited;  // --kv-evict-mb-per-s: host eviction token bucket
@@ -95,6 +99,9 @@ class Engine {
   size_t kv_cache_bytes() const { return kv_cache_bytes_; }
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
   KvTierStats kv_tier_stats() const;
+  // The blocks each tier holds now, by KV-event medium ("GPU" or "DEVICE", "CPU", "DISK"): what a subscriber
+  // of the KV events must have rebuilt. For tests and introspection; costs a copy of the indexes.
+  std::map<std::string, std::vector<kvcache::BlockHash>> kv_blocks_by_medium() const;
   // Blocks until every block written through so far is on disk (tests, shutdown). No-op without a disk tier.
   void flush_kv_tiers();
 
@@ -107,7 +114,7 @@ class Engine {
     int64_t match(std::span<const kvcache::BlockHash> chain) override;
     bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) override;
     void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
-               kvcache::TtlClassId ttl_class) override;
+               kvcache::TtlClassId ttl_class, std::span<const TokenId> token_ids) override;
     void record_miss() override { store_->record_miss(); }
     kvcache::KvOffloadStore& offload() { return *store_; }
 
@@ -121,6 +128,8 @@ class Engine {
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
          const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches);
 
+  // First, so it is destroyed last: the scheduler and the tiers (and the disk writer thread) publish into it.
+  std::unique_ptr<kvcache::KvEventPublisher> kv_events_;
   std::unique_ptr<backend::Backend> backend_;
   std::unique_ptr<model::DeepSeekModel> model_;
   EngineConfig config_;

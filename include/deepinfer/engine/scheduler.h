@@ -20,6 +20,7 @@
 #include "deepinfer/engine/sequence.h"
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/kvcache/block_pool.h"
+#include "deepinfer/kvcache/kv_events.h"
 
 namespace deepinfer::engine {
 
@@ -34,9 +35,10 @@ class LowerTiers {
   // Copies the KV of `hash` into device block `block`. False when the copy is gone or corrupt: the scheduler
   // then computes that block and the rest instead.
   virtual bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) = 0;
-  // Device block `block` now holds the computed KV of `hash` (chained from `parent`): write it through.
+  // Device block `block` now holds the computed KV of `hash` (chained from `parent`, holding `token_ids`):
+  // write it through.
   virtual void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
-                     kvcache::TtlClassId ttl_class) = 0;
+                     kvcache::TtlClassId ttl_class, std::span<const TokenId> token_ids) = 0;
   // An admitted request's hit ended at a block the lower tiers could not serve (for metrics).
   virtual void record_miss() = 0;
 };
@@ -128,6 +130,12 @@ class Scheduler {
   // scheduler, or be reset with nullptr), and writes every newly computed full block through to it.
   // Only with enable_prefix_caching.
   void set_lower_tiers(LowerTiers* tiers) { lower_tiers_ = tiers; }
+  // Reports every block entering the device tier's prefix index as BlockStored (with its tokens) and every
+  // one leaving it as BlockRemoved, under `medium` ("GPU" or "DEVICE"). Not owned; nullptr: none.
+  void set_kv_event_sink(kvcache::KvEventSink* sink, std::string medium) {
+    kv_events_ = sink;
+    kv_event_medium_ = std::move(medium);
+  }
 
   // Queues a request at the back of the waiting queue. A request that can never be scheduled (its prompt
   // needs more blocks than the pool has, or, with chunked prefill off, more tokens than
@@ -175,6 +183,8 @@ class Scheduler {
   const kvcache::BlockPool& block_pool() const { return block_pool_; }
   // Blocks in the prefix index (in use by a sequence, or free but still holding indexed content).
   int64_t num_cached_blocks() const { return static_cast<int64_t>(cached_block_of_.size()); }
+  // Every hash in the prefix index.
+  std::vector<kvcache::BlockHash> cached_hashes() const;
   // The indexed block holding `hash`, or nullopt.
   std::optional<kvcache::BlockId> cached_block(const kvcache::BlockHash& hash) const;
   // Lifetime totals: prompt (and recompute) tokens looked up at admission, and those found in the cache.
@@ -226,6 +236,10 @@ class Scheduler {
   int64_t num_prefix_query_blocks_ = 0;
   int64_t num_device_evicted_blocks_ = 0;
   LowerTiers* lower_tiers_ = nullptr;
+  kvcache::KvEventSink* kv_events_ = nullptr;
+  std::string kv_event_medium_;
+  // Records `hash` -> `block` in the index and reports it. REQUIRES: neither is indexed yet.
+  void index_block(const SequenceState& seq, int64_t block_index, const kvcache::BlockHash& hash, kvcache::BlockId block);
   uint64_t last_step_ = 0;
   bool last_step_updated_ = true;
 };

@@ -45,6 +45,7 @@
 
 #include "deepinfer/core/status.h"
 #include "deepinfer/kvcache/block_hash.h"
+#include "deepinfer/kvcache/kv_events.h"
 
 namespace deepinfer::kvcache {
 
@@ -136,7 +137,9 @@ class DiskBlockStore {
   // REQUIRES: payload.size() == block_bytes (else InvalidArgument, nothing written).
   // Errors: IoError naming the file and errno when a write, fsync or rename fails (the temp file is removed;
   // the index is unchanged).
-  Status put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload, int64_t ttl_ms = 0);
+  // `token_ids` (the block's tokens, when the caller has them) only travel in the BlockStored event.
+  Status put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload, int64_t ttl_ms = 0,
+             std::span<const TokenId> token_ids = {});
 
   // Reads block `hash` into `out` and verifies the header and the payload checksum; on success marks it
   // most recently used (also in the file's mtime) and counts a hit. Any failure counts a miss, and the caller
@@ -162,6 +165,13 @@ class DiskBlockStore {
 
   // A snapshot of the counters.
   DiskBlockStoreStats stats() const;
+  // Every indexed block as (hash, parent), least recently used first (the KV-event snapshot after a restart).
+  std::vector<std::pair<BlockHash, BlockHash>> list_blocks() const;
+  // From now on, every block entering the index is reported as BlockStored and every one leaving it as
+  // BlockRemoved (medium "DISK"), under the store's lock so the order matches the index. Not owned; must
+  // outlive the store. Call before the store is shared.
+  void set_event_sink(KvEventSink* sink) { sink_ = sink; }
+
   // What open() recovered and dropped. Immutable after open(); any thread.
   const DiskRecoveryStats& recovery() const { return recovery_; }
 
@@ -199,6 +209,7 @@ class DiskBlockStore {
   const DiskBlockStoreOptions options_;
   const int lock_fd_;
   DiskRecoveryStats recovery_;  // written by open() before the store is shared
+  KvEventSink* sink_ = nullptr;  // set before the store is shared
 
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, Entry, BlockHashHasher> index_;  // GUARDED_BY(mu_)

@@ -31,6 +31,7 @@
 #include "deepinfer/core/status.h"
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/kvcache/disk_block_store.h"
+#include "deepinfer/kvcache/kv_events.h"
 #include "deepinfer/kvcache/prefix_index.h"
 #include "deepinfer/kvcache/tier_policy.h"
 
@@ -88,8 +89,14 @@ class KvOffloadStore {
   // Write-through of a completed block: copies `payload` (block_bytes) into host (when host admits it) and
   // queues it for the disk tier. A block host already holds is only touched. REQUIRES: payload.size() ==
   // block_bytes, ttl_class known.
+  // `token_ids`: the block's tokens, reported in the BlockStored events (empty when unknown).
   void store(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload, TtlClassId ttl_class,
-             int64_t now_ms);
+             int64_t now_ms, std::span<const TokenId> token_ids = {});
+
+  // Reports every block entering or leaving the host tier (medium "CPU") and the disk tier ("DISK") to `sink`
+  // (not owned; must outlive the store), and first the disk blocks recovered at open, as BlockStored without
+  // tokens. Call before the store is used.
+  void set_event_sink(KvEventSink* sink);
 
   // How many leading blocks of `chain` are held below the device (live in host, or on disk). Index only: no
   // block is read, nothing is counted (a request may be matched again before it is admitted).
@@ -116,6 +123,9 @@ class KvOffloadStore {
   void flush();
 
   OffloadCounters counters() const;
+  // The blocks held now: host (expired copies not yet dropped included) and disk (empty without one).
+  std::vector<BlockHash> host_blocks() const;
+  std::vector<BlockHash> disk_blocks() const;
   const OffloadConfig& config() const { return config_; }
 
  private:
@@ -128,6 +138,7 @@ class KvOffloadStore {
     BlockHash parent;
     std::shared_ptr<const std::vector<std::byte>> payload;
     int64_t ttl_ms;  // the request's retention class: the disk copy expires as the host copy would
+    std::vector<TokenId> token_ids;  // for the BlockStored event (may be empty)
   };
   struct Prefetch {
     BlockHash hash;
@@ -138,8 +149,11 @@ class KvOffloadStore {
   KvOffloadStore(OffloadConfig config, std::unique_ptr<DiskBlockStore> disk);
   void run_background();
   // With mu_ held: inserts into host, evicting one copy with a bucket token when full. False when refused.
+  KvEventSink* sink_ = nullptr;  // set before use
+  // `parent` and `token_ids` only travel in the BlockStored event (root and empty when unknown).
   bool host_insert_locked(const BlockHash& hash, std::shared_ptr<const std::vector<std::byte>> payload,
-                          int64_t expiry_ms, int64_t now_ms);
+                          int64_t expiry_ms, int64_t now_ms, const BlockHash& parent = kRootBlockHash,
+                          std::span<const TokenId> token_ids = {});
   void host_erase_locked(const BlockHash& hash);
   bool host_live_locked(const BlockHash& hash, int64_t now_ms) const;
   void touch_locked(const BlockHash& hash, int64_t expiry_ms);
