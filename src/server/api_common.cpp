@@ -150,12 +150,16 @@ const json::value* field(const json::object& body, std::string_view key) {
 }  // namespace
 
 std::string error_body(const ApiError& error, Dialect dialect) {
+  // A message may quote request bytes (a path, a header): invalid UTF-8 there becomes U+FFFD, so the body is
+  // always valid JSON text.
+  std::string message;
+  recipe::append_utf8_lossy(error.message, message, /*keep_incomplete_tail=*/false);
   if (dialect == Dialect::kAnthropic) {
     return json::serialize(json::object{
-        {"type", "error"}, {"error", {{"type", anthropic_type(error.status)}, {"message", error.message}}}});
+        {"type", "error"}, {"error", {{"type", anthropic_type(error.status)}, {"message", message}}}});
   }
   json::object inner{
-      {"message", error.message}, {"type", openai_type(error.status)}, {"param", nullptr}, {"code", nullptr}};
+      {"message", message}, {"type", openai_type(error.status)}, {"param", nullptr}, {"code", nullptr}};
   if (!error.param.empty()) inner["param"] = error.param;
   if (!error.code.empty()) inner["code"] = error.code;
   return json::serialize(json::object{{"error", std::move(inner)}});
@@ -314,7 +318,8 @@ std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_to
       return ApiError{400,
                       fmt::format("this model's max_model_len is {} tokens, but the request asks for {} ({} in the "
                                   "prompt, {} in {}); lower {} to at most {}",
-                                  max_model_len, prompt_tokens + *requested, prompt_tokens, *requested,
+                                  max_model_len, prompt_tokens + std::min(*requested, max_model_len), prompt_tokens,
+                                  *requested,
                                   max_tokens_field, max_tokens_field, room),
                       std::string(max_tokens_field), "context_length_exceeded", 0};
     }

@@ -9,8 +9,9 @@ namespace deepinfer::server {
 namespace beast = boost::beast;
 
 namespace {
-// Beast's basic_fields throws std::length_error for a name or value of this many bytes or more.
-constexpr size_t kMaxFieldPartBytes = 65534;
+// Beast 1.81's basic_fields throws std::length_error when a name's or value's size + 2 exceeds 65,535
+// (basic_fields::new_element), i.e. from 65,534 bytes on: refuse those before they reach it.
+constexpr size_t kMaxFieldPartBytes = 65533;
 constexpr size_t kBodyReserveBytes = 64 * 1024;  // most reserved up front; the rest grows as bytes arrive
 }  // namespace
 

@@ -29,7 +29,7 @@ struct HttpLimits {
 inline size_t connection_buffer_bytes(const HttpLimits& limits) { return limits.max_header_bytes + 64 * 1024; }
 
 // A request parser (Beast's basic_parser, like http::request_parser<string_body>) that enforces HttpLimits
-// without exceptions: a field name or value Beast's fields cannot store (>= 65,535 bytes), header fields or
+// without exceptions: a field name or value Beast's fields cannot store (>= 65,534 bytes), header fields or
 // trailer fields beyond max_header_bytes end the parse with http::error::header_limit; a body beyond
 // max_body_bytes with http::error::body_limit. Trailer fields are counted and then discarded (RFC 9110
 // §6.5.1 lets a recipient drop them; nothing here uses them). The body buffer grows with what arrives, never

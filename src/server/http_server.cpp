@@ -257,6 +257,12 @@ struct Server::Impl {
   std::unique_ptr<recipe::TokenizationCache> tokenization_cache;  // null when the config turns it off
   ApiContext api;
   Metrics metrics;
+  // Before the io_context: a session frame the io_context destroys releases its slot here.
+  std::mutex connections_mu;
+  int32_t connections = 0;                                    // GUARDED_BY(connections_mu)
+  std::unordered_map<std::string, int32_t> connections_by_ip;  // GUARDED_BY(connections_mu)
+  int32_t max_connections = 0;                                // effective limits, set by start()
+  int32_t max_connections_per_ip = 0;
   std::unique_ptr<engine::EngineClient> client;  // outlives the io_context: pending coroutines cancel through it
   asio::io_context ioc;
   asio::executor_work_guard<asio::io_context::executor_type> work;
@@ -265,11 +271,7 @@ struct Server::Impl {
   asio::steady_timer force_stop;
   asio::steady_timer drain_deadline;
   std::vector<std::thread> threads;
-  std::mutex connections_mu;
-  int32_t connections = 0;                                    // GUARDED_BY(connections_mu)
-  std::unordered_map<std::string, int32_t> connections_by_ip;  // GUARDED_BY(connections_mu)
-  int32_t max_connections = 0;                                // effective limits, set by start()
-  int32_t max_connections_per_ip = 0;
+
   std::mutex join_mu;
   std::atomic<int32_t> in_flight{0};  // generation requests holding a concurrency slot
   std::atomic<int32_t> active{0};     // requests being handled (drain waits for 0)
@@ -391,8 +393,7 @@ awaitable<void> Server::Impl::listen() {
       asio::co_spawn(executor, refuse_connection(std::move(socket), std::move(refusal)), asio::detached);
       continue;
     }
-    asio::co_spawn(executor, session(std::move(socket), peer), [this, peer](std::exception_ptr error) {
-      release_connection(peer);
+    asio::co_spawn(executor, session(std::move(socket), peer), [](std::exception_ptr error) {
       if (!error) return;
       try {
         std::rethrow_exception(error);
@@ -537,6 +538,13 @@ Server::Impl::Precheck Server::Impl::precheck(const http::request_header<>& head
 }
 
 awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
+  // The connection's slot returns however the session ends: normally, by an exception, or when its frame is
+  // destroyed because a handler threw below it (the HTTP thread's catch).
+  struct SlotRelease {
+    Impl& impl;
+    std::string peer;
+    ~SlotRelease() { impl.release_connection(peer); }
+  } slot{*this, peer};
   auto conn = std::make_shared<Connection>(std::move(socket), connection_buffer_bytes(limits));
   beast::error_code ec;
   while (!conn->close) {
@@ -570,25 +578,26 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
     std::vector<std::pair<std::string, std::string>> refusal_headers;
     if (std::optional<FramingError> framing = check_framing(parser.get().base())) {
       refusal = api_error(framing->status, framing->message);
+      conn->close = true;  // where the body ends is unknown: nothing after it may be read as a request (RFC 9112 6.3)
     } else {
       Precheck checked = precheck(parser.get().base());
       refusal = std::move(checked.error);
       refusal_headers = std::move(checked.headers);
     }
     if (refusal) {
-      // A small body of a known length is read (into the bounded parser) and dropped, so the connection can go on;
-      // anything else is not read at all, and the connection closes after the answer.
-      if (!parser.is_done()) {
-        const boost::optional<std::uint64_t> length = parser.content_length();
-        if (length && *length <= kDiscardBodyBytes && !parser.get().chunked()) {
-          conn->stream.expires_after(std::chrono::seconds(config.body_read_timeout_seconds));
-          co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(use_awaitable, ec));
-          if (ec) break;
-        } else {
-          conn->close = true;
-        }
-      }
+      // The answer goes out at once. Then a small body of a known length (no 100-continue pending) is read into
+      // the bounded parser within a second and dropped, so the connection can go on; any other body is never
+      // read, and the connection closes.
+      const boost::optional<std::uint64_t> length = parser.content_length();
+      const bool discard = !parser.is_done() && length && *length <= kDiscardBodyBytes && !parser.get().chunked() &&
+                           !beast::iequals(parser.get()[http::field::expect], "100-continue");
+      if (!parser.is_done() && !discard) conn->close = true;
       co_await send_error(*conn, info, *refusal, dialect, std::move(refusal_headers));
+      if (!conn->close && discard) {
+        conn->stream.expires_after(std::chrono::seconds(1));
+        co_await http::async_read(conn->stream, conn->buffer, parser, asio::redirect_error(use_awaitable, ec));
+        if (ec) break;
+      }
       if (conn->close) {
         co_await linger_close(*conn);
         break;
@@ -618,7 +627,6 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
   }
   conn->stream.socket().shutdown(tcp::socket::shutdown_send, ec);
   conn->stream.socket().close(ec);  // also ends a disconnect watcher still waiting on it
-  (void)peer;
 }
 
 awaitable<void> Server::Impl::handle(std::shared_ptr<Connection> conn, Request& request) {

@@ -525,6 +525,13 @@ ApiResult<std::string> detokenize_endpoint(const json::value& request, const Api
   if (auto e = check_model(body, *context.model, false)) return *e;
   const json::value* tokens = body.if_contains("tokens");
   if (tokens == nullptr || !tokens->is_array()) return bad_request("tokens must be an array of token ids", "tokens");
+  // At most max_model_len ids: no sequence is longer, and a bound keeps a small request from asking for a
+  // response hundreds of times its size (a 16 MiB body of 128-byte tokens decodes to ~360 MB).
+  if (static_cast<int64_t>(tokens->get_array().size()) > context.model->max_model_len) {
+    return bad_request(fmt::format("tokens has {} ids; at most max_model_len ({}) are decoded at once",
+                                   tokens->get_array().size(), context.model->max_model_len),
+                       "tokens");
+  }
   std::vector<recipe::TokenId> ids;
   if (auto e = check_token_ids(tokens->get_array(), "tokens", context, ids)) return *e;
   return json::serialize(json::object{{"prompt", context.tokenizer->decode(ids)}});

@@ -326,5 +326,87 @@ TEST(HardeningTest, MetricsCanRequireTheKey) {
   EXPECT_EQ(client.get("/health").status, 200);
 }
 
+// Regression (found by the breaker run after the first fix): with --max-header-bytes above 64 KiB, a header
+// field of 65,534 bytes made Beast throw inside its read handler; the thread-level catch kept the server up but
+// the connection's slot was never released, so 4 such requests locked an address out for good.
+TEST(HardeningTest, AFieldBeastCannotStoreIsRefusedAndItsSlotComesBack) {
+  TestServerOptions options;
+  options.config.max_header_bytes = 128 * 1024;
+  options.config.max_connections = 4;
+  options.config.max_connections_per_ip = 4;
+  std::unique_ptr<Server> server = start_server(options);
+  for (int i = 0; i < 12; ++i) {
+    RawClient client(server->port());
+    const bool in_name = i % 2 == 1;
+    client.send(in_name ? "GET /health HTTP/1.1\r\nHost: x\r\n" + std::string(65534, 'n') + ": v\r\n\r\n"
+                        : "GET /health HTTP/1.1\r\nHost: x\r\nX: " + std::string(65534, 'a') + "\r\n\r\n");
+    EXPECT_EQ(status_of(client.read_all(5s)), 431) << "attempt " << i;
+  }
+  for (int attempt = 0; attempt < 100; ++attempt) {  // slots return once each session ended
+    RawClient again(server->port());
+    again.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if (status_of(again.read_all(2s)) == 200) return;
+    std::this_thread::sleep_for(20ms);
+  }
+  FAIL() << "connection slots leaked";
+}
+
+// Regression: `Transfer-Encoding: gzip` without Content-Length got a 501 on a connection that stayed open, and
+// the body was then served as the next request (request smuggling).
+TEST(HardeningTest, ARefusedTransferEncodingClosesTheConnection) {
+  std::unique_ptr<Server> server = start_server();
+  RawClient client(server->port());
+  client.send("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"
+              "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string response = client.read_all(5s);
+  EXPECT_EQ(status_of(response), 501) << response;
+  EXPECT_NE(response.find("Connection: close"), std::string::npos) << response;
+  EXPECT_EQ(response.find("\"object\":\"list\""), std::string::npos) << "the smuggled request was served: " << response;
+}
+
+// Regression: a keyless request with a small body that never came got no answer at all (the server waited for
+// the body, then closed); with Expect: 100-continue neither side ever sent anything.
+TEST(HardeningTest, TheKeyRefusalIsSentBeforeWaitingForAnyBody) {
+  TestServerOptions options;
+  options.config.api_key = "sk-hardening";
+  options.config.body_read_timeout_seconds = 30;
+  std::unique_ptr<Server> server = start_server(options);
+  for (const std::string& extra : {std::string(), std::string("Expect: 100-continue\r\n")}) {
+    SCOPED_TRACE(extra.empty() ? "plain" : "100-continue");
+    RawClient client(server->port());
+    const auto start = std::chrono::steady_clock::now();
+    client.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+                "Content-Length: 100\r\n\r\n");
+    const std::string response = client.read_until("\r\n\r\n", 5s);
+    EXPECT_EQ(status_of(response), 401) << response;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  }
+}
+
+// Regression: request bytes quoted in an error message (a path with obs-text, a header value) made the error
+// body invalid UTF-8; an int64-max max_tokens overflowed in the context message.
+TEST(HardeningTest, ErrorBodiesAreValidUtf8AndNumbersDoNotOverflow) {
+  std::unique_ptr<Server> server = start_server();
+  RawClient client(server->port());
+  client.send("GET /v1/\xc0\xaf HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string response = client.read_all(5s);
+  EXPECT_EQ(status_of(response), 404) << response;
+  const std::string body = response.substr(response.find("\r\n\r\n") + 4);
+  EXPECT_NO_THROW((void)boost::json::parse(body)) << body;
+  EXPECT_NE(body.find("\xef\xbf\xbd"), std::string::npos) << "invalid bytes become U+FFFD: " << body;
+  TestClient api(server->port());
+  const HttpResponse huge = api.post(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9223372036854775807})");
+  EXPECT_EQ(huge.status, 400) << huge.body;
+  EXPECT_EQ(huge.body.find("-9"), std::string::npos) << huge.body;
+  // /detokenize decodes at most max_model_len ids (a 16 MiB body of long tokens decoded to ~360 MB).
+  std::string ids = "[";
+  for (int i = 0; i < 5000; ++i) ids += (i ? ",70676" : "70676");
+  const HttpResponse detok = api.post("/detokenize", R"({"tokens": )" + ids + "]}");
+  EXPECT_EQ(detok.status, 400) << detok.body.substr(0, 200);
+  EXPECT_NE(detok.body.find("max_model_len"), std::string::npos) << detok.body.substr(0, 200);
+}
+
 }  // namespace
 }  // namespace deepinfer::server::testing
