@@ -15,6 +15,8 @@
 using namespace deepinfer;
 using namespace deepinfer::server;
 
+DEEPINFER_FUZZ_PRELOAD_TOKENIZER()
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static ModelInfo model = [] {
     ModelInfo m;

@@ -26,6 +26,14 @@ inline std::shared_ptr<const recipe::Tokenizer> tokenizer() {
   return t;
 }
 
+// Loads the tokenizer before the first input (LLVMFuzzerInitialize), so its load (seconds under ASan) does not
+// count against the per-input timeout. Use once, in a target that calls tokenizer().
+#define DEEPINFER_FUZZ_PRELOAD_TOKENIZER()                   \
+  extern "C" int LLVMFuzzerInitialize(int*, char***) {      \
+    (void)::deepinfer::fuzz::tokenizer();                   \
+    return 0;                                               \
+  }
+
 // A directory of this process's own, emptied for each input.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {

@@ -16,6 +16,8 @@
 using namespace deepinfer;
 using namespace deepinfer::recipe;
 
+DEEPINFER_FUZZ_PRELOAD_TOKENIZER()
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const auto& tok = fuzz::tokenizer();

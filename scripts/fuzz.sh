@@ -29,7 +29,7 @@ for target in "${targets[@]}"; do
   log=$artifacts/$name.log
   max_len=65536
   [ "$target" = fuzz_http_framing ] && max_len=140000  # fields past Beast's 65,534-byte limit
-  "$build/fuzz/$target" "$corpus" "$seeds" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=3072 \
+  "$build/fuzz/$target" "$corpus" "$seeds" -max_total_time="$seconds" -timeout=60 -rss_limit_mb=3072 \
     -max_len=$max_len -print_final_stats=1 -artifact_prefix="$artifacts/$name-" >"$log" 2>&1
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
