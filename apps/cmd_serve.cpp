@@ -163,13 +163,14 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "--tiered-kv-storage-path). Completed blocks are written through to it and loaded back instead of "
                   "recomputed");
   cmd->add_option("--tiered-kv-storage-path", options->tiered_kv_storage_path,
-                  "Directory of the durable disk tier (below host; needs --kv-host-cache-memory, defaults it to "
-                  "1GiB). Blocks survive restarts and crashes; corrupt or foreign blocks are dropped");
+                  "Directory of the durable disk tier (below host; implies a 1GiB host tier unless "
+                  "--kv-host-cache-memory is set). Blocks survive restarts and crashes; corrupt ones are dropped; a "
+                  "directory of another model is refused (see --kv-disk-reset)");
   cmd->add_option("--kv-disk-cache-size", options->kv_disk_cache_size, "Capacity of the disk tier")
       ->capture_default_str();
   cmd->add_option("--kv-cache-ttl-hours", options->kv_cache_ttl_hours,
-                  "TTL of the default retention class on the host tier (classes chat: 7 days, agent: 3 days; a "
-                  "request picks one with the X-KV-Cache-Class header)")
+                  "TTL of the default retention class on the host and disk tiers (a disk block keeps its expiry across "
+                  "restarts; classes chat: 7 days, agent: 3 days; a request picks one with the X-KV-Cache-Class header)")
       ->capture_default_str();
   cmd->add_option("--kv-host-evict-rate", options->kv_host_evict_rate,
                   "Bytes per second the host tier's background eviction may drop (e.g. 1GiB; unlimited)")
@@ -215,7 +216,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
 
   cmd->add_option("--kv-events-endpoint", options->kv_events_endpoint,
                   "Publish KV cache events (vLLM's schema: BlockStored / BlockRemoved / AllBlocksCleared, msgpack over "
-                  "ZeroMQ PUB) on this endpoint, e.g. tcp://*:5557, for KV-aware routers; off by default");
+                  "ZeroMQ PUB) on this ZeroMQ endpoint (tcp://HOST:PORT, e.g. tcp://*:5557, or ipc://PATH) for KV-aware "
+                  "routers; off by default");
   cmd->add_option("--kv-events-replay-endpoint", options->kv_events_replay_endpoint,
                   "ZeroMQ ROUTER endpoint answering replay requests from a sequence number, e.g. tcp://*:5558 "
                   "(needs --kv-events-endpoint)");
@@ -417,6 +419,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
     }
     std::cout << "; prefix caching " << (engine_config.enable_prefix_caching ? "on" : "off") << "\n";
+    if (!options->kv_events_endpoint.empty()) {
+      std::cout << "  KV events on " << options->kv_events_endpoint
+                << (options->kv_events_replay_endpoint.empty() ? std::string()
+                                                               : ", replay on " + options->kv_events_replay_endpoint)
+                << "\n";
+    }
     if (is_builtin) {
       std::cout << "  The built-in demo model: 45M parameters trained for 5 minutes on Debian's documentation; it "
                    "speaks the chat format and knows little. Requests without max_tokens stop after "

@@ -290,8 +290,8 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::start(KvEventPublish
   const int linger_ms = 1000;  // on shutdown, queued batches get a second to leave
   zmq_setsockopt(impl->pub, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
   if (zmq_bind(impl->pub, impl->config.endpoint.c_str()) != 0) {
-    return Status::invalid_argument("--kv-events-endpoint " + impl->config.endpoint +
-                                    ": cannot bind: " + zmq_strerror(zmq_errno()));
+    return Status::invalid_argument("--kv-events-endpoint " + impl->config.endpoint + ": cannot bind: " +
+                                    zmq_strerror(zmq_errno()) + " (a ZeroMQ endpoint: tcp://HOST:PORT or ipc://PATH)");
   }
   if (!impl->config.replay_endpoint.empty()) {
     impl->replay = zmq_socket(impl->context, ZMQ_ROUTER);

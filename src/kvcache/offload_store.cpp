@@ -97,7 +97,7 @@ void KvOffloadStore::touch_locked(const BlockHash& hash, int64_t expiry_ms) {
 
 bool KvOffloadStore::host_insert_locked(const BlockHash& hash, std::shared_ptr<const std::vector<std::byte>> payload,
                                         int64_t expiry_ms, int64_t now_ms, const BlockHash& parent,
-                                        std::span<const TokenId> token_ids) {
+                                        std::span<const TokenId> token_ids, bool prefetched) {
   if (host_.contains(hash)) {
     touch_locked(hash, expiry_ms);
     return true;
@@ -120,7 +120,7 @@ bool KvOffloadStore::host_insert_locked(const BlockHash& hash, std::shared_ptr<c
     host_.erase(victim->second);
     host_by_expiry_.erase(victim);
   }
-  host_.emplace(hash, HostEntry{std::move(payload), expiry_ms});
+  host_.emplace(hash, HostEntry{std::move(payload), expiry_ms, prefetched});
   host_by_expiry_.insert({expiry_ms, hash});
   if (sink_ != nullptr) sink_->publish(KvEvent::stored(kMediumHost, hash, parent, token_ids));
   ++counters_.host.stored_blocks;
@@ -187,7 +187,13 @@ bool KvOffloadStore::load(const BlockHash& hash, std::span<std::byte> out, TtlCl
     if (it != host_.end() && it->second.expiry_ms > now_ms) {
       std::copy(it->second.payload->begin(), it->second.payload->end(), out.begin());
       counters_.host.bytes_read += static_cast<int64_t>(config_.block_bytes);
-      ++counters_.host.hit_blocks;
+      if (it->second.prefetched) {
+        it->second.prefetched = false;
+        ++counters_.host.miss_blocks;
+        ++counters_.disk.hit_blocks;
+      } else {
+        ++counters_.host.hit_blocks;
+      }
       touch_locked(hash, expiry_ms);
       return true;
     }
@@ -267,7 +273,8 @@ void KvOffloadStore::run_background() {
       if (ok) {
         counters_.disk.bytes_read += static_cast<int64_t>(config_.block_bytes);
         host_insert_locked(prefetch.hash, std::make_shared<const std::vector<std::byte>>(std::move(bytes)),
-                           prefetch.now_ms + config_.retention.ttl_ms(prefetch.ttl_class), prefetch.now_ms);
+                           prefetch.now_ms + config_.retention.ttl_ms(prefetch.ttl_class), prefetch.now_ms,
+                           kRootBlockHash, {}, /*prefetched=*/true);
       }
       continue;
     }

@@ -592,6 +592,7 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
       const bool discard = !parser.is_done() && length && *length <= kDiscardBodyBytes && !parser.get().chunked() &&
                            !beast::iequals(parser.get()[http::field::expect], "100-continue");
       if (!parser.is_done() && !discard) conn->close = true;
+      spdlog::info("{} {} {} (refused before the body)", info.method, info.target, refusal->status);
       co_await send_error(*conn, info, *refusal, dialect, std::move(refusal_headers));
       if (!conn->close && discard) {
         conn->stream.expires_after(std::chrono::seconds(1));

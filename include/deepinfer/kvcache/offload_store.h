@@ -132,6 +132,9 @@ class KvOffloadStore {
   struct HostEntry {
     std::shared_ptr<const std::vector<std::byte>> payload;
     int64_t expiry_ms = 0;
+    // Read from disk by prefetch() for a waiting request: its first load counts as a disk hit (and a host miss),
+    // as a load straight from disk does, whichever wins the race.
+    bool prefetched = false;
   };
   struct DiskWrite {
     BlockHash hash;
@@ -153,7 +156,7 @@ class KvOffloadStore {
   // `parent` and `token_ids` only travel in the BlockStored event (root and empty when unknown).
   bool host_insert_locked(const BlockHash& hash, std::shared_ptr<const std::vector<std::byte>> payload,
                           int64_t expiry_ms, int64_t now_ms, const BlockHash& parent = kRootBlockHash,
-                          std::span<const TokenId> token_ids = {});
+                          std::span<const TokenId> token_ids = {}, bool prefetched = false);
   void host_erase_locked(const BlockHash& hash);
   bool host_live_locked(const BlockHash& hash, int64_t now_ms) const;
   void touch_locked(const BlockHash& hash, int64_t expiry_ms);
