@@ -89,13 +89,16 @@ KvTierStats Engine::kv_tier_stats() const {
 
 std::map<std::string, std::vector<kvcache::BlockHash>> Engine::kv_blocks_by_medium() const {
   std::map<std::string, std::vector<kvcache::BlockHash>> out;
-  const bool gpu = std::string_view(backend_->name()).find("cuda") != std::string_view::npos;
-  out[std::string(gpu ? kvcache::kMediumGpu : kvcache::kMediumDevice)] = scheduler_.cached_hashes();
+  out[std::string(device_medium())] = scheduler_.cached_hashes();
   if (offload_) {
     out[std::string(kvcache::kMediumHost)] = offload_->offload().host_blocks();
     out[std::string(kvcache::kMediumDisk)] = offload_->offload().disk_blocks();
   }
   return out;
+}
+
+std::string_view Engine::device_medium() const {
+  return backend_->name() == "cuda" ? kvcache::kMediumGpu : kvcache::kMediumDevice;
 }
 
 void Engine::flush_kv_tiers() {
@@ -187,9 +190,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     // A fresh worker holds nothing on device and host: subscribers drop what they knew, then learn the disk.
     engine->kv_events_->publish(kvcache::KvEvent::all_cleared());
     if (engine->offload_) engine->offload_->offload().set_event_sink(engine->kv_events_.get());
-    const bool gpu = std::string_view(engine->backend_->name()).find("cuda") != std::string_view::npos;
-    engine->scheduler_.set_kv_event_sink(engine->kv_events_.get(),
-                                         std::string(gpu ? kvcache::kMediumGpu : kvcache::kMediumDevice));
+    engine->scheduler_.set_kv_event_sink(engine->kv_events_.get(), std::string(engine->device_medium()));
     engine->kv_events_->flush();
   }
   return engine;

@@ -234,15 +234,16 @@ std::vector<kvcache::BlockHash> Scheduler::cached_hashes() const {
   return out;
 }
 
-void Scheduler::index_block(const SequenceState& seq, int64_t block_index, const kvcache::BlockHash& hash,
-                            kvcache::BlockId block) {
+// The hash block `block_index` of seq is chained from. REQUIRES: seq.block_hashes covers block_index - 1.
+kvcache::BlockHash parent_hash(const SequenceState& seq, int64_t block_index) {
+  return block_index == 0 ? kvcache::kRootBlockHash : seq.block_hashes[static_cast<size_t>(block_index - 1)];
+}
+
+void Scheduler::index_block(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent,
+                            std::span<const TokenId> tokens, kvcache::BlockId block) {
   cached_block_of_.emplace(hash, block);
   hash_of_block_.emplace(block, hash);
-  if (kv_events_ != nullptr) {
-    const kvcache::BlockHash parent =
-        block_index == 0 ? kvcache::kRootBlockHash : seq.block_hashes[static_cast<size_t>(block_index - 1)];
-    kv_events_->publish(kvcache::KvEvent::stored(kv_event_medium_, hash, parent, block_tokens(seq, block_index)));
-  }
+  if (kv_events_ != nullptr) kv_events_->publish(kvcache::KvEvent::stored(kv_event_medium_, hash, parent, tokens));
 }
 
 void Scheduler::register_computed_blocks(SequenceState& seq) {
@@ -259,12 +260,11 @@ void Scheduler::register_computed_blocks(SequenceState& seq) {
     // Another sequence may have computed the same content first (its block stays the indexed one), or this
     // block may already be indexed (it was matched at admission).
     if (cached_block_of_.contains(hash) || hash_of_block_.contains(block)) continue;
-    index_block(seq, i, hash, block);
-    if (lower_tiers_ != nullptr) {
-      const std::vector<TokenId> tokens = block_tokens(seq, i);
-      lower_tiers_->store(hash, i == 0 ? kvcache::kRootBlockHash : seq.block_hashes[static_cast<size_t>(i - 1)], block,
-                          seq.ttl_class, tokens);
-    }
+    const kvcache::BlockHash parent = parent_hash(seq, i);
+    const std::vector<TokenId> tokens =
+        kv_events_ != nullptr || lower_tiers_ != nullptr ? block_tokens(seq, i) : std::vector<TokenId>();
+    index_block(hash, parent, tokens, block);
+    if (lower_tiers_ != nullptr) lower_tiers_->store(hash, parent, block, seq.ttl_class, tokens);
   }
   seq.num_registered_blocks = full_blocks;
 }
@@ -385,7 +385,11 @@ ScheduledBatch Scheduler::schedule() {
           lower_blocks = i;
           break;
         }
-        if (!cached_block_of_.contains(hash)) index_block(seq, device_blocks + i, hash, block);
+        if (!cached_block_of_.contains(hash)) {
+          const int64_t index = device_blocks + i;
+          index_block(hash, parent_hash(seq, index),
+                      kv_events_ != nullptr ? block_tokens(seq, index) : std::vector<TokenId>(), block);
+        }
       }
       if (lower_tiers_ != nullptr && config_.enable_prefix_caching &&
           device_blocks + lower_blocks < (seq.num_tokens() - 1) / kvcache::kBlockTokens) {

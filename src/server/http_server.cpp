@@ -163,6 +163,11 @@ ApiError api_error(int status, std::string message, std::string code = {}, int r
   return ApiError{status, std::move(message), std::move(param), std::move(code), retry_after_seconds};
 }
 
+// The API error of a refusal decided while reading the request's bytes (http_framing.h words it).
+ApiError framing_error(const FramingError& refused) {
+  return api_error(refused.status, refused.message, refused.status == 413 ? "request_too_large" : std::string());
+}
+
 std::vector<std::pair<std::string, std::string>> allow_header(const std::string& method) { return {{"Allow", method}}; }
 
 ApiError engine_error(const Status& status) {
@@ -232,12 +237,6 @@ struct Server::Impl {
   // One piece of an event stream: a chunk (HTTP/1.1) or raw bytes (HTTP/1.0); `last` ends the stream (the
   // last chunk; nothing for HTTP/1.0, whose connection closes). False when the write failed.
   awaitable<bool> write_sse(Connection& conn, bool chunked, const std::string& bytes, bool last);
-  ApiError too_large() const {
-    return api_error(413,
-                     fmt::format("the request body is larger than the server's limit of {} bytes (--max-body-bytes)",
-                                 config.max_body_bytes),
-                     "request_too_large");
-  }
   bool authorized(const http::request_header<>& header) const;
   // What a request's header alone decides, before any body byte is read: draining, no route, wrong method,
   // no key. An error, or the route to run.
@@ -561,9 +560,7 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
       if (std::optional<FramingError> refused = parse_error_response(ec, limits)) {
         conn->close = true;
         info.keep_alive = false;
-        const ApiError error = api_error(refused->status, refused->message,
-                                         refused->status == 413 ? "request_too_large" : std::string());
-        co_await send_error(*conn, info, error, dialect_of(info.target));
+        co_await send_error(*conn, info, framing_error(*refused), dialect_of(info.target));
         co_await linger_close(*conn);
       }
       break;
@@ -577,7 +574,7 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
     std::optional<ApiError> refusal;
     std::vector<std::pair<std::string, std::string>> refusal_headers;
     if (std::optional<FramingError> framing = check_framing(parser.get().base())) {
-      refusal = api_error(framing->status, framing->message);
+      refusal = framing_error(*framing);
       conn->close = true;  // where the body ends is unknown: nothing after it may be read as a request (RFC 9112 6.3)
     } else {
       Precheck checked = precheck(parser.get().base());
@@ -615,9 +612,7 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
     if (ec) {
       if (std::optional<FramingError> refused = parse_error_response(ec, limits)) {
         conn->close = true;
-        const ApiError error =
-            refused->status == 413 ? too_large() : api_error(refused->status, refused->message);
-        co_await send_error(*conn, info, error, dialect);
+        co_await send_error(*conn, info, framing_error(*refused), dialect);
         co_await linger_close(*conn);
       }
       break;

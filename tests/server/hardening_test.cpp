@@ -37,30 +37,14 @@ class RawClient {
     return !ec;
   }
   // Everything until the server closes (or `timeout`).
-  std::string read_all(std::chrono::milliseconds timeout = 10s) {
-    std::string out;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    socket_.non_blocking(true);
-    char buffer[65536];
-    while (std::chrono::steady_clock::now() < deadline) {
-      boost::system::error_code ec;
-      const size_t n = socket_.read_some(asio::buffer(buffer), ec);
-      if (ec == asio::error::would_block) {
-        std::this_thread::sleep_for(2ms);
-        continue;
-      }
-      if (ec) break;
-      out.append(buffer, n);
-    }
-    return out;
-  }
-  // Reads until `until` occurs in what arrived (or the server closes, or `timeout`).
+  std::string read_all(std::chrono::milliseconds timeout = 10s) { return read_until({}, timeout); }
+  // Reads until `until` occurs in what arrived (empty: never), the server closes, or `timeout`.
   std::string read_until(const std::string& until, std::chrono::milliseconds timeout = 10s) {
     std::string out;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     socket_.non_blocking(true);
     char buffer[65536];
-    while (std::chrono::steady_clock::now() < deadline && out.find(until) == std::string::npos) {
+    while (std::chrono::steady_clock::now() < deadline && (until.empty() || out.find(until) == std::string::npos)) {
       boost::system::error_code ec;
       const size_t n = socket_.read_some(asio::buffer(buffer), ec);
       if (ec == asio::error::would_block) {

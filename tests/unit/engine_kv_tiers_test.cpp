@@ -25,6 +25,7 @@
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/model/safetensors.h"
+#include "fixture_engine.h"
 #include "test_data.h"
 #include "temp_dir.h"
 
@@ -41,15 +42,7 @@ constexpr int64_t kBlockBytes = 3 * 80 * kvcache::kBlockTokens * 4;
 const kvcache::ModelFingerprint kFingerprint = kvcache::model_fingerprint("tiny-deepseek-v3 test", "f32");
 constexpr const char* kChildDirVariable = "DEEPINFER_KV_TIERS_CHILD_DIR";
 
-std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
-  auto backend = backend::make_cpu_backend();
-  auto model = model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
-                                          backend::Precision::kF32);
-  EXPECT_TRUE(model.ok()) << model.status().to_string();
-  auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
-  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
-  return engine.ok() ? std::move(engine).value() : nullptr;
-}
+std::unique_ptr<Engine> make_engine(const EngineConfig& config) { return deepinfer::testing::make_fixture_engine(config); }
 
 std::vector<int32_t> reference_ids(const std::string& name) {
   auto file = model::SafetensorsFile::open(deepinfer::testing::source_path(kFixture + "/reference.safetensors"));

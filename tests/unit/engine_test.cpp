@@ -12,6 +12,7 @@
 
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/model/safetensors.h"
+#include "fixture_engine.h"
 #include "test_data.h"
 
 namespace deepinfer::engine {
@@ -19,15 +20,7 @@ namespace {
 
 const std::string kFixture = "tests/data/models/tiny-deepseek-v3";
 
-std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
-  auto backend = backend::make_cpu_backend();
-  auto model = model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
-                                          backend::Precision::kF32);
-  EXPECT_TRUE(model.ok()) << model.status().to_string();
-  auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
-  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
-  return std::move(engine).value();
-}
+std::unique_ptr<Engine> make_engine(const EngineConfig& config) { return deepinfer::testing::make_fixture_engine(config); }
 
 struct Reference {
   std::vector<std::vector<int32_t>> prompts, greedy;

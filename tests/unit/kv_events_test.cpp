@@ -18,6 +18,7 @@
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/kvcache/kv_events.h"
 #include "temp_dir.h"
+#include "fixture_engine.h"
 #include "test_data.h"
 
 namespace deepinfer::engine {
@@ -27,18 +28,9 @@ using kvcache::BlockHash;
 using kvcache::KvEvent;
 using Sets = std::map<std::string, std::set<BlockHash>>;
 
-const std::string kFixture = "tests/data/models/tiny-deepseek-v3";
 constexpr int64_t kBlockBytes = 3 * 80 * kvcache::kBlockTokens * 4;  // tiny V3, float32 latent
 
-std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
-  auto backend = backend::make_cpu_backend();
-  auto model = model::DeepSeekModel::load(deepinfer::testing::source_path(kFixture), *backend,
-                                          backend::Precision::kF32);
-  EXPECT_TRUE(model.ok()) << model.status().to_string();
-  auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
-  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
-  return engine.ok() ? std::move(engine).value() : nullptr;
-}
+std::unique_ptr<Engine> make_engine(const EngineConfig& config) { return deepinfer::testing::make_fixture_engine(config); }
 
 void run_prompt(Engine& engine, int seed, int length) {
   std::vector<TokenId> prompt;

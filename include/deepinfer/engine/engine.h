@@ -102,6 +102,8 @@ class Engine {
   // The blocks each tier holds now, by KV-event medium ("GPU" or "DEVICE", "CPU", "DISK"): what a subscriber
   // of the KV events must have rebuilt. For tests and introspection; costs a copy of the indexes.
   std::map<std::string, std::vector<kvcache::BlockHash>> kv_blocks_by_medium() const;
+  // The device tier's KV-event medium: "GPU" on the CUDA backend, "DEVICE" on the CPU one.
+  std::string_view device_medium() const;
   // Blocks until every block written through so far is on disk (tests, shutdown). No-op without a disk tier.
   void flush_kv_tiers();
 

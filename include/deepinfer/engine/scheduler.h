@@ -238,8 +238,10 @@ class Scheduler {
   LowerTiers* lower_tiers_ = nullptr;
   kvcache::KvEventSink* kv_events_ = nullptr;
   std::string kv_event_medium_;
-  // Records `hash` -> `block` in the index and reports it. REQUIRES: neither is indexed yet.
-  void index_block(const SequenceState& seq, int64_t block_index, const kvcache::BlockHash& hash, kvcache::BlockId block);
+  // Records `hash` -> `block` in the index and reports it (chained from `parent`, holding `tokens`).
+  // REQUIRES: neither is indexed yet.
+  void index_block(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, std::span<const TokenId> tokens,
+                   kvcache::BlockId block);
   uint64_t last_step_ = 0;
   bool last_step_updated_ = true;
 };
