@@ -11,54 +11,26 @@
 
 namespace deepinfer::engine {
 
-namespace {
-// Milliseconds on the monotonic clock: the host tier's TTLs (in memory, so they need not survive a restart).
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
-Engine::OffloadTiers::OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, backend::Backend& backend,
-                                   std::span<const backend::Buffer> layer_caches)
-    : store_(std::move(store)),
-      backend_(backend),
-      layer_caches_(layer_caches),
-      scratch_(store_->config().block_bytes) {}
-
-int64_t Engine::OffloadTiers::match(std::span<const kvcache::BlockHash> chain) {
-  return store_->match(chain, now_ms());
-}
-
-bool Engine::OffloadTiers::load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) {
-  if (!store_->load(hash, scratch_, ttl_class, now_ms())) return false;
-  const size_t layer_bytes = scratch_.size() / layer_caches_.size();
+Status Engine::DeviceBlocks::read(kvcache::BlockId block, std::span<std::byte> out) {
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
-    // A failed copy is a miss: the block is then computed, never used half-written.
-    if (!backend_
-             .upload(scratch_.data() + layer * layer_bytes, layer_bytes, layer_caches_[layer],
-                     static_cast<size_t>(block) * layer_bytes)
-             .ok()) {
-      return false;
+    if (Status status = backend_.download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes_, layer_bytes_,
+                                          out.data() + layer * layer_bytes_);
+        !status.ok()) {
+      return status;
     }
   }
-  return true;
+  return Status::ok_status();
 }
 
-void Engine::OffloadTiers::store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent,
-                                 kvcache::BlockId block, kvcache::TtlClassId ttl_class,
-                                 std::span<const TokenId> token_ids) {
-  const size_t layer_bytes = scratch_.size() / layer_caches_.size();
+Status Engine::DeviceBlocks::write(kvcache::BlockId block, std::span<const std::byte> in) {
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
-    // A block that cannot be read back is not stored: a lower tier never holds another block's bytes.
-    if (!backend_
-             .download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes, layer_bytes,
-                       scratch_.data() + layer * layer_bytes)
-             .ok()) {
-      return;
+    if (Status status = backend_.upload(in.data() + layer * layer_bytes_, layer_bytes_, layer_caches_[layer],
+                                        static_cast<size_t>(block) * layer_bytes_);
+        !status.ok()) {
+      return status;
     }
   }
-  store_->store(hash, parent, scratch_, ttl_class, now_ms(), token_ids);
+  return Status::ok_status();
 }
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
@@ -74,25 +46,21 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
   executor_ = std::make_unique<ModelExecutor>(*model_, layer_caches_, threads, config.parallel_sampling_min_logits);
 }
 
+Engine::~Engine() { scheduler_.cache().shutdown(); }
+
 KvTierStats Engine::kv_tier_stats() const {
-  KvTierStats stats;
-  stats.device_usage_blocks = scheduler_.num_cached_blocks();
-  stats.device_capacity_blocks = scheduler_.block_pool().num_total();
-  stats.device_hit_blocks =
-      (scheduler_.num_prefix_hit_tokens() - scheduler_.num_prefix_loaded_tokens()) / kvcache::kBlockTokens;
-  stats.device_miss_blocks = scheduler_.num_prefix_query_blocks() - stats.device_hit_blocks;
-  stats.device_evicted_blocks = scheduler_.num_device_evicted_blocks();
+  KvTierStats stats = scheduler_.cache().counters();
   stats.loaded_blocks = scheduler_.num_prefix_loaded_tokens() / kvcache::kBlockTokens;
-  if (offload_) stats.lower = offload_->offload().counters();
   return stats;
 }
 
 std::map<std::string, std::vector<kvcache::BlockHash>> Engine::kv_blocks_by_medium() const {
   std::map<std::string, std::vector<kvcache::BlockHash>> out;
-  out[std::string(device_medium())] = scheduler_.cached_hashes();
-  if (offload_) {
-    out[std::string(kvcache::kMediumHost)] = offload_->offload().host_blocks();
-    out[std::string(kvcache::kMediumDisk)] = offload_->offload().disk_blocks();
+  const kvcache::KvCacheManager& cache = scheduler_.cache();
+  out[std::string(device_medium())] = cache.blocks_in(kvcache::Tier::kDevice);
+  if (cache.has_lower_tiers()) {
+    out[std::string(kvcache::kMediumHost)] = cache.blocks_in(kvcache::Tier::kHost);
+    out[std::string(kvcache::kMediumDisk)] = cache.blocks_in(kvcache::Tier::kDisk);
   }
   return out;
 }
@@ -101,9 +69,7 @@ std::string_view Engine::device_medium() const {
   return backend_->name() == "cuda" ? kvcache::kMediumGpu : kvcache::kMediumDevice;
 }
 
-void Engine::flush_kv_tiers() {
-  if (offload_) offload_->offload().flush();
-}
+void Engine::flush_kv_tiers() { scheduler_.cache().flush(); }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
                                                std::unique_ptr<model::DeepSeekModel> model,
@@ -139,48 +105,51 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (resolved.host_cache_bytes > 0 && !resolved.enable_prefix_caching) {
     return Status::invalid_argument("the host/disk KV tiers need prefix caching; it is off");
   }
-  Result<Scheduler> scheduler = Scheduler::create(scheduler_config);
-  if (!scheduler.ok()) return scheduler.status();
-  Result<std::vector<backend::Buffer>> layer_caches = model->make_layer_caches(scheduler_config.num_blocks);
-  if (!layer_caches.ok()) return layer_caches.status();
-  auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
-                                                   std::move(scheduler).value(), std::move(layer_caches).value()));
+  kvcache::KvCacheConfig cache_config;
+  cache_config.num_device_blocks = scheduler_config.num_blocks;
+  cache_config.enable_prefix_caching = resolved.enable_prefix_caching;
+  cache_config.block_bytes = static_cast<size_t>(block_bytes);
+  if (!(resolved.kv_cache_ttl_hours > 0)) {
+    return Status::invalid_argument("kv_cache_ttl_hours must be > 0, got " + std::to_string(resolved.kv_cache_ttl_hours));
+  }
+  cache_config.retention = kvcache::RetentionConfig::defaults(resolved.kv_cache_ttl_hours);
   if (resolved.host_cache_bytes > 0) {
-    kvcache::OffloadConfig offload;
-    offload.block_bytes = static_cast<size_t>(block_bytes);
-    offload.host_capacity_blocks = resolved.host_cache_bytes / block_bytes;
-    if (offload.host_capacity_blocks < 1) {
+    cache_config.host_blocks = resolved.host_cache_bytes / block_bytes;
+    if (cache_config.host_blocks < 1) {
       return Status::invalid_argument("host KV cache of " + std::to_string(resolved.host_cache_bytes) +
                                       " bytes holds no block; one block needs " + std::to_string(block_bytes));
     }
-    offload.evict_bytes_per_s = resolved.host_evict_bytes_per_s;
-    if (!(resolved.kv_cache_ttl_hours > 0)) {
-      return Status::invalid_argument("kv_cache_ttl_hours must be > 0, got " +
-                                      std::to_string(resolved.kv_cache_ttl_hours));
-    }
-    offload.retention = kvcache::RetentionConfig::defaults(resolved.kv_cache_ttl_hours);
+    cache_config.host_evict_bytes_per_s = resolved.host_evict_bytes_per_s;
     if (!resolved.disk_cache_path.empty()) {
       kvcache::DiskBlockStoreOptions disk;
       disk.directory = resolved.disk_cache_path;
       disk.fingerprint = scheduler_config.fingerprint;
       disk.model_name = resolved.disk_cache_model_name;
       disk.reset_foreign = resolved.disk_cache_reset;
-      disk.block_bytes = offload.block_bytes;
+      disk.block_bytes = cache_config.block_bytes;
       disk.capacity_blocks = resolved.disk_cache_bytes / block_bytes;
       if (disk.capacity_blocks < 1) {
         return Status::invalid_argument("disk KV cache of " + std::to_string(resolved.disk_cache_bytes) +
                                         " bytes holds no block; one block needs " + std::to_string(block_bytes));
       }
-      offload.disk = std::move(disk);
+      cache_config.disk = std::move(disk);
     }
-    Result<std::unique_ptr<kvcache::KvOffloadStore>> store = kvcache::KvOffloadStore::create(std::move(offload));
-    if (!store.ok()) return store.status();
-    engine->offload_ =
-        std::make_unique<OffloadTiers>(std::move(store).value(), *engine->backend_, engine->layer_caches_);
-    engine->scheduler_.set_lower_tiers(engine->offload_.get());
   }
+  if (!resolved.kv_events_endpoint.empty() && !resolved.enable_prefix_caching) {
+    return Status::invalid_argument("KV events need prefix caching; it is off");
+  }
+  Result<std::unique_ptr<kvcache::KvCacheManager>> cache = kvcache::KvCacheManager::create(std::move(cache_config));
+  if (!cache.ok()) return cache.status();
+  Result<Scheduler> scheduler = Scheduler::create(scheduler_config, std::move(cache).value());
+  if (!scheduler.ok()) return scheduler.status();
+  Result<std::vector<backend::Buffer>> layer_caches = model->make_layer_caches(scheduler_config.num_blocks);
+  if (!layer_caches.ok()) return layer_caches.status();
+  auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
+                                                   std::move(scheduler).value(), std::move(layer_caches).value()));
+  engine->device_blocks_ = std::make_unique<DeviceBlocks>(*engine->backend_, engine->layer_caches_,
+                                                          static_cast<size_t>(block_bytes));
+  engine->scheduler_.cache().set_device_io(engine->device_blocks_.get());
   if (!resolved.kv_events_endpoint.empty()) {
-    if (!resolved.enable_prefix_caching) return Status::invalid_argument("KV events need prefix caching; it is off");
     kvcache::KvEventPublisherConfig events;
     events.endpoint = resolved.kv_events_endpoint;
     events.replay_endpoint = resolved.kv_events_replay_endpoint;
@@ -189,8 +158,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     engine->kv_events_ = std::move(publisher).value();
     // A fresh worker holds nothing on device and host: subscribers drop what they knew, then learn the disk.
     engine->kv_events_->publish(kvcache::KvEvent::all_cleared());
-    if (engine->offload_) engine->offload_->offload().set_event_sink(engine->kv_events_.get());
-    engine->scheduler_.set_kv_event_sink(engine->kv_events_.get(), std::string(engine->device_medium()));
+    engine->scheduler_.cache().set_event_sink(engine->kv_events_.get(), std::string(engine->device_medium()));
     engine->kv_events_->flush();
   }
   return engine;
@@ -225,11 +193,6 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
   if (!params.ignore_eos) {
     for (int64_t eos : c.eos_token_ids) request.stop_token_ids.push_back(static_cast<TokenId>(eos));
   }
-  if (offload_) {
-    // Read the request's disk blocks into host while it waits in the queue; the scheduler reuses the chain.
-    request.block_hashes = kvcache::block_hash_chain(request.prompt_token_ids, scheduler_.config().fingerprint);
-    offload_->offload().prefetch(request.block_hashes, request.ttl_class, now_ms());
-  }
   const SequenceId id = request.id;
   if (Status s = executor_->add_request(id, prompt, params); !s.ok()) return s;
   if (Status s = scheduler_.add(std::move(request)); !s.ok()) {
@@ -242,7 +205,6 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
 Status Engine::cancel(SequenceId id) { return scheduler_.cancel(id); }
 
 Result<std::vector<TokenEvent>> Engine::step() {
-  if (offload_) offload_->offload().tick(now_ms());
   ScheduledBatch batch = scheduler_.schedule();
   num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
   std::vector<TokenEvent> events;
@@ -252,6 +214,8 @@ Result<std::vector<TokenEvent>> Engine::step() {
     executor_->remove_request(finished.id);
   }
   if (batch.empty()) {
+    // Only requests waiting for their KV to arrive: sleep until a transfer completes instead of spinning.
+    if (scheduler_.num_loading() > 0) scheduler_.cache().wait_for_transfers(std::chrono::milliseconds(20));
     if (kv_events_) kv_events_->flush();
     return events;
   }

@@ -41,12 +41,27 @@ int64_t ScheduledBatch::num_sampling_entries() const {
   return std::count_if(entries.begin(), entries.end(), [](const ScheduledEntry& entry) { return entry.samples; });
 }
 
-Result<Scheduler> Scheduler::create(const SchedulerConfig& config) {
+Result<Scheduler> Scheduler::create(const SchedulerConfig& config, std::unique_ptr<kvcache::KvCacheManager> cache) {
   if (Status status = config.validate(); !status.ok()) return status;
-  return Scheduler(config);
+  if (cache == nullptr) {
+    kvcache::KvCacheConfig device_only;
+    device_only.num_device_blocks = config.num_blocks;
+    device_only.enable_prefix_caching = config.enable_prefix_caching;
+    Result<std::unique_ptr<kvcache::KvCacheManager>> created = kvcache::KvCacheManager::create(device_only);
+    if (!created.ok()) return created.status();
+    cache = std::move(created).value();
+  }
+  if (cache->pool().num_total() != config.num_blocks || cache->prefix_caching() != config.enable_prefix_caching) {
+    return Status::invalid_argument("Scheduler::create: the KV cache has " + std::to_string(cache->pool().num_total()) +
+                                    " blocks and prefix caching " + (cache->prefix_caching() ? "on" : "off") +
+                                    "; the config says " + std::to_string(config.num_blocks) + " and " +
+                                    (config.enable_prefix_caching ? "on" : "off"));
+  }
+  return Scheduler(config, std::move(cache));
 }
 
-Scheduler::Scheduler(const SchedulerConfig& config) : config_(config), block_pool_(config.num_blocks) {}
+Scheduler::Scheduler(const SchedulerConfig& config, std::unique_ptr<kvcache::KvCacheManager> cache)
+    : config_(config), cache_(std::move(cache)) {}
 
 SequenceState& Scheduler::state(SequenceId id) {
   auto it = sequences_.find(id);
@@ -67,11 +82,11 @@ std::optional<std::string> Scheduler::why_never_schedulable(const SequenceState&
   // All tokens up to the newest must be in the cache at once to compute the next one, and with every other
   // sequence preempted the whole pool is available: beyond that, waiting cannot help.
   int64_t blocks_needed = blocks_for_tokens(seq.num_tokens());
-  if (blocks_needed > block_pool_.num_total()) {
+  if (blocks_needed > cache_->pool().num_total()) {
     return "sequence " + std::to_string(seq.id) + " needs " + std::to_string(blocks_needed) + " KV blocks for " +
            std::to_string(seq.num_tokens()) + " tokens (" + std::to_string(seq.num_prompt_tokens()) + " prompt + " +
            std::to_string(seq.num_generated_tokens()) + " generated) but the pool has " +
-           std::to_string(block_pool_.num_total()) + " blocks of " + std::to_string(kvcache::kBlockTokens) +
+ std::to_string(cache_->pool().num_total()) + " blocks of " + std::to_string(kvcache::kBlockTokens) +
            " tokens; raise num_blocks or shorten the request";
   }
   int64_t uncomputed = seq.num_tokens() - seq.num_computed_tokens;
@@ -121,6 +136,8 @@ Status Scheduler::cancel(SequenceId id) {
   if (seq.is_finished()) return Status::ok_status();
   if (seq.status == SequenceStatus::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else if (seq.status == SequenceStatus::kLoadingKv) {
+    loading_.erase(std::find(loading_.begin(), loading_.end(), id));
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   }
@@ -129,10 +146,9 @@ Status Scheduler::cancel(SequenceId id) {
 }
 
 void Scheduler::release_blocks(SequenceState& seq) {
-  for (kvcache::BlockId block : seq.block_table) {
-    [[maybe_unused]] Status status = block_pool_.release(block);
-    DEEPINFER_CHECK(status.ok(), "the scheduler owns one reference to each block in a block table");
-  }
+  cache_->release_nodes(seq.cache_nodes);
+  seq.cache_nodes.clear();
+  for (kvcache::BlockId block : seq.block_table) cache_->release(block);
   seq.block_table.clear();
 }
 
@@ -155,29 +171,16 @@ void Scheduler::preempt(SequenceState& seq) {
 
 void Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
   int64_t needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
-  DEEPINFER_CHECK(needed <= block_pool_.num_free());
+  DEEPINFER_CHECK(needed <= cache_->num_free_blocks());
   for (int64_t i = 0; i < needed; ++i) {
     seq.block_table.push_back(allocate_block());
   }
 }
 
 kvcache::BlockId Scheduler::allocate_block() {
-  std::optional<kvcache::BlockId> block = block_pool_.allocate();
-  DEEPINFER_CHECK(block.has_value());
-  // The least recently freed block: if it still held indexed content, that content is evicted now.
-  if (auto it = hash_of_block_.find(*block); it != hash_of_block_.end()) {
-    if (kv_events_ != nullptr) kv_events_->publish(kvcache::KvEvent::removed(kv_event_medium_, it->second));
-    cached_block_of_.erase(it->second);
-    hash_of_block_.erase(it);
-    ++num_device_evicted_blocks_;
-  }
+  std::optional<kvcache::BlockId> block = cache_->allocate();
+  DEEPINFER_CHECK(block.has_value(), "a free or evictable block was counted");
   return *block;
-}
-
-std::optional<kvcache::BlockId> Scheduler::cached_block(const kvcache::BlockHash& hash) const {
-  auto it = cached_block_of_.find(hash);
-  if (it == cached_block_of_.end()) return std::nullopt;
-  return it->second;
 }
 
 namespace {
@@ -189,84 +192,61 @@ std::vector<int32_t> all_tokens(const SequenceState& seq, int64_t count) {
 }
 }  // namespace
 
-std::vector<kvcache::BlockId> Scheduler::match_prefix(SequenceState& seq) {
-  std::vector<kvcache::BlockId> matched;
-  if (!config_.enable_prefix_caching || (cached_block_of_.empty() && lower_tiers_ == nullptr)) return matched;
+int64_t Scheduler::max_prefix_blocks(const SequenceState& seq) { return (seq.num_tokens() - 1) / kvcache::kBlockTokens; }
+
+kvcache::KvCacheManager::PrefixMatch Scheduler::match_prefix(SequenceState& seq) {
+  if (!config_.enable_prefix_caching) return {};
   // Never the block of the last token: at least that token is computed, so a token can be sampled.
-  const int64_t max_blocks = (seq.num_tokens() - 1) / kvcache::kBlockTokens;
+  const int64_t max_blocks = max_prefix_blocks(seq);
   if (static_cast<int64_t>(seq.block_hashes.size()) < max_blocks) {
     std::vector<int32_t> tokens = all_tokens(seq, max_blocks * kvcache::kBlockTokens);
     kvcache::extend_block_hash_chain(seq.block_hashes, tokens, config_.fingerprint);
   }
-  for (int64_t i = 0; i < max_blocks; ++i) {
-    auto it = cached_block_of_.find(seq.block_hashes[static_cast<size_t>(i)]);
-    if (it == cached_block_of_.end()) break;
-    matched.push_back(it->second);
-  }
-  return matched;
-}
-
-int64_t Scheduler::match_lower_tiers(const SequenceState& seq, int64_t device_blocks) {
-  if (lower_tiers_ == nullptr || !config_.enable_prefix_caching) return 0;
-  const int64_t max_blocks = (seq.num_tokens() - 1) / kvcache::kBlockTokens;
-  if (device_blocks >= max_blocks) return 0;
-  std::span<const kvcache::BlockHash> rest(seq.block_hashes.data() + device_blocks,
-                                           static_cast<size_t>(max_blocks - device_blocks));
-  return lower_tiers_->match(rest);
-}
-
-namespace {
-// The tokens of seq's block `block_index` (positions block_index * 64 .. + 63). REQUIRES: they exist.
-std::vector<TokenId> block_tokens(const SequenceState& seq, int64_t block_index) {
-  std::vector<TokenId> tokens;
-  tokens.reserve(kvcache::kBlockTokens);
-  for (int64_t p = block_index * kvcache::kBlockTokens; p < (block_index + 1) * kvcache::kBlockTokens; ++p) {
-    tokens.push_back(seq.token_at(p));
-  }
-  return tokens;
-}
-}  // namespace
-
-std::vector<kvcache::BlockHash> Scheduler::cached_hashes() const {
-  std::vector<kvcache::BlockHash> out;
-  out.reserve(cached_block_of_.size());
-  for (const auto& [hash, block] : cached_block_of_) out.push_back(hash);
-  return out;
-}
-
-// The hash block `block_index` of seq is chained from. REQUIRES: seq.block_hashes covers block_index - 1.
-kvcache::BlockHash parent_hash(const SequenceState& seq, int64_t block_index) {
-  return block_index == 0 ? kvcache::kRootBlockHash : seq.block_hashes[static_cast<size_t>(block_index - 1)];
-}
-
-void Scheduler::index_block(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent,
-                            std::span<const TokenId> tokens, kvcache::BlockId block) {
-  cached_block_of_.emplace(hash, block);
-  hash_of_block_.emplace(block, hash);
-  if (kv_events_ != nullptr) kv_events_->publish(kvcache::KvEvent::stored(kv_event_medium_, hash, parent, tokens));
+  return cache_->match(std::span(seq.block_hashes).first(static_cast<size_t>(max_blocks)));
 }
 
 void Scheduler::register_computed_blocks(SequenceState& seq) {
   if (!config_.enable_prefix_caching) return;
   const int64_t full_blocks = seq.num_computed_tokens / kvcache::kBlockTokens;
   if (full_blocks <= seq.num_registered_blocks) return;
+  const std::vector<int32_t> tokens = all_tokens(seq, full_blocks * kvcache::kBlockTokens);
   if (static_cast<int64_t>(seq.block_hashes.size()) < full_blocks) {
-    std::vector<int32_t> tokens = all_tokens(seq, full_blocks * kvcache::kBlockTokens);
     kvcache::extend_block_hash_chain(seq.block_hashes, tokens, config_.fingerprint);
   }
-  for (int64_t i = seq.num_registered_blocks; i < full_blocks; ++i) {
-    const kvcache::BlockHash& hash = seq.block_hashes[static_cast<size_t>(i)];
-    kvcache::BlockId block = seq.block_table[static_cast<size_t>(i)];
-    // Another sequence may have computed the same content first (its block stays the indexed one), or this
-    // block may already be indexed (it was matched at admission).
-    if (cached_block_of_.contains(hash) || hash_of_block_.contains(block)) continue;
-    const kvcache::BlockHash parent = parent_hash(seq, i);
-    const std::vector<TokenId> tokens =
-        kv_events_ != nullptr || lower_tiers_ != nullptr ? block_tokens(seq, i) : std::vector<TokenId>();
-    index_block(hash, parent, tokens, block);
-    if (lower_tiers_ != nullptr) lower_tiers_->store(hash, parent, block, seq.ttl_class, tokens);
-  }
+  // The whole chain again: the cache shares what it has, adds the rest, and pins each node once more; the
+  // pins this sequence held before are then released, so it holds one per node.
+  std::vector<kvcache::NodeId> nodes =
+      cache_->insert(std::span(seq.block_hashes).first(static_cast<size_t>(full_blocks)), seq.block_table, tokens,
+                     seq.ttl_class);
+  cache_->release_nodes(seq.cache_nodes);
+  seq.cache_nodes = std::move(nodes);
   seq.num_registered_blocks = full_blocks;
+}
+
+void Scheduler::start_running(SequenceState& seq) {
+  // A failed load ends the usable prefix: the blocks after it are released and computed afresh.
+  const size_t usable = cache_->usable_prefix(seq.cache_nodes);
+  if (usable < seq.cache_nodes.size()) {
+    cache_->release_nodes(std::span(seq.cache_nodes).subspan(usable));
+    seq.cache_nodes.resize(usable);
+    for (size_t i = usable; i < seq.block_table.size(); ++i) cache_->release(seq.block_table[i]);
+    seq.block_table.resize(usable);
+  }
+  const int64_t matched_blocks = static_cast<int64_t>(usable);
+  const int64_t loaded_blocks = std::max<int64_t>(matched_blocks - seq.num_resident_prefix_blocks, 0);
+  const int64_t num_matched_tokens = matched_blocks * kvcache::kBlockTokens;
+  if (seq.num_preemptions == 0) {  // first admission (a sequence is admitted again only after a preemption)
+    seq.num_cached_tokens = num_matched_tokens;
+    seq.num_loaded_tokens = loaded_blocks * kvcache::kBlockTokens;
+  }
+  num_prefix_query_tokens_ += seq.num_tokens();
+  num_prefix_query_blocks_ += max_prefix_blocks(seq);
+  num_prefix_hit_tokens_ += num_matched_tokens;
+  num_prefix_loaded_tokens_ += loaded_blocks * kvcache::kBlockTokens;
+  seq.num_computed_tokens = num_matched_tokens;
+  seq.num_registered_blocks = matched_blocks;
+  seq.status = SequenceStatus::kRunning;
+  running_.push_back(seq.id);
 }
 
 ScheduledEntry Scheduler::make_entry(const SequenceState& seq, int64_t num_new_tokens) const {
@@ -288,6 +268,18 @@ ScheduledBatch Scheduler::schedule() {
   last_step_updated_ = false;
   int64_t budget = config_.max_num_batched_tokens;
 
+  // 0. Loads that arrived: their sequences run from this step on (at the tail of the running ones).
+  cache_->tick();
+  for (size_t i = 0; i < loading_.size();) {
+    SequenceState& seq = state(loading_[i]);
+    if (cache_->loading(seq.cache_nodes)) {
+      ++i;
+      continue;
+    }
+    loading_.erase(loading_.begin() + static_cast<std::ptrdiff_t>(i));
+    start_running(seq);
+  }
+
   // 1. Running sequences, in admission order: one decode token, or the next prefill chunk.
   size_t index = 0;
   while (index < running_.size() && budget > 0) {
@@ -307,7 +299,7 @@ ScheduledBatch Scheduler::schedule() {
     int64_t end_position = seq.num_computed_tokens + num_new_tokens;
     int64_t blocks_needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
     bool preempted_itself = false;
-    while (blocks_needed > block_pool_.num_free()) {
+    while (blocks_needed > cache_->num_free_blocks()) {
       // The tail was admitted last. It is never one scheduled earlier in this loop (those sit before
       // `index`), and it is `seq` itself only when everything after `seq` is gone; `seq` at index 0 always
       // fits, since why_never_schedulable() bounds its need by the whole pool.
@@ -327,7 +319,7 @@ ScheduledBatch Scheduler::schedule() {
       lookahead = std::min<int64_t>({config_.num_lookahead_slots, budget - num_new_tokens,
                                      seq.max_tokens - seq.num_generated_tokens() - 1});
       while (lookahead > 0 && blocks_for_tokens(end_position + lookahead) -
-                                      static_cast<int64_t>(seq.block_table.size()) > block_pool_.num_free()) {
+                                      static_cast<int64_t>(seq.block_table.size()) > cache_->num_free_blocks()) {
         --lookahead;
       }
       lookahead = std::max<int64_t>(lookahead, 0);
@@ -342,74 +334,47 @@ ScheduledBatch Scheduler::schedule() {
   // 2. Admission, FCFS, unless this step preempted (the blocks just freed go to the running ones first;
   // admitting now would only thrash).
   if (batch.preempted.empty()) {
-    while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
+    while (!waiting_.empty() && budget > 0 && num_running() + num_loading() < config_.max_num_seqs) {
       SequenceState& seq = state(waiting_.front());
       if (std::optional<std::string> reason = why_never_schedulable(seq)) {
         waiting_.pop_front();
         finish(seq, FinishReason::kAborted, std::move(*reason));
         continue;
       }
-      DEEPINFER_CHECK(seq.block_table.empty() && seq.num_computed_tokens == 0);
-      std::vector<kvcache::BlockId> matched = match_prefix(seq);
-      const auto device_blocks = static_cast<int64_t>(matched.size());
-      // Blocks the lower tiers hold after the device hit: loaded into fresh blocks below, before prefill.
-      int64_t lower_blocks = match_lower_tiers(seq, device_blocks);
-      int64_t num_matched_tokens = (device_blocks + lower_blocks) * kvcache::kBlockTokens;
+      DEEPINFER_CHECK(seq.block_table.empty() && seq.num_computed_tokens == 0 && seq.cache_nodes.empty());
+      const kvcache::KvCacheManager::PrefixMatch match = match_prefix(seq);
+      // Blocks found below the device are loaded into fresh blocks before the sequence computes anything.
+      const int64_t matched_blocks = match.device_blocks + match.lower_blocks;
+      int64_t num_matched_tokens = matched_blocks * kvcache::kBlockTokens;
       int64_t num_new_tokens = seq.num_tokens() - num_matched_tokens;
       if (!config_.enable_chunked_prefill && num_new_tokens > budget) break;
       num_new_tokens = std::min(num_new_tokens, budget);
       int64_t end_position = num_matched_tokens + num_new_tokens;
-      // Reviving a matched block that sits on the free list takes it from the free blocks too.
-      const int64_t matched_free =
-          std::count_if(matched.begin(), matched.end(), [this](kvcache::BlockId b) { return block_pool_.is_free(b); });
-      if (blocks_for_tokens(end_position) - device_blocks + matched_free > block_pool_.num_free()) {
+      // Reviving a matched block no sequence uses takes it from the free blocks too.
+      if (blocks_for_tokens(end_position) - match.device_blocks + match.device_free_blocks >
+          cache_->num_free_blocks()) {
         break;  // FCFS: nobody overtakes the head of the queue
       }
       waiting_.pop_front();
-      const bool first_admission = seq.status == SequenceStatus::kWaiting;
-      seq.status = SequenceStatus::kRunning;
-      running_.push_back(seq.id);
-      for (kvcache::BlockId block : matched) {
-        [[maybe_unused]] Status status =
-            block_pool_.is_free(block) ? block_pool_.reclaim(block) : block_pool_.retain(block);
-        DEEPINFER_CHECK(status.ok());
-        seq.block_table.push_back(block);
+      const int64_t max_blocks = max_prefix_blocks(seq);
+      kvcache::KvCacheManager::Admission admission;
+      if (config_.enable_prefix_caching && max_blocks > 0) {
+        admission = cache_->admit(std::span(seq.block_hashes).first(static_cast<size_t>(max_blocks)),
+                                  all_tokens(seq, max_blocks * kvcache::kBlockTokens), seq.num_tokens(),
+                                  seq.ttl_class);
       }
-      // Load-back: each loaded block is indexed on device like a computed one. A copy that turns out gone or
-      // corrupt ends the hit there; the rest is computed (fewer tokens than planned, so it still fits).
-      for (int64_t i = 0; i < lower_blocks; ++i) {
-        const kvcache::BlockHash& hash = seq.block_hashes[static_cast<size_t>(device_blocks + i)];
-        kvcache::BlockId block = allocate_block();
-        seq.block_table.push_back(block);
-        if (!lower_tiers_->load(hash, block, seq.ttl_class)) {
-          lower_blocks = i;
-          break;
-        }
-        if (!cached_block_of_.contains(hash)) {
-          const int64_t index = device_blocks + i;
-          index_block(hash, parent_hash(seq, index),
-                      kv_events_ != nullptr ? block_tokens(seq, index) : std::vector<TokenId>(), block);
-        }
+      seq.block_table = std::move(admission.blocks);
+      seq.cache_nodes = std::move(admission.nodes);
+      seq.num_resident_prefix_blocks = static_cast<int64_t>(seq.cache_nodes.size()) - admission.loaded_blocks;
+      if (cache_->loading(seq.cache_nodes)) {
+        seq.status = SequenceStatus::kLoadingKv;  // scheduled once its blocks arrived; the others step on
+        loading_.push_back(seq.id);
+        continue;
       }
-      if (lower_tiers_ != nullptr && config_.enable_prefix_caching &&
-          device_blocks + lower_blocks < (seq.num_tokens() - 1) / kvcache::kBlockTokens) {
-        lower_tiers_->record_miss();
-      }
-      // After a failed load the hit is shorter; the end can only move back, so the blocks still fit.
-      num_matched_tokens = (device_blocks + lower_blocks) * kvcache::kBlockTokens;
+      start_running(seq);
+      num_matched_tokens = seq.num_computed_tokens;
       num_new_tokens = std::min(seq.num_tokens() - num_matched_tokens, budget);
       end_position = num_matched_tokens + num_new_tokens;
-      if (first_admission) {
-        seq.num_cached_tokens = num_matched_tokens;
-        seq.num_loaded_tokens = lower_blocks * kvcache::kBlockTokens;
-      }
-      num_prefix_query_tokens_ += seq.num_tokens();
-      num_prefix_query_blocks_ += (seq.num_tokens() - 1) / kvcache::kBlockTokens;
-      num_prefix_hit_tokens_ += num_matched_tokens;
-      num_prefix_loaded_tokens_ += lower_blocks * kvcache::kBlockTokens;
-      seq.num_computed_tokens = num_matched_tokens;
-      seq.num_registered_blocks = device_blocks + lower_blocks;
-      // A failed load leaves its fresh block in the table: it is simply computed.
       allocate_blocks(seq, end_position);
       batch.entries.push_back(make_entry(seq, num_new_tokens));
       budget -= num_new_tokens;
@@ -519,8 +484,9 @@ Status Scheduler::update(const ScheduledBatch& batch, StepOutput& out) {
     // slots of rejected drafts inside the last kept block are simply overwritten by later steps).
     const int64_t keep_blocks = blocks_for_tokens(seq.num_computed_tokens);
     while (static_cast<int64_t>(seq.block_table.size()) > keep_blocks) {
-      [[maybe_unused]] Status status = block_pool_.release(seq.block_table.back());
-      DEEPINFER_CHECK(status.ok(), "a lookahead block is owned by its sequence alone");
+      DEEPINFER_CHECK(cache_->pool().ref_count(seq.block_table.back()) == 1,
+                      "a lookahead block is owned by its sequence alone");
+      cache_->release(seq.block_table.back());
       seq.block_table.pop_back();
     }
     register_computed_blocks(seq);

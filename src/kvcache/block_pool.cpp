@@ -10,6 +10,7 @@ namespace deepinfer::kvcache {
 
 BlockPool::BlockPool(int32_t num_blocks)
     : ref_counts_(static_cast<size_t>(num_blocks > 0 ? num_blocks : 0), 0),
+      cached_(ref_counts_.size(), 0),
       next_free_(ref_counts_.size(), kNone),
       prev_free_(ref_counts_.size(), kNone) {
   DEEPINFER_CHECK(num_blocks >= 0);
@@ -17,8 +18,8 @@ BlockPool::BlockPool(int32_t num_blocks)
 }
 
 std::optional<BlockId> BlockPool::allocate() {
-  if (free_head_ == kNone) return std::nullopt;
-  BlockId id = free_head_;
+  if (free_head_[0] == kNone) return std::nullopt;
+  BlockId id = free_head_[0];
   unlink_free(id);
   ref_counts_[id] = 1;
   return id;
@@ -54,6 +55,15 @@ Status BlockPool::reclaim(BlockId id) {
   return Status::ok_status();
 }
 
+void BlockPool::set_cached(BlockId id, bool cached) {
+  DEEPINFER_CHECK(id >= 0 && id < num_total());
+  if ((cached_[static_cast<size_t>(id)] != 0) == cached) return;
+  const bool free = ref_counts_[id] == 0;
+  if (free) unlink_free(id);
+  cached_[static_cast<size_t>(id)] = cached ? 1 : 0;
+  if (free) push_free_tail(id);
+}
+
 int32_t BlockPool::ref_count(BlockId id) const {
   DEEPINFER_CHECK(id >= 0 && id < num_total());
   return ref_counts_[id];
@@ -66,33 +76,35 @@ Status BlockPool::check_range(BlockId id, const char* operation) const {
 }
 
 void BlockPool::push_free_tail(BlockId id) {
-  prev_free_[id] = free_tail_;
+  const int list = cached_[static_cast<size_t>(id)];
+  prev_free_[id] = free_tail_[list];
   next_free_[id] = kNone;
-  if (free_tail_ == kNone) {
-    free_head_ = id;
+  if (free_tail_[list] == kNone) {
+    free_head_[list] = id;
   } else {
-    next_free_[free_tail_] = id;
+    next_free_[free_tail_[list]] = id;
   }
-  free_tail_ = id;
-  ++num_free_;
+  free_tail_[list] = id;
+  ++num_free_[list];
 }
 
 void BlockPool::unlink_free(BlockId id) {
+  const int list = cached_[static_cast<size_t>(id)];
   BlockId prev = prev_free_[id];
   BlockId next = next_free_[id];
   if (prev == kNone) {
-    free_head_ = next;
+    free_head_[list] = next;
   } else {
     next_free_[prev] = next;
   }
   if (next == kNone) {
-    free_tail_ = prev;
+    free_tail_[list] = prev;
   } else {
     prev_free_[next] = prev;
   }
   prev_free_[id] = kNone;
   next_free_[id] = kNone;
-  --num_free_;
+  --num_free_[list];
 }
 
 // ---------------------------------------------------------------------------------------------------------

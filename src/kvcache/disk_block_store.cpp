@@ -652,6 +652,17 @@ std::vector<std::pair<BlockHash, BlockHash>> DiskBlockStore::list_blocks() const
   return out;
 }
 
+std::vector<DiskBlockStore::ListedBlock> DiskBlockStore::list_entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ListedBlock> out;
+  out.reserve(index_.size());
+  for (const BlockHash& hash : recency_) {
+    const Entry& entry = index_.at(hash);
+    out.push_back({hash, entry.parent, entry.expires_at_unix_ms});
+  }
+  return out;
+}
+
 void DiskBlockStore::evict_over_capacity_locked() {
   while (static_cast<int64_t>(index_.size()) > options_.capacity_blocks) {
     // An unlink failure leaves a file the next open() indexes again; the index still shrinks.

@@ -130,6 +130,7 @@ void PrefixIndex::emit(CacheEvent::Type type, NodeId node, Tier tier) {
   event.depth = info.depth;
   event.tier = tier;
   event.device_block = tier == Tier::kDevice ? info.device_block : kNoBlock;
+  event.node = node;
   listener_(event);
 }
 
@@ -220,6 +221,33 @@ Result<NodeId> PrefixIndex::add_block(NodeId parent, const BlockHash& hash, Tier
     (void)status;
   }
   return node;
+}
+
+Status PrefixIndex::set_expiry(NodeId node, int64_t expiry_ms) {
+  if (Status status = check_live(node, "set_expiry"); !status.ok()) return status;
+  unlist(node);
+  nodes_[static_cast<size_t>(node)].info.expiry_ms = expiry_ms;
+  relist(node);
+  return Status::ok_status();
+}
+
+std::vector<NodeId> PrefixIndex::descendants(NodeId node) const {
+  std::vector<NodeId> out;
+  if (!contains(node)) return out;
+  // Depth below `node` of every live node under it (0: not under it), by walking each node's parents.
+  std::vector<std::pair<int32_t, NodeId>> found;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (!nodes_[i].live || static_cast<NodeId>(i) == node) continue;
+    for (NodeId up = nodes_[i].info.parent; up != kNoNode; up = nodes_[static_cast<size_t>(up)].info.parent) {
+      if (up == node) {
+        found.emplace_back(nodes_[i].info.depth, static_cast<NodeId>(i));
+        break;
+      }
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [depth, id] : found) out.push_back(id);
+  return out;
 }
 
 Result<std::vector<NodeId>> PrefixIndex::insert(std::span<const BlockHash> chain, Tier tier, int64_t now_ms,

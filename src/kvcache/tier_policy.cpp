@@ -258,6 +258,7 @@ InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms
   DEEPINFER_CHECK(ttl_class < config_.retention.classes.size());
   InsertResult result;
   const bool write_through = config_.write_through_to_host && tier_present(Tier::kHost);
+  const bool write_through_disk = config_.write_through_to_disk && tier_present(Tier::kDisk);
   NodeId parent = kNoNode;
   for (const BlockHash& hash : chain) {
     NodeId node = index_.find_child(parent, hash);
@@ -271,6 +272,7 @@ InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms
       (void)index_.add_kinds(node, config_.required_kinds);  // cannot fail: the node is live
       admit(node, Tier::kDevice, now_ms);
       if (write_through) admit(node, Tier::kHost, now_ms);
+      if (write_through_disk) admit(node, Tier::kDisk, now_ms);
     } else {
       const bool device_room = make_room(Tier::kDevice, now_ms);
       const bool host_room = write_through && make_room(Tier::kHost, now_ms);
@@ -292,6 +294,7 @@ InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms
         tier_counters(Tier::kHost).bytes_written += config_.bytes_per_block;
       }
       (void)status;
+      if (write_through_disk) admit(node, Tier::kDisk, now_ms);
       ++result.new_blocks;
       ++counters_.inserted_blocks;
     }
@@ -300,6 +303,12 @@ InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms
     parent = node;
   }
   return result;
+}
+
+bool TierPolicy::evict_one_now(Tier tier, int64_t now_ms) {
+  if (!tier_present(tier)) return false;
+  bucket(tier).refill(now_ms);
+  return evict_one(tier, now_ms, /*expired_only=*/false, nullptr);
 }
 
 Status TierPolicy::release(std::span<const NodeId> nodes) {

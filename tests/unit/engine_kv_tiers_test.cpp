@@ -3,6 +3,7 @@
 // engine when turn 1's blocks come back from host RAM (after the device evicted them), from disk after a
 // restart, from disk after the first process was killed with SIGKILL, and when a disk block is corrupted
 // (then it is dropped and recomputed, never used).
+#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -124,8 +125,14 @@ TEST(EngineKvTiersTest, HostTierServesBlocksTheDeviceEvicted) {
   auto engine = make_engine(config);
   Turn turn1 = generate(*engine, turn1_prompt());
   ASSERT_EQ(turn1.tokens, reference_ids("prompt_5.greedy"));
-  // Other prompts take the 8 device blocks over, oldest free first: turn 1's cached blocks are evicted.
+  // A prompt of other tokens needs all 8 device blocks: plain free blocks go first, then turn 1's cached blocks
+  // are evicted (written through to host already). Short prompts alone no longer evict them: they fit the 4
+  // blocks turn 1 left plainly free.
   for (int i : {0, 1, 3, 4, 6}) generate(*engine, reference_ids("prompt_" + std::to_string(i) + ".input_ids"));
+  std::vector<TokenId> other = turn1_prompt();
+  std::reverse(other.begin(), other.end());
+  other.insert(other.end(), other.begin(), other.begin() + 140);  // 440 tokens + 16 generated: 8 blocks
+  generate(*engine, other);
   KvTierStats before = engine->kv_tier_stats();
   ASSERT_GE(before.device_evicted_blocks, 4);
   ASSERT_TRUE(before.lower.has_value());

@@ -18,7 +18,7 @@
 #include "deepinfer/engine/scheduler.h"
 #include "deepinfer/kvcache/block_pool.h"
 #include "deepinfer/engine/executor.h"
-#include "deepinfer/kvcache/offload_store.h"
+#include "deepinfer/kvcache/kv_cache_manager.h"
 #include "deepinfer/model/deepseek_model.h"
 
 namespace deepinfer::engine {
@@ -32,7 +32,7 @@ struct EngineConfig {
   // Identity of the checkpoint in every block hash (kvcache::model_fingerprint): blocks of other weights or
   // another KV dtype never match, on disk across restarts included. Zero: a fixed value (device tier only).
   kvcache::ModelFingerprint fingerprint = {};
-  // The tiers below the device (kvcache::KvOffloadStore): off when host_cache_bytes is 0. The disk tier
+  // The tiers below the device (kvcache::KvCacheManager): off when host_cache_bytes is 0. The disk tier
   // needs the host tier (it loads through it) and a nonzero fingerprint.
   int64_t host_cache_bytes = 0;            // --kv-host-cache-gb
   std::string disk_cache_path;             // --tiered-kv-storage-path; empty: no disk tier
@@ -51,17 +51,8 @@ struct EngineConfig {
   int64_t parallel_sampling_min_logits = int64_t{1} << 21;
 };
 
-// The prefix cache's state per tier, for metrics. Device: blocks indexed in the pool (usage), the pool
-// (capacity), prompt blocks served from it (hits), cached blocks overwritten (evictions).
-struct KvTierStats {
-  int64_t device_usage_blocks = 0;
-  int64_t device_capacity_blocks = 0;
-  int64_t device_hit_blocks = 0;
-  int64_t device_miss_blocks = 0;  // looked up at admission and not on device
-  int64_t device_evicted_blocks = 0;
-  int64_t loaded_blocks = 0;  // device blocks filled from a lower tier
-  std::optional<kvcache::OffloadCounters> lower;  // absent without host/disk tiers
-};
+// The prefix cache's state per tier, for metrics (kvcache::KvCacheManager::counters()).
+using KvTierStats = kvcache::KvCacheCounters;
 
 // What one step produced for one request: a new token, or the request's end. A request's end is reported
 // once, in the step after its last token (or after cancel / abort), with no token.
@@ -83,6 +74,8 @@ class Engine {
   // Takes ownership of the backend and the model built on it.
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<backend::Backend> backend,
                                                 std::unique_ptr<model::DeepSeekModel> model, const EngineConfig& config);
+  // Finishes the KV cache's transfers (disk writes included) before the device memory goes.
+  ~Engine();
 
   // Validates `params` and the prompt (ids in the vocabulary, length below max_model_len) and queues the
   // request. max_tokens defaults to what is left of max_model_len; the model's EOS ids stop it unless
@@ -108,23 +101,19 @@ class Engine {
   void flush_kv_tiers();
 
  private:
-  // The scheduler's view of the KV offload store: copies blocks between the latent storage and the store.
-  class OffloadTiers final : public LowerTiers {
+  // The KV cache's mover reads and writes device blocks through this: one block of every layer's cache, in the
+  // layout kvcache/transfer/block_mover.h describes (layer-major).
+  class DeviceBlocks final : public kvcache::transfer::DeviceBlockIo {
    public:
-    OffloadTiers(std::unique_ptr<kvcache::KvOffloadStore> store, backend::Backend& backend,
-                 std::span<const backend::Buffer> layer_caches);
-    int64_t match(std::span<const kvcache::BlockHash> chain) override;
-    bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) override;
-    void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
-               kvcache::TtlClassId ttl_class, std::span<const TokenId> token_ids) override;
-    void record_miss() override { store_->record_miss(); }
-    kvcache::KvOffloadStore& offload() { return *store_; }
+    DeviceBlocks(backend::Backend& backend, std::span<const backend::Buffer> layer_caches, size_t block_bytes)
+        : backend_(backend), layer_caches_(layer_caches), layer_bytes_(block_bytes / layer_caches.size()) {}
+    Status read(kvcache::BlockId block, std::span<std::byte> out) override;
+    Status write(kvcache::BlockId block, std::span<const std::byte> in) override;
 
    private:
-    std::unique_ptr<kvcache::KvOffloadStore> store_;
     backend::Backend& backend_;
     std::span<const backend::Buffer> layer_caches_;
-    std::vector<std::byte> scratch_;  // one block's payload: layer-major, kBlockTokens x entry_dim values each
+    size_t layer_bytes_;
   };
 
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
@@ -138,7 +127,7 @@ class Engine {
   Scheduler scheduler_;
   std::vector<backend::Buffer> layer_caches_;  // per layer [num_blocks, 64, kv_cache_dim] in the cache dtype
   size_t kv_cache_bytes_ = 0;
-  std::unique_ptr<OffloadTiers> offload_;  // null without host/disk tiers; points into layer_caches_
+  std::unique_ptr<DeviceBlocks> device_blocks_;  // points into layer_caches_
   std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
   SequenceId next_id_ = 1;
   int64_t num_preemptions_ = 0;

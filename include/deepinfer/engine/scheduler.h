@@ -20,28 +20,10 @@
 #include "deepinfer/engine/sequence.h"
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/kvcache/block_pool.h"
+#include "deepinfer/kvcache/kv_cache_manager.h"
 #include "deepinfer/kvcache/kv_events.h"
 
 namespace deepinfer::engine {
-
-// The tiers below the device (host RAM, disk) as the scheduler sees them; the engine implements it over
-// kvcache::KvOffloadStore and its KV storage. Called on the scheduler's thread, inside schedule() and update().
-class LowerTiers {
- public:
-  virtual ~LowerTiers() = default;
-  // How many leading blocks of `chain` are held below the device (index only; counts nothing: a waiting
-  // request may be matched at several steps before it is admitted).
-  virtual int64_t match(std::span<const kvcache::BlockHash> chain) = 0;
-  // Copies the KV of `hash` into device block `block`. False when the copy is gone or corrupt: the scheduler
-  // then computes that block and the rest instead.
-  virtual bool load(const kvcache::BlockHash& hash, kvcache::BlockId block, kvcache::TtlClassId ttl_class) = 0;
-  // Device block `block` now holds the computed KV of `hash` (chained from `parent`, holding `token_ids`):
-  // write it through.
-  virtual void store(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, kvcache::BlockId block,
-                     kvcache::TtlClassId ttl_class, std::span<const TokenId> token_ids) = 0;
-  // An admitted request's hit ended at a block the lower tiers could not serve (for metrics).
-  virtual void record_miss() = 0;
-};
 
 struct SchedulerConfig {
   int32_t max_num_batched_tokens = 8192;  // tokens computed per step, prefill chunks and decodes together
@@ -51,12 +33,12 @@ struct SchedulerConfig {
   // Off: a sequence is admitted only when all its tokens fit the remaining budget; one longer than
   // max_num_batched_tokens is aborted.
   bool enable_chunked_prefill = true;
-  // Automatic prefix caching (device tier): a full block whose 64 tokens' KV is computed is indexed by its
-  // chained hash (kvcache/block_hash.h); an admitted sequence reuses the blocks of the longest indexed
-  // prefix of its tokens, never the block holding its last token (at least one token is computed, so one
-  // can be sampled). An indexed block whose last owner released it stays on the pool's free list with its
-  // content (LRU order) and is revived on a hit; allocating it for other content drops it from the index,
-  // so cached blocks are always evicted before anyone is preempted.
+  // Automatic prefix caching (kvcache/kv_cache_manager.h): a full block whose 64 tokens' KV is computed is
+  // indexed by its chained hash (kvcache/block_hash.h); an admitted sequence reuses the blocks of the longest
+  // cached prefix of its tokens, in any tier, never the block holding its last token (at least one token is
+  // computed, so one can be sampled). A cached block whose last owner released it stays cached, counted as
+  // free, and is revived on a hit; when a block is wanted and none is plainly free, the cache evicts one (its
+  // index decides which), so cached blocks are always evicted before anyone is preempted.
   bool enable_prefix_caching = true;
   // Identifies the model in the block hashes (see kvcache::model_fingerprint).
   kvcache::ModelFingerprint fingerprint = {};
@@ -123,19 +105,14 @@ struct ScheduledBatch {
 // Not thread-safe: the engine calls every method from its one step thread.
 class Scheduler {
  public:
-  // Errors: those of SchedulerConfig::validate().
-  static Result<Scheduler> create(const SchedulerConfig& config);
+  // `cache`: the prefix cache with its tiers (the engine builds it with host and disk); null: a device-only
+  // cache of config.num_blocks blocks. Errors: those of SchedulerConfig::validate(); InvalidArgument when
+  // `cache` disagrees with the config (block count, prefix caching on or off).
+  static Result<Scheduler> create(const SchedulerConfig& config, std::unique_ptr<kvcache::KvCacheManager> cache = nullptr);
 
-  // Lets admission extend a device prefix hit with blocks loaded from `tiers` (not owned; must outlive the
-  // scheduler, or be reset with nullptr), and writes every newly computed full block through to it.
-  // Only with enable_prefix_caching.
-  void set_lower_tiers(LowerTiers* tiers) { lower_tiers_ = tiers; }
-  // Reports every block entering the device tier's prefix index as BlockStored (with its tokens) and every
-  // one leaving it as BlockRemoved, under `medium` ("GPU" or "DEVICE"). Not owned; nullptr: none.
-  void set_kv_event_sink(kvcache::KvEventSink* sink, std::string medium) {
-    kv_events_ = sink;
-    kv_event_medium_ = std::move(medium);
-  }
+  // The prefix cache: its tiers, counters and KV events (KvCacheManager::set_event_sink).
+  kvcache::KvCacheManager& cache() { return *cache_; }
+  const kvcache::KvCacheManager& cache() const { return *cache_; }
 
   // Queues a request at the back of the waiting queue. A request that can never be scheduled (its prompt
   // needs more blocks than the pool has, or, with chunked prefill off, more tokens than
@@ -153,6 +130,9 @@ class Scheduler {
 
   // Plans one step; mutates the queues, block tables (allocating this step's blocks) and preemption state;
   // num_computed_tokens only at admission, to the length of the reused cached prefix (update() advances it).
+  // A sequence whose cached prefix lies partly below the device is admitted into kLoadingKv: its blocks are
+  // reserved and their loads queued (the cache's mover runs them); it is scheduled from the first step after
+  // they arrived, while the others keep stepping. A failed load shortens its prefix (the rest is computed).
   // Deterministic. Calling schedule() again without update() abandons the previous batch: its tokens are simply
   // scheduled again.
   ScheduledBatch schedule();
@@ -177,16 +157,24 @@ class Scheduler {
   std::vector<SequenceId> waiting_ids() const;  // queue order, preempted ones included
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
-  // True while any sequence waits or runs, or a finished one is still to be reported by schedule().
-  bool has_pending_work() const { return !running_.empty() || !waiting_.empty() || !newly_finished_.empty(); }
+  // Admitted sequences waiting for their prefix's blocks to arrive from host or disk (they count against
+  // max_num_seqs).
+  int32_t num_loading() const { return static_cast<int32_t>(loading_.size()); }
+  std::vector<SequenceId> loading_ids() const { return loading_; }
+  // True while any sequence waits, loads or runs, or a finished one is still to be reported by schedule().
+  bool has_pending_work() const {
+    return !running_.empty() || !waiting_.empty() || !loading_.empty() || !newly_finished_.empty();
+  }
 
-  const kvcache::BlockPool& block_pool() const { return block_pool_; }
-  // Blocks in the prefix index (in use by a sequence, or free but still holding indexed content).
-  int64_t num_cached_blocks() const { return static_cast<int64_t>(cached_block_of_.size()); }
-  // Every hash in the prefix index.
-  std::vector<kvcache::BlockHash> cached_hashes() const;
-  // The indexed block holding `hash`, or nullopt.
-  std::optional<kvcache::BlockId> cached_block(const kvcache::BlockHash& hash) const;
+  const kvcache::BlockPool& block_pool() const { return cache_->pool(); }
+  // Cached blocks on device (in use by a sequence, or free but still holding indexed content).
+  int64_t num_cached_blocks() const { return cache_->num_cached_device_blocks(); }
+  // Every hash cached on device.
+  std::vector<kvcache::BlockHash> cached_hashes() const { return cache_->blocks_in(kvcache::Tier::kDevice); }
+  // The device block caching `hash`, or nullopt.
+  std::optional<kvcache::BlockId> cached_block(const kvcache::BlockHash& hash) const {
+    return cache_->device_block_of(hash);
+  }
   // Lifetime totals: prompt (and recompute) tokens looked up at admission, and those found in the cache.
   int64_t num_prefix_query_tokens() const { return num_prefix_query_tokens_; }
   int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
@@ -195,11 +183,11 @@ class Scheduler {
   int64_t num_prefix_loaded_tokens() const { return num_prefix_loaded_tokens_; }
   // Full blocks looked up at admission (the last token's block excluded): hits plus misses.
   int64_t num_prefix_query_blocks() const { return num_prefix_query_blocks_; }
-  int64_t num_device_evicted_blocks() const { return num_device_evicted_blocks_; }
+  int64_t num_device_evicted_blocks() const { return cache_->counters().device_evicted_blocks; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
-  explicit Scheduler(const SchedulerConfig& config);
+  Scheduler(const SchedulerConfig& config, std::unique_ptr<kvcache::KvCacheManager> cache);
 
   SequenceState& state(SequenceId id);
   // Why `seq` can never be scheduled, or nullopt when it can.
@@ -210,38 +198,30 @@ class Scheduler {
   // Grows seq's block table to cover `end_position` tokens. REQUIRES: enough free blocks.
   void allocate_blocks(SequenceState& seq, int64_t end_position);
   ScheduledEntry make_entry(const SequenceState& seq, int64_t num_new_tokens) const;
-  // The indexed blocks of the longest cached prefix of seq's tokens, excluding the block of its last token.
-  std::vector<kvcache::BlockId> match_prefix(SequenceState& seq);
-  // Adds seq's full computed blocks to the index (those not added yet) and writes them through to the lower
-  // tiers.
+  // The longest cached prefix of seq's tokens, excluding the block of its last token (extends seq.block_hashes
+  // to that bound).
+  kvcache::KvCacheManager::PrefixMatch match_prefix(SequenceState& seq);
+  // The full blocks a lookup may reuse: never the block of the last token.
+  static int64_t max_prefix_blocks(const SequenceState& seq);
+  // Adds seq's full computed blocks to the prefix cache (which writes them through to the lower tiers).
   void register_computed_blocks(SequenceState& seq);
-  // How many blocks after the `device_blocks` matched on device the lower tiers hold (bounded like
-  // match_prefix). REQUIRES: match_prefix(seq) ran (seq.block_hashes covers the bound).
-  int64_t match_lower_tiers(const SequenceState& seq, int64_t device_blocks);
-  // Takes a block from the pool, dropping it from the index when it held cached content.
+  // Takes a block from the cache (a free one, or one the cache evicts). REQUIRES: num_free_blocks() > 0.
   kvcache::BlockId allocate_block();
+  // An admitted sequence's cached prefix is in place (resident, or its loads arrived): keep what is usable,
+  // count the hit and make it running at the tail of running_.
+  void start_running(SequenceState& seq);
 
   SchedulerConfig config_;
-  kvcache::BlockPool block_pool_;
+  std::unique_ptr<kvcache::KvCacheManager> cache_;
   std::unordered_map<SequenceId, SequenceState> sequences_;  // live ones: not yet reported as finished
   std::vector<SequenceId> running_;                          // admission order; the tail is preempted first
   std::deque<SequenceId> waiting_;                           // FCFS; preempted ones pushed at the front
+  std::vector<SequenceId> loading_;                          // kLoadingKv, in admission order
   std::vector<SequenceId> newly_finished_;                   // to report in the next batch, in finish order
-  // The prefix index: hash -> block, and block -> hash for eviction on reallocation.
-  std::unordered_map<kvcache::BlockHash, kvcache::BlockId, kvcache::BlockHashHasher> cached_block_of_;
-  std::unordered_map<kvcache::BlockId, kvcache::BlockHash> hash_of_block_;
   int64_t num_prefix_query_tokens_ = 0;
   int64_t num_prefix_hit_tokens_ = 0;
   int64_t num_prefix_loaded_tokens_ = 0;
   int64_t num_prefix_query_blocks_ = 0;
-  int64_t num_device_evicted_blocks_ = 0;
-  LowerTiers* lower_tiers_ = nullptr;
-  kvcache::KvEventSink* kv_events_ = nullptr;
-  std::string kv_event_medium_;
-  // Records `hash` -> `block` in the index and reports it (chained from `parent`, holding `tokens`).
-  // REQUIRES: neither is indexed yet.
-  void index_block(const kvcache::BlockHash& hash, const kvcache::BlockHash& parent, std::span<const TokenId> tokens,
-                   kvcache::BlockId block);
   uint64_t last_step_ = 0;
   bool last_step_updated_ = true;
 };

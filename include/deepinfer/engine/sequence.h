@@ -21,6 +21,7 @@ using SequenceId = int64_t;  // chosen by the caller, unique among the scheduler
 enum class SequenceStatus {
   kWaiting,    // in the waiting queue, never admitted; holds no blocks
   kRunning,    // admitted; holds blocks for its num_computed_tokens (and this step's tokens once scheduled)
+  kLoadingKv,  // admitted; its cached prefix's blocks are being loaded from host or disk; computes nothing yet
   kPreempted,  // was running, released its blocks, back in the waiting queue to recompute from token 0
   kFinished,   // done; holds no blocks; reported once in a ScheduledBatch, then forgotten
 };
@@ -39,6 +40,8 @@ constexpr std::string_view sequence_status_name(SequenceStatus status) {
       return "waiting";
     case SequenceStatus::kRunning:
       return "running";
+    case SequenceStatus::kLoadingKv:
+      return "loading_kv";
     case SequenceStatus::kPreempted:
       return "preempted";
     case SequenceStatus::kFinished:
@@ -98,6 +101,10 @@ struct SequenceState {
   // of its tokens), and how many of its leading blocks were offered to the prefix index.
   std::vector<kvcache::BlockHash> block_hashes;
   int64_t num_registered_blocks = 0;
+  // The prefix cache's nodes of the blocks in block_table it caches (leading ones), each pinned once by this
+  // sequence; and, at admission, how many of them were resident on device (the rest were loaded).
+  std::vector<kvcache::NodeId> cache_nodes;
+  int64_t num_resident_prefix_blocks = 0;
   // Prompt tokens whose KV came from the prefix cache at first admission (a multiple of kBlockTokens), and
   // of those, the ones loaded from a tier below the device.
   int64_t num_cached_tokens = 0;

@@ -28,9 +28,10 @@ constexpr int64_t blocks_for_tokens(int64_t num_tokens) { return (num_tokens + k
 // Several owners may share one block (the radix prefix cache shares a prompt's full blocks between
 // requests): each owner retains it once and releases it once; the block is free again after the last release.
 //
-// The free list is ordered: allocate() takes the least recently freed block and release() appends at the
-// tail, so a block freed long ago is reused first. This is the eviction order a prefix cache wants for blocks
-// whose content it still indexes; reclaim() lets such a cache take a specific free block back in O(1).
+// A block may be marked cached (the prefix cache indexes its content, kvcache_manager.h). A free block sits on
+// one of two ordered free lists: plain free blocks, which allocate() takes (least recently freed first), and
+// free cached ones, which allocate() never takes: the prefix cache decides which of them to evict (unmark, after
+// which the block is plainly free) or revives one with reclaim(). Both count in num_free().
 // Everything is deterministic: the same calls give the same ids.
 //
 // Thread-safety: not thread-safe; the engine thread owns the pool.
@@ -39,9 +40,14 @@ class BlockPool {
   // All `num_blocks` blocks start free, in id order. REQUIRES: num_blocks >= 0.
   explicit BlockPool(int32_t num_blocks);
 
-  // Takes the least recently freed block and sets its count to 1. std::nullopt when no block is free: an
-  // expected condition (the scheduler preempts or waits), not an error. O(1).
+  // Takes the least recently freed block that is not cached and sets its count to 1. std::nullopt when there
+  // is none: an expected condition (the cache evicts, the scheduler preempts or waits), not an error. O(1).
   std::optional<BlockId> allocate();
+
+  // Marks a block's content as indexed by the prefix cache (or not). A free block moves to the tail of the
+  // other free list. O(1). REQUIRES: 0 <= id < num_total().
+  void set_cached(BlockId id, bool cached);
+  bool is_cached(BlockId id) const { return cached_[static_cast<size_t>(id)] != 0; }
 
   // Adds an owner to an in-use block (count + 1). O(1).
   // Errors: InvalidArgument when `id` is out of range; Internal when the block is free (retaining a free
@@ -62,7 +68,9 @@ class BlockPool {
   int32_t ref_count(BlockId id) const;
   bool is_free(BlockId id) const { return ref_count(id) == 0; }
 
-  int32_t num_free() const { return num_free_; }
+  int32_t num_free() const { return num_free_[0] + num_free_[1]; }
+  // Free blocks allocate() can take at once (not cached).
+  int32_t num_free_uncached() const { return num_free_[0]; }
   int32_t num_total() const { return static_cast<int32_t>(ref_counts_.size()); }
   int32_t num_used() const { return num_total() - num_free(); }
 
@@ -73,13 +81,14 @@ class BlockPool {
   void unlink_free(BlockId id);
 
   std::vector<int32_t> ref_counts_;  // [num_blocks]
-  // The free list, doubly linked through the block ids: next_free_[id] / prev_free_[id] are meaningful only
-  // while block `id` is free.
+  std::vector<uint8_t> cached_;      // [num_blocks]; selects the free list a free block is on
+  // The free lists (0: plain, 1: cached), doubly linked through the block ids: next_free_[id] / prev_free_[id]
+  // are meaningful only while block `id` is free.
   std::vector<BlockId> next_free_;
   std::vector<BlockId> prev_free_;
-  BlockId free_head_ = kNone;
-  BlockId free_tail_ = kNone;
-  int32_t num_free_ = 0;
+  BlockId free_head_[2] = {kNone, kNone};
+  BlockId free_tail_[2] = {kNone, kNone};
+  int32_t num_free_[2] = {0, 0};
 };
 
 }  // namespace deepinfer::kvcache

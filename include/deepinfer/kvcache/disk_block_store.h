@@ -42,6 +42,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "deepinfer/core/status.h"
 #include "deepinfer/kvcache/block_hash.h"
@@ -167,6 +168,14 @@ class DiskBlockStore {
   DiskBlockStoreStats stats() const;
   // Every indexed block as (hash, parent), least recently used first (the KV-event snapshot after a restart).
   std::vector<std::pair<BlockHash, BlockHash>> list_blocks() const;
+  // Every indexed block with its parent and expiry (Unix ms, 0: never), least recently used first: what the
+  // prefix cache rebuilds its disk tier from after a restart.
+  struct ListedBlock {
+    BlockHash hash;
+    BlockHash parent;
+    int64_t expires_at_unix_ms = 0;
+  };
+  std::vector<ListedBlock> list_entries() const;
   // From now on, every block entering the index is reported as BlockStored and every one leaving it as
   // BlockRemoved (medium "DISK"), under the store's lock so the order matches the index. Not owned; must
   // outlive the store. Call before the store is shared.

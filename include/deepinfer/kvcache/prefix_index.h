@@ -139,6 +139,7 @@ struct CacheEvent {
   int32_t depth = 0;
   Tier tier = Tier::kDevice;
   BlockId device_block = kNoBlock;  // for kDevice: the block the copy occupies(d); the owner frees it on kRemoved
+  NodeId node = kNoNode;            // the node; on kRemoved of its last tier the id is dead once the call returns
 };
 using CacheEventListener = std::function<void(const CacheEvent&)>;
 
@@ -207,6 +208,12 @@ class PrefixIndex {
   Status set_device_block(NodeId node, BlockId block);
   // Marks more cache kinds complete. Errors: InvalidArgument for a dead id.
   Status add_kinds(NodeId node, CacheKindSet kinds);
+  // Sets a node's expiry outright (a block recovered from disk keeps the expiry its file recorded).
+  // Errors: InvalidArgument for a dead id.
+  Status set_expiry(NodeId node, int64_t expiry_ms);
+  // Every node below `node` (children, their children, ...), deepest first: the order in which they may leave
+  // their tiers. O(nodes); for the rare path that drops a subtree whose root turned out corrupt.
+  std::vector<NodeId> descendants(NodeId node) const;
 
   // Whether remove_from_tier(node, tier) would succeed now. REQUIRES: a live id.
   bool can_remove_from_tier(NodeId node, Tier tier) const;
@@ -223,6 +230,8 @@ class PrefixIndex {
     return node >= 0 && static_cast<size_t>(node) < nodes_.size() && nodes_[static_cast<size_t>(node)].live;
   }
   int64_t num_nodes() const { return num_live_; }
+  // One past the largest node id ever used: live ids are the ones in [0, id_limit()) that contains().
+  NodeId id_limit() const { return static_cast<NodeId>(nodes_.size()); }
   int64_t num_in_tier(Tier tier) const { return num_in_tier_[tier_index(tier)]; }
   const RetentionConfig& retention() const { return retention_; }
 

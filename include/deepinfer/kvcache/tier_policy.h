@@ -61,6 +61,9 @@ struct TierPolicyConfig {
   int32_t block_tokens = kBlockTokens;      // tokens per block (512 in the Mooncake traces)
   RetentionConfig retention = RetentionConfig::defaults();
   bool write_through_to_host = true;          // copy each completed block to host at once
+  // Copy each completed block to disk at once too (the engine's choice: a kill -9 then loses no block), rather
+  // than only when host evicts it.
+  bool write_through_to_disk = false;
   CacheKindSet required_kinds = kLatentOnly;  // what a lookup needs for a block to count
   // Validates everything: InvalidArgument naming the field, value and limit.
   Status validate() const;
@@ -156,6 +159,10 @@ class TierPolicy {
   // write-through; stops at the first block that no tier admits and the index lacks. Pins every returned
   // node once. REQUIRES: known ttl_class.
   InsertResult insert(std::span<const BlockHash> chain, int64_t now_ms, TtlClassId ttl_class = kDefaultTtlClass);
+
+  // Evicts one candidate of `tier` now (demoting it first, as tick() does), paid from the tier's bucket: the
+  // engine's device pool asks for a block this way when no block is free. False when none may go.
+  bool evict_one_now(Tier tier, int64_t now_ms);
 
   // Unpins nodes returned by lookup() or insert() (once per time returned).
   // Errors: the index's unpin error for the first bad id; the ids before it are unpinned.
