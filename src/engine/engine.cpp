@@ -46,39 +46,8 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
   executor_ = std::make_unique<ModelExecutor>(*model_, layer_caches_, threads, config.parallel_sampling_min_logits);
 }
 
-Engine::~Engine() { scheduler_.cache().shutdown(); }
-
-KvTierStats Engine::kv_tier_stats() const {
-  KvTierStats stats = scheduler_.cache().counters();
-  stats.loaded_blocks = scheduler_.num_prefix_loaded_tokens() / kvcache::kBlockTokens;
-  return stats;
-}
-
-std::map<std::string, std::vector<kvcache::BlockHash>> Engine::kv_blocks_by_medium() const {
-  std::map<std::string, std::vector<kvcache::BlockHash>> out;
-  const kvcache::KvCacheManager& cache = scheduler_.cache();
-  out[std::string(device_medium())] = cache.blocks_in(kvcache::Tier::kDevice);
-  if (cache.has_lower_tiers()) {
-    out[std::string(kvcache::kMediumHost)] = cache.blocks_in(kvcache::Tier::kHost);
-    out[std::string(kvcache::kMediumDisk)] = cache.blocks_in(kvcache::Tier::kDisk);
-  }
-  return out;
-}
-
-std::string_view Engine::device_medium() const {
-  return backend_->name() == "cuda" ? kvcache::kMediumGpu : kvcache::kMediumDevice;
-}
-
-void Engine::flush_kv_tiers() { scheduler_.cache().flush(); }
-
-Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
-                                               std::unique_ptr<model::DeepSeekModel> model,
-                                               const EngineConfig& config) {
-  const model::ModelConfig& c = model->config();
-  EngineConfig resolved = config;
-  if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
-  // One block of every layer's cache, in the backend's cache dtype (float32 on CPU, bf16 on CUDA).
-  const int64_t block_bytes = static_cast<int64_t>(model->layer_block_bytes()) * c.num_hidden_layers;
+Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, int64_t block_bytes) {
+  if (block_bytes <= 0) return Status::invalid_argument("block_bytes must be > 0");
   const int64_t num_blocks = resolved.kv_cache_bytes / block_bytes;
   if (num_blocks < 1) {
     return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) +
@@ -135,10 +104,49 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
       cache_config.disk = std::move(disk);
     }
   }
+  return KvCachePlan{scheduler_config, std::move(cache_config)};
+}
+
+Engine::~Engine() { scheduler_.cache().shutdown(); }
+
+KvTierStats Engine::kv_tier_stats() const {
+  KvTierStats stats = scheduler_.cache().counters();
+  stats.loaded_blocks = scheduler_.num_prefix_loaded_tokens() / kvcache::kBlockTokens;
+  return stats;
+}
+
+std::map<std::string, std::vector<kvcache::BlockHash>> Engine::kv_blocks_by_medium() const {
+  std::map<std::string, std::vector<kvcache::BlockHash>> out;
+  const kvcache::KvCacheManager& cache = scheduler_.cache();
+  out[std::string(device_medium())] = cache.blocks_in(kvcache::Tier::kDevice);
+  if (cache.has_lower_tiers()) {
+    out[std::string(kvcache::kMediumHost)] = cache.blocks_in(kvcache::Tier::kHost);
+    out[std::string(kvcache::kMediumDisk)] = cache.blocks_in(kvcache::Tier::kDisk);
+  }
+  return out;
+}
+
+std::string_view Engine::device_medium() const {
+  return backend_->name() == "cuda" ? kvcache::kMediumGpu : kvcache::kMediumDevice;
+}
+
+void Engine::flush_kv_tiers() { scheduler_.cache().flush(); }
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
+                                               std::unique_ptr<model::DeepSeekModel> model,
+                                               const EngineConfig& config) {
+  const model::ModelConfig& c = model->config();
+  EngineConfig resolved = config;
+  if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
+  // One block of every layer's cache, in the backend's cache dtype (float32 on CPU, bf16 on CUDA).
+  const int64_t block_bytes = static_cast<int64_t>(model->layer_block_bytes()) * c.num_hidden_layers;
+  Result<KvCachePlan> plan = plan_kv_cache(resolved, block_bytes);
+  if (!plan.ok()) return plan.status();
+  SchedulerConfig scheduler_config = plan->scheduler;
   if (!resolved.kv_events_endpoint.empty() && !resolved.enable_prefix_caching) {
     return Status::invalid_argument("KV events need prefix caching; it is off");
   }
-  Result<std::unique_ptr<kvcache::KvCacheManager>> cache = kvcache::KvCacheManager::create(std::move(cache_config));
+  Result<std::unique_ptr<kvcache::KvCacheManager>> cache = kvcache::KvCacheManager::create(std::move(plan->cache));
   if (!cache.ok()) return cache.status();
   Result<Scheduler> scheduler = Scheduler::create(scheduler_config, std::move(cache).value());
   if (!scheduler.ok()) return scheduler.status();
