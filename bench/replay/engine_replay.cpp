@@ -99,7 +99,11 @@ Status run_engine_replay(const EngineReplayOptions& options, std::ostream& out) 
   config.max_num_seqs = options.max_num_seqs;
   config.kv_cache_bytes = options.device_blocks * options.block_bytes;
   config.host_cache_bytes = options.host_blocks * options.block_bytes;
-  Result<engine::KvCachePlan> plan = engine::plan_kv_cache(config, options.block_bytes);
+  if (options.block_bytes % kvcache::kBlockTokens != 0) {
+    return Status::invalid_argument("--block-bytes must be a multiple of 64 (one block of 64 tokens)");
+  }
+  Result<engine::KvCachePlan> plan =
+      engine::plan_kv_cache(config, kvcache::CacheLayout::latent_only(1, options.block_bytes / kvcache::kBlockTokens));
   if (!plan.ok()) return plan.status();
   Result<std::unique_ptr<kvcache::KvCacheManager>> cache = kvcache::KvCacheManager::create(plan->cache);
   if (!cache.ok()) return cache.status();

@@ -1,4 +1,5 @@
 // Engine step: schedule, execute (forward + sample), update; plus request admission and cancellation.
+#include "deepinfer/core/check.h"
 #include "deepinfer/engine/engine.h"
 
 #include "model_executor.h"
@@ -46,8 +47,9 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
   executor_ = std::make_unique<ModelExecutor>(*model_, layer_caches_, threads, config.parallel_sampling_min_logits);
 }
 
-Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, int64_t block_bytes) {
-  if (block_bytes <= 0) return Status::invalid_argument("block_bytes must be > 0");
+Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::CacheLayout& layout) {
+  if (Status status = layout.validate(); !status.ok()) return status;
+  const int64_t block_bytes = layout.block_bytes();
   const int64_t num_blocks = resolved.kv_cache_bytes / block_bytes;
   if (num_blocks < 1) {
     return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) +
@@ -104,6 +106,7 @@ Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, int64_t block_by
       cache_config.disk = std::move(disk);
     }
   }
+  cache_config.layout = layout;
   return KvCachePlan{scheduler_config, std::move(cache_config)};
 }
 
@@ -140,7 +143,14 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
   // One block of every layer's cache, in the backend's cache dtype (float32 on CPU, bf16 on CUDA).
   const int64_t block_bytes = static_cast<int64_t>(model->layer_block_bytes()) * c.num_hidden_layers;
-  Result<KvCachePlan> plan = plan_kv_cache(resolved, block_bytes);
+  kvcache::CacheLayout layout;
+  for (const model::DeepSeekModel::CachedKind& kind : model->cached_kinds()) {
+    Result<kvcache::CacheKind> id = kvcache::CacheLayout::kind_from_name(kind.name);
+    if (!id.ok()) return id.status();
+    layout.kinds.push_back({*id, kind.name, kind.num_layers, kind.token_bytes, kind.window_tokens});
+  }
+  DEEPINFER_CHECK(layout.block_bytes() == block_bytes, "the layout sizes the blocks the model writes");
+  Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
   if (!plan.ok()) return plan.status();
   SchedulerConfig scheduler_config = plan->scheduler;
   if (!resolved.kv_events_endpoint.empty() && !resolved.enable_prefix_caching) {

@@ -7,6 +7,7 @@
 #include <deque>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "deepinfer/core/check.h"
 
@@ -53,10 +54,21 @@ Status KvCacheConfig::validate() const {
     return Status::invalid_argument("KvCacheConfig: host_evict_bytes_per_s is " +
                                     std::to_string(host_evict_bytes_per_s) + "; it must be positive");
   }
+  if (layout.has_value()) {
+    if (Status status = layout->validate(); !status.ok()) return status;
+    if (block_bytes > 0 && static_cast<int64_t>(block_bytes) != layout->block_bytes()) {
+      return Status::invalid_argument("KvCacheConfig: block_bytes " + std::to_string(block_bytes) +
+                                      " differs from the cache layout's " + std::to_string(layout->block_bytes()));
+    }
+  }
   return retention.validate();
 }
 
-KvCacheManager::KvCacheManager(KvCacheConfig config) : config_(std::move(config)), pool_(config_.num_device_blocks) {}
+KvCacheManager::KvCacheManager(KvCacheConfig config)
+    : config_(std::move(config)),
+      layout_(config_.layout.value_or(CacheLayout::latent_only(1, std::max<int64_t>(
+                                                                   static_cast<int64_t>(config_.block_bytes) / kBlockTokens, 1)))),
+      pool_(config_.num_device_blocks) {}
 
 Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(KvCacheConfig config) {
   if (Status status = config.validate(); !status.ok()) return status;
@@ -74,6 +86,7 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(KvCacheConfig con
   policy.retention = config.retention;
   policy.write_through_to_host = true;
   policy.write_through_to_disk = config.disk.has_value();
+  policy.required_kinds = config.layout.has_value() ? config.layout->full_kinds() : kLatentOnly;
   Result<TierPolicy> created = TierPolicy::create(std::move(policy));
   if (!created.ok()) return created.status();
 
@@ -130,6 +143,7 @@ KvCacheManager::~KvCacheManager() { shutdown(); }
 
 void KvCacheManager::shutdown() {
   if (!mover_) return;
+  mover_->submit(std::exchange(submissions_, {}));
   mover_->drain();
   take_completions(mover_->poll());
   mover_.reset();
@@ -189,13 +203,20 @@ uint64_t KvCacheManager::submit(Transfer transfer, NodeId node) {
                                                     transfer.kind == Transfer::Kind::kHostToDevice ||
                                                     transfer.kind == Transfer::Kind::kDiskToDevice ||
                                                     (transfer.kind == Transfer::Kind::kToDisk && !transfer.host));
-  const uint64_t id = mover_->submit(std::move(transfer));
+  const uint64_t id = next_transfer_id_++;
+  transfer.id = id;
+  submissions_.push_back(std::move(transfer));
   if (touches_device) {
     ++block_transfers_[block];
     transfer_block_[id] = block;
   }
   transfer_node_[id] = node;
   return id;
+}
+
+void KvCacheManager::flush_submissions() {
+  // Never wait on the step thread for the mover's lock: what does not go now goes at the next call.
+  if (mover_ && !submissions_.empty()) (void)mover_->try_submit(submissions_);
 }
 
 void KvCacheManager::on_event(const CacheEvent& event) {
@@ -241,6 +262,7 @@ void KvCacheManager::on_event(const CacheEvent& event) {
         if (auto device = device_block_.find(event.hash); device != device_block_.end()) {
           fill.kind = Transfer::Kind::kDeviceToHost;  // write-through or demotion
           fill.block = device->second;
+          fill.urgent = true;
         } else {
           fill.kind = Transfer::Kind::kDiskToHost;  // a load-back passing through host
         }
@@ -387,16 +409,32 @@ void KvCacheManager::drop_failed_subtrees() {
   }
 }
 
+size_t KvCacheManager::usable_match(std::span<const NodeId> matched) const {
+  const CacheKindSet window = layout_.window_kinds();
+  if (window.empty()) return matched.size();
+  const int64_t replay = std::min<int64_t>(layout_.replay_blocks(), static_cast<int64_t>(matched.size()));
+  std::vector<bool> present;
+  for (size_t i = matched.size() - static_cast<size_t>(replay); i < matched.size(); ++i) {
+    present.push_back(policy_->index().node(matched[i]).kinds.contains_all(window));
+  }
+  return static_cast<size_t>(layout_.usable_blocks(static_cast<int64_t>(matched.size()), present));
+}
+
 std::optional<BlockId> KvCacheManager::allocate() {
   if (std::optional<BlockId> block = pool_.allocate()) return block;
   if (!config_.enable_prefix_caching) return std::nullopt;
   const int64_t now = now_ms();
   while (pool_.num_free_uncached() == 0 && policy_->evict_one_now(Tier::kDevice, now)) {
   }
+  flush_submissions();  // the demotions' copies
   if (std::optional<BlockId> block = pool_.allocate()) return block;
-  if (!draining_.empty() && mover_) {
-    flush();  // only evicted blocks still being copied out are left: wait for the copies
-    return pool_.allocate();
+  // Only evicted blocks still being copied out are left: wait for those copies (they run ahead of the queue),
+  // not for the whole queue.
+  while (!draining_.empty() && mover_) {
+    mover_->submit(std::exchange(submissions_, {}));
+    mover_->wait(std::chrono::milliseconds(5));
+    take_completions(mover_->poll());
+    if (std::optional<BlockId> block = pool_.allocate()) return block;
   }
   return std::nullopt;
 }
@@ -415,7 +453,9 @@ KvCacheManager::PrefixMatch KvCacheManager::match(std::span<const BlockHash> cha
   PrefixMatch result;
   if (!config_.enable_prefix_caching || chain.empty()) return result;
   const PrefixIndex& index = policy_->index();
-  for (NodeId id : index.match(chain, now_ms(), policy_->config().required_kinds)) {
+  std::vector<NodeId> matched = index.match(chain, now_ms(), policy_->config().required_kinds);
+  matched.resize(usable_match(matched));
+  for (NodeId id : matched) {
     const PrefixNode& node = index.node(id);
     if (result.lower_blocks == 0 && node.tiers.has(Tier::kDevice)) {
       ++result.device_blocks;
@@ -434,7 +474,9 @@ KvCacheManager::Admission KvCacheManager::admit(std::span<const BlockHash> chain
   const int64_t now = now_ms();
   PrefixIndex& index = policy_->mutable_index();
   // Reserve the blocks the loads will fill, with the prefix pinned so the reservation cannot evict it.
-  const std::vector<NodeId> matched = index.match(chain, now, policy_->config().required_kinds);
+  std::vector<NodeId> matched = index.match(chain, now, policy_->config().required_kinds);
+  const size_t max_hit = usable_match(matched);
+  matched.resize(max_hit);
   size_t device = 0;
   while (device < matched.size() && index.node(matched[device]).tiers.has(Tier::kDevice)) ++device;
   for (NodeId id : matched) DEEPINFER_CHECK(index.pin(id).ok());
@@ -455,7 +497,7 @@ KvCacheManager::Admission KvCacheManager::admit(std::span<const BlockHash> chain
   context_.reserved = &reserved;
   context_.tokens = tokens;
   context_.loaded = &admission.loaded_blocks;
-  LookupResult lookup = policy_->lookup(looked_up, prompt_tokens, now, ttl_class);
+  LookupResult lookup = policy_->lookup(looked_up, prompt_tokens, now, ttl_class, max_hit);
   context_ = {};
   for (size_t i = 0; i < lookup.nodes.size(); ++i) {
     const BlockId block = device_block_.at(index.node(lookup.nodes[i]).hash);
@@ -465,6 +507,7 @@ KvCacheManager::Admission KvCacheManager::admit(std::span<const BlockHash> chain
   }
   admission.nodes = std::move(lookup.nodes);
   for (BlockId block : reserved) release(block);  // loads the lookup did not need
+  flush_submissions();
   return admission;
 }
 
@@ -500,6 +543,15 @@ std::vector<NodeId> KvCacheManager::insert(std::span<const BlockHash> chain, std
   context_.tokens = tokens;
   InsertResult result = policy_->insert(chain, now_ms(), ttl_class);
   context_ = {};
+  // The window kinds hold the last window of what was computed: the trailing blocks have them.
+  const CacheKindSet window = layout_.window_kinds();
+  if (!window.empty() && result.nodes.size() == chain.size()) {
+    const size_t replay = static_cast<size_t>(layout_.replay_blocks());
+    for (size_t i = result.nodes.size() > replay ? result.nodes.size() - replay : 0; i < result.nodes.size(); ++i) {
+      (void)policy_->mutable_index().add_kinds(result.nodes[i], window);
+    }
+  }
+  flush_submissions();
   return std::move(result.nodes);
 }
 
@@ -508,18 +560,21 @@ void KvCacheManager::release_nodes(std::span<const NodeId> nodes) {
   Status status = policy_->release(nodes);
   DEEPINFER_CHECK(status.ok(), "the index agrees with the pool");
   drop_failed_subtrees();  // a failed block leaves as soon as nobody pins it, before anyone recomputes it
+  flush_submissions();
 }
 
 void KvCacheManager::tick() {
   if (!config_.enable_prefix_caching) return;
-  if (mover_) take_completions(mover_->poll());
+  if (mover_) take_completions(mover_->poll(/*wait_for_lock=*/false));
   drop_failed_subtrees();
   context_ = {};
   policy_->tick(now_ms());
+  flush_submissions();
 }
 
 bool KvCacheManager::wait_for_transfers(std::chrono::milliseconds timeout) {
   if (!mover_) return false;
+  mover_->submit(std::exchange(submissions_, {}));
   const bool arrived = mover_->wait(timeout);
   take_completions(mover_->poll());
   return arrived;
@@ -527,6 +582,7 @@ bool KvCacheManager::wait_for_transfers(std::chrono::milliseconds timeout) {
 
 void KvCacheManager::flush() {
   if (!mover_) return;
+  mover_->submit(std::exchange(submissions_, {}));
   mover_->drain();
   take_completions(mover_->poll());
 }
@@ -584,7 +640,7 @@ KvCacheCounters KvCacheManager::counters() const {
       lower.disk.bytes_read = disk_bytes_read_;
       lower.disk_recovery = disk_->recovery();
     }
-    lower.disk_queue_blocks = mover_ ? mover_->queued() : 0;
+    lower.disk_queue_blocks = (mover_ ? mover_->queued() : 0) + static_cast<int64_t>(submissions_.size());
     out.lower = lower;
   }
   return out;

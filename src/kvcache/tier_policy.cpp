@@ -194,10 +194,11 @@ bool TierPolicy::evict(NodeId node, Tier tier, int64_t now_ms, TickResult* resul
 }
 
 LookupResult TierPolicy::lookup(std::span<const BlockHash> chain, int64_t prompt_tokens, int64_t now_ms,
-                                TtlClassId ttl_class) {
+                                TtlClassId ttl_class, size_t max_hit_blocks) {
   DEEPINFER_CHECK(ttl_class < config_.retention.classes.size() && prompt_tokens >= 0);
   LookupResult result;
   std::vector<NodeId> matched = index_.match(chain, now_ms, config_.required_kinds);
+  if (matched.size() > max_hit_blocks) matched.resize(max_hit_blocks);
   // Pin the whole match first: loading one block back may evict from device, and must not evict the rest.
   for (NodeId node : matched) {
     Status status = index_.pin(node);

@@ -475,6 +475,13 @@ size_t DeepSeekModel::layer_block_bytes() const {
   return static_cast<size_t>(kBlockTokens * config_.kv_cache_dim()) * backend::dtype_size(backend_.cache_dtype());
 }
 
+std::vector<DeepSeekModel::CachedKind> DeepSeekModel::cached_kinds() const {
+  return {CachedKind{"latent", static_cast<int32_t>(config_.num_hidden_layers),
+                     static_cast<int64_t>(config_.kv_cache_dim()) *
+                         static_cast<int64_t>(backend::dtype_size(backend_.cache_dtype())),
+                     0}};
+}
+
 Result<std::vector<Buffer>> DeepSeekModel::make_layer_caches(int64_t num_blocks) const {
   std::vector<Buffer> caches;
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {

@@ -290,6 +290,61 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
   EXPECT_TRUE(reopened->blocks_in(Tier::kDisk).empty());
 }
 
+// A fake model caching two kinds: the latent of every token (2 layers) and a sliding window of 128 tokens
+// (1 layer), as V4's window layers do. A prefix is reused when its blocks hold the latent and its last two
+// blocks hold the window too; otherwise the hit ends before that window, which is recomputed.
+CacheLayout two_kind_layout() {
+  return CacheLayout{{CacheKindSpec{CacheKind::kLatent, "latent", 2, 1, 0},
+                      CacheKindSpec{CacheKind::kSlidingWindow, "sliding_window", 1, 2, 128}}};
+}
+
+TEST(KvCacheManagerTest, AFakeTwoKindModelReusesAPrefixOnlyWithItsLastWindowAndReplaysItOtherwise) {
+  const CacheLayout layout = two_kind_layout();
+  ASSERT_TRUE(layout.validate().ok());
+  EXPECT_EQ(layout.block_bytes(), (2 * 1 + 1 * 2) * kBlockTokens);
+  EXPECT_EQ(layout.replay_blocks(), 2);
+  EXPECT_EQ(layout.full_kinds(), CacheKindSet{CacheKind::kLatent});
+  int64_t clock = 1'000'000;
+  KvCacheConfig config = cache_config(32, 0, &clock);
+  config.block_bytes = static_cast<size_t>(layout.block_bytes());
+  config.layout = layout;
+  auto cache = std::move(KvCacheManager::create(config)).value();
+  KvCacheManager* manager = cache.get();
+  FakeDevice device(32);
+  SchedulerConfig sc = scheduler_config(32);
+  Scheduler scheduler = std::move(Scheduler::create(sc, std::move(cache))).value();
+
+  // Sequence 1 caches 5 full blocks (320 prompt tokens); its last two hold the window kind.
+  ASSERT_TRUE(scheduler.add(request(1, 100, 320, 1)).ok());
+  run_to_end(scheduler, device, 10);
+  const std::vector<BlockHash> chain = block_hash_chain(request(1, 100, 320, 1).prompt_token_ids, {3, 4});
+  const PrefixIndex& index = manager->policy().index();
+  std::vector<NodeId> path = index.match(chain, clock, CacheKindSet{CacheKind::kLatent});
+  ASSERT_EQ(path.size(), 5u);
+  for (size_t b = 0; b < 5; ++b) {
+    EXPECT_EQ(index.node(path[b]).kinds.has(CacheKind::kSlidingWindow), b >= 3) << "block " << b;
+  }
+
+  // The same 320 tokens and more: the prefix ends at block 4, whose window is there: all 5 blocks reused.
+  SequenceRequest longer = request(2, 100, 384, 1);
+  ASSERT_TRUE(scheduler.add(longer).ok());
+  ScheduledBatch batch = step(scheduler, device, 20);
+  ASSERT_EQ(batch.entries.size(), 1u);
+  EXPECT_EQ(batch.entries[0].start_position, 320);
+  run_to_end(scheduler, device, 20);
+
+  // The first 256 tokens, then others: the prefix ends at block 3, but block 2 lacks the window: the hit ends
+  // before the window (blocks 2 and 3 are recomputed, rebuilding it).
+  SequenceRequest branch = request(3, 100, 256, 1);
+  for (int i = 0; i < 64; ++i) branch.prompt_token_ids.push_back(9000 + i);
+  EXPECT_EQ(manager->match(block_hash_chain(branch.prompt_token_ids, {3, 4})).device_blocks, 2);
+  ASSERT_TRUE(scheduler.add(branch).ok());
+  batch = step(scheduler, device, 30);
+  ASSERT_EQ(batch.entries.size(), 1u);
+  EXPECT_EQ(batch.entries[0].start_position, 128);
+  EXPECT_EQ(scheduler.find(3)->num_cached_tokens, 128);
+}
+
 TEST(KvCacheManagerTest, ConfigErrorsNameTheField) {
   int64_t clock = 0;
   struct Case {
@@ -307,6 +362,13 @@ TEST(KvCacheManagerTest, ConfigErrorsNameTheField) {
   KvCacheConfig off = cache_config(4, 4, &clock);
   off.enable_prefix_caching = false;
   cases.push_back({off, "prefix caching"});
+  KvCacheConfig wrong_bytes = cache_config(4, 0, &clock);
+  wrong_bytes.layout = two_kind_layout();
+  cases.push_back({wrong_bytes, "layout"});
+  KvCacheConfig only_window = cache_config(4, 0, &clock);
+  only_window.layout = CacheLayout{{CacheKindSpec{CacheKind::kSlidingWindow, "sliding_window", 1, 2, 128}}};
+  only_window.block_bytes = 128;
+  cases.push_back({only_window, "keep every token"});
   for (const Case& c : cases) {
     Result<std::unique_ptr<KvCacheManager>> created = KvCacheManager::create(c.config);
     ASSERT_FALSE(created.ok()) << c.field;

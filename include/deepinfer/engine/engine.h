@@ -51,15 +51,16 @@ struct EngineConfig {
   int64_t parallel_sampling_min_logits = int64_t{1} << 21;
 };
 
-// What an engine config makes of the scheduler and the prefix cache for KV blocks of `block_bytes` bytes (one
-// block of every layer): the block count from kv_cache_bytes, the host and disk tiers, the retention classes.
+// What an engine config makes of the scheduler and the prefix cache for a model caching `layout` (its blocks'
+// bytes: one block of every layer, every kind): the block count from kv_cache_bytes, the host and disk tiers,
+// the retention classes.
 // Engine::create uses it; so does the offline replay of a live trace (bench/replay/engine_replay.h), which runs
 // the same scheduler and cache with no model. Errors: InvalidArgument naming the setting that cannot work.
 struct KvCachePlan {
   SchedulerConfig scheduler;
   kvcache::KvCacheConfig cache;
 };
-Result<KvCachePlan> plan_kv_cache(const EngineConfig& config, int64_t block_bytes);
+Result<KvCachePlan> plan_kv_cache(const EngineConfig& config, const kvcache::CacheLayout& layout);
 
 // The prefix cache's state per tier, for metrics (kvcache::KvCacheManager::counters()).
 using KvTierStats = kvcache::KvCacheCounters;

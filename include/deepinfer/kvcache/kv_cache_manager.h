@@ -40,6 +40,7 @@
 #include "deepinfer/core/types.h"
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/kvcache/block_pool.h"
+#include "deepinfer/kvcache/cache_layout.h"
 #include "deepinfer/kvcache/disk_block_store.h"
 #include "deepinfer/kvcache/kv_events.h"
 #include "deepinfer/kvcache/prefix_index.h"
@@ -52,6 +53,9 @@ struct KvCacheConfig {
   int32_t num_device_blocks = 0;      // the device pool; REQUIRES >= 1
   bool enable_prefix_caching = true;  // off: a plain block pool, nothing indexed or matched
   size_t block_bytes = 0;             // one block's payload (all layers); REQUIRES > 0 with a host tier
+  // The kinds the model caches (cache_layout.h); empty: the MLA latent only. Its block_bytes() must equal
+  // block_bytes when both are set.
+  std::optional<CacheLayout> layout;
   int64_t host_blocks = 0;            // 0: no host tier
   double host_high_watermark = 0.95;  // TierConfig's meaning
   double host_low_watermark = 0.90;
@@ -141,7 +145,9 @@ class KvCacheManager {
     int64_t lower_blocks = 0;        // blocks after them held only by host or disk
     int64_t device_free_blocks = 0;  // of the device ones, those no sequence uses (reviving them takes free blocks)
   };
-  // The longest live cached prefix of `chain`. Index only: changes and counts nothing.
+  // The longest live cached prefix of `chain` that may be reused: every block holds the layout's full kinds,
+  // and the last replay_blocks() hold its window kinds (else the hit ends before them, cache_layout.h).
+  // Index only: changes and counts nothing.
   PrefixMatch match(std::span<const BlockHash> chain) const;
 
   struct Admission {
@@ -205,13 +211,18 @@ class KvCacheManager {
 
   explicit KvCacheManager(KvCacheConfig config);
   void on_event(const CacheEvent& event);
+  // Queues a transfer (sent to the mover by flush_submissions(), once per manager call).
   uint64_t submit(transfer::Transfer transfer, NodeId node);
+  void flush_submissions();
   void take_completions(std::vector<transfer::TransferResult> results);
   void drop_failed_subtrees();
+  // How many of the matched nodes may be reused under the layout's bounded-replay rule.
+  size_t usable_match(std::span<const NodeId> matched) const;
   std::span<const TokenId> event_tokens(const CacheEvent& event) const;
   std::string_view medium(Tier tier) const;
 
   KvCacheConfig config_;
+  CacheLayout layout_;
   BlockPool pool_;
   std::unique_ptr<TierPolicy> policy_;
   std::unique_ptr<DiskBlockStore> disk_;
@@ -235,6 +246,8 @@ class KvCacheManager {
   std::unordered_map<uint64_t, BlockId> transfer_block_;  // transfer id -> the device block it touches
   std::unordered_map<uint64_t, NodeId> transfer_node_;    // transfer id -> the node it moves
 
+  std::vector<transfer::Transfer> submissions_;
+  uint64_t next_transfer_id_ = 1;
   int64_t loaded_blocks_ = 0;
   int64_t failed_loads_ = 0;
   int64_t disk_write_failures_ = 0;

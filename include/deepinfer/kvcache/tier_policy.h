@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -151,8 +152,10 @@ class TierPolicy {
   // counts the lookup: `prompt_tokens` prompt tokens, chain.size() blocks (pass the trailing partial block's
   // hash too when the caller has one, as the trace does; the engine passes full blocks only).
   // REQUIRES: known ttl_class; prompt_tokens >= 0.
+  // `max_hit_blocks`: the hit ends there at the latest (the engine's bounded-replay rule for sliding-window
+  // kinds, cache_layout.h); the rest of the chain counts as missed.
   LookupResult lookup(std::span<const BlockHash> chain, int64_t prompt_tokens, int64_t now_ms,
-                      TtlClassId ttl_class = kDefaultTtlClass);
+                      TtlClassId ttl_class = kDefaultTtlClass, size_t max_hit_blocks = SIZE_MAX);
 
   // Caches the blocks of `chain` (whose KV the engine has just computed or holds): existing nodes are shared
   // and touched, new ones created; each block gets a device copy when device admits it and a host copy by

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
@@ -54,6 +55,15 @@ class DeepSeekModel {
   size_t weight_bytes() const;
   // Bytes of one cache block (64 tokens) of one layer in the backend's cache dtype.
   size_t layer_block_bytes() const;
+  // What the model caches per token, by kind: V2/V3 the MLA latent ("latent", every token) of every layer.
+  // The engine turns it into the prefix cache's layout (kvcache/cache_layout.h).
+  struct CachedKind {
+    std::string name;           // "latent", "indexer_key", "sliding_window", "compressed"
+    int32_t num_layers = 0;     // layers caching it
+    int64_t token_bytes = 0;    // per token per layer, in the backend's cache dtype
+    int32_t window_tokens = 0;  // 0: every token; > 0: only the last window
+  };
+  std::vector<CachedKind> cached_kinds() const;
   // Zero-filled per-layer caches of `num_blocks` blocks on the backend, for forward(). Errors: ResourceExhausted.
   Result<std::vector<backend::Buffer>> make_layer_caches(int64_t num_blocks) const;
 

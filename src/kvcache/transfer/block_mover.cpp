@@ -1,6 +1,9 @@
 // BlockMover: a FIFO of block transfers drained by one thread; completions are collected for the engine thread.
 #include "deepinfer/kvcache/transfer/block_mover.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <string>
 
@@ -8,10 +11,10 @@
 
 namespace deepinfer::kvcache::transfer {
 
-BlockMover::BlockMover(DeviceBlockIo* io, DiskBlockStore* disk, size_t block_bytes)
+BlockMover::BlockMover(DeviceBlockIo* io, DiskBlockStore* disk, size_t block_bytes, int workers)
     : io_(io), disk_(disk), block_bytes_(block_bytes) {
-  DEEPINFER_CHECK(block_bytes > 0);
-  thread_ = std::thread([this] { run(); });
+  DEEPINFER_CHECK(block_bytes > 0 && workers >= 1);
+  for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { run(); });
 }
 
 BlockMover::~BlockMover() {
@@ -20,26 +23,48 @@ BlockMover::~BlockMover() {
     stop_ = true;
   }
   work_cv_.notify_all();
-  thread_.join();
+  for (std::thread& thread : threads_) thread.join();
 }
 
 void BlockMover::set_device_io(DeviceBlockIo* io) { io_.store(io); }
 
-uint64_t BlockMover::submit(Transfer transfer) {
-  uint64_t id = 0;
-  {
-    std::lock_guard lock(mu_);
-    id = next_id_++;
-    queue_.emplace_back(id, std::move(transfer));
-    ++in_flight_;
+void BlockMover::submit(std::vector<Transfer> transfers) {
+  if (transfers.empty()) return;
+  std::unique_lock lock(mu_);
+  const size_t count = transfers.size();
+  enqueue_locked(transfers);
+  in_flight_ += static_cast<int64_t>(count);
+  const int32_t idle = idle_workers_;  // busy workers look at the queue when they finish: no wake-up needed
+  lock.unlock();
+  if (idle == 1 || count == 1) {
+    if (idle > 0) work_cv_.notify_one();
+  } else if (idle > 1) {
+    work_cv_.notify_all();
   }
-  work_cv_.notify_one();
-  return id;
 }
 
-std::vector<TransferResult> BlockMover::poll() {
-  std::lock_guard lock(mu_);
+bool BlockMover::try_submit(std::vector<Transfer>& transfers) {
+  if (transfers.empty()) return true;
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  const size_t count = transfers.size();
+  enqueue_locked(transfers);
+  transfers.clear();
+  in_flight_ += static_cast<int64_t>(count);
+  const int32_t idle = idle_workers_;
+  lock.unlock();
+  if (idle > 0) count == 1 || idle == 1 ? work_cv_.notify_one() : work_cv_.notify_all();
+  return true;
+}
+
+std::vector<TransferResult> BlockMover::poll(bool wait_for_lock) {
   std::vector<TransferResult> out;
+  std::unique_lock lock(mu_, std::defer_lock);
+  if (wait_for_lock) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return out;
+  }
   out.swap(completed_);
   return out;
 }
@@ -54,26 +79,57 @@ void BlockMover::drain() {
   done_cv_.wait(lock, [this] { return in_flight_ == 0; });
 }
 
-int64_t BlockMover::queued() const {
-  std::lock_guard lock(mu_);
-  return in_flight_;
+int64_t BlockMover::queued() const { return in_flight_.load(); }
+
+void BlockMover::enqueue_locked(std::vector<Transfer>& transfers) {
+  size_t front = 0;  // urgent ones keep their order among themselves, ahead of the rest
+  for (Transfer& transfer : transfers) {
+    const bool ahead = transfer.urgent && !queued_.contains(transfer.hash) && !running_.contains(transfer.hash);
+    ++queued_[transfer.hash];
+    if (ahead) {
+      queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(front++), std::move(transfer));
+    } else {
+      queue_.push_back(std::move(transfer));
+    }
+  }
+}
+
+size_t BlockMover::next_runnable_locked() const {
+  // Only the first few: what waits behind a running hash is usually right behind it.
+  const size_t window = std::min<size_t>(queue_.size(), 4 * threads_.size() + 16);
+  for (size_t i = 0; i < window; ++i) {
+    if (!running_.contains(queue_[i].hash)) return i;
+  }
+  return queue_.size();
 }
 
 void BlockMover::run() {
+  // Background work: the lowest priority, so the step thread never waits for a core behind a copy.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
   std::vector<std::byte> scratch(block_bytes_);
   std::unique_lock lock(mu_);
   while (true) {
-    work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_, and everything ran
-    auto [id, transfer] = std::move(queue_.front());
-    queue_.pop_front();
+    size_t next = next_runnable_locked();
+    while (next == queue_.size()) {
+      if (stop_ && queue_.empty()) return;  // everything ran
+      ++idle_workers_;
+      work_cv_.wait(lock);
+      --idle_workers_;
+      next = next_runnable_locked();
+    }
+    Transfer transfer = std::move(queue_[next]);
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(next));
+    if (--queued_[transfer.hash] == 0) queued_.erase(transfer.hash);
+    running_.insert(transfer.hash);
     lock.unlock();
     TransferResult result = execute(transfer, scratch);
-    result.id = id;
+    result.id = transfer.id;
     lock.lock();
+    running_.erase(transfer.hash);
     completed_.push_back(std::move(result));
     --in_flight_;
     done_cv_.notify_all();
+    if (!queue_.empty()) work_cv_.notify_one();  // a transfer of this hash may be runnable now
   }
 }
 

@@ -20,6 +20,8 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "deepinfer/core/status.h"
@@ -61,15 +63,19 @@ struct Transfer {
     kRemoveFromDisk,  // delete disk `hash`
   };
   Kind kind = Kind::kDeviceToHost;
+  uint64_t id = 0;  // the submitter's name for it, echoed in its result
   BlockHash hash;
   BlockHash parent;  // kToDisk: recorded in the block file
   BlockId block = kNoBlock;
   std::shared_ptr<HostBlock> host;
   int64_t ttl_ms = 0;
+  // Runs ahead of the queued transfers when none of its hash is queued or running (device -> host copies:
+  // cheap, and the device block they read is free for reuse only when they are done).
+  bool urgent = false;
 };
 
 struct TransferResult {
-  uint64_t id = 0;  // submit()'s return value
+  uint64_t id = 0;  // Transfer::id
   Transfer::Kind kind = Transfer::Kind::kDeviceToHost;
   BlockHash hash;
   BlockId block = kNoBlock;
@@ -78,25 +84,33 @@ struct TransferResult {
   double seconds = 0;     // time the transfer ran
 };
 
-// One FIFO of transfers and one thread running them in submission order; that order is the only dependency
-// rule (a transfer reading a HostBlock runs after the one filling it, a disk read of a hash after its write).
+// One queue of transfers and a few worker threads (the disk's queue depth: a cold block read is a random read,
+// so one thread at a time would leave the disk idle between them). The dependency rule: transfers of the same
+// hash run one at a time in submission order (a transfer reading a HostBlock runs after the one filling it, a
+// disk read after the write of that hash); transfers of different hashes run in any order, concurrently. The
+// caller never reuses a device block while a transfer of it is in flight (KvCacheManager counts them).
 // Thread-safety: submit, poll, wait, drain, queued may be called from any thread; the engine calls them from
 // its step thread.
 class BlockMover {
  public:
   // `io` and `disk` are not owned and must outlive the mover; either may be null when no transfer needs it
-  // (a transfer that needs a missing one fails with FailedPrecondition). block_bytes > 0.
-  BlockMover(DeviceBlockIo* io, DiskBlockStore* disk, size_t block_bytes);
+  // (a transfer that needs a missing one fails with FailedPrecondition). block_bytes > 0, workers >= 1. The
+  // workers run at the lowest CPU priority (nice 19): KV movement yields the CPU to the step thread.
+  BlockMover(DeviceBlockIo* io, DiskBlockStore* disk, size_t block_bytes, int workers = 4);
   // Runs what is queued, then stops the thread.
   ~BlockMover();
   BlockMover(const BlockMover&) = delete;
   BlockMover& operator=(const BlockMover&) = delete;
 
   void set_device_io(DeviceBlockIo* io);
-  // Queues a transfer; returns its id (1, 2, ...).
-  uint64_t submit(Transfer transfer);
-  // The transfers completed since the last poll, in completion (= submission) order.
-  std::vector<TransferResult> poll();
+  // Queues transfers, in order (one lock and at most one wake-up for the lot).
+  void submit(std::vector<Transfer> transfers);
+  // The same, unless a worker holds the queue's lock right now: then nothing is queued, `transfers` is left as
+  // it was and false is returned (the step thread retries at its next call rather than wait for a worker that
+  // runs at the lowest priority).
+  bool try_submit(std::vector<Transfer>& transfers);
+  // The transfers completed since the last poll. `wait_for_lock` false: empty when a worker holds the lock.
+  std::vector<TransferResult> poll(bool wait_for_lock = true);
   // Until a completion is waiting to be polled, or `timeout`. True when one is.
   bool wait(std::chrono::milliseconds timeout);
   // Until every submitted transfer has completed.
@@ -107,6 +121,10 @@ class BlockMover {
  private:
   void run();
   TransferResult execute(const Transfer& transfer, std::vector<std::byte>& scratch);
+  // With mu_ held: appends `transfers` (urgent ones ahead, see Transfer::urgent).
+  void enqueue_locked(std::vector<Transfer>& transfers);
+  // With mu_ held: the position in queue_ of the first transfer whose hash is not running, or queue_.size().
+  size_t next_runnable_locked() const;
 
   std::atomic<DeviceBlockIo*> io_;
   DiskBlockStore* const disk_;
@@ -115,12 +133,14 @@ class BlockMover {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the thread waits for work or stop
   std::condition_variable done_cv_;  // wait() and drain() wait for completions
-  std::deque<std::pair<uint64_t, Transfer>> queue_;
+  std::deque<Transfer> queue_;
+  std::unordered_set<BlockHash, BlockHashHasher> running_;  // hashes with a transfer in a worker
+  std::unordered_map<BlockHash, int32_t, BlockHashHasher> queued_;  // hashes with transfers in queue_
   std::vector<TransferResult> completed_;
-  uint64_t next_id_ = 1;
-  int64_t in_flight_ = 0;  // submitted and not completed
+  std::atomic<int64_t> in_flight_{0};  // submitted and not completed
+  int32_t idle_workers_ = 0;
   bool stop_ = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace deepinfer::kvcache::transfer
