@@ -169,18 +169,13 @@ void Scheduler::preempt(SequenceState& seq) {
   waiting_.push_front(seq.id);
 }
 
-void Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
-  int64_t needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
-  DEEPINFER_CHECK(needed <= cache_->num_free_blocks());
-  for (int64_t i = 0; i < needed; ++i) {
-    seq.block_table.push_back(allocate_block());
+bool Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
+  while (static_cast<int64_t>(seq.block_table.size()) < blocks_for_tokens(end_position)) {
+    std::optional<kvcache::BlockId> block = cache_->allocate();
+    if (!block.has_value()) return false;
+    seq.block_table.push_back(*block);
   }
-}
-
-kvcache::BlockId Scheduler::allocate_block() {
-  std::optional<kvcache::BlockId> block = cache_->allocate();
-  DEEPINFER_CHECK(block.has_value(), "a free or evictable block was counted");
-  return *block;
+  return true;
 }
 
 namespace {
@@ -299,7 +294,10 @@ ScheduledBatch Scheduler::schedule() {
     int64_t end_position = seq.num_computed_tokens + num_new_tokens;
     int64_t blocks_needed = blocks_for_tokens(end_position) - static_cast<int64_t>(seq.block_table.size());
     bool preempted_itself = false;
-    while (blocks_needed > cache_->num_free_blocks()) {
+    // num_free_blocks() counts cached blocks no sequence uses as free; one the cache cannot evict right now (a
+    // copy out of it still running, a block another sequence's failed load left pinned) makes the allocation
+    // fall short of the count: then preempt as when the count itself is short.
+    while (blocks_needed > cache_->num_free_blocks() || !allocate_blocks(seq, end_position)) {
       // The tail was admitted last. It is never one scheduled earlier in this loop (those sit before
       // `index`), and it is `seq` itself only when everything after `seq` is gone; `seq` at index 0 always
       // fits, since why_never_schedulable() bounds its need by the whole pool.
@@ -324,7 +322,12 @@ ScheduledBatch Scheduler::schedule() {
       }
       lookahead = std::max<int64_t>(lookahead, 0);
     }
-    allocate_blocks(seq, end_position + lookahead);
+    if (lookahead > 0 && !allocate_blocks(seq, end_position + lookahead)) {
+      // Fewer lookahead slots than counted: as many as the blocks it got cover.
+      lookahead = std::max<int64_t>(
+          static_cast<int64_t>(seq.block_table.size()) * kvcache::kBlockTokens - end_position, 0);
+      lookahead = std::min<int64_t>(lookahead, config_.num_lookahead_slots);
+    }
     batch.entries.push_back(make_entry(seq, num_new_tokens));
     batch.entries.back().num_lookahead_slots = static_cast<int32_t>(lookahead);
     budget -= num_new_tokens + lookahead;
@@ -375,7 +378,9 @@ ScheduledBatch Scheduler::schedule() {
       num_matched_tokens = seq.num_computed_tokens;
       num_new_tokens = std::min(seq.num_tokens() - num_matched_tokens, budget);
       end_position = num_matched_tokens + num_new_tokens;
-      allocate_blocks(seq, end_position);
+      // Counted, but not all allocatable now (see the running loop): it runs, and computes from the next
+      // step, when the running loop can preempt for it; nobody is admitted after it (FCFS).
+      if (!allocate_blocks(seq, end_position)) break;
       batch.entries.push_back(make_entry(seq, num_new_tokens));
       budget -= num_new_tokens;
     }

@@ -240,13 +240,17 @@ void KvCacheManager::on_event(const CacheEvent& event) {
           Transfer load;
           load.hash = event.hash;
           load.block = block;
+          Tier source = Tier::kDisk;
           if (auto host = host_.find(event.hash); host != host_.end()) {
             load.kind = Transfer::Kind::kHostToDevice;
             load.host = host->second;
+            if (!context_.via_host.contains(event.hash)) source = Tier::kHost;
           } else {
             load.kind = Transfer::Kind::kDiskToDevice;
           }
-          loading_[event.hash] = submit(std::move(load), event.node);
+          const uint64_t id = submit(std::move(load), event.node);
+          loading_[event.hash] = id;
+          load_source_[id] = source;
           ++*context_.loaded;
         }
         device_block_[event.hash] = block;
@@ -265,6 +269,7 @@ void KvCacheManager::on_event(const CacheEvent& event) {
           fill.urgent = true;
         } else {
           fill.kind = Transfer::Kind::kDiskToHost;  // a load-back passing through host
+          if (context_.kind == CallContext::Kind::kAdmit) context_.via_host.insert(event.hash);
         }
         submit(std::move(fill), event.node);
         host_[event.hash] = std::move(host);
@@ -347,10 +352,16 @@ void KvCacheManager::take_completions(std::vector<TransferResult> results) {
         } else {
           disk_bytes_read_ += result.bytes;
         }
+        Tier source = Tier::kDisk;
+        if (auto it = load_source_.find(result.id); it != load_source_.end()) {
+          source = it->second;
+          load_source_.erase(it);
+        }
         if (ok) {
           ++loaded_blocks_;
         } else {
           ++failed_loads_;
+          policy_->count_failed_hit(source);
           if (result.status.code() == StatusCode::kCorruption || result.status.code() == StatusCode::kNotFound) {
             ++disk_corrupt_;
           }
@@ -428,9 +439,10 @@ std::optional<BlockId> KvCacheManager::allocate() {
   }
   flush_submissions();  // the demotions' copies
   if (std::optional<BlockId> block = pool_.allocate()) return block;
-  // Only evicted blocks still being copied out are left: wait for those copies (they run ahead of the queue),
-  // not for the whole queue.
-  while (!draining_.empty() && mover_) {
+  // Only evicted blocks still being copied out are left: wait a little for those copies (they run ahead of
+  // the queue), not for the whole queue, and never without bound: the caller copes with no block.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  while (!draining_.empty() && mover_ && std::chrono::steady_clock::now() < deadline) {
     mover_->submit(std::exchange(submissions_, {}));
     mover_->wait(std::chrono::milliseconds(5));
     take_completions(mover_->poll());

@@ -306,6 +306,14 @@ InsertResult TierPolicy::insert(std::span<const BlockHash> chain, int64_t now_ms
   return result;
 }
 
+void TierPolicy::count_failed_hit(Tier source) {
+  TierCounters& tier = tier_counters(source);
+  if (tier.hit_blocks == 0) return;
+  --tier.hit_blocks;
+  ++tier.miss_blocks;
+  --counters_.hit_blocks;
+}
+
 bool TierPolicy::evict_one_now(Tier tier, int64_t now_ms) {
   if (!tier_present(tier)) return false;
   bucket(tier).refill(now_ms);

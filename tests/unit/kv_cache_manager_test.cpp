@@ -34,7 +34,8 @@ class FakeDevice final : public transfer::DeviceBlockIo {
  public:
   explicit FakeDevice(int blocks) : blocks_(static_cast<size_t>(blocks), std::vector<std::byte>(kBytes)) {}
   Status read(BlockId block, std::span<std::byte> out) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return reads_open_; });
     std::memcpy(out.data(), blocks_[static_cast<size_t>(block)].data(), kBytes);
     return Status::ok_status();
   }
@@ -62,6 +63,13 @@ class FakeDevice final : public transfer::DeviceBlockIo {
     }
     cv_.notify_all();
   }
+  void set_reads_open(bool open) {
+    {
+      std::lock_guard lock(mu_);
+      reads_open_ = open;
+    }
+    cv_.notify_all();
+  }
   void fail_writes_of(uint8_t tag) {
     std::lock_guard lock(mu_);
     fail_first_byte_ = static_cast<std::byte>(tag);
@@ -76,6 +84,7 @@ class FakeDevice final : public transfer::DeviceBlockIo {
   std::condition_variable cv_;
   std::vector<std::vector<std::byte>> blocks_;
   bool open_ = true;
+  bool reads_open_ = true;
   std::optional<std::byte> fail_first_byte_;
   int writes_ = 0;
 };
@@ -188,6 +197,38 @@ TEST(KvCacheManagerTest, ALoadFromHostRunsOnTheMoverWhileOtherSequencesStep) {
   EXPECT_EQ(manager->counters().lower->host.hit_blocks, 3);
 }
 
+// Regression (a helper's crash: "a free or evictable block was counted"): a block counted free that the cache
+// cannot hand out right now must not abort the scheduler. Here the only free blocks are cached ones whose
+// write-through copies to host are held back: the new sequence waits (no entry, no crash) and runs once the
+// copies are done.
+TEST(KvCacheManagerTest, BlocksCountedFreeButStillBeingCopiedOutDelayASequenceInsteadOfAborting) {
+  int64_t clock = 1'000'000;
+  FakeDevice device(4);
+  auto cache = std::move(KvCacheManager::create(cache_config(4, 16, &clock))).value();
+  cache->set_device_io(&device);
+  KvCacheManager* manager = cache.get();
+  Scheduler scheduler = std::move(Scheduler::create(scheduler_config(4), std::move(cache))).value();
+  device.set_reads_open(false);  // device -> host copies wait
+  ASSERT_TRUE(scheduler.add(request(1, 100, 192, 2)).ok());
+  run_to_end(scheduler, device, 10);  // 3 cached blocks, their copies to host still queued
+  EXPECT_EQ(scheduler.block_pool().num_free(), 4);
+  EXPECT_EQ(scheduler.block_pool().num_free_uncached(), 1);
+  ASSERT_TRUE(scheduler.add(request(2, 7000, 200, 1)).ok());  // other tokens: needs all 4 blocks
+  ScheduledBatch batch = scheduler.schedule();
+  EXPECT_TRUE(batch.entries.empty()) << "the counted blocks are not there yet";
+  std::vector<engine::TokenId> none;
+  ASSERT_TRUE(scheduler.update(batch, none).ok());
+  device.set_reads_open(true);
+  manager->flush();
+  batch = step(scheduler, device, 20);
+  ASSERT_EQ(batch.entries.size(), 1u);
+  EXPECT_EQ(batch.entries[0].sequence_id, 2);
+  EXPECT_EQ(batch.entries[0].num_tokens(), 200);
+  run_to_end(scheduler, device, 20);
+  EXPECT_FALSE(scheduler.has_pending_work());
+  EXPECT_EQ(manager->blocks_in(Tier::kHost).size(), 6u) << "both sequences' blocks were written through";
+}
+
 TEST(KvCacheManagerTest, AFailedLoadShortensThePrefixAndItsSubtreeLeavesTheIndex) {
   int64_t clock = 1'000'000;
   FakeDevice device(16);
@@ -209,6 +250,7 @@ TEST(KvCacheManagerTest, AFailedLoadShortensThePrefixAndItsSubtreeLeavesTheIndex
   EXPECT_EQ(batch.entries[0].start_position, 64) << "block 0 loaded; blocks 1 and 2 are computed";
   EXPECT_EQ(scheduler.find(2)->num_cached_tokens, 64);
   EXPECT_EQ(manager->counters().failed_loads, 1);
+  EXPECT_EQ(manager->counters().lower->host.hit_blocks, 2) << "the failed load counts as a host miss";
   run_to_end(scheduler, device, 40);
   manager->tick();
   // Block 1 and what hung below it left the index once unpinned, then came back as sequence 2 computed them.

@@ -195,8 +195,9 @@ class Scheduler {
   void finish(SequenceState& seq, FinishReason reason, std::string message);  // does not touch the queues
   void release_blocks(SequenceState& seq);
   void preempt(SequenceState& seq);  // does not touch running_
-  // Grows seq's block table to cover `end_position` tokens. REQUIRES: enough free blocks.
-  void allocate_blocks(SequenceState& seq, int64_t end_position);
+  // Grows seq's block table to cover `end_position` tokens. False when the cache ran out of blocks first (the
+  // blocks taken so far stay in the table).
+  [[nodiscard]] bool allocate_blocks(SequenceState& seq, int64_t end_position);
   ScheduledEntry make_entry(const SequenceState& seq, int64_t num_new_tokens) const;
   // The longest cached prefix of seq's tokens, excluding the block of its last token (extends seq.block_hashes
   // to that bound).
@@ -205,8 +206,6 @@ class Scheduler {
   static int64_t max_prefix_blocks(const SequenceState& seq);
   // Adds seq's full computed blocks to the prefix cache (which writes them through to the lower tiers).
   void register_computed_blocks(SequenceState& seq);
-  // Takes a block from the cache (a free one, or one the cache evicts). REQUIRES: num_free_blocks() > 0.
-  kvcache::BlockId allocate_block();
   // An admitted sequence's cached prefix is in place (resident, or its loads arrived): keep what is usable,
   // count the hit and make it running at the tail of running_.
   void start_running(SequenceState& seq);

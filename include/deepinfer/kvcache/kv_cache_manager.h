@@ -132,7 +132,9 @@ class KvCacheManager {
   // Blocks that allocate() can provide now: free ones plus cached ones no sequence uses (evictable).
   int32_t num_free_blocks() const { return pool_.num_free(); }
   // A block for a sequence's own tokens (reference count 1): a plain free one, else the index evicts an
-  // unused cached one (demoting it to host first when host lacks it). nullopt when none can be had.
+  // unused cached one (demoting it to host first when host lacks it). nullopt when none can be had now, also
+  // when num_free_blocks() counted some: an evicted block whose copy out is still running (waited for 50 ms at
+  // most), or a cached block pinned by a sequence that does not hold it. The caller preempts or retries.
   std::optional<BlockId> allocate();
   // Adds an owner to a block of a matched prefix (reviving it when no sequence used it).
   void retain(BlockId block);
@@ -207,6 +209,7 @@ class KvCacheManager {
     std::vector<BlockId>* reserved = nullptr;  // kAdmit: blocks for the loads, taken in order
     std::span<const TokenId> tokens;     // kAdmit, kInsert: by chain position
     int64_t* loaded = nullptr;           // kAdmit: loads queued
+    std::unordered_set<BlockHash, BlockHashHasher> via_host;  // kAdmit: disk blocks passing through host
   };
 
   explicit KvCacheManager(KvCacheConfig config);
@@ -245,6 +248,7 @@ class KvCacheManager {
   std::unordered_set<BlockId> draining_;
   std::unordered_map<uint64_t, BlockId> transfer_block_;  // transfer id -> the device block it touches
   std::unordered_map<uint64_t, NodeId> transfer_node_;    // transfer id -> the node it moves
+  std::unordered_map<uint64_t, Tier> load_source_;        // load transfer id -> the tier the lookup found it in
 
   std::vector<transfer::Transfer> submissions_;
   uint64_t next_transfer_id_ = 1;

@@ -167,6 +167,10 @@ class TierPolicy {
   // engine's device pool asks for a block this way when no block is free. False when none may go.
   bool evict_one_now(Tier tier, int64_t now_ms);
 
+  // A block lookup() counted as a hit of `source` could not be loaded after all (its copy was corrupt or gone):
+  // it counts as a miss there instead.
+  void count_failed_hit(Tier source);
+
   // Unpins nodes returned by lookup() or insert() (once per time returned).
   // Errors: the index's unpin error for the first bad id; the ids before it are unpinned.
   Status release(std::span<const NodeId> nodes);
