@@ -12,7 +12,23 @@
 
 namespace deepinfer::engine {
 
+void Engine::StepGate::lock() {
+  std::unique_lock lock(mu_);
+  const uint64_t ticket = next_ticket_++;
+  cv_.wait(lock, [&] { return serving_ == ticket; });
+}
+
+void Engine::StepGate::unlock() {
+  {
+    std::lock_guard lock(mu_);
+    ++serving_;
+  }
+  cv_.notify_all();
+}
+
+
 Status Engine::DeviceBlocks::read(kvcache::BlockId block, std::span<std::byte> out) {
+  GateTurn turn(gate_);
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
     if (Status status = backend_.download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes_, layer_bytes_,
                                           out.data() + layer * layer_bytes_);
@@ -24,6 +40,7 @@ Status Engine::DeviceBlocks::read(kvcache::BlockId block, std::span<std::byte> o
 }
 
 Status Engine::DeviceBlocks::write(kvcache::BlockId block, std::span<const std::byte> in) {
+  GateTurn turn(gate_);
   for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
     if (Status status = backend_.upload(in.data() + layer * layer_bytes_, layer_bytes_, layer_caches_[layer],
                                         static_cast<size_t>(block) * layer_bytes_);
@@ -164,8 +181,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (!layer_caches.ok()) return layer_caches.status();
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
                                                    std::move(scheduler).value(), std::move(layer_caches).value()));
+  if (engine->backend_->name() != "cpu") engine->step_gate_ = std::make_unique<StepGate>();
   engine->device_blocks_ = std::make_unique<DeviceBlocks>(*engine->backend_, engine->layer_caches_,
-                                                          static_cast<size_t>(block_bytes));
+                                                          static_cast<size_t>(block_bytes), engine->step_gate_.get());
   engine->scheduler_.cache().set_device_io(engine->device_blocks_.get());
   if (!resolved.kv_events_endpoint.empty()) {
     kvcache::KvEventPublisherConfig events;
@@ -237,7 +255,10 @@ Result<std::vector<TokenEvent>> Engine::step() {
     if (kv_events_) kv_events_->flush();
     return events;
   }
-  Result<StepOutput> out = executor_->run(batch);
+  Result<StepOutput> out = [&] {
+    GateTurn turn(step_gate_.get());
+    return executor_->run(batch);
+  }();
   if (!out.ok()) return out.status();
   if (Status s = scheduler_.update(batch, *out); !s.ok()) return s;
   if (kv_events_) kv_events_->flush();  // one batch of KV events per step, as vLLM publishes them

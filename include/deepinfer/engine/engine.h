@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,12 +114,45 @@ class Engine {
   void flush_kv_tiers();
 
  private:
+  // Turns, first come first served, between the step thread's forward pass and the mover's copies, for a
+  // backend whose calls must not overlap (CUDA: one stream, CUDA-graph capture, a sticky error status).
+  class StepGate {
+   public:
+    void lock();
+    void unlock();
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    uint64_t next_ticket_ = 0;
+    uint64_t serving_ = 0;
+  };
+
+  // Holds a StepGate's turn while it lives (none when the gate is null).
+  class GateTurn {
+   public:
+    explicit GateTurn(StepGate* gate) : gate_(gate) {
+      if (gate_ != nullptr) gate_->lock();
+    }
+    ~GateTurn() {
+      if (gate_ != nullptr) gate_->unlock();
+    }
+    GateTurn(const GateTurn&) = delete;
+    GateTurn& operator=(const GateTurn&) = delete;
+
+   private:
+    StepGate* gate_;
+  };
+
   // The KV cache's mover reads and writes device blocks through this: one block of every layer's cache, in the
-  // layout kvcache/transfer/block_mover.h describes (layer-major).
+  // layout kvcache/transfer/block_mover.h describes (layer-major). Called on the mover's threads: concurrently
+  // with the forward pass on the CPU backend (plain copies of blocks no step touches), in turns with it through
+  // `gate` on the others.
   class DeviceBlocks final : public kvcache::transfer::DeviceBlockIo {
    public:
-    DeviceBlocks(backend::Backend& backend, std::span<const backend::Buffer> layer_caches, size_t block_bytes)
-        : backend_(backend), layer_caches_(layer_caches), layer_bytes_(block_bytes / layer_caches.size()) {}
+    DeviceBlocks(backend::Backend& backend, std::span<const backend::Buffer> layer_caches, size_t block_bytes,
+                 StepGate* gate)
+        : backend_(backend), layer_caches_(layer_caches), layer_bytes_(block_bytes / layer_caches.size()), gate_(gate) {}
     Status read(kvcache::BlockId block, std::span<std::byte> out) override;
     Status write(kvcache::BlockId block, std::span<const std::byte> in) override;
 
@@ -125,6 +160,7 @@ class Engine {
     backend::Backend& backend_;
     std::span<const backend::Buffer> layer_caches_;
     size_t layer_bytes_;
+    StepGate* gate_;  // null: no turns needed
   };
 
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
@@ -138,6 +174,7 @@ class Engine {
   Scheduler scheduler_;
   std::vector<backend::Buffer> layer_caches_;  // per layer [num_blocks, 64, kv_cache_dim] in the cache dtype
   size_t kv_cache_bytes_ = 0;
+  std::unique_ptr<StepGate> step_gate_;          // null on the CPU backend
   std::unique_ptr<DeviceBlocks> device_blocks_;  // points into layer_caches_
   std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
   SequenceId next_id_ = 1;
