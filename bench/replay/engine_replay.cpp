@@ -80,14 +80,9 @@ Status run_engine_replay(const EngineReplayOptions& options, std::ostream& out) 
   Result<std::vector<LivePrompt>> built = make_live_prompts(*trace, options.requests, options.prompts);
   if (!built.ok()) return built.status();
   std::vector<LivePrompt> prompts;
-  // The live replay's warm-up prompts: hash ids at the top of the id space, which no trace reaches.
-  const int64_t id_space = static_cast<int64_t>(options.prompts.token_id_range) * options.prompts.token_id_range;
+  // The live replay's warm-up prompts first.
   for (int32_t w = 0; w < options.warmup_requests; ++w) {
-    TraceRequest warm;
-    warm.input_length = kMooncakeBlockTokens * 4;
-    warm.output_length = kMooncakeBlockTokens;
-    for (int64_t b = 0; b < 4; ++b) warm.hash_ids.push_back(id_space - 1 - 4 * w - b);
-    Result<LivePrompt> prompt = make_live_prompt(warm, options.prompts);
+    Result<LivePrompt> prompt = make_warmup_prompt(w, options.prompts);
     if (!prompt.ok()) return prompt.status();
     prompts.push_back(std::move(prompt).value());
   }

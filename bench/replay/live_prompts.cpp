@@ -81,6 +81,15 @@ Result<LivePrompt> make_live_prompt(const TraceRequest& request, const LivePromp
   return prompt;
 }
 
+Result<LivePrompt> make_warmup_prompt(int32_t index, const LivePromptConfig& config) {
+  const int64_t id_space = static_cast<int64_t>(config.token_id_range) * config.token_id_range;
+  TraceRequest warm;
+  warm.input_length = kMooncakeBlockTokens * 4;
+  warm.output_length = kMooncakeBlockTokens;
+  for (int64_t b = 0; b < 4; ++b) warm.hash_ids.push_back(id_space - 1 - 4 * index - b);
+  return make_live_prompt(warm, config);
+}
+
 Result<std::vector<LivePrompt>> make_live_prompts(const Trace& trace, int64_t limit, const LivePromptConfig& config) {
   const size_t count = limit > 0 ? std::min(trace.requests.size(), static_cast<size_t>(limit)) : trace.requests.size();
   std::vector<LivePrompt> prompts;

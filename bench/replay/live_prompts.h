@@ -57,6 +57,10 @@ Result<LivePrompt> make_live_prompt(const TraceRequest& request, const LivePromp
 // The first `limit` requests of the trace (all when limit <= 0) as prompts, in trace order.
 Result<std::vector<LivePrompt>> make_live_prompts(const Trace& trace, int64_t limit, const LivePromptConfig& config);
 
+// Warm-up prompt `index` (0, 1, ...): 4 trace blocks of hash ids at the top of the id space, which no trace
+// reaches, and one block's worth of output. The live replay sends them first; the offline replay too.
+Result<LivePrompt> make_warmup_prompt(int32_t index, const LivePromptConfig& config);
+
 // The bound an infinite prefix cache of `cache_block_tokens`-token blocks reaches on these prompts, replayed in
 // order with each request's blocks cached before the next arrives: a request reuses its longest prefix of full
 // blocks seen before, at most (length - 1) / cache_block_tokens blocks (one token is always computed, as the

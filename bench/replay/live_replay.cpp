@@ -324,16 +324,10 @@ Status run_live_replay(const LiveReplayOptions& options, std::ostream& out) {
 
   std::vector<std::unique_ptr<HttpClient>> controls;
   std::vector<std::map<std::string, double>> before;
-  // Warm-up prompts come from hash ids at the top of the id space, which no trace reaches.
-  const int64_t id_space = static_cast<int64_t>(options.prompts.token_id_range) * options.prompts.token_id_range;
   for (size_t u = 0; u < urls.size(); ++u) {
     controls.push_back(std::make_unique<HttpClient>(urls[u], options.api_key));
     for (int32_t w = 0; w < options.warmup_requests; ++w) {
-      TraceRequest warm;
-      warm.input_length = kMooncakeBlockTokens * 4;
-      warm.output_length = kMooncakeBlockTokens;
-      for (int64_t b = 0; b < 4; ++b) warm.hash_ids.push_back(id_space - 1 - 4 * w - b);
-      Result<LivePrompt> prompt = make_live_prompt(warm, options.prompts);
+      Result<LivePrompt> prompt = make_warmup_prompt(w, options.prompts);
       if (!prompt.ok()) return prompt.status();
       const RequestOutcome outcome = send_one(*controls[u], request_body(*prompt, options), BenchClock::now());
       if (!outcome.ok) return Status::io_error("warm-up request to " + url_texts[u] + " failed: " + outcome.error);
