@@ -204,8 +204,12 @@ void Scheduler::register_computed_blocks(SequenceState& seq) {
   if (!config_.enable_prefix_caching) return;
   const int64_t full_blocks = seq.num_computed_tokens / kvcache::kBlockTokens;
   if (full_blocks <= seq.num_registered_blocks) return;
-  const std::vector<int32_t> tokens = all_tokens(seq, full_blocks * kvcache::kBlockTokens);
-  if (static_cast<int64_t>(seq.block_hashes.size()) < full_blocks) {
+  // The tokens: for the hashes not yet computed, and for the KV events' BlockStored (only when they are on).
+  const bool hashes_short = static_cast<int64_t>(seq.block_hashes.size()) < full_blocks;
+  const std::vector<int32_t> tokens = hashes_short || cache_->publishes_events()
+                                          ? all_tokens(seq, full_blocks * kvcache::kBlockTokens)
+                                          : std::vector<int32_t>();
+  if (hashes_short) {
     kvcache::extend_block_hash_chain(seq.block_hashes, tokens, config_.fingerprint);
   }
   // The whole chain again: the cache shares what it has, adds the rest, and pins each node once more; the
@@ -363,7 +367,9 @@ ScheduledBatch Scheduler::schedule() {
       kvcache::KvCacheManager::Admission admission;
       if (config_.enable_prefix_caching && max_blocks > 0) {
         admission = cache_->admit(std::span(seq.block_hashes).first(static_cast<size_t>(max_blocks)),
-                                  all_tokens(seq, max_blocks * kvcache::kBlockTokens), seq.num_tokens(),
+                                  cache_->publishes_events() ? all_tokens(seq, max_blocks * kvcache::kBlockTokens)
+                                                             : std::vector<int32_t>(),
+                                  seq.num_tokens(),
                                   seq.ttl_class);
       }
       seq.block_table = std::move(admission.blocks);

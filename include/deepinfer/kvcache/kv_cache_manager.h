@@ -159,8 +159,8 @@ class KvCacheManager {
   };
   // Takes the longest cached prefix of `chain` for a request: counts the lookup (`prompt_tokens` tokens),
   // pins it, reserves device blocks for the part found below the device and queues their loads.
-  // `tokens`: at least the chain's tokens (for the KV events). REQUIRES: match(chain)'s blocks fit
-  // num_free_blocks() (the scheduler checks), ttl_class known.
+  // `tokens`: the chain's tokens for the KV events (may be empty when publishes_events() is false).
+  // REQUIRES: match(chain)'s blocks fit num_free_blocks() (the scheduler checks), ttl_class known.
   Admission admit(std::span<const BlockHash> chain, std::span<const TokenId> tokens, int64_t prompt_tokens,
                   TtlClassId ttl_class);
   // Whether a load into any of `nodes` is still in flight.
@@ -171,7 +171,8 @@ class KvCacheManager {
   // Caches the full computed blocks chain[0, n) whose KV sits in `blocks` (a sequence's block table): new
   // nodes get these device blocks; a node that already has a device copy keeps it (the sequence's block
   // stays private); write-through copies are queued. Returns the nodes, each pinned once for the caller.
-  // `tokens`: the chain's tokens. REQUIRES: blocks.size() >= chain.size(), known ttl_class.
+  // `tokens`: the chain's tokens for the KV events (may be empty when publishes_events() is false).
+  // REQUIRES: blocks.size() >= chain.size(), known ttl_class.
   std::vector<NodeId> insert(std::span<const BlockHash> chain, std::span<const BlockId> blocks,
                              std::span<const TokenId> tokens, TtlClassId ttl_class);
   // Unpins nodes returned by admit() or insert(); a failed load's subtree nobody pins any more leaves the index.
@@ -190,6 +191,8 @@ class KvCacheManager {
   // ---- introspection ----
   const TierPolicy& policy() const { return *policy_; }
   bool prefix_caching() const { return config_.enable_prefix_caching; }
+  // Whether KV events are published (then admit() and insert() want the chain's tokens for BlockStored).
+  bool publishes_events() const { return sink_ != nullptr; }
   bool has_lower_tiers() const { return config_.host_blocks > 0; }
   // Cached blocks on device.
   int64_t num_cached_device_blocks() const;
