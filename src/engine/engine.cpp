@@ -66,8 +66,20 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
 
 Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::CacheLayout& layout) {
   if (Status status = layout.validate(); !status.ok()) return status;
-  const int64_t block_bytes = layout.block_bytes();
-  const int64_t num_blocks = resolved.kv_cache_bytes / block_bytes;
+  // The main pool's blocks hold the kinds that keep every token; each window kind has a pool of its own:
+  // twice what the running sequences can hold at once (the rest caches finished prefixes' last windows).
+  const int64_t block_bytes = layout.full_block_bytes();
+  SchedulerConfig limits;
+  limits.max_num_batched_tokens = resolved.max_num_batched_tokens;
+  int64_t window_blocks = 0;
+  int64_t window_bytes = 0;
+  for (const kvcache::CacheKindSpec& spec : layout.window_specs()) {
+    const int64_t per_sequence = Scheduler::min_window_blocks(limits, spec.window_tokens);
+    window_blocks = std::max<int64_t>(window_blocks, 2 * (per_sequence + int64_t{resolved.max_num_seqs} *
+                                                                           kvcache::blocks_for_tokens(spec.window_tokens)));
+  }
+  for (const kvcache::CacheKindSpec& spec : layout.window_specs()) window_bytes += window_blocks * spec.block_bytes();
+  const int64_t num_blocks = (resolved.kv_cache_bytes - window_bytes) / block_bytes;
   if (num_blocks < 1) {
     return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) +
                                     " holds no KV block; one block needs " + std::to_string(block_bytes) + " bytes");
@@ -97,6 +109,7 @@ Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::C
   cache_config.num_device_blocks = scheduler_config.num_blocks;
   cache_config.enable_prefix_caching = resolved.enable_prefix_caching;
   cache_config.block_bytes = static_cast<size_t>(block_bytes);
+  cache_config.window_blocks = static_cast<int32_t>(std::min<int64_t>(window_blocks, INT32_MAX));
   if (!(resolved.kv_cache_ttl_hours > 0)) {
     return Status::invalid_argument("kv_cache_ttl_hours must be > 0, got " + std::to_string(resolved.kv_cache_ttl_hours));
   }
@@ -167,6 +180,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     layout.kinds.push_back({*id, kind.name, kind.num_layers, kind.token_bytes, kind.window_tokens});
   }
   DEEPINFER_CHECK(layout.block_bytes() == block_bytes, "the layout sizes the blocks the model writes");
+  if (!layout.window_kinds().empty()) {
+    return Status::unsupported("the model caches a sliding-window kind; its forward pass (V4) does not run yet");
+  }
   Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
   if (!plan.ok()) return plan.status();
   SchedulerConfig scheduler_config = plan->scheduler;

@@ -57,7 +57,23 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& config, std::unique_p
                                     "; the config says " + std::to_string(config.num_blocks) + " and " +
                                     (config.enable_prefix_caching ? "on" : "off"));
   }
+  for (int slot = 0; slot < cache->num_window_pools(); ++slot) {
+    const kvcache::CacheKindSpec& spec = cache->window_spec(slot);
+    const int32_t need = min_window_blocks(config, spec.window_tokens);
+    if (cache->window_pool(slot).num_total() < need) {
+      return Status::invalid_argument("Scheduler::create: the window pool of cache kind '" + spec.name + "' has " +
+                                      std::to_string(cache->window_pool(slot).num_total()) + " blocks; a " +
+                                      std::to_string(spec.window_tokens) + "-token window with max_num_batched_tokens " +
+                                      std::to_string(config.max_num_batched_tokens) + " needs at least " +
+                                      std::to_string(need));
+    }
+  }
   return Scheduler(config, std::move(cache));
+}
+
+int32_t Scheduler::min_window_blocks(const SchedulerConfig& config, int32_t window_tokens) {
+  return static_cast<int32_t>(blocks_for_tokens(window_tokens) +
+                              blocks_for_tokens(int64_t{config.max_num_batched_tokens} + config.num_lookahead_slots) + 2);
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, std::unique_ptr<kvcache::KvCacheManager> cache)
@@ -116,6 +132,7 @@ Status Scheduler::add(SequenceRequest request) {
   seq.stop_token_ids = std::move(request.stop_token_ids);
   seq.ttl_class = request.ttl_class;
   seq.block_hashes = std::move(request.block_hashes);
+  seq.window_tables.resize(static_cast<size_t>(cache_->num_window_pools()));
   SequenceId id = seq.id;
   SequenceState& stored = sequences_.emplace(id, std::move(seq)).first->second;
   if (std::optional<std::string> reason = why_never_schedulable(stored)) {
@@ -148,8 +165,38 @@ Status Scheduler::cancel(SequenceId id) {
 void Scheduler::release_blocks(SequenceState& seq) {
   cache_->release_nodes(seq.cache_nodes);
   seq.cache_nodes.clear();
-  for (kvcache::BlockId block : seq.block_table) cache_->release(block);
-  seq.block_table.clear();
+  truncate_blocks(seq, 0);
+}
+
+void Scheduler::truncate_blocks(SequenceState& seq, size_t keep) {
+  for (size_t slot = 0; slot < seq.window_tables.size(); ++slot) {
+    std::vector<kvcache::BlockId>& table = seq.window_tables[slot];
+    for (size_t i = keep; i < table.size(); ++i) {
+      if (table[i] != kvcache::kNoBlock) cache_->release_window(static_cast<int>(slot), table[i]);
+    }
+    if (table.size() > keep) table.resize(keep);
+  }
+  for (size_t i = keep; i < seq.block_table.size(); ++i) cache_->release(seq.block_table[i]);
+  if (seq.block_table.size() > keep) seq.block_table.resize(keep);
+  seq.num_window_released_blocks = std::min<int64_t>(seq.num_window_released_blocks, static_cast<int64_t>(keep));
+}
+
+void Scheduler::slide_windows(SequenceState& seq) {
+  if (seq.window_tables.empty()) return;
+  int64_t released = static_cast<int64_t>(seq.block_table.size());
+  for (size_t slot = 0; slot < seq.window_tables.size(); ++slot) {
+    const int64_t window = cache_->window_spec(static_cast<int>(slot)).window_tokens;
+    // Block j is no longer read once its last position is before num_computed_tokens - window.
+    const int64_t done = std::max<int64_t>(seq.num_computed_tokens - window, 0) / kvcache::kBlockTokens;
+    std::vector<kvcache::BlockId>& table = seq.window_tables[slot];
+    for (int64_t j = seq.num_window_released_blocks; j < done && j < static_cast<int64_t>(table.size()); ++j) {
+      if (table[static_cast<size_t>(j)] == kvcache::kNoBlock) continue;
+      cache_->release_window(static_cast<int>(slot), table[static_cast<size_t>(j)]);
+      table[static_cast<size_t>(j)] = kvcache::kNoBlock;
+    }
+    released = std::min(released, done);
+  }
+  seq.num_window_released_blocks = std::max(seq.num_window_released_blocks, released);
 }
 
 void Scheduler::finish(SequenceState& seq, FinishReason reason, std::string message) {
@@ -173,7 +220,18 @@ bool Scheduler::allocate_blocks(SequenceState& seq, int64_t end_position) {
   while (static_cast<int64_t>(seq.block_table.size()) < blocks_for_tokens(end_position)) {
     std::optional<kvcache::BlockId> block = cache_->allocate();
     if (!block.has_value()) return false;
+    std::vector<kvcache::BlockId> windows;
+    for (int slot = 0; slot < cache_->num_window_pools(); ++slot) {
+      std::optional<kvcache::BlockId> window = cache_->allocate_window(slot);
+      if (!window.has_value()) {
+        for (int taken = 0; taken < slot; ++taken) cache_->release_window(taken, windows[static_cast<size_t>(taken)]);
+        cache_->release(*block);
+        return false;
+      }
+      windows.push_back(*window);
+    }
     seq.block_table.push_back(*block);
+    for (size_t slot = 0; slot < windows.size(); ++slot) seq.window_tables[slot].push_back(windows[slot]);
   }
   return true;
 }
@@ -216,7 +274,7 @@ void Scheduler::register_computed_blocks(SequenceState& seq) {
   // pins this sequence held before are then released, so it holds one per node.
   std::vector<kvcache::NodeId> nodes =
       cache_->insert(std::span(seq.block_hashes).first(static_cast<size_t>(full_blocks)), seq.block_table, tokens,
-                     seq.ttl_class);
+                     seq.ttl_class, seq.window_tables);
   cache_->release_nodes(seq.cache_nodes);
   seq.cache_nodes = std::move(nodes);
   seq.num_registered_blocks = full_blocks;
@@ -224,13 +282,25 @@ void Scheduler::register_computed_blocks(SequenceState& seq) {
 
 void Scheduler::start_running(SequenceState& seq) {
   // A failed load ends the usable prefix: the blocks after it are released and computed afresh.
-  const size_t usable = cache_->usable_prefix(seq.cache_nodes);
+  size_t usable = cache_->usable_prefix(seq.cache_nodes);
+  if (!seq.window_tables.empty()) {
+    // The prefix's last window must hold every window kind: admit() handed out the window blocks of the
+    // admitted prefix's last window; a prefix shortened since (a failed load) looks only at what it holds, so
+    // it may end earlier than the cache would allow (rare, and exact either way).
+    std::vector<bool> present;
+    for (size_t i = 0; i < usable; ++i) {
+      present.push_back(std::all_of(seq.window_tables.begin(), seq.window_tables.end(),
+                                    [&](const std::vector<kvcache::BlockId>& table) {
+                                      return i < table.size() && table[i] != kvcache::kNoBlock;
+                                    }));
+    }
+    usable = static_cast<size_t>(cache_->layout().usable_blocks(present));
+  }
   if (usable < seq.cache_nodes.size()) {
     cache_->release_nodes(std::span(seq.cache_nodes).subspan(usable));
     seq.cache_nodes.resize(usable);
-    for (size_t i = usable; i < seq.block_table.size(); ++i) cache_->release(seq.block_table[i]);
-    seq.block_table.resize(usable);
   }
+  truncate_blocks(seq, usable);
   const int64_t matched_blocks = static_cast<int64_t>(usable);
   const int64_t loaded_blocks = std::max<int64_t>(matched_blocks - seq.num_resident_prefix_blocks, 0);
   const int64_t num_matched_tokens = matched_blocks * kvcache::kBlockTokens;
@@ -257,6 +327,7 @@ ScheduledEntry Scheduler::make_entry(const SequenceState& seq, int64_t num_new_t
     entry.token_ids.push_back(seq.token_at(position));
   }
   entry.block_table = seq.block_table;
+  entry.window_block_tables = seq.window_tables;
   entry.samples = entry.end_position() == seq.num_tokens();
   return entry;
 }
@@ -362,6 +433,14 @@ ScheduledBatch Scheduler::schedule() {
           cache_->num_free_blocks()) {
         break;  // FCFS: nobody overtakes the head of the queue
       }
+      // The window kinds' blocks: one per new block, and the prefix's last window revived.
+      const int64_t window_need = blocks_for_tokens(end_position) - matched_blocks +
+                                  std::min<int64_t>(cache_->layout().replay_blocks(), matched_blocks);
+      bool windows_short = false;
+      for (int slot = 0; slot < cache_->num_window_pools(); ++slot) {
+        windows_short = windows_short || window_need > cache_->window_pool(slot).num_free();
+      }
+      if (windows_short) break;
       waiting_.pop_front();
       const int64_t max_blocks = max_prefix_blocks(seq);
       kvcache::KvCacheManager::Admission admission;
@@ -374,6 +453,9 @@ ScheduledBatch Scheduler::schedule() {
       }
       seq.block_table = std::move(admission.blocks);
       seq.cache_nodes = std::move(admission.nodes);
+      if (!admission.window_blocks.empty()) seq.window_tables = std::move(admission.window_blocks);
+      for (std::vector<kvcache::BlockId>& table : seq.window_tables) table.resize(seq.block_table.size(), kvcache::kNoBlock);
+      seq.num_window_released_blocks = 0;
       seq.num_resident_prefix_blocks = static_cast<int64_t>(seq.cache_nodes.size()) - admission.loaded_blocks;
       if (cache_->loading(seq.cache_nodes)) {
         seq.status = SequenceStatus::kLoadingKv;  // scheduled once its blocks arrived; the others step on
@@ -494,13 +576,13 @@ Status Scheduler::update(const ScheduledBatch& batch, StepOutput& out) {
     // Roll back the lookahead: blocks wholly past the computed tokens held only rejected drafts' KV (the
     // slots of rejected drafts inside the last kept block are simply overwritten by later steps).
     const int64_t keep_blocks = blocks_for_tokens(seq.num_computed_tokens);
-    while (static_cast<int64_t>(seq.block_table.size()) > keep_blocks) {
-      DEEPINFER_CHECK(cache_->pool().ref_count(seq.block_table.back()) == 1,
+    for (int64_t i = keep_blocks; i < static_cast<int64_t>(seq.block_table.size()); ++i) {
+      DEEPINFER_CHECK(cache_->pool().ref_count(seq.block_table[static_cast<size_t>(i)]) == 1,
                       "a lookahead block is owned by its sequence alone");
-      cache_->release(seq.block_table.back());
-      seq.block_table.pop_back();
     }
+    truncate_blocks(seq, static_cast<size_t>(std::min<int64_t>(keep_blocks, static_cast<int64_t>(seq.block_table.size()))));
     register_computed_blocks(seq);
+    slide_windows(seq);
     if (finished) {
       running_.erase(std::find(running_.begin(), running_.end(), seq.id));
       finish(seq, reason, "");

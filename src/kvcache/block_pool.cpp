@@ -109,4 +109,9 @@ void BlockPool::unlink_free(BlockId id) {
 
 // ---------------------------------------------------------------------------------------------------------
 
+std::optional<BlockId> BlockPool::oldest_free_cached() const {
+  if (free_head_[1] == kNone) return std::nullopt;
+  return free_head_[1];
+}
+
 }  // namespace deepinfer::kvcache

@@ -24,6 +24,22 @@ int64_t CacheLayout::block_bytes() const {
   return total;
 }
 
+int64_t CacheLayout::full_block_bytes() const {
+  int64_t total = 0;
+  for (const CacheKindSpec& kind : kinds) {
+    if (kind.window_tokens == 0) total += kind.block_bytes();
+  }
+  return total;
+}
+
+std::vector<CacheKindSpec> CacheLayout::window_specs() const {
+  std::vector<CacheKindSpec> out;
+  for (const CacheKindSpec& kind : kinds) {
+    if (kind.window_tokens > 0) out.push_back(kind);
+  }
+  return out;
+}
+
 CacheKindSet CacheLayout::full_kinds() const {
   CacheKindSet set;
   for (const CacheKindSpec& kind : kinds) {
@@ -46,12 +62,17 @@ int64_t CacheLayout::replay_blocks() const {
   return (window + kBlockTokens - 1) / kBlockTokens;
 }
 
-int64_t CacheLayout::usable_blocks(int64_t matched, const std::vector<bool>& window_present) const {
+int64_t CacheLayout::usable_blocks(const std::vector<bool>& window_present) const {
+  const auto matched = static_cast<int64_t>(window_present.size());
   if (window_kinds().empty()) return matched;
-  const bool complete = std::all_of(window_present.begin(), window_present.end(), [](bool b) { return b; });
-  if (complete) return matched;
-  // The window's entries are rebuilt by recomputing the window: the hit ends where it starts.
-  return std::max<int64_t>(matched - replay_blocks(), 0);
+  // k is usable when the run of present blocks ending at k - 1 is at least min(k, replay) long.
+  const int64_t replay = replay_blocks();
+  for (int64_t k = matched; k > 0; --k) {
+    int64_t run = 0;
+    while (run < std::min(k, replay) && window_present[static_cast<size_t>(k - 1 - run)]) ++run;
+    if (run == std::min(k, replay)) return k;
+  }
+  return 0;
 }
 
 Status CacheLayout::validate() const {

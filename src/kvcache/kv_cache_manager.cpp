@@ -56,9 +56,13 @@ Status KvCacheConfig::validate() const {
   }
   if (layout.has_value()) {
     if (Status status = layout->validate(); !status.ok()) return status;
-    if (block_bytes > 0 && static_cast<int64_t>(block_bytes) != layout->block_bytes()) {
+    if (block_bytes > 0 && static_cast<int64_t>(block_bytes) != layout->full_block_bytes()) {
       return Status::invalid_argument("KvCacheConfig: block_bytes " + std::to_string(block_bytes) +
-                                      " differs from the cache layout's " + std::to_string(layout->block_bytes()));
+                                      " differs from the cache layout's " + std::to_string(layout->full_block_bytes()) +
+                                      " (a block of the kinds that keep every token)");
+    }
+    if (!layout->window_kinds().empty() && window_blocks < 1) {
+      return Status::invalid_argument("KvCacheConfig.window_blocks must be >= 1: the cache layout has a sliding-window kind");
     }
   }
   return retention.validate();
@@ -68,7 +72,9 @@ KvCacheManager::KvCacheManager(KvCacheConfig config)
     : config_(std::move(config)),
       layout_(config_.layout.value_or(CacheLayout::latent_only(1, std::max<int64_t>(
                                                                    static_cast<int64_t>(config_.block_bytes) / kBlockTokens, 1)))),
-      pool_(config_.num_device_blocks) {}
+      pool_(config_.num_device_blocks) {
+  for (const CacheKindSpec& spec : layout_.window_specs()) windows_.push_back({spec, BlockPool(config_.window_blocks), {}, {}});
+}
 
 Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(KvCacheConfig config) {
   if (Status status = config.validate(); !status.ok()) return status;
@@ -297,6 +303,9 @@ void KvCacheManager::on_event(const CacheEvent& event) {
     if (sink_ != nullptr) sink_->publish(KvEvent::stored(medium(event.tier), event.hash, event.parent_hash, tokens));
     return;
   }
+  if (index.node(event.node).tiers.size() == 1) {  // its last copy: the node leaves the index
+    for (WindowPool& window : windows_) forget_window(window, event.hash, /*update_node=*/false);
+  }
   switch (event.tier) {
     case Tier::kDevice: {
       auto it = device_block_.find(event.hash);
@@ -423,12 +432,43 @@ void KvCacheManager::drop_failed_subtrees() {
 size_t KvCacheManager::usable_match(std::span<const NodeId> matched) const {
   const CacheKindSet window = layout_.window_kinds();
   if (window.empty()) return matched.size();
-  const int64_t replay = std::min<int64_t>(layout_.replay_blocks(), static_cast<int64_t>(matched.size()));
   std::vector<bool> present;
-  for (size_t i = matched.size() - static_cast<size_t>(replay); i < matched.size(); ++i) {
-    present.push_back(policy_->index().node(matched[i]).kinds.contains_all(window));
+  for (NodeId id : matched) present.push_back(policy_->index().node(id).kinds.contains_all(window));
+  return static_cast<size_t>(layout_.usable_blocks(present));
+}
+
+void KvCacheManager::forget_window(WindowPool& window, const BlockHash& hash, bool update_node) {
+  auto it = window.cached.find(hash);
+  if (it == window.cached.end()) return;
+  const CachedWindow cached = it->second;
+  window.cached.erase(it);
+  window.hash_of.erase(cached.block);
+  window.pool.set_cached(cached.block, false);
+  PrefixIndex& index = policy_->mutable_index();
+  if (update_node && index.contains(cached.node) && index.node(cached.node).hash == hash) {
+    (void)index.remove_kinds(cached.node, CacheKindSet{window.spec.kind});
   }
-  return static_cast<size_t>(layout_.usable_blocks(static_cast<int64_t>(matched.size()), present));
+}
+
+std::optional<BlockId> KvCacheManager::allocate_window(int slot) {
+  WindowPool& window = windows_[static_cast<size_t>(slot)];
+  if (std::optional<BlockId> block = window.pool.allocate()) return block;
+  std::optional<BlockId> oldest = window.pool.oldest_free_cached();
+  if (!oldest.has_value()) return std::nullopt;
+  forget_window(window, window.hash_of.at(*oldest), /*update_node=*/true);
+  return window.pool.allocate();
+}
+
+void KvCacheManager::release_window(int slot, BlockId block) {
+  Status status = windows_[static_cast<size_t>(slot)].pool.release(block);
+  DEEPINFER_CHECK(status.ok(), "the window cache agrees with its pool");
+}
+
+std::optional<BlockId> KvCacheManager::cached_window_block(int slot, const BlockHash& hash) const {
+  const WindowPool& window = windows_[static_cast<size_t>(slot)];
+  auto it = window.cached.find(hash);
+  if (it == window.cached.end()) return std::nullopt;
+  return it->second.block;
 }
 
 std::optional<BlockId> KvCacheManager::allocate() {
@@ -519,6 +559,21 @@ KvCacheManager::Admission KvCacheManager::admit(std::span<const BlockHash> chain
   }
   admission.nodes = std::move(lookup.nodes);
   for (BlockId block : reserved) release(block);  // loads the lookup did not need
+  // The window kinds' blocks of the prefix's last window (the match checked they are there).
+  const size_t n = admission.nodes.size();
+  const size_t replay = std::min<size_t>(static_cast<size_t>(layout_.replay_blocks()), n);
+  for (WindowPool& window : windows_) {
+    std::vector<BlockId> table(n, kNoBlock);
+    for (size_t i = n - replay; i < n; ++i) {
+      auto it = window.cached.find(index.node(admission.nodes[i]).hash);
+      if (it == window.cached.end()) continue;
+      const BlockId block = it->second.block;
+      Status status = window.pool.is_free(block) ? window.pool.reclaim(block) : window.pool.retain(block);
+      DEEPINFER_CHECK(status.ok(), "the window cache agrees with its pool");
+      table[i] = block;
+    }
+    admission.window_blocks.push_back(std::move(table));
+  }
   flush_submissions();
   return admission;
 }
@@ -545,9 +600,11 @@ size_t KvCacheManager::usable_prefix(std::span<const NodeId> nodes) const {
 }
 
 std::vector<NodeId> KvCacheManager::insert(std::span<const BlockHash> chain, std::span<const BlockId> blocks,
-                                           std::span<const TokenId> tokens, TtlClassId ttl_class) {
+                                           std::span<const TokenId> tokens, TtlClassId ttl_class,
+                                           std::span<const std::vector<BlockId>> window_tables) {
   if (!config_.enable_prefix_caching || chain.empty()) return {};
   DEEPINFER_CHECK(blocks.size() >= chain.size());
+  DEEPINFER_CHECK(window_tables.empty() || window_tables.size() == windows_.size(), "one window table per window pool");
   context_ = {};
   context_.kind = CallContext::Kind::kInsert;
   context_.chain = chain;
@@ -555,12 +612,17 @@ std::vector<NodeId> KvCacheManager::insert(std::span<const BlockHash> chain, std
   context_.tokens = tokens;
   InsertResult result = policy_->insert(chain, now_ms(), ttl_class);
   context_ = {};
-  // The window kinds hold the last window of what was computed: the trailing blocks have them.
-  const CacheKindSet window = layout_.window_kinds();
-  if (!window.empty() && result.nodes.size() == chain.size()) {
-    const size_t replay = static_cast<size_t>(layout_.replay_blocks());
-    for (size_t i = result.nodes.size() > replay ? result.nodes.size() - replay : 0; i < result.nodes.size(); ++i) {
-      (void)policy_->mutable_index().add_kinds(result.nodes[i], window);
+  // The sequence's window blocks of these blocks join the cache with them (unless one is cached already).
+  for (size_t slot = 0; slot < window_tables.size(); ++slot) {
+    WindowPool& window = windows_[slot];
+    const std::vector<BlockId>& table = window_tables[slot];
+    for (size_t i = 0; i < result.nodes.size() && i < table.size(); ++i) {
+      const BlockId block = table[i];
+      if (block == kNoBlock || window.cached.contains(chain[i]) || window.hash_of.contains(block)) continue;
+      window.cached[chain[i]] = {block, result.nodes[i]};
+      window.hash_of[block] = chain[i];
+      window.pool.set_cached(block, true);
+      (void)policy_->mutable_index().add_kinds(result.nodes[i], CacheKindSet{window.spec.kind});
     }
   }
   flush_submissions();

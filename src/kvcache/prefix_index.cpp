@@ -384,6 +384,15 @@ Status PrefixIndex::add_kinds(NodeId node, CacheKindSet kinds) {
   return Status::ok_status();
 }
 
+Status PrefixIndex::remove_kinds(NodeId node, CacheKindSet kinds) {
+  if (Status status = check_live(node, "remove_kinds"); !status.ok()) return status;
+  CacheKindSet& have = nodes_[static_cast<size_t>(node)].info.kinds;
+  for (int k = 0; k < kMaxCacheKinds; ++k) {
+    if (kinds.has(static_cast<CacheKind>(k))) have.erase(static_cast<CacheKind>(k));
+  }
+  return Status::ok_status();
+}
+
 NodeId PrefixIndex::eviction_candidate(Tier tier) const {
   const auto& set = candidates_[static_cast<size_t>(tier_index(tier))];
   return set.empty() ? kNoNode : std::get<3>(*set.begin());

@@ -5,12 +5,15 @@
 // the index's tiers; tier_policy_test.cpp tests the policy itself.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
+#include "deepinfer/engine/engine.h"
 #include "deepinfer/engine/executor.h"
 #include "deepinfer/engine/scheduler.h"
 #include "deepinfer/kvcache/kv_cache_manager.h"
@@ -20,6 +23,7 @@ namespace deepinfer::kvcache {
 namespace {
 
 using deepinfer::testing::TempDir;
+using engine::FinishedSequence;
 using engine::ScheduledBatch;
 using engine::Scheduler;
 using engine::SchedulerConfig;
@@ -333,58 +337,259 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
 }
 
 // A fake model caching two kinds: the latent of every token (2 layers) and a sliding window of 128 tokens
-// (1 layer), as V4's window layers do. A prefix is reused when its blocks hold the latent and its last two
-// blocks hold the window too; otherwise the hit ends before that window, which is recomputed.
+// (1 layer), as V4's window layers do. Each kind has its own pool: a sequence holds window blocks only for its
+// last window; a prefix is reused when its blocks hold the latent and its last two blocks hold the window too;
+// otherwise the hit ends before that window, which is recomputed.
 CacheLayout two_kind_layout() {
   return CacheLayout{{CacheKindSpec{CacheKind::kLatent, "latent", 2, 1, 0},
                       CacheKindSpec{CacheKind::kSlidingWindow, "sliding_window", 1, 2, 128}}};
 }
 
-TEST(KvCacheManagerTest, AFakeTwoKindModelReusesAPrefixOnlyWithItsLastWindowAndReplaysItOtherwise) {
+// The fake model's forward pass: each kind's storage holds, per block slot, the token whose entry it is. To
+// compute position p it reads the latent of every position before p and the window entries of the 127 before
+// it, through the entry's block table and window table, and checks each holds the right token; then it writes
+// p's entries. A missing window block, a stale one or a wrong reuse fails the test.
+class TwoKindModel {
+ public:
+  TwoKindModel(int latent_blocks, int window_blocks)
+      : latent_(static_cast<size_t>(latent_blocks), std::vector<int>(kBlockTokens, -1)),
+        window_(static_cast<size_t>(window_blocks), std::vector<int>(kBlockTokens, -1)) {}
+  void set_tokens(engine::SequenceId id, std::vector<engine::TokenId> tokens) { tokens_[id] = std::move(tokens); }
+
+  ScheduledBatch step(Scheduler& scheduler) {
+    ScheduledBatch batch = scheduler.schedule();
+    std::vector<engine::TokenId> sampled;
+    for (const engine::ScheduledEntry& entry : batch.entries) {
+      const std::vector<engine::TokenId>& tokens = tokens_.at(entry.sequence_id);
+      EXPECT_EQ(entry.window_block_tables.size(), 1u);
+      const std::vector<BlockId>& window_table = entry.window_block_tables.at(0);
+      EXPECT_EQ(window_table.size(), entry.block_table.size());
+      for (int64_t p = entry.start_position; p < entry.end_position(); ++p) {
+        for (int64_t q = 0; q < p; ++q) {
+          const BlockId block = entry.block_table[static_cast<size_t>(q / kBlockTokens)];
+          EXPECT_EQ(latent_[static_cast<size_t>(block)][static_cast<size_t>(q % kBlockTokens)], tokens[static_cast<size_t>(q)])
+              << "sequence " << entry.sequence_id << " latent of position " << q;
+        }
+        for (int64_t q = std::max<int64_t>(p - 127, 0); q < p; ++q) {
+          const BlockId block = window_table[static_cast<size_t>(q / kBlockTokens)];
+          EXPECT_NE(block, kNoBlock) << "sequence " << entry.sequence_id << " has no window block for " << q;
+          if (block == kNoBlock) continue;
+          EXPECT_EQ(window_[static_cast<size_t>(block)][static_cast<size_t>(q % kBlockTokens)], tokens[static_cast<size_t>(q)])
+              << "sequence " << entry.sequence_id << " window entry of position " << q;
+        }
+        latent_[static_cast<size_t>(entry.block_table[static_cast<size_t>(p / kBlockTokens)])][static_cast<size_t>(p % kBlockTokens)] =
+            tokens[static_cast<size_t>(p)];
+        window_[static_cast<size_t>(window_table[static_cast<size_t>(p / kBlockTokens)])][static_cast<size_t>(p % kBlockTokens)] =
+            tokens[static_cast<size_t>(p)];
+      }
+      if (entry.samples) sampled.push_back(7);
+      // Held window blocks: the last window and this step's tokens, never more.
+      const int64_t held = std::count_if(window_table.begin(), window_table.end(), [](BlockId b) { return b != kNoBlock; });
+      EXPECT_LE(held, 2 + (entry.num_tokens() + kBlockTokens - 1) / kBlockTokens + 1) << "sequence " << entry.sequence_id;
+    }
+    EXPECT_TRUE(scheduler.update(batch, sampled).ok());
+    return batch;
+  }
+  ScheduledBatch run(Scheduler& scheduler, SequenceRequest r) {
+    std::vector<engine::TokenId> tokens = r.prompt_token_ids;
+    tokens.insert(tokens.end(), static_cast<size_t>(r.max_tokens), 7);
+    set_tokens(r.id, tokens);
+    EXPECT_TRUE(scheduler.add(std::move(r)).ok());
+    ScheduledBatch first = step(scheduler);
+    for (int i = 0; i < 50 && scheduler.has_pending_work(); ++i) step(scheduler);
+    return first;
+  }
+
+ private:
+  std::vector<std::vector<int>> latent_;
+  std::vector<std::vector<int>> window_;
+  std::unordered_map<engine::SequenceId, std::vector<engine::TokenId>> tokens_;
+};
+
+TEST(KvCacheManagerTest, AFakeTwoKindModelHasAPoolPerKindAndReusesAPrefixOnlyWithItsLastWindow) {
   const CacheLayout layout = two_kind_layout();
   ASSERT_TRUE(layout.validate().ok());
+  EXPECT_EQ(layout.full_block_bytes(), 2 * 1 * kBlockTokens);
   EXPECT_EQ(layout.block_bytes(), (2 * 1 + 1 * 2) * kBlockTokens);
   EXPECT_EQ(layout.replay_blocks(), 2);
   EXPECT_EQ(layout.full_kinds(), CacheKindSet{CacheKind::kLatent});
   int64_t clock = 1'000'000;
   KvCacheConfig config = cache_config(32, 0, &clock);
-  config.block_bytes = static_cast<size_t>(layout.block_bytes());
+  config.block_bytes = static_cast<size_t>(layout.full_block_bytes());
   config.layout = layout;
+  SchedulerConfig sc = scheduler_config(32);
+  sc.max_num_batched_tokens = 128;  // prompts are prefilled in chunks of two blocks
+  config.window_blocks = Scheduler::min_window_blocks(sc, 128);
+  EXPECT_EQ(config.window_blocks, 6);
+  {
+    KvCacheConfig short_pool = config;
+    short_pool.window_blocks = 5;
+    Result<Scheduler> refused = Scheduler::create(sc, std::move(KvCacheManager::create(short_pool)).value());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("sliding_window"), std::string::npos) << refused.status().to_string();
+  }
   auto cache = std::move(KvCacheManager::create(config)).value();
   KvCacheManager* manager = cache.get();
-  FakeDevice device(32);
-  SchedulerConfig sc = scheduler_config(32);
+  ASSERT_EQ(manager->num_window_pools(), 1);
+  EXPECT_EQ(manager->window_pool(0).num_total(), 6);
   Scheduler scheduler = std::move(Scheduler::create(sc, std::move(cache))).value();
+  TwoKindModel model(32, 6);
 
-  // Sequence 1 caches 5 full blocks (320 prompt tokens); its last two hold the window kind.
+  // Sequence 1: 320 prompt tokens in three chunks. Its last chunk holds window blocks only for blocks 2..4.
   ASSERT_TRUE(scheduler.add(request(1, 100, 320, 1)).ok());
-  run_to_end(scheduler, device, 10);
+  model.set_tokens(1, [] { auto t = request(1, 100, 320, 1).prompt_token_ids; t.push_back(7); return t; }());
+  model.step(scheduler);
+  model.step(scheduler);
+  ScheduledBatch last = model.step(scheduler);
+  ASSERT_EQ(last.entries.size(), 1u);
+  EXPECT_EQ(last.entries[0].start_position, 256);
+  const std::vector<BlockId>& windows = last.entries[0].window_block_tables[0];
+  ASSERT_EQ(windows.size(), 5u);
+  EXPECT_EQ(windows[0], kNoBlock);
+  EXPECT_EQ(windows[1], kNoBlock);
+  for (size_t b = 2; b < 5; ++b) EXPECT_NE(windows[b], kNoBlock) << "block " << b;
+  EXPECT_FALSE(scheduler.has_pending_work() && scheduler.num_running() > 0);
   const std::vector<BlockHash> chain = block_hash_chain(request(1, 100, 320, 1).prompt_token_ids, {3, 4});
   const PrefixIndex& index = manager->policy().index();
   std::vector<NodeId> path = index.match(chain, clock, CacheKindSet{CacheKind::kLatent});
   ASSERT_EQ(path.size(), 5u);
-  for (size_t b = 0; b < 5; ++b) {
-    EXPECT_EQ(index.node(path[b]).kinds.has(CacheKind::kSlidingWindow), b >= 3) << "block " << b;
+  for (size_t b = 0; b < 5; ++b) {  // every computed block's window block was cached with it
+    EXPECT_TRUE(index.node(path[b]).kinds.has(CacheKind::kSlidingWindow)) << "block " << b;
+    EXPECT_TRUE(manager->cached_window_block(0, chain[b]).has_value()) << "block " << b;
   }
 
-  // The same 320 tokens and more: the prefix ends at block 4, whose window is there: all 5 blocks reused.
-  SequenceRequest longer = request(2, 100, 384, 1);
-  ASSERT_TRUE(scheduler.add(longer).ok());
-  ScheduledBatch batch = step(scheduler, device, 20);
-  ASSERT_EQ(batch.entries.size(), 1u);
-  EXPECT_EQ(batch.entries[0].start_position, 320);
-  run_to_end(scheduler, device, 20);
+  // The same 320 tokens and more: the prefix's last window (blocks 3, 4) is cached: all 5 blocks are reused,
+  // and the model reads the cached window entries.
+  ScheduledBatch first = model.run(scheduler, request(2, 100, 384, 1));
+  ASSERT_EQ(first.entries.size(), 1u);
+  EXPECT_EQ(first.entries[0].start_position, 320);
+  EXPECT_EQ(first.entries[0].window_block_tables[0][3], *manager->cached_window_block(0, chain[3]));
 
-  // The first 256 tokens, then others: the prefix ends at block 3, but block 2 lacks the window: the hit ends
-  // before the window (blocks 2 and 3 are recomputed, rebuilding it).
-  SequenceRequest branch = request(3, 100, 256, 1);
+  // An unrelated prompt takes three window blocks: the window pool reuses the ones released longest ago, those
+  // of sequence 1's blocks 0..2, whose nodes lose the window kind (the latent stays cached).
+  model.run(scheduler, request(3, 20000, 192, 1));
+  for (size_t b = 0; b < 5; ++b) {
+    EXPECT_EQ(index.node(path[b]).kinds.has(CacheKind::kSlidingWindow), b >= 3) << "block " << b;
+    EXPECT_EQ(manager->cached_window_block(0, chain[b]).has_value(), b >= 3) << "block " << b;
+  }
+
+  // Sequence 1's 320 tokens, then others: blocks 0..2 lack the window kind, but the prefix's last window
+  // (blocks 3, 4) holds it: all 5 blocks are reused.
+  SequenceRequest extended = request(4, 100, 320, 1);
+  for (int i = 0; i < 64; ++i) extended.prompt_token_ids.push_back(8000 + i);
+  EXPECT_EQ(manager->match(block_hash_chain(extended.prompt_token_ids, {3, 4})).device_blocks, 5);
+  first = model.run(scheduler, extended);
+  ASSERT_EQ(first.entries.size(), 1u);
+  EXPECT_EQ(first.entries[0].start_position, 320);
+
+  // The first 256 tokens, then others: the prefix would end at block 3, but block 2's window is gone, and so
+  // are those of every earlier window (blocks 0, 1): nothing is reusable, everything is recomputed, and the
+  // windows are cached again.
+  SequenceRequest branch = request(5, 100, 256, 1);
   for (int i = 0; i < 64; ++i) branch.prompt_token_ids.push_back(9000 + i);
-  EXPECT_EQ(manager->match(block_hash_chain(branch.prompt_token_ids, {3, 4})).device_blocks, 2);
-  ASSERT_TRUE(scheduler.add(branch).ok());
-  batch = step(scheduler, device, 30);
-  ASSERT_EQ(batch.entries.size(), 1u);
-  EXPECT_EQ(batch.entries[0].start_position, 128);
-  EXPECT_EQ(scheduler.find(3)->num_cached_tokens, 128);
+  EXPECT_EQ(manager->match(block_hash_chain(branch.prompt_token_ids, {3, 4})).device_blocks, 0);
+  first = model.run(scheduler, branch);
+  ASSERT_EQ(first.entries.size(), 1u);
+  EXPECT_EQ(first.entries[0].start_position, 0);
+  EXPECT_TRUE(manager->cached_window_block(0, chain[0]).has_value());
+  EXPECT_TRUE(manager->cached_window_block(0, chain[2]).has_value());
+
+  // Sequence 1's first 192 tokens and more: its last window (blocks 1, 2) is cached again: 3 blocks reused.
+  SequenceRequest again = request(6, 100, 192, 1);
+  for (int i = 0; i < 10; ++i) again.prompt_token_ids.push_back(7000 + i);
+  first = model.run(scheduler, again);
+  ASSERT_EQ(first.entries.size(), 1u);
+  EXPECT_EQ(first.entries[0].start_position, 192);
+
+  // Everything let go: every window block is free (cached or plain), none leaked.
+  EXPECT_EQ(manager->window_pool(0).num_free(), 6);
+  EXPECT_EQ(manager->pool().num_free(), 32);
+}
+
+TEST(KvCacheManagerTest, ASequenceShortOfWindowBlocksPreemptsTheLastAdmittedAndBothFinishExactly) {
+  int64_t clock = 1'000'000;
+  KvCacheConfig config = cache_config(64, 0, &clock);
+  config.block_bytes = static_cast<size_t>(two_kind_layout().full_block_bytes());
+  config.layout = two_kind_layout();
+  SchedulerConfig sc = scheduler_config(64);
+  sc.max_num_batched_tokens = 128;
+  config.window_blocks = Scheduler::min_window_blocks(sc, 128);  // 6: two decoding sequences hold 3 each
+  auto cache = std::move(KvCacheManager::create(config)).value();
+  KvCacheManager* manager = cache.get();
+  Scheduler scheduler = std::move(Scheduler::create(sc, std::move(cache))).value();
+  TwoKindModel model(64, 6);
+  // A decodes (holding 3 window blocks) while B's 400-token prompt is prefilled in chunks: B's second chunk
+  // needs 4 window blocks, 7 in all: B, admitted last, is preempted and runs once A is done.
+  auto add = [&](engine::SequenceId id, int first, int prompt, int max_tokens) {
+    SequenceRequest r = request(id, first, prompt, max_tokens);
+    std::vector<engine::TokenId> tokens = r.prompt_token_ids;
+    tokens.insert(tokens.end(), static_cast<size_t>(max_tokens), 7);
+    model.set_tokens(id, tokens);
+    ASSERT_TRUE(scheduler.add(std::move(r)).ok());
+  };
+  add(1, 1000, 150, 60);
+  model.step(scheduler);
+  model.step(scheduler);
+  add(2, 5000, 400, 3);
+  int preemptions = 0;
+  std::vector<FinishedSequence> finished;
+  for (int i = 0; i < 400 && scheduler.has_pending_work(); ++i) {
+    ScheduledBatch batch = model.step(scheduler);
+    preemptions += static_cast<int>(batch.preempted.size());
+    for (const auto& f : batch.finished) finished.push_back(f);
+  }
+  EXPECT_GE(preemptions, 1);
+  ASSERT_EQ(finished.size(), 2u);
+  for (const auto& f : finished) {
+    EXPECT_EQ(f.reason, engine::FinishReason::kLength);
+    EXPECT_EQ(f.num_generated_tokens, f.id == 1 ? 60 : 3);
+  }
+  EXPECT_EQ(manager->window_pool(0).num_free(), 6);
+  EXPECT_EQ(manager->pool().num_free(), 64);
+}
+
+TEST(CacheLayoutTest, APrefixIsUsableUpToTheLastBlockWhoseWindowIsComplete) {
+  const CacheLayout layout = two_kind_layout();  // window 128 tokens: 2 blocks
+  struct Case {
+    std::vector<bool> present;
+    int64_t usable;
+  };
+  const std::vector<Case> cases = {
+      {{}, 0},
+      {{true}, 1},
+      {{false}, 0},
+      {{true, true, true, true}, 4},
+      {{false, false, true, true}, 4},   // only the last window matters
+      {{false, false, true, false}, 0},  // [1, 2] and [0, 1] and [0] all lack it
+      {{true, true, false, false}, 2},
+      {{true, false, true, true, false}, 4},
+      {{false, true, false}, 0},
+  };
+  for (const Case& c : cases) {
+    std::string pattern;
+    for (bool b : c.present) pattern += b ? '1' : '0';
+    EXPECT_EQ(layout.usable_blocks(c.present), c.usable) << pattern;
+  }
+  EXPECT_EQ(CacheLayout::latent_only(2, 4).usable_blocks({false, false}), 2);  // no window kind: every block
+}
+
+TEST(KvCacheManagerTest, TheEnginePlanGivesEachWindowKindItsOwnPoolOutOfTheSameMemory) {
+  engine::EngineConfig config;
+  config.max_num_batched_tokens = 128;
+  config.max_num_seqs = 4;
+  config.kv_cache_bytes = 1 << 20;
+  engine::KvCachePlan latent = std::move(engine::plan_kv_cache(config, CacheLayout::latent_only(2, 1))).value();
+  EXPECT_EQ(latent.cache.window_blocks, 0);
+  EXPECT_EQ(latent.scheduler.num_blocks, (1 << 20) / 128);
+  engine::KvCachePlan two = std::move(engine::plan_kv_cache(config, two_kind_layout())).value();
+  // Window pool: 2 x (one sequence's step: 6, plus each running sequence's last window: 4 x 2) = 28 blocks of
+  // 128 bytes; the main pool gets the rest in blocks of the latent's 128 bytes.
+  EXPECT_EQ(two.cache.window_blocks, 28);
+  EXPECT_EQ(two.scheduler.num_blocks, ((1 << 20) - 28 * 128) / 128);
+  EXPECT_EQ(two.cache.block_bytes, 128u);
+  auto cache = KvCacheManager::create(two.cache);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  EXPECT_TRUE(Scheduler::create(two.scheduler, std::move(cache).value()).ok());
 }
 
 TEST(KvCacheManagerTest, ConfigErrorsNameTheField) {
@@ -405,8 +610,13 @@ TEST(KvCacheManagerTest, ConfigErrorsNameTheField) {
   off.enable_prefix_caching = false;
   cases.push_back({off, "prefix caching"});
   KvCacheConfig wrong_bytes = cache_config(4, 0, &clock);
+  wrong_bytes.block_bytes = 256;
   wrong_bytes.layout = two_kind_layout();
+  wrong_bytes.window_blocks = 6;
   cases.push_back({wrong_bytes, "layout"});
+  KvCacheConfig no_window_pool = cache_config(4, 0, &clock);
+  no_window_pool.layout = two_kind_layout();
+  cases.push_back({no_window_pool, "window_blocks"});
   KvCacheConfig only_window = cache_config(4, 0, &clock);
   only_window.layout = CacheLayout{{CacheKindSpec{CacheKind::kSlidingWindow, "sliding_window", 1, 2, 128}}};
   only_window.block_bytes = 128;

@@ -53,9 +53,10 @@ struct EngineConfig {
   int64_t parallel_sampling_min_logits = int64_t{1} << 21;
 };
 
-// What an engine config makes of the scheduler and the prefix cache for a model caching `layout` (its blocks'
-// bytes: one block of every layer, every kind): the block count from kv_cache_bytes, the host and disk tiers,
-// the retention classes.
+// What an engine config makes of the scheduler and the prefix cache for a model caching `layout`: the main
+// pool's block count from kv_cache_bytes (a block holds the kinds that keep every token, every layer), after a
+// pool per sliding-window kind (twice the blocks the running sequences can hold at once: the rest caches
+// finished prefixes' windows); the host and disk tiers; the retention classes.
 // Engine::create uses it; so does the offline replay of a live trace (bench/replay/engine_replay.h), which runs
 // the same scheduler and cache with no model. Errors: InvalidArgument naming the setting that cannot work.
 struct KvCachePlan {

@@ -61,6 +61,9 @@ struct ScheduledEntry {
   // Copy of the sequence's block table, covering positions [0, start_position + token_ids.size()); the
   // executor writes this step's KV at block_table[p / kBlockTokens], slot p % kBlockTokens.
   std::vector<kvcache::BlockId> block_table;
+  // Per sliding-window kind of the cache (its window pools, slot order; empty for V2/V3): the window kind's
+  // blocks, indexed like block_table, kNoBlock for blocks wholly before position start_position - window.
+  std::vector<std::vector<kvcache::BlockId>> window_block_tables;
   // True when these are the sequence's last uncomputed tokens: the end of its prompt (or of a recompute
   // after preemption) or a decode token. Exactly one sampled token is expected back for such an entry.
   bool samples = false;
@@ -108,7 +111,12 @@ class Scheduler {
   // `cache`: the prefix cache with its tiers (the engine builds it with host and disk); null: a device-only
   // cache of config.num_blocks blocks. Errors: those of SchedulerConfig::validate(); InvalidArgument when
   // `cache` disagrees with the config (block count, prefix caching on or off).
+  // A window pool smaller than min_window_blocks() is InvalidArgument too.
   static Result<Scheduler> create(const SchedulerConfig& config, std::unique_ptr<kvcache::KvCacheManager> cache = nullptr);
+  // The fewest blocks a sliding-window kind's pool needs so that one sequence always fits a step: its last
+  // window (ceil(window_tokens / 64) blocks), a chunk of max_num_batched_tokens plus the lookahead slots, and
+  // the two blocks they may straddle.
+  static int32_t min_window_blocks(const SchedulerConfig& config, int32_t window_tokens);
 
   // The prefix cache: its tiers, counters and KV events (KvCacheManager::set_event_sink).
   kvcache::KvCacheManager& cache() { return *cache_; }
@@ -197,7 +205,12 @@ class Scheduler {
   void preempt(SequenceState& seq);  // does not touch running_
   // Grows seq's block table to cover `end_position` tokens. False when the cache ran out of blocks first (the
   // blocks taken so far stay in the table).
+  // With the window kinds' blocks of each new block (all or nothing per block).
   [[nodiscard]] bool allocate_blocks(SequenceState& seq, int64_t end_position);
+  // Lets go of the window blocks of blocks wholly before num_computed_tokens - window (cached ones stay cached).
+  void slide_windows(SequenceState& seq);
+  // Releases seq's blocks from block `keep` on (block table, window tables).
+  void truncate_blocks(SequenceState& seq, size_t keep);
   ScheduledEntry make_entry(const SequenceState& seq, int64_t num_new_tokens) const;
   // The longest cached prefix of seq's tokens, excluding the block of its last token (extends seq.block_hashes
   // to that bound).

@@ -96,6 +96,11 @@ struct SequenceState {
   int64_t num_computed_tokens = 0;
   // block_table[i] holds the KV of positions [i * kBlockTokens, (i + 1) * kBlockTokens).
   std::vector<kvcache::BlockId> block_table;
+  // Per window pool of the cache (KvCacheManager::window_pool, slot order), indexed like block_table: the
+  // sliding-window kind's block of each block of the last window (and of this step's tokens), kNoBlock for
+  // the blocks before it, whose window blocks were let go. Blocks [0, num_window_released_blocks) hold none.
+  std::vector<std::vector<kvcache::BlockId>> window_tables;
+  int64_t num_window_released_blocks = 0;
   int32_t num_preemptions = 0;
   // Prefix caching: the chained hashes of the sequence's full blocks computed so far (a prefix of the chain
   // of its tokens), and how many of its leading blocks were offered to the prefix index.

@@ -69,6 +69,8 @@ class BlockPool {
   bool is_free(BlockId id) const { return ref_count(id) == 0; }
 
   int32_t num_free() const { return num_free_[0] + num_free_[1]; }
+  // The free cached block released longest ago (the head of the cached free list), or nullopt. O(1).
+  std::optional<BlockId> oldest_free_cached() const;
   // Free blocks allocate() can take at once (not cached).
   int32_t num_free_uncached() const { return num_free_[0]; }
   int32_t num_total() const { return static_cast<int32_t>(ref_counts_.size()); }

@@ -13,6 +13,13 @@
 // index pin per sequence); when no sequence uses one it stays cached on the pool's second free list until the
 // index evicts it (allocate() asks for that when no plain block is free), so the cache never makes anyone wait.
 //
+// Sliding-window kinds (cache_layout.h) have a pool each ("window pools", indexed by slot: the layout's
+// window_specs() order). A sequence holds a window block for each block of its last window only; a computed full
+// block's window block is cached with the block's node (its kinds gain the window kind) and stays cached after
+// its sequence lets go of it, until the window pool needs a block and none is plainly free: then the one
+// released longest ago is reused and its node loses the kind. Window blocks live on the device only: a prefix
+// whose last window's window blocks are gone is reused up to that window, which is recomputed.
+//
 // Loads are asynchronous: admit() pins the prefix, reserves device blocks for its part found below the device
 // and queues their loads; the scheduler keeps the request in a "loading KV" state until loading() says its
 // blocks have arrived, while every other request keeps stepping. A load that fails (a corrupt or vanished disk
@@ -53,9 +60,13 @@ struct KvCacheConfig {
   int32_t num_device_blocks = 0;      // the device pool; REQUIRES >= 1
   bool enable_prefix_caching = true;  // off: a plain block pool, nothing indexed or matched
   size_t block_bytes = 0;             // one block's payload (all layers); REQUIRES > 0 with a host tier
-  // The kinds the model caches (cache_layout.h); empty: the MLA latent only. Its block_bytes() must equal
-  // block_bytes when both are set.
+  // The kinds the model caches (cache_layout.h); empty: the MLA latent only. Its full_block_bytes() must equal
+  // block_bytes when both are set (block_bytes is a block of the main pool and of a host or disk copy).
   std::optional<CacheLayout> layout;
+  // Blocks in each sliding-window kind's own pool (the layout's window kinds); REQUIRES >= 1 when it has one.
+  // The scheduler needs at least Scheduler::min_window_blocks(); what is left over caches the windows of
+  // finished prefixes.
+  int32_t window_blocks = 0;
   int64_t host_blocks = 0;            // 0: no host tier
   double host_high_watermark = 0.95;  // TierConfig's meaning
   double host_low_watermark = 0.90;
@@ -141,6 +152,19 @@ class KvCacheManager {
   // Drops one owner. A cached block whose last owner leaves stays cached.
   void release(BlockId block);
 
+  // ---- window pools (one per sliding-window kind; see the class comment) ----
+  int num_window_pools() const { return static_cast<int>(windows_.size()); }
+  // REQUIRES: 0 <= slot < num_window_pools() for these four.
+  const CacheKindSpec& window_spec(int slot) const { return windows_[static_cast<size_t>(slot)].spec; }
+  const BlockPool& window_pool(int slot) const { return windows_[static_cast<size_t>(slot)].pool; }
+  // A window block for a sequence (count 1): a plain free one, else the cached one released longest ago (its
+  // node loses the kind). nullopt when every block is held by a sequence.
+  std::optional<BlockId> allocate_window(int slot);
+  // Drops one owner; a cached window block whose last owner leaves stays cached.
+  void release_window(int slot, BlockId block);
+  // The window block cached for `hash`, or nullopt.
+  std::optional<BlockId> cached_window_block(int slot, const BlockHash& hash) const;
+
   // ---- prefix matching ----
   struct PrefixMatch {
     int64_t device_blocks = 0;       // leading blocks resident on device (or being loaded there)
@@ -148,7 +172,7 @@ class KvCacheManager {
     int64_t device_free_blocks = 0;  // of the device ones, those no sequence uses (reviving them takes free blocks)
   };
   // The longest live cached prefix of `chain` that may be reused: every block holds the layout's full kinds,
-  // and the last replay_blocks() hold its window kinds (else the hit ends before them, cache_layout.h).
+  // and its last window's blocks hold the window kinds (else it ends earlier: CacheLayout::usable_blocks).
   // Index only: changes and counts nothing.
   PrefixMatch match(std::span<const BlockHash> chain) const;
 
@@ -156,6 +180,9 @@ class KvCacheManager {
     std::vector<NodeId> nodes;    // the prefix, chain order, each pinned once for the caller
     std::vector<BlockId> blocks;  // their device blocks, each retained once for the caller (its block table)
     int64_t loaded_blocks = 0;    // of them, blocks being loaded from host or disk
+    // Per window pool (slot), by chain position like `blocks`: the cached window blocks of the prefix's last
+    // window, each retained once for the caller, kNoBlock elsewhere (and where the window block is gone).
+    std::vector<std::vector<BlockId>> window_blocks;
   };
   // Takes the longest cached prefix of `chain` for a request: counts the lookup (`prompt_tokens` tokens),
   // pins it, reserves device blocks for the part found below the device and queues their loads.
@@ -172,9 +199,12 @@ class KvCacheManager {
   // nodes get these device blocks; a node that already has a device copy keeps it (the sequence's block
   // stays private); write-through copies are queued. Returns the nodes, each pinned once for the caller.
   // `tokens`: the chain's tokens for the KV events (may be empty when publishes_events() is false).
-  // REQUIRES: blocks.size() >= chain.size(), known ttl_class.
+  // `window_tables`: per window pool, the sequence's window blocks by chain position (kNoBlock where it holds
+  // none); a block's window block joins the cache with it unless one is cached for it already.
+  // REQUIRES: blocks.size() >= chain.size(), known ttl_class, window_tables empty or one per window pool.
   std::vector<NodeId> insert(std::span<const BlockHash> chain, std::span<const BlockId> blocks,
-                             std::span<const TokenId> tokens, TtlClassId ttl_class);
+                             std::span<const TokenId> tokens, TtlClassId ttl_class,
+                             std::span<const std::vector<BlockId>> window_tables = {});
   // Unpins nodes returned by admit() or insert(); a failed load's subtree nobody pins any more leaves the index.
   void release_nodes(std::span<const NodeId> nodes);
 
@@ -190,6 +220,8 @@ class KvCacheManager {
 
   // ---- introspection ----
   const TierPolicy& policy() const { return *policy_; }
+  // The kinds cached (the config's layout, or the latent alone).
+  const CacheLayout& layout() const { return layout_; }
   bool prefix_caching() const { return config_.enable_prefix_caching; }
   // Whether KV events are published (then admit() and insert() want the chain's tokens for BlockStored).
   bool publishes_events() const { return sink_ != nullptr; }
@@ -227,9 +259,23 @@ class KvCacheManager {
   std::span<const TokenId> event_tokens(const CacheEvent& event) const;
   std::string_view medium(Tier tier) const;
 
+  struct CachedWindow {
+    BlockId block = kNoBlock;
+    NodeId node = kNoNode;
+  };
+  struct WindowPool {
+    CacheKindSpec spec;
+    BlockPool pool;
+    std::unordered_map<BlockHash, CachedWindow, BlockHashHasher> cached;  // hash -> its cached window block
+    std::unordered_map<BlockId, BlockHash> hash_of;                       // cached window block -> hash
+  };
+  // Forgets `hash`'s cached window block in every pool (its node leaves the index, or the block is reused).
+  void forget_window(WindowPool& window, const BlockHash& hash, bool update_node);
+
   KvCacheConfig config_;
   CacheLayout layout_;
   BlockPool pool_;
+  std::vector<WindowPool> windows_;
   std::unique_ptr<TierPolicy> policy_;
   std::unique_ptr<DiskBlockStore> disk_;
   std::unique_ptr<transfer::BlockMover> mover_;

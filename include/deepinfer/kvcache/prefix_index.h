@@ -206,8 +206,10 @@ class PrefixIndex {
   // Records the device pool's block for a node with a device copy. Errors: InvalidArgument for a dead id or
   // a node without a device copy.
   Status set_device_block(NodeId node, BlockId block);
-  // Marks more cache kinds complete. Errors: InvalidArgument for a dead id.
+  // Marks more cache kinds complete, or some no longer present (a window kind's block was reused).
+  // Errors: InvalidArgument for a dead id.
   Status add_kinds(NodeId node, CacheKindSet kinds);
+  Status remove_kinds(NodeId node, CacheKindSet kinds);
   // Sets a node's expiry outright (a block recovered from disk keeps the expiry its file recorded).
   // Errors: InvalidArgument for a dead id.
   Status set_expiry(NodeId node, int64_t expiry_ms);
