@@ -437,7 +437,7 @@ size_t KvCacheManager::usable_match(std::span<const NodeId> matched) const {
   return static_cast<size_t>(layout_.usable_blocks(present));
 }
 
-void KvCacheManager::forget_window(WindowPool& window, const BlockHash& hash, bool update_node) {
+void KvCacheManager::forget_window(WindowPool& window, BlockHash hash, bool update_node) {
   auto it = window.cached.find(hash);
   if (it == window.cached.end()) return;
   const CachedWindow cached = it->second;

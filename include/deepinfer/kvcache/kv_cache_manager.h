@@ -269,8 +269,9 @@ class KvCacheManager {
     std::unordered_map<BlockHash, CachedWindow, BlockHashHasher> cached;  // hash -> its cached window block
     std::unordered_map<BlockId, BlockHash> hash_of;                       // cached window block -> hash
   };
-  // Forgets `hash`'s cached window block in every pool (its node leaves the index, or the block is reused).
-  void forget_window(WindowPool& window, const BlockHash& hash, bool update_node);
+  // Forgets `hash`'s cached window block in `window` (its node leaves the index, or the block is reused); with
+  // update_node, the node loses the kind. `hash` by value: callers pass map entries this erases.
+  void forget_window(WindowPool& window, BlockHash hash, bool update_node);
 
   KvCacheConfig config_;
   CacheLayout layout_;
