@@ -48,8 +48,9 @@ Result<RenderedPrompt> render(const Conversation& conversation, Variant variant)
         out.content(message.text());
         break;
       case Role::kAssistant: {
-        // V3 renders tool calls only when content is null ("" with calls counts as null: clients send both).
-        bool content_null = message.content_is_null || (message.text().empty() && !message.tool_calls.empty());
+        // V3 renders tool calls only when content is null; "" is not null: the template then renders the empty
+        // answer and drops the calls, R1 renders both (goldens empty_content_with_tool_calls*).
+        const bool content_null = message.content_is_null;
         bool render_calls = variant == Variant::kR1 ? !message.tool_calls.empty() : content_null;
         if (render_calls) {
           is_tool = false;
