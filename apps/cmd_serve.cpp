@@ -94,6 +94,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::string kv_host_evict_rate = "unlimited";
     int32_t tensor_parallel_size = 1;
     std::optional<std::string> chat_format;
+    std::optional<std::string> chat_format_revision;
     std::string api_key;
     std::string max_body_bytes = "16MiB";
     int32_t max_concurrent_requests = 256;
@@ -140,6 +141,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--chat-format", options->chat_format,
                   "Prompt format: deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v3.2, deepseek-v4, deepseek-v4.1 "
                   "(default: from the checkpoint's model_type)");
+  cmd->add_option("--chat-format-revision", options->chat_format_revision,
+                  "deepseek-v4 only: 0731 (the released V4-Flash/V4-Pro effort preambles) or preview (default: what "
+                  "the checkpoint's encoding/encoding_dsv4.py says, else 0731)");
   cmd->add_option("--api-key", options->api_key, "Require this key (Authorization: Bearer KEY or x-api-key: KEY)")
       ->envname("DEEPINFER_API_KEY");
   cmd->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body (bytes, or e.g. 16MiB)")
@@ -286,6 +290,19 @@ std::function<int()> add_serve_command(CLI::App& app) {
     } else {
       format = *checkpoint_format;
     }
+    recipe::V4Revision revision = server::checkpoint_v4_revision(model_path).value_or(recipe::V4Revision::k0731);
+    if (options->chat_format_revision) {
+      Result<recipe::V4Revision> parsed = recipe::parse_v4_revision(*options->chat_format_revision);
+      if (!parsed.ok()) return fail("--chat-format-revision: " + parsed.status().message());
+      if (format != recipe::PromptFormat::kDeepSeekV4) {
+        return fail("--chat-format-revision applies to the deepseek-v4 format only; the format is " +
+                    std::string(recipe::format_name(format)));
+      }
+      revision = *parsed;
+    }
+    if (format == recipe::PromptFormat::kDeepSeekV4) {
+      spdlog::info("chat format deepseek-v4, revision {}", recipe::v4_revision_name(revision));
+    }
     if (options->max_model_len < 0) return fail("--max-model-len must be positive");
     if (options->max_model_len > config->max_position_embeddings) {
       return fail("--max-model-len " + std::to_string(options->max_model_len) + " exceeds the model's " +
@@ -384,6 +401,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.max_concurrent_requests = options->max_concurrent_requests;
     server_config.max_json_depth = options->max_json_depth;
     server_config.chat_format = format;
+    server_config.chat_format_revision = revision;
     server_config.default_max_tokens = options->default_max_tokens.value_or(is_builtin ? kDefaultModelMaxTokens : 0);
     server_config.http_threads = options->http_threads;
     server_config.tokenization_cache_bytes = options->tokenization_cache_mb << 20;

@@ -210,6 +210,17 @@ void bind_conversation(py::module_& module) {
           "\"low\" | \"medium\" | \"high\" | \"xhigh\" | \"max\", or 1..100 (V4.1); None for the format's "
           "default. Checked against the format when rendering.")
       .def(
+          "set_v4_revision",
+          [](PyConversation& self, const std::string& revision) {
+            recipe::V4Revision parsed = unwrap(recipe::parse_v4_revision(revision));
+            std::lock_guard lock(self.mu);
+            self.conversation.options.v4_revision = parsed;
+          },
+          py::arg("revision"),
+          "Which deepseek-v4 revision renders the reasoning-effort preambles: \"0731\" (the default, the released "
+          "V4-Flash/V4-Pro: low adds nothing, high the preview's max text, max/xhigh \"Beyond maximum\") or "
+          "\"preview\" (only max adds a preamble). Raises ValueError for another name. Other formats ignore it.")
+      .def(
           "register_tool",
           [](PyConversation& self, const std::string& name, py::handle description, py::handle parameters) {
             json::object function{{"name", name}};

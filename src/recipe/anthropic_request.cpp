@@ -226,7 +226,7 @@ Status convert_tools(const json::value* tools, Conversation& conversation) {
 }
 
 // tool_choice {"type": "auto" | "any" | "tool" | "none", "name"}: as in the OpenAI dialect, "none" drops the
-// tools, the others render and parse as auto; a named tool must exist.
+// tools; "any" and a named tool (which must exist) are recorded for the renderer to honour or refuse.
 Status apply_tool_choice(const json::value* choice, Conversation& conversation) {
   if (choice == nullptr) return Status();
   if (!choice->is_object()) return Status::invalid_argument("tool_choice must be an object");
@@ -236,12 +236,14 @@ Status apply_tool_choice(const json::value* choice, Conversation& conversation) 
     conversation.tools.clear();
   } else if (type == "any") {
     if (conversation.tools.empty()) return Status::invalid_argument("tool_choice \"any\" needs tools");
+    conversation.tool_choice.mode = ToolChoice::Mode::kRequired;
   } else if (type == "tool") {
     std::string name;
     if (Status s = required_string(choice->get_object(), "name", "tool_choice", name); !s.ok()) return s;
     bool found = false;
     for (const ToolDefinition& tool : conversation.tools) found = found || tool.name == name;
     if (!found) return Status::invalid_argument("tool_choice.name '" + name + "' is not one of the request's tools");
+    conversation.tool_choice = {ToolChoice::Mode::kNamed, name};
   } else if (type != "auto") {
     return Status::invalid_argument("tool_choice.type must be auto, any, tool or none, got " + quoted(type));
   }
@@ -288,6 +290,20 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
       }
     } else if (budget != nullptr) {
       return Status::invalid_argument("thinking.budget_tokens is only allowed with {\"type\": \"enabled\"}");
+    }
+  }
+  // Anthropic's effort control maps onto the format's reasoning-effort levels (checked when rendering).
+  if (const json::value* output = present(body, "output_config")) {
+    if (!output->is_object()) return Status::invalid_argument("output_config must be an object");
+    for (const auto& [key, value] : output->get_object()) {
+      if (key == "effort") {
+        if (value.is_null()) continue;
+        if (!value.is_string()) return Status::invalid_argument("output_config.effort must be a string");
+        conversation.options.reasoning_effort = std::string(value.get_string());
+      } else {
+        return Status::invalid_argument("output_config." + std::string(key) +
+                                        " is not supported; only output_config.effort is");
+      }
     }
   }
   return conversation;

@@ -24,6 +24,17 @@ Result<Role> parse_role(std::string_view name) {
                                   "'; expected system, developer, user, assistant, tool or latest_reminder");
 }
 
+std::string_view v4_revision_name(V4Revision revision) {
+  return revision == V4Revision::kPreview ? "preview" : "0731";
+}
+
+Result<V4Revision> parse_v4_revision(std::string_view name) {
+  if (name == "0731") return V4Revision::k0731;
+  if (name == "preview") return V4Revision::kPreview;
+  return Status::invalid_argument("unknown deepseek-v4 format revision '" + std::string(name) +
+                                  "'; expected 0731 or preview");
+}
+
 std::string Message::text(std::string_view separator) const {
   std::string out;
   bool first = true;

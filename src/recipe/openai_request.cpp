@@ -223,8 +223,8 @@ Status parse_thinking(const json::value& value, const std::string& path, bool& t
   return Status::invalid_argument(path + " must be a boolean or {\"type\": \"enabled\"|\"disabled\"}");
 }
 
-// tool_choice: "none" drops the tools from the prompt; "auto", "required" and a named function render and parse
-// as "auto" (there is no constrained decoding yet), but a named function must be one of `tools`.
+// tool_choice: "none" drops the tools from the prompt; "required" and a named function (one of `tools`) are
+// recorded in Conversation::tool_choice, for the renderer to honour or refuse.
 Status apply_tool_choice(const json::value& choice, Conversation& conversation) {
   if (choice.is_null()) return Status();
   if (choice.is_string()) {
@@ -236,6 +236,7 @@ Status apply_tool_choice(const json::value& choice, Conversation& conversation) 
     if (mode == "auto") return Status();
     if (mode == "required") {
       if (conversation.tools.empty()) return Status::invalid_argument("tool_choice \"required\" needs tools");
+      conversation.tool_choice.mode = ToolChoice::Mode::kRequired;
       return Status();
     }
     return Status::invalid_argument(
@@ -251,7 +252,10 @@ Status apply_tool_choice(const json::value& choice, Conversation& conversation) 
     return Status::invalid_argument("tool_choice.function.name must be a string");
   }
   for (const ToolDefinition& tool : conversation.tools) {
-    if (tool.name == name->get_string()) return Status();
+    if (tool.name == name->get_string()) {
+      conversation.tool_choice = {ToolChoice::Mode::kNamed, tool.name};
+      return Status();
+    }
   }
   return Status::invalid_argument("tool_choice.function.name '" + std::string(name->get_string()) +
                                   "' is not one of the request's tools");

@@ -181,6 +181,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
     return bad_request("metadata must be an object", "metadata");
   }
 
+  conversation.options.v4_revision = context.v4_revision;
   Result<recipe::RenderedPrompt> prompt =
       recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
   if (!prompt.ok()) return bad_request_from(prompt.status());
@@ -190,6 +191,12 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   }
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
+  // The format's turn markers end the answer (stream_parser.h): generation stops there too.
+  if (!plan.params.ignore_eos) {
+    for (recipe::TokenId id : recipe::turn_marker_ids(*context.tokenizer, context.chat_format)) {
+      plan.params.stop_token_ids.push_back(id);
+    }
+  }
   recipe::StreamParserOptions options;
   options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
   options.tools_enabled = !conversation.tools.empty();

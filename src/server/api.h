@@ -73,6 +73,7 @@ struct ApiContext {
   // Shared by every request (internally synchronized); null: prompts are tokenized without a cache.
   recipe::TokenizationCache* tokenization_cache = nullptr;
   recipe::PromptFormat chat_format = recipe::PromptFormat::kDeepSeekV3;
+  recipe::V4Revision v4_revision = recipe::V4Revision::k0731;  // set on every conversation before rendering
   int64_t default_max_tokens = 0;
 };
 

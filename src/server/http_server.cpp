@@ -15,6 +15,8 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -191,6 +193,15 @@ Result<recipe::PromptFormat> default_chat_format(const std::string& model_type) 
   return Status::unsupported("model_type '" + model_type + "' has no default chat format; pass --chat-format");
 }
 
+std::optional<recipe::V4Revision> checkpoint_v4_revision(const std::filesystem::path& root) {
+  std::ifstream in(root / "encoding" / "encoding_dsv4.py", std::ios::binary);
+  if (!in) return std::nullopt;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.find("Beyond maximum") != std::string::npos) return recipe::V4Revision::k0731;
+  if (text.find("Absolute maximum") != std::string::npos) return recipe::V4Revision::kPreview;
+  return std::nullopt;
+}
+
 struct Server::Impl {
   Impl(ServerConfig config_in, ModelInfo model_in, std::unique_ptr<engine::EngineClient> engine,
        std::shared_ptr<const recipe::Tokenizer> tokenizer)
@@ -213,6 +224,7 @@ struct Server::Impl {
       api.tokenization_cache = tokenization_cache.get();
     }
     api.chat_format = config.chat_format;
+    api.v4_revision = config.chat_format_revision;
     api.default_max_tokens = config.default_max_tokens;
   }
 

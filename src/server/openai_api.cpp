@@ -385,18 +385,8 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   if (auto e = check_model(body, *context.model, false)) return *e;
   Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
   if (!conversation.ok()) return bad_request_from(conversation.status());
-  // No constrained decoding yet: a JSON response_format is only honoured where DeepSeek's own prompt format
-  // describes it to the model (V3.2 and later print the schema, as DeepSeek's reference encoders do); elsewhere it
-  // would be silently ignored, so it is refused. vLLM's guided_* extensions are refused everywhere.
-  if (conversation->options.response_format && (context.chat_format == recipe::PromptFormat::kDeepSeekV3 ||
-                                                context.chat_format == recipe::PromptFormat::kDeepSeekR1 ||
-                                                context.chat_format == recipe::PromptFormat::kDeepSeekV31)) {
-    return bad_request(fmt::format("response_format other than {{\"type\": \"text\"}} is not supported with the {} "
-                                   "prompt format (it does not describe a response format to the model, and there "
-                                   "is no constrained decoding yet)",
-                                   recipe::format_name(context.chat_format)),
-                       "response_format");
-  }
+  // A JSON response_format is honoured only where the prompt format describes it to the model (V3.2 and later);
+  // render_prompt refuses it elsewhere (renderer.h). vLLM's guided_* extensions are refused everywhere.
   for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
     if (body.contains(guided)) {
       return bad_request(fmt::format("{} is not supported yet (no constrained decoding)", guided), guided);
@@ -424,6 +414,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   bool include_usage = false;
   if (auto e = read_stream_flags(body, plan.stream, include_usage)) return *e;
 
+  conversation->options.v4_revision = context.v4_revision;
   Result<recipe::RenderedPrompt> prompt =
       recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
   if (!prompt.ok()) return bad_request_from(prompt.status());
@@ -435,6 +426,12 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   }
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
+  // The format's turn markers end the answer (stream_parser.h): generation stops there too.
+  if (!plan.params.ignore_eos) {
+    for (recipe::TokenId id : recipe::turn_marker_ids(*context.tokenizer, context.chat_format)) {
+      plan.params.stop_token_ids.push_back(id);
+    }
+  }
   recipe::StreamParserOptions options;
   options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
   options.tools_enabled = !conversation->tools.empty();
@@ -499,6 +496,7 @@ ApiResult<std::string> tokenize_endpoint(const json::value& request, const ApiCo
   if (body.contains("messages")) {
     Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
     if (!conversation.ok()) return bad_request_from(conversation.status());
+    conversation->options.v4_revision = context.v4_revision;
     Result<recipe::RenderedPrompt> prompt =
         recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
     if (!prompt.ok()) return bad_request_from(prompt.status());

@@ -262,7 +262,7 @@ std::optional<ApiError> convert_tools(const json::value* tools, recipe::Conversa
 }
 
 // tool_choice: "none" | "auto" | "required" | {"type": "function", "name"}; as in the chat dialect, "none" drops
-// the tools and the others render and parse as auto.
+// the tools; required and named are recorded for the renderer to honour or refuse.
 std::optional<ApiError> apply_tool_choice(const json::value* choice, recipe::Conversation& conversation) {
   if (choice == nullptr) return std::nullopt;
   if (choice->is_string()) {
@@ -271,6 +271,7 @@ std::optional<ApiError> apply_tool_choice(const json::value* choice, recipe::Con
       conversation.tools.clear();
     } else if (mode == "required") {
       if (conversation.tools.empty()) return bad_request("tool_choice \"required\" needs tools", "tool_choice");
+      conversation.tool_choice.mode = recipe::ToolChoice::Mode::kRequired;
     } else if (mode != "auto") {
       return bad_request(fmt::format("tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": "
                                      "\"function\", \"name\": ...}}, got \"{}\"",
@@ -283,13 +284,17 @@ std::optional<ApiError> apply_tool_choice(const json::value* choice, recipe::Con
   std::string name;
   if (auto e = required_string(choice->get_object(), "name", "tool_choice", name)) return e;
   for (const recipe::ToolDefinition& tool : conversation.tools) {
-    if (tool.name == name) return std::nullopt;
+    if (tool.name == name) {
+      conversation.tool_choice = {recipe::ToolChoice::Mode::kNamed, name};
+      return std::nullopt;
+    }
   }
   return bad_request(fmt::format("tool_choice.name '{}' is not one of the request's tools", name), "tool_choice.name");
 }
 
-// `reasoning`: {"effort": "none" | "minimal" | "low" | "medium" | "high"}. Present (and not "none"), it turns
-// thinking mode on; low/medium/high pass through as reasoning_effort.
+// `reasoning`: {"effort": "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | "max"}. Present (and not
+// "none"), it turns thinking mode on; low..max pass through as reasoning_effort (the format checks them);
+// without an effort (or "minimal") the format's default applies.
 std::optional<ApiError> apply_reasoning(const json::value* reasoning, recipe::Conversation& conversation) {
   if (reasoning == nullptr) return std::nullopt;
   if (!reasoning->is_object()) return bad_request("reasoning must be an object", "reasoning");
@@ -297,14 +302,16 @@ std::optional<ApiError> apply_reasoning(const json::value* reasoning, recipe::Co
   if (effort != nullptr && !effort->is_string()) {
     return bad_request("reasoning.effort must be a string", "reasoning.effort");
   }
-  const std::string value = effort != nullptr ? std::string(effort->get_string()) : "medium";
+  const std::string value = effort != nullptr ? std::string(effort->get_string()) : "minimal";
   if (value == "none") {
     conversation.options.thinking = false;
     return std::nullopt;
   }
-  if (value != "minimal" && value != "low" && value != "medium" && value != "high") {
-    return bad_request(fmt::format("reasoning.effort must be none, minimal, low, medium or high, got \"{}\"", value),
-                       "reasoning.effort");
+  if (value != "minimal" && value != "low" && value != "medium" && value != "high" && value != "xhigh" &&
+      value != "max") {
+    return bad_request(
+        fmt::format("reasoning.effort must be none, minimal, low, medium, high, xhigh or max, got \"{}\"", value),
+        "reasoning.effort");
   }
   conversation.options.thinking = true;
   if (value != "minimal") conversation.options.reasoning_effort = value;
@@ -570,6 +577,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   if (auto e = read_bool(body, "stream", stream)) return *e;
   plan.stream = stream.value_or(false);
 
+  conversation.options.v4_revision = context.v4_revision;
   Result<recipe::RenderedPrompt> prompt =
       recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
   if (!prompt.ok()) return bad_request_from(prompt.status());
@@ -588,6 +596,12 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
       {"top_p", plan.params.top_p},
       {"tool_choice", body.contains("tool_choice") ? body.at("tool_choice") : json::value("auto")},
       {"tools", body.contains("tools") && body.at("tools").is_array() ? body.at("tools") : json::value(json::array{})}};
+  // The format's turn markers end the answer (stream_parser.h): generation stops there too.
+  if (!plan.params.ignore_eos) {
+    for (recipe::TokenId id : recipe::turn_marker_ids(*context.tokenizer, context.chat_format)) {
+      plan.params.stop_token_ids.push_back(id);
+    }
+  }
   recipe::StreamParserOptions options;
   options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
   options.tools_enabled = !conversation.tools.empty();

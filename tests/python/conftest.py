@@ -41,6 +41,8 @@ def apply_options(conversation, options):
         conversation.set_reasoning_mode(options["thinking_mode"] == "thinking")
     if "reasoning_effort" in options:
         conversation.set_reasoning_effort(options["reasoning_effort"])
+    if "v4_revision" in options:
+        conversation.set_v4_revision(options["v4_revision"])
 
 
 @pytest.fixture(scope="session")

@@ -59,6 +59,11 @@ def built():
 
 @pytest.mark.parametrize("fmt", ds.FORMATS)
 def test_openai_anthropic_and_builder_render_alike(fmt):
+    if fmt == "deepseek-v3":  # no thinking mode: the request's thinking switch is refused, never dropped
+        for c in (ds.Conversation.from_openai(OPENAI), ds.Conversation.from_anthropic(ANTHROPIC), built()):
+            with pytest.raises(ValueError, match="thinking is not available with the deepseek-v3 prompt format"):
+                c.render_for_engine("deepseek-ai/DeepSeek-V3", format=fmt)
+        return
     renders = [c.render_for_engine("deepseek-ai/DeepSeek-V3", format=fmt) for c in
                (ds.Conversation.from_openai(OPENAI), ds.Conversation.from_anthropic(ANTHROPIC), built(),
                 ds.Conversation.from_openai(json.dumps(OPENAI)),

@@ -301,11 +301,17 @@ TEST_F(ApiTest, ToolChoice) {
   const std::string tools = R"(, "tools": [{"type": "function", "function": {"name": "get_weather",
                                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
   EXPECT_EQ(c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "auto")")).status, 200);
-  EXPECT_EQ(c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "required")")).status, 200);
-  EXPECT_EQ(c.post("/v1/chat/completions",
-                   chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"))
-                .status,
-            200);
+  // The default model's format (deepseek-v3) does not describe tools to the model: required and a named
+  // function cannot be honoured, so they are refused, naming the field and the format (issue 16).
+  HttpResponse required = c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "required")"));
+  EXPECT_EQ(required.status, 400);
+  EXPECT_EQ(required.json().at("error").at("param"), "tool_choice");
+  EXPECT_NE(required.body.find("cannot be honoured with the deepseek-v3 prompt format"), std::string::npos)
+      << required.body;
+  HttpResponse named = c.post("/v1/chat/completions",
+                              chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"));
+  EXPECT_EQ(named.status, 400);
+  EXPECT_NE(named.body.find("the named function 'get_weather'"), std::string::npos) << named.body;
   // tool_choice none: the tools are not rendered, so the prompt is the one without tools.
   HttpResponse none = c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "none")"));
   ASSERT_EQ(none.status, 200) << none.body;
@@ -315,6 +321,54 @@ TEST_F(ApiTest, ToolChoice) {
   EXPECT_EQ(unknown.status, 400);
   EXPECT_EQ(unknown.json().at("error").at("param"), "tool_choice.function.name");
   EXPECT_EQ(c.post("/v1/chat/completions", chat(R"(, "tool_choice": "required")")).status, 400);
+}
+
+// deepseek-v4's two revisions (issue 16): the server renders the one it was started with; the checkpoint's
+// own encoder names it.
+TEST(ChatFormatRevisionTest, TheServerRendersItsRevisionsEffortPreamblesAndRefusesTheOthersLevels) {
+  const std::string body =
+      R"({"messages": [{"role": "user", "content": "Prove it."}], "thinking": true, "reasoning_effort": ")";
+  auto tokens = [&](Server& server, const std::string& effort) {
+    TestClient c(server.port());
+    return c.post("/tokenize", body + effort + "\"}");
+  };
+  TestServerOptions released;
+  released.config.chat_format = recipe::PromptFormat::kDeepSeekV4;
+  std::unique_ptr<Server> r0731 = start_server(released);
+  TestServerOptions preview = released;
+  preview.config.chat_format_revision = recipe::V4Revision::kPreview;
+  std::unique_ptr<Server> rpreview = start_server(preview);
+
+  // 0731's `high` is the preview's `max`, token for token; 0731's `max` is longer (its own text).
+  HttpResponse high = tokens(*r0731, "high");
+  HttpResponse preview_max = tokens(*rpreview, "max");
+  HttpResponse max = tokens(*r0731, "max");
+  ASSERT_EQ(high.status, 200) << high.body;
+  ASSERT_EQ(preview_max.status, 200) << preview_max.body;
+  ASSERT_EQ(max.status, 200) << max.body;
+  EXPECT_EQ(high.json().at("tokens"), preview_max.json().at("tokens"));
+  EXPECT_NE(max.json().at("tokens"), high.json().at("tokens"));
+  EXPECT_EQ(tokens(*r0731, "xhigh").json().at("tokens"), max.json().at("tokens"));
+  EXPECT_EQ(tokens(*r0731, "low").json().at("tokens"), tokens(*rpreview, "high").json().at("tokens"));
+  HttpResponse medium = tokens(*r0731, "medium");
+  EXPECT_EQ(medium.status, 400);
+  EXPECT_NE(medium.body.find("low, high, xhigh or max"), std::string::npos) << medium.body;
+  EXPECT_EQ(tokens(*rpreview, "medium").status, 200);
+}
+
+TEST(ChatFormatRevisionTest, TheCheckpointsEncoderNamesTheRevision) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("deepinfer-revision-" + std::to_string(getpid()));
+  fs::create_directories(dir / "encoding");
+  EXPECT_EQ(checkpoint_v4_revision(dir), std::nullopt);
+  auto write = [&](const std::string& text) { std::ofstream(dir / "encoding" / "encoding_dsv4.py") << text; };
+  write("REASONING_EFFORT_MAX = 'Reasoning Effort: Absolute maximum with no shortcuts permitted.'\n");
+  EXPECT_EQ(checkpoint_v4_revision(dir), recipe::V4Revision::kPreview);
+  write("HIGH = 'Reasoning Effort: Absolute maximum ...'\nMAX = 'Reasoning Effort: Beyond maximum ...'\n");
+  EXPECT_EQ(checkpoint_v4_revision(dir), recipe::V4Revision::k0731);
+  write("# no effort text\n");
+  EXPECT_EQ(checkpoint_v4_revision(dir), std::nullopt);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -54,6 +54,21 @@ TEST(AnthropicRequestTest, ToolChoiceNoneDropsTheTools) {
   EXPECT_TRUE(c->tools.empty());
 }
 
+TEST(AnthropicRequestTest, OutputConfigEffortIsTheReasoningEffortAndOtherKeysAreRefused) {
+  Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": "x"}], "output_config": {"effort": "high"}})"));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->options.reasoning_effort, "high");
+  c = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "json_schema"}}})"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "output_config.format is not supported; only output_config.effort is");
+  c = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": "x"}], "output_config": {"effort": 3}})"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "output_config.effort must be a string");
+}
+
 TEST(AnthropicRequestTest, ErrorsNameTheField) {
   struct Case {
     const char* request;

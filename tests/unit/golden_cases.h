@@ -35,6 +35,11 @@ inline recipe::Conversation golden_conversation(const boost::json::object& golde
     conversation->options.reasoning_effort =
         effort->is_string() ? std::string(effort->as_string()) : std::to_string(effort->to_number<int64_t>());
   }
+  if (const boost::json::value* revision = options.if_contains("v4_revision")) {
+    Result<recipe::V4Revision> parsed = recipe::parse_v4_revision(std::string(revision->as_string()));
+    EXPECT_TRUE(parsed.ok()) << parsed.status().to_string();
+    if (parsed.ok()) conversation->options.v4_revision = *parsed;
+  }
   return std::move(conversation).value();
 }
 

@@ -883,6 +883,36 @@ TEST(StreamParserTest, HoldsBackOnlyWhatMayBeginAMarker) {
   EXPECT_FALSE(parser.result().ended_with_eos);
 }
 
+// A turn marker written as its added token ends the answer: it and what follows never reach the client (the
+// demo model wrote "<｜Assistant｜>" mid-answer in 3 of 8 replies, issue 16). As text pieces it stays text.
+TEST(StreamParserTest, ATurnMarkerTokenEndsTheMessage) {
+  const std::shared_ptr<const Tokenizer> tokenizer = deepseek_v3_tokenizer();
+  ASSERT_NE(tokenizer, nullptr);
+  const std::vector<TokenId> markers = turn_marker_ids(*tokenizer, PromptFormat::kDeepSeekV3);
+  ASSERT_EQ(markers.size(), 2u);  // <｜User｜>, <｜Assistant｜>
+  EXPECT_EQ(markers[0], *tokenizer->added_token_id("<｜User｜>"));
+  EXPECT_EQ(markers[1], *tokenizer->added_token_id("<｜Assistant｜>"));
+  for (PromptFormat format : all_formats()) {
+    for (TokenId marker : markers) {
+      StreamParser parser(format, tokenizer, {});
+      std::vector<StreamEvent> events = push_text(parser, "Paris is the capital.");
+      parser.push(marker, events);
+      for (TokenId id : tokenizer->encode(" More text", TextTrust::kUntrusted)) parser.push(id, events);
+      parser.finish(events);
+      // deepseek-r1's output starts in reasoning.
+      EXPECT_EQ(parser.result().content + parser.result().reasoning, "Paris is the capital.") << format_name(format);
+      EXPECT_TRUE(parser.result().ended_with_turn_marker);
+      EXPECT_FALSE(parser.result().ended_with_eos);
+    }
+  }
+  StreamParser parser(PromptFormat::kDeepSeekV3, tokenizer, {});
+  std::vector<StreamEvent> events;
+  for (TokenId id : tokenizer->encode("a <｜User｜> b", TextTrust::kUntrusted)) parser.push(id, events);  // pieces
+  parser.finish(events);
+  EXPECT_EQ(parser.result().content, "a <｜User｜> b");
+  EXPECT_FALSE(parser.result().ended_with_turn_marker);
+}
+
 TEST(StreamParserTest, StreamsArgumentsAsTheyArrive) {
   ASSERT_NE(deepseek_v3_tokenizer(), nullptr);
   // DSML: the call begins at its invoke tag, a string value streams JSON-escaped, `}` ends it.

@@ -64,16 +64,38 @@ struct ToolDefinition {
   boost::json::object function;
 };
 
+// The two revisions of the deepseek-v4 format, which differ only in the reasoning-effort preambles:
+//   kPreview  the preview encoder (our V4 goldens): only `max` adds a preamble ("Absolute maximum ...");
+//             low, medium, high add nothing.
+//   k0731     the released V4-Flash / V4-Pro revision: `low` (the default) adds nothing, `high` adds the
+//             preview's `max` text, `max` (and `xhigh`) add "Beyond maximum ..."; anything else is refused.
+// Other formats ignore it.
+enum class V4Revision { k0731, kPreview };
+// "0731" / "preview" (InvalidArgument otherwise), and back.
+Result<V4Revision> parse_v4_revision(std::string_view name);
+std::string_view v4_revision_name(V4Revision revision);
+
 struct ConversationOptions {
   bool thinking = false;                        // reasoning on (thinking mode) or off (chat mode)
   std::optional<std::string> reasoning_effort;  // "low" | "medium" | "high" | "xhigh" | "max" | "1".."100"
+  V4Revision v4_revision = V4Revision::k0731;   // deepseek-v4 only: which effort preambles (see above)
   bool add_generation_prompt = true;            // end with the assistant turn opener
   std::optional<boost::json::value> response_format;  // JSON schema request (V3.2+ print it)
+};
+
+// What the request asked of the tools: OpenAI "auto" / "required" / a named function, Anthropic "auto" / "any" /
+// "tool" ("none" drops the tools instead). A format that cannot honour required or named refuses it when
+// rendering (renderer.h).
+struct ToolChoice {
+  enum class Mode { kAuto, kRequired, kNamed };
+  Mode mode = Mode::kAuto;
+  std::string name;  // kNamed: the function
 };
 
 struct Conversation {
   std::vector<Message> messages;
   std::vector<ToolDefinition> tools;
+  ToolChoice tool_choice;
   ConversationOptions options;
 };
 

@@ -12,6 +12,10 @@
 //     invoke/parameter tags (DSML text, not tokens)]; V4 may open its tool-call block before </think>.
 // The end-of-sequence token ends the message and is not content; other tokens flagged `special` in the
 // tokenizer (BOS, padding, placeholders) are skipped, as vLLM's default skip_special_tokens does.
+// Turn markers (turn_marker_ids(): `<｜User｜>`, `<｜Assistant｜>`, and V4.1's `<｜System｜>`, V4's
+// `<｜latest_reminder｜>`) written as their added token end the message the same way: the model has started a
+// turn that is not its own, so the marker and anything after it never reach the client (the server also
+// stops generation there: they are stop tokens of every chat request; finish reason "stop").
 //
 // Markers are matched on the decoded text, whether the model wrote them as one added token or as several
 // ordinary pieces, so the result depends only on the text (plus the end-of-sequence id), never on how it was
@@ -85,8 +89,13 @@ struct ParsedMessage {
   std::string reasoning;
   std::string content;
   std::vector<ParsedToolCall> tool_calls;
-  bool ended_with_eos = false;  // the end-of-sequence token was seen
+  bool ended_with_eos = false;          // the end-of-sequence token was seen
+  bool ended_with_turn_marker = false;  // a turn marker token ended it (see the file comment)
 };
+
+// The ids of `format`'s turn markers that the tokenizer has as added tokens (see the file comment), in a
+// fixed order; empty when it has none.
+std::vector<TokenId> turn_marker_ids(const Tokenizer& tokenizer, PromptFormat format);
 
 class StreamParser {
  public:

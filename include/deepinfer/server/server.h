@@ -30,6 +30,8 @@ struct ServerConfig {
   int32_t max_concurrent_requests = 256;  // generation requests in flight; more get 429 with Retry-After
   int32_t max_json_depth = 64;            // deeper request JSON gets 400
   recipe::PromptFormat chat_format = recipe::PromptFormat::kDeepSeekV3;
+  // deepseek-v4 only: which revision's reasoning-effort preambles (conversation.h); --chat-format-revision.
+  recipe::V4Revision chat_format_revision = recipe::V4Revision::k0731;
   // max_tokens when a request gives none; 0: until the context (max_model_len) is full.
   int64_t default_max_tokens = 0;
   int32_t http_threads = 2;
@@ -72,6 +74,10 @@ struct ModelInfo {
 
 // The chat format a checkpoint's model_type implies: deepseek_v2 and deepseek_v3 -> deepseek-v3.
 Result<recipe::PromptFormat> default_chat_format(const std::string& model_type);
+// The deepseek-v4 revision a checkpoint's own encoder says (`encoding/encoding_dsv4.py` under `root`: its
+// "Beyond maximum" preamble is 0731's, an "Absolute maximum" one alone the preview's); nullopt when the
+// checkpoint ships no encoder or it says neither (the caller uses 0731, the released revision).
+std::optional<recipe::V4Revision> checkpoint_v4_revision(const std::filesystem::path& root);
 
 class Server {
  public:

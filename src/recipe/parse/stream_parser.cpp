@@ -197,6 +197,7 @@ struct StreamParser::Impl {
   StreamParserOptions options_;
   bool starts_in_reasoning_;
   std::optional<TokenId> eos_id_;
+  std::vector<TokenId> turn_markers_;
   IncrementalDetokenizer detokenizer_;
 
   // DSML tag texts for this format.
@@ -240,6 +241,7 @@ StreamParser::Impl::Impl(PromptFormat format, std::shared_ptr<const Tokenizer> t
       // R1's generation prompt always opens <think>.
       starts_in_reasoning_(options.starts_in_reasoning || format == PromptFormat::kDeepSeekR1),
       eos_id_(tokenizer_->added_token_id(kEosText)),
+      turn_markers_(turn_marker_ids(*tokenizer_, format)),
       detokenizer_(tokenizer_) {
   if (dsml_) {
     std::string_view block = format == PromptFormat::kDeepSeekV32  ? "function_calls"
@@ -274,6 +276,11 @@ void StreamParser::Impl::push(TokenId token, std::vector<StreamEvent>& events) {
   first_event_ = events.size();
   if (eos_id_ && token == *eos_id_) {
     message_.ended_with_eos = true;
+    end_of_output();
+    return;
+  }
+  if (std::find(turn_markers_.begin(), turn_markers_.end(), token) != turn_markers_.end()) {
+    message_.ended_with_turn_marker = true;
     end_of_output();
     return;
   }
@@ -928,5 +935,18 @@ void StreamParser::push(TokenId token, std::vector<StreamEvent>& events) { impl_
 void StreamParser::finish(std::vector<StreamEvent>& events) { impl_->finish(events); }
 const ParsedMessage& StreamParser::result() const { return impl_->message_; }
 int32_t StreamParser::malformed_tool_calls() const { return impl_->malformed_; }
+
+std::vector<TokenId> turn_marker_ids(const Tokenizer& tokenizer, PromptFormat format) {
+  std::vector<std::string_view> markers = {"<\uFF5CUser\uFF5C>", "<\uFF5CAssistant\uFF5C>"};
+  if (format == PromptFormat::kDeepSeekV41) markers.push_back("<\uFF5CSystem\uFF5C>");
+  if (format == PromptFormat::kDeepSeekV4 || format == PromptFormat::kDeepSeekV41) {
+    markers.push_back("<\uFF5Clatest_reminder\uFF5C>");
+  }
+  std::vector<TokenId> ids;
+  for (std::string_view marker : markers) {
+    if (std::optional<TokenId> id = tokenizer.added_token_id(marker)) ids.push_back(*id);
+  }
+  return ids;
+}
 
 }  // namespace deepinfer::recipe

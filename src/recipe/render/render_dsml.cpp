@@ -78,6 +78,7 @@ constexpr std::string_view kV4ToolsEnd =
 constexpr std::string_view kResponseFormatTemplate =
     "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
 
+// The preview's `max` preamble; the 0731 revision's `high`.
 constexpr std::string_view kV4EffortMax =
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
     "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "
@@ -85,6 +86,14 @@ constexpr std::string_view kV4EffortMax =
     "scenarios.\n"
     "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
     "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
+// The 0731 revision's `max` (and `xhigh`) preamble (U+2014 em dash).
+constexpr std::string_view kV4EffortBeyondMax =
+    "Reasoning Effort: Beyond maximum \u2014 exhaustive, relentless, and uncompromising.\n"
+    "You MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively "
+    "decompose the problem into its most fundamental components, trace every causal chain to its root, and "
+    "resolve the underlying cause rather than any surface symptom.\n"
+    "Do not stop reasoning until you have independently verified the solution from multiple angles and are "
+    "certain that no assumption remains unchecked and no error remains undiscovered.\n\n";
 
 struct Dialect {
   PromptFormat format;
@@ -230,12 +239,24 @@ class DsmlRenderer {
       }
       return Status();
     }
-    if (dialect_.format == PromptFormat::kDeepSeekV4 && effort) {
+    if (dialect_.format == PromptFormat::kDeepSeekV4 && conversation_.options.v4_revision == V4Revision::kPreview &&
+        effort) {
       if (*effort == "max") {
-        effort_max_ = true;
+        effort_preamble_ = kV4EffortMax;
       } else if (*effort != "high" && *effort != "medium" && *effort != "low") {
         return Status::invalid_argument("reasoning_effort '" + *effort +
-                                        "' is not valid for deepseek-v4: use low, medium, high or max");
+                                        "' is not valid for deepseek-v4 (preview revision): use low, medium, high or max");
+      }
+    }
+    if (dialect_.format == PromptFormat::kDeepSeekV4 && conversation_.options.v4_revision == V4Revision::k0731 &&
+        effort) {
+      if (*effort == "high") {
+        effort_preamble_ = kV4EffortMax;
+      } else if (*effort == "max" || *effort == "xhigh") {
+        effort_preamble_ = kV4EffortBeyondMax;
+      } else if (*effort != "low") {
+        return Status::invalid_argument("reasoning_effort '" + *effort +
+                                        "' is not valid for deepseek-v4 (0731 revision): use low, high, xhigh or max");
       }
     }
     return Status();  // V3.2 has no effort control; the option is ignored.
@@ -474,9 +495,9 @@ class DsmlRenderer {
   Status render_turn_v4(size_t i) {
     const Turn& turn = turns_[i];
     if (i == 0) {
-      bool has_effort = thinking_ && (effort_max_ || effort_budget_ > 0);
+      bool has_effort = thinking_ && (!effort_preamble_.empty() || effort_budget_ > 0);
       if (dialect_.system_token && (has_effort || turn.role == Role::kSystem)) out_.control(kSystemToken);
-      if (has_effort && effort_max_) out_.fixed(kV4EffortMax);
+      if (has_effort && !effort_preamble_.empty()) out_.fixed(effort_preamble_);
       if (has_effort && effort_budget_ > 0) {
         out_.fixed("Reasoning Effort: " + std::to_string(effort_budget_) +
                    " (range 1-100, the higher the value, the more thorough the reasoning)\n\n");
@@ -537,7 +558,7 @@ class DsmlRenderer {
   const Dialect& dialect_;
   const bool thinking_;
   bool drop_thinking_ = true;
-  bool effort_max_ = false;
+  std::string_view effort_preamble_;  // V4: the effort preamble of message 0 in thinking mode, or empty
   int effort_budget_ = 0;
   size_t last_user_ = kNone;
   std::vector<Turn> turns_;

@@ -38,8 +38,49 @@ Result<PromptFormat> parse_format(std::string_view name) {
 
 std::span<const PromptFormat> all_formats() { return kFormats; }
 
+namespace {
+// What a request asks that the format cannot honour is refused here, for every dialect and Python alike:
+// never accepted and then dropped (renderer.h lists the rules).
+Status check_capabilities(const Conversation& conversation, PromptFormat format) {
+  const std::string name(format_name(format));
+  const bool template_formats =
+      format == PromptFormat::kDeepSeekV3 || format == PromptFormat::kDeepSeekR1 || format == PromptFormat::kDeepSeekV31;
+  if (template_formats) {
+    for (size_t i = 0; i < conversation.messages.size(); ++i) {
+      if (conversation.messages[i].has_images()) {
+        return Status::invalid_argument("messages[" + std::to_string(i) + "].content has an image; " + name +
+                                        " has no image input (deepseek-v4.1 has)");
+      }
+    }
+    if (conversation.tool_choice.mode != ToolChoice::Mode::kAuto) {
+      const std::string what = conversation.tool_choice.mode == ToolChoice::Mode::kRequired
+                                   ? std::string("\"required\"")
+                                   : "the named function '" + conversation.tool_choice.name + "'";
+      return Status::invalid_argument("tool_choice " + what + " cannot be honoured with the " + name +
+                                      " prompt format: it does not describe tools to the model; use \"auto\"");
+    }
+    if (conversation.options.response_format) {
+      return Status::invalid_argument("response_format other than {\"type\": \"text\"} is not supported with the " +
+                                      name + " prompt format (it does not describe a response format to the model, "
+                                      "and there is no constrained decoding yet)");
+    }
+  }
+  if (format == PromptFormat::kDeepSeekV3 && conversation.options.thinking) {
+    return Status::invalid_argument("thinking is not available with the deepseek-v3 prompt format (it has no "
+                                    "thinking mode; deepseek-r1, deepseek-v3.1 and later have)");
+  }
+  if (conversation.options.reasoning_effort && format != PromptFormat::kDeepSeekV4 &&
+      format != PromptFormat::kDeepSeekV41) {
+    return Status::invalid_argument("reasoning_effort is not available with the " + name +
+                                    " prompt format (deepseek-v4 and deepseek-v4.1 have it)");
+  }
+  return Status();
+}
+}  // namespace
+
 Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format) {
   if (conversation.messages.empty()) return Status::invalid_argument("messages must not be empty");
+  if (Status s = check_capabilities(conversation, format); !s.ok()) return s;
   switch (format) {
     case PromptFormat::kDeepSeekV3: return render_v3(conversation);
     case PromptFormat::kDeepSeekR1: return render_r1(conversation);
