@@ -27,7 +27,7 @@ json::object tool_input(const OutputToolCall& call) {
 }
 
 std::string event(std::string_view name, const json::object& data) {
-  return fmt::format("event: {}\ndata: {}\n\n", name, json::serialize(data));
+  return fmt::format("event: {}\ndata: {}\n\n", name, to_json_text(data));
 }
 
 class MessagesWriter final : public ResponseWriter {
@@ -95,7 +95,7 @@ class MessagesWriter final : public ResponseWriter {
     for (const OutputToolCall& call : message.tool_calls) {
       content.push_back({{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", tool_input(call)}});
     }
-    return json::serialize(json::object{{"id", id_},
+    return to_json_text(json::object{{"id", id_},
                                         {"type", "message"},
                                         {"role", "assistant"},
                                         {"model", model_},
@@ -150,6 +150,18 @@ class MessagesWriter final : public ResponseWriter {
 };
 
 }  // namespace
+
+ApiResult<std::string> count_tokens_endpoint(const json::value& request, const ApiContext& context) {
+  const json::object& body = request.get_object();
+  if (auto e = check_model(body, *context.model, true)) return *e;
+  Result<recipe::Conversation> conversation = recipe::conversation_from_anthropic_messages(request);
+  if (!conversation.ok()) return bad_request_from(conversation.status());
+  conversation->options.v4_revision = context.v4_revision;
+  Result<recipe::RenderedPrompt> prompt =
+      recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+  if (!prompt.ok()) return bad_request_from(prompt.status());
+  return to_json_text(json::object{{"input_tokens", prompt->token_ids.size()}});
+}
 
 ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();

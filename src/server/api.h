@@ -179,6 +179,9 @@ ApiResult<GenerationPlan> plan_responses(const boost::json::value& body, const A
 // /detokenize: {"tokens": [ids]}. Both return the JSON body.
 ApiResult<std::string> tokenize_endpoint(const boost::json::value& body, const ApiContext& context);
 ApiResult<std::string> detokenize_endpoint(const boost::json::value& body, const ApiContext& context);
+// POST /v1/messages/count_tokens (Anthropic): the request's messages, system, tools and thinking rendered and
+// tokenized exactly as /v1/messages would; {"input_tokens": N}. Errors as /v1/messages (Anthropic-shaped).
+ApiResult<std::string> count_tokens_endpoint(const boost::json::value& body, const ApiContext& context);
 // GET /v1/models and /v1/models/{id}.
 std::string models_body(const ModelInfo& model, int64_t created);
 boost::json::object model_object(const ModelInfo& model, int64_t created);
@@ -194,6 +197,10 @@ std::optional<ApiError> read_openai_sampling(const boost::json::object& body, co
                                              engine::SamplingParams& params, std::vector<std::string>& stops);
 // "data: {json}\n\n".
 std::string sse_data(const boost::json::value& value);
+// JSON text of a response body: boost::json::serialize, except that numbers are written as clients and other
+// servers write them: a double in its shortest round-trip form in plain notation where that is short ("-0.5",
+// "0.001", "1e-07", "12.0" for a whole number; boost::json writes "-5E-1"); integers as integers.
+std::string to_json_text(const boost::json::value& value);
 
 // The value of `key` in `object`, or nullptr when it is absent or JSON null.
 const boost::json::value* present(const boost::json::object& object, std::string_view key);

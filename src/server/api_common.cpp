@@ -155,14 +155,14 @@ std::string error_body(const ApiError& error, Dialect dialect) {
   std::string message;
   recipe::append_utf8_lossy(error.message, message, /*keep_incomplete_tail=*/false);
   if (dialect == Dialect::kAnthropic) {
-    return json::serialize(json::object{
+    return to_json_text(json::object{
         {"type", "error"}, {"error", {{"type", anthropic_type(error.status)}, {"message", message}}}});
   }
   json::object inner{
       {"message", message}, {"type", openai_type(error.status)}, {"param", nullptr}, {"code", nullptr}};
   if (!error.param.empty()) inner["param"] = error.param;
   if (!error.code.empty()) inner["code"] = error.code;
-  return json::serialize(json::object{{"error", std::move(inner)}});
+  return to_json_text(json::object{{"error", std::move(inner)}});
 }
 
 // ---- Request JSON ---------------------------------------------------------------------------------------
@@ -415,7 +415,58 @@ int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string sse_data(const json::value& value) { return "data: " + json::serialize(value) + "\n\n"; }
+namespace {
+void append_json(const json::value& value, std::string& out) {
+  switch (value.kind()) {
+    case json::kind::object: {
+      out += '{';
+      bool first = true;
+      for (const auto& [key, item] : value.get_object()) {
+        if (!first) out += ',';
+        first = false;
+        out += json::serialize(json::string_view(key));
+        out += ':';
+        append_json(item, out);
+      }
+      out += '}';
+      return;
+    }
+    case json::kind::array: {
+      out += '[';
+      bool first = true;
+      for (const json::value& item : value.get_array()) {
+        if (!first) out += ',';
+        first = false;
+        append_json(item, out);
+      }
+      out += ']';
+      return;
+    }
+    case json::kind::double_: {
+      const double number = value.get_double();
+      if (!std::isfinite(number)) break;  // boost's form (JSON has no spelling for it)
+      char buffer[64];
+      auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), number);
+      std::string text(buffer, end);
+      // A whole number keeps a fraction so that it reads back as a float ("12.0", like Python's json).
+      if (text.find_first_of(".e") == std::string::npos) text += ".0";
+      out += text;
+      return;
+    }
+    default:
+      break;
+  }
+  out += json::serialize(value);
+}
+}  // namespace
+
+std::string to_json_text(const json::value& value) {
+  std::string out;
+  append_json(value, out);
+  return out;
+}
+
+std::string sse_data(const json::value& value) { return "data: " + to_json_text(value) + "\n\n"; }
 
 json::object model_object(const ModelInfo& model, int64_t created) {
   json::object object{{"id", model.served_model_name},
@@ -430,7 +481,7 @@ json::object model_object(const ModelInfo& model, int64_t created) {
 }
 
 std::string models_body(const ModelInfo& model, int64_t created) {
-  return json::serialize(json::object{{"object", "list"}, {"data", json::array{model_object(model, created)}}});
+  return to_json_text(json::object{{"object", "list"}, {"data", json::array{model_object(model, created)}}});
 }
 
 const boost::json::value* present(const boost::json::object& object, std::string_view key) {

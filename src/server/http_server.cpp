@@ -127,7 +127,9 @@ struct RequestInfo {
   Clock::time_point start = Clock::now();
 };
 
-enum class Route { kHealth, kMetrics, kModels, kModel, kChat, kCompletions, kMessages, kResponses, kTokenize, kDetokenize };
+enum class Route {
+  kHealth, kMetrics, kModels, kModel, kChat, kCompletions, kMessages, kCountTokens, kResponses, kTokenize, kDetokenize
+};
 
 struct RouteEntry {
   std::string_view path;
@@ -143,6 +145,7 @@ constexpr RouteEntry kRoutes[] = {
     {"/v1/chat/completions", http::verb::post, Route::kChat, true},
     {"/v1/completions", http::verb::post, Route::kCompletions, true},
     {"/v1/messages", http::verb::post, Route::kMessages, true},
+    {"/v1/messages/count_tokens", http::verb::post, Route::kCountTokens, true},
     {"/v1/responses", http::verb::post, Route::kResponses, true},
     {"/tokenize", http::verb::post, Route::kTokenize, true},
     {"/detokenize", http::verb::post, Route::kDetokenize, true},
@@ -668,7 +671,7 @@ awaitable<void> Server::Impl::handle(std::shared_ptr<Connection> conn, Request& 
 awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info) {
   std::string_view path(request.target().data(), request.target().size());
   path = path.substr(0, path.find('?'));
-  const Dialect dialect = path == "/v1/messages" ? Dialect::kAnthropic : Dialect::kOpenAI;
+  const Dialect dialect = dialect_of(path);  // every /v1/messages* route answers errors as Anthropic does
   Precheck checked = precheck(request.base());  // again: draining may have begun while the body was read
   if (checked.error) co_return co_await send_error(*conn, info, *checked.error, dialect, std::move(checked.headers));
   const RouteEntry* entry = checked.entry;
@@ -693,13 +696,15 @@ awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request&
       }
       co_return co_await send(*conn, info, 200, boost::json::serialize(model_object(model, created)), kJson);
     }
+    case Route::kCountTokens:
     case Route::kTokenize:
     case Route::kDetokenize: {
       ApiResult<boost::json::value> body = parse_body(request.body(), config.max_json_depth);
       if (auto* error = std::get_if<ApiError>(&body)) co_return co_await send_error(*conn, info, *error, dialect);
       const boost::json::value& value = std::get<boost::json::value>(body);
-      ApiResult<std::string> out =
-          route == Route::kTokenize ? tokenize_endpoint(value, api) : detokenize_endpoint(value, api);
+      ApiResult<std::string> out = route == Route::kTokenize      ? tokenize_endpoint(value, api)
+                                   : route == Route::kCountTokens ? count_tokens_endpoint(value, api)
+                                                                  : detokenize_endpoint(value, api);
       if (auto* error = std::get_if<ApiError>(&out)) co_return co_await send_error(*conn, info, *error, dialect);
       co_return co_await send(*conn, info, 200, std::move(std::get<std::string>(out)), kJson);
     }

@@ -186,7 +186,7 @@ class ChatWriter final : public OpenAIWriter {
                         {"message", std::move(reply)},
                         {"logprobs", logprobs_value()},
                         {"finish_reason", finish_reason(info, message)}};
-    return json::serialize(json::object{{"id", id_},
+    return to_json_text(json::object{{"id", id_},
                                         {"object", "chat.completion"},
                                         {"created", created_},
                                         {"model", model_},
@@ -269,7 +269,7 @@ class CompletionWriter final : public OpenAIWriter {
     }
     json::object choice{
         {"index", 0}, {"text", message.content}, {"logprobs", logprobs_value()}, {"finish_reason", reason}};
-    return json::serialize(json::object{{"id", id_},
+    return to_json_text(json::object{{"id", id_},
                                         {"object", "text_completion"},
                                         {"created", created_},
                                         {"model", model_},
@@ -515,7 +515,7 @@ ApiResult<std::string> tokenize_endpoint(const json::value& request, const ApiCo
     for (recipe::TokenId id : ids) pieces.push_back(json::string(context.tokenizer->id_to_piece(id).value_or("")));
     out["token_strs"] = std::move(pieces);
   }
-  return json::serialize(out);
+  return to_json_text(out);
 }
 
 ApiResult<std::string> detokenize_endpoint(const json::value& request, const ApiContext& context) {
@@ -532,7 +532,7 @@ ApiResult<std::string> detokenize_endpoint(const json::value& request, const Api
   }
   std::vector<recipe::TokenId> ids;
   if (auto e = check_token_ids(tokens->get_array(), "tokens", context, ids)) return *e;
-  return json::serialize(json::object{{"prompt", context.tokenizer->decode(ids)}});
+  return to_json_text(json::object{{"prompt", context.tokenizer->decode(ids)}});
 }
 
 }  // namespace deepinfer::server

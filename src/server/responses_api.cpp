@@ -318,8 +318,47 @@ std::optional<ApiError> apply_reasoning(const json::value* reasoning, recipe::Co
   return std::nullopt;
 }
 
+// `text`: {"format": {"type": "text"} | {"type": "json_object"} | {"type": "json_schema", "name", "schema",
+// "description"?, "strict"?}}. A JSON format becomes the chat dialect's response_format (same prompt: V3.2 and
+// later describe it to the model; the other formats refuse it when rendering). Other keys are refused.
+std::optional<ApiError> apply_text_format(const json::value* text, recipe::Conversation& conversation) {
+  if (text == nullptr) return std::nullopt;
+  if (!text->is_object()) return bad_request("text must be an object", "text");
+  for (const auto& [key, value] : text->get_object()) {
+    if (key != "format") {
+      return bad_request(fmt::format("text.{} is not supported; only text.format is", std::string(key)),
+                         "text." + std::string(key));
+    }
+    if (value.is_null()) continue;
+    if (!value.is_object()) return bad_request("text.format must be an object", "text.format");
+    const json::object& format = value.get_object();
+    std::string type;
+    if (auto e = required_string(format, "type", "text.format", type)) return e;
+    if (type == "text") continue;
+    if (type == "json_object") {
+      conversation.options.response_format = json::object{{"type", "json_object"}};
+    } else if (type == "json_schema") {
+      json::object schema;
+      for (const auto& [field, item] : format) {
+        if (field != "type") schema[field] = item;
+      }
+      if (!schema.contains("name") || !schema.at("name").is_string()) {
+        return bad_request("text.format.name must be a string", "text.format.name");
+      }
+      if (!schema.contains("schema") || !schema.at("schema").is_object()) {
+        return bad_request("text.format.schema must be an object", "text.format.schema");
+      }
+      conversation.options.response_format = json::object{{"type", "json_schema"}, {"json_schema", std::move(schema)}};
+    } else {
+      return bad_request(fmt::format("text.format.type must be text, json_object or json_schema, got \"{}\"", type),
+                         "text.format.type");
+    }
+  }
+  return std::nullopt;
+}
+
 std::string sse_event(std::string_view type, json::object data) {
-  return fmt::format("event: {}\ndata: {}\n\n", type, json::serialize(data));
+  return fmt::format("event: {}\ndata: {}\n\n", type, to_json_text(data));
 }
 
 class ResponsesWriter final : public ResponseWriter {
@@ -393,7 +432,7 @@ class ResponsesWriter final : public ResponseWriter {
   std::string finish(const OutputMessage& message, const FinishInfo& info, std::vector<TokenLogprobs>&) override {
     const bool incomplete = info.kind == FinishInfo::Kind::kLength;
     if (!stream_) {
-      return json::serialize(response(incomplete ? "incomplete" : "completed", output_items(message), info, true));
+      return to_json_text(response(incomplete ? "incomplete" : "completed", output_items(message), info, true));
     }
     std::string out = close();
     out += event(incomplete ? "response.incomplete" : "response.completed",
@@ -563,6 +602,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   if (auto e = convert_tools(present(body, "tools"), conversation)) return *e;
   if (auto e = apply_tool_choice(present(body, "tool_choice"), conversation)) return *e;
   if (auto e = apply_reasoning(present(body, "reasoning"), conversation)) return *e;
+  if (auto e = apply_text_format(present(body, "text"), conversation)) return *e;
   std::optional<bool> parallel, store;
   if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
   if (auto e = read_bool(body, "store", store)) return *e;  // accepted; nothing is stored

@@ -183,6 +183,19 @@ TEST_F(ApiTest, AnthropicMessages) {
   EXPECT_GT(body["usage"].at("input_tokens").as_int64(), 20);
   EXPECT_EQ(body["stop_reason"], "max_tokens");
 
+  // count_tokens counts what /v1/messages renders: its input_tokens (issue 16).
+  HttpResponse counted = c.post("/v1/messages/count_tokens", request + "}");
+  ASSERT_EQ(counted.status, 200) << counted.body;
+  EXPECT_EQ(counted.json().at("input_tokens"), body["usage"].at("input_tokens"));
+  // Errors on every /v1/messages route are Anthropic-shaped, the 404 of an unknown one included.
+  HttpResponse missing = c.post("/v1/messages/batches", request + "}");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.json().at("type"), "error") << missing.body;
+  EXPECT_EQ(missing.json().at("error").at("type"), "not_found_error") << missing.body;
+  HttpResponse bad_count = c.post("/v1/messages/count_tokens", R"({"model": "default", "messages": []})");
+  EXPECT_EQ(bad_count.status, 400);
+  EXPECT_EQ(bad_count.json().at("error").at("type"), "invalid_request_error") << bad_count.body;
+
   HttpResponse stream = c.post("/v1/messages", request + R"(, "stream": true})");
   ASSERT_EQ(stream.status, 200) << stream.body;
   std::vector<SseEvent> events = parse_sse(stream.body);
@@ -294,6 +307,20 @@ TEST_F(ApiTest, AGrowingConversationIsTokenizedFromTheCache) {
             metric_value(before, "deepinfer_tokenization_cache_hit_tokens_total"));
   EXPECT_GT(metric_value(after, "deepinfer_tokenization_cache_bytes"), 0);
   EXPECT_EQ(count, rendered_prompt_tokens(json::serialize(json::object{{"messages", messages}})));
+}
+
+// Numbers as clients expect them (issue 16): logprobs like -11.25, not boost::json's -1.125E1.
+TEST_F(ApiTest, NumbersArePrintedInPlainNotation) {
+  TestClient c = client();
+  HttpResponse response = c.post("/v1/chat/completions", chat(R"(, "logprobs": true, "top_logprobs": 2)"));
+  ASSERT_EQ(response.status, 200) << response.body;
+  const json::value body = response.json();
+  ASSERT_TRUE(body.at("choices").at(0).at("logprobs").at("content").at(0).at("logprob").is_double());
+  for (size_t i = 0; i + 1 < response.body.size(); ++i) {
+    const bool digit = response.body[i] >= '0' && response.body[i] <= '9';
+    ASSERT_FALSE(digit && response.body[i + 1] == 'E') << "boost exponent form at " << i << ": "
+                                                        << response.body.substr(i > 20 ? i - 20 : 0, 40);
+  }
 }
 
 TEST_F(ApiTest, ToolChoice) {

@@ -235,6 +235,22 @@ TEST_F(ResponsesTest, ErrorsNameTheField) {
   expect_error(c.post("/v1/responses", R"({"input": "Hi", "max_output_tokens": 0})"), 400, "max_output_tokens",
                "max_output_tokens");
   expect_error(c.post("/v1/responses", R"({"model": "gpt-4o", "input": "Hi"})"), 404, "model", "gpt-4o");
+  // text.format: a JSON format is the chat dialect's response_format, which the default model's format
+  // (deepseek-v3) cannot describe: refused, not ignored (issue 16); plain text is fine.
+  expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "w",
+                                           "schema": {"type": "object"}}}})"),
+               400, "response_format", "not supported with the deepseek-v3 prompt format");
+  expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "json_object"}}})"), 400,
+               "response_format", "deepseek-v3");
+  expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "json_schema"}}})"), 400,
+               "text.format.name", "must be a string");
+  expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"verbosity": "low"}})"), 400, "text.verbosity",
+               "not supported");
+  expect_error(c.post("/v1/responses", R"({"input": "Hi", "reasoning": {"effort": "high"}})"), 400, "thinking",
+               "no thinking mode");
+  EXPECT_EQ(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "text"}}, "max_output_tokens": 1})")
+                .status,
+            200);
   // The server keeps serving.
   EXPECT_EQ(c.post("/v1/responses", R"({"input": "Hi", "max_output_tokens": 1})").status, 200);
 }
