@@ -23,6 +23,7 @@ std::function<int()> add_render_command(CLI::App& app) {
     std::string tokenizer;
     bool thinking = false;
     std::optional<std::string> reasoning_effort;
+    std::string revision = "0731";
     bool no_generation_prompt = false;
     bool ids = false;
     bool jsonl = false;
@@ -34,7 +35,10 @@ std::function<int()> add_render_command(CLI::App& app) {
       ->required();
   cmd->add_option("--tokenizer", options->tokenizer, "Directory holding tokenizer.json (needed for --ids)");
   cmd->add_flag("--thinking", options->thinking, "Thinking mode (otherwise the request's switch, default off)");
-  cmd->add_option("--reasoning-effort", options->reasoning_effort, "low|medium|high|xhigh|max, or 1-100 (V4.1)");
+  cmd->add_option("--reasoning-effort", options->reasoning_effort,
+                  "V4 (0731): low|high|xhigh|max; V4 preview: low|medium|high|max; V4.1: low|medium|high|xhigh|max or 1-100");
+  cmd->add_option("--chat-format-revision", options->revision, "deepseek-v4: 0731 (default) or preview")
+      ->capture_default_str();
   cmd->add_flag("--no-generation-prompt", options->no_generation_prompt, "Do not open the assistant turn");
   cmd->add_flag("--ids", options->ids, "Print token ids (JSON list) instead of text");
   cmd->add_flag("--jsonl", options->jsonl, "One request per stdin line, one output line per request");
@@ -42,6 +46,11 @@ std::function<int()> add_render_command(CLI::App& app) {
     Result<recipe::PromptFormat> format = recipe::parse_format(options->format);
     if (!format.ok()) {
       std::cerr << "deepinfer render: " << format.status().message() << "\n";
+      return 1;
+    }
+    Result<recipe::V4Revision> revision = recipe::parse_v4_revision(options->revision);
+    if (!revision.ok()) {
+      std::cerr << "deepinfer render: --chat-format-revision: " << revision.status().message() << "\n";
       return 1;
     }
     std::shared_ptr<const recipe::Tokenizer> tokenizer;
@@ -67,6 +76,7 @@ std::function<int()> add_render_command(CLI::App& app) {
       if (options->thinking) conversation->options.thinking = true;
       if (options->reasoning_effort) conversation->options.reasoning_effort = options->reasoning_effort;
       if (options->no_generation_prompt) conversation->options.add_generation_prompt = false;
+      conversation->options.v4_revision = *revision;
       Result<recipe::RenderedPrompt> prompt = recipe::render_prompt(*conversation, *format);
       if (!prompt.ok()) {
         std::cerr << "deepinfer render: " << where << prompt.status().message() << "\n";
