@@ -297,7 +297,8 @@ Result<Conversation> conversation_from_openai_chat(const json::value& request) {
   }
   if (const json::value* effort = body.if_contains("reasoning_effort"); effort != nullptr && !effort->is_null()) {
     if (effort->is_string()) {
-      options.reasoning_effort = std::string(effort->get_string());
+      // "none" (OpenAI: no reasoning) asks for no effort level; thinking stays as the request's switches say.
+      if (effort->get_string() != "none") options.reasoning_effort = std::string(effort->get_string());
     } else if (effort->is_int64()) {
       options.reasoning_effort = std::to_string(effort->get_int64());
     } else {

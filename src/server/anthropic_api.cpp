@@ -151,6 +151,9 @@ class MessagesWriter final : public ResponseWriter {
 
 }  // namespace
 
+// The recipe names the Conversation's fields; Anthropic's effort lives in output_config.
+constexpr FieldRename kAnthropicRenames[] = {{"reasoning_effort", "output_config.effort"}};
+
 ApiResult<std::string> count_tokens_endpoint(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
   if (auto e = check_model(body, *context.model, true)) return *e;
@@ -159,7 +162,7 @@ ApiResult<std::string> count_tokens_endpoint(const json::value& request, const A
   conversation->options.v4_revision = context.v4_revision;
   Result<recipe::RenderedPrompt> prompt =
       recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
-  if (!prompt.ok()) return bad_request_from(prompt.status());
+  if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
   return to_json_text(json::object{{"input_tokens", prompt->token_ids.size()}});
 }
 
@@ -196,7 +199,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   conversation.options.v4_revision = context.v4_revision;
   Result<recipe::RenderedPrompt> prompt =
       recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
-  if (!prompt.ok()) return bad_request_from(prompt.status());
+  if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
   if (auto e =
           fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_tokens, "max_tokens", plan.params)) {
     return *e;

@@ -38,6 +38,14 @@ struct ApiError {
 ApiError bad_request(std::string message, std::string param = {});
 // A 400 from a recipe or engine Status whose message starts with the field path ("messages[1].content ...").
 ApiError bad_request_from(const Status& status);
+// The same, for a dialect whose fields are spelled differently from the Conversation's (the recipe names
+// "thinking", "reasoning_effort", "messages[i]"...): a message or param starting with `from` starts with `to`
+// instead, the first matching pair winning (e.g. Responses: {"messages[", "input["}, {"thinking", "reasoning"}).
+struct FieldRename {
+  std::string_view from;
+  std::string_view to;
+};
+ApiError bad_request_from(const Status& status, std::span<const FieldRename> renames);
 
 enum class Dialect { kOpenAI, kAnthropic };
 std::string error_body(const ApiError& error, Dialect dialect);
@@ -195,6 +203,8 @@ using recipe::prompt_opens_reasoning;
 // stop_token_ids, ignore_eos, logit_bias, n).
 std::optional<ApiError> read_openai_sampling(const boost::json::object& body, const ApiContext& context,
                                              engine::SamplingParams& params, std::vector<std::string>& stops);
+// A float parameter as JSON: its shortest decimal form as a float (0.7f -> 0.7, not 0.699999988079071).
+double float_for_json(float value);
 // "data: {json}\n\n".
 std::string sse_data(const boost::json::value& value);
 // JSON text of a response body: boost::json::serialize, except that numbers are written as clients and other

@@ -42,6 +42,24 @@ ApiError bad_request_from(const Status& status) {
   return bad_request(message, path_like && path_chars ? first : std::string());
 }
 
+ApiError bad_request_from(const Status& status, std::span<const FieldRename> renames) {
+  ApiError error = bad_request_from(status);
+  for (const FieldRename& rename : renames) {
+    if (!error.message.starts_with(rename.from)) continue;
+    error.message = std::string(rename.to) + error.message.substr(rename.from.size());
+    if (error.param.starts_with(rename.from)) error.param = std::string(rename.to) + error.param.substr(rename.from.size());
+    break;
+  }
+  return error;
+}
+
+double float_for_json(float value) {
+  char buffer[32];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  if (ec != std::errc()) return value;
+  return std::strtod(std::string(buffer, end).c_str(), nullptr);
+}
+
 namespace {
 
 std::string_view openai_type(int status) {
@@ -238,7 +256,7 @@ std::optional<ApiError> read_integer(const json::object& body, std::string_view 
   if (!in_range || number < min || number > max) {
     std::string range =
         max == std::numeric_limits<int64_t>::max() ? fmt::format(">= {}", min) : fmt::format("in [{}, {}]", min, max);
-    return bad_request(fmt::format("{} must be an integer {}, got {}", key, range, json::serialize(*value)),
+    return bad_request(fmt::format("{} must be an integer {}, got {}", key, range, to_json_text(*value)),
                        std::string(key));
   }
   out = number;
@@ -253,7 +271,7 @@ std::optional<ApiError> read_number(const json::object& body, std::string_view k
   const double number = value->to_number<double>();
   if (!(min_exclusive ? number > min : number >= min) || !(number <= max)) {
     return bad_request(fmt::format("{} must be in {}{}, {}], got {}", key, min_exclusive ? "(" : "[", min, max,
-                                   json::serialize(*value)),
+                                   to_json_text(*value)),
                        std::string(key));
   }
   out = number;

@@ -338,7 +338,7 @@ std::optional<ApiError> check_token_ids(const json::array& list, std::string_vie
   for (size_t i = 0; i < list.size(); ++i) {
     if (!list[i].is_int64() || list[i].get_int64() < 0 || list[i].get_int64() >= vocab) {
       return bad_request(
-          fmt::format("{}[{}] must be a token id in [0, {}), got {}", field, i, vocab, json::serialize(list[i])),
+          fmt::format("{}[{}] must be a token id in [0, {}), got {}", field, i, vocab, to_json_text(list[i])),
           std::string(field));
     }
     ids.push_back(static_cast<recipe::TokenId>(list[i].get_int64()));

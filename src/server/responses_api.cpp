@@ -620,7 +620,14 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   conversation.options.v4_revision = context.v4_revision;
   Result<recipe::RenderedPrompt> prompt =
       recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
-  if (!prompt.ok()) return bad_request_from(prompt.status());
+  if (!prompt.ok()) {
+    // The recipe names the Conversation's fields; say them as this dialect spells them.
+    static constexpr FieldRename kRenames[] = {{"messages[", "input["},
+                                               {"thinking", "reasoning"},
+                                               {"reasoning_effort", "reasoning.effort"},
+                                               {"response_format", "text.format"}};
+    return bad_request_from(prompt.status(), kRenames);
+  }
   if (auto e = fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_output_tokens,
                            "max_output_tokens", plan.params)) {
     e->param = e->param.empty() ? "input" : e->param;
@@ -632,8 +639,8 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
       {"instructions", instructions ? json::value(*instructions) : json::value(nullptr)},
       {"max_output_tokens", max_output_tokens ? json::value(*max_output_tokens) : json::value(nullptr)},
       {"parallel_tool_calls", parallel.value_or(true)},
-      {"temperature", plan.params.temperature},
-      {"top_p", plan.params.top_p},
+      {"temperature", float_for_json(plan.params.temperature)},
+      {"top_p", float_for_json(plan.params.top_p)},
       {"tool_choice", body.contains("tool_choice") ? body.at("tool_choice") : json::value("auto")},
       {"tools", body.contains("tools") && body.at("tools").is_array() ? body.at("tools") : json::value(json::array{})}};
   // The format's turn markers end the answer (stream_parser.h): generation stops there too.

@@ -338,7 +338,7 @@ TEST_F(ApiTest, ToolChoice) {
   HttpResponse named = c.post("/v1/chat/completions",
                               chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"));
   EXPECT_EQ(named.status, 400);
-  EXPECT_NE(named.body.find("the named function 'get_weather'"), std::string::npos) << named.body;
+  EXPECT_NE(named.body.find("naming the function 'get_weather'"), std::string::npos) << named.body;
   // tool_choice none: the tools are not rendered, so the prompt is the one without tools.
   HttpResponse none = c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "none")"));
   ASSERT_EQ(none.status, 200) << none.body;

@@ -239,18 +239,22 @@ TEST_F(ResponsesTest, ErrorsNameTheField) {
   // (deepseek-v3) cannot describe: refused, not ignored (issue 16); plain text is fine.
   expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "w",
                                            "schema": {"type": "object"}}}})"),
-               400, "response_format", "not supported with the deepseek-v3 prompt format");
+               400, "text.format", "not supported with the deepseek-v3 prompt format");
   expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "json_object"}}})"), 400,
-               "response_format", "deepseek-v3");
+               "text.format", "deepseek-v3");
   expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "json_schema"}}})"), 400,
                "text.format.name", "must be a string");
   expect_error(c.post("/v1/responses", R"({"input": "Hi", "text": {"verbosity": "low"}})"), 400, "text.verbosity",
                "not supported");
-  expect_error(c.post("/v1/responses", R"({"input": "Hi", "reasoning": {"effort": "high"}})"), 400, "thinking",
-               "no thinking mode");
-  EXPECT_EQ(c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "text"}}, "max_output_tokens": 1})")
-                .status,
-            200);
+  expect_error(c.post("/v1/responses", R"({"input": "Hi", "reasoning": {"effort": "high"}})"), 400, "reasoning",
+               "reasoning is not available with the deepseek-v3 prompt format");
+  expect_error(c.post("/v1/responses", R"({"input": "Hi", "temperature": 2.5})"), 400, "temperature", "got 2.5");
+  HttpResponse plain = c.post("/v1/responses", R"({"input": "Hi", "text": {"format": {"type": "text"}},
+                                                   "max_output_tokens": 1, "temperature": 0.7, "top_p": 0.9})");
+  EXPECT_EQ(plain.status, 200);
+  // The echoed parameters read as sent (floats in their shortest form: 0.7, not 0.699999988079071).
+  EXPECT_NE(plain.body.find(R"("temperature":0.7,)"), std::string::npos) << plain.body;
+  EXPECT_NE(plain.body.find(R"("top_p":0.9)"), std::string::npos) << plain.body;
   // The server keeps serving.
   EXPECT_EQ(c.post("/v1/responses", R"({"input": "Hi", "max_output_tokens": 1})").status, 200);
 }

@@ -54,8 +54,8 @@ Status check_capabilities(const Conversation& conversation, PromptFormat format)
     }
     if (conversation.tool_choice.mode != ToolChoice::Mode::kAuto) {
       const std::string what = conversation.tool_choice.mode == ToolChoice::Mode::kRequired
-                                   ? std::string("\"required\"")
-                                   : "the named function '" + conversation.tool_choice.name + "'";
+                                   ? std::string("requiring a tool call")
+                                   : "naming the function '" + conversation.tool_choice.name + "'";
       return Status::invalid_argument("tool_choice " + what + " cannot be honoured with the " + name +
                                       " prompt format: it does not describe tools to the model; use \"auto\"");
     }
