@@ -111,6 +111,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t body_read_timeout_s = 60;
     int32_t shutdown_timeout_s = 30;
     bool metrics_require_api_key = false;
+    std::vector<std::string> allowed_origins;
     bool kv_disk_reset = false;
     std::string kv_events_endpoint;
     std::string kv_events_replay_endpoint;
@@ -213,6 +214,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "event and the server exits")
       ->capture_default_str()
       ->check(CLI::Range(0, 86400));
+  cmd->add_option("--allowed-origins", options->allowed_origins,
+                  "CORS: browser origins allowed to call the API (e.g. https://app.example, or *); default none")
+      ->delimiter(',');
   cmd->add_flag("--metrics-require-api-key", options->metrics_require_api_key,
                 "Serve /metrics only with the API key (--api-key); /health stays open");
   cmd->add_flag("--kv-disk-reset", options->kv_disk_reset,
@@ -413,6 +417,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.body_read_timeout_seconds = options->body_read_timeout_s;
     server_config.shutdown_timeout_seconds = options->shutdown_timeout_s;
     server_config.metrics_require_api_key = options->metrics_require_api_key;
+    server_config.allowed_origins = options->allowed_origins;
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     auto server =
         server::Server::start(server_config, info, engine::make_in_process_client(std::move(engine).value()), *tokenizer);

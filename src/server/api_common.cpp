@@ -333,12 +333,15 @@ std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_to
   const int64_t room = max_model_len - prompt_tokens;
   if (requested) {
     if (*requested > room) {
+      // The real total (saturated: max_tokens may be near INT64_MAX).
+      const int64_t total = *requested > std::numeric_limits<int64_t>::max() - prompt_tokens
+                                ? std::numeric_limits<int64_t>::max()
+                                : prompt_tokens + *requested;
       return ApiError{400,
                       fmt::format("this model's max_model_len is {} tokens, but the request asks for {} ({} in the "
                                   "prompt, {} in {}); lower {} to at most {}",
-                                  max_model_len, prompt_tokens + std::min(*requested, max_model_len), prompt_tokens,
-                                  *requested,
-                                  max_tokens_field, max_tokens_field, room),
+                                  max_model_len, total, prompt_tokens, *requested, max_tokens_field,
+                                  max_tokens_field, room),
                       std::string(max_tokens_field), "context_length_exceeded", 0};
     }
     params.max_tokens = *requested;

@@ -124,6 +124,7 @@ struct RequestInfo {
   bool keep_alive = false;
   std::string method;
   std::string target;
+  std::string origin;  // the Origin header (CORS), empty when absent
   Clock::time_point start = Clock::now();
 };
 
@@ -174,6 +175,15 @@ ApiError framing_error(const FramingError& refused) {
 }
 
 std::vector<std::pair<std::string, std::string>> allow_header(const std::string& method) { return {{"Allow", method}}; }
+
+// The answer to a CORS preflight (outside the coroutines, as api_error above): the methods the API takes and the
+// headers the browser asked for (else the ones clients send).
+std::vector<std::pair<std::string, std::string>> preflight_headers(std::string requested_headers) {
+  if (requested_headers.empty()) requested_headers = "authorization, content-type, x-api-key, anthropic-version";
+  return {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+          {"Access-Control-Allow-Headers", std::move(requested_headers)},
+          {"Access-Control-Max-Age", "600"}};
+}
 
 ApiError engine_error(const Status& status) {
   switch (status.code()) {
@@ -261,6 +271,15 @@ struct Server::Impl {
     std::vector<std::pair<std::string, std::string>> headers;
   };
   Precheck precheck(const http::request_header<>& header) const;
+  // CORS headers for a response to `origin` (ServerConfig::allowed_origins); none when it is not allowed.
+  std::vector<std::pair<std::string, std::string>> cors_headers(const std::string& origin) const {
+    if (origin.empty() || config.allowed_origins.empty()) return {};
+    for (const std::string& allowed : config.allowed_origins) {
+      if (allowed == "*") return {{"Access-Control-Allow-Origin", "*"}};
+      if (allowed == origin) return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+    }
+    return {};
+  }
   recipe::TokenizationCache::Stats tokenization_stats() const {
     return tokenization_cache ? tokenization_cache->stats() : recipe::TokenizationCache::Stats{};
   }
@@ -451,6 +470,7 @@ awaitable<int> Server::Impl::send(Connection& conn, const RequestInfo& info, int
   response.set(http::field::server, "deepinfer");
   response.set(http::field::content_type, content_type);
   for (auto& [name, value] : headers) response.set(name, value);
+  for (auto& [name, value] : cors_headers(info.origin)) response.set(name, value);
   response.body() = std::move(body);
   response.keep_alive(info.keep_alive && !conn.close && !draining);
   response.prepare_payload();
@@ -575,13 +595,24 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
       if (std::optional<FramingError> refused = parse_error_response(ec, limits)) {
         conn->close = true;
         info.keep_alive = false;
+        spdlog::info("{} {} {} (refused while reading the header)", info.method, info.target, refused->status);
         co_await send_error(*conn, info, framing_error(*refused), dialect_of(info.target));
         co_await linger_close(*conn);
       }
       break;
     }
     info.keep_alive = parser.get().keep_alive();
+    info.origin = std::string(parser.get()[http::field::origin]);
     const Dialect dialect = dialect_of(info.target);
+    // A CORS preflight from an allowed origin: answered before routing and authentication.
+    if (parser.get().method() == http::verb::options && !cors_headers(info.origin).empty() &&
+        parser.get().count(http::field::access_control_request_method) > 0 && parser.is_done()) {
+      co_await send(*conn, info, 204, std::string(), kJson,
+                    preflight_headers(std::string(parser.get()[http::field::access_control_request_headers])));
+      spdlog::info("{} {} 204 (CORS preflight)", info.method, info.target);
+      if (conn->close) break;
+      continue;
+    }
     if (config.test_hook_on_request) {
       config.test_hook_on_request(std::string_view(parser.get().target().data(), parser.get().target().size()));
     }
@@ -627,6 +658,7 @@ awaitable<void> Server::Impl::session(tcp::socket socket, std::string peer) {
     if (ec) {
       if (std::optional<FramingError> refused = parse_error_response(ec, limits)) {
         conn->close = true;
+        spdlog::info("{} {} {} (refused while reading the body)", info.method, info.target, refused->status);
         co_await send_error(*conn, info, framing_error(*refused), dialect);
         co_await linger_close(*conn);
       }
@@ -647,6 +679,7 @@ awaitable<void> Server::Impl::handle(std::shared_ptr<Connection> conn, Request& 
   info.keep_alive = request.keep_alive();
   info.method = std::string(request.method_string());
   info.target = loggable_target(std::string_view(request.target().data(), request.target().size()));
+  info.origin = std::string(request[http::field::origin]);
   int status = 500;
   bool failed = false;
   try {
@@ -874,6 +907,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
       sse_header.set(http::field::content_type, "text/event-stream");
       sse_header.set(http::field::cache_control, "no-cache");
       sse_header.set("X-Accel-Buffering", "no");
+      for (auto& [name, value] : cors_headers(info.origin)) sse_header.set(name, value);
       // HTTP/1.0 has no chunked coding: the event stream is the raw body, ended by closing the connection.
       sse_header.keep_alive(info.keep_alive && !draining && chunked_sse);
       if (chunked_sse) sse_header.chunked(true);

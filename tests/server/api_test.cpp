@@ -398,5 +398,43 @@ TEST(ChatFormatRevisionTest, TheCheckpointsEncoderNamesTheRevision) {
   fs::remove_all(dir);
 }
 
+// CORS (--allowed-origins; issue 16): off by default; a listed origin gets Access-Control-Allow-Origin on every
+// response and a 204 to its preflight, before authentication.
+TEST(CorsTest, AListedOriginIsAnsweredAndOthersAreNot) {
+  namespace http = boost::beast::http;
+  TestServerOptions options;
+  options.config.allowed_origins = {"https://app.example"};
+  options.config.api_key = "secret";
+  std::unique_ptr<Server> server = start_server(options);
+  TestClient c(server->port());
+  HttpResponse preflight = c.request(http::verb::options, "/v1/chat/completions", "",
+                                     {{"Origin", "https://app.example"},
+                                      {"Access-Control-Request-Method", "POST"},
+                                      {"Access-Control-Request-Headers", "authorization, content-type"}});
+  EXPECT_EQ(preflight.status, 204) << preflight.body;
+  EXPECT_EQ(preflight.headers["access-control-allow-origin"], "https://app.example");
+  EXPECT_EQ(preflight.headers["access-control-allow-headers"], "authorization, content-type");
+  EXPECT_NE(preflight.headers["access-control-allow-methods"].find("POST"), std::string::npos);
+  HttpResponse chat_response = c.post("/v1/chat/completions", chat(), {{"Origin", "https://app.example"},
+                                                                       {"Authorization", "Bearer secret"}});
+  EXPECT_EQ(chat_response.status, 200) << chat_response.body;
+  EXPECT_EQ(chat_response.headers["access-control-allow-origin"], "https://app.example");
+  HttpResponse stream = c.post("/v1/chat/completions", chat(R"(, "stream": true)"),
+                               {{"Origin", "https://app.example"}, {"Authorization", "Bearer secret"}});
+  EXPECT_EQ(stream.status, 200);
+  EXPECT_EQ(stream.headers["access-control-allow-origin"], "https://app.example");
+  HttpResponse unauthorized = c.post("/v1/chat/completions", chat(), {{"Origin", "https://app.example"}});
+  EXPECT_EQ(unauthorized.status, 401);
+  EXPECT_EQ(unauthorized.headers["access-control-allow-origin"], "https://app.example");  // the page can read why
+  HttpResponse other = c.post("/v1/chat/completions", chat(), {{"Origin", "https://evil.example"},
+                                                               {"Authorization", "Bearer secret"}});
+  EXPECT_EQ(other.status, 200);
+  EXPECT_FALSE(other.headers.contains("access-control-allow-origin"));
+  HttpResponse other_preflight = c.request(http::verb::options, "/v1/chat/completions", "",
+                                           {{"Origin", "https://evil.example"}, {"Access-Control-Request-Method", "POST"}});
+  EXPECT_NE(other_preflight.status, 204);
+  EXPECT_FALSE(other_preflight.headers.contains("access-control-allow-origin"));
+}
+
 }  // namespace
 }  // namespace deepinfer::server::testing

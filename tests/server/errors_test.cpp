@@ -106,6 +106,9 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
       {"max_tokens past max_model_len", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100})", 400, "max_model_len is 64",
        "max_tokens"},
+      // The real total, not one capped at max_model_len (issue 16).
+      {"max_tokens far past max_model_len", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000})", 400, "asks for 100", "max_tokens"},
       {"too deep JSON", "/v1/chat/completions", deep, 400, "deeper than 16", ""},
       {"invalid UTF-8", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xC3\x28\"}]}",
        400, "not valid UTF-8", ""},

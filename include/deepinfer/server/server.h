@@ -53,6 +53,11 @@ struct ServerConfig {
   // event, the rest is cancelled, and the server stops (a Kubernetes grace period is 30 s).
   int32_t shutdown_timeout_seconds = 30;
   bool metrics_require_api_key = false;  // /metrics behind api_key too (when one is set)
+  // CORS (--allowed-origins): browser origins ("https://app.example", or "*") whose pages may call the API.
+  // Empty: no CORS headers and no preflight answers (the default). A request from a listed Origin gets
+  // Access-Control-Allow-Origin; an OPTIONS preflight from one gets 204 with the allowed methods and headers
+  // (before authentication, as browsers send no credentials on a preflight).
+  std::vector<std::string> allowed_origins;
   // Test seam, empty in production: called on the HTTP thread with each request's path once its header is
   // read, outside every per-request handler; what it throws ends that connection only.
   std::function<void(std::string_view path)> test_hook_on_request;
