@@ -159,9 +159,7 @@ ApiResult<std::string> count_tokens_endpoint(const json::value& request, const A
   if (auto e = check_model(body, *context.model, true)) return *e;
   Result<recipe::Conversation> conversation = recipe::conversation_from_anthropic_messages(request);
   if (!conversation.ok()) return bad_request_from(conversation.status());
-  conversation->options.v4_revision = context.v4_revision;
-  Result<recipe::RenderedPrompt> prompt =
-      recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+  Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
   return to_json_text(json::object{{"input_tokens", prompt->token_ids.size()}});
 }
@@ -196,9 +194,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
     return bad_request("metadata must be an object", "metadata");
   }
 
-  conversation.options.v4_revision = context.v4_revision;
-  Result<recipe::RenderedPrompt> prompt =
-      recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+  Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
   if (auto e =
           fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_tokens, "max_tokens", plan.params)) {
@@ -206,12 +202,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   }
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
-  // The format's turn markers end the answer (stream_parser.h): generation stops there too.
-  if (!plan.params.ignore_eos) {
-    for (recipe::TokenId id : recipe::turn_marker_ids(*context.tokenizer, context.chat_format)) {
-      plan.params.stop_token_ids.push_back(id);
-    }
-  }
+  add_turn_marker_stops(context, plan.params);
   recipe::StreamParserOptions options;
   options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
   options.tools_enabled = !conversation.tools.empty();

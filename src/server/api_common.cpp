@@ -53,6 +53,18 @@ ApiError bad_request_from(const Status& status, std::span<const FieldRename> ren
   return error;
 }
 
+Result<recipe::RenderedPrompt> render_chat_prompt(recipe::Conversation& conversation, const ApiContext& context) {
+  conversation.options.v4_revision = context.v4_revision;
+  return recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+}
+
+void add_turn_marker_stops(const ApiContext& context, engine::SamplingParams& params) {
+  if (params.ignore_eos) return;
+  for (recipe::TokenId id : recipe::turn_marker_ids(*context.tokenizer, context.chat_format)) {
+    params.stop_token_ids.push_back(id);
+  }
+}
+
 double float_for_json(float value) {
   char buffer[32];
   auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);

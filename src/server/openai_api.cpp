@@ -414,9 +414,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   bool include_usage = false;
   if (auto e = read_stream_flags(body, plan.stream, include_usage)) return *e;
 
-  conversation->options.v4_revision = context.v4_revision;
-  Result<recipe::RenderedPrompt> prompt =
-      recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+  Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status());
   const std::string_view max_field = max_completion_tokens ? "max_completion_tokens" : "max_tokens";
   if (auto e = fit_context(context, static_cast<int64_t>(prompt->token_ids.size()),
@@ -426,12 +424,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   }
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
-  // The format's turn markers end the answer (stream_parser.h): generation stops there too.
-  if (!plan.params.ignore_eos) {
-    for (recipe::TokenId id : recipe::turn_marker_ids(*context.tokenizer, context.chat_format)) {
-      plan.params.stop_token_ids.push_back(id);
-    }
-  }
+  add_turn_marker_stops(context, plan.params);
   recipe::StreamParserOptions options;
   options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
   options.tools_enabled = !conversation->tools.empty();
@@ -496,9 +489,7 @@ ApiResult<std::string> tokenize_endpoint(const json::value& request, const ApiCo
   if (body.contains("messages")) {
     Result<recipe::Conversation> conversation = recipe::conversation_from_openai_chat(request);
     if (!conversation.ok()) return bad_request_from(conversation.status());
-    conversation->options.v4_revision = context.v4_revision;
-    Result<recipe::RenderedPrompt> prompt =
-        recipe::render_and_tokenize(*conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+    Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
     if (!prompt.ok()) return bad_request_from(prompt.status());
     ids = std::move(prompt->token_ids);
   } else {

@@ -617,9 +617,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   if (auto e = read_bool(body, "stream", stream)) return *e;
   plan.stream = stream.value_or(false);
 
-  conversation.options.v4_revision = context.v4_revision;
-  Result<recipe::RenderedPrompt> prompt =
-      recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+  Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);
   if (!prompt.ok()) {
     // The recipe names the Conversation's fields; say them as this dialect spells them.
     static constexpr FieldRename kRenames[] = {{"messages[", "input["},
@@ -643,12 +641,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
       {"top_p", float_for_json(plan.params.top_p)},
       {"tool_choice", body.contains("tool_choice") ? body.at("tool_choice") : json::value("auto")},
       {"tools", body.contains("tools") && body.at("tools").is_array() ? body.at("tools") : json::value(json::array{})}};
-  // The format's turn markers end the answer (stream_parser.h): generation stops there too.
-  if (!plan.params.ignore_eos) {
-    for (recipe::TokenId id : recipe::turn_marker_ids(*context.tokenizer, context.chat_format)) {
-      plan.params.stop_token_ids.push_back(id);
-    }
-  }
+  add_turn_marker_stops(context, plan.params);
   recipe::StreamParserOptions options;
   options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
   options.tools_enabled = !conversation.tools.empty();
