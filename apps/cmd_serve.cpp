@@ -141,7 +141,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--chat-format", options->chat_format,
                   "Prompt format: deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v3.2, deepseek-v4, deepseek-v4.1 "
-                  "(default: from the checkpoint's model_type)");
+                  "(default: the checkpoint's config.json chat_format, else its encoding/encoding_dsv*.py, else its "
+                  "model_type)");
   cmd->add_option("--chat-format-revision", options->chat_format_revision,
                   "deepseek-v4 only: 0731 (the released V4-Flash/V4-Pro effort preambles) or preview (default: what "
                   "the checkpoint's encoding/encoding_dsv4.py says, else 0731)");
@@ -279,15 +280,18 @@ std::function<int()> add_serve_command(CLI::App& app) {
 
     Result<model::ModelConfig> config = model::load_model_config(model_path);
     if (!config.ok()) return fail(config.status().to_string());
-    Result<recipe::PromptFormat> checkpoint_format = server::default_chat_format(config->model_type);
+    Result<recipe::PromptFormat> checkpoint_format = server::checkpoint_chat_format(model_path, config->model_type);
+    if (!checkpoint_format.ok() && checkpoint_format.status().code() == StatusCode::kInvalidArgument) {
+      return fail(checkpoint_format.status().message());
+    }
     recipe::PromptFormat format = recipe::PromptFormat::kDeepSeekV3;
     if (options->chat_format) {
       Result<recipe::PromptFormat> parsed = recipe::parse_format(*options->chat_format);
       if (!parsed.ok()) return fail("--chat-format: " + parsed.status().message());
       format = *parsed;
       if (checkpoint_format.ok() && *checkpoint_format != format) {
-        spdlog::warn("--chat-format {} overrides {}, the format of this checkpoint's model_type {}",
-                     recipe::format_name(format), recipe::format_name(*checkpoint_format), config->model_type);
+        spdlog::warn("--chat-format {} overrides {}, the format of this checkpoint",
+                     recipe::format_name(format), recipe::format_name(*checkpoint_format));
       }
     } else if (!checkpoint_format.ok()) {
       return fail(checkpoint_format.status().message());

@@ -3,10 +3,14 @@ Python 3.11's documentation (python3.11-doc) and PostgreSQL 15's (postgresql-doc
 html.parser, and the Linux man pages
 (manpages, manpages-dev, rendered by man-db). Every document is split into passages (one per section); a
 share of them is wrapped as chat turns (a question made from the section title, or the passage's first
-sentence, as the user turn; the passage as the assistant's answer) rendered by OUR renderer
-(`deepinfer render --format deepseek-v3 --jsonl --ids`, the format the built-in default model is served
-with), the rest is plain text: BOS + text + EOS. Validation: 1 document in 20 (by a hash of its path), whose
-chat questions also give the held-out prompts of the MTP acceptance measurement.
+sentence, as the user turn; the passage as the assistant's answer), some with a templated reasoning text
+(thinking mode), some as tool conversations (the assistant calls search_docs / read_man_page, the section comes
+back as the tool result, the answer is its first paragraphs), plus short templated weather/time tool
+conversations; all rendered by OUR renderer (`deepinfer render --format deepseek-v4.1 --jsonl --ids`, the format
+the built-in demo model is served with; DSML markup and think tags as the added tokens of the demo tokenizer,
+V3's vocabulary + V4's added tokens). The rest is plain text: BOS + text + EOS. Validation: 1 document in 20
+(by a hash of its path), whose chat questions also give the held-out prompts of the MTP acceptance measurement.
+No model-generated text anywhere.
 
 Writes DIR (default .train/, git-ignored, carried to the GPU machine):
   train.tokens.xz, val_chat.tokens.xz, val_plain.tokens.xz   compact token streams (uint16 indices into kept)
@@ -15,7 +19,8 @@ Writes DIR (default .train/, git-ignored, carried to the GPU machine):
   record.json      packages and versions, files, passages, tokens, split (the exact record, see SOURCES.md)
 
   apt-get install -y python3.11-doc postgresql-doc-15 manpages manpages-dev
-  python3 tools/prepare_demo_data.py --deepinfer /tmp/build-demo/apps/deepinfer --out .train
+  python3 tools/make_v4_tokenizer.py --src models/deepseek-v3 --out models/demo-tokenizer
+  python3 tools/prepare_demo_data.py --deepinfer build/apps/deepinfer --out .train
 Deterministic: the same packages give the same bytes.
 """
 import argparse
@@ -37,6 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY_DOC = "/usr/share/doc/python3.11/html"
 PG_DOC = "/usr/share/doc/postgresql-doc-15/html"
 BOS, EOS = 0, 1
+FORMAT = "deepseek-v4.1"  # the demo's chat format (--format)
+TOKENIZER = os.path.join(ROOT, "models/demo-tokenizer")  # V3's + V4's added tokens (--tokenizer)
 MAX_PASSAGE_CHARS = 2400
 MIN_PASSAGE_CHARS = 120
 
@@ -269,7 +276,7 @@ def clean_title(title):
 
 
 def passages(doc, rng):
-    """-> [(question or None, text)]: chat passages have a question."""
+    """-> [(question or None, text, meta or None)]: chat passages have a question and their section's meta."""
     out = []
     for index, (title, text) in enumerate(doc["sections"]):
         for n, piece in enumerate(split_text(text)):
@@ -294,31 +301,188 @@ def passages(doc, rng):
                         question = sentence
                         piece = piece[len(sentence):].strip()
             piece = piece.strip()
-            out.append((question, piece) if question else (None, (title + "\n\n" + piece) if n == 0 and title else piece))
+            if question:
+                meta = {"kind": doc["kind"], "title": title, "text": piece, "page": doc.get("page"),
+                        "section": doc.get("section")}
+                out.append((question, piece, meta))
+            else:
+                out.append((None, (title + "\n\n" + piece) if n == 0 and title else piece, None))
     return out
 
 
+DOC_NAMES = {"python": "Python 3.11", "postgresql": "PostgreSQL 15"}
+
+# The demo's tools. The two documentation tools are what its tool conversations call; the others are listed beside
+# them in some conversations (and called by the short weather/time ones) so that the model learns to pick by name.
+TOOLS = {
+    "search_docs": {"type": "function", "function": {
+        "name": "search_docs",
+        "description": "Search the Python 3.11 or PostgreSQL 15 documentation and return the best matching section.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "description": "What to look for, e.g. a section title"},
+            "source": {"type": "string", "enum": ["python", "postgresql"], "description": "Which documentation"}},
+            "required": ["query", "source"]}}},
+    "read_man_page": {"type": "function", "function": {
+        "name": "read_man_page",
+        "description": "Read one section of a Linux manual page.",
+        "parameters": {"type": "object", "properties": {
+            "page": {"type": "string", "description": "The page name, e.g. open"},
+            "section": {"type": "integer", "description": "The manual section, 1 to 8"},
+            "heading": {"type": "string", "description": "The heading to read, e.g. DESCRIPTION"}},
+            "required": ["page", "section"]}}},
+    "get_weather": {"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}},
+    "get_time": {"type": "function", "function": {
+        "name": "get_time",
+        "description": "Get the current local time in a time zone.",
+        "parameters": {"type": "object", "properties": {
+            "timezone": {"type": "string", "description": "An IANA time zone, e.g. Europe/Paris"}},
+            "required": ["timezone"]}}},
+}
+CITIES = [("Paris", "Europe/Paris"), ("London", "Europe/London"), ("Berlin", "Europe/Berlin"), ("Tokyo", "Asia/Tokyo"),
+          ("New York", "America/New_York"), ("Madrid", "Europe/Madrid"), ("Rome", "Europe/Rome"),
+          ("Sydney", "Australia/Sydney"), ("Toronto", "America/Toronto"), ("Beijing", "Asia/Shanghai"),
+          ("Hangzhou", "Asia/Shanghai"), ("Lisbon", "Europe/Lisbon"), ("Oslo", "Europe/Oslo"), ("Cairo", "Africa/Cairo"),
+          ("Mumbai", "Asia/Kolkata"), ("Seoul", "Asia/Seoul"), ("Vienna", "Europe/Vienna"), ("Dublin", "Europe/Dublin")]
+SKIES = ["sunny", "cloudy", "rainy", "foggy", "windy", "snowing", "clear", "overcast"]
+WEATHER_QUESTIONS = ["What is the weather in {c}?", "Weather in {c}?", "Is it raining in {c}?", "How warm is it in {c}?",
+                     "What's the weather like in {c} right now?"]
+TIME_QUESTIONS = ["What time is it in {c}?", "Time in {c}?", "What is the local time in {c}?"]
+
+
+def thinking_switch(thinking):
+    return {"chat_template_kwargs": {"thinking": bool(thinking)}}
+
+
+def first_paragraphs(text, limit=700):
+    out = ""
+    for para in text.split("\n\n"):
+        if out and len(out) + len(para) + 2 > limit:
+            break
+        out = para if not out else out + "\n\n" + para
+    return out[:limit * 2]
+
+
+def doc_lookup(meta, rng):
+    """-> (tool name, arguments dict, result text, topic words) for a passage's document section."""
+    if meta["kind"] == "man":
+        args = {"page": meta["page"], "section": int(meta["section"][0]) if meta["section"][:1].isdigit() else 1}
+        if rng.random() < 0.6:
+            args["heading"] = meta["title"].upper()
+        result = "%s(%s) %s\n\n%s" % (meta["page"], meta["section"], meta["title"].upper(), meta["text"])
+        return "read_man_page", args, result, "the %s(%s) manual page" % (meta["page"], meta["section"])
+    topic = clean_title(meta["title"]) or meta["title"]
+    args = {"query": topic, "source": meta["kind"]}
+    result = "%s\n\n%s" % (topic, meta["text"])
+    return "search_docs", args, result, "%s in the %s documentation" % (topic, DOC_NAMES[meta["kind"]])
+
+
+def tool_list(needed, rng):
+    names = list(needed) + [n for n in TOOLS if n not in needed and rng.random() < 0.5]
+    rng.shuffle(names)
+    return [TOOLS[n] for n in names]
+
+
+def call(name, args, n):
+    return {"id": "call_%d" % n, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def plan_text(meta):
+    """A reasoning text made from the passage's place in its document (templated, no model text)."""
+    if meta["kind"] == "man":
+        return "The user asks about the %s(%s) manual page, the %s section." % (meta["page"], meta["section"],
+                                                                             meta["title"].lower())
+    return "The user asks about %s, from the %s documentation." % (clean_title(meta["title"]) or meta["title"],
+                                                                   DOC_NAMES[meta["kind"]])
+
+
+def chat_request(turns, rng):
+    """Turns of one document -> an OpenAI chat request in one of three shapes: plain chat (40%), chat with
+    thinking (25%), or a tool conversation (35%: the assistant calls the document's tool, gets the section back
+    as the tool result and answers from it; half of them with thinking)."""
+    roll = rng.random()
+    if roll < 0.40:
+        messages = []
+        for q, a, _ in turns:
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        return dict(messages=messages, **thinking_switch(False))
+    if roll < 0.65:
+        messages = []
+        for q, a, meta in turns:
+            reasoning = plan_text(meta) + " " + rng.choice(["I will explain it.", "I will answer from it.",
+                                                             "I will summarize what it says.", "Let me explain."])
+            messages += [{"role": "user", "content": q},
+                         {"role": "assistant", "content": a, "reasoning_content": reasoning}]
+        return dict(messages=messages, **thinking_switch(True))
+    thinking = rng.random() < 0.5
+    q, a, meta = turns[0]
+    name, args, result, topic = doc_lookup(meta, rng)
+    first = {"role": "assistant", "content": None, "tool_calls": [call(name, args, 0)]}
+    answer = {"role": "assistant", "content": first_paragraphs(a)}
+    if thinking:
+        first["reasoning_content"] = plan_text(meta) + " I will look it up with %s." % name
+        answer["reasoning_content"] = "The tool returned %s. I will answer from it." % topic
+    messages = [{"role": "user", "content": q}, first, {"role": "tool", "tool_call_id": "call_0", "content": result},
+                answer]
+    return dict(messages=messages, tools=tool_list([name], rng), **thinking_switch(thinking))
+
+
+def small_tool_request(rng, n):
+    """A short weather or time conversation: the call, a JSON result, a one-sentence answer (templated)."""
+    city, zone = rng.choice(CITIES)
+    thinking = rng.random() < 0.5
+    if rng.random() < 0.6:
+        unit = rng.choice(["celsius", "fahrenheit"])
+        args = {"city": city} if rng.random() < 0.5 else {"city": city, "unit": unit}
+        temp = rng.randint(-5, 35) if args.get("unit", "celsius") == "celsius" else rng.randint(23, 95)
+        sky = rng.choice(SKIES)
+        result = json.dumps({"city": city, "temperature": temp, "unit": args.get("unit", "celsius"), "sky": sky})
+        question = rng.choice(WEATHER_QUESTIONS).format(c=city)
+        name = "get_weather"
+        text = "It is %d °%s and %s in %s." % (temp, "C" if args.get("unit", "celsius") == "celsius" else "F", sky, city)
+    else:
+        args = {"timezone": zone}
+        hour, minute = rng.randint(0, 23), rng.randint(0, 59)
+        result = json.dumps({"timezone": zone, "time": "%02d:%02d" % (hour, minute)})
+        question = rng.choice(TIME_QUESTIONS).format(c=city)
+        name = "get_time"
+        text = "It is %02d:%02d in %s." % (hour, minute, city)
+    first = {"role": "assistant", "content": None, "tool_calls": [call(name, args, n)]}
+    answer = {"role": "assistant", "content": text}
+    if thinking:
+        first["reasoning_content"] = "The user wants the %s in %s. I will call %s." % (
+            "weather" if name == "get_weather" else "local time", city, name)
+        answer["reasoning_content"] = "The tool answered. I will tell the user."
+    messages = [{"role": "user", "content": question}, first,
+                {"role": "tool", "tool_call_id": "call_%d" % n, "content": result}, answer]
+    return dict(messages=messages, tools=tool_list([name], rng), **thinking_switch(thinking))
+
+
 def conversations(chat_passages, rng):
-    """Single turns, and 20% two-turn conversations of consecutive passages of one document."""
+    """Single turns, and 20% two-turn conversations of consecutive passages of one document, each shaped by
+    chat_request."""
     convs, i = [], 0
     while i < len(chat_passages):
         turns = [chat_passages[i]]
         if i + 1 < len(chat_passages) and rng.random() < 0.2:
             turns.append(chat_passages[i + 1])
         i += len(turns)
-        messages = []
-        for q, a in turns:
-            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-        convs.append(messages)
+        convs.append(chat_request(turns, rng))
     return convs
 
 
 def run_render(deepinfer, requests, generation_prompt):
-    args = [deepinfer, "render", "--format", "deepseek-v3", "--ids", "--jsonl", "--tokenizer",
-            os.path.join(ROOT, "models/deepseek-v3")]
+    """OpenAI chat requests -> token ids, by our renderer in the demo's format with the demo's tokenizer."""
+    args = [deepinfer, "render", "--format", FORMAT, "--ids", "--jsonl", "--tokenizer", TOKENIZER]
     if not generation_prompt:
         args.append("--no-generation-prompt")
-    text = "\n".join(json.dumps({"messages": r}, ensure_ascii=False) for r in requests) + "\n"
+    text = "\n".join(json.dumps(r, ensure_ascii=False) for r in requests) + "\n"
     out = subprocess.run(args, input=text.encode(), capture_output=True, check=True).stdout.decode()
     lines = out.strip("\n").split("\n")
     assert len(lines) == len(requests), (len(lines), len(requests))
@@ -326,18 +490,20 @@ def run_render(deepinfer, requests, generation_prompt):
 
 
 def run_tokenize(deepinfer, texts):
-    out = subprocess.run([deepinfer, "tokenize", "--untrusted", "--tokenizer", os.path.join(ROOT, "models/deepseek-v3")],
+    out = subprocess.run([deepinfer, "tokenize", "--untrusted", "--tokenizer", TOKENIZER],
                          input=json.dumps(texts, ensure_ascii=False).encode(), capture_output=True, check=True).stdout
     return [[BOS] + ids + [EOS] for ids in json.loads(out)]
 
 
 # Fixed prompts whose float32 logits the training script records for the engine-vs-PyTorch test.
 REFERENCE_CHATS = [
-    [{"role": "user", "content": "What is a list comprehension?"}],
-    [{"role": "user", "content": "What does open do?"}],
-    [{"role": "user", "content": "Explain the with statement."},
-     {"role": "assistant", "content": "The with statement wraps a block in the methods of a context manager."},
-     {"role": "user", "content": "Tell me about exceptions."}],
+    {"messages": [{"role": "user", "content": "What is a list comprehension?"}], **thinking_switch(False)},
+    {"messages": [{"role": "user", "content": "What does open do?"}], **thinking_switch(True)},
+    {"messages": [{"role": "user", "content": "Explain the with statement."},
+                  {"role": "assistant", "content": "The with statement wraps a block in the methods of a context manager."},
+                  {"role": "user", "content": "Tell me about exceptions."}], **thinking_switch(False)},
+    {"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+     "tools": [TOOLS["get_weather"], TOOLS["search_docs"]], **thinking_switch(True)},
 ]
 REFERENCE_TEXT = "The socket module provides access to the BSD socket interface. It is available on"
 
@@ -348,7 +514,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, ".train"))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--held-out-prompts", type=int, default=64)
+    ap.add_argument("--tokenizer", default=TOKENIZER, help="directory of the demo's tokenizer.json (V3's vocabulary "
+                    "with V4's added tokens: tools/make_v4_tokenizer.py)")
+    ap.add_argument("--small-tool-conversations", type=int, default=3000,
+                    help="weather/time tool conversations added to the training split")
     args = ap.parse_args()
+    global TOKENIZER
+    TOKENIZER = args.tokenizer
     os.makedirs(args.out, exist_ok=True)
 
     docs = python_doc_documents()
@@ -373,7 +545,11 @@ def main():
         convs = conversations(chat, rng)
         splits[split]["chat"] += convs
         if split == "val":
-            held_out += [c[:1] for c in convs if len(c[0]["content"]) < 200]
+            held_out += [{"messages": c["messages"][:1], **thinking_switch(False)} for c in convs
+                         if len(c["messages"][0]["content"]) < 200]
+    tool_rng = random.Random(20261202)
+    splits["train"]["chat"] += [small_tool_request(tool_rng, n % 7) for n in range(args.small_tool_conversations)]
+    splits["val"]["chat"] += [small_tool_request(tool_rng, n % 7) for n in range(args.small_tool_conversations // 20)]
 
     streams, record_tokens = {}, {}
     for split in ("train", "val"):
@@ -398,9 +574,10 @@ def main():
             used.update(seq)
     for seq in held_out_ids + reference_ids:
         used.update(seq)
-    vocab = json.load(open(os.path.join(ROOT, "models/deepseek-v3/tokenizer.json")))
+    vocab = json.load(open(os.path.join(TOKENIZER, "tokenizer.json")))
     for added in vocab["added_tokens"]:  # control tokens of the chat format: rows even if unused
-        if added["content"] in ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"):
+        if added["content"] in ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                                "<think>", "</think>", "｜DSML｜", "<｜latest_reminder｜>"):
             used.add(added["id"])
     kept = sorted(used)
     assert len(kept) < 65536
@@ -422,7 +599,8 @@ def main():
     json.dump(kept, open(os.path.join(args.out, "kept.json"), "w"))
     json.dump({"held_out_chat_prompts": held_out_ids, "held_out_chat_messages": held_out,
                "reference_prompts": reference_ids,
-               "reference_prompt_sources": [json.dumps(c, ensure_ascii=False) for c in REFERENCE_CHATS] + [REFERENCE_TEXT]},
+               "reference_prompt_sources": [json.dumps(c, ensure_ascii=False) for c in REFERENCE_CHATS] + [REFERENCE_TEXT],
+               "chat_format": FORMAT},
               open(os.path.join(args.out, "prompts.json"), "w"), ensure_ascii=False)
     record = {
         "packages": {p: package_version(p) for p in ("python3.11-doc", "postgresql-doc-15", "manpages", "manpages-dev", "man-db", "groff-base")},
@@ -436,9 +614,16 @@ def main():
         "split": "validation = documents with sha256(path)[:8] % 20 == 0",
         "passages": counts["passages"],
         "tokens": {"train": n_train, "val_chat": n_val_chat, "val_plain": n_val_plain, "by_split": record_tokens},
-        "chat_format": "deepseek-v3, rendered by `deepinfer render --jsonl --ids --no-generation-prompt`",
+        "chat_format": FORMAT + ", rendered by `deepinfer render --jsonl --ids --no-generation-prompt` with the demo "
+                       "tokenizer (V3's vocabulary + V4's added tokens)",
         "chat_share": "65% of passages are chat (a question from the section title or the first sentence), 20% of "
                       "conversations two turns; the rest plain text BOS + text + EOS (`deepinfer tokenize --untrusted`)",
+        "chat_shapes": "per conversation: 40% plain chat, 25% thinking (a templated reasoning_content naming the "
+                       "document and section), 35% a tool conversation (search_docs / read_man_page called with the "
+                       "section's title or page, the section as the tool result, the answer = its first paragraphs; "
+                       "half with thinking; the tool list also holds get_weather/get_time at random); plus %d "
+                       "templated weather/time tool conversations in training (%d in validation)" % (
+                           args.small_tool_conversations, args.small_tool_conversations // 20),
         "held_out_chat_prompts": len(held_out_ids),
         "kept_vocabulary": len(kept),
         "document_list_sha256": hashlib.sha256("\n".join(d["file"] for d in docs).encode()).hexdigest(),

@@ -52,9 +52,10 @@ DEMO_CONFIG = {
     "routed_scaling_factor": 2.5, "kv_lora_rank": 64, "q_lora_rank": 96, "qk_rope_head_dim": 32,
     "v_head_dim": 64, "qk_nope_head_dim": 32, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 4,
     "first_k_dense_replace": 1, "moe_layer_freq": 1, "norm_topk_prob": True, "scoring_func": "sigmoid",
-    "topk_method": "noaux_tc", "hidden_act": "silu", "max_position_embeddings": 1024, "rope_theta": 10000.0,
+    "topk_method": "noaux_tc", "hidden_act": "silu", "max_position_embeddings": 2048, "rope_theta": 10000.0,
     "rope_scaling": None, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 0,
     "eos_token_id": 1, "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+    "chat_format": "deepseek-v4.1",  # DeepInfer's key: the format the data was rendered in (the server's default)
 }
 SMOKE_CONFIG = dict(DEMO_CONFIG, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
                     num_attention_heads=2, n_routed_experts=8, num_experts_per_tok=2, kv_lora_rank=32, q_lora_rank=48,
@@ -296,8 +297,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--minutes", type=float, default=7.0, help="training wall-clock budget")
     ap.add_argument("--smoke", action="store_true", help="tiny config on the CPU, to prove the pipeline")
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=32, help="sequences per step")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=16, help="sequences per step")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-every", type=float, default=20.0, help="seconds between validation checks")
     ap.add_argument("--seed", type=int, default=1234)

@@ -206,7 +206,8 @@ std::optional<ApiError> read_openai_sampling(const boost::json::object& body, co
 // A float parameter as JSON: its shortest decimal form as a float (0.7f -> 0.7, not 0.699999988079071).
 double float_for_json(float value);
 // The server's prompt of a chat request: `conversation` with the server's deepseek-v4 revision, rendered in its
-// chat format and tokenized through its tokenization cache (every dialect renders through this).
+// chat format and tokenized through its tokenization cache (every dialect renders through this). The prompt's new
+// runs are added to the cache only when it is shorter than max_model_len (a refused prompt leaves the cache as it was).
 Result<recipe::RenderedPrompt> render_chat_prompt(recipe::Conversation& conversation, const ApiContext& context);
 // Adds the chat format's turn markers to the stop tokens unless params.ignore_eos (stream_parser.h: the parser
 // ends the answer at one, so generation stops there too).

@@ -55,7 +55,16 @@ ApiError bad_request_from(const Status& status, std::span<const FieldRename> ren
 
 Result<recipe::RenderedPrompt> render_chat_prompt(recipe::Conversation& conversation, const ApiContext& context) {
   conversation.options.v4_revision = context.v4_revision;
-  return recipe::render_and_tokenize(conversation, context.chat_format, *context.tokenizer, context.tokenization_cache);
+  // The prompt's new runs enter the shared tokenization cache only when the prompt fits the model: a prompt that
+  // is refused for its length never evicts other conversations' entries.
+  recipe::TokenizationCache::PendingInserts pending;
+  Result<recipe::RenderedPrompt> prompt = recipe::render_and_tokenize(
+      conversation, context.chat_format, *context.tokenizer, context.tokenization_cache, &pending);
+  if (prompt.ok() && context.tokenization_cache != nullptr &&
+      static_cast<int64_t>(prompt->token_ids.size()) < context.model->max_model_len) {
+    context.tokenization_cache->commit(pending);
+  }
+  return prompt;
 }
 
 void add_turn_marker_stops(const ApiContext& context, engine::SamplingParams& params) {

@@ -309,6 +309,21 @@ TEST_F(ApiTest, AGrowingConversationIsTokenizedFromTheCache) {
   EXPECT_EQ(count, rendered_prompt_tokens(json::serialize(json::object{{"messages", messages}})));
 }
 
+// Issue 16: a prompt refused for its length leaves the shared tokenization cache as it was (it used to insert its
+// runs, evicting other conversations' entries).
+TEST_F(ApiTest, APromptTooLongForTheModelDoesNotFillTheTokenizationCache) {
+  TestClient c = client();
+  std::string long_text;
+  for (int i = 0; i < 3000; ++i) long_text += "radix " + std::to_string(i) + " ";
+  const std::string body = json::serialize(json::object{
+      {"model", "default"}, {"messages", json::array{json::object{{"role", "user"}, {"content", long_text}}}}});
+  const double before = metric_value(c.get("/metrics").body, "deepinfer_tokenization_cache_bytes");
+  HttpResponse refused = c.post("/v1/chat/completions", body);
+  ASSERT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("context_length_exceeded"), std::string::npos) << refused.body;
+  EXPECT_EQ(metric_value(c.get("/metrics").body, "deepinfer_tokenization_cache_bytes"), before);
+}
+
 // Numbers as clients expect them (issue 16): logprobs like -11.25, not boost::json's -1.125E1.
 TEST_F(ApiTest, NumbersArePrintedInPlainNotation) {
   TestClient c = client();
@@ -381,6 +396,25 @@ TEST(ChatFormatRevisionTest, TheServerRendersItsRevisionsEffortPreamblesAndRefus
   EXPECT_EQ(medium.status, 400);
   EXPECT_NE(medium.body.find("low, high, xhigh or max"), std::string::npos) << medium.body;
   EXPECT_EQ(tokens(*rpreview, "medium").status, 200);
+}
+
+TEST(ChatFormatRevisionTest, TheCheckpointNamesItsChatFormat) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("deepinfer-format-" + std::to_string(getpid()));
+  fs::create_directories(dir / "encoding");
+  EXPECT_EQ(checkpoint_chat_format(dir, "deepseek_v3").value(), recipe::PromptFormat::kDeepSeekV3);
+  EXPECT_FALSE(checkpoint_chat_format(dir, "llama").ok());
+  std::ofstream(dir / "encoding" / "encoding_dsv32.py") << "# V3.2\n";
+  EXPECT_EQ(checkpoint_chat_format(dir, "deepseek_v3").value(), recipe::PromptFormat::kDeepSeekV32);
+  std::ofstream(dir / "encoding" / "encoding_dsv41.py") << "# V4.1\n";
+  EXPECT_EQ(checkpoint_chat_format(dir, "deepseek_v3").value(), recipe::PromptFormat::kDeepSeekV41);
+  std::ofstream(dir / "config.json") << R"({"model_type": "deepseek_v3", "chat_format": "deepseek-r1"})";
+  EXPECT_EQ(checkpoint_chat_format(dir, "deepseek_v3").value(), recipe::PromptFormat::kDeepSeekR1);
+  std::ofstream(dir / "config.json") << R"({"model_type": "deepseek_v3", "chat_format": "chatml"})";
+  Result<recipe::PromptFormat> bad = checkpoint_chat_format(dir, "deepseek_v3");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("config.json: chat_format"), std::string::npos) << bad.status().message();
+  fs::remove_all(dir);
 }
 
 TEST(ChatFormatRevisionTest, TheCheckpointsEncoderNamesTheRevision) {

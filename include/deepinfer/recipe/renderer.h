@@ -66,12 +66,15 @@ Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFor
 // tokenizer's on the whole prompt text whenever the request text holds no marker text).
 // With a `cache`, each run's ids come from it when it holds that run (a conversation that grew by a turn
 // re-tokenizes only the runs that changed) and new runs are added to it; the ids are identical to those
-// without a cache. `cache` is not owned and may be shared between threads (tokenization_cache.h).
-void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache = nullptr);
+// without a cache. `cache` is not owned and may be shared between threads (tokenization_cache.h). With
+// `pending`, the runs the cache misses are recorded there instead of inserted (TokenizationCache::commit).
+void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache = nullptr,
+                     TokenizationCache::PendingInserts* pending = nullptr);
 
 // render_prompt + tokenize_prompt.
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
-                                           const Tokenizer& tokenizer, TokenizationCache* cache = nullptr);
+                                           const Tokenizer& tokenizer, TokenizationCache* cache = nullptr,
+                                           TokenizationCache::PendingInserts* pending = nullptr);
 
 // The prompt ends inside a reasoning block (its generation prompt opened <think>, trailing spaces and newlines
 // aside): the model's output then starts as reasoning (StreamParserOptions::starts_in_reasoning).

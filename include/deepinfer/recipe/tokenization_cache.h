@@ -31,6 +31,19 @@ namespace deepinfer::recipe {
 // insertion; hashing, the text comparison, copying ids out and encoding a miss all run outside it.
 // Entries of several tokenizers may share one cache: the tokenizer's instance id is part of the key.
 class TokenizationCache {
+ private:
+  struct Key {
+    uint64_t low = 0;
+    uint64_t high = 0;
+    friend bool operator==(const Key&, const Key&) = default;
+  };
+  struct KeyHasher {
+    size_t operator()(const Key& key) const noexcept {
+      return static_cast<size_t>(key.low ^ (key.high * 0x9E3779B97F4A7C15ull));
+    }
+  };
+  struct Entry;  // immutable once inserted; shared with readers copying its ids out of the lock
+
  public:
   // Runs shorter than this are encoded directly by default: for them a lookup costs about what encoding
   // does, and each entry carries ~150 bytes of bookkeeping.
@@ -50,6 +63,23 @@ class TokenizationCache {
   // capacity is not inserted). Thread-safe. `text` is not retained.
   void encode(const Tokenizer& tokenizer, std::string_view text, TextTrust trust, std::vector<TokenId>& out);
 
+  // Misses held back from the cache until the caller decides the text is worth keeping (the server commits a
+  // prompt's runs only once the prompt fits the model, so a rejected prompt never evicts others' entries).
+  // Owned by one caller; not thread-safe itself. Dropping it without commit() inserts nothing.
+  class PendingInserts {
+   public:
+    size_t size() const { return entries_.size(); }
+
+   private:
+    friend class TokenizationCache;
+    std::vector<std::pair<Key, std::shared_ptr<const Entry>>> entries_;
+  };
+  // As encode(), but a miss is recorded in `pending` instead of inserted (hits and counters as encode()).
+  void encode(const Tokenizer& tokenizer, std::string_view text, TextTrust trust, std::vector<TokenId>& out,
+              PendingInserts* pending);
+  // Inserts what `pending` holds (as encode() would have) and empties it. Thread-safe.
+  void commit(PendingInserts& pending);
+
   // Cumulative counters since construction (or clear()). Texts below min_cached_bytes are not counted.
   struct Stats {
     uint64_t hits = 0;
@@ -66,17 +96,6 @@ class TokenizationCache {
   void clear();
 
  private:
-  struct Key {
-    uint64_t low = 0;
-    uint64_t high = 0;
-    friend bool operator==(const Key&, const Key&) = default;
-  };
-  struct KeyHasher {
-    size_t operator()(const Key& key) const noexcept {
-      return static_cast<size_t>(key.low ^ (key.high * 0x9E3779B97F4A7C15ull));
-    }
-  };
-  struct Entry;  // immutable once inserted; shared with readers copying its ids out of the lock
   struct Slot {
     std::shared_ptr<const Entry> entry;
     std::list<Key>::iterator lru;  // position in lru_

@@ -89,7 +89,8 @@ Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFor
   }
 }
 
-void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache) {
+void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache,
+                     TokenizationCache::PendingInserts* pending) {
   prompt.token_ids.clear();
   prompt.token_ids.reserve(prompt.text.size() / 3 + 16);
   // The pending run of non-control text: a view of one segment while it is one (the usual case), copied
@@ -100,7 +101,7 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, Tokeniz
     if (run.empty()) return;
     // The run is the unit of tokenization, so it is also the unit of the cache (tokenization_cache.h).
     if (cache != nullptr) {
-      cache->encode(tokenizer, run, TextTrust::kUntrusted, prompt.token_ids);
+      cache->encode(tokenizer, run, TextTrust::kUntrusted, prompt.token_ids, pending);
     } else {
       tokenizer.encode(run, TextTrust::kUntrusted, prompt.token_ids);
     }
@@ -128,9 +129,10 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, Tokeniz
 }
 
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
-                                           const Tokenizer& tokenizer, TokenizationCache* cache) {
+                                           const Tokenizer& tokenizer, TokenizationCache* cache,
+                                           TokenizationCache::PendingInserts* pending) {
   Result<RenderedPrompt> prompt = render_prompt(conversation, format);
-  if (prompt.ok()) tokenize_prompt(tokenizer, *prompt, cache);
+  if (prompt.ok()) tokenize_prompt(tokenizer, *prompt, cache, pending);
   return prompt;
 }
 

@@ -27,6 +27,16 @@ TokenizationCache::~TokenizationCache() = default;
 
 void TokenizationCache::encode(const Tokenizer& tokenizer, std::string_view text, TextTrust trust,
                                std::vector<TokenId>& out) {
+  encode(tokenizer, text, trust, out, nullptr);
+}
+
+void TokenizationCache::commit(PendingInserts& pending) {
+  for (auto& [key, entry] : pending.entries_) insert(key, std::move(entry));
+  pending.entries_.clear();
+}
+
+void TokenizationCache::encode(const Tokenizer& tokenizer, std::string_view text, TextTrust trust,
+                               std::vector<TokenId>& out, PendingInserts* pending) {
   if (text.size() < min_cached_bytes_) {
     tokenizer.encode(text, trust, out);
     return;
@@ -51,7 +61,11 @@ void TokenizationCache::encode(const Tokenizer& tokenizer, std::string_view text
   out.insert(out.end(), entry->ids.begin(), entry->ids.end());
   misses_.fetch_add(1, std::memory_order_relaxed);
   miss_tokens_.fetch_add(entry->ids.size(), std::memory_order_relaxed);
-  insert(key, std::move(entry));
+  if (pending != nullptr) {
+    pending->entries_.emplace_back(key, std::move(entry));
+  } else {
+    insert(key, std::move(entry));
+  }
 }
 
 std::shared_ptr<const TokenizationCache::Entry> TokenizationCache::find(const Key& key) {
