@@ -26,19 +26,80 @@ array).
 in this package); `format=` names the prompt format explicitly (FORMATS). Nothing is ever downloaded.
 Errors from the C++ core raise ValueError (bad input: the message names the field, e.g.
 "messages[2].tool_calls[0].function.arguments is not valid JSON ...") or RuntimeError.
+
+Responses, as `deepinfer serve` sends them: ResponseStream("chat_completions" | "completions" | "messages" |
+"responses", id=..., model=..., tokenizer_model=..., format=...) takes generated ids (push_token) or text
+(push_text) and returns each dialect's stream chunks (StreamChunk: .to_json(), .to_sse()) and, after finish(),
+the whole body (response()): the recipe's output parser, stop strings and response builders.
+
+DeepSeek's deepseek-recipe API is here too, on the same core (_compat.py): ChatCompletionRequest(body).convert(
+ConversionOptions()), ResponsesRequest, MessagesRequest, DeepseekV41Encoding().render_conversation(...).prompt,
+.with_tokenizer(t).encode(...), StreamProcessor with InferenceChunk, and the response classes. Where it
+deliberately differs from deepseek-recipe: docs/deepseek-recipe-parity.md.
 """
 from . import _core
 from ._core import (
     Conversation,
     ParsedMessage,
     RenderedInput,
+    ResponseStream,
     StepEvent,
+    StreamChunk,
     StreamEvent,
     StreamOutputParser,
     Tokenizer,
     ToolCall,
 )
 from ._models import FORMATS, MODELS, detect_format, format_for_model
+from ._compat import (
+    ASSISTANT_SP_TOKEN,
+    BOS_TOKEN,
+    DSML_SP_TOKEN,
+    EOS_TOKEN,
+    IMAGE_SPECIAL_TOKEN,
+    LATEST_REMINDER_SP_TOKEN,
+    SYSTEM_SP_TOKEN,
+    THINKING_END_TOKEN,
+    THINKING_START_TOKEN,
+    USER_SP_TOKEN,
+    AssistantMessage,
+    ChatCompletionChunk,
+    ChatCompletionChunkGenerator,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ConversationRequest,
+    ConversionError,
+    ConversionOptions,
+    DeepseekV41Encoding,
+    DeepseekV4Encoding,
+    DeveloperMessage,
+    InferenceChunk,
+    InferenceFinishReason,
+    InferenceOptions,
+    LatestReminderMessage,
+    Message,
+    MessagesChunkGenerator,
+    MessagesRequest,
+    MessagesResponse,
+    MessagesStreamEvent,
+    ParsingOptions,
+    PromptUsage,
+    ReasoningStage,
+    RenderedPrompt,
+    ResponsesChunkGenerator,
+    ResponsesRequest,
+    ResponsesResponse,
+    ResponsesStreamEvent,
+    StreamProcessor,
+    SystemMessage,
+    ToolDefinition,
+    ToolMessage,
+    UserMessage,
+    WebSearchBehavior,
+)
+
+# deepseek-recipe's image fetching and preprocessing (ImageResolver, OpenCV) are not part of this package.
+HAS_IMAGE_BINDINGS = False
 
 __version__ = "0.1.0"
 
@@ -48,11 +109,59 @@ __all__ = [
     "MODELS",
     "ParsedMessage",
     "RenderedInput",
+    "ResponseStream",
     "StepEvent",
+    "StreamChunk",
     "StreamEvent",
     "StreamOutputParser",
     "Tokenizer",
     "ToolCall",
     "detect_format",
     "format_for_model",
+    # deepseek-recipe's API (_compat.py)
+    "ASSISTANT_SP_TOKEN",
+    "BOS_TOKEN",
+    "DSML_SP_TOKEN",
+    "EOS_TOKEN",
+    "HAS_IMAGE_BINDINGS",
+    "IMAGE_SPECIAL_TOKEN",
+    "LATEST_REMINDER_SP_TOKEN",
+    "SYSTEM_SP_TOKEN",
+    "THINKING_END_TOKEN",
+    "THINKING_START_TOKEN",
+    "USER_SP_TOKEN",
+    "AssistantMessage",
+    "ChatCompletionChunk",
+    "ChatCompletionChunkGenerator",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ConversationRequest",
+    "ConversionError",
+    "ConversionOptions",
+    "DeepseekV41Encoding",
+    "DeepseekV4Encoding",
+    "DeveloperMessage",
+    "InferenceChunk",
+    "InferenceFinishReason",
+    "InferenceOptions",
+    "LatestReminderMessage",
+    "Message",
+    "MessagesChunkGenerator",
+    "MessagesRequest",
+    "MessagesResponse",
+    "MessagesStreamEvent",
+    "ParsingOptions",
+    "PromptUsage",
+    "ReasoningStage",
+    "RenderedPrompt",
+    "ResponsesChunkGenerator",
+    "ResponsesRequest",
+    "ResponsesResponse",
+    "ResponsesStreamEvent",
+    "StreamProcessor",
+    "SystemMessage",
+    "ToolDefinition",
+    "ToolMessage",
+    "UserMessage",
+    "WebSearchBehavior",
 ]

@@ -1,6 +1,6 @@
 """Which tokenizer and prompt format a `tokenizer_model` names. No downloads, ever.
 
-A `tokenizer_model` is one of:
+A `tokenizer_model` is one of (or a Tokenizer object, with format=):
   - a known model name (MODELS), with or without the "deepseek-ai/" prefix, any case: its prompt format comes
     from the table, and its tokenizer is the one shipped inside this package, DeepSeek-V3's: exact ids for V3
     and R1; for later models the text is exact but their newer added tokens (<think>, </think>, ...) become
@@ -162,7 +162,12 @@ _resolved = {}  # (tokenizer_model, format) -> (Tokenizer, format): a gateway re
 
 def resolve(tokenizer_model, format=None):
     """(Tokenizer, prompt format name) for a tokenizer_model and an optional explicit format. Decided once per
-    pair (a directory's files are read the first time only)."""
+    pair (a directory's files are read the first time only). A Tokenizer object is used as it is, with format=
+    (a tokenizer alone does not say its prompt format)."""
+    if isinstance(tokenizer_model, _core.Tokenizer):
+        if format is None:
+            raise ValueError("a Tokenizer object names no prompt format: pass format= (one of %s)" % ", ".join(FORMATS))
+        return tokenizer_model, _check_format(format)
     key = (os.fspath(tokenizer_model) if isinstance(tokenizer_model, os.PathLike) else tokenizer_model, format)
     try:
         return _resolved[key]

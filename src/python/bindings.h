@@ -69,5 +69,6 @@ std::optional<boost::json::object> tool_call_json(py::handle object);
 void bind_tokenizer(py::module_& module);
 void bind_conversation(py::module_& module);
 void bind_parser(py::module_& module);
+void bind_response(py::module_& module);
 
 }  // namespace deepinfer::python

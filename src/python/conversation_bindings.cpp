@@ -10,6 +10,7 @@
 #include "bindings.h"
 #include "deepinfer/recipe/anthropic_request.h"
 #include "deepinfer/recipe/openai_request.h"
+#include "deepinfer/recipe/responses_request.h"
 
 namespace deepinfer::python {
 namespace {
@@ -70,6 +71,50 @@ std::unique_ptr<PyConversation> from_conversation(recipe::Conversation conversat
   out->conversation = std::move(conversation);
   return out;
 }
+
+// The OpenAI Chat Completions message a recipe message reads back as (content null, a string for one text part,
+// else parts), so that message_from_openai(message_json(m)) == m.
+json::object message_json(const recipe::Message& message) {
+  json::object out{{"role", recipe::role_name(message.role)}};
+  if (message.content_is_null) {
+    out["content"] = nullptr;
+  } else if (message.content.size() == 1 && message.content[0].kind == recipe::ContentPart::Kind::kText) {
+    out["content"] = message.content[0].text;
+  } else {
+    json::array parts;
+    for (const recipe::ContentPart& part : message.content) {
+      if (part.kind == recipe::ContentPart::Kind::kText) {
+        parts.push_back({{"type", "text"}, {"text", part.text}});
+      } else {
+        parts.push_back({{"type", "image_url"}, {"image_url", {{"url", part.image_url}}}});
+      }
+    }
+    out["content"] = std::move(parts);
+  }
+  if (message.reasoning_content) out["reasoning_content"] = *message.reasoning_content;
+  if (!message.tool_calls.empty()) {
+    json::array calls;
+    for (const recipe::ToolCall& call : message.tool_calls) {
+      calls.push_back({{"id", call.id},
+                       {"type", "function"},
+                       {"function", {{"name", call.name}, {"arguments", json::serialize(call.arguments)}}}});
+    }
+    out["tool_calls"] = std::move(calls);
+  }
+  if (!message.tool_call_id.empty()) out["tool_call_id"] = message.tool_call_id;
+  if (!message.name.empty()) out["name"] = message.name;
+  if (message.prefix) out["prefix"] = true;
+  return out;
+}
+
+// A message or tool given to the Conversation constructor: an object with to_openai() (deepseek-recipe's
+// message and tool classes) or an OpenAI dict.
+json::value openai_item(py::handle item, const std::string& path) {
+  if (py::hasattr(item, "to_openai")) return to_json(item.attr("to_openai")(), path);
+  return to_json(item, path);
+}
+
+py::object compat_module() { return py::module_::import("deepseek_recipe._compat"); }
 
 template <class Parse>
 std::unique_ptr<PyConversation> parse_payload(py::handle payload, Parse parse) {
@@ -160,7 +205,35 @@ void bind_conversation(py::module_& module) {
                              "message, or convert an API request with from_openai / from_anthropic. Rendering "
                              "releases the GIL, so several threads may render (the same or different "
                              "conversations) at once.")
-      .def(py::init<>())
+      .def(py::init([](py::handle messages, py::handle tools, std::optional<bool> thinking_mode,
+                       py::handle reasoning_effort) {
+             auto self = std::make_unique<PyConversation>();
+             if (!messages.is_none()) {
+               py::sequence list = py::reinterpret_borrow<py::sequence>(messages);
+               for (size_t i = 0; i < list.size(); ++i) {
+                 const std::string path = "messages[" + std::to_string(i) + "]";
+                 self->conversation.messages.push_back(
+                     unwrap(recipe::message_from_openai(openai_item(list[i], path), path)));
+               }
+             }
+             if (!tools.is_none()) {
+               py::sequence list = py::reinterpret_borrow<py::sequence>(tools);
+               for (size_t i = 0; i < list.size(); ++i) {
+                 const std::string path = "tools[" + std::to_string(i) + "]";
+                 self->conversation.tools.push_back(unwrap(recipe::tool_from_openai(openai_item(list[i], path), path)));
+               }
+             }
+             if (thinking_mode) self->conversation.options.thinking = *thinking_mode;
+             if (!reasoning_effort.is_none()) {
+               self->conversation.options.reasoning_effort = py::str(reasoning_effort).cast<std::string>();
+             }
+             return self;
+           }),
+           py::kw_only(), py::arg("messages") = py::none(), py::arg("tools") = py::none(),
+           py::arg("thinking_mode") = py::none(), py::arg("reasoning_effort") = py::none(),
+           "An empty conversation to build with the add_* methods, or (deepseek-recipe's constructor) one made of "
+           "`messages` (UserMessage, AssistantMessage, ... objects or OpenAI message dicts) and `tools` "
+           "(ToolDefinition objects or OpenAI tool dicts), validated as an OpenAI payload would be.")
       .def_static(
           "from_openai",
           [](py::handle payload) {
@@ -182,6 +255,99 @@ void bind_conversation(py::module_& module) {
           py::arg("payload"),
           "An Anthropic Messages request (dict or JSON text): system, messages (text, image, tool_use, "
           "tool_result, thinking blocks), tools, tool_choice, thinking. Sampling fields are ignored.")
+      .def_static(
+          "from_responses",
+          [](py::handle payload) {
+            return parse_payload(
+                payload, [](const json::value& request) { return recipe::conversation_from_responses(request); });
+          },
+          py::arg("payload"),
+          "An OpenAI Responses request (dict or JSON text): instructions, input (messages, function_call, "
+          "function_call_output, reasoning items), tools, tool_choice, reasoning, text.format.")
+      .def_property_readonly(
+          "messages",
+          [](PyConversation& self) {
+            std::vector<json::object> messages;
+            {
+              std::lock_guard lock(self.mu);
+              for (const recipe::Message& message : self.conversation.messages)
+                messages.push_back(message_json(message));
+            }
+            py::object make = compat_module().attr("message_from_openai");
+            py::list out;
+            for (const json::object& message : messages) out.append(make(from_json(message)));
+            return out;
+          },
+          "The messages as deepseek-recipe's message objects (SystemMessage, UserMessage, AssistantMessage, "
+          "ToolMessage, ...; .to_openai() gives the OpenAI dict). A copy: changing it changes nothing here.")
+      .def_property_readonly(
+          "tools",
+          [](PyConversation& self) {
+            std::vector<json::object> functions;
+            {
+              std::lock_guard lock(self.mu);
+              for (const recipe::ToolDefinition& tool : self.conversation.tools) functions.push_back(tool.function);
+            }
+            py::object make = compat_module().attr("tool_from_function");
+            py::list out;
+            for (const json::object& function : functions) out.append(make(from_json(function)));
+            return out;
+          },
+          "The offered functions as ToolDefinition objects (a copy).")
+      .def_property_readonly(
+          "thinking_mode",
+          [](PyConversation& self) {
+            std::lock_guard lock(self.mu);
+            return self.conversation.options.thinking;
+          },
+          "Thinking mode (deepseek-recipe's name for reasoning_mode).")
+      .def_property_readonly(
+          "tool_choice",
+          [](PyConversation& self) -> py::object {
+            std::lock_guard lock(self.mu);
+            const recipe::ToolChoice& choice = self.conversation.tool_choice;
+            switch (choice.mode) {
+              case recipe::ToolChoice::Mode::kAuto:
+                return py::str("auto");
+              case recipe::ToolChoice::Mode::kRequired:
+                return py::str("required");
+              case recipe::ToolChoice::Mode::kNamed:
+                return from_json(json::object{{"type", "function"}, {"function", {{"name", choice.name}}}});
+            }
+            return py::none();
+          },
+          "\"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\"}} (\"none\" dropped the tools).")
+      .def_property_readonly(
+          "response_format",
+          [](PyConversation& self) -> py::object {
+            std::lock_guard lock(self.mu);
+            const auto& format = self.conversation.options.response_format;
+            return format ? from_json(*format) : py::none();
+          },
+          "The requested JSON output format (response_format / text.format), or None.")
+      .def(
+          "render_text",
+          [](PyConversation& self, const std::string& format) {
+            recipe::PromptFormat parsed = unwrap(recipe::parse_format(format));
+            std::optional<Result<recipe::RenderedPrompt>> prompt;
+            std::vector<std::string> images;
+            {
+              py::gil_scoped_release release;
+              std::lock_guard lock(self.mu);
+              prompt.emplace(recipe::render_prompt(self.conversation, parsed));
+              for (const recipe::Message& message : self.conversation.messages) {
+                for (const recipe::ContentPart& part : message.content) {
+                  if (part.kind == recipe::ContentPart::Kind::kImage) images.push_back(part.image_url);
+                }
+              }
+            }
+            recipe::RenderedPrompt result = unwrap(std::move(*prompt));
+            const bool opens = recipe::prompt_opens_reasoning(result);
+            return py::make_tuple(py::str(result.text.data(), result.text.size()), images, opens);
+          },
+          py::arg("format"),
+          "(prompt text, image URLs in order, starts_in_reasoning) in `format`, with no tokenizer: what "
+          "deepseek-recipe's render_conversation returns. Raises ValueError as render_for_engine does.")
       .def(
           "set_reasoning_mode",
           [](PyConversation& self, bool enabled) {

@@ -1,6 +1,8 @@
 // Python objects <-> Boost.JSON values, and Status -> Python exceptions. Request bodies cross this boundary
 // once per call, so the conversion walks the objects directly instead of going through JSON text.
+#include <algorithm>
 #include <boost/json.hpp>
+#include <vector>
 
 #include "bindings.h"
 
@@ -17,7 +19,39 @@ void throw_status(const Status& status) {
   }
 }
 
-json::value to_json(py::handle object, const std::string& path) {
+namespace {
+
+// Deeper nesting than any request needs; a deeper (or self-referencing) object is refused before it can exhaust
+// the C++ stack, as deepseek-recipe refuses it.
+constexpr size_t kMaxDepth = 128;
+
+// The containers being converted, outermost first: a container met again inside itself is a cycle (one seen
+// twice side by side is a shared subtree, which is fine).
+struct Walk {
+  std::vector<PyObject*> open;
+};
+
+json::value convert(py::handle object, const std::string& path, Walk& walk);
+
+// Converts a dict, list or tuple `o` with `walk` tracking it.
+template <class Body>
+json::value container(PyObject* o, const std::string& path, Walk& walk, Body body) {
+  const std::string where = path.empty() ? std::string("the payload") : path;
+  if (std::find(walk.open.begin(), walk.open.end(), o) != walk.open.end()) {
+    throw py::value_error(where + " is a circular reference (it contains itself)");
+  }
+  if (walk.open.size() >= kMaxDepth) {
+    PyErr_SetString(PyExc_RecursionError,
+                    (where + " nests deeper than " + std::to_string(kMaxDepth) + " levels").c_str());
+    throw py::error_already_set();
+  }
+  walk.open.push_back(o);
+  json::value out = body();
+  walk.open.pop_back();
+  return out;
+}
+
+json::value convert(py::handle object, const std::string& path, Walk& walk) {
   PyObject* o = object.ptr();
   if (o == Py_None) return nullptr;
   if (PyBool_Check(o)) return o == Py_True;  // before int: bool is an int subclass
@@ -42,41 +76,43 @@ json::value to_json(py::handle object, const std::string& path) {
     if (data == nullptr) throw py::error_already_set();  // lone surrogates
     return json::string(data, static_cast<size_t>(size));
   }
-  if (PyDict_Check(o)) {
-    json::object out;
-    out.reserve(static_cast<size_t>(PyDict_Size(o)));
-    PyObject* key = nullptr;
-    PyObject* value = nullptr;
-    Py_ssize_t position = 0;
-    while (PyDict_Next(o, &position, &key, &value)) {
-      if (!PyUnicode_Check(key)) {
-        throw py::type_error(path + " has a key of type " + std::string(Py_TYPE(key)->tp_name) +
-                             "; JSON object keys must be str");
+  if (PyDict_Check(o))
+    return container(o, path, walk, [&]() -> json::value {
+      json::object out;
+      out.reserve(static_cast<size_t>(PyDict_Size(o)));
+      PyObject* key = nullptr;
+      PyObject* value = nullptr;
+      Py_ssize_t position = 0;
+      while (PyDict_Next(o, &position, &key, &value)) {
+        if (!PyUnicode_Check(key)) {
+          throw py::type_error(path + " has a key of type " + std::string(Py_TYPE(key)->tp_name) +
+                               "; JSON object keys must be str");
+        }
+        Py_ssize_t size = 0;
+        const char* data = PyUnicode_AsUTF8AndSize(key, &size);
+        if (data == nullptr) throw py::error_already_set();
+        std::string_view name(data, static_cast<size_t>(size));
+        out[name] = convert(value, path.empty() ? std::string(name) : path + "." + std::string(name), walk);
       }
-      Py_ssize_t size = 0;
-      const char* data = PyUnicode_AsUTF8AndSize(key, &size);
-      if (data == nullptr) throw py::error_already_set();
-      std::string_view name(data, static_cast<size_t>(size));
-      out[name] = to_json(value, path.empty() ? std::string(name) : path + "." + std::string(name));
-    }
-    return out;
-  }
-  if (PyList_Check(o) || PyTuple_Check(o)) {
-    py::sequence sequence = py::reinterpret_borrow<py::sequence>(object);
-    json::array out;
-    out.reserve(sequence.size());
-    for (size_t i = 0; i < sequence.size(); ++i) {
-      out.push_back(to_json(sequence[i], path + "[" + std::to_string(i) + "]"));
-    }
-    return out;
-  }
+      return out;
+    });
+  if (PyList_Check(o) || PyTuple_Check(o))
+    return container(o, path, walk, [&]() -> json::value {
+      py::sequence sequence = py::reinterpret_borrow<py::sequence>(object);
+      json::array out;
+      out.reserve(sequence.size());
+      for (size_t i = 0; i < sequence.size(); ++i) {
+        out.push_back(convert(sequence[i], path + "[" + std::to_string(i) + "]", walk));
+      }
+      return out;
+    });
   // NumPy scalars and other numbers (not arrays): an integer when they have __index__, else a float when they
   // convert.
   const bool sequence = PySequence_Check(o) != 0;
   if (PyIndex_Check(o) && !sequence) {
     py::object integer = py::reinterpret_steal<py::object>(PyNumber_Index(o));
     if (!integer) throw py::error_already_set();
-    return to_json(integer, path);
+    return convert(integer, path, walk);
   }
   if (!sequence && Py_TYPE(o)->tp_as_number != nullptr && Py_TYPE(o)->tp_as_number->nb_float != nullptr) {
     double value = PyFloat_AsDouble(o);
@@ -86,6 +122,13 @@ json::value to_json(py::handle object, const std::string& path) {
   throw py::type_error((path.empty() ? std::string("the payload") : path) + " is a " +
                        std::string(Py_TYPE(o)->tp_name) +
                        "; expected dict, list, tuple, str, int, float, bool or None");
+}
+
+}  // namespace
+
+json::value to_json(py::handle object, const std::string& path) {
+  Walk walk;
+  return convert(object, path, walk);
 }
 
 py::object from_json(const json::value& value) {

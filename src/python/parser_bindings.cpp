@@ -152,7 +152,29 @@ void bind_parser(py::module_& module) {
         return out + ")";
       });
 
-  py::class_<PyToolCall>(module, "ToolCall", "A completed tool call the model wrote.")
+  py::class_<PyToolCall>(module, "ToolCall",
+                         "A tool call: one the model wrote (StreamOutputParser), or one built for an earlier "
+                         "assistant turn: ToolCall(name, arguments, id=None) with arguments a dict or JSON text.")
+      .def(py::init([](const std::string& name, py::handle arguments, std::optional<std::string> id) {
+             PyToolCall out;
+             out.call.name = name;
+             out.call.id = id.value_or("");
+             json::value value;
+             if (PyUnicode_Check(arguments.ptr())) {
+               boost::system::error_code ec;
+               value = json::parse(arguments.cast<std::string>(), ec);
+               if (ec) throw py::value_error("arguments is not valid JSON: " + ec.message());
+             } else if (!arguments.is_none()) {
+               value = to_json(arguments, "arguments");
+             } else {
+               value = json::object{};
+             }
+             if (!value.is_object()) throw py::value_error("arguments must be a JSON object");
+             out.call.arguments = std::move(value.get_object());
+             out.call.arguments_text = json::serialize(out.call.arguments);
+             return out;
+           }),
+           py::arg("name"), py::arg("arguments") = py::none(), py::arg("id") = py::none())
       .def_property_readonly(
           "id", [](const PyToolCall& self) { return self.call.id; }, "Generated: \"call_<index>_<16 hex digits>\".")
       .def_property_readonly("name", [](const PyToolCall& self) { return self.call.name; })

@@ -1,7 +1,10 @@
 // Tokenizer (load, encode, decode), the zero-copy token buffer, and model resolution (a call into
 // deepseek_recipe/_models.py, which owns the name -> format table and the tokenizer cache).
 #include <pybind11/stl.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "bindings.h"
@@ -88,6 +91,39 @@ void bind_tokenizer(py::module_& module) {
             return std::make_shared<TokenizerHandle>(TokenizerHandle{unwrap(std::move(*loaded)), path});
           },
           py::arg("path"), "Loads a tokenizer.json (or a directory holding one) with no name lookup and no cache.")
+      .def_static(
+          "from_file",
+          [](py::handle path) {
+            return py::module_::import("deepseek_recipe._models")
+                .attr("load_tokenizer")(path)
+                .cast<std::shared_ptr<TokenizerHandle>>();
+          },
+          py::arg("path"), "deepseek-recipe's spelling of Tokenizer(path): a tokenizer.json file or its directory.")
+      .def_static(
+          "from_str",
+          [](const std::string& json_text) {
+            // The loader reads files: the text goes through a private temporary file, removed at once.
+            std::error_code ec;
+            std::filesystem::path directory = std::filesystem::temp_directory_path(ec);
+            if (ec) throw std::runtime_error("no temporary directory for the tokenizer text: " + ec.message());
+            std::filesystem::path file =
+                directory / ("deepseek_recipe_tokenizer_" + std::to_string(::getpid()) + "_" +
+                             std::to_string(reinterpret_cast<uintptr_t>(&json_text)) + ".json");
+            {
+              std::ofstream out(file, std::ios::binary);
+              out.write(json_text.data(), static_cast<std::streamsize>(json_text.size()));
+              if (!out) throw std::runtime_error("cannot write the tokenizer text to " + file.string());
+            }
+            std::optional<Result<std::shared_ptr<const recipe::Tokenizer>>> loaded;
+            {
+              py::gil_scoped_release release;
+              loaded.emplace(recipe::Tokenizer::load(file));
+            }
+            std::filesystem::remove(file, ec);
+            if (!loaded->ok()) throw std::runtime_error(loaded->status().message());  // RuntimeError, as theirs
+            return std::make_shared<TokenizerHandle>(TokenizerHandle{std::move(*loaded).value(), "<str>"});
+          },
+          py::arg("json_text"), "A tokenizer from the text of a tokenizer.json (RuntimeError when it is not one).")
       .def(
           "encode",
           [](const TokenizerHandle& self, std::string_view text, bool untrusted) {

@@ -1,6 +1,7 @@
 // Internal to the server: what the HTTP layer (http_server.cpp) and the API dialects (openai_api.cpp,
-// anthropic_api.cpp) share. A dialect turns a request body into a GenerationPlan (prompt ids, sampling
-// parameters, an OutputBuilder and a ResponseWriter); the HTTP layer runs the plan against the engine.
+// anthropic_api.cpp, responses_api.cpp) share. A dialect turns a request body into a GenerationPlan (prompt ids,
+// sampling parameters, the recipe's OutputBuilder and a ResponseWriter over the recipe's response builder); the
+// HTTP layer runs the plan against the engine.
 #pragma once
 
 #include <boost/json.hpp>
@@ -12,14 +13,15 @@
 #include <variant>
 #include <vector>
 
+#include "deepinfer/engine/sampler.h"
 #include "deepinfer/engine/sampling_params.h"
-#include "deepinfer/recipe/detokenizer.h"
+#include "deepinfer/recipe/output_builder.h"
+#include "deepinfer/recipe/response_builder.h"
 #include "deepinfer/recipe/stream_parser.h"
 #include "deepinfer/recipe/tokenization_cache.h"
 #include "deepinfer/recipe/tokenizer.h"
 #include "deepinfer/server/metrics.h"
 #include "deepinfer/server/server.h"
-#include "deepinfer/server/stop_matcher.h"
 
 namespace deepinfer::server {
 
@@ -93,79 +95,34 @@ std::optional<ApiError> check_model(const boost::json::object& body, const Model
 std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,
                                     std::string_view max_tokens_field, engine::SamplingParams& params);
 
-// The final message as built from the emitted deltas.
-struct OutputToolCall {
-  std::string id;
-  std::string name;
-  std::string arguments_text;  // the concatenated argument fragments
-};
-struct OutputMessage {
-  std::string reasoning;
-  std::string content;
-  std::vector<OutputToolCall> tool_calls;
-};
+// The deltas a client may see (the parser or detokenizer, then stop strings) and the final message: the
+// recipe's (output_builder.h), as the Python module runs them too.
+using recipe::FinishInfo;
+using recipe::OutputBuilder;
+using recipe::OutputMessage;
+using recipe::OutputToolCall;
+using recipe::TokenLogprobs;
 
-// Tokens -> visible deltas: the output parser (chat dialects) or the detokenizer (completions), followed by
-// the stop strings. Stop strings are matched within each run of reasoning or content text (tool-call
-// arguments are never cut); a partial match is held back; the text from the match on is dropped.
-class OutputBuilder {
- public:
-  // Chat: every token goes through the stream parser.
-  OutputBuilder(recipe::StreamParser parser, std::vector<std::string> stops);
-  // Completions: the incremental detokenizer; special tokens (EOS, ...) add no text.
-  OutputBuilder(std::shared_ptr<const recipe::Tokenizer> tokenizer, std::vector<std::string> stops);
+// One generated token's logprobs, as the engine reported them, in the recipe's shape.
+TokenLogprobs token_logprobs(recipe::TokenId token, float logprob, const std::vector<engine::TokenLogprob>& top);
 
-  // Feeds one generated token and appends what may be shown now to `out`. Returns true when a stop string
-  // completed: generation is over, feed nothing more.
-  bool push(recipe::TokenId token, std::vector<recipe::StreamEvent>& out);
-  // Generation ended by the engine (EOS, stop token, length): appends what was held back.
-  void finish(std::vector<recipe::StreamEvent>& out);
-  const OutputMessage& message() const { return message_; }
-  const std::optional<std::string>& stop_string() const { return matcher_.matched(); }
-  int32_t malformed_tool_calls() const;
-
- private:
-  // Passes parser events through the stop matcher into `out`; true on a stop-string match.
-  bool filter(std::vector<recipe::StreamEvent>& events, std::vector<recipe::StreamEvent>& out);
-  void flush_text(std::vector<recipe::StreamEvent>& out);
-  void emit(recipe::StreamEvent event, std::vector<recipe::StreamEvent>& out);
-
-  std::optional<recipe::StreamParser> parser_;
-  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
-  std::optional<recipe::IncrementalDetokenizer> detokenizer_;
-  StopMatcher matcher_;
-  recipe::StreamEvent::Kind text_kind_ = recipe::StreamEvent::Kind::kContent;
-  std::vector<recipe::StreamEvent> scratch_;
-  OutputMessage message_;
-};
-
-// One generated token's logprobs, as the engine reported them.
-struct TokenLogprobs {
-  recipe::TokenId token = 0;
-  float logprob = 0.0f;
-  std::vector<engine::TokenLogprob> top;
-};
-
-struct FinishInfo {
-  enum class Kind { kStop, kStopString, kLength };
-  Kind kind = Kind::kStop;
-  std::optional<std::string> stop_string;
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;
-};
-
-// Writes one response in a dialect's shapes. Streaming: start() once, deltas() per batch of events, then
-// finish() (or stream_error()), each returning the SSE bytes to send. Non-streaming: only finish(), which
-// returns the JSON body.
+// A dialect's recipe::ResponseBuilder (response_builder.h) as the HTTP layer sends it: SSE bytes when
+// streaming (start() once, deltas() per batch of events, then finish() or stream_error()), else only
+// finish(), which returns the JSON body.
 class ResponseWriter {
  public:
-  virtual ~ResponseWriter() = default;
-  virtual std::string start(const FinishInfo& usage_so_far) = 0;
-  virtual std::string deltas(const std::vector<recipe::StreamEvent>& events, std::vector<TokenLogprobs>& logprobs) = 0;
-  virtual std::string finish(const OutputMessage& message, const FinishInfo& info,
-                             std::vector<TokenLogprobs>& logprobs) = 0;
-  virtual std::string stream_error(const ApiError& error) = 0;
+  ResponseWriter(std::unique_ptr<recipe::ResponseBuilder> builder, bool stream);
+  std::string start(const FinishInfo& usage_so_far);
+  std::string deltas(const std::vector<recipe::StreamEvent>& events, std::vector<TokenLogprobs>& logprobs);
+  std::string finish(const OutputMessage& message, const FinishInfo& info, std::vector<TokenLogprobs>& logprobs);
+  std::string stream_error(const ApiError& error);
+
+ private:
+  std::string frames();  // the SSE bytes of chunks_, which it clears
+
+  std::unique_ptr<recipe::ResponseBuilder> builder_;
+  bool stream_;
+  std::vector<recipe::StreamChunk> chunks_;
 };
 
 struct GenerationPlan {
@@ -195,8 +152,8 @@ std::string models_body(const ModelInfo& model, int64_t created);
 boost::json::object model_object(const ModelInfo& model, int64_t created);
 
 // Shared helpers of the dialects.
-std::string random_id(std::string_view prefix);  // prefix + 24 hex digits
-int64_t unix_time();
+using recipe::random_id;  // prefix + 24 hex digits
+using recipe::unix_time;
 // The prompt ended inside a reasoning block (the generation prompt opened <think>).
 using recipe::prompt_opens_reasoning;
 // The sampling fields OpenAI's two endpoints share (temperature, top_p, top_k, min_p, penalties, seed, stop,
@@ -212,12 +169,8 @@ Result<recipe::RenderedPrompt> render_chat_prompt(recipe::Conversation& conversa
 // Adds the chat format's turn markers to the stop tokens unless params.ignore_eos (stream_parser.h: the parser
 // ends the answer at one, so generation stops there too).
 void add_turn_marker_stops(const ApiContext& context, engine::SamplingParams& params);
-// "data: {json}\n\n".
-std::string sse_data(const boost::json::value& value);
-// JSON text of a response body: boost::json::serialize, except that numbers are written as clients and other
-// servers write them: a double in its shortest round-trip form in plain notation where that is short ("-0.5",
-// "0.001", "1e-07", "12.0" for a whole number; boost::json writes "-5E-1"); integers as integers.
-std::string to_json_text(const boost::json::value& value);
+// JSON text of a response body, numbers as clients expect them (response_builder.h).
+using recipe::to_json_text;
 
 // The value of `key` in `object`, or nullptr when it is absent or JSON null.
 const boost::json::value* present(const boost::json::object& object, std::string_view key);

@@ -4,10 +4,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <chrono>
 #include <cmath>
 #include <limits>
-#include <random>
 
 #include "api.h"
 
@@ -29,11 +27,20 @@ ApiError bad_request_from(const Status& status) {
   const std::string& message = status.message();
   std::string first = message.substr(0, message.find(' '));
   if (first.ends_with(':')) first.pop_back();
-  static constexpr std::string_view kTopLevel[] = {"messages",        "tools",
-                                                   "tool_choice",     "reasoning_effort",
-                                                   "thinking",        "chat_template_kwargs",
-                                                   "response_format", "add_generation_prompt",
-                                                   "system"};
+  // The top-level fields of every dialect's recipe conversion (Responses: input, instructions, reasoning, text).
+  static constexpr std::string_view kTopLevel[] = {"messages",
+                                                   "tools",
+                                                   "tool_choice",
+                                                   "reasoning_effort",
+                                                   "thinking",
+                                                   "chat_template_kwargs",
+                                                   "response_format",
+                                                   "add_generation_prompt",
+                                                   "system",
+                                                   "input",
+                                                   "instructions",
+                                                   "reasoning",
+                                                   "text"};
   const bool path_like = first.find_first_of(".[") != std::string::npos ||
                          std::find(std::begin(kTopLevel), std::end(kTopLevel), first) != std::end(kTopLevel);
   const bool path_chars = std::all_of(first.begin(), first.end(), [](char c) {
@@ -82,39 +89,6 @@ double float_for_json(float value) {
 }
 
 namespace {
-
-std::string_view openai_type(int status) {
-  switch (status) {
-    case 429:
-      return "rate_limit_error";
-    case 500:
-    case 503:
-      return "server_error";
-    default:
-      return "invalid_request_error";
-  }
-}
-
-std::string_view anthropic_type(int status) {
-  switch (status) {
-    case 401:
-      return "authentication_error";
-    case 403:
-      return "permission_error";
-    case 404:
-      return "not_found_error";
-    case 413:
-      return "request_too_large";
-    case 429:
-      return "rate_limit_error";
-    case 500:
-      return "api_error";
-    case 503:
-      return "overloaded_error";
-    default:
-      return "invalid_request_error";
-  }
-}
 
 // Offset of the first byte that does not belong to well-formed UTF-8 (Unicode 15, Table 3-7), or npos.
 size_t find_invalid_utf8(std::string_view text) {
@@ -189,19 +163,9 @@ const json::value* field(const json::object& body, std::string_view key) {
 }  // namespace
 
 std::string error_body(const ApiError& error, Dialect dialect) {
-  // A message may quote request bytes (a path, a header): invalid UTF-8 there becomes U+FFFD, so the body is
-  // always valid JSON text.
-  std::string message;
-  recipe::append_utf8_lossy(error.message, message, /*keep_incomplete_tail=*/false);
-  if (dialect == Dialect::kAnthropic) {
-    return to_json_text(json::object{
-        {"type", "error"}, {"error", {{"type", anthropic_type(error.status)}, {"message", message}}}});
-  }
-  json::object inner{
-      {"message", message}, {"type", openai_type(error.status)}, {"param", nullptr}, {"code", nullptr}};
-  if (!error.param.empty()) inner["param"] = error.param;
-  if (!error.code.empty()) inner["code"] = error.code;
-  return to_json_text(json::object{{"error", std::move(inner)}});
+  return to_json_text(recipe::error_object(
+      {error.status, error.message, error.param, error.code},
+      dialect == Dialect::kAnthropic ? recipe::ErrorDialect::kAnthropic : recipe::ErrorDialect::kOpenAI));
 }
 
 // ---- Request JSON ---------------------------------------------------------------------------------------
@@ -448,67 +412,44 @@ std::optional<ApiError> read_openai_sampling(const json::object& body, const Api
 
 // ---- Helpers --------------------------------------------------------------------------------------------
 
-std::string random_id(std::string_view prefix) {
-  thread_local std::mt19937_64 generator{std::random_device{}()};
-  return fmt::format("{}{:016x}{:08x}", prefix, generator(), static_cast<uint32_t>(generator()));
-}
-
-int64_t unix_time() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-namespace {
-void append_json(const json::value& value, std::string& out) {
-  switch (value.kind()) {
-    case json::kind::object: {
-      out += '{';
-      bool first = true;
-      for (const auto& [key, item] : value.get_object()) {
-        if (!first) out += ',';
-        first = false;
-        out += json::serialize(json::string_view(key));
-        out += ':';
-        append_json(item, out);
-      }
-      out += '}';
-      return;
-    }
-    case json::kind::array: {
-      out += '[';
-      bool first = true;
-      for (const json::value& item : value.get_array()) {
-        if (!first) out += ',';
-        first = false;
-        append_json(item, out);
-      }
-      out += ']';
-      return;
-    }
-    case json::kind::double_: {
-      const double number = value.get_double();
-      if (!std::isfinite(number)) break;  // boost's form (JSON has no spelling for it)
-      char buffer[64];
-      auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), number);
-      std::string text(buffer, end);
-      // A whole number keeps a fraction so that it reads back as a float ("12.0", like Python's json).
-      if (text.find_first_of(".e") == std::string::npos) text += ".0";
-      out += text;
-      return;
-    }
-    default:
-      break;
-  }
-  out += json::serialize(value);
-}
-}  // namespace
-
-std::string to_json_text(const json::value& value) {
-  std::string out;
-  append_json(value, out);
+TokenLogprobs token_logprobs(recipe::TokenId token, float logprob, const std::vector<engine::TokenLogprob>& top) {
+  TokenLogprobs out{token, logprob, {}};
+  out.top.reserve(top.size());
+  for (const engine::TokenLogprob& alternative : top) out.top.push_back({alternative.token_id, alternative.logprob});
   return out;
 }
 
-std::string sse_data(const json::value& value) { return "data: " + to_json_text(value) + "\n\n"; }
+ResponseWriter::ResponseWriter(std::unique_ptr<recipe::ResponseBuilder> builder, bool stream)
+    : builder_(std::move(builder)), stream_(stream) {}
+
+std::string ResponseWriter::frames() {
+  std::string out = recipe::sse_frames(chunks_);
+  chunks_.clear();
+  return out;
+}
+
+std::string ResponseWriter::start(const FinishInfo& usage_so_far) {
+  builder_->start(usage_so_far, chunks_);
+  return frames();
+}
+
+std::string ResponseWriter::deltas(const std::vector<recipe::StreamEvent>& events,
+                                   std::vector<TokenLogprobs>& logprobs) {
+  builder_->deltas(events, logprobs, chunks_);
+  return frames();
+}
+
+std::string ResponseWriter::finish(const OutputMessage& message, const FinishInfo& info,
+                                   std::vector<TokenLogprobs>& logprobs) {
+  if (!stream_) return to_json_text(builder_->response(message, info, logprobs));
+  builder_->finish(message, info, logprobs, chunks_);
+  return frames();
+}
+
+std::string ResponseWriter::stream_error(const ApiError& error) {
+  builder_->stream_error({error.status, error.message, error.param, error.code}, chunks_);
+  return frames();
+}
 
 json::object model_object(const ModelInfo& model, int64_t created) {
   json::object object{{"id", model.served_model_name},

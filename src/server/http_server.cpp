@@ -897,7 +897,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
         }
         last_token = now;
         ++finish.completion_tokens;
-        if (event.logprob) batch_logprobs.push_back({*event.token, *event.logprob, std::move(event.top_logprobs)});
+        if (event.logprob) batch_logprobs.push_back(token_logprobs(*event.token, *event.logprob, event.top_logprobs));
         if (plan.builder->push(*event.token, deltas)) {
           finish.kind = FinishInfo::Kind::kStopString;
           finish.stop_string = plan.builder->stop_string();

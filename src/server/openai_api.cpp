@@ -1,39 +1,14 @@
-// OpenAI dialect: /v1/chat/completions and /v1/completions (request -> GenerationPlan, and the response and
-// chunk shapes), /tokenize and /detokenize.
+// OpenAI dialect: /v1/chat/completions and /v1/completions (request -> GenerationPlan; the response and chunk
+// shapes are the recipe's, response_builder.h), /tokenize and /detokenize.
 #include <fmt/format.h>
-
-#include <cmath>
 
 #include "api.h"
 #include "deepinfer/recipe/openai_request.h"
 
 namespace deepinfer::server {
 namespace json = boost::json;
-using Kind = recipe::StreamEvent::Kind;
 
 namespace {
-
-// JSON has no -inf: a token the model rules out gets OpenAI's floor instead.
-double finite_logprob(float logprob) { return std::isfinite(logprob) ? static_cast<double>(logprob) : -9999.0; }
-
-json::array byte_values(const std::string& bytes) {
-  json::array out;
-  for (char c : bytes) out.push_back(static_cast<unsigned char>(c));
-  return out;
-}
-
-json::object usage_object(const FinishInfo& info) {
-  return {{"prompt_tokens", info.prompt_tokens},
-          {"completion_tokens", info.completion_tokens},
-          {"total_tokens", info.prompt_tokens + info.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", info.cached_tokens}}}};
-}
-
-std::string_view finish_reason(const FinishInfo& info, const OutputMessage& message) {
-  if (info.kind == FinishInfo::Kind::kLength) return "length";
-  if (!message.tool_calls.empty()) return "tool_calls";
-  return "stop";
-}
 
 // Reads the stream flags: `stream`, and `stream_options` (only with stream: true).
 std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream, bool& include_usage) {
@@ -53,274 +28,6 @@ std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream
   include_usage = usage.value_or(false);
   return std::nullopt;
 }
-
-// What the chat and completions writers share: the response identity, the logprobs held for the next chunk,
-// and the SSE error shape.
-class OpenAIWriter : public ResponseWriter {
- public:
-  std::string stream_error(const ApiError& error) override {
-    return "data: " + error_body(error, Dialect::kOpenAI) + "\n\ndata: [DONE]\n\n";
-  }
-
- protected:
-  OpenAIWriter(const ApiContext& context, std::string_view id_prefix, bool stream, bool include_usage, bool logprobs)
-      : tokenizer_(context.tokenizer),
-        id_(random_id(id_prefix)),
-        created_(unix_time()),
-        model_(context.model->served_model_name),
-        stream_(stream),
-        include_usage_(include_usage),
-        logprobs_(logprobs) {}
-
-  // Keeps the step's token logprobs for the next chunk when they were asked for.
-  void take(std::vector<TokenLogprobs>& logprobs) {
-    if (logprobs_)
-      pending_.insert(pending_.end(), std::make_move_iterator(logprobs.begin()),
-                      std::make_move_iterator(logprobs.end()));
-    logprobs.clear();
-  }
-
-  std::shared_ptr<const recipe::Tokenizer> tokenizer_;
-  std::string id_;
-  int64_t created_;
-  std::string model_;
-  bool stream_;
-  bool include_usage_;
-  bool logprobs_;
-  std::vector<TokenLogprobs> pending_;
-};
-
-// ---- Chat completions -----------------------------------------------------------------------------------
-
-class ChatWriter final : public OpenAIWriter {
- public:
-  ChatWriter(const ApiContext& context, bool stream, bool include_usage, bool logprobs)
-      : OpenAIWriter(context, "chatcmpl-", stream, include_usage, logprobs) {}
-
-  std::string start(const FinishInfo&) override {
-    return sse_data(chunk(json::object{{"role", "assistant"}, {"content", ""}}, nullptr));
-  }
-
-  std::string deltas(const std::vector<recipe::StreamEvent>& events, std::vector<TokenLogprobs>& logprobs) override {
-    take(logprobs);
-    // Consecutive pieces of one kind share a chunk.
-    enum class Last { kNone, kReasoning, kContent, kToolName, kToolArguments };
-    std::vector<json::object> deltas;
-    Last last = Last::kNone;
-    int32_t last_tool = -1;
-    for (const recipe::StreamEvent& event : events) {
-      switch (event.kind) {
-        case Kind::kReasoning:
-        case Kind::kContent: {
-          const Last kind = event.kind == Kind::kReasoning ? Last::kReasoning : Last::kContent;
-          const char* key = kind == Last::kReasoning ? "reasoning_content" : "content";
-          if (last == kind) {
-            deltas.back()[key].as_string().append(event.text);
-          } else {
-            deltas.push_back({{key, event.text}});
-          }
-          last = kind;
-          break;
-        }
-        case Kind::kToolCallBegin:
-          deltas.push_back(
-              {{"tool_calls", json::array{{{"index", event.tool_index},
-                                           {"id", event.tool_id},
-                                           {"type", "function"},
-                                           {"function", {{"name", event.tool_name}, {"arguments", ""}}}}}}});
-          last = Last::kToolName;
-          last_tool = event.tool_index;
-          break;
-        case Kind::kToolArguments:
-          if ((last == Last::kToolName || last == Last::kToolArguments) && last_tool == event.tool_index) {
-            deltas.back()["tool_calls"]
-                .as_array()[0]
-                .as_object()["function"]
-                .as_object()["arguments"]
-                .as_string()
-                .append(event.text);
-          } else {
-            deltas.push_back({{"tool_calls",
-                               json::array{{{"index", event.tool_index}, {"function", {{"arguments", event.text}}}}}}});
-          }
-          last = Last::kToolArguments;
-          last_tool = event.tool_index;
-          break;
-        case Kind::kToolCallEnd:
-          break;
-      }
-    }
-    std::string out;
-    for (json::object& delta : deltas) out += sse_data(chunk(std::move(delta), nullptr));
-    return out;
-  }
-
-  std::string finish(const OutputMessage& message, const FinishInfo& info,
-                     std::vector<TokenLogprobs>& logprobs) override {
-    take(logprobs);
-    if (stream_) {
-      std::string out = sse_data(chunk(json::object{}, json::string(finish_reason(info, message))));
-      if (include_usage_) {
-        out += sse_data(json::object{{"id", id_},
-                                     {"object", "chat.completion.chunk"},
-                                     {"created", created_},
-                                     {"model", model_},
-                                     {"choices", json::array{}},
-                                     {"usage", usage_object(info)}});
-      }
-      return out + "data: [DONE]\n\n";
-    }
-    json::object reply{{"role", "assistant"}, {"content", nullptr}, {"reasoning_content", nullptr}};
-    if (!message.content.empty() || message.tool_calls.empty()) reply["content"] = message.content;
-    if (!message.reasoning.empty()) reply["reasoning_content"] = message.reasoning;
-    if (!message.tool_calls.empty()) {
-      json::array calls;
-      for (const OutputToolCall& call : message.tool_calls) {
-        calls.push_back({{"id", call.id},
-                         {"type", "function"},
-                         {"function", {{"name", call.name}, {"arguments", call.arguments_text}}}});
-      }
-      reply["tool_calls"] = std::move(calls);
-    }
-    json::object choice{{"index", 0},
-                        {"message", std::move(reply)},
-                        {"logprobs", logprobs_value()},
-                        {"finish_reason", finish_reason(info, message)}};
-    return to_json_text(json::object{{"id", id_},
-                                        {"object", "chat.completion"},
-                                        {"created", created_},
-                                        {"model", model_},
-                                        {"choices", json::array{std::move(choice)}},
-                                        {"usage", usage_object(info)}});
-  }
-
- private:
-
-  json::object entry(recipe::TokenId token, float logprob) const {
-    const std::string bytes = tokenizer_->token_bytes(token);
-    const recipe::TokenId ids[] = {token};
-    return {{"token", tokenizer_->decode(ids)}, {"logprob", finite_logprob(logprob)}, {"bytes", byte_values(bytes)}};
-  }
-
-  // {"content": [...]} for the pending tokens (and clears them), or null when there are none.
-  json::value logprobs_value() {
-    if (!logprobs_ || pending_.empty()) return nullptr;
-    json::array content;
-    for (const TokenLogprobs& token : pending_) {
-      json::object item = entry(token.token, token.logprob);
-      json::array top;
-      for (const engine::TokenLogprob& alternative : token.top)
-        top.push_back(entry(alternative.token_id, alternative.logprob));
-      item["top_logprobs"] = std::move(top);
-      content.push_back(std::move(item));
-    }
-    pending_.clear();
-    return json::object{{"content", std::move(content)}};
-  }
-
-  json::object chunk(json::object delta, json::value finish) {
-    json::object choice{{"index", 0},
-                        {"delta", std::move(delta)},
-                        {"logprobs", logprobs_value()},
-                        {"finish_reason", std::move(finish)}};
-    json::object out{{"id", id_},
-                     {"object", "chat.completion.chunk"},
-                     {"created", created_},
-                     {"model", model_},
-                     {"choices", json::array{std::move(choice)}}};
-    if (include_usage_) out["usage"] = nullptr;
-    return out;
-  }
-
-};
-
-// ---- Completions ----------------------------------------------------------------------------------------
-
-class CompletionWriter final : public OpenAIWriter {
- public:
-  CompletionWriter(const ApiContext& context, bool stream, bool include_usage, bool logprobs)
-      : OpenAIWriter(context, "cmpl-", stream, include_usage, logprobs) {}
-
-  std::string start(const FinishInfo&) override { return {}; }
-
-  std::string deltas(const std::vector<recipe::StreamEvent>& events, std::vector<TokenLogprobs>& logprobs) override {
-    take(logprobs);
-    std::string text;
-    for (const recipe::StreamEvent& event : events) text += event.text;
-    if (text.empty()) return {};
-    return sse_data(chunk(std::move(text), nullptr));
-  }
-
-  std::string finish(const OutputMessage& message, const FinishInfo& info,
-                     std::vector<TokenLogprobs>& logprobs) override {
-    take(logprobs);
-    const std::string_view reason = info.kind == FinishInfo::Kind::kLength ? "length" : "stop";
-    if (stream_) {
-      std::string out = sse_data(chunk("", json::string(reason)));
-      if (include_usage_) {
-        out += sse_data(json::object{{"id", id_},
-                                     {"object", "text_completion"},
-                                     {"created", created_},
-                                     {"model", model_},
-                                     {"choices", json::array{}},
-                                     {"usage", usage_object(info)}});
-      }
-      return out + "data: [DONE]\n\n";
-    }
-    json::object choice{
-        {"index", 0}, {"text", message.content}, {"logprobs", logprobs_value()}, {"finish_reason", reason}};
-    return to_json_text(json::object{{"id", id_},
-                                        {"object", "text_completion"},
-                                        {"created", created_},
-                                        {"model", model_},
-                                        {"choices", json::array{std::move(choice)}},
-                                        {"usage", usage_object(info)}});
-  }
-
- private:
-
-  std::string piece(recipe::TokenId token) const {
-    const recipe::TokenId ids[] = {token};
-    return tokenizer_->decode(ids);
-  }
-
-  // The legacy shape: parallel arrays of tokens, their logprobs, {token: logprob} alternatives, offsets.
-  json::value logprobs_value() {
-    if (!logprobs_ || pending_.empty()) return nullptr;
-    json::array tokens, token_logprobs, top_logprobs, text_offset;
-    for (const TokenLogprobs& token : pending_) {
-      std::string text = piece(token.token);
-      text_offset.push_back(text_offset_);
-      text_offset_ += static_cast<int64_t>(text.size());
-      tokens.push_back(json::string(text));
-      token_logprobs.push_back(finite_logprob(token.logprob));
-      json::object top;
-      for (const engine::TokenLogprob& alternative : token.top) {
-        top[piece(alternative.token_id)] = finite_logprob(alternative.logprob);
-      }
-      top_logprobs.push_back(std::move(top));
-    }
-    pending_.clear();
-    return json::object{{"tokens", std::move(tokens)},
-                        {"token_logprobs", std::move(token_logprobs)},
-                        {"top_logprobs", std::move(top_logprobs)},
-                        {"text_offset", std::move(text_offset)}};
-  }
-
-  json::object chunk(std::string text, json::value finish) {
-    json::object choice{
-        {"index", 0}, {"text", std::move(text)}, {"logprobs", logprobs_value()}, {"finish_reason", std::move(finish)}};
-    json::object out{{"id", id_},
-                     {"object", "text_completion"},
-                     {"created", created_},
-                     {"model", model_},
-                     {"choices", json::array{std::move(choice)}}};
-    if (include_usage_) out["usage"] = nullptr;
-    return out;
-  }
-
-  int64_t text_offset_ = 0;
-};
 
 // Text prompt -> ids as Hugging Face encodes with add_special_tokens (the DeepSeek tokenizers prepend BOS).
 std::vector<recipe::TokenId> encode_text_prompt(const ApiContext& context, std::string_view text,
@@ -431,8 +138,11 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   plan.dialect = Dialect::kOpenAI;
   plan.prompt_token_ids = std::move(prompt->token_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
-                                                 std::move(stops));
-  plan.writer = std::make_unique<ChatWriter>(context, plan.stream, include_usage, plan.params.logprobs.has_value());
+                                                 context.tokenizer, std::move(stops));
+  plan.writer = std::make_unique<ResponseWriter>(
+      recipe::chat_completion_builder({random_id("chatcmpl-"), context.model->served_model_name, unix_time()},
+                                      include_usage, plan.params.logprobs.has_value(), context.tokenizer),
+      plan.stream);
   return plan;
 }
 
@@ -475,7 +185,10 @@ ApiResult<GenerationPlan> plan_completion(const json::value& request, const ApiC
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
   plan.dialect = Dialect::kOpenAI;
   plan.builder = std::make_unique<OutputBuilder>(context.tokenizer, std::move(stops));
-  plan.writer = std::make_unique<CompletionWriter>(context, plan.stream, include_usage, logprobs.has_value());
+  plan.writer = std::make_unique<ResponseWriter>(
+      recipe::completion_builder({random_id("cmpl-"), context.model->served_model_name, unix_time()}, include_usage,
+                                 logprobs.has_value(), context.tokenizer),
+      plan.stream);
   return plan;
 }
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace deepinfer::server {
+namespace deepinfer::recipe {
 
 // Not thread-safe: one per text stream. Cost per push: O((held + new text) * total stop length).
 class StopMatcher {
@@ -33,4 +33,4 @@ class StopMatcher {
   std::optional<std::string> matched_;
 };
 
-}  // namespace deepinfer::server
+}  // namespace deepinfer::recipe

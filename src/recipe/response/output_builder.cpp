@@ -1,19 +1,20 @@
 // Generated tokens -> the deltas a client may see: the output parser (or detokenizer), then stop strings.
-#include "api.h"
+#include "deepinfer/recipe/output_builder.h"
 
-namespace deepinfer::server {
+namespace deepinfer::recipe {
 
-using Kind = recipe::StreamEvent::Kind;
+using Kind = StreamEvent::Kind;
 
-OutputBuilder::OutputBuilder(recipe::StreamParser parser, std::vector<std::string> stops)
-    : parser_(std::move(parser)), matcher_(std::move(stops)) {}
+OutputBuilder::OutputBuilder(StreamParser parser, std::shared_ptr<const Tokenizer> tokenizer,
+                             std::vector<std::string> stops)
+    : parser_(std::move(parser)), tokenizer_(std::move(tokenizer)), matcher_(std::move(stops)) {}
 
-OutputBuilder::OutputBuilder(std::shared_ptr<const recipe::Tokenizer> tokenizer, std::vector<std::string> stops)
+OutputBuilder::OutputBuilder(std::shared_ptr<const Tokenizer> tokenizer, std::vector<std::string> stops)
     : tokenizer_(tokenizer), detokenizer_(std::in_place, tokenizer), matcher_(std::move(stops)) {}
 
 int32_t OutputBuilder::malformed_tool_calls() const { return parser_ ? parser_->malformed_tool_calls() : 0; }
 
-bool OutputBuilder::push(recipe::TokenId token, std::vector<recipe::StreamEvent>& out) {
+bool OutputBuilder::push(TokenId token, std::vector<StreamEvent>& out) {
   if (matcher_.matched()) return true;
   scratch_.clear();
   if (parser_) {
@@ -25,7 +26,34 @@ bool OutputBuilder::push(recipe::TokenId token, std::vector<recipe::StreamEvent>
   return filter(scratch_, out);
 }
 
-void OutputBuilder::finish(std::vector<recipe::StreamEvent>& out) {
+bool OutputBuilder::push_text(std::string_view text, std::vector<StreamEvent>& out) {
+  text_ids_.clear();
+  tokenizer_->encode(text, TextTrust::kTrusted, text_ids_);
+  // One push of text gives one delta per run (as one token would): adjacent text of one kind, or arguments of
+  // one call, are merged.
+  const size_t first = out.size();
+  std::vector<StreamEvent> step;
+  bool stopped = matcher_.matched().has_value();
+  for (TokenId id : text_ids_) {
+    if (stopped) break;
+    step.clear();
+    stopped = push(id, step);
+    for (StreamEvent& event : step) {
+      StreamEvent* last = out.size() > first ? &out.back() : nullptr;
+      const bool text_run = event.kind == Kind::kReasoning || event.kind == Kind::kContent;
+      const bool arguments =
+          event.kind == Kind::kToolArguments && last != nullptr && last->tool_index == event.tool_index;
+      if (last != nullptr && last->kind == event.kind && (text_run || arguments)) {
+        last->text += event.text;
+      } else {
+        out.push_back(std::move(event));
+      }
+    }
+  }
+  return stopped;
+}
+
+void OutputBuilder::finish(std::vector<StreamEvent>& out) {
   if (matcher_.matched()) return;
   scratch_.clear();
   if (parser_) {
@@ -38,8 +66,8 @@ void OutputBuilder::finish(std::vector<recipe::StreamEvent>& out) {
   flush_text(out);
 }
 
-bool OutputBuilder::filter(std::vector<recipe::StreamEvent>& events, std::vector<recipe::StreamEvent>& out) {
-  for (recipe::StreamEvent& event : events) {
+bool OutputBuilder::filter(std::vector<StreamEvent>& events, std::vector<StreamEvent>& out) {
+  for (StreamEvent& event : events) {
     if (event.kind == Kind::kReasoning || event.kind == Kind::kContent) {
       // A partial stop match cannot continue across a change of kind: release it first.
       if (event.kind != text_kind_) {
@@ -57,12 +85,12 @@ bool OutputBuilder::filter(std::vector<recipe::StreamEvent>& events, std::vector
   return false;
 }
 
-void OutputBuilder::flush_text(std::vector<recipe::StreamEvent>& out) {
+void OutputBuilder::flush_text(std::vector<StreamEvent>& out) {
   std::string held = matcher_.flush();
   if (!held.empty()) emit({text_kind_, std::move(held), -1, {}, {}}, out);
 }
 
-void OutputBuilder::emit(recipe::StreamEvent event, std::vector<recipe::StreamEvent>& out) {
+void OutputBuilder::emit(StreamEvent event, std::vector<StreamEvent>& out) {
   switch (event.kind) {
     case Kind::kReasoning:
       message_.reasoning += event.text;
@@ -84,4 +112,4 @@ void OutputBuilder::emit(recipe::StreamEvent event, std::vector<recipe::StreamEv
   out.push_back(std::move(event));
 }
 
-}  // namespace deepinfer::server
+}  // namespace deepinfer::recipe

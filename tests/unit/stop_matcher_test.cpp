@@ -1,12 +1,12 @@
 // StopMatcher: hold-back of partial matches, earliest match wins, nothing emitted is ever retracted.
-#include "deepinfer/server/stop_matcher.h"
+#include "deepinfer/recipe/stop_matcher.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-namespace deepinfer::server {
+namespace deepinfer::recipe {
 namespace {
 
 // Feeds `pieces` one by one; returns everything emitted (pushes, then a flush unless a stop matched).
@@ -80,4 +80,4 @@ TEST(StopMatcherTest, MultibyteTextIsNotCutInsideACharacter) {
 }
 
 }  // namespace
-}  // namespace deepinfer::server
+}  // namespace deepinfer::recipe

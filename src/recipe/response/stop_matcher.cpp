@@ -1,9 +1,9 @@
 // Stop-string matching with hold-back of partial matches.
-#include "deepinfer/server/stop_matcher.h"
+#include "deepinfer/recipe/stop_matcher.h"
 
 #include <algorithm>
 
-namespace deepinfer::server {
+namespace deepinfer::recipe {
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) {
   for (std::string& stop : stops) {
@@ -54,4 +54,4 @@ std::string StopMatcher::flush() {
   return out;
 }
 
-}  // namespace deepinfer::server
+}  // namespace deepinfer::recipe
