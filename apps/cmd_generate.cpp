@@ -1,5 +1,6 @@
 // deepinfer generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N [--temperature T]
-//   [--top-p P] [--top-k K] [--seed S] [--device cpu|cuda] [--bf16] [--json]: one request through the engine.
+//   [--top-p P] [--top-k K] [--seed S] [--device cpu|cuda] [--bf16] [--json]
+//   [--speculative-algorithm mtp --speculative-num-draft-tokens K]: one request through the engine.
 // With --json: {"output_ids": [...], "text": "..."} (text when the checkpoint directory has a tokenizer.json).
 #include <filesystem>
 #include <iostream>
@@ -12,6 +13,7 @@
 
 #include "commands.h"
 #include "backend_choice.h"
+#include "speculative_flags.h"
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/recipe/tokenizer.h"
 
@@ -28,6 +30,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
     int32_t top_k = -1;
     std::optional<uint64_t> seed;
     DeviceOptions device;
+    SpeculativeOptions speculative;
     bool json = false;
   };
   auto options = std::make_shared<Options>();
@@ -42,6 +45,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", options->top_k, "Keep the k most likely tokens (-1 is off)");
   cmd->add_option("--seed", options->seed, "Per-request seed");
   add_device_flags(cmd, options->device);
+  add_speculative_flags(cmd, options->speculative);
   cmd->add_flag("--json", options->json, "Print {\"output_ids\": [...], \"text\": ...}");
   return [options]() -> int {
     auto fail = [](const std::string& message) {
@@ -71,12 +75,19 @@ std::function<int()> add_generate_command(CLI::App& app) {
     } else {
       return fail("give --prompt or --prompt-ids");
     }
+    Result<model::ModelConfig> model_config = model::load_model_config(options->model);
+    if (!model_config.ok()) return fail(model_config.status().to_string());
+    Result<engine::SpeculativeConfig> speculative =
+        speculative_config(options->speculative, model_config->num_nextn_predict_layers);
+    if (!speculative.ok()) return fail(speculative.status().message() + " (" + options->model + ")");
     Result<BackendChoice> choice = make_backend(options->device);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
     auto model = model::DeepSeekModel::load(options->model, *backend, choice->precision, /*progress=*/true);
     if (!model.ok()) return fail(model.status().to_string());
-    auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine::EngineConfig{});
+    engine::EngineConfig engine_config;
+    engine_config.speculative = *speculative;
+    auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
     if (!engine.ok()) return fail(engine.status().to_string());
     engine::SamplingParams params;
     params.temperature = options->temperature;

@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "backend_choice.h"
+#include "speculative_flags.h"
 #include "deepinfer/engine/checkpoint_fingerprint.h"
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/model/config.h"
@@ -115,6 +116,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     bool kv_disk_reset = false;
     std::string kv_events_endpoint;
     std::string kv_events_replay_endpoint;
+    SpeculativeOptions speculative;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a DeepSeek checkpoint with OpenAI- and Anthropic-compatible APIs");
@@ -230,6 +232,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-events-replay-endpoint", options->kv_events_replay_endpoint,
                   "ZeroMQ ROUTER endpoint answering replay requests from a sequence number, e.g. tcp://*:5558 "
                   "(needs --kv-events-endpoint)");
+  add_speculative_flags(cmd, options->speculative);
 
   return [options]() -> int {
     namespace fs = std::filesystem;
@@ -311,6 +314,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (format == recipe::PromptFormat::kDeepSeekV4) {
       spdlog::info("chat format deepseek-v4, revision {}", recipe::v4_revision_name(revision));
     }
+    Result<engine::SpeculativeConfig> speculative =
+        speculative_config(options->speculative, config->num_nextn_predict_layers);
+    if (!speculative.ok()) return fail(speculative.status().message() + " (" + model_path.string() + ")");
     if (options->max_model_len < 0) return fail("--max-model-len must be positive");
     if (options->max_model_len > config->max_position_embeddings) {
       return fail("--max-model-len " + std::to_string(options->max_model_len) + " exceeds the model's " +
@@ -337,6 +343,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.max_num_seqs = options->max_num_seqs;
     engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
     engine_config.kv_cache_bytes = *kv_bytes;
+    engine_config.speculative = *speculative;
     engine_config.enable_prefix_caching = !options->no_prefix_caching;
     engine_config.kv_events_endpoint = options->kv_events_endpoint;
     engine_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
@@ -372,8 +379,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
       engine_config.host_evict_bytes_per_s = static_cast<double>(*rate);
     }
     if (engine_config.host_cache_bytes > 0) {
-      Result<kvcache::ModelFingerprint> fingerprint =
-          engine::checkpoint_fingerprint(model_path, choice->compute_mode);
+      // With MTP drafting every block also holds the MTP layer's KV: another block layout, another identity.
+      const std::string layout = speculative->algorithm == engine::SpeculativeAlgorithm::kMtp
+                                     ? choice->compute_mode + ", MTP layer KV"
+                                     : choice->compute_mode;
+      Result<kvcache::ModelFingerprint> fingerprint = engine::checkpoint_fingerprint(model_path, layout);
       if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
       engine_config.fingerprint = *fingerprint;
     }

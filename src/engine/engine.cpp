@@ -3,6 +3,7 @@
 #include "deepinfer/engine/engine.h"
 
 #include "model_executor.h"
+#include "mtp_executor.h"
 
 #include <omp.h>
 
@@ -61,7 +62,12 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
   for (const backend::Buffer& layer : layer_caches_) kv_cache_bytes_ += layer.bytes;
   // Sampling threads: one Sampler each (a Sampler keeps per-row scratch and is single-threaded), at most 16.
   const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
-  executor_ = std::make_unique<ModelExecutor>(*model_, layer_caches_, threads, config.parallel_sampling_min_logits);
+  if (config.speculative.algorithm == SpeculativeAlgorithm::kMtp) {
+    executor_ = std::make_unique<MtpExecutor>(*model_, layer_caches_, scheduler_.config().num_blocks,
+                                              scheduler_.config().max_num_seqs, config.speculative.num_draft_tokens);
+  } else {
+    executor_ = std::make_unique<ModelExecutor>(*model_, layer_caches_, threads, config.parallel_sampling_min_logits);
+  }
 }
 
 Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::CacheLayout& layout) {
@@ -171,10 +177,15 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   const model::ModelConfig& c = model->config();
   EngineConfig resolved = config;
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
+  if (Status s = resolved.speculative.validate(c.num_nextn_predict_layers); !s.ok()) return s;
+  // MTP drafting caches the MTP layer's KV as one more layer of every block (rolled back and prefix-cached with
+  // the main layers'; the chains use layer 0, as the checkpoints ship one).
+  const int32_t mtp_cached_layers = resolved.speculative.algorithm == SpeculativeAlgorithm::kMtp ? 1 : 0;
   // One block of every layer's cache, in the backend's cache dtype (float32 on CPU, bf16 on CUDA).
-  const int64_t block_bytes = static_cast<int64_t>(model->layer_block_bytes()) * c.num_hidden_layers;
+  const int64_t block_bytes =
+      static_cast<int64_t>(model->layer_block_bytes()) * (c.num_hidden_layers + mtp_cached_layers);
   kvcache::CacheLayout layout;
-  for (const model::DeepSeekModel::CachedKind& kind : model->cached_kinds()) {
+  for (const model::DeepSeekModel::CachedKind& kind : model->cached_kinds(mtp_cached_layers)) {
     Result<kvcache::CacheKind> id = kvcache::CacheLayout::kind_from_name(kind.name);
     if (!id.ok()) return id.status();
     layout.kinds.push_back({*id, kind.name, kind.num_layers, kind.token_bytes, kind.window_tokens});
@@ -186,6 +197,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
   if (!plan.ok()) return plan.status();
   SchedulerConfig scheduler_config = plan->scheduler;
+  scheduler_config.num_lookahead_slots = resolved.speculative.enabled() ? resolved.speculative.num_draft_tokens : 0;
   if (!resolved.kv_events_endpoint.empty() && !resolved.enable_prefix_caching) {
     return Status::invalid_argument("KV events need prefix caching; it is off");
   }
@@ -195,6 +207,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (!scheduler.ok()) return scheduler.status();
   Result<std::vector<backend::Buffer>> layer_caches = model->make_layer_caches(scheduler_config.num_blocks);
   if (!layer_caches.ok()) return layer_caches.status();
+  if (mtp_cached_layers > 0) {
+    // Indexed like the main layers' block for block; the draft chains' scratch blocks after them.
+    const int64_t mtp_blocks = int64_t{scheduler_config.num_blocks} + scheduler_config.max_num_seqs;
+    Result<backend::Buffer> mtp_cache = model->make_layer_cache(mtp_blocks);
+    if (!mtp_cache.ok()) return mtp_cache.status();
+    layer_caches->push_back(std::move(mtp_cache).value());
+  }
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
                                                    std::move(scheduler).value(), std::move(layer_caches).value()));
   if (engine->backend_->name() != "cpu") engine->step_gate_ = std::make_unique<StepGate>();
@@ -276,6 +295,11 @@ Result<std::vector<TokenEvent>> Engine::step() {
     return executor_->run(batch);
   }();
   if (!out.ok()) return out.status();
+  // Speculative decoding's counters: the executor's verdicts, before update() trims tokens past a finish.
+  for (size_t i = 0; i < out->drafts_verified.size() && i < out->entries.size(); ++i) {
+    const int32_t drafts = out->drafts_verified[i];
+    if (drafts > 0) speculative_stats_.record(drafts, static_cast<int32_t>(out->entries[i].size()) - 1);
+  }
   if (Status s = scheduler_.update(batch, *out); !s.ok()) return s;
   if (kv_events_) kv_events_->flush();  // one batch of KV events per step, as vLLM publishes them
   // Each kept token is one event, in order; a finish (stop token, length) is reported once, by the next step's

@@ -381,6 +381,17 @@ Status Sampler::final_distribution(const SamplerRow& row, std::vector<TokenProba
   return Status();
 }
 
+Status Sampler::describe(const SamplerRow& row, TokenId token_id, SampledToken& out) const {
+  if (Status status = check_row(row, 0); !status.ok()) return status;
+  if (token_id < 0 || token_id >= vocab_size_) {
+    return Status::invalid_argument("describe: token id " + std::to_string(token_id) + " outside the vocabulary of " +
+                                    std::to_string(vocab_size_));
+  }
+  out.token_id = token_id;
+  fill_logprobs(row, out);
+  return Status();
+}
+
 Status Sampler::check(std::span<const SamplerRow> rows, std::span<SampledToken> outputs, size_t first_row) const {
   if (outputs.size() != rows.size()) {
     return Status::invalid_argument("sampler got " + std::to_string(rows.size()) + " rows but " +

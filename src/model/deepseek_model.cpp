@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <string>
 
 #include "deepinfer/backend/moe_routing.h"
@@ -66,6 +67,7 @@ struct Layer {
 struct MtpLayer {
   Buffer enorm, hnorm;
   WeightPtr eh_proj;
+  Buffer shared_head_norm;  // shared_head.norm; model.norm's values when the checkpoint leaves it out
   Layer layer;
 };
 
@@ -86,6 +88,9 @@ struct DeepSeekModel::Weights {
 struct DeepSeekModel::Scratch {
   int64_t capacity = 0;
   Buffer x, normed, q, q_a, kv, q_absorbed, out_latent, attn, projected, gate_up, act, ffn;
+  // Speculative decoding (models with MTP layers only): the hidden state a pass keeps for the next MTP pass
+  // [capacity, hidden], the MTP pass's gathered copy of it, and its [enorm(embed) | hnorm(h)] input [capacity, 2 hidden].
+  Buffer kept_hidden, mtp_hidden, mtp_concat;
 };
 
 namespace {
@@ -166,6 +171,8 @@ class Loader {
   }
   size_t bytes() const { return bytes_; }
   bool random() const { return checkpoint_ == nullptr; }
+  // Whether the checkpoint holds `name` (with no checkpoint: every name).
+  bool has(const std::string& name) const { return random() || checkpoint_->find(name) != nullptr; }
 
   // A float32 vector; `random_value` fills it when there is no checkpoint.
   Status vector(const std::string& name, int64_t n, float random_value, Buffer& out) {
@@ -422,6 +429,9 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
       return s;
     }
     if (!(s = load_layer(loader, backend, c, index, mtp.layer)).ok()) return s;
+    const std::string head_norm = loader.has(p + ".shared_head.norm.weight") ? p + ".shared_head.norm.weight"
+                                                                             : "model.norm.weight";
+    if (!(s = loader.vector(head_norm, c.hidden_size, 1.0f, mtp.shared_head_norm)).ok()) return s;
     w.mtp_layers.push_back(std::move(mtp));
   }
   if (!(s = loader.vector("model.norm.weight", c.hidden_size, 1.0f, w.norm)).ok()) return s;
@@ -475,17 +485,21 @@ size_t DeepSeekModel::layer_block_bytes() const {
   return static_cast<size_t>(kBlockTokens * config_.kv_cache_dim()) * backend::dtype_size(backend_.cache_dtype());
 }
 
-std::vector<DeepSeekModel::CachedKind> DeepSeekModel::cached_kinds() const {
-  return {CachedKind{"latent", static_cast<int32_t>(config_.num_hidden_layers),
+std::vector<DeepSeekModel::CachedKind> DeepSeekModel::cached_kinds(int32_t mtp_layers) const {
+  return {CachedKind{"latent", static_cast<int32_t>(config_.num_hidden_layers) + mtp_layers,
                      static_cast<int64_t>(config_.kv_cache_dim()) *
                          static_cast<int64_t>(backend::dtype_size(backend_.cache_dtype())),
                      0}};
 }
 
+Result<Buffer> DeepSeekModel::make_layer_cache(int64_t num_blocks) const {
+  return backend_.alloc(layer_block_bytes() * static_cast<size_t>(num_blocks));
+}
+
 Result<std::vector<Buffer>> DeepSeekModel::make_layer_caches(int64_t num_blocks) const {
   std::vector<Buffer> caches;
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    Result<Buffer> layer = backend_.alloc(layer_block_bytes() * static_cast<size_t>(num_blocks));
+    Result<Buffer> layer = make_layer_cache(num_blocks);
     if (!layer.ok()) return layer.status();
     caches.push_back(std::move(layer).value());
   }
@@ -536,13 +550,21 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
     Buffer* buffer;
     int64_t cols;
   };
+  for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
+    if (!c.is_moe_layer(c.num_hidden_layers + i)) inter = std::max(inter, c.intermediate_size);
+  }
+  const int64_t mtp_cols = c.num_nextn_predict_layers > 0 ? c.hidden_size : 0;
   const Want wants[] = {{&s.x, c.hidden_size},          {&s.normed, c.hidden_size},
                         {&s.q, H * c.qk_head_dim()},    {&s.q_a, c.q_lora_rank.value_or(1)},
                         {&s.kv, C + R},                 {&s.q_absorbed, H * (C + R)},
                         {&s.out_latent, H * C},         {&s.attn, H * c.v_head_dim},
                         {&s.projected, c.hidden_size},  {&s.gate_up, 2 * inter},
-                        {&s.act, inter},                {&s.ffn, c.hidden_size}};
+                        {&s.act, inter},                {&s.ffn, c.hidden_size},
+                        {&s.kept_hidden, mtp_cols},     {&s.mtp_hidden, mtp_cols},
+                        {&s.mtp_concat, 2 * mtp_cols}};
+  kept_hidden_rows_ = 0;  // the kept hidden state goes with its buffer
   for (const Want& want : wants) {
+    if (want.cols == 0) continue;
     *want.buffer = Buffer();  // free before allocating the larger one
     Result<Buffer> b = backend_.alloc(static_cast<size_t>(capacity * want.cols) * element);
     if (!b.ok()) return b.status();
@@ -560,50 +582,168 @@ Status DeepSeekModel::forward_greedy(const ForwardBatch& batch, LayerCaches laye
   return run(batch, layer_caches, nullptr, &ids);
 }
 
+namespace {
+
+// Each row's position, sequence and cache slot, from a step's chunks; validates ids, tables and logits rows.
+struct RowLayout {
+  std::vector<int32_t> positions, row_sequence;
+  std::vector<int64_t> slot;
+  std::vector<std::vector<int32_t>> block_tables;
+  bool rows_start_at_zero = true;
+};
+
+Status layout_rows(const char* what, std::span<const int32_t> token_ids, std::span<const SequenceChunk> sequences,
+                   std::span<const int32_t> logits_rows, int64_t vocab_size, RowLayout& out) {
+  const int64_t T = static_cast<int64_t>(token_ids.size());
+  out.positions.assign(static_cast<size_t>(T), 0);
+  out.row_sequence.assign(static_cast<size_t>(T), 0);
+  out.slot.assign(static_cast<size_t>(T), 0);
+  out.block_tables.clear();
+  out.rows_start_at_zero = true;
+  int64_t row = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const SequenceChunk& chunk = sequences[s];
+    out.block_tables.push_back(chunk.block_table);
+    out.rows_start_at_zero = out.rows_start_at_zero && chunk.start_position == 0;
+    for (int32_t i = 0; i < chunk.num_tokens; ++i, ++row) {
+      if (row >= T) return Status::invalid_argument(std::string(what) + ": sequence chunks cover more rows than token_ids");
+      int32_t position = chunk.start_position + i;
+      size_t block_index = static_cast<size_t>(position / kBlockTokens);
+      if (block_index >= chunk.block_table.size()) {
+        return Status::invalid_argument(std::string(what) + ": sequence " + std::to_string(s) +
+                                        " has no cache block for position " + std::to_string(position));
+      }
+      out.positions[row] = position;
+      out.row_sequence[row] = static_cast<int32_t>(s);
+      out.slot[row] = chunk.block_table[block_index] * kBlockTokens + position % kBlockTokens;
+    }
+  }
+  if (row != T) return Status::invalid_argument(std::string(what) + ": sequence chunks do not cover token_ids");
+  for (int32_t id : token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return Status::invalid_argument(std::string(what) + ": token id " + std::to_string(id) +
+                                      " outside the vocabulary of " + std::to_string(vocab_size));
+    }
+  }
+  for (int32_t r : logits_rows) {
+    if (r < 0 || r >= T) return Status::invalid_argument(std::string(what) + ": logits row outside the batch");
+  }
+  return Status();
+}
+
+// The step's activations over the scratch buffers, [T, cols] each.
+struct StepTensors {
+  Tensor x, normed, q, q_a, kv, q_absorbed, out_latent, attn, projected, ffn;
+  const Buffer* gate_up = nullptr;
+  const Buffer* act = nullptr;
+  backend::DType dtype = backend::DType::kF32;
+  int64_t rows = 0;
+  Tensor rows_of(const Buffer& b, int64_t cols) const { return Tensor{b.data(), dtype, rows, cols, cols}; }
+};
+
+StepTensors step_tensors(const DeepSeekModel::Scratch& S, const ModelConfig& c, backend::DType dtype, int64_t T) {
+  StepTensors t;
+  t.dtype = dtype;
+  t.rows = T;
+  const int64_t H = c.num_attention_heads, entry = c.kv_cache_dim();
+  t.x = t.rows_of(S.x, c.hidden_size);
+  t.normed = t.rows_of(S.normed, c.hidden_size);
+  t.q = t.rows_of(S.q, H * c.qk_head_dim());
+  t.q_a = t.rows_of(S.q_a, c.q_lora_rank.value_or(1));
+  t.kv = t.rows_of(S.kv, entry);
+  t.q_absorbed = t.rows_of(S.q_absorbed, H * entry);
+  t.out_latent = t.rows_of(S.out_latent, H * c.kv_lora_rank);
+  t.attn = t.rows_of(S.attn, H * c.v_head_dim);
+  t.projected = t.rows_of(S.projected, c.hidden_size);
+  t.ffn = t.rows_of(S.ffn, c.hidden_size);
+  t.gate_up = &S.gate_up;
+  t.act = &S.act;
+  return t;
+}
+
+// One decoder layer on t.normed (its input, already normalized by input_layernorm): attention over `cache`
+// (writing the rows' KV entries), whose output is added into the residual t.x, then the feed-forward of the
+// post-attention norm into t.ffn (the caller adds it to t.x).
+void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekModel::Weights& w, const Layer& L,
+                   const Buffer& cache, const StepTensors& t, bool use_expanded) {
+  const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim(), V = c.v_head_dim, entry = C + R;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // Per-head views: head h's rope part of q, and of the absorbed query, as rows of R values.
+  Tensor q_rope = t.q.reshaped(qk).cols_slice(nope, R);
+  Tensor q_absorbed_rope = t.q_absorbed.reshaped(entry).cols_slice(C, R);
+  // Queries [T, H * qk].
+  if (c.q_lora_rank) {
+    b.linear(t.normed, *L.q_a_proj, t.q_a);
+    b.rms_norm(t.q_a, L.q_a_layernorm, eps, t.q_a);
+    b.linear(t.q_a, *L.q_b_proj, t.q);
+  } else {
+    b.linear(t.normed, *L.q_proj, t.q);
+  }
+  // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache.
+  b.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
+  b.rms_norm(t.kv.cols_slice(0, C), L.kv_a_layernorm, eps, t.kv.cols_slice(0, C));
+  b.rope(t.kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
+  b.store_kv(t.kv, cache);
+  b.rope(q_rope, H, w.inv_freq, w.rope_attention_factor);
+  if (use_expanded) {
+    backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, L.kv_b.get()};
+    b.mla_expanded(expanded, t.q, t.kv, t.attn);
+  } else {
+    // Absorbed query per head: [W_UK[h]ᵀ q_nope | roped q_rope]; attention over the latent; W_UV per head.
+    backend::MlaAttention attention{H, C, R, w.softmax_scale};
+    b.linear_heads(t.q, qk, *L.w_uk_t, t.q_absorbed, entry);
+    b.copy(q_rope, q_absorbed_rope);
+    b.mla_attention(attention, t.q_absorbed, cache, t.out_latent);
+    b.linear_heads(t.out_latent, C, *L.w_uv, t.attn, V);
+  }
+  b.linear(t.attn, *L.o_proj, t.projected);
+  b.add_rms_norm(t.x, t.projected, L.post_attention_layernorm, eps, t.normed);
+
+  // Feed-forward.
+  auto run_mlp = [&](const Mlp& mlp, Tensor output) {
+    const int64_t inter = mlp.down->cols;
+    Tensor gate_up = t.rows_of(*t.gate_up, 2 * inter), act = t.rows_of(*t.act, inter);
+    b.linear(t.normed, *mlp.gate_up, gate_up);
+    b.silu_mul(gate_up, act);
+    b.linear(act, *mlp.down, output);
+  };
+  if (!L.moe) {
+    run_mlp(L.dense, t.ffn);
+  } else {
+    if (L.has_shared) {
+      run_mlp(L.shared, t.ffn);
+    } else {
+      b.fill_zero(t.ffn);
+    }
+    backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr, L.experts.gate_up.get(),
+                            L.experts.down.get()};
+    b.moe(t.normed, moe, t.ffn);
+  }
+}
+
+}  // namespace
+
 Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
                           std::vector<int32_t>* greedy) {
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
-  const int64_t hidden = c.hidden_size, H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
-  const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim(), V = c.v_head_dim, entry = C + R;
+  const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  const int64_t nope = c.qk_nope_head_dim, V = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  kept_hidden_rows_ = 0;
   if (static_cast<int64_t>(layer_caches.size()) < c.num_hidden_layers) {
     return Status::invalid_argument("forward: " + std::to_string(layer_caches.size()) + " layer caches for " +
                                     std::to_string(c.num_hidden_layers) + " layers");
   }
-  // Row bookkeeping: each row's position, sequence, and cache slot.
-  std::vector<int32_t> positions(static_cast<size_t>(T)), row_sequence(static_cast<size_t>(T));
-  std::vector<int64_t> slot(static_cast<size_t>(T));
-  std::vector<std::vector<int32_t>> block_tables;
-  bool rows_start_at_zero = true;
-  int64_t row = 0;
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const SequenceChunk& chunk = batch.sequences[s];
-    block_tables.push_back(chunk.block_table);
-    rows_start_at_zero = rows_start_at_zero && chunk.start_position == 0;
-    for (int32_t i = 0; i < chunk.num_tokens; ++i, ++row) {
-      if (row >= T) return Status::invalid_argument("forward: sequence chunks cover more rows than token_ids");
-      int32_t position = chunk.start_position + i;
-      size_t block_index = static_cast<size_t>(position / kBlockTokens);
-      if (block_index >= chunk.block_table.size()) {
-        return Status::invalid_argument("forward: sequence " + std::to_string(s) + " has no cache block for position " +
-                                        std::to_string(position));
-      }
-      positions[row] = position;
-      row_sequence[row] = static_cast<int32_t>(s);
-      slot[row] = chunk.block_table[block_index] * kBlockTokens + position % kBlockTokens;
-    }
+  if (batch.keep_hidden && c.num_nextn_predict_layers == 0) {
+    return Status::invalid_argument("forward: keep_hidden asks for the MTP layers' input, but the model has none");
   }
-  if (row != T) return Status::invalid_argument("forward: sequence chunks do not cover token_ids");
-  for (int32_t id : batch.token_ids) {
-    if (id < 0 || id >= c.vocab_size) {
-      return Status::invalid_argument("forward: token id " + std::to_string(id) + " outside the vocabulary of " +
-                                      std::to_string(c.vocab_size));
-    }
-  }
-  for (int32_t r : batch.logits_rows) {
-    if (r < 0 || r >= T) return Status::invalid_argument("forward: logits row outside the batch");
+  RowLayout rows;
+  if (Status s = layout_rows("forward", batch.token_ids, batch.sequences, batch.logits_rows, c.vocab_size, rows);
+      !s.ok()) {
+    return s;
   }
   if (T == 0 || c.num_hidden_layers == 0) {
     if (logits) logits->clear();
@@ -611,9 +751,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     return Status();
   }
   if (Status s = reserve_scratch(T); !s.ok()) return s;
-  backend::MlaAttention attention{H, C, R, w.softmax_scale};
   backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, nullptr};
-  const bool use_expanded = rows_start_at_zero && backend_.has_mla_expanded(expanded);
+  const bool use_expanded = rows.rows_start_at_zero && backend_.has_mla_expanded(expanded);
   // A decode step (one row per sequence, few rows) may run as a recorded graph; its block tables are padded to a
   // power-of-two bucket whether or not graphs are on, so that both ways compute the same values (the attention
   // kernel's split count follows the table's stride).
@@ -630,91 +769,36 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   }
   backend::StepLayout layout;
   layout.token_ids = batch.token_ids;
-  layout.positions = positions;
-  layout.row_sequence = row_sequence;
-  layout.slots = slot;
-  layout.block_tables = block_tables;
+  layout.positions = rows.positions;
+  layout.row_sequence = rows.row_sequence;
+  layout.slots = rows.slot;
+  layout.block_tables = rows.block_tables;
   layout.logits_rows = batch.logits_rows;
-  layout.rows_start_at_zero = rows_start_at_zero;
+  layout.rows_start_at_zero = rows.rows_start_at_zero;
   layout.block_table_stride = table_stride;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
 
-  const backend::DType dtype = backend_.activation_dtype();
-  const Scratch& S = *scratch_;
-  auto tensor = [&](const Buffer& b, int64_t cols) { return Tensor{b.data(), dtype, T, cols, cols}; };
-  Tensor x = tensor(S.x, hidden), normed = tensor(S.normed, hidden), q = tensor(S.q, H * qk);
-  Tensor kv = tensor(S.kv, entry), q_absorbed = tensor(S.q_absorbed, H * entry);
-  Tensor out_latent = tensor(S.out_latent, H * C), attn = tensor(S.attn, H * V);
-  Tensor projected = tensor(S.projected, hidden), ffn = tensor(S.ffn, hidden);
-  // Per-head views: head h's rope part of q, and of the absorbed query, as rows of R values.
-  Tensor q_rope = q.reshaped(qk).cols_slice(nope, R);
-  Tensor q_absorbed_rope = q_absorbed.reshaped(entry).cols_slice(C, R);
+  const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
 
   // The step's device work, from the embedding to the head's logits (and argmax ids) in backend memory: what
   // run_graph may record. No host decision inside depends on the step's values, only on its shapes.
   auto device_work = [&] {
-    backend_.embed(*w.embed_tokens, x);
-    backend_.rms_norm(x, w.layers[0].input_layernorm, eps, normed);
+    backend_.embed(*w.embed_tokens, t.x);
+    backend_.rms_norm(t.x, w.layers[0].input_layernorm, eps, t.normed);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const Layer& L = w.layers[static_cast<size_t>(l)];
-      const Buffer& cache = layer_caches[static_cast<size_t>(l)];
-      // Queries [T, H * qk].
-      if (c.q_lora_rank) {
-        Tensor q_a = tensor(S.q_a, *c.q_lora_rank);
-        backend_.linear(normed, *L.q_a_proj, q_a);
-        backend_.rms_norm(q_a, L.q_a_layernorm, eps, q_a);
-        backend_.linear(q_a, *L.q_b_proj, q);
-      } else {
-        backend_.linear(normed, *L.q_proj, q);
-      }
-      // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache.
-      backend_.linear(normed, *L.kv_a_proj_with_mqa, kv);
-      backend_.rms_norm(kv.cols_slice(0, C), L.kv_a_layernorm, eps, kv.cols_slice(0, C));
-      backend_.rope(kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
-      backend_.store_kv(kv, cache);
-      backend_.rope(q_rope, H, w.inv_freq, w.rope_attention_factor);
-      if (use_expanded) {
-        expanded.kv_b = L.kv_b.get();
-        backend_.mla_expanded(expanded, q, kv, attn);
-      } else {
-        // Absorbed query per head: [W_UK[h]ᵀ q_nope | roped q_rope]; attention over the latent; W_UV per head.
-        backend_.linear_heads(q, qk, *L.w_uk_t, q_absorbed, entry);
-        backend_.copy(q_rope, q_absorbed_rope);
-        backend_.mla_attention(attention, q_absorbed, cache, out_latent);
-        backend_.linear_heads(out_latent, C, *L.w_uv, attn, V);
-      }
-      backend_.linear(attn, *L.o_proj, projected);
-      backend_.add_rms_norm(x, projected, L.post_attention_layernorm, eps, normed);
-
-      // Feed-forward.
-      auto run_mlp = [&](const Mlp& mlp, Tensor output) {
-        const int64_t inter = mlp.down->cols;
-        Tensor gate_up = tensor(S.gate_up, 2 * inter), act = tensor(S.act, inter);
-        backend_.linear(normed, *mlp.gate_up, gate_up);
-        backend_.silu_mul(gate_up, act);
-        backend_.linear(act, *mlp.down, output);
-      };
-      if (!L.moe) {
-        run_mlp(L.dense, ffn);
-      } else {
-        if (L.has_shared) {
-          run_mlp(L.shared, ffn);
-        } else {
-          backend_.fill_zero(ffn);
-        }
-        backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr, L.experts.gate_up.get(),
-                                L.experts.down.get()};
-        backend_.moe(normed, moe, ffn);
-      }
+      decoder_layer(backend_, c, w, w.layers[static_cast<size_t>(l)], layer_caches[static_cast<size_t>(l)], t,
+                    use_expanded);
       // The residual add, fused with the next layer's input norm.
       if (l + 1 < c.num_hidden_layers) {
-        backend_.add_rms_norm(x, ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, normed);
+        backend_.add_rms_norm(t.x, t.ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, t.normed);
       } else {
-        backend_.add(x, ffn);
+        backend_.add(t.x, t.ffn);
       }
     }
+    // The MTP layers' input: every row's hidden state after the final norm.
+    if (batch.keep_hidden) backend_.rms_norm(t.x, w.norm, eps, t.rows_of(scratch_->kept_hidden, c.hidden_size));
     // Final norm and lm_head for the requested rows only.
-    backend_.compute_logits(x, w.norm, eps, *w.lm_head, greedy != nullptr);
+    backend_.compute_logits(t.x, w.norm, eps, *w.lm_head, greedy != nullptr);
   };
   if (decode_step && use_graphs_) {
     // The graphs write into these caches: another set (another engine's, a test's second run) needs new graphs.
@@ -732,14 +816,95 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     key.sequences = static_cast<int64_t>(batch.sequences.size());
     key.max_blocks_per_sequence = table_stride;
     key.logits_rows = static_cast<int64_t>(batch.logits_rows.size());
-    key.variant = greedy != nullptr ? 1 : 0;
+    key.variant = (greedy != nullptr ? 1 : 0) + (batch.keep_hidden ? 2 : 0);
     key.owner = graph_owner_;
     if (Status s = backend_.run_graph(key, device_work); !s.ok()) return s;
   } else {
     device_work();
   }
-  if (greedy != nullptr) return backend_.read_greedy_tokens(*greedy);
-  return backend_.read_logits(*logits);
+  Status read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
+  if (read.ok() && batch.keep_hidden) kept_hidden_rows_ = T;
+  return read;
+}
+
+Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, const backend::Buffer& mtp_cache,
+                                  std::vector<float>* logits, std::vector<int32_t>* greedy) {
+  const ModelConfig& c = config_;
+  const Weights& w = *weights_;
+  const int64_t T = static_cast<int64_t>(batch.token_ids.size());
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (mtp_layer < 0 || mtp_layer >= static_cast<int64_t>(w.mtp_layers.size())) {
+    return Status::invalid_argument("forward_mtp: MTP layer " + std::to_string(mtp_layer) + " of " +
+                                    std::to_string(w.mtp_layers.size()));
+  }
+  if ((logits == nullptr) == (greedy == nullptr)) {
+    return Status::invalid_argument("forward_mtp: exactly one of logits and greedy must be given");
+  }
+  if (static_cast<int64_t>(batch.hidden_rows.size()) != T) {
+    return Status::invalid_argument("forward_mtp: " + std::to_string(batch.hidden_rows.size()) + " hidden rows for " +
+                                    std::to_string(T) + " rows");
+  }
+  for (int32_t r : batch.hidden_rows) {
+    if (r < 0 || r >= kept_hidden_rows_) {
+      return Status::invalid_argument("forward_mtp: hidden row " + std::to_string(r) + " but the previous pass kept " +
+                                      std::to_string(kept_hidden_rows_) + " rows");
+    }
+  }
+  RowLayout rows;
+  if (Status s = layout_rows("forward_mtp", batch.token_ids, batch.sequences, batch.logits_rows, c.vocab_size, rows);
+      !s.ok()) {
+    return s;
+  }
+  if (T == 0) {
+    if (logits) logits->clear();
+    if (greedy) greedy->clear();
+    kept_hidden_rows_ = 0;
+    return Status();
+  }
+  // The kept hidden state came from a pass of at least as many rows, so the scratch is large enough: growing it
+  // here would drop that state.
+  if (T > scratch_->capacity) {
+    return Status::invalid_argument("forward_mtp: " + std::to_string(T) + " rows, more than the scratch's " +
+                                    std::to_string(scratch_->capacity));
+  }
+  backend::StepLayout layout;
+  layout.token_ids = batch.token_ids;
+  layout.positions = rows.positions;
+  layout.row_sequence = rows.row_sequence;
+  layout.slots = rows.slot;
+  layout.block_tables = rows.block_tables;
+  layout.logits_rows = batch.logits_rows;
+  layout.rows_start_at_zero = false;  // the absorbed form always (the MTP cache may hold earlier positions)
+  if (Status s = backend_.begin_step(layout); !s.ok()) return s;
+
+  const MtpLayer& M = w.mtp_layers[static_cast<size_t>(mtp_layer)];
+  const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
+  const Tensor kept = t.rows_of(scratch_->kept_hidden, hidden);
+  const Tensor gathered = t.rows_of(scratch_->mtp_hidden, hidden);
+  const Tensor concat = t.rows_of(scratch_->mtp_concat, 2 * hidden);
+  // Gather the rows' hidden states (runs of consecutive rows, one copy each) before this pass overwrites them.
+  for (int64_t begin = 0; begin < T;) {
+    int64_t end = begin + 1;
+    while (end < T && batch.hidden_rows[end] == batch.hidden_rows[end - 1] + 1) ++end;
+    backend_.copy(kept.rows_slice(batch.hidden_rows[begin], end - begin), gathered.rows_slice(begin, end - begin));
+    begin = end;
+  }
+  // x = eh_proj([enorm(embed(t_{p+1})); hnorm(h_p)]) (embedding first: vLLM's DeepSeekMTP, tools/demo_model.py).
+  backend_.embed(*w.embed_tokens, t.x);
+  backend_.rms_norm(t.x, M.enorm, eps, concat.cols_slice(0, hidden));
+  backend_.rms_norm(gathered, M.hnorm, eps, concat.cols_slice(hidden, hidden));
+  backend_.linear(concat, *M.eh_proj, t.x);
+  backend_.rms_norm(t.x, M.layer.input_layernorm, eps, t.normed);
+  decoder_layer(backend_, c, w, M.layer, mtp_cache, t, /*use_expanded=*/false);
+  backend_.add(t.x, t.ffn);
+  // What the next chained pass reads: this pass's hidden state after shared_head.norm.
+  backend_.rms_norm(t.x, M.shared_head_norm, eps, kept);
+  backend_.compute_logits(t.x, M.shared_head_norm, eps, *w.lm_head, greedy != nullptr);
+  kept_hidden_rows_ = 0;
+  Status read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
+  if (read.ok()) kept_hidden_rows_ = T;
+  return read;
 }
 
 }  // namespace deepinfer::model

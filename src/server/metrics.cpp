@@ -131,6 +131,42 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
     }
   }
 }
+
+// Speculative decoding (engine/speculative.h): totals, acceptance per draft position, and the verify length (the
+// tokens one request's verify checked: its last token plus the drafts) as a histogram over 1..K+1.
+void render_speculative(const engine::SpeculativeStats& s, std::string& out) {
+  scalar(out, "deepinfer_spec_draft_tokens_total", "counter", "Draft tokens the target model verified.",
+         s.draft_tokens);
+  scalar(out, "deepinfer_spec_accepted_tokens_total", "counter", "Draft tokens accepted by the target model.",
+         s.accepted_tokens);
+  scalar(out, "deepinfer_spec_emitted_tokens_total", "counter",
+         "Tokens produced by verify steps (accepted drafts plus one per verify).", s.emitted_tokens);
+  out += "# HELP deepinfer_spec_draft_tokens_by_position_total Draft tokens verified, by position in the draft (1 is "
+         "the first).\n# TYPE deepinfer_spec_draft_tokens_by_position_total counter\n";
+  for (size_t i = 0; i < s.drafted_by_position.size(); ++i) {
+    out += fmt::format("deepinfer_spec_draft_tokens_by_position_total{{position=\"{}\"}} {}\n", i + 1,
+                       s.drafted_by_position[i]);
+  }
+  out += "# HELP deepinfer_spec_accepted_tokens_by_position_total Draft tokens accepted, by position in the draft (1 "
+         "is the first).\n# TYPE deepinfer_spec_accepted_tokens_by_position_total counter\n";
+  for (size_t i = 0; i < s.accepted_by_position.size(); ++i) {
+    out += fmt::format("deepinfer_spec_accepted_tokens_by_position_total{{position=\"{}\"}} {}\n", i + 1,
+                       s.accepted_by_position[i]);
+  }
+  out += "# HELP deepinfer_spec_verify_length Tokens per request per verify: its last token plus the drafts checked.\n"
+         "# TYPE deepinfer_spec_verify_length histogram\n";
+  int64_t cumulative = 0, sum = 0;
+  const size_t top = std::max<size_t>(s.verify_length_counts.size(), 2);
+  for (size_t n = 1; n < top; ++n) {
+    const int64_t count = n < s.verify_length_counts.size() ? s.verify_length_counts[n] : 0;
+    cumulative += count;
+    sum += count * static_cast<int64_t>(n);
+    out += fmt::format("deepinfer_spec_verify_length_bucket{{le=\"{}\"}} {}\n", n, cumulative);
+  }
+  out += fmt::format("deepinfer_spec_verify_length_bucket{{le=\"+Inf\"}} {}\ndeepinfer_spec_verify_length_sum {}\n"
+                     "deepinfer_spec_verify_length_count {}\n",
+                     cumulative, sum, cumulative);
+}
 }  // namespace
 
 std::string Metrics::render(const engine::EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const {
@@ -150,6 +186,7 @@ std::string Metrics::render(const engine::EngineLoad& load, const recipe::Tokeni
   scalar(out, "deepinfer_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", load.kv_blocks_used);
   scalar(out, "deepinfer_kv_cache_blocks_free", "gauge", "KV cache blocks free.", load.kv_blocks_free);
   render_kv_tiers(load.kv_tiers, out);
+  render_speculative(load.speculative, out);
   scalar(out, "deepinfer_client_disconnects_total", "counter", "Clients that went away before their response ended.",
          client_disconnects);
   scalar(out, "deepinfer_malformed_tool_calls_total", "counter",

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "deepinfer/server/metrics.h"
 #include "server_fixture.h"
 
 namespace deepinfer::server::testing {
@@ -249,11 +250,33 @@ TEST_F(ApiTest, ModelsHealthAndMetrics) {
         "deepinfer_kv_tier_misses_total{tier=\"device\"}", "deepinfer_kv_tier_loaded_blocks_total",
         "deepinfer_tokenization_cache_hits_total", "deepinfer_tokenization_cache_misses_total",
         "deepinfer_tokenization_cache_hit_tokens_total", "deepinfer_tokenization_cache_miss_tokens_total",
-        "deepinfer_tokenization_cache_evictions_total", "deepinfer_tokenization_cache_bytes"}) {
+        "deepinfer_tokenization_cache_evictions_total", "deepinfer_tokenization_cache_bytes",
+        "deepinfer_spec_draft_tokens_total", "deepinfer_spec_accepted_tokens_total",
+        "deepinfer_spec_verify_length_count"}) {
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   }
   EXPECT_GE(metric_value(metrics.body, "deepinfer_generation_tokens_total"), 6);
   EXPECT_EQ(metric_value(metrics.body, "deepinfer_kv_cache_blocks_used"), 0);
+}
+
+// Speculative decoding's series, from the engine's counters: totals, acceptance by position, verify-length histogram.
+TEST(MetricsTest, SpeculativeDecodingCountersAreExported) {
+  server::Metrics metrics;
+  engine::EngineLoad load;
+  load.speculative.record(2, 2);
+  load.speculative.record(2, 0);
+  load.speculative.record(1, 1);
+  const std::string text = metrics.render(load, {});
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_draft_tokens_total"), 5);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_accepted_tokens_total"), 3);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_emitted_tokens_total"), 6);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_draft_tokens_by_position_total{position=\"1\"}"), 3);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_accepted_tokens_by_position_total{position=\"1\"}"), 2);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_accepted_tokens_by_position_total{position=\"2\"}"), 1);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_verify_length_bucket{le=\"2\"}"), 1);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_verify_length_bucket{le=\"3\"}"), 3);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_verify_length_count"), 3);
+  EXPECT_EQ(metric_value(text, "deepinfer_spec_verify_length_sum"), 8);
 }
 
 TEST_F(ApiTest, KvCacheClassHeaderPicksARetentionClassOrIsRejected) {

@@ -18,6 +18,7 @@
 #include "deepinfer/engine/sampler.h"
 #include "deepinfer/engine/sampling_params.h"
 #include "deepinfer/engine/scheduler.h"
+#include "deepinfer/engine/speculative.h"
 #include "deepinfer/kvcache/block_pool.h"
 #include "deepinfer/engine/executor.h"
 #include "deepinfer/kvcache/kv_cache_manager.h"
@@ -51,6 +52,10 @@ struct EngineConfig {
   // logits) from which they are used: below it one thread samples (thread start-up would cost more).
   int32_t sampling_threads = 0;
   int64_t parallel_sampling_min_logits = int64_t{1} << 21;
+  // Speculative decoding (--speculative-algorithm mtp --speculative-num-draft-tokens K): the checkpoint's MTP layer
+  // drafts K tokens per request per step, verified in the next step's forward (speculative.h, mtp_executor.h).
+  // Its KV is one more layer of every cache block. Engine::create refuses a config it cannot honour.
+  SpeculativeConfig speculative;
 };
 
 // What an engine config makes of the scheduler and the prefix cache for a model caching `layout`: the main
@@ -105,6 +110,8 @@ class Engine {
   const Scheduler& scheduler() const { return scheduler_; }
   size_t kv_cache_bytes() const { return kv_cache_bytes_; }
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
+  // Speculative decoding's counters since creation (all zero when it is off).
+  const SpeculativeStats& speculative_stats() const { return speculative_stats_; }
   KvTierStats kv_tier_stats() const;
   // The blocks each tier holds now, by KV-event medium ("GPU" or "DEVICE", "CPU", "DISK"): what a subscriber
   // of the KV events must have rebuilt. For tests and introspection; costs a copy of the indexes.
@@ -173,13 +180,16 @@ class Engine {
   std::unique_ptr<model::DeepSeekModel> model_;
   EngineConfig config_;
   Scheduler scheduler_;
-  std::vector<backend::Buffer> layer_caches_;  // per layer [num_blocks, 64, kv_cache_dim] in the cache dtype
+  // Per layer [num_blocks, 64, kv_cache_dim] in the cache dtype; with MTP drafting, then the MTP layer's
+  // [num_blocks + max_num_seqs, 64, kv_cache_dim] (its last max_num_seqs blocks: the draft chains' scratch).
+  std::vector<backend::Buffer> layer_caches_;
   size_t kv_cache_bytes_ = 0;
   std::unique_ptr<StepGate> step_gate_;          // null on the CPU backend
   std::unique_ptr<DeviceBlocks> device_blocks_;  // points into layer_caches_
   std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
   SequenceId next_id_ = 1;
   int64_t num_preemptions_ = 0;
+  SpeculativeStats speculative_stats_;
 };
 
 }  // namespace deepinfer::engine

@@ -31,6 +31,7 @@ struct EngineLoad {
   int32_t kv_blocks_used = 0;
   int32_t kv_blocks_free = 0;
   KvTierStats kv_tiers;  // the prefix cache per tier
+  SpeculativeStats speculative;  // speculative decoding's counters (zero when off)
 };
 
 // What the server needs from an engine. Same contract as Engine's methods of the same names;
@@ -137,6 +138,7 @@ class InProcessEngineClient final : public EngineClient {
   std::atomic<int32_t> num_running_{0}, num_waiting_{0}, kv_blocks_used_{0}, kv_blocks_free_{0};
   mutable std::mutex kv_tiers_mu_;
   KvTierStats kv_tiers_;  // GUARDED_BY(kv_tiers_mu_)
+  SpeculativeStats speculative_;  // GUARDED_BY(kv_tiers_mu_)
   std::thread thread_;
 };
 

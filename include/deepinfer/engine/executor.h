@@ -2,9 +2,9 @@
 //   ScheduledBatch batch = scheduler.schedule();
 //   Result<StepOutput> out = executor.run(batch);
 //   scheduler.update(batch, *out);
-// The model executor (one forward pass, then sampling) is the one the engine builds; a draft-and-verify
-// executor (speculative decoding on the MTP heads) returns several tokens for an entry that the scheduler
-// gave lookahead slots; a scripted one drives the scheduler in tests.
+// The model executor (one forward pass, then sampling) is the one the engine builds without speculation; the
+// draft-and-verify executor (MtpExecutor: speculative decoding on the MTP layers) returns several tokens for an
+// entry that the scheduler gave lookahead slots; a scripted one drives the scheduler in tests.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,9 @@ namespace deepinfer::engine {
 //   remaining k - j lookahead positions belongs to rejected drafts: Scheduler::update rolls it back.
 struct StepOutput {
   std::vector<std::vector<SampledToken>> entries;
+  // Per entry, the drafts the step checked for it (0 when it verified none); empty: no entry verified any. The
+  // engine's speculative-decoding counters come from it (before update() trims tokens past a finish).
+  std::vector<int32_t> drafts_verified;
 
   // One token per sampling entry (no lookahead): the plain decoding case, e.g. for tests.
   static StepOutput one_token_per_sampling_entry(const ScheduledBatch& batch, std::span<const TokenId> token_ids);

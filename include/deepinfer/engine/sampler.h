@@ -123,6 +123,11 @@ class Sampler {
   // with probabilities summing to 1 (greedy: the argmax alone, probability 1). Does not touch row.rng
   // (it may be null). For tests, and for speculative decoding's acceptance test. Same checks as sample().
   Status final_distribution(const SamplerRow& row, std::vector<TokenProbability>& distribution);
+  // What sample() would report had it drawn `token_id` from this row, without drawing: the token and, when
+  // params.logprobs is set, its raw-distribution logprob and the top alternatives. For speculative decoding, whose
+  // tokens come from the acceptance test. Does not touch row.rng. Same checks as sample(), plus InvalidArgument for a
+  // token outside [0, vocab_size).
+  Status describe(const SamplerRow& row, TokenId token_id, SampledToken& out) const;
 
  private:
   Status check_row(const SamplerRow& row, size_t row_index) const;

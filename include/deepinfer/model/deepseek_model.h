@@ -29,6 +29,21 @@ struct ForwardBatch {
   std::vector<int32_t> token_ids;        // [T], the sequences' chunks one after another
   std::vector<SequenceChunk> sequences;  // in the order of their rows
   std::vector<int32_t> logits_rows;      // rows whose next-token logits are wanted, ascending
+  // Keep every row's final hidden state (after model.norm: the vector lm_head sees) in the model, [T, hidden], for
+  // the forward_mtp() that follows (speculative decoding's draft pass). Off: nothing is kept.
+  bool keep_hidden = false;
+};
+
+// One pass of a multi-token-prediction (next-n) layer (DeepSeek-V3 §2.2), as the draft model of speculative
+// decoding. Row t sits at position p of its sequence and reads the hidden state h_p that the previous pass kept
+// (row hidden_rows[t] of it: a forward() with keep_hidden, or the previous forward_mtp()) and the token t_{p+1}
+// (token_ids[t]); it writes the MTP layer's KV entry of position p into the MTP cache and its logits predict t_{p+2}.
+// Rows of one sequence are consecutive, at consecutive positions, like a SequenceChunk of forward().
+struct MtpBatch {
+  std::vector<int32_t> token_ids;        // [T] t_{p+1} of each row
+  std::vector<SequenceChunk> sequences;  // positions and block tables of the MTP cache, in row order
+  std::vector<int32_t> hidden_rows;      // [T] row of the kept hidden state each row reads
+  std::vector<int32_t> logits_rows;      // rows whose logits (draft distributions) are wanted, ascending
 };
 
 // Per-layer latent caches the caller owns, in the backend's memory: layer_caches[l] holds
@@ -63,9 +78,15 @@ class DeepSeekModel {
     int64_t token_bytes = 0;    // per token per layer, in the backend's cache dtype
     int32_t window_tokens = 0;  // 0: every token; > 0: only the last window
   };
-  std::vector<CachedKind> cached_kinds() const;
+  // `mtp_layers`: MTP layers whose KV the cache also holds (speculative decoding on; their entries have the
+  // latent's size, so they count as layers of the "latent" kind, after the num_hidden_layers main ones).
+  std::vector<CachedKind> cached_kinds(int32_t mtp_layers = 0) const;
   // Zero-filled per-layer caches of `num_blocks` blocks on the backend, for forward(). Errors: ResourceExhausted.
   Result<std::vector<backend::Buffer>> make_layer_caches(int64_t num_blocks) const;
+  // One zero-filled layer cache of `num_blocks` blocks (an MTP layer's, for forward_mtp). Errors: ResourceExhausted.
+  Result<backend::Buffer> make_layer_cache(int64_t num_blocks) const;
+  // The MTP layers the checkpoint has (config's num_nextn_predict_layers; all loaded).
+  int64_t num_mtp_layers() const { return config_.num_nextn_predict_layers; }
 
   // Runs every layer over the batch's tokens, writes their KV entries, and fills `logits` (host) with
   // [logits_rows.size(), vocab_size] float32 logits. REQUIRES: block tables cover every position touched;
@@ -76,6 +97,19 @@ class DeepSeekModel {
   // ids [logits_rows.size()], -1 for a row holding a NaN or +inf or nothing above -inf. Greedy decoding without
   // moving the logits.
   Status forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids);
+
+  // One pass of MTP layer `mtp_layer` (< num_mtp_layers()) over `batch` (see MtpBatch), following a pass that kept
+  // its hidden states (forward() with keep_hidden, or forward_mtp()). The convention the demo model was trained
+  // with (tools/README.md) and vLLM's DeepSeekMTP applies: x = eh_proj([enorm(embed(t_{p+1})); hnorm(h_p)]), one
+  // decoder layer (attention over `mtp_cache`, [num_blocks, 64, kv_cache_dim]), then shared_head.norm and the
+  // shared lm_head. Unlike vLLM, position 0's embedding is not masked (the demo was not trained so). The pass
+  // keeps its own hidden state after shared_head.norm (what the head sees: the same convention as the main
+  // model's, so that a chained pass reads what the layer was trained on) for the next forward_mtp(). Exactly one
+  // of `logits` ([logits_rows, vocab] float32, host) and `greedy` (argmax ids [logits_rows]; -1 as forward_greedy)
+  // is non-null. Errors: InvalidArgument (no such layer, rows beyond the kept hidden state, bad block tables or
+  // token ids, no kept hidden state), the backend's. Not thread-safe. Always eager (no graphs).
+  Status forward_mtp(int64_t mtp_layer, const MtpBatch& batch, const backend::Buffer& mtp_cache,
+                     std::vector<float>* logits, std::vector<int32_t>* greedy);
 
   // Decode steps (every sequence one row, at most kGraphMaxRows rows, not all at position 0) go through
   // Backend::run_graph, which on the CUDA backend replays a CUDA graph per (rows, block-table bucket, logits rows,
@@ -90,14 +124,15 @@ class DeepSeekModel {
   static constexpr int64_t kGraphMaxRows = 256;
 
   struct Weights;
+  struct Scratch;
 
  private:
-  struct Scratch;
   DeepSeekModel(ModelConfig config, backend::Backend& backend);
   Status reserve_scratch(int64_t rows);
   // forward() (logits set) or forward_greedy() (greedy set).
   Status run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
              std::vector<int32_t>* greedy);
+  int64_t kept_hidden_rows_ = 0;  // rows of the hidden state the last pass kept (0: none)
   ModelConfig config_;
   backend::Backend& backend_;
   std::unique_ptr<Weights> weights_;

@@ -37,6 +37,16 @@
 //   deepinfer_kv_tier_bytes_read_total{tier}     counter    bytes copied out of the tier (load-back)
 //   deepinfer_kv_tier_loaded_blocks_total        counter    device blocks filled from host or disk instead of prefill
 //   deepinfer_kv_disk_queue_blocks               gauge      blocks waiting for the background disk writer
+// Speculative decoding (--speculative-algorithm mtp; all zero when off). A verify: one request's step that checked
+// drafts.
+//   deepinfer_spec_draft_tokens_total            counter    draft tokens the target verified
+//   deepinfer_spec_accepted_tokens_total         counter    of those, accepted
+//   deepinfer_spec_emitted_tokens_total          counter    tokens verifies produced (accepted + 1 each); mean
+//                                                           accepted length = this / deepinfer_spec_verify_length_count
+//   deepinfer_spec_draft_tokens_by_position_total{position}    counter  drafts verified at draft position 1..K
+//   deepinfer_spec_accepted_tokens_by_position_total{position} counter  drafts accepted there (acceptance by position
+//                                                           = accepted / draft, per position)
+//   deepinfer_spec_verify_length                 histogram  tokens per verify: the last token plus the drafts (le 1..K+1)
 #pragma once
 
 #include <atomic>

@@ -279,7 +279,12 @@ class CpuBackend final : public Backend {
   void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) override {
     const int64_t C = a.kv_lora_rank, R = a.rope_dim, entry = C + R, H = a.num_heads;
     const float* cache = f32(cache_layer);
-#pragma omp parallel
+    // A team only for work worth its start-up (as linear_matrix): small steps (a speculative draft pass's one row per
+    // sequence, short contexts) run on this thread, which also spares them waiting on a descheduled team member.
+    int64_t work = 0;
+    for (int64_t t = 0; t < q.rows; ++t) work += (positions_[static_cast<size_t>(t)] + 1) * H * entry;
+    const bool parallel = work >= (1 << 18);
+#pragma omp parallel if (parallel)
     {
       std::vector<double> scores;
       std::vector<double> accumulator(static_cast<size_t>(C));

@@ -1,0 +1,92 @@
+// Speculative decoding: its configuration (`--speculative-algorithm mtp --speculative-num-draft-tokens K`, as vLLM
+// and SGLang users know them), its counters, and the acceptance rule that keeps the output exact.
+//   Greedy requests: a draft is accepted while it equals the target's greedy token; the output is token-identical
+//   to plain decoding.
+//   Sampled requests: standard speculative sampling (Leviathan, Kalman, Matias, "Fast Inference from Transformers
+//   via Speculative Decoding", ICML 2023, §2.3 and Appendix A.1; Chen et al., "Accelerating Large Language Model
+//   Decoding with Speculative Sampling", 2023, Algorithm 2): a draft x drawn from the draft distribution q is kept
+//   with probability min(1, p(x) / q(x)), else the token is drawn from normalize(max(0, p - q)); each emitted token
+//   is then distributed exactly as p, the target's final distribution (the sampler's, after penalties, logit_bias,
+//   temperature, top-k/top-p/min-p).
+// The MTP executor (src/engine/mtp_executor.cpp) drafts and verifies; the scheduler reserves the slots and rolls
+// back the rejected drafts' KV (scheduler.h).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deepinfer/core/status.h"
+#include "deepinfer/engine/sampler.h"
+
+namespace deepinfer::engine {
+
+enum class SpeculativeAlgorithm {
+  kNone,  // plain decoding
+  kMtp,   // the checkpoint's next-n (MTP) layer, chained num_draft_tokens times (TensorRT-LLM's "MTP Eagle")
+};
+
+// "mtp" -> kMtp, "none" / "" -> kNone (case-sensitive, as vLLM's method names). Errors: InvalidArgument naming
+// the accepted values.
+Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name);
+
+struct SpeculativeConfig {
+  SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
+  // Drafts per request per step (K). The scheduler reserves this many lookahead slots; a step verifies fewer
+  // where the token budget, max_tokens or the free blocks leave less room.
+  int32_t num_draft_tokens = 0;
+  // The most drafts a step may verify for one request (a chain longer than one KV block is not supported).
+  static constexpr int32_t kMaxDraftTokens = 16;
+
+  bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone; }
+  // Ok, or InvalidArgument naming the flag: --speculative-num-draft-tokens must be in [1, kMaxDraftTokens] with an
+  // algorithm (and 0 without one); FailedPrecondition-style InvalidArgument when the algorithm needs MTP layers and
+  // `num_nextn_predict_layers` (the checkpoint's config.json) is 0.
+  Status validate(int64_t num_nextn_predict_layers) const;
+};
+
+// Lifetime counters of speculative decoding, summed over requests. A "verify" is one request's sampling entry in a
+// step that checked at least one draft. Counts are of the executor's verdicts, before a stop token or max_tokens
+// trims the kept tokens.
+struct SpeculativeStats {
+  int64_t draft_tokens = 0;     // drafts the target checked
+  int64_t accepted_tokens = 0;  // of those, accepted
+  int64_t verifies = 0;
+  int64_t emitted_tokens = 0;  // tokens the verifies produced (accepted + one each): mean accepted length =
+                               // emitted_tokens / verifies
+  // Per draft position i (0-based: the i+1-th draft of a verify): drafts checked there, and accepted there.
+  std::vector<int64_t> drafted_by_position, accepted_by_position;
+  // verify_length_counts[n]: verifies of n tokens (the last token plus n - 1 drafts), n in [2, K + 1].
+  std::vector<int64_t> verify_length_counts;
+
+  // Counts one verify of `drafts` drafts of which `accepted` were accepted. REQUIRES: 1 <= drafts, accepted <= drafts.
+  void record(int32_t drafts, int32_t accepted);
+};
+
+// Stream ids of philox_uniform (sampler.h) that speculative decoding draws from, besides kSamplingStream (the
+// residual and the bonus token use it, at the same counter as plain sampling would):
+inline constexpr uint32_t kAcceptanceStream = 1;  // the acceptance test's uniform
+inline constexpr uint32_t kDraftStream = 2;       // a sampled draft
+
+// The first token of `distribution` (ascending ids, probabilities summing to ~1) whose cumulative probability
+// exceeds u * total, the sampler's inverse-CDF rule; the last token with positive probability when rounding leaves
+// none. REQUIRES: some probability > 0, u in [0, 1).
+TokenId draw_from(std::span<const TokenProbability> distribution, double u);
+
+struct DraftVerdict {
+  bool accepted = false;
+  TokenId token_id = 0;  // the draft when accepted, else the token drawn from the residual
+};
+
+// One step of speculative sampling for the token at counter `counter` (the number of tokens the request has emitted
+// before it) of a request seeded `seed`: `target` is p, `draft_distribution` q (both ascending ids, each summing to
+// ~1; q(draft) > 0), `draft` the draft token x ~ q. Accepts when philox_uniform(seed, counter, kAcceptanceStream) <
+// p(x) / q(x); otherwise draws from normalize(max(0, p - q)) with philox_uniform(seed, counter, kSamplingStream)
+// (from p itself in the measure-zero case where rounding leaves the residual empty). Deterministic in its arguments.
+// A point-mass p (greedy) accepts exactly when x is its token and otherwise returns it.
+DraftVerdict verify_draft(std::span<const TokenProbability> target,
+                          std::span<const TokenProbability> draft_distribution, TokenId draft, uint64_t seed,
+                          uint64_t counter);
+
+}  // namespace deepinfer::engine

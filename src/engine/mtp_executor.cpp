@@ -1,0 +1,333 @@
+// MtpExecutor: verify last step's drafts in one target forward, accept (greedy or rejection sampling), then draft
+// the next step's with the MTP layer chained K times (mtp_executor.h).
+#include "mtp_executor.h"
+
+#include <algorithm>
+#include <string>
+
+#include "deepinfer/core/check.h"
+
+namespace deepinfer::engine {
+
+namespace {
+double probability_of(std::span<const TokenProbability> distribution, TokenId token) {
+  for (const TokenProbability& entry : distribution) {
+    if (entry.token_id == token) return entry.probability;
+  }
+  return 0.0;
+}
+}  // namespace
+
+MtpExecutor::MtpExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches, int32_t num_blocks,
+                         int32_t max_num_seqs, int32_t num_draft_tokens, std::unique_ptr<DraftPlanner> planner)
+    : model_(model),
+      layer_caches_(layer_caches),
+      num_blocks_(num_blocks),
+      max_num_seqs_(max_num_seqs),
+      num_draft_tokens_(num_draft_tokens),
+      planner_(planner != nullptr ? std::move(planner) : std::make_unique<DraftPlanner>()),
+      sampler_(model.config().vocab_size) {
+  DEEPINFER_CHECK(model.num_mtp_layers() >= 1, "the MTP executor needs an MTP layer");
+  DEEPINFER_CHECK(num_draft_tokens >= 1 && num_draft_tokens <= SpeculativeConfig::kMaxDraftTokens);
+  DEEPINFER_CHECK(static_cast<int64_t>(layer_caches.size()) == model.config().num_hidden_layers + 1,
+                  "the main layers' caches, then the MTP layer's");
+}
+
+TokenId MtpExecutor::RequestState::token_at(int64_t position) const {
+  const int64_t prompt_size = static_cast<int64_t>(prompt.size());
+  return position < prompt_size ? prompt[static_cast<size_t>(position)]
+                                : output[static_cast<size_t>(position - prompt_size)];
+}
+
+Status MtpExecutor::add_request(SequenceId id, std::span<const TokenId> prompt_token_ids,
+                                const SamplingParams& params) {
+  if (requests_.contains(id)) return Status::invalid_argument("request " + std::to_string(id) + " is already live");
+  RequestState state;
+  state.prompt.assign(prompt_token_ids.begin(), prompt_token_ids.end());
+  state.params = params;
+  state.rng = make_request_rng(params, static_cast<uint64_t>(id));
+  requests_[id] = std::move(state);
+  return Status();
+}
+
+void MtpExecutor::remove_request(SequenceId id) { requests_.erase(id); }
+
+Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
+  const size_t num_entries = batch.entries.size();
+  // 1. The target pass: every entry's tokens, plus the drafts of those that drafted for this very step.
+  model::ForwardBatch forward;
+  forward.keep_hidden = true;
+  std::vector<int32_t> first_rows(num_entries, 0), num_drafts(num_entries, 0);
+  bool plain_greedy = true;
+  for (size_t i = 0; i < num_entries; ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    auto it = requests_.find(entry.sequence_id);
+    if (it == requests_.end())
+      return Status::internal("the executor has no request " + std::to_string(entry.sequence_id));
+    const RequestState& request = it->second;
+    int32_t m = 0;
+    if (entry.samples && entry.num_lookahead_slots > 0 && request.draft_position == entry.end_position()) {
+      m = std::min<int32_t>(static_cast<int32_t>(request.drafts.size()), entry.num_lookahead_slots);
+    }
+    num_drafts[i] = m;
+    first_rows[i] = static_cast<int32_t>(forward.token_ids.size());
+    forward.token_ids.insert(forward.token_ids.end(), entry.token_ids.begin(), entry.token_ids.end());
+    forward.token_ids.insert(forward.token_ids.end(), request.drafts.begin(), request.drafts.begin() + m);
+    forward.sequences.push_back(
+        {static_cast<int32_t>(entry.num_tokens()) + m, static_cast<int32_t>(entry.start_position), entry.block_table});
+    if (!entry.samples) continue;
+    for (int32_t k = 0; k <= m; ++k) {
+      forward.logits_rows.push_back(first_rows[i] + static_cast<int32_t>(entry.num_tokens()) - 1 + k);
+    }
+    plain_greedy = plain_greedy && request.params.is_plain_greedy();
+  }
+  const std::span<const backend::Buffer> main_caches =
+      layer_caches_.first(static_cast<size_t>(model_.config().num_hidden_layers));
+  Status forwarded = plain_greedy ? model_.forward_greedy(forward, main_caches, greedy_ids_)
+                                  : model_.forward(forward, main_caches, logits_);
+  if (!forwarded.ok()) return forwarded;
+
+  // 2. Acceptance. Nothing is committed until every entry is decided (all-or-nothing).
+  StepOutput out;
+  out.entries.resize(num_entries);
+  out.drafts_verified.assign(num_entries, 0);
+  std::vector<int32_t> kept_rows(num_entries, 0);
+  const int64_t vocab = model_.config().vocab_size;
+  size_t logits_row = 0;
+  for (size_t i = 0; i < num_entries; ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    kept_rows[i] = static_cast<int32_t>(entry.num_tokens());
+    if (!entry.samples) continue;
+    RequestState& request = requests_.at(entry.sequence_id);
+    const int32_t m = num_drafts[i];
+    int32_t accepted = 0;
+    std::vector<SampledToken>& tokens = out.entries[i];
+    if (plain_greedy) {
+      for (int32_t k = 0; k <= m; ++k) {
+        if (greedy_ids_[logits_row + static_cast<size_t>(k)] < 0) {
+          return Status::invalid_argument("row of sequence " + std::to_string(entry.sequence_id) +
+                                          ": logits hold a NaN or +inf, or nothing above -inf; logits must be finite "
+                                          "or -inf");
+        }
+      }
+      while (accepted < m &&
+             request.drafts[static_cast<size_t>(accepted)] == greedy_ids_[logits_row + static_cast<size_t>(accepted)]) {
+        ++accepted;
+      }
+      for (int32_t k = 0; k < accepted; ++k)
+        tokens.push_back({request.drafts[static_cast<size_t>(k)], std::nullopt, {}});
+      tokens.push_back({greedy_ids_[logits_row + static_cast<size_t>(accepted)], std::nullopt, {}});
+    } else {
+      const std::span<const float> rows(logits_.data() + logits_row * static_cast<size_t>(vocab),
+                                        static_cast<size_t>((m + 1) * vocab));
+      if (Status s = verify_sampled(entry, request, rows, m, tokens, accepted); !s.ok()) return s;
+    }
+    logits_row += static_cast<size_t>(m) + 1;
+    out.drafts_verified[i] = m;
+    kept_rows[i] += accepted;
+  }
+  // Committed: the tokens join the requests' outputs (penalty windows), the RNG counters follow them.
+  std::vector<size_t> output_sizes(num_entries, 0);
+  for (size_t i = 0; i < num_entries; ++i) {
+    RequestState& request = requests_.at(batch.entries[i].sequence_id);
+    output_sizes[i] = request.output.size();
+    for (const SampledToken& token : out.entries[i]) request.output.push_back(token.token_id);
+    request.rng.counter = request.output.size();
+  }
+
+  // 3-4. The next step's drafts. A failure here undoes the commit, so the step stays all-or-nothing.
+  if (Status s = draft(batch, first_rows, kept_rows); !s.ok()) {
+    for (size_t i = 0; i < num_entries; ++i) {
+      RequestState& request = requests_.at(batch.entries[i].sequence_id);
+      request.output.resize(output_sizes[i]);
+      request.rng.counter = request.output.size();
+      request.drafts.clear();
+      request.draft_distributions.clear();
+      request.draft_position = -1;
+    }
+    return s;
+  }
+  if (std::all_of(out.drafts_verified.begin(), out.drafts_verified.end(), [](int32_t n) { return n == 0; })) {
+    out.drafts_verified.clear();
+  }
+  return out;
+}
+
+Status MtpExecutor::verify_sampled(const ScheduledEntry& entry, RequestState& request, std::span<const float> logits,
+                                   int32_t num_drafts, std::vector<SampledToken>& tokens, int32_t& accepted) {
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  const uint64_t first_counter = request.output.size();
+  std::vector<TokenProbability> target;
+  for (int32_t k = 0; k <= num_drafts; ++k) {
+    // The penalties see the output as it would be at this position: the committed tokens and the drafts before it.
+    penalty_window_.assign(request.output.begin(), request.output.end());
+    penalty_window_.insert(penalty_window_.end(), request.drafts.begin(), request.drafts.begin() + k);
+    RequestRng rng{request.rng.seed, first_counter + static_cast<uint64_t>(k)};
+    SamplerRow row;
+    row.logits = logits.subspan(static_cast<size_t>(k) * vocab, vocab);
+    row.params = &request.params;
+    row.prompt_token_ids = request.prompt;
+    row.output_token_ids = penalty_window_;
+    row.rng = &rng;
+    SampledToken token;
+    if (k == num_drafts) {
+      // Every draft accepted (or none to check): the next token is plainly sampled, as without speculation.
+      if (Status s = sampler_.sample(std::span(&row, 1), std::span(&token, 1)); !s.ok()) {
+        return Status::invalid_argument("sequence " + std::to_string(entry.sequence_id) + ": " + s.message());
+      }
+      tokens.push_back(std::move(token));
+      accepted = num_drafts;
+      return Status();
+    }
+    if (Status s = sampler_.final_distribution(row, target); !s.ok()) {
+      return Status::invalid_argument("sequence " + std::to_string(entry.sequence_id) + ": " + s.message());
+    }
+    const TokenId draft = request.drafts[static_cast<size_t>(k)];
+    const DraftVerdict verdict = verify_draft(target, request.draft_distributions[static_cast<size_t>(k)], draft,
+                                              request.rng.seed, first_counter + static_cast<uint64_t>(k));
+    if (Status s = sampler_.describe(row, verdict.token_id, token); !s.ok()) return s;
+    tokens.push_back(std::move(token));
+    if (!verdict.accepted) {
+      accepted = k;
+      return Status();
+    }
+  }
+  DEEPINFER_CHECK(false, "unreachable: the last row samples");
+  return Status();
+}
+
+Status MtpExecutor::draft_from_logits(RequestState& request, std::span<const float> logits,
+                                      std::span<const TokenId> chain, TokenId& token,
+                                      std::vector<TokenProbability>& distribution) {
+  penalty_window_.assign(request.output.begin(), request.output.end());
+  penalty_window_.insert(penalty_window_.end(), chain.begin(), chain.end());
+  RequestRng unused = request.rng;
+  SamplerRow row;
+  row.logits = logits;
+  row.params = &request.params;
+  row.prompt_token_ids = request.prompt;
+  row.output_token_ids = penalty_window_;
+  row.rng = &unused;
+  if (Status s = sampler_.final_distribution(row, distribution); !s.ok()) return s;
+  if (request.params.is_greedy()) {
+    token = distribution.front().token_id;  // the argmax alone, probability 1
+  } else {
+    // The draft for output index output.size() + chain.size(), from its own stream.
+    const double u = philox_uniform(request.rng.seed, request.output.size() + chain.size(), kDraftStream);
+    token = draw_from(distribution, u);
+  }
+  return Status();
+}
+
+Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> first_rows,
+                          std::span<const int32_t> kept_rows) {
+  const backend::Buffer& mtp_cache = layer_caches_.back();
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  // A request that drafts: its row in the latest pass, the position of that row, its MTP block table.
+  struct Chain {
+    RequestState* request = nullptr;
+    SequenceId id = 0;
+    int32_t row = 0;
+    int64_t position = 0;
+    int32_t max_drafts = 0;
+    std::vector<int32_t> block_table;
+  };
+  std::vector<Chain> chains;
+  // Pass 1: every computed row whose next token is known, at its own position, reading the target's hidden state.
+  model::MtpBatch pass;
+  bool greedy_ids = true;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    RequestState& request = requests_.at(entry.sequence_id);
+    request.drafts.clear();
+    request.draft_distributions.clear();
+    request.draft_position = -1;
+    const int32_t kept = kept_rows[i];
+    for (int32_t k = 0; k < kept; ++k) {
+      pass.token_ids.push_back(request.token_at(entry.start_position + k + 1));
+      pass.hidden_rows.push_back(first_rows[i] + k);
+    }
+    pass.sequences.push_back({kept, static_cast<int32_t>(entry.start_position), entry.block_table});
+    if (!entry.samples) continue;
+    const int32_t max_drafts =
+        std::clamp(planner_->max_drafts(entry.sequence_id, num_draft_tokens_), 0, num_draft_tokens_);
+    if (max_drafts == 0) continue;
+    Chain chain;
+    chain.request = &request;
+    chain.id = entry.sequence_id;
+    chain.row = static_cast<int32_t>(pass.token_ids.size()) - 1;
+    chain.position = entry.start_position + kept - 1;
+    chain.max_drafts = max_drafts;
+    chain.block_table = entry.block_table;
+    // The chain's last position may lie past the blocks the scheduler gave (at most one block: K <= 16): that
+    // block is this chain's scratch block of the MTP cache, which nothing else reads.
+    const int64_t last_block = (chain.position + max_drafts - 1) / kBlockTokens;
+    if (last_block >= static_cast<int64_t>(chain.block_table.size())) {
+      if (last_block > static_cast<int64_t>(chain.block_table.size()) ||
+          static_cast<int32_t>(chains.size()) >= max_num_seqs_) {
+        return Status::internal("draft chain of sequence " + std::to_string(entry.sequence_id) + " reaches position " +
+                                std::to_string(chain.position + max_drafts - 1) + ", past its block table and scratch");
+      }
+      chain.block_table.push_back(num_blocks_ + static_cast<int32_t>(chains.size()));
+    }
+    pass.logits_rows.push_back(chain.row);
+    greedy_ids = greedy_ids && request.params.is_plain_greedy();
+    chains.push_back(std::move(chain));
+  }
+  if (pass.token_ids.empty()) return Status();
+  // Draft step c (0-based) over the chains still drafting: their tokens from the pass's logits rows, in order.
+  auto take_drafts = [&](std::vector<Chain>& active) -> Status {
+    for (size_t a = 0; a < active.size(); ++a) {
+      RequestState& request = *active[a].request;
+      TokenId token = 0;
+      std::vector<TokenProbability> distribution;
+      if (greedy_ids) {
+        token = greedy_ids_[a];
+        if (token < 0) return Status::invalid_argument("the MTP layer's logits hold a NaN or +inf");
+        distribution = {{token, 1.0}};
+      } else {
+        const std::span<const float> row(logits_.data() + a * vocab, vocab);
+        if (Status s = draft_from_logits(request, row, request.drafts, token, distribution); !s.ok()) return s;
+      }
+      request.drafts.push_back(token);
+      request.draft_distributions.push_back(std::move(distribution));
+    }
+    return Status();
+  };
+  auto run_pass = [&](const model::MtpBatch& mtp) {
+    return model_.forward_mtp(0, mtp, mtp_cache, greedy_ids ? nullptr : &logits_, greedy_ids ? &greedy_ids_ : nullptr);
+  };
+  if (Status s = run_pass(pass); !s.ok()) return s;
+  std::vector<Chain> active = std::move(chains);
+  if (Status s = take_drafts(active); !s.ok()) return s;
+  for (Chain& chain : active) chain.request->draft_position = chain.position + 2;
+  // Passes 2..K: one row per chain still drafting, at the next position, with its last draft.
+  for (int32_t step = 1; step < num_draft_tokens_; ++step) {
+    std::vector<Chain> next;
+    for (Chain& chain : active) {
+      const RequestState& request = *chain.request;
+      const double q = probability_of(request.draft_distributions.back(), request.drafts.back());
+      if (static_cast<int32_t>(request.drafts.size()) < chain.max_drafts &&
+          planner_->continue_after(chain.id, static_cast<int32_t>(request.drafts.size()) - 1, q)) {
+        next.push_back(std::move(chain));
+      }
+    }
+    if (next.empty()) break;
+    model::MtpBatch chained;
+    for (size_t a = 0; a < next.size(); ++a) {
+      Chain& chain = next[a];
+      chained.token_ids.push_back(chain.request->drafts.back());
+      chained.hidden_rows.push_back(chain.row);
+      chain.position += 1;
+      chain.row = static_cast<int32_t>(a);
+      chained.sequences.push_back({1, static_cast<int32_t>(chain.position), chain.block_table});
+      chained.logits_rows.push_back(static_cast<int32_t>(a));
+    }
+    if (Status s = run_pass(chained); !s.ok()) return s;
+    if (Status s = take_drafts(next); !s.ok()) return s;
+    active = std::move(next);
+  }
+  return Status();
+}
+
+}  // namespace deepinfer::engine
