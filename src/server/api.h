@@ -197,8 +197,6 @@ boost::json::object model_object(const ModelInfo& model, int64_t created);
 // Shared helpers of the dialects.
 std::string random_id(std::string_view prefix);  // prefix + 24 hex digits
 int64_t unix_time();
-// The prompt ended inside a reasoning block (the generation prompt opened <think>).
-using recipe::prompt_opens_reasoning;
 // The sampling fields OpenAI's two endpoints share (temperature, top_p, top_k, min_p, penalties, seed, stop,
 // stop_token_ids, ignore_eos, logit_bias, n).
 std::optional<ApiError> read_openai_sampling(const boost::json::object& body, const ApiContext& context,

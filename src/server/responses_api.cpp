@@ -642,9 +642,8 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
       {"tool_choice", body.contains("tool_choice") ? body.at("tool_choice") : json::value("auto")},
       {"tools", body.contains("tools") && body.at("tools").is_array() ? body.at("tools") : json::value(json::array{})}};
   add_turn_marker_stops(context, plan.params);
-  recipe::StreamParserOptions options;
-  options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
-  options.tools_enabled = !conversation.tools.empty();
+  // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).
+  recipe::StreamParserOptions options = recipe::stream_parser_options(conversation, *prompt);
   plan.dialect = Dialect::kOpenAI;
   plan.prompt_token_ids = std::move(prompt->token_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
