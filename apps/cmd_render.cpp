@@ -2,7 +2,8 @@
 //   [--no-generation-prompt] [--ids]: stdin an OpenAI Chat Completions request; stdout the prompt text,
 //   or its token ids as a JSON list with --ids. Flags override the request's own switches. With --jsonl, stdin
 //   holds one request per line and stdout one line per request (its ids with --ids, else its text as a JSON
-//   string): one process renders a whole data set (tools/prepare_demo_data.py).
+//   string): one process renders a whole data set (tools/prepare_demo_data.py). The tokenizer, when given, also
+//   decides whether marker text in requests is ordinary text (a tokenizer with the ｜DSML｜ token; renderer.h).
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -33,7 +34,9 @@ std::function<int()> add_render_command(CLI::App& app) {
   cmd->add_option("--format", options->format,
                   "deepseek-v3 | deepseek-r1 | deepseek-v3.1 | deepseek-v3.2 | deepseek-v4 | deepseek-v4.1")
       ->required();
-  cmd->add_option("--tokenizer", options->tokenizer, "Directory holding tokenizer.json (needed for --ids)");
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "Directory holding tokenizer.json (needed for --ids; with the ｜DSML｜ token, marker text in "
+                  "requests is ordinary text)");
   cmd->add_flag("--thinking", options->thinking, "Thinking mode (otherwise the request's switch, default off)");
   cmd->add_option("--reasoning-effort", options->reasoning_effort,
                   "V4 (0731): low|high|xhigh|max; V4 preview: low|medium|high|max; V4.1: low|medium|high|xhigh|max or 1-100");
@@ -54,17 +57,19 @@ std::function<int()> add_render_command(CLI::App& app) {
       return 1;
     }
     std::shared_ptr<const recipe::Tokenizer> tokenizer;
-    if (options->ids) {
-      if (options->tokenizer.empty()) {
-        std::cerr << "deepinfer render: --ids needs --tokenizer DIR\n";
-        return 1;
-      }
+    if (options->ids && options->tokenizer.empty()) {
+      std::cerr << "deepinfer render: --ids needs --tokenizer DIR\n";
+      return 1;
+    }
+    recipe::RenderOptions render_options;
+    if (!options->tokenizer.empty()) {
       Result<std::shared_ptr<const recipe::Tokenizer>> loaded = recipe::Tokenizer::load(options->tokenizer);
       if (!loaded.ok()) {
         std::cerr << "deepinfer render: " << loaded.status().to_string() << "\n";
         return 1;
       }
       tokenizer = std::move(loaded).value();
+      render_options = recipe::render_options_for(*tokenizer);
     }
     // Renders one request; the output line is the prompt text (JSON string with --jsonl) or its ids.
     auto render_one = [&](std::string_view input, const std::string& where) -> bool {
@@ -77,7 +82,7 @@ std::function<int()> add_render_command(CLI::App& app) {
       if (options->reasoning_effort) conversation->options.reasoning_effort = options->reasoning_effort;
       if (options->no_generation_prompt) conversation->options.add_generation_prompt = false;
       conversation->options.v4_revision = *revision;
-      Result<recipe::RenderedPrompt> prompt = recipe::render_prompt(*conversation, *format);
+      Result<recipe::RenderedPrompt> prompt = recipe::render_prompt(*conversation, *format, render_options);
       if (!prompt.ok()) {
         std::cerr << "deepinfer render: " << where << prompt.status().message() << "\n";
         return false;

@@ -132,9 +132,8 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
   add_turn_marker_stops(context, plan.params);
-  recipe::StreamParserOptions options;
-  options.starts_in_reasoning = prompt_opens_reasoning(*prompt);
-  options.tools_enabled = !conversation->tools.empty();
+  // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).
+  recipe::StreamParserOptions options = recipe::stream_parser_options(*conversation, *prompt);
   plan.dialect = Dialect::kOpenAI;
   plan.prompt_token_ids = std::move(prompt->token_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),

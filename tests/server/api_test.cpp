@@ -440,6 +440,43 @@ TEST(ChatFormatRevisionTest, TheCheckpointNamesItsChatFormat) {
   fs::remove_all(dir);
 }
 
+// A DSML format (issue 16): tool_choice required / named prefill the tool-call block of the prompt the server
+// generates from (the parser then starts inside it, recipe::stream_parser_options); a forced tool call with
+// thinking and json_object without the word "json" are 400s naming their field.
+TEST(DsmlFormatTest, AForcedToolChoicePrefillsTheToolCallBlockAndRefusalsNameTheirField) {
+  TestServerOptions options;
+  options.config.chat_format = recipe::PromptFormat::kDeepSeekV4;
+  std::unique_ptr<Server> server = start_server(options);
+  TestClient c(server->port());
+  const std::string tools = R"(, "tools": [{"type": "function", "function": {"name": "get_weather",
+                                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+  const std::string opener = "<｜Assistant｜></think>\n\n<｜DSML｜tool_calls>\n";
+  for (const std::string choice : {R"("required")", R"({"type": "function", "function": {"name": "get_weather"}})"}) {
+    const std::string body = chat(tools + R"(, "tool_choice": )" + choice);
+    HttpResponse tokens = c.post("/tokenize", body);
+    ASSERT_EQ(tokens.status, 200) << tokens.body;
+    const json::value listed = tokens.json();
+    std::vector<recipe::TokenId> ids;
+    for (const json::value& id : listed.at("tokens").as_array()) ids.push_back(id.to_number<recipe::TokenId>());
+    EXPECT_TRUE(tokenizer()->decode(ids).ends_with(opener)) << tokenizer()->decode(ids);
+    HttpResponse response = c.post("/v1/chat/completions", body);
+    ASSERT_EQ(response.status, 200) << response.body;
+    EXPECT_EQ(response.json().at("usage").at("prompt_tokens").as_int64(), static_cast<int64_t>(ids.size()));
+  }
+  HttpResponse thinking =
+      c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "required", "thinking": true)"));
+  EXPECT_EQ(thinking.status, 400);
+  EXPECT_EQ(thinking.json().at("error").at("param"), "tool_choice");
+  HttpResponse json_object = c.post("/v1/chat/completions", chat(R"(, "response_format": {"type": "json_object"})"));
+  EXPECT_EQ(json_object.status, 400);
+  EXPECT_EQ(json_object.json().at("error").at("param"), "response_format");
+  EXPECT_NE(json_object.body.find("needs the word"), std::string::npos) << json_object.body;
+  const std::string asks_for_json =
+      R"({"model": "default", "messages": [{"role": "user", "content": "Reply in JSON."}], "max_tokens": 4,
+          "response_format": {"type": "json_object"}})";
+  EXPECT_EQ(c.post("/v1/chat/completions", asks_for_json).status, 200);
+}
+
 TEST(ChatFormatRevisionTest, TheCheckpointsEncoderNamesTheRevision) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("deepinfer-revision-" + std::to_string(getpid()));

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <cctype>
 #include <chrono>
@@ -33,6 +34,13 @@ constexpr std::string_view kEos = "<｜end▁of▁sentence｜>";
 std::shared_ptr<const Tokenizer> deepseek_v3_tokenizer() {
   static Result<std::shared_ptr<const Tokenizer>> tokenizer = Tokenizer::load(deepinfer::testing::tokenizer_path());
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().to_string() << " (run scripts/setup.sh to fetch the tokenizer)";
+  return tokenizer.ok() ? *tokenizer : nullptr;
+}
+
+// DeepSeek-V3's tokenizer plus V4's added tokens, `｜DSML｜` (128825), `<think>` and `</think>` among them.
+std::shared_ptr<const Tokenizer> v4_tokenizer() {
+  static Result<std::shared_ptr<const Tokenizer>> tokenizer = Tokenizer::load(deepinfer::testing::v4_tokenizer_path());
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().to_string() << " (build the v4_tokenizer target)";
   return tokenizer.ok() ? *tokenizer : nullptr;
 }
 
@@ -164,8 +172,8 @@ Outcome collect(const StreamParser& parser, const std::vector<StreamEvent>& even
 
 // Non-streaming use of the streaming parser: push every token, then finish().
 Outcome run_parser(PromptFormat format, StreamParserOptions options, const std::vector<TokenId>& ids,
-                   std::string* violation = nullptr) {
-  StreamParser parser(format, deepseek_v3_tokenizer(), options);
+                   std::string* violation = nullptr, std::shared_ptr<const Tokenizer> tokenizer = nullptr) {
+  StreamParser parser(format, tokenizer != nullptr ? std::move(tokenizer) : deepseek_v3_tokenizer(), options);
   std::vector<StreamEvent> events;
   for (TokenId id : ids) parser.push(id, events);
   parser.finish(events);
@@ -206,6 +214,12 @@ std::ostream& operator<<(std::ostream& out, const Case& c) { return out << c.nam
 StreamParserOptions thinking() { return {.starts_in_reasoning = true, .tools_enabled = true}; }
 StreamParserOptions chat() { return {.starts_in_reasoning = false, .tools_enabled = true}; }
 StreamParserOptions no_tools(bool reasoning) { return {.starts_in_reasoning = reasoning, .tools_enabled = false}; }
+// After a prompt that prefilled the tool-call block's opener (tool_choice required or named).
+StreamParserOptions prefilled(bool tools = true) { return {.tools_enabled = tools, .starts_in_tool_calls = true}; }
+// A request for JSON output (response_format).
+StreamParserOptions json_output(bool reasoning) {
+  return {.starts_in_reasoning = reasoning, .tools_enabled = true, .json_output = true};
+}
 
 // The tool calls used in rendered outputs, with their arguments as Python's json.dumps prints them (which is
 // also what the DSML reference parser's decode_dsml_to_arguments rebuilds).
@@ -663,9 +677,106 @@ std::vector<Case> dsml_cases() {
   return cases;
 }
 
-std::vector<Case> all_cases() {
+// tool_choice required / named: the prompt ends with the block's opener ("\n\n<｜DSML｜BLOCK>\n"), the model
+// writes the calls from there.
+std::vector<Case> prefilled_cases() {
+  using P = PromptFormat;
+  std::vector<Case> cases;
+  for (P format : {P::kDeepSeekV32, P::kDeepSeekV4, P::kDeepSeekV41}) {
+    std::string f(format_name(format));
+    const bool v41 = format == P::kDeepSeekV41;
+    const std::string block = format == P::kDeepSeekV32  ? "function_calls"
+                              : format == P::kDeepSeekV4 ? "tool_calls"
+                                                         : " calls";
+    const std::string parameter = v41 ? " parameter" : "parameter";
+    const std::string one_block =
+        dsml_block(block, v41 ? " invoke" : "invoke",
+                   "<｜DSML｜" + parameter + " name=\"city\" string=\"true\">Paris</｜DSML｜" + parameter + ">");
+    const std::string opener = "\n\n<｜DSML｜" + block + ">\n";
+    EXPECT_TRUE(one_block.starts_with(opener)) << f;
+    const std::string calls = one_block.substr(opener.size());
+    cases.push_back({f + "_prefilled_block_one_call", format, prefilled(), calls, true, "", "", expected_one_call(), 0});
+    if (format != P::kDeepSeekV4) continue;  // the rest does not depend on the block's name
+    std::string three =
+        rendered_turn(format, false, assistant_message("", three_calls()), "<｜Assistant｜></think>");
+    EXPECT_TRUE(three.starts_with(opener)) << f;
+    cases.push_back({f + "_prefilled_block_three_calls", format, prefilled(), three.substr(opener.size()), true, "", "",
+                     expected_three_calls(), 0});
+    cases.push_back(
+        {f + "_prefilled_block_repeated_opener", format, prefilled(), one_block, true, "", "", expected_one_call(), 0});
+    cases.push_back(
+        {f + "_prefilled_block_no_call", format, prefilled(), "Sorry, I cannot.", true, "", "Sorry, I cannot.", {}, 1});
+    cases.push_back({f + "_prefilled_block_nothing", format, prefilled(), "", true, "", "", {}, 1});
+    // A committed call stays; the markup after it is content from the model's first unrepresented byte.
+    cases.push_back({f + "_prefilled_block_breaks_mid_call", format, prefilled(),
+                     calls.substr(0, calls.find('\n') + 1) + "<oops>", true, "", "\n<oops>",
+                     {{"get_weather", "{", "{}"}}, 1});
+    cases.push_back(
+        {f + "_prefilled_block_without_tools_is_content", format, prefilled(false), calls, true, "", calls, {}, 0});
+  }
+  return cases;
+}
+
+// JSON output (response_format): only the JSON text is content, as deepseek-recipe's parse_json_output finds it.
+std::vector<Case> json_cases() {
+  using P = PromptFormat;
+  const std::string call =
+      dsml_block("tool_calls", "invoke", "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>");
+  return {
+      {"json_fenced",
+       P::kDeepSeekV4,
+       json_output(false),
+       "Here:\n```json\n{\"a\": [1, 2]}\n```\nDone.",
+       true,
+       "",
+       "{\"a\": [1, 2]}",
+       {},
+       0},
+      {"json_plain_fence", P::kDeepSeekV4, json_output(false), "```\n[1]\n```", true, "", "[1]", {}, 0},
+      {"json_raw_object",
+       P::kDeepSeekV4,
+       json_output(false),
+       "{\"a\": \"x```\"}",
+       true,
+       "",
+       "{\"a\": \"x```\"}",
+       {},
+       0},
+      {"json_after_prose",
+       P::kDeepSeekV41,
+       json_output(false),
+       "Sure: [1, {\"b\": null}]",
+       true,
+       "",
+       "[1, {\"b\": null}]",
+       {},
+       0},
+      {"json_none", P::kDeepSeekV32, json_output(false), "No JSON here.", true, "", "", {}, 0},
+      {"json_after_reasoning",
+       P::kDeepSeekV4,
+       json_output(true),
+       "Think {x}.</think>\n```json\n{}\n```",
+       true,
+       "Think {x}.",
+       "{}",
+       {},
+       0},
+      {"json_tool_call_outside_json", P::kDeepSeekV4, json_output(false), "x" + call, true, "", "", expected_one_call(),
+       0},
+  };
+}
+
+// The table, one test per case.
+std::vector<Case> table_cases() {
   std::vector<Case> cases = v3_cases();
   for (std::vector<Case> more : {v31_cases(), dsml_cases()}) cases.insert(cases.end(), more.begin(), more.end());
+  return cases;
+}
+
+// Everything, for the mutation test.
+std::vector<Case> all_cases() {
+  std::vector<Case> cases = table_cases();
+  for (std::vector<Case> more : {prefilled_cases(), json_cases()}) cases.insert(cases.end(), more.begin(), more.end());
   return cases;
 }
 
@@ -689,12 +800,9 @@ std::vector<TokenId> with_eos(std::vector<TokenId> ids, bool eos) {
   return ids;
 }
 
-class StreamParserCaseTest : public ::testing::TestWithParam<Case> {};
-
 // The reference tokenization: the text tokenized trusted (markers that are tokens become their ids), fed one
 // token at a time, gives exactly the message the grammar says.
-TEST_P(StreamParserCaseTest, ParsesToTheExpectedMessage) {
-  const Case& c = GetParam();
+void expect_parses_to_the_expected_message(const Case& c) {
   auto tokenizer = deepseek_v3_tokenizer();
   ASSERT_NE(tokenizer, nullptr);
   std::string violation;
@@ -705,8 +813,7 @@ TEST_P(StreamParserCaseTest, ParsesToTheExpectedMessage) {
 }
 
 // The same text under other tokenizations gives the same message and the same concatenated deltas.
-TEST_P(StreamParserCaseTest, EveryTokenizationGivesTheSameResult) {
-  const Case& c = GetParam();
+void expect_every_tokenization_gives_the_same_result(const Case& c) {
   auto tokenizer = deepseek_v3_tokenizer();
   ASSERT_NE(tokenizer, nullptr);
   const Outcome expected = expected_outcome(c);
@@ -742,7 +849,29 @@ TEST_P(StreamParserCaseTest, EveryTokenizationGivesTheSameResult) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, StreamParserCaseTest, ::testing::ValuesIn(all_cases()),
+// V4's tokenizer has `｜DSML｜`, `<think>` and `</think>` as added tokens: an output as that tokenizer writes it
+// (every DSML tag's marker one id) parses exactly as its text does.
+void expect_v4_token_ids_parse_as_the_text(const Case& c) {
+  auto tokenizer = v4_tokenizer();
+  ASSERT_NE(tokenizer, nullptr);
+  const std::vector<TokenId> ids = tokenizer->encode(c.output, TextTrust::kTrusted);
+  const TokenId dsml = *tokenizer->added_token_id("｜DSML｜");
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), dsml) > 0, c.output.find("｜DSML｜") != std::string::npos);
+  std::string violation;
+  EXPECT_EQ(run_parser(c.format, c.options, with_eos(ids, c.eos), &violation, tokenizer), expected_outcome(c))
+      << "output: " << json_quoted(c.output);
+  EXPECT_EQ(violation, "");
+}
+
+class StreamParserCaseTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StreamParserCaseTest, ParsesToTheExpectedMessage) { expect_parses_to_the_expected_message(GetParam()); }
+
+TEST_P(StreamParserCaseTest, EveryTokenizationGivesTheSameResult) {
+  expect_every_tokenization_gives_the_same_result(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, StreamParserCaseTest, ::testing::ValuesIn(table_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string name = info.param.name;
                            for (char& ch : name) {
@@ -750,6 +879,31 @@ INSTANTIATE_TEST_SUITE_P(Formats, StreamParserCaseTest, ::testing::ValuesIn(all_
                            }
                            return name;
                          });
+
+// Issue 16's cases run in one process each (one tokenizer load, not one per case): CI time.
+void expect_all(const std::vector<Case>& cases, bool v4_ids) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    expect_parses_to_the_expected_message(c);
+    expect_every_tokenization_gives_the_same_result(c);
+    if (v4_ids) expect_v4_token_ids_parse_as_the_text(c);
+  }
+}
+
+// tool_choice required / named prefill the tool-call block's opener: the parser starts inside the block.
+TEST(StreamParserTest, APrefilledToolCallBlockParsesFromTheModelsFirstByte) { expect_all(prefilled_cases(), true); }
+
+// response_format json_object / json_schema: content is the JSON text only.
+TEST(StreamParserTest, JsonOutputKeepsOnlyTheJsonText) { expect_all(json_cases(), true); }
+
+// Every DSML case of the table as V4's tokenizer writes it (｜DSML｜ as 128825, <think> and </think> as ids)
+// parses exactly as its text does (issue 16).
+TEST(StreamParserTest, DsmlOutputsAsV4TokenIdsParseAsTheirText) {
+  for (const Case& c : dsml_cases()) {
+    SCOPED_TRACE(c.name);
+    expect_v4_token_ids_parse_as_the_text(c);
+  }
+}
 
 // Mutated outputs: every case of the table with random pieces of markup inserted, bytes deleted or the text
 // cut short. Whatever the text, every tokenization gives the same result and a well-formed event stream.

@@ -35,4 +35,9 @@ inline boost::json::value read_json(const std::string& relative) { return boost:
 // The DeepSeek-V3 tokenizer fetched by scripts/setup.sh.
 inline std::string tokenizer_path() { return source_path("models/deepseek-v3/tokenizer.json"); }
 
+// DeepSeek-V3's tokenizer with DeepSeek-V4's added tokens (<think> 128821, </think> 128822, ｜DSML｜ 128825,
+// <｜latest_reminder｜> 128828), written into the build directory by tools/make_v4_tokenizer.py (CMake target
+// v4_tokenizer, a dependency of recipe_tests).
+inline std::string v4_tokenizer_path() { return DEEPINFER_V4_TOKENIZER_DIR "/tokenizer.json"; }
+
 }  // namespace deepinfer::testing

@@ -84,8 +84,9 @@ struct ConversationOptions {
 };
 
 // What the request asked of the tools: OpenAI "auto" / "required" / a named function, Anthropic "auto" / "any" /
-// "tool" ("none" drops the tools instead). A format that cannot honour required or named refuses it when
-// rendering (renderer.h).
+// "tool" ("none" drops the tools instead). The DSML formats honour required and named by prefilling the
+// tool-call block (named: with only that function described); the others refuse them when rendering
+// (renderer.h).
 struct ToolChoice {
   enum class Mode { kAuto, kRequired, kNamed };
   Mode mode = Mode::kAuto;

@@ -14,12 +14,29 @@
 //   deepseek-v4    V4 reference encoder (encoding_dsv4.py): tool results merged into user turns
 //   deepseek-v4.1  V4.1 reference encoder (encoding_dsv41.py): `<｜System｜>`, numeric effort, images
 //
-// The plain-text marker rule (one rule, shared with the output parser): a format whose structure uses
-// markers that are *text* rather than tokens (DSML tags, `<function_results>`/`<result>`, `<tool_result>`,
-// `<｜deepseek_image｜>`) rejects any request text that contains one of its markers, with an
-// InvalidArgument naming the message, the field and the marker. Nothing is escaped or silently altered.
-// Formats whose markers are all tokens (V3, R1, V3.1) reject nothing: the untrusted tokenization already
-// makes such text harmless.
+// The plain-text marker rule. The DSML formats write their tool-call
+// markup `<｜DSML｜…>` with the `｜DSML｜` marker as a control segment, so it carries its own id where the
+// tokenizer has it as an added token (DeepSeek-V4's and V4.1's: 128825), while request text, tokenized
+// untrusted, never does. With such a tokenizer (RenderOptions::dsml_token) request text may contain anything,
+// marker text included (`｜DSML｜`, `<tool_result>`, `<function_results>`, `<｜deepseek_image｜>`): it is
+// ordinary text, as DeepSeek's API and deepseek-recipe accept it. (`<tool_result>` and the V3.2 result tags are
+// text in the format itself, as in DeepSeek's encoders; the tool-call markup, which the parser acts on, is the
+// part the token sets apart.) With a tokenizer that lacks the token (V3's, V3.2's: the markup is plain text to
+// the model) a format rejects request text that contains one of its markers, with an InvalidArgument naming
+// the message, the field and the marker, since the model could not tell it from the prompt's structure.
+// Nothing is escaped or silently altered. Formats whose markers are all tokens (V3, R1, V3.1) reject nothing:
+// the untrusted tokenization already makes such text harmless.
+//
+// tool_choice (Conversation::tool_choice) on the DSML formats, as deepseek-recipe does it: "required" (Anthropic
+// "any") prefills the tool-call block's opener after the generation prompt (`\n\n<｜DSML｜tool_calls>\n`; V3.2
+// `function_calls`, V4.1 ` calls`), so the model's output starts inside the block (RenderedPrompt::
+// opens_tool_calls; the parser then starts there, stream_parser_options()). A named function (Anthropic
+// "tool") does the same with only that function's definition in the prompt. Both are refused with thinking on
+// (the block would open where the reasoning starts) and on V3, R1 and V3.1, whose templates do not describe
+// tools. A JSON response_format (json_object, json_schema) is printed as a "## Response Format" section of the
+// system prompt on V3.2 and later; json_object needs the word "json" in some message's content (OpenAI's and
+// deepseek-recipe's rule: the model must be asked for JSON), and the parser keeps only the JSON text
+// (StreamParserOptions::json_output).
 #pragma once
 
 #include <memory>
@@ -54,12 +71,24 @@ struct RenderedPrompt {
   std::vector<PromptSegment> segments;
   std::string text;
   std::vector<TokenId> token_ids;
+  // The generation prompt ends with a prefilled tool-call block opener (tool_choice required or named, see
+  // above): the model's output starts inside the block (StreamParserOptions::starts_in_tool_calls).
+  bool opens_tool_calls = false;
 };
 
-// Renders `conversation` in `format`. Thread-safe (pure). Errors (InvalidArgument) for conversations the
-// format cannot express: a tool result with no matching call, an invalid reasoning effort, images in a
-// format without vision, plain-text markers in request text (see above).
-Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format);
+// What rendering needs to know of the tokenizer the prompt is for (render_options_for() reads it off one).
+struct RenderOptions {
+  // The tokenizer has `｜DSML｜` as an added token: marker text in requests is then ordinary text on the DSML
+  // formats, not an error (the marker rule above). The default assumes a tokenizer without it.
+  bool dsml_token = false;
+};
+RenderOptions render_options_for(const Tokenizer& tokenizer);
+
+// Renders `conversation` in `format` for a tokenizer described by `options`. Thread-safe (pure). Errors
+// (InvalidArgument) for conversations the format cannot express: a tool result with no matching call, an
+// invalid reasoning effort, images in a format without vision, plain-text markers in request text without
+// the DSML token, a tool_choice or response_format the format cannot honour (see above).
+Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format, RenderOptions options = {});
 
 // Fills `prompt.token_ids`: control segments as their added-token ids where the tokenizer has them, and
 // each maximal run of other text tokenized untrusted as one string (so ids equal the reference
@@ -71,7 +100,7 @@ Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFor
 void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache = nullptr,
                      TokenizationCache::PendingInserts* pending = nullptr);
 
-// render_prompt + tokenize_prompt.
+// render_prompt (with render_options_for(tokenizer)) + tokenize_prompt.
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
                                            const Tokenizer& tokenizer, TokenizationCache* cache = nullptr,
                                            TokenizationCache::PendingInserts* pending = nullptr);

@@ -9,7 +9,11 @@
 //   deepseek-v3.1: [reasoning </think>] content [<｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
 //     <｜tool▁call▁end｜>)+<｜tool▁calls▁end｜>]
 //   deepseek-v3.2 / v4 / v4.1: [reasoning </think>] content [\n\n<｜DSML｜function_calls|tool_calls| calls> blocks of
-//     invoke/parameter tags (DSML text, not tokens)]; V4 may open its tool-call block before </think>.
+//     invoke/parameter tags]; V4 may open its tool-call block before </think>. `｜DSML｜` is one added token in
+//     V4's and V4.1's tokenizers (id 128825) and text in V3.2's; either way it decodes to the same text.
+// After a prompt that prefilled a tool-call block's opener (tool_choice required or named:
+// options.starts_in_tool_calls), the output starts inside the block, before its first call; the opener written
+// again there (whitespace aside) is dropped, as a repeated <think> is.
 // The end-of-sequence token ends the message and is not content; other tokens flagged `special` in the
 // tokenizer (BOS, padding, placeholders) are skipped, as vLLM's default skip_special_tokens does.
 // Turn markers (turn_marker_ids(): `<｜User｜>`, `<｜Assistant｜>`, and V4.1's `<｜System｜>`, V4's
@@ -17,18 +21,20 @@
 // turn that is not its own, so the marker and anything after it never reach the client (the server also
 // stops generation there: they are stop tokens of every chat request; finish reason "stop").
 //
-// Markers are matched on the decoded text, whether the model wrote them as one added token or as several
-// ordinary pieces, so the result depends only on the text (plus the end-of-sequence id), never on how it was
-// tokenized. Reasoning: when options.starts_in_reasoning (always for deepseek-r1), text up to </think> is
-// reasoning and a leading repeated <think> is dropped; otherwise an output that begins with <think> opens a
-// reasoning block, and a leading </think> closes an empty one. Any later <think> / </think> in content is
+// Markers are matched on the decoded text, whether the model wrote them as one added token (`<think>`,
+// `</think>`, `｜DSML｜`, the V3 tool tokens) or as several ordinary pieces, so the result depends only on the
+// text (plus the end-of-sequence id), never on how it was tokenized. Reasoning: when
+// options.starts_in_reasoning (always for deepseek-r1), text up to </think> is reasoning and a leading repeated
+// <think> is dropped; otherwise an output that begins with <think> opens a reasoning block, and a leading
+// </think> closes an empty one. Any later <think> / </think> in content is
 // content. With tools enabled, a tool-call block opener inside reasoning ends the reasoning (V4 does this).
 // The whitespace-tolerant grammar: whitespace is allowed between tags and around attributes; V3 and V3.1
 // read each other's call syntax (they share their tokens); "\n\n" before a DSML block belongs to the markup.
 //
 // Malformed tool markup (the one documented fallback rule): markup that cannot be parsed as a tool call is
 // emitted as content, verbatim, and counted in malformed_tool_calls(); a tool call whose arguments are not a
-// JSON object after parsing is handled the same way. Nothing is silently dropped. Precisely, with streaming:
+// JSON object after parsing is handled the same way. Nothing is silently dropped (but see JSON output).
+// Precisely, with streaming:
 //   - A call commits when its header is complete: for V3/R1/V3.1 the name is read and the arguments start
 //     with '{'; for DSML the `invoke name="NAME">` tag is read. kToolCallBegin is emitted then, not before.
 //   - When markup breaks (a byte the grammar does not allow, a duplicate parameter, a string="false" value
@@ -41,6 +47,14 @@
 //     values are held until their closing tag), and its `arguments` is that text parsed when it is a
 //     complete object, else empty.
 //   - The end of output right after a complete call (the block's closing marker missing) is not malformed.
+//   - After a prefilled opener (starts_in_tool_calls) the opener is the prompt's, not output: markup that breaks
+//     is emitted from the model's first byte on, and an output with no call at all counts as malformed.
+//
+// JSON output (options.json_output, for a request's JSON response_format), as deepseek-recipe's
+// parse_json_output: in content, the JSON text starts at the first fence "```json\n" or "```\n" (dropped) or
+// at the first '{' or '[' (kept), and runs to the next "\n```" (dropped); content before and after it is
+// dropped (deepseek-recipe turns each such piece into one space, a count that depends on how the output was
+// chunked). Tool-call blocks are still recognised outside the JSON text; reasoning is unaffected.
 //
 // Not thread-safe: one parser per generated sequence. O(total output length).
 #pragma once
@@ -64,7 +78,18 @@ struct StreamParserOptions {
   bool starts_in_reasoning = false;
   // Tool calls are recognised only when the request offered tools (else their markup is content).
   bool tools_enabled = true;
+  // The prompt ends with a prefilled tool-call block opener (RenderedPrompt::opens_tool_calls): output starts
+  // inside the block, before its first call. Only with tools_enabled; takes precedence over
+  // starts_in_reasoning.
+  bool starts_in_tool_calls = false;
+  // Content keeps only the JSON text (see the file comment): the request asked for a JSON response_format.
+  bool json_output = false;
 };
+
+// The options for parsing the answer to `conversation` rendered as `prompt` (render_prompt): starts_in_reasoning
+// when the prompt opened <think> (prompt_opens_reasoning), starts_in_tool_calls when it prefilled a tool-call
+// block, tools_enabled when the request offered tools, json_output when it asked for JSON.
+StreamParserOptions stream_parser_options(const Conversation& conversation, const RenderedPrompt& prompt);
 
 // One delta of the stream, in order. Concatenating all kReasoning texts gives the final reasoning, all
 // kContent texts the final content, and for each tool-call index all kToolArguments fragments its

@@ -2,9 +2,11 @@
 // prompt format. Markers are matched on the decoded text; the end-of-sequence token by id only.
 //
 // States (Impl::State): kStart decides a leading <think> / </think>; kReasoning and kContent emit text while
-// holding back any suffix that may begin a marker (find_marker); the tool-block states consume markup into
-// raw_ until an event represents it, and stream tool events; kPlainContent is terminal (after malformed
-// markup everything is content). The fallback rule and its commit points are spelled out in the header.
+// holding back any suffix that may begin a marker (find_marker); with JSON output, content is kJsonLead,
+// kJson and kJsonDone instead (only kJson's text is emitted); the tool-block states consume markup into raw_
+// until an event represents it, and stream tool events; kPlainContent is terminal (after malformed markup
+// everything is content). A prefilled tool-call block opener starts the machine in kBetweenCalls. The
+// fallback rule and its commit points are spelled out in the header.
 // Every byte is examined a bounded number of times (held-back tails are shorter than the longest marker),
 // so a message costs O(length).
 #include "deepinfer/recipe/stream_parser.h"
@@ -34,6 +36,10 @@ constexpr std::string_view kToolCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kToolSep = "<｜tool▁sep｜>";
 constexpr std::string_view kDsmlOpen = "<｜DSML｜";
 constexpr std::string_view kDsmlClose = "</｜DSML｜";
+// JSON output (deepseek-recipe's parse_json_output): where the JSON text starts and ends.
+constexpr std::string_view kJsonFence = "```json\n";
+constexpr std::string_view kFence = "```\n";
+constexpr std::string_view kJsonEnd = "\n```";
 
 // Longest function name or parameter key accepted; a longer one is malformed markup (and bounds what a
 // broken header can make us hold).
@@ -114,6 +120,10 @@ struct StreamParser::Impl {
     kReasoning,     // text is reasoning until </think> (or a tool-call block opener)
     kContent,       // text is content until a tool-call block opener
     kPlainContent,  // terminal: everything is content (after malformed markup)
+    // Content with JSON output: text before the JSON text and after it is dropped.
+    kJsonLead,  // until a fence, '{' or '[' (or a tool-call block opener)
+    kJson,      // the JSON text, emitted, until "\n```"
+    kJsonDone,  // after it (a tool-call block opener is still recognised)
     // Tool-call blocks. V3/R1 and V3.1: the block opener <｜tool▁calls▁begin｜> has been consumed. Both
     // families read both call syntaxes (they share their tokens): after <｜tool▁call▁begin｜>, text up to
     // <｜tool▁sep｜> is V3's type "function" (then NAME "\n" and a fenced object) or V3.1's NAME (then the
@@ -203,10 +213,11 @@ struct StreamParser::Impl {
   // DSML tag texts for this format.
   std::string block_open_, block_open_after_blank_, block_close_;
   std::string invoke_open_, invoke_close_, param_open_, param_close_;
-  // Markers that end kReasoning / kContent.
-  std::vector<std::string_view> reasoning_markers_, content_markers_;
+  // Markers that end kReasoning / kContent / kJsonLead.
+  std::vector<std::string_view> reasoning_markers_, content_markers_, json_lead_markers_;
 
   State state_ = State::kStart;
+  State content_state_ = State::kContent;  // where content goes on: kContent, or kJsonLead / kJsonDone
   std::string buffer_;  // decoded text not yet consumed starts at position_
   size_t position_ = 0;
   std::string raw_;      // consumed markup not yet represented by an event
@@ -215,6 +226,7 @@ struct StreamParser::Impl {
 
   // Tool-call block state.
   int32_t calls_in_block_ = 0;
+  bool opener_may_repeat_ = false;  // started inside a prefilled block: the model may write its opener again
   bool call_open_ = false;
   bool fence_seen_ = false;
   std::string name_;
@@ -268,6 +280,16 @@ StreamParser::Impl::Impl(PromptFormat format, std::shared_ptr<const Tokenizer> t
     // A tool-call block opened inside reasoning ends the reasoning (V4 does this; harmless elsewhere).
     reasoning_markers_.insert(reasoning_markers_.end(), content_markers_.begin(), content_markers_.end());
   }
+  if (options_.json_output) {
+    content_state_ = State::kJsonLead;
+    json_lead_markers_ = content_markers_;
+    json_lead_markers_.insert(json_lead_markers_.end(), {kJsonFence, kFence, "{", "["});
+  }
+  if (options_.starts_in_tool_calls && options_.tools_enabled) {
+    // The prompt prefilled the block's opener (and V3.2+'s '>'): the output continues inside the block.
+    state_ = State::kBetweenCalls;
+    opener_may_repeat_ = true;
+  }
 }
 
 void StreamParser::Impl::push(TokenId token, std::vector<StreamEvent>& events) {
@@ -309,6 +331,9 @@ void StreamParser::Impl::end_of_output() {
     case State::kReasoning:
     case State::kContent:
     case State::kPlainContent:
+    case State::kJsonLead:
+    case State::kJson:
+    case State::kJsonDone:
       break;  // run() emitted everything
     case State::kBetweenCalls:
       // Output ended after a complete call, without the block's closing marker: the calls stand.
@@ -339,6 +364,9 @@ bool StreamParser::Impl::step() {
     case State::kReasoning:
     case State::kContent:
     case State::kPlainContent:
+    case State::kJsonLead:
+    case State::kJson:
+    case State::kJsonDone:
       return step_text();
     case State::kBetweenCalls:
       return step_between_calls();
@@ -384,14 +412,14 @@ bool StreamParser::Impl::step_start() {
   for (size_t i = 0; i < count; ++i) {
     if (text.starts_with(candidates[i])) {
       position_ += candidates[i].size();
-      state_ = i == 0 ? State::kReasoning : State::kContent;
+      state_ = i == 0 ? State::kReasoning : content_state_;
       return true;
     }
   }
   for (size_t i = 0; i < count; ++i) {
     if (!at_end_ && candidates[i].starts_with(text)) return false;  // may still become one
   }
-  state_ = starts_in_reasoning_ ? State::kReasoning : State::kContent;
+  state_ = starts_in_reasoning_ ? State::kReasoning : content_state_;
   return true;
 }
 
@@ -403,18 +431,35 @@ bool StreamParser::Impl::step_text() {
     position_ = buffer_.size();
     return false;
   }
+  static constexpr std::array<std::string_view, 1> kJsonEndMarker = {kJsonEnd};
   const bool reasoning = state_ == State::kReasoning;
   const auto kind = reasoning ? StreamEvent::Kind::kReasoning : StreamEvent::Kind::kContent;
-  const std::vector<std::string_view>& markers = reasoning ? reasoning_markers_ : content_markers_;
+  std::span<const std::string_view> markers = content_markers_;
+  if (reasoning) {
+    markers = reasoning_markers_;
+  } else if (state_ == State::kJsonLead) {
+    markers = json_lead_markers_;
+  } else if (state_ == State::kJson) {
+    markers = kJsonEndMarker;
+  }
   size_t safe = 0;
   std::optional<MarkerMatch> match = find_marker(text, markers, at_end_, safe);
-  emit_text(kind, text.substr(0, safe));
+  // Text around the JSON text is dropped (JSON output).
+  if (state_ != State::kJsonLead && state_ != State::kJsonDone) emit_text(kind, text.substr(0, safe));
   position_ += safe;
   if (!match) return false;
   std::string_view marker = markers[match->index];
-  if (marker == kThinkEnd) {
+  if (marker == kThinkEnd && reasoning) {
     position_ += marker.size();
-    state_ = State::kContent;
+    state_ = content_state_;
+  } else if (marker == "{" || marker == "[") {
+    state_ = State::kJson;  // the bracket is the JSON text's first byte
+  } else if (marker == kJsonFence || marker == kFence) {
+    position_ += marker.size();
+    state_ = State::kJson;
+  } else if (marker == kJsonEnd) {
+    position_ += marker.size();
+    state_ = content_state_ = State::kJsonDone;
   } else {
     start_block(marker);
   }
@@ -432,7 +477,7 @@ void StreamParser::Impl::start_block(std::string_view opener) {
 
 void StreamParser::Impl::end_block() {
   raw_.clear();
-  state_ = State::kContent;
+  state_ = content_state_;
 }
 
 void StreamParser::Impl::malformed() {
@@ -488,12 +533,22 @@ StreamParser::Impl::Expect StreamParser::Impl::read_name(char terminator, std::s
 bool StreamParser::Impl::step_between_calls() {
   skip_whitespace();
   size_t which = 0;
-  Expect result =
-      dsml_ ? expect({invoke_open_, block_close_}, &which) : expect({kToolCallBegin, kToolCallsEnd}, &which);
+  Expect result = Expect::kMismatch;
+  if (!opener_may_repeat_) {
+    result = dsml_ ? expect({invoke_open_, block_close_}, &which) : expect({kToolCallBegin, kToolCallsEnd}, &which);
+  } else {
+    result = dsml_ ? expect({invoke_open_, block_close_, block_open_}, &which)
+                   : expect({kToolCallBegin, kToolCallsEnd, kToolCallsBegin}, &which);
+  }
   if (result == Expect::kNeedMore) return false;
+  opener_may_repeat_ = false;
   if (result == Expect::kMismatch) {
     malformed();
     return false;
+  }
+  if (which == 2) {  // the prefilled opener, written again by the model: dropped
+    if (dsml_) state_ = State::kDsmlBlockGt;
+    return true;
   }
   if (which == 1) {  // the block's closing marker
     if (calls_in_block_ == 0) {
@@ -935,6 +990,15 @@ void StreamParser::push(TokenId token, std::vector<StreamEvent>& events) { impl_
 void StreamParser::finish(std::vector<StreamEvent>& events) { impl_->finish(events); }
 const ParsedMessage& StreamParser::result() const { return impl_->message_; }
 int32_t StreamParser::malformed_tool_calls() const { return impl_->malformed_; }
+
+StreamParserOptions stream_parser_options(const Conversation& conversation, const RenderedPrompt& prompt) {
+  StreamParserOptions options;
+  options.tools_enabled = !conversation.tools.empty();
+  options.starts_in_reasoning = prompt_opens_reasoning(prompt);
+  options.starts_in_tool_calls = prompt.opens_tool_calls;
+  options.json_output = conversation.options.response_format.has_value();
+  return options;
+}
 
 std::vector<TokenId> turn_marker_ids(const Tokenizer& tokenizer, PromptFormat format) {
   std::vector<std::string_view> markers = {"<\uFF5CUser\uFF5C>", "<\uFF5CAssistant\uFF5C>"};

@@ -46,6 +46,8 @@ inline constexpr std::string_view kToolOutputsBegin = "<｜tool▁outputs▁begi
 inline constexpr std::string_view kToolOutputsEnd = "<｜tool▁outputs▁end｜>";
 inline constexpr std::string_view kToolOutputBegin = "<｜tool▁output▁begin｜>";
 inline constexpr std::string_view kToolOutputEnd = "<｜tool▁output▁end｜>";
+// The marker of every DSML tag (`<｜DSML｜tool_calls>`): one added token in V4's and V4.1's tokenizers.
+inline constexpr std::string_view kDsml = "｜DSML｜";
 
 // The system prompt the V3 / R1 / V3.1 templates put right after BOS: every system message's text joined
 // with "\n\n", or only the last one (R1).
@@ -56,6 +58,6 @@ std::string hoisted_system_prompt(const Conversation& conversation, bool last_on
 Result<RenderedPrompt> render_v3(const Conversation& conversation);
 Result<RenderedPrompt> render_r1(const Conversation& conversation);
 Result<RenderedPrompt> render_v31(const Conversation& conversation);
-Result<RenderedPrompt> render_dsml(const Conversation& conversation, PromptFormat format);
+Result<RenderedPrompt> render_dsml(const Conversation& conversation, PromptFormat format, RenderOptions options);
 
 }  // namespace deepinfer::recipe

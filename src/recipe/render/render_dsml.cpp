@@ -7,8 +7,11 @@
 //         `reasoning_effort: max` adds a preamble.
 //   V4.1: V4 with leading-space DSML names, `<｜System｜>`, numeric reasoning effort and image placeholders.
 // Tools (and response_format) are attached to the first message when it is a system message, else to a
-// synthetic empty system message put in front (what the goldens and vLLM do).
+// synthetic empty system message put in front (what the goldens and vLLM do). Every `｜DSML｜` the template
+// writes is a control segment (one added token in V4's tokenizers); tool_choice required or named prefills
+// the tool-call block after the generation prompt, as deepseek-recipe does (renderer.h).
 #include <algorithm>
+#include <array>
 #include <map>
 #include <string>
 
@@ -138,20 +141,22 @@ struct Turn {
 
 std::string path_of(size_t index) { return "messages[" + std::to_string(index) + "]"; }
 
-// The plain-text marker rule: request text may not contain the format's text markers.
+// The plain-text marker rule (renderer.h): without the DSML token, request text may not contain the format's
+// text markers.
 Status check_markers(std::string_view text, const Dialect& dialect, const std::string& where) {
   for (std::string_view marker : dialect.plain_text_markers) {
     if (text.find(marker) != std::string_view::npos) {
       return Status::invalid_argument(where + " contains '" + std::string(marker) + "', which " +
                                       std::string(format_name(dialect.format)) +
-                                      " writes as plain text to mark its structure; request text may not "
-                                      "contain it");
+                                      " writes as plain text to mark its structure; with a tokenizer that has no "
+                                      "'｜DSML｜' token (DeepSeek-V4's has one) request text may not contain it, "
+                                      "since the model could not tell it from the prompt's own markup");
     }
   }
   return Status();
 }
 
-Status check_conversation(const Conversation& conversation, const Dialect& dialect) {
+Status check_conversation(const Conversation& conversation, const Dialect& dialect, RenderOptions options) {
   for (size_t i = 0; i < conversation.messages.size(); ++i) {
     const Message& message = conversation.messages[i];
     std::string path = path_of(i);
@@ -160,8 +165,10 @@ Status check_conversation(const Conversation& conversation, const Dialect& diale
         return Status::invalid_argument(path + ".content has an image; " + std::string(format_name(dialect.format)) +
                                         " has no image input (deepseek-v4.1 has)");
       }
+      if (options.dsml_token) continue;
       if (Status s = check_markers(part.text, dialect, path + ".content"); !s.ok()) return s;
     }
+    if (options.dsml_token) continue;
     if (message.reasoning_content) {
       if (Status s = check_markers(*message.reasoning_content, dialect, path + ".reasoning_content"); !s.ok()) return s;
     }
@@ -182,11 +189,11 @@ Status check_conversation(const Conversation& conversation, const Dialect& diale
 
 class DsmlRenderer {
  public:
-  DsmlRenderer(const Conversation& conversation, const Dialect& dialect)
-      : conversation_(conversation), dialect_(dialect), thinking_(conversation.options.thinking) {}
+  DsmlRenderer(const Conversation& conversation, const Dialect& dialect, RenderOptions options)
+      : conversation_(conversation), dialect_(dialect), options_(options), thinking_(conversation.options.thinking) {}
 
   Result<RenderedPrompt> render() {
-    if (Status s = check_conversation(conversation_, dialect_); !s.ok()) return s;
+    if (Status s = check_conversation(conversation_, dialect_, options_); !s.ok()) return s;
     if (Status s = resolve_effort(); !s.ok()) return s;
     build_turns();
     if (dialect_.merges_tool_results) sort_tool_results();
@@ -200,7 +207,17 @@ class DsmlRenderer {
     for (size_t i = 0; i < turns_.size(); ++i) {
       if (Status s = render_turn(i); !s.ok()) return s;
     }
-    return std::move(out_).finish();
+    // tool_choice required or named: the answer starts inside the tool-call block (check_capabilities refused
+    // it with thinking on).
+    const bool prefill = answer_opened_ && conversation_.tool_choice.mode != ToolChoice::Mode::kAuto;
+    if (prefill) {
+      out_.fixed("\n\n<");
+      out_.control(kDsml);
+      out_.fixed(std::string(dialect_.block) + ">\n");
+    }
+    RenderedPrompt prompt = std::move(out_).finish();
+    prompt.opens_tool_calls = prefill;
+    return prompt;
   }
 
  private:
@@ -362,10 +379,15 @@ class DsmlRenderer {
         replace_all(tools_text, "{I}", dialect_.invoke);
         replace_all(tools_text, "{P}", dialect_.parameter);
       }
-      fixed_with_think_markers(tools_text);
-      for (size_t i = 0; i < conversation_.tools.size(); ++i) {
-        if (i > 0) out_.fixed("\n");
-        out_.content(python_json(conversation_.tools[i].function));
+      fixed_with_markers(tools_text);
+      // A named tool_choice shows the model only that function, as deepseek-recipe does.
+      const ToolChoice& choice = conversation_.tool_choice;
+      bool first = true;
+      for (const ToolDefinition& tool : conversation_.tools) {
+        if (choice.mode == ToolChoice::Mode::kNamed && tool.name != choice.name) continue;
+        if (!first) out_.fixed("\n");
+        first = false;
+        out_.content(python_json(tool.function));
       }
       out_.fixed(v32 ? kV32ToolsEnd : kV4ToolsEnd);
     }
@@ -376,48 +398,68 @@ class DsmlRenderer {
     }
   }
 
-  // Template text that mentions <think> / </think>: those are control tokens in the tokenizers that have
-  // them, exactly as when the reference tokenizes the whole rendered string.
-  void fixed_with_think_markers(std::string_view text) {
+  // Template text that mentions <think>, </think> or ｜DSML｜: those are control tokens in the tokenizers that
+  // have them, exactly as when the reference tokenizes the whole rendered string.
+  void fixed_with_markers(std::string_view text) {
+    static constexpr std::array<std::string_view, 3> kMarkers = {kThinkStart, kThinkEnd, kDsml};
     while (!text.empty()) {
-      size_t start = text.find(kThinkStart);
-      size_t end = text.find(kThinkEnd);
-      size_t at = std::min(start, end);
+      size_t at = std::string_view::npos;
+      std::string_view marker;
+      for (std::string_view candidate : kMarkers) {
+        size_t position = text.find(candidate);
+        if (position < at) {
+          at = position;
+          marker = candidate;
+        }
+      }
       if (at == std::string_view::npos) {
         out_.fixed(text);
         return;
       }
-      std::string_view marker = at == start ? kThinkStart : kThinkEnd;
       out_.fixed(text.substr(0, at));
       out_.control(marker);
       text.remove_prefix(at + marker.size());
     }
   }
 
+  // One DSML tag: `<｜DSML｜NAME` (`</｜DSML｜NAME` when closing), the marker a control segment.
+  void dsml_tag(bool closing, std::string_view name) {
+    out_.fixed(closing ? "</" : "<");
+    out_.control(kDsml);
+    out_.fixed(name);
+  }
+
   void put_tool_calls(const Message& message) {
     if (message.tool_calls.empty()) return;
-    std::string open = "<｜DSML｜";
-    std::string close = "</｜DSML｜";
-    out_.fixed("\n\n" + open + std::string(dialect_.block) + ">\n");
+    out_.fixed("\n\n");
+    dsml_tag(false, dialect_.block);
+    out_.fixed(">\n");
     for (size_t c = 0; c < message.tool_calls.size(); ++c) {
       const ToolCall& call = message.tool_calls[c];
       if (c > 0) out_.fixed("\n");
-      out_.fixed(open + std::string(dialect_.invoke) + " name=\"");
+      dsml_tag(false, dialect_.invoke);
+      out_.fixed(" name=\"");
       out_.content(call.name);
       out_.fixed("\">\n");
       bool first = true;
       for (const auto& [key, value] : call.arguments) {
         if (!first) out_.fixed("\n");
         first = false;
-        out_.fixed(open + std::string(dialect_.parameter) + " name=\"");
+        dsml_tag(false, dialect_.parameter);
+        out_.fixed(" name=\"");
         out_.content(key);
         out_.fixed(value.is_string() ? "\" string=\"true\">" : "\" string=\"false\">");
         out_.content(value.is_string() ? std::string(value.get_string()) : python_json(value));
-        out_.fixed(close + std::string(dialect_.parameter) + ">");
+        dsml_tag(true, dialect_.parameter);
+        out_.fixed(">");
       }
-      out_.fixed("\n" + close + std::string(dialect_.invoke) + ">");
+      out_.fixed("\n");
+      dsml_tag(true, dialect_.invoke);
+      out_.fixed(">");
     }
-    out_.fixed("\n" + close + std::string(dialect_.block) + ">");
+    out_.fixed("\n");
+    dsml_tag(true, dialect_.block);
+    out_.fixed(">");
   }
 
   void put_assistant(const Turn& turn, size_t index) {
@@ -456,6 +498,7 @@ class DsmlRenderer {
         out_.control(kAssistant);
         put_think_opener(i == last_user_ && thinking_);
         if (last && !conversation_.options.add_generation_prompt) out_.truncate(mark);
+        answer_opened_ = last && conversation_.options.add_generation_prompt;
         return Status();
       }
       case Role::kTool: {
@@ -482,6 +525,7 @@ class DsmlRenderer {
           out_.fixed("\n\n");
           put_think_opener(thinking_ && (last_user_ == kNone || i >= last_user_));
           if (last && !conversation_.options.add_generation_prompt) out_.truncate(mark);
+          answer_opened_ = last && conversation_.options.add_generation_prompt;
         }
         return Status();
       }
@@ -542,6 +586,7 @@ class DsmlRenderer {
     if (last && !conversation_.options.add_generation_prompt) return Status();
     out_.control(kAssistant);
     put_think_opener(thinking_ && (!drop_thinking_ || i >= last_user_));
+    answer_opened_ = last;
     return Status();
   }
 
@@ -556,7 +601,9 @@ class DsmlRenderer {
   static constexpr size_t kNone = static_cast<size_t>(-1);
   const Conversation& conversation_;
   const Dialect& dialect_;
+  const RenderOptions options_;
   const bool thinking_;
+  bool answer_opened_ = false;  // the prompt ends with the generation prompt (the answer's opener)
   bool drop_thinking_ = true;
   std::string_view effort_preamble_;  // V4: the effort preamble of message 0 in thinking mode, or empty
   int effort_budget_ = 0;
@@ -567,8 +614,8 @@ class DsmlRenderer {
 
 }  // namespace
 
-Result<RenderedPrompt> render_dsml(const Conversation& conversation, PromptFormat format) {
-  return DsmlRenderer(conversation, dialect_of(format)).render();
+Result<RenderedPrompt> render_dsml(const Conversation& conversation, PromptFormat format, RenderOptions options) {
+  return DsmlRenderer(conversation, dialect_of(format), options).render();
 }
 
 }  // namespace deepinfer::recipe

@@ -2,6 +2,7 @@
 // run of text is tokenized untrusted as one string.
 #include "deepinfer/recipe/renderer.h"
 
+#include <algorithm>
 #include <array>
 
 #include "prompt_builder.h"
@@ -39,6 +40,23 @@ Result<PromptFormat> parse_format(std::string_view name) {
 std::span<const PromptFormat> all_formats() { return kFormats; }
 
 namespace {
+// A message's content has "json" in some case (OpenAI's and deepseek-recipe's json_object rule: any message's
+// content, ASCII case-insensitive; reasoning and tool-call arguments do not count).
+bool asks_for_json(const Conversation& conversation) {
+  for (const Message& message : conversation.messages) {
+    for (const ContentPart& part : message.content) {
+      if (part.kind != ContentPart::Kind::kText || part.text.size() < 4) continue;
+      for (size_t i = 0; i + 4 <= part.text.size(); ++i) {
+        if ((part.text[i] | 0x20) == 'j' && (part.text[i + 1] | 0x20) == 's' && (part.text[i + 2] | 0x20) == 'o' &&
+            (part.text[i + 3] | 0x20) == 'n') {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 // What a request asks that the format cannot honour is refused here, for every dialect and Python alike:
 // never accepted and then dropped (renderer.h lists the rules).
 Status check_capabilities(const Conversation& conversation, PromptFormat format) {
@@ -74,18 +92,52 @@ Status check_capabilities(const Conversation& conversation, PromptFormat format)
     return Status::invalid_argument("reasoning_effort is not available with the " + name +
                                     " prompt format (deepseek-v4 and deepseek-v4.1 have it)");
   }
+  if (template_formats) return Status();
+  // The DSML formats honour tool_choice by prefilling the tool-call block (renderer.h).
+  const ToolChoice& choice = conversation.tool_choice;
+  if (choice.mode != ToolChoice::Mode::kAuto) {
+    const std::string what = choice.mode == ToolChoice::Mode::kRequired ? std::string("requiring a tool call")
+                                                                        : "naming the function '" + choice.name + "'";
+    if (conversation.tools.empty()) return Status::invalid_argument("tool_choice " + what + " needs tools");
+    const bool known = choice.mode == ToolChoice::Mode::kRequired ||
+                       std::any_of(conversation.tools.begin(), conversation.tools.end(),
+                                   [&](const ToolDefinition& tool) { return tool.name == choice.name; });
+    if (!known) {
+      return Status::invalid_argument("tool_choice names '" + choice.name + "', which is not one of the tools");
+    }
+    if (conversation.options.thinking) {
+      return Status::invalid_argument("tool_choice " + what + " cannot be combined with thinking on the " + name +
+                                      " prompt format (the prefilled tool-call block would open where the "
+                                      "reasoning starts; deepseek-recipe refuses it too): turn thinking off or use "
+                                      "\"auto\"");
+    }
+  }
+  if (const std::optional<boost::json::value>& format_value = conversation.options.response_format) {
+    const boost::json::object* object = format_value->if_object();
+    const boost::json::value* type = object != nullptr ? object->if_contains("type") : nullptr;
+    if (type != nullptr && type->is_string() && type->get_string() == "json_object" && !asks_for_json(conversation)) {
+      return Status::invalid_argument(
+          "response_format json_object needs the word \"json\" in some message (as "
+          "OpenAI's API and deepseek-recipe require: ask the model for JSON, or it may "
+          "not write any)");
+    }
+  }
   return Status();
 }
 }  // namespace
 
-Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format) {
+RenderOptions render_options_for(const Tokenizer& tokenizer) {
+  return RenderOptions{.dsml_token = tokenizer.added_token_id(kDsml).has_value()};
+}
+
+Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format, RenderOptions options) {
   if (conversation.messages.empty()) return Status::invalid_argument("messages must not be empty");
   if (Status s = check_capabilities(conversation, format); !s.ok()) return s;
   switch (format) {
     case PromptFormat::kDeepSeekV3: return render_v3(conversation);
     case PromptFormat::kDeepSeekR1: return render_r1(conversation);
     case PromptFormat::kDeepSeekV31: return render_v31(conversation);
-    default: return render_dsml(conversation, format);
+    default: return render_dsml(conversation, format, options);
   }
 }
 
@@ -131,7 +183,7 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, Tokeniz
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
                                            const Tokenizer& tokenizer, TokenizationCache* cache,
                                            TokenizationCache::PendingInserts* pending) {
-  Result<RenderedPrompt> prompt = render_prompt(conversation, format);
+  Result<RenderedPrompt> prompt = render_prompt(conversation, format, render_options_for(tokenizer));
   if (prompt.ok()) tokenize_prompt(tokenizer, *prompt, cache, pending);
   return prompt;
 }
