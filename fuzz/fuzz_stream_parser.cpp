@@ -27,6 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   StreamParserOptions options;
   options.starts_in_reasoning = (control & 0x10) != 0;
   options.tools_enabled = (control & 0x20) != 0;
+  options.starts_in_tool_calls = (control & 0x40) != 0;  // a prefilled tool-call block (tool_choice required)
+  options.json_output = (control & 0x08) != 0;           // response_format json_object
   std::vector<TokenId> ids;
   if ((control & 0x80) == 0) {
     tok->encode(std::string_view(reinterpret_cast<const char*>(data + 1), size - 1), TextTrust::kTrusted, ids);
