@@ -14,6 +14,7 @@
 
 #include "deepinfer/core/status.h"
 #include "deepinfer/recipe/renderer.h"
+#include "deepinfer/recipe/stream_parser.h"
 #include "deepinfer/recipe/tokenizer.h"
 
 namespace deepinfer::python {
@@ -59,9 +60,14 @@ py::object token_array(std::shared_ptr<const std::vector<recipe::TokenId>> ids);
 // Token ids as a Python list of ints (one pass, no intermediate objects).
 py::list token_list(std::span<const recipe::TokenId> ids);
 
-// A StreamOutputParser over `tokenizer` for `format` (parser_bindings.cpp).
+// A StreamOutputParser over `tokenizer` for `format` with `options` (parser_bindings.cpp).
 py::object new_stream_parser(std::shared_ptr<TokenizerHandle> tokenizer, recipe::PromptFormat format,
-                             bool starts_in_reasoning, bool tools_enabled);
+                             recipe::StreamParserOptions options);
+// The parser options a Python caller spelled out (StreamOutputParser, ResponseStream). Raises ValueError for
+// starts_in_tool_calls without tools: the parser would read the prefilled block as text (stream_parser.h), so
+// the option would be accepted and then ignored.
+recipe::StreamParserOptions parser_options(bool starts_in_reasoning, bool tools_enabled, bool starts_in_tool_calls,
+                                           bool json_output);
 // The OpenAI tool-call JSON ({"id", "type", "function": {"name", "arguments"}}) of a ToolCall object the
 // parser returned, or nullopt when `object` is not one (parser_bindings.cpp).
 std::optional<boost::json::object> tool_call_json(py::handle object);

@@ -30,8 +30,9 @@ struct PyRenderedInput {
   std::shared_ptr<const std::vector<TokenId>> ids;
   recipe::PromptFormat format = recipe::PromptFormat::kDeepSeekV3;
   std::shared_ptr<TokenizerHandle> tokenizer;
-  bool starts_in_reasoning = false;
-  bool tools_enabled = false;
+  // How to parse the answer to this prompt, as the server decides it (recipe::stream_parser_options): reasoning
+  // first, inside a prefilled tool-call block, tools recognised, JSON output.
+  recipe::StreamParserOptions parser_options;
   py::object token_list_cache;  // `token_ids`, built on first access
   py::object text_cache;
 };
@@ -138,12 +139,13 @@ std::unique_ptr<PyRenderedInput> render_for_engine(PyConversation& self, py::han
     recipe::ConversationOptions& options = self.conversation.options;
     const bool saved = options.add_generation_prompt;
     if (add_generation_prompt) options.add_generation_prompt = *add_generation_prompt;
+    // render_and_tokenize renders with render_options_for(tokenizer), as the server does: marker text in request
+    // text is ordinary text when the tokenizer has the ｜DSML｜ token, an error naming the field when it has not.
     prompt.emplace(recipe::render_and_tokenize(self.conversation, choice.format, *choice.tokenizer->tokenizer));
     options.add_generation_prompt = saved;
-    rendered->tools_enabled = !self.conversation.tools.empty();
+    if (prompt->ok()) rendered->parser_options = recipe::stream_parser_options(self.conversation, **prompt);
   }
   recipe::RenderedPrompt result = unwrap(std::move(*prompt));
-  rendered->starts_in_reasoning = recipe::prompt_opens_reasoning(result);
   rendered->text = std::move(result.text);
   rendered->ids = std::make_shared<const std::vector<TokenId>>(std::move(result.token_ids));
   rendered->format = choice.format;
@@ -182,19 +184,41 @@ void bind_conversation(py::module_& module) {
           "format", [](const PyRenderedInput& self) { return recipe::format_name(self.format); },
           "The prompt format it was rendered in (\"deepseek-v4.1\", ...).")
       .def_property_readonly(
-          "starts_in_reasoning", [](const PyRenderedInput& self) { return self.starts_in_reasoning; },
+          "starts_in_reasoning", [](const PyRenderedInput& self) { return self.parser_options.starts_in_reasoning; },
           "The prompt ends inside a reasoning block (it opened <think>): the output starts as "
           "reasoning.")
       .def_property_readonly(
-          "tools_enabled", [](const PyRenderedInput& self) { return self.tools_enabled; },
+          "tools_enabled", [](const PyRenderedInput& self) { return self.parser_options.tools_enabled; },
           "The conversation offered tools (so tool-call markup in the output is parsed).")
+      .def_property_readonly(
+          "starts_in_tool_calls", [](const PyRenderedInput& self) { return self.parser_options.starts_in_tool_calls; },
+          "The prompt ends with a prefilled tool-call block opener (tool_choice required or named on the DSML "
+          "formats): the output starts inside the block, before its first call.")
+      .def_property_readonly(
+          "json_output", [](const PyRenderedInput& self) { return self.parser_options.json_output; },
+          "The conversation asked for JSON (response_format): the answer's content is only its JSON text.")
+      .def_property_readonly(
+          "parser_options",
+          [](const PyRenderedInput& self) {
+            const recipe::StreamParserOptions& options = self.parser_options;
+            py::dict out;
+            out["starts_in_reasoning"] = options.starts_in_reasoning;
+            out["tools"] = options.tools_enabled;
+            out["starts_in_tool_calls"] = options.starts_in_tool_calls;
+            out["json_output"] = options.json_output;
+            return out;
+          },
+          "The parser options for this prompt's output as keyword arguments of StreamOutputParser and "
+          "ResponseStream: ResponseStream(dialect, ..., format=r.format, **r.parser_options).")
       .def(
           "stream_parser",
           [](const PyRenderedInput& self) {
-            return new_stream_parser(self.tokenizer, self.format, self.starts_in_reasoning, self.tools_enabled);
+            return new_stream_parser(self.tokenizer, self.format, self.parser_options);
           },
-          "A StreamOutputParser for this prompt's output: same tokenizer and format, starting in reasoning when "
-          "the prompt opened it, recognising tool calls only when tools were offered (what the server does).")
+          "A StreamOutputParser for this prompt's output with every option the server takes from the prompt "
+          "(recipe::stream_parser_options): same tokenizer and format, starting in reasoning when the prompt "
+          "opened it or inside the tool-call block when it prefilled one, recognising tool calls only when tools "
+          "were offered, keeping only the JSON text when JSON was asked for.")
       .def("__repr__", [](const PyRenderedInput& self) {
         return "RenderedInput(format='" + std::string(recipe::format_name(self.format)) +
                "', num_tokens=" + std::to_string(self.ids->size()) + ")";
@@ -327,14 +351,20 @@ void bind_conversation(py::module_& module) {
           "The requested JSON output format (response_format / text.format), or None.")
       .def(
           "render_text",
-          [](PyConversation& self, const std::string& format) {
+          [](PyConversation& self, const std::string& format, py::handle tokenizer) {
             recipe::PromptFormat parsed = unwrap(recipe::parse_format(format));
+            // The tokenizer the prompt is for decides the marker-text rule (renderer.h), as in render_for_engine.
+            recipe::RenderOptions render_options;
+            if (!tokenizer.is_none()) {
+              render_options =
+                  recipe::render_options_for(*resolve_model(tokenizer, py::str(format)).tokenizer->tokenizer);
+            }
             std::optional<Result<recipe::RenderedPrompt>> prompt;
             std::vector<std::string> images;
             {
               py::gil_scoped_release release;
               std::lock_guard lock(self.mu);
-              prompt.emplace(recipe::render_prompt(self.conversation, parsed));
+              prompt.emplace(recipe::render_prompt(self.conversation, parsed, render_options));
               for (const recipe::Message& message : self.conversation.messages) {
                 for (const recipe::ContentPart& part : message.content) {
                   if (part.kind == recipe::ContentPart::Kind::kImage) images.push_back(part.image_url);
@@ -345,9 +375,13 @@ void bind_conversation(py::module_& module) {
             const bool opens = recipe::prompt_opens_reasoning(result);
             return py::make_tuple(py::str(result.text.data(), result.text.size()), images, opens);
           },
-          py::arg("format"),
-          "(prompt text, image URLs in order, starts_in_reasoning) in `format`, with no tokenizer: what "
-          "deepseek-recipe's render_conversation returns. Raises ValueError as render_for_engine does.")
+          py::arg("format"), py::arg("tokenizer") = py::none(),
+          "(prompt text, image URLs in order, starts_in_reasoning) in `format`: what deepseek-recipe's "
+          "render_conversation returns. tokenizer (a Tokenizer, or a tokenizer_model as in render_for_engine): the "
+          "one the prompt is for; with one that has the ｜DSML｜ token (DeepSeek-V4's, V4.1's), marker text in "
+          "request text (｜DSML｜, <tool_result>, <｜deepseek_image｜>) is ordinary text; without it (None, or "
+          "DeepSeek-V3's, the one this package ships) the DSML formats refuse such text with a ValueError naming "
+          "the field. Raises ValueError as render_for_engine does.")
       .def(
           "set_reasoning_mode",
           [](PyConversation& self, bool enabled) {

@@ -116,11 +116,23 @@ py::str to_py(std::string_view text) { return py::str(text.data(), text.size());
 }  // namespace
 
 py::object new_stream_parser(std::shared_ptr<TokenizerHandle> tokenizer, recipe::PromptFormat format,
-                             bool starts_in_reasoning, bool tools_enabled) {
+                             recipe::StreamParserOptions options) {
+  return py::cast(std::make_unique<PyStreamParser>(std::move(tokenizer), format, options));
+}
+
+recipe::StreamParserOptions parser_options(bool starts_in_reasoning, bool tools_enabled, bool starts_in_tool_calls,
+                                           bool json_output) {
+  if (starts_in_tool_calls && !tools_enabled) {
+    throw py::value_error(
+        "starts_in_tool_calls (the prompt prefilled the tool-call block) needs tools=True: "
+        "without tools the parser reads tool-call markup as text");
+  }
   recipe::StreamParserOptions options;
   options.starts_in_reasoning = starts_in_reasoning;
   options.tools_enabled = tools_enabled;
-  return py::cast(std::make_unique<PyStreamParser>(std::move(tokenizer), format, options));
+  options.starts_in_tool_calls = starts_in_tool_calls;
+  options.json_output = json_output;
+  return options;
 }
 
 std::optional<json::object> tool_call_json(py::handle object) {
@@ -291,21 +303,25 @@ void bind_parser(py::module_& module) {
       module, "StreamOutputParser",
       "Incremental parser of a DeepSeek model's output token ids into reasoning, content and tool calls "
       "(C++ state machine per prompt format). One per generated sequence; not thread-safe.\n\n"
-      "StreamOutputParser(tokenizer_model=None, *, format=None, starts_in_reasoning=None, tools=True): "
-      "tokenizer_model and format resolve as in Conversation.render_for_engine. starts_in_reasoning: the prompt "
-      "ended inside a reasoning block (thinking mode); None means only for deepseek-r1, whose prompt always "
-      "opens it. Output that itself begins with <think> opens reasoning either way. tools: recognise tool-call "
-      "markup (else it is content). RenderedInput.stream_parser() sets all of these from the prompt.")
-      .def(py::init(
-               [](py::handle tokenizer_model, py::handle format, std::optional<bool> starts_in_reasoning, bool tools) {
-                 ModelChoice choice = resolve_model(tokenizer_model, format);
-                 recipe::StreamParserOptions options;
-                 options.starts_in_reasoning = starts_in_reasoning.value_or(false);
-                 options.tools_enabled = tools;
-                 return std::make_unique<PyStreamParser>(std::move(choice.tokenizer), choice.format, options);
-               }),
+      "StreamOutputParser(tokenizer_model=None, *, format=None, starts_in_reasoning=None, tools=True, "
+      "starts_in_tool_calls=False, json_output=False): tokenizer_model and format resolve as in "
+      "Conversation.render_for_engine. starts_in_reasoning: the prompt ended inside a reasoning block (thinking "
+      "mode); None means only for deepseek-r1, whose prompt always opens it. Output that itself begins with "
+      "<think> opens reasoning either way. tools: recognise tool-call markup (else it is content). "
+      "starts_in_tool_calls: the prompt prefilled the tool-call block's opener (tool_choice required or named on "
+      "the DSML formats), so the output starts inside the block; needs tools (else ValueError). json_output: the "
+      "request asked for JSON (response_format): content keeps only the JSON text. RenderedInput.stream_parser() "
+      "sets all of these from the prompt.")
+      .def(py::init([](py::handle tokenizer_model, py::handle format, std::optional<bool> starts_in_reasoning,
+                       bool tools, bool starts_in_tool_calls, bool json_output) {
+             recipe::StreamParserOptions options =
+                 parser_options(starts_in_reasoning.value_or(false), tools, starts_in_tool_calls, json_output);
+             ModelChoice choice = resolve_model(tokenizer_model, format);
+             return std::make_unique<PyStreamParser>(std::move(choice.tokenizer), choice.format, options);
+           }),
            py::arg("tokenizer_model") = py::none(), py::kw_only(), py::arg("format") = py::none(),
-           py::arg("starts_in_reasoning") = py::none(), py::arg("tools") = true)
+           py::arg("starts_in_reasoning") = py::none(), py::arg("tools") = true,
+           py::arg("starts_in_tool_calls") = false, py::arg("json_output") = false)
       .def(
           "step",
           [](PyStreamParser& self, TokenId token_id) {

@@ -142,16 +142,26 @@ void bind_response(py::module_& module) {
       "\"completions\", the detokenizer), the stop strings, then the dialect's chunks and body (the recipe's "
       "response builders). One per response; not thread-safe.\n\n"
       "ResponseStream(dialect, *, id, model, created=0, tokenizer_model=None, format=None, "
-      "starts_in_reasoning=False, tools=True, stop=None, include_usage=False, echo=None). dialect: "
+      "starts_in_reasoning=False, tools=True, starts_in_tool_calls=False, json_output=False, stop=None, "
+      "include_usage=False, echo=None). dialect: "
       "\"chat_completions\", \"completions\", \"messages\" or \"responses\". tokenizer_model and format resolve as "
       "in Conversation.render_for_engine (a Tokenizer object is accepted too); the parser options as in "
-      "StreamOutputParser. include_usage: Chat Completions' stream_options.include_usage. echo: the request "
+      "StreamOutputParser (RenderedInput.parser_options() gives them for a rendered prompt; \"completions\" has no "
+      "parser and refuses them). include_usage: Chat Completions' stream_options.include_usage. echo: the request "
       "fields a Responses response repeats (instructions, tools, ...).")
       .def(py::init([](const std::string& dialect, const std::string& id, const std::string& model, int64_t created,
                        py::handle tokenizer_model, py::handle format, bool starts_in_reasoning, bool tools,
-                       std::optional<std::vector<std::string>> stop, bool include_usage, py::handle echo) {
+                       bool starts_in_tool_calls, bool json_output, std::optional<std::vector<std::string>> stop,
+                       bool include_usage, py::handle echo) {
              auto self = std::make_unique<PyResponseStream>();
              self->dialect = parse_dialect(dialect);
+             const recipe::StreamParserOptions options =
+                 parser_options(starts_in_reasoning, tools, starts_in_tool_calls, json_output);
+             if (self->dialect == Dialect::kCompletions && (starts_in_tool_calls || json_output)) {
+               throw py::value_error(
+                   "\"completions\" returns the text as generated (no output parser): "
+                   "starts_in_tool_calls and json_output need a chat dialect");
+             }
              ModelChoice choice = resolve_model(tokenizer_model, format);
              self->tokenizer = choice.tokenizer;
              self->identity = {id, model, created};
@@ -166,9 +176,6 @@ void bind_response(py::module_& module) {
              if (self->dialect == Dialect::kCompletions) {
                self->output.emplace(self->tokenizer->tokenizer, std::move(stops));
              } else {
-               recipe::StreamParserOptions options;
-               options.starts_in_reasoning = starts_in_reasoning;
-               options.tools_enabled = tools;
                self->output.emplace(recipe::StreamParser(choice.format, self->tokenizer->tokenizer, options),
                                     self->tokenizer->tokenizer, std::move(stops));
              }
@@ -176,8 +183,9 @@ void bind_response(py::module_& module) {
            }),
            py::arg("dialect"), py::kw_only(), py::arg("id"), py::arg("model"), py::arg("created") = 0,
            py::arg("tokenizer_model") = py::none(), py::arg("format") = py::none(),
-           py::arg("starts_in_reasoning") = false, py::arg("tools") = true, py::arg("stop") = py::none(),
-           py::arg("include_usage") = false, py::arg("echo") = py::none())
+           py::arg("starts_in_reasoning") = false, py::arg("tools") = true, py::arg("starts_in_tool_calls") = false,
+           py::arg("json_output") = false, py::arg("stop") = py::none(), py::arg("include_usage") = false,
+           py::arg("echo") = py::none())
       .def(
           "start",
           [](PyResponseStream& self, int64_t prompt_tokens, int64_t cached_tokens) {

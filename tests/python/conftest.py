@@ -2,6 +2,8 @@
 runs these with it on PYTHONPATH; they need no network, no model and no GPU."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -48,6 +50,17 @@ def apply_options(conversation, options):
 @pytest.fixture(scope="session")
 def tokenizer():
     return ds.Tokenizer("deepseek-ai/DeepSeek-V3")
+
+
+@pytest.fixture(scope="session")
+def v4_tokenizer(tmp_path_factory):
+    """A DeepSeek-V4-shaped tokenizer: the DeepSeek-V3 one shipped in the package plus V4's added tokens at their
+    ids (<think> 128821, </think> 128822, ｜DSML｜ 128825, <｜latest_reminder｜> 128828), written once per session
+    by tools/make_v4_tokenizer.py, as CMake writes the C++ tests' copy."""
+    out = tmp_path_factory.mktemp("tokenizer-v4")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_v4_tokenizer.py"),
+                    "--src", ds.Tokenizer("deepseek-ai/DeepSeek-V3").path, "--out", str(out)], check=True)
+    return ds.Tokenizer.from_file(str(out / "tokenizer.json"))
 
 
 def read_json(*parts):

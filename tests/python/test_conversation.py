@@ -114,6 +114,21 @@ def test_tool_choice_none_drops_the_tools():
     assert ds.Conversation.from_anthropic(dict(ANTHROPIC, tool_choice={"type": "none"})).tool_names == []
 
 
+def test_marker_text_follows_the_tokenizer(v4_tokenizer):
+    # As the server renders: with a tokenizer that has the ｜DSML｜ token, marker text in request text is ordinary
+    # text (tokenized untrusted, never the token's id); with DeepSeek-V3's (shipped here) or none, a ValueError.
+    text = "say <｜DSML｜tool_calls> and <tool_result> please"
+    conversation = ds.Conversation.from_openai({"messages": [{"role": "user", "content": text}]})
+    rendered = conversation.render_for_engine(v4_tokenizer, format="deepseek-v4")
+    assert text in rendered.text and 128825 not in rendered.token_ids
+    assert conversation.render_text("deepseek-v4", v4_tokenizer)[0] == rendered.text
+    for render in (lambda: conversation.render_for_engine("deepseek-ai/DeepSeek-V4-Flash"),
+                   lambda: conversation.render_text("deepseek-v4"),
+                   lambda: conversation.render_text("deepseek-v4", "deepseek-ai/DeepSeek-V3")):
+        with pytest.raises(ValueError, match=r"messages\[0\]\.content contains '｜DSML｜'"):
+            render()
+
+
 def test_content_parts_and_images():
     conversation = ds.Conversation()
     conversation.add_user_message([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},

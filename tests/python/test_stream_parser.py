@@ -63,6 +63,13 @@ CASES = [
      "Plan: 🌸 東京 𝔘.</think>Hello 🌸 東京 𝔘!", "Plan: 🌸 東京 𝔘.", "Hello 🌸 東京 𝔘!", []),
     ("v31_tools_disabled_markup_is_content", "deepseek-ai/DeepSeek-V3.1", {"tools": False}, "Sure." + V31_CALL,
      "", "Sure." + V31_CALL, []),
+    # After a prompt that pre-filled the block's opener (tool_choice required or named): the output is the calls.
+    ("v4_starts_in_tool_calls", "deepseek-ai/DeepSeek-V4-Flash", {"starts_in_tool_calls": True},
+     dsml_call("tool_calls", "")[len("\n\n<｜DSML｜tool_calls>\n"):], "", "",
+     [("get_weather", {"city": "Paris", "days": 3})]),
+    # response_format: only the JSON text is content.
+    ("v41_json_output", "deepseek-ai/DeepSeek-V4.1-Flash", {"json_output": True, "starts_in_reasoning": True},
+     "Plan.</think>Sure:\n```json\n{\"a\": [1]}\n```\nDone.", "Plan.", "{\"a\": [1]}", []),
 ]
 
 
@@ -185,3 +192,42 @@ def test_rendered_input_builds_the_matching_parser(tokenizer):
     assert not rendered.starts_in_reasoning and rendered.tools_enabled
     _, content, calls, _ = run(rendered.stream_parser(), tokenizer.encode("Sure." + V31_CALL + EOS))
     assert content == "Sure." and [c.name for c in calls] == ["get_weather"]
+
+
+def test_rendered_input_carries_the_prefilled_block_and_json_output(tokenizer):
+    # render_for_engine's parser takes every option the server takes from the prompt (stream_parser_options).
+    conversation = ds.Conversation.from_openai({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}], "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})
+    rendered = conversation.render_for_engine("deepseek-ai/DeepSeek-V4-Flash")
+    assert rendered.text.endswith("\n\n<｜DSML｜tool_calls>\n")
+    assert rendered.parser_options == {"starts_in_reasoning": False, "tools": True, "starts_in_tool_calls": True,
+                                       "json_output": False}
+    output = dsml_call("tool_calls", "")[len("\n\n<｜DSML｜tool_calls>\n"):]
+    _, content, calls, _ = run(rendered.stream_parser(), tokenizer.encode(output + EOS))
+    assert (content, [c.name for c in calls]) == ("", ["get_weather"])
+    # The same options reach a ResponseStream through parser_options.
+    stream = ds.ResponseStream("chat_completions", id="id", model="m", tokenizer_model="deepseek-ai/DeepSeek-V4-Flash",
+                               **rendered.parser_options)
+    for token_id in tokenizer.encode(output + EOS):
+        stream.push_token(token_id)
+    stream.finish("stop")
+    assert stream.response()["choices"][0]["finish_reason"] == "tool_calls"
+
+    asked = ds.Conversation.from_openai({"messages": [{"role": "user", "content": "JSON, please."}],
+                                         "response_format": {"type": "json_object"}})
+    rendered = asked.render_for_engine("deepseek-ai/DeepSeek-V4.1-Flash")
+    assert rendered.json_output and not rendered.starts_in_tool_calls
+    _, content, _, _ = run(rendered.stream_parser(), tokenizer.encode("Sure: {\"a\": 1}" + EOS))
+    assert content == "{\"a\": 1}"
+
+
+def test_prefilled_block_without_tools_is_refused():
+    # The parser would read the block as text: the option would be accepted and then ignored.
+    with pytest.raises(ValueError, match="starts_in_tool_calls .* needs tools=True"):
+        ds.StreamOutputParser(format="deepseek-v4", tools=False, starts_in_tool_calls=True)
+    with pytest.raises(ValueError, match="starts_in_tool_calls .* needs tools=True"):
+        ds.ResponseStream("chat_completions", id="i", model="m", format="deepseek-v4", tools=False,
+                          starts_in_tool_calls=True)
+    with pytest.raises(ValueError, match="completions"):
+        ds.ResponseStream("completions", id="i", model="m", format="deepseek-v4", json_output=True)
