@@ -35,7 +35,10 @@ LATEST_REMINDER_SP_TOKEN = "<｜latest_reminder｜>"
 THINKING_START_TOKEN = "<think>"
 THINKING_END_TOKEN = "</think>"
 DSML_SP_TOKEN = "｜DSML｜"
-IMAGE_SPECIAL_TOKEN = "<｜deepseek_image｜>"  # the V4.1 renderer's image placeholder
+# The V4.1 image placeholder as DeepSeek's reference encoder (encoding_dsv41.py) writes it, and its id in the
+# V4.1 tokenizer; deepseek-recipe's constant is "<｜image｜>" (docs/deepseek-recipe-parity.md).
+IMAGE_SPECIAL_TOKEN = "<｜deepseek_image｜>"
+IMAGE_SPECIAL_TOKEN_ID = 129264
 
 DEFAULT_FORMAT = "deepseek-v4.1"
 
@@ -213,10 +216,11 @@ class ReasoningStage(enum.Enum):
 
 class ParsingOptions:
     """How the model's output is read. parse_tool_calls: recognise tool-call markup (else it is content).
+    tool_call_initial_stage: the prompt pre-filled the tool-call block's opener (tool_choice required or named), so
+    the output starts inside the block; takes precedence over reasoning_initial_stage and needs parse_tool_calls.
+    parse_json_output: the request asked for JSON (response_format): the answer keeps only its JSON text.
     reasoning_initial_stage: ReasoningStage.Start/Reasoning when the prompt opened <think>. stop_sequences: the
-    request's stop strings. format: the prompt format (this package's parser is per format).
-    tool_call_initial_stage (a prompt that pre-fills the tool-call block) and parse_json_output are accepted;
-    StreamProcessor refuses the first and ignores the second (the parity table says why)."""
+    request's stop strings. format: the prompt format (this package's parser is per format)."""
 
     def __init__(self, parse_tool_calls=True, tool_call_initial_stage=False, parse_json_output=False,
                  reasoning_initial_stage=None, stop_sequences=None, format=DEFAULT_FORMAT):
@@ -269,6 +273,11 @@ def _stop_list(body, key, dialect):
     raise ConversionError("%s must be a string or an array of strings" % key, dialect, key)
 
 
+def _named_tool(tool_choice):
+    """The function name of a named tool_choice as Conversation.tool_choice gives it."""
+    return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else tool_choice
+
+
 _PATH = re.compile(r"^([A-Za-z_][\w.\[\]]*)[: ]")
 
 
@@ -306,7 +315,8 @@ class _Request:
             conversation = self._parse(body)
         except ValueError as error:
             raise self._error(error) from None
-        if not self._says_thinking(body):
+        thinking_by_default = not self._says_thinking(body)
+        if thinking_by_default:
             conversation.set_reasoning_mode(options.default_thinking_mode)
         max_tokens = None
         for key in self._max_tokens_keys:
@@ -316,11 +326,23 @@ class _Request:
         stops = _stop_list(body, self._stop_key, self._dialect) if self._stop_key else []
         inference = InferenceOptions(_number(body, "temperature", self._dialect), _number(body, "top_p", self._dialect),
                                      max_tokens, stops)
-        response_format = conversation.response_format
+        # A forced tool_choice pre-fills the tool-call block after the generation prompt (the DSML formats; the
+        # others refuse it when rendering), so parsing starts inside the block: the options the server derives
+        # from the rendered prompt (recipe::stream_parser_options).
+        forced_tool_call = conversation.tool_choice != "auto"
+        if forced_tool_call and conversation.thinking_mode:
+            what = ("requiring a tool call" if conversation.tool_choice == "required" else
+                    "naming the function %r" % _named_tool(conversation.tool_choice))
+            remedy = ("disable thinking in the request, or convert with ConversionOptions(default_thinking_mode="
+                      "False) (the request does not say, and thinking is on by default)" if thinking_by_default else
+                      "disable thinking")
+            raise ConversionError(
+                "tool_choice %s cannot be combined with thinking: the prompt pre-fills the tool-call block where the "
+                "reasoning would start; %s, or use tool_choice \"auto\"" % (what, remedy), self._dialect, "tool_choice")
         parsing = ParsingOptions(
             parse_tool_calls=bool(conversation.tool_names),
-            tool_call_initial_stage=conversation.tool_choice != "auto",
-            parse_json_output=bool(response_format) and response_format.get("type") == "json_object",
+            tool_call_initial_stage=forced_tool_call,
+            parse_json_output=conversation.response_format is not None,
             reasoning_initial_stage=ReasoningStage.Start if conversation.thinking_mode else None,
             stop_sequences=stops,
             format=options.format)
@@ -455,7 +477,11 @@ class _Encoding:
         return type(self)(tokenizer)
 
     def render_conversation(self, conversation):
-        text, images, _ = conversation.render_text(self.format)
+        """The prompt text and image sources. With a tokenizer attached, marker text in request text (｜DSML｜,
+        <tool_result>, ...) is ordinary text when it has the ｜DSML｜ token (DeepSeek-V4's and V4.1's); without one,
+        or with one that lacks the token (the DeepSeek-V3 tokenizer this package ships), such text is a ValueError
+        naming the field, since that tokenizer could not tell it from the prompt's markup."""
+        text, images, _ = conversation.render_text(self.format, self._tokenizer)
         return RenderedPrompt(text, images)
 
     def encode(self, conversation):
@@ -602,9 +628,9 @@ class StreamProcessor:
     def __init__(self, generator, parsing_options, tokenizer=None):
         if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
             raise TypeError("tokenizer must be a deepseek_recipe.Tokenizer, got %s" % type(tokenizer).__name__)
-        if parsing_options.tool_call_initial_stage:
-            raise ValueError("tool_call_initial_stage (a prompt that pre-fills the tool-call block: tool_choice "
-                             "required or named) is not supported by this output parser yet")
+        if parsing_options.tool_call_initial_stage and not parsing_options.parse_tool_calls:
+            raise ValueError("tool_call_initial_stage (the prompt pre-filled the tool-call block) needs "
+                             "parse_tool_calls: without it the block's markup would be read as text")
         self._has_tokenizer = tokenizer is not None
         if tokenizer is None:
             tokenizer = _models.load_tokenizer("deepseek-ai/DeepSeek-V3")
@@ -614,7 +640,8 @@ class StreamProcessor:
             generator._dialect, id=generator.response_id, model=generator.model, created=generator.created,
             tokenizer_model=tokenizer, format=parsing_options.format,
             starts_in_reasoning=stage in (ReasoningStage.Start, ReasoningStage.Reasoning),
-            tools=parsing_options.parse_tool_calls, stop=parsing_options.stop_sequences,
+            tools=parsing_options.parse_tool_calls, starts_in_tool_calls=parsing_options.tool_call_initial_stage,
+            json_output=parsing_options.parse_json_output, stop=parsing_options.stop_sequences,
             include_usage=generator.include_usage, echo=generator.echo)
 
     def _wrap(self, chunks):

@@ -2,7 +2,8 @@
 check (deepseek-recipe-python/tests/test_bindings.py, server-py/tests/test_smoke.py, deepseek-recipe/tests/
 stream_tool_calls.rs), ported to this module, and the places where we deliberately differ, each pinned by a test
 named after the difference (docs/deepseek-recipe-parity.md has the table). Their tokenizer fixture is V4.1's;
-ours is the DeepSeek-V3 tokenizer `make setup` fetches (text round-trips the same; only marker ids differ)."""
+ours is the DeepSeek-V3 tokenizer `make setup` fetches (text round-trips the same; only marker ids differ), and for
+the ｜DSML｜ token conftest's v4_tokenizer (V3's plus V4's added tokens at their ids, tools/make_v4_tokenizer.py)."""
 import json
 
 import pytest
@@ -448,13 +449,27 @@ def test_difference_text_after_the_tool_call_block_is_content():
     assert (content, [c["function"]["name"] for c in calls], finish) == ("Hi. trailing", ["f"], "tool_calls")
 
 
-def test_difference_json_output_is_not_unfenced():
-    # response_format json_object: deepseek-recipe's parse_json_output cuts the answer to the JSON (fences and the
-    # text around it become spaces); we render the instruction and return the answer as written.
-    request = {**REQUEST, "response_format": {"type": "json_object"}}
+def test_json_object_output_keeps_only_the_json():
+    # response_format json_object: parse_json_output, as deepseek-recipe's state machine reads it: the answer is the
+    # JSON text, from a fence ("```json\n" or "```\n", dropped) or the first "{" or "[", to the next "\n```".
+    request = {**REQUEST, "messages": [{"role": "user", "content": "Answer in JSON."}],
+               "response_format": {"type": "json_object"}}
     assert ChatCompletionRequest(request).convert().parsing_options.parse_json_output
+    assert not ChatCompletionRequest(REQUEST).convert().parsing_options.parse_json_output
+    responses = {"input": "Answer in JSON.", "text": {"format": {"type": "json_object"}}}
+    assert ResponsesRequest(responses).convert().parsing_options.parse_json_output
     answer = "Sure: ```json\n{\"a\": 1}\n``` done"
-    assert chat_text("Plan.</think>" + answer, request=request)[1] == answer
+    assert chat_text("Plan.</think>" + answer, request=request)[:2] == ("Plan.", "{\"a\": 1}")
+    assert chat_text("Plan.</think>Here: [1, {\"b\": 2}]", request=request)[1] == "[1, {\"b\": 2}]"
+    _, body = run_chat([InferenceChunk.text(c) for c in "Plan.</think>" + answer], request)  # any chunking
+    assert body["choices"][0]["message"]["content"] == "{\"a\": 1}"
+
+
+def test_difference_json_output_drops_the_text_around_the_json():
+    # deepseek-recipe turns each piece of text around the JSON into one space (how many depends on how the output
+    # was chunked); we drop it, so the content is the JSON text alone however it arrives.
+    request = {**REQUEST, "messages": [{"role": "user", "content": "json"}], "response_format": {"type": "json_object"}}
+    assert chat_text("Plan.</think>Here it is: {\"a\": 1}", request=request)[1] == "{\"a\": 1}"
 
 
 def test_partial_marker_at_the_end_is_text():
@@ -463,12 +478,44 @@ def test_partial_marker_at_the_end_is_text():
     assert chat_text("Plan </thi")[:2] == ("Plan </thi", "")
 
 
-@pytest.mark.xfail(reason="the DSML formats refuse marker text in request text until issue 16 item 1 (renderers) "
-                          "lands; then this passes", raises=ValueError, strict=False)
-def test_marker_text_in_user_content_is_ordinary_text():
-    for text in ("say <｜DSML｜ calls> please", "a <tool_result> b", "img <｜deepseek_image｜> x"):
-        converted = ChatCompletionRequest({"messages": [{"role": "user", "content": text}]}).convert()
-        assert text in DeepseekV41Encoding().render_conversation(converted.conversation).prompt
+MARKER_TEXTS = ("say <｜DSML｜ calls> please", "a <tool_result> b", "img <｜deepseek_image｜> x")
+DSML_ID = 128825  # ｜DSML｜ in DeepSeek-V4's and V4.1's tokenizers (and the v4_tokenizer fixture)
+
+
+@pytest.mark.parametrize("encoding", [DeepseekV41Encoding, ds.DeepseekV4Encoding])
+def test_marker_text_in_user_content_is_ordinary_text(encoding, v4_tokenizer):
+    # With a tokenizer that has ｜DSML｜ as a token (V4's, V4.1's), marker text in request text is ordinary text,
+    # tokenized untrusted: the prompt's ｜DSML｜ ids are only its own markup's (deepseek-recipe 0.2 accepts it too).
+    history = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with_token = encoding().with_tokenizer(v4_tokenizer)
+    for text in MARKER_TEXTS:
+        messages = [{"role": "user", "content": "hi"}, *history, {"role": "user", "content": text}]
+        converted = ChatCompletionRequest({"messages": messages, "tools": tools}).convert()
+        prompt = with_token.render_conversation(converted.conversation).prompt
+        assert text in prompt
+        ids = with_token.encode(converted.conversation)
+        assert ids.count(DSML_ID) == prompt.count("｜DSML｜") - text.count("｜DSML｜") > 0
+
+
+def test_marker_text_needs_a_tokenizer_with_the_dsml_token():
+    # With DeepSeek-V3's tokenizer (the one this package ships), or none, the model could not tell marker text from
+    # the prompt's markup: a ValueError naming the field, never text silently altered.
+    v3 = Tokenizer.from_file(TOKENIZER_FILE)
+    converted = ChatCompletionRequest({"messages": [{"role": "user", "content": MARKER_TEXTS[0]}]}).convert()
+    for encoding in (DeepseekV41Encoding(), DeepseekV41Encoding().with_tokenizer(v3)):
+        with pytest.raises(ValueError, match=r"messages\[0\]\.content contains '｜DSML｜'.*no '｜DSML｜' token"):
+            encoding.render_conversation(converted.conversation)
+    with pytest.raises(ValueError, match="no '｜DSML｜' token"):
+        DeepseekV41Encoding().with_tokenizer(v3).encode(converted.conversation)
+
+
+def test_image_placeholder_is_the_reference_encoders():
+    # encoding_dsv41.py writes <｜deepseek_image｜> (id 129264 in V4.1's tokenizer); deepseek-recipe's constant is
+    # <｜image｜>. Ours names the reference's, so IMAGE_SPECIAL_TOKEN is what the prompt holds.
+    assert (ds.IMAGE_SPECIAL_TOKEN, ds.IMAGE_SPECIAL_TOKEN_ID) == ("<｜deepseek_image｜>", 129264)
 
 
 def test_v4_encoding_renders_deepseek_v4():
@@ -480,12 +527,81 @@ def test_v4_encoding_renders_deepseek_v4():
     assert converted.parsing_options.format == "deepseek-v4"
 
 
-def test_difference_prefilled_tool_block_not_supported_yet():
-    options = ParsingOptions(tool_call_initial_stage=True)
-    generator = ChatCompletionRequest.chunk_generator(
-        ChatCompletionRequest(REQUEST).convert(ConversionOptions()), "id", "model")
-    with pytest.raises(ValueError, match="tool_call_initial_stage"):
-        StreamProcessor(generator, options)
+# ---- tool_choice required / named: the tool-call block is pre-filled, parsing starts inside it --------------------
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+FORCED = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS,
+          "thinking": {"type": "disabled"}}
+OPENERS = {"deepseek-v4": "\n\n<｜DSML｜tool_calls>\n", "deepseek-v4.1": "\n\n<｜DSML｜ calls>\n"}
+ENCODINGS = {"deepseek-v4": ds.DeepseekV4Encoding, "deepseek-v4.1": DeepseekV41Encoding}
+
+
+def forced_call(fmt, name):
+    """What the model writes after the pre-filled opener: one call, then the block's end."""
+    p, block = (" ", " calls") if fmt == "deepseek-v4.1" else ("", "tool_calls")
+    return (f"<｜DSML｜{p}invoke name=\"{name}\">\n<｜DSML｜{p}parameter name=\"city\" string=\"true\">Paris"
+            f"</｜DSML｜{p}parameter>\n</｜DSML｜{p}invoke>\n</｜DSML｜{block}>")
+
+
+@pytest.mark.parametrize("fmt", sorted(OPENERS))
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}],
+                         ids=["required", "named"])
+def test_forced_tool_choice_prefills_the_block_and_parsing_starts_inside_it(fmt, tool_choice):
+    request = {**FORCED, "tool_choice": tool_choice}
+    options = ConversionOptions(format=fmt)
+    converted = ChatCompletionRequest(request).convert(options)
+    parsing = converted.parsing_options
+    assert parsing.tool_call_initial_stage and parsing.parse_tool_calls and parsing.reasoning_initial_stage is None
+    prompt = ENCODINGS[fmt]().render_conversation(converted.conversation).prompt
+    assert prompt.endswith("<｜Assistant｜></think>" + OPENERS[fmt])
+    name = "get_weather" if tool_choice == "required" else "get_time"
+    assert ("get_weather" in prompt) == (name == "get_weather")  # a named choice describes only that function
+    output = forced_call(fmt, name)
+    for pieces in ([output], list(output)):
+        _, body = run_chat([InferenceChunk.text(piece) for piece in pieces], request, options=options)
+        choice = body["choices"][0]
+        assert (choice["finish_reason"], choice["message"]["content"]) == ("tool_calls", None)
+        (call,) = choice["message"]["tool_calls"]
+        assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (name, {"city": "Paris"})
+
+
+def test_forced_tool_choice_in_messages_gives_a_tool_use_block():
+    body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "get_weather"}, "thinking": {"type": "disabled"}}
+
+    def infer(prompt):
+        assert prompt.endswith(OPENERS["deepseek-v4.1"])
+        yield InferenceChunk.text(forced_call("deepseek-v4.1", "get_weather"))
+
+    out = serve("messages", body, infer)
+    (block,) = out["content"]
+    assert (block["type"], block["name"], block["input"], out["stop_reason"]) == (
+        "tool_use", "get_weather", {"city": "Paris"}, "tool_use")
+
+
+def test_forced_tool_choice_with_thinking_is_a_conversion_error():
+    # The pre-filled block would open where the reasoning starts (the renderer refuses it too); thinking is on by
+    # default in this API, so the message says how to turn it off.
+    request = {**FORCED, "tool_choice": "required"}
+    del request["thinking"]
+    with pytest.raises(ConversionError, match="cannot be combined with thinking.*default_thinking_mode") as error:
+        ChatCompletionRequest(request).convert()
+    assert json.loads(error.value.body)["error"]["param"] == "tool_choice"
+    with pytest.raises(ConversionError, match="naming the function 'get_time' cannot be combined with thinking"):
+        ChatCompletionRequest({**request, "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+                               "thinking": {"type": "enabled"}}).convert()
+    converted = ChatCompletionRequest(request).convert(ConversionOptions(default_thinking_mode=False))
+    assert converted.parsing_options.tool_call_initial_stage
+
+
+def test_prefilled_block_needs_tool_parsing():
+    # Starting inside the block with tool calls not parsed would read the block as text: refused, not ignored.
+    generator = ChatCompletionRequest.chunk_generator(ChatCompletionRequest(REQUEST).convert(), "id", "model")
+    with pytest.raises(ValueError, match="tool_call_initial_stage.*parse_tool_calls"):
+        StreamProcessor(generator, ParsingOptions(tool_call_initial_stage=True, parse_tool_calls=False))
 
 
 # ---- both APIs over one core ------------------------------------------------------------------------------
