@@ -407,8 +407,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (is_builtin) {
       info.description =
           "The built-in demo model: DeepSeek-V3 architecture (MLA, MoE with the V3 router, one MTP layer), 45M "
-          "parameters with the real DeepSeek-V3 tokenizer, trained for 5 minutes on Debian's documentation "
-          "(assets/demo-model). It speaks the chat format; it knows little.";
+          "parameters with DeepSeek-V3's tokenizer plus V4's added tokens, trained for 6 minutes on Debian's "
+          "documentation in the deepseek-v4.1 format (assets/demo-model): it thinks when asked, calls the tools a "
+          "request offers, and knows little.";
     }
 
     server::ServerConfig server_config;
@@ -463,14 +464,24 @@ std::function<int()> add_serve_command(CLI::App& app) {
                 << "\n";
     }
     if (is_builtin) {
-      std::cout << "  The built-in demo model: 45M parameters trained for 5 minutes on Debian's documentation; it "
-                   "speaks the chat format and knows little. Requests without max_tokens stop after "
+      std::cout << "  The built-in demo model: 45M parameters trained for 6 minutes on Debian's documentation in the "
+                   "deepseek-v4.1 format; it thinks when asked, calls the tools a request offers, and knows little. "
+                   "Requests without max_tokens stop after "
                 << server_config.default_max_tokens << " tokens.\n";
     }
     std::cout << "Try it:\n  curl " << url << "/v1/chat/completions -H 'Content-Type: application/json'"
               << (options->api_key.empty() ? "" : " -H 'Authorization: Bearer YOUR_API_KEY'") << " -d '{\"model\": \""
-              << info.served_model_name << "\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n"
-              << std::flush;
+              << info.served_model_name << "\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n";
+    if (is_builtin) {
+      std::cout << "  curl " << url << "/v1/chat/completions -H 'Content-Type: application/json'"
+                << (options->api_key.empty() ? "" : " -H 'Authorization: Bearer YOUR_API_KEY'")
+                << " -d '{\"model\": \"" << info.served_model_name
+                << "\", \"chat_template_kwargs\": {\"thinking\": true}, \"messages\": [{\"role\": \"user\", "
+                   "\"content\": \"What is the weather in Paris?\"}], \"tools\": [{\"type\": \"function\", "
+                   "\"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", "
+                   "\"properties\": {\"city\": {\"type\": \"string\"}}}}}]}'\n";
+    }
+    std::cout << std::flush;
     (*server)->wait();
     std::cout << "deepinfer serve: stopped\n";
     return 0;

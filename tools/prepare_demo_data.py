@@ -509,6 +509,7 @@ REFERENCE_TEXT = "The socket module provides access to the BSD socket interface.
 
 
 def main():
+    global TOKENIZER
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--deepinfer", default=os.path.join(ROOT, "build/apps/deepinfer"))
     ap.add_argument("--out", default=os.path.join(ROOT, ".train"))
@@ -516,21 +517,28 @@ def main():
     ap.add_argument("--held-out-prompts", type=int, default=64)
     ap.add_argument("--tokenizer", default=TOKENIZER, help="directory of the demo's tokenizer.json (V3's vocabulary "
                     "with V4's added tokens: tools/make_v4_tokenizer.py)")
+    ap.add_argument("--docs-cache", help="keep the extracted documents here (xz JSON) and reuse them on the next run "
+                    "(rendering the man pages takes minutes)")
     ap.add_argument("--small-tool-conversations", type=int, default=3000,
                     help="weather/time tool conversations added to the training split")
     args = ap.parse_args()
-    global TOKENIZER
     TOKENIZER = args.tokenizer
     os.makedirs(args.out, exist_ok=True)
 
-    docs = python_doc_documents()
-    print("python docs: %d documents" % len(docs), flush=True)
-    pg = postgresql_doc_documents()
-    print("postgresql docs: %d documents" % len(pg), flush=True)
-    docs += pg
-    mans = man_documents(args.workers)
-    print("man pages: %d documents" % len(mans), flush=True)
-    docs += mans
+    if args.docs_cache and os.path.exists(args.docs_cache):
+        docs = json.load(lzma.open(args.docs_cache, "rt"))
+        print("documents: %d from %s" % (len(docs), args.docs_cache), flush=True)
+    else:
+        docs = python_doc_documents()
+        print("python docs: %d documents" % len(docs), flush=True)
+        pg = postgresql_doc_documents()
+        print("postgresql docs: %d documents" % len(pg), flush=True)
+        docs += pg
+        mans = man_documents(args.workers)
+        print("man pages: %d documents" % len(mans), flush=True)
+        docs += mans
+        if args.docs_cache:
+            json.dump(docs, lzma.open(args.docs_cache, "wt"))
 
     splits = {"train": {"chat": [], "plain": []}, "val": {"chat": [], "plain": []}}
     counts = {"documents": {"train": 0, "val": 0}, "passages": {}}
@@ -618,8 +626,8 @@ def main():
                        "tokenizer (V3's vocabulary + V4's added tokens)",
         "chat_share": "65% of passages are chat (a question from the section title or the first sentence), 20% of "
                       "conversations two turns; the rest plain text BOS + text + EOS (`deepinfer tokenize --untrusted`)",
-        "chat_shapes": "per conversation: 40% plain chat, 25% thinking (a templated reasoning_content naming the "
-                       "document and section), 35% a tool conversation (search_docs / read_man_page called with the "
+        "chat_shapes": "per conversation: 40%% plain chat, 25%% thinking (a templated reasoning_content naming the "
+                       "document and section), 35%% a tool conversation (search_docs / read_man_page called with the "
                        "section's title or page, the section as the tool result, the answer = its first paragraphs; "
                        "half with thinking; the tool list also holds get_weather/get_time at random); plus %d "
                        "templated weather/time tool conversations in training (%d in validation)" % (

@@ -2,7 +2,8 @@
 tools/train_demo_model.py) into checkpoint directories in the release layout, deterministically (same bytes
 every run; Python stdlib only, so scripts/setup.sh can run it on a fresh machine):
 
-  DIR/      config.json, model.safetensors (bf16; e_score_correction_bias float32), tokenizer files
+  DIR/      config.json, model.safetensors (bf16; e_score_correction_bias float32), tokenizer files (V3's; with
+            V4's added tokens, tools/make_v4_tokenizer.py, when config.json's chat_format is a V4 format)
   DIR-fp8/  the same with the linear layers in DeepSeek's block-scaled FP8 (float8_e4m3fn + 128x128
             weight_scale_inv) and quantization_config in config.json
 
@@ -58,6 +59,18 @@ def write_safetensors(path, tensors):
     os.replace(partial, path)  # a killed setup never leaves a truncated checkpoint
 
 
+def write_v4_tokenizer(source_dir, directory):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_v4_tokenizer
+    tokenizer = json.load(open(os.path.join(source_dir, "tokenizer.json"), encoding="utf-8"))
+    source_config = json.load(open(os.path.join(source_dir, "tokenizer_config.json"), encoding="utf-8"))
+    for name, value, indent in (("tokenizer.json", make_v4_tokenizer.with_v4_tokens(tokenizer), None),
+                                ("tokenizer_config.json", make_v4_tokenizer.config_for(source_config), 2)):
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            json.dump(value, f, ensure_ascii=False, indent=indent)
+            f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", default="assets/demo-model", help="config.json and demo-model.xz.NN")
@@ -92,8 +105,13 @@ def main():
                                                    "quant_method": "fp8", "weight_block_size": [128, 128]})
     for directory, tensors, cfg in ((args.out, bf16, config), (fp8_out, fp8_tensors, fp8_config)):
         os.makedirs(directory, exist_ok=True)
-        for file in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copyfile(os.path.join(args.tokenizer, file), os.path.join(directory, file))
+        if config.get("chat_format") in ("deepseek-v4", "deepseek-v4.1"):
+            # A demo trained on a V4 format has V4's tokenizer: V3's plus the added tokens at their ids
+            # (<think>, </think>, ｜DSML｜, <｜latest_reminder｜>; tools/make_v4_tokenizer.py).
+            write_v4_tokenizer(args.tokenizer, directory)
+        else:
+            for file in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copyfile(os.path.join(args.tokenizer, file), os.path.join(directory, file))
         with open(os.path.join(directory, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
             f.write("\n")
