@@ -898,7 +898,9 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
         last_token = now;
         ++finish.completion_tokens;
         if (event.logprob) batch_logprobs.push_back(token_logprobs(*event.token, *event.logprob, event.top_logprobs));
-        if (plan.builder->push(*event.token, deltas)) {
+        const bool stopped = plan.builder->push(*event.token, deltas);
+        finish.reasoning_tokens = plan.builder->reasoning_tokens();
+        if (stopped) {
           finish.kind = FinishInfo::Kind::kStopString;
           finish.stop_string = plan.builder->stop_string();
           done = true;

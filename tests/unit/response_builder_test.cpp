@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/json.hpp>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,36 @@ TEST(ResponseBuilderTest, ResponsesEventsAreNumberedAndEndCompleted) {
   for (size_t i = 0; i < output.size(); ++i) EXPECT_EQ(streamed_output[i].at("type"), output[i].at("type"));
   EXPECT_EQ(out.whole.at("tool_choice"), "auto");
   EXPECT_EQ(out.whole.at("status"), "completed");
+}
+
+// Issue 16: usage.output_tokens_details.reasoning_tokens counts the reasoning block's tokens (it was always 0),
+// and the item the length limit cut off is "incomplete", as the response is.
+TEST(ResponseBuilderTest, ReasoningTokensAreCountedAndALengthCutItemIsIncomplete) {
+  std::vector<TokenId> ids;
+  tokenizer()->encode(kOutput, TextTrust::kTrusted, ids);
+  std::vector<TokenId> reasoning;
+  tokenizer()->encode("Let me look.</think>", TextTrust::kTrusted, reasoning);
+  ASSERT_LT(reasoning.size(), ids.size());
+  ASSERT_TRUE(std::equal(reasoning.begin(), reasoning.end(), ids.begin()));
+  OutputBuilder builder = v41_builder();
+  std::vector<StreamEvent> events;
+  for (TokenId id : ids) builder.push(id, events);
+  builder.finish(events);
+  EXPECT_EQ(builder.reasoning_tokens(), static_cast<int64_t>(reasoning.size()));
+
+  FinishInfo info;
+  info.kind = FinishInfo::Kind::kLength;
+  info.completion_tokens = static_cast<int64_t>(ids.size());
+  info.reasoning_tokens = builder.reasoning_tokens();
+  std::vector<TokenLogprobs> logprobs;
+  json::object echo = responses_echo(json::parse(R"({"input": "hi"})").as_object(), std::nullopt, true, 1.0, 1.0);
+  json::object whole = responses_builder({"resp_1", "m", 9}, echo)->response(builder.message(), info, logprobs);
+  EXPECT_EQ(whole.at("status"), "incomplete");
+  const json::array& output = whole.at("output").as_array();
+  ASSERT_EQ(output.size(), 3u);  // reasoning, message, function_call
+  EXPECT_EQ(output[1].at("status"), "completed");
+  EXPECT_EQ(output[2].at("status"), "incomplete");
+  EXPECT_EQ(whole.at("usage").at("output_tokens_details").at("reasoning_tokens").as_int64(), info.reasoning_tokens);
 }
 
 TEST(ResponseBuilderTest, SseFramesPerDialect) {

@@ -51,6 +51,9 @@ class OutputBuilder {
   // Generation ended by the engine (EOS, stop token, length): appends what was held back.
   void finish(std::vector<StreamEvent>& out);
   const OutputMessage& message() const { return message_; }
+  // Tokens pushed while the parser was in the reasoning block, the token that closes it included (the usage's
+  // reasoning_tokens). 0 for completions.
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
   const std::optional<std::string>& stop_string() const { return matcher_.matched(); }
   int32_t malformed_tool_calls() const;
 
@@ -68,6 +71,7 @@ class OutputBuilder {
   std::vector<StreamEvent> scratch_;
   std::vector<TokenId> text_ids_;
   OutputMessage message_;
+  int64_t reasoning_tokens_ = 0;
 };
 
 }  // namespace deepinfer::recipe

@@ -51,6 +51,7 @@ struct FinishInfo {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  int64_t reasoning_tokens = 0;  // of completion_tokens, those of the reasoning block (OutputBuilder)
 };
 
 // The identity a response carries. `created` in Unix seconds (Anthropic's message has none).

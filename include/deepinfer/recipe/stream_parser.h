@@ -140,6 +140,9 @@ class StreamParser {
   // The message so far (complete after finish()).
   const ParsedMessage& result() const;
   int32_t malformed_tool_calls() const;
+  // The parser is inside the reasoning block: the last token pushed was reasoning (or opened it), so the next
+  // one is too unless it closes it. OutputBuilder counts reasoning tokens with it.
+  bool in_reasoning() const;
 
   struct Impl;
 

@@ -990,6 +990,7 @@ void StreamParser::push(TokenId token, std::vector<StreamEvent>& events) { impl_
 void StreamParser::finish(std::vector<StreamEvent>& events) { impl_->finish(events); }
 const ParsedMessage& StreamParser::result() const { return impl_->message_; }
 int32_t StreamParser::malformed_tool_calls() const { return impl_->malformed_; }
+bool StreamParser::in_reasoning() const { return impl_->state_ == Impl::State::kReasoning; }
 
 StreamParserOptions stream_parser_options(const Conversation& conversation, const RenderedPrompt& prompt) {
   StreamParserOptions options;

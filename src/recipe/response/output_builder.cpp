@@ -18,7 +18,9 @@ bool OutputBuilder::push(TokenId token, std::vector<StreamEvent>& out) {
   if (matcher_.matched()) return true;
   scratch_.clear();
   if (parser_) {
+    const bool was_reasoning = parser_->in_reasoning();
     parser_->push(token, scratch_);
+    if (was_reasoning || parser_->in_reasoning()) ++reasoning_tokens_;
   } else if (!tokenizer_->is_special_token(token)) {
     std::string text = detokenizer_->push(token);
     if (!text.empty()) scratch_.push_back({Kind::kContent, std::move(text), -1, {}, {}});

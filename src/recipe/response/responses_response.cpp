@@ -82,14 +82,19 @@ class ResponsesBuilder final : public ResponseBuilder {
   void finish(const OutputMessage&, const FinishInfo& info, std::vector<TokenLogprobs>&,
               std::vector<StreamChunk>& out) override {
     const bool incomplete = info.kind == FinishInfo::Kind::kLength;
-    close(out);
+    close(out, incomplete ? "incomplete" : "completed");
     event(incomplete ? "response.incomplete" : "response.completed",
           {{"response", response_object(incomplete ? "incomplete" : "completed", output_, info, true)}}, out);
   }
 
   json::object response(const OutputMessage& message, const FinishInfo& info, std::vector<TokenLogprobs>&) override {
     const bool incomplete = info.kind == FinishInfo::Kind::kLength;
-    return response_object(incomplete ? "incomplete" : "completed", output_items(message), info, true);
+    json::array items = output_items(message);
+    // The item the length limit cut off is incomplete, as the response is (those before it were completed).
+    if (incomplete && !items.empty() && items.back().as_object().contains("status")) {
+      items.back().as_object()["status"] = "incomplete";
+    }
+    return response_object(incomplete ? "incomplete" : "completed", std::move(items), info, true);
   }
 
   void stream_error(const ErrorInfo& error, std::vector<StreamChunk>& out) override {
@@ -143,8 +148,7 @@ class ResponsesBuilder final : public ResponseBuilder {
       out["usage"] = json::object{{"input_tokens", info.prompt_tokens},
                                   {"input_tokens_details", {{"cached_tokens", info.cached_tokens}}},
                                   {"output_tokens", info.completion_tokens},
-                                  // Not counted yet: the output parser does not attribute tokens to reasoning.
-                                  {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                                  {"output_tokens_details", {{"reasoning_tokens", info.reasoning_tokens}}},
                                   {"total_tokens", info.prompt_tokens + info.completion_tokens}};
     } else {
       out["usage"] = nullptr;
@@ -176,8 +180,9 @@ class ResponsesBuilder final : public ResponseBuilder {
     event("response.output_item.added", {{"output_index", static_cast<int64_t>(output_.size())}, {"item", item_}}, out);
   }
 
-  // Closes the open item: its *.done events, and it joins the final output.
-  void close(std::vector<StreamChunk>& out) {
+  // Closes the open item: its *.done events, and it joins the final output. `status` is the item's final status:
+  // "completed", or "incomplete" for the item open when the length limit ended the response.
+  void close(std::vector<StreamChunk>& out, std::string_view status = "completed") {
     switch (open_) {
       case Item::kNone:
         return;
@@ -193,13 +198,13 @@ class ResponsesBuilder final : public ResponseBuilder {
                    out);
         part_event("response.content_part.done", output_text(text_), out);
         item_["content"] = json::array{output_text(text_)};
-        item_["status"] = "completed";
+        item_["status"] = status;
         break;
       }
       case Item::kFunctionCall:
         item_event("response.function_call_arguments.done", {{"name", item_["name"]}, {"arguments", text_}}, out);
         item_["arguments"] = text_;
-        item_["status"] = "completed";
+        item_["status"] = status;
         break;
     }
     event("response.output_item.done", {{"output_index", static_cast<int64_t>(output_.size())}, {"item", item_}}, out);
