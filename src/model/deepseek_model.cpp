@@ -592,6 +592,20 @@ struct RowLayout {
   bool rows_start_at_zero = true;
 };
 
+// The backend's view of a step laid out by layout_rows (block_table_stride left 0: the caller's choice).
+backend::StepLayout step_layout(std::span<const int32_t> token_ids, std::span<const int32_t> logits_rows,
+                                const RowLayout& rows) {
+  backend::StepLayout layout;
+  layout.token_ids = token_ids;
+  layout.positions = rows.positions;
+  layout.row_sequence = rows.row_sequence;
+  layout.slots = rows.slot;
+  layout.block_tables = rows.block_tables;
+  layout.logits_rows = logits_rows;
+  layout.rows_start_at_zero = rows.rows_start_at_zero;
+  return layout;
+}
+
 Status layout_rows(const char* what, std::span<const int32_t> token_ids, std::span<const SequenceChunk> sequences,
                    std::span<const int32_t> logits_rows, int64_t vocab_size, RowLayout& out) {
   const int64_t T = static_cast<int64_t>(token_ids.size());
@@ -767,14 +781,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     table_stride = kMinGraphBlocks;
     while (table_stride < longest_table) table_stride *= 2;
   }
-  backend::StepLayout layout;
-  layout.token_ids = batch.token_ids;
-  layout.positions = rows.positions;
-  layout.row_sequence = rows.row_sequence;
-  layout.slots = rows.slot;
-  layout.block_tables = rows.block_tables;
-  layout.logits_rows = batch.logits_rows;
-  layout.rows_start_at_zero = rows.rows_start_at_zero;
+  backend::StepLayout layout = step_layout(batch.token_ids, batch.logits_rows, rows);
   layout.block_table_stride = table_stride;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
 
@@ -868,13 +875,7 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
     return Status::invalid_argument("forward_mtp: " + std::to_string(T) + " rows, more than the scratch's " +
                                     std::to_string(scratch_->capacity));
   }
-  backend::StepLayout layout;
-  layout.token_ids = batch.token_ids;
-  layout.positions = rows.positions;
-  layout.row_sequence = rows.row_sequence;
-  layout.slots = rows.slot;
-  layout.block_tables = rows.block_tables;
-  layout.logits_rows = batch.logits_rows;
+  backend::StepLayout layout = step_layout(batch.token_ids, batch.logits_rows, rows);
   layout.rows_start_at_zero = false;  // the absorbed form always (the MTP cache may hold earlier positions)
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
 

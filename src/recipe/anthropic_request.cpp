@@ -6,32 +6,16 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "request_json.h"
+
 namespace deepinfer::recipe {
 namespace json = boost::json;
 namespace {
 
-std::string indexed(const std::string& path, size_t index) { return path + "[" + std::to_string(index) + "]"; }
-std::string quoted(std::string_view text) {
-  std::string out(1, '"');  // appended, not `"\"" + ...`: GCC 12 at -O3 warns falsely (-Wrestrict) on that
-  out.append(text);
-  out += '"';
-  return out;
-}
-
-// The value of `key`, or nullptr when it is absent or JSON null.
-const json::value* present(const json::object& object, std::string_view key) {
-  const json::value* value = object.if_contains(key);
-  return value == nullptr || value->is_null() ? nullptr : value;
-}
-
-Status required_string(const json::object& object, std::string_view key, const std::string& path, std::string& out) {
-  const json::value* value = present(object, key);
-  if (value == nullptr || !value->is_string()) {
-    return Status::invalid_argument(path + "." + std::string(key) + " must be a string");
-  }
-  out = value->get_string();
-  return Status();
-}
+using request_json::indexed;
+using request_json::present;
+using request_json::quoted;
+using request_json::required_string;
 
 ContentPart text_part(std::string text) { return {ContentPart::Kind::kText, std::move(text), {}}; }
 

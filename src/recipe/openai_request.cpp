@@ -4,23 +4,13 @@
 
 #include <boost/json.hpp>
 
+#include "request_json.h"
+
 namespace deepinfer::recipe {
 namespace json = boost::json;
 namespace {
 
-std::string kind_name(const json::value& v) {
-  switch (v.kind()) {
-    case json::kind::null: return "null";
-    case json::kind::bool_: return "a boolean";
-    case json::kind::int64:
-    case json::kind::uint64:
-    case json::kind::double_: return "a number";
-    case json::kind::string: return "a string";
-    case json::kind::array: return "an array";
-    case json::kind::object: return "an object";
-  }
-  return "unknown";
-}
+using request_json::kind_name;
 
 Status type_error(const std::string& path, std::string_view expected, const json::value& got) {
   return Status::invalid_argument(path + " must be " + std::string(expected) + ", got " + kind_name(got));

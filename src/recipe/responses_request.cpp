@@ -4,52 +4,17 @@
 
 #include <boost/json.hpp>
 
+#include "request_json.h"
+
 namespace deepinfer::recipe {
 namespace json = boost::json;
 namespace {
 
-std::string indexed(const std::string& path, size_t index) { return path + "[" + std::to_string(index) + "]"; }
-std::string quoted(std::string_view text) {
-  std::string out(1, '"');
-  out.append(text);
-  out += '"';
-  return out;
-}
-
-// The value of `key`, or nullptr when it is absent or JSON null.
-const json::value* present(const json::object& object, std::string_view key) {
-  const json::value* value = object.if_contains(key);
-  return value == nullptr || value->is_null() ? nullptr : value;
-}
-
-Status required_string(const json::object& object, std::string_view key, const std::string& path, std::string& out) {
-  const json::value* value = present(object, key);
-  if (value == nullptr || !value->is_string()) {
-    return Status::invalid_argument(path + "." + std::string(key) + " must be a string");
-  }
-  out = value->get_string();
-  return Status();
-}
-
-std::string_view kind_name(const json::value& v) {
-  switch (v.kind()) {
-    case json::kind::null:
-      return "null";
-    case json::kind::bool_:
-      return "a boolean";
-    case json::kind::int64:
-    case json::kind::uint64:
-    case json::kind::double_:
-      return "a number";
-    case json::kind::string:
-      return "a string";
-    case json::kind::array:
-      return "an array";
-    case json::kind::object:
-      return "an object";
-  }
-  return "unknown";
-}
+using request_json::indexed;
+using request_json::kind_name;
+using request_json::present;
+using request_json::quoted;
+using request_json::required_string;
 
 ContentPart text_part(std::string_view text) { return {ContentPart::Kind::kText, std::string(text), {}}; }
 

@@ -57,12 +57,6 @@ class TokenizationCache {
   TokenizationCache(const TokenizationCache&) = delete;
   TokenizationCache& operator=(const TokenizationCache&) = delete;
 
-  // Appends to `out` exactly the ids `tokenizer.encode(text, trust, out)` appends: from the cache when it
-  // holds this tokenizer's entry for this trust mode and exactly this text (the entry becomes most recently
-  // used), else by encoding, then inserting the result (evicting as needed; a run larger than the whole
-  // capacity is not inserted). Thread-safe. `text` is not retained.
-  void encode(const Tokenizer& tokenizer, std::string_view text, TextTrust trust, std::vector<TokenId>& out);
-
   // Misses held back from the cache until the caller decides the text is worth keeping (the server commits a
   // prompt's runs only once the prompt fits the model, so a rejected prompt never evicts others' entries).
   // Owned by one caller; not thread-safe itself. Dropping it without commit() inserts nothing.
@@ -74,9 +68,14 @@ class TokenizationCache {
     friend class TokenizationCache;
     std::vector<std::pair<Key, std::shared_ptr<const Entry>>> entries_;
   };
-  // As encode(), but a miss is recorded in `pending` instead of inserted (hits and counters as encode()).
+
+  // Appends to `out` exactly the ids `tokenizer.encode(text, trust, out)` appends: from the cache when it
+  // holds this tokenizer's entry for this trust mode and exactly this text (the entry becomes most recently
+  // used), else by encoding, then inserting the result (evicting as needed; a run larger than the whole
+  // capacity is not inserted) — or, with `pending`, recording it there instead (hits and counters the same).
+  // Thread-safe. `text` is not retained.
   void encode(const Tokenizer& tokenizer, std::string_view text, TextTrust trust, std::vector<TokenId>& out,
-              PendingInserts* pending);
+              PendingInserts* pending = nullptr);
   // Inserts what `pending` holds (as encode() would have) and empties it. Thread-safe.
   void commit(PendingInserts& pending);
 

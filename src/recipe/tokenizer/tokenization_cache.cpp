@@ -25,11 +25,6 @@ TokenizationCache::TokenizationCache(size_t capacity_bytes, size_t min_cached_by
 
 TokenizationCache::~TokenizationCache() = default;
 
-void TokenizationCache::encode(const Tokenizer& tokenizer, std::string_view text, TextTrust trust,
-                               std::vector<TokenId>& out) {
-  encode(tokenizer, text, trust, out, nullptr);
-}
-
 void TokenizationCache::commit(PendingInserts& pending) {
   for (auto& [key, entry] : pending.entries_) insert(key, std::move(entry));
   pending.entries_.clear();
