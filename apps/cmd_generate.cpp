@@ -85,6 +85,11 @@ std::function<int()> add_generate_command(CLI::App& app) {
     auto backend = std::move(choice->backend);
     auto model = model::DeepSeekModel::load(options->model, *backend, choice->precision, /*progress=*/true);
     if (!model.ok()) return fail(model.status().to_string());
+    if (Status s = set_dspark_table(*speculative, options->speculative, options->model, std::string(backend->name()),
+                                    choice->compute_mode);
+        !s.ok()) {
+      return fail(s.to_string());
+    }
     engine::EngineConfig engine_config;
     engine_config.speculative = *speculative;
     auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);

@@ -343,6 +343,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.max_num_seqs = options->max_num_seqs;
     engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
     engine_config.kv_cache_bytes = *kv_bytes;
+    if (Status s = set_dspark_table(*speculative, options->speculative, model_path, device_name, compute_mode); !s.ok()) {
+      return fail(s.to_string());
+    }
     engine_config.speculative = *speculative;
     engine_config.enable_prefix_caching = !options->no_prefix_caching;
     engine_config.kv_events_endpoint = options->kv_events_endpoint;
@@ -380,7 +383,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     if (engine_config.host_cache_bytes > 0) {
       // With MTP drafting every block also holds the MTP layer's KV: another block layout, another identity.
-      const std::string layout = speculative->algorithm == engine::SpeculativeAlgorithm::kMtp
+      const std::string layout = speculative->enabled()
                                      ? choice->compute_mode + ", MTP layer KV"
                                      : choice->compute_mode;
       Result<kvcache::ModelFingerprint> fingerprint = engine::checkpoint_fingerprint(model_path, layout);

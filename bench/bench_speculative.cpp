@@ -1,11 +1,13 @@
 // Speculative decoding on the CPU: output tokens/s and mean accepted length of greedy chat requests on the demo
-// model with no speculation and with MTP drafting (K = 1, 2, 3), at batch 1, 8 and 32. Fixed prompts (questions
+// model with no speculation, with MTP drafting (K = 1, 2, 3) and with DSpark's planner over the same drafts (up to
+// --dspark-max-draft-tokens, its step-time table measured when each engine starts, outside the timed part), at
+// batch 1, 8 and 32. Fixed prompts (questions
 // in the demo's training domains, rendered as DeepSeek-V3 chat turns), EOS stops; each (K, batch) runs --reps times
 // on a fresh engine after a warm-up request and reports the median (min, max). Every MTP run's tokens are compared
 // with the plain run's (greedy speculation must not change them). One JSON line per (K, batch).
 //
 // Usage: bench_speculative [--model DIR] [--draft-tokens 0,1,2,3] [--batches 1,8,32] [--max-tokens 64] [--reps 3]
-//                          [--bf16]
+//                          [--bf16] [--dspark-max-draft-tokens 4 (0: no DSpark run)] [--dspark-confidence-threshold X]
 // Command of the recorded results (bench/results/*-cpu-speculative-mtp.jsonl):
 //   build/bench/bench_speculative --model models/demo --draft-tokens 0,1,2,3 --batches 1,8,32 --max-tokens 64 --reps 3
 #include <omp.h>
@@ -21,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "deepinfer/backend/backend.h"
+#include "deepinfer/engine/dspark.h"
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/recipe/tokenizer.h"
 
@@ -29,24 +33,24 @@ namespace {
 using namespace deepinfer;
 using Clock = std::chrono::steady_clock;
 
-// Questions of the kinds the demo model was trained on (Python docs, PostgreSQL docs, man pages).
+// Questions of the kinds the demo model was trained on (Debian's documentation and man pages, chat).
 const char* const kQuestions[] = {
-    "What does the os.path.join function do?",
-    "How do I create an index in PostgreSQL?",
-    "What is the ls command used for?",
-    "Explain Python list comprehensions.",
-    "What does VACUUM do in PostgreSQL?",
-    "How does the grep command search files?",
-    "What is a Python generator?",
-    "How do I use the COPY command?",
-    "What does the chmod command change?",
-    "How are exceptions handled in Python?",
-    "What is a PostgreSQL tablespace?",
+    "What does the ls command do?",
+    "How do I search files for a pattern with grep?",
+    "What is the tar command used for?",
+    "Explain what the chmod command changes.",
     "What does the fork system call return?",
-    "How do I read a file line by line in Python?",
-    "What is the difference between DELETE and TRUNCATE?",
-    "What does the tar command do?",
-    "What is the purpose of the with statement?",
+    "How do I copy a directory with cp?",
+    "What does the find command do?",
+    "How do I see which processes are running?",
+    "What is a symbolic link?",
+    "How do I compress a file with gzip?",
+    "What does the mount command do?",
+    "How do I change my password?",
+    "What is the difference between a hard link and a soft link?",
+    "What does the kill command do?",
+    "How do I read a man page?",
+    "What does apt-get install do?",
 };
 
 std::vector<int64_t> parse_list(const std::string& text) {
@@ -64,6 +68,114 @@ struct Run {
   engine::SpeculativeStats stats;
 };
 
+Result<std::unique_ptr<backend::Backend>> make_backend(const std::string& device) {
+  if (device == "cpu") return backend::make_cpu_backend();
+  if (device == "cuda") return backend::make_cuda_backend(0);
+  return Status::invalid_argument("--device must be cpu or cuda, got " + device);
+}
+
+// --step-times: the step times the DSpark planner measures (engine::step_times, the product's code) for models of
+// real shapes with random weights and one MTP layer (config.json directories, e.g. bench/gpu/configs/v2-lite; its
+// num_nextn_predict_layers is set to 1), and from them the tokens/s each speculation setting would reach at the
+// given acceptance (--acceptance A1,A2,...: the rate at which drafts 1..k were all accepted, as measured on a
+// trained model): B * (1 + A_1 + ... + A_K) / (verify_ms(B * (K + 1)) + K * draft_ms(B)) for K drafts at batch B.
+// Projections, not runs: random weights accept nothing.
+int project(const std::vector<std::string>& configs, const std::vector<double>& acceptance,
+            const std::vector<int64_t>& batches, const std::vector<int64_t>& draft_tokens, const std::string& device) {
+  const int32_t max_k = static_cast<int32_t>(
+      std::max<int64_t>(1, *std::max_element(draft_tokens.begin(), draft_tokens.end())));
+  const int32_t max_batch = static_cast<int32_t>(*std::max_element(batches.begin(), batches.end()));
+  for (const std::string& dir : configs) {
+    Result<model::ModelConfig> config = model::load_model_config(dir + "/config.json");
+    if (!config.ok()) {
+      std::cerr << config.status().to_string() << "\n";
+      return 1;
+    }
+    config->num_nextn_predict_layers = 1;
+    Result<std::unique_ptr<backend::Backend>> backend = make_backend(device);
+    if (!backend.ok()) {
+      std::cerr << backend.status().to_string() << "\n";
+      return 1;
+    }
+    const bool fp8 = config->quant_method == "fp8";
+    const backend::Precision precision =
+        device == "cpu" ? backend::Precision::kF32 : fp8 ? backend::Precision::kFP8 : backend::Precision::kBF16;
+    auto model = model::DeepSeekModel::create_random(*config, **backend, precision, 1234);
+    if (!model.ok()) {
+      std::cerr << model.status().to_string() << "\n";
+      return 1;
+    }
+    // Blocks for max_batch sequences of 64 + max_k + 1 positions (2 blocks each), and the MTP layer's cache.
+    const int32_t num_blocks = 2 * max_batch + 2;
+    auto caches = (*model)->make_layer_caches(num_blocks);
+    if (!caches.ok()) {
+      std::cerr << caches.status().to_string() << "\n";
+      return 1;
+    }
+    auto mtp_cache = (*model)->make_layer_cache(num_blocks + max_batch);
+    if (!mtp_cache.ok()) {
+      std::cerr << mtp_cache.status().to_string() << "\n";
+      return 1;
+    }
+    caches->push_back(std::move(mtp_cache).value());
+    engine::DsparkConfig dspark;  // "": measured now, not written
+    Result<engine::StepTimes> times =
+        engine::step_times(dspark, **model, *caches, num_blocks, max_batch, max_batch * (max_k + 1));
+    if (!times.ok()) {
+      std::cerr << times.status().to_string() << "\n";
+      return 1;
+    }
+    auto table_json = [](const engine::StepTimeTable& table) {
+      boost::json::array points;
+      for (const auto& [rows, ms] : table.points()) points.push_back(boost::json::array{rows, ms});
+      return points;
+    };
+    std::cout << boost::json::serialize(boost::json::object{{"bench", "speculative_step_times"},
+                                                            {"config", dir},
+                                                            {"device", device},
+                                                            {"precision", precision == backend::Precision::kFP8    ? "fp8"
+                                                                          : precision == backend::Precision::kBF16 ? "bf16"
+                                                                                                                   : "f32"},
+                                                            {"verify_ms", table_json(times->verify)},
+                                                            {"draft_pass_ms", table_json(times->draft)}})
+              << std::endl;
+    for (int64_t batch : batches) {
+      const double off = static_cast<double>(batch) / times->verify.milliseconds(batch) * 1000.0;
+      auto rate = [&](int32_t k) {
+        double expected = 1.0;
+        for (int32_t i = 0; i < k && i < static_cast<int32_t>(acceptance.size()); ++i) expected += acceptance[i];
+        const double ms =
+            times->verify.milliseconds(batch * (k + 1)) + (k > 0 ? k * times->draft.milliseconds(batch) : 0.0);
+        return static_cast<double>(batch) * expected / ms * 1000.0;
+      };
+      for (int64_t k : draft_tokens) {
+        if (k > static_cast<int64_t>(acceptance.size())) continue;
+        std::cout << boost::json::serialize(boost::json::object{{"bench", "speculative_projection"},
+                                                                {"config", dir},
+                                                                {"device", device},
+                                                                {"algorithm", k > 0 ? "mtp" : "off"},
+                                                                {"draft_tokens", k},
+                                                                {"batch", batch},
+                                                                {"tokens_per_s", rate(static_cast<int32_t>(k))},
+                                                                {"speedup_vs_off", rate(static_cast<int32_t>(k)) / off}})
+                  << std::endl;
+      }
+      const int32_t length = engine::plan_draft_length(batch, batch, batch, static_cast<int32_t>(acceptance.size()),
+                                                       acceptance, *times);
+      std::cout << boost::json::serialize(boost::json::object{{"bench", "speculative_projection"},
+                                                              {"config", dir},
+                                                              {"device", device},
+                                                              {"algorithm", "dspark"},
+                                                              {"draft_tokens", length},
+                                                              {"batch", batch},
+                                                              {"tokens_per_s", rate(length)},
+                                                              {"speedup_vs_off", rate(length) / off}})
+                << std::endl;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,6 +184,11 @@ int main(int argc, char** argv) {
   int64_t max_tokens = 64;
   int reps = 3;
   bool bf16 = false;
+  int64_t dspark_max_drafts = 4;
+  double dspark_threshold = 0.85;
+  std::string device = "cpu";
+  std::vector<std::string> step_time_configs;
+  std::vector<double> acceptance;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -93,9 +210,25 @@ int main(int argc, char** argv) {
       reps = std::stoi(next());
     } else if (arg == "--bf16") {
       bf16 = true;
+    } else if (arg == "--dspark-max-draft-tokens") {
+      dspark_max_drafts = std::stoll(next());
+    } else if (arg == "--dspark-confidence-threshold") {
+      dspark_threshold = std::stod(next());
+    } else if (arg == "--device") {
+      device = next();
+    } else if (arg == "--step-times") {
+      std::stringstream list(next());
+      std::string item;
+      while (std::getline(list, item, ',')) step_time_configs.push_back(item);
+    } else if (arg == "--acceptance") {
+      std::stringstream list(next());
+      std::string item;
+      while (std::getline(list, item, ',')) acceptance.push_back(std::stod(item));
     } else {
       std::cerr << "usage: bench_speculative [--model DIR] [--draft-tokens 0,1,2,3] [--batches 1,8,32] "
-                   "[--max-tokens N] [--reps N] [--bf16]\n";
+                   "[--max-tokens N] [--reps N] [--bf16] [--dspark-max-draft-tokens N] "
+                   "[--dspark-confidence-threshold X] [--device cpu|cuda] [--step-times CONFIG_DIR,... "
+                   "--acceptance A1,A2,...]\n";
       return 2;
     }
   }
@@ -114,6 +247,7 @@ int main(int argc, char** argv) {
                                {"cpu_features", backend::cpu_features()}};
     std::cout << boost::json::serialize(header) << std::endl;
   }
+  if (!step_time_configs.empty()) return project(step_time_configs, acceptance, batches, draft_tokens, device);
   auto tokenizer = recipe::Tokenizer::load(model_dir);
   if (!tokenizer.ok()) {
     std::cerr << tokenizer.status().to_string() << "\n";
@@ -121,18 +255,30 @@ int main(int argc, char** argv) {
   }
   std::vector<std::vector<TokenId>> prompts;
   for (const char* question : kQuestions) {
-    // DeepSeek-V3's chat format, the generation prompt open (control tokens as the trusted text's added tokens).
-    const std::string text = std::string("<｜begin▁of▁sentence｜><｜User｜>") + question + "<｜Assistant｜>";
+    // The demo's chat format (deepseek-v4.1, non-thinking), the generation prompt open (control tokens as the trusted
+    // text's added tokens): what `deepinfer render --format deepseek-v4.1` writes for one user turn.
+    const std::string text =
+        std::string("<｜begin▁of▁sentence｜><｜User｜>") + question + "<｜Assistant｜></think>";
     prompts.push_back((*tokenizer)->encode(text, recipe::TextTrust::kTrusted));
   }
-  const backend::Precision precision = bf16 ? backend::Precision::kBF16 : backend::Precision::kF32;
+  const backend::Precision precision =
+      bf16 || device == "cuda" ? backend::Precision::kBF16 : backend::Precision::kF32;
 
   std::map<int64_t, Run> plain;  // per batch: the K = 0 run's outputs and tokens/s
+  // The runs of each batch: K drafts of plain MTP (0: off), then DSpark (k = -1).
+  std::vector<int64_t> runs_of_batch = draft_tokens;
+  if (dspark_max_drafts > 0) runs_of_batch.push_back(-1);
   for (int64_t batch : batches) {
-    for (int64_t k : draft_tokens) {
+    for (int64_t k : runs_of_batch) {
+      const bool dspark = k < 0;
       std::vector<Run> runs;
       for (int rep = 0; rep < reps; ++rep) {
-        auto backend = backend::make_cpu_backend();
+        Result<std::unique_ptr<backend::Backend>> made = make_backend(device);
+        if (!made.ok()) {
+          std::cerr << made.status().to_string() << "\n";
+          return 1;
+        }
+        std::unique_ptr<backend::Backend> backend = std::move(made).value();
         auto model = model::DeepSeekModel::load(model_dir, *backend, precision);
         if (!model.ok()) {
           std::cerr << model.status().to_string() << "\n";
@@ -144,6 +290,10 @@ int main(int argc, char** argv) {
         if (k > 0) {
           config.speculative.algorithm = engine::SpeculativeAlgorithm::kMtp;
           config.speculative.num_draft_tokens = static_cast<int32_t>(k);
+        } else if (dspark) {
+          config.speculative.algorithm = engine::SpeculativeAlgorithm::kDspark;
+          config.speculative.num_draft_tokens = static_cast<int32_t>(dspark_max_drafts);
+          config.speculative.dspark.confidence_threshold = dspark_threshold;
         }
         auto created = engine::Engine::create(std::move(backend), std::move(model).value(), config);
         if (!created.ok()) {
@@ -188,6 +338,11 @@ int main(int argc, char** argv) {
           run.stats.accepted_by_position[p] -= before.accepted_by_position[p];
           run.stats.drafted_by_position[p] -= before.drafted_by_position[p];
         }
+        for (size_t n = 0; n < before.verify_length_counts.size(); ++n) {
+          run.stats.verify_length_counts[n] -= before.verify_length_counts[n];
+        }
+        run.stats.unverified_steps -= before.unverified_steps;
+        run.stats.fallbacks -= before.fallbacks;
         runs.push_back(std::move(run));
       }
       std::vector<double> rates;
@@ -196,9 +351,10 @@ int main(int argc, char** argv) {
       const Run& first = runs.front();
       boost::json::object line{{"bench", "speculative"},
                                {"model", model_dir},
-                               {"weights", bf16 ? "bf16" : "f32"},
-                               {"algorithm", k > 0 ? "mtp" : "off"},
-                               {"draft_tokens", k},
+                               {"device", device},
+                               {"weights", precision == backend::Precision::kBF16 ? "bf16" : "f32"},
+                               {"algorithm", dspark ? "dspark" : k > 0 ? "mtp" : "off"},
+                               {"draft_tokens", dspark ? dspark_max_drafts : k},
                                {"batch", batch},
                                {"max_tokens", max_tokens},
                                {"reps", reps},
@@ -221,6 +377,14 @@ int main(int argc, char** argv) {
                                                              : 0.0);
         }
         line["acceptance_by_position"] = by_position;
+        if (dspark) {
+          line["confidence_threshold"] = dspark_threshold;
+          line["unverified_steps"] = s.unverified_steps;
+          line["fallbacks"] = s.fallbacks;
+          boost::json::array lengths;
+          for (int64_t n : s.verify_length_counts) lengths.push_back(n);
+          line["verify_length_counts"] = lengths;
+        }
         if (plain.contains(batch)) {
           line["identical_to_off"] = first.outputs == plain[batch].outputs;
           line["speedup_vs_off"] =

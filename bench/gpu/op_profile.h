@@ -116,6 +116,11 @@ class ProfilingBackend final : public backend::Backend {
     timed("read greedy tokens", [&] { s = inner_.read_greedy_tokens(ids); });
     return s;
   }
+  Status read_top_probabilities(std::vector<float>& p) override {
+    Status s;
+    timed("read top probabilities", [&] { s = inner_.read_top_probabilities(p); });
+    return s;
+  }
 
  private:
   template <typename F>

@@ -10,6 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 
 namespace deepinfer::engine {
 
@@ -53,7 +59,8 @@ Status Engine::DeviceBlocks::write(kvcache::BlockId block, std::span<const std::
 }
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
-               const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches)
+               const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches,
+               std::unique_ptr<DraftPlanner> planner)
     : backend_(std::move(backend)),
       model_(std::move(model)),
       config_(config),
@@ -62,12 +69,143 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
   for (const backend::Buffer& layer : layer_caches_) kv_cache_bytes_ += layer.bytes;
   // Sampling threads: one Sampler each (a Sampler keeps per-row scratch and is single-threaded), at most 16.
   const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
-  if (config.speculative.algorithm == SpeculativeAlgorithm::kMtp) {
-    executor_ = std::make_unique<MtpExecutor>(*model_, layer_caches_, scheduler_.config().num_blocks,
-                                              scheduler_.config().max_num_seqs, config.speculative.num_draft_tokens);
+  if (config.speculative.enabled()) {
+    auto mtp = std::make_unique<MtpExecutor>(*model_, layer_caches_, scheduler_.config().num_blocks,
+                                             scheduler_.config().max_num_seqs, config.speculative.num_draft_tokens,
+                                             std::move(planner));
+    mtp_executor_ = mtp.get();
+    executor_ = std::move(mtp);
   } else {
     executor_ = std::make_unique<ModelExecutor>(*model_, layer_caches_, threads, config.parallel_sampling_min_logits);
   }
+}
+
+namespace {
+
+// The planner's times on this backend: decode-shaped target passes (min(rows, max_num_seqs) sequences at position
+// 64 of the main layers' caches, which hold nothing yet; the rows split evenly among them; every row a greedy
+// logits row, as a verify's) at 1, 2, 4, ... rows up to `max_rows`; and, where each sequence has one row, the MTP
+// pass over those rows with a logits row each and their confidences (a draft pass of that many chains). Median of 3
+// runs after a warm-up.
+Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<const backend::Buffer> caches,
+                                     int32_t num_blocks, int32_t max_num_seqs, int32_t max_rows) {
+  constexpr int32_t kContext = 64;
+  const std::span<const backend::Buffer> main_caches =
+      caches.first(static_cast<size_t>(model.config().num_hidden_layers));
+  std::vector<int32_t> sizes;
+  for (int32_t rows = 1; rows < max_rows; rows *= 2) sizes.push_back(rows);
+  sizes.push_back(std::max(max_rows, 1));
+  if (max_num_seqs < max_rows && !std::binary_search(sizes.begin(), sizes.end(), max_num_seqs)) {
+    sizes.insert(std::upper_bound(sizes.begin(), sizes.end(), max_num_seqs), max_num_seqs);
+  }
+  std::vector<std::pair<int32_t, double>> verify_points, draft_points;
+  std::vector<int32_t> ids;
+  std::vector<float> probabilities;
+  auto median = [](std::vector<double> times) {
+    std::sort(times.begin(), times.end());
+    return std::max(times[times.size() / 2], 1e-3);
+  };
+  // A noisy point below the one before it would make extra rows look free: keep each table non-decreasing.
+  auto add = [](std::vector<std::pair<int32_t, double>>& points, int32_t rows, double ms) {
+    points.emplace_back(rows, points.empty() ? ms : std::max(ms, points.back().second));
+  };
+  for (int32_t rows : sizes) {
+    const int32_t sequences = std::min(rows, std::max(max_num_seqs, 1));
+    const int32_t per_sequence = (rows + sequences - 1) / sequences;
+    const int32_t blocks_per_sequence = (kContext + per_sequence + kBlockTokens - 1) / kBlockTokens;
+    if (int64_t{sequences} * blocks_per_sequence > num_blocks) break;
+    model::ForwardBatch batch;
+    batch.keep_hidden = caches.size() > main_caches.size() && per_sequence == 1;
+    model::MtpBatch draft;
+    int32_t row = 0;
+    for (int32_t s = 0; s < sequences && row < rows; ++s) {
+      const int32_t n = std::min(per_sequence, rows - row);
+      model::SequenceChunk chunk;
+      chunk.num_tokens = n;
+      chunk.start_position = kContext;
+      for (int32_t b = 0; b < blocks_per_sequence; ++b) chunk.block_table.push_back(s * blocks_per_sequence + b);
+      for (int32_t k = 0; k < n; ++k, ++row) {
+        const int32_t token = (row * 7919 + 11) % static_cast<int32_t>(model.config().vocab_size);
+        batch.token_ids.push_back(token);
+        batch.logits_rows.push_back(row);
+        draft.token_ids.push_back(token);
+        draft.hidden_rows.push_back(row);
+        draft.logits_rows.push_back(row);
+      }
+      draft.sequences.push_back(chunk);
+      batch.sequences.push_back(std::move(chunk));
+    }
+    std::vector<double> verify_times, draft_times;
+    for (int rep = 0; rep < 4; ++rep) {
+      auto start = std::chrono::steady_clock::now();
+      if (Status s = model.forward_greedy(batch, main_caches, ids); !s.ok()) return s;
+      if (rep > 0) {
+        verify_times.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+      if (!batch.keep_hidden) continue;
+      start = std::chrono::steady_clock::now();
+      if (Status s = model.forward_mtp(0, draft, caches.back(), nullptr, &ids, &probabilities); !s.ok()) return s;
+      if (rep > 0) {
+        draft_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+    }
+    add(verify_points, rows, median(verify_times));
+    if (!draft_times.empty()) add(draft_points, rows, median(draft_times));
+  }
+  Result<StepTimeTable> verify = StepTimeTable::create(std::move(verify_points));
+  if (!verify.ok()) return verify.status();
+  Result<StepTimeTable> draft = StepTimeTable::create(std::move(draft_points));
+  if (!draft.ok()) return draft.status();
+  return StepTimes{std::move(verify).value(), std::move(draft).value()};
+}
+
+std::string describe(const StepTimeTable& table) {
+  std::string points;
+  for (const auto& [rows, ms] : table.points()) points += " " + std::to_string(rows) + ":" + fmt::format("{:.2f}", ms);
+  return points;
+}
+
+}  // namespace
+
+Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& model,
+                             std::span<const backend::Buffer> layer_caches, int32_t num_blocks, int32_t max_num_seqs,
+                             int32_t max_rows) {
+  namespace fs = std::filesystem;
+  if (config.step_time_table == "const") return StepTimes{};
+  const fs::path path = config.step_time_table;
+  if (!path.empty() && fs::exists(path)) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    Result<StepTimes> loaded = StepTimes::from_json(text.str(), config.identity);
+    if (loaded.ok() && !loaded->verify.empty() && loaded->verify.points().back().first >= max_rows) {
+      spdlog::info("dspark: step times from {}", path.string());
+      return loaded;
+    }
+    spdlog::info("dspark: measuring the step times again ({})",
+                 loaded.ok() ? "the file stops short of " + std::to_string(max_rows) + " rows"
+                             : loaded.status().message());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Result<StepTimes> measured = measure_step_times(model, layer_caches, num_blocks, max_num_seqs, max_rows);
+  if (!measured.ok()) return measured.status();
+  spdlog::info("dspark: step times measured in {:.1f} s; verify (rows:ms){}; draft pass (chains:ms){}",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               describe(measured->verify), describe(measured->draft));
+  if (!path.empty()) {
+    std::error_code error;
+    if (path.has_parent_path()) fs::create_directories(path.parent_path(), error);
+    const fs::path temporary = path.string() + ".tmp";
+    {
+      std::ofstream out(temporary, std::ios::trunc);
+      out << measured->to_json(config.identity) << "\n";
+      if (!out) error = std::make_error_code(std::errc::io_error);
+    }
+    if (!error) fs::rename(temporary, path, error);
+    if (error) spdlog::warn("dspark: could not write the step times to {}: {}", path.string(), error.message());
+  }
+  return measured;
 }
 
 Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::CacheLayout& layout) {
@@ -180,7 +318,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (Status s = resolved.speculative.validate(c.num_nextn_predict_layers); !s.ok()) return s;
   // MTP drafting caches the MTP layer's KV as one more layer of every block (rolled back and prefix-cached with
   // the main layers'; the chains use layer 0, as the checkpoints ship one).
-  const int32_t mtp_cached_layers = resolved.speculative.algorithm == SpeculativeAlgorithm::kMtp ? 1 : 0;
+  const int32_t mtp_cached_layers = resolved.speculative.enabled() ? 1 : 0;
   // One block of every layer's cache, in the backend's cache dtype (float32 on CPU, bf16 on CUDA).
   const int64_t block_bytes =
       static_cast<int64_t>(model->layer_block_bytes()) * (c.num_hidden_layers + mtp_cached_layers);
@@ -214,8 +352,20 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     if (!mtp_cache.ok()) return mtp_cache.status();
     layer_caches->push_back(std::move(mtp_cache).value());
   }
+  std::unique_ptr<DraftPlanner> planner;
+  if (resolved.speculative.algorithm == SpeculativeAlgorithm::kDspark) {
+    const int32_t max_rows = std::min<int32_t>(
+        scheduler_config.max_num_batched_tokens,
+        scheduler_config.max_num_seqs * (resolved.speculative.num_draft_tokens + 1));
+    Result<StepTimes> times = step_times(resolved.speculative.dspark, *model, *layer_caches,
+                                         scheduler_config.num_blocks, scheduler_config.max_num_seqs, max_rows);
+    if (!times.ok()) return times.status();
+    planner = std::make_unique<DsparkPlanner>(resolved.speculative.dspark, std::move(times).value(),
+                                              resolved.speculative.num_draft_tokens);
+  }
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
-                                                   std::move(scheduler).value(), std::move(layer_caches).value()));
+                                                   std::move(scheduler).value(), std::move(layer_caches).value(),
+                                                   std::move(planner)));
   if (engine->backend_->name() != "cpu") engine->step_gate_ = std::make_unique<StepGate>();
   engine->device_blocks_ = std::make_unique<DeviceBlocks>(*engine->backend_, engine->layer_caches_,
                                                           static_cast<size_t>(block_bytes), engine->step_gate_.get());
@@ -284,6 +434,7 @@ Result<std::vector<TokenEvent>> Engine::step() {
                       finished.num_cached_tokens});
     executor_->remove_request(finished.id);
   }
+  if (mtp_executor_ != nullptr && !batch.finished.empty()) mtp_executor_->add_counters(speculative_stats_);
   if (batch.empty()) {
     // Only requests waiting for their KV to arrive: sleep until a transfer completes instead of spinning.
     if (scheduler_.num_loading() > 0) scheduler_.cache().wait_for_transfers(std::chrono::milliseconds(20));
@@ -300,6 +451,7 @@ Result<std::vector<TokenEvent>> Engine::step() {
     const int32_t drafts = out->drafts_verified[i];
     if (drafts > 0) speculative_stats_.record(drafts, static_cast<int32_t>(out->entries[i].size()) - 1);
   }
+  if (mtp_executor_ != nullptr) mtp_executor_->add_counters(speculative_stats_);
   if (Status s = scheduler_.update(batch, *out); !s.ok()) return s;
   if (kv_events_) kv_events_->flush();  // one batch of KV events per step, as vLLM publishes them
   // Each kept token is one event, in order; a finish (stop token, length) is reported once, by the next step's

@@ -3,20 +3,12 @@
 #include "mtp_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "deepinfer/core/check.h"
 
 namespace deepinfer::engine {
-
-namespace {
-double probability_of(std::span<const TokenProbability> distribution, TokenId token) {
-  for (const TokenProbability& entry : distribution) {
-    if (entry.token_id == token) return entry.probability;
-  }
-  return 0.0;
-}
-}  // namespace
 
 MtpExecutor::MtpExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches, int32_t num_blocks,
                          int32_t max_num_seqs, int32_t num_draft_tokens, std::unique_ptr<DraftPlanner> planner)
@@ -50,26 +42,54 @@ Status MtpExecutor::add_request(SequenceId id, std::span<const TokenId> prompt_t
   return Status();
 }
 
-void MtpExecutor::remove_request(SequenceId id) { requests_.erase(id); }
+void MtpExecutor::remove_request(SequenceId id) {
+  requests_.erase(id);
+  planner_->on_removed(id);
+}
 
 Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   const size_t num_entries = batch.entries.size();
   // 1. The target pass: every entry's tokens, plus the drafts of those that drafted for this very step.
   model::ForwardBatch forward;
   forward.keep_hidden = true;
-  std::vector<int32_t> first_rows(num_entries, 0), num_drafts(num_entries, 0);
-  bool plain_greedy = true;
+  std::vector<int32_t> first_rows(num_entries, 0), num_drafts(num_entries, 0), available(num_entries, 0);
+  // The drafts each entry could verify; then how many the planner keeps (all, without DSpark).
+  int64_t base_tokens = 0, committing = 0;
+  std::vector<VerifyRequest> verify;
+  std::vector<size_t> verify_entry;
   for (size_t i = 0; i < num_entries; ++i) {
     const ScheduledEntry& entry = batch.entries[i];
     auto it = requests_.find(entry.sequence_id);
     if (it == requests_.end())
       return Status::internal("the executor has no request " + std::to_string(entry.sequence_id));
     const RequestState& request = it->second;
-    int32_t m = 0;
+    base_tokens += entry.num_tokens();
+    committing += entry.samples ? 1 : 0;
     if (entry.samples && entry.num_lookahead_slots > 0 && request.draft_position == entry.end_position()) {
-      m = std::min<int32_t>(static_cast<int32_t>(request.drafts.size()), entry.num_lookahead_slots);
+      available[i] = std::min<int32_t>(static_cast<int32_t>(request.drafts.size()), entry.num_lookahead_slots);
     }
-    num_drafts[i] = m;
+    num_drafts[i] = available[i];
+    if (available[i] > 0) {
+      VerifyRequest candidate;
+      candidate.id = entry.sequence_id;
+      candidate.confidences.assign(request.draft_confidences.begin(),
+                                   request.draft_confidences.begin() + available[i]);
+      candidate.verify_drafts = available[i];
+      verify.push_back(std::move(candidate));
+      verify_entry.push_back(i);
+    }
+  }
+  if (!verify.empty()) {
+    planner_->plan(base_tokens, committing, verify);
+    for (size_t j = 0; j < verify.size(); ++j) {
+      num_drafts[verify_entry[j]] = std::clamp(verify[j].verify_drafts, 0, available[verify_entry[j]]);
+    }
+  }
+  bool plain_greedy = true;
+  for (size_t i = 0; i < num_entries; ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    const RequestState& request = requests_.at(entry.sequence_id);
+    const int32_t m = num_drafts[i];
     first_rows[i] = static_cast<int32_t>(forward.token_ids.size());
     forward.token_ids.insert(forward.token_ids.end(), entry.token_ids.begin(), entry.token_ids.end());
     forward.token_ids.insert(forward.token_ids.end(), request.drafts.begin(), request.drafts.begin() + m);
@@ -126,6 +146,12 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
     out.drafts_verified[i] = m;
     kept_rows[i] += accepted;
   }
+  for (size_t i = 0; i < num_entries; ++i) {
+    if (available[i] > 0) {
+      planner_->on_verified(batch.entries[i].sequence_id, num_drafts[i],
+                            static_cast<int32_t>(out.entries[i].size()) - 1);
+    }
+  }
   // Committed: the tokens join the requests' outputs (penalty windows), the RNG counters follow them.
   std::vector<size_t> output_sizes(num_entries, 0);
   for (size_t i = 0; i < num_entries; ++i) {
@@ -143,6 +169,7 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
       request.rng.counter = request.output.size();
       request.drafts.clear();
       request.draft_distributions.clear();
+      request.draft_confidences.clear();
       request.draft_position = -1;
     }
     return s;
@@ -196,9 +223,20 @@ Status MtpExecutor::verify_sampled(const ScheduledEntry& entry, RequestState& re
   return Status();
 }
 
+namespace {
+// The softmax probability of the row's largest logit (a greedy draft's confidence on the logits path).
+double top_probability(std::span<const float> logits) {
+  const float best = *std::max_element(logits.begin(), logits.end());
+  if (!std::isfinite(best)) return 0.0;
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(l - best);
+  return 1.0 / sum;
+}
+}  // namespace
+
 Status MtpExecutor::draft_from_logits(RequestState& request, std::span<const float> logits,
                                       std::span<const TokenId> chain, TokenId& token,
-                                      std::vector<TokenProbability>& distribution) {
+                                      std::vector<TokenProbability>& distribution, double& confidence) {
   penalty_window_.assign(request.output.begin(), request.output.end());
   penalty_window_.insert(penalty_window_.end(), chain.begin(), chain.end());
   RequestRng unused = request.rng;
@@ -211,10 +249,13 @@ Status MtpExecutor::draft_from_logits(RequestState& request, std::span<const flo
   if (Status s = sampler_.final_distribution(row, distribution); !s.ok()) return s;
   if (request.params.is_greedy()) {
     token = distribution.front().token_id;  // the argmax alone, probability 1
+    confidence = planner_->wants_confidence() ? top_probability(logits) : 1.0;
   } else {
     // The draft for output index output.size() + chain.size(), from its own stream.
     const double u = philox_uniform(request.rng.seed, request.output.size() + chain.size(), kDraftStream);
     token = draw_from(distribution, u);
+    confidence = 0.0;
+    for (const TokenProbability& entry : distribution) confidence = std::max(confidence, entry.probability);
   }
   return Status();
 }
@@ -233,6 +274,10 @@ Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> 
     std::vector<int32_t> block_table;
   };
   std::vector<Chain> chains;
+  // The chains' length this step (DSpark: from the next step's expected cost; its rows: one per sampling entry).
+  const int64_t sampling = std::count_if(batch.entries.begin(), batch.entries.end(),
+                                         [](const ScheduledEntry& entry) { return entry.samples; });
+  planner_->begin_drafting(sampling, sampling, sampling);
   // Pass 1: every computed row whose next token is known, at its own position, reading the target's hidden state.
   model::MtpBatch pass;
   bool greedy_ids = true;
@@ -241,6 +286,7 @@ Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> 
     RequestState& request = requests_.at(entry.sequence_id);
     request.drafts.clear();
     request.draft_distributions.clear();
+    request.draft_confidences.clear();
     request.draft_position = -1;
     const int32_t kept = kept_rows[i];
     for (int32_t k = 0; k < kept; ++k) {
@@ -281,38 +327,43 @@ Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> 
       RequestState& request = *active[a].request;
       TokenId token = 0;
       std::vector<TokenProbability> distribution;
+      double confidence = 1.0;
       if (greedy_ids) {
         token = greedy_ids_[a];
         if (token < 0) return Status::invalid_argument("the MTP layer's logits hold a NaN or +inf");
         distribution = {{token, 1.0}};
+        if (planner_->wants_confidence()) confidence = greedy_probabilities_[a];
       } else {
         const std::span<const float> row(logits_.data() + a * vocab, vocab);
-        if (Status s = draft_from_logits(request, row, request.drafts, token, distribution); !s.ok()) return s;
+        if (Status s = draft_from_logits(request, row, request.drafts, token, distribution, confidence); !s.ok()) {
+          return s;
+        }
       }
       request.drafts.push_back(token);
       request.draft_distributions.push_back(std::move(distribution));
+      request.draft_confidences.push_back(confidence);
     }
     return Status();
   };
   auto run_pass = [&](const model::MtpBatch& mtp) {
-    return model_.forward_mtp(0, mtp, mtp_cache, greedy_ids ? nullptr : &logits_, greedy_ids ? &greedy_ids_ : nullptr);
+    return model_.forward_mtp(0, mtp, mtp_cache, greedy_ids ? nullptr : &logits_, greedy_ids ? &greedy_ids_ : nullptr,
+                              greedy_ids && planner_->wants_confidence() ? &greedy_probabilities_ : nullptr);
   };
   if (Status s = run_pass(pass); !s.ok()) return s;
   std::vector<Chain> active = std::move(chains);
   if (Status s = take_drafts(active); !s.ok()) return s;
   for (Chain& chain : active) chain.request->draft_position = chain.position + 2;
-  // Passes 2..K: one row per chain still drafting, at the next position, with its last draft.
-  for (int32_t step = 1; step < num_draft_tokens_; ++step) {
+  // Passes 2..K: one row per chain still drafting, at the next position, with its last draft. The planner sees
+  // every draft's confidence (a probe's too) before the length limit is applied.
+  for (int32_t step = 1;; ++step) {
     std::vector<Chain> next;
     for (Chain& chain : active) {
       const RequestState& request = *chain.request;
-      const double q = probability_of(request.draft_distributions.back(), request.drafts.back());
-      if (static_cast<int32_t>(request.drafts.size()) < chain.max_drafts &&
-          planner_->continue_after(chain.id, static_cast<int32_t>(request.drafts.size()) - 1, q)) {
-        next.push_back(std::move(chain));
-      }
+      const bool more = planner_->continue_after(chain.id, static_cast<int32_t>(request.drafts.size()) - 1,
+                                                 request.draft_confidences.back());
+      if (more && static_cast<int32_t>(request.drafts.size()) < chain.max_drafts) next.push_back(std::move(chain));
     }
-    if (next.empty()) break;
+    if (next.empty() || step >= num_draft_tokens_) break;
     model::MtpBatch chained;
     for (size_t a = 0; a < next.size(); ++a) {
       Chain& chain = next[a];

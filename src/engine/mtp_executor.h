@@ -27,25 +27,13 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/engine/dspark.h"
 #include "deepinfer/engine/executor.h"
 #include "deepinfer/engine/sampler.h"
 #include "deepinfer/engine/speculative.h"
 #include "deepinfer/model/deepseek_model.h"
 
 namespace deepinfer::engine {
-
-// How long each request's draft chain is: the seam for DSpark's planner (issue 17, item 2), which will choose a
-// per-request length from the draft's confidence and a measured step-time table. The default drafts the maximum.
-// Called on the step thread.
-class DraftPlanner {
- public:
-  virtual ~DraftPlanner() = default;
-  // Before request `id`'s chain: how many drafts at most (0..max_draft_tokens).
-  virtual int32_t max_drafts(SequenceId /*id*/, int32_t max_draft_tokens) { return max_draft_tokens; }
-  // After its draft number `index` (0-based), drawn with probability `draft_probability` under q (the top-1
-  // probability for a greedy draft on the logits path; 1 on the greedy-ids path): whether to draft another.
-  virtual bool continue_after(SequenceId /*id*/, int32_t /*index*/, double /*draft_probability*/) { return true; }
-};
 
 class MtpExecutor final : public Executor {
  public:
@@ -59,6 +47,8 @@ class MtpExecutor final : public Executor {
   Status add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) override;
   void remove_request(SequenceId id) override;
   Result<StepOutput> run(const ScheduledBatch& batch) override;
+  // The planner's counters (fallbacks) into `stats`.
+  void add_counters(SpeculativeStats& stats) const { planner_->add_counters(stats); }
 
  private:
   struct RequestState {
@@ -69,6 +59,7 @@ class MtpExecutor final : public Executor {
     // Drafts for the positions draft_position, draft_position + 1, ...; their distributions q (one per draft).
     std::vector<TokenId> drafts;
     std::vector<std::vector<TokenProbability>> draft_distributions;
+    std::vector<double> draft_confidences;  // the planner's confidence of each draft (dspark.h)
     int64_t draft_position = -1;
 
     TokenId token_at(int64_t position) const;
@@ -79,9 +70,9 @@ class MtpExecutor final : public Executor {
   // The chain after the target pass: fills each drafting request's drafts. `rows_of_entry`: per entry, its first
   // target row and its computed rows (kept ones).
   Status draft(const ScheduledBatch& batch, std::span<const int32_t> first_rows, std::span<const int32_t> kept_rows);
-  // A draft from an MTP logits row for `request` whose chain so far is `chain`.
+  // A draft from an MTP logits row for `request` whose chain so far is `chain`, and its confidence (dspark.h).
   Status draft_from_logits(RequestState& request, std::span<const float> logits, std::span<const TokenId> chain,
-                           TokenId& token, std::vector<TokenProbability>& distribution);
+                           TokenId& token, std::vector<TokenProbability>& distribution, double& confidence);
 
   model::DeepSeekModel& model_;
   std::span<const backend::Buffer> layer_caches_;  // main layers, then the MTP layer
@@ -93,6 +84,7 @@ class MtpExecutor final : public Executor {
   std::map<SequenceId, RequestState> requests_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;
+  std::vector<float> greedy_probabilities_;
   std::vector<TokenId> penalty_window_;  // output + drafts of the row being sampled
 };
 

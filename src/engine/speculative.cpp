@@ -8,7 +8,8 @@ namespace deepinfer::engine {
 Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name) {
   if (name.empty() || name == "none") return SpeculativeAlgorithm::kNone;
   if (name == "mtp") return SpeculativeAlgorithm::kMtp;
-  return Status::invalid_argument("--speculative-algorithm must be mtp (or none), got '" + name + "'");
+  if (name == "dspark") return SpeculativeAlgorithm::kDspark;
+  return Status::invalid_argument("--speculative-algorithm must be mtp or dspark (or none), got '" + name + "'");
 }
 
 Status SpeculativeConfig::validate(int64_t num_nextn_predict_layers) const {
@@ -20,13 +21,30 @@ Status SpeculativeConfig::validate(int64_t num_nextn_predict_layers) const {
     return Status();
   }
   if (num_draft_tokens < 1 || num_draft_tokens > kMaxDraftTokens) {
-    return Status::invalid_argument("--speculative-num-draft-tokens must be in [1, " + std::to_string(kMaxDraftTokens) +
-                                    "] with --speculative-algorithm mtp, got " + std::to_string(num_draft_tokens));
+    const std::string flag = algorithm == SpeculativeAlgorithm::kDspark
+                                 ? "--dspark-max-draft-tokens must be in [1, "
+                                 : "--speculative-num-draft-tokens must be in [1, ";
+    return Status::invalid_argument(flag + std::to_string(kMaxDraftTokens) + "] with " +
+                                    (algorithm == SpeculativeAlgorithm::kDspark ? "--dspark-enable"
+                                                                                : "--speculative-algorithm mtp") +
+                                    ", got " + std::to_string(num_draft_tokens));
   }
-  if (algorithm == SpeculativeAlgorithm::kMtp && num_nextn_predict_layers < 1) {
+  if (algorithm == SpeculativeAlgorithm::kDspark) {
+    if (!(dspark.confidence_threshold >= 0.0 && dspark.confidence_threshold <= 1.0)) {
+      return Status::invalid_argument("--dspark-confidence-threshold must be in [0, 1], got " +
+                                      std::to_string(dspark.confidence_threshold));
+    }
+    if (!(dspark.abort_on_rollback_rate > 0.0 && dspark.abort_on_rollback_rate <= 1.0)) {
+      return Status::invalid_argument("--dspark-abort-on-rollback-rate must be in (0, 1], got " +
+                                      std::to_string(dspark.abort_on_rollback_rate));
+    }
+  }
+  if (num_nextn_predict_layers < 1) {
+    const std::string name = algorithm == SpeculativeAlgorithm::kDspark ? "--dspark-enable" : "--speculative-algorithm mtp";
     return Status::invalid_argument(
-        "--speculative-algorithm mtp needs the checkpoint's multi-token-prediction layers, but its config.json has "
-        "num_nextn_predict_layers " +
+        name + " needs the checkpoint's multi-token-prediction layers" +
+        (algorithm == SpeculativeAlgorithm::kDspark ? " (DSpark drafts with them in this build)" : "") +
+        ", but its config.json has num_nextn_predict_layers " +
         std::to_string(num_nextn_predict_layers) +
         " (no model.layers.{num_hidden_layers}.eh_proj / enorm / hnorm tensors to draft with)");
   }

@@ -835,7 +835,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
 }
 
 Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, const backend::Buffer& mtp_cache,
-                                  std::vector<float>* logits, std::vector<int32_t>* greedy) {
+                                  std::vector<float>* logits, std::vector<int32_t>* greedy,
+                                  std::vector<float>* greedy_probability) {
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
@@ -866,6 +867,7 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   if (T == 0) {
     if (logits) logits->clear();
     if (greedy) greedy->clear();
+    if (greedy_probability) greedy_probability->clear();
     kept_hidden_rows_ = 0;
     return Status();
   }
@@ -904,6 +906,9 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   backend_.compute_logits(t.x, M.shared_head_norm, eps, *w.lm_head, greedy != nullptr);
   kept_hidden_rows_ = 0;
   Status read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
+  if (read.ok() && greedy != nullptr && greedy_probability != nullptr) {
+    read = backend_.read_top_probabilities(*greedy_probability);
+  }
   if (read.ok()) kept_hidden_rows_ = T;
   return read;
 }

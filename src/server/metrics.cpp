@@ -166,6 +166,15 @@ void render_speculative(const engine::SpeculativeStats& s, std::string& out) {
   out += fmt::format("deepinfer_spec_verify_length_bucket{{le=\"+Inf\"}} {}\ndeepinfer_spec_verify_length_sum {}\n"
                      "deepinfer_spec_verify_length_count {}\n",
                      cumulative, sum, cumulative);
+  scalar(out, "deepinfer_spec_unverified_steps_total", "counter",
+         "DSpark: steps where the planner verified none of a request's drafts (it decoded plainly).",
+         s.unverified_steps);
+  scalar(out, "deepinfer_spec_fallbacks_total", "counter",
+         "DSpark: requests put on plain decoding after consecutive rollbacks.", s.fallbacks);
+  scalar(out, "deepinfer_spec_fallback_returns_total", "counter",
+         "DSpark: requests that drafted again after their probes were confident.", s.fallback_returns);
+  scalar(out, "deepinfer_spec_requests_in_fallback", "gauge", "DSpark: requests on plain decoding now.",
+         s.requests_in_fallback);
 }
 }  // namespace
 

@@ -8,13 +8,18 @@ BUILD=${BUILD:-build}
 PORT=${DEEPINFER_TEST_PORT:-18123}
 (cd tests/sdk && npm ci --silent --no-audit --no-fund)
 log=$(mktemp)
-"$BUILD/apps/deepinfer" serve --model-path models/demo --device cpu --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
+times=$(mktemp -d)
+# With DSpark (speculative decoding, issue 17): greedy output must not change, so every exact transcript below (the
+# Tokyo tool call of demo_tools.test.mjs among them) also checks that its drafts are verified exactly. The step
+# times are measured at startup (~5 s) into a scratch file.
+"$BUILD/apps/deepinfer" serve --model-path models/demo --device cpu --host 127.0.0.1 --port "$PORT" \
+  --dspark-enable --dspark-step-time-table "$times/step-times.json" >"$log" 2>&1 &
 server=$!
 # The test-only scripted engine double behind the real server, for tools.test.mjs (V3.1 and V4.1 formats).
 V31_PORT=${DEEPINFER_SCRIPTED_PORT_V31:-18124}; V41_PORT=${DEEPINFER_SCRIPTED_PORT_V41:-18125}
 "$BUILD/tests/scripted/scripted_server" --port "$V31_PORT" --chat-format deepseek-v3.1 >>"$log" 2>&1 & scripted31=$!
 "$BUILD/tests/scripted/scripted_server" --port "$V41_PORT" --chat-format deepseek-v4.1 >>"$log" 2>&1 & scripted41=$!
-trap 'kill "$server" "$scripted31" "$scripted41" 2>/dev/null || true; wait "$server" "$scripted31" "$scripted41" 2>/dev/null || true; rm -f "$log"' EXIT
+trap 'kill "$server" "$scripted31" "$scripted41" 2>/dev/null || true; wait "$server" "$scripted31" "$scripted41" 2>/dev/null || true; rm -rf "$log" "$times"' EXIT
 # Wait for /health (at most 60 s).
 node -e '
   const url = process.argv[1];

@@ -14,10 +14,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/model/safetensors.h"
@@ -92,6 +96,17 @@ EngineConfig tiny_config(int32_t draft_tokens, int32_t budget = 96) {
     config.speculative.algorithm = SpeculativeAlgorithm::kMtp;
     config.speculative.num_draft_tokens = draft_tokens;
   }
+  return config;
+}
+
+// DSpark over the MTP drafts (dspark.h): at most `max_drafts` per chain; `table` "const" (always draft, verify all
+// above the survival floor) or "" (measured on this machine when the engine starts).
+EngineConfig dspark_config(int32_t max_drafts, const std::string& table, double threshold, int32_t budget = 96) {
+  EngineConfig config = tiny_config(0, budget);
+  config.speculative.algorithm = SpeculativeAlgorithm::kDspark;
+  config.speculative.num_draft_tokens = max_drafts;
+  config.speculative.dspark.step_time_table = table;
+  config.speculative.dspark.confidence_threshold = threshold;
   return config;
 }
 
@@ -186,17 +201,18 @@ TEST(MtpEngineTest, StopTokensMaxTokensLogprobsAndPenaltiesKeepTheirMeaning) {
   for (float lp : outcomes[1].logprobs[ids[1][4]]) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f);
 }
 
-// Token frequencies at positions 2..4 (the ones verified against drafts) of 400 seeded requests with MTP (K = 2)
-// against 400 other seeds without: a two-sample chi-square per position, rare tokens pooled.
+// Token frequencies at positions 2..4 (the ones verified against drafts) of 400 seeded requests with MTP (K = 2),
+// and with DSpark (up to 3 drafts, every one drafted and verified: threshold 0, "const" table), each against 400
+// other seeds without: a two-sample chi-square per position, rare tokens pooled.
 TEST(MtpEngineTest, SampledTokensHaveThePlainSamplingDistribution) {
   const auto prompts = load_ints(kTinyReference, ".input_ids", 7);
   ASSERT_FALSE(prompts.empty());
   constexpr int kRequests = 400;
   constexpr int kTokens = 4;
-  std::vector<std::vector<std::vector<TokenId>>> outputs(2);  // [plain | mtp][request][token]
-  int64_t accepted = 0;
-  for (int side = 0; side < 2; ++side) {
-    EngineConfig config = tiny_config(side == 0 ? 0 : 2, 4096);
+  std::vector<std::vector<std::vector<TokenId>>> outputs(3);  // [plain | mtp | dspark][request][token]
+  int64_t accepted = 0, dspark_accepted = 0;
+  for (int side = 0; side < 3; ++side) {
+    EngineConfig config = side == 2 ? dspark_config(3, "const", 0.0, 4096) : tiny_config(side == 0 ? 0 : 2, 4096);
     config.max_num_seqs = kRequests;  // all in one batch: few steps
     auto engine = deepinfer::testing::make_fixture_engine(config);
     ASSERT_NE(engine, nullptr);
@@ -213,14 +229,17 @@ TEST(MtpEngineTest, SampledTokensHaveThePlainSamplingDistribution) {
     Outcome outcome = drain(*engine);
     for (SequenceId id : ids) outputs[side].push_back(outcome.tokens[id]);
     if (side == 1) accepted = engine->speculative_stats().accepted_tokens;
+    if (side == 2) dspark_accepted = engine->speculative_stats().accepted_tokens;
   }
   EXPECT_GT(accepted, 0) << "no draft was ever accepted: the test would not exercise acceptance";
+  EXPECT_GT(dspark_accepted, 0) << "no DSpark draft was ever accepted";
+  for (int compared : {1, 2})
   for (int position = 1; position < kTokens; ++position) {
     std::map<TokenId, std::array<int, 2>> counts;
-    for (int side = 0; side < 2; ++side) {
+    for (int side : {0, compared}) {
       for (const auto& tokens : outputs[side]) {
         ASSERT_EQ(tokens.size(), static_cast<size_t>(kTokens));
-        ++counts[tokens[static_cast<size_t>(position)]][static_cast<size_t>(side)];
+        ++counts[tokens[static_cast<size_t>(position)]][side == 0 ? 0 : 1];
       }
     }
     // Pool tokens seen fewer than 10 times in all into one bin.
@@ -241,9 +260,10 @@ TEST(MtpEngineTest, SampledTokensHaveThePlainSamplingDistribution) {
     const double df = static_cast<double>(bins.size()) - 1.0;
     // Wilson-Hilferty upper 0.1% point.
     const double t = 1.0 - 2.0 / (9.0 * df) + 3.090232 * std::sqrt(2.0 / (9.0 * df));
-    EXPECT_LT(chi, df * t * t * t) << "position " << position << ": " << bins.size() << " bins";
-    std::cout << "[ chi2   ] position " << position << ": " << chi << " over " << bins.size() << " bins (0.1% point "
-              << df * t * t * t << ")\n";
+    EXPECT_LT(chi, df * t * t * t) << (compared == 1 ? "mtp" : "dspark") << " position " << position << ": "
+                                   << bins.size() << " bins";
+    std::cout << "[ chi2   ] " << (compared == 1 ? "mtp" : "dspark") << " position " << position << ": " << chi
+              << " over " << bins.size() << " bins (0.1% point " << df * t * t * t << ")\n";
   }
 }
 
@@ -294,6 +314,67 @@ TEST(MtpEngineTest, GreedyIsTokenIdenticalOnTheDemoModel) {
             << "; accepted at position 1: " << stats.accepted_by_position[0] << "/" << stats.drafted_by_position[0]
             << ", position 2: " << stats.accepted_by_position[1] << "/" << stats.drafted_by_position[1] << "\n";
   EXPECT_GT(mean_accepted_length, 1.5) << "the MTP layer's convention (its input, its norms) is likely wrong";
+}
+
+// DSpark changes how many drafts are made and verified, never the tokens: the tiny fixture with every draft made
+// and verified (threshold 0, "const" table: its random weights' drafts are mostly rejected, so requests fall back
+// to plain decoding and return mid-run), and the demo model with the step times measured on this machine.
+TEST(MtpEngineTest, DsparkGreedyIsTokenIdenticalToPlainDecoding) {
+  const auto prompts = load_ints(kTinyReference, ".input_ids", 6);
+  const auto reference = load_ints(kTinyReference, ".greedy", 6);
+  ASSERT_EQ(prompts.size(), 6u);
+  auto engine = deepinfer::testing::make_fixture_engine(dspark_config(4, "const", 0.0));
+  ASSERT_NE(engine, nullptr);
+  std::vector<SequenceId> ids;
+  for (const auto& prompt : prompts) ids.push_back(*engine->submit(prompt, greedy(24)));
+  Outcome all = drain(*engine);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_GE(all.tokens[ids[i]].size(), reference[i].size());
+    EXPECT_EQ(std::vector<TokenId>(all.tokens[ids[i]].begin(), all.tokens[ids[i]].begin() + reference[i].size()),
+              reference[i])
+        << "prompt_" << i;
+  }
+  const SpeculativeStats& stats = engine->speculative_stats();
+  EXPECT_GT(stats.verifies, 0);
+  EXPECT_GT(stats.fallbacks, 0) << "random drafts are rejected: some request falls back";
+  EXPECT_EQ(stats.requests_in_fallback, 0) << "finished requests leave no fallback state";
+  EXPECT_EQ(engine->scheduler().block_pool().num_free(), engine->scheduler().block_pool().num_total());
+
+  namespace fs = std::filesystem;
+  const std::string dir = source_path("models/demo");
+  if (!fs::exists(fs::path(dir) / "model.safetensors")) GTEST_SKIP() << "no demo model";
+  const std::string reference_file = "tests/data/models/demo-reference.safetensors";
+  const auto demo_prompts = load_ints(reference_file, ".input_ids", 8);
+  const auto demo_reference = load_ints(reference_file, ".greedy", 8);
+  ASSERT_FALSE(demo_prompts.empty());
+  auto backend = backend::make_cpu_backend();
+  auto model = model::DeepSeekModel::load(dir, *backend, backend::Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  // A step-time file in a fresh directory: measured by the first engine, loaded by the second.
+  const fs::path table = fs::temp_directory_path() / ("dspark-test-" + std::to_string(::getpid())) / "times.json";
+  EngineConfig config = dspark_config(3, table.string(), 0.5, 12);
+  config.speculative.dspark.identity = "demo, this test";
+  auto demo = Engine::create(std::move(backend), std::move(model).value(), config);
+  ASSERT_TRUE(demo.ok()) << demo.status().to_string();
+  ASSERT_TRUE(fs::exists(table)) << "the measured step times are written";
+  std::vector<SequenceId> demo_ids;
+  for (const auto& prompt : demo_prompts) {
+    demo_ids.push_back(*(*demo)->submit(prompt, greedy(static_cast<int64_t>(demo_reference[0].size()))));
+  }
+  Outcome demo_all = drain(**demo);
+  for (size_t i = 0; i < demo_ids.size(); ++i) {
+    EXPECT_EQ(demo_all.tokens[demo_ids[i]], demo_reference[i]) << "demo prompt_" << i;
+  }
+  Result<StepTimes> loaded = [&]() -> Result<StepTimes> {
+    std::ifstream in(table);
+    std::stringstream text;
+    text << in.rdbuf();
+    return StepTimes::from_json(text.str(), "demo, this test");
+  }();
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  EXPECT_FALSE(loaded->verify.empty());
+  EXPECT_FALSE(loaded->draft.empty());
+  fs::remove_all(table.parent_path());
 }
 
 }  // namespace

@@ -252,6 +252,10 @@ class Backend {
   virtual void compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) = 0;
   virtual Status read_logits(std::vector<float>& host_logits) = 0;
   virtual Status read_greedy_tokens(std::vector<int32_t>& host_ids) = 0;
+  // After read_greedy_tokens, the same step: per row the softmax probability of its argmax id (1 / sum(exp(l -
+  // max)), float32; 0 for a row whose id is -1): a greedy draft's confidence (speculative decoding) without moving
+  // the logits. REQUIRES: compute_logits(greedy) ran for this step.
+  virtual Status read_top_probabilities(std::vector<float>& host_probabilities) = 0;
 
   // compute_logits then read_logits: host logits [logits_rows.size(), lm_head.rows]. Waits for the step.
   Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,

@@ -18,6 +18,7 @@
 #include "deepinfer/engine/sampler.h"
 #include "deepinfer/engine/sampling_params.h"
 #include "deepinfer/engine/scheduler.h"
+#include "deepinfer/engine/dspark.h"
 #include "deepinfer/engine/speculative.h"
 #include "deepinfer/kvcache/block_pool.h"
 #include "deepinfer/engine/executor.h"
@@ -25,6 +26,8 @@
 #include "deepinfer/model/deepseek_model.h"
 
 namespace deepinfer::engine {
+
+class MtpExecutor;  // src/engine/mtp_executor.h
 
 struct EngineConfig {
   int32_t max_num_batched_tokens = 2048;  // --max-num-batched-tokens
@@ -69,6 +72,15 @@ struct KvCachePlan {
   kvcache::KvCacheConfig cache;
 };
 Result<KvCachePlan> plan_kv_cache(const EngineConfig& config, const kvcache::CacheLayout& layout);
+
+// DSpark's step times for this engine (dspark.h): "const" -> none (flat); a file of config.step_time_table measured
+// for config.identity and reaching `max_rows` -> loaded; otherwise measured now on `model` over `layer_caches` (the
+// main layers', then the MTP layer's; they must hold nothing yet: blocks from 0 up are overwritten; under a second
+// on the CPU demo model) and written to that file (atomically; a write failure is logged, not fatal). Errors: the
+// model's.
+Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& model,
+                             std::span<const backend::Buffer> layer_caches, int32_t num_blocks, int32_t max_num_seqs,
+                             int32_t max_rows);
 
 // The prefix cache's state per tier, for metrics (kvcache::KvCacheManager::counters()).
 using KvTierStats = kvcache::KvCacheCounters;
@@ -172,7 +184,8 @@ class Engine {
   };
 
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
-         const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches);
+         const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches,
+         std::unique_ptr<DraftPlanner> planner);
 
   // First, so it is destroyed last: the scheduler and the tiers (and the disk writer thread) publish into it.
   std::unique_ptr<kvcache::KvEventPublisher> kv_events_;
@@ -187,6 +200,7 @@ class Engine {
   std::unique_ptr<StepGate> step_gate_;          // null on the CPU backend
   std::unique_ptr<DeviceBlocks> device_blocks_;  // points into layer_caches_
   std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
+  MtpExecutor* mtp_executor_ = nullptr;  // executor_ when it drafts (its planner's counters)
   SequenceId next_id_ = 1;
   int64_t num_preemptions_ = 0;
   SpeculativeStats speculative_stats_;

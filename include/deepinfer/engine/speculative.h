@@ -23,19 +23,43 @@
 namespace deepinfer::engine {
 
 enum class SpeculativeAlgorithm {
-  kNone,  // plain decoding
-  kMtp,   // the checkpoint's next-n (MTP) layer, chained num_draft_tokens times (TensorRT-LLM's "MTP Eagle")
+  kNone,    // plain decoding
+  kMtp,     // the checkpoint's next-n (MTP) layer, chained num_draft_tokens times (TensorRT-LLM's "MTP Eagle")
+  kDspark,  // the same drafts under DSpark's planner (dspark.h): per-request verify length from the drafts'
+            // confidence and a measured step-time table, chains cut at low confidence, a rollback fallback
 };
 
-// "mtp" -> kMtp, "none" / "" -> kNone (case-sensitive, as vLLM's method names). Errors: InvalidArgument naming
-// the accepted values.
+// "mtp" -> kMtp, "dspark" -> kDspark, "none" / "" -> kNone (case-sensitive, as vLLM's method names). Errors:
+// InvalidArgument naming the accepted values.
 Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name);
+
+// DSpark's knobs, the seed's flags: --dspark-enable --dspark-confidence-threshold 0.85 --dspark-max-draft-tokens 6
+// --dspark-abort-on-rollback-rate 0.30 (dspark.h says what each does).
+struct DsparkConfig {
+  // A draft chain stops after a draft whose confidence is below this (that draft is still offered to the planner);
+  // a request in fallback returns after kProbesToReturn consecutive probe drafts at or above it. In [0, 1].
+  double confidence_threshold = 0.85;
+  // A verify that rejects more than this fraction of its drafts is a rollback; kRollbacksToFallBack consecutive
+  // rollbacks put the request on plain decoding (the seed's "three consecutive rollbacks"). In (0, 1].
+  double abort_on_rollback_rate = 0.30;
+  static constexpr int32_t kRollbacksToFallBack = 3;
+  static constexpr int32_t kProbesToReturn = 3;
+  // Where the step-time table lives: a JSON file loaded when it was measured for this engine (`identity`), else
+  // measured at startup and written there; "const": a flat table (every step the same time: verify every draft,
+  // SGLang's "const"); "": measured, not written.
+  std::string step_time_table;
+  // What makes a table valid for this engine (checkpoint fingerprint, backend and device, threads, weights); the
+  // file records it and a table of another identity is measured again.
+  std::string identity;
+};
 
 struct SpeculativeConfig {
   SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
-  // Drafts per request per step (K). The scheduler reserves this many lookahead slots; a step verifies fewer
-  // where the token budget, max_tokens or the free blocks leave less room.
+  // Drafts per request per step (K; with DSpark, --dspark-max-draft-tokens). The scheduler reserves this many
+  // lookahead slots; a step verifies fewer where the token budget, max_tokens or the free blocks leave less room,
+  // or (DSpark) where the planner says they do not pay.
   int32_t num_draft_tokens = 0;
+  DsparkConfig dspark;  // read with kDspark only
   // The most drafts a step may verify for one request (a chain longer than one KV block is not supported).
   static constexpr int32_t kMaxDraftTokens = 16;
 
@@ -55,6 +79,12 @@ struct SpeculativeStats {
   int64_t verifies = 0;
   int64_t emitted_tokens = 0;  // tokens the verifies produced (accepted + one each): mean accepted length =
                                // emitted_tokens / verifies
+  // DSpark: requests put on plain decoding by consecutive rollbacks, requests that came back from it, and the
+  // requests on plain decoding now.
+  int64_t fallbacks = 0, fallback_returns = 0, requests_in_fallback = 0;
+  // DSpark: a drafting request's steps where the planner verified none of its drafts (plain decoding that step,
+  // fallbacks included).
+  int64_t unverified_steps = 0;
   // Per draft position i (0-based: the i+1-th draft of a verify): drafts checked there, and accepted there.
   std::vector<int64_t> drafted_by_position, accepted_by_position;
   // verify_length_counts[n]: verifies of n tokens (the last token plus n - 1 drafts), n in [2, K + 1].

@@ -106,10 +106,13 @@ class DeepSeekModel {
   // keeps its own hidden state after shared_head.norm (what the head sees: the same convention as the main
   // model's, so that a chained pass reads what the layer was trained on) for the next forward_mtp(). Exactly one
   // of `logits` ([logits_rows, vocab] float32, host) and `greedy` (argmax ids [logits_rows]; -1 as forward_greedy)
-  // is non-null. Errors: InvalidArgument (no such layer, rows beyond the kept hidden state, bad block tables or
-  // token ids, no kept hidden state), the backend's. Not thread-safe. Always eager (no graphs).
+  // is non-null; with `greedy`, `greedy_probability` (optional) gets each id's softmax probability [logits_rows]
+  // (the draft's confidence, computed where the logits are). Errors: InvalidArgument (no such layer, rows beyond
+  // the kept hidden state, bad block tables or token ids, no kept hidden state), the backend's. Not thread-safe.
+  // Always eager (no graphs).
   Status forward_mtp(int64_t mtp_layer, const MtpBatch& batch, const backend::Buffer& mtp_cache,
-                     std::vector<float>* logits, std::vector<int32_t>* greedy);
+                     std::vector<float>* logits, std::vector<int32_t>* greedy,
+                     std::vector<float>* greedy_probability = nullptr);
 
   // Decode steps (every sequence one row, at most kGraphMaxRows rows, not all at position 0) go through
   // Backend::run_graph, which on the CUDA backend replays a CUDA graph per (rows, block-table bucket, logits rows,

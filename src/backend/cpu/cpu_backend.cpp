@@ -422,6 +422,26 @@ class CpuBackend final : public Backend {
     return Status();
   }
 
+  Status read_top_probabilities(std::vector<float>& host_probabilities) override {
+    if (!head_has_ids_) {
+      std::fprintf(stderr, "cpu backend: read_top_probabilities without compute_logits(greedy) for this step\n");
+      std::abort();
+    }
+    const int64_t rows = static_cast<int64_t>(head_ids_.size());
+    const int64_t vocab = rows > 0 ? static_cast<int64_t>(head_logits_.size()) / rows : 0;
+    host_probabilities.assign(static_cast<size_t>(rows), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t id = head_ids_[static_cast<size_t>(r)];
+      if (id < 0) continue;
+      const float* row = head_logits_.data() + r * vocab;
+      const float best = row[id];
+      double sum = 0.0;
+      for (int64_t i = 0; i < vocab; ++i) sum += std::exp(row[i] - best);
+      host_probabilities[static_cast<size_t>(r)] = static_cast<float>(1.0 / sum);
+    }
+    return Status();
+  }
+
  private:
   // y = x · w[index]ᵀ. One OpenMP team splits the output columns; each thread runs a single-threaded sgemm on
   // its slice (bf16 slices are widened tile by tile into the thread's own buffer). One thread pool for

@@ -123,6 +123,7 @@ struct StepState {
 struct HeadResult {
   const float* logits = nullptr;  // [rows, vocab] float32, or null when there are no rows or an op failed
   const int32_t* ids = nullptr;   // [rows] argmax ids when compute_logits ran with greedy, else null
+  const float* top_probability = nullptr;  // [rows] softmax probability of each id, beside them
   int64_t rows = 0, vocab = 0;
   bool computed = false;          // compute_logits ran for this step
   bool greedy = false;
@@ -183,6 +184,7 @@ class CudaBackend final : public Backend {
   void compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) override;
   Status read_logits(std::vector<float>& host_logits) override;
   Status read_greedy_tokens(std::vector<int32_t>& host_ids) override;
+  Status read_top_probabilities(std::vector<float>& host_probabilities) override;
 
  private:
   CudaBackend() = default;

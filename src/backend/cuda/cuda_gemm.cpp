@@ -216,6 +216,7 @@ void CudaBackend::compute_logits(const Tensor& x, const Buffer& norm, float eps,
   ScratchLayout l;
   const size_t o_rows = l.add(static_cast<size_t>(n * hidden) * 2);
   const size_t o_ids = l.add(static_cast<size_t>(n) * 4);
+  const size_t o_probabilities = l.add(static_cast<size_t>(n) * 4);
   const size_t o_logits = l.add(static_cast<size_t>(n * vocab) * 4);
   char* base = reserve(logits_, l.bytes);
   if (base == nullptr) return;
@@ -242,12 +243,14 @@ void CudaBackend::compute_logits(const Tensor& x, const Buffer& norm, float eps,
     a.cols = vocab;
     a.logits = logits;
     a.ids = ids;
+    a.top_probability = reinterpret_cast<float*>(base + o_probabilities);
     a.stream = stream_;
     check_cuda(kc::run_argmax(a), "greedy_tokens (argmax)");
   }
   if (failed()) return;
   head_.logits = logits;
   head_.ids = greedy ? ids : nullptr;
+  head_.top_probability = greedy ? reinterpret_cast<const float*>(base + o_probabilities) : nullptr;
 }
 
 // A pinned host buffer of at least `bytes` (device-to-host copies into pageable memory ran at ~2 GB/s on the H200
@@ -307,6 +310,26 @@ Status CudaBackend::read_greedy_tokens(std::vector<int32_t>& host_ids) {
       Status s = synchronize();
       if (!s.ok()) return s;
       std::memcpy(host_ids.data(), staging, n * 4);
+    }
+  }
+  return synchronize();
+}
+
+Status CudaBackend::read_top_probabilities(std::vector<float>& host_probabilities) {
+  BACKEND_CHECK(!capturing_, "read_top_probabilities inside run_graph's ops");
+  BACKEND_CHECK(head_.computed && head_.greedy,
+                "read_top_probabilities without compute_logits(greedy) for this step");
+  activate();
+  const size_t n = static_cast<size_t>(head_.rows);
+  host_probabilities.assign(n, 0.0f);
+  if (head_.top_probability != nullptr && !failed()) {
+    void* staging = pinned_host(n * 4);
+    if (staging != nullptr) {
+      check_cuda(cudaMemcpyAsync(staging, head_.top_probability, n * 4, cudaMemcpyDeviceToHost, stream_),
+                 "top probabilities (copy to host)");
+      Status s = synchronize();
+      if (!s.ok()) return s;
+      std::memcpy(host_probabilities.data(), staging, n * 4);
     }
   }
   return synchronize();

@@ -14,6 +14,8 @@ struct ArgmaxParams {
   int32_t* ids = nullptr;         // [rows] device: per row the index of the largest value, the lowest index among
                                   // equal maxima (the CPU sampler's rule); -1 when the row holds a NaN or +inf
                                   // (the CPU sampler rejects those) or nothing above -inf
+  float* top_probability = nullptr;  // optional [rows] device: softmax probability of that index, 1 / sum(exp(v -
+                                     // max)) (speculative decoding's draft confidence); 0 where ids is -1
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_argmax(const ArgmaxParams& params);

@@ -1,0 +1,157 @@
+// DSpark's scheduling half (deepseek-v4-spec.md §5.2; SGLang's dspark_verify_planner.py and dspark_scheduler.py):
+// each step, how many of its drafts each request verifies, chosen for the whole batch so that the expected
+// committed tokens per second is largest — the seed's "1.6x at batch 1, 0.9x at batch 32" is what it prevents:
+// where another verified row costs more time than its chance of being accepted pays back, it is not verified.
+//
+//   Survival of request i's k-th draft: S_ik = conf_i1 * ... * conf_ik (the chance that drafts 1..k all pass).
+//   With N committing requests and base_tokens rows the step computes anyway, verifying the b drafts of largest
+//   survival commits tau(b) = N + (sum of those b survivals) tokens in expected value, in step_ms(base_tokens + b)
+//   milliseconds (a StepTimeTable measured on the running backend). b* = argmax tau(b) / step_ms(base_tokens + b);
+//   request i verifies its drafts among those b* (survivals fall with k, so they are its first ones).
+//   Before drafting, the chain length L of the step is chosen the same way, with the draft passes' measured time
+//   and the running acceptance rates (plan_draft_length): drafting stops where it would not pay.
+//   A request whose drafts keep being rejected (DsparkConfig::kRollbacksToFallBack verifies in a row rejecting more
+//   than --dspark-abort-on-rollback-rate of their drafts) falls back to plain decoding: it verifies nothing and
+//   drafts one probe every few steps (its confidence only); after DsparkConfig::kProbesToReturn probes in a row at or above
+//   --dspark-confidence-threshold it drafts again.
+// Confidence: the draft distribution's top-1 probability (the MTP layer's softmax for a greedy request, its own
+// sampling distribution for a sampled one) — the MTP-only checkpoint form the issue names; a trained DSpark
+// confidence head (dspark_* checkpoints) is not loaded by this build.
+// The drafts being verified were made at the end of the previous step with their confidences known, so nothing is
+// lagged (SGLang lags them one step for its overlap scheduler).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "deepinfer/core/status.h"
+#include "deepinfer/engine/sequence.h"
+#include "deepinfer/engine/speculative.h"
+
+namespace deepinfer::engine {
+
+// Milliseconds of a target forward pass against the rows it computes (tokens per step -> ms), measured on the
+// running backend at startup (Engine::create) or loaded from its file. Immutable once built; thread-compatible.
+class StepTimeTable {
+ public:
+  StepTimeTable() = default;
+  // `points`: (tokens, ms), tokens ascending and >= 1, ms > 0. Errors: InvalidArgument.
+  static Result<StepTimeTable> create(std::vector<std::pair<int32_t, double>> points);
+  // Every step the same time (SGLang's "const" table): the planner then verifies every draft.
+  static StepTimeTable flat();
+  // Piecewise linear between points; the first point's time below it; beyond the last, the last segment's slope
+  // (never decreasing). An empty table is flat.
+  double milliseconds(int64_t tokens) const;
+  const std::vector<std::pair<int32_t, double>>& points() const { return points_; }
+  bool empty() const { return points_.empty(); }
+
+ private:
+  std::vector<std::pair<int32_t, double>> points_;
+};
+
+// What the planner knows of this machine: the target pass against its rows (verify) and one draft pass against its
+// rows (each a chain's next draft, logits row included). Both empty: "const" (drafting and verifying look free).
+struct StepTimes {
+  StepTimeTable verify, draft;
+  // {"identity": ..., "verify": [[rows, ms], ...], "draft": [[rows, ms], ...]}.
+  std::string to_json(std::string_view identity) const;
+  // Errors: InvalidArgument when the text is not such a file, or was measured for another identity (named).
+  static Result<StepTimes> from_json(std::string_view text, std::string_view identity);
+};
+
+// One drafting request of a step, for plan_verify.
+struct VerifyRequest {
+  SequenceId id = 0;
+  std::vector<double> confidences;  // of its drafts in order (each in [0, 1]); their count is the most it may verify
+  int32_t verify_drafts = 0;        // out: how many of its first drafts to verify (0: plain decoding this step)
+};
+
+// The batch-wide choice above. `base_tokens`: the rows the step computes without drafts (prompt chunks, one per
+// decode); `committing`: the requests that commit at least one token this step (N). Survivals below 1e-6 are never
+// verified. Returns the expected committed tokens per second of the choice. Deterministic (ties: the earlier
+// request, the lower draft index).
+double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable& verify_times,
+                   std::span<VerifyRequest> requests);
+
+// How long the chains drafted this step may be (0..max_draft_tokens), for the whole batch: the L maximising
+// (committing + chains * sum_{k<=L} A_k) / (verify_ms(base_tokens + chains * L) + L * draft_ms(chains)), where A_k is
+// the running rate at which drafts 1..k were all accepted. Drafting pays only where it buys more tokens than the
+// draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
+// large vocabulary head) that is L = 0: plain decoding, but for the MTP layer's KV kept current.
+int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
+                          std::span<const double> all_accepted_rate, const StepTimes& times);
+
+// How long each request's draft chain is and how much of it a step verifies: the MTP executor's seam
+// (mtp_executor.h). The default drafts and verifies the maximum (plain MTP). Called on the step thread only.
+class DraftPlanner {
+ public:
+  virtual ~DraftPlanner() = default;
+  // Before the step's chains: `chains` requests may draft after a target pass of `base_tokens` rows in which
+  // `committing` requests commit tokens.
+  virtual void begin_drafting(int64_t /*base_tokens*/, int64_t /*committing*/, int64_t /*chains*/) {}
+  // Before request `id`'s chain: how many drafts at most (0..max_draft_tokens).
+  virtual int32_t max_drafts(SequenceId /*id*/, int32_t max_draft_tokens) { return max_draft_tokens; }
+  // After its draft number `index` (0-based) of confidence `confidence` (dspark.h's rule; computed only when
+  // wants_confidence()): whether to draft another (the executor also stops at max_drafts).
+  virtual bool continue_after(SequenceId /*id*/, int32_t /*index*/, double /*confidence*/) { return true; }
+  virtual bool wants_confidence() const { return false; }
+  // Before the target pass: how many of each drafting request's drafts to verify (VerifyRequest::verify_drafts,
+  // preset to all of them). `base_tokens` and `committing` as plan_verify's.
+  virtual void plan(int64_t /*base_tokens*/, int64_t /*committing*/, std::span<VerifyRequest> /*requests*/) {}
+  // After acceptance: request `id` verified `verified` drafts (0 when plan chose none) and accepted `accepted`.
+  virtual void on_verified(SequenceId /*id*/, int32_t /*verified*/, int32_t /*accepted*/) {}
+  virtual void on_removed(SequenceId /*id*/) {}
+  // Counters for SpeculativeStats (fallbacks, fallback_returns, requests_in_fallback).
+  virtual void add_counters(SpeculativeStats& /*stats*/) const {}
+};
+
+// DSpark's planner over a draft whose confidence is its top-1 probability (the rules at the top of this file).
+class DsparkPlanner final : public DraftPlanner {
+ public:
+  // `max_draft_tokens`: K, the longest chain.
+  DsparkPlanner(DsparkConfig config, StepTimes times, int32_t max_draft_tokens);
+
+  void begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) override;
+  int32_t max_drafts(SequenceId id, int32_t max_draft_tokens) override;
+  bool continue_after(SequenceId id, int32_t index, double confidence) override;
+  bool wants_confidence() const override { return true; }
+  void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
+  void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
+  void on_removed(SequenceId id) override { state_.erase(id); }
+  void add_counters(SpeculativeStats& stats) const override;
+
+  const StepTimes& times() const { return times_; }
+  bool in_fallback(SequenceId id) const;
+  // A_k (k = 1..K): the decayed rate at which a verify of at least k drafts accepted drafts 1..k.
+  std::vector<double> all_accepted_rate() const;
+  // Steps in a row without drafting after which one step drafts a single token anyway, so that A_1 keeps being
+  // measured (the batch's acceptance may have changed).
+  static constexpr int32_t kProbeEverySteps = 16;
+  // A request in fallback drafts its probe every this many steps (a probe costs a draft pass's logits row).
+  static constexpr int32_t kProbeEveryFallbackSteps = 4;
+
+ private:
+  struct RequestState {
+    int32_t rollbacks_in_a_row = 0;
+    bool fallback = false;
+    int32_t probes_in_a_row = 0;  // in fallback: probe drafts at or above the threshold, in a row
+    int32_t steps_since_probe = 0;
+  };
+  DsparkConfig config_;
+  StepTimes times_;
+  int32_t max_draft_tokens_;
+  int32_t step_draft_length_ = 0;  // this step's L (begin_drafting)
+  int32_t steps_without_drafts_ = 0;
+  // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
+  // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
+  std::vector<double> verified_at_, all_accepted_at_;
+  std::map<SequenceId, RequestState> state_;
+  int64_t fallbacks_ = 0, fallback_returns_ = 0, unverified_steps_ = 0;
+};
+
+}  // namespace deepinfer::engine

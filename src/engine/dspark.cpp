@@ -1,0 +1,268 @@
+// DSpark's verify-length planner, its step-time table and the rollback fallback (dspark.h).
+#include "deepinfer/engine/dspark.h"
+
+#include <algorithm>
+#include <boost/json.hpp>
+#include <cmath>
+
+namespace deepinfer::engine {
+
+Result<StepTimeTable> StepTimeTable::create(std::vector<std::pair<int32_t, double>> points) {
+  for (size_t i = 0; i < points.size(); ++i) {
+    const auto& [tokens, ms] = points[i];
+    if (tokens < 1 || !(ms > 0.0) || !std::isfinite(ms) || (i > 0 && tokens <= points[i - 1].first)) {
+      return Status::invalid_argument("step-time table: point " + std::to_string(i) + " (" + std::to_string(tokens) +
+                                      " tokens, " + std::to_string(ms) +
+                                      " ms) is not ascending in tokens with a positive time");
+    }
+  }
+  StepTimeTable table;
+  table.points_ = std::move(points);
+  return table;
+}
+
+StepTimeTable StepTimeTable::flat() { return StepTimeTable(); }
+
+double StepTimeTable::milliseconds(int64_t tokens) const {
+  if (points_.empty()) return 1.0;
+  if (tokens <= points_.front().first) return points_.front().second;
+  for (size_t i = 1; i < points_.size(); ++i) {
+    const auto& [t1, ms1] = points_[i];
+    if (tokens <= t1) {
+      const auto& [t0, ms0] = points_[i - 1];
+      return ms0 + (ms1 - ms0) * static_cast<double>(tokens - t0) / static_cast<double>(t1 - t0);
+    }
+  }
+  const auto& [t_last, ms_last] = points_.back();
+  double slope = 0.0;
+  if (points_.size() >= 2) {
+    const auto& [t0, ms0] = points_[points_.size() - 2];
+    slope = std::max(0.0, (ms_last - ms0) / static_cast<double>(t_last - t0));
+  }
+  return ms_last + slope * static_cast<double>(tokens - t_last);
+}
+
+namespace {
+boost::json::array points_json(const StepTimeTable& table) {
+  boost::json::array points;
+  for (const auto& [tokens, ms] : table.points()) points.push_back(boost::json::array{tokens, ms});
+  return points;
+}
+
+Result<StepTimeTable> points_from_json(const boost::json::object& object, const char* key) {
+  const boost::json::value* points = object.if_contains(key);
+  if (points == nullptr || !points->is_array()) {
+    return Status::invalid_argument(std::string("step-time file: no \"") + key + "\" array");
+  }
+  std::vector<std::pair<int32_t, double>> parsed;
+  for (const boost::json::value& point : points->get_array()) {
+    if (!point.is_array() || point.get_array().size() != 2 || !point.get_array()[0].is_int64() ||
+        !point.get_array()[1].is_number()) {
+      return Status::invalid_argument(std::string("step-time file: a point of \"") + key + "\" is not [rows, ms]");
+    }
+    parsed.emplace_back(static_cast<int32_t>(point.get_array()[0].get_int64()), point.get_array()[1].to_number<double>());
+  }
+  return StepTimeTable::create(std::move(parsed));
+}
+}  // namespace
+
+std::string StepTimes::to_json(std::string_view identity) const {
+  return boost::json::serialize(
+      boost::json::object{{"identity", identity}, {"verify", points_json(verify)}, {"draft", points_json(draft)}});
+}
+
+Result<StepTimes> StepTimes::from_json(std::string_view text, std::string_view identity) {
+  boost::system::error_code error;
+  boost::json::value value = boost::json::parse(text, error);
+  if (error || !value.is_object()) return Status::invalid_argument("step-time file: not a JSON object");
+  const boost::json::object& object = value.get_object();
+  const boost::json::value* id = object.if_contains("identity");
+  if (id == nullptr || !id->is_string()) return Status::invalid_argument("step-time file: no \"identity\" string");
+  if (id->get_string() != identity) {
+    return Status::invalid_argument("step-time file: measured for '" + std::string(id->get_string()) +
+                                    "', not for this engine ('" + std::string(identity) + "')");
+  }
+  Result<StepTimeTable> verify = points_from_json(object, "verify");
+  if (!verify.ok()) return verify.status();
+  Result<StepTimeTable> draft = points_from_json(object, "draft");
+  if (!draft.ok()) return draft.status();
+  return StepTimes{std::move(verify).value(), std::move(draft).value()};
+}
+
+int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
+                          std::span<const double> all_accepted_rate, const StepTimes& times) {
+  if (chains <= 0) return 0;
+  const double none = static_cast<double>(committing) / times.verify.milliseconds(base_tokens);
+  double best_rate = none, expected = static_cast<double>(committing);
+  int32_t best = 0;
+  for (int32_t length = 1; length <= max_draft_tokens && length <= static_cast<int32_t>(all_accepted_rate.size());
+       ++length) {
+    expected += static_cast<double>(chains) * std::clamp(all_accepted_rate[static_cast<size_t>(length - 1)], 0.0, 1.0);
+    const double ms = times.verify.milliseconds(base_tokens + chains * length) +
+                      (times.draft.empty() ? 0.0 : length * times.draft.milliseconds(chains));
+    const double rate = expected / ms;
+    if (rate > best_rate * (1.0 + 1e-9)) {
+      best_rate = rate;
+      best = length;
+    }
+  }
+  return best;
+}
+
+double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable& table,
+                   std::span<VerifyRequest> requests) {
+  constexpr double kSurvivalEps = 1e-6;  // SGLang's survival_eps
+  struct Candidate {
+    double survival;
+    size_t request;
+    int32_t index;
+  };
+  std::vector<Candidate> candidates;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].verify_drafts = 0;
+    double survival = 1.0;
+    for (size_t k = 0; k < requests[r].confidences.size(); ++k) {
+      survival *= std::clamp(requests[r].confidences[k], 0.0, 1.0);
+      if (!(survival >= kSurvivalEps)) break;
+      candidates.push_back({survival, r, static_cast<int32_t>(k)});
+    }
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.survival > b.survival; });
+  // tau(b) / ms(base + b) over b = 0..candidates.size(); the first maximum.
+  double expected = static_cast<double>(committing);
+  size_t best_b = 0;
+  double best_rate = expected / table.milliseconds(base_tokens);
+  for (size_t b = 1; b <= candidates.size(); ++b) {
+    expected += candidates[b - 1].survival;
+    const double rate = expected / table.milliseconds(base_tokens + static_cast<int64_t>(b));
+    if (rate > best_rate) {
+      best_rate = rate;
+      best_b = b;
+    }
+  }
+  // Survivals fall with the draft index, so each request's chosen drafts are its first ones (ties between equal
+  // survivals of one request keep index order: stable sort).
+  for (size_t b = 0; b < best_b; ++b) {
+    VerifyRequest& request = requests[candidates[b].request];
+    request.verify_drafts = std::max(request.verify_drafts, candidates[b].index + 1);
+  }
+  return best_rate * 1000.0;
+}
+
+DsparkPlanner::DsparkPlanner(DsparkConfig config, StepTimes times, int32_t max_draft_tokens)
+    : config_(std::move(config)), times_(std::move(times)), max_draft_tokens_(max_draft_tokens) {
+  constexpr double kPriorVerifies = 4.0, kPriorRate = 0.7;
+  double rate = 1.0;
+  for (int32_t k = 0; k < max_draft_tokens_; ++k) {
+    rate *= kPriorRate;
+    verified_at_.push_back(kPriorVerifies);
+    all_accepted_at_.push_back(kPriorVerifies * rate);
+  }
+}
+
+std::vector<double> DsparkPlanner::all_accepted_rate() const {
+  std::vector<double> rates(verified_at_.size(), 0.0);
+  for (size_t k = 0; k < rates.size(); ++k) rates[k] = verified_at_[k] > 0 ? all_accepted_at_[k] / verified_at_[k] : 0.0;
+  return rates;
+}
+
+void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
+  const std::vector<double> rates = all_accepted_rate();
+  step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_);
+  if (step_draft_length_ == 0 && chains > 0 && ++steps_without_drafts_ >= kProbeEverySteps) {
+    step_draft_length_ = 1;  // keep A_1 measured
+    steps_without_drafts_ = 0;
+  } else if (step_draft_length_ > 0) {
+    steps_without_drafts_ = 0;
+  }
+}
+
+int32_t DsparkPlanner::max_drafts(SequenceId id, int32_t max_draft_tokens) {
+  // In fallback: one probe draft every kProbeEveryFallbackSteps steps, for its confidence (never verified).
+  RequestState& state = state_[id];
+  if (state.fallback) {
+    if (++state.steps_since_probe < kProbeEveryFallbackSteps) return 0;
+    state.steps_since_probe = 0;
+    return std::min(max_draft_tokens, 1);
+  }
+  return std::min(max_draft_tokens, step_draft_length_);
+}
+
+bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confidence) {
+  RequestState& state = state_[id];
+  const bool confident = confidence >= config_.confidence_threshold;
+  if (state.fallback) {
+    if (index == 0) {
+      state.probes_in_a_row = confident ? state.probes_in_a_row + 1 : 0;
+      if (state.probes_in_a_row >= DsparkConfig::kProbesToReturn) {
+        state.fallback = false;
+        state.probes_in_a_row = 0;
+        state.rollbacks_in_a_row = 0;
+        ++fallback_returns_;
+      }
+    }
+    return false;
+  }
+  return confident;
+}
+
+void DsparkPlanner::plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) {
+  // Requests in fallback verify nothing (their one draft is a probe); the rest share the batch-wide choice.
+  std::vector<VerifyRequest> planned;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto it = state_.find(requests[i].id);
+    if (it != state_.end() && it->second.fallback) {
+      requests[i].verify_drafts = 0;
+      continue;
+    }
+    where.push_back(i);
+    planned.push_back(std::move(requests[i]));
+  }
+  plan_verify(base_tokens, committing, times_.verify, planned);
+  for (size_t j = 0; j < planned.size(); ++j) requests[where[j]] = std::move(planned[j]);
+  for (const VerifyRequest& request : requests) unverified_steps_ += request.verify_drafts == 0 ? 1 : 0;
+}
+
+void DsparkPlanner::on_verified(SequenceId id, int32_t verified, int32_t accepted) {
+  if (verified <= 0) return;
+  // The running acceptance rates, decayed so that they follow the batch (about the last 200 verifies).
+  constexpr double kDecay = 0.995;
+  for (size_t k = 0; k < verified_at_.size(); ++k) {
+    verified_at_[k] *= kDecay;
+    all_accepted_at_[k] *= kDecay;
+    if (static_cast<int32_t>(k) < verified) {
+      verified_at_[k] += 1.0;
+      all_accepted_at_[k] += static_cast<int32_t>(k) < accepted ? 1.0 : 0.0;
+    }
+  }
+  RequestState& state = state_[id];
+  if (state.fallback) return;
+  const double rolled_back = static_cast<double>(verified - accepted) / static_cast<double>(verified);
+  if (rolled_back > config_.abort_on_rollback_rate) {
+    if (++state.rollbacks_in_a_row >= DsparkConfig::kRollbacksToFallBack) {
+      state.fallback = true;
+      state.rollbacks_in_a_row = 0;
+      state.probes_in_a_row = 0;
+      ++fallbacks_;
+    }
+  } else {
+    state.rollbacks_in_a_row = 0;
+  }
+}
+
+bool DsparkPlanner::in_fallback(SequenceId id) const {
+  auto it = state_.find(id);
+  return it != state_.end() && it->second.fallback;
+}
+
+void DsparkPlanner::add_counters(SpeculativeStats& stats) const {
+  stats.fallbacks = fallbacks_;
+  stats.fallback_returns = fallback_returns_;
+  stats.unverified_steps = unverified_steps_;
+  stats.requests_in_fallback = 0;
+  for (const auto& [id, state] : state_) stats.requests_in_fallback += state.fallback ? 1 : 0;
+}
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,173 @@
+// DSpark's planner with no model (engine/dspark.h): the step-time tables and their file, the batch-wide verify
+// length (worked examples whose arithmetic is in the comments), the draft length against the draft passes' cost,
+// and the rollback fallback with its return.
+#include "deepinfer/engine/dspark.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace deepinfer::engine {
+namespace {
+
+StepTimeTable table(std::vector<std::pair<int32_t, double>> points) {
+  Result<StepTimeTable> created = StepTimeTable::create(std::move(points));
+  EXPECT_TRUE(created.ok()) << created.status().to_string();
+  return created.ok() ? *created : StepTimeTable();
+}
+
+VerifyRequest request(SequenceId id, std::vector<double> confidences) {
+  VerifyRequest r;
+  r.id = id;
+  r.confidences = std::move(confidences);
+  r.verify_drafts = static_cast<int32_t>(r.confidences.size());
+  return r;
+}
+
+TEST(DsparkTest, StepTimeTableInterpolatesAndExtrapolates) {
+  const StepTimeTable t = table({{1, 10.0}, {4, 13.0}, {8, 21.0}});
+  EXPECT_DOUBLE_EQ(t.milliseconds(0), 10.0);
+  EXPECT_DOUBLE_EQ(t.milliseconds(1), 10.0);
+  EXPECT_DOUBLE_EQ(t.milliseconds(2), 11.0);
+  EXPECT_DOUBLE_EQ(t.milliseconds(6), 17.0);
+  EXPECT_DOUBLE_EQ(t.milliseconds(10), 25.0);  // the last segment's 2 ms per row
+  EXPECT_DOUBLE_EQ(StepTimeTable::flat().milliseconds(1000), StepTimeTable::flat().milliseconds(1));
+  EXPECT_FALSE(StepTimeTable::create({{4, 1.0}, {2, 2.0}}).ok()) << "not ascending";
+  EXPECT_FALSE(StepTimeTable::create({{1, 0.0}}).ok()) << "no time";
+  EXPECT_FALSE(StepTimeTable::create({{0, 1.0}}).ok()) << "no rows";
+}
+
+TEST(DsparkTest, StepTimesRoundTripThroughTheirFileAndRefuseAnotherIdentity) {
+  StepTimes times{table({{1, 6.5}, {2, 6.75}, {40, 25.0}}), table({{1, 4.25}, {8, 5.5}})};
+  const std::string text = times.to_json("abc (f32 weights, cpu, 2 threads)");
+  Result<StepTimes> back = StepTimes::from_json(text, "abc (f32 weights, cpu, 2 threads)");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->verify.points(), times.verify.points());
+  EXPECT_EQ(back->draft.points(), times.draft.points());
+  Result<StepTimes> other = StepTimes::from_json(text, "def (bf16 weights, cuda, 16 threads)");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("measured for 'abc"), std::string::npos) << other.status().message();
+  EXPECT_FALSE(StepTimes::from_json("{\"identity\": \"x\", \"verify\": [[1, \"a\"]], \"draft\": []}", "x").ok());
+  EXPECT_FALSE(StepTimes::from_json("not json", "x").ok());
+}
+
+TEST(DsparkTest, AFlatTableVerifiesEveryDraftAboveTheSurvivalFloor) {
+  std::vector<VerifyRequest> requests{request(1, {0.9, 0.5, 0.1}), request(2, {1e-4, 1e-4})};
+  plan_verify(2, 2, StepTimeTable::flat(), requests);
+  EXPECT_EQ(requests[0].verify_drafts, 3);
+  EXPECT_EQ(requests[1].verify_drafts, 1) << "1e-4 * 1e-4 = 1e-8 is below the 1e-6 floor";
+}
+
+TEST(DsparkTest, CheapRowsAtBatchOneVerifyWhatPays) {
+  // 0.5 ms per extra row over 10 ms. Survivals 0.9, 0.72, 0.072:
+  //   b=0: 1/10 = 0.100; b=1: 1.9/10.5 = 0.181; b=2: 2.62/11 = 0.238; b=3: 2.692/11.5 = 0.234 -> b* = 2.
+  std::vector<VerifyRequest> requests{request(7, {0.9, 0.8, 0.1})};
+  const double rate = plan_verify(1, 1, table({{1, 10.0}, {2, 10.5}, {4, 11.5}, {8, 13.5}}), requests);
+  EXPECT_EQ(requests[0].verify_drafts, 2);
+  EXPECT_NEAR(rate, 2620.0 / 11.0, 1e-6);  // tokens per second
+}
+
+TEST(DsparkTest, RowsCostingTheirShareAtBatch32VerifyNothing) {
+  // Every row costs 1 ms (a step of 32 decode rows takes 32 ms): a draft of survival s adds s tokens for 1 ms,
+  // against 1 token per ms without it, so no draft with s < 1 pays: the seed's "1.6x at batch 1, 0.9x at batch 32".
+  const StepTimeTable linear = table({{1, 1.0}, {64, 64.0}});
+  std::vector<VerifyRequest> requests;
+  for (SequenceId id = 0; id < 32; ++id) requests.push_back(request(id, id == 0 ? std::vector<double>{0.99, 0.99}
+                                                                                   : std::vector<double>{0.5}));
+  plan_verify(32, 32, linear, requests);
+  for (const VerifyRequest& r : requests) EXPECT_EQ(r.verify_drafts, 0) << r.id;
+  // At batch 1 with a step's fixed cost (10 ms + 1 ms per row): the 0.9 draft pays (1.9/12 > 1/11), its
+  // 0.09-survival successor does not (1.99/13 < 1.9/12).
+  std::vector<VerifyRequest> alone{request(3, {0.9, 0.1})};
+  plan_verify(1, 1, table({{1, 11.0}, {64, 74.0}}), alone);
+  EXPECT_EQ(alone[0].verify_drafts, 1);
+}
+
+TEST(DsparkTest, DraftLengthWeighsTheDraftPassesCost) {
+  const std::vector<double> rates{0.6, 0.4, 0.2};
+  // Draft passes as costly as a step (a CPU's vocabulary head): rate(0) = 1/6.6 = 0.152; rate(1) = 1.6/(6.8+4.5)
+  // = 0.142: no drafting.
+  StepTimes costly{table({{1, 6.6}, {2, 6.8}, {4, 6.9}}), table({{1, 4.5}, {8, 6.0}})};
+  EXPECT_EQ(plan_draft_length(1, 1, 1, 3, rates, costly), 0);
+  // Cheap draft passes (a GPU at batch 1): rate(1) = 1.6/(10.05+0.5) = 0.152, rate(2) = 2.0/(10.1+1) = 0.180,
+  // rate(3) = 2.2/(10.15+1.5) = 0.189 > 1/10.
+  StepTimes cheap{table({{1, 10.0}, {64, 13.15}}), table({{1, 0.5}, {64, 2.0}})};
+  EXPECT_EQ(plan_draft_length(1, 1, 1, 3, rates, cheap), 3);
+  EXPECT_EQ(plan_draft_length(1, 1, 1, 2, rates, cheap), 2) << "clamped to the longest chain";
+  EXPECT_EQ(plan_draft_length(1, 1, 0, 3, rates, cheap), 0) << "no chains";
+  EXPECT_EQ(plan_draft_length(1, 1, 1, 3, rates, StepTimes{}), 3) << "const: drafting looks free";
+}
+
+TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {
+  DsparkConfig config;
+  config.confidence_threshold = 0.85;
+  config.abort_on_rollback_rate = 0.30;
+  DsparkPlanner planner(config, StepTimes{}, 4);
+  planner.begin_drafting(2, 2, 2);
+  EXPECT_EQ(planner.max_drafts(1, 4), 4);
+  EXPECT_TRUE(planner.continue_after(1, 0, 0.9));
+  EXPECT_FALSE(planner.continue_after(1, 1, 0.5)) << "a chain stops after a draft below the threshold";
+  // Rollbacks: 2 of 4 rejected (0.5 > 0.3), twice; a good verify resets the run; then three in a row.
+  planner.on_verified(1, 4, 2);
+  planner.on_verified(1, 4, 2);
+  planner.on_verified(1, 4, 3);  // 0.25 rejected: not a rollback
+  EXPECT_FALSE(planner.in_fallback(1));
+  planner.on_verified(1, 3, 0);
+  planner.on_verified(1, 2, 1);
+  EXPECT_FALSE(planner.in_fallback(1));
+  planner.on_verified(1, 1, 0);
+  EXPECT_TRUE(planner.in_fallback(1));
+  SpeculativeStats stats;
+  planner.add_counters(stats);
+  EXPECT_EQ(stats.fallbacks, 1);
+  EXPECT_EQ(stats.requests_in_fallback, 1);
+  // In fallback: one probe draft every few steps, never verified, never continued.
+  int probe_steps = 0;
+  for (int step = 0; step < 4 * DsparkPlanner::kProbeEveryFallbackSteps; ++step) {
+    const int32_t drafts = planner.max_drafts(1, 4);
+    EXPECT_LE(drafts, 1);
+    probe_steps += drafts;
+  }
+  EXPECT_EQ(probe_steps, 4);
+  std::vector<VerifyRequest> requests{request(1, {0.99}), request(2, {0.99})};
+  planner.plan(2, 2, requests);
+  EXPECT_EQ(requests[0].verify_drafts, 0);
+  EXPECT_EQ(requests[1].verify_drafts, 1) << "the other request is not affected";
+  // Three confident probes in a row bring it back; an unconfident one restarts the count.
+  EXPECT_FALSE(planner.continue_after(1, 0, 0.9));
+  EXPECT_FALSE(planner.continue_after(1, 0, 0.9));
+  EXPECT_FALSE(planner.continue_after(1, 0, 0.2));
+  EXPECT_TRUE(planner.in_fallback(1));
+  for (int i = 0; i < 3; ++i) planner.continue_after(1, 0, 0.95);
+  EXPECT_FALSE(planner.in_fallback(1));
+  planner.add_counters(stats);
+  EXPECT_EQ(stats.fallback_returns, 1);
+  EXPECT_EQ(stats.requests_in_fallback, 0);
+  EXPECT_EQ(planner.max_drafts(1, 4), 4);
+  planner.on_removed(1);
+  EXPECT_FALSE(planner.in_fallback(1));
+}
+
+TEST(DsparkTest, AcceptanceRatesFollowTheVerifiesAndTheDraftLengthFollowsThem) {
+  // Costly draft passes: drafting pays only when the first draft is nearly always accepted.
+  StepTimes costly{table({{1, 6.6}, {2, 6.8}, {8, 7.0}}), table({{1, 4.5}, {8, 6.0}})};
+  DsparkPlanner planner(DsparkConfig{}, costly, 2);
+  for (int i = 0; i < 2000; ++i) planner.on_verified(1, 2, 2);  // everything accepted
+  EXPECT_NEAR(planner.all_accepted_rate()[0], 1.0, 1e-3);
+  planner.begin_drafting(1, 1, 1);
+  EXPECT_EQ(planner.max_drafts(1, 2), 2) << "3 tokens per 6.8 + 2 * 4.5 ms beat 1 per 6.6 ms";
+  for (int i = 0; i < 2000; ++i) planner.on_verified(1, 2, 0);  // nothing accepted (a rollback run: fallback)
+  EXPECT_LT(planner.all_accepted_rate()[0], 0.01);
+  planner.begin_drafting(1, 1, 1);
+  EXPECT_EQ(planner.max_drafts(2, 2), 0) << "another request: not in fallback, but drafting does not pay";
+  // After kProbeEverySteps steps without drafting, one step drafts a single token to measure again.
+  int probes = 0;
+  for (int step = 0; step < DsparkPlanner::kProbeEverySteps * 2; ++step) {
+    planner.begin_drafting(1, 1, 1);
+    probes += planner.max_drafts(2, 2) > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(probes, 2);
+}
+
+}  // namespace
+}  // namespace deepinfer::engine
