@@ -23,6 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/engine/dspark.h"
 #include "deepinfer/engine/engine.h"
@@ -179,6 +182,8 @@ int project(const std::vector<std::string>& configs, const std::vector<double>& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The engine's log lines (the planner's measured step times) to stderr: stdout is JSON lines.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("bench_speculative"));
   std::string model_dir = std::string(DEEPINFER_SOURCE_DIR) + "/models/demo";
   std::vector<int64_t> draft_tokens = {0, 1, 2, 3}, batches = {1, 8, 32};
   int64_t max_tokens = 64;

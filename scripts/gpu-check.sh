@@ -17,6 +17,9 @@
 #            argmax and greedy agreement) and CUDA vs CPU on V3 attention dims (every attention path); memcheck
 #   serve    deepinfer serve --device cuda on the demo model: a chat completion through the OpenAI API
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
+#   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
+#            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
+#            V3 slice with an MTP layer (random weights) with the tokens/s they project at given acceptance rates
 # Everything lands under $OUT (default /tmp/gpu-check/out); a short table is printed last.
 set -u
 cd "$(dirname "$0")/.."
@@ -26,10 +29,10 @@ BUNDLE=$ROOT/.device-gpu/bundle.tar.xz
 if [ "${1:-}" = prepare ]; then
   CMAKE_BUILD=${CMAKE_BUILD:-build}  # a configured build with DEEPINFER_CUDA=ON
   cmake --build "$CMAKE_BUILD" --target gpu_check_mla gpu_check_gemm gpu_check_ops gpu_check_prefill \
-    gpu_check_backend model_tests bench_model deepinfer || exit 1
+    gpu_check_backend model_tests bench_model bench_speculative deepinfer || exit 1
   stage=$(mktemp -d) && mkdir -p "$stage/bin" "$stage/lib" "$stage/tokenizer"
   bins="tests/gpu/gpu_check_mla tests/gpu/gpu_check_gemm tests/gpu/gpu_check_ops tests/gpu/gpu_check_prefill
-        tests/gpu/gpu_check_backend tests/model_tests bench/gpu/bench_model apps/deepinfer"
+        tests/gpu/gpu_check_backend tests/model_tests bench/gpu/bench_model bench/bench_speculative apps/deepinfer"
   for b in $bins; do cp "$CMAKE_BUILD/$b" "$stage/bin/"; done
   strip "$stage"/bin/*
   # Every shared library they link but CUDA's and the C/C++ runtime's (the GPU machine has those).
@@ -45,7 +48,7 @@ fi
 
 WORK=${GPU_WORK:-/tmp/gpu-check}
 OUT=${OUT:-$WORK/out}
-STAGES=${STAGES:-"mla gemm ops prefill backend model serve bench"}
+STAGES=${STAGES:-"mla gemm ops prefill backend model serve bench spec"}
 mkdir -p "$WORK" "$OUT"
 status=0
 log() { echo "[gpu-check $(date +%T)] $*" | tee -a "$OUT/gpu-check.log"; }
@@ -97,10 +100,14 @@ if want model; then
   run model_tests 200 "$BIN/model_tests" --gtest_filter='*Cuda*'
   memcheck model 400 "$BIN/model_tests" --gtest_filter='*Cuda*'
 fi
-if want serve; then
+unpack_demo() {
+  [ -f "$WORK/models/demo/model.safetensors" ] && return 0
   mkdir -p "$WORK/models/deepseek-v3" && cp "$WORK"/tokenizer/* "$WORK/models/deepseek-v3/"
   python3 tools/unpack_demo_model.py --src assets/demo-model --tokenizer "$WORK/models/deepseek-v3" \
     --out "$WORK/models/demo" >"$OUT/unpack.txt" 2>&1 || { log "unpacking the demo model failed"; status=1; }
+}
+if want serve; then
+  unpack_demo
   "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port 8123 >"$OUT/serve.stderr" 2>&1 &
   server=$!
   for _ in $(seq 1 60); do curl -sf localhost:8123/health >/dev/null 2>&1 && break; sleep 1; done
@@ -112,6 +119,17 @@ if want serve; then
   kill $server 2>/dev/null; wait $server 2>/dev/null
 fi
 want bench && run bench_model 330 "$BIN/bench_model"
+if want spec; then
+  unpack_demo
+  run spec_demo 300 "$BIN/bench_speculative" --device cuda --model "$WORK/models/demo" --draft-tokens 0,1,2,3 \
+    --batches 1,8,32 --max-tokens 64 --reps 3 --dspark-max-draft-tokens 4
+  # Acceptance: the demo's (K=3, batch 8 on the CPU: drafts 1..k all accepted at 0.65, 0.40, 0.27), and DeepSeek-V3's
+  # published 85-90% for its first MTP draft (0.88) with the later positions decaying as the demo's.
+  run spec_shapes_demo_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \
+    --step-times bench/gpu/configs/v2-lite,bench/gpu/configs/v3-slice --acceptance 0.65,0.40,0.27
+  run spec_shapes_v3_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \
+    --step-times bench/gpu/configs/v2-lite,bench/gpu/configs/v3-slice --acceptance 0.88,0.54,0.37
+fi
 
 echo
 echo "== gpu-check: full output in $OUT =="
@@ -141,5 +159,15 @@ grep -h '"kind":"chunk".*"median_ms"' "$OUT/bench_model.out" 2>/dev/null | while
     "$(jf tokens "$l")" "$(jf prefix "$l")" "$(jf tokens_per_s "$l")" "$(jf median_ms "$l")" "$(jf tflops "$l")" \
     "$(jf pct_bf16_peak "$l")"
 done
+if [ -f "$OUT/spec_demo.out" ]; then
+  echo
+  echo "== speculative decoding on the demo model (greedy; identical_to_off: the tokens equal the plain run's) =="
+  grep -h '"bench":"speculative"' "$OUT/spec_demo.out" | while read -r l; do
+    printf "B=%-3s %-6s K=%-2s %9s tok/s  x%-6s accepted length %-6s identical %s\n" "$(jf batch "$l")" \
+      "$(jf algorithm "$l")" "$(jf draft_tokens "$l")" "$(jf tokens_per_s "$l")" "$(jf speedup_vs_off "$l")" \
+      "$(jf mean_accepted_length "$l")" "$(jf identical_to_off "$l")"
+  done
+  grep -h '"bench":"speculative_projection"' "$OUT"/spec_shapes_*.out 2>/dev/null | cut -c1-220
+fi
 echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

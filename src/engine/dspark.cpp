@@ -170,11 +170,15 @@ std::vector<double> DsparkPlanner::all_accepted_rate() const {
 void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
   const std::vector<double> rates = all_accepted_rate();
   step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_);
-  if (step_draft_length_ == 0 && chains > 0 && ++steps_without_drafts_ >= kProbeEverySteps) {
-    step_draft_length_ = 1;  // keep A_1 measured
+  if (step_draft_length_ == 0 && chains > 0 && ++steps_without_drafts_ >= probe_interval_) {
+    // Keep A_1 measured, less often while probing keeps showing that drafting does not pay (a probe step costs
+    // a draft pass and a longer verify).
+    step_draft_length_ = 1;
     steps_without_drafts_ = 0;
+    probe_interval_ = std::min(2 * probe_interval_, kMaxProbeInterval);
   } else if (step_draft_length_ > 0) {
     steps_without_drafts_ = 0;
+    probe_interval_ = kProbeEverySteps;
   }
 }
 

@@ -523,6 +523,26 @@ void check_logits(Pair& p) {
     expect_ok("logits", b.logits(xa.view, nw, 1e-6f, i == 0 ? *lm_head.cpu : *lm_head.gpu, results[i]));
   }
   expect_close("logits", results[1], results[0], 2e-2);
+  // Greedy head: the argmax ids and each id's softmax probability (a draft's confidence, speculative decoding).
+  std::vector<int32_t> ids[2];
+  std::vector<float> top[2];
+  for (int i = 0; i < 2; ++i) {
+    Backend& b = *backends[i];
+    expect_ok("begin_step", b.begin_step(s.layout()));
+    Buffer nw = must(b.make_vector(norm), "make_vector");
+    Act xa = make_act(b, x, T, hidden, hidden + 8);
+    expect_ok("greedy_tokens", b.greedy_tokens(xa.view, nw, 1e-6f, i == 0 ? *lm_head.cpu : *lm_head.gpu, ids[i]));
+    expect_ok("read_top_probabilities", b.read_top_probabilities(top[i]));
+  }
+  // The ids from each side's own logits; the probability of the GPU's id under the CPU's logits.
+  bool ids_ok = ids[0].size() == 3 && ids[1].size() == 3;
+  for (size_t r = 0; ids_ok && r < 3; ++r) {
+    const float* row = results[0].data() + r * vocab;
+    ids_ok = ids[0][r] == static_cast<int32_t>(std::max_element(row, row + vocab) - row) &&
+             std::abs(row[ids[1][r]] - row[ids[0][r]]) < 2e-2f * (1.0f + std::abs(row[ids[0][r]]));
+  }
+  expect("greedy_tokens (argmax ids, CPU and CUDA)", ids_ok);
+  expect_close("read_top_probabilities", top[1], top[0], 2e-2);
 }
 
 }  // namespace

@@ -160,13 +160,16 @@ TEST(DsparkTest, AcceptanceRatesFollowTheVerifiesAndTheDraftLengthFollowsThem) {
   EXPECT_LT(planner.all_accepted_rate()[0], 0.01);
   planner.begin_drafting(1, 1, 1);
   EXPECT_EQ(planner.max_drafts(2, 2), 0) << "another request: not in fallback, but drafting does not pay";
-  // After kProbeEverySteps steps without drafting, one step drafts a single token to measure again.
-  int probes = 0;
-  for (int step = 0; step < DsparkPlanner::kProbeEverySteps * 2; ++step) {
+  // After kProbeEverySteps steps without drafting, one step drafts a single token to measure again; then after
+  // twice as many, four times, ... (the probes keep finding nothing here: no verify reports back).
+  std::vector<int> probe_steps;
+  for (int step = 1; step < DsparkPlanner::kProbeEverySteps * 7; ++step) {  // step 0 was the call above
     planner.begin_drafting(1, 1, 1);
-    probes += planner.max_drafts(2, 2) > 0 ? 1 : 0;
+    if (planner.max_drafts(2, 2) > 0) probe_steps.push_back(step);
   }
-  EXPECT_EQ(probes, 2);
+  const int first = DsparkPlanner::kProbeEverySteps - 1;
+  EXPECT_EQ(probe_steps, (std::vector<int>{first, first + 2 * DsparkPlanner::kProbeEverySteps,
+                                           first + 6 * DsparkPlanner::kProbeEverySteps}));
 }
 
 }  // namespace

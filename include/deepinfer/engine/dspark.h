@@ -82,7 +82,8 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
 // (committing + chains * sum_{k<=L} A_k) / (verify_ms(base_tokens + chains * L) + L * draft_ms(chains)), where A_k is
 // the running rate at which drafts 1..k were all accepted. Drafting pays only where it buys more tokens than the
 // draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
-// large vocabulary head) that is L = 0: plain decoding, but for the MTP layer's KV kept current.
+// large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding, and the MTP
+// layer's pass is skipped too (its KV entries of those positions stay stale: later drafts may be worse, never wrong).
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
                           std::span<const double> all_accepted_rate, const StepTimes& times);
 
@@ -100,6 +101,9 @@ class DraftPlanner {
   // wants_confidence()): whether to draft another (the executor also stops at max_drafts).
   virtual bool continue_after(SequenceId /*id*/, int32_t /*index*/, double /*confidence*/) { return true; }
   virtual bool wants_confidence() const { return false; }
+  // Whether a step in which no request drafts may skip the MTP layer's pass over its rows (their MTP KV entries
+  // then stay stale; drafts read them later). Plain MTP keeps them exact: false.
+  virtual bool skips_idle_draft_pass() const { return false; }
   // Before the target pass: how many of each drafting request's drafts to verify (VerifyRequest::verify_drafts,
   // preset to all of them). `base_tokens` and `committing` as plan_verify's.
   virtual void plan(int64_t /*base_tokens*/, int64_t /*committing*/, std::span<VerifyRequest> /*requests*/) {}
@@ -120,6 +124,7 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t max_drafts(SequenceId id, int32_t max_draft_tokens) override;
   bool continue_after(SequenceId id, int32_t index, double confidence) override;
   bool wants_confidence() const override { return true; }
+  bool skips_idle_draft_pass() const override { return true; }
   void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
   void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
   void on_removed(SequenceId id) override { state_.erase(id); }
@@ -130,8 +135,10 @@ class DsparkPlanner final : public DraftPlanner {
   // A_k (k = 1..K): the decayed rate at which a verify of at least k drafts accepted drafts 1..k.
   std::vector<double> all_accepted_rate() const;
   // Steps in a row without drafting after which one step drafts a single token anyway, so that A_1 keeps being
-  // measured (the batch's acceptance may have changed).
+  // measured (the batch's acceptance may have changed); doubled after each such probe up to kMaxProbeInterval,
+  // back to kProbeEverySteps once drafting pays again.
   static constexpr int32_t kProbeEverySteps = 16;
+  static constexpr int32_t kMaxProbeInterval = 512;
   // A request in fallback drafts its probe every this many steps (a probe costs a draft pass's logits row).
   static constexpr int32_t kProbeEveryFallbackSteps = 4;
 
@@ -147,6 +154,7 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t max_draft_tokens_;
   int32_t step_draft_length_ = 0;  // this step's L (begin_drafting)
   int32_t steps_without_drafts_ = 0;
+  int32_t probe_interval_ = kProbeEverySteps;
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
   // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
   std::vector<double> verified_at_, all_accepted_at_;
