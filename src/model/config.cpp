@@ -410,6 +410,12 @@ Result<ModelConfig> parse_config(const std::string& file, const std::string& tex
   DEEPINFER_RETURN_IF_ERROR(r.read_int("bos_token_id", c.bos_token_id));
   DEEPINFER_RETURN_IF_ERROR(parse_eos(r, c));
   DEEPINFER_RETURN_IF_ERROR(r.read_int("num_nextn_predict_layers", c.num_nextn_predict_layers));
+  // A DSpark draft module's config (SGLang's dspark_config.py reads these keys), recorded so that --dspark-enable
+  // can say it is not loaded rather than ignore it.
+  for (std::string_view key : {"dspark_config", "dspark_target_layer_ids", "dspark_block_size", "dspark_markov_rank",
+                               "dspark_n_routed_experts", "dspark_noise_token_id"}) {
+    c.has_dspark_draft = c.has_dspark_draft || r.present(key);
+  }
 
   if (r.present("rope_scaling")) {
     DEEPINFER_RETURN_IF_ERROR(parse_rope(file, *r.find("rope_scaling"), "rope_scaling", c));

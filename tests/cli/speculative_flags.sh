@@ -34,4 +34,8 @@ expect_refused "choose one" --model-path "$model" --dspark-enable --speculative-
 expect_refused "--speculative-algorithm must be mtp or dspark" --model-path "$model" --speculative-algorithm eagle
 expect_refused "num_nextn_predict_layers 0" --model-path "$no_mtp" --dspark-enable
 expect_refused "num_nextn_predict_layers 0" --model-path "$no_mtp" --speculative-algorithm mtp
+# A checkpoint that ships a DSpark draft module: refused rather than served with its MTP layer silently.
+mkdir -p "$no_mtp/dspark"
+sed 's/"num_nextn_predict_layers"/"dspark_block_size": 5, "num_nextn_predict_layers"/' "$model/config.json" >"$no_mtp/dspark/config.json"
+expect_refused "ships a DSpark draft module" --model-path "$no_mtp/dspark" --dspark-enable
 exit $((failures > 0))

@@ -57,6 +57,7 @@ struct ModelConfig {
   int64_t bos_token_id = 0;
   std::vector<int64_t> eos_token_ids;    // config's eos_token_id, an int or a list
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored as model.layers.{num_hidden_layers + i}.*
+  bool has_dspark_draft = false;  // config.json has a DSpark draft module's keys (dspark_config, dspark_*): not loaded
   // quantization_config (fp8): block size [rows, cols] of weight_scale_inv; empty when not quantized.
   std::string quant_method;
   std::vector<int64_t> weight_block_size;
