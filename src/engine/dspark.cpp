@@ -170,7 +170,10 @@ std::vector<double> DsparkPlanner::all_accepted_rate() const {
 void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
   const std::vector<double> rates = all_accepted_rate();
   step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_);
+  probe_step_ = false;
+  probe_taken_ = false;
   if (step_draft_length_ == 0 && chains > 0 && ++steps_without_drafts_ >= probe_interval_) {
+    probe_step_ = true;
     // Keep A_1 measured, less often while probing keeps showing that drafting does not pay (a probe step costs
     // a draft pass and a longer verify).
     step_draft_length_ = 1;
@@ -186,9 +189,13 @@ int32_t DsparkPlanner::max_drafts(SequenceId id, int32_t max_draft_tokens) {
   // In fallback: one probe draft every kProbeEveryFallbackSteps steps, for its confidence (never verified).
   RequestState& state = state_[id];
   if (state.fallback) {
-    if (++state.steps_since_probe < kProbeEveryFallbackSteps) return 0;
+    if (probe_step_ || ++state.steps_since_probe < kProbeEveryFallbackSteps) return 0;
     state.steps_since_probe = 0;
     return std::min(max_draft_tokens, 1);
+  }
+  if (probe_step_) {  // the first request asked probes; the others decode plainly
+    if (probe_taken_) return 0;
+    probe_taken_ = true;
   }
   return std::min(max_draft_tokens, step_draft_length_);
 }

@@ -190,6 +190,12 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
   const auto start = std::chrono::steady_clock::now();
   Result<StepTimes> measured = measure_step_times(model, layer_caches, num_blocks, max_num_seqs, max_rows);
   if (!measured.ok()) return measured.status();
+  if (measured->verify.empty() || measured->draft.empty()) {
+    spdlog::warn("dspark: the KV cache ({} blocks) is too small to measure the step times; every draft will be "
+                 "made and verified (as --dspark-step-time-table const)",
+                 num_blocks);
+    return StepTimes{};
+  }
   spdlog::info("dspark: step times measured in {:.1f} s; verify (rows:ms){}; draft pass (chains:ms){}",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                describe(measured->verify), describe(measured->draft));

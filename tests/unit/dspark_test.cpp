@@ -165,7 +165,13 @@ TEST(DsparkTest, AcceptanceRatesFollowTheVerifiesAndTheDraftLengthFollowsThem) {
   std::vector<int> probe_steps;
   for (int step = 1; step < DsparkPlanner::kProbeEverySteps * 7; ++step) {  // step 0 was the call above
     planner.begin_drafting(1, 1, 1);
-    if (planner.max_drafts(2, 2) > 0) probe_steps.push_back(step);
+    if (planner.max_drafts(2, 2) > 0) {
+      probe_steps.push_back(step);
+      EXPECT_TRUE(planner.draft_pass_only_for_chains());
+      EXPECT_EQ(planner.max_drafts(3, 2), 0) << "one request probes";
+    } else {
+      EXPECT_FALSE(planner.draft_pass_only_for_chains());
+    }
   }
   const int first = DsparkPlanner::kProbeEverySteps - 1;
   EXPECT_EQ(probe_steps, (std::vector<int>{first, first + 2 * DsparkPlanner::kProbeEverySteps,

@@ -104,6 +104,8 @@ class DraftPlanner {
   // Whether a step in which no request drafts may skip the MTP layer's pass over its rows (their MTP KV entries
   // then stay stale; drafts read them later). Plain MTP keeps them exact: false.
   virtual bool skips_idle_draft_pass() const { return false; }
+  // Whether this step's MTP pass covers only the rows of requests that draft (asked after begin_drafting).
+  virtual bool draft_pass_only_for_chains() const { return false; }
   // Before the target pass: how many of each drafting request's drafts to verify (VerifyRequest::verify_drafts,
   // preset to all of them). `base_tokens` and `committing` as plan_verify's.
   virtual void plan(int64_t /*base_tokens*/, int64_t /*committing*/, std::span<VerifyRequest> /*requests*/) {}
@@ -125,6 +127,7 @@ class DsparkPlanner final : public DraftPlanner {
   bool continue_after(SequenceId id, int32_t index, double confidence) override;
   bool wants_confidence() const override { return true; }
   bool skips_idle_draft_pass() const override { return true; }
+  bool draft_pass_only_for_chains() const override { return probe_step_; }
   void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
   void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
   void on_removed(SequenceId id) override { state_.erase(id); }
@@ -134,8 +137,8 @@ class DsparkPlanner final : public DraftPlanner {
   bool in_fallback(SequenceId id) const;
   // A_k (k = 1..K): the decayed rate at which a verify of at least k drafts accepted drafts 1..k.
   std::vector<double> all_accepted_rate() const;
-  // Steps in a row without drafting after which one step drafts a single token anyway, so that A_1 keeps being
-  // measured (the batch's acceptance may have changed); doubled after each such probe up to kMaxProbeInterval,
+  // Steps in a row without drafting after which one step drafts a single token for one request anyway (its MTP pass
+  // over that request's rows only), so that A_1 keeps being measured (the batch's acceptance may have changed); doubled after each such probe up to kMaxProbeInterval,
   // back to kProbeEverySteps once drafting pays again.
   static constexpr int32_t kProbeEverySteps = 16;
   static constexpr int32_t kMaxProbeInterval = 512;
@@ -155,6 +158,8 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t step_draft_length_ = 0;  // this step's L (begin_drafting)
   int32_t steps_without_drafts_ = 0;
   int32_t probe_interval_ = kProbeEverySteps;
+  bool probe_step_ = false;    // this step only probes: one request drafts one token
+  bool probe_taken_ = false;
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
   // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
   std::vector<double> verified_at_, all_accepted_at_;
