@@ -67,8 +67,10 @@ Result<StepTimeTable> points_from_json(const boost::json::object& object, const 
 }  // namespace
 
 std::string StepTimes::to_json(std::string_view identity) const {
-  return boost::json::serialize(
-      boost::json::object{{"identity", identity}, {"verify", points_json(verify)}, {"draft", points_json(draft)}});
+  return boost::json::serialize(boost::json::object{{"identity", identity},
+                                                    {"verify", points_json(verify)},
+                                                    {"draft", points_json(draft)},
+                                                    {"mtp_kv", points_json(mtp_kv)}});
 }
 
 Result<StepTimes> StepTimes::from_json(std::string_view text, std::string_view identity) {
@@ -86,7 +88,9 @@ Result<StepTimes> StepTimes::from_json(std::string_view text, std::string_view i
   if (!verify.ok()) return verify.status();
   Result<StepTimeTable> draft = points_from_json(object, "draft");
   if (!draft.ok()) return draft.status();
-  return StepTimes{std::move(verify).value(), std::move(draft).value()};
+  Result<StepTimeTable> mtp_kv = points_from_json(object, "mtp_kv");
+  if (!mtp_kv.ok()) return mtp_kv.status();
+  return StepTimes{std::move(verify).value(), std::move(draft).value(), std::move(mtp_kv).value()};
 }
 
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
@@ -172,6 +176,8 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
   step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_);
   probe_step_ = false;
   probe_taken_ = false;
+  skip_idle_pass_ = !times_.mtp_kv.empty() && !times_.verify.empty() &&
+                    times_.mtp_kv.milliseconds(chains) > kMaxKeepKvFraction * times_.verify.milliseconds(base_tokens);
   if (step_draft_length_ == 0 && chains > 0 && ++steps_without_drafts_ >= probe_interval_) {
     probe_step_ = true;
     // Keep A_1 measured, less often while probing keeps showing that drafting does not pay (a probe step costs

@@ -98,7 +98,7 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
   if (max_num_seqs < max_rows && !std::binary_search(sizes.begin(), sizes.end(), max_num_seqs)) {
     sizes.insert(std::upper_bound(sizes.begin(), sizes.end(), max_num_seqs), max_num_seqs);
   }
-  std::vector<std::pair<int32_t, double>> verify_points, draft_points;
+  std::vector<std::pair<int32_t, double>> verify_points, draft_points, kv_points;
   std::vector<int32_t> ids;
   std::vector<float> probabilities;
   auto median = [](std::vector<double> times) {
@@ -135,7 +135,9 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
       draft.sequences.push_back(chunk);
       batch.sequences.push_back(std::move(chunk));
     }
-    std::vector<double> verify_times, draft_times;
+    std::vector<double> verify_times, draft_times, kv_times;
+    model::MtpBatch kv_only = draft;  // the same pass without logits rows: keeping the MTP KV current
+    kv_only.logits_rows.clear();
     for (int rep = 0; rep < 4; ++rep) {
       auto start = std::chrono::steady_clock::now();
       if (Status s = model.forward_greedy(batch, main_caches, ids); !s.ok()) return s;
@@ -149,15 +151,24 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
       if (rep > 0) {
         draft_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
       }
+      if (Status s = model.forward_greedy(batch, main_caches, ids); !s.ok()) return s;  // the hidden state again
+      start = std::chrono::steady_clock::now();
+      if (Status s = model.forward_mtp(0, kv_only, caches.back(), nullptr, &ids); !s.ok()) return s;
+      if (rep > 0) {
+        kv_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
     }
     add(verify_points, rows, median(verify_times));
     if (!draft_times.empty()) add(draft_points, rows, median(draft_times));
+    if (!kv_times.empty()) add(kv_points, rows, median(kv_times));
   }
   Result<StepTimeTable> verify = StepTimeTable::create(std::move(verify_points));
   if (!verify.ok()) return verify.status();
   Result<StepTimeTable> draft = StepTimeTable::create(std::move(draft_points));
   if (!draft.ok()) return draft.status();
-  return StepTimes{std::move(verify).value(), std::move(draft).value()};
+  Result<StepTimeTable> kv = StepTimeTable::create(std::move(kv_points));
+  if (!kv.ok()) return kv.status();
+  return StepTimes{std::move(verify).value(), std::move(draft).value(), std::move(kv).value()};
 }
 
 std::string describe(const StepTimeTable& table) {
@@ -196,9 +207,10 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
                  num_blocks);
     return StepTimes{};
   }
-  spdlog::info("dspark: step times measured in {:.1f} s; verify (rows:ms){}; draft pass (chains:ms){}",
+  spdlog::info("dspark: step times measured in {:.1f} s; verify (rows:ms){}; draft pass (chains:ms){}; MTP KV only "
+               "(rows:ms){}",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-               describe(measured->verify), describe(measured->draft));
+               describe(measured->verify), describe(measured->draft), describe(measured->mtp_kv));
   if (!path.empty()) {
     std::error_code error;
     if (path.has_parent_path()) fs::create_directories(path.parent_path(), error);

@@ -38,12 +38,13 @@ TEST(DsparkTest, StepTimeTableInterpolatesAndExtrapolates) {
 }
 
 TEST(DsparkTest, StepTimesRoundTripThroughTheirFileAndRefuseAnotherIdentity) {
-  StepTimes times{table({{1, 6.5}, {2, 6.75}, {40, 25.0}}), table({{1, 4.25}, {8, 5.5}})};
+  StepTimes times{table({{1, 6.5}, {2, 6.75}, {40, 25.0}}), table({{1, 4.25}, {8, 5.5}}), table({{1, 0.5}})};
   const std::string text = times.to_json("abc (f32 weights, cpu, 2 threads)");
   Result<StepTimes> back = StepTimes::from_json(text, "abc (f32 weights, cpu, 2 threads)");
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->verify.points(), times.verify.points());
   EXPECT_EQ(back->draft.points(), times.draft.points());
+  EXPECT_EQ(back->mtp_kv.points(), times.mtp_kv.points());
   Result<StepTimes> other = StepTimes::from_json(text, "def (bf16 weights, cuda, 16 threads)");
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.status().message().find("measured for 'abc"), std::string::npos) << other.status().message();
@@ -87,11 +88,11 @@ TEST(DsparkTest, DraftLengthWeighsTheDraftPassesCost) {
   const std::vector<double> rates{0.6, 0.4, 0.2};
   // Draft passes as costly as a step (a CPU's vocabulary head): rate(0) = 1/6.6 = 0.152; rate(1) = 1.6/(6.8+4.5)
   // = 0.142: no drafting.
-  StepTimes costly{table({{1, 6.6}, {2, 6.8}, {4, 6.9}}), table({{1, 4.5}, {8, 6.0}})};
+  StepTimes costly{table({{1, 6.6}, {2, 6.8}, {4, 6.9}}), table({{1, 4.5}, {8, 6.0}}), StepTimeTable()};
   EXPECT_EQ(plan_draft_length(1, 1, 1, 3, rates, costly), 0);
   // Cheap draft passes (a GPU at batch 1): rate(1) = 1.6/(10.05+0.5) = 0.152, rate(2) = 2.0/(10.1+1) = 0.180,
   // rate(3) = 2.2/(10.15+1.5) = 0.189 > 1/10.
-  StepTimes cheap{table({{1, 10.0}, {64, 13.15}}), table({{1, 0.5}, {64, 2.0}})};
+  StepTimes cheap{table({{1, 10.0}, {64, 13.15}}), table({{1, 0.5}, {64, 2.0}}), StepTimeTable()};
   EXPECT_EQ(plan_draft_length(1, 1, 1, 3, rates, cheap), 3);
   EXPECT_EQ(plan_draft_length(1, 1, 1, 2, rates, cheap), 2) << "clamped to the longest chain";
   EXPECT_EQ(plan_draft_length(1, 1, 0, 3, rates, cheap), 0) << "no chains";
@@ -149,8 +150,9 @@ TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {
 }
 
 TEST(DsparkTest, AcceptanceRatesFollowTheVerifiesAndTheDraftLengthFollowsThem) {
-  // Costly draft passes: drafting pays only when the first draft is nearly always accepted.
-  StepTimes costly{table({{1, 6.6}, {2, 6.8}, {8, 7.0}}), table({{1, 4.5}, {8, 6.0}})};
+  // Costly draft passes: drafting pays only when the first draft is nearly always accepted; keeping the MTP KV
+  // current costs 4 of 6.6 ms, so steps without drafts skip it and probe steps run it for the probe's rows only.
+  StepTimes costly{table({{1, 6.6}, {2, 6.8}, {8, 7.0}}), table({{1, 4.5}, {8, 6.0}}), table({{1, 4.0}, {8, 5.0}})};
   DsparkPlanner planner(DsparkConfig{}, costly, 2);
   for (int i = 0; i < 2000; ++i) planner.on_verified(1, 2, 2);  // everything accepted
   EXPECT_NEAR(planner.all_accepted_rate()[0], 1.0, 1e-3);
@@ -176,6 +178,19 @@ TEST(DsparkTest, AcceptanceRatesFollowTheVerifiesAndTheDraftLengthFollowsThem) {
   const int first = DsparkPlanner::kProbeEverySteps - 1;
   EXPECT_EQ(probe_steps, (std::vector<int>{first, first + 2 * DsparkPlanner::kProbeEverySteps,
                                            first + 6 * DsparkPlanner::kProbeEverySteps}));
+}
+
+TEST(DsparkTest, TheIdleMtpPassIsSkippedOnlyWhereKeepingItCostsMoreThanAFifthOfTheStep) {
+  const StepTimeTable verify = table({{1, 10.0}, {64, 20.0}}), draft = table({{1, 5.0}, {64, 9.0}});
+  DsparkPlanner cheap(DsparkConfig{}, StepTimes{verify, draft, table({{1, 1.0}, {64, 3.0}})}, 2);
+  cheap.begin_drafting(1, 1, 1);
+  EXPECT_FALSE(cheap.skips_idle_draft_pass()) << "1 ms of a 10 ms step: the MTP KV stays current";
+  DsparkPlanner costly(DsparkConfig{}, StepTimes{verify, draft, table({{1, 3.0}, {64, 9.0}})}, 2);
+  costly.begin_drafting(1, 1, 1);
+  EXPECT_TRUE(costly.skips_idle_draft_pass()) << "3 ms of a 10 ms step";
+  DsparkPlanner flat(DsparkConfig{}, StepTimes{}, 2);
+  flat.begin_drafting(1, 1, 1);
+  EXPECT_FALSE(flat.skips_idle_draft_pass()) << "const: nothing measured, nothing skipped";
 }
 
 }  // namespace

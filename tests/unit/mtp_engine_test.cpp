@@ -374,6 +374,7 @@ TEST(MtpEngineTest, DsparkGreedyIsTokenIdenticalToPlainDecoding) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   EXPECT_FALSE(loaded->verify.empty());
   EXPECT_FALSE(loaded->draft.empty());
+  EXPECT_FALSE(loaded->mtp_kv.empty());
   fs::remove_all(table.parent_path());
 }
 

@@ -9,7 +9,9 @@
 //   milliseconds (a StepTimeTable measured on the running backend). b* = argmax tau(b) / step_ms(base_tokens + b);
 //   request i verifies its drafts among those b* (survivals fall with k, so they are its first ones).
 //   Before drafting, the chain length L of the step is chosen the same way, with the draft passes' measured time
-//   and the running acceptance rates (plan_draft_length): drafting stops where it would not pay.
+//   and the running acceptance rates (plan_draft_length): drafting stops where it would not pay. A step without
+//   drafts still runs the MTP layer over its rows (keeping the draft's KV current) unless that alone costs more than
+//   a fifth of the step.
 //   A request whose drafts keep being rejected (DsparkConfig::kRollbacksToFallBack verifies in a row rejecting more
 //   than --dspark-abort-on-rollback-rate of their drafts) falls back to plain decoding: it verifies nothing and
 //   drafts one probe every few steps (its confidence only); after DsparkConfig::kProbesToReturn probes in a row at or above
@@ -58,7 +60,9 @@ class StepTimeTable {
 // rows (each a chain's next draft, logits row included). Both empty: "const" (drafting and verifying look free).
 struct StepTimes {
   StepTimeTable verify, draft;
-  // {"identity": ..., "verify": [[rows, ms], ...], "draft": [[rows, ms], ...]}.
+  // The MTP pass over rows without logits: what keeping the MTP layer's KV current costs when nobody drafts.
+  StepTimeTable mtp_kv;
+  // {"identity": ..., "verify": [[rows, ms], ...], "draft": [[rows, ms], ...], "mtp_kv": [[rows, ms], ...]}.
   std::string to_json(std::string_view identity) const;
   // Errors: InvalidArgument when the text is not such a file, or was measured for another identity (named).
   static Result<StepTimes> from_json(std::string_view text, std::string_view identity);
@@ -82,8 +86,8 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
 // (committing + chains * sum_{k<=L} A_k) / (verify_ms(base_tokens + chains * L) + L * draft_ms(chains)), where A_k is
 // the running rate at which drafts 1..k were all accepted. Drafting pays only where it buys more tokens than the
 // draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
-// large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding, and the MTP
-// layer's pass is skipped too (its KV entries of those positions stay stale: later drafts may be worse, never wrong).
+// large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding; the MTP layer's
+// pass still keeps its KV current unless that costs more than DsparkPlanner::kMaxKeepKvFraction of the step.
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
                           std::span<const double> all_accepted_rate, const StepTimes& times);
 
@@ -126,8 +130,8 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t max_drafts(SequenceId id, int32_t max_draft_tokens) override;
   bool continue_after(SequenceId id, int32_t index, double confidence) override;
   bool wants_confidence() const override { return true; }
-  bool skips_idle_draft_pass() const override { return true; }
-  bool draft_pass_only_for_chains() const override { return probe_step_; }
+  bool skips_idle_draft_pass() const override { return skip_idle_pass_; }
+  bool draft_pass_only_for_chains() const override { return probe_step_ && skip_idle_pass_; }
   void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
   void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
   void on_removed(SequenceId id) override { state_.erase(id); }
@@ -142,6 +146,11 @@ class DsparkPlanner final : public DraftPlanner {
   // back to kProbeEverySteps once drafting pays again.
   static constexpr int32_t kProbeEverySteps = 16;
   static constexpr int32_t kMaxProbeInterval = 512;
+  // A step where nobody drafts skips the MTP pass when keeping its KV current would cost more than this fraction of
+  // the step (mtp_kv_ms(chains) against verify_ms(base_tokens): a tiny model, or a few-layer slice). Skipped
+  // positions keep stale MTP entries, so later drafts (probes included) are worse: on such a machine speculation
+  // stays off unless drafting pays even so.
+  static constexpr double kMaxKeepKvFraction = 0.2;
   // A request in fallback drafts its probe every this many steps (a probe costs a draft pass's logits row).
   static constexpr int32_t kProbeEveryFallbackSteps = 4;
 
@@ -159,6 +168,7 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t steps_without_drafts_ = 0;
   int32_t probe_interval_ = kProbeEverySteps;
   bool probe_step_ = false;    // this step only probes: one request drafts one token
+  bool skip_idle_pass_ = false;
   bool probe_taken_ = false;
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
   // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
