@@ -178,7 +178,9 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
   probe_taken_ = false;
   skip_idle_pass_ = !times_.mtp_kv.empty() && !times_.verify.empty() &&
                     times_.mtp_kv.milliseconds(chains) > kMaxKeepKvFraction * times_.verify.milliseconds(base_tokens);
-  if (step_draft_length_ == 0 && chains > 0 && ++steps_without_drafts_ >= probe_interval_) {
+
+  // No probes while the MTP KV is not kept current: drafts would read stale entries and measure nothing useful.
+  if (step_draft_length_ == 0 && chains > 0 && !skip_idle_pass_ && ++steps_without_drafts_ >= probe_interval_) {
     probe_step_ = true;
     // Keep A_1 measured, less often while probing keeps showing that drafting does not pay (a probe step costs
     // a draft pass and a longer verify).

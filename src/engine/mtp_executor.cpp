@@ -292,8 +292,6 @@ Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> 
     const int32_t max_drafts =
         entry.samples ? std::clamp(planner_->max_drafts(entry.sequence_id, num_draft_tokens_), 0, num_draft_tokens_)
                       : 0;
-    // A probe step (DSpark) computes the MTP layer for the probing request's rows only.
-    if (max_drafts == 0 && planner_->draft_pass_only_for_chains()) continue;
     for (int32_t k = 0; k < kept; ++k) {
       pass.token_ids.push_back(request.token_at(entry.start_position + k + 1));
       pass.hidden_rows.push_back(first_rows[i] + k);

@@ -11,7 +11,7 @@
 //   Before drafting, the chain length L of the step is chosen the same way, with the draft passes' measured time
 //   and the running acceptance rates (plan_draft_length): drafting stops where it would not pay. A step without
 //   drafts still runs the MTP layer over its rows (keeping the draft's KV current) unless that alone costs more than
-//   a fifth of the step.
+//   5% of the step.
 //   A request whose drafts keep being rejected (DsparkConfig::kRollbacksToFallBack verifies in a row rejecting more
 //   than --dspark-abort-on-rollback-rate of their drafts) falls back to plain decoding: it verifies nothing and
 //   drafts one probe every few steps (its confidence only); after DsparkConfig::kProbesToReturn probes in a row at or above
@@ -108,8 +108,6 @@ class DraftPlanner {
   // Whether a step in which no request drafts may skip the MTP layer's pass over its rows (their MTP KV entries
   // then stay stale; drafts read them later). Plain MTP keeps them exact: false.
   virtual bool skips_idle_draft_pass() const { return false; }
-  // Whether this step's MTP pass covers only the rows of requests that draft (asked after begin_drafting).
-  virtual bool draft_pass_only_for_chains() const { return false; }
   // Before the target pass: how many of each drafting request's drafts to verify (VerifyRequest::verify_drafts,
   // preset to all of them). `base_tokens` and `committing` as plan_verify's.
   virtual void plan(int64_t /*base_tokens*/, int64_t /*committing*/, std::span<VerifyRequest> /*requests*/) {}
@@ -131,7 +129,6 @@ class DsparkPlanner final : public DraftPlanner {
   bool continue_after(SequenceId id, int32_t index, double confidence) override;
   bool wants_confidence() const override { return true; }
   bool skips_idle_draft_pass() const override { return skip_idle_pass_; }
-  bool draft_pass_only_for_chains() const override { return probe_step_ && skip_idle_pass_; }
   void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
   void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
   void on_removed(SequenceId id) override { state_.erase(id); }
@@ -141,16 +138,17 @@ class DsparkPlanner final : public DraftPlanner {
   bool in_fallback(SequenceId id) const;
   // A_k (k = 1..K): the decayed rate at which a verify of at least k drafts accepted drafts 1..k.
   std::vector<double> all_accepted_rate() const;
-  // Steps in a row without drafting after which one step drafts a single token for one request anyway (its MTP pass
-  // over that request's rows only), so that A_1 keeps being measured (the batch's acceptance may have changed); doubled after each such probe up to kMaxProbeInterval,
+  // Steps in a row without drafting after which one step drafts a single token for one request anyway, so that A_1
+  // keeps being measured (the batch's acceptance may have changed); doubled after each such probe up to kMaxProbeInterval,
   // back to kProbeEverySteps once drafting pays again.
   static constexpr int32_t kProbeEverySteps = 16;
   static constexpr int32_t kMaxProbeInterval = 512;
   // A step where nobody drafts skips the MTP pass when keeping its KV current would cost more than this fraction of
-  // the step (mtp_kv_ms(chains) against verify_ms(base_tokens): a tiny model, or a few-layer slice). Skipped
-  // positions keep stale MTP entries, so later drafts (probes included) are worse: on such a machine speculation
-  // stays off unless drafting pays even so.
-  static constexpr double kMaxKeepKvFraction = 0.2;
+  // the step (mtp_kv_ms(chains) against verify_ms(base_tokens): a tiny model, a few-layer slice; a full DeepSeek-V3
+  // has 1 MTP layer to 61). Then there are no probes either (their drafts would read stale entries): speculation
+  // costs nothing and stays off until the batch changes to where keeping the KV is cheap again; drafts made after
+  // that read the stale entries of the skipped positions (worse drafts, never wrong tokens).
+  static constexpr double kMaxKeepKvFraction = 0.05;
   // A request in fallback drafts its probe every this many steps (a probe costs a draft pass's logits row).
   static constexpr int32_t kProbeEveryFallbackSteps = 4;
 
