@@ -321,9 +321,9 @@ Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> 
     chains.push_back(std::move(chain));
   }
   if (pass.token_ids.empty()) return Status();
-  // No chain this step and a planner that lets the MTP layer's KV lag (DSpark, where the layer's pass can cost most
-  // of a small model's step): skip the pass. Those positions keep stale MTP entries, which can only make later
-  // drafts worse (verification is exact whatever they are); the planner's running acceptance sees that.
+  // No chain this step and a planner that lets the MTP layer's KV lag (DSpark, where keeping it would cost more than
+  // 5% of the step): skip the pass. Those positions keep stale MTP entries, which can only make later drafts worse
+  // (verification is exact whatever they are).
   if (chains.empty() && planner_->skips_idle_draft_pass()) return Status();
   // Draft step c (0-based) over the chains still drafting: their tokens from the pass's logits rows, in order.
   auto take_drafts = [&](std::vector<Chain>& active) -> Status {
