@@ -31,7 +31,8 @@ struct SpeculativeOptions {
 inline void add_speculative_flags(CLI::App* cmd, SpeculativeOptions& options) {
   cmd->add_option("--speculative-algorithm", options.algorithm,
                   "mtp: draft with the checkpoint's multi-token-prediction layer (num_nextn_predict_layers >= 1), "
-                  "verified exactly by the model; none (default): no speculation");
+                  "verified exactly by the model; dspark: the same drafts under DSpark's planner (as --dspark-enable); "
+                  "none (default): no speculation");
   cmd->add_option("--speculative-num-draft-tokens", options.num_draft_tokens,
                   "Drafts per request per step with --speculative-algorithm mtp (the MTP layer chained K times), "
                   "1.." +
@@ -48,7 +49,7 @@ inline void add_speculative_flags(CLI::App* cmd, SpeculativeOptions& options) {
                       std::to_string(engine::SpeculativeConfig::kMaxDraftTokens) + ", default 6)");
   cmd->add_option("--dspark-abort-on-rollback-rate", options.dspark_abort_on_rollback_rate,
                   "A verify rejecting more than this fraction of its drafts is a rollback; 3 in a row put the request "
-                  "on plain decoding until its drafts are confident again (0..1, default 0.30)");
+                  "on plain decoding until its drafts are confident again (in (0, 1], default 0.30)");
   cmd->add_option("--dspark-step-time-table", options.dspark_step_time_table,
                   "JSON file of the step time per verified rows (measured at startup when missing or measured for "
                   "other weights or another device, then written there), or 'const' (verify every draft); default "
@@ -82,8 +83,9 @@ inline Result<engine::SpeculativeConfig> speculative_config(const SpeculativeOpt
   engine::SpeculativeConfig config;
   config.algorithm = *algorithm;
   if (options.dspark_enable) {
-    if (config.algorithm == engine::SpeculativeAlgorithm::kMtp) {
-      return Status::invalid_argument("--dspark-enable and --speculative-algorithm mtp: choose one");
+    if (!options.algorithm.empty() && config.algorithm != engine::SpeculativeAlgorithm::kDspark) {
+      return Status::invalid_argument("--dspark-enable and --speculative-algorithm " + options.algorithm +
+                                      ": choose one");
     }
     config.algorithm = engine::SpeculativeAlgorithm::kDspark;
   }

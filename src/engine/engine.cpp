@@ -183,19 +183,23 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
                              std::span<const backend::Buffer> layer_caches, int32_t num_blocks, int32_t max_num_seqs,
                              int32_t max_rows) {
   namespace fs = std::filesystem;
-  if (config.step_time_table == "const") return StepTimes{};
+  if (config.step_time_table == "const") {
+    spdlog::info("dspark: step times 'const' (every draft made and verified)");
+    return StepTimes{};
+  }
   const fs::path path = config.step_time_table;
   if (!path.empty() && fs::exists(path)) {
     std::ifstream in(path);
     std::stringstream text;
     text << in.rdbuf();
     Result<StepTimes> loaded = StepTimes::from_json(text.str(), config.identity);
-    if (loaded.ok() && !loaded->verify.empty() && loaded->verify.points().back().first >= max_rows) {
+    if (loaded.ok() && !loaded->verify.empty() && !loaded->draft.empty() && !loaded->mtp_kv.empty() &&
+        loaded->verify.points().back().first >= max_rows) {
       spdlog::info("dspark: step times from {}", path.string());
       return loaded;
     }
     spdlog::info("dspark: measuring the step times again ({})",
-                 loaded.ok() ? "the file stops short of " + std::to_string(max_rows) + " rows"
+                 loaded.ok() ? "the file has an empty table or stops short of " + std::to_string(max_rows) + " rows"
                              : loaded.status().message());
   }
   const auto start = std::chrono::steady_clock::now();

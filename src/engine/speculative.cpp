@@ -2,13 +2,17 @@
 #include "deepinfer/engine/speculative.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace deepinfer::engine {
 
 Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name) {
-  if (name.empty() || name == "none") return SpeculativeAlgorithm::kNone;
-  if (name == "mtp") return SpeculativeAlgorithm::kMtp;
-  if (name == "dspark") return SpeculativeAlgorithm::kDspark;
+  // Case-insensitive: SGLang users write MTP / DSPARK.
+  std::string lower = name;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower.empty() || lower == "none") return SpeculativeAlgorithm::kNone;
+  if (lower == "mtp") return SpeculativeAlgorithm::kMtp;
+  if (lower == "dspark") return SpeculativeAlgorithm::kDspark;
   return Status::invalid_argument("--speculative-algorithm must be mtp or dspark (or none), got '" + name + "'");
 }
 

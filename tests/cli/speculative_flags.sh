@@ -31,6 +31,7 @@ expect_refused "--dspark-abort-on-rollback-rate must be in (0, 1]" --model-path 
 expect_refused "--dspark-max-draft-tokens must be in [1, 16]" --model-path "$model" --dspark-enable --dspark-max-draft-tokens 17
 expect_refused "--speculative-num-draft-tokens does not apply with --dspark-enable" --model-path "$model" --dspark-enable --speculative-num-draft-tokens 2
 expect_refused "choose one" --model-path "$model" --dspark-enable --speculative-algorithm mtp
+expect_refused "choose one" --model-path "$model" --dspark-enable --speculative-algorithm none
 expect_refused "--speculative-algorithm must be mtp or dspark" --model-path "$model" --speculative-algorithm eagle
 expect_refused "num_nextn_predict_layers 0" --model-path "$no_mtp" --dspark-enable
 expect_refused "num_nextn_predict_layers 0" --model-path "$no_mtp" --speculative-algorithm mtp

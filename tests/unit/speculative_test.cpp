@@ -124,6 +124,8 @@ TEST(SpeculativeTest, StatsCountByPositionAndLength) {
 TEST(SpeculativeTest, FlagsAreCheckedAndNameWhatIsMissing) {
   EXPECT_EQ(*parse_speculative_algorithm("mtp"), SpeculativeAlgorithm::kMtp);
   EXPECT_EQ(*parse_speculative_algorithm(""), SpeculativeAlgorithm::kNone);
+  EXPECT_EQ(*parse_speculative_algorithm("DSPARK"), SpeculativeAlgorithm::kDspark) << "SGLang's spelling";
+  EXPECT_EQ(*parse_speculative_algorithm("MTP"), SpeculativeAlgorithm::kMtp);
   Result<SpeculativeAlgorithm> eagle = parse_speculative_algorithm("eagle");
   ASSERT_FALSE(eagle.ok());
   EXPECT_NE(eagle.status().message().find("eagle"), std::string::npos);

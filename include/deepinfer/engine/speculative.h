@@ -29,7 +29,7 @@ enum class SpeculativeAlgorithm {
             // confidence and a measured step-time table, chains cut at low confidence, a rollback fallback
 };
 
-// "mtp" -> kMtp, "dspark" -> kDspark, "none" / "" -> kNone (case-sensitive, as vLLM's method names). Errors:
+// "mtp" -> kMtp, "dspark" -> kDspark, "none" / "" -> kNone (any case: vLLM writes mtp, SGLang MTP / DSPARK). Errors:
 // InvalidArgument naming the accepted values.
 Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name);
 
