@@ -219,6 +219,7 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
         state.probes_in_a_row = 0;
         state.rollbacks_in_a_row = 0;
         ++fallback_returns_;
+        --requests_in_fallback_;
       }
     }
     return false;
@@ -227,20 +228,11 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
 }
 
 void DsparkPlanner::plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) {
-  // Requests in fallback verify nothing (their one draft is a probe); the rest share the batch-wide choice.
-  std::vector<VerifyRequest> planned;
-  std::vector<size_t> where;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    auto it = state_.find(requests[i].id);
-    if (it != state_.end() && it->second.fallback) {
-      requests[i].verify_drafts = 0;
-      continue;
-    }
-    where.push_back(i);
-    planned.push_back(std::move(requests[i]));
+  // Requests in fallback verify nothing (their one draft is a probe): no candidates of theirs enter the choice.
+  for (VerifyRequest& request : requests) {
+    if (in_fallback(request.id)) request.confidences.clear();
   }
-  plan_verify(base_tokens, committing, times_.verify, planned);
-  for (size_t j = 0; j < planned.size(); ++j) requests[where[j]] = std::move(planned[j]);
+  plan_verify(base_tokens, committing, times_.verify, requests);
   for (const VerifyRequest& request : requests) unverified_steps_ += request.verify_drafts == 0 ? 1 : 0;
 }
 
@@ -265,6 +257,7 @@ void DsparkPlanner::on_verified(SequenceId id, int32_t verified, int32_t accepte
       state.rollbacks_in_a_row = 0;
       state.probes_in_a_row = 0;
       ++fallbacks_;
+      ++requests_in_fallback_;
     }
   } else {
     state.rollbacks_in_a_row = 0;
@@ -280,8 +273,14 @@ void DsparkPlanner::add_counters(SpeculativeStats& stats) const {
   stats.fallbacks = fallbacks_;
   stats.fallback_returns = fallback_returns_;
   stats.unverified_steps = unverified_steps_;
-  stats.requests_in_fallback = 0;
-  for (const auto& [id, state] : state_) stats.requests_in_fallback += state.fallback ? 1 : 0;
+  stats.requests_in_fallback = requests_in_fallback_;
+}
+
+void DsparkPlanner::on_removed(SequenceId id) {
+  auto it = state_.find(id);
+  if (it == state_.end()) return;
+  if (it->second.fallback) --requests_in_fallback_;
+  state_.erase(it);
 }
 
 }  // namespace deepinfer::engine

@@ -138,25 +138,21 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
     std::vector<double> verify_times, draft_times, kv_times;
     model::MtpBatch kv_only = draft;  // the same pass without logits rows: keeping the MTP KV current
     kv_only.logits_rows.clear();
-    for (int rep = 0; rep < 4; ++rep) {
+    auto elapsed_ms = [](std::chrono::steady_clock::time_point start) {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    };
+    for (int rep = 0; rep < 4; ++rep) {  // rep 0: the warm-up
       auto start = std::chrono::steady_clock::now();
       if (Status s = model.forward_greedy(batch, main_caches, ids); !s.ok()) return s;
-      if (rep > 0) {
-        verify_times.push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-      }
+      if (rep > 0) verify_times.push_back(elapsed_ms(start));
       if (!batch.keep_hidden) continue;
       start = std::chrono::steady_clock::now();
       if (Status s = model.forward_mtp(0, draft, caches.back(), nullptr, &ids, &probabilities); !s.ok()) return s;
-      if (rep > 0) {
-        draft_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-      }
-      if (Status s = model.forward_greedy(batch, main_caches, ids); !s.ok()) return s;  // the hidden state again
+      if (rep > 0) draft_times.push_back(elapsed_ms(start));
+      // Chained on the draft pass's kept hidden state, as a chain's next pass reads it (same rows, same cost).
       start = std::chrono::steady_clock::now();
       if (Status s = model.forward_mtp(0, kv_only, caches.back(), nullptr, &ids); !s.ok()) return s;
-      if (rep > 0) {
-        kv_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-      }
+      if (rep > 0) kv_times.push_back(elapsed_ms(start));
     }
     add(verify_points, rows, median(verify_times));
     if (!draft_times.empty()) add(draft_points, rows, median(draft_times));

@@ -227,10 +227,7 @@ namespace {
 // The softmax probability of the row's largest logit (a greedy draft's confidence on the logits path).
 double top_probability(std::span<const float> logits) {
   const float best = *std::max_element(logits.begin(), logits.end());
-  if (!std::isfinite(best)) return 0.0;
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(l - best);
-  return 1.0 / sum;
+  return std::isfinite(best) ? std::exp(best - log_sum_exp(logits)) : 0.0;
 }
 }  // namespace
 

@@ -341,6 +341,13 @@ double Sampler::build_distribution(const SamplingParams& params) {
   return total;
 }
 
+double log_sum_exp(std::span<const float> logits) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float logit : logits) sum += std::exp(static_cast<double>(logit) - max_logit);
+  return max_logit + std::log(sum);
+}
+
 void Sampler::fill_logprobs(const SamplerRow& row, SampledToken& out) const {
   out.top_logprobs.clear();
   if (!row.params->logprobs) {
@@ -348,10 +355,7 @@ void Sampler::fill_logprobs(const SamplerRow& row, SampledToken& out) const {
     return;
   }
   const std::span<const float> logits = row.logits;
-  const float max_logit = *std::max_element(logits.begin(), logits.end());  // finite: checked
-  double sum = 0.0;
-  for (float logit : logits) sum += std::exp(static_cast<double>(logit) - max_logit);
-  const double log_normaliser = max_logit + std::log(sum);
+  const double log_normaliser = log_sum_exp(logits);  // finite maximum: checked
   out.logprob = static_cast<float>(logits[static_cast<size_t>(out.token_id)] - log_normaliser);
 
   const size_t wanted = std::min(static_cast<size_t>(*row.params->logprobs), logits.size());

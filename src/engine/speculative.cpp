@@ -24,16 +24,14 @@ Status SpeculativeConfig::validate(int64_t num_nextn_predict_layers) const {
     }
     return Status();
   }
+  const bool is_dspark = algorithm == SpeculativeAlgorithm::kDspark;
+  const std::string enabled_by = is_dspark ? "--dspark-enable" : "--speculative-algorithm mtp";
   if (num_draft_tokens < 1 || num_draft_tokens > kMaxDraftTokens) {
-    const std::string flag = algorithm == SpeculativeAlgorithm::kDspark
-                                 ? "--dspark-max-draft-tokens must be in [1, "
-                                 : "--speculative-num-draft-tokens must be in [1, ";
-    return Status::invalid_argument(flag + std::to_string(kMaxDraftTokens) + "] with " +
-                                    (algorithm == SpeculativeAlgorithm::kDspark ? "--dspark-enable"
-                                                                                : "--speculative-algorithm mtp") +
+    return Status::invalid_argument(std::string(is_dspark ? "--dspark-max-draft-tokens" : "--speculative-num-draft-tokens") +
+                                    " must be in [1, " + std::to_string(kMaxDraftTokens) + "] with " + enabled_by +
                                     ", got " + std::to_string(num_draft_tokens));
   }
-  if (algorithm == SpeculativeAlgorithm::kDspark) {
+  if (is_dspark) {
     if (!(dspark.confidence_threshold >= 0.0 && dspark.confidence_threshold <= 1.0)) {
       return Status::invalid_argument("--dspark-confidence-threshold must be in [0, 1], got " +
                                       std::to_string(dspark.confidence_threshold));
@@ -44,10 +42,9 @@ Status SpeculativeConfig::validate(int64_t num_nextn_predict_layers) const {
     }
   }
   if (num_nextn_predict_layers < 1) {
-    const std::string name = algorithm == SpeculativeAlgorithm::kDspark ? "--dspark-enable" : "--speculative-algorithm mtp";
     return Status::invalid_argument(
-        name + " needs the checkpoint's multi-token-prediction layers" +
-        (algorithm == SpeculativeAlgorithm::kDspark ? " (DSpark drafts with them in this build)" : "") +
+        enabled_by + " needs the checkpoint's multi-token-prediction layers" +
+        (is_dspark ? " (DSpark drafts with them in this build)" : "") +
         ", but its config.json has num_nextn_predict_layers " +
         std::to_string(num_nextn_predict_layers) +
         " (no model.layers.{num_hidden_layers}.eh_proj / enorm / hnorm tensors to draft with)");

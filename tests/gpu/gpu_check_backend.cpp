@@ -515,25 +515,21 @@ void check_logits(Pair& p) {
   const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden), 3.0f);
   const std::vector<float> norm = p.rng.values(static_cast<size_t>(hidden), 2.0f);
   std::vector<float> results[2];
-  for (int i = 0; i < 2; ++i) {
-    Backend& b = *backends[i];
-    expect_ok("begin_step", b.begin_step(s.layout()));
-    Buffer nw = must(b.make_vector(norm), "make_vector");
-    Act xa = make_act(b, x, T, hidden, hidden + 8);
-    expect_ok("logits", b.logits(xa.view, nw, 1e-6f, i == 0 ? *lm_head.cpu : *lm_head.gpu, results[i]));
-  }
-  expect_close("logits", results[1], results[0], 2e-2);
-  // Greedy head: the argmax ids and each id's softmax probability (a draft's confidence, speculative decoding).
+  // And the greedy head: the argmax ids and each id's softmax probability (a draft's confidence, speculative
+  // decoding), computed again on the same step.
   std::vector<int32_t> ids[2];
   std::vector<float> top[2];
   for (int i = 0; i < 2; ++i) {
     Backend& b = *backends[i];
+    const be::Weight& head = i == 0 ? *lm_head.cpu : *lm_head.gpu;
     expect_ok("begin_step", b.begin_step(s.layout()));
     Buffer nw = must(b.make_vector(norm), "make_vector");
     Act xa = make_act(b, x, T, hidden, hidden + 8);
-    expect_ok("greedy_tokens", b.greedy_tokens(xa.view, nw, 1e-6f, i == 0 ? *lm_head.cpu : *lm_head.gpu, ids[i]));
+    expect_ok("logits", b.logits(xa.view, nw, 1e-6f, head, results[i]));
+    expect_ok("greedy_tokens", b.greedy_tokens(xa.view, nw, 1e-6f, head, ids[i]));
     expect_ok("read_top_probabilities", b.read_top_probabilities(top[i]));
   }
+  expect_close("logits", results[1], results[0], 2e-2);
   // The ids from each side's own logits; the probability of the GPU's id under the CPU's logits.
   bool ids_ok = ids[0].size() == 3 && ids[1].size() == 3;
   for (size_t r = 0; ids_ok && r < 3; ++r) {

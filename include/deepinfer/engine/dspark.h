@@ -131,7 +131,7 @@ class DsparkPlanner final : public DraftPlanner {
   bool skips_idle_draft_pass() const override { return skip_idle_pass_; }
   void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
   void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
-  void on_removed(SequenceId id) override { state_.erase(id); }
+  void on_removed(SequenceId id) override;
   void add_counters(SpeculativeStats& stats) const override;
 
   const StepTimes& times() const { return times_; }
@@ -172,7 +172,7 @@ class DsparkPlanner final : public DraftPlanner {
   // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
   std::vector<double> verified_at_, all_accepted_at_;
   std::map<SequenceId, RequestState> state_;
-  int64_t fallbacks_ = 0, fallback_returns_ = 0, unverified_steps_ = 0;
+  int64_t fallbacks_ = 0, fallback_returns_ = 0, unverified_steps_ = 0, requests_in_fallback_ = 0;
 };
 
 }  // namespace deepinfer::engine

@@ -49,6 +49,10 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::arra
 double philox_uniform(uint64_t seed, uint64_t counter, uint32_t stream);
 inline constexpr uint32_t kSamplingStream = 0;
 
+// log(sum(exp(logits))), accumulated in double around the largest logit: the normaliser of log_softmax (logprobs)
+// and of a draft's top-1 probability. REQUIRES: logits non-empty with a finite maximum.
+double log_sum_exp(std::span<const float> logits);
+
 // One request's generator state. The sampler reads (seed, counter) and increments counter once per token it
 // samples for the request, greedy or not, so counter == tokens sampled so far, and a request replayed from
 // the same state (after preemption, say) draws the same tokens.

@@ -220,6 +220,8 @@ class CudaBackend final : public Backend {
   // row strides. gemm_f32_out: the same with float32 output y [x.rows, ldy].
   void linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y);
   void* pinned_host(size_t bytes);
+  // read_greedy_tokens / read_top_probabilities: `n` 4-byte head values at `device` (null: none) into `host`.
+  Status read_head_values(const void* device, size_t n, void* host, const char* what);
   void linear_fp8(const Tensor& x, const MatrixRef& w, Tensor y);
   void gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, int64_t ldy);
 

@@ -296,43 +296,35 @@ Status CudaBackend::read_logits(std::vector<float>& host_logits) {
   return synchronize();
 }
 
-Status CudaBackend::read_greedy_tokens(std::vector<int32_t>& host_ids) {
-  BACKEND_CHECK(!capturing_, "read_greedy_tokens inside run_graph's ops");
-  BACKEND_CHECK(head_.computed && head_.greedy, "read_greedy_tokens without compute_logits(greedy) for this step");
+// `n` 4-byte values of the head results at `device` into `host` through the pinned buffer; waits for the step.
+Status CudaBackend::read_head_values(const void* device, size_t n, void* host, const char* what) {
   activate();
-  const size_t n = static_cast<size_t>(head_.rows);
-  host_ids.assign(n, -1);
-  if (head_.ids != nullptr && !failed()) {
+  if (device != nullptr && !failed()) {
     void* staging = pinned_host(n * 4);
     if (staging != nullptr) {
-      check_cuda(cudaMemcpyAsync(staging, head_.ids, n * 4, cudaMemcpyDeviceToHost, stream_),
-                 "greedy_tokens (copy to host)");
+      check_cuda(cudaMemcpyAsync(staging, device, n * 4, cudaMemcpyDeviceToHost, stream_), what);
       Status s = synchronize();
       if (!s.ok()) return s;
-      std::memcpy(host_ids.data(), staging, n * 4);
+      std::memcpy(host, staging, n * 4);
     }
   }
   return synchronize();
+}
+
+Status CudaBackend::read_greedy_tokens(std::vector<int32_t>& host_ids) {
+  BACKEND_CHECK(!capturing_, "read_greedy_tokens inside run_graph's ops");
+  BACKEND_CHECK(head_.computed && head_.greedy, "read_greedy_tokens without compute_logits(greedy) for this step");
+  host_ids.assign(static_cast<size_t>(head_.rows), -1);
+  return read_head_values(head_.ids, host_ids.size(), host_ids.data(), "greedy_tokens (copy to host)");
 }
 
 Status CudaBackend::read_top_probabilities(std::vector<float>& host_probabilities) {
   BACKEND_CHECK(!capturing_, "read_top_probabilities inside run_graph's ops");
   BACKEND_CHECK(head_.computed && head_.greedy,
                 "read_top_probabilities without compute_logits(greedy) for this step");
-  activate();
-  const size_t n = static_cast<size_t>(head_.rows);
-  host_probabilities.assign(n, 0.0f);
-  if (head_.top_probability != nullptr && !failed()) {
-    void* staging = pinned_host(n * 4);
-    if (staging != nullptr) {
-      check_cuda(cudaMemcpyAsync(staging, head_.top_probability, n * 4, cudaMemcpyDeviceToHost, stream_),
-                 "top probabilities (copy to host)");
-      Status s = synchronize();
-      if (!s.ok()) return s;
-      std::memcpy(host_probabilities.data(), staging, n * 4);
-    }
-  }
-  return synchronize();
+  host_probabilities.assign(static_cast<size_t>(head_.rows), 0.0f);
+  return read_head_values(head_.top_probability, host_probabilities.size(), host_probabilities.data(),
+                          "top probabilities (copy to host)");
 }
 
 }  // namespace deepinfer::backend::cuda
