@@ -79,7 +79,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
     if (!model_config.ok()) return fail(model_config.status().to_string());
     Result<engine::SpeculativeConfig> speculative =
         speculative_config(options->speculative, model_config->num_nextn_predict_layers,
-                           model_config->has_dspark_draft);
+                           model_config->dspark.has_value());
     if (!speculative.ok()) return fail(speculative.status().message() + " (" + options->model + ")");
     Result<BackendChoice> choice = make_backend(options->device);
     if (!choice.ok()) return fail(choice.status().to_string());

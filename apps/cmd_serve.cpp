@@ -315,7 +315,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       spdlog::info("chat format deepseek-v4, revision {}", recipe::v4_revision_name(revision));
     }
     Result<engine::SpeculativeConfig> speculative =
-        speculative_config(options->speculative, config->num_nextn_predict_layers, config->has_dspark_draft);
+        speculative_config(options->speculative, config->num_nextn_predict_layers, config->dspark.has_value());
     if (!speculative.ok()) return fail(speculative.status().message() + " (" + model_path.string() + ")");
     if (options->max_model_len < 0) return fail("--max-model-len must be positive");
     if (options->max_model_len > config->max_position_embeddings) {

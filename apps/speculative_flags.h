@@ -77,7 +77,7 @@ inline std::string dspark_step_time_path(const std::string& identity_hash) {
 // it lacks.
 inline Result<engine::SpeculativeConfig> speculative_config(const SpeculativeOptions& options,
                                                             int64_t num_nextn_predict_layers,
-                                                            bool has_dspark_draft = false) {
+                                                            bool has_dspark_module = false) {
   Result<engine::SpeculativeAlgorithm> algorithm = engine::parse_speculative_algorithm(options.algorithm);
   if (!algorithm.ok()) return algorithm.status();
   engine::SpeculativeConfig config;
@@ -104,18 +104,12 @@ inline Result<engine::SpeculativeConfig> speculative_config(const SpeculativeOpt
           "--speculative-num-draft-tokens does not apply with --dspark-enable: the planner chooses each request's "
           "length up to --dspark-max-draft-tokens");
     }
-    if (has_dspark_draft) {
-      return Status::invalid_argument(
-          "--dspark-enable: the checkpoint ships a DSpark draft module (dspark_* keys in config.json), which this "
-          "build does not load yet; its planner drafts with the MTP layer only. Use --speculative-algorithm mtp, or "
-          "serve without speculation");
-    }
     config.num_draft_tokens = options.dspark_max_draft_tokens.value_or(6);
     config.dspark.confidence_threshold = options.dspark_confidence_threshold.value_or(0.85);
     config.dspark.abort_on_rollback_rate = options.dspark_abort_on_rollback_rate.value_or(0.30);
     if (options.dspark_step_time_table) config.dspark.step_time_table = *options.dspark_step_time_table;
   }
-  if (Status s = config.validate(num_nextn_predict_layers); !s.ok()) return s;
+  if (Status s = config.validate(num_nextn_predict_layers, has_dspark_module); !s.ok()) return s;
   return config;
 }
 

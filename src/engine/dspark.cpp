@@ -94,7 +94,7 @@ Result<StepTimes> StepTimes::from_json(std::string_view text, std::string_view i
 }
 
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
-                          std::span<const double> all_accepted_rate, const StepTimes& times) {
+                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft) {
   if (chains <= 0) return 0;
   const double none = static_cast<double>(committing) / times.verify.milliseconds(base_tokens);
   double best_rate = none, expected = static_cast<double>(committing);
@@ -103,7 +103,7 @@ int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chain
        ++length) {
     expected += static_cast<double>(chains) * std::clamp(all_accepted_rate[static_cast<size_t>(length - 1)], 0.0, 1.0);
     const double ms = times.verify.milliseconds(base_tokens + chains * length) +
-                      (times.draft.empty() ? 0.0 : length * times.draft.milliseconds(chains));
+                      (times.draft.empty() ? 0.0 : (block_draft ? 1 : length) * times.draft.milliseconds(chains));
     const double rate = expected / ms;
     if (rate > best_rate * (1.0 + 1e-9)) {
       best_rate = rate;
@@ -154,8 +154,9 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
   return best_rate * 1000.0;
 }
 
-DsparkPlanner::DsparkPlanner(DsparkConfig config, StepTimes times, int32_t max_draft_tokens)
-    : config_(std::move(config)), times_(std::move(times)), max_draft_tokens_(max_draft_tokens) {
+DsparkPlanner::DsparkPlanner(DsparkConfig config, StepTimes times, int32_t max_draft_tokens, bool block_draft)
+    : config_(std::move(config)), times_(std::move(times)), max_draft_tokens_(max_draft_tokens),
+      block_draft_(block_draft) {
   constexpr double kPriorVerifies = 4.0, kPriorRate = 0.7;
   double rate = 1.0;
   for (int32_t k = 0; k < max_draft_tokens_; ++k) {
@@ -173,7 +174,8 @@ std::vector<double> DsparkPlanner::all_accepted_rate() const {
 
 void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
   const std::vector<double> rates = all_accepted_rate();
-  step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_);
+  step_draft_length_ =
+      plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_, block_draft_);
   probe_step_ = false;
   probe_taken_ = false;
   skip_idle_pass_ = !times_.mtp_kv.empty() && !times_.verify.empty() &&

@@ -70,9 +70,11 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
   // Sampling threads: one Sampler each (a Sampler keeps per-row scratch and is single-threaded), at most 16.
   const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
   if (config.speculative.enabled()) {
+    const bool module =
+        config.speculative.algorithm == SpeculativeAlgorithm::kDspark && model_->config().dspark.has_value();
     auto mtp = std::make_unique<MtpExecutor>(*model_, layer_caches_, scheduler_.config().num_blocks,
                                              scheduler_.config().max_num_seqs, config.speculative.num_draft_tokens,
-                                             std::move(planner));
+                                             std::move(planner), module);
     mtp_executor_ = mtp.get();
     executor_ = std::move(mtp);
   } else {
@@ -87,8 +89,10 @@ namespace {
 // logits row, as a verify's) at 1, 2, 4, ... rows up to `max_rows`; and, where each sequence has one row, the MTP
 // pass over those rows with a logits row each and their confidences (a draft pass of that many chains). Median of 3
 // runs after a warm-up.
+// With a DSpark module (`module`) the draft pass is the module's block pass (one block per sequence) and "KV only"
+// its injection pass.
 Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<const backend::Buffer> caches,
-                                     int32_t num_blocks, int32_t max_num_seqs, int32_t max_rows) {
+                                     int32_t num_blocks, int32_t max_num_seqs, int32_t max_rows, bool module) {
   constexpr int32_t kContext = 64;
   const std::span<const backend::Buffer> main_caches =
       caches.first(static_cast<size_t>(model.config().num_hidden_layers));
@@ -115,8 +119,12 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
     const int32_t blocks_per_sequence = (kContext + per_sequence + kBlockTokens - 1) / kBlockTokens;
     if (int64_t{sequences} * blocks_per_sequence > num_blocks) break;
     model::ForwardBatch batch;
-    batch.keep_hidden = caches.size() > main_caches.size() && per_sequence == 1;
+    const bool drafts = caches.size() > main_caches.size() && per_sequence == 1;
+    batch.keep_hidden = drafts && !module;
+    batch.keep_dspark_context = drafts && module;
     model::MtpBatch draft;
+    model::DsparkInjectBatch inject;
+    model::DsparkBlockBatch block;
     int32_t row = 0;
     for (int32_t s = 0; s < sequences && row < rows; ++s) {
       const int32_t n = std::min(per_sequence, rows - row);
@@ -133,6 +141,13 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
         draft.logits_rows.push_back(row);
       }
       draft.sequences.push_back(chunk);
+      if (module) {
+        for (int32_t k = 0; k < n; ++k) inject.context_rows.push_back(row - n + k);
+        inject.sequences.push_back(chunk);
+        const int32_t gamma = static_cast<int32_t>(model.config().dspark->block_size);
+        for (int32_t k = 0; k < gamma; ++k) block.token_ids.push_back(draft.token_ids[static_cast<size_t>(row - n)]);
+        block.sequences.push_back({gamma, kContext + n, chunk.block_table});
+      }
       batch.sequences.push_back(std::move(chunk));
     }
     std::vector<double> verify_times, draft_times, kv_times;
@@ -145,7 +160,19 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
       auto start = std::chrono::steady_clock::now();
       if (Status s = model.forward_greedy(batch, main_caches, ids); !s.ok()) return s;
       if (rep > 0) verify_times.push_back(elapsed_ms(start));
-      if (!batch.keep_hidden) continue;
+      if (!drafts) continue;
+      if (module) {
+        start = std::chrono::steady_clock::now();
+        if (Status s = model.forward_dspark_inject(inject, caches.subspan(main_caches.size())); !s.ok()) return s;
+        if (rep > 0) kv_times.push_back(elapsed_ms(start));
+        std::vector<float> logits, hidden;
+        start = std::chrono::steady_clock::now();
+        if (Status s = model.forward_dspark_block(block, caches.subspan(main_caches.size()), logits, hidden); !s.ok()) {
+          return s;
+        }
+        if (rep > 0) draft_times.push_back(elapsed_ms(start));
+        continue;
+      }
       start = std::chrono::steady_clock::now();
       if (Status s = model.forward_mtp(0, draft, caches.back(), nullptr, &ids, &probabilities); !s.ok()) return s;
       if (rep > 0) draft_times.push_back(elapsed_ms(start));
@@ -177,7 +204,7 @@ std::string describe(const StepTimeTable& table) {
 
 Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& model,
                              std::span<const backend::Buffer> layer_caches, int32_t num_blocks, int32_t max_num_seqs,
-                             int32_t max_rows) {
+                             int32_t max_rows, bool dspark_module) {
   namespace fs = std::filesystem;
   if (config.step_time_table == "const") {
     spdlog::info("dspark: step times 'const' (every draft made and verified)");
@@ -199,7 +226,7 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
                              : loaded.status().message());
   }
   const auto start = std::chrono::steady_clock::now();
-  Result<StepTimes> measured = measure_step_times(model, layer_caches, num_blocks, max_num_seqs, max_rows);
+  Result<StepTimes> measured = measure_step_times(model, layer_caches, num_blocks, max_num_seqs, max_rows, dspark_module);
   if (!measured.ok()) return measured.status();
   if (measured->verify.empty() || measured->draft.empty()) {
     spdlog::warn("dspark: the KV cache ({} blocks) is too small to measure the step times; every draft will be "
@@ -333,10 +360,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   const model::ModelConfig& c = model->config();
   EngineConfig resolved = config;
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
-  if (Status s = resolved.speculative.validate(c.num_nextn_predict_layers); !s.ok()) return s;
+  if (Status s = resolved.speculative.validate(c.num_nextn_predict_layers, c.dspark.has_value()); !s.ok()) return s;
   // MTP drafting caches the MTP layer's KV as one more layer of every block (rolled back and prefix-cached with
-  // the main layers'; the chains use layer 0, as the checkpoints ship one).
-  const int32_t mtp_cached_layers = resolved.speculative.enabled() ? 1 : 0;
+  // the main layers'; the chains use layer 0, as the checkpoints ship one); DSpark with a draft module caches its S
+  // stages' instead.
+  const bool dspark_module = resolved.speculative.algorithm == SpeculativeAlgorithm::kDspark && c.dspark.has_value();
+  const int32_t mtp_cached_layers =
+      !resolved.speculative.enabled() ? 0 : dspark_module ? static_cast<int32_t>(c.dspark->num_stages()) : 1;
   // One block of every layer's cache, in the backend's cache dtype (float32 on CPU, bf16 on CUDA).
   const int64_t block_bytes =
       static_cast<int64_t>(model->layer_block_bytes()) * (c.num_hidden_layers + mtp_cached_layers);
@@ -363,8 +393,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (!scheduler.ok()) return scheduler.status();
   Result<std::vector<backend::Buffer>> layer_caches = model->make_layer_caches(scheduler_config.num_blocks);
   if (!layer_caches.ok()) return layer_caches.status();
-  if (mtp_cached_layers > 0) {
-    // Indexed like the main layers' block for block; the draft chains' scratch blocks after them.
+  for (int32_t i = 0; i < mtp_cached_layers; ++i) {
+    // Indexed like the main layers' block for block; the draft chains' (blocks') scratch blocks after them.
     const int64_t mtp_blocks = int64_t{scheduler_config.num_blocks} + scheduler_config.max_num_seqs;
     Result<backend::Buffer> mtp_cache = model->make_layer_cache(mtp_blocks);
     if (!mtp_cache.ok()) return mtp_cache.status();
@@ -376,10 +406,14 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
         scheduler_config.max_num_batched_tokens,
         scheduler_config.max_num_seqs * (resolved.speculative.num_draft_tokens + 1));
     Result<StepTimes> times = step_times(resolved.speculative.dspark, *model, *layer_caches,
-                                         scheduler_config.num_blocks, scheduler_config.max_num_seqs, max_rows);
+                                         scheduler_config.num_blocks, scheduler_config.max_num_seqs, max_rows,
+                                         dspark_module);
     if (!times.ok()) return times.status();
-    planner = std::make_unique<DsparkPlanner>(resolved.speculative.dspark, std::move(times).value(),
-                                              resolved.speculative.num_draft_tokens);
+    const int32_t longest =
+        dspark_module ? std::min<int32_t>(resolved.speculative.num_draft_tokens, static_cast<int32_t>(c.dspark->block_size))
+                      : resolved.speculative.num_draft_tokens;
+    planner = std::make_unique<DsparkPlanner>(resolved.speculative.dspark, std::move(times).value(), longest,
+                                              dspark_module);
   }
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
                                                    std::move(scheduler).value(), std::move(layer_caches).value(),

@@ -11,18 +11,27 @@
 namespace deepinfer::engine {
 
 MtpExecutor::MtpExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches, int32_t num_blocks,
-                         int32_t max_num_seqs, int32_t num_draft_tokens, std::unique_ptr<DraftPlanner> planner)
+                         int32_t max_num_seqs, int32_t num_draft_tokens, std::unique_ptr<DraftPlanner> planner,
+                         bool use_dspark_module)
     : model_(model),
       layer_caches_(layer_caches),
       num_blocks_(num_blocks),
       max_num_seqs_(max_num_seqs),
       num_draft_tokens_(num_draft_tokens),
+      dspark_module_(use_dspark_module),
       planner_(planner != nullptr ? std::move(planner) : std::make_unique<DraftPlanner>()),
       sampler_(model.config().vocab_size) {
-  DEEPINFER_CHECK(model.num_mtp_layers() >= 1, "the MTP executor needs an MTP layer");
   DEEPINFER_CHECK(num_draft_tokens >= 1 && num_draft_tokens <= SpeculativeConfig::kMaxDraftTokens);
-  DEEPINFER_CHECK(static_cast<int64_t>(layer_caches.size()) == model.config().num_hidden_layers + 1,
-                  "the main layers' caches, then the MTP layer's");
+  if (use_dspark_module) {
+    DEEPINFER_CHECK(model.config().dspark.has_value(), "the DSpark executor needs a DSpark draft module");
+    DEEPINFER_CHECK(static_cast<int64_t>(layer_caches.size()) ==
+                        model.config().num_hidden_layers + model.config().dspark->num_stages(),
+                    "the main layers' caches, then the DSpark stages'");
+  } else {
+    DEEPINFER_CHECK(model.num_mtp_layers() >= 1, "the MTP executor needs an MTP layer");
+    DEEPINFER_CHECK(static_cast<int64_t>(layer_caches.size()) == model.config().num_hidden_layers + 1,
+                    "the main layers' caches, then the MTP layer's");
+  }
 }
 
 TokenId MtpExecutor::RequestState::token_at(int64_t position) const {
@@ -51,7 +60,8 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   const size_t num_entries = batch.entries.size();
   // 1. The target pass: every entry's tokens, plus the drafts of those that drafted for this very step.
   model::ForwardBatch forward;
-  forward.keep_hidden = true;
+  forward.keep_hidden = !dspark_module_;
+  forward.keep_dspark_context = dspark_module_;
   std::vector<int32_t> first_rows(num_entries, 0), num_drafts(num_entries, 0), available(num_entries, 0);
   // The drafts each entry could verify; then how many the planner keeps (all, without DSpark).
   int64_t base_tokens = 0, committing = 0;
@@ -162,7 +172,8 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   }
 
   // 3-4. The next step's drafts. A failure here undoes the commit, so the step stays all-or-nothing.
-  if (Status s = draft(batch, first_rows, kept_rows); !s.ok()) {
+  if (Status s = dspark_module_ ? draft_block(batch, first_rows, kept_rows) : draft(batch, first_rows, kept_rows);
+      !s.ok()) {
     for (size_t i = 0; i < num_entries; ++i) {
       RequestState& request = requests_.at(batch.entries[i].sequence_id);
       request.output.resize(output_sizes[i]);
@@ -378,6 +389,104 @@ Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> 
     if (Status s = run_pass(chained); !s.ok()) return s;
     if (Status s = take_drafts(next); !s.ok()) return s;
     active = std::move(next);
+  }
+  return Status();
+}
+
+Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int32_t> first_rows,
+                                std::span<const int32_t> kept_rows) {
+  const model::ModelConfig& c = model_.config();
+  const int32_t gamma = static_cast<int32_t>(c.dspark->block_size);
+  const int32_t longest = std::min(num_draft_tokens_, gamma);
+  const model::DeepSeekModel::DsparkHeads& heads = *model_.dspark_heads();
+  const std::span<const backend::Buffer> stage_caches = layer_caches_.subspan(static_cast<size_t>(c.num_hidden_layers));
+  const size_t vocab = static_cast<size_t>(c.vocab_size), hidden = static_cast<size_t>(c.hidden_size);
+  const size_t rank = static_cast<size_t>(heads.rank);
+  struct Block {
+    RequestState* request = nullptr;
+    SequenceId id = 0;
+    int32_t max_drafts = 0;
+    int64_t position = 0;  // the anchor's
+  };
+  std::vector<Block> blocks;
+  const int64_t sampling = std::count_if(batch.entries.begin(), batch.entries.end(),
+                                         [](const ScheduledEntry& entry) { return entry.samples; });
+  planner_->begin_drafting(sampling, sampling, sampling);
+  model::DsparkInjectBatch inject;
+  model::DsparkBlockBatch block;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    RequestState& request = requests_.at(entry.sequence_id);
+    request.drafts.clear();
+    request.draft_distributions.clear();
+    request.draft_confidences.clear();
+    request.draft_position = -1;
+    const int32_t kept = kept_rows[i];
+    for (int32_t k = 0; k < kept; ++k) inject.context_rows.push_back(first_rows[i] + k);
+    inject.sequences.push_back({kept, static_cast<int32_t>(entry.start_position), entry.block_table});
+    const int32_t max_drafts =
+        entry.samples ? std::clamp(planner_->max_drafts(entry.sequence_id, longest), 0, longest) : 0;
+    if (max_drafts == 0) continue;
+    Block b{&request, entry.sequence_id, max_drafts, entry.start_position + kept};
+    std::vector<int32_t> table = entry.block_table;
+    // The block's rows past the blocks the scheduler gave go to this request's scratch block of the stage caches
+    // (at most one: gamma <= 16); a block that would need more does not draft this step.
+    const int64_t last_block = (b.position + gamma - 1) / kBlockTokens;
+    if (last_block > static_cast<int64_t>(table.size())) continue;
+    if (last_block == static_cast<int64_t>(table.size())) {
+      if (static_cast<int32_t>(blocks.size()) >= max_num_seqs_) continue;
+      table.push_back(num_blocks_ + static_cast<int32_t>(blocks.size()));
+    }
+    block.token_ids.push_back(request.token_at(b.position));
+    for (int32_t k = 1; k < gamma; ++k) block.token_ids.push_back(static_cast<int32_t>(c.dspark->noise_token_id));
+    block.sequences.push_back({gamma, static_cast<int32_t>(b.position), std::move(table)});
+    blocks.push_back(b);
+  }
+  // Nobody drafts and keeping the stage caches current costs too much (the planner's rule): skip the injection.
+  if (blocks.empty() && planner_->skips_idle_draft_pass()) return Status();
+  if (Status s = model_.forward_dspark_inject(inject, stage_caches); !s.ok()) return s;
+  if (blocks.empty()) return Status();
+  if (Status s = model_.forward_dspark_block(block, stage_caches, logits_, block_hidden_); !s.ok()) return s;
+  corrected_.resize(vocab);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    RequestState& request = *blocks[b].request;
+    TokenId previous = request.token_at(blocks[b].position);
+    for (int32_t k = 0; k < blocks[b].max_drafts; ++k) {
+      const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
+      // logits_k = base_k + markov_w2 · markov_w1[prev]; confidence_k = sigmoid(proj · [h_k ; markov_w1[prev]]).
+      const float* e = heads.markov_w1.data() + static_cast<size_t>(previous) * rank;
+      const float* base = logits_.data() + row * vocab;
+      for (size_t v = 0; v < vocab; ++v) {
+        const float* w2 = heads.markov_w2.data() + v * rank;
+        float sum = 0.0f;
+        for (size_t j = 0; j < rank; ++j) sum += w2[j] * e[j];
+        corrected_[v] = base[v] + sum;
+      }
+      double z = 0.0;
+      const float* h = block_hidden_.data() + row * hidden;
+      for (size_t j = 0; j < hidden; ++j) z += static_cast<double>(heads.confidence[j]) * h[j];
+      for (size_t j = 0; j < rank; ++j) z += static_cast<double>(heads.confidence[hidden + j]) * e[j];
+      const double confidence = 1.0 / (1.0 + std::exp(-z));
+      TokenId token = 0;
+      std::vector<TokenProbability> distribution;
+      if (request.params.is_plain_greedy()) {
+        const auto best = std::max_element(corrected_.begin(), corrected_.end());  // the first (lowest id) maximum
+        if (!std::isfinite(*best)) return Status::invalid_argument("the DSpark draft's logits hold a NaN or inf");
+        token = static_cast<TokenId>(best - corrected_.begin());
+        distribution = {{token, 1.0}};
+      } else {
+        double unused = 0.0;
+        if (Status s = draft_from_logits(request, corrected_, request.drafts, token, distribution, unused); !s.ok()) {
+          return s;
+        }
+      }
+      request.drafts.push_back(token);
+      request.draft_distributions.push_back(std::move(distribution));
+      request.draft_confidences.push_back(confidence);
+      if (!planner_->continue_after(blocks[b].id, k, confidence)) break;
+      previous = token;
+    }
+    request.draft_position = blocks[b].position + 1;
   }
   return Status();
 }

@@ -17,6 +17,12 @@
 // exact whatever the drafts are, so a stale draft costs speed, never correctness.
 // Draft distributions: greedy requests draft the MTP's argmax (q a point mass); sampled requests draw each draft
 // from the MTP's distribution under the request's own sampling parameters (q), with philox kDraftStream.
+// With a DSpark draft module (use_dspark_module; model/deepseek_model.h says what it computes) steps 3-4 are instead:
+//   3'. inject: every computed row's target residuals (kept by the verify pass) into the module's stage caches (S more
+//       layers of the paged cache, like the MTP layer's);
+//   4'. one block pass for all drafting requests: gamma rows [anchor, noise...] each, from the anchor's position (the
+//       last committed token); per request the drafts come out of the host heads in order (the Markov head reads the
+//       previous draft), each with the confidence head's value, cut by the planner (DSpark's confidence rule).
 // Known approximation (drafts only): a prefix-cache hit reuses the MTP entries its blocks hold, of which the last
 // was written with the next token of the sequence that computed it (vLLM recomputes the last block for EAGLE).
 #pragma once
@@ -41,8 +47,11 @@ class MtpExecutor final : public Executor {
   // layer's cache of num_blocks + max_num_seqs blocks (the last max_num_seqs are the chain's scratch blocks). Not
   // owned; must outlive the executor. REQUIRES: model.num_mtp_layers() >= 1, 1 <= num_draft_tokens <=
   // SpeculativeConfig::kMaxDraftTokens. `planner` may be null (fixed length).
+  // With `use_dspark_module` (REQUIRES: model.config().dspark), the MTP layer's cache is replaced by the module's S
+  // stage caches of num_blocks + max_num_seqs blocks each, and drafts come from the module (at most its block size).
   MtpExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches, int32_t num_blocks,
-              int32_t max_num_seqs, int32_t num_draft_tokens, std::unique_ptr<DraftPlanner> planner = nullptr);
+              int32_t max_num_seqs, int32_t num_draft_tokens, std::unique_ptr<DraftPlanner> planner = nullptr,
+              bool use_dspark_module = false);
 
   Status add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) override;
   void remove_request(SequenceId id) override;
@@ -70,6 +79,9 @@ class MtpExecutor final : public Executor {
   // The chain after the target pass: fills each drafting request's drafts. `rows_of_entry`: per entry, its first
   // target row and its computed rows (kept ones).
   Status draft(const ScheduledBatch& batch, std::span<const int32_t> first_rows, std::span<const int32_t> kept_rows);
+  // The same with the DSpark module (steps 3'-4').
+  Status draft_block(const ScheduledBatch& batch, std::span<const int32_t> first_rows,
+                     std::span<const int32_t> kept_rows);
   // A draft from an MTP logits row for `request` whose chain so far is `chain`, and its confidence (dspark.h).
   Status draft_from_logits(RequestState& request, std::span<const float> logits, std::span<const TokenId> chain,
                            TokenId& token, std::vector<TokenProbability>& distribution, double& confidence);
@@ -79,12 +91,14 @@ class MtpExecutor final : public Executor {
   int32_t num_blocks_;
   int32_t max_num_seqs_;
   int32_t num_draft_tokens_;
+  bool dspark_module_;
   std::unique_ptr<DraftPlanner> planner_;
   Sampler sampler_;
   std::map<SequenceId, RequestState> requests_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;
   std::vector<float> greedy_probabilities_;
+  std::vector<float> block_hidden_, corrected_;  // the DSpark block pass's h rows; one draft row's logits
   std::vector<TokenId> penalty_window_;  // output + drafts of the row being sampled
 };
 

@@ -16,7 +16,7 @@ Result<SpeculativeAlgorithm> parse_speculative_algorithm(const std::string& name
   return Status::invalid_argument("--speculative-algorithm must be mtp or dspark (or none), got '" + name + "'");
 }
 
-Status SpeculativeConfig::validate(int64_t num_nextn_predict_layers) const {
+Status SpeculativeConfig::validate(int64_t num_nextn_predict_layers, bool has_dspark_module) const {
   if (!enabled()) {
     if (num_draft_tokens != 0) {
       return Status::invalid_argument("--speculative-num-draft-tokens " + std::to_string(num_draft_tokens) +
@@ -41,10 +41,10 @@ Status SpeculativeConfig::validate(int64_t num_nextn_predict_layers) const {
                                       std::to_string(dspark.abort_on_rollback_rate));
     }
   }
-  if (num_nextn_predict_layers < 1) {
+  if (num_nextn_predict_layers < 1 && !(is_dspark && has_dspark_module)) {
     return Status::invalid_argument(
         enabled_by + " needs the checkpoint's multi-token-prediction layers" +
-        (is_dspark ? " (DSpark drafts with them in this build)" : "") +
+        (is_dspark ? " or a DSpark draft module (dspark_* keys in config.json)" : "") +
         ", but its config.json has num_nextn_predict_layers " +
         std::to_string(num_nextn_predict_layers) +
         " (no model.layers.{num_hidden_layers}.eh_proj / enorm / hnorm tensors to draft with)");

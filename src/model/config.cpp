@@ -3,6 +3,7 @@
 // the field and the value.
 #include "deepinfer/model/config.h"
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <cmath>
 #include <fstream>
@@ -352,6 +353,45 @@ Result<std::string> read_config_text(const std::filesystem::path& file) {
   return text.str();
 }
 
+// The DSpark draft module's keys (DsparkDraftConfig), all or none.
+Status parse_dspark(const FieldReader& r, ModelConfig& c) {
+  constexpr std::string_view kKeys[] = {"dspark_target_layer_ids", "dspark_block_size", "dspark_markov_rank",
+                                        "dspark_noise_token_id"};
+  bool any = false;
+  for (std::string_view key : kKeys) any = any || r.present(key);
+  for (std::string_view key : {"dspark_config", "dspark_n_routed_experts"}) {
+    if (r.present(key)) {
+      return r.unsupported(key, *r.find(key),
+                           "this build runs DSpark draft modules with dense stages whose keys are top-level "
+                           "dspark_target_layer_ids / dspark_block_size / dspark_markov_rank / dspark_noise_token_id");
+    }
+  }
+  if (!any) return Status();
+  DsparkDraftConfig d;
+  const json::value* ids = r.find("dspark_target_layer_ids");
+  if (ids == nullptr || ids->is_null()) return r.missing("dspark_target_layer_ids");
+  if (!ids->is_array() || ids->as_array().empty()) return r.bad("dspark_target_layer_ids", *ids, "expected a non-empty list of layer indices");
+  for (const json::value& id : ids->as_array()) {
+    std::optional<int64_t> layer = as_int64(id);
+    if (!layer || *layer < 0 || *layer >= c.num_hidden_layers ||
+        std::find(d.target_layer_ids.begin(), d.target_layer_ids.end(), *layer) != d.target_layer_ids.end()) {
+      return r.bad("dspark_target_layer_ids", *ids,
+                   "expected distinct layer indices below num_hidden_layers (" + std::to_string(c.num_hidden_layers) + ")");
+    }
+    d.target_layer_ids.push_back(*layer);
+  }
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("dspark_block_size", d.block_size, true));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("dspark_markov_rank", d.markov_rank, true));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("dspark_noise_token_id", d.noise_token_id, true));
+  if (d.block_size < 1 || d.block_size > 16) return r.bad("dspark_block_size", *r.find("dspark_block_size"), "expected 1..16");
+  if (d.markov_rank < 1) return r.bad("dspark_markov_rank", *r.find("dspark_markov_rank"), "expected >= 1");
+  if (d.noise_token_id < 0 || d.noise_token_id >= c.vocab_size) {
+    return r.bad("dspark_noise_token_id", *r.find("dspark_noise_token_id"), "expected a token id below vocab_size");
+  }
+  c.dspark = std::move(d);
+  return Status();
+}
+
 Result<ModelConfig> parse_config(const std::string& file, const std::string& text) {
   json::error_code ec;
   json::value root = json::parse(text, ec);
@@ -410,12 +450,7 @@ Result<ModelConfig> parse_config(const std::string& file, const std::string& tex
   DEEPINFER_RETURN_IF_ERROR(r.read_int("bos_token_id", c.bos_token_id));
   DEEPINFER_RETURN_IF_ERROR(parse_eos(r, c));
   DEEPINFER_RETURN_IF_ERROR(r.read_int("num_nextn_predict_layers", c.num_nextn_predict_layers));
-  // A DSpark draft module's config (SGLang's dspark_config.py reads these keys), recorded so that --dspark-enable
-  // can say it is not loaded rather than ignore it.
-  for (std::string_view key : {"dspark_config", "dspark_target_layer_ids", "dspark_block_size", "dspark_markov_rank",
-                               "dspark_n_routed_experts", "dspark_noise_token_id"}) {
-    c.has_dspark_draft = c.has_dspark_draft || r.present(key);
-  }
+  DEEPINFER_RETURN_IF_ERROR(parse_dspark(r, c));
 
   if (r.present("rope_scaling")) {
     DEEPINFER_RETURN_IF_ERROR(parse_rope(file, *r.find("rope_scaling"), "rope_scaling", c));

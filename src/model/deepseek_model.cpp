@@ -71,10 +71,20 @@ struct MtpLayer {
   Layer layer;
 };
 
+// The DSpark draft module's backend half (config.h's DsparkDraftConfig); its Markov and confidence heads stay on the
+// host (DeepSeekModel::DsparkHeads).
+struct DsparkModule {
+  std::vector<Layer> stages;
+  WeightPtr main_proj;  // [hidden, hidden * S]
+  Buffer main_norm, norm;
+};
+
 struct DeepSeekModel::Weights {
   WeightPtr embed_tokens;  // [vocab, hidden]
   std::vector<Layer> layers;
   std::vector<MtpLayer> mtp_layers;
+  std::unique_ptr<DsparkModule> dspark;
+  DeepSeekModel::DsparkHeads dspark_heads;
   Buffer norm;
   WeightPtr lm_head;
   Buffer inv_freq;  // [R / 2]
@@ -91,6 +101,9 @@ struct DeepSeekModel::Scratch {
   // Speculative decoding (models with MTP layers only): the hidden state a pass keeps for the next MTP pass
   // [capacity, hidden], the MTP pass's gathered copy of it, and its [enorm(embed) | hnorm(h)] input [capacity, 2 hidden].
   Buffer kept_hidden, mtp_hidden, mtp_concat;
+  // DSpark draft module (models with one only): the target layers' residuals a pass keeps [capacity, hidden * S], and
+  // the injection pass's gathered copy of them.
+  Buffer dspark_context, dspark_gathered;
 };
 
 namespace {
@@ -318,8 +331,9 @@ Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t
                        });
 }
 
-Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& c, int64_t index, Layer& out) {
-  const std::string p = "model.layers." + std::to_string(index);
+// The decoder layer whose tensors are under `p` ("model.layers.3", "mtp.0"), with routed experts when `moe`.
+Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& c, const std::string& p, bool moe,
+                  Layer& out) {
   const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, R = c.qk_rope_head_dim;
   Status s;
@@ -383,7 +397,7 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
     if (!s.ok()) return s;
   }
   if (!(s = linear(p + ".self_attn.o_proj.weight", hidden, heads * v, out.o_proj)).ok()) return s;
-  out.moe = c.is_moe_layer(index);
+  out.moe = moe;
   if (!out.moe) return load_mlp(loader, p + ".mlp", false, 1, c.intermediate_size, hidden, out.dense);
   if (!(s = loader.matrix(p + ".mlp.gate.weight", c.n_routed_experts, hidden, Precision::kF32, out.gate)).ok()) {
     return s;
@@ -415,7 +429,10 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
   }
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!(s = load_layer(loader, backend, c, l, w.layers[static_cast<size_t>(l)])).ok()) return s;
+    if (!(s = load_layer(loader, backend, c, "model.layers." + std::to_string(l), c.is_moe_layer(l),
+                         w.layers[static_cast<size_t>(l)])).ok()) {
+      return s;
+    }
   }
   for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
     MtpLayer mtp;
@@ -428,11 +445,53 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
                             mtp.eh_proj)).ok()) {
       return s;
     }
-    if (!(s = load_layer(loader, backend, c, index, mtp.layer)).ok()) return s;
+    if (!(s = load_layer(loader, backend, c, p, c.is_moe_layer(index), mtp.layer)).ok()) return s;
     const std::string head_norm = loader.has(p + ".shared_head.norm.weight") ? p + ".shared_head.norm.weight"
                                                                              : "model.norm.weight";
     if (!(s = loader.vector(head_norm, c.hidden_size, 1.0f, mtp.shared_head_norm)).ok()) return s;
     w.mtp_layers.push_back(std::move(mtp));
+  }
+  if (c.dspark) {
+    // The DSpark draft module (config.h): dense stages mtp.{s}, main_proj / main_norm on stage 0, the last stage's
+    // norm and heads. The heads are read to the host (the Markov head and the confidence run there).
+    const DsparkDraftConfig& d = *c.dspark;
+    const int64_t S = d.num_stages(), hidden = c.hidden_size, r = d.markov_rank;
+    auto module = std::make_unique<DsparkModule>();
+    module->stages.resize(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) {
+      if (!(s = load_layer(loader, backend, c, "mtp." + std::to_string(i), false, module->stages[static_cast<size_t>(i)]))
+               .ok()) {
+        return s;
+      }
+    }
+    const std::string main_proj = "mtp.0.main_proj.weight";
+    if (!(s = loader.matrix(main_proj, hidden, hidden * S, loader.linear_precision(main_proj, hidden, hidden * S),
+                            module->main_proj)).ok()) {
+      return s;
+    }
+    if (!(s = loader.vector("mtp.0.main_norm.weight", hidden, 1.0f, module->main_norm)).ok()) return s;
+    const std::string last = "mtp." + std::to_string(S - 1) + ".";
+    if (!(s = loader.vector(last + "norm.weight", hidden, 1.0f, module->norm)).ok()) return s;
+    DeepSeekModel::DsparkHeads& heads = w.dspark_heads;
+    heads.vocab = c.vocab_size;
+    heads.hidden = hidden;
+    heads.rank = r;
+    if (loader.random()) {  // benchmarks: a Markov head adding nothing, confidence 0.5
+      heads.markov_w1.assign(static_cast<size_t>(c.vocab_size * r), 0.0f);
+      heads.markov_w2.assign(static_cast<size_t>(c.vocab_size * r), 0.0f);
+      heads.confidence.assign(static_cast<size_t>(hidden + r), 0.0f);
+    } else {
+      Result<std::vector<float>> w1 = loader.load(last + "markov_head.markov_w1.weight", {c.vocab_size, r});
+      if (!w1.ok()) return w1.status();
+      Result<std::vector<float>> w2 = loader.load(last + "markov_head.markov_w2.weight", {c.vocab_size, r});
+      if (!w2.ok()) return w2.status();
+      Result<std::vector<float>> proj = loader.load(last + "confidence_head.proj.weight", {1, hidden + r});
+      if (!proj.ok()) return proj.status();
+      heads.markov_w1 = std::move(w1).value();
+      heads.markov_w2 = std::move(w2).value();
+      heads.confidence = std::move(proj).value();
+    }
+    w.dspark = std::move(module);
   }
   if (!(s = loader.vector("model.norm.weight", c.hidden_size, 1.0f, w.norm)).ok()) return s;
   const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
@@ -553,7 +612,9 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
   for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
     if (!c.is_moe_layer(c.num_hidden_layers + i)) inter = std::max(inter, c.intermediate_size);
   }
+  if (c.dspark) inter = std::max(inter, c.intermediate_size);  // dense stages
   const int64_t mtp_cols = c.num_nextn_predict_layers > 0 ? c.hidden_size : 0;
+  const int64_t dspark_cols = c.dspark ? c.hidden_size * c.dspark->num_stages() : 0;
   const Want wants[] = {{&s.x, c.hidden_size},          {&s.normed, c.hidden_size},
                         {&s.q, H * c.qk_head_dim()},    {&s.q_a, c.q_lora_rank.value_or(1)},
                         {&s.kv, C + R},                 {&s.q_absorbed, H * (C + R)},
@@ -561,8 +622,10 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
                         {&s.projected, c.hidden_size},  {&s.gate_up, 2 * inter},
                         {&s.act, inter},                {&s.ffn, c.hidden_size},
                         {&s.kept_hidden, mtp_cols},     {&s.mtp_hidden, mtp_cols},
-                        {&s.mtp_concat, 2 * mtp_cols}};
+                        {&s.mtp_concat, 2 * mtp_cols},  {&s.dspark_context, dspark_cols},
+                        {&s.dspark_gathered, dspark_cols}};
   kept_hidden_rows_ = 0;  // the kept hidden state goes with its buffer
+  kept_context_rows_ = 0;
   for (const Want& want : wants) {
     if (want.cols == 0) continue;
     *want.buffer = Buffer();  // free before allocating the larger one
@@ -747,12 +810,22 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   const int64_t nope = c.qk_nope_head_dim, V = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   kept_hidden_rows_ = 0;
+  kept_context_rows_ = 0;
   if (static_cast<int64_t>(layer_caches.size()) < c.num_hidden_layers) {
     return Status::invalid_argument("forward: " + std::to_string(layer_caches.size()) + " layer caches for " +
                                     std::to_string(c.num_hidden_layers) + " layers");
   }
   if (batch.keep_hidden && c.num_nextn_predict_layers == 0) {
     return Status::invalid_argument("forward: keep_hidden asks for the MTP layers' input, but the model has none");
+  }
+  if (batch.keep_dspark_context && !c.dspark) {
+    return Status::invalid_argument("forward: keep_dspark_context, but the model has no DSpark draft module");
+  }
+  // Which column slice of the kept DSpark context each layer's residual goes to (-1: none).
+  std::vector<int64_t> context_slot(static_cast<size_t>(c.num_hidden_layers), -1);
+  if (batch.keep_dspark_context) {
+    for (size_t j = 0; j < c.dspark->target_layer_ids.size(); ++j)
+      context_slot[static_cast<size_t>(c.dspark->target_layer_ids[j])] = static_cast<int64_t>(j);
   }
   RowLayout rows;
   if (Status s = layout_rows("forward", batch.token_ids, batch.sequences, batch.logits_rows, c.vocab_size, rows);
@@ -801,6 +874,10 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
       } else {
         backend_.add(t.x, t.ffn);
       }
+      if (const int64_t j = context_slot[static_cast<size_t>(l)]; j >= 0) {
+        backend_.copy(t.x, t.rows_of(scratch_->dspark_context, c.hidden_size * c.dspark->num_stages())
+                               .cols_slice(j * c.hidden_size, c.hidden_size));
+      }
     }
     // The MTP layers' input: every row's hidden state after the final norm.
     if (batch.keep_hidden) backend_.rms_norm(t.x, w.norm, eps, t.rows_of(scratch_->kept_hidden, c.hidden_size));
@@ -823,7 +900,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     key.sequences = static_cast<int64_t>(batch.sequences.size());
     key.max_blocks_per_sequence = table_stride;
     key.logits_rows = static_cast<int64_t>(batch.logits_rows.size());
-    key.variant = (greedy != nullptr ? 1 : 0) + (batch.keep_hidden ? 2 : 0);
+    key.variant = (greedy != nullptr ? 1 : 0) + (batch.keep_hidden ? 2 : 0) + (batch.keep_dspark_context ? 4 : 0);
     key.owner = graph_owner_;
     if (Status s = backend_.run_graph(key, device_work); !s.ok()) return s;
   } else {
@@ -831,6 +908,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   }
   Status read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
   if (read.ok() && batch.keep_hidden) kept_hidden_rows_ = T;
+  if (read.ok() && batch.keep_dspark_context) kept_context_rows_ = T;
   return read;
 }
 
@@ -911,6 +989,117 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   }
   if (read.ok()) kept_hidden_rows_ = T;
   return read;
+}
+
+const DeepSeekModel::DsparkHeads* DeepSeekModel::dspark_heads() const {
+  return weights_->dspark ? &weights_->dspark_heads : nullptr;
+}
+
+Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, LayerCaches stage_caches) {
+  const ModelConfig& c = config_;
+  const Weights& w = *weights_;
+  if (!w.dspark) return Status::invalid_argument("forward_dspark_inject: the model has no DSpark draft module");
+  const int64_t S = c.dspark->num_stages(), hidden = c.hidden_size, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  const int64_t T = static_cast<int64_t>(batch.context_rows.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (static_cast<int64_t>(stage_caches.size()) != S) {
+    return Status::invalid_argument("forward_dspark_inject: " + std::to_string(stage_caches.size()) + " caches for " +
+                                    std::to_string(S) + " stages");
+  }
+  for (int32_t r : batch.context_rows) {
+    if (r < 0 || r >= kept_context_rows_) {
+      return Status::invalid_argument("forward_dspark_inject: context row " + std::to_string(r) +
+                                      " but the previous pass kept " + std::to_string(kept_context_rows_) + " rows");
+    }
+  }
+  if (T > scratch_->capacity) {
+    return Status::invalid_argument("forward_dspark_inject: " + std::to_string(T) + " rows, more than the scratch's " +
+                                    std::to_string(scratch_->capacity));
+  }
+  const std::vector<int32_t> token_ids(static_cast<size_t>(T), 0);  // no embedding: the rows are the context
+  RowLayout rows;
+  if (Status s = layout_rows("forward_dspark_inject", token_ids, batch.sequences, {}, c.vocab_size, rows); !s.ok()) {
+    return s;
+  }
+  if (T == 0) return Status();
+  backend::StepLayout layout = step_layout(token_ids, {}, rows);
+  layout.rows_start_at_zero = false;
+  if (Status s = backend_.begin_step(layout); !s.ok()) return s;
+  const DsparkModule& M = *w.dspark;
+  const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
+  const Tensor kept = t.rows_of(scratch_->dspark_context, hidden * S);
+  const Tensor gathered = t.rows_of(scratch_->dspark_gathered, hidden * S);
+  for (int64_t begin = 0; begin < T;) {
+    int64_t end = begin + 1;
+    while (end < T && batch.context_rows[end] == batch.context_rows[end - 1] + 1) ++end;
+    backend_.copy(kept.rows_slice(batch.context_rows[begin], end - begin), gathered.rows_slice(begin, end - begin));
+    begin = end;
+  }
+  // c_t = main_norm(main_proj([h_l1 | h_l2 ...])); each stage's latent entry and rope key from c_t (no input norm).
+  backend_.linear(gathered, *M.main_proj, t.x);
+  backend_.rms_norm(t.x, M.main_norm, eps, t.normed);
+  for (int64_t s = 0; s < S; ++s) {
+    const Layer& L = M.stages[static_cast<size_t>(s)];
+    backend_.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
+    backend_.rms_norm(t.kv.cols_slice(0, C), L.kv_a_layernorm, eps, t.kv.cols_slice(0, C));
+    backend_.rope(t.kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
+    backend_.store_kv(t.kv, stage_caches[static_cast<size_t>(s)]);
+  }
+  return backend_.synchronize();
+}
+
+Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches,
+                                           std::vector<float>& logits, std::vector<float>& hidden) {
+  const ModelConfig& c = config_;
+  const Weights& w = *weights_;
+  if (!w.dspark) return Status::invalid_argument("forward_dspark_block: the model has no DSpark draft module");
+  const int64_t S = c.dspark->num_stages(), d = c.hidden_size;
+  const int64_t T = static_cast<int64_t>(batch.token_ids.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (static_cast<int64_t>(stage_caches.size()) != S) {
+    return Status::invalid_argument("forward_dspark_block: " + std::to_string(stage_caches.size()) + " caches for " +
+                                    std::to_string(S) + " stages");
+  }
+  std::vector<int32_t> logits_rows(static_cast<size_t>(T));
+  std::iota(logits_rows.begin(), logits_rows.end(), 0);
+  RowLayout rows;
+  if (Status s = layout_rows("forward_dspark_block", batch.token_ids, batch.sequences, logits_rows, c.vocab_size, rows);
+      !s.ok()) {
+    return s;
+  }
+  logits.clear();
+  hidden.clear();
+  if (T == 0) return Status();
+  if (Status s = reserve_scratch(T); !s.ok()) return s;
+  kept_hidden_rows_ = 0;
+  kept_context_rows_ = 0;  // the pass overwrites the scratch the kept states live in
+  backend::StepLayout layout = step_layout(batch.token_ids, logits_rows, rows);
+  layout.rows_start_at_zero = false;
+  if (Status s = backend_.begin_step(layout); !s.ok()) return s;
+  const DsparkModule& M = *w.dspark;
+  const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
+  backend_.embed(*w.embed_tokens, t.x);
+  for (int64_t s = 0; s < S; ++s) {
+    const Layer& L = M.stages[static_cast<size_t>(s)];
+    backend_.rms_norm(t.x, L.input_layernorm, eps, t.normed);
+    decoder_layer(backend_, c, w, L, stage_caches[static_cast<size_t>(s)], t, /*use_expanded=*/false);
+    backend_.add(t.x, t.ffn);
+  }
+  backend_.rms_norm(t.x, M.norm, eps, t.projected);  // h_k, what the head and the confidence see
+  backend_.compute_logits(t.x, M.norm, eps, *w.lm_head, false);
+  if (Status s = backend_.read_logits(logits); !s.ok()) return s;
+  const size_t count = static_cast<size_t>(T * d);
+  hidden.resize(count);
+  if (backend_.activation_dtype() == backend::DType::kF32) {
+    return backend_.download(scratch_->projected, 0, count * sizeof(float), hidden.data());
+  }
+  std::vector<uint16_t> bf16(count);
+  if (Status s = backend_.download(scratch_->projected, 0, count * sizeof(uint16_t), bf16.data()); !s.ok()) return s;
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(bf16[i]) << 16;
+    std::memcpy(&hidden[i], &bits, sizeof(float));
+  }
+  return Status();
 }
 
 }  // namespace deepinfer::model

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # The speculative-decoding flags of `deepinfer serve` are honoured or refused at startup with a message naming the
 # flag (never accepted and ignored): DSpark's knobs without --dspark-enable, out-of-range values, MTP and DSpark
-# together, a checkpoint without MTP layers. Each case must exit non-zero before any weight loads.
+# together, a checkpoint without MTP layers or DSpark draft module, a broken module config. Each case must exit non-zero before any weight loads.
 # Usage: speculative_flags.sh DEEPINFER_BINARY MODEL_DIR (a checkpoint with an MTP layer: the demo model)
 set -uo pipefail
 bin=$1 model=$2
 # The same config.json without next-n layers (the checks run before any weight or tokenizer loads).
 no_mtp=$(mktemp -d)
 trap 'rm -rf "$no_mtp"' EXIT
-sed 's/"num_nextn_predict_layers": *[0-9]*/"num_nextn_predict_layers": 0/' "$model/config.json" >"$no_mtp/config.json"
-grep -q '"num_nextn_predict_layers": 0' "$no_mtp/config.json" || { echo "FAIL: could not write the no-MTP config"; exit 1; }
+# (and without a DSpark draft module), then two with a broken module config.
+mkdir -p "$no_mtp/partial" "$no_mtp/moe"
+python3 - "$model/config.json" "$no_mtp" <<'PY' || { echo "FAIL: could not write the configs"; exit 1; }
+import json, sys
+config = json.load(open(sys.argv[1]))
+config = {k: v for k, v in config.items() if not k.startswith("dspark_")}
+config["num_nextn_predict_layers"] = 0
+json.dump(config, open(sys.argv[2] + "/config.json", "w"))
+json.dump(dict(config, dspark_block_size=5), open(sys.argv[2] + "/partial/config.json", "w"))
+json.dump(dict(config, dspark_target_layer_ids=[0], dspark_block_size=4, dspark_markov_rank=8,
+               dspark_noise_token_id=5, dspark_n_routed_experts=8), open(sys.argv[2] + "/moe/config.json", "w"))
+PY
 failures=0
 expect_refused() {
   local want=$1; shift
@@ -35,8 +45,7 @@ expect_refused "choose one" --model-path "$model" --dspark-enable --speculative-
 expect_refused "--speculative-algorithm must be mtp or dspark" --model-path "$model" --speculative-algorithm eagle
 expect_refused "num_nextn_predict_layers 0" --model-path "$no_mtp" --dspark-enable
 expect_refused "num_nextn_predict_layers 0" --model-path "$no_mtp" --speculative-algorithm mtp
-# A checkpoint that ships a DSpark draft module: refused rather than served with its MTP layer silently.
-mkdir -p "$no_mtp/dspark"
-sed 's/"num_nextn_predict_layers"/"dspark_block_size": 5, "num_nextn_predict_layers"/' "$model/config.json" >"$no_mtp/dspark/config.json"
-expect_refused "ships a DSpark draft module" --model-path "$no_mtp/dspark" --dspark-enable
+# DSpark draft module keys: all of them or an error naming the missing one; MoE stages (V4's) refused.
+expect_refused "missing required field 'dspark_target_layer_ids'" --model-path "$no_mtp/partial" --dspark-enable
+expect_refused "dense stages" --model-path "$no_mtp/moe" --dspark-enable
 exit $((failures > 0))

@@ -7,7 +7,9 @@
 //     logprobs as plain decoding);
 //   - sampled output has plain sampling's distribution (two-sample chi-square over 400 + 400 seeded requests, fixed
 //     seeds so it cannot flake);
-//   - a checkpoint without next-n layers is refused with a message naming what is missing.
+//   - a checkpoint without next-n layers is refused with a message naming what is missing;
+//   - a DSpark draft module (random weights on the fixture's shapes; the trained demo's in the demo tests) keeps
+//     plain decoding's greedy tokens.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include "deepinfer/engine/engine.h"
+#include "deepinfer/model/config.h"
 #include "deepinfer/model/safetensors.h"
 #include "fixture_engine.h"
 #include "test_data.h"
@@ -376,6 +379,60 @@ TEST(MtpEngineTest, DsparkGreedyIsTokenIdenticalToPlainDecoding) {
   EXPECT_FALSE(loaded->draft.empty());
   EXPECT_FALSE(loaded->mtp_kv.empty());
   fs::remove_all(table.parent_path());
+}
+
+
+// A DSpark draft module with random weights on the tiny fixture's shapes (its drafts mostly wrong, the Markov head
+// adding nothing, confidence 0.5): greedy output is plain decoding's, sampled requests run through the module's draft
+// distributions; every block pass drafts at most the block size.
+TEST(MtpEngineTest, DsparkModuleKeepsPlainDecodingsTokens) {
+  auto config = model::load_model_config(source_path("tests/data/models/tiny-deepseek-v3"));
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  config->dspark = model::DsparkDraftConfig{{0, 2}, 3, 8, 7};
+  auto make = [&](const EngineConfig& engine_config) -> std::unique_ptr<Engine> {
+    auto backend = backend::make_cpu_backend();
+    auto model = model::DeepSeekModel::create_random(*config, *backend, backend::Precision::kF32, 42);
+    EXPECT_TRUE(model.ok()) << model.status().to_string();
+    if (!model.ok()) return nullptr;
+    EXPECT_NE((*model)->dspark_heads(), nullptr);
+    auto engine = Engine::create(std::move(backend), std::move(model).value(), engine_config);
+    EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+    return engine.ok() ? std::move(engine).value() : nullptr;
+  };
+  const auto prompts = load_ints(kTinyReference, ".input_ids", 6);
+  ASSERT_EQ(prompts.size(), 6u);
+  auto plain = make(tiny_config(0));
+  auto module = make(dspark_config(5, "const", 0.0, 24));  // chunked prefill; at most 3 drafts (the block size)
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(module, nullptr);
+  std::vector<SequenceId> plain_ids, module_ids;
+  for (const auto& prompt : prompts) {
+    plain_ids.push_back(*plain->submit(prompt, greedy(24)));
+    module_ids.push_back(*module->submit(prompt, greedy(24)));
+  }
+  Outcome expected = drain(*plain), got = drain(*module);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(expected.tokens[plain_ids[i]].size(), 24u);
+    EXPECT_EQ(got.tokens[module_ids[i]], expected.tokens[plain_ids[i]]) << "prompt_" << i;
+  }
+  const SpeculativeStats& stats = module->speculative_stats();
+  EXPECT_GT(stats.verifies, 0);
+  EXPECT_LE(stats.drafted_by_position.size(), 3u) << "no more drafts than the block has rows";
+  const int64_t greedy_verifies = stats.verifies;
+  SamplingParams sampled = greedy(12);
+  sampled.temperature = 1.0f;
+  std::vector<SequenceId> sampled_ids;
+  for (int i = 0; i < 8; ++i) {
+    sampled.seed = 100 + i;
+    sampled_ids.push_back(*module->submit(prompts[static_cast<size_t>(i) % prompts.size()], sampled));
+  }
+  Outcome sampled_out = drain(*module);
+  for (SequenceId id : sampled_ids) {
+    ASSERT_EQ(sampled_out.tokens[id].size(), 12u);
+    for (TokenId token : sampled_out.tokens[id]) EXPECT_TRUE(token >= 0 && token < config->vocab_size);
+  }
+  EXPECT_GT(module->speculative_stats().verifies, greedy_verifies) << "sampled requests draft too";
+  EXPECT_EQ(module->scheduler().block_pool().num_free(), module->scheduler().block_pool().num_total());
 }
 
 }  // namespace

@@ -16,9 +16,9 @@
 //   than --dspark-abort-on-rollback-rate of their drafts) falls back to plain decoding: it verifies nothing and
 //   drafts one probe every few steps (its confidence only); after DsparkConfig::kProbesToReturn probes in a row at or above
 //   --dspark-confidence-threshold it drafts again.
-// Confidence: the draft distribution's top-1 probability (the MTP layer's softmax for a greedy request, its own
-// sampling distribution for a sampled one) — the MTP-only checkpoint form the issue names; a trained DSpark
-// confidence head (dspark_* checkpoints) is not loaded by this build.
+// Confidence: a DSpark module's confidence head when the checkpoint has one (model/deepseek_model.h); else the draft
+// distribution's top-1 probability (the MTP layer's softmax for a greedy request, its own sampling distribution for a
+// sampled one) — the MTP-only checkpoint form.
 // The drafts being verified were made at the end of the previous step with their confidences known, so nothing is
 // lagged (SGLang lags them one step for its overlap scheduler).
 #pragma once
@@ -56,11 +56,13 @@ class StepTimeTable {
   std::vector<std::pair<int32_t, double>> points_;
 };
 
-// What the planner knows of this machine: the target pass against its rows (verify) and one draft pass against its
-// rows (each a chain's next draft, logits row included). Both empty: "const" (drafting and verifying look free).
+// What the planner knows of this machine: the target pass against its rows (verify) and one draft pass against the
+// requests drafting (MTP: each chain's next draft, logits row included; a DSpark module: the block pass, all of a
+// request's drafts at once). Both empty: "const" (drafting and verifying look free).
 struct StepTimes {
   StepTimeTable verify, draft;
-  // The MTP pass over rows without logits: what keeping the MTP layer's KV current costs when nobody drafts.
+  // What keeping the draft's KV current costs when nobody drafts, against the step's rows: the MTP pass without
+  // logits, or a DSpark module's injection pass.
   StepTimeTable mtp_kv;
   // {"identity": ..., "verify": [[rows, ms], ...], "draft": [[rows, ms], ...], "mtp_kv": [[rows, ms], ...]}.
   std::string to_json(std::string_view identity) const;
@@ -83,13 +85,14 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
                    std::span<VerifyRequest> requests);
 
 // How long the chains drafted this step may be (0..max_draft_tokens), for the whole batch: the L maximising
-// (committing + chains * sum_{k<=L} A_k) / (verify_ms(base_tokens + chains * L) + L * draft_ms(chains)), where A_k is
+// (committing + chains * sum_{k<=L} A_k) / (verify_ms(base_tokens + chains * L) + L * draft_ms(chains)) (with a
+// `block_draft`, a DSpark module's, one block pass makes every length: draft_ms(chains) once), where A_k is
 // the running rate at which drafts 1..k were all accepted. Drafting pays only where it buys more tokens than the
 // draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
 // large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding; the MTP layer's
 // pass still keeps its KV current unless that costs more than DsparkPlanner::kMaxKeepKvFraction of the step.
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
-                          std::span<const double> all_accepted_rate, const StepTimes& times);
+                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft = false);
 
 // How long each request's draft chain is and how much of it a step verifies: the MTP executor's seam
 // (mtp_executor.h). The default drafts and verifies the maximum (plain MTP). Called on the step thread only.
@@ -121,8 +124,9 @@ class DraftPlanner {
 // DSpark's planner over a draft whose confidence is its top-1 probability (the rules at the top of this file).
 class DsparkPlanner final : public DraftPlanner {
  public:
-  // `max_draft_tokens`: K, the longest chain.
-  DsparkPlanner(DsparkConfig config, StepTimes times, int32_t max_draft_tokens);
+  // `max_draft_tokens`: K, the longest chain. `block_draft`: the drafts come from a DSpark module's block pass (one
+  // pass whatever the length) instead of chained MTP passes.
+  DsparkPlanner(DsparkConfig config, StepTimes times, int32_t max_draft_tokens, bool block_draft = false);
 
   void begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) override;
   int32_t max_drafts(SequenceId id, int32_t max_draft_tokens) override;
@@ -162,6 +166,7 @@ class DsparkPlanner final : public DraftPlanner {
   DsparkConfig config_;
   StepTimes times_;
   int32_t max_draft_tokens_;
+  bool block_draft_;
   int32_t step_draft_length_ = 0;  // this step's L (begin_drafting)
   int32_t steps_without_drafts_ = 0;
   int32_t probe_interval_ = kProbeEverySteps;

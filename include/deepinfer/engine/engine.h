@@ -75,12 +75,12 @@ Result<KvCachePlan> plan_kv_cache(const EngineConfig& config, const kvcache::Cac
 
 // DSpark's step times for this engine (dspark.h): "const" -> none (flat); a file of config.step_time_table measured
 // for config.identity and reaching `max_rows` -> loaded; otherwise measured now on `model` over `layer_caches` (the
-// main layers', then the MTP layer's; they must hold nothing yet: blocks from 0 up are overwritten; under a second
-// on the CPU demo model) and written to that file (atomically; a write failure is logged, not fatal). Errors: the
-// model's.
+// main layers', then the MTP layer's, or with `dspark_module` the DSpark module's stages'; they must hold nothing yet:
+// blocks from 0 up are overwritten; under a second on the CPU demo model) and written to that file (atomically; a
+// write failure is logged, not fatal). Errors: the model's.
 Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& model,
                              std::span<const backend::Buffer> layer_caches, int32_t num_blocks, int32_t max_num_seqs,
-                             int32_t max_rows);
+                             int32_t max_rows, bool dspark_module = false);
 
 // The prefix cache's state per tier, for metrics (kvcache::KvCacheManager::counters()).
 using KvTierStats = kvcache::KvCacheCounters;

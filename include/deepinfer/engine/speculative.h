@@ -66,8 +66,9 @@ struct SpeculativeConfig {
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone; }
   // Ok, or InvalidArgument naming the flag: --speculative-num-draft-tokens must be in [1, kMaxDraftTokens] with an
   // algorithm (and 0 without one); FailedPrecondition-style InvalidArgument when the algorithm needs MTP layers and
-  // `num_nextn_predict_layers` (the checkpoint's config.json) is 0.
-  Status validate(int64_t num_nextn_predict_layers) const;
+  // `num_nextn_predict_layers` (the checkpoint's config.json) is 0 (DSpark: and the checkpoint has no DSpark draft
+  // module, `has_dspark_module`).
+  Status validate(int64_t num_nextn_predict_layers, bool has_dspark_module = false) const;
 };
 
 // Lifetime counters of speculative decoding, summed over requests. A "verify" is one request's sampling entry in a

@@ -23,6 +23,19 @@ struct RopeScaling {
   double mscale_all_dim = 0.0;
 };
 
+// A DSpark draft module bundled with the checkpoint (deepseek-v4-spec.md §5.1, §5.5; SGLang's dspark_config.py keys),
+// in the form this build runs on a V2/V3 target: S = target_layer_ids.size() stages, each a decoder layer of the
+// target's attention shapes with a dense SwiGLU MLP of intermediate_size, tensors `mtp.{s}.*` (the target's layer
+// names below each prefix), plus mtp.0.main_proj / main_norm, mtp.{S-1}.norm, its markov_head.markov_w1/markov_w2
+// [vocab, markov_rank] and confidence_head.proj [1, hidden + markov_rank]. DeepSeekModel documents the forward.
+struct DsparkDraftConfig {
+  std::vector<int64_t> target_layer_ids;  // dspark_target_layer_ids: the residual after these target layers (0-based)
+  int64_t block_size = 0;                 // dspark_block_size (gamma): rows of one block pass = most drafts per step
+  int64_t markov_rank = 0;                // dspark_markov_rank (r)
+  int64_t noise_token_id = 0;             // dspark_noise_token_id: the MASK rows' token
+  int64_t num_stages() const { return static_cast<int64_t>(target_layer_ids.size()); }
+};
+
 struct ModelConfig {
   std::string model_type;  // "deepseek_v2" | "deepseek_v3"
   int64_t vocab_size = 0;
@@ -57,7 +70,8 @@ struct ModelConfig {
   int64_t bos_token_id = 0;
   std::vector<int64_t> eos_token_ids;    // config's eos_token_id, an int or a list
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored as model.layers.{num_hidden_layers + i}.*
-  bool has_dspark_draft = false;  // config.json has a DSpark draft module's keys (dspark_config, dspark_*): not loaded
+  // config.json's dspark_* keys: a DSpark draft module (mtp.{stage}.* tensors), loaded with the model.
+  std::optional<DsparkDraftConfig> dspark;
   // quantization_config (fp8): block size [rows, cols] of weight_scale_inv; empty when not quantized.
   std::string quant_method;
   std::vector<int64_t> weight_block_size;
@@ -84,6 +98,9 @@ struct ModelConfig {
 // DeepSeek's own defaults (scoring_func V2 softmax / V3 sigmoid, topk_method V3 noaux_tc, moe_layer_freq 1)
 // except num_nextn_predict_layers, 0 when absent. rope_scaling may also come as transformers 5's
 // `rope_parameters` ({"rope_type": "yarn" | "default", "rope_theta": ..., ...}). Unknown fields are ignored.
+// dspark_* keys (any of them present): dspark_target_layer_ids (a non-empty list of distinct layers < num_hidden_layers),
+// dspark_block_size (1..16), dspark_markov_rank (>= 1) and dspark_noise_token_id (< vocab_size) are then required;
+// dspark_n_routed_experts (MoE stages, V4's) and a dspark_config object are Unsupported.
 // Errors: NotFound (no file), IoError (unreadable), Corruption (not JSON / not an object), InvalidArgument
 // (a field's type or value), Unsupported (a valid value this build does not run).
 Result<ModelConfig> load_model_config(const std::filesystem::path& path);

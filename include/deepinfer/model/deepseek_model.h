@@ -32,6 +32,31 @@ struct ForwardBatch {
   // Keep every row's final hidden state (after model.norm: the vector lm_head sees) in the model, [T, hidden], for
   // the forward_mtp() that follows (speculative decoding's draft pass). Off: nothing is kept.
   bool keep_hidden = false;
+  // Keep every row's residual after the DSpark draft module's target layers (config().dspark->target_layer_ids, in
+  // that order), [T, hidden * S], for the forward_dspark_inject() that follows. Models with a module only.
+  bool keep_dspark_context = false;
+};
+
+// The DSpark draft module (config.h's DsparkDraftConfig; deepseek-v4-spec.md §5.1 in the form this build runs on a
+// V2/V3 target). Its S stages keep their own latent caches ([num_blocks, 64, kv_cache_dim()] each, indexed like the
+// main layers'). The target conditions the draft only through those caches:
+//   inject: for a committed token at position t that the target computed, c_t = main_norm(main_proj([h_l1(t) | ... |
+//     h_lS(t)])) (h_l: the residual after target layer l), and stage s's cache entry at t = (kv_a_layernorm_s(
+//     kv_a_proj_with_mqa_s(c_t)[:C]), rope(kv_a_proj_with_mqa_s(c_t)[C:], t)) — no input norm;
+//   block: per drafting request, gamma rows [anchor, noise, ..., noise] at positions p .. p + gamma - 1 (p: the
+//     anchor's, the last committed token, not yet computed by the target), embedded with the target's table, through
+//     the S stages as decoder layers (attention over the stage's cache: the injected positions < p, and the block's
+//     own rows causally, whose entries the pass writes), then h_k = norm(x_k) (the last stage's norm) and base logits
+//     lm_head(h_k); row k predicts the token at p + k + 1.
+// The heads on the host (DsparkHeads): logits_k = base_k + markov_w2 · markov_w1[prev_k] (prev_0 = anchor, prev_k =
+// draft k), confidence_k = sigmoid(proj · [h_k ; markov_w1[prev_k]]).
+struct DsparkInjectBatch {
+  std::vector<int32_t> context_rows;     // [T] rows of the context the last forward(keep_dspark_context) kept
+  std::vector<SequenceChunk> sequences;  // their positions and the stage caches' block tables, in row order
+};
+struct DsparkBlockBatch {
+  std::vector<int32_t> token_ids;        // [T]: per block the anchor, then dspark noise_token_id rows
+  std::vector<SequenceChunk> sequences;  // one per block, block_size rows from the anchor's position
 };
 
 // One pass of a multi-token-prediction (next-n) layer (DeepSeek-V3 §2.2), as the draft model of speculative
@@ -114,6 +139,23 @@ class DeepSeekModel {
                      std::vector<float>* logits, std::vector<int32_t>* greedy,
                      std::vector<float>* greedy_probability = nullptr);
 
+  // The DSpark module's host heads (config().dspark set), row-major float32: markov_w1 and markov_w2 [vocab, rank],
+  // confidence [hidden + rank] (the confidence head's proj, no bias). Null without a module. Immutable.
+  struct DsparkHeads {
+    int64_t vocab = 0, hidden = 0, rank = 0;
+    std::vector<float> markov_w1, markov_w2, confidence;
+  };
+  const DsparkHeads* dspark_heads() const;
+  // The injection pass (see DsparkInjectBatch) into `stage_caches` (S of them), following a forward() with
+  // keep_dspark_context; waits for the device. Errors: InvalidArgument (no module, rows beyond the kept context,
+  // bad block tables), the backend's. Not thread-safe; always eager.
+  Status forward_dspark_inject(const DsparkInjectBatch& batch, LayerCaches stage_caches);
+  // The block pass: base logits [T, vocab] float32 (host) and h [T, hidden] float32 (host) of every row; writes the
+  // rows' entries into the stage caches. Drops any kept hidden state or context (it may grow the scratch). Errors as
+  // forward_dspark_inject's, plus token ids outside the vocabulary. Not thread-safe; always eager.
+  Status forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches, std::vector<float>& logits,
+                              std::vector<float>& hidden);
+
   // Decode steps (every sequence one row, at most kGraphMaxRows rows, not all at position 0) go through
   // Backend::run_graph, which on the CUDA backend replays a CUDA graph per (rows, block-table bucket, logits rows,
   // greedy or not) instead of launching every op. On by default; off runs every step eagerly. Either way such a
@@ -136,6 +178,7 @@ class DeepSeekModel {
   Status run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
              std::vector<int32_t>* greedy);
   int64_t kept_hidden_rows_ = 0;  // rows of the hidden state the last pass kept (0: none)
+  int64_t kept_context_rows_ = 0;  // rows of the DSpark context the last forward() kept (0: none)
   ModelConfig config_;
   backend::Backend& backend_;
   std::unique_ptr<Weights> weights_;
