@@ -383,6 +383,11 @@ int main(int argc, char** argv) {
         }
         line["acceptance_by_position"] = by_position;
         if (dspark) {
+          // What drafts under DSpark's planner: the checkpoint's DSpark module when it ships one, else its MTP layer.
+          const auto model_config = model::load_model_config(model_dir);
+          line["draft"] = model_config.ok() && model_config->dspark
+                              ? "dspark module, block size " + std::to_string(model_config->dspark->block_size)
+                              : std::string("mtp layer");
           line["confidence_threshold"] = dspark_threshold;
           line["unverified_steps"] = s.unverified_steps;
           line["fallbacks"] = s.fallbacks;

@@ -70,9 +70,11 @@ fi
 
 # The built-in demo model: unpacked deterministically from assets/demo-model (tools/unpack_demo_model.py,
 # Python stdlib only) into models/demo (bf16) and models/demo-fp8 (block-scaled FP8), again whenever the
-# artifact changes (models/demo/ASSET_SHA256 records what was unpacked).
+# artifact changes (models/demo/ASSET_SHA256 records what was unpacked; the DSpark draft module's files, when
+# there, are part of it).
 if [ -f assets/demo-model/config.json ]; then
-  asset_sha=$(cat assets/demo-model/config.json assets/demo-model/demo-model.xz.* | sha256sum | cut -d' ' -f1)
+  asset_sha=$(cat assets/demo-model/config.json assets/demo-model/demo-model.xz.* \
+    $(ls assets/demo-model/dspark-config.json assets/demo-model/dspark-draft.xz 2>/dev/null) | sha256sum | cut -d' ' -f1)
   if [ ! -f models/demo/model.safetensors ] || [ "$(cat models/demo/ASSET_SHA256 2>/dev/null)" != "$asset_sha" ]; then
     python3 tools/unpack_demo_model.py --src assets/demo-model --tokenizer "$tokenizer_dir" --out models/demo
     echo "$asset_sha" > models/demo/ASSET_SHA256

@@ -34,6 +34,11 @@ def config_value(config, key, default):
     return default if value is None else value
 
 
+def compute_float(x):
+    """float32 for bf16/float32 inputs; float64 stays float64 (the float64 reference computations)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()
@@ -42,7 +47,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         dtype = x.dtype
-        x = x.float()
+        x = compute_float(x)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
@@ -151,7 +156,7 @@ class Attention(nn.Module):
             if mask is None:
                 mask = ~torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             scores = scores.masked_fill(~mask, float("-inf"))
-            out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(value.dtype), value)
+            out = torch.matmul(torch.softmax(compute_float(scores), dim=-1).to(value.dtype), value)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * self.v))
 
 

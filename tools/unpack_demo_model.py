@@ -10,6 +10,11 @@ every run; Python stdlib only, so scripts/setup.sh can run it on a fresh machine
 The MTP layer's embed_tokens and shared_head.head are written as copies of model.embed_tokens and lm_head,
 as DeepSeek's checkpoints store them (the model shares them, DeepSeek-V3 §2.2).
 
+When --src also holds dspark-draft.xz and dspark-config.json (tools/train_dspark_draft.py), the DSpark draft
+module is merged into both directories: the dspark_* keys into config.json, its mtp.* tensors (bf16 in both), and
+its dspark.noise_embedding as row dspark_noise_token_id of model.embed_tokens.weight (and so of the MTP layer's
+copy); that tensor itself is not written. Without those files the output is what it was before.
+
   python3 tools/unpack_demo_model.py --src assets/demo-model --tokenizer models/deepseek-v3 --out models/demo
 """
 import argparse
@@ -71,6 +76,40 @@ def write_v4_tokenizer(source_dir, directory):
             f.write("\n")
 
 
+def merge_dspark(src, config, bf16):
+    """Adds the DSpark draft module of SRC (if any) to config and bf16 (name -> (dtype, shape, bytes)).
+    -> the number of tensors added (0: none there), None on an error."""
+    draft_path, config_path = os.path.join(src, "dspark-draft.xz"), os.path.join(src, "dspark-config.json")
+    if not os.path.exists(draft_path) and not os.path.exists(config_path):
+        return 0
+    if not (os.path.exists(draft_path) and os.path.exists(config_path)):
+        print("unpack_demo_model: %s needs both dspark-draft.xz and dspark-config.json" % src, file=sys.stderr)
+        return None
+    keys = json.load(open(config_path))
+    meta, packed = read_container(lzma.decompress(open(draft_path, "rb").read()))
+    if meta.get("layout") != "bf16-byte-planes":
+        print("unpack_demo_model: dspark-draft.xz: unknown layout %r" % meta.get("layout"), file=sys.stderr)
+        return None
+    noise = packed.pop("dspark.noise_embedding", None)
+    hidden, token = config["hidden_size"], keys.get("dspark_noise_token_id")
+    if noise is None or noise[0] != "BF16" or noise[1] != [hidden] or not isinstance(token, int) or \
+            not 0 <= token < config["vocab_size"]:
+        print("unpack_demo_model: dspark-draft.xz needs dspark.noise_embedding [%d] (bf16) and dspark-config.json a "
+              "dspark_noise_token_id below the vocabulary" % hidden, file=sys.stderr)
+        return None
+    for name, (dtype, shape, data) in packed.items():
+        if not name.startswith("mtp.") or name in bf16 or dtype != "BF16":
+            print("unpack_demo_model: dspark-draft.xz: unexpected tensor %s (%s)" % (name, dtype), file=sys.stderr)
+            return None
+        bf16[name] = (dtype, shape, unplane(data))
+    name = "model.embed_tokens.weight"
+    dtype, shape, data = bf16[name]
+    row = hidden * 2  # bytes of one bf16 row
+    bf16[name] = (dtype, shape, data[: token * row] + unplane(noise[2]) + data[(token + 1) * row:])
+    config.update(keys)
+    return len(packed)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", default="assets/demo-model", help="config.json and demo-model.xz.NN")
@@ -95,6 +134,11 @@ def main():
             fp8[name[4:]] = (dtype, shape, data)
         else:
             bf16[name] = (dtype, shape, unplane(data) if dtype == "BF16" else data)
+    draft = merge_dspark(args.src, config, bf16)
+    if draft is None:
+        return 1
+    if draft:
+        print("unpack_demo_model: merging the DSpark draft module (%d tensors, dspark_* config keys)" % draft)
     for i in range(config.get("num_nextn_predict_layers", 0)):
         p = "model.layers.%d." % (config["num_hidden_layers"] + i)
         bf16[p + "embed_tokens.weight"] = bf16["model.embed_tokens.weight"]

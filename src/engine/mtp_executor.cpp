@@ -401,7 +401,6 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
   const model::DeepSeekModel::DsparkHeads& heads = *model_.dspark_heads();
   const std::span<const backend::Buffer> stage_caches = layer_caches_.subspan(static_cast<size_t>(c.num_hidden_layers));
   const size_t vocab = static_cast<size_t>(c.vocab_size), hidden = static_cast<size_t>(c.hidden_size);
-  const size_t rank = static_cast<size_t>(heads.rank);
   struct Block {
     RequestState* request = nullptr;
     SequenceId id = 0;
@@ -453,20 +452,8 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
     TokenId previous = request.token_at(blocks[b].position);
     for (int32_t k = 0; k < blocks[b].max_drafts; ++k) {
       const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
-      // logits_k = base_k + markov_w2 · markov_w1[prev]; confidence_k = sigmoid(proj · [h_k ; markov_w1[prev]]).
-      const float* e = heads.markov_w1.data() + static_cast<size_t>(previous) * rank;
-      const float* base = logits_.data() + row * vocab;
-      for (size_t v = 0; v < vocab; ++v) {
-        const float* w2 = heads.markov_w2.data() + v * rank;
-        float sum = 0.0f;
-        for (size_t j = 0; j < rank; ++j) sum += w2[j] * e[j];
-        corrected_[v] = base[v] + sum;
-      }
-      double z = 0.0;
-      const float* h = block_hidden_.data() + row * hidden;
-      for (size_t j = 0; j < hidden; ++j) z += static_cast<double>(heads.confidence[j]) * h[j];
-      for (size_t j = 0; j < rank; ++j) z += static_cast<double>(heads.confidence[hidden + j]) * e[j];
-      const double confidence = 1.0 / (1.0 + std::exp(-z));
+      heads.markov(std::span(logits_.data() + row * vocab, vocab), previous, corrected_);
+      const double confidence = heads.confidence_of(std::span(block_hidden_.data() + row * hidden, hidden), previous);
       TokenId token = 0;
       std::vector<TokenProbability> distribution;
       if (request.params.is_plain_greedy()) {

@@ -77,6 +77,9 @@ struct DsparkModule {
   std::vector<Layer> stages;
   WeightPtr main_proj;  // [hidden, hidden * S]
   Buffer main_norm, norm;
+  // The draft's head over the rows of lm_head that are not all zero (their ids: DsparkHeads::active), when some are
+  // (the demo's compact vocabulary): a zero row's logit is exactly 0, so skipping it changes no value. Null: lm_head.
+  WeightPtr head;
 };
 
 struct DeepSeekModel::Weights {
@@ -186,6 +189,21 @@ class Loader {
   bool random() const { return checkpoint_ == nullptr; }
   // Whether the checkpoint holds `name` (with no checkpoint: every name).
   bool has(const std::string& name) const { return random() || checkpoint_->find(name) != nullptr; }
+
+  // Per row of the checkpoint matrix `name` ([rows, ...]): whether its stored bytes are all zero (a value of exactly
+  // 0 in every dtype). Empty without a checkpoint or the tensor.
+  std::vector<bool> zero_rows(const std::string& name, int64_t rows) const {
+    const TensorView* view = random() ? nullptr : checkpoint_->find(name);
+    if (view == nullptr || rows <= 0 || view->size_bytes % static_cast<size_t>(rows) != 0) return {};
+    const size_t row_bytes = view->size_bytes / static_cast<size_t>(rows);
+    std::vector<bool> zero(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::byte* begin = view->data + static_cast<size_t>(r) * row_bytes;
+      zero[static_cast<size_t>(r)] =
+          std::all_of(begin, begin + row_bytes, [](std::byte b) { return b == std::byte{0}; });
+    }
+    return zero;
+  }
 
   // A float32 vector; `random_value` fills it when there is no checkpoint.
   Status vector(const std::string& name, int64_t n, float random_value, Buffer& out) {
@@ -496,6 +514,33 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
   if (!(s = loader.vector("model.norm.weight", c.hidden_size, 1.0f, w.norm)).ok()) return s;
   const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   if (!(s = loader.matrix(head, c.vocab_size, c.hidden_size, loader.dense_precision(), w.lm_head)).ok()) return s;
+  if (w.dspark && !loader.random()) {
+    // The draft's head and Markov head over the ids where either is non-zero (DsparkModule::head).
+    std::vector<bool> zero = loader.zero_rows(head, c.vocab_size);
+    DeepSeekModel::DsparkHeads& heads = w.dspark_heads;
+    const size_t r = static_cast<size_t>(heads.rank);
+    std::vector<int32_t> active;
+    for (int64_t v = 0; v < c.vocab_size; ++v) {
+      const float* w2 = heads.markov_w2.data() + static_cast<size_t>(v) * r;
+      const bool markov = std::any_of(w2, w2 + r, [](float x) { return x != 0.0f; });
+      if (zero.empty() || !zero[static_cast<size_t>(v)] || markov) active.push_back(static_cast<int32_t>(v));
+    }
+    if (static_cast<int64_t>(active.size()) < c.vocab_size) {
+      Result<std::vector<float>> full = loader.load(head, {c.vocab_size, c.hidden_size});
+      if (!full.ok()) return full.status();
+      std::vector<float> rows(active.size() * static_cast<size_t>(c.hidden_size));
+      for (size_t i = 0; i < active.size(); ++i) {
+        std::copy_n(full->data() + static_cast<size_t>(active[i]) * static_cast<size_t>(c.hidden_size), c.hidden_size,
+                    rows.data() + i * static_cast<size_t>(c.hidden_size));
+      }
+      const int64_t n = static_cast<int64_t>(active.size());
+      s = loader.weight(1, n, c.hidden_size, loader.dense_precision(), w.dspark->head, [&](Weight& weight) {
+        return backend.set_matrix(weight, 0, backend::HostMatrix{n, c.hidden_size, rows, {}, {}});
+      });
+      if (!s.ok()) return s;
+      heads.active = std::move(active);
+    }
+  }
   std::vector<float> inv_freq;
   compute_rope(c, inv_freq, w.rope_attention_factor);
   Result<Buffer> inv_freq_buffer = backend.make_vector(inv_freq);
@@ -991,6 +1036,33 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   return read;
 }
 
+void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits) const {
+  const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
+  const size_t r = static_cast<size_t>(rank);
+  auto one = [&](size_t v) {
+    const float* w2 = markov_w2.data() + v * r;
+    float sum = 0.0f;
+    for (size_t j = 0; j < r; ++j) sum += w2[j] * e[j];
+    logits[v] = base[v] + sum;
+  };
+  if (active.empty()) {
+    for (size_t v = 0; v < static_cast<size_t>(vocab); ++v) one(v);
+    return;
+  }
+  if (logits.data() != base.data()) std::copy(base.begin(), base.end(), logits.begin());  // markov_w2 rows of 0
+  for (int32_t v : active) one(static_cast<size_t>(v));
+}
+
+double DeepSeekModel::DsparkHeads::confidence_of(std::span<const float> h, int32_t previous) const {
+  const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
+  double z = 0.0;
+  for (size_t j = 0; j < static_cast<size_t>(hidden); ++j) z += static_cast<double>(confidence[j]) * h[j];
+  for (size_t j = 0; j < static_cast<size_t>(rank); ++j) {
+    z += static_cast<double>(confidence[static_cast<size_t>(hidden) + j]) * e[j];
+  }
+  return 1.0 / (1.0 + std::exp(-z));
+}
+
 const DeepSeekModel::DsparkHeads* DeepSeekModel::dspark_heads() const {
   return weights_->dspark ? &weights_->dspark_heads : nullptr;
 }
@@ -1086,8 +1158,18 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
     backend_.add(t.x, t.ffn);
   }
   backend_.rms_norm(t.x, M.norm, eps, t.projected);  // h_k, what the head and the confidence see
-  backend_.compute_logits(t.x, M.norm, eps, *w.lm_head, false);
+  backend_.compute_logits(t.x, M.norm, eps, M.head ? *M.head : *w.lm_head, false);
   if (Status s = backend_.read_logits(logits); !s.ok()) return s;
+  if (M.head) {  // the active ids' logits -> every id's (the others exactly 0)
+    const std::vector<int32_t>& active = w.dspark_heads.active;
+    std::vector<float> compact = std::move(logits);
+    logits.assign(static_cast<size_t>(T * c.vocab_size), 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* from = compact.data() + static_cast<size_t>(t) * active.size();
+      float* to = logits.data() + static_cast<size_t>(t * c.vocab_size);
+      for (size_t i = 0; i < active.size(); ++i) to[active[i]] = from[i];
+    }
+  }
   const size_t count = static_cast<size_t>(T * d);
   hidden.resize(count);
   if (backend_.activation_dtype() == backend::DType::kF32) {

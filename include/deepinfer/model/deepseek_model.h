@@ -144,6 +144,13 @@ class DeepSeekModel {
   struct DsparkHeads {
     int64_t vocab = 0, hidden = 0, rank = 0;
     std::vector<float> markov_w1, markov_w2, confidence;
+    // The ids whose lm_head or markov_w2 row is not all zero, ascending, when some are (the draft's head then skips
+    // the others: their base logit and Markov term are exactly 0); empty: every id.
+    std::vector<int32_t> active;
+    // logits[v] = base[v] + markov_w2[v] · markov_w1[previous] (base, logits: [vocab]; may alias).
+    void markov(std::span<const float> base, int32_t previous, std::span<float> logits) const;
+    // sigmoid(confidence · [h ; markov_w1[previous]]) (h: [hidden], the row's h_k).
+    double confidence_of(std::span<const float> h, int32_t previous) const;
   };
   const DsparkHeads* dspark_heads() const;
   // The injection pass (see DsparkInjectBatch) into `stage_caches` (S of them), following a forward() with
