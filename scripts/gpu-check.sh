@@ -20,6 +20,7 @@
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
 #            V3 slice with an MTP layer (random weights) with the tokens/s they project at given acceptance rates
+#            (SPEC_SHAPES=0 leaves those out)
 # Everything lands under $OUT (default /tmp/gpu-check/out); a short table is printed last.
 set -u
 cd "$(dirname "$0")/.."
@@ -125,9 +126,9 @@ if want spec; then
     --batches 1,8,32 --max-tokens 64 --reps 3 --dspark-max-draft-tokens 4
   # Acceptance: the demo's (K=3, batch 8 on the CPU: drafts 1..k all accepted at 0.65, 0.40, 0.27), and DeepSeek-V3's
   # published 85-90% for its first MTP draft (0.88) with the later positions decaying as the demo's.
-  run spec_shapes_demo_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \
+  [ "${SPEC_SHAPES:-1}" = 1 ] && run spec_shapes_demo_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \
     --step-times bench/gpu/configs/v2-lite,bench/gpu/configs/v3-slice --acceptance 0.65,0.40,0.27
-  run spec_shapes_v3_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \
+  [ "${SPEC_SHAPES:-1}" = 1 ] && run spec_shapes_v3_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \
     --step-times bench/gpu/configs/v2-lite,bench/gpu/configs/v3-slice --acceptance 0.88,0.54,0.37
 fi
 

@@ -68,6 +68,7 @@ T_START = time.time()
 DSPARK = {"dspark_target_layer_ids": [1, 3], "dspark_block_size": 4, "dspark_markov_rank": 16,
           "dspark_noise_token_id": 128799}
 EOS = 1
+BOS = 0  # <｜begin▁of▁sentence｜>
 ASSISTANT = 128804  # <｜Assistant｜>
 CE_DECAY = 0.8      # w_k = 0.8^k
 CONF_WEIGHT = 0.1
@@ -351,10 +352,28 @@ def load_stream(path, kept):
     return kept[np.frombuffer(lzma.decompress(open(path, "rb").read()), dtype="<u2").astype(np.int64)]
 
 
-def window_prompts(stream, n, rng, pmin, pmax, aligned_share, assistant_pos):
+def conversation_starts(stream, pmax):
+    """(begin, end) of every first turn: from a BOS to just after the first <｜Assistant｜> following it plus the next
+    token (a served request's prompt: BOS, user turn, assistant opening), at most 2 * pmax tokens."""
+    bos = np.nonzero(stream == BOS)[0]
+    assistant = np.nonzero(stream[:-2] == ASSISTANT)[0]
+    out = []
+    for b in bos:
+        i = np.searchsorted(assistant, b)
+        if i < len(assistant) and assistant[i] + 2 - b <= 2 * pmax:
+            out.append((int(b), int(assistant[i]) + 2))
+    return out
+
+
+def window_prompts(stream, n, rng, pmin, pmax, aligned_share, assistant_pos, starts=None, start_share=0.0):
     out, aligned = [], 0
     for _ in range(n):
         P = int(rng.integers(pmin, pmax + 1))
+        if starts and rng.random() < start_share:
+            begin, end = starts[int(rng.integers(len(starts)))]
+            out.append(stream[begin:end].tolist())
+            aligned += 1
+            continue
         if assistant_pos is not None and len(assistant_pos) and rng.random() < aligned_share:
             end = int(assistant_pos[rng.integers(len(assistant_pos))]) + 2  # <｜Assistant｜> and the next token
             aligned += 1
@@ -662,6 +681,8 @@ def main():
     ap.add_argument("--prompt-min", type=int, default=32)
     ap.add_argument("--prompt-max", type=int, default=128)
     ap.add_argument("--aligned-share", type=float, default=0.5, help="prompts ending at an assistant-turn opening")
+    ap.add_argument("--start-share", type=float, default=0.35,
+                    help="prompts that are a conversation's first turn from its BOS (as served requests start)")
     ap.add_argument("--sample-share", type=float, default=0.25, help="training sequences that sample at first")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--sample-tokens", type=int, default=32, help="new tokens sampled before greedy")
@@ -736,6 +757,8 @@ def main():
     # training text
     t0 = time.time()
     assistant_pos = np.nonzero(train_stream[:-2] == ASSISTANT)[0]
+    starts = conversation_starts(train_stream, args.prompt_max)
+    log("conversation starts (BOS .. first assistant opening): %d" % len(starts))
     train_seqs, train_plens, greedy_from = [], [], []
     aligned_total = sampled_total = 0
     while len(train_seqs) < args.max_train_seqs and not STOP["now"]:
@@ -743,7 +766,7 @@ def main():
             break
         n = min(args.gen_batch, args.max_train_seqs - len(train_seqs))
         prompts, aligned = window_prompts(train_stream, n, rng, args.prompt_min, args.prompt_max, args.aligned_share,
-                                          assistant_pos)
+                                          assistant_pos, starts, args.start_share)
         temps = [args.temperature if rng.random() < args.sample_share else 0.0 for _ in prompts]
         seqs = target.generate(prompts, args.gen_len, temps, args.sample_tokens, gen)
         train_seqs += seqs
@@ -957,7 +980,7 @@ def main():
                       "token on greedy text)",
             "greedy_agreement_generation_vs_full_pass": {"train": train.greedy_agreement,
                                                           "held_out": evalset.greedy_agreement},
-            "turn_aligned_prompts": aligned_total, "sampled_sequences": sampled_total,
+            "conversation_start_share": args.start_share, "turn_aligned_prompts": aligned_total, "sampled_sequences": sampled_total,
         },
         "training": {"steps": step, "block_rows": rows_seen, "seconds": round(train_seconds, 1),
                      "sequences_per_step": args.batch, "anchors_per_sequence": args.anchors,

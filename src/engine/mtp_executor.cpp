@@ -446,26 +446,56 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
   if (Status s = model_.forward_dspark_inject(inject, stage_caches); !s.ok()) return s;
   if (blocks.empty()) return Status();
   if (Status s = model_.forward_dspark_block(block, stage_caches, logits_, block_hidden_); !s.ok()) return s;
-  corrected_.resize(vocab);
+  // Greedy requests' chains in parallel (each block on its own: the Markov head reads the block's previous draft);
+  // the planner then cuts each chain in order. Sampled requests draw theirs with the sampler, one after another.
+  const size_t draft_vocab = static_cast<size_t>(heads.draft_vocab());
+  const size_t rows = blocks.size() * static_cast<size_t>(gamma);
+  std::vector<TokenId> greedy_drafts(rows, 0);
+  std::vector<double> confidences(rows, 0.0);
+  corrected_.resize(rows * draft_vocab);
+  int32_t bad_row = -1;
+#pragma omp parallel for schedule(static)
   for (size_t b = 0; b < blocks.size(); ++b) {
-    RequestState& request = *blocks[b].request;
+    const RequestState& request = *blocks[b].request;
     TokenId previous = request.token_at(blocks[b].position);
     for (int32_t k = 0; k < blocks[b].max_drafts; ++k) {
       const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
-      heads.markov(std::span(logits_.data() + row * vocab, vocab), previous, corrected_);
-      const double confidence = heads.confidence_of(std::span(block_hidden_.data() + row * hidden, hidden), previous);
-      TokenId token = 0;
+      const std::span<float> corrected(corrected_.data() + row * draft_vocab, draft_vocab);
+      heads.markov(std::span(logits_.data() + row * draft_vocab, draft_vocab), previous, corrected);
+      confidences[row] = heads.confidence_of(std::span(block_hidden_.data() + row * hidden, hidden), previous);
+      if (!request.params.is_plain_greedy()) break;  // drawn below, row by row
+      greedy_drafts[row] = heads.argmax(corrected);
+      if (greedy_drafts[row] < 0) {
+#pragma omp critical
+        bad_row = static_cast<int32_t>(row);
+        break;
+      }
+      previous = greedy_drafts[row];
+    }
+  }
+  if (bad_row >= 0) return Status::invalid_argument("the DSpark draft's logits hold a NaN or inf");
+  std::vector<float> full;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    RequestState& request = *blocks[b].request;
+    const bool greedy = request.params.is_plain_greedy();
+    TokenId previous = request.token_at(blocks[b].position);
+    for (int32_t k = 0; k < blocks[b].max_drafts; ++k) {
+      const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
+      TokenId token = greedy_drafts[row];
+      double confidence = confidences[row];
       std::vector<TokenProbability> distribution;
-      if (request.params.is_plain_greedy()) {
-        const auto best = std::max_element(corrected_.begin(), corrected_.end());  // the first (lowest id) maximum
-        if (!std::isfinite(*best)) return Status::invalid_argument("the DSpark draft's logits hold a NaN or inf");
-        token = static_cast<TokenId>(best - corrected_.begin());
+      if (greedy) {
         distribution = {{token, 1.0}};
       } else {
-        double unused = 0.0;
-        if (Status s = draft_from_logits(request, corrected_, request.drafts, token, distribution, unused); !s.ok()) {
-          return s;
+        const std::span<float> corrected(corrected_.data() + row * draft_vocab, draft_vocab);
+        if (k > 0) {  // the Markov term of this request's own previous draft
+          heads.markov(std::span(logits_.data() + row * draft_vocab, draft_vocab), previous, corrected);
+          confidence = heads.confidence_of(std::span(block_hidden_.data() + row * hidden, hidden), previous);
         }
+        full.resize(vocab);
+        heads.expand(corrected, full);
+        double unused = 0.0;
+        if (Status s = draft_from_logits(request, full, request.drafts, token, distribution, unused); !s.ok()) return s;
       }
       request.drafts.push_back(token);
       request.draft_distributions.push_back(std::move(distribution));

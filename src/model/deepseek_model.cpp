@@ -496,7 +496,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
     heads.rank = r;
     if (loader.random()) {  // benchmarks: a Markov head adding nothing, confidence 0.5
       heads.markov_w1.assign(static_cast<size_t>(c.vocab_size * r), 0.0f);
-      heads.markov_w2.assign(static_cast<size_t>(c.vocab_size * r), 0.0f);
+      heads.markov_w2_t.assign(static_cast<size_t>(c.vocab_size * r), 0.0f);
       heads.confidence.assign(static_cast<size_t>(hidden + r), 0.0f);
     } else {
       Result<std::vector<float>> w1 = loader.load(last + "markov_head.markov_w1.weight", {c.vocab_size, r});
@@ -506,7 +506,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
       Result<std::vector<float>> proj = loader.load(last + "confidence_head.proj.weight", {1, hidden + r});
       if (!proj.ok()) return proj.status();
       heads.markov_w1 = std::move(w1).value();
-      heads.markov_w2 = std::move(w2).value();
+      heads.markov_w2_t = std::move(w2).value();  // [vocab, rank] until the head's vocabulary is known (below)
       heads.confidence = std::move(proj).value();
     }
     w.dspark = std::move(module);
@@ -515,14 +515,16 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
   const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   if (!(s = loader.matrix(head, c.vocab_size, c.hidden_size, loader.dense_precision(), w.lm_head)).ok()) return s;
   if (w.dspark && !loader.random()) {
-    // The draft's head and Markov head over the ids where either is non-zero (DsparkModule::head).
+    // The draft's vocabulary (DsparkHeads): the ids where lm_head or markov_w2 is non-zero; then its own head
+    // (DsparkModule::head) when that leaves some out, and markov_w2 transposed over it.
     std::vector<bool> zero = loader.zero_rows(head, c.vocab_size);
     DeepSeekModel::DsparkHeads& heads = w.dspark_heads;
     const size_t r = static_cast<size_t>(heads.rank);
+    const std::vector<float> w2 = std::move(heads.markov_w2_t);
     std::vector<int32_t> active;
     for (int64_t v = 0; v < c.vocab_size; ++v) {
-      const float* w2 = heads.markov_w2.data() + static_cast<size_t>(v) * r;
-      const bool markov = std::any_of(w2, w2 + r, [](float x) { return x != 0.0f; });
+      const float* row = w2.data() + static_cast<size_t>(v) * r;
+      const bool markov = std::any_of(row, row + r, [](float x) { return x != 0.0f; });
       if (zero.empty() || !zero[static_cast<size_t>(v)] || markov) active.push_back(static_cast<int32_t>(v));
     }
     if (static_cast<int64_t>(active.size()) < c.vocab_size) {
@@ -539,6 +541,11 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
       });
       if (!s.ok()) return s;
       heads.active = std::move(active);
+    }
+    const size_t n = static_cast<size_t>(heads.draft_vocab());
+    heads.markov_w2_t.assign(r * n, 0.0f);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < r; ++j) heads.markov_w2_t[j * n + i] = w2[static_cast<size_t>(heads.id_of(static_cast<int64_t>(i))) * r + j];
     }
   }
   std::vector<float> inv_freq;
@@ -1038,19 +1045,38 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
 
 void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits) const {
   const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
-  const size_t r = static_cast<size_t>(rank);
-  auto one = [&](size_t v) {
-    const float* w2 = markov_w2.data() + v * r;
-    float sum = 0.0f;
-    for (size_t j = 0; j < r; ++j) sum += w2[j] * e[j];
-    logits[v] = base[v] + sum;
-  };
+  const size_t n = static_cast<size_t>(draft_vocab());
+  if (logits.data() != base.data()) std::copy_n(base.data(), n, logits.data());
+  for (size_t j = 0; j < static_cast<size_t>(rank); ++j) {  // rank passes over the row: vectorizes
+    const float* w2 = markov_w2_t.data() + j * n;
+    const float ej = e[j];
+    for (size_t i = 0; i < n; ++i) logits[i] += w2[i] * ej;
+  }
+}
+
+int32_t DeepSeekModel::DsparkHeads::argmax(std::span<const float> logits) const {
+  const size_t n = static_cast<size_t>(draft_vocab());
+  const size_t best = static_cast<size_t>(std::max_element(logits.data(), logits.data() + n) - logits.data());
+  if (!std::isfinite(logits[best])) return -1;
+  int32_t id = id_of(static_cast<int64_t>(best));
+  if (active.empty() || logits[best] > 0.0f) return id;
+  // The ids outside the draft's vocabulary hold 0: the lowest of them competes.
+  int32_t outside = 0;
+  for (int32_t a : active) {
+    if (a != outside) break;
+    ++outside;
+  }
+  if (outside >= vocab) return id;
+  return logits[best] < 0.0f ? outside : std::min(id, outside);
+}
+
+void DeepSeekModel::DsparkHeads::expand(std::span<const float> logits, std::span<float> full) const {
   if (active.empty()) {
-    for (size_t v = 0; v < static_cast<size_t>(vocab); ++v) one(v);
+    std::copy_n(logits.data(), static_cast<size_t>(vocab), full.data());
     return;
   }
-  if (logits.data() != base.data()) std::copy(base.begin(), base.end(), logits.begin());  // markov_w2 rows of 0
-  for (int32_t v : active) one(static_cast<size_t>(v));
+  std::fill(full.begin(), full.begin() + vocab, 0.0f);
+  for (size_t i = 0; i < active.size(); ++i) full[static_cast<size_t>(active[i])] = logits[i];
 }
 
 double DeepSeekModel::DsparkHeads::confidence_of(std::span<const float> h, int32_t previous) const {
@@ -1160,16 +1186,6 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   backend_.rms_norm(t.x, M.norm, eps, t.projected);  // h_k, what the head and the confidence see
   backend_.compute_logits(t.x, M.norm, eps, M.head ? *M.head : *w.lm_head, false);
   if (Status s = backend_.read_logits(logits); !s.ok()) return s;
-  if (M.head) {  // the active ids' logits -> every id's (the others exactly 0)
-    const std::vector<int32_t>& active = w.dspark_heads.active;
-    std::vector<float> compact = std::move(logits);
-    logits.assign(static_cast<size_t>(T * c.vocab_size), 0.0f);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* from = compact.data() + static_cast<size_t>(t) * active.size();
-      float* to = logits.data() + static_cast<size_t>(t * c.vocab_size);
-      for (size_t i = 0; i < active.size(); ++i) to[active[i]] = from[i];
-    }
-  }
   const size_t count = static_cast<size_t>(T * d);
   hidden.resize(count);
   if (backend_.activation_dtype() == backend::DType::kF32) {

@@ -139,16 +139,26 @@ class DeepSeekModel {
                      std::vector<float>* logits, std::vector<int32_t>* greedy,
                      std::vector<float>* greedy_probability = nullptr);
 
-  // The DSpark module's host heads (config().dspark set), row-major float32: markov_w1 and markov_w2 [vocab, rank],
-  // confidence [hidden + rank] (the confidence head's proj, no bias). Null without a module. Immutable.
+  // The DSpark module's host heads (config().dspark set), float32. The draft works in its own vocabulary: the ids
+  // whose lm_head or markov_w2 row is not all zero (`active`, ascending; the demo's compact vocabulary), every other
+  // id's draft logit being exactly 0 (a zero head row and a zero Markov row), so skipping them changes no value;
+  // `active` empty: every id. Draft logits rows (forward_dspark_block's, markov's) are [draft_vocab()], entry i for
+  // id active[i] (or i). Null without a module. Immutable; thread-safe to read.
   struct DsparkHeads {
     int64_t vocab = 0, hidden = 0, rank = 0;
-    std::vector<float> markov_w1, markov_w2, confidence;
-    // The ids whose lm_head or markov_w2 row is not all zero, ascending, when some are (the draft's head then skips
-    // the others: their base logit and Markov term are exactly 0); empty: every id.
+    std::vector<float> markov_w1;    // [vocab, rank]
+    std::vector<float> markov_w2_t;  // [rank, draft_vocab()]: markov_w2's active rows, transposed
+    std::vector<float> confidence;   // [hidden + rank], the confidence head's proj (no bias)
     std::vector<int32_t> active;
-    // logits[v] = base[v] + markov_w2[v] · markov_w1[previous] (base, logits: [vocab]; may alias).
+    int64_t draft_vocab() const { return active.empty() ? vocab : static_cast<int64_t>(active.size()); }
+    int32_t id_of(int64_t i) const { return active.empty() ? static_cast<int32_t>(i) : active[static_cast<size_t>(i)]; }
+    // logits[i] = base[i] + markov_w2[id_of(i)] · markov_w1[previous] ([draft_vocab()] each; may alias).
     void markov(std::span<const float> base, int32_t previous, std::span<float> logits) const;
+    // The greedy draft of a draft-vocabulary row: its largest logit's id, counting the ids outside the draft
+    // vocabulary as logit 0 (lowest id among equal maxima); -1 when the row's largest value is NaN or infinite.
+    int32_t argmax(std::span<const float> logits) const;
+    // The row over the whole vocabulary (zeros outside the draft's), for a sampled draft. full: [vocab].
+    void expand(std::span<const float> logits, std::span<float> full) const;
     // sigmoid(confidence · [h ; markov_w1[previous]]) (h: [hidden], the row's h_k).
     double confidence_of(std::span<const float> h, int32_t previous) const;
   };
@@ -157,7 +167,8 @@ class DeepSeekModel {
   // keep_dspark_context; waits for the device. Errors: InvalidArgument (no module, rows beyond the kept context,
   // bad block tables), the backend's. Not thread-safe; always eager.
   Status forward_dspark_inject(const DsparkInjectBatch& batch, LayerCaches stage_caches);
-  // The block pass: base logits [T, vocab] float32 (host) and h [T, hidden] float32 (host) of every row; writes the
+  // The block pass: base logits [T, dspark_heads()->draft_vocab()] float32 (host, in the draft's vocabulary) and h
+  // [T, hidden] float32 (host) of every row; writes the
   // rows' entries into the stage caches. Drops any kept hidden state or context (it may grow the scratch). Errors as
   // forward_dspark_inject's, plus token ids outside the vocabulary. Not thread-safe; always eager.
   Status forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches, std::vector<float>& logits,
