@@ -102,6 +102,41 @@ EngineConfig tiny_config(int32_t draft_tokens, int32_t budget = 96) {
   return config;
 }
 
+// Two-sample chi-square per position (from 1) between plain sampling's tokens and another side's, tokens seen fewer
+// than 10 times in all pooled into one bin; fails above the upper 0.1% point (Wilson-Hilferty).
+void expect_same_distribution(const std::vector<std::vector<TokenId>>& plain,
+                              const std::vector<std::vector<TokenId>>& other, int tokens_per_request,
+                              const std::string& label) {
+  for (int position = 1; position < tokens_per_request; ++position) {
+    std::map<TokenId, std::array<int, 2>> counts;
+    for (int side : {0, 1}) {
+      for (const auto& tokens : side == 0 ? plain : other) {
+        ASSERT_EQ(tokens.size(), static_cast<size_t>(tokens_per_request));
+        ++counts[tokens[static_cast<size_t>(position)]][side];
+      }
+    }
+    std::vector<std::array<int, 2>> bins;
+    std::array<int, 2> pooled{0, 0};
+    for (const auto& [token, c] : counts) {
+      if (c[0] + c[1] < 10) {
+        pooled[0] += c[0];
+        pooled[1] += c[1];
+      } else {
+        bins.push_back(c);
+      }
+    }
+    if (pooled[0] + pooled[1] > 0) bins.push_back(pooled);
+    if (bins.size() < 2) continue;  // one token only: nothing to compare
+    double chi = 0.0;
+    for (const auto& c : bins) chi += static_cast<double>((c[0] - c[1]) * (c[0] - c[1])) / (c[0] + c[1]);
+    const double df = static_cast<double>(bins.size()) - 1.0;
+    const double t = 1.0 - 2.0 / (9.0 * df) + 3.090232 * std::sqrt(2.0 / (9.0 * df));
+    EXPECT_LT(chi, df * t * t * t) << label << " position " << position << ": " << bins.size() << " bins";
+    std::cout << "[ chi2   ] " << label << " position " << position << ": " << chi << " over " << bins.size()
+              << " bins (0.1% point " << df * t * t * t << ")\n";
+  }
+}
+
 // DSpark over the MTP drafts (dspark.h): at most `max_drafts` per chain; `table` "const" (always draft, verify all
 // above the survival floor) or "" (measured on this machine when the engine starts).
 EngineConfig dspark_config(int32_t max_drafts, const std::string& table, double threshold, int32_t budget = 96) {
@@ -236,38 +271,8 @@ TEST(MtpEngineTest, SampledTokensHaveThePlainSamplingDistribution) {
   }
   EXPECT_GT(accepted, 0) << "no draft was ever accepted: the test would not exercise acceptance";
   EXPECT_GT(dspark_accepted, 0) << "no DSpark draft was ever accepted";
-  for (int compared : {1, 2})
-  for (int position = 1; position < kTokens; ++position) {
-    std::map<TokenId, std::array<int, 2>> counts;
-    for (int side : {0, compared}) {
-      for (const auto& tokens : outputs[side]) {
-        ASSERT_EQ(tokens.size(), static_cast<size_t>(kTokens));
-        ++counts[tokens[static_cast<size_t>(position)]][side == 0 ? 0 : 1];
-      }
-    }
-    // Pool tokens seen fewer than 10 times in all into one bin.
-    std::vector<std::array<int, 2>> bins;
-    std::array<int, 2> pooled{0, 0};
-    for (const auto& [token, c] : counts) {
-      if (c[0] + c[1] < 10) {
-        pooled[0] += c[0];
-        pooled[1] += c[1];
-      } else {
-        bins.push_back(c);
-      }
-    }
-    if (pooled[0] + pooled[1] > 0) bins.push_back(pooled);
-    if (bins.size() < 2) continue;  // one token only: nothing to compare
-    double chi = 0.0;
-    for (const auto& c : bins) chi += static_cast<double>((c[0] - c[1]) * (c[0] - c[1])) / (c[0] + c[1]);
-    const double df = static_cast<double>(bins.size()) - 1.0;
-    // Wilson-Hilferty upper 0.1% point.
-    const double t = 1.0 - 2.0 / (9.0 * df) + 3.090232 * std::sqrt(2.0 / (9.0 * df));
-    EXPECT_LT(chi, df * t * t * t) << (compared == 1 ? "mtp" : "dspark") << " position " << position << ": "
-                                   << bins.size() << " bins";
-    std::cout << "[ chi2   ] " << (compared == 1 ? "mtp" : "dspark") << " position " << position << ": " << chi
-              << " over " << bins.size() << " bins (0.1% point " << df * t * t * t << ")\n";
-  }
+  expect_same_distribution(outputs[0], outputs[1], kTokens, "mtp");
+  expect_same_distribution(outputs[0], outputs[2], kTokens, "dspark");
 }
 
 TEST(MtpEngineTest, ACheckpointWithoutNextNLayersIsRefused) {
@@ -433,6 +438,46 @@ TEST(MtpEngineTest, DsparkModuleKeepsPlainDecodingsTokens) {
   }
   EXPECT_GT(module->speculative_stats().verifies, greedy_verifies) << "sampled requests draft too";
   EXPECT_EQ(module->scheduler().block_pool().num_free(), module->scheduler().block_pool().num_total());
+}
+
+
+// The trained demo module's drafts under sampling (its Markov-corrected distribution as q, every draft made and
+// verified): the emitted tokens keep plain sampling's distribution (400 + 400 seeded requests, chi-square per position).
+TEST(MtpEngineTest, DsparkModuleSampledTokensHaveThePlainSamplingDistribution) {
+  namespace fs = std::filesystem;
+  const std::string dir = source_path("models/demo");
+  if (!fs::exists(fs::path(dir) / "model.safetensors")) GTEST_SKIP() << "no demo model";
+  const auto prompts = load_ints("tests/data/models/demo-reference.safetensors", ".input_ids", 8);
+  ASSERT_FALSE(prompts.empty());
+  constexpr int kRequests = 400;
+  constexpr int kTokens = 4;
+  std::vector<std::vector<std::vector<TokenId>>> outputs(2);
+  int64_t accepted = 0;
+  for (int side = 0; side < 2; ++side) {
+    auto backend = backend::make_cpu_backend();
+    auto model = model::DeepSeekModel::load(dir, *backend, backend::Precision::kF32);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    ASSERT_TRUE((*model)->config().dspark.has_value());
+    EngineConfig config = side == 1 ? dspark_config(4, "const", 0.0, 4096) : tiny_config(0, 4096);
+    config.max_num_seqs = kRequests;
+    auto engine = Engine::create(std::move(backend), std::move(model).value(), config);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    std::vector<SequenceId> ids;
+    for (int i = 0; i < kRequests; ++i) {
+      SamplingParams params;
+      params.temperature = 0.8f;
+      params.top_k = 8;
+      params.max_tokens = kTokens;
+      params.ignore_eos = true;
+      params.seed = static_cast<uint64_t>(side * kRequests + i);
+      ids.push_back(*(*engine)->submit(prompts.back(), params));
+    }
+    Outcome outcome = drain(**engine);
+    for (SequenceId id : ids) outputs[side].push_back(outcome.tokens[id]);
+    if (side == 1) accepted = (*engine)->speculative_stats().accepted_tokens;
+  }
+  EXPECT_GT(accepted, kRequests / 4) << "the test must exercise acceptance: the trained module's drafts are accepted";
+  expect_same_distribution(outputs[0], outputs[1], kTokens, "dspark module");
 }
 
 }  // namespace
