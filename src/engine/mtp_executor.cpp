@@ -34,6 +34,13 @@ MtpExecutor::MtpExecutor(model::DeepSeekModel& model, std::span<const backend::B
   }
 }
 
+void MtpExecutor::RequestState::clear_drafts() {
+  drafts.clear();
+  draft_distributions.clear();
+  draft_confidences.clear();
+  draft_position = -1;
+}
+
 TokenId MtpExecutor::RequestState::token_at(int64_t position) const {
   const int64_t prompt_size = static_cast<int64_t>(prompt.size());
   return position < prompt_size ? prompt[static_cast<size_t>(position)]
@@ -178,10 +185,7 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
       RequestState& request = requests_.at(batch.entries[i].sequence_id);
       request.output.resize(output_sizes[i]);
       request.rng.counter = request.output.size();
-      request.drafts.clear();
-      request.draft_distributions.clear();
-      request.draft_confidences.clear();
-      request.draft_position = -1;
+      request.clear_drafts();
     }
     return s;
   }
@@ -268,6 +272,12 @@ Status MtpExecutor::draft_from_logits(RequestState& request, std::span<const flo
   return Status();
 }
 
+void MtpExecutor::begin_drafting(const ScheduledBatch& batch) {
+  const int64_t sampling = std::count_if(batch.entries.begin(), batch.entries.end(),
+                                         [](const ScheduledEntry& entry) { return entry.samples; });
+  planner_->begin_drafting(sampling, sampling, sampling);
+}
+
 Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> first_rows,
                           std::span<const int32_t> kept_rows) {
   const backend::Buffer& mtp_cache = layer_caches_.back();
@@ -283,19 +293,14 @@ Status MtpExecutor::draft(const ScheduledBatch& batch, std::span<const int32_t> 
   };
   std::vector<Chain> chains;
   // The chains' length this step (DSpark: from the next step's expected cost; its rows: one per sampling entry).
-  const int64_t sampling = std::count_if(batch.entries.begin(), batch.entries.end(),
-                                         [](const ScheduledEntry& entry) { return entry.samples; });
-  planner_->begin_drafting(sampling, sampling, sampling);
+  begin_drafting(batch);
   // Pass 1: every computed row whose next token is known, at its own position, reading the target's hidden state.
   model::MtpBatch pass;
   bool greedy_ids = true;
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     const ScheduledEntry& entry = batch.entries[i];
     RequestState& request = requests_.at(entry.sequence_id);
-    request.drafts.clear();
-    request.draft_distributions.clear();
-    request.draft_confidences.clear();
-    request.draft_position = -1;
+    request.clear_drafts();
     const int32_t kept = kept_rows[i];
     const int32_t max_drafts =
         entry.samples ? std::clamp(planner_->max_drafts(entry.sequence_id, num_draft_tokens_), 0, num_draft_tokens_)
@@ -408,18 +413,13 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
     int64_t position = 0;  // the anchor's
   };
   std::vector<Block> blocks;
-  const int64_t sampling = std::count_if(batch.entries.begin(), batch.entries.end(),
-                                         [](const ScheduledEntry& entry) { return entry.samples; });
-  planner_->begin_drafting(sampling, sampling, sampling);
+  begin_drafting(batch);
   model::DsparkInjectBatch inject;
   model::DsparkBlockBatch block;
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     const ScheduledEntry& entry = batch.entries[i];
     RequestState& request = requests_.at(entry.sequence_id);
-    request.drafts.clear();
-    request.draft_distributions.clear();
-    request.draft_confidences.clear();
-    request.draft_position = -1;
+    request.clear_drafts();
     const int32_t kept = kept_rows[i];
     for (int32_t k = 0; k < kept; ++k) inject.context_rows.push_back(first_rows[i] + k);
     inject.sequences.push_back({kept, static_cast<int32_t>(entry.start_position), entry.block_table});

@@ -72,6 +72,7 @@ class MtpExecutor final : public Executor {
     int64_t draft_position = -1;
 
     TokenId token_at(int64_t position) const;
+    void clear_drafts();  // no drafts waiting (draft_position -1)
   };
   // The target's verdict on one sampling entry: its tokens (accepted drafts, then one more).
   Status verify_sampled(const ScheduledEntry& entry, RequestState& request, std::span<const float> logits,
@@ -79,6 +80,8 @@ class MtpExecutor final : public Executor {
   // The chain after the target pass: fills each drafting request's drafts. `rows_of_entry`: per entry, its first
   // target row and its computed rows (kept ones).
   Status draft(const ScheduledBatch& batch, std::span<const int32_t> first_rows, std::span<const int32_t> kept_rows);
+  // Tells the planner this step's drafting requests (one per sampling entry), before either draft path.
+  void begin_drafting(const ScheduledBatch& batch);
   // The same with the DSpark module (steps 3'-4').
   Status draft_block(const ScheduledBatch& batch, std::span<const int32_t> first_rows,
                      std::span<const int32_t> kept_rows);
