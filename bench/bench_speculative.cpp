@@ -3,7 +3,7 @@
 // --dspark-max-draft-tokens, its step-time table measured when each engine starts, outside the timed part), at
 // batch 1, 8 and 32. Fixed prompts (questions
 // in the demo's training domains, rendered as DeepSeek-V3 chat turns), EOS stops; each (K, batch) runs --reps times
-// on a fresh engine after a warm-up request and reports the median (min, max). Every MTP run's tokens are compared
+// on a fresh engine after a warm-up run of the same batch and reports the median (min, max). Every MTP run's tokens are compared
 // with the plain run's (greedy speculation must not change them). One JSON line per (K, batch).
 //
 // Usage: bench_speculative [--model DIR] [--draft-tokens 0,1,2,3] [--batches 1,8,32] [--max-tokens 64] [--reps 3]
@@ -309,7 +309,10 @@ int main(int argc, char** argv) {
         engine::SamplingParams params;
         params.temperature = 0.0f;
         params.max_tokens = max_tokens;
-        (void)engine.submit(prompts[0], params);  // warm-up (scratch buffers, pages)
+        // Warm-up: the same batch once (scratch buffers, pages, and on CUDA the graphs of the step shapes this batch
+        // meets: each runs eagerly the first time and is captured the second), so that the timed run is the steady
+        // state a serving engine reaches.
+        for (int64_t r = 0; r < batch; ++r) (void)engine.submit(prompts[static_cast<size_t>(r) % prompts.size()], params);
         while (engine.has_pending_work()) (void)engine.step();
         const engine::SpeculativeStats before = engine.speculative_stats();
         std::vector<engine::SequenceId> ids;
@@ -348,6 +351,7 @@ int main(int argc, char** argv) {
         }
         run.stats.unverified_steps -= before.unverified_steps;
         run.stats.fallbacks -= before.fallbacks;
+        for (size_t p = 0; p < run.stats.phase_seconds.size(); ++p) run.stats.phase_seconds[p] -= before.phase_seconds[p];
         runs.push_back(std::move(run));
       }
       std::vector<double> rates;
@@ -382,6 +386,14 @@ int main(int argc, char** argv) {
                                                              : 0.0);
         }
         line["acceptance_by_position"] = by_position;
+        // Where the first rep's time went, per generated token (the rest of ms_per_token: scheduling, streaming).
+        boost::json::object phases;
+        for (int p = 0; p < engine::SpeculativeStats::kNumPhases; ++p) {
+          phases[engine::SpeculativeStats::kPhaseNames[p]] =
+              1e3 * s.phase_seconds[static_cast<size_t>(p)] / static_cast<double>(std::max<int64_t>(first.generated, 1));
+        }
+        line["ms_per_token"] = 1e3 * first.seconds / static_cast<double>(std::max<int64_t>(first.generated, 1));
+        line["phase_ms_per_token"] = phases;
         if (dspark) {
           // What drafts under DSpark's planner: the checkpoint's DSpark module when it ships one, else its MTP layer.
           const auto model_config = model::load_model_config(model_dir);

@@ -63,7 +63,15 @@ void MtpExecutor::remove_request(SequenceId id) {
   planner_->on_removed(id);
 }
 
+std::chrono::steady_clock::time_point MtpExecutor::lap(SpeculativeStats::Phase phase,
+                                                      std::chrono::steady_clock::time_point since) {
+  const auto now = std::chrono::steady_clock::now();
+  phase_seconds_[phase] += std::chrono::duration<double>(now - since).count();
+  return now;
+}
+
 Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
+  auto clock = std::chrono::steady_clock::now();
   const size_t num_entries = batch.entries.size();
   // 1. The target pass: every entry's tokens, plus the drafts of those that drafted for this very step.
   model::ForwardBatch forward;
@@ -123,6 +131,7 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   Status forwarded = plain_greedy ? model_.forward_greedy(forward, main_caches, greedy_ids_)
                                   : model_.forward(forward, main_caches, logits_);
   if (!forwarded.ok()) return forwarded;
+  clock = lap(SpeculativeStats::kTargetPass, clock);
 
   // 2. Acceptance. Nothing is committed until every entry is decided (all-or-nothing).
   StepOutput out;
@@ -178,9 +187,12 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
     request.rng.counter = request.output.size();
   }
 
+  clock = lap(SpeculativeStats::kAcceptance, clock);
+
   // 3-4. The next step's drafts. A failure here undoes the commit, so the step stays all-or-nothing.
-  if (Status s = dspark_module_ ? draft_block(batch, first_rows, kept_rows) : draft(batch, first_rows, kept_rows);
-      !s.ok()) {
+  Status drafted = dspark_module_ ? draft_block(batch, first_rows, kept_rows) : draft(batch, first_rows, kept_rows);
+  if (!dspark_module_) lap(SpeculativeStats::kDraftPasses, clock);  // draft_block times its own phases
+  if (Status s = std::move(drafted); !s.ok()) {
     for (size_t i = 0; i < num_entries; ++i) {
       RequestState& request = requests_.at(batch.entries[i].sequence_id);
       request.output.resize(output_sizes[i]);
@@ -443,9 +455,16 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
   }
   // Nobody drafts and keeping the stage caches current costs too much (the planner's rule): skip the injection.
   if (blocks.empty() && planner_->skips_idle_draft_pass()) return Status();
-  if (Status s = model_.forward_dspark_inject(inject, stage_caches); !s.ok()) return s;
-  if (blocks.empty()) return Status();
-  if (Status s = model_.forward_dspark_block(block, stage_caches, logits_, block_hidden_); !s.ok()) return s;
+  auto clock = std::chrono::steady_clock::now();
+  Status passes = model_.forward_dspark_inject(inject, stage_caches);
+  if (passes.ok() && !blocks.empty()) passes = model_.forward_dspark_block(block, stage_caches, logits_, block_hidden_);
+  clock = lap(SpeculativeStats::kDraftPasses, clock);
+  if (!passes.ok() || blocks.empty()) return passes;
+  struct HeadsTime {  // whatever way this function returns
+    MtpExecutor& executor;
+    std::chrono::steady_clock::time_point start;
+    ~HeadsTime() { executor.lap(SpeculativeStats::kDraftHeads, start); }
+  } heads_time{*this, clock};
   // Greedy requests' chains in parallel (each block on its own: the Markov head reads the block's previous draft);
   // the planner then cuts each chain in order. Sampled requests draw theirs with the sampler, one after another.
   const size_t draft_vocab = static_cast<size_t>(heads.draft_vocab());
@@ -460,11 +479,13 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
     TokenId previous = request.token_at(blocks[b].position);
     for (int32_t k = 0; k < blocks[b].max_drafts; ++k) {
       const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
-      const std::span<float> corrected(corrected_.data() + row * draft_vocab, draft_vocab);
-      heads.markov(std::span(logits_.data() + row * draft_vocab, draft_vocab), previous, corrected);
+      const std::span<const float> base(logits_.data() + row * draft_vocab, draft_vocab);
       confidences[row] = heads.confidence_of(std::span(block_hidden_.data() + row * hidden, hidden), previous);
-      if (!request.params.is_plain_greedy()) break;  // drawn below, row by row
-      greedy_drafts[row] = heads.argmax(corrected);
+      if (!request.params.is_plain_greedy()) {  // drawn below, row by row
+        heads.markov(base, previous, std::span(corrected_.data() + row * draft_vocab, draft_vocab));
+        break;
+      }
+      greedy_drafts[row] = heads.greedy_draft(base, previous);
       if (greedy_drafts[row] < 0) {
 #pragma omp critical
         bad_row = static_cast<int32_t>(row);

@@ -27,6 +27,8 @@
 // was written with the next token of the sequence that computed it (vLLM recomputes the last block for EAGLE).
 #pragma once
 
+#include <array>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <span>
@@ -56,8 +58,11 @@ class MtpExecutor final : public Executor {
   Status add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) override;
   void remove_request(SequenceId id) override;
   Result<StepOutput> run(const ScheduledBatch& batch) override;
-  // The planner's counters (fallbacks) into `stats`.
-  void add_counters(SpeculativeStats& stats) const { planner_->add_counters(stats); }
+  // The planner's counters (fallbacks) and the steps' phase times into `stats`.
+  void add_counters(SpeculativeStats& stats) const {
+    planner_->add_counters(stats);
+    stats.phase_seconds = phase_seconds_;
+  }
 
  private:
   struct RequestState {
@@ -98,6 +103,9 @@ class MtpExecutor final : public Executor {
   std::unique_ptr<DraftPlanner> planner_;
   Sampler sampler_;
   std::map<SequenceId, RequestState> requests_;
+  std::array<double, SpeculativeStats::kNumPhases> phase_seconds_{};  // SpeculativeStats::phase_seconds
+  // Adds the time since `since` to `phase` and returns now.
+  std::chrono::steady_clock::time_point lap(SpeculativeStats::Phase phase, std::chrono::steady_clock::time_point since);
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;
   std::vector<float> greedy_probabilities_;

@@ -544,8 +544,16 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
     }
     const size_t n = static_cast<size_t>(heads.draft_vocab());
     heads.markov_w2_t.assign(r * n, 0.0f);
+    heads.markov_w2_norm.assign(n, 0.0f);
     for (size_t i = 0; i < n; ++i) {
-      for (size_t j = 0; j < r; ++j) heads.markov_w2_t[j * n + i] = w2[static_cast<size_t>(heads.id_of(static_cast<int64_t>(i))) * r + j];
+      double squares = 0.0;
+      for (size_t j = 0; j < r; ++j) {
+        const float x = w2[static_cast<size_t>(heads.id_of(static_cast<int64_t>(i))) * r + j];
+        heads.markov_w2_t[j * n + i] = x;
+        squares += static_cast<double>(x) * x;
+      }
+      heads.markov_w2_norm[i] = static_cast<float>(std::sqrt(squares) * (1.0 + 1e-6));
+      heads.markov_w2_norm_max = std::max(heads.markov_w2_norm_max, heads.markov_w2_norm[i]);
     }
   }
   std::vector<float> inv_freq;
@@ -892,13 +900,13 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   if (Status s = reserve_scratch(T); !s.ok()) return s;
   backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, nullptr};
   const bool use_expanded = rows.rows_start_at_zero && backend_.has_mla_expanded(expanded);
-  // A decode step (one row per sequence, few rows) may run as a recorded graph; its block tables are padded to a
-  // power-of-two bucket whether or not graphs are on, so that both ways compute the same values (the attention
-  // kernel's split count follows the table's stride).
+  // A decode step (few rows per sequence: one, or a verify's last token and drafts; few rows in all) may run as a
+  // recorded graph; its block tables are padded to a power-of-two bucket whether or not graphs are on, so that both
+  // ways compute the same values (the attention kernel's split count follows the table's stride).
   bool decode_step = T <= kGraphMaxRows && !use_expanded;
   int64_t longest_table = 0;
   for (const SequenceChunk& chunk : batch.sequences) {
-    decode_step = decode_step && chunk.num_tokens == 1;
+    decode_step = decode_step && chunk.num_tokens <= kGraphMaxRowsPerSequence;
     longest_table = std::max(longest_table, static_cast<int64_t>(chunk.block_table.size()));
   }
   int64_t table_stride = 0;
@@ -937,16 +945,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     backend_.compute_logits(t.x, w.norm, eps, *w.lm_head, greedy != nullptr);
   };
   if (decode_step && use_graphs_) {
-    // The graphs write into these caches: another set (another engine's, a test's second run) needs new graphs.
-    bool same_caches = graph_cache_layers_.size() == static_cast<size_t>(c.num_hidden_layers);
-    for (int64_t l = 0; l < c.num_hidden_layers && same_caches; ++l)
-      same_caches = graph_cache_layers_[static_cast<size_t>(l)] == layer_caches[static_cast<size_t>(l)].data();
-    if (!same_caches) {
-      backend_.reset_graphs();
-      graph_cache_layers_.clear();
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-        graph_cache_layers_.push_back(layer_caches[static_cast<size_t>(l)].data());
-    }
+    track_graph_caches(graph_cache_layers_, layer_caches.first(static_cast<size_t>(c.num_hidden_layers)));
     backend::GraphKey key;
     key.rows = T;
     key.sequences = static_cast<int64_t>(batch.sequences.size());
@@ -962,6 +961,16 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   if (read.ok() && batch.keep_hidden) kept_hidden_rows_ = T;
   if (read.ok() && batch.keep_dspark_context) kept_context_rows_ = T;
   return read;
+}
+
+void DeepSeekModel::track_graph_caches(std::vector<const void*>& recorded, LayerCaches caches) {
+  // The graphs write into these caches: another set (another engine's, a test's second run) needs new graphs.
+  bool same = recorded.size() == caches.size();
+  for (size_t l = 0; l < caches.size() && same; ++l) same = recorded[l] == caches[l].data();
+  if (same) return;
+  backend_.reset_graphs();
+  recorded.clear();
+  for (const backend::Buffer& cache : caches) recorded.push_back(cache.data());
 }
 
 Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, const backend::Buffer& mtp_cache,
@@ -1043,23 +1052,98 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   return read;
 }
 
-void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits) const {
+// AVX2 where the CPU has it (8 lanes; no FMA, so every machine rounds the same way).
+__attribute__((target_clones("avx2", "default"))) void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits,
+                                        size_t first, size_t last) const {
   const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
   const size_t n = static_cast<size_t>(draft_vocab());
-  if (logits.data() != base.data()) std::copy_n(base.data(), n, logits.data());
-  for (size_t j = 0; j < static_cast<size_t>(rank); ++j) {  // rank passes over the row: vectorizes
-    const float* w2 = markov_w2_t.data() + j * n;
-    const float ej = e[j];
-    for (size_t i = 0; i < n; ++i) logits[i] += w2[i] * ej;
+  last = std::min(last, n);
+  // In chunks that stay in L1: the base row once in, rank passes over the chunk (a local array: nothing aliases it,
+  // so the passes vectorize), once out. Each logit sums base + e_0 w_0 + e_1 w_1 ... in that order, as a plain loop.
+  constexpr size_t kChunk = kMarkovChunk;
+  float sum[kChunk];
+  for (size_t begin = first; begin < last; begin += kChunk) {
+    const size_t count = std::min(kChunk, last - begin);
+    std::copy_n(base.data() + begin, count, sum);
+    for (size_t j = 0; j < static_cast<size_t>(rank); ++j) {
+      const float* w2 = markov_w2_t.data() + j * n + begin;
+      const float ej = e[j];
+      if (count == kChunk) {  // a fixed trip count: -O2's cost model vectorizes only loops without a scalar tail
+        for (size_t i = 0; i < kChunk; ++i) sum[i] += w2[i] * ej;
+      } else {
+        for (size_t i = 0; i < count; ++i) sum[i] += w2[i] * ej;
+      }
+    }
+    std::copy_n(sum, count, logits.data() + begin);
   }
+}
+
+int32_t DeepSeekModel::DsparkHeads::greedy_draft(std::span<const float> base, int32_t previous) const {
+  const size_t n = static_cast<size_t>(draft_vocab());
+  const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
+  // Entry i after the Markov term, as markov() computes it (the same additions in the same order).
+  auto value = [&](size_t i) {
+    float sum = base[i];
+    for (size_t j = 0; j < static_cast<size_t>(rank); ++j) sum += markov_w2_t[j * n + i] * e[j];
+    return sum;
+  };
+  auto whole_row = [&] {
+    std::vector<float> row(n);
+    markov(base, previous, row);
+    return argmax(row);
+  };
+  if (n == 0 || markov_w2_norm.size() != n) return whole_row();  // random weights: no norms
+  size_t top = 0;
+  for (size_t i = 1; i < n; ++i) top = base[i] > base[top] ? i : top;
+  double e_norm = 0.0;
+  for (size_t j = 0; j < static_cast<size_t>(rank); ++j) e_norm += static_cast<double>(e[j]) * e[j];
+  e_norm = std::sqrt(e_norm) * (1.0 + 1e-6);
+  const float floor_value = value(top);  // the winner's value is at least this
+  if (!std::isfinite(base[top]) || !std::isfinite(floor_value) || !std::isfinite(e_norm)) return whole_row();
+  // An entry can win only if base[i] + norm[i] |e| >= floor_value. The bounds are summed in float32 (in chunks of a
+  // fixed length, so that they vectorize); their rounding (~1e-7 of |base[i]| + norm[i] |e|, itself within reach of
+  // floor_value for any entry that passes) stays far below the slack.
+  const float e_norm_f = static_cast<float>(e_norm);
+  const double reach = std::fabs(static_cast<double>(floor_value)) + std::fabs(static_cast<double>(base[top])) +
+                       static_cast<double>(markov_w2_norm_max) * e_norm;
+  const float threshold = static_cast<float>(static_cast<double>(floor_value) - 1e-5 * reach - 1e-30);
+  constexpr size_t kChunk = kMarkovChunk;
+  float bound[kChunk];
+  size_t best = n;
+  float best_value = 0.0f;
+  for (size_t begin = 0; begin < n; begin += kChunk) {
+    const size_t count = std::min(kChunk, n - begin);
+    const float* b = base.data() + begin;
+    const float* w = markov_w2_norm.data() + begin;
+    if (count == kChunk) {
+      for (size_t i = 0; i < kChunk; ++i) bound[i] = b[i] + w[i] * e_norm_f;
+    } else {
+      for (size_t i = 0; i < count; ++i) bound[i] = b[i] + w[i] * e_norm_f;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (bound[i] < threshold) continue;  // NaN and infinities fall through to value()
+      const float v = value(begin + i);
+      if (std::isnan(v)) return whole_row();
+      if (best == n || v > best_value) {
+        best = begin + i;
+        best_value = v;
+      }
+    }
+  }
+  if (best == n) return whole_row();
+  return finish_argmax(best, best_value);
 }
 
 int32_t DeepSeekModel::DsparkHeads::argmax(std::span<const float> logits) const {
   const size_t n = static_cast<size_t>(draft_vocab());
   const size_t best = static_cast<size_t>(std::max_element(logits.data(), logits.data() + n) - logits.data());
-  if (!std::isfinite(logits[best])) return -1;
-  int32_t id = id_of(static_cast<int64_t>(best));
-  if (active.empty() || logits[best] > 0.0f) return id;
+  return finish_argmax(best, logits[best]);
+}
+
+int32_t DeepSeekModel::DsparkHeads::finish_argmax(size_t best, float best_value) const {
+  if (!std::isfinite(best_value)) return -1;
+  const int32_t id = id_of(static_cast<int64_t>(best));
+  if (active.empty() || best_value > 0.0f) return id;
   // The ids outside the draft's vocabulary hold 0: the lowest of them competes.
   int32_t outside = 0;
   for (int32_t a : active) {
@@ -1067,7 +1151,7 @@ int32_t DeepSeekModel::DsparkHeads::argmax(std::span<const float> logits) const 
     ++outside;
   }
   if (outside >= vocab) return id;
-  return logits[best] < 0.0f ? outside : std::min(id, outside);
+  return best_value < 0.0f ? outside : std::min(id, outside);
 }
 
 void DeepSeekModel::DsparkHeads::expand(std::span<const float> logits, std::span<float> full) const {
@@ -1171,20 +1255,43 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   if (Status s = reserve_scratch(T); !s.ok()) return s;
   kept_hidden_rows_ = 0;
   kept_context_rows_ = 0;  // the pass overwrites the scratch the kept states live in
+  // A block pass is a decode step of γ rows per drafting request: recorded as one (same padding of the tables).
+  bool graphed = use_graphs_ && T <= kGraphMaxRows;
+  int64_t table_stride = kMinGraphBlocks;
+  for (const SequenceChunk& chunk : batch.sequences) {
+    graphed = graphed && chunk.num_tokens <= kGraphMaxRowsPerSequence;
+    while (table_stride < static_cast<int64_t>(chunk.block_table.size())) table_stride *= 2;
+  }
   backend::StepLayout layout = step_layout(batch.token_ids, logits_rows, rows);
   layout.rows_start_at_zero = false;
+  layout.block_table_stride = table_stride;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
   const DsparkModule& M = *w.dspark;
   const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
-  backend_.embed(*w.embed_tokens, t.x);
-  for (int64_t s = 0; s < S; ++s) {
-    const Layer& L = M.stages[static_cast<size_t>(s)];
-    backend_.rms_norm(t.x, L.input_layernorm, eps, t.normed);
-    decoder_layer(backend_, c, w, L, stage_caches[static_cast<size_t>(s)], t, /*use_expanded=*/false);
-    backend_.add(t.x, t.ffn);
+  auto device_work = [&] {
+    backend_.embed(*w.embed_tokens, t.x);
+    for (int64_t s = 0; s < S; ++s) {
+      const Layer& L = M.stages[static_cast<size_t>(s)];
+      backend_.rms_norm(t.x, L.input_layernorm, eps, t.normed);
+      decoder_layer(backend_, c, w, L, stage_caches[static_cast<size_t>(s)], t, /*use_expanded=*/false);
+      backend_.add(t.x, t.ffn);
+    }
+    backend_.rms_norm(t.x, M.norm, eps, t.projected);  // h_k, what the head and the confidence see
+    backend_.compute_logits(t.x, M.norm, eps, M.head ? *M.head : *w.lm_head, false);
+  };
+  if (graphed) {
+    track_graph_caches(graph_stage_layers_, stage_caches);
+    backend::GraphKey key;
+    key.rows = T;
+    key.sequences = static_cast<int64_t>(batch.sequences.size());
+    key.max_blocks_per_sequence = table_stride;
+    key.logits_rows = T;
+    key.variant = 8;  // forward()'s variants are 0..7
+    key.owner = graph_owner_;
+    if (Status s = backend_.run_graph(key, device_work); !s.ok()) return s;
+  } else {
+    device_work();
   }
-  backend_.rms_norm(t.x, M.norm, eps, t.projected);  // h_k, what the head and the confidence see
-  backend_.compute_logits(t.x, M.norm, eps, M.head ? *M.head : *w.lm_head, false);
   if (Status s = backend_.read_logits(logits); !s.ok()) return s;
   const size_t count = static_cast<size_t>(T * d);
   hidden.resize(count);

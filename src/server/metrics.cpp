@@ -166,6 +166,13 @@ void render_speculative(const engine::SpeculativeStats& s, std::string& out) {
   out += fmt::format("deepinfer_spec_verify_length_bucket{{le=\"+Inf\"}} {}\ndeepinfer_spec_verify_length_sum {}\n"
                      "deepinfer_spec_verify_length_count {}\n",
                      cumulative, sum, cumulative);
+  out += "# HELP deepinfer_spec_phase_seconds_total Wall time of speculative steps by phase: target_pass (verify), "
+         "acceptance (host), draft_passes (MTP chain or DSpark injection and block passes), draft_heads (DSpark's host "
+         "heads and planner).\n# TYPE deepinfer_spec_phase_seconds_total counter\n";
+  for (int p = 0; p < engine::SpeculativeStats::kNumPhases; ++p) {
+    out += fmt::format("deepinfer_spec_phase_seconds_total{{phase=\"{}\"}} {}\n", engine::SpeculativeStats::kPhaseNames[p],
+                       s.phase_seconds[static_cast<size_t>(p)]);
+  }
   scalar(out, "deepinfer_spec_unverified_steps_total", "counter",
          "DSpark: steps where the planner verified none of a request's drafts (it decoded plainly).",
          s.unverified_steps);

@@ -157,7 +157,8 @@ TEST(CudaBackendTest, AgreesWithTheCpuBackendOnEveryAttentionPath) {
 // cross a 64-token block boundary (sequences 1 and 2) and the 1024-token bucket boundary of the padded block
 // tables (sequence 0: 16 blocks, then 17, padded to 32), so graphs are warmed up, captured and replayed for two
 // buckets, for both logits and greedy steps. The decode inputs are fixed tokens, not the outputs, so that both runs
-// see the same steps whatever they compute.
+// see the same steps whatever they compute. Then 9 verify-shaped steps (a speculative verify's last token and
+// drafts): 1, 2 and 3 rows per sequence in turn, 6 rows in all, so that one graph serves every split of the rows.
 TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
   Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
   if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
@@ -167,12 +168,16 @@ TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   const int64_t vocab = (*model)->config().vocab_size;
   const std::vector<int32_t> prompts = {1019, 60, 126};
-  constexpr int kDecodeSteps = 12;
+  constexpr int kDecodeSteps = 12, kVerifySteps = 9, kSteps = kDecodeSteps + kVerifySteps;
+  // Rows of sequence s at step `step`: 1 on decode steps, 1 + (step + s) % 3 on verify steps.
+  auto rows_of = [&](int step, size_t s) {
+    return step < kDecodeSteps ? 1 : 1 + (step + static_cast<int>(s)) % 3;
+  };
   constexpr int32_t kBlocksPerSequence = 20;  // 1280 tokens: sequence 0 ends at 1031
   std::vector<std::vector<int32_t>> tokens(prompts.size());
   uint32_t rng = 777;
   for (size_t s = 0; s < prompts.size(); ++s) {
-    for (int32_t i = 0; i < prompts[s] + kDecodeSteps; ++i) {
+    for (int32_t i = 0; i < prompts[s] + kDecodeSteps + 3 * kVerifySteps; ++i) {
       rng = rng * 1664525u + 1013904223u;
       tokens[s].push_back(static_cast<int32_t>((rng >> 8) % vocab));
     }
@@ -204,13 +209,17 @@ TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
     std::vector<float> prefill_logits;
     Status st = (*model)->forward(prefill, *caches, prefill_logits);
     ASSERT_TRUE(st.ok()) << st.to_string();
-    for (int step = 0; step < kDecodeSteps; ++step) {
+    std::vector<int32_t> positions = prompts;
+    for (int step = 0; step < kSteps; ++step) {
       ForwardBatch batch;
       for (size_t s = 0; s < prompts.size(); ++s) {
-        const int32_t position = prompts[s] + step;
-        batch.token_ids.push_back(tokens[s][static_cast<size_t>(position)]);
-        batch.sequences.push_back({1, position, table(s, position + 1)});
-        batch.logits_rows.push_back(static_cast<int32_t>(s));
+        const int n = rows_of(step, s);
+        for (int k = 0; k < n; ++k) {
+          batch.logits_rows.push_back(static_cast<int32_t>(batch.token_ids.size()));
+          batch.token_ids.push_back(tokens[s][static_cast<size_t>(positions[s] + k)]);
+        }
+        batch.sequences.push_back({n, positions[s], table(s, positions[s] + n)});
+        positions[s] += n;
       }
       // Both variants of the step (they write the same cache entries): a logits graph and a greedy graph.
       std::vector<float> logits;
@@ -219,8 +228,8 @@ TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
       ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.to_string();
       st = (*model)->forward_greedy(batch, *caches, ids);
       ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.to_string();
-      ASSERT_EQ(logits.size(), prompts.size() * static_cast<size_t>(vocab)) << "step " << step;
-      ASSERT_EQ(ids.size(), prompts.size()) << "step " << step;
+      ASSERT_EQ(logits.size(), batch.token_ids.size() * static_cast<size_t>(vocab)) << "step " << step;
+      ASSERT_EQ(ids.size(), batch.token_ids.size()) << "step " << step;
       out.logits.push_back(std::move(logits));
       out.ids.push_back(std::move(ids));
     }
@@ -229,24 +238,25 @@ TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
   Run eager, graphs;
   ASSERT_NO_FATAL_FAILURE(run(false, eager));
   ASSERT_NO_FATAL_FAILURE(run(true, graphs));
-  for (int step = 0; step < kDecodeSteps; ++step) {
+  for (int step = 0; step < kSteps; ++step) {
     const std::vector<float>& a = eager.logits[static_cast<size_t>(step)];
     const std::vector<float>& b = graphs.logits[static_cast<size_t>(step)];
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
         << "step " << step << ": logits differ between eager and graph runs";
     EXPECT_EQ(eager.ids[static_cast<size_t>(step)], graphs.ids[static_cast<size_t>(step)]) << "step " << step;
-    for (size_t r = 0; r < prompts.size(); ++r) {
+    for (size_t r = 0; r < graphs.ids[static_cast<size_t>(step)].size(); ++r) {
       const float* row = a.data() + r * static_cast<size_t>(vocab);
       EXPECT_EQ(graphs.ids[static_cast<size_t>(step)][r], argmax(row, vocab))
           << "step " << step << " row " << r << ": the greedy id is not the logits' argmax";
     }
   }
   // Per (bucket, variant): step 1 eager, step 2 captured and launched, later steps launched: 4 + 6 launches per
-  // variant, 20 in all, unless a scratch buffer grows during the decode steps (then a key warms up again).
-  std::printf("[ cuda graphs ] %lld graph launches in %d decode steps x 2 variants\n",
-              static_cast<long long>(graphs.replays), kDecodeSteps);
+  // variant on the decode steps and 8 on the verify steps, 36 in all, unless a scratch buffer grows during the steps
+  // (then a key warms up again).
+  std::printf("[ cuda graphs ] %lld graph launches in %d decode + %d verify steps x 2 variants\n",
+              static_cast<long long>(graphs.replays), kDecodeSteps, kVerifySteps);
   EXPECT_EQ(eager.replays, 0);
-  EXPECT_GE(graphs.replays, 12) << "graphs were not replayed";
+  EXPECT_GE(graphs.replays, 24) << "graphs were not replayed";
 }
 
 }  // namespace

@@ -127,6 +127,23 @@ TEST(DsparkModuleTest, TheDemoDraftMatchesItsPyTorchReference) {
     for (int64_t k = 0; k < gamma; ++k) {
       heads->markov(std::span(draft_logits.data() + k * draft_vocab, static_cast<size_t>(draft_vocab)), previous, row);
       const int32_t draft = heads->argmax(row);
+      const std::span<const float> base(draft_logits.data() + k * draft_vocab, static_cast<size_t>(draft_vocab));
+      EXPECT_EQ(heads->greedy_draft(base, previous), draft) << "greedy_draft's pruned argmax, prompt " << i;
+      // The pruning against the whole row after 300 other previous tokens, and on rows of ties (all equal: the
+      // lowest id must win, as argmax's).
+      for (int32_t p = 0; p < 300; ++p) {
+        const int32_t other = static_cast<int32_t>((p * 7919 + i * 104729 + k * 31) % vocab);
+        heads->markov(base, other, row);
+        ASSERT_EQ(heads->greedy_draft(base, other), heads->argmax(row)) << "previous " << other;
+      }
+      for (const float tie : {0.0f, -3.0f, 2.5f}) {
+        const std::vector<float> flat(static_cast<size_t>(draft_vocab), tie);
+        for (const int32_t other : {0, 1, 2, 12345}) {
+          heads->markov(flat, other, row);
+          ASSERT_EQ(heads->greedy_draft(flat, other), heads->argmax(row)) << "a flat row of " << tie;
+        }
+      }
+      heads->markov(base, previous, row);
       heads->expand(row, full);
       EXPECT_EQ(draft, deepinfer::testing::argmax(full.data(), vocab)) << "the draft vocabulary's argmax rule";
       const double confidence =

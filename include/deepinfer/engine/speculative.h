@@ -12,6 +12,7 @@
 // back the rejected drafts' KV (scheduler.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -90,6 +91,13 @@ struct SpeculativeStats {
   std::vector<int64_t> drafted_by_position, accepted_by_position;
   // verify_length_counts[n]: verifies of n tokens (the last token plus n - 1 drafts), n in [2, K + 1].
   std::vector<int64_t> verify_length_counts;
+  // Wall time of the speculative steps by phase (seconds, cumulative; the step thread's view, so a phase includes
+  // waiting for the device work it reads back): the target pass (verify; its read-back of ids or logits), acceptance
+  // and commit on the host, the draft passes (the MTP chain with its host work, or DSpark's injection and block
+  // passes), and DSpark's draft heads on the host (Markov and confidence heads, the planner's cut, sampled drafts).
+  enum Phase { kTargetPass, kAcceptance, kDraftPasses, kDraftHeads, kNumPhases };
+  static constexpr const char* kPhaseNames[kNumPhases] = {"target_pass", "acceptance", "draft_passes", "draft_heads"};
+  std::array<double, kNumPhases> phase_seconds{};
 
   // Counts one verify of `drafts` drafts of which `accepted` were accepted. REQUIRES: 1 <= drafts, accepted <= drafts.
   void record(int32_t drafts, int32_t accepted);

@@ -148,15 +148,31 @@ class DeepSeekModel {
     int64_t vocab = 0, hidden = 0, rank = 0;
     std::vector<float> markov_w1;    // [vocab, rank]
     std::vector<float> markov_w2_t;  // [rank, draft_vocab()]: markov_w2's active rows, transposed
+    std::vector<float> markov_w2_norm;  // [draft_vocab()]: each row's L2 norm, rounded up (greedy_draft's bound)
+    float markov_w2_norm_max = 0.0f;
     std::vector<float> confidence;   // [hidden + rank], the confidence head's proj (no bias)
     std::vector<int32_t> active;
     int64_t draft_vocab() const { return active.empty() ? vocab : static_cast<int64_t>(active.size()); }
     int32_t id_of(int64_t i) const { return active.empty() ? static_cast<int32_t>(i) : active[static_cast<size_t>(i)]; }
     // logits[i] = base[i] + markov_w2[id_of(i)] · markov_w1[previous] ([draft_vocab()] each; may alias).
-    void markov(std::span<const float> base, int32_t previous, std::span<float> logits) const;
+    void markov(std::span<const float> base, int32_t previous, std::span<float> logits) const {
+      markov(base, previous, logits, 0, static_cast<size_t>(draft_vocab()));
+    }
+    // The same for entries [begin, end) only (threads may split a row at multiples of kMarkovChunk).
+    void markov(std::span<const float> base, int32_t previous, std::span<float> logits, size_t begin,
+                size_t end) const;
+    static constexpr size_t kMarkovChunk = 1024;
+    // argmax(markov(base, previous)) without the whole Markov term, same result bit for bit: the Markov term of
+    // entry i is at most |markov_w2[i]| |markov_w1[previous]| (Cauchy-Schwarz), so only entries whose base logit
+    // plus that bound reaches the value of base's own maximum after the term can win; those get the term, the
+    // others do not (the Markov term reads rank x draft vocabulary floats, 2 MB per draft on the demo: the heads
+    // were memory-bound). Falls back to the whole row when base holds a NaN or infinity. -1 as argmax's.
+    int32_t greedy_draft(std::span<const float> base, int32_t previous) const;
     // The greedy draft of a draft-vocabulary row: its largest logit's id, counting the ids outside the draft
     // vocabulary as logit 0 (lowest id among equal maxima); -1 when the row's largest value is NaN or infinite.
     int32_t argmax(std::span<const float> logits) const;
+    // argmax's answer once the draft vocabulary's first largest entry `best` (value `best_value`) is known.
+    int32_t finish_argmax(size_t best, float best_value) const;
     // The row over the whole vocabulary (zeros outside the draft's), for a sampled draft. full: [vocab].
     void expand(std::span<const float> logits, std::span<float> full) const;
     // sigmoid(confidence · [h ; markov_w1[previous]]) (h: [hidden], the row's h_k).
@@ -170,13 +186,16 @@ class DeepSeekModel {
   // The block pass: base logits [T, dspark_heads()->draft_vocab()] float32 (host, in the draft's vocabulary) and h
   // [T, hidden] float32 (host) of every row; writes the
   // rows' entries into the stage caches. Drops any kept hidden state or context (it may grow the scratch). Errors as
-  // forward_dspark_inject's, plus token ids outside the vocabulary. Not thread-safe; always eager.
+  // forward_dspark_inject's, plus token ids outside the vocabulary. Not thread-safe; runs as a recorded graph under
+  // the decode steps' rules (below).
   Status forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches, std::vector<float>& logits,
                               std::vector<float>& hidden);
 
-  // Decode steps (every sequence one row, at most kGraphMaxRows rows, not all at position 0) go through
-  // Backend::run_graph, which on the CUDA backend replays a CUDA graph per (rows, block-table bucket, logits rows,
-  // greedy or not) instead of launching every op. On by default; off runs every step eagerly. Either way such a
+  // Decode steps (every sequence at most kGraphMaxRowsPerSequence rows — one, or a speculative verify's last token
+  // and drafts —, at most kGraphMaxRows rows, not all at position 0) and DSpark block passes go through
+  // Backend::run_graph, which on the CUDA backend replays a CUDA graph per (rows, sequences, block-table bucket,
+  // logits rows, greedy or not) instead of launching every op (how the rows split among the sequences is step
+  // data, uploaded by begin_step, not part of the graph). On by default; off runs every step eagerly. Either way such a
   // step's block tables are padded to the same power-of-two bucket, so graph and eager runs compute the same
   // values bit for bit. Switching to another set of layer caches, or growing the per-model scratch, discards the
   // backend's graphs (they bake in those addresses).
@@ -185,6 +204,9 @@ class DeepSeekModel {
   // the MoE layers stay on the grouped kernel, which never waits for the host (256 x top-8 = 2048 token copies,
   // under cuda_moe.cpp's 4096); a step that does wait runs eagerly anyway.
   static constexpr int64_t kGraphMaxRows = 256;
+  // A verify's rows per sequence: the last token and up to 15 drafts (small prefill chunks past a cached prefix
+  // qualify too; longer ones gain little from a graph).
+  static constexpr int64_t kGraphMaxRowsPerSequence = 16;
 
   struct Weights;
   struct Scratch;
@@ -204,6 +226,9 @@ class DeepSeekModel {
   bool use_graphs_ = true;
   uint64_t graph_owner_ = 0;                     // GraphKey::owner: unique per model, never reused
   std::vector<const void*> graph_cache_layers_;  // the layer caches the backend's graphs of this model wrote
+  std::vector<const void*> graph_stage_layers_;  // the DSpark stage caches its block-pass graphs wrote
+  // Discards the backend's graphs when `caches` are not the ones `recorded` names (then records them).
+  void track_graph_caches(std::vector<const void*>& recorded, LayerCaches caches);
 };
 
 }  // namespace deepinfer::model

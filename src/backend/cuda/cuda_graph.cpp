@@ -24,9 +24,10 @@ Status CudaBackend::run_graph(const GraphKey& key, const std::function<void()>& 
                     std::to_string(step_.logits_rows.size()) + "]");
   activate();
   if (failed()) return take_sticky();
-  // Only pure decode steps: their layout (block table in row order, one context per row) follows from the key's
-  // shapes. Other steps have host-side values the key does not name (the expanded form's sequence groups).
-  if (!step_.one_row_per_sequence || step_.rows_start_at_zero || step_.rows == 0) {
+  // Only steps whose launches follow from the key's shapes: decode and verify steps (rows past a cached context;
+  // which row belongs to which sequence, and each row's context, are device data the kernels read). Steps whose
+  // rows start at position 0 have host-side values the key does not name (the expanded form's sequence groups).
+  if (step_.rows_start_at_zero || step_.rows == 0) {
     ops();
     return take_sticky();
   }
