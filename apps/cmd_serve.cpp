@@ -94,6 +94,14 @@ std::function<int()> add_serve_command(CLI::App& app) {
     double kv_cache_ttl_hours = 168.0;
     std::string kv_host_evict_rate = "unlimited";
     int32_t tensor_parallel_size = 1;
+    // The seed's cluster flags (its launch scripts run as written: each is honoured, or refused at startup naming
+    // what this build lacks).
+    std::string role = "both";
+    int32_t pipeline_parallel_size = 1, expert_parallel_size = 1, cluster_nodes = 1;
+    std::optional<double> gpu_memory_utilization;
+    std::optional<std::string> kv_transfer_protocol, rdma_device_names;
+    std::optional<int64_t> kv_transfer_timeout_ms;
+    bool swa_bounded_replay = false;
     std::optional<std::string> chat_format;
     std::optional<std::string> chat_format_revision;
     std::string api_key;
@@ -137,10 +145,40 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", options->max_num_batched_tokens, "Tokens computed per engine step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-cache-memory", options->kv_cache_memory, "Memory for the KV cache: bytes, or e.g. 2GiB, 512MiB")
+  CLI::Option* kv_cache_memory_option =
+      cmd->add_option("--kv-cache-memory", options->kv_cache_memory, "Memory for the KV cache: bytes, or e.g. 2GiB, 512MiB")
+          ->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", options->tensor_parallel_size,
+                  "Devices per model, attention heads split across them (only 1 in this build)")
       ->capture_default_str();
-  cmd->add_option("--tensor-parallel-size", options->tensor_parallel_size, "Devices per model (1 on the CPU)")
+  cmd->add_option("--pipeline-parallel-size", options->pipeline_parallel_size,
+                  "Pipeline stages per model (only 1 in this build)")
       ->capture_default_str();
+  cmd->add_option("--expert-parallel-size", options->expert_parallel_size,
+                  "Devices the routed experts are spread over (only 1 in this build)")
+      ->capture_default_str();
+  cmd->add_option("--cluster-nodes", options->cluster_nodes, "Hosts one model spans (only 1 in this build)")
+      ->capture_default_str();
+  cmd->add_option("--role", options->role,
+                  "both: prefill and decode in this server (the only role in this build); prefill / decode: one side "
+                  "of a disaggregated pair behind `deepinfer router` (not yet)")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-protocol", options->kv_transfer_protocol,
+                  "tcp | ucx | rdma: how a prefill worker ships KV blocks to a decode worker (with --role prefill / "
+                  "decode only)");
+  cmd->add_option("--rdma-device-names", options->rdma_device_names,
+                  "RDMA NICs for the KV transfer, e.g. mlx5_0,mlx5_1 (with --kv-transfer-protocol rdma only)");
+  cmd->add_option("--kv-transfer-timeout-ms", options->kv_transfer_timeout_ms,
+                  "How long either side of a KV transfer waits before it ends the request (with --role prefill / "
+                  "decode only)");
+  cmd->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
+                  "Fraction of the GPU's memory this server may fill (weights, activations and KV cache), as vLLM's: "
+                  "the KV cache gets what the fraction leaves after the weights and a step's workspace (--device cuda "
+                  "only; instead of --kv-cache-memory)");
+  cmd->add_flag("--swa-bounded-replay", options->swa_bounded_replay,
+                "Reuse a prefix whose sliding-window entries were evicted by recomputing only the last window "
+                "(DeepSeek-V4's sliding-window layers; refused for models without them)");
   cmd->add_option("--chat-format", options->chat_format,
                   "Prompt format: deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v3.2, deepseek-v4, deepseek-v4.1 "
                   "(default: the checkpoint's config.json chat_format, else its encoding/encoding_dsv*.py, else its "
@@ -234,15 +272,46 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "(needs --kv-events-endpoint)");
   add_speculative_flags(cmd, options->speculative);
 
-  return [options]() -> int {
+  return [options, kv_cache_memory_option]() -> int {
+    const bool cmd_kv_cache_memory_given = kv_cache_memory_option->count() > 0;
     namespace fs = std::filesystem;
     auto fail = [](const std::string& message) {
       std::cerr << "deepinfer serve: " << message << "\n";
       return 1;
     };
-    if (options->tensor_parallel_size != 1) {
-      return fail("--tensor-parallel-size " + std::to_string(options->tensor_parallel_size) +
-                  ": the CPU backend runs a model on one device; only 1 is supported");
+    if (options->role != "both") {
+      return fail("--role " + options->role +
+                  ": prefill/decode disaggregation (KV transfer between workers, `deepinfer router`) is not in this "
+                  "build yet; run --role both (the default)");
+    }
+    if (options->kv_transfer_protocol) {
+      if (*options->kv_transfer_protocol != "tcp" && *options->kv_transfer_protocol != "ucx" &&
+          *options->kv_transfer_protocol != "rdma") {
+        return fail("--kv-transfer-protocol " + *options->kv_transfer_protocol + ": one of tcp, ucx, rdma");
+      }
+      return fail("--kv-transfer-protocol applies to --role prefill / decode, which this build does not have yet");
+    }
+    if (options->rdma_device_names) return fail("--rdma-device-names applies to --kv-transfer-protocol rdma");
+    if (options->kv_transfer_timeout_ms) return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
+    const std::pair<const char*, int32_t> parallel_sizes[] = {{"--tensor-parallel-size", options->tensor_parallel_size},
+                                                             {"--pipeline-parallel-size", options->pipeline_parallel_size},
+                                                             {"--expert-parallel-size", options->expert_parallel_size},
+                                                             {"--cluster-nodes", options->cluster_nodes}};
+    for (const auto& [flag, size] : parallel_sizes) {
+      if (size < 1) return fail(std::string(flag) + " " + std::to_string(size) + ": must be at least 1");
+      if (size != 1) {
+        return fail(std::string(flag) + " " + std::to_string(size) +
+                    ": this build runs a model on one device of one host (tensor, expert and pipeline parallelism "
+                    "are not in it yet); only 1 is supported");
+      }
+    }
+    if (options->gpu_memory_utilization &&
+        !(*options->gpu_memory_utilization > 0.0 && *options->gpu_memory_utilization <= 1.0)) {
+      return fail("--gpu-memory-utilization " + std::to_string(*options->gpu_memory_utilization) +
+                  ": a fraction in (0, 1]");
+    }
+    if (options->gpu_memory_utilization && cmd_kv_cache_memory_given) {
+      return fail("--gpu-memory-utilization and --kv-cache-memory both size the KV cache: give one");
     }
     if (options->positional_model) {
       if (options->model_path && *options->model_path != *options->positional_model) {
@@ -283,6 +352,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
 
     Result<model::ModelConfig> config = model::load_model_config(model_path);
     if (!config.ok()) return fail(config.status().to_string());
+    if (options->swa_bounded_replay) {
+      return fail("--swa-bounded-replay: " + config->model_type +
+                  " has no sliding-window attention layers (DeepSeek-V4's), so there is no window to replay");
+    }
     Result<recipe::PromptFormat> checkpoint_format = server::checkpoint_chat_format(model_path, config->model_type);
     if (!checkpoint_format.ok() && checkpoint_format.status().code() == StatusCode::kInvalidArgument) {
       return fail(checkpoint_format.status().message());
@@ -335,6 +408,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
     const std::string device_name(backend->name()), compute_mode = choice->compute_mode;
+    if (options->gpu_memory_utilization && !backend->device_memory().ok()) {
+      return fail("--gpu-memory-utilization: the " + device_name +
+                  " backend has no device memory to take a fraction of; size the KV cache with --kv-cache-memory");
+    }
     auto model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
                                             /*progress=*/isatty(STDERR_FILENO) != 0);
     if (!model.ok()) return fail(model.status().to_string());
@@ -343,6 +420,27 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.max_num_seqs = options->max_num_seqs;
     engine_config.max_num_batched_tokens = options->max_num_batched_tokens;
     engine_config.kv_cache_bytes = *kv_bytes;
+    if (options->gpu_memory_utilization) {
+      // vLLM's meaning: the fraction bounds everything this server puts on the GPU. The weights are there now; a
+      // step's workspace (activations, logits, graphs) is kept back as max(512 MiB, 2% of the GPU); the KV cache
+      // gets the rest.
+      Result<backend::Backend::DeviceMemory> memory = backend->device_memory();
+      if (!memory.ok()) return fail("--gpu-memory-utilization: " + memory.status().to_string());
+      const int64_t used = memory->total_bytes - memory->free_bytes;
+      const int64_t workspace = std::max<int64_t>(int64_t{512} << 20, memory->total_bytes / 50);
+      const int64_t kv = static_cast<int64_t>(*options->gpu_memory_utilization * static_cast<double>(memory->total_bytes)) -
+                         used - workspace;
+      if (kv <= 0) {
+        return fail("--gpu-memory-utilization " + std::to_string(*options->gpu_memory_utilization) + ": " +
+                    std::to_string(used >> 20) + " MiB of the GPU's " + std::to_string(memory->total_bytes >> 20) +
+                    " MiB are in use (the weights and other processes) and a step needs " +
+                    std::to_string(workspace >> 20) + " MiB: nothing is left for the KV cache");
+      }
+      engine_config.kv_cache_bytes = kv;
+      spdlog::info("--gpu-memory-utilization {}: {} MiB for the KV cache ({} MiB of {} MiB in use, {} MiB kept for a "
+                   "step's workspace)",
+                   *options->gpu_memory_utilization, kv >> 20, used >> 20, memory->total_bytes >> 20, workspace >> 20);
+    }
     if (Status s = set_dspark_table(*speculative, options->speculative, model_path, device_name, compute_mode); !s.ok()) {
       return fail(s.to_string());
     }

@@ -15,7 +15,8 @@
 #   backend  tests/gpu/gpu_check_backend: every Backend op on CUDA vs the CPU backend; memcheck
 #   model    model_tests' CUDA cases: the three fixtures end to end vs transformers' reference logits (bf16 bound,
 #            argmax and greedy agreement) and CUDA vs CPU on V3 attention dims (every attention path); memcheck
-#   serve    deepinfer serve --device cuda on the demo model: a chat completion through the OpenAI API
+#   serve    deepinfer serve --device cuda --gpu-memory-utilization 0.5 on the demo model: a chat completion through
+#            the OpenAI API
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
@@ -109,12 +110,15 @@ unpack_demo() {
 }
 if want serve; then
   unpack_demo
-  "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port 8123 >"$OUT/serve.stderr" 2>&1 &
+  # --gpu-memory-utilization sizes the KV cache from the GPU's memory (vLLM's meaning); the log says how much.
+  "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port 8123 --gpu-memory-utilization 0.5 \
+    >"$OUT/serve.stderr" 2>&1 &
   server=$!
   for _ in $(seq 1 60); do curl -sf localhost:8123/health >/dev/null 2>&1 && break; sleep 1; done
   curl -s localhost:8123/v1/chat/completions -H 'content-type: application/json' -d '{"model": "demo",
     "messages": [{"role": "user", "content": "What is a Python list?"}], "max_tokens": 48, "temperature": 0}' \
     >"$OUT/serve.json" 2>&1
+  log "$(grep -h 'gpu-memory-utilization\|KV cache (blocks' "$OUT/serve.stderr" | cut -c1-300)"
   if grep -q '"finish_reason"' "$OUT/serve.json"; then log "serve --device cuda: $(cut -c1-400 "$OUT/serve.json")"
   else log "serve --device cuda FAILED: $(cut -c1-300 "$OUT/serve.json")"; tail -n 20 "$OUT/serve.stderr"; status=1; fi
   kill $server 2>/dev/null; wait $server 2>/dev/null

@@ -545,11 +545,13 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
     const size_t n = static_cast<size_t>(heads.draft_vocab());
     heads.markov_w2_t.assign(r * n, 0.0f);
     heads.markov_w2_norm.assign(n, 0.0f);
+    heads.markov_w2_rows.assign(r * n, 0.0f);
     for (size_t i = 0; i < n; ++i) {
       double squares = 0.0;
       for (size_t j = 0; j < r; ++j) {
         const float x = w2[static_cast<size_t>(heads.id_of(static_cast<int64_t>(i))) * r + j];
         heads.markov_w2_t[j * n + i] = x;
+        heads.markov_w2_rows[i * r + j] = x;
         squares += static_cast<double>(x) * x;
       }
       heads.markov_w2_norm[i] = static_cast<float>(std::sqrt(squares) * (1.0 + 1e-6));
@@ -1081,10 +1083,12 @@ __attribute__((target_clones("avx2", "default"))) void DeepSeekModel::DsparkHead
 int32_t DeepSeekModel::DsparkHeads::greedy_draft(std::span<const float> base, int32_t previous) const {
   const size_t n = static_cast<size_t>(draft_vocab());
   const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
-  // Entry i after the Markov term, as markov() computes it (the same additions in the same order).
+  // Entry i after the Markov term, as markov() computes it (the same additions in the same order), from the
+  // untransposed copy: one cache line per entry instead of rank.
   auto value = [&](size_t i) {
     float sum = base[i];
-    for (size_t j = 0; j < static_cast<size_t>(rank); ++j) sum += markov_w2_t[j * n + i] * e[j];
+    const float* w2 = markov_w2_rows.data() + i * static_cast<size_t>(rank);
+    for (size_t j = 0; j < static_cast<size_t>(rank); ++j) sum += w2[j] * e[j];
     return sum;
   };
   auto whole_row = [&] {
@@ -1092,9 +1096,23 @@ int32_t DeepSeekModel::DsparkHeads::greedy_draft(std::span<const float> base, in
     markov(base, previous, row);
     return argmax(row);
   };
-  if (n == 0 || markov_w2_norm.size() != n) return whole_row();  // random weights: no norms
+  if (n == 0 || markov_w2_norm.size() != n || markov_w2_rows.size() != n * static_cast<size_t>(rank)) {
+    return whole_row();  // random weights: no norms
+  }
+  // Any entry of base's largest value will do (its value after the term is a floor, not the answer): 8 running
+  // maxima break the loop's dependency chain, then the first entry equal to their maximum.
+  float lane_max[8];
+  std::fill(lane_max, lane_max + 8, base[0]);
+  size_t i8 = 0;
+  for (; i8 + 8 <= n; i8 += 8) {
+    for (size_t k = 0; k < 8; ++k) lane_max[k] = base[i8 + k] > lane_max[k] ? base[i8 + k] : lane_max[k];
+  }
+  float largest = lane_max[0];
+  for (size_t k = 1; k < 8; ++k) largest = lane_max[k] > largest ? lane_max[k] : largest;
+  for (; i8 < n; ++i8) largest = base[i8] > largest ? base[i8] : largest;
   size_t top = 0;
-  for (size_t i = 1; i < n; ++i) top = base[i] > base[top] ? i : top;
+  while (top < n && !(base[top] == largest)) ++top;
+  if (top == n) return whole_row();  // NaN somewhere
   double e_norm = 0.0;
   for (size_t j = 0; j < static_cast<size_t>(rank); ++j) e_norm += static_cast<double>(e[j]) * e[j];
   e_norm = std::sqrt(e_norm) * (1.0 + 1e-6);

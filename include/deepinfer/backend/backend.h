@@ -173,6 +173,14 @@ class Backend {
   virtual Status check_model_shapes(const ModelShapes& shapes) const = 0;
   // Waits for every queued op; reports a device fault (Internal) if one happened.
   virtual Status synchronize() = 0;
+  // The device's memory in bytes, as its driver counts it (all processes): total and free now. Unsupported on
+  // backends without a device of their own (the CPU's).
+  struct DeviceMemory {
+    int64_t total_bytes = 0, free_bytes = 0;
+  };
+  virtual Result<DeviceMemory> device_memory() {
+    return Status::unsupported(std::string(name()) + " backend: no device memory of its own");
+  }
 
   // Weights: make_weight allocates `count` stacked matrices (count > 1: per-head or per-expert weights; linear()
   // takes count 1), set_matrix fills matrix `index` from the host, fill_random fills all of them with values

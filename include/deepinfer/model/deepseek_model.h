@@ -148,6 +148,7 @@ class DeepSeekModel {
     int64_t vocab = 0, hidden = 0, rank = 0;
     std::vector<float> markov_w1;    // [vocab, rank]
     std::vector<float> markov_w2_t;  // [rank, draft_vocab()]: markov_w2's active rows, transposed
+    std::vector<float> markov_w2_rows;  // [draft_vocab(), rank]: the same rows untransposed (greedy_draft's few)
     std::vector<float> markov_w2_norm;  // [draft_vocab()]: each row's L2 norm, rounded up (greedy_draft's bound)
     float markov_w2_norm_max = 0.0f;
     std::vector<float> confidence;   // [hidden + rank], the confidence head's proj (no bias)

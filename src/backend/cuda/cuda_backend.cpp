@@ -261,6 +261,16 @@ Status CudaBackend::check_model_shapes(const ModelShapes& m) const {
                "n_group " + std::to_string(m.n_group) + " (up to 32, dividing the experts)");
 }
 
+Result<Backend::DeviceMemory> CudaBackend::device_memory() {
+  activate();
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes); err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::internal(std::string("cudaMemGetInfo: ") + cudaGetErrorString(err));
+  }
+  return DeviceMemory{static_cast<int64_t>(total_bytes), static_cast<int64_t>(free_bytes)};
+}
+
 Status CudaBackend::synchronize() {
   BACKEND_CHECK(!capturing_, "synchronize inside run_graph's ops");
   activate();

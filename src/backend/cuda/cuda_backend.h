@@ -154,6 +154,7 @@ class CudaBackend final : public Backend {
   Status upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override;
   Status download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override;
   Status check_model_shapes(const ModelShapes& shapes) const override;
+  Result<DeviceMemory> device_memory() override;
   Status synchronize() override;
 
   Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols, Precision precision) override;
