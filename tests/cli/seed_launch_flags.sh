@@ -12,7 +12,7 @@ failures=0
 expect_refused() {
   local want=$1; shift
   local out
-  if out=$(timeout 30 "$bin" serve --device cpu --host 127.0.0.1 --port 0 "$@" 2>&1); then
+  if out=$(timeout 30 "$bin" serve --device cpu "$@" 2>&1); then
     echo "FAIL: accepted: serve $*"; failures=$((failures + 1)); return
   fi
   if grep -q "The following argument was not expected\|unrecognized\|not expected" <<<"$out"; then
@@ -25,11 +25,11 @@ expect_refused() {
 }
 # The seed's decode worker, as its script spells it (python -m ... server -> deepinfer serve; port, model and tier
 # path changed).
-decode=(--model-path "$model" --role decode --port 0 --cluster-nodes 8 --tensor-parallel-size 8
+decode=(--model-path "$model" --role decode --host 127.0.0.1 --port 0 --cluster-nodes 8 --tensor-parallel-size 8
         --expert-parallel-size 8 --max-model-len 131072 --max-num-seqs 128 --gpu-memory-utilization 0.92
         --dspark-enable --dspark-confidence-threshold 0.85 --dspark-max-draft-tokens 6 --swa-bounded-replay
         --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier")
-prefill=(--model-path "$model" --role prefill --port 0 --cluster-nodes 8 --tensor-parallel-size 8
+prefill=(--model-path "$model" --role prefill --host 127.0.0.1 --port 0 --cluster-nodes 8 --tensor-parallel-size 8
          --pipeline-parallel-size 1 --expert-parallel-size 8 --max-model-len 131072 --max-num-seqs 64
          --gpu-memory-utilization 0.90 --kv-transfer-protocol rdma --rdma-device-names mlx5_0,mlx5_1
          --kv-transfer-timeout-ms 30000 --swa-bounded-replay --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier")
@@ -56,7 +56,7 @@ log=$(mktemp)
   --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier" >"$log" 2>&1 &
 server=$!
 port=""
-for _ in $(seq 1 300); do
+for _ in $(seq 1 600); do
   port=$(grep -oE ' on http://127\.0\.0\.1:[0-9]+' "$log" | grep -oE '[0-9]+$' | head -1)
   [ -n "$port" ] && break
   kill -0 $server 2>/dev/null || break
