@@ -272,13 +272,27 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "(needs --kv-events-endpoint)");
   add_speculative_flags(cmd, options->speculative);
 
-  return [options, kv_cache_memory_option]() -> int {
+  return [options, kv_cache_memory_option, cmd]() -> int {
     const bool cmd_kv_cache_memory_given = kv_cache_memory_option->count() > 0;
+    // The seed's flags as typed (CLI11 turns an empty value into "unset" or 0, which would accept and ignore it).
+    auto typed = [cmd](const char* flag) -> std::optional<std::string> {
+      const CLI::Option* option = cmd->get_option(flag);
+      if (option->count() == 0 || option->results().empty()) return std::nullopt;
+      return option->results().back();
+    };
     namespace fs = std::filesystem;
     auto fail = [](const std::string& message) {
       std::cerr << "deepinfer serve: " << message << "\n";
       return 1;
     };
+    for (const char* flag : {"--role", "--pipeline-parallel-size", "--expert-parallel-size", "--cluster-nodes",
+                             "--tensor-parallel-size", "--kv-transfer-protocol", "--rdma-device-names",
+                             "--kv-transfer-timeout-ms", "--gpu-memory-utilization"}) {
+      if (std::optional<std::string> value = typed(flag); value && value->empty()) {
+        std::cerr << "deepinfer serve: " << flag << " needs a value (it was given as an empty string)\n";
+        return 1;
+      }
+    }
     if (options->role != "both") {
       return fail("--role " + options->role +
                   ": prefill/decode disaggregation (KV transfer between workers, `deepinfer router`) is not in this "
@@ -292,22 +306,25 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail("--kv-transfer-protocol applies to --role prefill / decode, which this build does not have yet");
     }
     if (options->rdma_device_names) return fail("--rdma-device-names applies to --kv-transfer-protocol rdma");
-    if (options->kv_transfer_timeout_ms) return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
+    if (options->kv_transfer_timeout_ms || typed("--kv-transfer-timeout-ms")) {
+      return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
+    }
     const std::pair<const char*, int32_t> parallel_sizes[] = {{"--tensor-parallel-size", options->tensor_parallel_size},
                                                              {"--pipeline-parallel-size", options->pipeline_parallel_size},
                                                              {"--expert-parallel-size", options->expert_parallel_size},
                                                              {"--cluster-nodes", options->cluster_nodes}};
     for (const auto& [flag, size] : parallel_sizes) {
-      if (size < 1) return fail(std::string(flag) + " " + std::to_string(size) + ": must be at least 1");
+      const std::string as_typed = typed(flag).value_or(std::to_string(size));
+      if (size < 1) return fail(std::string(flag) + " " + as_typed + ": must be at least 1");
       if (size != 1) {
-        return fail(std::string(flag) + " " + std::to_string(size) +
+        return fail(std::string(flag) + " " + as_typed +
                     ": this build runs a model on one device of one host (tensor, expert and pipeline parallelism "
                     "are not in it yet); only 1 is supported");
       }
     }
     if (options->gpu_memory_utilization &&
         !(*options->gpu_memory_utilization > 0.0 && *options->gpu_memory_utilization <= 1.0)) {
-      return fail("--gpu-memory-utilization " + std::to_string(*options->gpu_memory_utilization) +
+      return fail("--gpu-memory-utilization " + typed("--gpu-memory-utilization").value_or("?") +
                   ": a fraction in (0, 1]");
     }
     if (options->gpu_memory_utilization && cmd_kv_cache_memory_given) {
@@ -431,7 +448,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       const int64_t kv = static_cast<int64_t>(*options->gpu_memory_utilization * static_cast<double>(memory->total_bytes)) -
                          used - workspace;
       if (kv <= 0) {
-        return fail("--gpu-memory-utilization " + std::to_string(*options->gpu_memory_utilization) + ": " +
+        return fail("--gpu-memory-utilization " + typed("--gpu-memory-utilization").value_or("?") + ": " +
                     std::to_string(used >> 20) + " MiB of the GPU's " + std::to_string(memory->total_bytes >> 20) +
                     " MiB are in use (the weights and other processes) and a step needs " +
                     std::to_string(workspace >> 20) + " MiB: nothing is left for the KV cache");

@@ -38,9 +38,9 @@ inline void add_speculative_flags(CLI::App* cmd, SpeculativeOptions& options) {
                   "1.." +
                       std::to_string(engine::SpeculativeConfig::kMaxDraftTokens) + "; default 1");
   cmd->add_flag("--dspark-enable", options.dspark_enable,
-                "DSpark: draft with the MTP layer and let the planner choose, per step and request, how many drafts "
-                "to verify from their confidence and the step time measured on this machine (same as "
-                "--speculative-algorithm dspark)");
+                "DSpark: draft with the checkpoint's DSpark draft module (dspark_* config keys; else its MTP layer) "
+                "and let the planner choose, per step and request, how many drafts to verify from their confidence "
+                "and the step time measured on this machine (same as --speculative-algorithm dspark)");
   cmd->add_option("--dspark-confidence-threshold", options.dspark_confidence_threshold,
                   "A draft chain stops after a draft less confident than this; a request on plain decoding returns "
                   "after 3 probes at or above it (0..1, default 0.85)");

@@ -3,7 +3,7 @@
 // --dspark-max-draft-tokens, its step-time table measured when each engine starts, outside the timed part), at
 // batch 1, 8 and 32. Fixed prompts (questions
 // in the demo's training domains, rendered as DeepSeek-V3 chat turns), EOS stops; each (K, batch) runs --reps times
-// on a fresh engine after a warm-up run of the same batch and reports the median (min, max). Every MTP run's tokens are compared
+// on a fresh engine after a warm-up run of the same batch (the reps of a batch interleave the configurations) and reports the median (min, max). Every MTP run's tokens are compared
 // with the plain run's (greedy speculation must not change them). One JSON line per (K, batch).
 //
 // Usage: bench_speculative [--model DIR] [--draft-tokens 0,1,2,3] [--batches 1,8,32] [--max-tokens 64] [--reps 3]
@@ -274,10 +274,13 @@ int main(int argc, char** argv) {
   std::vector<int64_t> runs_of_batch = draft_tokens;
   if (dspark_max_drafts > 0) runs_of_batch.push_back(-1);
   for (int64_t batch : batches) {
-    for (int64_t k : runs_of_batch) {
-      const bool dspark = k < 0;
-      std::vector<Run> runs;
-      for (int rep = 0; rep < reps; ++rep) {
+    // The reps interleave the configurations (off, K = 1.., DSpark, then again), so that a drift of the machine during
+    // the run (other tenants, clocks) spreads over all of them instead of landing on one.
+    std::map<int64_t, std::vector<Run>> runs_by_k;
+    for (int rep = 0; rep < reps; ++rep) {
+      for (int64_t k : runs_of_batch) {
+        const bool dspark = k < 0;
+        std::vector<Run>& runs = runs_by_k[k];
         Result<std::unique_ptr<backend::Backend>> made = make_backend(device);
         if (!made.ok()) {
           std::cerr << made.status().to_string() << "\n";
@@ -354,6 +357,10 @@ int main(int argc, char** argv) {
         for (size_t p = 0; p < run.stats.phase_seconds.size(); ++p) run.stats.phase_seconds[p] -= before.phase_seconds[p];
         runs.push_back(std::move(run));
       }
+    }
+    for (int64_t k : runs_of_batch) {
+      const bool dspark = k < 0;
+      const std::vector<Run>& runs = runs_by_k[k];
       std::vector<double> rates;
       for (const Run& run : runs) rates.push_back(static_cast<double>(run.generated) / run.seconds);
       std::sort(rates.begin(), rates.end());

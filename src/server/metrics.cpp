@@ -166,7 +166,8 @@ void render_speculative(const engine::SpeculativeStats& s, std::string& out) {
   out += fmt::format("deepinfer_spec_verify_length_bucket{{le=\"+Inf\"}} {}\ndeepinfer_spec_verify_length_sum {}\n"
                      "deepinfer_spec_verify_length_count {}\n",
                      cumulative, sum, cumulative);
-  out += "# HELP deepinfer_spec_phase_seconds_total Wall time of speculative steps by phase: target_pass (verify), "
+  out += "# HELP deepinfer_spec_phase_seconds_total Wall time of a speculative engine's steps by phase (a step that "
+         "drafts nothing counts under target_pass): target_pass (verify), "
          "acceptance (host), draft_passes (MTP chain or DSpark injection and block passes), draft_heads (DSpark's host "
          "heads and planner).\n# TYPE deepinfer_spec_phase_seconds_total counter\n";
   for (int p = 0; p < engine::SpeculativeStats::kNumPhases; ++p) {

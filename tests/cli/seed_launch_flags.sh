@@ -46,9 +46,14 @@ expect_refused "--expert-parallel-size 8: this build runs a model on one device"
 expect_refused "--cluster-nodes 8: this build runs a model on one device" --model-path "$model" --cluster-nodes 8
 expect_refused "--cluster-nodes 0: must be at least 1" --model-path "$model" --cluster-nodes 0
 expect_refused "--gpu-memory-utilization: the cpu backend has no device memory" --model-path "$model" --gpu-memory-utilization 0.9
-expect_refused "--gpu-memory-utilization 1.500000: a fraction in (0, 1]" --model-path "$model" --gpu-memory-utilization 1.5
+expect_refused "--gpu-memory-utilization 1.5: a fraction in (0, 1]" --model-path "$model" --gpu-memory-utilization 1.5
 expect_refused "--gpu-memory-utilization and --kv-cache-memory both size the KV cache" --model-path "$model" --gpu-memory-utilization 0.5 --kv-cache-memory 1GiB
 expect_refused "--swa-bounded-replay: deepseek_v3 has no sliding-window attention layers" --model-path "$model" --swa-bounded-replay
+# An empty value (a deployment script's unset variable) is refused, never taken as "not given" (a user's findings).
+expect_refused "--kv-transfer-timeout-ms needs a value" --model-path "$model" --kv-transfer-timeout-ms ""
+expect_refused "--gpu-memory-utilization needs a value" --model-path "$model" --gpu-memory-utilization "" --kv-cache-memory 2GiB
+expect_refused "--cluster-nodes needs a value" --model-path "$model" --cluster-nodes ""
+expect_refused "--gpu-memory-utilization 0: a fraction in (0, 1]" --model-path "$model" --gpu-memory-utilization 0
 # The flags that are 1 (or both) are honoured: a server with all of them answers /health.
 log=$(mktemp)
 "$bin" serve --device cpu --host 127.0.0.1 --port 0 --model-path "$model" --role both --tensor-parallel-size 1 \
