@@ -1054,8 +1054,7 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   return read;
 }
 
-// AVX2 where the CPU has it (8 lanes; no FMA, so every machine rounds the same way).
-__attribute__((target_clones("avx2", "default"))) void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits,
+void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits,
                                         size_t first, size_t last) const {
   const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
   const size_t n = static_cast<size_t>(draft_vocab());
