@@ -289,8 +289,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
                              "--tensor-parallel-size", "--kv-transfer-protocol", "--rdma-device-names",
                              "--kv-transfer-timeout-ms", "--gpu-memory-utilization"}) {
       if (std::optional<std::string> value = typed(flag); value && value->empty()) {
-        std::cerr << "deepinfer serve: " << flag << " needs a value (it was given as an empty string)\n";
-        return 1;
+        return fail(std::string(flag) + " needs a value (it was given as an empty string)");
       }
     }
     if (options->role != "both") {
@@ -306,9 +305,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail("--kv-transfer-protocol applies to --role prefill / decode, which this build does not have yet");
     }
     if (options->rdma_device_names) return fail("--rdma-device-names applies to --kv-transfer-protocol rdma");
-    if (options->kv_transfer_timeout_ms || typed("--kv-transfer-timeout-ms")) {
-      return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
-    }
+    if (options->kv_transfer_timeout_ms) return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
     const std::pair<const char*, int32_t> parallel_sizes[] = {{"--tensor-parallel-size", options->tensor_parallel_size},
                                                              {"--pipeline-parallel-size", options->pipeline_parallel_size},
                                                              {"--expert-parallel-size", options->expert_parallel_size},

@@ -180,16 +180,15 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
         const size_t draft_vocab = static_cast<size_t>(heads.draft_vocab());
         const size_t width = static_cast<size_t>(model.config().hidden_size);
         const size_t gamma = static_cast<size_t>(model.config().dspark->block_size);
-        std::vector<double> chain_confidence(block.sequences.size(), 0.0);
+        std::vector<int32_t> chain_drafts(block.token_ids.size());
+        std::vector<double> chain_confidences(block.token_ids.size());
 #pragma omp parallel for schedule(static)
         for (size_t chain = 0; chain < block.sequences.size(); ++chain) {
-          int32_t previous = block.token_ids[chain * gamma];
-          for (size_t k = 0; k < gamma && previous >= 0; ++k) {
-            const size_t r = chain * gamma + k;
-            chain_confidence[chain] +=
-                heads.confidence_of(std::span<const float>(hidden).subspan(r * width, width), previous);
-            previous = heads.greedy_draft(std::span<const float>(logits).subspan(r * draft_vocab, draft_vocab), previous);
-          }
+          const size_t first = chain * gamma;
+          heads.greedy_chain(std::span<const float>(logits).subspan(first * draft_vocab, gamma * draft_vocab),
+                             std::span<const float>(hidden).subspan(first * width, gamma * width),
+                             block.token_ids[first], std::span(chain_drafts).subspan(first, gamma),
+                             std::span(chain_confidences).subspan(first, gamma));
         }
         if (timed) draft_times.push_back(elapsed_ms(start));
         continue;

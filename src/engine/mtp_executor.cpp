@@ -476,22 +476,21 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
 #pragma omp parallel for schedule(static)
   for (size_t b = 0; b < blocks.size(); ++b) {
     const RequestState& request = *blocks[b].request;
-    TokenId previous = request.token_at(blocks[b].position);
-    for (int32_t k = 0; k < blocks[b].max_drafts; ++k) {
-      const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
-      const std::span<const float> base(logits_.data() + row * draft_vocab, draft_vocab);
-      confidences[row] = heads.confidence_of(std::span(block_hidden_.data() + row * hidden, hidden), previous);
-      if (!request.params.is_plain_greedy()) {  // drawn below, row by row
-        heads.markov(base, previous, std::span(corrected_.data() + row * draft_vocab, draft_vocab));
-        break;
-      }
-      greedy_drafts[row] = heads.greedy_draft(base, previous);
-      if (greedy_drafts[row] < 0) {
+    const TokenId previous = request.token_at(blocks[b].position);
+    const size_t first = b * static_cast<size_t>(gamma), length = static_cast<size_t>(blocks[b].max_drafts);
+    if (!request.params.is_plain_greedy()) {  // drawn below, row by row; the first row's heads here
+      confidences[first] = heads.confidence_of(std::span(block_hidden_.data() + first * hidden, hidden), previous);
+      heads.markov(std::span(logits_.data() + first * draft_vocab, draft_vocab), previous,
+                   std::span(corrected_.data() + first * draft_vocab, draft_vocab));
+      continue;
+    }
+    const size_t made = heads.greedy_chain(std::span(logits_.data() + first * draft_vocab, length * draft_vocab),
+                                           std::span(block_hidden_.data() + first * hidden, length * hidden), previous,
+                                           std::span(greedy_drafts.data() + first, length),
+                                           std::span(confidences.data() + first, length));
+    if (made > 0 && greedy_drafts[first + made - 1] < 0) {
 #pragma omp critical
-        bad_row = static_cast<int32_t>(row);
-        break;
-      }
-      previous = greedy_drafts[row];
+      bad_row = static_cast<int32_t>(first + made - 1);
     }
   }
   if (bad_row >= 0) return Status::invalid_argument("the DSpark draft's logits hold a NaN or inf");

@@ -31,6 +31,21 @@ constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 // Decode steps pad their block tables to a power of two of at least this many blocks (1024 tokens), so that a
 // growing context keeps its CUDA graph until it doubles (one graph per bucket, not per block).
 constexpr int64_t kMinGraphBlocks = 16;
+// Steps recorded as graphs (DeepSeekModel::set_use_graphs): few rows, few per sequence.
+bool graph_sized(int64_t rows, std::span<const SequenceChunk> sequences) {
+  return rows <= DeepSeekModel::kGraphMaxRows &&
+         std::all_of(sequences.begin(), sequences.end(), [](const SequenceChunk& chunk) {
+           return chunk.num_tokens <= DeepSeekModel::kGraphMaxRowsPerSequence;
+         });
+}
+// Their block tables' stride: the power-of-two bucket (from kMinGraphBlocks) of the longest table.
+int64_t graph_table_stride(std::span<const SequenceChunk> sequences) {
+  int64_t stride = kMinGraphBlocks;
+  for (const SequenceChunk& chunk : sequences) {
+    while (stride < static_cast<int64_t>(chunk.block_table.size())) stride *= 2;
+  }
+  return stride;
+}
 // GraphKey::owner of each model: distinct for every model ever made, so that a new model at a dead one's address
 // never replays the dead one's graphs.
 std::atomic<uint64_t> next_graph_owner{1};
@@ -905,17 +920,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   // A decode step (few rows per sequence: one, or a verify's last token and drafts; few rows in all) may run as a
   // recorded graph; its block tables are padded to a power-of-two bucket whether or not graphs are on, so that both
   // ways compute the same values (the attention kernel's split count follows the table's stride).
-  bool decode_step = T <= kGraphMaxRows && !use_expanded;
-  int64_t longest_table = 0;
-  for (const SequenceChunk& chunk : batch.sequences) {
-    decode_step = decode_step && chunk.num_tokens <= kGraphMaxRowsPerSequence;
-    longest_table = std::max(longest_table, static_cast<int64_t>(chunk.block_table.size()));
-  }
-  int64_t table_stride = 0;
-  if (decode_step) {
-    table_stride = kMinGraphBlocks;
-    while (table_stride < longest_table) table_stride *= 2;
-  }
+  const bool decode_step = !use_expanded && graph_sized(T, batch.sequences);
+  const int64_t table_stride = decode_step ? graph_table_stride(batch.sequences) : 0;
   backend::StepLayout layout = step_layout(batch.token_ids, batch.logits_rows, rows);
   layout.block_table_stride = table_stride;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
@@ -1054,17 +1060,19 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   return read;
 }
 
-void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits,
-                                        size_t first, size_t last) const {
+namespace {
+constexpr size_t kMarkovChunk = 1024;  // floats of a row the heads keep in L1 at once
+}  // namespace
+
+void DeepSeekModel::DsparkHeads::markov(std::span<const float> base, int32_t previous, std::span<float> logits) const {
   const float* e = markov_w1.data() + static_cast<size_t>(previous) * static_cast<size_t>(rank);
   const size_t n = static_cast<size_t>(draft_vocab());
-  last = std::min(last, n);
   // In chunks that stay in L1: the base row once in, rank passes over the chunk (a local array: nothing aliases it,
   // so the passes vectorize), once out. Each logit sums base + e_0 w_0 + e_1 w_1 ... in that order, as a plain loop.
   constexpr size_t kChunk = kMarkovChunk;
   float sum[kChunk];
-  for (size_t begin = first; begin < last; begin += kChunk) {
-    const size_t count = std::min(kChunk, last - begin);
+  for (size_t begin = 0; begin < n; begin += kChunk) {
+    const size_t count = std::min(kChunk, n - begin);
     std::copy_n(base.data() + begin, count, sum);
     for (size_t j = 0; j < static_cast<size_t>(rank); ++j) {
       const float* w2 = markov_w2_t.data() + j * n + begin;
@@ -1149,6 +1157,19 @@ int32_t DeepSeekModel::DsparkHeads::greedy_draft(std::span<const float> base, in
   }
   if (best == n) return whole_row();
   return finish_argmax(best, best_value);
+}
+
+size_t DeepSeekModel::DsparkHeads::greedy_chain(std::span<const float> base, std::span<const float> h,
+                                                int32_t previous, std::span<int32_t> drafts,
+                                                std::span<double> confidences) const {
+  const size_t n = static_cast<size_t>(draft_vocab()), width = static_cast<size_t>(hidden);
+  for (size_t k = 0; k < drafts.size(); ++k) {
+    confidences[k] = confidence_of(h.subspan(k * width, width), previous);
+    drafts[k] = greedy_draft(base.subspan(k * n, n), previous);
+    if (drafts[k] < 0) return k + 1;
+    previous = drafts[k];
+  }
+  return drafts.size();
 }
 
 int32_t DeepSeekModel::DsparkHeads::argmax(std::span<const float> logits) const {
@@ -1273,12 +1294,8 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   kept_hidden_rows_ = 0;
   kept_context_rows_ = 0;  // the pass overwrites the scratch the kept states live in
   // A block pass is a decode step of γ rows per drafting request: recorded as one (same padding of the tables).
-  bool graphed = use_graphs_ && T <= kGraphMaxRows;
-  int64_t table_stride = kMinGraphBlocks;
-  for (const SequenceChunk& chunk : batch.sequences) {
-    graphed = graphed && chunk.num_tokens <= kGraphMaxRowsPerSequence;
-    while (table_stride < static_cast<int64_t>(chunk.block_table.size())) table_stride *= 2;
-  }
+  const bool graphed = use_graphs_ && graph_sized(T, batch.sequences);
+  const int64_t table_stride = graph_table_stride(batch.sequences);
   backend::StepLayout layout = step_layout(batch.token_ids, logits_rows, rows);
   layout.rows_start_at_zero = false;
   layout.block_table_stride = table_stride;

@@ -156,19 +156,19 @@ class DeepSeekModel {
     int64_t draft_vocab() const { return active.empty() ? vocab : static_cast<int64_t>(active.size()); }
     int32_t id_of(int64_t i) const { return active.empty() ? static_cast<int32_t>(i) : active[static_cast<size_t>(i)]; }
     // logits[i] = base[i] + markov_w2[id_of(i)] · markov_w1[previous] ([draft_vocab()] each; may alias).
-    void markov(std::span<const float> base, int32_t previous, std::span<float> logits) const {
-      markov(base, previous, logits, 0, static_cast<size_t>(draft_vocab()));
-    }
-    // The same for entries [begin, end) only (threads may split a row at multiples of kMarkovChunk).
-    void markov(std::span<const float> base, int32_t previous, std::span<float> logits, size_t begin,
-                size_t end) const;
-    static constexpr size_t kMarkovChunk = 1024;
+    void markov(std::span<const float> base, int32_t previous, std::span<float> logits) const;
     // argmax(markov(base, previous)) without the whole Markov term, same result bit for bit: the Markov term of
     // entry i is at most |markov_w2[i]| |markov_w1[previous]| (Cauchy-Schwarz), so only entries whose base logit
     // plus that bound reaches the value of base's own maximum after the term can win; those get the term, the
     // others do not (the Markov term reads rank x draft vocabulary floats, 2 MB per draft on the demo: the heads
     // were memory-bound). Falls back to the whole row when base holds a NaN or infinity. -1 as argmax's.
     int32_t greedy_draft(std::span<const float> base, int32_t previous) const;
+    // A greedy chain of up to drafts.size() drafts after `previous`: row k of `base` ([k][draft_vocab()]) and of `h`
+    // ([k][hidden]) give drafts[k] = greedy_draft(base_k, previous_k) and confidences[k] = confidence_of(h_k,
+    // previous_k), each draft the next row's previous. Returns how many it wrote; it stops after a -1 draft (a row
+    // with NaN or infinity), which it writes.
+    size_t greedy_chain(std::span<const float> base, std::span<const float> h, int32_t previous,
+                        std::span<int32_t> drafts, std::span<double> confidences) const;
     // The greedy draft of a draft-vocabulary row: its largest logit's id, counting the ids outside the draft
     // vocabulary as logit 0 (lowest id among equal maxima); -1 when the row's largest value is NaN or infinite.
     int32_t argmax(std::span<const float> logits) const;
