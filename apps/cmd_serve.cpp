@@ -294,8 +294,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     if (options->role != "both") {
       return fail("--role " + options->role +
-                  ": prefill/decode disaggregation (KV transfer between workers, `deepinfer router`) is not in this "
-                  "build yet; run --role both (the default)");
+                  ": prefill/decode disaggregation (KV transfer between workers) is not in this build yet; run "
+                  "--role both (the default) workers, behind `deepinfer router --worker URL...` for several");
     }
     if (options->kv_transfer_protocol) {
       if (*options->kv_transfer_protocol != "tcp" && *options->kv_transfer_protocol != "ucx" &&
@@ -493,8 +493,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
       engine_config.host_evict_bytes_per_s = static_cast<double>(*rate);
     }
-    if (engine_config.host_cache_bytes > 0) {
-      // With MTP drafting every block also holds the MTP layer's KV: another block layout, another identity.
+    {
+      // The checkpoint's identity in every block hash: what the host and disk tiers check, and what a router
+      // hashes prompts with (GET /worker/info). With MTP drafting every block also holds the MTP layer's KV:
+      // another block layout, another identity.
       const std::string layout = speculative->enabled()
                                      ? choice->compute_mode + ", MTP layer KV"
                                      : choice->compute_mode;
@@ -548,6 +550,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.shutdown_timeout_seconds = options->shutdown_timeout_s;
     server_config.metrics_require_api_key = options->metrics_require_api_key;
     server_config.allowed_origins = options->allowed_origins;
+    server_config.role = options->role.empty() ? "both" : options->role;
+    server_config.model_fingerprint_hex = engine_config.fingerprint.to_hex();
+    server_config.kv_events_endpoint = options->kv_events_endpoint;
+    server_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     auto server =
         server::Server::start(server_config, info, engine::make_in_process_client(std::move(engine).value()), *tokenizer);

@@ -14,5 +14,6 @@ std::function<int()> add_render_command(CLI::App& app);
 std::function<int()> add_generate_command(CLI::App& app);
 std::function<int()> add_random_model_command(CLI::App& app);
 std::function<int()> add_serve_command(CLI::App& app);
+std::function<int()> add_router_command(CLI::App& app);
 
 }  // namespace deepinfer::apps

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   runs["generate"] = deepinfer::apps::add_generate_command(app);
   runs["random-model"] = deepinfer::apps::add_random_model_command(app);
   runs["serve"] = deepinfer::apps::add_serve_command(app);
+  runs["router"] = deepinfer::apps::add_router_command(app);
   CLI11_PARSE(app, argc, argv);
   for (CLI::App* sub : app.get_subcommands()) return runs.at(sub->get_name())();
   return 2;

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <variant>
 
-#include "api.h"
+#include "deepinfer/server/api.h"
 #include "fuzz_common.h"
 
 using namespace deepinfer;

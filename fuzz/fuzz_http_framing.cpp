@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "http_framing.h"
+#include "deepinfer/server/http_framing.h"
 
 using namespace deepinfer::server;
 

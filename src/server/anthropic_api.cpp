@@ -4,7 +4,7 @@
 // and message_stop events.
 #include <fmt/format.h>
 
-#include "api.h"
+#include "deepinfer/server/api.h"
 #include "deepinfer/recipe/anthropic_request.h"
 
 namespace deepinfer::server {

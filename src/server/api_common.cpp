@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "api.h"
+#include "deepinfer/server/api.h"
 
 namespace deepinfer::server {
 namespace json = boost::json;

@@ -1,5 +1,5 @@
 // RequestParser and the framing checks of http_framing.h.
-#include "http_framing.h"
+#include "deepinfer/server/http_framing.h"
 
 #include <fmt/format.h>
 

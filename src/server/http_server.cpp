@@ -22,8 +22,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "api.h"
-#include "http_framing.h"
+#include "deepinfer/server/api.h"
+#include "deepinfer/server/http_framing.h"
 #include "deepinfer/server/server.h"
 
 namespace deepinfer::server {
@@ -130,7 +130,7 @@ struct RequestInfo {
 };
 
 enum class Route {
-  kHealth, kMetrics, kModels, kModel, kChat, kCompletions, kMessages, kCountTokens, kResponses, kTokenize, kDetokenize
+  kHealth, kMetrics, kWorkerInfo, kModels, kModel, kChat, kCompletions, kMessages, kCountTokens, kResponses, kTokenize, kDetokenize
 };
 
 struct RouteEntry {
@@ -143,6 +143,7 @@ struct RouteEntry {
 constexpr RouteEntry kRoutes[] = {
     {"/health", http::verb::get, Route::kHealth, false},
     {"/metrics", http::verb::get, Route::kMetrics, false},
+    {"/worker/info", http::verb::get, Route::kWorkerInfo, false},
     {"/v1/models", http::verb::get, Route::kModels, true},
     {"/v1/chat/completions", http::verb::post, Route::kChat, true},
     {"/v1/completions", http::verb::post, Route::kCompletions, true},
@@ -267,6 +268,23 @@ struct Server::Impl {
     api.chat_format = config.chat_format;
     api.v4_revision = config.chat_format_revision;
     api.default_max_tokens = config.default_max_tokens;
+    boost::json::object info{
+        {"role", config.role},
+        {"instance_id", random_id("worker-")},
+        {"model", model.served_model_name},
+        {"model_type", model.model_type},
+        {"vocab_size", model.vocab_size},
+        {"max_model_len", model.max_model_len},
+        {"bos_token_id", model.bos_token_id},
+        {"chat_format", recipe::format_name(config.chat_format)},
+        {"chat_format_revision", recipe::v4_revision_name(config.chat_format_revision)},
+        {"default_max_tokens", config.default_max_tokens},
+        {"block_size", kBlockTokens},
+        {"model_fingerprint", config.model_fingerprint_hex},
+        {"kv_events_endpoint", config.kv_events_endpoint},
+        {"kv_events_replay_endpoint", config.kv_events_replay_endpoint},
+    };
+    worker_info_body = boost::json::serialize(info);
   }
 
   Status bind();
@@ -340,6 +358,7 @@ struct Server::Impl {
   std::atomic<bool> stopped{false};
   int signal_count = 0;
   int64_t created;
+  std::string worker_info_body;  // GET /worker/info
   uint16_t port = 0;
 };
 
@@ -743,6 +762,8 @@ awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request&
       co_return co_await send(*conn, info, 200, std::string(R"({"status":"ok"})"), kJson);
     case Route::kMetrics:
       co_return co_await send(*conn, info, 200, metrics.render(client->load(), tokenization_stats()), kPrometheusText);
+    case Route::kWorkerInfo:
+      co_return co_await send(*conn, info, 200, worker_info_body, kJson);
     case Route::kModels:
       co_return co_await send(*conn, info, 200, models_body(model, created), kJson);
     case Route::kModel: {

@@ -2,7 +2,7 @@
 // shapes are the recipe's, response_builder.h), /tokenize and /detokenize.
 #include <fmt/format.h>
 
-#include "api.h"
+#include "deepinfer/server/api.h"
 #include "deepinfer/recipe/openai_request.h"
 
 namespace deepinfer::server {

@@ -4,7 +4,7 @@
 // events ending in response.completed (or response.incomplete when max_output_tokens ran out).
 #include <fmt/format.h>
 
-#include "api.h"
+#include "deepinfer/server/api.h"
 #include "deepinfer/recipe/responses_request.h"
 
 namespace deepinfer::server {

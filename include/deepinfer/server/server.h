@@ -61,6 +61,13 @@ struct ServerConfig {
   // Test seam, empty in production: called on the HTTP thread with each request's path once its header is
   // read, outside every per-request handler; what it throws ends that connection only.
   std::function<void(std::string_view path)> test_hook_on_request;
+  // GET /worker/info (open like /health; what `deepinfer router` reads, router/router.h): this worker's role, the
+  // model fingerprint in its block hashes (32 hex digits, kvcache::BlockHash::to_hex) and where it publishes KV
+  // events (the endpoints as bound, e.g. tcp://*:5557; empty: none), beside the model facts of ModelInfo.
+  std::string role = "both";
+  std::string model_fingerprint_hex;
+  std::string kv_events_endpoint;
+  std::string kv_events_replay_endpoint;
   // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
   // stop); a second one cancels what is still running and stops at once.
   bool handle_signals = false;

@@ -1,7 +1,8 @@
-// Internal to the server: what the HTTP layer (http_server.cpp) and the API dialects (openai_api.cpp,
+// What the HTTP layer (http_server.cpp) and the API dialects (openai_api.cpp,
 // anthropic_api.cpp, responses_api.cpp) share. A dialect turns a request body into a GenerationPlan (prompt ids,
 // sampling parameters, the recipe's OutputBuilder and a ResponseWriter over the recipe's response builder); the
-// HTTP layer runs the plan against the engine.
+// HTTP layer runs the plan against the engine. `deepinfer router` runs the same planning to know a request's
+// prompt token ids exactly as its workers will (router.h).
 #pragma once
 
 #include <boost/json.hpp>
