@@ -38,3 +38,28 @@ for p in "$V31_PORT" "$V41_PORT"; do
 done
 export DEEPINFER_SCRIPTED_URL_V31="http://127.0.0.1:$V31_PORT" DEEPINFER_SCRIPTED_URL_V41="http://127.0.0.1:$V41_PORT"
 DEEPINFER_URL="http://127.0.0.1:$PORT" node --test --test-reporter=spec tests/sdk/ || { echo "--- server log"; tail -50 "$log"; exit 1; }
+
+# Again through `deepinfer router` (kv-aware) in front of two workers: the clients cannot tell the difference.
+kill "$server"; wait "$server" 2>/dev/null || true
+W0=$((PORT + 10)); W1=$((PORT + 11)); ROUTER=$((PORT + 12))
+for i in 0 1; do
+  "$BUILD/apps/deepinfer" serve --model-path models/demo --device cpu --host 127.0.0.1 --port $((W0 + i)) \
+    --kv-events-endpoint "tcp://127.0.0.1:$((PORT + 20 + 2 * i))" \
+    --kv-events-replay-endpoint "tcp://127.0.0.1:$((PORT + 21 + 2 * i))" >>"$log" 2>&1 &
+  eval "worker$i=\$!"
+done
+"$BUILD/apps/deepinfer" router --worker "http://127.0.0.1:$W0" --worker "http://127.0.0.1:$W1" --model-path models/demo \
+  --host 127.0.0.1 --port "$ROUTER" --health-check-interval-ms 200 >>"$log" 2>&1 &
+router=$!
+trap 'kill "$server" "$scripted31" "$scripted41" "$worker0" "$worker1" "$router" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$log" "$times"' EXIT
+node -e '
+  const url = process.argv[1];
+  const deadline = Date.now() + 60000;
+  (async () => {
+    while (Date.now() < deadline) {
+      try { const r = await fetch(url); if (r.ok && (await r.json()).healthy_workers === 2) process.exit(0); } catch {}
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    process.exit(1);
+  })();' "http://127.0.0.1:$ROUTER/health" || { echo "the router's two workers did not become healthy:"; tail -30 "$log"; exit 1; }
+DEEPINFER_URL="http://127.0.0.1:$ROUTER" node --test --test-reporter=spec tests/sdk/ || { echo "--- log"; tail -50 "$log"; exit 1; }
