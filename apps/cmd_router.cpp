@@ -30,6 +30,9 @@ std::function<int()> add_router_command(CLI::App& app) {
   cmd->add_option("--model-path,--model", options->model_path,
                   "The checkpoint the workers serve (its tokenizer.json): kv-aware tokenizes prompts as they do");
   cmd->add_option("--tokenizer", options->tokenizer, "tokenizer.json or its directory (instead of --model-path)");
+  cmd->add_option("--affinity-chars", c.affinity_chars,
+                  "consistent-hash: characters of system + user text in the key (the seed's gateway: 2048)")
+      ->capture_default_str();
   cmd->add_option("--host", c.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", c.port, "Port to listen on (0: any free port)")->capture_default_str();
   cmd->add_option("--health-check-interval-ms", c.health_check_interval_ms, "How often each worker's /health is asked")
@@ -48,6 +51,12 @@ std::function<int()> add_router_command(CLI::App& app) {
                   "Other workers tried when one cannot be reached or answers 429/5xx before sending anything")
       ->capture_default_str();
   cmd->add_option("--prefill-weight", c.weights.prefill_weight, "kv-aware: weight of prefill blocks against decode load")
+      ->capture_default_str();
+  cmd->add_option("--queue-weight", c.weights.queue_weight,
+                  "kv-aware: weight of a block of prefill queued on a worker against a block of this request's prefill")
+      ->capture_default_str();
+  cmd->add_option("--decode-weight", c.weights.decode_weight,
+                  "kv-aware: weight of a block of running requests' KV (decode load) against a block of prefill")
       ->capture_default_str();
   cmd->add_option("--host-block-cost", c.weights.host_block_cost,
                   "kv-aware: cost of a prompt block cached only in a worker's host RAM, as a fraction of computing it")
@@ -86,8 +95,9 @@ std::function<int()> add_router_command(CLI::App& app) {
       return fail("give --model-path or --tokenizer, not both");
     }
     config.tokenizer_path = !options->tokenizer.empty() ? options->tokenizer : options->model_path;
-    for (double w : {config.weights.prefill_weight, config.weights.host_block_cost, config.weights.disk_block_cost}) {
-      if (!(w >= 0)) return fail("--prefill-weight, --host-block-cost and --disk-block-cost must be >= 0");
+    for (double w : {config.weights.prefill_weight, config.weights.queue_weight, config.weights.decode_weight, config.weights.host_block_cost,
+                     config.weights.disk_block_cost}) {
+      if (!(w >= 0)) return fail("--prefill-weight, --queue-weight, --decode-weight, --host-block-cost and --disk-block-cost must be >= 0");
     }
     config.handle_signals = true;
     auto router = router::Router::start(config);

@@ -207,6 +207,55 @@ json::object server_json(const std::map<std::string, double>& before, const std:
   return server;
 }
 
+// A `deepinfer router`'s share of the run, from its /metrics deltas: requests per worker (the load balance) and by
+// the policy's reason, retries, and the hit rate its index predicted (the workers' own is in usage).
+json::object router_json(const std::map<std::string, double>& before, const std::map<std::string, double>& after) {
+  auto delta = [&](const std::string& key) {
+    const auto b = before.find(key);
+    return after.at(key) - (b == before.end() ? 0.0 : b->second);
+  };
+  json::object workers, reasons;
+  double prompt = 0, predicted = 0;
+  int64_t most = 0, total = 0;
+  for (const auto& [key, value] : after) {  // every worker, also one that got nothing
+    const std::string healthy = "deepinfer_router_worker_healthy{worker=\"";
+    if (key.starts_with(healthy)) {
+      workers[key.substr(healthy.size(), key.find('"', healthy.size()) - healthy.size())] =
+          json::object{{"requests", 0}};
+    }
+  }
+  for (const auto& [key, value] : after) {
+    const std::string requests = "deepinfer_router_requests_total{worker=\"";
+    if (key.starts_with(requests)) {
+      const size_t end = key.find('"', requests.size());
+      const std::string worker = key.substr(requests.size(), end - requests.size());
+      const size_t r = key.find("reason=\"");
+      const std::string reason = key.substr(r + 8, key.find('"', r + 8) - (r + 8));
+      const int64_t n = std::llround(delta(key));
+      json::object& w = workers[worker].is_object() ? workers[worker].as_object() : workers[worker].emplace_object();
+      w["requests"] = (w.contains("requests") ? w["requests"].as_int64() : 0) + n;
+      reasons[reason] = (reasons.contains(reason) ? reasons[reason].as_int64() : 0) + n;
+      total += n;
+    }
+  }
+  for (auto& [worker, object] : workers) {
+    const std::string label = "{worker=\"" + std::string(worker) + "\"}";
+    const double p = delta("deepinfer_router_worker_prompt_tokens_total" + label);
+    const double c = delta("deepinfer_router_worker_predicted_cached_tokens_total" + label);
+    object.as_object()["prompt_tokens"] = std::llround(p);
+    object.as_object()["predicted_cached_tokens"] = std::llround(c);
+    prompt += p;
+    predicted += c;
+    most = std::max(most, object.as_object()["requests"].as_int64());
+  }
+  const double mean = workers.empty() ? 0.0 : static_cast<double>(total) / static_cast<double>(workers.size());
+  return json::object{{"workers", workers},
+                      {"reasons", reasons},
+                      {"max_over_mean_requests", mean > 0 ? r3(static_cast<double>(most) / mean) : 0.0},
+                      {"retries", std::llround(delta("deepinfer_router_retries_total"))},
+                      {"predicted_token_hit_rate", prompt > 0 ? r4(predicted / prompt) : 0.0}};
+}
+
 // "--label A|B|C" names the URLs in order; one label without "|" names them all.
 std::vector<std::string> split_labels(const std::string& label, size_t count) {
   std::vector<std::string> labels;
@@ -426,7 +475,11 @@ Status run_live_replay(const LiveReplayOptions& options, std::ostream& out) {
     if (options.time_scale) line["send_lag_ms"] = latency_json(summarize_latencies(send_lag));
     line["wall_s"] = r3(wall_s);
     line["busy_s"] = r3(busy_s[u]);  // time this server's requests were in flight, summed over clients
-    line["server"] = server_json(before[u], *after);
+    if (after->contains("deepinfer_router_retries_total")) {
+      line["router"] = router_json(before[u], *after);  // a router: its workers' own metrics are not here
+    } else {
+      line["server"] = server_json(before[u], *after);
+    }
     if (!first_error.empty()) line["first_error"] = first_error;
     if (!options.command_line.empty()) line["command"] = options.command_line;
     std::string text;

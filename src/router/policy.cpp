@@ -12,7 +12,6 @@ namespace deepinfer::router {
 namespace {
 
 constexpr int32_t kVirtualNodes = 160;
-constexpr size_t kAffinityChars = 2048;
 constexpr double kBlockTokensD = static_cast<double>(kBlockTokens);
 
 }  // namespace
@@ -38,14 +37,14 @@ Result<Policy> parse_policy(std::string_view name) {
   return Status::invalid_argument("--policy '" + std::string(name) + "' is not one of " + std::string(kPolicyNames));
 }
 
-uint64_t affinity_key(std::string_view text) {
-  // Cut after 2,048 code points: count the bytes that do not continue a UTF-8 sequence.
+uint64_t affinity_key(std::string_view text, int64_t max_chars) {
+  // Cut after max_chars code points: count the bytes that do not continue a UTF-8 sequence.
   size_t chars = 0;
   size_t end = 0;
   for (; end < text.size(); ++end) {
     const auto byte = static_cast<unsigned char>(text[end]);
     if ((byte & 0xC0) != 0x80) {
-      if (chars == kAffinityChars) break;
+      if (static_cast<int64_t>(chars) == max_chars) break;
       ++chars;
     }
   }
@@ -90,8 +89,9 @@ Decision RoutingPolicy::kv_aware(const RouteRequest& request, std::span<const Wo
     const PrefixMatch match = request.matches.empty() ? PrefixMatch{} : request.matches[static_cast<size_t>(w)];
     const WorkerState& state = workers[static_cast<size_t>(w)];
     const double uncached = uncached_tokens(request.prompt_tokens, match);
-    const double cost = (weights_.prefill_weight * (uncached + static_cast<double>(state.pending_prefill_tokens)) +
-                         static_cast<double>(state.active_tokens)) /
+    const double cost = (weights_.prefill_weight * uncached +
+                         weights_.queue_weight * static_cast<double>(state.pending_prefill_tokens) +
+                         weights_.decode_weight * static_cast<double>(state.active_tokens)) /
                         kBlockTokensD;
     longest = std::max(longest, match.blocks);
     const bool better = tied.empty() || cost < best_cost - 1e-9 ||

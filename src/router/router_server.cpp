@@ -193,12 +193,12 @@ struct PromptFacts {
 };
 
 PromptFacts analyze(std::string_view target, const std::string& body, const PlanContext* plan,
-                    const recipe::Tokenizer* tokenizer) {
+                    const recipe::Tokenizer* tokenizer, int64_t affinity_chars) {
   PromptFacts out;
   auto parsed = server::parse_body(body, 64);
   if (!std::holds_alternative<json::value>(parsed)) return out;
   const json::value& value = std::get<json::value>(parsed);
-  out.affinity = affinity_key(affinity_text(value.as_object(), tokenizer));
+  out.affinity = affinity_key(affinity_text(value.as_object(), tokenizer), affinity_chars);
   if (plan == nullptr) return out;
   server::ApiResult<server::GenerationPlan> result =
       target == "/v1/chat/completions" ? server::plan_chat_completion(value, plan->api)
@@ -249,6 +249,7 @@ Result<std::unique_ptr<Router>> Router::start(RouterConfig config) {
                     config.first_byte_timeout_ms, config.stream_idle_timeout_ms}) {
     if (v <= 0) return Status::invalid_argument("router timeouts and intervals must be positive");
   }
+  if (config.affinity_chars < 1) return Status::invalid_argument("--affinity-chars must be at least 1");
   if (config.http_threads < 1) return Status::invalid_argument("--http-threads must be at least 1");
   auto impl = std::make_unique<Impl>();
   for (const std::string& url : config.workers) {
@@ -409,7 +410,20 @@ awaitable<void> Router::Impl::session(tcp::socket socket) {
   while (!stopping) {
     server::RequestParser parser(limits);
     client.expires_after(std::chrono::seconds(config.idle_timeout_seconds));
-    auto [ec, n] = co_await http::async_read(client, buffer, parser, kTuple);
+    auto [header_ec, header_n] = co_await http::async_read_header(client, buffer, parser, kTuple);
+    boost::system::error_code ec = header_ec;
+    if (!ec && !parser.is_done()) {
+      // A client that waits for "100 Continue" before its body (curl does past 1 MiB) gets it.
+      if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+        http::response<http::empty_body> go_on{http::status::continue_, 11};
+        auto [continue_ec, continue_n] = co_await http::async_write(client, go_on, kTuple);
+        ec = continue_ec;
+      }
+      if (!ec) {
+        auto [body_ec, body_n] = co_await http::async_read(client, buffer, parser, kTuple);
+        ec = body_ec;
+      }
+    }
     if (ec) {
       if (auto refusal = server::parse_error_response(ec, limits)) {
         http::response<http::string_body> response{static_cast<http::status>(refusal->status), 11};
@@ -505,7 +519,7 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
   if (routed) {
     std::string_view path(request.target().data(), request.target().size());
     if (const size_t q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
-    PromptFacts facts = analyze(path, request.body(), plan_context.get(), tokenizer.get());
+    PromptFacts facts = analyze(path, request.body(), plan_context.get(), tokenizer.get(), config.affinity_chars);
     route.prompt_tokens = static_cast<int64_t>(facts.token_ids.size());
     route.affinity_key = facts.affinity;
     if (config.policy == Policy::kKvAware && !facts.token_ids.empty()) {
@@ -656,7 +670,7 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
   head.keep_alive(keep_alive);
   head.chunked(true);
   const bool sse = parser.get()[http::field::content_type].starts_with("text/event-stream");
-  client.expires_never();
+  client.expires_after(std::chrono::milliseconds(config.stream_idle_timeout_ms));
   http::response_serializer<http::empty_body> serializer(head);
   auto [head_ec, head_n] = co_await http::async_write_header(client, serializer, kTuple);
   if (head_ec) {
@@ -677,6 +691,7 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
         on_first_byte();
         if (sse) ttft.observe(std::chrono::duration<double>(Clock::now() - arrival).count());
       }
+      client.expires_after(std::chrono::milliseconds(config.stream_idle_timeout_ms));  // a client that stops reading
       auto [chunk_ec, chunk_n] = co_await asio::async_write(client, http::make_chunk(asio::buffer(chunk.data(), got)), kTuple);
       if (chunk_ec) {
         count_error("client_disconnect");
@@ -699,6 +714,7 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
     }
   }
   auto [last_ec, last_n] = co_await asio::async_write(client, http::make_chunk_last(), kTuple);
+  client.expires_never();
   if (last_ec) co_return Outcome::kClientGone;
   if (status >= 500 || status == 429) count_error("worker_error");
   co_return Outcome::kDone;

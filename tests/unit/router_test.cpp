@@ -112,7 +112,7 @@ std::vector<WorkerState> idle(int32_t n) { return std::vector<WorkerState>(stati
 TEST(RouterPolicy, KvAwarePicksTheLongestMatchWhenLoadsAreEqual) {
   RoutingPolicy policy(Policy::kKvAware, {"a", "b", "c"});
   RouteRequest request;
-  request.prompt_tokens = 64 * 10 + 5;
+  request.prompt_tokens = 64 * 10 + 5;  // (10 blocks and 5 tokens)
   request.matches = {{2, 0, 0}, {8, 0, 0}, {5, 0, 0}};
   const Decision d = policy.choose(request, idle(3));
   EXPECT_EQ(d.worker, 1);
@@ -122,7 +122,7 @@ TEST(RouterPolicy, KvAwarePicksTheLongestMatchWhenLoadsAreEqual) {
 }
 
 TEST(RouterPolicy, KvAwareWeighsHostAndDiskHitsBelowDeviceHits) {
-  RoutingPolicy policy(Policy::kKvAware, {"a", "b"}, CostWeights{1.0, 0.1, 0.3});
+  RoutingPolicy policy(Policy::kKvAware, {"a", "b"}, CostWeights{1.0, 1.0, 0.1, 0.1, 0.3});
   RouteRequest request;
   request.prompt_tokens = 64 * 10;
   // a: 8 blocks, all on disk: 2 + 8 * 0.3 = 4.4 blocks of work; b: 6 on the device: 4 blocks of work.
@@ -135,12 +135,20 @@ TEST(RouterPolicy, KvAwareWeighsHostAndDiskHitsBelowDeviceHits) {
 }
 
 TEST(RouterPolicy, KvAwareLetsLoadOutweighAShortHit) {
-  RoutingPolicy policy(Policy::kKvAware, {"a", "b"});
+  RoutingPolicy policy(Policy::kKvAware, {"a", "b"}, CostWeights{1.0, 1.0, 1.0, 0.1, 0.3});  // decode weighed as Dynamo does
   RouteRequest request;
   request.prompt_tokens = 64 * 4;
   request.matches = {{3, 0, 0}, {0, 0, 0}};
   std::vector<WorkerState> workers = idle(2);
   // a holds 3 of 4 blocks but has 20 blocks of prefill queued: b (4 blocks of work) is cheaper.
+  workers[0].pending_prefill_tokens = 64 * 20;
+  EXPECT_EQ(policy.choose(request, workers).worker, 1);
+  // With the default queue weight (0.25) 20 queued blocks count 5: still more than b's 3 extra blocks ...
+  RoutingPolicy defaults(Policy::kKvAware, {"a", "b"});
+  EXPECT_EQ(defaults.choose(request, workers).worker, 1);
+  // ... 8 queued blocks count 2: a keeps the request and its cache.
+  workers[0].pending_prefill_tokens = 64 * 8;
+  EXPECT_EQ(defaults.choose(request, workers).worker, 0);
   workers[0].pending_prefill_tokens = 64 * 20;
   Decision d = policy.choose(request, workers);
   EXPECT_EQ(d.worker, 1);

@@ -3,7 +3,8 @@
 // code as the router.
 //
 //   kv-aware         by cost, as Dynamo's KV router: for worker w,
-//                      cost_w = prefill_weight * (uncached_w + pending_prefill_w) / 64 + active_tokens_w / 64
+//                      cost_w = (prefill_weight * uncached_w + queue_weight * pending_prefill_w
+//                               + decode_weight * active_tokens_w) / 64
 //                    in 64-token blocks, where uncached_w is the request's prompt tokens less what w holds of
 //                    its chain (a block held only in host RAM still costs host_block_cost of a block, one only
 //                    on disk disk_block_cost), pending_prefill_w the uncached tokens of w's requests still
@@ -13,7 +14,7 @@
 //                    one ran.
 //   round-robin      in turn.
 //   consistent-hash  a hash ring (160 virtual nodes per worker, XXH3-64 of "URL#i") over a key: the seed's
-//                    gateway hashes the first 2,048 characters of the system and user text.
+//                    gateway hashes the first 2,048 characters of the system and user text (affinity_key).
 //   least-load       fewest requests in flight; ties in turn.
 // Every policy skips unhealthy workers and the workers a retry excludes.
 //
@@ -47,6 +48,15 @@ struct WorkerState {
 
 struct CostWeights {
   double prefill_weight = 1.0;
+  // Prefill queued on the worker (other requests' uncached tokens not yet answered), per block. 1.0 minimises
+  // this request's wait alone; less keeps conversations with their cache when workers are busy (a request sent
+  // away duplicates its prefix and loses its later turns' hits): on the live trace replay 1.0 reached 0.87 of
+  // the single big worker's hit rate, 0.25 0.99 at the same TTFT (bench/router/README.md).
+  double queue_weight = 0.25;
+  // A running request's KV read by every decode step, per block, against a block of prefill. Dynamo counts them
+  // alike (1.0); a decode step reads a block far faster than prefill computes one, and on the live trace replay
+  // weight 1 sent returning conversations away from their cache (bench/router/README.md): default 0.1.
+  double decode_weight = 0.1;
   double host_block_cost = 0.1;  // a block loaded back from host RAM, as a fraction of computing it
   double disk_block_cost = 0.3;  // from disk
 };
@@ -93,8 +103,10 @@ class RoutingPolicy {
   uint64_t turn_ = 0;
 };
 
-// The seed gateway's key: XXH3-64 of the first 2,048 characters (Unicode code points; fewer when the text is
-// shorter) of `text`, the request's system and user text in order.
-uint64_t affinity_key(std::string_view text);
+// The seed gateway's key: XXH3-64 of the first `chars` characters (Unicode code points; fewer when the text is
+// shorter) of `text`, the request's system and user text in order. The seed's gateway uses 2,048
+// (--affinity-chars).
+inline constexpr int64_t kSeedAffinityChars = 2048;
+uint64_t affinity_key(std::string_view text, int64_t chars = kSeedAffinityChars);
 
 }  // namespace deepinfer::router

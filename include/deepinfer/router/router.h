@@ -66,6 +66,8 @@ struct RouterConfig {
   // tokenizer.json, or a directory holding it (the workers' checkpoint). Required by kv-aware; optional
   // otherwise (consistent-hash then decodes token-id prompts to text with it).
   std::filesystem::path tokenizer_path;
+  // consistent-hash: characters of system + user text in the key (the seed's gateway: 2,048).
+  int64_t affinity_chars = kSeedAffinityChars;
   int32_t health_check_interval_ms = 1000;
   int32_t health_check_timeout_ms = 1000;
   int32_t connect_timeout_ms = 2000;
