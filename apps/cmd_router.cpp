@@ -21,8 +21,14 @@ std::function<int()> add_router_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "router", "Route OpenAI/Anthropic requests to `deepinfer serve` workers by where their prefix is cached");
   cmd->add_option("--worker", options->workers, "Worker base URL, http://HOST:PORT (repeat, or several after one flag)");
-  cmd->add_option("--prefill", options->prefill, "Prefill worker URL (prefill/decode disaggregation; not in this build)");
-  cmd->add_option("--decode", options->decode, "Decode worker URL (prefill/decode disaggregation; not in this build)");
+  cmd->add_option("--prefill", options->prefill,
+                  "Prefill worker URL (`deepinfer serve --role prefill`; repeat or comma-separate; with --decode)");
+  cmd->add_option("--decode", options->decode,
+                  "Decode worker URL (`deepinfer serve --role decode`; repeat or comma-separate; with --prefill)");
+  cmd->add_option("--max-local-prefill-tokens", options->config.max_local_prefill_tokens,
+                  "Disaggregated, kv-aware: a prompt whose uncached part on the chosen decode worker is at most this "
+                  "is prefilled there, with no KV transfer")
+      ->capture_default_str();
   cmd->add_option("--policy", options->policy,
                   "kv-aware (by uncached prefill tokens and load, from the workers' KV events), round-robin, "
                   "consistent-hash (the first 2,048 characters of system + user text), least-load")
@@ -74,20 +80,28 @@ std::function<int()> add_router_command(CLI::App& app) {
       std::cerr << "deepinfer router: " << message << "\n";
       return 1;
     };
-    if (!options->prefill.empty() || !options->decode.empty()) {
-      return fail("--prefill/--decode: prefill/decode disaggregation (workers with --role prefill|decode and KV "
-                  "transfer between them) is not in this build yet; put --role both workers behind --worker URL");
+    if (!options->prefill.empty() != !options->decode.empty()) {
+      return fail("--prefill and --decode go together (prefill/decode disaggregation: at least one of each)");
+    }
+    if (!options->prefill.empty() && !options->workers.empty()) {
+      return fail("--worker (--role both workers) and --prefill/--decode (a disaggregated pool) cannot be mixed in "
+                  "one router");
     }
     router::RouterConfig config = options->config;
     // --worker A,B as well as --worker A --worker B
-    for (const std::string& item : options->workers) {
-      size_t start = 0;
-      while (start <= item.size()) {
-        const size_t comma = std::min(item.find(',', start), item.size());
-        if (comma > start) config.workers.push_back(item.substr(start, comma - start));
-        start = comma + 1;
+    const auto split = [](const std::vector<std::string>& items, std::vector<std::string>& out) {
+      for (const std::string& item : items) {
+        size_t start = 0;
+        while (start <= item.size()) {
+          const size_t comma = std::min(item.find(',', start), item.size());
+          if (comma > start) out.push_back(item.substr(start, comma - start));
+          start = comma + 1;
+        }
       }
-    }
+    };
+    split(options->workers, config.workers);
+    split(options->decode, config.workers);
+    split(options->prefill, config.prefill_workers);
     Result<router::Policy> policy = router::parse_policy(options->policy);
     if (!policy.ok()) return fail(policy.status().message());
     config.policy = *policy;
@@ -103,9 +117,15 @@ std::function<int()> add_router_command(CLI::App& app) {
     auto router = router::Router::start(config);
     if (!router.ok()) return fail(router.status().message());
     std::cout << "deepinfer router: " << router::policy_name(config.policy) << " over " << config.workers.size()
-              << " worker" << (config.workers.size() == 1 ? "" : "s") << " on http://" << config.host << ":"
-              << (*router)->port() << "\n";
-    for (const std::string& w : config.workers) std::cout << "  worker " << w << "\n";
+              << (config.prefill_workers.empty() ? " worker" : " decode worker") << (config.workers.size() == 1 ? "" : "s");
+    if (!config.prefill_workers.empty()) {
+      std::cout << " and " << config.prefill_workers.size() << " prefill worker"
+                << (config.prefill_workers.size() == 1 ? "" : "s");
+    }
+    std::cout << " on http://" << config.host << ":" << (*router)->port() << "\n";
+    const bool disaggregated = !config.prefill_workers.empty();
+    for (const std::string& w : config.workers) std::cout << (disaggregated ? "  decode " : "  worker ") << w << "\n";
+    for (const std::string& w : config.prefill_workers) std::cout << "  prefill " << w << "\n";
     std::cout << std::flush;
     (*router)->wait();
     std::cout << "deepinfer router: stopped\n";

@@ -101,6 +101,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::optional<double> gpu_memory_utilization;
     std::optional<std::string> kv_transfer_protocol, rdma_device_names;
     std::optional<int64_t> kv_transfer_timeout_ms;
+    std::optional<int32_t> kv_transfer_port;
     bool swa_bounded_replay = false;
     std::optional<std::string> chat_format;
     std::optional<std::string> chat_format_revision;
@@ -160,8 +161,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--cluster-nodes", options->cluster_nodes, "Hosts one model spans (only 1 in this build)")
       ->capture_default_str();
   cmd->add_option("--role", options->role,
-                  "both: prefill and decode in this server (the only role in this build); prefill / decode: one side "
-                  "of a disaggregated pair behind `deepinfer router` (not yet)")
+                  "both: prefill and decode in this server; prefill: serves decode workers' KV transfers (on "
+                  "--kv-transfer-port); decode: takes a request's prompt KV from the prefill worker its "
+                  "X-KV-Prefill-Endpoint header names (what `deepinfer router --prefill URL --decode URL` sends)")
       ->check(CLI::IsMember({"both", "prefill", "decode"}))
       ->capture_default_str();
   cmd->add_option("--kv-transfer-protocol", options->kv_transfer_protocol,
@@ -170,8 +172,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--rdma-device-names", options->rdma_device_names,
                   "RDMA NICs for the KV transfer, e.g. mlx5_0,mlx5_1 (with --kv-transfer-protocol rdma only)");
   cmd->add_option("--kv-transfer-timeout-ms", options->kv_transfer_timeout_ms,
-                  "How long either side of a KV transfer waits before it ends the request (with --role prefill / "
-                  "decode only)");
+                  "How long either side of a KV transfer waits (to connect, for each block, for the completion "
+                  "record) before it gives up: the decode worker then computes the prompt itself (with --role "
+                  "prefill / decode only; default 30000)");
+  cmd->add_option("--kv-transfer-port", options->kv_transfer_port,
+                  "--role prefill: the TCP port decode workers fetch KV blocks from, on --host (default 8998; 0: an "
+                  "ephemeral port, shown in GET /worker/info)");
   cmd->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
                   "Fraction of the GPU's memory this server may fill (weights, activations and KV cache), as vLLM's: "
                   "the KV cache gets what the fraction leaves after the weights and a step's workspace (--device cuda "
@@ -287,25 +293,39 @@ std::function<int()> add_serve_command(CLI::App& app) {
     };
     for (const char* flag : {"--role", "--pipeline-parallel-size", "--expert-parallel-size", "--cluster-nodes",
                              "--tensor-parallel-size", "--kv-transfer-protocol", "--rdma-device-names",
-                             "--kv-transfer-timeout-ms", "--gpu-memory-utilization"}) {
+                             "--kv-transfer-timeout-ms", "--gpu-memory-utilization", "--kv-transfer-port"}) {
       if (std::optional<std::string> value = typed(flag); value && value->empty()) {
         return fail(std::string(flag) + " needs a value (it was given as an empty string)");
       }
     }
-    if (options->role != "both") {
-      return fail("--role " + options->role +
-                  ": prefill/decode disaggregation (KV transfer between workers) is not in this build yet; run "
-                  "--role both (the default) workers, behind `deepinfer router --worker URL...` for several");
-    }
+    const bool disaggregated = options->role == "prefill" || options->role == "decode";
     if (options->kv_transfer_protocol) {
       if (*options->kv_transfer_protocol != "tcp" && *options->kv_transfer_protocol != "ucx" &&
           *options->kv_transfer_protocol != "rdma") {
         return fail("--kv-transfer-protocol " + *options->kv_transfer_protocol + ": one of tcp, ucx, rdma");
       }
-      return fail("--kv-transfer-protocol applies to --role prefill / decode, which this build does not have yet");
+      if (!disaggregated) return fail("--kv-transfer-protocol applies to --role prefill / decode");
+      if (*options->kv_transfer_protocol != "tcp") {
+        return fail("--kv-transfer-protocol " + *options->kv_transfer_protocol +
+                    ": this build moves KV blocks over TCP only (the UCX transport, RDMA included, is not in it "
+                    "yet); use --kv-transfer-protocol tcp");
+      }
     }
     if (options->rdma_device_names) return fail("--rdma-device-names applies to --kv-transfer-protocol rdma");
-    if (options->kv_transfer_timeout_ms) return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
+    if (options->kv_transfer_timeout_ms) {
+      if (!disaggregated) return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
+      if (*options->kv_transfer_timeout_ms < 1) return fail("--kv-transfer-timeout-ms must be at least 1");
+    }
+    if (options->kv_transfer_port) {
+      if (options->role != "prefill") return fail("--kv-transfer-port applies to --role prefill");
+      if (*options->kv_transfer_port < 0 || *options->kv_transfer_port > 65535) {
+        return fail("--kv-transfer-port " + std::to_string(*options->kv_transfer_port) + ": a port, 0 to 65535");
+      }
+    }
+    if (options->role == "decode" && options->no_prefix_caching) {
+      return fail("--role decode needs the prefix cache: the KV blocks a prefill worker sends become cached blocks "
+                  "the request then reuses (drop --no-prefix-caching)");
+    }
     const std::pair<const char*, int32_t> parallel_sizes[] = {{"--tensor-parallel-size", options->tensor_parallel_size},
                                                              {"--pipeline-parallel-size", options->pipeline_parallel_size},
                                                              {"--expert-parallel-size", options->expert_parallel_size},
@@ -554,6 +574,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.model_fingerprint_hex = engine_config.fingerprint.to_hex();
     server_config.kv_events_endpoint = options->kv_events_endpoint;
     server_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
+    server_config.kv_transfer_port = options->kv_transfer_port.value_or(8998);
+    server_config.kv_transfer_timeout_ms = options->kv_transfer_timeout_ms.value_or(30000);
+    server_config.kv_block_bytes = (*engine)->block_bytes();
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     auto server =
         server::Server::start(server_config, info, engine::make_in_process_client(std::move(engine).value()), *tokenizer);

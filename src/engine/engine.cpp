@@ -439,6 +439,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
                                                    std::move(scheduler).value(), std::move(layer_caches).value(),
                                                    std::move(planner)));
   if (engine->backend_->name() != "cpu") engine->step_gate_ = std::make_unique<StepGate>();
+  engine->block_bytes_ = static_cast<size_t>(block_bytes);
   engine->device_blocks_ = std::make_unique<DeviceBlocks>(*engine->backend_, engine->layer_caches_,
                                                           static_cast<size_t>(block_bytes), engine->step_gate_.get());
   engine->scheduler_.cache().set_device_io(engine->device_blocks_.get());
@@ -457,7 +458,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   return engine;
 }
 
-Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingParams& params) {
+Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingParams& params, KvHandoff handoff) {
   const model::ModelConfig& c = model_->config();
   if (prompt.empty()) return Status::invalid_argument("the prompt has no tokens");
   if (Status s = params.validate(c.vocab_size); !s.ok()) return s;
@@ -487,12 +488,82 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
     for (int64_t eos : c.eos_token_ids) request.stop_token_ids.push_back(static_cast<TokenId>(eos));
   }
   const SequenceId id = request.id;
+  if (!handoff.import_blocks.empty()) {
+    if (Status s = import_blocks(prompt, handoff.import_blocks, params.kv_ttl_class); !s.ok()) return s;
+  }
   if (Status s = executor_->add_request(id, prompt, params); !s.ok()) return s;
   if (Status s = scheduler_.add(std::move(request)); !s.ok()) {
     executor_->remove_request(id);
     return s;
   }
+  if (handoff.export_block) {
+    exports_[id] = Export{std::move(handoff.export_block), 0,
+                          static_cast<int64_t>(prompt.size()) / kvcache::kBlockTokens};
+  }
   return id;
+}
+
+Status Engine::import_blocks(std::span<const TokenId> prompt, std::vector<std::vector<std::byte>>& payloads,
+                             kvcache::TtlClassId ttl_class) {
+  kvcache::KvCacheManager& cache = scheduler_.cache();
+  if (!cache.prefix_caching()) {
+    return Status::failed_precondition("KV blocks from a prefill worker need the prefix cache (not --no-prefix-caching)");
+  }
+  if (cache.num_window_pools() > 0) {
+    return Status::failed_precondition("KV blocks from a prefill worker: models with sliding-window caches are not "
+                                       "handed over yet");
+  }
+  for (const std::vector<std::byte>& payload : payloads) {
+    if (payload.size() != block_bytes_) {
+      return Status::invalid_argument("a KV block from the prefill worker has " + std::to_string(payload.size()) +
+                                      " bytes; this worker's blocks have " + std::to_string(block_bytes_) +
+                                      " (another model, cache dtype or speculative setting)");
+    }
+  }
+  // Admission computes at least the prompt's last token, so blocks past (prompt - 1) / 64 would never be reused.
+  const size_t usable = std::min(payloads.size(), (prompt.size() - 1) / kvcache::kBlockTokens);
+  std::vector<kvcache::BlockId> blocks;
+  blocks.reserve(usable);
+  Status written;
+  for (size_t i = 0; i < usable && written.ok(); ++i) {
+    std::optional<kvcache::BlockId> block = cache.allocate();
+    if (!block) break;  // the pool is full: the rest is computed here
+    blocks.push_back(*block);
+    written = device_blocks_->write(*block, payloads[i]);
+  }
+  if (written.ok() && !blocks.empty()) {
+    const std::span<const TokenId> tokens = prompt.first(blocks.size() * kvcache::kBlockTokens);
+    const std::vector<kvcache::BlockHash> chain =
+        kvcache::block_hash_chain(tokens, scheduler_.config().fingerprint);
+    std::vector<kvcache::NodeId> nodes = cache.insert(
+        chain, blocks, cache.publishes_events() ? tokens : std::span<const TokenId>{}, ttl_class);
+    cache.release_nodes(nodes);
+    if (kv_events_) kv_events_->flush();
+  }
+  for (kvcache::BlockId block : blocks) cache.release(block);  // cached ones stay cached, the rest are free again
+  payloads.clear();
+  return written;
+}
+
+void Engine::export_blocks(const ScheduledBatch& batch) {
+  for (const ScheduledEntry& entry : batch.entries) {
+    auto it = exports_.find(entry.sequence_id);
+    if (it == exports_.end()) continue;
+    Export& out = it->second;
+    const int64_t done = std::min(entry.end_position() / kvcache::kBlockTokens, out.prompt_blocks);
+    for (; out.next_block < done; ++out.next_block) {
+      std::vector<std::byte> payload(block_bytes_);
+      const kvcache::BlockId block = entry.block_table[static_cast<size_t>(out.next_block)];
+      if (Status s = device_blocks_->read(block, payload); !s.ok()) {
+        // The receiver's checksums and timeout end the transfer; this request goes on.
+        spdlog::error("reading KV block {} of sequence {} to send: {}", out.next_block, entry.sequence_id,
+                      s.to_string());
+        exports_.erase(it);
+        break;
+      }
+      out.send(out.next_block, std::move(payload));
+    }
+  }
 }
 
 Status Engine::cancel(SequenceId id) { return scheduler_.cancel(id); }
@@ -505,6 +576,7 @@ Result<std::vector<TokenEvent>> Engine::step() {
     events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message,
                       finished.num_cached_tokens});
     executor_->remove_request(finished.id);
+    exports_.erase(finished.id);
   }
   if (mtp_executor_ != nullptr && !batch.finished.empty()) mtp_executor_->add_counters(speculative_stats_);
   if (batch.empty()) {
@@ -518,6 +590,7 @@ Result<std::vector<TokenEvent>> Engine::step() {
     return executor_->run(batch);
   }();
   if (!out.ok()) return out.status();
+  if (!exports_.empty()) export_blocks(batch);
   // Speculative decoding's counters: the executor's verdicts, before update() trims tokens past a finish.
   for (size_t i = 0; i < out->drafts_verified.size() && i < out->entries.size(); ++i) {
     const int32_t drafts = out->drafts_verified[i];

@@ -15,6 +15,10 @@ class EngineAdapter final : public StepEngine {
                                     const SamplingParams& params) override {
     return engine_->submit(std::move(prompt), params);
   }
+  Result<SequenceId> submit_with_kv(std::vector<TokenId> prompt, const SamplingParams& params,
+                                    KvHandoff handoff) override {
+    return engine_->submit(std::move(prompt), params, std::move(handoff));
+  }
   Status cancel(SequenceId id) override { return engine_->cancel(id); }
   Result<std::vector<TokenEvent>> step() override { return engine_->step(); }
   bool has_pending_work() const override { return engine_->has_pending_work(); }
@@ -46,14 +50,14 @@ InProcessEngineClient::InProcessEngineClient(std::unique_ptr<StepEngine> engine)
 InProcessEngineClient::~InProcessEngineClient() { stop(); }
 
 EngineClient::Ticket InProcessEngineClient::submit(std::vector<TokenId> prompt, SamplingParams params,
-                                      std::shared_ptr<EventSink> sink) {
+                                      std::shared_ptr<EventSink> sink, KvHandoff handoff) {
   Ticket ticket;
   bool stopped = false;
   {
     std::lock_guard lock(mu_);
     ticket = next_ticket_++;
     stopped = stopping_;
-    if (!stopped) commands_.push_back(Submit{ticket, std::move(prompt), std::move(params), sink});
+    if (!stopped) commands_.push_back(Submit{ticket, std::move(prompt), std::move(params), sink, std::move(handoff)});
   }
   if (stopped) {  // the engine thread is gone: answer here
     GenerationEvent event;
@@ -103,7 +107,9 @@ void InProcessEngineClient::publish_load() {
 }
 
 void InProcessEngineClient::apply(Submit& command) {
-  Result<SequenceId> id = engine_->submit(std::move(command.prompt), command.params);
+  Result<SequenceId> id = command.handoff.empty()
+                              ? engine_->submit(std::move(command.prompt), command.params)
+                              : engine_->submit_with_kv(std::move(command.prompt), command.params, std::move(command.handoff));
   if (!id.ok()) {
     GenerationEvent event;
     event.event.finished = true;

@@ -117,6 +117,7 @@ struct PlanContext {
 struct Worker {
   std::string url;
   WorkerAddress address;
+  bool prefill = false;  // a --prefill worker (never answers a request itself)
   // GUARDED_BY(Impl::mu):
   WorkerState state;
   bool info_known = false;
@@ -125,6 +126,8 @@ struct Worker {
   std::map<std::string, uint64_t> requests_by_reason;
   uint64_t prompt_tokens = 0;
   uint64_t predicted_cached_tokens = 0;
+  std::string role;               // as its /worker/info says
+  int32_t kv_transfer_port = 0;   // a prefill worker's, from its /worker/info
 };
 
 std::string_view reason_text(std::string_view reason) { return reason.empty() ? "none" : reason; }
@@ -150,6 +153,7 @@ struct Router::Impl {
   std::shared_ptr<const PlanContext> plan;        // GUARDED_BY(mu)
   std::map<std::string, uint64_t> errors;         // GUARDED_BY(mu)
   uint64_t retries = 0;                           // GUARDED_BY(mu)
+  std::map<std::string, uint64_t> prefill_where;  // GUARDED_BY(mu): disaggregated requests, remote or local prefill
 
   std::unique_ptr<KvIndex> index;
   std::unique_ptr<KvEventSubscriber> subscriber;
@@ -170,7 +174,8 @@ struct Router::Impl {
   // Sends `request` to `worker` and relays the answer. kRetry: nothing went to the client (`failure` says why).
   awaitable<Outcome> proxy(beast::tcp_stream& client, const http::request<http::string_body>& request, int32_t worker,
                            bool may_retry, bool keep_alive, Clock::time_point arrival, Dialect dialect,
-                           std::function<void()> on_first_byte, std::string& failure);
+                           std::function<void()> on_first_byte, std::string& failure,
+                           std::optional<std::string> prefill_endpoint);
   awaitable<std::optional<std::pair<int, std::string>>> get(const WorkerAddress& address, std::string target,
                                                             int32_t timeout_ms);
   awaitable<void> health_loop(int32_t worker);
@@ -251,11 +256,17 @@ Result<std::unique_ptr<Router>> Router::start(RouterConfig config) {
   }
   if (config.affinity_chars < 1) return Status::invalid_argument("--affinity-chars must be at least 1");
   if (config.http_threads < 1) return Status::invalid_argument("--http-threads must be at least 1");
+  if (config.max_local_prefill_tokens < 0) return Status::invalid_argument("--max-local-prefill-tokens must be >= 0");
+  if (config.workers.size() + config.prefill_workers.size() > 65535) return Status::invalid_argument("more than 65535 workers");
   auto impl = std::make_unique<Impl>();
-  for (const std::string& url : config.workers) {
+  std::vector<std::pair<std::string, bool>> urls;
+  for (const std::string& url : config.workers) urls.emplace_back(url, false);
+  for (const std::string& url : config.prefill_workers) urls.emplace_back(url, true);
+  for (const auto& [url, prefill] : urls) {
     Result<WorkerAddress> address = parse_worker_url(url);
     if (!address.ok()) return address.status();
     Worker worker;
+    worker.prefill = prefill;
     worker.url = url;
     while (worker.url.ends_with('/')) worker.url.pop_back();
     worker.address = *address;
@@ -541,13 +552,26 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
     }
   }
   const bool keep_alive = request.keep_alive();
+  const bool disaggregated = !config.prefill_workers.empty();
+  for (int32_t w = 0; w < n; ++w) {
+    if (workers[static_cast<size_t>(w)].prefill) route.excluded[static_cast<size_t>(w)] = 1;  // never answers
+  }
   std::string failure;
   for (int32_t attempt = 0; attempt <= config.max_retries; ++attempt) {
     Decision decision;
+    Decision prefill_decision;
+    std::optional<std::string> prefill_endpoint;
     {
       std::lock_guard lock(mu);
       std::vector<WorkerState> states;
-      for (const Worker& w : workers) states.push_back(w.state);
+      for (const Worker& w : workers) {
+        states.push_back(w.state);
+        // Disaggregated, a worker of the wrong role (its /worker/info) or a prefill worker not known yet is out.
+        if (disaggregated && (!w.info_known || w.role != (w.prefill ? "prefill" : "decode") ||
+                              (w.prefill && w.kv_transfer_port <= 0))) {
+          states.back().healthy = false;
+        }
+      }
       if (routed) {
         decision = policy->choose(route, states);
       } else {
@@ -560,6 +584,28 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
         decision.reason = "least_load";
       }
       if (decision.worker < 0) break;
+      // Disaggregated: the prefill worker for the part the decode worker lacks (unless that part is short).
+      const bool local = config.policy == Policy::kKvAware && !route.matches.empty() &&
+                         decision.uncached_tokens <= config.max_local_prefill_tokens;
+      if (disaggregated && routed && !local) {
+        RouteRequest prefill_route = route;
+        for (int32_t w = 0; w < n; ++w) {
+          prefill_route.excluded[static_cast<size_t>(w)] = !workers[static_cast<size_t>(w)].prefill;
+        }
+        prefill_decision = policy->choose(prefill_route, states);
+        if (prefill_decision.worker >= 0) {
+          Worker& prefill = workers[static_cast<size_t>(prefill_decision.worker)];
+          prefill.state.in_flight += 1;
+          prefill.state.pending_prefill_tokens += prefill_decision.uncached_tokens;
+          ++prefill.requests_by_reason[std::string(reason_text(prefill_decision.reason))];
+          prefill.prompt_tokens += static_cast<uint64_t>(route.prompt_tokens);
+          prefill.predicted_cached_tokens += static_cast<uint64_t>(prefill_decision.cached_tokens);
+          const std::string host =
+              prefill.address.host.find(':') != std::string::npos ? "[" + prefill.address.host + "]" : prefill.address.host;
+          prefill_endpoint = host + ":" + std::to_string(prefill.kv_transfer_port);
+        }
+      }
+      if (disaggregated && routed) ++prefill_where[prefill_endpoint ? "remote" : "local"];
       Worker& worker = workers[static_cast<size_t>(decision.worker)];
       worker.state.in_flight += 1;
       worker.state.pending_prefill_tokens += decision.uncached_tokens;
@@ -572,16 +618,22 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
       if (attempt > 0) ++retries;
     }
     const int32_t w = decision.worker;
+    const int32_t p = prefill_endpoint ? prefill_decision.worker : -1;
     bool pending_released = false;
     auto release_pending = [&] {
       if (pending_released) return;
       pending_released = true;
       std::lock_guard lock(mu);
       workers[static_cast<size_t>(w)].state.pending_prefill_tokens -= decision.uncached_tokens;
+      if (p >= 0) {
+        Worker& prefill = workers[static_cast<size_t>(p)];
+        prefill.state.pending_prefill_tokens -= prefill_decision.uncached_tokens;
+        prefill.state.in_flight -= 1;  // its part ends before the decode worker's first byte
+      }
     };
     const bool may_retry = attempt < config.max_retries;
-    Outcome outcome =
-        co_await proxy(client, request, w, may_retry, keep_alive, arrival, dialect, release_pending, failure);
+    Outcome outcome = co_await proxy(client, request, w, may_retry, keep_alive, arrival, dialect, release_pending,
+                                     failure, prefill_endpoint);
     release_pending();
     {
       std::lock_guard lock(mu);
@@ -614,7 +666,8 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
                                                      const http::request<http::string_body>& request, int32_t w,
                                                      bool may_retry, bool keep_alive, Clock::time_point arrival,
                                                      Dialect dialect, std::function<void()> on_first_byte,
-                                                     std::string& failure) {
+                                                     std::string& failure,
+                                                     std::optional<std::string> prefill_endpoint) {
   const Worker& worker = workers[static_cast<size_t>(w)];  // url and address never change
   auto executor = co_await asio::this_coro::executor;
   beast::tcp_stream upstream(executor);
@@ -639,6 +692,9 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
     if (!hop_by_hop(field.name(), field.name_string())) out.insert(field.name_string(), field.value());
   }
   out.set(http::field::host, worker.address.host + ":" + std::to_string(worker.address.port));
+  // Only the router names a prefill worker: a client's header would make a decode worker connect where it says.
+  out.erase("X-KV-Prefill-Endpoint");
+  if (prefill_endpoint) out.set("X-KV-Prefill-Endpoint", *prefill_endpoint);
   out.body() = request.body();
   out.keep_alive(false);
   out.prepare_payload();
@@ -793,6 +849,7 @@ void Router::Impl::take_worker_info(int32_t w, const std::string& body) {
   const std::optional<kvcache::BlockHash> fingerprint = parse_hash_hex(string_field(info, "model_fingerprint"));
   const std::string events = string_field(info, "kv_events_endpoint");
   const std::string replay = string_field(info, "kv_events_replay_endpoint");
+  const std::string role = string_field(info, "role");
   std::shared_ptr<PlanContext> fresh;
   {
     std::lock_guard lock(mu);
@@ -801,6 +858,14 @@ void Router::Impl::take_worker_info(int32_t w, const std::string& body) {
     worker.info_known = true;
     worker.instance = instance;
     worker.fingerprint = fingerprint;
+    worker.role = role;
+    worker.kv_transfer_port = static_cast<int32_t>(int_field(info, "kv_transfer_port"));
+    const bool disaggregated = !config.prefill_workers.empty();
+    const char* want = worker.prefill ? "prefill" : disaggregated ? "decode" : nullptr;
+    if (want != nullptr && role != want) {
+      spdlog::error("router: worker {} ({}) is --role {}; as a {} it must be --role {}: not used", w, worker.url,
+                    role.empty() ? "?" : role, worker.prefill ? "--prefill worker" : "--decode worker", want);
+    }
     if (plan == nullptr && tokenizer != nullptr) {
       Result<recipe::PromptFormat> format = recipe::parse_format(string_field(info, "chat_format"));
       Result<recipe::V4Revision> revision = recipe::parse_v4_revision(string_field(info, "chat_format_revision"));
@@ -875,6 +940,16 @@ std::string Router::Impl::metrics_text() {
   for (const auto& [reason, count] : errors) line("deepinfer_router_request_errors_total", "reason=\"" + reason + "\"", count);
   header("deepinfer_router_retries_total", "counter", "Attempts after a worker failed");
   line("deepinfer_router_retries_total", "", retries);
+  if (!config.prefill_workers.empty()) {
+    header("deepinfer_router_prefill_total", "counter",
+           "Disaggregated requests by where their prompt was prefilled: remote (a prefill worker, KV moved to the "
+           "decode worker) or local (the decode worker held all but --max-local-prefill-tokens of it)");
+    for (const char* where : {"remote", "local"}) {
+      auto it = prefill_where.find(where);
+      line("deepinfer_router_prefill_total", std::string("where=\"") + where + "\"",
+           it == prefill_where.end() ? uint64_t{0} : it->second);
+    }
+  }
   ttft.render("deepinfer_router_time_to_first_token_seconds",
               "Streaming requests: arrival to the first body byte from the worker", out);
   e2e.render("deepinfer_router_e2e_request_latency_seconds", "Arrival to response end", out);

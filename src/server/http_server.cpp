@@ -25,6 +25,7 @@
 #include "deepinfer/server/api.h"
 #include "deepinfer/server/http_framing.h"
 #include "deepinfer/server/server.h"
+#include "kv_transfer.h"
 
 namespace deepinfer::server {
 namespace asio = boost::asio;
@@ -252,6 +253,7 @@ struct Server::Impl {
         client(std::move(engine)),
         work(asio::make_work_guard(ioc)),
         acceptor(ioc),
+        kv_acceptor(ioc),
         signals(ioc),
         force_stop(ioc),
         drain_deadline(ioc),
@@ -288,11 +290,13 @@ struct Server::Impl {
   }
 
   Status bind();
+  Status bind_kv_transfer();
   void arm_signals();
   void begin_shutdown(bool drain);
   void maybe_finish();
 
   awaitable<void> listen();
+  awaitable<void> listen_kv_transfer();
   awaitable<void> refuse_connection(tcp::socket socket, std::string reason);
   awaitable<void> session(tcp::socket socket, std::string peer);
   void release_connection(const std::string& peer);
@@ -346,6 +350,8 @@ struct Server::Impl {
   asio::io_context ioc;
   asio::executor_work_guard<asio::io_context::executor_type> work;
   tcp::acceptor acceptor;
+  tcp::acceptor kv_acceptor;  // role prefill: decode workers' KV transfers
+  KvTransferOptions kv_options;
   asio::signal_set signals;
   asio::steady_timer force_stop;
   asio::steady_timer drain_deadline;
@@ -384,6 +390,55 @@ Status Server::Impl::bind() {
   return Status();
 }
 
+Status Server::Impl::bind_kv_transfer() {
+  kv_options.timeout_ms = config.kv_transfer_timeout_ms;
+  kv_options.block_bytes = config.kv_block_bytes;
+  kv_options.max_tokens = model.max_model_len;
+  kv_options.fingerprint_hex = config.model_fingerprint_hex;
+  if (config.role != "prefill") return Status();
+  boost::system::error_code ec;
+  const tcp::endpoint endpoint(acceptor.local_endpoint().address(), static_cast<uint16_t>(config.kv_transfer_port));
+  kv_acceptor.open(endpoint.protocol(), ec);
+  if (!ec) kv_acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) kv_acceptor.bind(endpoint, ec);
+  if (!ec) kv_acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::io_error(fmt::format("cannot listen for KV transfers on {}:{} (--kv-transfer-port): {}",
+                                        config.host, config.kv_transfer_port, ec.message()));
+  }
+  boost::json::object info = boost::json::parse(worker_info_body).as_object();
+  info["kv_transfer_port"] = kv_acceptor.local_endpoint().port();
+  worker_info_body = boost::json::serialize(info);
+  spdlog::info("KV transfers served on {}:{}", config.host, kv_acceptor.local_endpoint().port());
+  return Status();
+}
+
+awaitable<void> Server::Impl::listen_kv_transfer() {
+  while (kv_acceptor.is_open()) {
+    boost::system::error_code ec;
+    tcp::socket socket =
+        co_await kv_acceptor.async_accept(asio::make_strand(ioc), asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      if (!kv_acceptor.is_open() || ec == asio::error::operation_aborted) co_return;
+      spdlog::warn("KV transfer accept failed: {}", ec.message());
+      asio::steady_timer pause(co_await asio::this_coro::executor, std::chrono::milliseconds(50));
+      co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    auto executor = socket.get_executor();
+    asio::co_spawn(executor, serve_kv_transfer(std::move(socket), *client, kv_options, metrics),
+                   [](std::exception_ptr error) {
+                     if (!error) return;
+                     try {
+                       std::rethrow_exception(error);
+                     } catch (const std::exception& e) {
+                       spdlog::error("a KV transfer failed: {}", e.what());
+                     }
+                   });
+  }
+}
+
 void Server::Impl::arm_signals() {
   signals.async_wait([this](const boost::system::error_code& ec, int signal_number) {
     if (ec) return;
@@ -404,6 +459,7 @@ void Server::Impl::begin_shutdown(bool drain) {
     if (!draining.exchange(true)) {
       boost::system::error_code ec;
       acceptor.close(ec);
+      kv_acceptor.close(ec);
       if (drain) {
         drain_deadline.expires_after(std::chrono::seconds(config.shutdown_timeout_seconds));
         drain_deadline.async_wait([this](const boost::system::error_code& ec) {
@@ -867,8 +923,46 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
     }
     plan.params.kv_ttl_class = *ttl_class;
   }
+  std::optional<std::string> prefill_endpoint;
+  if (auto header = request.find("X-KV-Prefill-Endpoint"); header != request.end()) {
+    if (config.role != "decode") {
+      const ApiError error = bad_request(fmt::format(
+          "header X-KV-Prefill-Endpoint: only a --role decode worker takes its prompt's KV from a prefill worker "
+          "(this one is --role {})",
+          config.role));
+      metrics.count_outcome("error_400");
+      co_return co_await send_error(*conn, info, error, dialect);
+    }
+    prefill_endpoint = std::string(header->value());
+  }
   request.body().clear();
   request.body().shrink_to_fit();
+
+  // Disaggregated: the prefill worker computes the prompt's whole blocks (all but the last token's, which this
+  // worker computes with the first token) and moves their KV here, checked, before the request is queued.
+  engine::KvHandoff handoff;
+  if (prefill_endpoint) {
+    const size_t blocks = (plan.prompt_token_ids.size() - 1) / kBlockTokens;
+    if (blocks > 0) {
+      kvcache::transfer::KvTransferRequest ask;
+      ask.fingerprint_hex = config.model_fingerprint_hex;
+      ask.ttl_class = static_cast<uint32_t>(plan.params.kv_ttl_class);
+      ask.tokens.assign(plan.prompt_token_ids.begin(),
+                        plan.prompt_token_ids.begin() + static_cast<std::ptrdiff_t>(blocks * kBlockTokens));
+      const Clock::time_point asked = Clock::now();
+      std::string reason;
+      Result<std::vector<std::vector<std::byte>>> fetched =
+          co_await fetch_kv_blocks(*prefill_endpoint, std::move(ask), kv_options, metrics, reason);
+      if (fetched.ok()) {
+        metrics.kv_transfer_seconds.observe(seconds_since(asked));
+        handoff.import_blocks = std::move(fetched).value();
+      } else {
+        metrics.count_kv_transfer_failure(reason);
+        spdlog::warn("KV transfer from {} failed ({}); computing the prompt here: {}", *prefill_endpoint, reason,
+                     fetched.status().message());
+      }
+    }
+  }
 
   FinishInfo finish;
   finish.prompt_tokens = static_cast<int64_t>(plan.prompt_token_ids.size());
@@ -882,7 +976,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
     ~CancelGuard() {
       if (armed) loop.cancel(ticket);
     }
-  } cancel_guard{*client, client->submit(std::move(plan.prompt_token_ids), plan.params, channel)};
+  } cancel_guard{*client, client->submit(std::move(plan.prompt_token_ids), plan.params, channel, std::move(handoff))};
   asio::co_spawn(executor, watch_disconnect(conn, channel), asio::detached);
 
   std::vector<TokenLogprobs> batch_logprobs, all_logprobs;
@@ -1041,6 +1135,10 @@ Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo mod
     impl->client->stop();
     return s;
   }
+  if (Status s = impl->bind_kv_transfer(); !s.ok()) {
+    impl->client->stop();
+    return s;
+  }
   if (impl->config.handle_signals) {
     impl->signals.add(SIGINT);
     impl->signals.add(SIGTERM);
@@ -1059,6 +1157,7 @@ Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo mod
                                      ? std::min(impl->config.max_connections_per_ip, impl->max_connections)
                                      : std::max(1, impl->max_connections / 2);
   asio::co_spawn(impl->ioc, impl->listen(), asio::detached);
+  if (impl->kv_acceptor.is_open()) asio::co_spawn(impl->ioc, impl->listen_kv_transfer(), asio::detached);
   for (int32_t i = 0; i < impl->config.http_threads; ++i) {
     // What escapes a handler (not a coroutine, which its completion handler catches) unwinds that handler's
     // operation, and with it the connection's coroutine and socket; the thread logs it and serves on.

@@ -52,7 +52,17 @@ void Histogram::render(std::string_view name, std::string_view help, std::string
 }
 
 Metrics::Metrics()
-    : time_to_first_token(ttft_buckets()), time_per_output_token(tpot_buckets()), e2e_request_latency(e2e_buckets()) {}
+    : time_to_first_token(ttft_buckets()),
+      time_per_output_token(tpot_buckets()),
+      e2e_request_latency(e2e_buckets()),
+      kv_transfer_seconds(ttft_buckets()) {}
+
+void Metrics::count_kv_transfer_failure(std::string_view reason) {
+  std::lock_guard lock(mu_);
+  auto it = kv_transfer_failures_.find(reason);
+  if (it == kv_transfer_failures_.end()) it = kv_transfer_failures_.emplace(std::string(reason), 0).first;
+  ++it->second;
+}
 
 void Metrics::count_outcome(std::string_view outcome) {
   std::lock_guard lock(mu_);
@@ -221,7 +231,28 @@ std::string Metrics::render(const engine::EngineLoad& load, const recipe::Tokeni
          static_cast<int64_t>(tokenization.evictions));
   scalar(out, "deepinfer_tokenization_cache_bytes", "gauge", "Bytes held by the tokenization cache's entries.",
          static_cast<int64_t>(tokenization.bytes));
+  out +=
+      "# HELP deepinfer_kv_transfer_blocks_total KV blocks moved between prefill and decode workers, by direction.\n"
+      "# TYPE deepinfer_kv_transfer_blocks_total counter\n";
+  out += fmt::format("deepinfer_kv_transfer_blocks_total{{direction=\"sent\"}} {}\n", kv_transfer_blocks_sent.load());
+  out += fmt::format("deepinfer_kv_transfer_blocks_total{{direction=\"received\"}} {}\n",
+                     kv_transfer_blocks_received.load());
+  out +=
+      "# HELP deepinfer_kv_transfer_bytes_total KV payload bytes moved between prefill and decode workers.\n"
+      "# TYPE deepinfer_kv_transfer_bytes_total counter\n";
+  out += fmt::format("deepinfer_kv_transfer_bytes_total{{direction=\"sent\"}} {}\n", kv_transfer_bytes_sent.load());
+  out += fmt::format("deepinfer_kv_transfer_bytes_total{{direction=\"received\"}} {}\n",
+                     kv_transfer_bytes_received.load());
+  kv_transfer_seconds.render("deepinfer_kv_transfer_seconds",
+                             "Decode side: from asking a prefill worker to holding every block checked.", out);
   std::lock_guard lock(mu_);
+  out +=
+      "# HELP deepinfer_kv_transfer_failures_total KV transfers a decode worker gave up on (it computed the prompt "
+      "itself), by reason.\n"
+      "# TYPE deepinfer_kv_transfer_failures_total counter\n";
+  for (const auto& [reason, count] : kv_transfer_failures_) {
+    out += fmt::format("deepinfer_kv_transfer_failures_total{{reason=\"{}\"}} {}\n", reason, count);
+  }
   out +=
       "# HELP deepinfer_requests_total Finished generation requests by outcome.\n"
       "# TYPE deepinfer_requests_total counter\n";

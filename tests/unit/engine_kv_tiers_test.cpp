@@ -149,6 +149,64 @@ TEST(EngineKvTiersTest, HostTierServesBlocksTheDeviceEvicted) {
   EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
 }
 
+// Prefill/decode disaggregation at the engine: a "prefill" engine exports the prompt's blocks as it computes
+// them (KvHandoff::export_block), a second engine imports them (KvHandoff::import_blocks) and decodes: the same
+// greedy tokens as one engine, the imported blocks reused as cached tokens. Then the refusals.
+TEST(EngineKvTiersTest, BlocksHandedToAnotherEngineDecodeTheSame) {
+  const std::vector<TokenId> prompt = turn1_prompt();  // 300 tokens: 4 whole blocks
+  const size_t whole = (prompt.size() - 1) / kvcache::kBlockTokens * kvcache::kBlockTokens;
+  EngineConfig config = base_config();
+  config.max_num_batched_tokens = 128;  // chunked: blocks leave after the step that completes them
+  auto prefill = make_engine(config);
+  ASSERT_EQ(prefill->block_bytes(), static_cast<size_t>(kBlockBytes));
+  std::vector<std::pair<int64_t, std::vector<std::byte>>> sent;
+  std::vector<size_t> sent_by_step;
+  KvHandoff out;
+  out.export_block = [&](int64_t index, std::vector<std::byte> payload) { sent.emplace_back(index, std::move(payload)); };
+  SamplingParams one = greedy_params();
+  one.max_tokens = 1;
+  const std::vector<TokenId> asked(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(whole));
+  ASSERT_TRUE(prefill->submit(asked, one, std::move(out)).ok());
+  while (prefill->has_pending_work()) {
+    ASSERT_TRUE(prefill->step().ok());
+    sent_by_step.push_back(sent.size());
+  }
+  ASSERT_EQ(sent.size(), whole / kvcache::kBlockTokens);
+  for (size_t i = 0; i < sent.size(); ++i) EXPECT_EQ(sent[i].first, static_cast<int64_t>(i));
+  // Streamed per chunk: 2 blocks after the first 128-token step, 4 after the second.
+  ASSERT_GE(sent_by_step.size(), 2u);
+  EXPECT_EQ(sent_by_step[0], 2u);
+  EXPECT_EQ(sent_by_step[1], 4u);
+
+  auto decode = make_engine(base_config());
+  KvHandoff in;
+  for (auto& [index, payload] : sent) in.import_blocks.push_back(payload);
+  Turn run;
+  SequenceId id = *decode->submit(prompt, greedy_params(), std::move(in));
+  while (decode->has_pending_work()) {
+    auto events = decode->step();
+    ASSERT_TRUE(events.ok());
+    for (const TokenEvent& event : *events) {
+      if (event.id != id) continue;
+      if (event.token) run.tokens.push_back(*event.token);
+      if (event.finished) run.cached_tokens = event.num_cached_tokens;
+    }
+  }
+  EXPECT_EQ(run.tokens, reference_ids("prompt_5.greedy"));
+  EXPECT_EQ(run.cached_tokens, static_cast<int64_t>(whole));
+
+  // A payload of another size (another model or cache dtype) is refused; so is an engine without a prefix cache.
+  KvHandoff wrong;
+  wrong.import_blocks.push_back(std::vector<std::byte>(100));
+  EXPECT_EQ(decode->submit(prompt, greedy_params(), std::move(wrong)).status().code(), StatusCode::kInvalidArgument);
+  EngineConfig no_cache = base_config();
+  no_cache.enable_prefix_caching = false;
+  auto plain = make_engine(no_cache);
+  KvHandoff blocks;
+  blocks.import_blocks.push_back(sent[0].second);
+  EXPECT_EQ(plain->submit(prompt, greedy_params(), std::move(blocks)).status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(EngineKvTiersTest, DiskTierServesBlocksAfterARestart) {
   TempDir dir;
   std::vector<TokenId> turn1_output;

@@ -4,13 +4,17 @@
 // samples the rows that produce a token.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
@@ -99,6 +103,23 @@ struct TokenEvent {
   int64_t num_cached_tokens = 0;
 };
 
+// KV blocks handed between workers with a request (prefill/decode disaggregation: src/server/kv_transfer.h moves
+// them). A payload is one whole 64-token block of every cache layer, in the layout kvcache/transfer/block_mover.h
+// describes (block_bytes(): the two workers must run the same checkpoint, cache dtype and MTP setting; the block
+// hashes' fingerprint tells the first two apart, the size the third).
+struct KvHandoff {
+  // The decode side: the payloads of the prompt's blocks 0, 1, ... (received from a prefill worker and checked
+  // against its checksums). Before the request is queued they become cached blocks of this engine, exactly as if
+  // computed here, so its admission reuses them; a block already cached keeps its own copy. Blocks past
+  // (prompt - 1) / 64 (admission always computes the prompt's last token here), or past what the free device
+  // blocks hold, are left out: that part is computed here.
+  std::vector<std::vector<std::byte>> import_blocks;
+  // The prefill side: called on the step thread with each full prompt block (index from 0, payload) once a step
+  // has computed it or found it cached, in order, each once, before the request's next step. Must not block.
+  std::function<void(int64_t block_index, std::vector<std::byte> payload)> export_block;
+  bool empty() const { return import_blocks.empty() && !export_block; }
+};
+
 // Not thread-safe: one thread drives submit / cancel / step.
 class Engine {
  public:
@@ -110,8 +131,11 @@ class Engine {
 
   // Validates `params` and the prompt (ids in the vocabulary, length below max_model_len) and queues the
   // request. max_tokens defaults to what is left of max_model_len; the model's EOS ids stop it unless
-  // params.ignore_eos.
-  Result<SequenceId> submit(std::vector<TokenId> prompt_token_ids, const SamplingParams& params);
+  // params.ignore_eos. `handoff`: KV blocks brought in or sent out (KvHandoff). Errors: InvalidArgument; with
+  // import blocks, FailedPrecondition when prefix caching is off or the model caches sliding-window kinds, and
+  // InvalidArgument for a payload whose size is not block_bytes().
+  Result<SequenceId> submit(std::vector<TokenId> prompt_token_ids, const SamplingParams& params,
+                            KvHandoff handoff = {});
   // Cancels at any point; the request's blocks are freed and it finishes with kCancelled in the next step.
   Status cancel(SequenceId id);
   // Runs one step. Returns the events of the step (new tokens, finishes).
@@ -121,6 +145,8 @@ class Engine {
   const model::ModelConfig& model_config() const { return model_->config(); }
   const Scheduler& scheduler() const { return scheduler_; }
   size_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  // One KV block of every cache layer, in bytes (a KvHandoff payload).
+  size_t block_bytes() const { return block_bytes_; }
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
   // Speculative decoding's counters since creation (all zero when it is off).
   const SpeculativeStats& speculative_stats() const { return speculative_stats_; }
@@ -186,6 +212,18 @@ class Engine {
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
          const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches,
          std::unique_ptr<DraftPlanner> planner);
+  // KvHandoff::import_blocks: writes the payloads into free device blocks and caches them under the prompt's
+  // block hashes.
+  Status import_blocks(std::span<const TokenId> prompt, std::vector<std::vector<std::byte>>& payloads,
+                       kvcache::TtlClassId ttl_class);
+  // KvHandoff::export_block for the entries of `batch` that export, after the executor computed their KV.
+  void export_blocks(const ScheduledBatch& batch);
+
+  struct Export {
+    std::function<void(int64_t, std::vector<std::byte>)> send;
+    int64_t next_block = 0;    // the first prompt block not sent yet
+    int64_t prompt_blocks = 0;  // full blocks of the prompt
+  };
 
   // First, so it is destroyed last: the scheduler and the tiers (and the disk writer thread) publish into it.
   std::unique_ptr<kvcache::KvEventPublisher> kv_events_;
@@ -202,6 +240,8 @@ class Engine {
   std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
   MtpExecutor* mtp_executor_ = nullptr;  // executor_ when it drafts (its planner's counters)
   SequenceId next_id_ = 1;
+  size_t block_bytes_ = 0;
+  std::unordered_map<SequenceId, Export> exports_;  // requests whose prompt blocks are sent out
   int64_t num_preemptions_ = 0;
   SpeculativeStats speculative_stats_;
 };

@@ -41,6 +41,13 @@ class StepEngine {
   virtual ~StepEngine() = default;
   virtual Result<SequenceId> submit(std::vector<TokenId> prompt_token_ids,
                                             const SamplingParams& params) = 0;
+  // The same with KV blocks brought in or sent out (Engine::submit's KvHandoff). An engine without KV blocks
+  // takes an empty handoff only (else Unsupported).
+  virtual Result<SequenceId> submit_with_kv(std::vector<TokenId> prompt_token_ids, const SamplingParams& params,
+                                            KvHandoff handoff) {
+    if (!handoff.empty()) return Status::unsupported("this engine does not hand KV blocks over");
+    return submit(std::move(prompt_token_ids), params);
+  }
   virtual Status cancel(SequenceId id) = 0;
   virtual Result<std::vector<TokenEvent>> step() = 0;
   virtual bool has_pending_work() const = 0;
@@ -79,8 +86,10 @@ class EngineClient {
   // Queues a request. Its events (or the submit's error, e.g. InvalidArgument for a prompt outside the
   // vocabulary, ShuttingDown after stop()) go to `sink`, which the client keeps until the request's end.
   // Never blocks on the engine.
+  // `handoff`: KV blocks brought in from a prefill worker or sent out to a decode worker (Engine::submit); its
+  // export callback runs on the engine thread.
   virtual Ticket submit(std::vector<TokenId> prompt_token_ids, SamplingParams params,
-                        std::shared_ptr<EventSink> sink) = 0;
+                        std::shared_ptr<EventSink> sink, KvHandoff handoff = {}) = 0;
   // Cancels a request wherever it is (queued, running, already finished: then nothing happens). Its KV
   // blocks return to the pool in the engine's next step; no further events are delivered.
   virtual void cancel(Ticket ticket) = 0;
@@ -100,7 +109,7 @@ class InProcessEngineClient final : public EngineClient {
   InProcessEngineClient& operator=(const InProcessEngineClient&) = delete;
 
   Ticket submit(std::vector<TokenId> prompt_token_ids, SamplingParams params,
-                std::shared_ptr<EventSink> sink) override;
+                std::shared_ptr<EventSink> sink, KvHandoff handoff = {}) override;
   void cancel(Ticket ticket) override;
   EngineLoad load() const override;
   void stop() override;
@@ -111,6 +120,7 @@ class InProcessEngineClient final : public EngineClient {
     std::vector<TokenId> prompt;
     SamplingParams params;
     std::shared_ptr<EventSink> sink;
+    KvHandoff handoff;
   };
   struct Cancel {
     Ticket ticket;

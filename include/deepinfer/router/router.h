@@ -59,8 +59,16 @@ namespace deepinfer::router {
 struct RouterConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;  // 0: an ephemeral port (Router::port())
-  // Base URLs of the workers, http://HOST:PORT (no path). At least one.
+  // Base URLs of the workers, http://HOST:PORT (no path). At least one. With prefill_workers, these are the
+  // decode workers (--decode; `deepinfer serve --role decode`).
   std::vector<std::string> workers;
+  // Prefill/decode disaggregation (--prefill; `deepinfer serve --role prefill`): each request goes to a decode
+  // worker (the policy over `workers`) with the header X-KV-Prefill-Endpoint naming a prefill worker (the policy
+  // over these: the one with most of the prompt cached) whose KV transfer port (its /worker/info) the decode
+  // worker fetches the prompt's blocks from. A prompt whose uncached part on the chosen decode worker is at most
+  // max_local_prefill_tokens (kv-aware only: the index knows it) is prefilled there, with no transfer.
+  std::vector<std::string> prefill_workers;
+  int64_t max_local_prefill_tokens = 512;
   Policy policy = Policy::kKvAware;
   CostWeights weights;
   // tokenizer.json, or a directory holding it (the workers' checkpoint). Required by kv-aware; optional

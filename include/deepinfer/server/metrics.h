@@ -93,8 +93,17 @@ class Metrics {
   std::atomic<int64_t> generation_tokens{0};
   std::atomic<int64_t> client_disconnects{0};
   std::atomic<int64_t> malformed_tool_calls{0};
+  // Prefill/decode KV transfer (kv_transfer.h): blocks and payload bytes by direction, the receiver's time from
+  // asking to holding every block checked, and the transfers a receiver gave up on (it computes the prompt itself).
+  std::atomic<int64_t> kv_transfer_blocks_sent{0};
+  std::atomic<int64_t> kv_transfer_blocks_received{0};
+  std::atomic<int64_t> kv_transfer_bytes_sent{0};
+  std::atomic<int64_t> kv_transfer_bytes_received{0};
+  Histogram kv_transfer_seconds;
 
   void count_outcome(std::string_view outcome);
+  // reason: timeout, connect, peer_error, corrupt, protocol, refused (the engine refused the blocks).
+  void count_kv_transfer_failure(std::string_view reason);
   void count_http_status(int status);
   // The whole exposition, with the engine gauges taken from `load` and the tokenization cache's counters
   // from `tokenization` (the server's cache keeps them; a default Stats when it has none).
@@ -104,6 +113,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::string, int64_t, std::less<>> outcomes_;  // GUARDED_BY(mu_)
   std::map<int, int64_t> http_statuses_;                  // GUARDED_BY(mu_)
+  std::map<std::string, int64_t, std::less<>> kv_transfer_failures_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace deepinfer::server

@@ -68,6 +68,14 @@ struct ServerConfig {
   std::string model_fingerprint_hex;
   std::string kv_events_endpoint;
   std::string kv_events_replay_endpoint;
+  // Prefill/decode disaggregation (src/server/kv_transfer.h; GET /worker/info says the port). Role "prefill":
+  // decode workers' KV transfers are served on host:kv_transfer_port (0: an ephemeral port). Role "decode": a
+  // request with the header `X-KV-Prefill-Endpoint: HOST:PORT` has the KV of its prompt's whole blocks computed
+  // by that prefill worker and moved here before it decodes; a transfer that fails (timeout, dead peer, corrupt
+  // block) is counted and the prompt computed here. Other roles refuse the header (400).
+  int32_t kv_transfer_port = 8998;
+  int64_t kv_transfer_timeout_ms = 30000;  // every wait of a transfer, on both sides
+  size_t kv_block_bytes = 0;               // engine::Engine::block_bytes(); REQUIRES > 0 for prefill / decode
   // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
   // stop); a second one cancels what is still running and stops at once.
   bool handle_signals = false;

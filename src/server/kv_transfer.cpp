@@ -1,0 +1,376 @@
+// The KV transfer's two sides over TCP (kv_transfer.h).
+#include "kv_transfer.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/beast/core.hpp>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <utility>
+
+namespace deepinfer::server {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+namespace wire = kvcache::transfer;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Reads one frame (header and body) within the stream's current expiry.
+awaitable<Result<std::pair<wire::FrameType, std::vector<std::byte>>>> read_frame(beast::tcp_stream& stream,
+                                                                                 uint32_t max_body_bytes,
+                                                                                 beast::error_code& ec) {
+  std::array<std::byte, wire::kFrameHeaderBytes> header_bytes{};
+  co_await asio::async_read(stream, asio::buffer(header_bytes), asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return Status::io_error(ec.message());
+  Result<wire::FrameHeader> header = wire::decode_frame_header(header_bytes, max_body_bytes);
+  if (!header.ok()) co_return header.status();
+  std::vector<std::byte> body(header->body_bytes);
+  if (!body.empty()) {
+    co_await asio::async_read(stream, asio::buffer(body), asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return Status::io_error(ec.message());
+  }
+  co_return std::make_pair(header->type, std::move(body));
+}
+
+std::string describe(const beast::error_code& ec, int64_t timeout_ms) {
+  if (ec == beast::error::timeout) return fmt::format("timed out after {} ms (--kv-transfer-timeout-ms)", timeout_ms);
+  return ec.message();
+}
+
+// The prefill side's queue between the engine thread (blocks, the request's end) and the connection's strand.
+class Outbox final : public engine::EventSink, public std::enable_shared_from_this<Outbox> {
+ public:
+  struct Item {
+    enum class Kind { kBlock, kDone, kError } kind = Kind::kBlock;
+    int64_t index = 0;
+    std::vector<std::byte> payload;
+    std::string message;
+  };
+
+  explicit Outbox(asio::any_io_executor strand) : strand_(strand), timer_(strand) {}
+
+  void push(Item item) {
+    {
+      std::lock_guard lock(mu_);
+      items_.push_back(std::move(item));
+      if (wake_posted_) return;
+      wake_posted_ = true;
+    }
+    asio::post(strand_, [self = shared_from_this()] {
+      {
+        std::lock_guard lock(self->mu_);
+        self->wake_posted_ = false;
+      }
+      self->timer_.cancel();
+    });
+  }
+
+  // Engine thread: the prefill's end (its one token is not needed: the decode worker samples its own).
+  void deliver(std::vector<engine::GenerationEvent> events) override {
+    for (engine::GenerationEvent& event : events) {
+      if (!event.error.ok()) {
+        push({Item::Kind::kError, 0, {}, event.error.message()});
+      } else if (event.event.finished) {
+        const engine::FinishReason reason = event.event.finish_reason;
+        if (reason == engine::FinishReason::kStop || reason == engine::FinishReason::kLength) {
+          push({Item::Kind::kDone, 0, {}, {}});
+        } else {
+          push({Item::Kind::kError, 0, {},
+                event.event.message.empty() ? std::string("the prefill worker ended the request") : event.event.message});
+        }
+      }
+    }
+  }
+
+  // On the strand: until items are queued (true), the peer went away, or `timeout` passes with none (false).
+  awaitable<bool> wait(std::chrono::milliseconds timeout) {
+    const Clock::time_point deadline = Clock::now() + timeout;
+    while (true) {
+      {
+        std::lock_guard lock(mu_);
+        if (!items_.empty()) co_return true;
+      }
+      if (peer_gone_ || Clock::now() >= deadline) co_return false;
+      timer_.expires_at(deadline);
+      boost::system::error_code ec;
+      co_await timer_.async_wait(asio::redirect_error(use_awaitable, ec));
+    }
+  }
+
+  std::deque<Item> take() {
+    std::lock_guard lock(mu_);
+    std::deque<Item> out;
+    out.swap(items_);
+    return out;
+  }
+
+  // On the strand.
+  void mark_peer_gone() {
+    peer_gone_ = true;
+    timer_.cancel();
+  }
+  bool peer_gone() const { return peer_gone_; }
+
+ private:
+  asio::any_io_executor strand_;
+  asio::steady_timer timer_;
+  std::mutex mu_;
+  std::deque<Item> items_;   // GUARDED_BY(mu_)
+  bool wake_posted_ = false;  // GUARDED_BY(mu_)
+  bool peer_gone_ = false;    // strand only
+};
+
+// The prefill side's error frame, then the connection's end.
+awaitable<void> send_error(beast::tcp_stream& stream, const std::string& peer, std::string message,
+                           std::chrono::milliseconds timeout) {
+  spdlog::warn("KV transfer to {}: {}", peer, message);
+  const std::vector<std::byte> frame = wire::encode_error(message);
+  beast::error_code ignored;
+  stream.expires_after(timeout);
+  co_await asio::async_write(stream, asio::buffer(frame), asio::redirect_error(use_awaitable, ignored));
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+}
+
+// The decode worker sends nothing after its request: a read that completes means it closed or reset.
+awaitable<void> watch_peer(beast::tcp_stream& stream, std::shared_ptr<Outbox> outbox) {
+  std::array<std::byte, 1> byte{};
+  beast::error_code ec;
+  co_await stream.socket().async_read_some(asio::buffer(byte), asio::redirect_error(use_awaitable, ec));
+  outbox->mark_peer_gone();
+}
+
+}  // namespace
+
+awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::string endpoint,
+                                                                       wire::KvTransferRequest request,
+                                                                       const KvTransferOptions& options,
+                                                                       Metrics& metrics, std::string& reason) {
+  const auto timeout = std::chrono::milliseconds(options.timeout_ms);
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
+    reason = "connect";
+    co_return Status::invalid_argument("KV transfer endpoint '" + endpoint + "' is not HOST:PORT");
+  }
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port = endpoint.substr(colon + 1);
+  auto executor = co_await asio::this_coro::executor;
+  beast::tcp_stream stream(executor);
+  beast::error_code ec;
+  tcp::resolver resolver(executor);
+  const auto targets = co_await resolver.async_resolve(host, port, asio::redirect_error(use_awaitable, ec));
+  if (ec) {
+    reason = "connect";
+    co_return Status::io_error(fmt::format("KV transfer: resolving {}: {}", endpoint, ec.message()));
+  }
+  stream.expires_after(timeout);
+  co_await stream.async_connect(targets, asio::redirect_error(use_awaitable, ec));
+  if (ec) {
+    reason = ec == beast::error::timeout ? "timeout" : "connect";
+    co_return Status::io_error(fmt::format("KV transfer: connecting to {}: {}", endpoint, describe(ec, options.timeout_ms)));
+  }
+  stream.socket().set_option(tcp::no_delay(true), ec);
+  const size_t expected = request.tokens.size() / kvcache::kBlockTokens;
+  const std::vector<std::byte> ask = wire::encode_request(request);
+  stream.expires_after(timeout);
+  co_await asio::async_write(stream, asio::buffer(ask), asio::redirect_error(use_awaitable, ec));
+  if (ec) {
+    reason = ec == beast::error::timeout ? "timeout" : "connect";
+    co_return Status::io_error(fmt::format("KV transfer: sending the request to {}: {}", endpoint,
+                                           describe(ec, options.timeout_ms)));
+  }
+  const uint32_t max_body =
+      static_cast<uint32_t>(std::max<size_t>(options.block_bytes + 4, 4 + 8 * expected) + (1u << 16));
+  std::vector<std::vector<std::byte>> blocks;
+  blocks.reserve(expected);
+  while (true) {
+    stream.expires_after(timeout);  // each wait: the prefill worker's next block may follow a whole chunk
+    Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame = co_await read_frame(stream, max_body, ec);
+    if (!frame.ok()) {
+      if (ec) {
+        reason = ec == beast::error::timeout ? "timeout" : "connect";
+        co_return Status::io_error(fmt::format("KV transfer from {}: after {} of {} blocks: {}", endpoint, blocks.size(),
+                                               expected, describe(ec, options.timeout_ms)));
+      }
+      reason = "protocol";
+      co_return frame.status();
+    }
+    auto& [type, body] = *frame;
+    if (type == wire::FrameType::kError) {
+      reason = "peer_error";
+      co_return Status::failed_precondition(
+          fmt::format("the prefill worker at {} ended the KV transfer: {}", endpoint,
+                      std::string(reinterpret_cast<const char*>(body.data()), body.size())));
+    }
+    if (type == wire::FrameType::kBlock) {
+      if (body.size() < 4) {
+        reason = "protocol";
+        co_return Status::corruption("KV transfer: a block frame without its index");
+      }
+      uint32_t index = 0;
+      for (int i = 0; i < 4; ++i) index |= static_cast<uint32_t>(body[static_cast<size_t>(i)]) << (8 * i);
+      if (index != blocks.size() || index >= expected) {
+        reason = "protocol";
+        co_return Status::corruption(fmt::format("KV transfer: block {} arrived where block {} of {} was due", index,
+                                                 blocks.size(), expected));
+      }
+      if (body.size() - 4 != options.block_bytes) {
+        reason = "protocol";
+        co_return Status::corruption(fmt::format("KV transfer: block {} has {} bytes; this worker's blocks have {} "
+                                                 "(another model, cache dtype or speculative setting)",
+                                                 index, body.size() - 4, options.block_bytes));
+      }
+      body.erase(body.begin(), body.begin() + 4);
+      metrics.kv_transfer_blocks_received += 1;
+      metrics.kv_transfer_bytes_received += static_cast<int64_t>(body.size());
+      blocks.push_back(std::move(body));
+      continue;
+    }
+    if (type != wire::FrameType::kDone) {
+      reason = "protocol";
+      co_return Status::corruption("KV transfer: a request frame from the prefill worker");
+    }
+    Result<std::vector<uint64_t>> checksums = wire::decode_done(body);
+    if (!checksums.ok()) {
+      reason = "protocol";
+      co_return checksums.status();
+    }
+    if (checksums->size() != expected || blocks.size() != expected) {
+      reason = "protocol";
+      co_return Status::corruption(fmt::format("KV transfer: the completion record lists {} blocks; {} were asked "
+                                               "for and {} arrived",
+                                               checksums->size(), expected, blocks.size()));
+    }
+    for (size_t i = 0; i < expected; ++i) {
+      if (wire::block_checksum(blocks[i]) != (*checksums)[i]) {
+        reason = "corrupt";
+        co_return Status::corruption(fmt::format("KV transfer: block {} does not match its checksum", i));
+      }
+    }
+    beast::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    co_return blocks;
+  }
+}
+
+awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& client, const KvTransferOptions& options,
+                                  Metrics& metrics) {
+  const auto timeout = std::chrono::milliseconds(options.timeout_ms);
+  std::string peer = "unknown";
+  {
+    beast::error_code ec;
+    const tcp::endpoint remote = socket.remote_endpoint(ec);
+    if (!ec) peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+  }
+  beast::tcp_stream stream(std::move(socket));
+  beast::error_code ec;
+  auto fail = [&](std::string message) { return send_error(stream, peer, std::move(message), timeout); };
+
+  stream.expires_after(timeout);
+  const uint32_t max_request = static_cast<uint32_t>(44 + 4 * std::max<int64_t>(options.max_tokens, 0));
+  Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame = co_await read_frame(stream, max_request, ec);
+  if (!frame.ok()) {
+    if (!ec) co_await fail(frame.status().message());
+    co_return;  // the peer went away or sent nothing in time
+  }
+  if (frame->first != wire::FrameType::kRequest) co_return co_await fail("the first frame must be a request");
+  Result<wire::KvTransferRequest> request = wire::decode_request(frame->second);
+  if (!request.ok()) co_return co_await fail(request.status().message());
+  if (request->fingerprint_hex != options.fingerprint_hex) {
+    co_return co_await fail(fmt::format("the decode worker's model fingerprint {} is not this prefill worker's {} "
+                                        "(both must run the same checkpoint and KV dtype)",
+                                        request->fingerprint_hex, options.fingerprint_hex));
+  }
+  const size_t tokens = request->tokens.size();
+  if (tokens == 0 || tokens % kvcache::kBlockTokens != 0) {
+    co_return co_await fail(fmt::format("{} tokens asked for: a KV transfer moves whole 64-token blocks", tokens));
+  }
+  const int64_t expected = static_cast<int64_t>(tokens) / kvcache::kBlockTokens;
+
+  auto outbox = std::make_shared<Outbox>(co_await asio::this_coro::executor);
+  engine::SamplingParams params;
+  params.max_tokens = 1;
+  params.temperature = 0.0f;
+  params.ignore_eos = true;
+  params.kv_ttl_class = request->ttl_class;
+  engine::KvHandoff handoff;
+  handoff.export_block = [outbox](int64_t index, std::vector<std::byte> payload) {
+    outbox->push({Outbox::Item::Kind::kBlock, index, std::move(payload), {}});
+  };
+  const engine::EngineClient::Ticket ticket =
+      client.submit(std::move(request->tokens), params, outbox, std::move(handoff));
+  bool finished = false;
+  struct CancelGuard {
+    engine::EngineClient& client;
+    engine::EngineClient::Ticket ticket;
+    bool& finished;
+    ~CancelGuard() {
+      if (!finished) client.cancel(ticket);  // the prefill's blocks go back to the pool
+    }
+  } cancel_guard{client, ticket, finished};
+
+  asio::co_spawn(co_await asio::this_coro::executor, watch_peer(stream, outbox), asio::detached);
+
+  std::vector<uint64_t> checksums;
+  checksums.reserve(static_cast<size_t>(expected));
+  while (!finished) {
+    if (!co_await outbox->wait(timeout)) {
+      if (outbox->peer_gone()) {
+        spdlog::warn("KV transfer to {}: the decode worker went away after {} of {} blocks; prefill cancelled", peer,
+                     checksums.size(), expected);
+        break;
+      }
+      co_await fail(fmt::format("no KV block from the engine within {} ms (--kv-transfer-timeout-ms); {} of {} sent",
+                                options.timeout_ms, checksums.size(), expected));
+      break;
+    }
+    for (Outbox::Item& item : outbox->take()) {
+      if (item.kind == Outbox::Item::Kind::kError) {
+        co_await fail(item.message);
+        finished = true;  // the engine ended the request itself
+        break;
+      }
+      if (item.kind == Outbox::Item::Kind::kDone) {
+        finished = true;
+        if (static_cast<int64_t>(checksums.size()) != expected) {
+          co_await fail(fmt::format("the prefill ended with {} of {} blocks computed", checksums.size(), expected));
+          break;
+        }
+        const std::vector<std::byte> done = wire::encode_done(checksums);
+        stream.expires_after(timeout);
+        co_await asio::async_write(stream, asio::buffer(done), asio::redirect_error(use_awaitable, ec));
+        if (ec) spdlog::warn("KV transfer to {}: sending the completion record: {}", peer, describe(ec, options.timeout_ms));
+        beast::error_code ignored;
+        stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        break;
+      }
+      const auto prefix = wire::encode_block_prefix(static_cast<uint32_t>(item.index), item.payload.size());
+      checksums.push_back(wire::block_checksum(item.payload));
+      stream.expires_after(timeout);
+      const std::array<asio::const_buffer, 2> buffers{asio::buffer(prefix), asio::buffer(item.payload)};
+      co_await asio::async_write(stream, buffers, asio::redirect_error(use_awaitable, ec));
+      if (ec) {
+        spdlog::warn("KV transfer to {}: block {}: {}; prefill cancelled", peer, item.index,
+                     describe(ec, options.timeout_ms));
+        break;
+      }
+      metrics.kv_transfer_blocks_sent += 1;
+      metrics.kv_transfer_bytes_sent += static_cast<int64_t>(item.payload.size());
+    }
+    if (ec) break;
+  }
+  // Let the peer-watching read end before the stream goes: close the socket, then yield once.
+  beast::error_code ignored;
+  stream.socket().close(ignored);
+  asio::steady_timer settle(co_await asio::this_coro::executor, std::chrono::milliseconds(0));
+  co_await settle.async_wait(asio::redirect_error(use_awaitable, ignored));
+}
+
+}  // namespace deepinfer::server

@@ -1,0 +1,52 @@
+// Prefill/decode disaggregation's KV transfer over TCP (Boost.Asio), both sides, in the server's io_context:
+// the frames of kvcache/transfer/kv_wire.h, one connection per transfer.
+//
+// Decode side (fetch_kv_blocks): connects to the prefill worker's KV transfer endpoint, asks for the KV of the
+// prompt's whole blocks, receives the blocks as the prefill worker's chunked prefill computes them, then the
+// completion record, and checks every block against its checksum. Only then are the blocks handed to the engine
+// (engine::KvHandoff::import_blocks), so a request never decodes on unchecked KV.
+// Prefill side (serve_kv_transfer): one coroutine per connection: reads the request, runs it on the engine as a
+// prefill (max_tokens 1; engine::KvHandoff::export_block streams each block as soon as a step has computed it),
+// writes the blocks, then the completion record.
+//
+// Every wait has the transfer timeout (--kv-transfer-timeout-ms: connecting, each read, each write, and the
+// prefill side's wait for the engine's next block); a timeout, a closed or reset connection, an error frame, a
+// corrupt block or a short completion record ends the transfer with a Status on the decode side and cancels the
+// engine request on the prefill side (its blocks go back to its pool). Nothing else is touched.
+// Thread-safety: the coroutines run on the connection's strand; the engine's callbacks only queue and post.
+#pragma once
+
+#include <boost/asio.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deepinfer/core/status.h"
+#include "deepinfer/engine/engine_client.h"
+#include "deepinfer/kvcache/transfer/kv_wire.h"
+#include "deepinfer/server/metrics.h"
+
+namespace deepinfer::server {
+
+struct KvTransferOptions {
+  int64_t timeout_ms = 30000;  // every wait (see above)
+  size_t block_bytes = 0;      // this worker's KV block (engine::Engine::block_bytes()); REQUIRES > 0
+  int64_t max_tokens = 0;      // the longest prompt a peer may send (max_model_len)
+  std::string fingerprint_hex;  // this worker's block-hash fingerprint: the peer's must equal it
+};
+
+// Decode side. `endpoint`: "HOST:PORT" of a prefill worker's KV transfer listener. `tokens`: whole blocks of the
+// prompt. Returns the payloads of blocks 0 .. tokens/64 - 1, each checked.
+// Errors: DeadlineExceeded-like IoError "timed out ..." (reason "timeout"), IoError for connect/reset ("connect"),
+// Unavailable-like FailedPrecondition with the peer's error text ("peer_error"), Corruption for a bad block or
+// frame ("corrupt" / "protocol"): `reason` is set to the metric's label.
+boost::asio::awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(
+    std::string endpoint, kvcache::transfer::KvTransferRequest request, const KvTransferOptions& options,
+    Metrics& metrics, std::string& reason);
+
+// Prefill side: serves one connection until its transfer ends.
+boost::asio::awaitable<void> serve_kv_transfer(boost::asio::ip::tcp::socket socket, engine::EngineClient& client,
+                                               const KvTransferOptions& options, Metrics& metrics);
+
+}  // namespace deepinfer::server

@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Prefill/decode disaggregation end to end, several processes on loopback (issue 19, items 1-3): a `--role prefill`
+and a `--role decode` worker on the built-in demo model, `deepinfer router --prefill URL --decode URL` in front,
+and a `--role both` worker as the reference.
+
+Checks, each fault also printed as a row of the fault table:
+  - greedy identity: chat completions (plain and streamed) through router -> decode worker (KV from the prefill
+    worker) equal the --role both worker's own; the decode worker served the prompt's whole blocks from the
+    transfer (usage.cached_tokens), the prefill worker sent as many blocks as the decode worker received;
+  - a later turn whose prefix the decode worker already holds is prefilled there (router: where="local");
+  - the decode side's faults, with a fake prefill endpoint in this script speaking the wire format
+    (src/kvcache/transfer/kv_wire.h): a peer that accepts and never answers, one that loses the completion
+    record, one that corrupts a block, one that closes mid-transfer, a port nobody listens on. Each time the
+    request still answers 200 with the reference text (the decode worker computes the prompt itself) within the
+    timeout, and the failure is counted by reason;
+  - the prefill side's faults: a client that leaves mid-transfer, a wrong fingerprint, garbage: the prefill worker
+    answers each with an error frame or closes, and serves the next transfer;
+  - kill -9 the prefill worker: requests still answer (locally prefilled), the router reports it unhealthy;
+  - after all that no worker has a request running and the decode worker's KV blocks are all free or cached.
+Usage: pd_e2e.py DEEPINFER_BINARY MODEL_DIR
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+TIMEOUT_MS = 2000  # the decode worker's --kv-transfer-timeout-ms
+failures = []
+table = []
+procs = []
+logdir = tempfile.mkdtemp(prefix="pd-e2e-")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def request(port, path, body=None, timeout=60, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    all_headers = {"Content-Type": "application/json"}
+    all_headers.update(headers or {})
+    conn.request("POST" if body is not None else "GET", path, body=json.dumps(body) if body is not None else None,
+                 headers=all_headers)
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    return response.status, text
+
+
+def metrics(port):
+    out = {}
+    for line in request(port, "/metrics")[1].splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def wait_health(port, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if request(port, "/health", timeout=2)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def start(name, args):
+    log = open(os.path.join(logdir, f"{name}.log"), "a")
+    p = subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
+    return p
+
+
+SYSTEM = "You are the Debian documentation assistant; answer briefly and exactly. " * 60  # ~700 tokens
+
+
+def chat(text, max_tokens=16, stream=False, system=SYSTEM):
+    return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+
+
+def content(body):
+    return json.loads(body)["choices"][0]["message"]["content"]
+
+
+def streamed_text(body):
+    text = ""
+    for line in body.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            text += delta.get("content") or ""
+    return text
+
+
+# ---- the wire format (kv_wire.h) -------------------------------------------------------------------------------
+REQUEST, BLOCK, DONE, ERROR = 1, 2, 3, 4
+
+
+def frame(kind, body):
+    return struct.pack("<B3xI", kind, len(body)) + body
+
+
+def read_exact(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def read_frame(sock):
+    kind, size = struct.unpack("<B3xI", read_exact(sock, 8))
+    return kind, read_exact(sock, size)
+
+
+def kv_request(fingerprint, tokens, ttl_class=0):
+    body = struct.pack("<II", 1, ttl_class) + fingerprint.encode() + struct.pack("<I", len(tokens))
+    body += struct.pack(f"<{len(tokens)}i", *tokens)
+    return frame(REQUEST, body)
+
+
+class FakePrefill:
+    """A KV transfer endpoint that relays to the real prefill worker and misbehaves as told:
+    stall (never answers), lose_done (relays blocks, never the completion record, keeps the connection open),
+    corrupt (flips a byte of block 0), close_mid (closes after the first block)."""
+
+    def __init__(self, mode, real_port):
+        self.mode, self.real_port = mode, real_port
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.held = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            threading.Thread(target=self.relay, args=(conn,), daemon=True).start()
+
+    def relay(self, conn):
+        try:
+            kind, body = read_frame(conn)
+            if self.mode == "stall":
+                time.sleep(30)
+                return
+            real = socket.create_connection(("127.0.0.1", self.real_port))
+            self.held.append(real)
+            real.sendall(frame(kind, body))
+            while True:
+                kind, body = read_frame(real)
+                if kind == DONE and self.mode == "lose_done":
+                    time.sleep(30)
+                    return
+                if kind == BLOCK and self.mode == "corrupt" and body[:4] == b"\0\0\0\0":
+                    body = body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
+                conn.sendall(frame(kind, body))
+                if kind == BLOCK and self.mode == "close_mid":
+                    conn.close()
+                    return
+                if kind in (DONE, ERROR):
+                    return
+        except (OSError, ConnectionError):
+            return
+
+    def close(self):
+        self.listener.close()
+        for c in self.held:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+try:
+    pport, kvport, dport, bport, rport = free_port(), free_port(), free_port(), free_port(), free_port()
+    pevents, devents = (free_port(), free_port()), (free_port(), free_port())
+    common = ["serve", "--device", "cpu", "--model-path", MODEL, "--host", "127.0.0.1"]
+    prefill = start("prefill", common + ["--port", str(pport), "--role", "prefill", "--kv-transfer-protocol", "tcp",
+                                         "--kv-transfer-port", str(kvport), "--kv-transfer-timeout-ms", "5000",
+                                         "--kv-events-endpoint", f"tcp://127.0.0.1:{pevents[0]}",
+                                         "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{pevents[1]}"])
+    decode = start("decode", common + ["--port", str(dport), "--role", "decode", "--kv-transfer-timeout-ms",
+                                       str(TIMEOUT_MS), "--kv-events-endpoint", f"tcp://127.0.0.1:{devents[0]}",
+                                       "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{devents[1]}"])
+    both = start("both", common + ["--port", str(bport)])
+    router = start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode",
+                              f"http://127.0.0.1:{dport}", "--model-path", MODEL, "--host", "127.0.0.1", "--port",
+                              str(rport), "--health-check-interval-ms", "200"])
+    check(all(wait_health(p) for p in (pport, dport, bport)), "prefill, decode and both workers healthy")
+    check(wait_health(rport), "the router healthy")
+    time.sleep(1.0)
+    s, info = request(pport, "/worker/info")
+    info = json.loads(info)
+    check(info.get("role") == "prefill" and info.get("kv_transfer_port") == kvport,
+          f"the prefill worker's /worker/info: role prefill, kv_transfer_port {info.get('kv_transfer_port')}")
+    fingerprint = info["model_fingerprint"]
+
+    # Greedy identity through the disaggregated pair.
+    # Each with a system prompt of its own: no two share a block, so each is prefilled on the prefill worker.
+    questions = ["What does apt-get do?", "Name a text editor.", "How do I list files?", "What is dpkg?"]
+    systems = {q: f"Conversation {i}. " + SYSTEM for i, q in enumerate(questions)}
+    reference = {q: content(request(bport, "/v1/chat/completions", chat(q, system=systems[q]))[1]) for q in questions}
+    before_p, before_d = metrics(pport), metrics(dport)
+    same, cached, prompt_tokens = True, [], []
+    for q in questions:
+        s, body = request(rport, "/v1/chat/completions", chat(q, system=systems[q]))
+        same = same and s == 200 and content(body) == reference[q]
+        usage = json.loads(body)["usage"]
+        cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        prompt_tokens.append(usage["prompt_tokens"])
+    check(same, f"greedy identity: {len(questions)} chat completions through prefill + decode equal --role both's")
+    s, body = request(rport, "/v1/chat/completions", chat("What is a Debian package?", stream=True))
+    check(s == 200 and streamed_text(body) == content(request(bport, "/v1/chat/completions",
+                                                               chat("What is a Debian package?"))[1]),
+          "greedy identity: a streamed completion too")
+    stream_blocks = (len(json.loads(request(dport, "/tokenize", {"messages": chat("What is a Debian package?")["messages"]})[1])["tokens"]) - 1) // 64
+    after_p, after_d = metrics(pport), metrics(dport)
+    sent = after_p['deepinfer_kv_transfer_blocks_total{direction="sent"}'] - \
+        before_p['deepinfer_kv_transfer_blocks_total{direction="sent"}']
+    received = after_d['deepinfer_kv_transfer_blocks_total{direction="received"}'] - \
+        before_d['deepinfer_kv_transfer_blocks_total{direction="received"}']
+    whole = [(n - 1) // 64 * 64 for n in prompt_tokens]
+    check(sent == received and received == sum(w // 64 for w in whole) + stream_blocks,
+          f"blocks moved: the prefill worker sent {sent:.0f}, the decode worker received {received:.0f}")
+    check(cached == whole, f"the decode worker served each prompt's whole blocks from the transfer: cached {cached}"
+                           f" of prompts {prompt_tokens}")
+    rm = metrics(rport)
+    remote = rm.get('deepinfer_router_prefill_total{where="remote"}', 0)
+    check(remote == 5, f"the router sent all 5 to the prefill worker ({remote:.0f})")
+
+    # A second turn whose prefix the decode worker holds (its KV events told the router) is prefilled there.
+    time.sleep(0.5)
+    local_before = rm.get('deepinfer_router_prefill_total{where="local"}', 0)
+    q0 = questions[0]
+    s, body = request(rport, "/v1/chat/completions", chat(q0, system=systems[q0]))
+    rm = metrics(rport)
+    check(s == 200 and content(body) == reference[q0] and
+          rm.get('deepinfer_router_prefill_total{where="local"}', 0) == local_before + 1,
+          "a turn whose prefix the decode worker holds is prefilled there (where=\"local\"), same answer")
+
+    # The decode side's faults: straight to the decode worker, naming a misbehaving prefill endpoint.
+    q = "How do I list files?"
+    reference[q] = content(request(bport, "/v1/chat/completions", chat(q))[1])
+    for mode, reason, what in [("stall", "timeout", "a prefill peer that never answers"),
+                               ("lose_done", "timeout", "a lost completion record"),
+                               ("corrupt", "corrupt", "a corrupt block"),
+                               ("close_mid", "connect", "the prefill peer closes mid-transfer"),
+                               ("refused", "connect", "nothing listening at the endpoint")]:
+        fake = FakePrefill(mode, kvport) if mode != "refused" else None
+        endpoint = f"127.0.0.1:{fake.port if fake else free_port()}"
+        before = metrics(dport)
+        started = time.time()
+        s, body = request(dport, "/v1/chat/completions", chat(q), headers={"X-KV-Prefill-Endpoint": endpoint})
+        took = time.time() - started
+        after = metrics(dport)
+        key = f'deepinfer_kv_transfer_failures_total{{reason="{reason}"}}'
+        counted = after.get(key, 0) - before.get(key, 0)
+        ok = s == 200 and content(body) == reference[q] and counted == 1 and took < TIMEOUT_MS / 1000 + 5
+        check(ok, f"{what}: 200 with the reference answer in {took:.2f} s, counted as {reason} ({counted:.0f})")
+        table.append((what, f"200, same tokens (prompt computed on the decode worker); failure reason {reason}",
+                      f"{took:.2f}"))
+        if fake:
+            fake.close()
+
+    # A client header naming a prefill worker is refused by a --role both worker.
+    s, body = request(bport, "/v1/chat/completions", chat(q), headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
+    check(s == 400 and "--role decode" in body, "a --role both worker refuses X-KV-Prefill-Endpoint with 400")
+
+    # The prefill side's faults.
+    tokens = [1000 + i for i in range(64 * 20)]
+    sock = socket.create_connection(("127.0.0.1", kvport), timeout=10)
+    sock.sendall(kv_request(fingerprint, tokens))
+    kind, _ = read_frame(sock)
+    sock.close()  # leaves after the first block
+    check(kind == BLOCK, "a decode client that leaves after the first block (the prefill worker cancels)")
+    sock = socket.create_connection(("127.0.0.1", kvport), timeout=10)
+    sock.sendall(kv_request("0" * 32, tokens))
+    kind, body = read_frame(sock)
+    sock.close()
+    check(kind == ERROR and b"fingerprint" in body, f"a wrong fingerprint gets an error frame ({body[:60]!r}...)")
+    sock = socket.create_connection(("127.0.0.1", kvport), timeout=10)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        kind, body = read_frame(sock)
+        got = kind == ERROR
+    except (ConnectionError, OSError):
+        got = True
+    sock.close()
+    check(got, "garbage (an HTTP request) gets an error frame or a closed connection")
+    sock = socket.create_connection(("127.0.0.1", kvport), timeout=10)
+    sock.sendall(kv_request(fingerprint, tokens[:128]))
+    kinds = []
+    while True:
+        kind, body = read_frame(sock)
+        kinds.append(kind)
+        if kind in (DONE, ERROR):
+            break
+    sock.close()
+    check(kinds == [BLOCK, BLOCK, DONE], f"the prefill worker serves the next transfer ({kinds})")
+    time.sleep(0.3)
+    m = metrics(pport)
+    check(m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0,
+          "prefill worker: nothing left running after the faults (a departed client's prefill was cancelled)")
+
+    # kill -9 the prefill worker: requests still answer (prefilled on the decode worker).
+    prefill.send_signal(signal.SIGKILL)
+    prefill.wait()
+    started = time.time()
+    results = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}: {q}")) for i in range(3)]
+    took = time.time() - started
+    check(all(s == 200 for s, _ in results), f"kill -9 the prefill worker: 3 requests answered {[s for s, _ in results]}")
+    table.append(("kill -9 the prefill worker", "3 × 200 (prefilled on the decode worker)", f"{took:.2f}"))
+    time.sleep(0.6)
+    rm = metrics(rport)
+    check(rm.get(f'deepinfer_router_worker_healthy{{worker="http://127.0.0.1:{pport}"}}') == 0,
+          "the router reports the prefill worker unhealthy")
+
+    time.sleep(0.5)
+    for name, port in (("decode", dport), ("both", bport)):
+        m = metrics(port)
+        check(m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0,
+              f"{name} worker: no request left running or waiting")
+finally:
+    for p in procs:
+        try:
+            p.terminate()
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+print("\n| case | what the request got | seconds |\n|---|---|---|")
+for row in table:
+    print(f"| {row[0]} | {row[1]} | {row[2]} |")
+if failures:
+    print(f"\n{len(failures)} failed; logs in {logdir}")
+    for name in ("router", "prefill", "decode", "both"):
+        path = os.path.join(logdir, f"{name}.log")
+        if os.path.exists(path):
+            print(f"--- {name}.log")
+            print("".join(open(path).readlines()[-25:]))
+    sys.exit(1)
+print("prefill/decode e2e: all checks passed")
