@@ -201,7 +201,9 @@ class FakePrefill:
 
 try:
     pport, kvport, dport, bport, rport = free_port(), free_port(), free_port(), free_port(), free_port()
+    d2port = free_port()
     pevents, devents = (free_port(), free_port()), (free_port(), free_port())
+    d2events = (free_port(), free_port())
     common = ["serve", "--device", "cpu", "--model-path", MODEL, "--host", "127.0.0.1"]
     prefill = start("prefill", common + ["--port", str(pport), "--role", "prefill", "--kv-transfer-protocol", "tcp",
                                          "--kv-transfer-port", str(kvport), "--kv-transfer-timeout-ms", "5000",
@@ -210,11 +212,15 @@ try:
     decode = start("decode", common + ["--port", str(dport), "--role", "decode", "--kv-transfer-timeout-ms",
                                        str(TIMEOUT_MS), "--kv-events-endpoint", f"tcp://127.0.0.1:{devents[0]}",
                                        "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{devents[1]}"])
+    decode2 = start("decode2", common + ["--port", str(d2port), "--role", "decode", "--kv-transfer-timeout-ms",
+                                         str(TIMEOUT_MS), "--kv-events-endpoint", f"tcp://127.0.0.1:{d2events[0]}",
+                                         "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{d2events[1]}"])
     both = start("both", common + ["--port", str(bport)])
     router = start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode",
-                              f"http://127.0.0.1:{dport}", "--model-path", MODEL, "--host", "127.0.0.1", "--port",
-                              str(rport), "--health-check-interval-ms", "200"])
-    check(all(wait_health(p) for p in (pport, dport, bport)), "prefill, decode and both workers healthy")
+                              f"http://127.0.0.1:{dport},http://127.0.0.1:{d2port}", "--model-path", MODEL, "--host",
+                              "127.0.0.1", "--port", str(rport), "--health-check-interval-ms", "200",
+                              "--first-byte-timeout-ms", "3000"])
+    check(all(wait_health(p) for p in (pport, dport, d2port, bport)), "prefill, 2 decode and both workers healthy")
     check(wait_health(rport), "the router healthy")
     time.sleep(1.0)
     s, info = request(pport, "/worker/info")
@@ -228,7 +234,10 @@ try:
     questions = ["What does apt-get do?", "Name a text editor.", "How do I list files?", "What is dpkg?"]
     systems = {q: f"Conversation {i}. " + SYSTEM for i, q in enumerate(questions)}
     reference = {q: content(request(bport, "/v1/chat/completions", chat(q, system=systems[q]))[1]) for q in questions}
-    before_p, before_d = metrics(pport), metrics(dport)
+    def decode_metrics():
+        a, b = metrics(dport), metrics(d2port)
+        return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
+    before_p, before_d = metrics(pport), decode_metrics()
     same, cached, prompt_tokens = True, [], []
     for q in questions:
         s, body = request(rport, "/v1/chat/completions", chat(q, system=systems[q]))
@@ -242,7 +251,7 @@ try:
                                                                chat("What is a Debian package?"))[1]),
           "greedy identity: a streamed completion too")
     stream_blocks = (len(json.loads(request(dport, "/tokenize", {"messages": chat("What is a Debian package?")["messages"]})[1])["tokens"]) - 1) // 64
-    after_p, after_d = metrics(pport), metrics(dport)
+    after_p, after_d = metrics(pport), decode_metrics()
     sent = after_p['deepinfer_kv_transfer_blocks_total{direction="sent"}'] - \
         before_p['deepinfer_kv_transfer_blocks_total{direction="sent"}']
     received = after_d['deepinfer_kv_transfer_blocks_total{direction="received"}'] - \
@@ -254,7 +263,8 @@ try:
                            f" of prompts {prompt_tokens}")
     rm = metrics(rport)
     remote = rm.get('deepinfer_router_prefill_total{where="remote"}', 0)
-    check(remote == 5, f"the router sent all 5 to the prefill worker ({remote:.0f})")
+    retried = rm.get("deepinfer_router_retries_total", 0)  # a loaded machine may pass --first-byte-timeout-ms
+    check(remote - retried == 5, f"the router sent all 5 to the prefill worker ({remote:.0f}, {retried:.0f} retries)")
 
     # A second turn whose prefix the decode worker holds (its KV events told the router) is prefilled there.
     time.sleep(0.5)
@@ -327,30 +337,77 @@ try:
     check(kinds == [BLOCK, BLOCK, DONE], f"the prefill worker serves the next transfer ({kinds})")
     time.sleep(0.3)
     m = metrics(pport)
-    check(m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0,
-          "prefill worker: nothing left running after the faults (a departed client's prefill was cancelled)")
+    check(m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0 and
+          m.get("deepinfer_kv_cache_blocks_used") == 0,
+          "prefill worker: nothing left running, no KV block held, after the faults")
 
-    # kill -9 the prefill worker: requests still answer (prefilled on the decode worker).
+    # A stalled decode worker (SIGSTOP; the one that caches SYSTEM, where kv-aware sends these): a request routed to
+    # it is retried on the other after --first-byte-timeout-ms.
+    decode.send_signal(signal.SIGSTOP)
+    started = time.time()
+    out = {}
+
+    def ask(i):
+        out[i] = request(rport, "/v1/chat/completions", chat(f"stalled {i}: {q}"), timeout=30)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    took = time.time() - started
+    statuses = [out.get(i, (0, ""))[0] for i in range(3)]
+    check(statuses == [200] * 3 and 3 <= took < 10,
+          f"a stalled decode worker: 3 requests answered {statuses} in {took:.1f} s (retried after 3 s)")
+    table.append(("a decode worker stalled (SIGSTOP), `--first-byte-timeout-ms 3000`",
+                  f"{statuses} (one routed to it retried on the other decode worker)", f"{took:.1f}"))
+    decode.send_signal(signal.SIGCONT)
+    check(wait_health(dport), "the stalled decode worker answers again after SIGCONT")
+    time.sleep(0.5)
+
+    # kill -9 the prefill worker mid-transfer: stopped first (the decode worker connects and waits), then killed.
+    prefill.send_signal(signal.SIGSTOP)
+    before = decode_metrics()
+    mid = {}
+    question = "Mid-transfer. " + SYSTEM
+    t = threading.Thread(target=lambda: mid.update(r=request(rport, "/v1/chat/completions", chat(q, system=question))))
+    started = time.time()
+    t.start()
+    time.sleep(0.5)
     prefill.send_signal(signal.SIGKILL)
     prefill.wait()
+    t.join(30)
+    took = time.time() - started
+    after = decode_metrics()
+    want = content(request(bport, "/v1/chat/completions", chat(q, system=question))[1])
+    counted = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("deepinfer_kv_transfer_failures"))
+    check("r" in mid and mid["r"][0] == 200 and content(mid["r"][1]) == want and counted == 1,
+          f"kill -9 the prefill worker mid-transfer: 200 with the reference answer in {took:.2f} s (failures {counted:.0f})")
+    table.append(("kill -9 the prefill worker mid-transfer", "200, same tokens (prompt computed on the decode worker)",
+                  f"{took:.2f} (0.5 of it before the kill)"))
+
+    # After the kill: requests still answer (prefilled on the decode workers).
     started = time.time()
     results = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}: {q}")) for i in range(3)]
     took = time.time() - started
     check(all(s == 200 for s, _ in results), f"kill -9 the prefill worker: 3 requests answered {[s for s, _ in results]}")
-    table.append(("kill -9 the prefill worker", "3 × 200 (prefilled on the decode worker)", f"{took:.2f}"))
+    table.append(("requests after the prefill worker's kill -9", "3 × 200 (prefilled on the decode workers)",
+                  f"{took:.2f}"))
     time.sleep(0.6)
     rm = metrics(rport)
     check(rm.get(f'deepinfer_router_worker_healthy{{worker="http://127.0.0.1:{pport}"}}') == 0,
           "the router reports the prefill worker unhealthy")
 
     time.sleep(0.5)
-    for name, port in (("decode", dport), ("both", bport)):
+    for name, port in (("decode", dport), ("decode2", d2port), ("both", bport)):
         m = metrics(port)
-        check(m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0,
-              f"{name} worker: no request left running or waiting")
+        check(m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0 and
+              m.get("deepinfer_kv_cache_blocks_used") == 0,
+              f"{name} worker: no request left running or waiting, no KV block held (blocks used 0)")
 finally:
     for p in procs:
         try:
+            p.send_signal(signal.SIGCONT)
             p.terminate()
         except ProcessLookupError:
             pass
@@ -365,7 +422,7 @@ for row in table:
     print(f"| {row[0]} | {row[1]} | {row[2]} |")
 if failures:
     print(f"\n{len(failures)} failed; logs in {logdir}")
-    for name in ("router", "prefill", "decode", "both"):
+    for name in ("router", "prefill", "decode", "decode2", "both"):
         path = os.path.join(logdir, f"{name}.log")
         if os.path.exists(path):
             print(f"--- {name}.log")

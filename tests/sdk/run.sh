@@ -63,3 +63,43 @@ node -e '
     process.exit(1);
   })();' "http://127.0.0.1:$ROUTER/health" || { echo "the router's two workers did not become healthy:"; tail -30 "$log"; exit 1; }
 DEEPINFER_URL="http://127.0.0.1:$ROUTER" node --test --test-reporter=spec tests/sdk/ || { echo "--- log"; tail -50 "$log"; exit 1; }
+
+# Once more disaggregated: the router over two --role prefill and two --role decode workers, every prompt with a
+# whole block prefilled on a prefill worker (--max-local-prefill-tokens 0) and its KV moved to the decode worker.
+kill "$worker0" "$worker1" "$router"; wait "$worker0" "$worker1" "$router" 2>/dev/null || true
+P0=$((PORT + 30)); D0=$((PORT + 32)); PDROUTER=$((PORT + 34))
+for i in 0 1; do
+  "$BUILD/apps/deepinfer" serve --model-path models/demo --device cpu --host 127.0.0.1 --port $((P0 + i)) \
+    --role prefill --kv-transfer-port $((PORT + 40 + i)) --kv-events-endpoint "tcp://127.0.0.1:$((PORT + 50 + 2 * i))" \
+    --kv-events-replay-endpoint "tcp://127.0.0.1:$((PORT + 51 + 2 * i))" >>"$log" 2>&1 &
+  eval "prefill$i=\$!"
+  "$BUILD/apps/deepinfer" serve --model-path models/demo --device cpu --host 127.0.0.1 --port $((D0 + i)) \
+    --role decode --kv-events-endpoint "tcp://127.0.0.1:$((PORT + 60 + 2 * i))" \
+    --kv-events-replay-endpoint "tcp://127.0.0.1:$((PORT + 61 + 2 * i))" >>"$log" 2>&1 &
+  eval "decode$i=\$!"
+done
+"$BUILD/apps/deepinfer" router --prefill "http://127.0.0.1:$P0,http://127.0.0.1:$((P0 + 1))" \
+  --decode "http://127.0.0.1:$D0,http://127.0.0.1:$((D0 + 1))" --model-path models/demo --max-local-prefill-tokens 0 \
+  --host 127.0.0.1 --port "$PDROUTER" --health-check-interval-ms 200 >>"$log" 2>&1 &
+pdrouter=$!
+trap 'kill "$server" "$scripted31" "$scripted41" "$prefill0" "$prefill1" "$decode0" "$decode1" "$pdrouter" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$log" "$times"' EXIT
+node -e '
+  const url = process.argv[1];
+  const deadline = Date.now() + 60000;
+  (async () => {
+    while (Date.now() < deadline) {
+      try { const r = await fetch(url); if (r.ok && (await r.json()).healthy_workers === 4) process.exit(0); } catch {}
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    process.exit(1);
+  })();' "http://127.0.0.1:$PDROUTER/health" || { echo "the router's four workers did not become healthy:"; tail -30 "$log"; exit 1; }
+sleep 0.5  # the prefill workers' transfer ports, from /worker/info
+DEEPINFER_URL="http://127.0.0.1:$PDROUTER" node --test --test-reporter=spec tests/sdk/ || { echo "--- log"; tail -50 "$log"; exit 1; }
+received=0
+for i in 0 1; do
+  n=$(curl -s "http://127.0.0.1:$((D0 + i))/metrics" | awk '/^deepinfer_kv_transfer_blocks_total\{direction="received"\}/ {print $2}')
+  received=$((received + ${n%.*}))
+done
+failed=$(curl -s "http://127.0.0.1:$D0/metrics" "http://127.0.0.1:$((D0 + 1))/metrics" | grep -c '^deepinfer_kv_transfer_failures_total' || true)
+echo "disaggregated pass: the decode workers received $received KV blocks from the prefill workers; transfer failures: $failed"
+[ "$received" -gt 0 ] && [ "$failed" = 0 ] || { echo "the disaggregated pass moved no KV (or a transfer failed)"; tail -30 "$log"; exit 1; }
