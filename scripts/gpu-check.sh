@@ -17,6 +17,8 @@
 #            argmax and greedy agreement) and CUDA vs CPU on V3 attention dims (every attention path); memcheck
 #   serve    deepinfer serve --device cuda --gpu-memory-utilization 0.5 on the demo model: a chat completion through
 #            the OpenAI API
+#   pd       tests/cluster/pd_e2e.py with --device cuda: a --role prefill and two --role decode workers behind the
+#            router, greedy identity against a --role both worker, the KV transfer faults (four workers share the GPU)
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
@@ -50,7 +52,7 @@ fi
 
 WORK=${GPU_WORK:-/tmp/gpu-check}
 OUT=${OUT:-$WORK/out}
-STAGES=${STAGES:-"mla gemm ops prefill backend model serve bench spec"}
+STAGES=${STAGES:-"mla gemm ops prefill backend model serve pd bench spec"}
 mkdir -p "$WORK" "$OUT"
 status=0
 log() { echo "[gpu-check $(date +%T)] $*" | tee -a "$OUT/gpu-check.log"; }
@@ -122,6 +124,15 @@ if want serve; then
   if grep -q '"finish_reason"' "$OUT/serve.json"; then log "serve --device cuda: $(cut -c1-400 "$OUT/serve.json")"
   else log "serve --device cuda FAILED: $(cut -c1-300 "$OUT/serve.json")"; tail -n 20 "$OUT/serve.stderr"; status=1; fi
   kill $server 2>/dev/null; wait $server 2>/dev/null
+fi
+if want pd; then
+  unpack_demo
+  PD_E2E_DEVICE=cuda PD_E2E_ARGS="--kv-cache-memory 1GiB" timeout 300 python3 tests/cluster/pd_e2e.py "$BIN/deepinfer" \
+    "$WORK/models/demo" >"$OUT/pd_e2e.out" 2>&1
+  pd_status=$?
+  log "pd (prefill/decode on cuda): exit $pd_status; $(grep -c '^ok:' "$OUT/pd_e2e.out") ok, $(grep -c '^FAIL' "$OUT/pd_e2e.out") failed"
+  grep -E '^(FAIL|info)' "$OUT/pd_e2e.out" | head -20
+  [ $pd_status = 0 ] || status=1
 fi
 want bench && run bench_model 330 "$BIN/bench_model"
 if want spec; then
