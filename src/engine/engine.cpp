@@ -489,7 +489,10 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
   }
   const SequenceId id = request.id;
   if (!handoff.import_blocks.empty()) {
-    if (Status s = import_blocks(prompt, handoff.import_blocks, params.kv_ttl_class); !s.ok()) return s;
+    if (Status s = import_blocks(prompt, handoff.import_blocks, handoff.import_first_block, params.kv_ttl_class);
+        !s.ok()) {
+      return s;
+    }
   }
   if (Status s = executor_->add_request(id, prompt, params); !s.ok()) return s;
   if (Status s = scheduler_.add(std::move(request)); !s.ok()) {
@@ -497,14 +500,14 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
     return s;
   }
   if (handoff.export_block) {
-    exports_[id] = Export{std::move(handoff.export_block), 0,
+    exports_[id] = Export{std::move(handoff.export_block), std::max<int64_t>(handoff.export_from_block, 0),
                           static_cast<int64_t>(prompt.size()) / kvcache::kBlockTokens};
   }
   return id;
 }
 
 Status Engine::import_blocks(std::span<const TokenId> prompt, std::vector<std::vector<std::byte>>& payloads,
-                             kvcache::TtlClassId ttl_class) {
+                             int64_t first_block, kvcache::TtlClassId ttl_class) {
   kvcache::KvCacheManager& cache = scheduler_.cache();
   if (!cache.prefix_caching()) {
     return Status::failed_precondition("KV blocks from a prefill worker need the prefix cache (not --no-prefix-caching)");
@@ -520,27 +523,50 @@ Status Engine::import_blocks(std::span<const TokenId> prompt, std::vector<std::v
                                       " (another model, cache dtype or speculative setting)");
     }
   }
+  if (first_block < 0) return Status::invalid_argument("import_first_block must be >= 0");
   // Admission computes at least the prompt's last token, so blocks past (prompt - 1) / 64 would never be reused.
-  const size_t usable = std::min(payloads.size(), (prompt.size() - 1) / kvcache::kBlockTokens);
+  const size_t usable_end = std::min(static_cast<size_t>(first_block) + payloads.size(),
+                                     (prompt.size() - 1) / kvcache::kBlockTokens);
+  const size_t first = static_cast<size_t>(first_block);
+  if (usable_end <= first) {
+    payloads.clear();
+    return Status::ok_status();
+  }
+  const std::vector<kvcache::BlockHash> chain =
+      kvcache::block_hash_chain(prompt.first(usable_end * kvcache::kBlockTokens), scheduler_.config().fingerprint);
+  // The blocks the prefill worker did not send must be cached on the device here; held (retained) while the new
+  // ones are allocated, so that no allocation evicts them.
   std::vector<kvcache::BlockId> blocks;
-  blocks.reserve(usable);
+  blocks.reserve(usable_end);
+  for (size_t i = 0; i < first; ++i) {
+    std::optional<kvcache::BlockId> held = cache.device_block_of(chain[i]);
+    if (!held) break;
+    cache.retain(*held);
+    blocks.push_back(*held);
+  }
   Status written;
-  for (size_t i = 0; i < usable && written.ok(); ++i) {
-    std::optional<kvcache::BlockId> block = cache.allocate();
-    if (!block) break;  // the pool is full: the rest is computed here
-    blocks.push_back(*block);
-    written = device_blocks_->write(*block, payloads[i]);
+  if (blocks.size() < first) {
+    spdlog::warn("KV blocks from a prefill worker start at block {}, but block {} is no longer cached here: the "
+                 "prompt is computed here",
+                 first, blocks.size());
+  } else {
+    for (size_t i = first; i < usable_end && written.ok(); ++i) {
+      std::optional<kvcache::BlockId> block = cache.allocate();
+      if (!block) break;  // the pool is full: the rest is computed here
+      blocks.push_back(*block);
+      written = device_blocks_->write(*block, payloads[i - first]);
+    }
+    if (written.ok() && blocks.size() > first) {
+      const std::span<const TokenId> tokens = prompt.first(blocks.size() * kvcache::kBlockTokens);
+      std::vector<kvcache::NodeId> nodes =
+          cache.insert(std::span(chain).first(blocks.size()), blocks,
+                       cache.publishes_events() ? tokens : std::span<const TokenId>{}, ttl_class);
+      cache.release_nodes(nodes);
+      if (kv_events_) kv_events_->flush();
+    }
   }
-  if (written.ok() && !blocks.empty()) {
-    const std::span<const TokenId> tokens = prompt.first(blocks.size() * kvcache::kBlockTokens);
-    const std::vector<kvcache::BlockHash> chain =
-        kvcache::block_hash_chain(tokens, scheduler_.config().fingerprint);
-    std::vector<kvcache::NodeId> nodes = cache.insert(
-        chain, blocks, cache.publishes_events() ? tokens : std::span<const TokenId>{}, ttl_class);
-    cache.release_nodes(nodes);
-    if (kv_events_) kv_events_->flush();
-  }
-  for (kvcache::BlockId block : blocks) cache.release(block);  // cached ones stay cached, the rest are free again
+  // Cached ones stay cached (the held prefix among them), the rest are free again.
+  for (kvcache::BlockId block : blocks) cache.release(block);
   payloads.clear();
   return written;
 }

@@ -175,7 +175,7 @@ struct Router::Impl {
   awaitable<Outcome> proxy(beast::tcp_stream& client, const http::request<http::string_body>& request, int32_t worker,
                            bool may_retry, bool keep_alive, Clock::time_point arrival, Dialect dialect,
                            std::function<void()> on_first_byte, std::string& failure,
-                           std::optional<std::string> prefill_endpoint);
+                           std::optional<std::string> prefill_endpoint, int32_t prefill_skip_blocks);
   awaitable<std::optional<std::pair<int, std::string>>> get(const WorkerAddress& address, std::string target,
                                                             int32_t timeout_ms);
   awaitable<void> health_loop(int32_t worker);
@@ -561,6 +561,7 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
     Decision decision;
     Decision prefill_decision;
     std::optional<std::string> prefill_endpoint;
+    int32_t prefill_skip_blocks = 0;
     {
       std::lock_guard lock(mu);
       std::vector<WorkerState> states;
@@ -603,6 +604,11 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
           const std::string host =
               prefill.address.host.find(':') != std::string::npos ? "[" + prefill.address.host + "]" : prefill.address.host;
           prefill_endpoint = host + ":" + std::to_string(prefill.kv_transfer_port);
+          // The decode worker's leading blocks on its device (as the index knows them) are not sent again.
+          if (!route.matches.empty()) {
+            const PrefixMatch& held = route.matches[static_cast<size_t>(decision.worker)];
+            prefill_skip_blocks = std::max(0, held.blocks - held.host_blocks - held.disk_blocks);
+          }
         }
       }
       if (disaggregated && routed) ++prefill_where[prefill_endpoint ? "remote" : "local"];
@@ -633,7 +639,7 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
     };
     const bool may_retry = attempt < config.max_retries;
     Outcome outcome = co_await proxy(client, request, w, may_retry, keep_alive, arrival, dialect, release_pending,
-                                     failure, prefill_endpoint);
+                                     failure, prefill_endpoint, prefill_skip_blocks);
     release_pending();
     {
       std::lock_guard lock(mu);
@@ -667,7 +673,8 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
                                                      bool may_retry, bool keep_alive, Clock::time_point arrival,
                                                      Dialect dialect, std::function<void()> on_first_byte,
                                                      std::string& failure,
-                                                     std::optional<std::string> prefill_endpoint) {
+                                                     std::optional<std::string> prefill_endpoint,
+                                                     int32_t prefill_skip_blocks) {
   const Worker& worker = workers[static_cast<size_t>(w)];  // url and address never change
   auto executor = co_await asio::this_coro::executor;
   beast::tcp_stream upstream(executor);
@@ -694,7 +701,11 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
   out.set(http::field::host, worker.address.host + ":" + std::to_string(worker.address.port));
   // Only the router names a prefill worker: a client's header would make a decode worker connect where it says.
   out.erase("X-KV-Prefill-Endpoint");
-  if (prefill_endpoint) out.set("X-KV-Prefill-Endpoint", *prefill_endpoint);
+  out.erase("X-KV-Prefill-Skip-Blocks");
+  if (prefill_endpoint) {
+    out.set("X-KV-Prefill-Endpoint", *prefill_endpoint);
+    if (prefill_skip_blocks > 0) out.set("X-KV-Prefill-Skip-Blocks", std::to_string(prefill_skip_blocks));
+  }
   out.body() = request.body();
   out.keep_alive(false);
   out.prepare_payload();

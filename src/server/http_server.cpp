@@ -935,6 +935,19 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
     }
     prefill_endpoint = std::string(header->value());
   }
+  // Leading prompt blocks this worker holds on its device (the router's index says so): not sent again.
+  int64_t skip_blocks = 0;
+  if (auto header = request.find("X-KV-Prefill-Skip-Blocks"); prefill_endpoint && header != request.end()) {
+    const std::string value(header->value());
+    char* end = nullptr;
+    const long long parsed = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || end != value.c_str() + value.size() || parsed < 0) {
+      const ApiError error = bad_request(fmt::format("header X-KV-Prefill-Skip-Blocks: '{}' is not a block count", value));
+      metrics.count_outcome("error_400");
+      co_return co_await send_error(*conn, info, error, dialect);
+    }
+    skip_blocks = parsed;
+  }
   request.body().clear();
   request.body().shrink_to_fit();
 
@@ -943,10 +956,11 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
   engine::KvHandoff handoff;
   if (prefill_endpoint) {
     const size_t blocks = (plan.prompt_token_ids.size() - 1) / kBlockTokens;
-    if (blocks > 0) {
+    if (static_cast<int64_t>(blocks) > skip_blocks) {
       kvcache::transfer::KvTransferRequest ask;
       ask.fingerprint_hex = config.model_fingerprint_hex;
       ask.ttl_class = static_cast<uint32_t>(plan.params.kv_ttl_class);
+      ask.first_block = static_cast<uint32_t>(skip_blocks);
       ask.tokens.assign(plan.prompt_token_ids.begin(),
                         plan.prompt_token_ids.begin() + static_cast<std::ptrdiff_t>(blocks * kBlockTokens));
       const Clock::time_point asked = Clock::now();
@@ -956,6 +970,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
       if (fetched.ok()) {
         metrics.kv_transfer_seconds.observe(seconds_since(asked));
         handoff.import_blocks = std::move(fetched).value();
+        handoff.import_first_block = skip_blocks;
       } else {
         metrics.count_kv_transfer_failure(reason);
         spdlog::warn("KV transfer from {} failed ({}); computing the prompt here: {}", *prefill_endpoint, reason,

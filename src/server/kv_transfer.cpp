@@ -127,6 +127,29 @@ class Outbox final : public engine::EventSink, public std::enable_shared_from_th
   bool peer_gone_ = false;    // strand only
 };
 
+// The prefill side's checks of a decode worker's first frame.
+Result<wire::KvTransferRequest> accept_request(const std::pair<wire::FrameType, std::vector<std::byte>>& frame,
+                                               const KvTransferOptions& options) {
+  if (frame.first != wire::FrameType::kRequest) return Status::invalid_argument("the first frame must be a request");
+  Result<wire::KvTransferRequest> request = wire::decode_request(frame.second);
+  if (!request.ok()) return request.status();
+  if (request->fingerprint_hex != options.fingerprint_hex) {
+    return Status::invalid_argument(fmt::format("the decode worker's model fingerprint {} is not this prefill worker's "
+                                                "{} (both must run the same checkpoint and KV dtype)",
+                                                request->fingerprint_hex, options.fingerprint_hex));
+  }
+  const size_t tokens = request->tokens.size();
+  if (tokens == 0 || tokens % kvcache::kBlockTokens != 0) {
+    return Status::invalid_argument(
+        fmt::format("{} tokens asked for: a KV transfer moves whole 64-token blocks", tokens));
+  }
+  if (request->first_block >= tokens / kvcache::kBlockTokens) {
+    return Status::invalid_argument(fmt::format("first block {} asked for of {} blocks: nothing to send",
+                                                request->first_block, tokens / kvcache::kBlockTokens));
+  }
+  return request;
+}
+
 // The prefill side's error frame, then the connection's end.
 awaitable<void> send_error(beast::tcp_stream& stream, const std::string& peer, std::string message,
                            std::chrono::milliseconds timeout) {
@@ -177,7 +200,8 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
     co_return Status::io_error(fmt::format("KV transfer: connecting to {}: {}", endpoint, describe(ec, options.timeout_ms)));
   }
   stream.socket().set_option(tcp::no_delay(true), ec);
-  const size_t expected = request.tokens.size() / kvcache::kBlockTokens;
+  const size_t first = request.first_block;
+  const size_t expected = request.tokens.size() / kvcache::kBlockTokens - first;
   const std::vector<std::byte> ask = wire::encode_request(request);
   stream.expires_after(timeout);
   co_await asio::async_write(stream, asio::buffer(ask), asio::redirect_error(use_awaitable, ec));
@@ -216,10 +240,10 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
       }
       uint32_t index = 0;
       for (int i = 0; i < 4; ++i) index |= static_cast<uint32_t>(body[static_cast<size_t>(i)]) << (8 * i);
-      if (index != blocks.size() || index >= expected) {
+      if (index != first + blocks.size() || blocks.size() >= expected) {
         reason = "protocol";
-        co_return Status::corruption(fmt::format("KV transfer: block {} arrived where block {} of {} was due", index,
-                                                 blocks.size(), expected));
+        co_return Status::corruption(fmt::format("KV transfer: block {} arrived where block {} (of {}, from {}) was "
+                                                 "due", index, first + blocks.size(), expected, first));
       }
       if (body.size() - 4 != options.block_bytes) {
         reason = "protocol";
@@ -274,25 +298,17 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
   auto fail = [&](std::string message) { return send_error(stream, peer, std::move(message), timeout); };
 
   stream.expires_after(timeout);
-  const uint32_t max_request = static_cast<uint32_t>(44 + 4 * std::max<int64_t>(options.max_tokens, 0));
+  const uint32_t max_request = static_cast<uint32_t>(48 + 4 * std::max<int64_t>(options.max_tokens, 0));
   Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame = co_await read_frame(stream, max_request, ec);
   if (!frame.ok()) {
     if (!ec) co_await fail(frame.status().message());
     co_return;  // the peer went away or sent nothing in time
   }
-  if (frame->first != wire::FrameType::kRequest) co_return co_await fail("the first frame must be a request");
-  Result<wire::KvTransferRequest> request = wire::decode_request(frame->second);
+  Result<wire::KvTransferRequest> request = accept_request(*frame, options);
   if (!request.ok()) co_return co_await fail(request.status().message());
-  if (request->fingerprint_hex != options.fingerprint_hex) {
-    co_return co_await fail(fmt::format("the decode worker's model fingerprint {} is not this prefill worker's {} "
-                                        "(both must run the same checkpoint and KV dtype)",
-                                        request->fingerprint_hex, options.fingerprint_hex));
-  }
   const size_t tokens = request->tokens.size();
-  if (tokens == 0 || tokens % kvcache::kBlockTokens != 0) {
-    co_return co_await fail(fmt::format("{} tokens asked for: a KV transfer moves whole 64-token blocks", tokens));
-  }
-  const int64_t expected = static_cast<int64_t>(tokens) / kvcache::kBlockTokens;
+  const int64_t first = request->first_block;
+  const int64_t expected = static_cast<int64_t>(tokens) / kvcache::kBlockTokens - first;
 
   auto outbox = std::make_shared<Outbox>(co_await asio::this_coro::executor);
   engine::SamplingParams params;
@@ -301,6 +317,7 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
   params.ignore_eos = true;
   params.kv_ttl_class = request->ttl_class;
   engine::KvHandoff handoff;
+  handoff.export_from_block = first;
   handoff.export_block = [outbox](int64_t index, std::vector<std::byte> payload) {
     outbox->push({Outbox::Item::Kind::kBlock, index, std::move(payload), {}});
   };

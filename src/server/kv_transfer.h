@@ -37,7 +37,7 @@ struct KvTransferOptions {
 };
 
 // Decode side. `endpoint`: "HOST:PORT" of a prefill worker's KV transfer listener. `tokens`: whole blocks of the
-// prompt. Returns the payloads of blocks 0 .. tokens/64 - 1, each checked.
+// prompt. Returns the payloads of blocks request.first_block .. tokens/64 - 1, each checked.
 // Errors: DeadlineExceeded-like IoError "timed out ..." (reason "timeout"), IoError for connect/reset ("connect"),
 // Unavailable-like FailedPrecondition with the peer's error text ("peer_error"), Corruption for a bad block or
 // frame ("corrupt" / "protocol"): `reason` is set to the metric's label.

@@ -164,8 +164,8 @@ def read_frame(sock):
     return kind, read_exact(sock, size)
 
 
-def kv_request(fingerprint, tokens, ttl_class=0):
-    body = struct.pack("<II", 1, ttl_class) + fingerprint.encode() + struct.pack("<I", len(tokens))
+def kv_request(fingerprint, tokens, ttl_class=0, first_block=0):
+    body = struct.pack("<II", 1, ttl_class) + fingerprint.encode() + struct.pack("<II", first_block, len(tokens))
     body += struct.pack(f"<{len(tokens)}i", *tokens)
     return frame(REQUEST, body)
 
@@ -249,7 +249,7 @@ try:
     router = start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode",
                               f"http://127.0.0.1:{dport},http://127.0.0.1:{d2port}", "--model-path", MODEL, "--host",
                               "127.0.0.1", "--port", str(rport), "--health-check-interval-ms", "200",
-                              "--first-byte-timeout-ms", "3000"])
+                              "--first-byte-timeout-ms", "5000"])
     check(all(wait_health(p) for p in (pport, dport, d2port, bport)), "prefill, 2 decode and both workers healthy")
     check(wait_health(rport), "the router healthy")
     time.sleep(1.0)
@@ -304,6 +304,24 @@ try:
     check(s == 200 and content(body) == reference[q0] and
           rm.get('deepinfer_router_prefill_total{where="local"}', 0) == local_before + 1,
           "a turn whose prefix the decode worker holds is prefilled there (where=\"local\"), same answer")
+
+    # A later turn with a long new part (over --max-local-prefill-tokens) goes to the prefill worker again, which sends
+    # only the blocks the decode worker lacks (X-KV-Prefill-Skip-Blocks: those it holds on its device).
+    long_q = "Now a long follow-up: " + "please explain the apt sources list format in detail. " * 60
+    reference[long_q] = answer(chat(long_q, system=systems[q0]))
+    before_d, before_r = decode_metrics(), metrics(rport)
+    s, body = request(rport, "/v1/chat/completions", chat(long_q, system=systems[q0]))
+    after_d, after_r = decode_metrics(), metrics(rport)
+    usage = json.loads(body)["usage"]
+    got = after_d['deepinfer_kv_transfer_blocks_total{direction="received"}'] - \
+        before_d['deepinfer_kv_transfer_blocks_total{direction="received"}']
+    whole_blocks = (usage["prompt_tokens"] - 1) // 64
+    remote = after_r.get('deepinfer_router_prefill_total{where="remote"}', 0) - \
+        before_r.get('deepinfer_router_prefill_total{where="remote"}', 0)
+    check(s == 200 and content(body) == reference[long_q] and remote == 1 and 0 < got <= whole_blocks - 12 and
+          usage["prompt_tokens_details"]["cached_tokens"] == whole_blocks * 64,
+          f"a long later turn: only the blocks the decode worker lacks were sent ({got:.0f} of {whole_blocks}), all "
+          f"{whole_blocks} reused, same answer")
 
     # The decode side's faults: straight to the decode worker, naming a misbehaving prefill endpoint.
     q = "How do I list files?"
@@ -386,9 +404,9 @@ try:
         t.join(40)
     took = time.time() - started
     statuses = [out.get(i, (0, ""))[0] for i in range(3)]
-    check(statuses == [200] * 3 and 3 <= took < 10,
-          f"a stalled decode worker: 3 requests answered {statuses} in {took:.1f} s (retried after 3 s)")
-    table.append(("a decode worker stalled (SIGSTOP), `--first-byte-timeout-ms 3000`",
+    check(statuses == [200] * 3 and 5 <= took < 15,
+          f"a stalled decode worker: 3 requests answered {statuses} in {took:.1f} s (retried after 5 s)")
+    table.append(("a decode worker stalled (SIGSTOP), `--first-byte-timeout-ms 5000`",
                   f"{statuses} (one routed to it retried on the other decode worker)", f"{took:.1f}"))
     decode.send_signal(signal.SIGCONT)
     check(wait_health(dport), "the stalled decode worker answers again after SIGCONT")

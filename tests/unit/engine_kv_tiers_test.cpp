@@ -195,6 +195,35 @@ TEST(EngineKvTiersTest, BlocksHandedToAnotherEngineDecodeTheSame) {
   EXPECT_EQ(run.tokens, reference_ids("prompt_5.greedy"));
   EXPECT_EQ(run.cached_tokens, static_cast<int64_t>(whole));
 
+  // Only the blocks the receiver lacks: an engine that computed the prompt's first 2 blocks (a 129-token prompt)
+  // takes blocks 2 and 3 (import_first_block 2) and reuses all 4; a fresh engine given the same (blocks 0 and 1
+  // not cached there) imports nothing and computes the prompt itself, with the same tokens.
+  auto warm = make_engine(base_config());
+  SamplingParams one_token = greedy_params();
+  one_token.max_tokens = 1;
+  (void)generate(*warm, std::vector<TokenId>(prompt.begin(), prompt.begin() + 129));
+  for (int fresh = 0; fresh < 2; ++fresh) {
+    Engine& target = fresh ? *make_engine(base_config()).release() : *warm;
+    std::unique_ptr<Engine> owned(fresh ? &target : nullptr);
+    KvHandoff tail;
+    tail.import_first_block = 2;
+    tail.import_blocks = {sent[2].second, sent[3].second};
+    Turn partial;
+    SequenceId sid = *target.submit(prompt, greedy_params(), std::move(tail));
+    while (target.has_pending_work()) {
+      auto events = target.step();
+      ASSERT_TRUE(events.ok());
+      for (const TokenEvent& event : *events) {
+        if (event.id != sid) continue;
+        if (event.token) partial.tokens.push_back(*event.token);
+        if (event.finished) partial.cached_tokens = event.num_cached_tokens;
+      }
+    }
+    EXPECT_EQ(partial.tokens, reference_ids("prompt_5.greedy")) << "fresh " << fresh;
+    EXPECT_EQ(partial.cached_tokens, fresh ? 0 : static_cast<int64_t>(whole)) << "fresh " << fresh;
+    if (!fresh) (void)owned.release();
+  }
+
   // A payload of another size (another model or cache dtype) is refused; so is an engine without a prefix cache.
   KvHandoff wrong;
   wrong.import_blocks.push_back(std::vector<std::byte>(100));

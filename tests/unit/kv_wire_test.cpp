@@ -15,7 +15,7 @@ std::span<const std::byte, kFrameHeaderBytes> header_of(const std::vector<std::b
 }
 
 TEST(KvWire, RequestRoundTrip) {
-  KvTransferRequest request{"0123456789abcdef0123456789abcdef", 2, {}};
+  KvTransferRequest request{"0123456789abcdef0123456789abcdef", 2, 1, {}};
   for (int i = 0; i < 128; ++i) request.tokens.push_back(1000 + i);
   request.tokens[5] = -1;  // the sender validates ids; the codec carries any int32
   const std::vector<std::byte> frame = encode_request(request);
@@ -27,11 +27,12 @@ TEST(KvWire, RequestRoundTrip) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->fingerprint_hex, request.fingerprint_hex);
   EXPECT_EQ(back->ttl_class, 2u);
+  EXPECT_EQ(back->first_block, 1u);
   EXPECT_EQ(back->tokens, request.tokens);
 }
 
 TEST(KvWire, MalformedFramesAreRefused) {
-  std::vector<std::byte> frame = encode_request({"0123456789abcdef0123456789abcdef", 0, {1, 2, 3}});
+  std::vector<std::byte> frame = encode_request({"0123456789abcdef0123456789abcdef", 0, 0, {1, 2, 3}});
   // A body over the reader's limit.
   EXPECT_EQ(decode_frame_header(header_of(frame), 8).status().code(), StatusCode::kCorruption);
   // Unknown type, nonzero padding.

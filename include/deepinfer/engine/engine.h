@@ -114,9 +114,13 @@ struct KvHandoff {
   // (prompt - 1) / 64 (admission always computes the prompt's last token here), or past what the free device
   // blocks hold, are left out: that part is computed here.
   std::vector<std::vector<std::byte>> import_blocks;
+  // The prompt block import_blocks[0] is (the blocks before it are expected cached on the device here: the
+  // prefill worker did not send them). When one of them is not, nothing is imported (the prompt is computed here).
+  int64_t import_first_block = 0;
   // The prefill side: called on the step thread with each full prompt block (index from 0, payload) once a step
   // has computed it or found it cached, in order, each once, before the request's next step. Must not block.
   std::function<void(int64_t block_index, std::vector<std::byte> payload)> export_block;
+  int64_t export_from_block = 0;  // blocks before it are computed but not sent
   bool empty() const { return import_blocks.empty() && !export_block; }
 };
 
@@ -215,7 +219,7 @@ class Engine {
   // KvHandoff::import_blocks: writes the payloads into free device blocks and caches them under the prompt's
   // block hashes.
   Status import_blocks(std::span<const TokenId> prompt, std::vector<std::vector<std::byte>>& payloads,
-                       kvcache::TtlClassId ttl_class);
+                       int64_t first_block, kvcache::TtlClassId ttl_class);
   // KvHandoff::export_block for the entries of `batch` that export, after the executor computed their KV.
   void export_blocks(const ScheduledBatch& batch);
 

@@ -32,7 +32,7 @@ std::vector<std::byte> frame(FrameType type, size_t body_bytes) {
   return out;
 }
 
-constexpr size_t kRequestFixedBytes = 4 + 4 + 32 + 4;
+constexpr size_t kRequestFixedBytes = 4 + 4 + 32 + 4 + 4;
 
 }  // namespace
 
@@ -66,8 +66,9 @@ std::vector<std::byte> encode_request(const KvTransferRequest& request) {
   put_u32(p, kWireVersion);
   put_u32(p + 4, request.ttl_class);
   std::memcpy(p + 8, request.fingerprint_hex.data(), 32);
-  put_u32(p + 40, static_cast<uint32_t>(request.tokens.size()));
-  for (size_t i = 0; i < request.tokens.size(); ++i) put_u32(p + 44 + 4 * i, static_cast<uint32_t>(request.tokens[i]));
+  put_u32(p + 40, request.first_block);
+  put_u32(p + 44, static_cast<uint32_t>(request.tokens.size()));
+  for (size_t i = 0; i < request.tokens.size(); ++i) put_u32(p + 48 + 4 * i, static_cast<uint32_t>(request.tokens[i]));
   return out;
 }
 
@@ -81,13 +82,14 @@ Result<KvTransferRequest> decode_request(std::span<const std::byte> body) {
   KvTransferRequest request;
   request.ttl_class = get_u32(body.data() + 4);
   request.fingerprint_hex.assign(reinterpret_cast<const char*>(body.data() + 8), 32);
-  const uint32_t n = get_u32(body.data() + 40);
+  request.first_block = get_u32(body.data() + 40);
+  const uint32_t n = get_u32(body.data() + 44);
   if (body.size() != kRequestFixedBytes + 4 * static_cast<size_t>(n)) {
     return Status::corruption("KV transfer: a request frame of " + std::to_string(body.size()) + " bytes for " +
                               std::to_string(n) + " tokens");
   }
   request.tokens.resize(n);
-  for (uint32_t i = 0; i < n; ++i) request.tokens[i] = static_cast<int32_t>(get_u32(body.data() + 44 + 4 * i));
+  for (uint32_t i = 0; i < n; ++i) request.tokens[i] = static_cast<int32_t>(get_u32(body.data() + 48 + 4 * i));
   return request;
 }
 

@@ -7,11 +7,13 @@
 //   header: u8 type, u8[3] zero, u32 body_bytes
 //   kRequest (receiver -> sender), version 1:
 //     u32 version (1), u32 ttl_class, char[32] fingerprint (the block hashes' model fingerprint, lowercase hex:
-//     both workers must run the same checkpoint), u32 num_tokens, i32 tokens[num_tokens] (whole 64-token blocks
-//     of the prompt: the sender computes them and sends every block)
-//   kBlock (sender -> receiver): u32 block_index (0, 1, ... in order), then the block's payload (the layout of
-//     block_mover.h: one 64-token block of every cache layer, in the cache dtype)
-//   kDone (sender -> receiver): u32 num_blocks, u64 checksum[num_blocks] (XXH3-64, seed 0, of each payload)
+//     both workers must run the same checkpoint), u32 first_block (the receiver holds blocks [0, first_block)
+//     already: they are computed, or found in the sender's cache, but not sent), u32 num_tokens,
+//     i32 tokens[num_tokens] (whole 64-token blocks of the prompt)
+//   kBlock (sender -> receiver): u32 block_index (first_block, first_block + 1, ... in order), then the block's
+//     payload (the layout of block_mover.h: one 64-token block of every cache layer, in the cache dtype)
+//   kDone (sender -> receiver): u32 num_blocks, u64 checksum[num_blocks] (XXH3-64, seed 0, of each payload sent,
+//     in order)
 //   kError (sender -> receiver): UTF-8 text, why the sender ended the transfer
 // Thread-safety: pure functions.
 #pragma once
@@ -45,6 +47,7 @@ Result<FrameHeader> decode_frame_header(std::span<const std::byte, kFrameHeaderB
 struct KvTransferRequest {
   std::string fingerprint_hex;  // 32 lowercase hex digits
   uint32_t ttl_class = 0;
+  uint32_t first_block = 0;     // blocks before it are not sent (the receiver holds them)
   std::vector<int32_t> tokens;  // a multiple of 64
 };
 // The whole frame (header and body). REQUIRES: fingerprint_hex has 32 characters.
