@@ -102,6 +102,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::optional<std::string> kv_transfer_protocol, rdma_device_names;
     std::optional<int64_t> kv_transfer_timeout_ms;
     std::optional<int32_t> kv_transfer_port;
+    std::optional<int32_t> kv_transfer_max_connections;
     bool swa_bounded_replay = false;
     std::optional<std::string> chat_format;
     std::optional<std::string> chat_format_revision;
@@ -178,6 +179,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-transfer-port", options->kv_transfer_port,
                   "--role prefill: the TCP port decode workers fetch KV blocks from, on --host (default 8998; 0: an "
                   "ephemeral port, shown in GET /worker/info)");
+  cmd->add_option("--kv-transfer-max-connections", options->kv_transfer_max_connections,
+                  "--role prefill: KV transfers served at once; more are answered with an error (the decode worker "
+                  "then prefills itself) (default 256)");
   cmd->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
                   "Fraction of the GPU's memory this server may fill (weights, activations and KV cache), as vLLM's: "
                   "the KV cache gets what the fraction leaves after the weights and a step's workspace (--device cuda "
@@ -293,7 +297,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     };
     for (const char* flag : {"--role", "--pipeline-parallel-size", "--expert-parallel-size", "--cluster-nodes",
                              "--tensor-parallel-size", "--kv-transfer-protocol", "--rdma-device-names",
-                             "--kv-transfer-timeout-ms", "--gpu-memory-utilization", "--kv-transfer-port"}) {
+                             "--kv-transfer-timeout-ms", "--gpu-memory-utilization", "--kv-transfer-port",
+                             "--kv-transfer-max-connections"}) {
       if (std::optional<std::string> value = typed(flag); value && value->empty()) {
         return fail(std::string(flag) + " needs a value (it was given as an empty string)");
       }
@@ -321,6 +326,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (*options->kv_transfer_port < 0 || *options->kv_transfer_port > 65535) {
         return fail("--kv-transfer-port " + std::to_string(*options->kv_transfer_port) + ": a port, 0 to 65535");
       }
+    }
+    if (options->kv_transfer_max_connections) {
+      if (options->role != "prefill") return fail("--kv-transfer-max-connections applies to --role prefill");
+      if (*options->kv_transfer_max_connections < 1) return fail("--kv-transfer-max-connections must be at least 1");
     }
     if (options->role == "decode" && options->no_prefix_caching) {
       return fail("--role decode needs the prefix cache: the KV blocks a prefill worker sends become cached blocks "
@@ -576,6 +585,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     server_config.kv_transfer_port = options->kv_transfer_port.value_or(8998);
     server_config.kv_transfer_timeout_ms = options->kv_transfer_timeout_ms.value_or(30000);
+    server_config.kv_transfer_max_connections = options->kv_transfer_max_connections.value_or(256);
     server_config.kv_block_bytes = (*engine)->block_bytes();
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     auto server =

@@ -2,6 +2,8 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <sys/socket.h>
+
 #include <boost/asio.hpp>
 #include <boost/asio/experimental/as_tuple.hpp>
 #include <boost/beast/core.hpp>
@@ -127,10 +129,37 @@ struct Worker {
   uint64_t prompt_tokens = 0;
   uint64_t predicted_cached_tokens = 0;
   std::string role;               // as its /worker/info says
+  bool fingerprint_warned = false;  // logged once: its fingerprint differs from a decode worker's
   int32_t kv_transfer_port = 0;   // a prefill worker's, from its /worker/info
 };
 
 std::string_view reason_text(std::string_view reason) { return reason.empty() ? "none" : reason; }
+
+// A client watched while the router waits for a worker's response header (Router::Impl::proxy).
+struct ClientWatch {
+  bool over = false;          // the header came (or the attempt ended): stop watching
+  bool client_gone = false;
+  tcp::socket* upstream = nullptr;  // closed when the client goes
+};
+
+awaitable<void> watch_client(tcp::socket& client, std::shared_ptr<ClientWatch> watch) {
+  while (!watch->over) {
+    boost::system::error_code ec;
+    co_await client.async_wait(tcp::socket::wait_read, asio::redirect_error(use_awaitable, ec));
+    if (ec == asio::error::operation_aborted || watch->over) co_return;
+    // Readiness alone proves nothing: peek. 0 bytes: the client closed; data: it pipelined its next request.
+    char byte = 0;
+    const ssize_t n = ec ? -1 : ::recv(client.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) co_return;
+    if (n < 0 && !ec && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    watch->client_gone = true;
+    if (watch->upstream != nullptr) {
+      boost::system::error_code ignored;
+      watch->upstream->close(ignored);
+    }
+    co_return;
+  }
+}
 
 }  // namespace
 
@@ -181,6 +210,13 @@ struct Router::Impl {
   awaitable<void> health_loop(int32_t worker);
   void take_worker_info(int32_t worker, const std::string& body);
   void set_health(int32_t worker, bool healthy);
+  // Whether a worker may take requests now: healthy and, disaggregated, of its pool's role (its /worker/info), a
+  // prefill worker with its KV transfer port known. With mu held.
+  bool usable(const Worker& w) const {
+    if (!w.state.healthy) return false;
+    if (config.prefill_workers.empty()) return true;
+    return w.info_known && w.role == (w.prefill ? "prefill" : "decode") && (!w.prefill || w.kv_transfer_port > 0);
+  }
   std::string metrics_text();
   void count_error(const std::string& reason) {
     std::lock_guard lock(mu);
@@ -490,13 +526,16 @@ awaitable<bool> Router::Impl::handle(beast::tcp_stream& client, http::request<ht
   }
   switch (entry->route) {
     case Route::kHealth: {
-      int32_t healthy = 0;
+      int32_t healthy = 0, answering = 0;  // answering: workers that answer requests (not prefill workers)
       {
         std::lock_guard lock(mu);
-        for (const Worker& w : workers) healthy += w.state.healthy ? 1 : 0;
+        for (const Worker& w : workers) {
+          healthy += usable(w) ? 1 : 0;
+          answering += usable(w) && !w.prefill ? 1 : 0;
+        }
       }
-      response.result(healthy > 0 && !stopping ? http::status::ok : http::status::service_unavailable);
-      json::object body{{"status", healthy > 0 && !stopping ? "ok" : "unavailable"},
+      response.result(answering > 0 && !stopping ? http::status::ok : http::status::service_unavailable);
+      json::object body{{"status", answering > 0 && !stopping ? "ok" : "unavailable"},
                         {"healthy_workers", healthy},
                         {"workers", static_cast<int64_t>(workers.size())}};
       response.body() = json::serialize(body);
@@ -567,11 +606,7 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
       std::vector<WorkerState> states;
       for (const Worker& w : workers) {
         states.push_back(w.state);
-        // Disaggregated, a worker of the wrong role (its /worker/info) or a prefill worker not known yet is out.
-        if (disaggregated && (!w.info_known || w.role != (w.prefill ? "prefill" : "decode") ||
-                              (w.prefill && w.kv_transfer_port <= 0))) {
-          states.back().healthy = false;
-        }
+        states.back().healthy = usable(w);  // disaggregated: also of the right role
       }
       if (routed) {
         decision = policy->choose(route, states);
@@ -590,8 +625,19 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
                          decision.uncached_tokens <= config.max_local_prefill_tokens;
       if (disaggregated && routed && !local) {
         RouteRequest prefill_route = route;
+        const Worker& decode = workers[static_cast<size_t>(decision.worker)];
         for (int32_t w = 0; w < n; ++w) {
-          prefill_route.excluded[static_cast<size_t>(w)] = !workers[static_cast<size_t>(w)].prefill;
+          Worker& candidate = workers[static_cast<size_t>(w)];
+          // A prefill worker of another model or KV dtype than the decode worker's: its blocks would be refused.
+          const bool other_model = candidate.prefill && candidate.fingerprint != decode.fingerprint;
+          if (other_model && !candidate.fingerprint_warned) {
+            candidate.fingerprint_warned = true;
+            spdlog::error("router: prefill worker {} ({}) has block fingerprint {}, decode worker {} has {}: another "
+                          "checkpoint or KV dtype; it is not paired with that decode worker",
+                          w, candidate.url, candidate.fingerprint ? candidate.fingerprint->to_hex() : "none",
+                          decode.url, decode.fingerprint ? decode.fingerprint->to_hex() : "none");
+          }
+          prefill_route.excluded[static_cast<size_t>(w)] = !candidate.prefill || other_model;
         }
         prefill_decision = policy->choose(prefill_route, states);
         if (prefill_decision.worker >= 0) {
@@ -716,7 +762,22 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(boost::none);
   beast::flat_buffer buffer;
+  // Until the worker's header (for a non-streamed answer: its end), a client that goes away closes the upstream
+  // connection, so the worker cancels the request instead of finishing it for nobody.
+  auto watch = std::make_shared<ClientWatch>();
+  watch->upstream = &upstream.socket();
+  asio::co_spawn(executor, watch_client(client.socket(), watch), asio::detached);
   auto [header_ec, header_n] = co_await http::async_read_header(upstream, buffer, parser, kTuple);
+  watch->over = true;
+  watch->upstream = nullptr;
+  {
+    boost::system::error_code ignored;
+    client.socket().cancel(ignored);  // ends the watcher's wait
+  }
+  if (watch->client_gone) {
+    count_error("client_disconnect");
+    co_return Outcome::kClientGone;
+  }
   if (header_ec) {
     co_return fail_before_header(header_ec == beast::error::timeout
                                      ? "no response header within --first-byte-timeout-ms"

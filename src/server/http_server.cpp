@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -43,6 +44,7 @@ constexpr auto kWriteTimeout = std::chrono::seconds(30);
 constexpr uint64_t kDiscardBodyBytes = 64 * 1024;  // a refused request's body up to this is read and dropped
 constexpr int kReservedFileDescriptors = 64;  // kept free of connections: engine, disk tier, logs, accept()
 constexpr std::string_view kJson = "application/json";
+constexpr std::string_view kClientGone = "the client went away";
 constexpr std::string_view kPrometheusText = "text/plain; version=0.0.4; charset=utf-8";
 
 double seconds_since(Clock::time_point start, Clock::time_point end = Clock::now()) {
@@ -304,6 +306,9 @@ struct Server::Impl {
   awaitable<int> dispatch(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info);
   awaitable<int> generate(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info, Route route);
   awaitable<void> watch_disconnect(std::shared_ptr<Connection> conn, std::shared_ptr<RequestChannel> channel);
+  awaitable<void> watch_disconnect_during_fetch(std::shared_ptr<Connection> conn,
+                                                std::shared_ptr<KvFetchControl> control,
+                                                std::shared_ptr<bool> fetch_over);
   awaitable<int> send(Connection& conn, const RequestInfo& info, int status, std::string body,
                       std::string_view content_type, std::vector<std::pair<std::string, std::string>> headers = {});
   awaitable<int> send_error(Connection& conn, const RequestInfo& info, const ApiError& error, Dialect dialect,
@@ -352,6 +357,9 @@ struct Server::Impl {
   tcp::acceptor acceptor;
   tcp::acceptor kv_acceptor;  // role prefill: decode workers' KV transfers
   KvTransferOptions kv_options;
+  std::atomic<int32_t> kv_transfers{0};  // role prefill: transfers being served (a drain waits for them too)
+  std::mutex fetches_mu;
+  std::set<std::shared_ptr<KvFetchControl>> fetches;  // GUARDED_BY(fetches_mu): role decode, in flight
   asio::signal_set signals;
   asio::steady_timer force_stop;
   asio::steady_timer drain_deadline;
@@ -427,8 +435,20 @@ awaitable<void> Server::Impl::listen_kv_transfer() {
     }
     socket.set_option(tcp::no_delay(true), ec);
     auto executor = socket.get_executor();
+    if (kv_transfers.load() >= config.kv_transfer_max_connections) {
+      asio::co_spawn(executor,
+                     refuse_kv_transfer(std::move(socket),
+                                        fmt::format("the prefill worker is at its limit of {} KV transfers at once "
+                                                    "(--kv-transfer-max-connections)",
+                                                    config.kv_transfer_max_connections)),
+                     asio::detached);
+      continue;
+    }
+    ++kv_transfers;
     asio::co_spawn(executor, serve_kv_transfer(std::move(socket), *client, kv_options, metrics),
-                   [](std::exception_ptr error) {
+                   [this](std::exception_ptr error) {
+                     --kv_transfers;
+                     if (draining) asio::post(ioc, [this] { maybe_finish(); });
                      if (!error) return;
                      try {
                        std::rethrow_exception(error);
@@ -472,6 +492,10 @@ void Server::Impl::begin_shutdown(bool drain) {
       }
     }
     if (!drain) {
+      {
+        std::lock_guard lock(fetches_mu);
+        for (const std::shared_ptr<KvFetchControl>& fetch : fetches) fetch->abort("the server is stopping");
+      }
       client->stop();  // live requests end with an error their coroutines send
       // ... unless a client does not read it: stop anyway after a grace period.
       force_stop.expires_after(std::chrono::seconds(2));
@@ -486,7 +510,7 @@ void Server::Impl::begin_shutdown(bool drain) {
 }
 
 void Server::Impl::maybe_finish() {
-  if (!draining || active.load() != 0 || stopped.exchange(true)) return;
+  if (!draining || active.load() != 0 || kv_transfers.load() != 0 || stopped.exchange(true)) return;
   work.reset();
   ioc.stop();
 }
@@ -876,6 +900,26 @@ awaitable<void> Server::Impl::watch_disconnect(std::shared_ptr<Connection> conn,
   }
 }
 
+// While a decode worker fetches a request's KV (before the request reaches the engine): a client that goes away
+// aborts the fetch (its socket closes, so the prefill worker cancels its prefill too).
+awaitable<void> Server::Impl::watch_disconnect_during_fetch(std::shared_ptr<Connection> conn,
+                                                            std::shared_ptr<KvFetchControl> control,
+                                                            std::shared_ptr<bool> fetch_over) {
+  tcp::socket& socket = conn->stream.socket();
+  while (!*fetch_over) {
+    beast::error_code ec;
+    co_await socket.async_wait(tcp::socket::wait_read, asio::redirect_error(use_awaitable, ec));
+    if (ec == asio::error::operation_aborted || *fetch_over) co_return;
+    char byte = 0;
+    const ssize_t n = ec ? -1 : ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) co_return;  // pipelined data: the client is there
+    if (n < 0 && !ec && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    spdlog::info("client went away during its KV transfer; aborting it");
+    control->abort(std::string(kClientGone));
+    co_return;
+  }
+}
+
 awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info,
                                       Route route) {
   const Dialect dialect = route == Route::kMessages ? Dialect::kAnthropic : Dialect::kOpenAI;
@@ -961,12 +1005,35 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
       ask.fingerprint_hex = config.model_fingerprint_hex;
       ask.ttl_class = static_cast<uint32_t>(plan.params.kv_ttl_class);
       ask.first_block = static_cast<uint32_t>(skip_blocks);
+      // The whole blocks and the next token: the prefill worker then reuses every block it caches (kv_wire.h).
       ask.tokens.assign(plan.prompt_token_ids.begin(),
-                        plan.prompt_token_ids.begin() + static_cast<std::ptrdiff_t>(blocks * kBlockTokens));
+                        plan.prompt_token_ids.begin() + static_cast<std::ptrdiff_t>(blocks * kBlockTokens + 1));
       const Clock::time_point asked = Clock::now();
       std::string reason;
+      // The fetch ends early if the client goes away (watched as during generation) or the server stops.
+      auto control = std::make_shared<KvFetchControl>(co_await asio::this_coro::executor);
+      auto fetch_over = std::make_shared<bool>(false);
+      {
+        std::lock_guard lock(fetches_mu);
+        fetches.insert(control);
+      }
+      asio::co_spawn(co_await asio::this_coro::executor, watch_disconnect_during_fetch(conn, control, fetch_over),
+                     asio::detached);
       Result<std::vector<std::vector<std::byte>>> fetched =
-          co_await fetch_kv_blocks(*prefill_endpoint, std::move(ask), kv_options, metrics, reason);
+          co_await fetch_kv_blocks(*prefill_endpoint, std::move(ask), kv_options, metrics, reason, control);
+      *fetch_over = true;
+      {
+        beast::error_code ignored;
+        conn->stream.socket().cancel(ignored);  // ends the watcher's wait
+        std::lock_guard lock(fetches_mu);
+        fetches.erase(control);
+      }
+      if (control->aborted() && control->why() == kClientGone) {
+        ++metrics.client_disconnects;
+        metrics.count_outcome("client_disconnect");
+        conn->close = true;
+        co_return 499;
+      }
       if (fetched.ok()) {
         metrics.kv_transfer_seconds.observe(seconds_since(asked));
         handoff.import_blocks = std::move(fetched).value();

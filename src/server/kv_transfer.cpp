@@ -1,6 +1,8 @@
 // The KV transfer's two sides over TCP (kv_transfer.h).
 #include "kv_transfer.h"
 
+#include "deepinfer/kvcache/tier_policy.h"
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -139,9 +141,14 @@ Result<wire::KvTransferRequest> accept_request(const std::pair<wire::FrameType, 
                                                 request->fingerprint_hex, options.fingerprint_hex));
   }
   const size_t tokens = request->tokens.size();
-  if (tokens == 0 || tokens % kvcache::kBlockTokens != 0) {
+  if (tokens < kvcache::kBlockTokens || tokens % kvcache::kBlockTokens > 1) {
+    return Status::invalid_argument(fmt::format(
+        "{} tokens asked for: a KV transfer moves whole 64-token blocks (and takes one more token at most)", tokens));
+  }
+  static const size_t classes = kvcache::RetentionConfig::defaults().classes.size();
+  if (request->ttl_class >= classes) {
     return Status::invalid_argument(
-        fmt::format("{} tokens asked for: a KV transfer moves whole 64-token blocks", tokens));
+        fmt::format("ttl_class {} is not a retention class (0..{})", request->ttl_class, classes - 1));
   }
   if (request->first_block >= tokens / kvcache::kBlockTokens) {
     return Status::invalid_argument(fmt::format("first block {} asked for of {} blocks: nothing to send",
@@ -171,10 +178,14 @@ awaitable<void> watch_peer(beast::tcp_stream& stream, std::shared_ptr<Outbox> ou
 
 }  // namespace
 
-awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::string endpoint,
-                                                                       wire::KvTransferRequest request,
-                                                                       const KvTransferOptions& options,
-                                                                       Metrics& metrics, std::string& reason) {
+namespace {
+
+// fetch_kv_blocks without the abort bookkeeping.
+awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string endpoint,
+                                                                    wire::KvTransferRequest request,
+                                                                    const KvTransferOptions& options,
+                                                                    Metrics& metrics, std::string& reason,
+                                                                    KvFetchControl* control) {
   const auto timeout = std::chrono::milliseconds(options.timeout_ms);
   const size_t colon = endpoint.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
@@ -184,8 +195,17 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
   std::string host = endpoint.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   const std::string port = endpoint.substr(colon + 1);
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
+      std::stoi(port) > 65535) {
+    reason = "connect";
+    co_return Status::invalid_argument("KV transfer endpoint '" + endpoint.substr(0, 200) + "': the port is not 1..65535");
+  }
   auto executor = co_await asio::this_coro::executor;
   beast::tcp_stream stream(executor);
+  if (control != nullptr) {
+    if (control->aborted()) co_return Status::internal("aborted before connecting");
+    control->attach(&stream);
+  }
   beast::error_code ec;
   tcp::resolver resolver(executor);
   const auto targets = co_await resolver.async_resolve(host, port, asio::redirect_error(use_awaitable, ec));
@@ -201,7 +221,7 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
   }
   stream.socket().set_option(tcp::no_delay(true), ec);
   const size_t first = request.first_block;
-  const size_t expected = request.tokens.size() / kvcache::kBlockTokens - first;
+  const size_t expected = request.tokens.size() / kvcache::kBlockTokens - first;  // a trailing extra token: no block
   const std::vector<std::byte> ask = wire::encode_request(request);
   stream.expires_after(timeout);
   co_await asio::async_write(stream, asio::buffer(ask), asio::redirect_error(use_awaitable, ec));
@@ -229,9 +249,14 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
     auto& [type, body] = *frame;
     if (type == wire::FrameType::kError) {
       reason = "peer_error";
+      // The peer's words go to a log: printable ASCII only, 300 characters at most.
+      std::string text;
+      for (size_t i = 0; i < body.size() && text.size() < 300; ++i) {
+        const auto c = static_cast<unsigned char>(body[i]);
+        text += c >= 0x20 && c < 0x7f ? static_cast<char>(c) : '?';
+      }
       co_return Status::failed_precondition(
-          fmt::format("the prefill worker at {} ended the KV transfer: {}", endpoint,
-                      std::string(reinterpret_cast<const char*>(body.data()), body.size())));
+          fmt::format("the prefill worker at {} ended the KV transfer: {}", endpoint, text));
     }
     if (type == wire::FrameType::kBlock) {
       if (body.size() < 4) {
@@ -242,8 +267,10 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
       for (int i = 0; i < 4; ++i) index |= static_cast<uint32_t>(body[static_cast<size_t>(i)]) << (8 * i);
       if (index != first + blocks.size() || blocks.size() >= expected) {
         reason = "protocol";
-        co_return Status::corruption(fmt::format("KV transfer: block {} arrived where block {} (of {}, from {}) was "
-                                                 "due", index, first + blocks.size(), expected, first));
+        co_return Status::corruption(
+            blocks.size() >= expected
+                ? fmt::format("KV transfer: block {} arrived after the {} blocks asked for", index, expected)
+                : fmt::format("KV transfer: block {} arrived where block {} was due", index, first + blocks.size()));
       }
       if (body.size() - 4 != options.block_bytes) {
         reason = "protocol";
@@ -282,6 +309,42 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
     stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
     co_return blocks;
   }
+}
+
+}  // namespace
+
+void KvFetchControl::abort(std::string why) {
+  asio::post(strand_, [self = shared_from_this(), why = std::move(why)]() mutable {
+    if (self->aborted_) return;
+    self->aborted_ = true;
+    self->why_ = std::move(why);
+    if (self->stream_ != nullptr) {
+      beast::error_code ignored;
+      self->stream_->socket().close(ignored);
+    }
+  });
+}
+
+awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::string endpoint,
+                                                                       wire::KvTransferRequest request,
+                                                                       const KvTransferOptions& options,
+                                                                       Metrics& metrics, std::string& reason,
+                                                                       std::shared_ptr<KvFetchControl> control) {
+  Result<std::vector<std::vector<std::byte>>> result =
+      co_await fetch_blocks(std::move(endpoint), std::move(request), options, metrics, reason, control.get());
+  if (control != nullptr) {
+    control->attach(nullptr);
+    if (!result.ok() && control->aborted()) {
+      reason = "aborted";
+      co_return Status::internal("KV transfer aborted: " + control->why());
+    }
+  }
+  co_return result;
+}
+
+awaitable<void> refuse_kv_transfer(tcp::socket socket, std::string message) {
+  beast::tcp_stream stream(std::move(socket));
+  co_await send_error(stream, "a decode worker", std::move(message), std::chrono::milliseconds(1000));
 }
 
 awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& client, const KvTransferOptions& options,
@@ -337,6 +400,7 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
 
   std::vector<uint64_t> checksums;
   checksums.reserve(static_cast<size_t>(expected));
+  bool all_sent = false;
   while (!finished) {
     if (!co_await outbox->wait(timeout)) {
       if (outbox->peer_gone()) {
@@ -380,7 +444,20 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
       }
       metrics.kv_transfer_blocks_sent += 1;
       metrics.kv_transfer_bytes_sent += static_cast<int64_t>(item.payload.size());
+      if (static_cast<int64_t>(checksums.size()) == expected) {
+        // Every block is out: the completion record now, not a step later when the engine reports the end (the
+        // prefill's one token is nobody's: the request is cancelled on the way out, its blocks stay cached).
+        const std::vector<std::byte> done = wire::encode_done(checksums);
+        stream.expires_after(timeout);
+        co_await asio::async_write(stream, asio::buffer(done), asio::redirect_error(use_awaitable, ec));
+        if (ec) spdlog::warn("KV transfer to {}: sending the completion record: {}", peer, describe(ec, options.timeout_ms));
+        beast::error_code ignored;
+        stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        all_sent = true;
+        break;
+      }
     }
+    if (all_sent) break;
     if (ec) break;
   }
   // Let the peer-watching read end before the stream goes: close the socket, then yield once.

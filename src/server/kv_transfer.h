@@ -17,7 +17,9 @@
 #pragma once
 
 #include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
 #include <cstddef>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +38,25 @@ struct KvTransferOptions {
   std::string fingerprint_hex;  // this worker's block-hash fingerprint: the peer's must equal it
 };
 
+// Ends a decode-side fetch from elsewhere (its client went away, the server stops): abort() closes the fetch's
+// socket on the fetch's strand, and the fetch returns Status ShuttingDown-like Internal "aborted: WHY" with reason
+// "aborted". Thread-safety: abort() from any thread.
+class KvFetchControl : public std::enable_shared_from_this<KvFetchControl> {
+ public:
+  explicit KvFetchControl(boost::asio::any_io_executor strand) : strand_(std::move(strand)) {}
+  void abort(std::string why);
+  // On the fetch's strand.
+  bool aborted() const { return aborted_; }
+  const std::string& why() const { return why_; }
+  void attach(boost::beast::tcp_stream* stream) { stream_ = stream; }
+
+ private:
+  boost::asio::any_io_executor strand_;
+  boost::beast::tcp_stream* stream_ = nullptr;  // strand only
+  bool aborted_ = false;                        // strand only
+  std::string why_;                             // strand only
+};
+
 // Decode side. `endpoint`: "HOST:PORT" of a prefill worker's KV transfer listener. `tokens`: whole blocks of the
 // prompt. Returns the payloads of blocks request.first_block .. tokens/64 - 1, each checked.
 // Errors: DeadlineExceeded-like IoError "timed out ..." (reason "timeout"), IoError for connect/reset ("connect"),
@@ -43,7 +64,11 @@ struct KvTransferOptions {
 // frame ("corrupt" / "protocol"): `reason` is set to the metric's label.
 boost::asio::awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(
     std::string endpoint, kvcache::transfer::KvTransferRequest request, const KvTransferOptions& options,
-    Metrics& metrics, std::string& reason);
+    Metrics& metrics, std::string& reason, std::shared_ptr<KvFetchControl> control = nullptr);
+
+// Prefill side: answers a connection over the limit of transfers at once with an error frame and closes it
+// (within 1 s).
+boost::asio::awaitable<void> refuse_kv_transfer(boost::asio::ip::tcp::socket socket, std::string message);
 
 // Prefill side: serves one connection until its transfer ends.
 boost::asio::awaitable<void> serve_kv_transfer(boost::asio::ip::tcp::socket socket, engine::EngineClient& client,

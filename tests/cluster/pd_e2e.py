@@ -165,7 +165,7 @@ def read_frame(sock):
 
 
 def kv_request(fingerprint, tokens, ttl_class=0, first_block=0):
-    body = struct.pack("<II", 1, ttl_class) + fingerprint.encode() + struct.pack("<II", first_block, len(tokens))
+    body = struct.pack("<II", 2, ttl_class) + fingerprint.encode() + struct.pack("<II", first_block, len(tokens))
     body += struct.pack(f"<{len(tokens)}i", *tokens)
     return frame(REQUEST, body)
 
@@ -347,6 +347,55 @@ try:
         if fake:
             fake.close()
 
+    # A client that leaves while its decode worker fetches the KV: the fetch is aborted at once (not at the timeout).
+    fake = FakePrefill("stall", kvport)
+    before = metrics(dport)
+    try:
+        request(dport, "/v1/chat/completions", chat(q), headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{fake.port}"},
+                timeout=0.5)
+    except OSError:
+        pass
+    left = time.time()
+    seen = None
+    while time.time() - left < TIMEOUT_MS / 1000 + 2 and seen is None:
+        if metrics(dport).get("deepinfer_client_disconnects_total", 0) > before.get("deepinfer_client_disconnects_total", 0):
+            seen = time.time() - left
+        time.sleep(0.05)
+    fake.close()
+    check(seen is not None and seen < TIMEOUT_MS / 1000 / 2,
+          f"a client that leaves during its KV transfer: the decode worker aborts the fetch "
+          f"{'%.2f s' % seen if seen is not None else 'never'} after (the transfer timeout is {TIMEOUT_MS / 1000:.0f} s)")
+
+    # A non-streamed request whose client leaves through the router: the worker stops it (the router closes its
+    # connection while it waits for the response header).
+    long_body = chat("Write a very long answer about Debian.", max_tokens=1200)
+    long_body["ignore_eos"] = True
+    try:
+        request(rport, "/v1/chat/completions", long_body, timeout=1.0)
+    except OSError:
+        pass
+    left = time.time()
+    stopped_after = None
+    while time.time() - left < 15 and stopped_after is None:
+        if all(metrics(p).get("deepinfer_num_requests_running", 1) == 0 for p in (dport, d2port)):
+            stopped_after = time.time() - left
+        time.sleep(0.1)
+    check(stopped_after is not None and stopped_after < 3,
+          f"a non-streamed request whose client leaves the router: the worker stops it "
+          f"{'%.1f s' % stopped_after if stopped_after is not None else 'never'} after")
+
+    # A router whose --decode worker is really a prefill worker: not counted healthy, every request 503.
+    bad_port = free_port()
+    bad = start("router-wrong-role", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode",
+                                      f"http://127.0.0.1:{pport}", "--model-path", MODEL, "--host", "127.0.0.1",
+                                      "--port", str(bad_port), "--health-check-interval-ms", "200"])
+    time.sleep(1.5)
+    hs, hbody = request(bad_port, "/health")
+    rs, _ = request(bad_port, "/v1/chat/completions", chat(q))
+    bad.terminate()
+    check(hs == 503 and rs == 503, f"a router whose decode worker is --role prefill: /health {hs}, requests {rs} "
+                                   f"({hbody.strip()})")
+
     # A client header naming a prefill worker is refused by a --role both worker.
     s, body = request(bport, "/v1/chat/completions", chat(q), headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
     check(s == 400 and "--role decode" in body, "a --role both worker refuses X-KV-Prefill-Endpoint with 400")
@@ -363,6 +412,11 @@ try:
     kind, body = read_frame(sock)
     sock.close()
     check(kind == ERROR and b"fingerprint" in body, f"a wrong fingerprint gets an error frame ({body[:60]!r}...)")
+    sock = socket.create_connection(("127.0.0.1", kvport), timeout=10)
+    sock.sendall(kv_request(fingerprint, tokens, ttl_class=256))
+    kind, body = read_frame(sock)
+    sock.close()
+    check(kind == ERROR and b"retention class" in body, f"ttl_class 256 gets an error frame ({body[:50]!r})")
     sock = socket.create_connection(("127.0.0.1", kvport), timeout=10)
     sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     try:

@@ -46,7 +46,7 @@ TEST(KvWire, MalformedFramesAreRefused) {
   std::span<const std::byte> body = std::span(frame).subspan(kFrameHeaderBytes);
   EXPECT_EQ(decode_request(body.first(body.size() - 4)).status().code(), StatusCode::kCorruption);
   std::vector<std::byte> other(body.begin(), body.end());
-  other[0] = std::byte{2};
+  other[0] = std::byte{7};  // no such version
   EXPECT_EQ(decode_request(other).status().code(), StatusCode::kCorruption);
   EXPECT_EQ(decode_request(body.first(10)).status().code(), StatusCode::kCorruption);
 }

@@ -75,6 +75,7 @@ struct ServerConfig {
   // block) is counted and the prompt computed here. Other roles refuse the header (400).
   int32_t kv_transfer_port = 8998;
   int64_t kv_transfer_timeout_ms = 30000;  // every wait of a transfer, on both sides
+  int32_t kv_transfer_max_connections = 256;  // role prefill: transfers at once; more get an error frame
   size_t kv_block_bytes = 0;               // engine::Engine::block_bytes(); REQUIRES > 0 for prefill / decode
   // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
   // stop); a second one cancels what is still running and stops at once.

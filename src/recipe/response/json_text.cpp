@@ -61,11 +61,8 @@ std::string_view openai_type(int status) {
   switch (status) {
     case 429:
       return "rate_limit_error";
-    case 500:
-    case 503:
-      return "server_error";
     default:
-      return "invalid_request_error";
+      return status >= 500 ? "server_error" : "invalid_request_error";  // 502 from a gateway too
   }
 }
 
@@ -81,12 +78,11 @@ std::string_view anthropic_type(int status) {
       return "request_too_large";
     case 429:
       return "rate_limit_error";
-    case 500:
-      return "api_error";
     case 503:
+    case 529:
       return "overloaded_error";
     default:
-      return "invalid_request_error";
+      return status >= 500 ? "api_error" : "invalid_request_error";  // 500, and 502 from a gateway
   }
 }
 

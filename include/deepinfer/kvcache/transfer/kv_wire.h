@@ -5,11 +5,13 @@
 //
 // Every frame: an 8-byte header, then `body_bytes` bytes. All integers little-endian.
 //   header: u8 type, u8[3] zero, u32 body_bytes
-//   kRequest (receiver -> sender), version 1:
+//   kRequest (receiver -> sender), version 2 (1 had no first_block):
 //     u32 version (1), u32 ttl_class, char[32] fingerprint (the block hashes' model fingerprint, lowercase hex:
 //     both workers must run the same checkpoint), u32 first_block (the receiver holds blocks [0, first_block)
 //     already: they are computed, or found in the sender's cache, but not sent), u32 num_tokens,
-//     i32 tokens[num_tokens] (whole 64-token blocks of the prompt)
+//     i32 tokens[num_tokens] (whole 64-token blocks of the prompt, optionally followed by the prompt's next token:
+//     then the sender reuses every block its own cache holds and computes at least that one token, instead of
+//     recomputing the last block)
 //   kBlock (sender -> receiver): u32 block_index (first_block, first_block + 1, ... in order), then the block's
 //     payload (the layout of block_mover.h: one 64-token block of every cache layer, in the cache dtype)
 //   kDone (sender -> receiver): u32 num_blocks, u64 checksum[num_blocks] (XXH3-64, seed 0, of each payload sent,
@@ -32,7 +34,7 @@ namespace deepinfer::kvcache::transfer {
 enum class FrameType : uint8_t { kRequest = 1, kBlock = 2, kDone = 3, kError = 4 };
 
 inline constexpr size_t kFrameHeaderBytes = 8;
-inline constexpr uint32_t kWireVersion = 1;
+inline constexpr uint32_t kWireVersion = 2;
 
 struct FrameHeader {
   FrameType type = FrameType::kError;
@@ -48,7 +50,7 @@ struct KvTransferRequest {
   std::string fingerprint_hex;  // 32 lowercase hex digits
   uint32_t ttl_class = 0;
   uint32_t first_block = 0;     // blocks before it are not sent (the receiver holds them)
-  std::vector<int32_t> tokens;  // a multiple of 64
+  std::vector<int32_t> tokens;  // a multiple of 64, or one more
 };
 // The whole frame (header and body). REQUIRES: fingerprint_hex has 32 characters.
 std::vector<std::byte> encode_request(const KvTransferRequest& request);
