@@ -372,6 +372,7 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
   const size_t tokens = request->tokens.size();
   const int64_t first = request->first_block;
   const int64_t expected = static_cast<int64_t>(tokens) / kvcache::kBlockTokens - first;
+  metrics.prompt_tokens += static_cast<int64_t>(tokens);
 
   auto outbox = std::make_shared<Outbox>(co_await asio::this_coro::executor);
   engine::SamplingParams params;
