@@ -3,7 +3,7 @@
 parses and has apiVersion, kind and metadata.name; a workload's selector matches its pod labels; probes and
 Services name ports that exist; every volume mount has a volume; each Service selects a workload; the
 `deepinfer serve` / `deepinfer router` arguments are flags the built binary's --help lists; the router's
---worker URLs name pods the worker StatefulSet creates. Usage: check_manifests.py DEEPINFER_BINARY [FILES...]"""
+--worker / --prefill / --decode URLs name pods of a StatefulSet of that --role. Usage: check_manifests.py DEEPINFER_BINARY [FILES...]"""
 import glob
 import os
 import re
@@ -68,13 +68,19 @@ for name, doc in workloads:
                     errors.append(f"{cname}: `deepinfer {args[0]}` has no flag {flag}")
             if args[0] == "router":
                 for arg in args[1:]:
-                    if not arg.startswith("--worker="):
+                    if not arg.startswith(("--worker=", "--prefill=", "--decode=")):
                         continue
-                    m = re.fullmatch(r"--worker=http://([a-z0-9-]+)-(\d+)\.([a-z0-9-]+):(\d+)", arg)
+                    m = re.fullmatch(r"--(?:worker|prefill|decode)=http://([a-z0-9-]+)-(\d+)\.([a-z0-9-]+):(\d+)", arg)
                     sts = statefulsets.get(m.group(1)) if m else None
                     if not m or sts is None or sts["spec"].get("serviceName") != m.group(3) or \
                             int(m.group(2)) >= sts["spec"].get("replicas", 1):
                         errors.append(f"{cname}: {arg} names no pod of a worker StatefulSet")
+                        continue
+                    role = next((a.split("=", 1)[1] for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]
+                                 if a.startswith("--role=")), "both")
+                    want = {"--worker": "both", "--prefill": "prefill", "--decode": "decode"}[arg.split("=", 1)[0]]
+                    if role != want:
+                        errors.append(f"{cname}: {arg} names a pod of --role {role}, not {want}")
 for name, doc in docs:
     if doc.get("kind") != "Service":
         continue
