@@ -420,17 +420,9 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
         break;
       }
       if (item.kind == Outbox::Item::Kind::kDone) {
+        // The completion record goes right after the last block (below), so an end reported first is short.
         finished = true;
-        if (static_cast<int64_t>(checksums.size()) != expected) {
-          co_await fail(fmt::format("the prefill ended with {} of {} blocks computed", checksums.size(), expected));
-          break;
-        }
-        const std::vector<std::byte> done = wire::encode_done(checksums);
-        stream.expires_after(timeout);
-        co_await asio::async_write(stream, asio::buffer(done), asio::redirect_error(use_awaitable, ec));
-        if (ec) spdlog::warn("KV transfer to {}: sending the completion record: {}", peer, describe(ec, options.timeout_ms));
-        beast::error_code ignored;
-        stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        co_await fail(fmt::format("the prefill ended with {} of {} blocks computed", checksums.size(), expected));
         break;
       }
       const auto prefix = wire::encode_block_prefix(static_cast<uint32_t>(item.index), item.payload.size());
@@ -458,8 +450,7 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
         break;
       }
     }
-    if (all_sent) break;
-    if (ec) break;
+    if (all_sent || ec) break;
   }
   // Let the peer-watching read end before the stream goes: close the socket, then yield once.
   beast::error_code ignored;
