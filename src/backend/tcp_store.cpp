@@ -1,0 +1,254 @@
+// The rendezvous store of a parallel group (communicator.h): rank 0 serves a key-value map over TCP, every rank is
+// a client. A get waits on the server for its key, up to the client's timeout. Messages, little-endian:
+//   set: 'S' u32 key_len key u64 value_len value        -> u8 0
+//   get: 'G' u32 key_len key u64 timeout_ms             -> u8 0 u64 value_len value | u8 1 (timed out)
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "deepinfer/backend/communicator.h"
+
+namespace deepinfer::backend {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+constexpr size_t kMaxKeyBytes = 4096;
+constexpr uint64_t kMaxValueBytes = uint64_t{1} << 30;
+
+template <class T>
+void put(std::vector<std::byte>& out, T value) {
+  const auto* p = reinterpret_cast<const std::byte*>(&value);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+template <class T>
+T read_value(tcp::socket& socket) {
+  T value{};
+  asio::read(socket, asio::buffer(&value, sizeof(T)));
+  return value;
+}
+
+std::string read_key(tcp::socket& socket) {
+  const uint32_t length = read_value<uint32_t>(socket);
+  if (length > kMaxKeyBytes) throw std::runtime_error("store key too long");
+  std::string key(length, '\0');
+  asio::read(socket, asio::buffer(key.data(), key.size()));
+  return key;
+}
+
+// The map and its waiters; one thread per connection (a group has a few ranks, each with one or two connections).
+class StoreServer {
+ public:
+  explicit StoreServer(tcp::acceptor acceptor) : acceptor_(std::move(acceptor)) {
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+  ~StoreServer() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
+    }
+    changed_.notify_all();
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    if (accept_thread_.joinable()) accept_thread_.join();
+    for (std::thread& t : connection_threads_) t.join();
+  }
+  int port() const { return port_; }
+  void set_port(int port) { port_ = port; }
+
+ private:
+  void accept_loop() {
+    while (true) {
+      boost::system::error_code error;
+      tcp::socket socket(acceptor_.get_executor());
+      acceptor_.accept(socket, error);
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      if (error) continue;
+      socket.set_option(tcp::no_delay(true), error);
+      connections_.push_back(socket.native_handle());
+      connection_threads_.emplace_back([this, s = std::move(socket)]() mutable { serve(s); });
+    }
+  }
+
+  void serve(tcp::socket& socket) {
+    try {
+      while (true) {
+        const char op = read_value<char>(socket);
+        const std::string key = read_key(socket);
+        if (op == 'S') {
+          const uint64_t length = read_value<uint64_t>(socket);
+          if (length > kMaxValueBytes) return;
+          std::vector<std::byte> value(length);
+          asio::read(socket, asio::buffer(value.data(), value.size()));
+          {
+            std::lock_guard lock(mu_);
+            values_[key] = std::move(value);
+          }
+          changed_.notify_all();
+          const uint8_t ok = 0;
+          asio::write(socket, asio::buffer(&ok, 1));
+        } else if (op == 'G') {
+          const uint64_t timeout_ms = read_value<uint64_t>(socket);
+          std::vector<std::byte> reply;
+          {
+            std::unique_lock lock(mu_);
+            const bool found = changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                                 [&] { return stopping_ || values_.count(key) > 0; });
+            if (stopping_) return;
+            if (!found) {
+              reply.push_back(std::byte{1});
+            } else {
+              const std::vector<std::byte>& value = values_[key];
+              reply.push_back(std::byte{0});
+              put<uint64_t>(reply, value.size());
+              reply.insert(reply.end(), value.begin(), value.end());
+            }
+          }
+          asio::write(socket, asio::buffer(reply));
+        } else {
+          return;
+        }
+      }
+    } catch (const std::exception&) {
+      // The client went away (or sent nonsense): its connection ends, the map stays.
+    }
+  }
+
+  tcp::acceptor acceptor_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::map<std::string, std::vector<std::byte>> values_;
+  std::vector<int> connections_;
+  std::vector<std::thread> connection_threads_;
+  std::thread accept_thread_;
+};
+
+class TcpStoreClient final : public TcpStore {
+ public:
+  TcpStoreClient(std::unique_ptr<asio::io_context> io, tcp::socket socket, std::unique_ptr<StoreServer> server)
+      : io_(std::move(io)), socket_(std::move(socket)), server_(std::move(server)) {}
+  ~TcpStoreClient() override {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    server_.reset();
+  }
+
+  Status set(const std::string& key, std::span<const std::byte> value) override {
+    std::vector<std::byte> message;
+    put<char>(message, 'S');
+    put<uint32_t>(message, static_cast<uint32_t>(key.size()));
+    const auto* k = reinterpret_cast<const std::byte*>(key.data());
+    message.insert(message.end(), k, k + key.size());
+    put<uint64_t>(message, value.size());
+    message.insert(message.end(), value.begin(), value.end());
+    try {
+      asio::write(socket_, asio::buffer(message));
+      read_value<uint8_t>(socket_);
+    } catch (const std::exception& e) {
+      return Status::io_error("rendezvous store: set '" + key + "': " + e.what());
+    }
+    return Status();
+  }
+
+  Result<std::vector<std::byte>> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::vector<std::byte> message;
+    put<char>(message, 'G');
+    put<uint32_t>(message, static_cast<uint32_t>(key.size()));
+    const auto* k = reinterpret_cast<const std::byte*>(key.data());
+    message.insert(message.end(), k, k + key.size());
+    put<uint64_t>(message, static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
+    try {
+      asio::write(socket_, asio::buffer(message));
+      if (read_value<uint8_t>(socket_) != 0) {
+        return Status::internal("rendezvous store: no rank set '" + key + "' within " +
+                                std::to_string(timeout.count()) + " ms");
+      }
+      const uint64_t length = read_value<uint64_t>(socket_);
+      if (length > kMaxValueBytes) return Status::io_error("rendezvous store: value too long");
+      std::vector<std::byte> value(length);
+      asio::read(socket_, asio::buffer(value.data(), value.size()));
+      return value;
+    } catch (const std::exception& e) {
+      return Status::io_error("rendezvous store: get '" + key + "': " + e.what());
+    }
+  }
+
+  int port() const override { return server_ ? server_->port() : 0; }
+
+ private:
+  std::unique_ptr<asio::io_context> io_;
+  tcp::socket socket_;
+  std::unique_ptr<StoreServer> server_;
+};
+
+Result<tcp::socket> connect_once(asio::io_context& io, const std::string& host, int port) {
+  boost::system::error_code error;
+  tcp::resolver resolver(io);
+  auto endpoints = resolver.resolve(host, std::to_string(port), error);
+  if (error) return Status::io_error("rendezvous store: resolve " + host + ": " + error.message());
+  tcp::socket socket(io);
+  asio::connect(socket, endpoints, error);
+  if (error) return Status::io_error("rendezvous store: connect " + host + ":" + std::to_string(port) + ": " +
+                                     error.message());
+  socket.set_option(tcp::no_delay(true), error);
+  return socket;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TcpStore>> serve_tcp_store(const std::string& host, int port) {
+  auto io = std::make_unique<asio::io_context>();
+  boost::system::error_code error;
+  tcp::resolver resolver(*io);
+  auto endpoints = resolver.resolve(host, std::to_string(port), error);
+  if (error || endpoints.empty()) return Status::io_error("rendezvous store: resolve " + host + ": " + error.message());
+  tcp::acceptor acceptor(*io);
+  const tcp::endpoint endpoint = *endpoints.begin();
+  acceptor.open(endpoint.protocol(), error);
+  if (!error) acceptor.set_option(tcp::acceptor::reuse_address(true), error);
+  if (!error) acceptor.bind(endpoint, error);
+  if (!error) acceptor.listen(64, error);
+  if (error) {
+    return Status::io_error("rendezvous store: listen on " + host + ":" + std::to_string(port) + ": " +
+                            error.message());
+  }
+  const int bound = acceptor.local_endpoint().port();
+  auto server = std::make_unique<StoreServer>(std::move(acceptor));
+  server->set_port(bound);
+  Result<tcp::socket> socket = connect_once(*io, host, bound);
+  if (!socket.ok()) return socket.status();
+  tcp::socket connected = std::move(socket).value();
+  return std::unique_ptr<TcpStore>(new TcpStoreClient(std::move(io), std::move(connected), std::move(server)));
+}
+
+Result<std::unique_ptr<TcpStore>> connect_tcp_store(const std::string& host, int port,
+                                                    std::chrono::milliseconds timeout) {
+  auto io = std::make_unique<asio::io_context>();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    Result<tcp::socket> socket = connect_once(*io, host, port);
+    if (socket.ok()) {
+      tcp::socket connected = std::move(socket).value();
+      return std::unique_ptr<TcpStore>(new TcpStoreClient(std::move(io), std::move(connected), nullptr));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::io_error(socket.status().message() + " (gave up after " + std::to_string(timeout.count()) +
+                              " ms)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace deepinfer::backend
