@@ -51,8 +51,8 @@ class ProfilingBackend final : public backend::Backend {
     timed("begin_step", [&] { s = inner_.begin_step(layout); });
     return s;
   }
-  void embed(const backend::Weight& table, backend::Tensor out) override {
-    timed("embed", [&] { inner_.embed(table, out); });
+  void embed(const backend::Weight& table, backend::Tensor out, int64_t first_id) override {
+    timed("embed", [&] { inner_.embed(table, out, first_id); });
   }
   void linear(const backend::Tensor& x, const backend::Weight& w, backend::Tensor y) override {
     const char* kind = w.precision == backend::Precision::kFP8 ? "linear fp8" : "linear bf16";

@@ -61,8 +61,12 @@ __global__ void gather_rows_kernel(GatherRowsParams p) {
   const int64_t total = p.rows * p.cols;
   for (int64_t i = global_thread(); i < total; i += grid_threads()) {
     const int64_t r = i / p.cols, c = i % p.cols;
-    const int64_t src_row = p.indices[r];
-    if (src_row < 0 || src_row >= p.table_rows) __trap();
+    const int64_t src_row = p.indices[r] - p.first_index;
+    if (src_row < 0 || src_row >= p.table_rows) {
+      if (!p.sharded) __trap();
+      dst[r * p.dst_stride + c] = __float2bfloat16(0.0f);
+      continue;
+    }
     const int64_t at = src_row * p.table_stride + c;
     float v;
     switch (p.format) {

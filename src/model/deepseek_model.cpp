@@ -187,6 +187,43 @@ MoeRoutingRule routing_rule(const ModelConfig& c) {
   return rule;
 }
 
+// The part of a checkpoint matrix [rows, cols] a tensor-parallel rank holds: rows [row0, row0 + rows), columns
+// [col0, col0 + cols); -1: all of them.
+struct Slice {
+  int64_t row0 = 0, rows = -1, col0 = 0, cols = -1;
+  int64_t rows_of(int64_t full) const { return rows < 0 ? full : rows; }
+  int64_t cols_of(int64_t full) const { return cols < 0 ? full : cols; }
+  bool whole(int64_t full_rows, int64_t full_cols) const {
+    return row0 == 0 && col0 == 0 && rows_of(full_rows) == full_rows && cols_of(full_cols) == full_cols;
+  }
+  // Whether it cuts the matrix on 128 x 128 FP8 block boundaries (so that the stored bytes and scales slice).
+  bool on_blocks(int64_t full_rows, int64_t full_cols) const {
+    auto edge = [](int64_t at, int64_t full) { return at % 128 == 0 || at == full; };
+    return edge(row0, full_rows) && edge(row0 + rows_of(full_rows), full_rows) && edge(col0, full_cols) &&
+           edge(col0 + cols_of(full_cols), full_cols);
+  }
+};
+
+// This rank's shard of a dimension split over the tensor-parallel ranks.
+struct Shard {
+  int64_t rank = 0, size = 1;
+  int64_t part(int64_t n) const { return n / size; }
+  int64_t first(int64_t n) const { return rank * (n / size); }
+  Slice rows(int64_t n) const { return Slice{first(n), part(n), 0, -1}; }
+  Slice cols(int64_t n) const { return Slice{0, -1, first(n), part(n)}; }
+};
+
+// Copies the block [slice] of a row-major [rows, cols] matrix.
+template <typename T>
+std::vector<T> cut(const T* data, int64_t cols, const Slice& slice, int64_t rows) {
+  const int64_t r = slice.rows_of(rows), c = slice.cols_of(cols);
+  std::vector<T> out(static_cast<size_t>(r * c));
+  for (int64_t i = 0; i < r; ++i) {
+    std::copy_n(data + (slice.row0 + i) * cols + slice.col0, c, out.data() + i * c);
+  }
+  return out;
+}
+
 // Fills backend weights from a checkpoint, or with random values when there is none (benchmarks of real configs).
 class Loader {
  public:
@@ -249,31 +286,49 @@ class Loader {
     return fill(*out);
   }
 
-  // A checkpoint matrix.
-  Status matrix(const std::string& name, int64_t rows, int64_t cols, Precision precision, WeightPtr& out) {
-    return weight(1, rows, cols, precision, out, [&](Weight& w) { return set(w, 0, {name}, rows, cols); });
+  // A checkpoint matrix [rows, cols], or the `slice` of it.
+  Status matrix(const std::string& name, int64_t rows, int64_t cols, Precision precision, WeightPtr& out,
+                const Slice& slice = {}) {
+    return weight(1, slice.rows_of(rows), slice.cols_of(cols), precision, out,
+                  [&](Weight& w) { return set(w, 0, {name}, rows, cols, slice); });
   }
 
   // Sets slot `index` of `w` from the checkpoint tensors `names` stacked by rows (gate_proj then up_proj, say):
   // their FP8 bytes and block scales as stored when w is FP8 (then each part's rows are a multiple of 128), else
   // float32 values (FP8 dequantized with its scales).
-  Status set(Weight& w, int64_t index, std::vector<std::string> names, int64_t part_rows, int64_t cols) {
+  // With `slice`, each part contributes its block [slice] (FP8: only when the slice is on block boundaries, as
+  // linear_precision() decides).
+  Status set(Weight& w, int64_t index, std::vector<std::string> names, int64_t part_rows, int64_t cols,
+             const Slice& slice = {}) {
     std::vector<float> values;
     std::vector<uint8_t> fp8;
     std::vector<float> scales;
+    const bool whole = slice.whole(part_rows, cols);
     for (const std::string& name : names) {
       if (w.precision == Precision::kFP8) {
-        Status s = load_fp8(name, part_rows, cols, fp8, scales);
+        std::vector<uint8_t> part_fp8;
+        std::vector<float> part_scales;
+        Status s = load_fp8(name, part_rows, cols, part_fp8, part_scales);
         if (!s.ok()) return s;
+        if (!whole) {
+          const int64_t scale_cols = (cols + 127) / 128;
+          const Slice blocks{slice.row0 / 128, (slice.rows_of(part_rows) + 127) / 128, slice.col0 / 128,
+                             (slice.cols_of(cols) + 127) / 128};
+          part_fp8 = cut(part_fp8.data(), cols, slice, part_rows);
+          part_scales = cut(part_scales.data(), scale_cols, blocks, (part_rows + 127) / 128);
+        }
+        fp8.insert(fp8.end(), part_fp8.begin(), part_fp8.end());
+        scales.insert(scales.end(), part_scales.begin(), part_scales.end());
       } else {
         Result<std::vector<float>> part = load(name, {part_rows, cols});
         if (!part.ok()) return part.status();
+        if (!whole) *part = cut(part->data(), cols, slice, part_rows);
         values.insert(values.end(), part->begin(), part->end());
       }
     }
     backend::HostMatrix host;
-    host.rows = part_rows * static_cast<int64_t>(names.size());
-    host.cols = cols;
+    host.rows = slice.rows_of(part_rows) * static_cast<int64_t>(names.size());
+    host.cols = slice.cols_of(cols);
     host.f32 = values;
     host.fp8 = fp8;
     host.fp8_scales = scales;
@@ -293,9 +348,13 @@ class Loader {
   // The precision of a linear weight made of `parts` checkpoint tensors [part_rows, cols] stacked by rows, the
   // first named `name`: FP8 only when asked for, the checkpoint stores it as FP8 in 128x128 blocks, cols is a
   // multiple of 128 (the FP8 GEMM's K) and stacked parts end on block boundaries; else bf16 when FP8 was asked for.
-  Precision linear_precision(const std::string& name, int64_t part_rows, int64_t cols, int64_t parts = 1) const {
+  // A slice (tensor parallel) keeps FP8 only when it cuts on block boundaries and its parts end on them.
+  Precision linear_precision(const std::string& name, int64_t part_rows, int64_t cols, int64_t parts = 1,
+                             const Slice& slice = {}) const {
     if (precision_ != Precision::kFP8) return precision_;
-    const bool shape_ok = cols % 128 == 0 && (parts == 1 || part_rows % 128 == 0);
+    const int64_t local_rows = slice.rows_of(part_rows), local_cols = slice.cols_of(cols);
+    const bool shape_ok = local_cols % 128 == 0 && (parts == 1 || local_rows % 128 == 0) &&
+                          slice.on_blocks(part_rows, cols);
     if (random()) return shape_ok ? Precision::kFP8 : Precision::kBF16;
     const TensorView* view = checkpoint_->find(name);
     const bool fp8 = shape_ok && view != nullptr && view->dtype == DType::kF8E4M3 && block(0) == 128 && block(1) == 128;
@@ -338,26 +397,30 @@ class Loader {
   uint64_t seed_;
 };
 
-// An MLP (count 1, tensors under `prefix`) or `count` routed experts stacked (tensors under prefix.<e>).
+// An MLP (count 1, tensors under `prefix`) or `count` routed experts stacked (tensors under prefix.<e>); with a
+// tensor-parallel `shard`, this rank's part of the intermediate dimension (gate/up rows, down columns).
 Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t count, int64_t inter, int64_t hidden,
-                Mlp& out) {
+                const Shard& shard, Mlp& out) {
   auto name = [&](int64_t e, const char* part) {
     return (experts ? prefix + "." + std::to_string(e) : prefix) + "." + part + ".weight";
   };
-  Status s = loader.weight(count, 2 * inter, hidden, loader.linear_precision(name(0, "gate_proj"), inter, hidden, 2),
-                           out.gate_up,
+  const int64_t local = shard.part(inter);
+  const Slice rows = shard.rows(inter), cols = shard.cols(inter);
+  Status s = loader.weight(count, 2 * local, hidden,
+                           loader.linear_precision(name(0, "gate_proj"), inter, hidden, 2, rows), out.gate_up,
                            [&](Weight& w) {
                              for (int64_t e = 0; e < count; ++e) {
-                               Status st = loader.set(w, e, {name(e, "gate_proj"), name(e, "up_proj")}, inter, hidden);
+                               Status st =
+                                   loader.set(w, e, {name(e, "gate_proj"), name(e, "up_proj")}, inter, hidden, rows);
                                if (!st.ok()) return st;
                              }
                              return Status();
                            });
   if (!s.ok()) return s;
-  return loader.weight(count, hidden, inter, loader.linear_precision(name(0, "down_proj"), hidden, inter), out.down,
-                       [&](Weight& w) {
+  return loader.weight(count, hidden, local, loader.linear_precision(name(0, "down_proj"), hidden, inter, 1, cols),
+                       out.down, [&](Weight& w) {
                          for (int64_t e = 0; e < count; ++e) {
-                           Status st = loader.set(w, e, {name(e, "down_proj")}, hidden, inter);
+                           Status st = loader.set(w, e, {name(e, "down_proj")}, hidden, inter, cols);
                            if (!st.ok()) return st;
                          }
                          return Status();
@@ -365,27 +428,32 @@ Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t
 }
 
 // The decoder layer whose tensors are under `p` ("model.layers.3", "mtp.0"), with routed experts when `moe`.
+// With a tensor-parallel `shard`, this rank's heads and intermediate slices (TensorParallel in the header).
 Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& c, const std::string& p, bool moe,
-                  Layer& out) {
-  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, rank = c.kv_lora_rank;
+                  const Shard& shard, Layer& out) {
+  const int64_t all_heads = c.num_attention_heads, heads = shard.part(all_heads), first_head = shard.first(all_heads);
+  const int64_t hidden = c.hidden_size, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, R = c.qk_rope_head_dim;
   Status s;
   if (!(s = loader.vector(p + ".input_layernorm.weight", hidden, 1.0f, out.input_layernorm)).ok()) return s;
   if (!(s = loader.vector(p + ".post_attention_layernorm.weight", hidden, 1.0f, out.post_attention_layernorm)).ok()) {
     return s;
   }
-  auto linear = [&](const std::string& name, int64_t rows, int64_t cols, WeightPtr& w) {
-    return loader.matrix(name, rows, cols, loader.linear_precision(name, rows, cols), w);
+  auto linear = [&](const std::string& name, int64_t rows, int64_t cols, WeightPtr& w, const Slice& slice = {}) {
+    return loader.matrix(name, rows, cols, loader.linear_precision(name, rows, cols, 1, slice), w, slice);
   };
+  const Slice head_rows{first_head * c.qk_head_dim(), heads * c.qk_head_dim(), 0, -1};
   if (c.q_lora_rank) {
     if (!(s = linear(p + ".self_attn.q_a_proj.weight", *c.q_lora_rank, hidden, out.q_a_proj)).ok()) return s;
     if (!(s = loader.vector(p + ".self_attn.q_a_layernorm.weight", *c.q_lora_rank, 1.0f, out.q_a_layernorm)).ok()) {
       return s;
     }
-    if (!(s = linear(p + ".self_attn.q_b_proj.weight", heads * c.qk_head_dim(), *c.q_lora_rank, out.q_b_proj)).ok()) {
+    if (!(s = linear(p + ".self_attn.q_b_proj.weight", all_heads * c.qk_head_dim(), *c.q_lora_rank, out.q_b_proj,
+                     head_rows)).ok()) {
       return s;
     }
-  } else if (!(s = linear(p + ".self_attn.q_proj.weight", heads * c.qk_head_dim(), hidden, out.q_proj)).ok()) {
+  } else if (!(s = linear(p + ".self_attn.q_proj.weight", all_heads * c.qk_head_dim(), hidden, out.q_proj, head_rows))
+                  .ok()) {
     return s;
   }
   if (!(s = linear(p + ".self_attn.kv_a_proj_with_mqa.weight", rank + R, hidden, out.kv_a_proj_with_mqa)).ok()) {
@@ -396,9 +464,12 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
   const Precision dense = loader.dense_precision();
   std::vector<float> kv_b;
   if (!loader.random()) {
-    Result<std::vector<float>> loaded = loader.load(p + ".self_attn.kv_b_proj.weight", {heads * (nope + v), rank});
+    Result<std::vector<float>> loaded = loader.load(p + ".self_attn.kv_b_proj.weight", {all_heads * (nope + v), rank});
     if (!loaded.ok()) return loaded.status();
     kv_b = std::move(loaded).value();
+    // This rank's heads only (each head's rows are contiguous: nope key rows, then v value rows).
+    kv_b.erase(kv_b.begin() + (first_head + heads) * (nope + v) * rank, kv_b.end());
+    kv_b.erase(kv_b.begin(), kv_b.begin() + first_head * (nope + v) * rank);
   }
   s = loader.weight(heads, rank, nope, dense, out.w_uk_t, [&](Weight& w) {
     std::vector<float> uk_t(static_cast<size_t>(rank * nope));  // transpose of W_UK[h] ([nope, C])
@@ -429,9 +500,12 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
     });
     if (!s.ok()) return s;
   }
-  if (!(s = linear(p + ".self_attn.o_proj.weight", hidden, heads * v, out.o_proj)).ok()) return s;
+  if (!(s = linear(p + ".self_attn.o_proj.weight", hidden, all_heads * v, out.o_proj,
+                   Slice{0, -1, first_head * v, heads * v})).ok()) {
+    return s;
+  }
   out.moe = moe;
-  if (!out.moe) return load_mlp(loader, p + ".mlp", false, 1, c.intermediate_size, hidden, out.dense);
+  if (!out.moe) return load_mlp(loader, p + ".mlp", false, 1, c.intermediate_size, hidden, shard, out.dense);
   if (!(s = loader.matrix(p + ".mlp.gate.weight", c.n_routed_experts, hidden, Precision::kF32, out.gate)).ok()) {
     return s;
   }
@@ -441,28 +515,29 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
       return s;
     }
   }
-  if (!(s = load_mlp(loader, p + ".mlp.experts", true, c.n_routed_experts, c.moe_intermediate_size, hidden, out.experts))
-           .ok()) {
+  if (!(s = load_mlp(loader, p + ".mlp.experts", true, c.n_routed_experts, c.moe_intermediate_size, hidden, shard,
+                     out.experts)).ok()) {
     return s;
   }
   out.has_shared = c.n_shared_experts > 0;
   if (out.has_shared) {
     return load_mlp(loader, p + ".mlp.shared_experts", false, 1, c.moe_intermediate_size * c.n_shared_experts, hidden,
-                    out.shared);
+                    shard, out.shared);
   }
   return Status();
 }
 
 // Everything but the checkpoint: the layers, MTP layers, final norm, head and rope tables through `loader`.
-Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, DeepSeekModel::Weights& w) {
+Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, const Shard& shard,
+             DeepSeekModel::Weights& w) {
   Status s;
   if (!(s = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size, loader.dense_precision(),
-                          w.embed_tokens)).ok()) {
+                          w.embed_tokens, shard.rows(c.vocab_size))).ok()) {
     return s;
   }
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!(s = load_layer(loader, backend, c, "model.layers." + std::to_string(l), c.is_moe_layer(l),
+    if (!(s = load_layer(loader, backend, c, "model.layers." + std::to_string(l), c.is_moe_layer(l), shard,
                          w.layers[static_cast<size_t>(l)])).ok()) {
       return s;
     }
@@ -478,7 +553,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
                             mtp.eh_proj)).ok()) {
       return s;
     }
-    if (!(s = load_layer(loader, backend, c, p, c.is_moe_layer(index), mtp.layer)).ok()) return s;
+    if (!(s = load_layer(loader, backend, c, p, c.is_moe_layer(index), shard, mtp.layer)).ok()) return s;
     const std::string head_norm = loader.has(p + ".shared_head.norm.weight") ? p + ".shared_head.norm.weight"
                                                                              : "model.norm.weight";
     if (!(s = loader.vector(head_norm, c.hidden_size, 1.0f, mtp.shared_head_norm)).ok()) return s;
@@ -492,7 +567,8 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
     auto module = std::make_unique<DsparkModule>();
     module->stages.resize(static_cast<size_t>(S));
     for (int64_t i = 0; i < S; ++i) {
-      if (!(s = load_layer(loader, backend, c, "mtp." + std::to_string(i), false, module->stages[static_cast<size_t>(i)]))
+      if (!(s = load_layer(loader, backend, c, "mtp." + std::to_string(i), false, shard,
+                           module->stages[static_cast<size_t>(i)]))
                .ok()) {
         return s;
       }
@@ -528,7 +604,10 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, De
   }
   if (!(s = loader.vector("model.norm.weight", c.hidden_size, 1.0f, w.norm)).ok()) return s;
   const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (!(s = loader.matrix(head, c.vocab_size, c.hidden_size, loader.dense_precision(), w.lm_head)).ok()) return s;
+  if (!(s = loader.matrix(head, c.vocab_size, c.hidden_size, loader.dense_precision(), w.lm_head,
+                          shard.rows(c.vocab_size))).ok()) {
+    return s;
+  }
   if (w.dspark && !loader.random()) {
     // The draft's vocabulary (DsparkHeads): the ids where lm_head or markov_w2 is non-zero; then its own head
     // (DsparkModule::head) when that leaves some out, and markov_w2 transposed over it.
@@ -610,9 +689,39 @@ Status check_supported(const ModelConfig& c, const backend::Backend& backend, co
 
 }  // namespace
 
-DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend)
-    : config_(std::move(config)), backend_(backend), weights_(std::make_unique<Weights>()),
-      scratch_(std::make_unique<Scratch>()), graph_owner_(next_graph_owner.fetch_add(1)) {}
+DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp)
+    : config_(std::move(config)), local_(config_), tp_(tp), backend_(backend), weights_(std::make_unique<Weights>()),
+      scratch_(std::make_unique<Scratch>()), graph_owner_(next_graph_owner.fetch_add(1)) {
+  local_.num_attention_heads /= tp.size;
+  local_.intermediate_size /= tp.size;
+  local_.moe_intermediate_size /= tp.size;
+}
+
+namespace {
+// Whether `c` splits over `tp` (TensorParallel's requirements), naming the dimension that does not.
+Status check_tensor_parallel(const ModelConfig& c, const TensorParallel& tp) {
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) {
+    return Status::invalid_argument("tensor parallel: rank " + std::to_string(tp.rank) + " of " +
+                                    std::to_string(tp.size));
+  }
+  if (tp.size == 1) return Status();
+  const std::pair<const char*, int64_t> dims[] = {{"num_attention_heads", c.num_attention_heads},
+                                                  {"intermediate_size", c.intermediate_size},
+                                                  {"moe_intermediate_size", c.moe_intermediate_size},
+                                                  {"vocab_size", c.vocab_size}};
+  for (const auto& [name, value] : dims) {
+    if (value % tp.size != 0) {
+      return Status::invalid_argument("--tensor-parallel-size " + std::to_string(tp.size) + " does not divide the " +
+                                      "model's " + name + " (" + std::to_string(value) + ")");
+    }
+  }
+  if (tp.comm == nullptr || tp.comm->size() != tp.size || tp.comm->rank() != tp.rank) {
+    return Status::invalid_argument("tensor parallel: the communicator is not this rank's group of " +
+                                    std::to_string(tp.size));
+  }
+  return Status();
+}
+}  // namespace
 DeepSeekModel::~DeepSeekModel() = default;
 const ModelConfig& DeepSeekModel::config() const { return config_; }
 size_t DeepSeekModel::weight_bytes() const { return weights_->bytes; }
@@ -643,33 +752,36 @@ Result<std::vector<Buffer>> DeepSeekModel::make_layer_caches(int64_t num_blocks)
 }
 
 Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem::path& dir, backend::Backend& backend,
-                                                           Precision precision, bool progress) {
+                                                           Precision precision, bool progress,
+                                                           const TensorParallel& tp) {
   Result<ModelConfig> config = load_model_config(dir);
   if (!config.ok()) return config.status();
   if (Status s = check_supported(*config, backend, dir.string() + "/config.json"); !s.ok()) return s;
+  if (Status s = check_tensor_parallel(*config, tp); !s.ok()) return s;
   Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
   if (!checkpoint.ok()) return checkpoint.status();
-  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend));
+  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend, tp));
   Loader loader(backend, checkpoint->get(), model->config_, precision,
                 progress ? terminal_progress_bar("loading " + dir.filename().string()) : LoadProgress(), 0);
-  if (Status s = build(loader, backend, model->config_, *model->weights_); !s.ok()) return s;
+  if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_); !s.ok()) return s;
   return model;
 }
 
 Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::create_random(const ModelConfig& config,
                                                                     backend::Backend& backend, Precision precision,
-                                                                    uint64_t seed) {
+                                                                    uint64_t seed, const TensorParallel& tp) {
   if (Status s = check_supported(config, backend, "config"); !s.ok()) return s;
-  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend));
+  if (Status s = check_tensor_parallel(config, tp); !s.ok()) return s;
+  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend, tp));
   Loader loader(backend, nullptr, model->config_, precision, LoadProgress(), seed);
-  if (Status s = build(loader, backend, model->config_, *model->weights_); !s.ok()) return s;
+  if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_); !s.ok()) return s;
   return model;
 }
 
 Status DeepSeekModel::reserve_scratch(int64_t rows) {
   Scratch& s = *scratch_;
   if (rows <= s.capacity) return Status();
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;
   const int64_t capacity = std::max<int64_t>(rows, 2 * s.capacity);
   // Nothing is usable until every buffer is regrown: a failed allocation part way leaves capacity 0, so the next
   // step allocates again instead of writing through a freed buffer.
@@ -817,9 +929,11 @@ StepTensors step_tensors(const DeepSeekModel::Scratch& S, const ModelConfig& c, 
 
 // One decoder layer on t.normed (its input, already normalized by input_layernorm): attention over `cache`
 // (writing the rows' KV entries), whose output is added into the residual t.x, then the feed-forward of the
-// post-attention norm into t.ffn (the caller adds it to t.x).
+// post-attention norm into t.ffn (the caller adds it to t.x). `c` holds this rank's shapes (heads and intermediate
+// sizes divided by the tensor-parallel size); with `tp`, the partial sums of o_proj and of the feed-forward are
+// all-reduced over it.
 void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekModel::Weights& w, const Layer& L,
-                   const Buffer& cache, const StepTensors& t, bool use_expanded) {
+                   const Buffer& cache, const StepTensors& t, bool use_expanded, backend::Communicator* tp) {
   const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim(), V = c.v_head_dim, entry = C + R;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -852,6 +966,7 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
     b.linear_heads(t.out_latent, C, *L.w_uv, t.attn, V);
   }
   b.linear(t.attn, *L.o_proj, t.projected);
+  if (tp) tp->all_reduce_sum(t.projected);
   b.add_rms_norm(t.x, t.projected, L.post_attention_layernorm, eps, t.normed);
 
   // Feed-forward.
@@ -874,13 +989,37 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
                             L.experts.down.get()};
     b.moe(t.normed, moe, t.ffn);
   }
+  if (tp) tp->all_reduce_sum(t.ffn);
+}
+
+// Per row of host logits [rows, vocab]: the argmax (lowest id among equal maxima), -1 for a row holding a NaN or
+// +inf or nothing above -inf: the rule of Backend::compute_logits(greedy).
+void greedy_ids(const std::vector<float>& logits, int64_t vocab, std::vector<int32_t>& ids) {
+  const int64_t rows = static_cast<int64_t>(logits.size()) / vocab;
+  ids.assign(static_cast<size_t>(rows), -1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits.data() + r * vocab;
+    float best = -INFINITY;
+    bool bad = false;
+    for (int64_t i = 0; i < vocab; ++i) {
+      bad = bad || std::isnan(row[i]) || row[i] == INFINITY;
+      if (row[i] > best) {
+        best = row[i];
+        ids[static_cast<size_t>(r)] = static_cast<int32_t>(i);
+      }
+    }
+    if (bad) ids[static_cast<size_t>(r)] = -1;
+  }
 }
 
 }  // namespace
 
 Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
                           std::vector<int32_t>* greedy) {
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
+  backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
+  // With tensor parallel the head's logits are gathered over the ranks before the argmax (on the host).
+  const bool device_greedy = greedy != nullptr && tp == nullptr;
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
   const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
@@ -931,11 +1070,12 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   // The step's device work, from the embedding to the head's logits (and argmax ids) in backend memory: what
   // run_graph may record. No host decision inside depends on the step's values, only on its shapes.
   auto device_work = [&] {
-    backend_.embed(*w.embed_tokens, t.x);
+    backend_.embed(*w.embed_tokens, t.x, tp_.rank * (c.vocab_size / tp_.size));
+    if (tp) tp->all_reduce_sum(t.x);
     backend_.rms_norm(t.x, w.layers[0].input_layernorm, eps, t.normed);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       decoder_layer(backend_, c, w, w.layers[static_cast<size_t>(l)], layer_caches[static_cast<size_t>(l)], t,
-                    use_expanded);
+                    use_expanded, tp);
       // The residual add, fused with the next layer's input norm.
       if (l + 1 < c.num_hidden_layers) {
         backend_.add_rms_norm(t.x, t.ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, t.normed);
@@ -950,7 +1090,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     // The MTP layers' input: every row's hidden state after the final norm.
     if (batch.keep_hidden) backend_.rms_norm(t.x, w.norm, eps, t.rows_of(scratch_->kept_hidden, c.hidden_size));
     // Final norm and lm_head for the requested rows only.
-    backend_.compute_logits(t.x, w.norm, eps, *w.lm_head, greedy != nullptr);
+    backend_.compute_logits(t.x, w.norm, eps, *w.lm_head, device_greedy);
   };
   if (decode_step && use_graphs_) {
     track_graph_caches(graph_cache_layers_, layer_caches.first(static_cast<size_t>(c.num_hidden_layers)));
@@ -959,16 +1099,43 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     key.sequences = static_cast<int64_t>(batch.sequences.size());
     key.max_blocks_per_sequence = table_stride;
     key.logits_rows = static_cast<int64_t>(batch.logits_rows.size());
-    key.variant = (greedy != nullptr ? 1 : 0) + (batch.keep_hidden ? 2 : 0) + (batch.keep_dspark_context ? 4 : 0);
+    key.variant = (device_greedy ? 1 : 0) + (batch.keep_hidden ? 2 : 0) + (batch.keep_dspark_context ? 4 : 0);
     key.owner = graph_owner_;
     if (Status s = backend_.run_graph(key, device_work); !s.ok()) return s;
   } else {
     device_work();
   }
-  Status read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
+  Status read;
+  if (tp != nullptr) {
+    std::vector<float>& gathered = logits != nullptr ? *logits : tp_logits_;
+    read = backend_.read_logits(gathered);
+    if (read.ok()) read = tp->status();
+    if (read.ok()) read = gather_vocab(gathered);
+    if (read.ok() && greedy != nullptr) greedy_ids(gathered, c.vocab_size, *greedy);
+  } else {
+    read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
+  }
   if (read.ok() && batch.keep_hidden) kept_hidden_rows_ = T;
   if (read.ok() && batch.keep_dspark_context) kept_context_rows_ = T;
   return read;
+}
+
+Status DeepSeekModel::gather_vocab(std::vector<float>& logits) {
+  const int64_t size = tp_.size, local = config_.vocab_size / size;
+  const int64_t rows = static_cast<int64_t>(logits.size()) / local;
+  tp_gather_.resize(static_cast<size_t>(size * rows * local));
+  tp_.comm->all_gather_rows(backend::Tensor{logits.data(), backend::DType::kF32, rows, local, local},
+                            backend::Tensor{tp_gather_.data(), backend::DType::kF32, size * rows, local, local});
+  if (Status s = tp_.comm->status(); !s.ok()) return s;
+  // Rank q's block [rows, local] holds columns [q local, (q + 1) local) of every row.
+  logits.resize(static_cast<size_t>(rows * config_.vocab_size));
+  for (int64_t q = 0; q < size; ++q) {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(tp_gather_.data() + (q * rows + r) * local, local,
+                  logits.data() + r * config_.vocab_size + q * local);
+    }
+  }
+  return Status();
 }
 
 void DeepSeekModel::track_graph_caches(std::vector<const void*>& recorded, LayerCaches caches) {
@@ -984,6 +1151,7 @@ void DeepSeekModel::track_graph_caches(std::vector<const void*>& recorded, Layer
 Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, const backend::Buffer& mtp_cache,
                                   std::vector<float>* logits, std::vector<int32_t>* greedy,
                                   std::vector<float>* greedy_probability) {
+  if (tp_.size > 1) return Status::unsupported("forward_mtp: speculative decoding with tensor parallel");
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
@@ -1041,12 +1209,12 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
     begin = end;
   }
   // x = eh_proj([enorm(embed(t_{p+1})); hnorm(h_p)]) (embedding first: vLLM's DeepSeekMTP, tools/demo_model.py).
-  backend_.embed(*w.embed_tokens, t.x);
+  backend_.embed(*w.embed_tokens, t.x, 0);
   backend_.rms_norm(t.x, M.enorm, eps, concat.cols_slice(0, hidden));
   backend_.rms_norm(gathered, M.hnorm, eps, concat.cols_slice(hidden, hidden));
   backend_.linear(concat, *M.eh_proj, t.x);
   backend_.rms_norm(t.x, M.layer.input_layernorm, eps, t.normed);
-  decoder_layer(backend_, c, w, M.layer, mtp_cache, t, /*use_expanded=*/false);
+  decoder_layer(backend_, c, w, M.layer, mtp_cache, t, /*use_expanded=*/false, nullptr);
   backend_.add(t.x, t.ffn);
   // What the next chained pass reads: this pass's hidden state after shared_head.norm.
   backend_.rms_norm(t.x, M.shared_head_norm, eps, kept);
@@ -1216,6 +1384,7 @@ const DeepSeekModel::DsparkHeads* DeepSeekModel::dspark_heads() const {
 }
 
 Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, LayerCaches stage_caches) {
+  if (tp_.size > 1) return Status::unsupported("forward_dspark_inject: speculative decoding with tensor parallel");
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
   if (!w.dspark) return Status::invalid_argument("forward_dspark_inject: the model has no DSpark draft module");
@@ -1270,6 +1439,7 @@ Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, Laye
 
 Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches,
                                            std::vector<float>& logits, std::vector<float>& hidden) {
+  if (tp_.size > 1) return Status::unsupported("forward_dspark_block: speculative decoding with tensor parallel");
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
   if (!w.dspark) return Status::invalid_argument("forward_dspark_block: the model has no DSpark draft module");
@@ -1303,11 +1473,11 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   const DsparkModule& M = *w.dspark;
   const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
   auto device_work = [&] {
-    backend_.embed(*w.embed_tokens, t.x);
+    backend_.embed(*w.embed_tokens, t.x, 0);
     for (int64_t s = 0; s < S; ++s) {
       const Layer& L = M.stages[static_cast<size_t>(s)];
       backend_.rms_norm(t.x, L.input_layernorm, eps, t.normed);
-      decoder_layer(backend_, c, w, L, stage_caches[static_cast<size_t>(s)], t, /*use_expanded=*/false);
+      decoder_layer(backend_, c, w, L, stage_caches[static_cast<size_t>(s)], t, /*use_expanded=*/false, nullptr);
       backend_.add(t.x, t.ffn);
     }
     backend_.rms_norm(t.x, M.norm, eps, t.projected);  // h_k, what the head and the confidence see

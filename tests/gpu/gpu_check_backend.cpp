@@ -351,7 +351,7 @@ void check_step_ops(Pair& p) {
     Backend& b = *backends[i];
     expect_ok("begin_step", b.begin_step(s.layout()));
     Act e = make_act(b, T, hidden, hidden + 8);
-    b.embed(*tables[i], e.view);
+    b.embed(*tables[i], e.view, 0);
     embedded[i] = read_act(b, e, "embed");
     Buffer freq = must(b.make_vector(inv_freq), "make_vector");
     Act qa = make_act(b, q, T, H * (nope + R), H * (nope + R));

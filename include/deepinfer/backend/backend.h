@@ -218,8 +218,10 @@ class Backend {
   // use it to check that graphs ran.
   virtual int64_t graph_replays() const { return 0; }
 
-  // out[t] = table[token_ids[t]] for the step's rows. table: count 1, [vocab, hidden].
-  virtual void embed(const Weight& table, Tensor out) = 0;
+  // out[t] = table[token_ids[t] - first_id] for the step's rows. table: count 1, [vocab, hidden], or a
+  // vocabulary-parallel shard holding ids [first_id, first_id + rows): rows of ids outside it are 0 (the tensor-
+  // parallel ranks' shards then sum to the embedding). The caller checks ids against the vocabulary.
+  virtual void embed(const Weight& table, Tensor out, int64_t first_id) = 0;
   // y = x · wᵀ (y [rows, w.rows]; x [rows, w.cols]).
   virtual void linear(const Tensor& x, const Weight& w, Tensor y) = 0;
   // Per stacked matrix h < w.count: y[:, h*y_head_stride ...+w.rows] = x[:, h*x_head_stride ...+w.cols] · w_hᵀ.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/backend/communicator.h"
 #include "deepinfer/core/status.h"
 #include "deepinfer/model/config.h"
 
@@ -71,6 +72,23 @@ struct MtpBatch {
   std::vector<int32_t> logits_rows;      // rows whose logits (draft distributions) are wanted, ascending
 };
 
+// Tensor parallelism (Megatron-LM's split, as vLLM and SGLang apply it to DeepSeek): `size` processes, one per
+// device, each loading its shard and running every step in lock step, summing partial results over `comm`:
+//   MLA: the heads split (rank r holds heads [r H/size, (r+1) H/size) of q_proj / q_b_proj, kv_b_proj and the
+//     columns of o_proj; o_proj's partial outputs are all-reduced). q_a_proj, kv_a_proj_with_mqa and their norms are
+//     replicated, so every rank computes and caches the whole latent: the latent KV cache is replicated (it is
+//     shared by all heads; splitting it would split nothing but the memory of a [C + R]-wide row).
+//   dense MLP, shared experts and each routed expert: gate/up rows and down columns split over the intermediate
+//     dimension, outputs all-reduced (the routed and shared experts' partial sums in one all-reduce).
+//   embedding and lm_head: vocabulary-parallel (rank r holds ids [r V/size, (r+1) V/size)); the embedding's shards
+//     are all-reduced, the logits' gathered, so every rank returns the whole vocabulary's logits.
+// Requires num_attention_heads, intermediate_size, moe_intermediate_size and vocab_size divisible by size. Speculative
+// passes (forward_mtp, forward_dspark_*) are Unsupported with size > 1. size 1: the unsharded model (comm unused).
+struct TensorParallel {
+  int rank = 0, size = 1;
+  backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
+};
+
 // Per-layer latent caches the caller owns, in the backend's memory: layer_caches[l] holds
 // [num_blocks, 64, kv_cache_dim()] values of backend.cache_dtype(). forward() writes the new tokens' entries
 // (normalized latent, then the roped key) into the slots their block tables give.
@@ -83,15 +101,19 @@ class DeepSeekModel {
   // linear weights an FP8 checkpoint stores as FP8 in FP8 with their block scales (the rest bf16); otherwise FP8
   // checkpoints are dequantized with their block scales. MTP layers are loaded and kept. Prints a progress bar
   // to stderr when `progress` is set. Errors name the file and tensor.
+  // With `tp` (size > 1), this rank's shard only (TensorParallel); errors name the dimension that does not divide.
   static Result<std::unique_ptr<DeepSeekModel>> load(const std::filesystem::path& dir, backend::Backend& backend,
-                                                     backend::Precision precision, bool progress = false);
+                                                     backend::Precision precision, bool progress = false,
+                                                     const TensorParallel& tp = {});
   // A model of `config`'s shapes with random weights made on the backend (benchmarks of real configs without
   // their checkpoints): linear weights uniform in +-1/sqrt(in_features), norms 1, router bias 0.
   static Result<std::unique_ptr<DeepSeekModel>> create_random(const ModelConfig& config, backend::Backend& backend,
-                                                              backend::Precision precision, uint64_t seed);
+                                                              backend::Precision precision, uint64_t seed,
+                                                              const TensorParallel& tp = {});
   ~DeepSeekModel();
 
   const ModelConfig& config() const;
+  const TensorParallel& tensor_parallel() const { return tp_; }
   size_t weight_bytes() const;
   // Bytes of one cache block (64 tokens) of one layer in the backend's cache dtype.
   size_t layer_block_bytes() const;
@@ -213,7 +235,9 @@ class DeepSeekModel {
   struct Scratch;
 
  private:
-  DeepSeekModel(ModelConfig config, backend::Backend& backend);
+  DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp);
+  // The whole vocabulary's logits [rows, vocab] from this rank's [rows, vocab / tp.size] (gathered over tp.comm).
+  Status gather_vocab(std::vector<float>& logits);
   Status reserve_scratch(int64_t rows);
   // forward() (logits set) or forward_greedy() (greedy set).
   Status run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
@@ -221,6 +245,11 @@ class DeepSeekModel {
   int64_t kept_hidden_rows_ = 0;  // rows of the hidden state the last pass kept (0: none)
   int64_t kept_context_rows_ = 0;  // rows of the DSpark context the last forward() kept (0: none)
   ModelConfig config_;
+  // The shapes this rank computes: config_ with num_attention_heads, intermediate_size and moe_intermediate_size
+  // divided by the tensor-parallel size (config_ itself at size 1).
+  ModelConfig local_;
+  TensorParallel tp_;
+  std::vector<float> tp_logits_, tp_gather_;  // tensor parallel: this rank's logits, the gathered blocks
   backend::Backend& backend_;
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<Scratch> scratch_;

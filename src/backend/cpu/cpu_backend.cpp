@@ -180,12 +180,14 @@ class CpuBackend final : public Backend {
     return Status();
   }
 
-  void embed(const Weight& table, Tensor out) override {
+  void embed(const Weight& table, Tensor out, int64_t first_id) override {
     const CpuWeight& w = cpu(table);
     for (int64_t t = 0; t < out.rows; ++t) {
-      const int64_t id = token_ids_[static_cast<size_t>(t)];
+      const int64_t id = token_ids_[static_cast<size_t>(t)] - first_id;
       float* o = f32(out) + t * out.stride;
-      if (w.precision == Precision::kF32) {
+      if (id < 0 || id >= w.rows) {  // another rank's shard of the vocabulary
+        std::fill_n(o, w.cols, 0.0f);
+      } else if (w.precision == Precision::kF32) {
         std::copy_n(w.f32.data() + id * w.cols, w.cols, o);
       } else {
         widen_bf16(w.bf16.data() + id * w.cols, o, w.cols);

@@ -167,7 +167,7 @@ class CudaBackend final : public Backend {
   void reset_graphs() override;
   int64_t graph_replays() const override { return graph_replays_; }
 
-  void embed(const Weight& table, Tensor out) override;
+  void embed(const Weight& table, Tensor out, int64_t first_id) override;
   void linear(const Tensor& x, const Weight& w, Tensor y) override;
   void linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y, int64_t y_head_stride) override;
   void rms_norm(const Tensor& x, const Buffer& weight, float eps, Tensor y) override;

@@ -47,6 +47,10 @@ enum class TableFormat : int { kBF16 = 0, kF32 = 1, kFP8 = 2 };
 struct GatherRowsParams {
   int64_t rows = 0, cols = 0;
   const int32_t* indices = nullptr;  // [rows]
+  // The table holds ids [first_index, first_index + table_rows) (a vocabulary-parallel shard): other ids get zeros
+  // when sharded is set, else trap.
+  int64_t first_index = 0;
+  bool sharded = false;
   TableFormat format = TableFormat::kBF16;
   const void* table = nullptr;  // [table_rows, table_stride] elements of the format
   int64_t table_rows = 0, table_stride = 0;
