@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "backend_choice.h"
 #include "speculative_flags.h"
+#include "tensor_parallel_group.h"
 #include "deepinfer/engine/checkpoint_fingerprint.h"
 #include "deepinfer/engine/engine.h"
 #include "deepinfer/model/config.h"
@@ -94,6 +95,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
     double kv_cache_ttl_hours = 168.0;
     std::string kv_host_evict_rate = "unlimited";
     int32_t tensor_parallel_size = 1;
+    std::string master_addr = "127.0.0.1";
+    int32_t master_port = 0;
+    int32_t internal_tp_rank = 0;  // > 0: this process is that rank of rank 0's group (started by rank 0)
     // The seed's cluster flags (its launch scripts run as written: each is honoured, or refused at startup naming
     // what this build lacks).
     std::string role = "both";
@@ -151,8 +155,20 @@ std::function<int()> add_serve_command(CLI::App& app) {
       cmd->add_option("--kv-cache-memory", options->kv_cache_memory, "Memory for the KV cache: bytes, or e.g. 2GiB, 512MiB")
           ->capture_default_str();
   cmd->add_option("--tensor-parallel-size", options->tensor_parallel_size,
-                  "Devices per model, attention heads split across them (only 1 in this build)")
+                  "Processes (devices) per model: attention heads, MLP/expert intermediate and vocabulary split "
+                  "across them, one process each, started and supervised by this one (CPU: Gloo over TCP)")
       ->capture_default_str();
+  cmd->add_option("--master-addr", options->master_addr,
+                  "Address of rank 0's rendezvous store and this host's collectives (tensor parallel)")
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--master-port", options->master_port,
+                  "Port of rank 0's rendezvous store (tensor parallel; 0: any free port)")
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--internal-tp-rank", options->internal_tp_rank)
+      ->group("")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--pipeline-parallel-size", options->pipeline_parallel_size,
                   "Pipeline stages per model (only 1 in this build)")
       ->capture_default_str();
@@ -335,18 +351,46 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail("--role decode needs the prefix cache: the KV blocks a prefill worker sends become cached blocks "
                   "the request then reuses (drop --no-prefix-caching)");
     }
-    const std::pair<const char*, int32_t> parallel_sizes[] = {{"--tensor-parallel-size", options->tensor_parallel_size},
-                                                             {"--pipeline-parallel-size", options->pipeline_parallel_size},
+    if (options->tensor_parallel_size < 1) {
+      return fail("--tensor-parallel-size " + typed("--tensor-parallel-size").value_or("?") + ": must be at least 1");
+    }
+    const std::pair<const char*, int32_t> parallel_sizes[] = {{"--pipeline-parallel-size", options->pipeline_parallel_size},
                                                              {"--expert-parallel-size", options->expert_parallel_size},
                                                              {"--cluster-nodes", options->cluster_nodes}};
     for (const auto& [flag, size] : parallel_sizes) {
       const std::string as_typed = typed(flag).value_or(std::to_string(size));
       if (size < 1) return fail(std::string(flag) + " " + as_typed + ": must be at least 1");
       if (size != 1) {
-        return fail(std::string(flag) + " " + as_typed +
-                    ": this build runs a model on one device of one host (tensor, expert and pipeline parallelism "
-                    "are not in it yet); only 1 is supported");
+        return fail(std::string(flag) + " " + as_typed + ": " +
+                    (std::string_view(flag) == "--cluster-nodes"
+                         ? "this build runs a model on one host"
+                         : "this build splits a model over devices by tensor parallel only "
+                           "(--tensor-parallel-size); expert and pipeline parallelism are not in it yet") +
+                    "; only 1 is supported");
       }
+    }
+    if (options->tensor_parallel_size > 1) {
+      // What the tensor-parallel path does not carry yet, refused rather than run wrong.
+      if (options->role != "both") return fail("--tensor-parallel-size > 1 with --role " + options->role +
+                                               ": KV transfer reads and writes one process's cache; not with tensor "
+                                               "parallel in this build");
+      if (!options->kv_host_cache_memory.empty() || !options->tiered_kv_storage_path.empty()) {
+        return fail("--tensor-parallel-size > 1 with host or disk KV tiers: the tiers load blocks into one "
+                    "process's cache; not with tensor parallel in this build");
+      }
+      if (options->device.device == "cuda") {
+        return fail("--tensor-parallel-size > 1 with --device cuda: the NCCL communicator is not in this build yet "
+                    "(the CPU runs tensor parallel over Gloo: --device cpu)");
+      }
+      if (options->internal_tp_rank >= options->tensor_parallel_size) {
+        return fail("--internal-tp-rank " + std::to_string(options->internal_tp_rank) + " outside the group");
+      }
+      if (options->master_port < 0 || options->master_port > 65535) {
+        return fail("--master-port " + std::to_string(options->master_port) + ": a port, 0 to 65535");
+      }
+    }
+    if (options->internal_tp_rank != 0 && options->tensor_parallel_size == 1) {
+      return fail("--internal-tp-rank is for the ranks rank 0 starts (with --tensor-parallel-size)");
     }
     if (options->gpu_memory_utilization &&
         !(*options->gpu_memory_utilization > 0.0 && *options->gpu_memory_utilization <= 1.0)) {
@@ -395,6 +439,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
 
     Result<model::ModelConfig> config = model::load_model_config(model_path);
     if (!config.ok()) return fail(config.status().to_string());
+    if (Status s = model::check_tensor_parallel_shapes(*config, options->tensor_parallel_size); !s.ok()) {
+      return fail(s.message());
+    }
     if (options->swa_bounded_replay) {
       return fail("--swa-bounded-replay: " + config->model_type +
                   " has no sliding-window attention layers (DeepSeek-V4's), so there is no window to replay");
@@ -447,6 +494,26 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   std::to_string(config->vocab_size) + ": wrong tokenizer for this checkpoint?");
     }
 
+    if (options->tensor_parallel_size > 1 && speculative->enabled()) {
+      return fail("--tensor-parallel-size > 1 with speculative decoding: the draft passes are not tensor-parallel "
+                  "in this build");
+    }
+    // Tensor parallel: rank 0 (this process, the server) starts the other ranks; they load their shards and follow.
+    std::unique_ptr<TensorParallelGroup> tp_group;
+    const bool tp_follower = options->internal_tp_rank > 0;
+    if (options->tensor_parallel_size > 1) {
+      if (options->device.device == "auto") options->device.device = "cpu";
+      Result<std::unique_ptr<TensorParallelGroup>> group =
+          tp_follower ? TensorParallelGroup::join(options->internal_tp_rank, options->tensor_parallel_size,
+                                                  options->master_addr, options->master_port)
+                      : TensorParallelGroup::lead(options->tensor_parallel_size, options->master_addr,
+                                                  options->master_port);
+      if (!group.ok()) return fail(group.status().to_string());
+      tp_group = std::move(group).value();
+    }
+    const model::TensorParallel tensor_parallel{tp_group ? tp_group->rank() : 0, options->tensor_parallel_size,
+                                                tp_group ? &tp_group->communicator() : nullptr};
+
     Result<BackendChoice> choice = make_backend(options->device);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
@@ -456,8 +523,15 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   " backend has no device memory to take a fraction of; size the KV cache with --kv-cache-memory");
     }
     auto model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
-                                            /*progress=*/isatty(STDERR_FILENO) != 0);
+                                            /*progress=*/isatty(STDERR_FILENO) != 0 && !tp_follower, tensor_parallel);
     if (!model.ok()) return fail(model.status().to_string());
+    if (tp_follower) {
+      Status followed = (*model)->follow();
+      if (!followed.ok()) return fail("tensor-parallel rank " + std::to_string(options->internal_tp_rank) + ": " +
+                                      followed.to_string());
+      return 0;
+    }
+    if (tp_group) (*model)->lead();
     engine::EngineConfig engine_config;
     engine_config.max_model_len = options->max_model_len;
     engine_config.max_num_seqs = options->max_num_seqs;

@@ -139,6 +139,17 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  void broadcast_host_waiting(std::span<std::byte> bytes, int root) override {
+    if (bytes.empty()) return;
+    run("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+      opts.setRoot(root);
+      opts.setTimeout(std::chrono::hours(24 * 365));
+      gloo::broadcast(opts);
+    });
+  }
+
   void broadcast(Tensor x, int root) override {
     check_contiguous(x, "broadcast");
     broadcast_host(std::as_writable_bytes(std::span(f32(x), static_cast<size_t>(x.rows * x.cols))), root);
@@ -183,6 +194,7 @@ class SingleCommunicator final : public Communicator {
   }
   void all_to_all_counts(std::span<const int64_t> send, std::span<int64_t> recv) override { recv[0] = send[0]; }
   void broadcast_host(std::span<std::byte>, int) override {}
+  void broadcast_host_waiting(std::span<std::byte>, int) override {}
   void broadcast(Tensor, int) override {}
   void barrier() override {}
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "deepinfer/backend/moe_routing.h"
+#include "deepinfer/core/check.h"
 #include "deepinfer/model/safetensors.h"
 
 namespace deepinfer::model {
@@ -697,24 +698,30 @@ DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, cons
   local_.moe_intermediate_size /= tp.size;
 }
 
+Status check_tensor_parallel_shapes(const ModelConfig& c, int size) {
+  if (size < 1) return Status::invalid_argument("tensor parallel: size " + std::to_string(size));
+  const std::pair<const char*, int64_t> dims[] = {{"num_attention_heads", c.num_attention_heads},
+                                                  {"intermediate_size", c.intermediate_size},
+                                                  {"moe_intermediate_size", c.moe_intermediate_size},
+                                                  {"vocab_size", c.vocab_size}};
+  for (const auto& [name, value] : dims) {
+    if (value % size != 0) {
+      return Status::invalid_argument("--tensor-parallel-size " + std::to_string(size) + " does not divide the " +
+                                      "model's " + name + " (" + std::to_string(value) + ")");
+    }
+  }
+  return Status();
+}
+
 namespace {
-// Whether `c` splits over `tp` (TensorParallel's requirements), naming the dimension that does not.
+// Whether `c` splits over `tp` (TensorParallel's requirements) and the communicator is tp's group.
 Status check_tensor_parallel(const ModelConfig& c, const TensorParallel& tp) {
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) {
     return Status::invalid_argument("tensor parallel: rank " + std::to_string(tp.rank) + " of " +
                                     std::to_string(tp.size));
   }
   if (tp.size == 1) return Status();
-  const std::pair<const char*, int64_t> dims[] = {{"num_attention_heads", c.num_attention_heads},
-                                                  {"intermediate_size", c.intermediate_size},
-                                                  {"moe_intermediate_size", c.moe_intermediate_size},
-                                                  {"vocab_size", c.vocab_size}};
-  for (const auto& [name, value] : dims) {
-    if (value % tp.size != 0) {
-      return Status::invalid_argument("--tensor-parallel-size " + std::to_string(tp.size) + " does not divide the " +
-                                      "model's " + name + " (" + std::to_string(value) + ")");
-    }
-  }
+  if (Status s = check_tensor_parallel_shapes(c, tp.size); !s.ok()) return s;
   if (tp.comm == nullptr || tp.comm->size() != tp.size || tp.comm->rank() != tp.rank) {
     return Status::invalid_argument("tensor parallel: the communicator is not this rank's group of " +
                                     std::to_string(tp.size));
@@ -722,7 +729,112 @@ Status check_tensor_parallel(const ModelConfig& c, const TensorParallel& tp) {
   return Status();
 }
 }  // namespace
-DeepSeekModel::~DeepSeekModel() = default;
+DeepSeekModel::~DeepSeekModel() {
+  if (leading_) send_command(kStopCommand, {});
+}
+
+namespace {
+// A ForwardBatch as int64 values: T, token ids, S, per sequence (num_tokens, start_position, table length, table),
+// the logits rows' count and rows, keep_hidden, keep_dspark_context.
+std::vector<int64_t> encode_batch(const ForwardBatch& b) {
+  std::vector<int64_t> out;
+  out.push_back(static_cast<int64_t>(b.token_ids.size()));
+  out.insert(out.end(), b.token_ids.begin(), b.token_ids.end());
+  out.push_back(static_cast<int64_t>(b.sequences.size()));
+  for (const SequenceChunk& s : b.sequences) {
+    out.push_back(s.num_tokens);
+    out.push_back(s.start_position);
+    out.push_back(static_cast<int64_t>(s.block_table.size()));
+    out.insert(out.end(), s.block_table.begin(), s.block_table.end());
+  }
+  out.push_back(static_cast<int64_t>(b.logits_rows.size()));
+  out.insert(out.end(), b.logits_rows.begin(), b.logits_rows.end());
+  out.push_back(b.keep_hidden ? 1 : 0);
+  out.push_back(b.keep_dspark_context ? 1 : 0);
+  return out;
+}
+
+Result<ForwardBatch> decode_batch(std::span<const int64_t> in) {
+  size_t at = 0;
+  auto next = [&]() -> int64_t { return at < in.size() ? in[at++] : -1; };
+  auto ints = [&](std::vector<int32_t>& out) {
+    const int64_t n = next();
+    if (n < 0 || at + static_cast<size_t>(n) > in.size()) return false;
+    out.assign(in.begin() + static_cast<std::ptrdiff_t>(at), in.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += static_cast<size_t>(n);
+    return true;
+  };
+  ForwardBatch b;
+  bool ok = ints(b.token_ids);
+  const int64_t sequences = ok ? next() : -1;
+  ok = ok && sequences >= 0;
+  for (int64_t s = 0; ok && s < sequences; ++s) {
+    SequenceChunk chunk;
+    chunk.num_tokens = static_cast<int32_t>(next());
+    chunk.start_position = static_cast<int32_t>(next());
+    ok = ints(chunk.block_table);
+    b.sequences.push_back(std::move(chunk));
+  }
+  ok = ok && ints(b.logits_rows);
+  b.keep_hidden = next() == 1;
+  b.keep_dspark_context = next() == 1;
+  if (!ok || at != in.size()) return Status::internal("tensor parallel: a malformed step command from rank 0");
+  return b;
+}
+}  // namespace
+
+void DeepSeekModel::send_command(uint64_t kind, std::vector<int64_t> payload) const {
+  int64_t header[2] = {static_cast<int64_t>(kind), static_cast<int64_t>(payload.size())};
+  tp_.comm->broadcast_host_waiting(std::as_writable_bytes(std::span(header)), 0);
+  tp_.comm->broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
+}
+
+void DeepSeekModel::lead() {
+  DEEPINFER_CHECK(tp_.size > 1 && tp_.rank == 0, "lead(): rank 0 of a tensor-parallel group");
+  leading_ = true;
+}
+
+Status DeepSeekModel::follow() {
+  DEEPINFER_CHECK(tp_.size > 1 && tp_.rank > 0, "follow(): a rank other than 0 of a tensor-parallel group");
+  std::vector<Buffer> caches;
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  while (true) {
+    int64_t header[2] = {0, 0};
+    tp_.comm->broadcast_host_waiting(std::as_writable_bytes(std::span(header)), 0);
+    if (Status s = tp_.comm->status(); !s.ok()) return s;
+    if (header[1] < 0 || header[1] > (int64_t{1} << 32)) return Status::internal("tensor parallel: bad command size");
+    std::vector<int64_t> payload(static_cast<size_t>(header[1]));
+    tp_.comm->broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
+    if (Status s = tp_.comm->status(); !s.ok()) return s;
+    switch (header[0]) {
+      case kStopCommand:
+        return Status();
+      case kCachesCommand: {
+        if (payload.size() != 1) return Status::internal("tensor parallel: a malformed caches command");
+        caches.clear();
+        Result<std::vector<Buffer>> made = make_layer_caches(payload[0]);
+        if (!made.ok()) return made.status();
+        caches = std::move(made).value();
+        break;
+      }
+      case kForwardCommand:
+      case kForwardGreedyCommand: {
+        Result<ForwardBatch> batch = decode_batch(payload);
+        if (!batch.ok()) return batch.status();
+        // A pass that fails here fails on rank 0 too (the same checks, or the same collective); only a broken group
+        // ends the loop.
+        const Status s = header[0] == kForwardCommand ? run(*batch, caches, &logits, nullptr)
+                                                      : run(*batch, caches, nullptr, &ids);
+        if (Status group = tp_.comm->status(); !group.ok()) return group;
+        (void)s;
+        break;
+      }
+      default:
+        return Status::internal("tensor parallel: unknown command " + std::to_string(header[0]));
+    }
+  }
+}
 const ModelConfig& DeepSeekModel::config() const { return config_; }
 size_t DeepSeekModel::weight_bytes() const { return weights_->bytes; }
 
@@ -742,6 +854,7 @@ Result<Buffer> DeepSeekModel::make_layer_cache(int64_t num_blocks) const {
 }
 
 Result<std::vector<Buffer>> DeepSeekModel::make_layer_caches(int64_t num_blocks) const {
+  if (leading_) send_command(kCachesCommand, {num_blocks});
   std::vector<Buffer> caches;
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     Result<Buffer> layer = make_layer_cache(num_blocks);
@@ -1020,6 +1133,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   // With tensor parallel the head's logits are gathered over the ranks before the argmax (on the host).
   const bool device_greedy = greedy != nullptr && tp == nullptr;
+  if (leading_) send_command(greedy != nullptr ? kForwardGreedyCommand : kForwardCommand, encode_batch(batch));
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
   const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;

@@ -103,3 +103,18 @@ done
 failed=$(curl -s "http://127.0.0.1:$D0/metrics" "http://127.0.0.1:$((D0 + 1))/metrics" | grep -c '^deepinfer_kv_transfer_failures_total' || true)
 echo "disaggregated pass: the decode workers received $received KV blocks from the prefill workers; transfer failures: $failed"
 [ "$received" -gt 0 ] && [ "$failed" = 0 ] || { echo "the disaggregated pass moved no KV (or a transfer failed)"; tail -30 "$log"; exit 1; }
+
+# Last, one server with --tensor-parallel-size 2: two processes (rank 0 serves and starts rank 1), every layer's heads,
+# intermediate and vocabulary split between them, partial sums all-reduced over Gloo on loopback.
+kill "$prefill0" "$prefill1" "$decode0" "$decode1" "$pdrouter"; wait "$prefill0" "$prefill1" "$decode0" "$decode1" "$pdrouter" 2>/dev/null || true
+TP=$((PORT + 70))
+"$BUILD/apps/deepinfer" serve --model-path models/demo --device cpu --host 127.0.0.1 --port "$TP" \
+  --tensor-parallel-size 2 >>"$log" 2>&1 &
+tpserver=$!
+trap 'kill "$server" "$scripted31" "$scripted41" "$tpserver" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$log" "$times"' EXIT
+node -e 'const u = process.argv[1], end = Date.now() + 60000; (async () => { while (Date.now() < end) {
+  try { if ((await fetch(u)).ok) process.exit(0); } catch {} await new Promise((r) => setTimeout(r, 250)); }
+  process.exit(1); })();' "http://127.0.0.1:$TP/health" || { echo "the TP=2 server did not become healthy:"; tail -30 "$log"; exit 1; }
+pgrep -f -- "--port $TP .*--internal-tp-rank 1" >/dev/null || { echo "the TP=2 server has no rank 1 process"; exit 1; }
+DEEPINFER_URL="http://127.0.0.1:$TP" node --test --test-reporter=spec tests/sdk/ || { echo "--- log"; tail -50 "$log"; exit 1; }
+echo "tensor-parallel pass: the SDK suite against --tensor-parallel-size 2"

@@ -51,6 +51,9 @@ class Communicator {
   virtual void all_to_all_counts(std::span<const int64_t> send, std::span<int64_t> recv) = 0;
   // x = root's x. Host bytes (a step's command) or backend memory (a tensor).
   virtual void broadcast_host(std::span<std::byte> bytes, int root) = 0;
+  // broadcast_host without the group's timeout: a follower waiting for its leader's next command, however long the
+  // server stays idle (a leader that dies still fails it at once: its connections close).
+  virtual void broadcast_host_waiting(std::span<std::byte> bytes, int root) = 0;
   virtual void broadcast(Tensor x, int root) = 0;
   virtual void barrier() = 0;
 

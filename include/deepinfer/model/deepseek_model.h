@@ -89,6 +89,10 @@ struct TensorParallel {
   backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
 };
 
+// Whether a model of config `c` splits over `size` tensor-parallel ranks; InvalidArgument naming the dimension that
+// does not divide. (load() checks it too; a launcher checks it before starting the ranks.)
+Status check_tensor_parallel_shapes(const ModelConfig& c, int size);
+
 // Per-layer latent caches the caller owns, in the backend's memory: layer_caches[l] holds
 // [num_blocks, 64, kv_cache_dim()] values of backend.cache_dtype(). forward() writes the new tokens' entries
 // (normalized latent, then the roped key) into the slots their block tables give.
@@ -114,6 +118,15 @@ class DeepSeekModel {
 
   const ModelConfig& config() const;
   const TensorParallel& tensor_parallel() const { return tp_; }
+
+  // Serving with tensor parallel: rank 0 leads — its engine schedules, and each forward()/forward_greedy() and
+  // make_layer_caches() is first broadcast to the other ranks as a command — and every other rank follows: follow()
+  // allocates the same caches and runs the same passes (its results are dropped: rank 0 has the gathered logits)
+  // until the leader's model is destroyed (a stop command). REQUIRES: tensor_parallel().size > 1; lead() on rank 0,
+  // follow() on the others, before any pass. follow() returns OK on the stop, else the error that ended it (the
+  // leader gone, a failed pass).
+  void lead();
+  Status follow();
   size_t weight_bytes() const;
   // Bytes of one cache block (64 tokens) of one layer in the backend's cache dtype.
   size_t layer_block_bytes() const;
@@ -238,6 +251,10 @@ class DeepSeekModel {
   DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp);
   // The whole vocabulary's logits [rows, vocab] from this rank's [rows, vocab / tp.size] (gathered over tp.comm).
   Status gather_vocab(std::vector<float>& logits);
+  // lead(): sends a command (kind, then its payload) to the followers.
+  static constexpr uint64_t kStopCommand = 0, kCachesCommand = 1, kForwardCommand = 2, kForwardGreedyCommand = 3;
+  void send_command(uint64_t kind, std::vector<int64_t> payload) const;
+  bool leading_ = false;
   Status reserve_scratch(int64_t rows);
   // forward() (logits set) or forward_greedy() (greedy set).
   Status run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,

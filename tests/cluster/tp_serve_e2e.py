@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""`deepinfer serve --tensor-parallel-size 2` end to end on the CPU (issue 18, items 1 and 4): two processes, rank 0
+serving and rank 1 started and supervised by it, collectives over Gloo on loopback.
+
+Checks:
+  - greedy identity: chat completions (plain and streamed, several prompts, one batch of concurrent requests) equal a
+    one-process server's;
+  - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang);
+  - kill -9 rank 0: rank 1 is gone within 10 s (it dies with its parent);
+  - SIGTERM to rank 0: both exit 0;
+  - what the tensor-parallel path does not carry is refused at startup with a message naming it.
+Usage: tp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+failures = []
+procs = []
+logdir = tempfile.mkdtemp(prefix="tp-e2e-")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def chat(port, content, stream=False, max_tokens=24):
+    body = {"model": "demo", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": stream}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read().decode()
+    if resp.status != 200:
+        return f"HTTP {resp.status}: {data}"
+    if not stream:
+        return json.loads(data)["choices"][0]["message"]["content"]
+    text = ""
+    for line in data.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            delta = json.loads(line[6:])["choices"]
+            if delta and delta[0]["delta"].get("content"):
+                text += delta[0]["delta"]["content"]
+    return text
+
+
+def start(name, *args):
+    port = free_port()
+    log = open(os.path.join(logdir, name + ".log"), "w+")
+    p = subprocess.Popen([BIN, "serve", "--model-path", MODEL, "--device", "cpu", "--host", "127.0.0.1", "--port",
+                          str(port), *args], stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if p.poll() is not None:
+            break
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return p, port, log
+        except OSError:
+            pass
+        time.sleep(0.2)
+    log.seek(0)
+    print(log.read()[-3000:])
+    raise SystemExit(f"{name} did not become healthy")
+
+
+def rank1_pid(port):
+    out = subprocess.run(["pgrep", "-f", "--", f"--port {port} .*--internal-tp-rank 1"], capture_output=True, text=True)
+    pids = [int(x) for x in out.stdout.split()]
+    return pids[0] if pids else None
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def log_text(log):
+    log.flush()
+    log.seek(0)
+    return log.read()
+
+
+def main():
+    prompts = ["What is Debian?", "How do I install a package with apt?", "Write a haiku about the kernel.",
+               "List three file systems."]
+    single, single_port, _ = start("single")
+    tp, tp_port, tp_log = start("tp2", "--tensor-parallel-size", "2")
+    r1 = rank1_pid(tp_port)
+    check(r1 is not None, "rank 1 runs as its own process")
+    for i, prompt in enumerate(prompts):
+        want = chat(single_port, prompt)
+        got = chat(tp_port, prompt, stream=(i % 2 == 1))
+        check(got == want and not want.startswith("HTTP"), f"greedy identity ({'streamed' if i % 2 else 'plain'}): "
+              f"{prompt!r} -> {got[:40]!r}")
+    # Concurrent requests: batched steps across the two ranks.
+    results = {}
+
+    def worker(k, prompt):
+        results[k] = chat(tp_port, prompt, max_tokens=16)
+
+    threads = [threading.Thread(target=worker, args=(k, p)) for k, p in enumerate(prompts * 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = {k: chat(single_port, p, max_tokens=16) for k, p in enumerate(prompts * 2)}
+    check(results == want, "8 concurrent requests (batched steps) give the one-process server's text")
+    single.send_signal(signal.SIGTERM)
+
+    # kill -9 rank 1: rank 0 exits non-zero within 10 s.
+    os.kill(r1, signal.SIGKILL)
+    t0 = time.time()
+    try:
+        code = tp.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    check(code is not None and code != 0, f"kill -9 rank 1: rank 0 exited ({code}) after {time.time() - t0:.1f} s")
+    check("tensor-parallel rank 1" in log_text(tp_log), "rank 0's log names the dead rank")
+
+    # kill -9 rank 0: rank 1 goes with it.
+    tp, tp_port, _ = start("tp2-b", "--tensor-parallel-size", "2")
+    r1 = rank1_pid(tp_port)
+    tp.kill()
+    t0 = time.time()
+    while r1 and alive(r1) and time.time() - t0 < 10:
+        time.sleep(0.1)
+    check(r1 is not None and not alive(r1), f"kill -9 rank 0: rank 1 gone after {time.time() - t0:.1f} s")
+
+    # SIGTERM: both exit 0.
+    tp, tp_port, _ = start("tp2-c", "--tensor-parallel-size", "2")
+    r1 = rank1_pid(tp_port)
+    tp.send_signal(signal.SIGTERM)
+    try:
+        code = tp.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        code = None
+    t0 = time.time()
+    while r1 and alive(r1) and time.time() - t0 < 10:
+        time.sleep(0.1)
+    check(code == 0 and r1 is not None and not alive(r1), f"SIGTERM: rank 0 exited {code}, rank 1 gone")
+
+    # Refusals at startup.
+    for args, words in [(["--tensor-parallel-size", "2", "--role", "prefill"], "--role prefill"),
+                        (["--tensor-parallel-size", "2", "--kv-host-cache-memory", "1GiB"], "tiers"),
+                        (["--tensor-parallel-size", "2", "--dspark-enable"], "speculative"),
+                        (["--tensor-parallel-size", "3"], "num_attention_heads"),
+                        (["--tensor-parallel-size", "0"], "at least 1")]:
+        out = subprocess.run([BIN, "serve", "--model-path", MODEL, "--device", "cpu", "--port", str(free_port()),
+                              *args], capture_output=True, text=True, timeout=60)
+        check(out.returncode != 0 and words in out.stderr, f"refused {' '.join(args)}: {out.stderr.strip()[:120]}")
+    out = subprocess.run([BIN, "serve", "--model-path", MODEL, "--device", "cuda", "--tensor-parallel-size", "2",
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    check(out.returncode != 0 and "NCCL communicator is not in this build" in out.stderr,
+          f"refused --device cuda --tensor-parallel-size 2: {out.stderr.strip()[:120]}")
+    leftover = subprocess.run(["pgrep", "-f", "--", "--internal-tp-rank"], capture_output=True, text=True).stdout.split()
+    check(not leftover, "no rank process left behind")
+
+
+try:
+    main()
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+print("FAILED: " + "; ".join(failures) if failures else "all passed")
+sys.exit(1 if failures else 0)
