@@ -75,7 +75,8 @@ struct Layer {
   WeightPtr gate;  // router [n_routed, hidden], float32 always (as the reference)
   Buffer gate_bias;  // e_score_correction_bias [n_routed] (noaux_tc)
   bool has_gate_bias = false;
-  Mlp experts;  // n_routed stacked
+  std::vector<float> gate_bias_host;  // expert parallel: the same on the host (routing runs there); empty: none
+  Mlp experts;  // n_routed stacked (expert parallel: this rank's experts, from Weights::first_expert)
   Mlp shared;
   bool has_shared = false;
 };
@@ -110,6 +111,7 @@ struct DeepSeekModel::Weights {
   float rope_attention_factor = 1.0f;
   float softmax_scale = 0.0f;
   MoeRoutingRule rule;
+  int64_t first_expert = 0;  // expert parallel: the first routed expert this rank holds (Layer::experts)
   size_t bytes = 0;
 };
 
@@ -401,9 +403,9 @@ class Loader {
 // An MLP (count 1, tensors under `prefix`) or `count` routed experts stacked (tensors under prefix.<e>); with a
 // tensor-parallel `shard`, this rank's part of the intermediate dimension (gate/up rows, down columns).
 Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t count, int64_t inter, int64_t hidden,
-                const Shard& shard, Mlp& out) {
+                const Shard& shard, Mlp& out, int64_t first_expert = 0) {
   auto name = [&](int64_t e, const char* part) {
-    return (experts ? prefix + "." + std::to_string(e) : prefix) + "." + part + ".weight";
+    return (experts ? prefix + "." + std::to_string(first_expert + e) : prefix) + "." + part + ".weight";
   };
   const int64_t local = shard.part(inter);
   const Slice rows = shard.rows(inter), cols = shard.cols(inter);
@@ -430,8 +432,9 @@ Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t
 
 // The decoder layer whose tensors are under `p` ("model.layers.3", "mtp.0"), with routed experts when `moe`.
 // With a tensor-parallel `shard`, this rank's heads and intermediate slices (TensorParallel in the header).
+// With `experts` (expert parallel), the routed experts [experts.first(E), + experts.part(E)) only.
 Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& c, const std::string& p, bool moe,
-                  const Shard& shard, Layer& out) {
+                  const Shard& shard, Layer& out, const Shard& experts = {}) {
   const int64_t all_heads = c.num_attention_heads, heads = shard.part(all_heads), first_head = shard.first(all_heads);
   const int64_t hidden = c.hidden_size, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, R = c.qk_rope_head_dim;
@@ -515,9 +518,17 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
     if (!(s = loader.vector(p + ".mlp.gate.e_score_correction_bias", c.n_routed_experts, 0.0f, out.gate_bias)).ok()) {
       return s;
     }
+    if (experts.size > 1) {
+      out.gate_bias_host.assign(static_cast<size_t>(c.n_routed_experts), 0.0f);
+      if (!loader.random()) {
+        Result<std::vector<float>> bias = loader.load(p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts});
+        if (!bias.ok()) return bias.status();
+        out.gate_bias_host = std::move(bias).value();
+      }
+    }
   }
-  if (!(s = load_mlp(loader, p + ".mlp.experts", true, c.n_routed_experts, c.moe_intermediate_size, hidden, shard,
-                     out.experts)).ok()) {
+  if (!(s = load_mlp(loader, p + ".mlp.experts", true, experts.part(c.n_routed_experts), c.moe_intermediate_size,
+                     hidden, shard, out.experts, experts.first(c.n_routed_experts))).ok()) {
     return s;
   }
   out.has_shared = c.n_shared_experts > 0;
@@ -530,7 +541,8 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
 
 // Everything but the checkpoint: the layers, MTP layers, final norm, head and rope tables through `loader`.
 Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, const Shard& shard,
-             DeepSeekModel::Weights& w) {
+             DeepSeekModel::Weights& w, const Shard& experts = {}) {
+  w.first_expert = experts.first(c.n_routed_experts);
   Status s;
   if (!(s = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size, loader.dense_precision(),
                           w.embed_tokens, shard.rows(c.vocab_size))).ok()) {
@@ -539,7 +551,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, co
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!(s = load_layer(loader, backend, c, "model.layers." + std::to_string(l), c.is_moe_layer(l), shard,
-                         w.layers[static_cast<size_t>(l)])).ok()) {
+                         w.layers[static_cast<size_t>(l)], experts)).ok()) {
       return s;
     }
   }
@@ -554,7 +566,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, co
                             mtp.eh_proj)).ok()) {
       return s;
     }
-    if (!(s = load_layer(loader, backend, c, p, c.is_moe_layer(index), shard, mtp.layer)).ok()) return s;
+    if (!(s = load_layer(loader, backend, c, p, c.is_moe_layer(index), shard, mtp.layer, experts)).ok()) return s;
     const std::string head_norm = loader.has(p + ".shared_head.norm.weight") ? p + ".shared_head.norm.weight"
                                                                              : "model.norm.weight";
     if (!(s = loader.vector(head_norm, c.hidden_size, 1.0f, mtp.shared_head_norm)).ok()) return s;
@@ -690,12 +702,128 @@ Status check_supported(const ModelConfig& c, const backend::Backend& backend, co
 
 }  // namespace
 
-DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp)
-    : config_(std::move(config)), local_(config_), tp_(tp), backend_(backend), weights_(std::make_unique<Weights>()),
+// Expert parallel's dispatch and combine of one MoE layer (ExpertParallel in the header), over backend buffers that
+// grow to the largest exchange seen. The routing runs on the host (route_token, as the CPU backend's own MoE), so the
+// ranks agree on it bit for bit: the owner's ids and weights travel with each row.
+class ExpertDispatch {
+ public:
+  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm) : b_(backend), comm_(comm) {}
+
+  // normed: the layer's post-attention-norm rows [T, hidden] (T may be 0: an idle rank still serves others' rows);
+  // ffn += the routed experts' output for each row.
+  void run(const MoeRoutingRule& rule, const Layer& L, int64_t first_expert, const Tensor& normed, Tensor ffn) {
+    const int64_t T = normed.rows, hidden = normed.cols, E = rule.num_experts, k = rule.top_k;
+    const int size = comm_.size();
+    const int64_t per_rank = E / size;
+    // Routing of this rank's tokens.
+    ids_.assign(static_cast<size_t>(T * k), 0);
+    weights_.assign(static_cast<size_t>(T * k), 0.0f);
+    if (T > 0) {
+      Tensor logits = grow(router_, T, E, backend::DType::kF32);
+      b_.linear(normed, *L.gate, logits);
+      host_logits_.resize(static_cast<size_t>(T * E));
+      if (Status s = b_.download(router_, 0, host_logits_.size() * sizeof(float), host_logits_.data()); !s.ok()) {
+        error_ = s;
+        return;
+      }
+      std::vector<int32_t> ids;
+      std::vector<float> weights;
+      for (int64_t t = 0; t < T; ++t) {
+        route_token(rule, host_logits_.data() + t * E, L.gate_bias_host, ids, weights);
+        std::copy(ids.begin(), ids.end(), ids_.begin() + t * k);
+        std::copy(weights.begin(), weights.end(), weights_.begin() + t * k);
+      }
+    }
+    // Each token once to every rank holding one of its experts, in rank order.
+    send_rows_.assign(static_cast<size_t>(size), 0);
+    recv_rows_.assign(static_cast<size_t>(size), 0);
+    send_tokens_.clear();
+    for (int q = 0; q < size; ++q) {
+      for (int64_t t = 0; t < T; ++t) {
+        bool held = false;
+        for (int64_t i = 0; i < k; ++i) held = held || ids_[static_cast<size_t>(t * k + i)] / per_rank == q;
+        if (!held) continue;
+        send_tokens_.push_back(static_cast<int32_t>(t));
+        ++send_rows_[static_cast<size_t>(q)];
+      }
+    }
+    comm_.all_to_all_counts(send_rows_, recv_rows_);
+    const int64_t S = static_cast<int64_t>(send_tokens_.size());
+    int64_t R = 0;
+    for (int64_t n : recv_rows_) R += n;
+    // Dispatch: the rows, and their routing as floats (ids < 2^24 are exact) [rows, 2k].
+    Tensor send = grow(send_, S, hidden, normed.dtype), recv = grow(recv_, R, hidden, normed.dtype);
+    meta_send_.resize(static_cast<size_t>(S * 2 * k));
+    for (int64_t j = 0; j < S; ++j) {
+      const int64_t t = send_tokens_[static_cast<size_t>(j)];
+      b_.copy(normed.rows_slice(t, 1), send.rows_slice(j, 1));
+      for (int64_t i = 0; i < k; ++i) {
+        meta_send_[static_cast<size_t>(j * 2 * k + i)] = static_cast<float>(ids_[static_cast<size_t>(t * k + i)]);
+        meta_send_[static_cast<size_t>(j * 2 * k + k + i)] = weights_[static_cast<size_t>(t * k + i)];
+      }
+    }
+    meta_recv_.resize(static_cast<size_t>(R * 2 * k));
+    comm_.all_to_all_rows(send, send_rows_, recv, recv_rows_);
+    comm_.all_to_all_rows(Tensor{meta_send_.data(), backend::DType::kF32, S, 2 * k, 2 * k}, send_rows_,
+                          Tensor{meta_recv_.data(), backend::DType::kF32, R, 2 * k, 2 * k}, recv_rows_);
+    // This rank's experts on what it received.
+    recv_ids_.resize(static_cast<size_t>(R * k));
+    recv_weights_.resize(static_cast<size_t>(R * k));
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t i = 0; i < k; ++i) {
+        recv_ids_[static_cast<size_t>(r * k + i)] = static_cast<int32_t>(meta_recv_[static_cast<size_t>(r * 2 * k + i)]);
+        recv_weights_[static_cast<size_t>(r * k + i)] = meta_recv_[static_cast<size_t>(r * 2 * k + k + i)];
+      }
+    }
+    Tensor computed = grow(computed_, R, hidden, normed.dtype), back = grow(back_, S, hidden, normed.dtype);
+    if (R > 0) {
+      b_.fill_zero(computed);
+      backend::MoeWeights moe{rule, L.gate.get(), nullptr, L.experts.gate_up.get(), L.experts.down.get(),
+                              first_expert, recv_ids_, recv_weights_};
+      b_.moe(recv, moe, computed);
+    }
+    // Combine: the sums back to their owners, added to each token's output.
+    comm_.all_to_all_rows(computed, recv_rows_, back, send_rows_);
+    for (int64_t j = 0; j < S; ++j) b_.add(ffn.rows_slice(send_tokens_[static_cast<size_t>(j)], 1), back.rows_slice(j, 1));
+  }
+
+  // The first failure of a host copy (the collectives keep theirs).
+  Status status() const { return error_; }
+
+ private:
+  // A [rows, cols] view of `buffer`, grown to hold it.
+  Tensor grow(Buffer& buffer, int64_t rows, int64_t cols, backend::DType dtype) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * backend::dtype_size(dtype);
+    if (buffer.bytes < bytes) {
+      buffer = Buffer();
+      Result<Buffer> made = b_.alloc(bytes * 2);
+      if (!made.ok()) {
+        error_ = made.status();
+        return Tensor{nullptr, dtype, 0, cols, cols};
+      }
+      buffer = std::move(made).value();
+    }
+    return Tensor{buffer.data(), dtype, rows, cols, cols};
+  }
+
+  backend::Backend& b_;
+  backend::Communicator& comm_;
+  Status error_;
+  Buffer router_, send_, recv_, computed_, back_;
+  std::vector<float> host_logits_, weights_, meta_send_, meta_recv_, recv_weights_;
+  std::vector<int32_t> ids_, send_tokens_, recv_ids_;
+  std::vector<int64_t> send_rows_, recv_rows_;
+};
+
+DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp,
+                             const ExpertParallel& ep)
+    : config_(std::move(config)), local_(config_), tp_(tp), ep_(ep), backend_(backend),
+      weights_(std::make_unique<Weights>()),
       scratch_(std::make_unique<Scratch>()), graph_owner_(next_graph_owner.fetch_add(1)) {
   local_.num_attention_heads /= tp.size;
   local_.intermediate_size /= tp.size;
   local_.moe_intermediate_size /= tp.size;
+  if (ep.size > 1) dispatch_ = std::make_unique<ExpertDispatch>(backend, *ep.comm);
 }
 
 Status check_tensor_parallel_shapes(const ModelConfig& c, int size) {
@@ -714,6 +842,27 @@ Status check_tensor_parallel_shapes(const ModelConfig& c, int size) {
 }
 
 namespace {
+Status check_expert_parallel(const ModelConfig& c, const ExpertParallel& ep, const backend::Backend& backend) {
+  if (ep.size < 1 || ep.rank < 0 || ep.rank >= ep.size) {
+    return Status::invalid_argument("expert parallel: rank " + std::to_string(ep.rank) + " of " +
+                                    std::to_string(ep.size));
+  }
+  if (ep.size == 1) return Status();
+  if (c.n_routed_experts % ep.size != 0) {
+    return Status::invalid_argument("--expert-parallel-size " + std::to_string(ep.size) + " does not divide the " +
+                                    "model's n_routed_experts (" + std::to_string(c.n_routed_experts) + ")");
+  }
+  if (backend.name() != "cpu") {
+    return Status::unsupported("expert parallel on the " + std::string(backend.name()) +
+                               " backend: its MoE kernels do not take given routing yet (the CPU backend does)");
+  }
+  if (ep.comm == nullptr || ep.comm->size() != ep.size || ep.comm->rank() != ep.rank) {
+    return Status::invalid_argument("expert parallel: the communicator is not this rank's group of " +
+                                    std::to_string(ep.size));
+  }
+  return Status();
+}
+
 // Whether `c` splits over `tp` (TensorParallel's requirements) and the communicator is tp's group.
 Status check_tensor_parallel(const ModelConfig& c, const TensorParallel& tp) {
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) {
@@ -866,28 +1015,39 @@ Result<std::vector<Buffer>> DeepSeekModel::make_layer_caches(int64_t num_blocks)
 
 Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem::path& dir, backend::Backend& backend,
                                                            Precision precision, bool progress,
-                                                           const TensorParallel& tp) {
+                                                           const TensorParallel& tp, const ExpertParallel& ep) {
   Result<ModelConfig> config = load_model_config(dir);
   if (!config.ok()) return config.status();
   if (Status s = check_supported(*config, backend, dir.string() + "/config.json"); !s.ok()) return s;
   if (Status s = check_tensor_parallel(*config, tp); !s.ok()) return s;
+  if (Status s = check_expert_parallel(*config, ep, backend); !s.ok()) return s;
   Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
   if (!checkpoint.ok()) return checkpoint.status();
-  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend, tp));
+  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend, tp, ep));
   Loader loader(backend, checkpoint->get(), model->config_, precision,
                 progress ? terminal_progress_bar("loading " + dir.filename().string()) : LoadProgress(), 0);
-  if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_); !s.ok()) return s;
+  if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_,
+                       Shard{ep.rank, ep.size});
+      !s.ok()) {
+    return s;
+  }
   return model;
 }
 
 Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::create_random(const ModelConfig& config,
                                                                     backend::Backend& backend, Precision precision,
-                                                                    uint64_t seed, const TensorParallel& tp) {
+                                                                    uint64_t seed, const TensorParallel& tp,
+                                                                    const ExpertParallel& ep) {
   if (Status s = check_supported(config, backend, "config"); !s.ok()) return s;
   if (Status s = check_tensor_parallel(config, tp); !s.ok()) return s;
-  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend, tp));
+  if (Status s = check_expert_parallel(config, ep, backend); !s.ok()) return s;
+  std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend, tp, ep));
   Loader loader(backend, nullptr, model->config_, precision, LoadProgress(), seed);
-  if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_); !s.ok()) return s;
+  if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_,
+                       Shard{ep.rank, ep.size});
+      !s.ok()) {
+    return s;
+  }
   return model;
 }
 
@@ -1046,7 +1206,8 @@ StepTensors step_tensors(const DeepSeekModel::Scratch& S, const ModelConfig& c, 
 // sizes divided by the tensor-parallel size); with `tp`, the partial sums of o_proj and of the feed-forward are
 // all-reduced over it.
 void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekModel::Weights& w, const Layer& L,
-                   const Buffer& cache, const StepTensors& t, bool use_expanded, backend::Communicator* tp) {
+                   const Buffer& cache, const StepTensors& t, bool use_expanded, backend::Communicator* tp,
+                   ExpertDispatch* ep = nullptr) {
   const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim(), V = c.v_head_dim, entry = C + R;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -1098,9 +1259,13 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
     } else {
       b.fill_zero(t.ffn);
     }
-    backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr, L.experts.gate_up.get(),
-                            L.experts.down.get()};
-    b.moe(t.normed, moe, t.ffn);
+    if (ep != nullptr) {
+      ep->run(w.rule, L, w.first_expert, t.normed, t.ffn);
+    } else {
+      backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr,
+                              L.experts.gate_up.get(), L.experts.down.get()};
+      b.moe(t.normed, moe, t.ffn);
+    }
   }
   if (tp) tp->all_reduce_sum(t.ffn);
 }
@@ -1165,6 +1330,16 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   if (T == 0 || c.num_hidden_layers == 0) {
     if (logits) logits->clear();
     if (greedy) greedy->clear();
+    if (dispatch_ && T == 0) {
+      // An idle expert-parallel rank still takes part in every MoE layer's exchange: others' tokens need its experts.
+      const Tensor none{nullptr, backend_.activation_dtype(), 0, c.hidden_size, c.hidden_size};
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        const Layer& L = w.layers[static_cast<size_t>(l)];
+        if (L.moe) dispatch_->run(w.rule, L, w.first_expert, none, none);
+      }
+      if (Status s = dispatch_->status(); !s.ok()) return s;
+      return ep_.comm->status();
+    }
     return Status();
   }
   if (Status s = reserve_scratch(T); !s.ok()) return s;
@@ -1189,7 +1364,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     backend_.rms_norm(t.x, w.layers[0].input_layernorm, eps, t.normed);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       decoder_layer(backend_, c, w, w.layers[static_cast<size_t>(l)], layer_caches[static_cast<size_t>(l)], t,
-                    use_expanded, tp);
+                    use_expanded, tp, dispatch_.get());
       // The residual add, fused with the next layer's input norm.
       if (l + 1 < c.num_hidden_layers) {
         backend_.add_rms_norm(t.x, t.ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, t.normed);
@@ -1229,6 +1404,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   } else {
     read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
   }
+  if (read.ok() && dispatch_) read = dispatch_->status();
+  if (read.ok() && dispatch_) read = ep_.comm->status();
   if (read.ok() && batch.keep_hidden) kept_hidden_rows_ = T;
   if (read.ok() && batch.keep_dspark_context) kept_context_rows_ = T;
   return read;

@@ -126,12 +126,20 @@ struct ModelShapes {
 // One MoE layer's routed experts: router [E, hidden] (kF32 always, as the reference computes router logits in
 // float32), optional e_score_correction_bias [E], experts stacked as gate_up [E][2I][hidden] (gate rows then up
 // rows) and down [E][hidden][I].
+// Expert parallel (a rank holding some experts, applying routing its tokens' owner computed): gate_up / down hold
+// experts [first_expert, first_expert + gate_up->count) of the rule's E, and `routed_ids` / `routed_weights` (host,
+// [T * top_k] each, route_token's order per row) replace the router: row t gets the sum over its ids in the held
+// range only. The CPU backend takes both; the CUDA backend neither yet (check_model_shapes is not asked: the model
+// refuses expert parallel on backends other than the CPU's).
 struct MoeWeights {
   MoeRoutingRule rule;
   const Weight* router = nullptr;
   const Buffer* bias = nullptr;  // make_vector of E values, or null
   const Weight* gate_up = nullptr;
   const Weight* down = nullptr;
+  int64_t first_expert = 0;
+  std::span<const int32_t> routed_ids = {};
+  std::span<const float> routed_weights = {};
 };
 
 // MLA attention in the absorbed form over a paged latent cache (DeepSeek-V2 paper §2.1.2-2.1.3; FlashMLA's

@@ -89,6 +89,22 @@ struct TensorParallel {
   backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
 };
 
+// Expert parallel (DeepSeek's deployment, SGLang's DP-attention + EP, DeepEP's dispatch/combine): `size` ranks, each
+// an attention data-parallel replica — it runs its own sequences, whose KV cache lives only there — holding experts
+// [r E/size, (r+1) E/size) of every MoE layer. Per MoE layer each rank routes its tokens (router logits on the
+// backend, top-k on the host by route_token, the single-process rule), sends each token's row once to every rank
+// holding one of its top-k experts, with its ids and weights (all-to-all: dispatch); each rank applies its experts to
+// the rows it received and sends the weighted sums back (all-to-all: combine), which the owner adds to the token's
+// output. Every rank makes every pass in lock step: a rank with nothing to run passes an empty batch (it still
+// receives and computes other ranks' tokens). With tensor parallel as well, each expert-parallel rank is a tensor-
+// parallel group (world tp.size x size: rank = ep_rank * tp.size + tp_rank) and `comm` links the ranks of one
+// tensor-parallel index; the experts' intermediate slices then follow TensorParallel. CPU backend only in this build
+// (the CUDA MoE kernels do not take given routing yet). Requires n_routed_experts divisible by size.
+struct ExpertParallel {
+  int rank = 0, size = 1;
+  backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
+};
+
 // Whether a model of config `c` splits over `size` tensor-parallel ranks; InvalidArgument naming the dimension that
 // does not divide. (load() checks it too; a launcher checks it before starting the ranks.)
 Status check_tensor_parallel_shapes(const ModelConfig& c, int size);
@@ -97,6 +113,8 @@ Status check_tensor_parallel_shapes(const ModelConfig& c, int size);
 // [num_blocks, 64, kv_cache_dim()] values of backend.cache_dtype(). forward() writes the new tokens' entries
 // (normalized latent, then the roped key) into the slots their block tables give.
 using LayerCaches = std::span<const backend::Buffer>;
+
+class ExpertDispatch;
 
 class DeepSeekModel {
  public:
@@ -108,12 +126,13 @@ class DeepSeekModel {
   // With `tp` (size > 1), this rank's shard only (TensorParallel); errors name the dimension that does not divide.
   static Result<std::unique_ptr<DeepSeekModel>> load(const std::filesystem::path& dir, backend::Backend& backend,
                                                      backend::Precision precision, bool progress = false,
-                                                     const TensorParallel& tp = {});
+                                                     const TensorParallel& tp = {}, const ExpertParallel& ep = {});
   // A model of `config`'s shapes with random weights made on the backend (benchmarks of real configs without
   // their checkpoints): linear weights uniform in +-1/sqrt(in_features), norms 1, router bias 0.
   static Result<std::unique_ptr<DeepSeekModel>> create_random(const ModelConfig& config, backend::Backend& backend,
                                                               backend::Precision precision, uint64_t seed,
-                                                              const TensorParallel& tp = {});
+                                                              const TensorParallel& tp = {},
+                                                              const ExpertParallel& ep = {});
   ~DeepSeekModel();
 
   const ModelConfig& config() const;
@@ -248,7 +267,7 @@ class DeepSeekModel {
   struct Scratch;
 
  private:
-  DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp);
+  DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp, const ExpertParallel& ep);
   // The whole vocabulary's logits [rows, vocab] from this rank's [rows, vocab / tp.size] (gathered over tp.comm).
   Status gather_vocab(std::vector<float>& logits);
   // lead(): sends a command (kind, then its payload) to the followers.
@@ -266,6 +285,8 @@ class DeepSeekModel {
   // divided by the tensor-parallel size (config_ itself at size 1).
   ModelConfig local_;
   TensorParallel tp_;
+  ExpertParallel ep_;
+  std::unique_ptr<ExpertDispatch> dispatch_;  // ep_.size > 1
   std::vector<float> tp_logits_, tp_gather_;  // tensor parallel: this rank's logits, the gathered blocks
   backend::Backend& backend_;
   std::unique_ptr<Weights> weights_;

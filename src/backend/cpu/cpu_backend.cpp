@@ -335,21 +335,32 @@ class CpuBackend final : public Backend {
   }
 
   void moe(const Tensor& x, const MoeWeights& w, Tensor out) override {
-    const int64_t T = x.rows, hidden = x.cols, n = w.rule.num_experts;
-    router_.resize(static_cast<size_t>(T * n));
-    // Router logits in float32 from float32 weights, as the reference computes them.
-    linear(x, *w.router, Tensor{router_.data(), DType::kF32, T, n, n});
-    std::vector<float> bias;
-    if (w.bias != nullptr) bias.assign(f32(*w.bias), f32(*w.bias) + n);
+    const int64_t T = x.rows, hidden = x.cols, n = w.rule.num_experts, k = w.rule.top_k;
+    const int64_t first = w.first_expert, held = w.gate_up->count;
     std::vector<std::vector<std::pair<int32_t, float>>> by_expert(static_cast<size_t>(n));
-    std::vector<int32_t> ids;
-    std::vector<float> weights;
-    for (int64_t t = 0; t < T; ++t) {
-      route_token(w.rule, router_.data() + t * n, bias, ids, weights);
-      for (size_t i = 0; i < ids.size(); ++i) by_expert[ids[i]].push_back({static_cast<int32_t>(t), weights[i]});
+    if (!w.routed_ids.empty()) {  // expert parallel: the owner's routing
+      if (static_cast<int64_t>(w.routed_ids.size()) != T * k || w.routed_weights.size() != w.routed_ids.size()) {
+        std::fprintf(stderr, "cpu backend: moe: routed ids/weights must be [T * top_k]\n");
+        std::abort();
+      }
+      for (int64_t i = 0; i < T * k; ++i) {
+        by_expert[static_cast<size_t>(w.routed_ids[i])].push_back({static_cast<int32_t>(i / k), w.routed_weights[i]});
+      }
+    } else {
+      router_.resize(static_cast<size_t>(T * n));
+      // Router logits in float32 from float32 weights, as the reference computes them.
+      linear(x, *w.router, Tensor{router_.data(), DType::kF32, T, n, n});
+      std::vector<float> bias;
+      if (w.bias != nullptr) bias.assign(f32(*w.bias), f32(*w.bias) + n);
+      std::vector<int32_t> ids;
+      std::vector<float> weights;
+      for (int64_t t = 0; t < T; ++t) {
+        route_token(w.rule, router_.data() + t * n, bias, ids, weights);
+        for (size_t i = 0; i < ids.size(); ++i) by_expert[ids[i]].push_back({static_cast<int32_t>(t), weights[i]});
+      }
     }
     const int64_t inter = w.down->cols;
-    for (int64_t e = 0; e < n; ++e) {
+    for (int64_t e = first; e < first + held; ++e) {
       const auto& tokens = by_expert[static_cast<size_t>(e)];
       if (tokens.empty()) continue;
       const int64_t rows = static_cast<int64_t>(tokens.size());
@@ -360,11 +371,11 @@ class CpuBackend final : public Backend {
       for (int64_t r = 0; r < rows; ++r) {
         std::copy_n(f32(x) + tokens[r].first * x.stride, hidden, gathered_.data() + r * hidden);
       }
-      linear_matrix(Tensor{gathered_.data(), DType::kF32, rows, hidden, hidden}, cpu(*w.gate_up), e,
+      linear_matrix(Tensor{gathered_.data(), DType::kF32, rows, hidden, hidden}, cpu(*w.gate_up), e - first,
                     Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter});
       silu_mul(Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter},
                Tensor{act_.data(), DType::kF32, rows, inter, inter});
-      linear_matrix(Tensor{act_.data(), DType::kF32, rows, inter, inter}, cpu(*w.down), e,
+      linear_matrix(Tensor{act_.data(), DType::kF32, rows, inter, inter}, cpu(*w.down), e - first,
                     Tensor{expert_out_.data(), DType::kF32, rows, hidden, hidden});
       for (int64_t r = 0; r < rows; ++r) {
         float* o = f32(out) + tokens[r].first * out.stride;

@@ -86,6 +86,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const MoeRoutingRule& rule = w.rule;
   const int64_t T = x.rows, hidden = x.cols, E = rule.num_experts, k = rule.top_k;
   BACKEND_CHECK(w.router != nullptr && w.gate_up != nullptr && w.down != nullptr, "moe: missing weights");
+  BACKEND_CHECK(w.first_expert == 0 && w.routed_ids.empty(), "moe: expert parallel is not on the CUDA backend yet");
   BACKEND_CHECK(x.dtype == DType::kBF16 && out.dtype == DType::kBF16 && out.rows == T && out.cols == hidden,
                 "moe: x and out must be bf16 of the same shape");
   BACKEND_CHECK(w.router->count == 1 && w.router->rows == E && w.router->cols == hidden,
