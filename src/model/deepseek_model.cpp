@@ -16,6 +16,7 @@
 
 #include "deepinfer/backend/moe_routing.h"
 #include "deepinfer/core/check.h"
+#include "deepinfer/model/expert_placement.h"
 #include "deepinfer/model/safetensors.h"
 
 namespace deepinfer::model {
@@ -76,7 +77,7 @@ struct Layer {
   Buffer gate_bias;  // e_score_correction_bias [n_routed] (noaux_tc)
   bool has_gate_bias = false;
   std::vector<float> gate_bias_host;  // expert parallel: the same on the host (routing runs there); empty: none
-  Mlp experts;  // n_routed stacked (expert parallel: this rank's experts, from Weights::first_expert)
+  Mlp experts;  // n_routed stacked (expert parallel: this rank's slots of the placement, in slot order)
   Mlp shared;
   bool has_shared = false;
 };
@@ -111,7 +112,6 @@ struct DeepSeekModel::Weights {
   float rope_attention_factor = 1.0f;
   float softmax_scale = 0.0f;
   MoeRoutingRule rule;
-  int64_t first_expert = 0;  // expert parallel: the first routed expert this rank holds (Layer::experts)
   size_t bytes = 0;
 };
 
@@ -403,9 +403,10 @@ class Loader {
 // An MLP (count 1, tensors under `prefix`) or `count` routed experts stacked (tensors under prefix.<e>); with a
 // tensor-parallel `shard`, this rank's part of the intermediate dimension (gate/up rows, down columns).
 Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t count, int64_t inter, int64_t hidden,
-                const Shard& shard, Mlp& out, int64_t first_expert = 0) {
+                const Shard& shard, Mlp& out, std::span<const int32_t> expert_ids = {}) {
   auto name = [&](int64_t e, const char* part) {
-    return (experts ? prefix + "." + std::to_string(first_expert + e) : prefix) + "." + part + ".weight";
+    const int64_t id = expert_ids.empty() ? e : expert_ids[static_cast<size_t>(e)];
+    return (experts ? prefix + "." + std::to_string(id) : prefix) + "." + part + ".weight";
   };
   const int64_t local = shard.part(inter);
   const Slice rows = shard.rows(inter), cols = shard.cols(inter);
@@ -432,9 +433,9 @@ Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t
 
 // The decoder layer whose tensors are under `p` ("model.layers.3", "mtp.0"), with routed experts when `moe`.
 // With a tensor-parallel `shard`, this rank's heads and intermediate slices (TensorParallel in the header).
-// With `experts` (expert parallel), the routed experts [experts.first(E), + experts.part(E)) only.
+// With `expert_ids` (expert parallel: this rank's slots), those routed experts stacked in that order; else all.
 Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& c, const std::string& p, bool moe,
-                  const Shard& shard, Layer& out, const Shard& experts = {}) {
+                  const Shard& shard, Layer& out, std::span<const int32_t> expert_ids = {}) {
   const int64_t all_heads = c.num_attention_heads, heads = shard.part(all_heads), first_head = shard.first(all_heads);
   const int64_t hidden = c.hidden_size, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, R = c.qk_rope_head_dim;
@@ -518,7 +519,7 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
     if (!(s = loader.vector(p + ".mlp.gate.e_score_correction_bias", c.n_routed_experts, 0.0f, out.gate_bias)).ok()) {
       return s;
     }
-    if (experts.size > 1) {
+    if (!expert_ids.empty()) {
       out.gate_bias_host.assign(static_cast<size_t>(c.n_routed_experts), 0.0f);
       if (!loader.random()) {
         Result<std::vector<float>> bias = loader.load(p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts});
@@ -527,8 +528,9 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
       }
     }
   }
-  if (!(s = load_mlp(loader, p + ".mlp.experts", true, experts.part(c.n_routed_experts), c.moe_intermediate_size,
-                     hidden, shard, out.experts, experts.first(c.n_routed_experts))).ok()) {
+  const int64_t held = expert_ids.empty() ? c.n_routed_experts : static_cast<int64_t>(expert_ids.size());
+  if (!(s = load_mlp(loader, p + ".mlp.experts", true, held, c.moe_intermediate_size, hidden, shard, out.experts,
+                     expert_ids)).ok()) {
     return s;
   }
   out.has_shared = c.n_shared_experts > 0;
@@ -541,17 +543,22 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
 
 // Everything but the checkpoint: the layers, MTP layers, final norm, head and rope tables through `loader`.
 Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, const Shard& shard,
-             DeepSeekModel::Weights& w, const Shard& experts = {}) {
-  w.first_expert = experts.first(c.n_routed_experts);
+             DeepSeekModel::Weights& w, const ExpertPlacement* placement = nullptr, int64_t ep_rank = 0) {
   Status s;
   if (!(s = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size, loader.dense_precision(),
                           w.embed_tokens, shard.rows(c.vocab_size))).ok()) {
     return s;
   }
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0, moe_index = 0; l < c.num_hidden_layers; ++l) {
+    std::span<const int32_t> slots;  // expert parallel: this rank's slots of the layer
+    if (placement != nullptr && c.is_moe_layer(l)) {
+      const int64_t per_rank = placement->slots_per_rank();
+      slots = std::span<const int32_t>(placement->phy2log[static_cast<size_t>(moe_index++)])
+                  .subspan(static_cast<size_t>(ep_rank * per_rank), static_cast<size_t>(per_rank));
+    }
     if (!(s = load_layer(loader, backend, c, "model.layers." + std::to_string(l), c.is_moe_layer(l), shard,
-                         w.layers[static_cast<size_t>(l)], experts)).ok()) {
+                         w.layers[static_cast<size_t>(l)], slots)).ok()) {
       return s;
     }
   }
@@ -566,7 +573,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, co
                             mtp.eh_proj)).ok()) {
       return s;
     }
-    if (!(s = load_layer(loader, backend, c, p, c.is_moe_layer(index), shard, mtp.layer, experts)).ok()) return s;
+    if (!(s = load_layer(loader, backend, c, p, c.is_moe_layer(index), shard, mtp.layer)).ok()) return s;
     const std::string head_norm = loader.has(p + ".shared_head.norm.weight") ? p + ".shared_head.norm.weight"
                                                                              : "model.norm.weight";
     if (!(s = loader.vector(head_norm, c.hidden_size, 1.0f, mtp.shared_head_norm)).ok()) return s;
@@ -704,18 +711,31 @@ Status check_supported(const ModelConfig& c, const backend::Backend& backend, co
 
 // Expert parallel's dispatch and combine of one MoE layer (ExpertParallel in the header), over backend buffers that
 // grow to the largest exchange seen. The routing runs on the host (route_token, as the CPU backend's own MoE), so the
-// ranks agree on it bit for bit: the owner's ids and weights travel with each row.
+// ranks agree on it bit for bit: the owner's choice of replica (physical slot) travels with each row. It also counts
+// each logical expert's tokens per MoE layer (this rank's tokens), the load EPLB rebalances by.
 class ExpertDispatch {
  public:
-  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm) : b_(backend), comm_(comm) {}
+  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm, ExpertPlacement placement)
+      : b_(backend), comm_(comm), placement_(std::move(placement)) {
+    load_.assign(placement_.phy2log.size(), std::vector<double>(static_cast<size_t>(placement_.num_logical), 0.0));
+  }
 
-  // normed: the layer's post-attention-norm rows [T, hidden] (T may be 0: an idle rank still serves others' rows);
-  // ffn += the routed experts' output for each row.
-  void run(const MoeRoutingRule& rule, const Layer& L, int64_t first_expert, const Tensor& normed, Tensor ffn) {
+  const ExpertPlacement& placement() const { return placement_; }
+  void set_placement(ExpertPlacement placement) { placement_ = std::move(placement); }
+  std::vector<std::vector<double>>& load() { return load_; }
+  const std::vector<std::vector<double>>& load() const { return load_; }
+
+  // normed: the MoE layer's (index `moe_layer` among the MoE layers) post-attention-norm rows [T, hidden] (T may be 0:
+  // an idle rank still serves others' rows); ffn += the routed experts' output for each row.
+  void run(const MoeRoutingRule& rule, const Layer& L, int64_t moe_layer, const Tensor& normed, Tensor ffn) {
     const int64_t T = normed.rows, hidden = normed.cols, E = rule.num_experts, k = rule.top_k;
-    const int size = comm_.size();
-    const int64_t per_rank = E / size;
-    // Routing of this rank's tokens.
+    const int size = comm_.size(), me = comm_.rank();
+    const std::vector<int32_t>& phy2log = placement_.phy2log[static_cast<size_t>(moe_layer)];
+    const int64_t P = placement_.num_physical, per_rank = placement_.slots_per_rank();
+    // Each logical expert's slots; a token takes the one on its own rank if there is one, else slot t mod replicas.
+    replicas_.assign(static_cast<size_t>(E), {});
+    for (int64_t p = 0; p < P; ++p) replicas_[static_cast<size_t>(phy2log[static_cast<size_t>(p)])].push_back(p);
+    // Routing of this rank's tokens, as physical slots.
     ids_.assign(static_cast<size_t>(T * k), 0);
     weights_.assign(static_cast<size_t>(T * k), 0.0f);
     if (T > 0) {
@@ -728,13 +748,22 @@ class ExpertDispatch {
       }
       std::vector<int32_t> ids;
       std::vector<float> weights;
+      std::vector<double>& load = load_[static_cast<size_t>(moe_layer)];
       for (int64_t t = 0; t < T; ++t) {
         route_token(rule, host_logits_.data() + t * E, L.gate_bias_host, ids, weights);
-        std::copy(ids.begin(), ids.end(), ids_.begin() + t * k);
-        std::copy(weights.begin(), weights.end(), weights_.begin() + t * k);
+        for (int64_t i = 0; i < k; ++i) {
+          const std::vector<int64_t>& slots = replicas_[static_cast<size_t>(ids[i])];
+          int64_t slot = slots[static_cast<size_t>(t) % slots.size()];
+          for (int64_t candidate : slots) {
+            if (candidate / per_rank == me) slot = candidate;
+          }
+          ids_[static_cast<size_t>(t * k + i)] = static_cast<int32_t>(slot);
+          weights_[static_cast<size_t>(t * k + i)] = weights[i];
+          load[static_cast<size_t>(ids[i])] += 1.0;
+        }
       }
     }
-    // Each token once to every rank holding one of its experts, in rank order.
+    // Each token once to every rank holding one of its slots, in rank order.
     send_rows_.assign(static_cast<size_t>(size), 0);
     recv_rows_.assign(static_cast<size_t>(size), 0);
     send_tokens_.clear();
@@ -751,7 +780,7 @@ class ExpertDispatch {
     const int64_t S = static_cast<int64_t>(send_tokens_.size());
     int64_t R = 0;
     for (int64_t n : recv_rows_) R += n;
-    // Dispatch: the rows, and their routing as floats (ids < 2^24 are exact) [rows, 2k].
+    // Dispatch: the rows, and their routing as floats (slot ids < 2^24 are exact) [rows, 2k].
     Tensor send = grow(send_, S, hidden, normed.dtype), recv = grow(recv_, R, hidden, normed.dtype);
     meta_send_.resize(static_cast<size_t>(S * 2 * k));
     for (int64_t j = 0; j < S; ++j) {
@@ -766,7 +795,7 @@ class ExpertDispatch {
     comm_.all_to_all_rows(send, send_rows_, recv, recv_rows_);
     comm_.all_to_all_rows(Tensor{meta_send_.data(), backend::DType::kF32, S, 2 * k, 2 * k}, send_rows_,
                           Tensor{meta_recv_.data(), backend::DType::kF32, R, 2 * k, 2 * k}, recv_rows_);
-    // This rank's experts on what it received.
+    // This rank's slots on what it received.
     recv_ids_.resize(static_cast<size_t>(R * k));
     recv_weights_.resize(static_cast<size_t>(R * k));
     for (int64_t r = 0; r < R; ++r) {
@@ -778,8 +807,10 @@ class ExpertDispatch {
     Tensor computed = grow(computed_, R, hidden, normed.dtype), back = grow(back_, S, hidden, normed.dtype);
     if (R > 0) {
       b_.fill_zero(computed);
-      backend::MoeWeights moe{rule, L.gate.get(), nullptr, L.experts.gate_up.get(), L.experts.down.get(),
-                              first_expert, recv_ids_, recv_weights_};
+      MoeRoutingRule physical = rule;
+      physical.num_experts = P;
+      backend::MoeWeights moe{physical, L.gate.get(), nullptr, L.experts.gate_up.get(), L.experts.down.get(),
+                              me * per_rank, recv_ids_, recv_weights_};
       b_.moe(recv, moe, computed);
     }
     // Combine: the sums back to their owners, added to each token's output.
@@ -808,8 +839,11 @@ class ExpertDispatch {
 
   backend::Backend& b_;
   backend::Communicator& comm_;
+  ExpertPlacement placement_;
+  std::vector<std::vector<double>> load_;  // [MoE layers][E] tokens routed to each logical expert, this rank's
   Status error_;
   Buffer router_, send_, recv_, computed_, back_;
+  std::vector<std::vector<int64_t>> replicas_;
   std::vector<float> host_logits_, weights_, meta_send_, meta_recv_, recv_weights_;
   std::vector<int32_t> ids_, send_tokens_, recv_ids_;
   std::vector<int64_t> send_rows_, recv_rows_;
@@ -823,7 +857,13 @@ DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, cons
   local_.num_attention_heads /= tp.size;
   local_.intermediate_size /= tp.size;
   local_.moe_intermediate_size /= tp.size;
-  if (ep.size > 1) dispatch_ = std::make_unique<ExpertDispatch>(backend, *ep.comm);
+  if (ep.size > 1 || ep.comm != nullptr) {
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) moe_layers += config_.is_moe_layer(l) ? 1 : 0;
+    dispatch_ = std::make_unique<ExpertDispatch>(
+        backend, *ep.comm,
+        ExpertPlacement::contiguous(moe_layers, config_.n_routed_experts, ep.num_redundant_experts, ep.size));
+  }
 }
 
 Status check_tensor_parallel_shapes(const ModelConfig& c, int size) {
@@ -847,10 +887,17 @@ Status check_expert_parallel(const ModelConfig& c, const ExpertParallel& ep, con
     return Status::invalid_argument("expert parallel: rank " + std::to_string(ep.rank) + " of " +
                                     std::to_string(ep.size));
   }
-  if (ep.size == 1) return Status();
-  if (c.n_routed_experts % ep.size != 0) {
+  if (ep.num_redundant_experts < 0) return Status::invalid_argument("--num-redundant-experts must be at least 0");
+  if (ep.size == 1 && ep.comm == nullptr) {
+    if (ep.num_redundant_experts > 0) {
+      return Status::invalid_argument("--num-redundant-experts needs expert parallel (--expert-parallel-size > 1)");
+    }
+    return Status();
+  }
+  if ((c.n_routed_experts + ep.num_redundant_experts) % ep.size != 0) {
     return Status::invalid_argument("--expert-parallel-size " + std::to_string(ep.size) + " does not divide the " +
-                                    "model's n_routed_experts (" + std::to_string(c.n_routed_experts) + ")");
+                                    "model's n_routed_experts (" + std::to_string(c.n_routed_experts) + ") plus " +
+                                    std::to_string(ep.num_redundant_experts) + " redundant experts");
   }
   if (backend.name() != "cpu") {
     return Status::unsupported("expert parallel on the " + std::string(backend.name()) +
@@ -936,6 +983,133 @@ void DeepSeekModel::send_command(uint64_t kind, std::vector<int64_t> payload) co
   int64_t header[2] = {static_cast<int64_t>(kind), static_cast<int64_t>(payload.size())};
   tp_.comm->broadcast_host_waiting(std::as_writable_bytes(std::span(header)), 0);
   tp_.comm->broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
+}
+
+const ExpertPlacement* DeepSeekModel::expert_placement() const {
+  return dispatch_ ? &dispatch_->placement() : nullptr;
+}
+
+std::vector<std::vector<double>> DeepSeekModel::expert_load() const {
+  return dispatch_ ? dispatch_->load() : std::vector<std::vector<double>>();
+}
+
+Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, int64_t num_nodes,
+                                        std::vector<double>* before, std::vector<double>* after) {
+  if (!dispatch_) return Status::invalid_argument("rebalance_experts: the model is not expert-parallel");
+  const ExpertPlacement old = dispatch_->placement();
+  const int64_t layers = static_cast<int64_t>(old.phy2log.size()), E = old.num_logical, P = old.num_physical;
+  const int64_t per_rank = old.slots_per_rank();
+  const int size = ep_.size, me = ep_.rank;
+  backend::Communicator& comm = *ep_.comm;
+  // 1. The group's load.
+  std::vector<float> summed(static_cast<size_t>(layers * E));
+  for (int64_t m = 0; m < layers; ++m) {
+    for (int64_t e = 0; e < E; ++e) summed[m * E + e] = static_cast<float>(dispatch_->load()[m][e]);
+  }
+  if (!summed.empty()) comm.all_reduce_sum(Tensor{summed.data(), backend::DType::kF32, layers, E, E});
+  if (Status s = comm.status(); !s.ok()) return s;
+  std::vector<std::vector<double>> load(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(E)));
+  for (int64_t m = 0; m < layers; ++m) {
+    for (int64_t e = 0; e < E; ++e) load[m][e] = summed[m * E + e];
+  }
+  // 2. The new placement (the same on every rank).
+  ExpertPlacement next = model::rebalance_experts(load, P, size, policy, num_groups, num_nodes);
+  if (before) before->clear();
+  if (after) after->clear();
+  for (int64_t m = 0; m < layers; ++m) {
+    if (before) before->push_back(rank_imbalance(load[m], old.phy2log[m], size));
+    if (after) after->push_back(rank_imbalance(load[m], next.phy2log[m], size));
+  }
+  // 3. Each MoE layer's experts to their new slots: a slot's expert comes from its own rank when that rank held it,
+  // else from the lowest rank that did.
+  auto source_of = [&](int64_t m, int64_t slot) {
+    const int32_t e = next.phy2log[m][slot];
+    const int64_t q = slot / per_rank;
+    for (int64_t j = 0; j < per_rank; ++j) {
+      if (old.phy2log[m][q * per_rank + j] == e) return std::pair<int64_t, int64_t>{q, j};
+    }
+    for (int64_t p = 0; p < P; ++p) {
+      if (old.phy2log[m][p] == e) return std::pair<int64_t, int64_t>{p / per_rank, p % per_rank};
+    }
+    return std::pair<int64_t, int64_t>{-1, -1};  // unreachable: every expert has a slot
+  };
+  for (int64_t l = 0, m = 0; l < config_.num_hidden_layers; ++l) {
+    Layer& L = weights_->layers[static_cast<size_t>(l)];
+    if (!L.moe) continue;
+    const Weight& gate_up = *L.experts.gate_up;
+    const Weight& down = *L.experts.down;
+    const int64_t gate_up_n = gate_up.rows * gate_up.cols, row = gate_up_n + down.rows * down.cols;
+    auto read_expert = [&](int64_t local, float* out) -> Status {
+      Result<std::vector<float>> a = backend_.read_matrix(gate_up, local);
+      if (!a.ok()) return a.status();
+      Result<std::vector<float>> b = backend_.read_matrix(down, local);
+      if (!b.ok()) return b.status();
+      std::copy(a->begin(), a->end(), out);
+      std::copy(b->begin(), b->end(), out + gate_up_n);
+      return Status();
+    };
+    std::vector<int64_t> send_rows(static_cast<size_t>(size), 0), recv_rows(static_cast<size_t>(size), 0);
+    std::vector<float> send, recv;
+    for (int64_t q = 0; q < size; ++q) {
+      for (int64_t j = 0; j < per_rank; ++j) {
+        const auto [rank, local] = source_of(m, q * per_rank + j);
+        if (q != me && rank == me) {
+          send.resize(send.size() + static_cast<size_t>(row));
+          if (Status s = read_expert(local, send.data() + send.size() - row); !s.ok()) return s;
+          ++send_rows[q];
+        }
+        if (q == me && rank != me) ++recv_rows[rank];
+      }
+    }
+    int64_t received = 0;
+    for (int64_t n : recv_rows) received += n;
+    recv.resize(static_cast<size_t>(received * row));
+    const int64_t sent = static_cast<int64_t>(send.size()) / row;
+    comm.all_to_all_rows(Tensor{send.empty() ? nullptr : send.data(), backend::DType::kF32, sent, row, row}, send_rows,
+                         Tensor{recv.empty() ? nullptr : recv.data(), backend::DType::kF32, received, row, row},
+                         recv_rows);
+    if (Status s = comm.status(); !s.ok()) return s;
+    // The received rows come by source rank, each source's in slot order.
+    std::vector<int64_t> next_from(static_cast<size_t>(size), 0);
+    for (int64_t q = 0, at = 0; q < size; ++q) {
+      next_from[q] = at;
+      at += recv_rows[q];
+    }
+    Result<WeightPtr> new_gate_up = backend_.make_weight(per_rank, gate_up.rows, gate_up.cols, gate_up.precision);
+    if (!new_gate_up.ok()) return new_gate_up.status();
+    Result<WeightPtr> new_down = backend_.make_weight(per_rank, down.rows, down.cols, down.precision);
+    if (!new_down.ok()) return new_down.status();
+    std::vector<float> values(static_cast<size_t>(row));
+    for (int64_t j = 0; j < per_rank; ++j) {
+      const auto [rank, local] = source_of(m, me * per_rank + j);
+      const float* expert = nullptr;
+      if (rank == me) {
+        if (Status s = read_expert(local, values.data()); !s.ok()) return s;
+        expert = values.data();
+      } else {
+        expert = recv.data() + next_from[rank]++ * row;
+      }
+      Status s = backend_.set_matrix(**new_gate_up, j,
+                                     backend::HostMatrix{gate_up.rows, gate_up.cols,
+                                                         std::span<const float>(expert, static_cast<size_t>(gate_up_n)),
+                                                         {}, {}});
+      if (s.ok()) {
+        s = backend_.set_matrix(**new_down, j,
+                                backend::HostMatrix{down.rows, down.cols,
+                                                    std::span<const float>(expert + gate_up_n,
+                                                                           static_cast<size_t>(row - gate_up_n)),
+                                                    {}, {}});
+      }
+      if (!s.ok()) return s;
+    }
+    L.experts.gate_up = std::move(new_gate_up).value();
+    L.experts.down = std::move(new_down).value();
+    ++m;
+  }
+  backend_.reset_graphs();
+  dispatch_->set_placement(std::move(next));
+  for (std::vector<double>& layer : dispatch_->load()) std::fill(layer.begin(), layer.end(), 0.0);
+  return Status();
 }
 
 void DeepSeekModel::lead() {
@@ -1027,7 +1201,7 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem
   Loader loader(backend, checkpoint->get(), model->config_, precision,
                 progress ? terminal_progress_bar("loading " + dir.filename().string()) : LoadProgress(), 0);
   if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_,
-                       Shard{ep.rank, ep.size});
+                       model->dispatch_ ? &model->dispatch_->placement() : nullptr, ep.rank);
       !s.ok()) {
     return s;
   }
@@ -1044,7 +1218,7 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::create_random(const ModelC
   std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend, tp, ep));
   Loader loader(backend, nullptr, model->config_, precision, LoadProgress(), seed);
   if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_,
-                       Shard{ep.rank, ep.size});
+                       model->dispatch_ ? &model->dispatch_->placement() : nullptr, ep.rank);
       !s.ok()) {
     return s;
   }
@@ -1207,7 +1381,7 @@ StepTensors step_tensors(const DeepSeekModel::Scratch& S, const ModelConfig& c, 
 // all-reduced over it.
 void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekModel::Weights& w, const Layer& L,
                    const Buffer& cache, const StepTensors& t, bool use_expanded, backend::Communicator* tp,
-                   ExpertDispatch* ep = nullptr) {
+                   ExpertDispatch* ep = nullptr, int64_t moe_layer = 0) {
   const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim(), V = c.v_head_dim, entry = C + R;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -1260,7 +1434,7 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
       b.fill_zero(t.ffn);
     }
     if (ep != nullptr) {
-      ep->run(w.rule, L, w.first_expert, t.normed, t.ffn);
+      ep->run(w.rule, L, moe_layer, t.normed, t.ffn);
     } else {
       backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr,
                               L.experts.gate_up.get(), L.experts.down.get()};
@@ -1333,9 +1507,9 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     if (dispatch_ && T == 0) {
       // An idle expert-parallel rank still takes part in every MoE layer's exchange: others' tokens need its experts.
       const Tensor none{nullptr, backend_.activation_dtype(), 0, c.hidden_size, c.hidden_size};
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      for (int64_t l = 0, moe_layer = 0; l < c.num_hidden_layers; ++l) {
         const Layer& L = w.layers[static_cast<size_t>(l)];
-        if (L.moe) dispatch_->run(w.rule, L, w.first_expert, none, none);
+        if (L.moe) dispatch_->run(w.rule, L, moe_layer++, none, none);
       }
       if (Status s = dispatch_->status(); !s.ok()) return s;
       return ep_.comm->status();
@@ -1362,9 +1536,11 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     backend_.embed(*w.embed_tokens, t.x, tp_.rank * (c.vocab_size / tp_.size));
     if (tp) tp->all_reduce_sum(t.x);
     backend_.rms_norm(t.x, w.layers[0].input_layernorm, eps, t.normed);
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int64_t l = 0, moe_layer = 0; l < c.num_hidden_layers; ++l) {
+      const bool moe = w.layers[static_cast<size_t>(l)].moe;
       decoder_layer(backend_, c, w, w.layers[static_cast<size_t>(l)], layer_caches[static_cast<size_t>(l)], t,
-                    use_expanded, tp, dispatch_.get());
+                    use_expanded, tp, dispatch_.get(), moe_layer);
+      moe_layer += moe ? 1 : 0;
       // The residual add, fused with the next layer's input norm.
       if (l + 1 < c.num_hidden_layers) {
         backend_.add_rms_norm(t.x, t.ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, t.normed);

@@ -36,12 +36,20 @@ using model::TensorParallel;
 struct Outcome {
   std::vector<float> logits;   // every prompt's every position, prompts one after another, [positions, vocab]
   std::vector<int32_t> greedy;  // 16 greedy tokens after prompt 0 (forward_greedy)
+  std::vector<double> before, after;  // EPLB: per MoE layer max/mean rank load under the old / new placement
 };
+
+constexpr int kRebalanceAt = 8;  // with EPLB: the greedy pass before which every rank rebalances
 
 // The work of expert-parallel group `group` of `groups` (one process: group 0 of 1): prompts i % groups == group in
 // one batch, then (group 0 only; the others pass empty batches) 16 greedy tokens of prompt 0.
+// With `rebalance`, every rank calls rebalance_experts() before greedy pass kRebalanceAt (requests continuing).
 Status run_work(DeepSeekModel& model, const std::vector<ReferencePrompt>& all_prompts, Outcome& out, int group = 0,
-                int groups = 1) {
+                int groups = 1, bool rebalance = false) {
+  auto maybe_rebalance = [&](int pass) {
+    if (!rebalance || pass != kRebalanceAt) return Status();
+    return model.rebalance_experts(model::EplbPolicy::kGlobal, 1, 1, &out.before, &out.after);
+  };
   std::vector<ReferencePrompt> prompts;
   for (size_t i = 0; i < all_prompts.size(); ++i) {
     if (static_cast<int>(i % static_cast<size_t>(groups)) == group) prompts.push_back(all_prompts[i]);
@@ -62,6 +70,7 @@ Status run_work(DeepSeekModel& model, const std::vector<ReferencePrompt>& all_pr
   if (group != 0) {  // idle while group 0 decodes: 16 empty passes
     std::vector<int32_t> ids;
     for (int i = 0; i < 16; ++i) {
+      if (Status s = maybe_rebalance(i); !s.ok()) return s;
       if (Status s = model.forward_greedy(ForwardBatch{}, cache.pointers, ids); !s.ok()) return s;
     }
     return Status();
@@ -78,6 +87,7 @@ Status run_work(DeepSeekModel& model, const std::vector<ReferencePrompt>& all_pr
   if (Status s = model.forward_greedy(prefill, cache.pointers, ids); !s.ok()) return s;
   out.greedy = ids;
   for (int32_t i = 1; i < 16; ++i) {
+    if (Status s = maybe_rebalance(i); !s.ok()) return s;
     ForwardBatch step;
     step.token_ids = {out.greedy.back()};
     step.sequences.push_back({1, n + i - 1, table});
@@ -93,6 +103,7 @@ int run_rank() {
   const int rank = std::atoi(std::getenv("DEEPINFER_TP_RANK"));
   const int tp = std::atoi(std::getenv("DEEPINFER_TP_SIZE"));
   const int ep = std::atoi(std::getenv("DEEPINFER_TP_EP"));
+  const int redundant = std::atoi(std::getenv("DEEPINFER_TP_REDUNDANT"));
   const int port = std::atoi(std::getenv("DEEPINFER_TP_PORT"));
   const std::string fixture = std::getenv("DEEPINFER_TP_FIXTURE");
   const std::string out_dir = std::getenv("DEEPINFER_TP_OUT");
@@ -117,10 +128,10 @@ int run_rank() {
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend();
   Result<std::unique_ptr<DeepSeekModel>> model =
       DeepSeekModel::load(fixture, *cpu, backend::Precision::kF32, false, TensorParallel{tp_rank, tp, tp_comm.get()},
-                          model::ExpertParallel{ep_rank, ep, ep_comm.get()});
+                          model::ExpertParallel{ep_rank, ep, ep_comm.get(), redundant});
   if (!model.ok()) return fail(model.status());
   Outcome out;
-  if (Status s = run_work(**model, load_reference(fixture), out, ep_rank, ep); !s.ok()) return fail(s);
+  if (Status s = run_work(**model, load_reference(fixture), out, ep_rank, ep, redundant > 0); !s.ok()) return fail(s);
   if (tp_rank == 0) {
     std::ofstream file(out_dir + "/group" + std::to_string(ep_rank) + ".bin", std::ios::binary);
     const uint64_t n = out.logits.size();
@@ -129,12 +140,16 @@ int run_rank() {
     const uint64_t g = out.greedy.size();
     file.write(reinterpret_cast<const char*>(&g), sizeof(g));
     file.write(reinterpret_cast<const char*>(out.greedy.data()), static_cast<std::streamsize>(g * sizeof(int32_t)));
+    const uint64_t layers = out.before.size();
+    file.write(reinterpret_cast<const char*>(&layers), sizeof(layers));
+    file.write(reinterpret_cast<const char*>(out.before.data()), static_cast<std::streamsize>(layers * sizeof(double)));
+    file.write(reinterpret_cast<const char*>(out.after.data()), static_cast<std::streamsize>(layers * sizeof(double)));
   }
   return 0;
 }
 
 // Starts tp x ep ranks of this binary on `fixture` and returns each expert-parallel group's outcome (empty on failure).
-std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep) {
+std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int redundant) {
   Result<std::unique_ptr<backend::TcpStore>> store = backend::serve_tcp_store("127.0.0.1", 0);
   EXPECT_TRUE(store.ok()) << store.status().to_string();
   if (!store.ok()) return {};
@@ -146,6 +161,7 @@ std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep) {
     env_strings.push_back("DEEPINFER_TP_RANK=" + std::to_string(rank));
     env_strings.push_back("DEEPINFER_TP_SIZE=" + std::to_string(tp));
     env_strings.push_back("DEEPINFER_TP_EP=" + std::to_string(ep));
+    env_strings.push_back("DEEPINFER_TP_REDUNDANT=" + std::to_string(redundant));
     env_strings.push_back("DEEPINFER_TP_PORT=" + std::to_string((*store)->port()));
     env_strings.push_back("DEEPINFER_TP_FIXTURE=" + fixture);
     env_strings.push_back("DEEPINFER_TP_OUT=" + dir.path().string());
@@ -178,6 +194,12 @@ std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep) {
     file.read(reinterpret_cast<char*>(&greedy), sizeof(greedy));
     out.greedy.resize(greedy);
     file.read(reinterpret_cast<char*>(out.greedy.data()), static_cast<std::streamsize>(greedy * sizeof(int32_t)));
+    uint64_t layers = 0;
+    file.read(reinterpret_cast<char*>(&layers), sizeof(layers));
+    out.before.resize(layers);
+    out.after.resize(layers);
+    file.read(reinterpret_cast<char*>(out.before.data()), static_cast<std::streamsize>(layers * sizeof(double)));
+    file.read(reinterpret_cast<char*>(out.after.data()), static_cast<std::streamsize>(layers * sizeof(double)));
     EXPECT_TRUE(file.good()) << "group " << g;
   }
   return outcomes;
@@ -186,6 +208,7 @@ std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep) {
 struct Case {
   std::string fixture;
   int tp, ep;
+  int redundant = 0;  // > 0: EPLB with that many redundant experts, rebalanced mid-decode
 };
 
 class ModelParallelTest : public ::testing::TestWithParam<Case> {};
@@ -202,7 +225,7 @@ TEST_P(ModelParallelTest, LogitsWithinFloat32NoiseAndGreedyTokensIdentical) {
   ASSERT_TRUE(run_work(**single, prompts, expected).ok());
   const int64_t vocab = (*single)->config().vocab_size;
 
-  std::vector<Outcome> groups = run_ranks(fixture, tp, ep);
+  std::vector<Outcome> groups = run_ranks(fixture, tp, ep, GetParam().redundant);
   ASSERT_EQ(groups.size(), static_cast<size_t>(ep));
   double worst = 0.0, worst_reference = 0.0;
   int64_t row = 0, argmax_differ = 0;
@@ -230,6 +253,17 @@ TEST_P(ModelParallelTest, LogitsWithinFloat32NoiseAndGreedyTokensIdentical) {
               "\"max_rel_err_vs_reference\":%.3g,\"argmax_differ\":%lld,\"greedy_identical\":%s}\n",
               GetParam().fixture.c_str(), tp, ep, worst, worst_reference, static_cast<long long>(argmax_differ),
               groups[0].greedy == expected.greedy ? "true" : "false");
+  if (GetParam().redundant > 0) {
+    // The rebalance happened on every rank (group 0 reports it), and it balanced what it was given.
+    ASSERT_FALSE(groups[0].before.empty());
+    for (size_t m = 0; m < groups[0].before.size(); ++m) {
+      std::printf("{\"test\":\"eplb_rebalance\",\"fixture\":\"%s\",\"ep\":%d,\"redundant\":%d,\"moe_layer\":%zu,"
+                  "\"max_over_mean_before\":%.3f,\"max_over_mean_after\":%.3f}\n",
+                  GetParam().fixture.c_str(), ep, GetParam().redundant, m, groups[0].before[m], groups[0].after[m]);
+      // A greedy packing of a nearly even load may come out a hair less even; never worse than that.
+      EXPECT_LE(groups[0].after[m], std::max(groups[0].before[m], 1.05));
+    }
+  }
   EXPECT_LE(worst, 1e-5);
   EXPECT_LE(worst_reference, 1e-4);
   EXPECT_EQ(argmax_differ, 0);
@@ -242,9 +276,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"tiny-deepseek-v2-lite", 2, 1}, Case{"tiny-deepseek-v3", 2, 1}, Case{"tiny-deepseek-v3", 4, 1},
                       Case{"tiny-deepseek-v3-fp8", 2, 1}, Case{"tiny-deepseek-v2-lite", 1, 2},
                       Case{"tiny-deepseek-v3", 1, 2}, Case{"tiny-deepseek-v3", 1, 4}, Case{"tiny-deepseek-v3-fp8", 1, 2},
-                      Case{"tiny-deepseek-v2-lite", 2, 2}, Case{"tiny-deepseek-v3", 2, 2}),
+                      Case{"tiny-deepseek-v2-lite", 2, 2}, Case{"tiny-deepseek-v3", 2, 2},
+                      Case{"tiny-deepseek-v3", 1, 2, 2}, Case{"tiny-deepseek-v2-lite", 2, 2, 4}),
     [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = info.param.fixture + "_tp" + std::to_string(info.param.tp) + "_ep" + std::to_string(info.param.ep);
+      std::string name = info.param.fixture + "_tp" + std::to_string(info.param.tp) + "_ep" + std::to_string(info.param.ep) +
+                         (info.param.redundant > 0 ? "_eplb" + std::to_string(info.param.redundant) : "");
       for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
       return name;
     });

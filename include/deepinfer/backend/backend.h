@@ -198,6 +198,13 @@ class Backend {
                                                       Precision precision) = 0;
   virtual Status set_matrix(Weight& w, int64_t index, const HostMatrix& host) = 0;
   virtual void fill_random(Weight& w, uint64_t seed, float scale) = 0;
+  // The float32 values of matrix `index` of `w` [rows * cols] (bf16 widened exactly): a weight moving to another rank
+  // (expert load balancing). Errors: InvalidArgument (index); Unsupported on a backend that cannot read weights back.
+  virtual Result<std::vector<float>> read_matrix(const Weight& w, int64_t index) {
+    (void)w;
+    (void)index;
+    return Status::unsupported(std::string(name()) + " backend: reading a weight back (expert load balancing)");
+  }
   // A float32 vector (norm weights, biases) in whatever form the backend's ops read.
   virtual Result<Buffer> make_vector(std::span<const float> values) = 0;
 

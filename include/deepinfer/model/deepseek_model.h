@@ -15,6 +15,7 @@
 #include "deepinfer/backend/communicator.h"
 #include "deepinfer/core/status.h"
 #include "deepinfer/model/config.h"
+#include "deepinfer/model/expert_placement.h"
 
 namespace deepinfer::model {
 
@@ -103,6 +104,9 @@ struct TensorParallel {
 struct ExpertParallel {
   int rank = 0, size = 1;
   backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
+  // Physical expert slots beyond n_routed_experts (--num-redundant-experts): replicas of hot experts, placed by
+  // rebalance_experts(); (n_routed_experts + this) % size == 0. At load, slot p holds expert p mod E.
+  int num_redundant_experts = 0;
 };
 
 // Whether a model of config `c` splits over `size` tensor-parallel ranks; InvalidArgument naming the dimension that
@@ -146,6 +150,21 @@ class DeepSeekModel {
   // leader gone, a failed pass).
   void lead();
   Status follow();
+
+  // Expert parallel (ExpertParallel): where the routed experts are, and the tokens this rank routed to each logical
+  // expert per MoE layer since load or the last rebalance ([MoE layers][n_routed_experts]). Null / empty without.
+  const ExpertPlacement* expert_placement() const;
+  std::vector<std::vector<double>> expert_load() const;
+  // EPLB: sums the ranks' expert load (all-reduce over the expert-parallel group), computes a new placement with
+  // `policy` (expert_placement.h; num_groups: the expert groups, n_group; num_nodes: hosts), and moves the experts'
+  // weights between ranks to it (all-to-all of the slots whose expert changed; a rank keeps what it already holds),
+  // then starts counting anew. Outputs do not change (greedy tokens identical: the same experts, elsewhere). Every
+  // rank of the group calls it between the same two passes; requests continue after it. Errors: the collectives',
+  // ResourceExhausted, Unsupported (a backend that cannot read weights back); InvalidArgument without expert parallel.
+  // `before` / `after` (optional): per MoE layer the max/mean rank load of the summed load under the old / new
+  // placement.
+  Status rebalance_experts(EplbPolicy policy, int64_t num_groups, int64_t num_nodes,
+                           std::vector<double>* before = nullptr, std::vector<double>* after = nullptr);
   size_t weight_bytes() const;
   // Bytes of one cache block (64 tokens) of one layer in the backend's cache dtype.
   size_t layer_block_bytes() const;

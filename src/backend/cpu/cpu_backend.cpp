@@ -146,6 +146,21 @@ class CpuBackend final : public Backend {
     return Status();
   }
 
+  Result<std::vector<float>> read_matrix(const Weight& weight, int64_t index) override {
+    const CpuWeight& w = cpu(weight);
+    if (index < 0 || index >= w.count) {
+      return Status::invalid_argument("read_matrix: slot " + std::to_string(index) + " of " + std::to_string(w.count));
+    }
+    const size_t n = static_cast<size_t>(w.rows * w.cols);
+    std::vector<float> values(n);
+    if (w.precision == Precision::kF32) {
+      std::copy_n(w.f32_matrix(index), n, values.data());
+    } else {
+      widen_bf16(w.bf16_matrix(index), values.data(), static_cast<int64_t>(n));
+    }
+    return values;
+  }
+
   void fill_random(Weight& weight, uint64_t seed, float scale) override {
     CpuWeight& w = static_cast<CpuWeight&>(weight);
     const int64_t n = w.count * w.rows * w.cols;
