@@ -434,8 +434,11 @@ Status load_mlp(Loader& loader, const std::string& prefix, bool experts, int64_t
 // The decoder layer whose tensors are under `p` ("model.layers.3", "mtp.0"), with routed experts when `moe`.
 // With a tensor-parallel `shard`, this rank's heads and intermediate slices (TensorParallel in the header).
 // With `expert_ids` (expert parallel: this rank's slots), those routed experts stacked in that order; else all.
+// `expert_shard`: the routed experts' own split of the intermediate dimension (default: `shard`; whole experts when
+// the expert-parallel ranks are the tensor-parallel ones).
 Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& c, const std::string& p, bool moe,
-                  const Shard& shard, Layer& out, std::span<const int32_t> expert_ids = {}) {
+                  const Shard& shard, Layer& out, std::span<const int32_t> expert_ids = {},
+                  const Shard* expert_shard = nullptr) {
   const int64_t all_heads = c.num_attention_heads, heads = shard.part(all_heads), first_head = shard.first(all_heads);
   const int64_t hidden = c.hidden_size, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, R = c.qk_rope_head_dim;
@@ -529,8 +532,8 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
     }
   }
   const int64_t held = expert_ids.empty() ? c.n_routed_experts : static_cast<int64_t>(expert_ids.size());
-  if (!(s = load_mlp(loader, p + ".mlp.experts", true, held, c.moe_intermediate_size, hidden, shard, out.experts,
-                     expert_ids)).ok()) {
+  if (!(s = load_mlp(loader, p + ".mlp.experts", true, held, c.moe_intermediate_size, hidden,
+                     expert_shard != nullptr ? *expert_shard : shard, out.experts, expert_ids)).ok()) {
     return s;
   }
   out.has_shared = c.n_shared_experts > 0;
@@ -543,7 +546,9 @@ Status load_layer(Loader& loader, backend::Backend& backend, const ModelConfig& 
 
 // Everything but the checkpoint: the layers, MTP layers, final norm, head and rope tables through `loader`.
 Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, const Shard& shard,
-             DeepSeekModel::Weights& w, const ExpertPlacement* placement = nullptr, int64_t ep_rank = 0) {
+             DeepSeekModel::Weights& w, const ExpertPlacement* placement = nullptr, int64_t ep_rank = 0,
+             bool whole_experts = false) {
+  const Shard whole;
   Status s;
   if (!(s = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size, loader.dense_precision(),
                           w.embed_tokens, shard.rows(c.vocab_size))).ok()) {
@@ -558,7 +563,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, co
                   .subspan(static_cast<size_t>(ep_rank * per_rank), static_cast<size_t>(per_rank));
     }
     if (!(s = load_layer(loader, backend, c, "model.layers." + std::to_string(l), c.is_moe_layer(l), shard,
-                         w.layers[static_cast<size_t>(l)], slots)).ok()) {
+                         w.layers[static_cast<size_t>(l)], slots, whole_experts ? &whole : nullptr)).ok()) {
       return s;
     }
   }
@@ -715,10 +720,14 @@ Status check_supported(const ModelConfig& c, const backend::Backend& backend, co
 // each logical expert's tokens per MoE layer (this rank's tokens), the load EPLB rebalances by.
 class ExpertDispatch {
  public:
-  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm, ExpertPlacement placement)
-      : b_(backend), comm_(comm), placement_(std::move(placement)) {
+  // replicated: every rank holds the same tokens (ExpertParallel::replicated_tokens): no exchange.
+  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm, ExpertPlacement placement, bool replicated)
+      : b_(backend), comm_(comm), placement_(std::move(placement)), replicated_(replicated) {
     load_.assign(placement_.phy2log.size(), std::vector<double>(static_cast<size_t>(placement_.num_logical), 0.0));
+    total_load_ = load_;
   }
+  bool replicated() const { return replicated_; }
+  const std::vector<std::vector<double>>& total_load() const { return total_load_; }
 
   const ExpertPlacement& placement() const { return placement_; }
   void set_placement(ExpertPlacement placement) { placement_ = std::move(placement); }
@@ -749,19 +758,31 @@ class ExpertDispatch {
       std::vector<int32_t> ids;
       std::vector<float> weights;
       std::vector<double>& load = load_[static_cast<size_t>(moe_layer)];
+      std::vector<double>& total = total_load_[static_cast<size_t>(moe_layer)];
       for (int64_t t = 0; t < T; ++t) {
         route_token(rule, host_logits_.data() + t * E, L.gate_bias_host, ids, weights);
         for (int64_t i = 0; i < k; ++i) {
           const std::vector<int64_t>& slots = replicas_[static_cast<size_t>(ids[i])];
           int64_t slot = slots[static_cast<size_t>(t) % slots.size()];
+          // A slot on this rank saves the exchange (not with replicated tokens: every rank must choose alike).
           for (int64_t candidate : slots) {
-            if (candidate / per_rank == me) slot = candidate;
+            if (!replicated_ && candidate / per_rank == me) slot = candidate;
           }
           ids_[static_cast<size_t>(t * k + i)] = static_cast<int32_t>(slot);
           weights_[static_cast<size_t>(t * k + i)] = weights[i];
           load[static_cast<size_t>(ids[i])] += 1.0;
+          total[static_cast<size_t>(ids[i])] += 1.0;
         }
       }
+    }
+    if (replicated_) {  // this rank's slots over every token; the tensor-parallel all-reduce sums the ranks' parts
+      if (T == 0) return;
+      MoeRoutingRule physical = rule;
+      physical.num_experts = P;
+      backend::MoeWeights moe{physical, L.gate.get(), nullptr, L.experts.gate_up.get(), L.experts.down.get(),
+                              me * per_rank, ids_, weights_};
+      b_.moe(normed, moe, ffn);
+      return;
     }
     // Each token once to every rank holding one of its slots, in rank order.
     send_rows_.assign(static_cast<size_t>(size), 0);
@@ -840,7 +861,9 @@ class ExpertDispatch {
   backend::Backend& b_;
   backend::Communicator& comm_;
   ExpertPlacement placement_;
+  bool replicated_ = false;
   std::vector<std::vector<double>> load_;  // [MoE layers][E] tokens routed to each logical expert, this rank's
+  std::vector<std::vector<double>> total_load_;  // the same, never reset
   Status error_;
   Buffer router_, send_, recv_, computed_, back_;
   std::vector<std::vector<int64_t>> replicas_;
@@ -862,7 +885,8 @@ DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, cons
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) moe_layers += config_.is_moe_layer(l) ? 1 : 0;
     dispatch_ = std::make_unique<ExpertDispatch>(
         backend, *ep.comm,
-        ExpertPlacement::contiguous(moe_layers, config_.n_routed_experts, ep.num_redundant_experts, ep.size));
+        ExpertPlacement::contiguous(moe_layers, config_.n_routed_experts, ep.num_redundant_experts, ep.size),
+        ep.replicated_tokens);
   }
 }
 
@@ -882,7 +906,8 @@ Status check_tensor_parallel_shapes(const ModelConfig& c, int size) {
 }
 
 namespace {
-Status check_expert_parallel(const ModelConfig& c, const ExpertParallel& ep, const backend::Backend& backend) {
+Status check_expert_parallel(const ModelConfig& c, const TensorParallel& tp, const ExpertParallel& ep,
+                             const backend::Backend& backend) {
   if (ep.size < 1 || ep.rank < 0 || ep.rank >= ep.size) {
     return Status::invalid_argument("expert parallel: rank " + std::to_string(ep.rank) + " of " +
                                     std::to_string(ep.size));
@@ -898,6 +923,11 @@ Status check_expert_parallel(const ModelConfig& c, const ExpertParallel& ep, con
     return Status::invalid_argument("--expert-parallel-size " + std::to_string(ep.size) + " does not divide the " +
                                     "model's n_routed_experts (" + std::to_string(c.n_routed_experts) + ") plus " +
                                     std::to_string(ep.num_redundant_experts) + " redundant experts");
+  }
+  if (ep.replicated_tokens && (tp.size != ep.size || tp.rank != ep.rank || tp.comm != ep.comm)) {
+    return Status::invalid_argument("expert parallel over the tensor-parallel ranks: --expert-parallel-size " +
+                                    std::to_string(ep.size) + " must equal --tensor-parallel-size " +
+                                    std::to_string(tp.size));
   }
   if (backend.name() != "cpu") {
     return Status::unsupported("expert parallel on the " + std::string(backend.name()) +
@@ -1006,7 +1036,10 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
   for (int64_t m = 0; m < layers; ++m) {
     for (int64_t e = 0; e < E; ++e) summed[m * E + e] = static_cast<float>(dispatch_->load()[m][e]);
   }
-  if (!summed.empty()) comm.all_reduce_sum(Tensor{summed.data(), backend::DType::kF32, layers, E, E});
+  // Replicated tokens: every rank counted the same tokens already.
+  if (!summed.empty() && !dispatch_->replicated()) {
+    comm.all_reduce_sum(Tensor{summed.data(), backend::DType::kF32, layers, E, E});
+  }
   if (Status s = comm.status(); !s.ok()) return s;
   std::vector<std::vector<double>> load(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(E)));
   for (int64_t m = 0; m < layers; ++m) {
@@ -1109,7 +1142,20 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
   backend_.reset_graphs();
   dispatch_->set_placement(std::move(next));
   for (std::vector<double>& layer : dispatch_->load()) std::fill(layer.begin(), layer.end(), 0.0);
+  ++eplb_stats_.rebalances;
+  eplb_stats_.imbalance_before.clear();
+  eplb_stats_.imbalance_after.clear();
+  for (int64_t m = 0; m < layers; ++m) {
+    eplb_stats_.imbalance_before.push_back(rank_imbalance(load[m], old.phy2log[m], size));
+    eplb_stats_.imbalance_after.push_back(rank_imbalance(load[m], dispatch_->placement().phy2log[m], size));
+  }
   return Status();
+}
+
+EplbStats DeepSeekModel::eplb_stats() const {
+  EplbStats stats = eplb_stats_;
+  if (dispatch_) stats.expert_tokens = dispatch_->total_load();
+  return stats;
 }
 
 void DeepSeekModel::lead() {
@@ -1133,6 +1179,10 @@ Status DeepSeekModel::follow() {
     switch (header[0]) {
       case kStopCommand:
         return Status();
+      case kRebalanceCommand:
+        if (payload.size() != 3) return Status::internal("tensor parallel: a malformed rebalance command");
+        if (Status s = rebalance_experts(static_cast<EplbPolicy>(payload[0]), payload[1], payload[2]); !s.ok()) return s;
+        break;
       case kCachesCommand: {
         if (payload.size() != 1) return Status::internal("tensor parallel: a malformed caches command");
         caches.clear();
@@ -1194,14 +1244,14 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::load(const std::filesystem
   if (!config.ok()) return config.status();
   if (Status s = check_supported(*config, backend, dir.string() + "/config.json"); !s.ok()) return s;
   if (Status s = check_tensor_parallel(*config, tp); !s.ok()) return s;
-  if (Status s = check_expert_parallel(*config, ep, backend); !s.ok()) return s;
+  if (Status s = check_expert_parallel(*config, tp, ep, backend); !s.ok()) return s;
   Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
   if (!checkpoint.ok()) return checkpoint.status();
   std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(std::move(config).value(), backend, tp, ep));
   Loader loader(backend, checkpoint->get(), model->config_, precision,
                 progress ? terminal_progress_bar("loading " + dir.filename().string()) : LoadProgress(), 0);
   if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_,
-                       model->dispatch_ ? &model->dispatch_->placement() : nullptr, ep.rank);
+                       model->dispatch_ ? &model->dispatch_->placement() : nullptr, ep.rank, ep.replicated_tokens);
       !s.ok()) {
     return s;
   }
@@ -1214,11 +1264,11 @@ Result<std::unique_ptr<DeepSeekModel>> DeepSeekModel::create_random(const ModelC
                                                                     const ExpertParallel& ep) {
   if (Status s = check_supported(config, backend, "config"); !s.ok()) return s;
   if (Status s = check_tensor_parallel(config, tp); !s.ok()) return s;
-  if (Status s = check_expert_parallel(config, ep, backend); !s.ok()) return s;
+  if (Status s = check_expert_parallel(config, tp, ep, backend); !s.ok()) return s;
   std::unique_ptr<DeepSeekModel> model(new DeepSeekModel(config, backend, tp, ep));
   Loader loader(backend, nullptr, model->config_, precision, LoadProgress(), seed);
   if (Status s = build(loader, backend, model->config_, Shard{tp.rank, tp.size}, *model->weights_,
-                       model->dispatch_ ? &model->dispatch_->placement() : nullptr, ep.rank);
+                       model->dispatch_ ? &model->dispatch_->placement() : nullptr, ep.rank, ep.replicated_tokens);
       !s.ok()) {
     return s;
   }
@@ -1472,6 +1522,13 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   // With tensor parallel the head's logits are gathered over the ranks before the argmax (on the host).
   const bool device_greedy = greedy != nullptr && tp == nullptr;
+  if (leading_ && dispatch_ && eplb_schedule_.interval_passes > 0 &&
+      ++passes_since_rebalance_ >= eplb_schedule_.interval_passes) {
+    passes_since_rebalance_ = 0;
+    const EplbSchedule& e = eplb_schedule_;
+    send_command(kRebalanceCommand, {static_cast<int64_t>(e.policy), e.num_groups, e.num_nodes});
+    if (Status s = rebalance_experts(e.policy, e.num_groups, e.num_nodes); !s.ok()) return s;
+  }
   if (leading_) send_command(greedy != nullptr ? kForwardGreedyCommand : kForwardCommand, encode_batch(batch));
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());

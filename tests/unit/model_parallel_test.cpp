@@ -104,10 +104,12 @@ int run_rank() {
   const int tp = std::atoi(std::getenv("DEEPINFER_TP_SIZE"));
   const int ep = std::atoi(std::getenv("DEEPINFER_TP_EP"));
   const int redundant = std::atoi(std::getenv("DEEPINFER_TP_REDUNDANT"));
+  // Experts over the tensor-parallel ranks themselves (ExpertParallel::replicated_tokens): world tp, ep = tp.
+  const bool replicated = std::getenv("DEEPINFER_TP_REPLICATED") != nullptr;
   const int port = std::atoi(std::getenv("DEEPINFER_TP_PORT"));
   const std::string fixture = std::getenv("DEEPINFER_TP_FIXTURE");
   const std::string out_dir = std::getenv("DEEPINFER_TP_OUT");
-  const int tp_rank = rank % tp, ep_rank = rank / tp;
+  const int tp_rank = rank % tp, ep_rank = replicated ? 0 : rank / tp;
   auto fail = [&](const Status& s) {
     std::fprintf(stderr, "rank %d: %s\n", rank, s.to_string().c_str());
     return 1;
@@ -120,7 +122,7 @@ int run_rank() {
     if (!comm.ok()) return fail(comm.status());
     tp_comm = std::move(comm).value();
   }
-  if (ep > 1) {
+  if (ep > 1 && !replicated) {
     auto comm = backend::make_gloo_communicator(**store, "ep/" + std::to_string(tp_rank), ep_rank, ep, "127.0.0.1", 30s);
     if (!comm.ok()) return fail(comm.status());
     ep_comm = std::move(comm).value();
@@ -128,10 +130,13 @@ int run_rank() {
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend();
   Result<std::unique_ptr<DeepSeekModel>> model =
       DeepSeekModel::load(fixture, *cpu, backend::Precision::kF32, false, TensorParallel{tp_rank, tp, tp_comm.get()},
-                          model::ExpertParallel{ep_rank, ep, ep_comm.get(), redundant});
+                          replicated ? model::ExpertParallel{tp_rank, tp, tp_comm.get(), redundant, true}
+                                     : model::ExpertParallel{ep_rank, ep, ep_comm.get(), redundant});
   if (!model.ok()) return fail(model.status());
   Outcome out;
-  if (Status s = run_work(**model, load_reference(fixture), out, ep_rank, ep, redundant > 0); !s.ok()) return fail(s);
+  if (Status s = run_work(**model, load_reference(fixture), out, ep_rank, replicated ? 1 : ep, redundant > 0); !s.ok()) {
+    return fail(s);
+  }
   if (tp_rank == 0) {
     std::ofstream file(out_dir + "/group" + std::to_string(ep_rank) + ".bin", std::ios::binary);
     const uint64_t n = out.logits.size();
@@ -149,19 +154,21 @@ int run_rank() {
 }
 
 // Starts tp x ep ranks of this binary on `fixture` and returns each expert-parallel group's outcome (empty on failure).
-std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int redundant) {
+std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int redundant, bool replicated) {
+  const int world = replicated ? tp : tp * ep, groups = replicated ? 1 : ep;
   Result<std::unique_ptr<backend::TcpStore>> store = backend::serve_tcp_store("127.0.0.1", 0);
   EXPECT_TRUE(store.ok()) << store.status().to_string();
   if (!store.ok()) return {};
   TempDir dir;
   std::vector<pid_t> pids;
-  for (int rank = 0; rank < tp * ep; ++rank) {
+  for (int rank = 0; rank < world; ++rank) {
     std::vector<std::string> env_strings;
     for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
     env_strings.push_back("DEEPINFER_TP_RANK=" + std::to_string(rank));
     env_strings.push_back("DEEPINFER_TP_SIZE=" + std::to_string(tp));
     env_strings.push_back("DEEPINFER_TP_EP=" + std::to_string(ep));
     env_strings.push_back("DEEPINFER_TP_REDUNDANT=" + std::to_string(redundant));
+    if (replicated) env_strings.push_back("DEEPINFER_TP_REPLICATED=1");
     env_strings.push_back("DEEPINFER_TP_PORT=" + std::to_string((*store)->port()));
     env_strings.push_back("DEEPINFER_TP_FIXTURE=" + fixture);
     env_strings.push_back("DEEPINFER_TP_OUT=" + dir.path().string());
@@ -183,8 +190,8 @@ std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int r
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   if (!ok) return {};
-  std::vector<Outcome> outcomes(static_cast<size_t>(ep));
-  for (int g = 0; g < ep; ++g) {
+  std::vector<Outcome> outcomes(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) {
     Outcome& out = outcomes[static_cast<size_t>(g)];
     std::ifstream file(dir.path() / ("group" + std::to_string(g) + ".bin"), std::ios::binary);
     uint64_t n = 0, greedy = 0;
@@ -209,6 +216,7 @@ struct Case {
   std::string fixture;
   int tp, ep;
   int redundant = 0;  // > 0: EPLB with that many redundant experts, rebalanced mid-decode
+  bool replicated = false;  // experts over the tensor-parallel ranks (ep == tp, one group)
 };
 
 class ModelParallelTest : public ::testing::TestWithParam<Case> {};
@@ -225,16 +233,18 @@ TEST_P(ModelParallelTest, LogitsWithinFloat32NoiseAndGreedyTokensIdentical) {
   ASSERT_TRUE(run_work(**single, prompts, expected).ok());
   const int64_t vocab = (*single)->config().vocab_size;
 
-  std::vector<Outcome> groups = run_ranks(fixture, tp, ep, GetParam().redundant);
-  ASSERT_EQ(groups.size(), static_cast<size_t>(ep));
+  const bool replicated = GetParam().replicated;
+  std::vector<Outcome> groups = run_ranks(fixture, tp, ep, GetParam().redundant, replicated);
+  const int group_count = replicated ? 1 : ep;
+  ASSERT_EQ(groups.size(), static_cast<size_t>(group_count));
   double worst = 0.0, worst_reference = 0.0;
   int64_t row = 0, argmax_differ = 0;
-  std::vector<int64_t> group_row(static_cast<size_t>(ep), 0);  // each group's rows so far
+  std::vector<int64_t> group_row(static_cast<size_t>(group_count), 0);  // each group's rows so far
   for (size_t i = 0; i < prompts.size(); ++i) {
     const ReferencePrompt& p = prompts[i];
     const int64_t n = static_cast<int64_t>(p.input_ids.size());
-    Outcome& group = groups[i % static_cast<size_t>(ep)];
-    int64_t& at = group_row[i % static_cast<size_t>(ep)];
+    Outcome& group = groups[i % static_cast<size_t>(group_count)];
+    int64_t& at = group_row[i % static_cast<size_t>(group_count)];
     ASSERT_LE((at + n) * vocab, static_cast<int64_t>(group.logits.size()));
     const float* ours = group.logits.data() + at * vocab;
     const double error = relative_error(ours, expected.logits.data() + row * vocab, n * vocab);
@@ -249,9 +259,11 @@ TEST_P(ModelParallelTest, LogitsWithinFloat32NoiseAndGreedyTokensIdentical) {
     row += n;
     at += n;
   }
-  std::printf("{\"test\":\"model_parallel\",\"fixture\":\"%s\",\"tp\":%d,\"ep\":%d,\"max_rel_err_vs_single\":%.3g,"
+  std::printf("{\"test\":\"model_parallel\",\"fixture\":\"%s\",\"tp\":%d,\"ep\":%d,\"experts_over\":\"%s\","
+              "\"redundant\":%d,\"max_rel_err_vs_single\":%.3g,"
               "\"max_rel_err_vs_reference\":%.3g,\"argmax_differ\":%lld,\"greedy_identical\":%s}\n",
-              GetParam().fixture.c_str(), tp, ep, worst, worst_reference, static_cast<long long>(argmax_differ),
+              GetParam().fixture.c_str(), tp, ep, replicated ? "tp_ranks" : ep > 1 ? "dp_attention_groups" : "none",
+              GetParam().redundant, worst, worst_reference, static_cast<long long>(argmax_differ),
               groups[0].greedy == expected.greedy ? "true" : "false");
   if (GetParam().redundant > 0) {
     // The rebalance happened on every rank (group 0 reports it), and it balanced what it was given.
@@ -277,10 +289,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-deepseek-v3-fp8", 2, 1}, Case{"tiny-deepseek-v2-lite", 1, 2},
                       Case{"tiny-deepseek-v3", 1, 2}, Case{"tiny-deepseek-v3", 1, 4}, Case{"tiny-deepseek-v3-fp8", 1, 2},
                       Case{"tiny-deepseek-v2-lite", 2, 2}, Case{"tiny-deepseek-v3", 2, 2},
-                      Case{"tiny-deepseek-v3", 1, 2, 2}, Case{"tiny-deepseek-v2-lite", 2, 2, 4}),
+                      Case{"tiny-deepseek-v3", 1, 2, 2}, Case{"tiny-deepseek-v2-lite", 2, 2, 4},
+                      Case{"tiny-deepseek-v3", 2, 2, 0, true}, Case{"tiny-deepseek-v2-lite", 2, 2, 2, true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.fixture + "_tp" + std::to_string(info.param.tp) + "_ep" + std::to_string(info.param.ep) +
-                         (info.param.redundant > 0 ? "_eplb" + std::to_string(info.param.redundant) : "");
+                         (info.param.redundant > 0 ? "_eplb" + std::to_string(info.param.redundant) : "") +
+                         (info.param.replicated ? "_over_tp" : "");
       for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
       return name;
     });

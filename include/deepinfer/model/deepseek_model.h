@@ -107,6 +107,27 @@ struct ExpertParallel {
   // Physical expert slots beyond n_routed_experts (--num-redundant-experts): replicas of hot experts, placed by
   // rebalance_experts(); (n_routed_experts + this) % size == 0. At load, slot p holds expert p mod E.
   int num_redundant_experts = 0;
+  // The expert-parallel ranks are the tensor-parallel group itself (vLLM's --enable-expert-parallel, SGLang's EP MoE
+  // with --ep-size = --tp-size): every rank holds the same tokens, so none are sent: each rank applies its experts
+  // (whole, not intermediate-sharded) to every token, with the routing every rank computes alike, and the tensor-
+  // parallel all-reduce of the feed-forward output sums the ranks' parts. REQUIRES size == tp.size, rank == tp.rank,
+  // comm == tp.comm.
+  bool replicated_tokens = false;
+};
+
+// EPLB at run time (rank 0 decides; TensorParallel's followers do as told): every `interval_passes` forward passes,
+// rebalance_experts(policy, num_groups, num_nodes) between two passes. 0: never.
+struct EplbSchedule {
+  int64_t interval_passes = 0;
+  EplbPolicy policy = EplbPolicy::kGlobal;
+  int64_t num_groups = 1, num_nodes = 1;
+};
+
+// Expert parallel's counters, for metrics.
+struct EplbStats {
+  int64_t rebalances = 0;
+  std::vector<double> imbalance_before, imbalance_after;  // per MoE layer, at the last rebalance (max/mean rank load)
+  std::vector<std::vector<double>> expert_tokens;         // [MoE layers][E]: tokens routed (this rank's), ever
 };
 
 // Whether a model of config `c` splits over `size` tensor-parallel ranks; InvalidArgument naming the dimension that
@@ -165,6 +186,9 @@ class DeepSeekModel {
   // placement.
   Status rebalance_experts(EplbPolicy policy, int64_t num_groups, int64_t num_nodes,
                            std::vector<double>* before = nullptr, std::vector<double>* after = nullptr);
+  // Rank 0 (lead()) of an expert-parallel model: rebalance on that schedule (the followers follow the command).
+  void set_eplb_schedule(const EplbSchedule& schedule) { eplb_schedule_ = schedule; }
+  EplbStats eplb_stats() const;
   size_t weight_bytes() const;
   // Bytes of one cache block (64 tokens) of one layer in the backend's cache dtype.
   size_t layer_block_bytes() const;
@@ -290,7 +314,11 @@ class DeepSeekModel {
   // The whole vocabulary's logits [rows, vocab] from this rank's [rows, vocab / tp.size] (gathered over tp.comm).
   Status gather_vocab(std::vector<float>& logits);
   // lead(): sends a command (kind, then its payload) to the followers.
-  static constexpr uint64_t kStopCommand = 0, kCachesCommand = 1, kForwardCommand = 2, kForwardGreedyCommand = 3;
+  static constexpr uint64_t kStopCommand = 0, kCachesCommand = 1, kForwardCommand = 2, kForwardGreedyCommand = 3,
+                            kRebalanceCommand = 4;
+  EplbSchedule eplb_schedule_;
+  int64_t passes_since_rebalance_ = 0;
+  EplbStats eplb_stats_;
   void send_command(uint64_t kind, std::vector<int64_t> payload) const;
   bool leading_ = false;
   Status reserve_scratch(int64_t rows);
