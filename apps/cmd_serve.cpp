@@ -102,6 +102,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     // what this build lacks).
     std::string role = "both";
     int32_t pipeline_parallel_size = 1, expert_parallel_size = 1, cluster_nodes = 1;
+    int32_t num_redundant_experts = 0;
+    bool enable_eplb = false;
+    int64_t eplb_rebalance_num_iterations = 1000;
+    std::string eplb_policy = "global";
     std::optional<double> gpu_memory_utilization;
     std::optional<std::string> kv_transfer_protocol, rdma_device_names;
     std::optional<int64_t> kv_transfer_timeout_ms;
@@ -173,7 +177,22 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Pipeline stages per model (only 1 in this build)")
       ->capture_default_str();
   cmd->add_option("--expert-parallel-size", options->expert_parallel_size,
-                  "Devices the routed experts are spread over (only 1 in this build)")
+                  "Ranks the routed experts are spread over: equal to --tensor-parallel-size (each tensor-parallel "
+                  "rank holds whole experts, E / size of them, instead of a slice of every expert's intermediate)")
+      ->capture_default_str();
+  cmd->add_option("--num-redundant-experts", options->num_redundant_experts,
+                  "Extra expert slots for replicas of hot experts (expert parallel; placed by EPLB)")
+      ->capture_default_str();
+  cmd->add_flag("--enable-eplb", options->enable_eplb,
+                "Expert load balancing: count each expert's tokens and move experts between ranks (DeepSeek's EPLB) "
+                "every --eplb-rebalance-num-iterations steps, requests continuing");
+  cmd->add_option("--eplb-rebalance-num-iterations", options->eplb_rebalance_num_iterations,
+                  "Forward passes between two rebalances")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--eplb-policy", options->eplb_policy,
+                  "global: replicate and pack over all ranks; hierarchical: expert groups (n_group) to nodes first")
+      ->check(CLI::IsMember({"global", "hierarchical"}))
       ->capture_default_str();
   cmd->add_option("--cluster-nodes", options->cluster_nodes, "Hosts one model spans (only 1 in this build)")
       ->capture_default_str();
@@ -354,18 +373,31 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (options->tensor_parallel_size < 1) {
       return fail("--tensor-parallel-size " + typed("--tensor-parallel-size").value_or("?") + ": must be at least 1");
     }
+    if (options->expert_parallel_size > 1 && options->expert_parallel_size != options->tensor_parallel_size) {
+      return fail("--expert-parallel-size " + typed("--expert-parallel-size").value_or("?") + " with " +
+                  "--tensor-parallel-size " + std::to_string(options->tensor_parallel_size) +
+                  ": this build's server spreads the experts over the tensor-parallel ranks (give both the same "
+                  "size); expert parallel across attention data-parallel groups (tp x ep processes, all-to-all "
+                  "dispatch) runs in the model and its tests but the server does not schedule over such groups yet");
+    }
+    if (options->num_redundant_experts < 0) return fail("--num-redundant-experts must be at least 0");
+    if ((options->num_redundant_experts > 0 || options->enable_eplb) && options->expert_parallel_size < 2) {
+      return fail(std::string(options->enable_eplb ? "--enable-eplb" : "--num-redundant-experts") +
+                  " needs expert parallel (--expert-parallel-size and --tensor-parallel-size 2 or more)");
+    }
     const std::pair<const char*, int32_t> parallel_sizes[] = {{"--pipeline-parallel-size", options->pipeline_parallel_size},
                                                              {"--expert-parallel-size", options->expert_parallel_size},
                                                              {"--cluster-nodes", options->cluster_nodes}};
     for (const auto& [flag, size] : parallel_sizes) {
       const std::string as_typed = typed(flag).value_or(std::to_string(size));
       if (size < 1) return fail(std::string(flag) + " " + as_typed + ": must be at least 1");
+      if (std::string_view(flag) == "--expert-parallel-size") continue;  // checked above
       if (size != 1) {
         return fail(std::string(flag) + " " + as_typed + ": " +
                     (std::string_view(flag) == "--cluster-nodes"
                          ? "this build runs a model on one host"
-                         : "this build splits a model over devices by tensor parallel only "
-                           "(--tensor-parallel-size); expert and pipeline parallelism are not in it yet") +
+                         : "this build splits a model over devices by tensor and expert parallel "
+                           "(--tensor-parallel-size, --expert-parallel-size); pipeline parallelism is not in it yet") +
                     "; only 1 is supported");
       }
     }
@@ -513,6 +545,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     const model::TensorParallel tensor_parallel{tp_group ? tp_group->rank() : 0, options->tensor_parallel_size,
                                                 tp_group ? &tp_group->communicator() : nullptr};
+    // Expert parallel over the same ranks (ExpertParallel::replicated_tokens).
+    const model::ExpertParallel expert_parallel =
+        options->expert_parallel_size > 1
+            ? model::ExpertParallel{tensor_parallel.rank, tensor_parallel.size, tensor_parallel.comm,
+                                    options->num_redundant_experts, true}
+            : model::ExpertParallel{};
 
     Result<BackendChoice> choice = make_backend(options->device);
     if (!choice.ok()) return fail(choice.status().to_string());
@@ -523,7 +561,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   " backend has no device memory to take a fraction of; size the KV cache with --kv-cache-memory");
     }
     auto model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
-                                            /*progress=*/isatty(STDERR_FILENO) != 0 && !tp_follower, tensor_parallel);
+                                            /*progress=*/isatty(STDERR_FILENO) != 0 && !tp_follower, tensor_parallel,
+                                            expert_parallel);
     if (!model.ok()) return fail(model.status().to_string());
     if (tp_follower) {
       Status followed = (*model)->follow();
@@ -532,6 +571,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return 0;
     }
     if (tp_group) (*model)->lead();
+    if (options->enable_eplb) {
+      (*model)->set_eplb_schedule(model::EplbSchedule{
+          options->eplb_rebalance_num_iterations,
+          options->eplb_policy == "hierarchical" ? model::EplbPolicy::kHierarchical : model::EplbPolicy::kGlobal,
+          config->n_group, 1});
+    }
     engine::EngineConfig engine_config;
     engine_config.max_model_len = options->max_model_len;
     engine_config.max_num_seqs = options->max_num_seqs;
@@ -673,6 +718,20 @@ std::function<int()> add_serve_command(CLI::App& app) {
               << config->model_type << ", chat format " << recipe::format_name(format) << ", max_model_len "
               << info.max_model_len << ") on " << url << "\n";
     std::cout << "  device " << device_name << " (" << compute_mode << ")\n";
+    if (options->tensor_parallel_size > 1) {
+      std::cout << "  tensor parallel: " << options->tensor_parallel_size
+                << " processes (this one serves; collectives over Gloo/TCP on " << options->master_addr << ")";
+      if (options->expert_parallel_size > 1) {
+        std::cout << "; experts over them: " << (config->n_routed_experts + options->num_redundant_experts) /
+                                                    options->expert_parallel_size
+                  << " slots each (" << options->num_redundant_experts << " redundant)";
+        if (options->enable_eplb) {
+          std::cout << ", EPLB (" << options->eplb_policy << ") every " << options->eplb_rebalance_num_iterations
+                    << " passes";
+        }
+      }
+      std::cout << "\n";
+    }
     std::cout << "  KV cache (blocks of 64 tokens): device " << tiers.device_capacity_blocks;
     if (tiers.lower) {
       std::cout << ", host " << tiers.lower->host.capacity_blocks;

@@ -25,7 +25,8 @@ class EngineAdapter final : public StepEngine {
   EngineLoad load() const override {
     const Scheduler& scheduler = engine_->scheduler();
     return {scheduler.num_running(), scheduler.num_waiting(), scheduler.block_pool().num_used(),
-            scheduler.block_pool().num_free(), engine_->kv_tier_stats(), engine_->speculative_stats()};
+            scheduler.block_pool().num_free(), engine_->kv_tier_stats(), engine_->speculative_stats(),
+            engine_->eplb_stats()};
   }
 
  private:
@@ -83,7 +84,7 @@ void InProcessEngineClient::cancel(Ticket ticket) {
 EngineLoad InProcessEngineClient::load() const {
   std::lock_guard lock(kv_tiers_mu_);
   return {num_running_.load(), num_waiting_.load(), kv_blocks_used_.load(), kv_blocks_free_.load(), kv_tiers_,
-          speculative_};
+          speculative_, eplb_};
 }
 
 void InProcessEngineClient::stop() {
@@ -104,6 +105,7 @@ void InProcessEngineClient::publish_load() {
   std::lock_guard lock(kv_tiers_mu_);
   kv_tiers_ = load.kv_tiers;
   speculative_ = std::move(load.speculative);
+  eplb_ = std::move(load.eplb);
 }
 
 void InProcessEngineClient::apply(Submit& command) {

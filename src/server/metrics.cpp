@@ -194,6 +194,32 @@ void render_speculative(const engine::SpeculativeStats& s, std::string& out) {
   scalar(out, "deepinfer_spec_requests_in_fallback", "gauge", "DSpark: requests on plain decoding now.",
          s.requests_in_fallback);
 }
+// Expert parallel (model/deepseek_model.h's EplbStats): tokens per logical expert per MoE layer (rank 0's tokens:
+// with the experts over the tensor-parallel ranks every rank routes all of them), EPLB's rebalances and the ranks'
+// max/mean load before and after the last one.
+void render_eplb(const model::EplbStats& s, std::string& out) {
+  if (s.expert_tokens.empty()) return;
+  out += "# HELP deepinfer_moe_expert_tokens_total Tokens routed to each routed expert, by MoE layer.\n"
+         "# TYPE deepinfer_moe_expert_tokens_total counter\n";
+  for (size_t m = 0; m < s.expert_tokens.size(); ++m) {
+    for (size_t e = 0; e < s.expert_tokens[m].size(); ++e) {
+      out += fmt::format("deepinfer_moe_expert_tokens_total{{moe_layer=\"{}\",expert=\"{}\"}} {}\n", m, e,
+                         static_cast<int64_t>(s.expert_tokens[m][e]));
+    }
+  }
+  scalar(out, "deepinfer_eplb_rebalances_total", "counter", "Expert placements EPLB computed and moved weights to.",
+         s.rebalances);
+  if (s.imbalance_before.empty()) return;
+  out += "# HELP deepinfer_eplb_rank_load_imbalance Max over mean of the expert-parallel ranks' load at the last "
+         "rebalance, under the placement before and after it, by MoE layer.\n"
+         "# TYPE deepinfer_eplb_rank_load_imbalance gauge\n";
+  for (size_t m = 0; m < s.imbalance_before.size(); ++m) {
+    out += fmt::format("deepinfer_eplb_rank_load_imbalance{{moe_layer=\"{}\",placement=\"before\"}} {:.4f}\n", m,
+                       s.imbalance_before[m]);
+    out += fmt::format("deepinfer_eplb_rank_load_imbalance{{moe_layer=\"{}\",placement=\"after\"}} {:.4f}\n", m,
+                       s.imbalance_after[m]);
+  }
+}
 }  // namespace
 
 std::string Metrics::render(const engine::EngineLoad& load, const recipe::TokenizationCache::Stats& tokenization) const {
@@ -214,6 +240,7 @@ std::string Metrics::render(const engine::EngineLoad& load, const recipe::Tokeni
   scalar(out, "deepinfer_kv_cache_blocks_free", "gauge", "KV cache blocks free.", load.kv_blocks_free);
   render_kv_tiers(load.kv_tiers, out);
   render_speculative(load.speculative, out);
+  render_eplb(load.eplb, out);
   scalar(out, "deepinfer_client_disconnects_total", "counter", "Clients that went away before their response ended.",
          client_disconnects);
   scalar(out, "deepinfer_malformed_tool_calls_total", "counter",

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""`deepinfer serve --tensor-parallel-size 2` end to end on the CPU (issue 18, items 1 and 4): two processes, rank 0
+"""`deepinfer serve --tensor-parallel-size 2` end to end on the CPU (issue 18, items 1, 3 and 4): two processes, rank 0
 serving and rank 1 started and supervised by it, collectives over Gloo on loopback.
 
 Checks:
   - greedy identity: chat completions (plain and streamed, several prompts, one batch of concurrent requests) equal a
     one-process server's;
+  - the same with the experts spread over the two ranks (--expert-parallel-size 2, 2 redundant slots) and EPLB
+    rebalancing every 5 passes while the requests run: identical text, rebalances counted in /metrics;
   - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang);
   - kill -9 rank 0: rank 1 is gone within 10 s (it dies with its parent);
   - SIGTERM to rank 0: both exit 0;
@@ -133,6 +135,30 @@ def main():
         t.join()
     want = {k: chat(single_port, p, max_tokens=16) for k, p in enumerate(prompts * 2)}
     check(results == want, "8 concurrent requests (batched steps) give the one-process server's text")
+
+    # Experts over the ranks, EPLB moving them between passes while requests run.
+    ep, ep_port, ep_log = start("tp2-ep2", "--tensor-parallel-size", "2", "--expert-parallel-size", "2",
+                                "--num-redundant-experts", "2", "--enable-eplb", "--eplb-rebalance-num-iterations", "5")
+    results = {}
+
+    def ep_worker(k, prompt):
+        results[k] = chat(ep_port, prompt, max_tokens=16)
+
+    threads = [threading.Thread(target=ep_worker, args=(k, p)) for k, p in enumerate(prompts * 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(results == want, "expert parallel + EPLB: 8 concurrent requests give the one-process server's text")
+    conn = http.client.HTTPConnection("127.0.0.1", ep_port, timeout=10)
+    conn.request("GET", "/metrics")
+    metrics = conn.getresponse().read().decode()
+    rebalances = [line for line in metrics.splitlines() if line.startswith("deepinfer_eplb_rebalances_total ")]
+    count = int(float(rebalances[0].split()[1])) if rebalances else 0
+    check(count > 0, f"EPLB rebalanced {count} times during the requests")
+    check('deepinfer_moe_expert_tokens_total{moe_layer="0",expert="0"}' in metrics, "per-expert load in /metrics")
+    ep.send_signal(signal.SIGTERM)
+    ep.wait(timeout=30)
     single.send_signal(signal.SIGTERM)
 
     # kill -9 rank 1: rank 0 exits non-zero within 10 s.
@@ -172,7 +198,10 @@ def main():
                         (["--tensor-parallel-size", "2", "--kv-host-cache-memory", "1GiB"], "tiers"),
                         (["--tensor-parallel-size", "2", "--dspark-enable"], "speculative"),
                         (["--tensor-parallel-size", "3"], "num_attention_heads"),
-                        (["--tensor-parallel-size", "0"], "at least 1")]:
+                        (["--tensor-parallel-size", "0"], "at least 1"),
+                        (["--tensor-parallel-size", "2", "--expert-parallel-size", "4"], "spreads the experts over"),
+                        (["--tensor-parallel-size", "2", "--expert-parallel-size", "2", "--num-redundant-experts", "1"],
+                         "does not divide")]:
         out = subprocess.run([BIN, "serve", "--model-path", MODEL, "--device", "cpu", "--port", str(free_port()),
                               *args], capture_output=True, text=True, timeout=60)
         check(out.returncode != 0 and words in out.stderr, f"refused {' '.join(args)}: {out.stderr.strip()[:120]}")

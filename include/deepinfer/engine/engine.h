@@ -154,6 +154,8 @@ class Engine {
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
   // Speculative decoding's counters since creation (all zero when it is off).
   const SpeculativeStats& speculative_stats() const { return speculative_stats_; }
+  // Expert parallel's counters (empty without expert parallel).
+  model::EplbStats eplb_stats() const { return model_->eplb_stats(); }
   KvTierStats kv_tier_stats() const;
   // The blocks each tier holds now, by KV-event medium ("GPU" or "DEVICE", "CPU", "DISK"): what a subscriber
   // of the KV events must have rebuilt. For tests and introspection; costs a copy of the indexes.

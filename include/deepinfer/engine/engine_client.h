@@ -32,6 +32,7 @@ struct EngineLoad {
   int32_t kv_blocks_free = 0;
   KvTierStats kv_tiers;  // the prefix cache per tier
   SpeculativeStats speculative;  // speculative decoding's counters (zero when off)
+  model::EplbStats eplb;          // expert parallel's counters (empty without)
 };
 
 // What the server needs from an engine. Same contract as Engine's methods of the same names;
@@ -149,6 +150,7 @@ class InProcessEngineClient final : public EngineClient {
   mutable std::mutex kv_tiers_mu_;
   KvTierStats kv_tiers_;  // GUARDED_BY(kv_tiers_mu_)
   SpeculativeStats speculative_;  // GUARDED_BY(kv_tiers_mu_)
+  model::EplbStats eplb_;  // GUARDED_BY(kv_tiers_mu_)
   std::thread thread_;
 };
 
