@@ -103,6 +103,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::string role = "both";
     int32_t pipeline_parallel_size = 1, expert_parallel_size = 1, cluster_nodes = 1;
     int32_t num_redundant_experts = 0;
+    double moe_capacity_factor = 0.0;
     bool enable_eplb = false;
     int64_t eplb_rebalance_num_iterations = 1000;
     std::string eplb_policy = "global";
@@ -182,6 +183,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--num-redundant-experts", options->num_redundant_experts,
                   "Extra expert slots for replicas of hot experts (expert parallel; placed by EPLB)")
+      ->capture_default_str();
+  cmd->add_option("--moe-capacity-factor", options->moe_capacity_factor,
+                  "Cap per expert slot per pass: factor x tokens x top_k / slots (token, expert) pairs; the surplus "
+                  "keeps its residual path for that expert (changes outputs; 0: no cap; expert parallel)")
       ->capture_default_str();
   cmd->add_flag("--enable-eplb", options->enable_eplb,
                 "Expert load balancing: count each expert's tokens and move experts between ranks (DeepSeek's EPLB) "
@@ -381,8 +386,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "dispatch) runs in the model and its tests but the server does not schedule over such groups yet");
     }
     if (options->num_redundant_experts < 0) return fail("--num-redundant-experts must be at least 0");
-    if ((options->num_redundant_experts > 0 || options->enable_eplb) && options->expert_parallel_size < 2) {
-      return fail(std::string(options->enable_eplb ? "--enable-eplb" : "--num-redundant-experts") +
+    if (!(options->moe_capacity_factor >= 0.0)) return fail("--moe-capacity-factor must be at least 0");
+    if ((options->num_redundant_experts > 0 || options->enable_eplb || options->moe_capacity_factor > 0.0) &&
+        options->expert_parallel_size < 2) {
+      return fail(std::string(options->enable_eplb               ? "--enable-eplb"
+                              : options->moe_capacity_factor > 0.0 ? "--moe-capacity-factor"
+                                                                   : "--num-redundant-experts") +
                   " needs expert parallel (--expert-parallel-size and --tensor-parallel-size 2 or more)");
     }
     const std::pair<const char*, int32_t> parallel_sizes[] = {{"--pipeline-parallel-size", options->pipeline_parallel_size},
@@ -549,7 +558,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     const model::ExpertParallel expert_parallel =
         options->expert_parallel_size > 1
             ? model::ExpertParallel{tensor_parallel.rank, tensor_parallel.size, tensor_parallel.comm,
-                                    options->num_redundant_experts, true}
+                                    options->num_redundant_experts, true, options->moe_capacity_factor}
             : model::ExpertParallel{};
 
     Result<BackendChoice> choice = make_backend(options->device);

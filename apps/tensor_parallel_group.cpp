@@ -18,7 +18,8 @@ namespace deepinfer::apps {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr auto kCollectiveTimeout = 120s;  // a step's collectives; a dead peer fails them at once anyway
+// A step's collectives wait this long for a rank (a stopped or wedged one); a dead rank fails them at once anyway.
+constexpr auto kCollectiveTimeout = 60s;
 
 // This process's command line, as it was started.
 std::vector<std::string> own_command_line() {
@@ -70,6 +71,7 @@ Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::lead(int size,
       backend::make_gloo_communicator(*group->store_, "tp", 0, size, master_addr, kCollectiveTimeout);
   if (!comm.ok()) return comm.status();
   group->comm_ = std::move(comm).value();
+  group->comm_ready_ = true;
   return group;
 }
 
@@ -110,6 +112,13 @@ void TensorParallelGroup::supervise() {
       }
       spdlog::error("tensor-parallel rank {} (pid {}) {}: the model cannot run without it; stopping the server",
                     i + 1, children_[i], describe(status));
+      for (pid_t child : children_) kill(child, SIGKILL);
+      std::_Exit(1);
+    }
+    // A rank alive but unreachable or stuck past the collectives' timeout: the group is broken just the same.
+    if (!stopping_ && comm_ready_.load() && comm_->failed()) {
+      spdlog::error("tensor parallel: a collective failed (a rank unreachable or stuck past {} s): stopping the server",
+                    std::chrono::duration_cast<std::chrono::seconds>(kCollectiveTimeout).count());
       for (pid_t child : children_) kill(child, SIGKILL);
       std::_Exit(1);
     }

@@ -41,6 +41,7 @@ class TensorParallelGroup {
   std::unique_ptr<backend::Communicator> comm_;
   std::vector<pid_t> children_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> comm_ready_{false};  // comm_ is set (the supervisor starts before the rendezvous ends)
   std::thread supervisor_;
 };
 

@@ -10,6 +10,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <atomic>
 #include <cstring>
 #include <numeric>
 
@@ -65,6 +66,7 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
   Status status() const override { return status_; }
+  bool failed() const override { return failed_.load(); }
 
   void all_reduce_sum(Tensor x) override {
     check_contiguous(x, "all_reduce_sum");
@@ -170,12 +172,14 @@ class GlooCommunicator final : public Communicator {
       f();
     } catch (const std::exception& e) {
       status_ = Status::internal(name_ + " rank " + std::to_string(rank()) + ": " + what + " failed: " + e.what());
+      failed_ = true;
     }
   }
 
   std::shared_ptr<gloo::Context> context_;
   std::string name_;
   Status status_;
+  std::atomic<bool> failed_{false};
   std::vector<float> scratch_;
 };
 
@@ -185,6 +189,7 @@ class SingleCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   Status status() const override { return Status(); }
+  bool failed() const override { return false; }
   void all_reduce_sum(Tensor) override {}
   void all_gather_rows(const Tensor& in, Tensor out) override { backend_.copy(in, out); }
   void reduce_scatter_rows(const Tensor& in, Tensor out) override { backend_.copy(in, out); }

@@ -721,12 +721,15 @@ Status check_supported(const ModelConfig& c, const backend::Backend& backend, co
 class ExpertDispatch {
  public:
   // replicated: every rank holds the same tokens (ExpertParallel::replicated_tokens): no exchange.
-  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm, ExpertPlacement placement, bool replicated)
-      : b_(backend), comm_(comm), placement_(std::move(placement)), replicated_(replicated) {
+  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm, ExpertPlacement placement, bool replicated,
+                 double capacity_factor)
+      : b_(backend), comm_(comm), placement_(std::move(placement)), replicated_(replicated),
+        capacity_factor_(capacity_factor) {
     load_.assign(placement_.phy2log.size(), std::vector<double>(static_cast<size_t>(placement_.num_logical), 0.0));
     total_load_ = load_;
   }
   bool replicated() const { return replicated_; }
+  int64_t capacity_dropped() const { return capacity_dropped_; }
   const std::vector<std::vector<double>>& total_load() const { return total_load_; }
 
   const ExpertPlacement& placement() const { return placement_; }
@@ -777,6 +780,7 @@ class ExpertDispatch {
     }
     if (replicated_) {  // this rank's slots over every token; the tensor-parallel all-reduce sums the ranks' parts
       if (T == 0) return;
+      apply_capacity(T, k, P, me * per_rank, per_rank, ids_, weights_);
       MoeRoutingRule physical = rule;
       physical.num_experts = P;
       backend::MoeWeights moe{physical, L.gate.get(), nullptr, L.experts.gate_up.get(), L.experts.down.get(),
@@ -825,6 +829,12 @@ class ExpertDispatch {
         recv_weights_[static_cast<size_t>(r * k + i)] = meta_recv_[static_cast<size_t>(r * 2 * k + k + i)];
       }
     }
+    if (capacity_factor_ > 0.0) {
+      // Every rank's tokens count toward the capacity.
+      float tokens = static_cast<float>(T);
+      comm_.all_reduce_sum(Tensor{&tokens, backend::DType::kF32, 1, 1, 1});
+      apply_capacity(static_cast<int64_t>(tokens), k, P, me * per_rank, per_rank, recv_ids_, recv_weights_);
+    }
     Tensor computed = grow(computed_, R, hidden, normed.dtype), back = grow(back_, S, hidden, normed.dtype);
     if (R > 0) {
       b_.fill_zero(computed);
@@ -843,6 +853,23 @@ class ExpertDispatch {
   Status status() const { return error_; }
 
  private:
+  // The capacity factor over pairs (ids[r * k + i], weights[...]) in order: a slot in [first, first + held) past
+  // ceil(factor * tokens * k / P) pairs gets weight 0 (dropped: the residual path for that expert).
+  void apply_capacity(int64_t tokens, int64_t k, int64_t P, int64_t first, int64_t held, std::vector<int32_t>& ids,
+                      std::vector<float>& weights) {
+    if (capacity_factor_ <= 0.0) return;
+    const double capacity = std::ceil(capacity_factor_ * static_cast<double>(tokens * k) / static_cast<double>(P));
+    std::vector<int64_t> used(static_cast<size_t>(held), 0);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t slot = ids[i] - first;
+      if (slot < 0 || slot >= held) continue;
+      if (static_cast<double>(++used[static_cast<size_t>(slot)]) > capacity) {
+        weights[i] = 0.0f;
+        ++capacity_dropped_;
+      }
+    }
+  }
+
   // A [rows, cols] view of `buffer`, grown to hold it.
   Tensor grow(Buffer& buffer, int64_t rows, int64_t cols, backend::DType dtype) {
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * backend::dtype_size(dtype);
@@ -862,6 +889,8 @@ class ExpertDispatch {
   backend::Communicator& comm_;
   ExpertPlacement placement_;
   bool replicated_ = false;
+  double capacity_factor_ = 0.0;
+  int64_t capacity_dropped_ = 0;
   std::vector<std::vector<double>> load_;  // [MoE layers][E] tokens routed to each logical expert, this rank's
   std::vector<std::vector<double>> total_load_;  // the same, never reset
   Status error_;
@@ -886,7 +915,7 @@ DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, cons
     dispatch_ = std::make_unique<ExpertDispatch>(
         backend, *ep.comm,
         ExpertPlacement::contiguous(moe_layers, config_.n_routed_experts, ep.num_redundant_experts, ep.size),
-        ep.replicated_tokens);
+        ep.replicated_tokens, ep.capacity_factor);
   }
 }
 
@@ -913,6 +942,10 @@ Status check_expert_parallel(const ModelConfig& c, const TensorParallel& tp, con
                                     std::to_string(ep.size));
   }
   if (ep.num_redundant_experts < 0) return Status::invalid_argument("--num-redundant-experts must be at least 0");
+  if (!(ep.capacity_factor >= 0.0)) return Status::invalid_argument("--moe-capacity-factor must be at least 0");
+  if (ep.capacity_factor > 0.0 && ep.size == 1 && ep.comm == nullptr) {
+    return Status::invalid_argument("--moe-capacity-factor needs expert parallel (--expert-parallel-size > 1)");
+  }
   if (ep.size == 1 && ep.comm == nullptr) {
     if (ep.num_redundant_experts > 0) {
       return Status::invalid_argument("--num-redundant-experts needs expert parallel (--expert-parallel-size > 1)");
@@ -1154,7 +1187,10 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
 
 EplbStats DeepSeekModel::eplb_stats() const {
   EplbStats stats = eplb_stats_;
-  if (dispatch_) stats.expert_tokens = dispatch_->total_load();
+  if (dispatch_) {
+    stats.expert_tokens = dispatch_->total_load();
+    stats.capacity_dropped = dispatch_->capacity_dropped();
+  }
   return stats;
 }
 

@@ -209,6 +209,8 @@ void render_eplb(const model::EplbStats& s, std::string& out) {
   }
   scalar(out, "deepinfer_eplb_rebalances_total", "counter", "Expert placements EPLB computed and moved weights to.",
          s.rebalances);
+  scalar(out, "deepinfer_moe_capacity_dropped_total", "counter",
+         "(token, expert) pairs over --moe-capacity-factor's cap, left to the residual path.", s.capacity_dropped);
   if (s.imbalance_before.empty()) return;
   out += "# HELP deepinfer_eplb_rank_load_imbalance Max over mean of the expert-parallel ranks' load at the last "
          "rebalance, under the placement before and after it, by MoE layer.\n"

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -37,6 +38,7 @@ struct Outcome {
   std::vector<float> logits;   // every prompt's every position, prompts one after another, [positions, vocab]
   std::vector<int32_t> greedy;  // 16 greedy tokens after prompt 0 (forward_greedy)
   std::vector<double> before, after;  // EPLB: per MoE layer max/mean rank load under the old / new placement
+  int64_t capacity_dropped = 0;       // pairs the capacity factor dropped (group 0's tensor-parallel rank 0)
 };
 
 constexpr int kRebalanceAt = 8;  // with EPLB: the greedy pass before which every rank rebalances
@@ -106,6 +108,7 @@ int run_rank() {
   const int redundant = std::atoi(std::getenv("DEEPINFER_TP_REDUNDANT"));
   // Experts over the tensor-parallel ranks themselves (ExpertParallel::replicated_tokens): world tp, ep = tp.
   const bool replicated = std::getenv("DEEPINFER_TP_REPLICATED") != nullptr;
+  const double capacity = std::atof(std::getenv("DEEPINFER_TP_CAPACITY"));
   const int port = std::atoi(std::getenv("DEEPINFER_TP_PORT"));
   const std::string fixture = std::getenv("DEEPINFER_TP_FIXTURE");
   const std::string out_dir = std::getenv("DEEPINFER_TP_OUT");
@@ -130,8 +133,8 @@ int run_rank() {
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend();
   Result<std::unique_ptr<DeepSeekModel>> model =
       DeepSeekModel::load(fixture, *cpu, backend::Precision::kF32, false, TensorParallel{tp_rank, tp, tp_comm.get()},
-                          replicated ? model::ExpertParallel{tp_rank, tp, tp_comm.get(), redundant, true}
-                                     : model::ExpertParallel{ep_rank, ep, ep_comm.get(), redundant});
+                          replicated ? model::ExpertParallel{tp_rank, tp, tp_comm.get(), redundant, true, capacity}
+                                     : model::ExpertParallel{ep_rank, ep, ep_comm.get(), redundant, false, capacity});
   if (!model.ok()) return fail(model.status());
   Outcome out;
   if (Status s = run_work(**model, load_reference(fixture), out, ep_rank, replicated ? 1 : ep, redundant > 0); !s.ok()) {
@@ -149,12 +152,15 @@ int run_rank() {
     file.write(reinterpret_cast<const char*>(&layers), sizeof(layers));
     file.write(reinterpret_cast<const char*>(out.before.data()), static_cast<std::streamsize>(layers * sizeof(double)));
     file.write(reinterpret_cast<const char*>(out.after.data()), static_cast<std::streamsize>(layers * sizeof(double)));
+    const int64_t dropped = (*model)->eplb_stats().capacity_dropped;
+    file.write(reinterpret_cast<const char*>(&dropped), sizeof(dropped));
   }
   return 0;
 }
 
 // Starts tp x ep ranks of this binary on `fixture` and returns each expert-parallel group's outcome (empty on failure).
-std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int redundant, bool replicated) {
+std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int redundant, bool replicated,
+                               double capacity) {
   const int world = replicated ? tp : tp * ep, groups = replicated ? 1 : ep;
   Result<std::unique_ptr<backend::TcpStore>> store = backend::serve_tcp_store("127.0.0.1", 0);
   EXPECT_TRUE(store.ok()) << store.status().to_string();
@@ -169,6 +175,7 @@ std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int r
     env_strings.push_back("DEEPINFER_TP_EP=" + std::to_string(ep));
     env_strings.push_back("DEEPINFER_TP_REDUNDANT=" + std::to_string(redundant));
     if (replicated) env_strings.push_back("DEEPINFER_TP_REPLICATED=1");
+    env_strings.push_back("DEEPINFER_TP_CAPACITY=" + std::to_string(capacity));
     env_strings.push_back("DEEPINFER_TP_PORT=" + std::to_string((*store)->port()));
     env_strings.push_back("DEEPINFER_TP_FIXTURE=" + fixture);
     env_strings.push_back("DEEPINFER_TP_OUT=" + dir.path().string());
@@ -207,6 +214,7 @@ std::vector<Outcome> run_ranks(const std::string& fixture, int tp, int ep, int r
     out.after.resize(layers);
     file.read(reinterpret_cast<char*>(out.before.data()), static_cast<std::streamsize>(layers * sizeof(double)));
     file.read(reinterpret_cast<char*>(out.after.data()), static_cast<std::streamsize>(layers * sizeof(double)));
+    file.read(reinterpret_cast<char*>(&out.capacity_dropped), sizeof(out.capacity_dropped));
     EXPECT_TRUE(file.good()) << "group " << g;
   }
   return outcomes;
@@ -217,6 +225,7 @@ struct Case {
   int tp, ep;
   int redundant = 0;  // > 0: EPLB with that many redundant experts, rebalanced mid-decode
   bool replicated = false;  // experts over the tensor-parallel ranks (ep == tp, one group)
+  double capacity = 0.0;    // --moe-capacity-factor (0: none)
 };
 
 class ModelParallelTest : public ::testing::TestWithParam<Case> {};
@@ -234,7 +243,7 @@ TEST_P(ModelParallelTest, LogitsWithinFloat32NoiseAndGreedyTokensIdentical) {
   const int64_t vocab = (*single)->config().vocab_size;
 
   const bool replicated = GetParam().replicated;
-  std::vector<Outcome> groups = run_ranks(fixture, tp, ep, GetParam().redundant, replicated);
+  std::vector<Outcome> groups = run_ranks(fixture, tp, ep, GetParam().redundant, replicated, GetParam().capacity);
   const int group_count = replicated ? 1 : ep;
   ASSERT_EQ(groups.size(), static_cast<size_t>(group_count));
   double worst = 0.0, worst_reference = 0.0;
@@ -265,6 +274,20 @@ TEST_P(ModelParallelTest, LogitsWithinFloat32NoiseAndGreedyTokensIdentical) {
               GetParam().fixture.c_str(), tp, ep, replicated ? "tp_ranks" : ep > 1 ? "dp_attention_groups" : "none",
               GetParam().redundant, worst, worst_reference, static_cast<long long>(argmax_differ),
               groups[0].greedy == expected.greedy ? "true" : "false");
+  if (GetParam().capacity > 0.0 && GetParam().capacity < 10.0) {
+    // A tight cap drops pairs and so changes the logits (why it is off by default); they stay finite.
+    std::printf("{\"test\":\"moe_capacity\",\"fixture\":\"%s\",\"factor\":%.2f,\"dropped_pairs\":%lld,"
+                "\"rel_err_vs_uncapped\":%.3g}\n",
+                GetParam().fixture.c_str(), GetParam().capacity, static_cast<long long>(groups[0].capacity_dropped),
+                worst);
+    EXPECT_GT(groups[0].capacity_dropped, 0);
+    EXPECT_GT(worst, 1e-5);
+    for (float x : groups[0].logits) ASSERT_TRUE(std::isfinite(x));
+    return;
+  }
+  if (GetParam().capacity > 0.0) {
+    EXPECT_EQ(groups[0].capacity_dropped, 0);  // a loose cap drops nothing
+  }
   if (GetParam().redundant > 0) {
     // The rebalance happened on every rank (group 0 reports it), and it balanced what it was given.
     ASSERT_FALSE(groups[0].before.empty());
@@ -290,11 +313,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-deepseek-v3", 1, 2}, Case{"tiny-deepseek-v3", 1, 4}, Case{"tiny-deepseek-v3-fp8", 1, 2},
                       Case{"tiny-deepseek-v2-lite", 2, 2}, Case{"tiny-deepseek-v3", 2, 2},
                       Case{"tiny-deepseek-v3", 1, 2, 2}, Case{"tiny-deepseek-v2-lite", 2, 2, 4},
-                      Case{"tiny-deepseek-v3", 2, 2, 0, true}, Case{"tiny-deepseek-v2-lite", 2, 2, 2, true}),
+                      Case{"tiny-deepseek-v3", 2, 2, 0, true}, Case{"tiny-deepseek-v2-lite", 2, 2, 2, true},
+                      Case{"tiny-deepseek-v3", 1, 2, 0, false, 100.0}, Case{"tiny-deepseek-v3", 1, 2, 0, false, 0.5},
+                      Case{"tiny-deepseek-v3", 2, 2, 0, true, 0.5}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.fixture + "_tp" + std::to_string(info.param.tp) + "_ep" + std::to_string(info.param.ep) +
                          (info.param.redundant > 0 ? "_eplb" + std::to_string(info.param.redundant) : "") +
-                         (info.param.replicated ? "_over_tp" : "");
+                         (info.param.replicated ? "_over_tp" : "") +
+                         (info.param.capacity > 0.0 ? "_capacity" + std::to_string(static_cast<int>(info.param.capacity * 10)) : "");
       for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
       return name;
     });

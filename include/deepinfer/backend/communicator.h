@@ -59,6 +59,8 @@ class Communicator {
 
   // The first failure of a collective (Internal: which collective, which peer or the timeout), else OK.
   virtual Status status() const = 0;
+  // Whether a collective failed: the same as !status().ok(), but safe to ask from any thread (a supervisor).
+  virtual bool failed() const = 0;
 };
 
 // The rendezvous store (torchrun's TCPStore, in spirit): rank 0 serves it, every rank connects as a client.

@@ -113,6 +113,11 @@ struct ExpertParallel {
   // parallel all-reduce of the feed-forward output sums the ranks' parts. REQUIRES size == tp.size, rank == tp.rank,
   // comm == tp.comm.
   bool replicated_tokens = false;
+  // Capacity per expert slot per pass (--moe-capacity-factor; 0: none, the default, since a cap changes outputs):
+  // at most ceil(factor * tokens * top_k / slots) (token, expert) pairs per slot, tokens counting every rank's; the
+  // pairs past it, in arrival order (rank, then token), are dropped and the token keeps its residual path for that
+  // expert (its other experts and the shared experts still apply). Counted in EplbStats::capacity_dropped.
+  double capacity_factor = 0.0;
 };
 
 // EPLB at run time (rank 0 decides; TensorParallel's followers do as told): every `interval_passes` forward passes,
@@ -128,6 +133,7 @@ struct EplbStats {
   int64_t rebalances = 0;
   std::vector<double> imbalance_before, imbalance_after;  // per MoE layer, at the last rebalance (max/mean rank load)
   std::vector<std::vector<double>> expert_tokens;         // [MoE layers][E]: tokens routed (this rank's), ever
+  int64_t capacity_dropped = 0;  // (token, expert) pairs dropped by the capacity factor on this rank, ever
 };
 
 // Whether a model of config `c` splits over `size` tensor-parallel ranks; InvalidArgument naming the dimension that
