@@ -34,10 +34,11 @@ struct BackendChoice {
   std::string compute_mode;  // e.g. "f32 weights, f32 latent KV"
 };
 
-inline Result<BackendChoice> make_backend(const DeviceOptions& options) {
+// `device_index`: the GPU (a tensor-parallel rank's own).
+inline Result<BackendChoice> make_backend(const DeviceOptions& options, int device_index = 0) {
   BackendChoice choice;
   if (options.device != "cpu" && !(options.device == "auto" && options.bf16)) {
-    Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+    Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(device_index);
     if (!cuda.ok() && options.device == "cuda") return cuda.status();
     if (cuda.ok()) {
       choice.backend = std::move(cuda).value();

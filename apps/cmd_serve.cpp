@@ -419,10 +419,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
         return fail("--tensor-parallel-size > 1 with host or disk KV tiers: the tiers load blocks into one "
                     "process's cache; not with tensor parallel in this build");
       }
-      if (options->device.device == "cuda") {
-        return fail("--tensor-parallel-size > 1 with --device cuda: the NCCL communicator is not in this build yet "
-                    "(the CPU runs tensor parallel over Gloo: --device cpu)");
-      }
       if (options->internal_tp_rank >= options->tensor_parallel_size) {
         return fail("--internal-tp-rank " + std::to_string(options->internal_tp_rank) + " outside the group");
       }
@@ -552,18 +548,29 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (!group.ok()) return fail(group.status().to_string());
       tp_group = std::move(group).value();
     }
-    const model::TensorParallel tensor_parallel{tp_group ? tp_group->rank() : 0, options->tensor_parallel_size,
-                                                tp_group ? &tp_group->communicator() : nullptr};
+    // Rank r of a tensor-parallel group on CUDA takes GPU r.
+    Result<BackendChoice> choice = make_backend(options->device, tp_group ? tp_group->rank() : 0);
+    if (!choice.ok()) return fail(choice.status().to_string());
+    auto backend = std::move(choice->backend);
+    // The model's collectives: Gloo on the CPU; on CUDA, NCCL for the tensors and Gloo for the host-side ones.
+    std::unique_ptr<backend::Communicator> nccl;
+    if (tp_group && backend->name() == "cuda") {
+      Result<std::unique_ptr<backend::Communicator>> made = backend::make_nccl_communicator(
+          *backend, tp_group->store(), "tp-nccl", tp_group->rank(), options->tensor_parallel_size,
+          std::chrono::seconds(60));
+      if (!made.ok()) return fail(made.status().to_string());
+      nccl = std::move(made).value();
+    }
+    const model::TensorParallel tensor_parallel{
+        tp_group ? tp_group->rank() : 0, options->tensor_parallel_size,
+        nccl ? nccl.get() : tp_group ? &tp_group->communicator() : nullptr,
+        nccl && tp_group ? &tp_group->communicator() : nullptr};
     // Expert parallel over the same ranks (ExpertParallel::replicated_tokens).
     const model::ExpertParallel expert_parallel =
         options->expert_parallel_size > 1
             ? model::ExpertParallel{tensor_parallel.rank, tensor_parallel.size, tensor_parallel.comm,
                                     options->num_redundant_experts, true, options->moe_capacity_factor}
             : model::ExpertParallel{};
-
-    Result<BackendChoice> choice = make_backend(options->device);
-    if (!choice.ok()) return fail(choice.status().to_string());
-    auto backend = std::move(choice->backend);
     const std::string device_name(backend->name()), compute_mode = choice->compute_mode;
     if (options->gpu_memory_utilization && !backend->device_memory().ok()) {
       return fail("--gpu-memory-utilization: the " + device_name +

@@ -47,6 +47,8 @@ std::string describe(int status) {
 Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::lead(int size, const std::string& master_addr,
                                                                       int master_port) {
   std::unique_ptr<TensorParallelGroup> group(new TensorParallelGroup());
+  // NVLink multicast stays off unless asked for (the GPU machines' rule), here and in the ranks this one starts.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
   Result<std::unique_ptr<backend::TcpStore>> store = backend::serve_tcp_store(master_addr, master_port);
   if (!store.ok()) return Status::io_error("--master-addr/--master-port: " + store.status().message());
   group->store_ = std::move(store).value();

@@ -30,6 +30,7 @@ class TensorParallelGroup {
   ~TensorParallelGroup();
 
   backend::Communicator& communicator() { return *comm_; }
+  backend::TcpStore& store() { return *store_; }
   int rank() const { return rank_; }
 
  private:

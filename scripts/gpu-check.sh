@@ -41,7 +41,7 @@ if [ "${1:-}" = prepare ]; then
   strip "$stage"/bin/*
   # Every shared library they link but CUDA's and the C/C++ runtime's (the GPU machine has those).
   for b in "$stage"/bin/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u \
-    | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt)\.so' \
+    | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' \
     | xargs -r cp -L -t "$stage/lib/"
   cp models/deepseek-v3/tokenizer.json models/deepseek-v3/tokenizer_config.json "$stage/tokenizer/"
   mkdir -p .device-gpu && tar -C "$stage" -cJf "$BUNDLE" bin lib tokenizer && rm -rf "$stage"

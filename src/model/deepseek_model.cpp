@@ -1044,8 +1044,8 @@ Result<ForwardBatch> decode_batch(std::span<const int64_t> in) {
 
 void DeepSeekModel::send_command(uint64_t kind, std::vector<int64_t> payload) const {
   int64_t header[2] = {static_cast<int64_t>(kind), static_cast<int64_t>(payload.size())};
-  tp_.comm->broadcast_host_waiting(std::as_writable_bytes(std::span(header)), 0);
-  tp_.comm->broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
+  tp_.host().broadcast_host_waiting(std::as_writable_bytes(std::span(header)), 0);
+  tp_.host().broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
 }
 
 const ExpertPlacement* DeepSeekModel::expert_placement() const {
@@ -1206,12 +1206,12 @@ Status DeepSeekModel::follow() {
   std::vector<int32_t> ids;
   while (true) {
     int64_t header[2] = {0, 0};
-    tp_.comm->broadcast_host_waiting(std::as_writable_bytes(std::span(header)), 0);
-    if (Status s = tp_.comm->status(); !s.ok()) return s;
+    tp_.host().broadcast_host_waiting(std::as_writable_bytes(std::span(header)), 0);
+    if (Status s = tp_.host().status(); !s.ok()) return s;
     if (header[1] < 0 || header[1] > (int64_t{1} << 32)) return Status::internal("tensor parallel: bad command size");
     std::vector<int64_t> payload(static_cast<size_t>(header[1]));
-    tp_.comm->broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
-    if (Status s = tp_.comm->status(); !s.ok()) return s;
+    tp_.host().broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
+    if (Status s = tp_.host().status(); !s.ok()) return s;
     switch (header[0]) {
       case kStopCommand:
         return Status();
@@ -1236,6 +1236,7 @@ Status DeepSeekModel::follow() {
         const Status s = header[0] == kForwardCommand ? run(*batch, caches, &logits, nullptr)
                                                       : run(*batch, caches, nullptr, &ids);
         if (Status group = tp_.comm->status(); !group.ok()) return group;
+        if (Status group = tp_.host().status(); !group.ok()) return group;
         (void)s;
         break;
       }
@@ -1684,9 +1685,9 @@ Status DeepSeekModel::gather_vocab(std::vector<float>& logits) {
   const int64_t size = tp_.size, local = config_.vocab_size / size;
   const int64_t rows = static_cast<int64_t>(logits.size()) / local;
   tp_gather_.resize(static_cast<size_t>(size * rows * local));
-  tp_.comm->all_gather_rows(backend::Tensor{logits.data(), backend::DType::kF32, rows, local, local},
-                            backend::Tensor{tp_gather_.data(), backend::DType::kF32, size * rows, local, local});
-  if (Status s = tp_.comm->status(); !s.ok()) return s;
+  tp_.host().all_gather_rows(backend::Tensor{logits.data(), backend::DType::kF32, rows, local, local},
+                             backend::Tensor{tp_gather_.data(), backend::DType::kF32, size * rows, local, local});
+  if (Status s = tp_.host().status(); !s.ok()) return s;
   // Rank q's block [rows, local] holds columns [q local, (q + 1) local) of every row.
   logits.resize(static_cast<size_t>(rows * config_.vocab_size));
   for (int64_t q = 0; q < size; ++q) {

@@ -5,6 +5,7 @@
 // Prints one JSON line per check; exit status 0 only when every check passed (2: no usable CUDA device).
 //   gpu_check_backend [device]
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/backend/communicator.h"
 
 namespace {
 
@@ -345,14 +347,20 @@ void check_step_ops(Pair& p) {
   std::vector<float> inv_freq(R / 2);
   for (int64_t i = 0; i < R / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / R);
   const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * (nope + R)));
-  std::vector<float> embedded[2], roped[2];
+  std::vector<float> embedded[2], roped[2], sharded[2];
   const be::Weight* tables[2] = {table.cpu.get(), table.gpu.get()};
+  // A vocabulary shard (tensor parallel): ids [600, 1600) of a table of 1000 rows; the others' rows are zeros.
+  WeightPair shard = make_weights(p.cpu, p.gpu, p.rng, 1, vocab, hidden, Precision::kBF16, 1.0f);
+  const be::Weight* shards[2] = {shard.cpu.get(), shard.gpu.get()};
   for (int i = 0; i < 2; ++i) {
     Backend& b = *backends[i];
     expect_ok("begin_step", b.begin_step(s.layout()));
     Act e = make_act(b, T, hidden, hidden + 8);
     b.embed(*tables[i], e.view, 0);
     embedded[i] = read_act(b, e, "embed");
+    Act es = make_act(b, T, hidden, hidden);
+    b.embed(*shards[i], es.view, 600);
+    sharded[i] = read_act(b, es, "embed (vocabulary shard)");
     Buffer freq = must(b.make_vector(inv_freq), "make_vector");
     Act qa = make_act(b, q, T, H * (nope + R), H * (nope + R));
     // The rope part of every head: T * H vectors of R values at stride nope + R.
@@ -362,6 +370,7 @@ void check_step_ops(Pair& p) {
     roped[i] = read_act(b, qa, "rope");
   }
   expect_close("embed", embedded[1], embedded[0], 0.0);
+  expect_close("embed (vocabulary shard, first id 600)", sharded[1], sharded[0], 0.0);
   expect_close("rope (q heads, strided)", roped[1], roped[0], 1e-2);
 }
 
@@ -543,6 +552,38 @@ void check_logits(Pair& p) {
 
 }  // namespace
 
+// The NCCL communicator with a group of one on this GPU (what one device can show; two ranks need two GPUs:
+// scripts/gpu-check.sh's multi-GPU stage): each collective leaves its tensor as it was / copies it, on the backend's
+// stream, and the host-staged ones round-trip.
+void check_nccl(Backend& gpu, Random& rng) {
+  auto store = be::serve_tcp_store("127.0.0.1", 0);
+  expect_ok("tcp store", store.status());
+  if (!store.ok()) return;
+  auto comm = be::make_nccl_communicator(gpu, **store, "check", 0, 1, std::chrono::seconds(10));
+  expect_ok("make_nccl_communicator (1 rank)", comm.status());
+  if (!comm.ok()) return;
+  const int64_t rows = 7, cols = 96;
+  const std::vector<float> values = rng.values(static_cast<size_t>(rows * cols));
+  Act x = make_act(gpu, values, rows, cols, cols);
+  const std::vector<float> before = read_act(gpu, x, "nccl input");
+  (*comm)->all_reduce_sum(x.view);
+  expect_close("nccl all_reduce_sum (1 rank)", read_act(gpu, x, "all_reduce"), before, 0.0);
+  Act gathered = make_act(gpu, rows, cols, cols);
+  (*comm)->all_gather_rows(x.view, gathered.view);
+  expect_close("nccl all_gather_rows (1 rank)", read_act(gpu, gathered, "all_gather"), before, 0.0);
+  Act moved = make_act(gpu, rows, cols, cols);
+  const int64_t counts[1] = {rows};
+  (*comm)->all_to_all_rows(x.view, counts, moved.view, counts);
+  expect_close("nccl all_to_all_rows (1 rank)", read_act(gpu, moved, "all_to_all"), before, 0.0);
+  std::vector<std::byte> bytes(100, std::byte{7});
+  (*comm)->broadcast_host(bytes, 0);
+  int64_t sent[1] = {42}, got[1] = {0};
+  (*comm)->all_to_all_counts(sent, got);
+  expect("nccl broadcast_host / all_to_all_counts (1 rank)", bytes[99] == std::byte{7} && got[0] == 42);
+  (*comm)->barrier();
+  expect_ok("nccl status", (*comm)->status());
+}
+
 int main(int argc, char** argv) {
   const int device = argc > 1 ? std::atoi(argv[1]) : 0;
   auto gpu = be::make_cuda_backend(device);
@@ -584,6 +625,7 @@ int main(int argc, char** argv) {
   };
   for (const MoeCase& c : moe_cases) check_moe(p, c);
   check_logits(p);
+  check_nccl(p.gpu, p.rng);
   std::printf("{\"summary\":\"gpu_check_backend\",\"failures\":%d}\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }

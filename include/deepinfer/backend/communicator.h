@@ -90,6 +90,15 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(TcpStore& store, co
                                                              int size, const std::string& interface_host,
                                                              std::chrono::milliseconds timeout);
 
+// A group over NCCL (the CUDA backend's collectives, NVLink / InfiniBand): collectives on `backend`'s stream over its
+// device memory (bf16 or float32 tensors), asynchronous like its ops; the host-memory ones (broadcast_host,
+// all_to_all_counts) are staged through device memory and wait. The ranks meet through `store` under `prefix` (rank 0
+// publishes NCCL's unique id). NCCL has no timeout: a rank that dies is the supervisor's to notice
+// (apps/tensor_parallel_group). Keep NVLink multicast off where the machines ask it (NCCL_NVLS_ENABLE=0).
+// Errors: Unsupported (a build without CUDA, a backend other than CUDA); Internal (NCCL's message) naming the group.
+Result<std::unique_ptr<Communicator>> make_nccl_communicator(Backend& backend, TcpStore& store, const std::string& prefix,
+                                                             int rank, int size, std::chrono::milliseconds timeout);
+
 // A group of one: every collective is the identity (all_gather and reduce_scatter copy). Lets the model's
 // parallel code run unchanged at world size 1.
 std::unique_ptr<Communicator> make_single_communicator(Backend& backend);

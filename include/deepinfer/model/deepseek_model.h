@@ -88,6 +88,10 @@ struct MtpBatch {
 struct TensorParallel {
   int rank = 0, size = 1;
   backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
+  // The same group's collectives on host memory (the step commands, the logits' gather): a Gloo group beside an
+  // NCCL `comm` on CUDA; null: `comm` (the CPU backend's memory is the host's).
+  backend::Communicator* host_comm = nullptr;
+  backend::Communicator& host() const { return host_comm != nullptr ? *host_comm : *comm; }
 };
 
 // Expert parallel (DeepSeek's deployment, SGLang's DP-attention + EP, DeepEP's dispatch/combine): `size` ranks, each

@@ -147,6 +147,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
+  // The stream every op is queued on, and the device (the NCCL communicator queues its collectives there too).
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
   DType activation_dtype() const override { return DType::kBF16; }
   DType cache_dtype() const override { return DType::kBF16; }
 
