@@ -11,6 +11,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <numeric>
 
@@ -216,6 +217,10 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(TcpStore& store, co
     return Status::invalid_argument("gloo group '" + prefix + "': rank " + std::to_string(rank) + " of " +
                                     std::to_string(size));
   }
+  // Gloo's TCP pairs write with plain send(): a peer that died would kill this process with SIGPIPE instead of
+  // failing the collective. Ignored process-wide, as Python (and so PyTorch's Gloo users) does; write errors then
+  // come back as EPIPE, which Gloo turns into the exception kept in status().
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = interface_host;

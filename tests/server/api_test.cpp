@@ -184,10 +184,12 @@ TEST_F(ApiTest, AnthropicMessages) {
   EXPECT_GT(body["usage"].at("input_tokens").as_int64(), 20);
   EXPECT_EQ(body["stop_reason"], "max_tokens");
 
-  // count_tokens counts what /v1/messages renders: its input_tokens (issue 16).
+  // count_tokens counts what /v1/messages renders: its input_tokens plus those read from the cache (Anthropic's
+  // input_tokens exclude cache reads; a user's finding: they were counted in both).
   HttpResponse counted = c.post("/v1/messages/count_tokens", request + "}");
   ASSERT_EQ(counted.status, 200) << counted.body;
-  EXPECT_EQ(counted.json().at("input_tokens"), body["usage"].at("input_tokens"));
+  EXPECT_EQ(counted.json().at("input_tokens").as_int64(),
+            body["usage"].at("input_tokens").as_int64() + body["usage"].at("cache_read_input_tokens").as_int64());
   // Errors on every /v1/messages route are Anthropic-shaped, the 404 of an unknown one included.
   HttpResponse missing = c.post("/v1/messages/batches", request + "}");
   EXPECT_EQ(missing.status, 404);
@@ -205,7 +207,9 @@ TEST_F(ApiTest, AnthropicMessages) {
   EXPECT_EQ(events[events.size() - 2].event, "message_delta");
   EXPECT_EQ(events.back().event, "message_stop");
   json::object start = json::parse(events.front().data).as_object();
-  EXPECT_EQ(start["message"].at("usage").at("input_tokens"), body["usage"].at("input_tokens"));
+  EXPECT_EQ(start["message"].at("usage").at("input_tokens").as_int64() +
+                start["message"].at("usage").at("cache_read_input_tokens").as_int64(),
+            counted.json().at("input_tokens").as_int64());
   json::object delta = json::parse(events[events.size() - 2].data).as_object();
   EXPECT_EQ(delta["delta"].at("stop_reason"), "max_tokens");
   EXPECT_EQ(delta["usage"].at("output_tokens").as_int64(), 4);

@@ -170,6 +170,23 @@ TEST(ResponseBuilderTest, ReasoningTokensAreCountedAndALengthCutItemIsIncomplete
   EXPECT_EQ(whole.at("usage").at("output_tokens_details").at("reasoning_tokens").as_int64(), info.reasoning_tokens);
 }
 
+// Anthropic counts cache reads apart from input_tokens (OpenAI's prompt_tokens include them): 100 prompt tokens of
+// which 64 came from the cache are input_tokens 36 + cache_read_input_tokens 64. Regression: both said 100.
+TEST(ResponseBuilderTest, AnthropicInputTokensLeaveOutCacheReads) {
+  FinishInfo info;
+  info.prompt_tokens = 100;
+  info.cached_tokens = 64;
+  info.completion_tokens = 3;
+  std::vector<TokenLogprobs> logprobs;
+  OutputBuilder builder = v41_builder();
+  json::object whole = messages_builder({"msg_1", "m", 0})->response(builder.message(), info, logprobs);
+  EXPECT_EQ(whole.at("usage").at("input_tokens").as_int64(), 36);
+  EXPECT_EQ(whole.at("usage").at("cache_read_input_tokens").as_int64(), 64);
+  json::object chat =
+      chat_completion_builder({"chatcmpl-1", "m", 0}, false, false, nullptr)->response(builder.message(), info, logprobs);
+  EXPECT_EQ(chat.at("usage").at("prompt_tokens").as_int64(), 100);
+}
+
 TEST(ResponseBuilderTest, SseFramesPerDialect) {
   EXPECT_EQ(sse_frame({"", json::object{{"a", -0.5}}, false}), "data: {\"a\":-0.5}\n\n");
   EXPECT_EQ(sse_frame({"message_stop", json::object{{"type", "message_stop"}}, false}),

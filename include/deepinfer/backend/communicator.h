@@ -85,7 +85,8 @@ Result<std::unique_ptr<TcpStore>> connect_tcp_store(const std::string& host, int
 
 // A group of `size` ranks meeting under `prefix` in `store` (every rank passes the same prefix and size), over
 // Gloo's TCP transport on `interface_host` (the address peers reach this rank at). Collectives give up after
-// `timeout`. The store must outlive the call only. Errors: Internal (connection, timeout) naming the group.
+// `timeout`. The store must outlive the call only. Sets SIGPIPE to ignored (a dead peer's socket must fail the
+// collective, not kill the process). Errors: Internal (connection, timeout) naming the group.
 Result<std::unique_ptr<Communicator>> make_gloo_communicator(TcpStore& store, const std::string& prefix, int rank,
                                                              int size, const std::string& interface_host,
                                                              std::chrono::milliseconds timeout);

@@ -100,8 +100,10 @@ class MessagesBuilder final : public ResponseBuilder {
  private:
   enum class Block { kNone, kThinking, kText, kToolUse };
 
+  // Anthropic's accounting: input_tokens are the prompt tokens not read from the cache (cache_read_input_tokens are
+  // the others; count_tokens gives their sum), unlike OpenAI's prompt_tokens, which include the cached ones.
   static json::object usage(const FinishInfo& info, int64_t output_tokens) {
-    return {{"input_tokens", info.prompt_tokens},
+    return {{"input_tokens", info.prompt_tokens - info.cached_tokens},
             {"output_tokens", output_tokens},
             {"cache_creation_input_tokens", 0},
             {"cache_read_input_tokens", info.cached_tokens}};
