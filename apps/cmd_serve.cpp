@@ -386,6 +386,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "dispatch) runs in the model and its tests but the server does not schedule over such groups yet");
     }
     if (options->num_redundant_experts < 0) return fail("--num-redundant-experts must be at least 0");
+    for (const char* flag : {"--eplb-rebalance-num-iterations", "--eplb-policy"}) {
+      if (typed(flag) && !options->enable_eplb) return fail(std::string(flag) + " applies with --enable-eplb");
+    }
     if (!(options->moe_capacity_factor >= 0.0)) return fail("--moe-capacity-factor must be at least 0");
     if ((options->num_redundant_experts > 0 || options->enable_eplb || options->moe_capacity_factor > 0.0) &&
         options->expert_parallel_size < 2) {
@@ -424,6 +427,14 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
       if (options->master_port < 0 || options->master_port > 65535) {
         return fail("--master-port " + std::to_string(options->master_port) + ": a port, 0 to 65535");
+      }
+      if (options->master_port != 0 && options->master_port == options->port) {
+        return fail("--master-port " + std::to_string(options->master_port) + " is also --port: rank 0's rendezvous "
+                    "store and the HTTP server need a port each");
+      }
+      if (options->master_addr == "0.0.0.0" || options->master_addr == "::" || options->master_addr.empty()) {
+        return fail("--master-addr '" + options->master_addr + "': the ranks connect to it and listen on it, so it "
+                    "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
       }
     }
     if (options->internal_tp_rank != 0 && options->tensor_parallel_size == 1) {
@@ -478,6 +489,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (!config.ok()) return fail(config.status().to_string());
     if (Status s = model::check_tensor_parallel_shapes(*config, options->tensor_parallel_size); !s.ok()) {
       return fail(s.message());
+    }
+    if (options->expert_parallel_size > 1 &&
+        (config->n_routed_experts + options->num_redundant_experts) % options->expert_parallel_size != 0) {
+      return fail("--expert-parallel-size " + std::to_string(options->expert_parallel_size) + " does not divide the "
+                  "model's n_routed_experts (" + std::to_string(config->n_routed_experts) + ") plus " +
+                  std::to_string(options->num_redundant_experts) + " redundant experts");
     }
     if (options->swa_bounded_replay) {
       return fail("--swa-bounded-replay: " + config->model_type +
@@ -539,7 +556,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::unique_ptr<TensorParallelGroup> tp_group;
     const bool tp_follower = options->internal_tp_rank > 0;
     if (options->tensor_parallel_size > 1) {
-      if (options->device.device == "auto") options->device.device = "cpu";
       Result<std::unique_ptr<TensorParallelGroup>> group =
           tp_follower ? TensorParallelGroup::join(options->internal_tp_rank, options->tensor_parallel_size,
                                                   options->master_addr, options->master_port)

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
+#include <csignal>
 #include <fstream>
 #include <iterator>
 
@@ -61,7 +63,11 @@ Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::lead(int size,
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_t pid = 0;
-    if (int error = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ); error != 0) {
+    // The binary's own path (not /proc/self/exe, which would name the ranks "exe" in ps, top and pidof).
+    char exe[PATH_MAX] = {};
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    const char* path = n > 0 ? exe : "/proc/self/exe";
+    if (int error = posix_spawn(&pid, path, nullptr, nullptr, argv.data(), environ); error != 0) {
       for (pid_t child : group->children_) kill(child, SIGKILL);
       return Status::internal("tensor parallel: could not start rank " + std::to_string(rank) + ": " +
                               std::strerror(error));
@@ -80,9 +86,15 @@ Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::lead(int size,
 Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::join(int rank, int size,
                                                                       const std::string& master_addr,
                                                                       int master_port) {
-  // Rank 0 started this process: go with it (a kill -9 of rank 0 leaves no rank behind).
+  // Rank 0 started this process: go with it (a kill -9 of rank 0 leaves no rank behind). Signals meant for the
+  // server (SIGTERM to the whole group, as `kill $(pgrep deepinfer)` or systemd's control-group stop sends; Ctrl-C)
+  // are rank 0's to act on: it drains, then stops this rank by command. A rank that left first would fail the
+  // requests still draining.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return Status::internal("tensor parallel: rank 0 is gone");
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGHUP, SIG_IGN);
   std::unique_ptr<TensorParallelGroup> group(new TensorParallelGroup());
   group->rank_ = rank;
   Result<std::unique_ptr<backend::TcpStore>> store = backend::connect_tcp_store(master_addr, master_port, 60s);

@@ -2,6 +2,7 @@
 // a client. A get waits on the server for its key, up to the client's timeout. Messages, little-endian:
 //   set: 'S' u32 key_len key u64 value_len value        -> u8 0
 //   get: 'G' u32 key_len key u64 timeout_ms             -> u8 0 u64 value_len value | u8 1 (timed out)
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <boost/asio.hpp>
@@ -203,6 +204,7 @@ Result<tcp::socket> connect_once(asio::io_context& io, const std::string& host, 
   if (error) return Status::io_error("rendezvous store: connect " + host + ":" + std::to_string(port) + ": " +
                                      error.message());
   socket.set_option(tcp::no_delay(true), error);
+  ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
   return socket;
 }
 
@@ -220,6 +222,8 @@ Result<std::unique_ptr<TcpStore>> serve_tcp_store(const std::string& host, int p
   if (!error) acceptor.set_option(tcp::acceptor::reuse_address(true), error);
   if (!error) acceptor.bind(endpoint, error);
   if (!error) acceptor.listen(64, error);
+  // Not inherited by the ranks this process starts.
+  if (!error) ::fcntl(acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
   if (error) {
     return Status::io_error("rendezvous store: listen on " + host + ":" + std::to_string(port) + ": " +
                             error.message());

@@ -85,9 +85,13 @@ def start(name, *args):
     raise SystemExit(f"{name} did not become healthy")
 
 
+seen_ranks = []  # every rank-1 process this test started
+
+
 def rank1_pid(port):
     out = subprocess.run(["pgrep", "-f", "--", f"--port {port} .*--internal-tp-rank 1"], capture_output=True, text=True)
     pids = [int(x) for x in out.stdout.split()]
+    seen_ranks.extend(pids)
     return pids[0] if pids else None
 
 
@@ -193,6 +197,32 @@ def main():
         time.sleep(0.1)
     check(code == 0 and r1 is not None and not alive(r1), f"SIGTERM: rank 0 exited {code}, rank 1 gone")
 
+    # SIGTERM to every process of the group at once (kill $(pgrep ...), systemd's control-group stop) while a stream
+    # runs: rank 1 leaves it to rank 0, which drains the stream, then stops rank 1; all exit 0.
+    tp, tp_port, _ = start("tp2-d", "--tensor-parallel-size", "2")
+    r1 = rank1_pid(tp_port)
+    streamed = {}
+
+    def stream_worker():
+        streamed["text"] = chat(tp_port, prompts[0], stream=True, max_tokens=48)
+
+    t = threading.Thread(target=stream_worker)
+    t.start()
+    time.sleep(0.5)
+    os.kill(r1, signal.SIGTERM)
+    tp.send_signal(signal.SIGTERM)
+    t.join(timeout=60)
+    try:
+        code = tp.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        code = None
+    check(streamed.get("text", "").startswith("The") and not streamed.get("text", "").startswith("HTTP"),
+          f"SIGTERM to both ranks mid-stream: the stream finished ({streamed.get('text', '')[:40]!r})")
+    t0 = time.time()
+    while r1 and alive(r1) and time.time() - t0 < 10:
+        time.sleep(0.1)
+    check(code == 0 and r1 is not None and not alive(r1), f"SIGTERM to both: rank 0 exited {code}, rank 1 gone")
+
     # Refusals at startup.
     for args, words in [(["--tensor-parallel-size", "2", "--role", "prefill"], "--role prefill"),
                         (["--tensor-parallel-size", "2", "--kv-host-cache-memory", "1GiB"], "tiers"),
@@ -201,7 +231,10 @@ def main():
                         (["--tensor-parallel-size", "0"], "at least 1"),
                         (["--tensor-parallel-size", "2", "--expert-parallel-size", "4"], "spreads the experts over"),
                         (["--tensor-parallel-size", "2", "--expert-parallel-size", "2", "--num-redundant-experts", "1"],
-                         "does not divide")]:
+                         "does not divide"),
+                        (["--tensor-parallel-size", "2", "--master-addr", "0.0.0.0"], "not a wildcard"),
+                        (["--tensor-parallel-size", "2", "--expert-parallel-size", "2", "--eplb-policy", "hierarchical"],
+                         "applies with --enable-eplb")]:
         out = subprocess.run([BIN, "serve", "--model-path", MODEL, "--device", "cpu", "--port", str(free_port()),
                               *args], capture_output=True, text=True, timeout=60)
         check(out.returncode != 0 and words in out.stderr, f"refused {' '.join(args)}: {out.stderr.strip()[:120]}")
@@ -210,8 +243,8 @@ def main():
                           "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     check(out.returncode != 0 and "cuda" in out.stderr.lower(),
           f"--device cuda --tensor-parallel-size 2 without GPUs fails: {out.stderr.strip()[:120]}")
-    leftover = subprocess.run(["pgrep", "-f", "--", "--internal-tp-rank"], capture_output=True, text=True).stdout.split()
-    check(not leftover, "no rank process left behind")
+    leftover = [pid for pid in seen_ranks if alive(pid)]
+    check(not leftover, f"no rank process left behind (of {len(seen_ranks)} started)")
 
 
 try:
