@@ -99,7 +99,7 @@ want mla && { run gpu_check_mla 240 "$BIN/gpu_check_mla"; memcheck mla 120 "$BIN
 want gemm && run gpu_check_gemm 150 "$BIN/gpu_check_gemm"
 want ops && { run gpu_check_ops 150 "$BIN/gpu_check_ops"; memcheck ops 100 "$BIN/gpu_check_ops" --quick; }
 want prefill && run gpu_check_prefill 90 "$BIN/gpu_check_prefill"
-want backend && { run gpu_check_backend 120 "$BIN/gpu_check_backend"; memcheck backend 200 "$BIN/gpu_check_backend"; }
+want backend && { run gpu_check_backend 120 "$BIN/gpu_check_backend"; memcheck backend 200 "$BIN/gpu_check_backend" --no-nccl; }
 if want model; then
   run model_tests 200 "$BIN/model_tests" --gtest_filter='*Cuda*'
   memcheck model 400 "$BIN/model_tests" --gtest_filter='*Cuda*'
