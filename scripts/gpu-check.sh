@@ -19,6 +19,8 @@
 #            the OpenAI API
 #   pd       tests/cluster/pd_e2e.py with --device cuda: a --role prefill and two --role decode workers behind the
 #            router, greedy identity against a --role both worker, the KV transfer faults (four workers share the GPU)
+#   tp       with two or more GPUs: deepinfer serve --device cuda --tensor-parallel-size 2 (NCCL) on the demo model,
+#            greedy text against one GPU (skipped with one GPU; the backend stage checks NCCL with one rank)
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
@@ -133,6 +135,34 @@ if want pd; then
   log "pd (prefill/decode on cuda): exit $pd_status; $(grep -c '^ok:' "$OUT/pd_e2e.out") ok, $(grep -c '^FAIL' "$OUT/pd_e2e.out") failed"
   grep -E '^(FAIL|info)' "$OUT/pd_e2e.out" | head -20
   [ $pd_status = 0 ] || status=1
+fi
+# tp: tensor parallel on GPUs (NCCL; rank r on GPU r), on a machine with two or more: the demo model's greedy text
+# through --tensor-parallel-size 2 (and experts spread over the ranks) against one GPU. NVLink multicast stays off.
+if want tp; then
+  gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+  if [ "$gpus" -lt 2 ]; then
+    log "tp: skipped ($gpus GPU; tensor parallel needs two)"
+  else
+    unpack_demo
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    tp_ok=1
+    ask() {
+      curl -s "localhost:$1/v1/chat/completions" -H 'content-type: application/json' -d '{"model": "demo",
+        "messages": [{"role": "user", "content": "What is a Python list?"}], "max_tokens": 48, "temperature": 0}' \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])'
+    }
+    for args in "--tensor-parallel-size 1" "--tensor-parallel-size 2"; do
+      "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port 8124 --kv-cache-memory 1GiB $args \
+        >"$OUT/tp-serve.stderr" 2>&1 &
+      server=$!
+      for _ in $(seq 1 90); do curl -sf localhost:8124/health >/dev/null 2>&1 && break; sleep 1; done
+      ask 8124 >"$OUT/tp-$(echo $args | tr -dc 0-9).txt" 2>&1 || tp_ok=0
+      kill $server 2>/dev/null; wait $server 2>/dev/null
+    done
+    if cmp -s "$OUT/tp-1.txt" "$OUT/tp-2.txt" && [ -s "$OUT/tp-1.txt" ]; then log "tp: TP=2 on two GPUs gives one GPU's text"
+    else log "tp: TP=2 text differs from one GPU's (bf16: a near-tie may flip; see $OUT/tp-*.txt)"; tp_ok=0; fi
+    [ $tp_ok = 1 ] || status=1
+  fi
 fi
 want bench && run bench_model 330 "$BIN/bench_model"
 if want spec; then
