@@ -437,6 +437,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
                     "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
       }
     }
+    if (options->internal_tp_rank < 0) return fail("--internal-tp-rank must be at least 0");
     if (options->internal_tp_rank != 0 && options->tensor_parallel_size == 1) {
       return fail("--internal-tp-rank is for the ranks rank 0 starts (with --tensor-parallel-size)");
     }

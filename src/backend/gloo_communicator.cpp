@@ -83,6 +83,7 @@ class GlooCommunicator final : public Communicator {
   void all_gather_rows(const Tensor& in, Tensor out) override {
     check_contiguous(in, "all_gather_rows");
     check_contiguous(out, "all_gather_rows");
+    if (in.rows * in.cols == 0) return;  // every rank gathers nothing (Gloo divides by the size)
     run("all_gather", [&] {
       gloo::AllgatherOptions opts(context_);
       opts.setInput(f32(in), static_cast<size_t>(in.rows * in.cols));
@@ -94,6 +95,7 @@ class GlooCommunicator final : public Communicator {
   void reduce_scatter_rows(const Tensor& in, Tensor out) override {
     check_contiguous(in, "reduce_scatter_rows");
     check_contiguous(out, "reduce_scatter_rows");
+    if (out.rows * out.cols == 0) return;
     // Gloo has no reduce-scatter over unbound buffers: all-reduce a copy, keep this rank's rows.
     scratch_.assign(f32(in), f32(in) + in.rows * in.cols);
     all_reduce_sum(Tensor{scratch_.data(), DType::kF32, in.rows, in.cols, in.cols});

@@ -8,7 +8,10 @@
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <cstring>
+#include <atomic>
 #include <map>
+#include <memory>
+#include <system_error>
 #include <mutex>
 #include <thread>
 
@@ -21,7 +24,10 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 constexpr size_t kMaxKeyBytes = 4096;
-constexpr uint64_t kMaxValueBytes = uint64_t{1} << 30;
+// A group's values are small (transport addresses, NCCL's unique id): a bigger one is a bad client, closed.
+constexpr uint64_t kMaxValueBytes = uint64_t{1} << 20;
+// Connections served at once (a group's ranks hold one or two each); more are closed at once.
+constexpr size_t kMaxConnections = 256;
 
 template <class T>
 void put(std::vector<std::byte>& out, T value) {
@@ -54,19 +60,21 @@ class StoreServer {
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
-      for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
+      for (const auto& c : connections_) ::shutdown(c->socket.native_handle(), SHUT_RDWR);
     }
     changed_.notify_all();
     ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
     boost::system::error_code ignored;
     acceptor_.close(ignored);
     if (accept_thread_.joinable()) accept_thread_.join();
-    for (std::thread& t : connection_threads_) t.join();
+    for (const auto& c : connections_) c->thread.join();
   }
   int port() const { return port_; }
   void set_port(int port) { port_ = port; }
 
  private:
+  // One thread per connection; finished ones are joined here, so that probes and scanners cost nothing lasting
+  // (regression: a thread and its stack per connection ever made, until the process could make no more).
   void accept_loop() {
     while (true) {
       boost::system::error_code error;
@@ -75,9 +83,34 @@ class StoreServer {
       std::lock_guard lock(mu_);
       if (stopping_) return;
       if (error) continue;
+      reap_finished();
+      if (connections_.size() >= kMaxConnections) continue;  // closed as `socket` goes
       socket.set_option(tcp::no_delay(true), error);
-      connections_.push_back(socket.native_handle());
-      connection_threads_.emplace_back([this, s = std::move(socket)]() mutable { serve(s); });
+      ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
+      auto connection = std::make_shared<Connection>(std::move(socket));
+      try {
+        connection->thread = std::thread([this, connection] {
+          serve(connection->socket);
+          boost::system::error_code ignored;
+          connection->socket.shutdown(tcp::socket::shutdown_both, ignored);
+          connection->done = true;
+        });
+      } catch (const std::system_error&) {
+        continue;  // no thread to be had: the connection closes
+      }
+      connections_.push_back(std::move(connection));
+    }
+  }
+
+  // REQUIRES: mu_ held.
+  void reap_finished() {
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if ((*it)->done) {
+        (*it)->thread.join();
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
 
@@ -131,8 +164,13 @@ class StoreServer {
   std::condition_variable changed_;
   bool stopping_ = false;
   std::map<std::string, std::vector<std::byte>> values_;
-  std::vector<int> connections_;
-  std::vector<std::thread> connection_threads_;
+  struct Connection {
+    explicit Connection(tcp::socket s) : socket(std::move(s)) {}
+    tcp::socket socket;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  std::vector<std::shared_ptr<Connection>> connections_;  // GUARDED_BY(mu_)
   std::thread accept_thread_;
 };
 

@@ -1684,6 +1684,9 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
 Status DeepSeekModel::gather_vocab(std::vector<float>& logits) {
   const int64_t size = tp_.size, local = config_.vocab_size / size;
   const int64_t rows = static_cast<int64_t>(logits.size()) / local;
+  // A pass that wants no logits (a prefill chunk before the prompt's end): every rank has none. Regression: Gloo's
+  // all-gather of nothing divided by zero (SIGFPE) on the first prompt longer than --max-num-batched-tokens.
+  if (rows == 0) return Status();
   tp_gather_.resize(static_cast<size_t>(size * rows * local));
   tp_.host().all_gather_rows(backend::Tensor{logits.data(), backend::DType::kF32, rows, local, local},
                              backend::Tensor{tp_gather_.data(), backend::DType::kF32, size * rows, local, local});

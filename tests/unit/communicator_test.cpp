@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 
 #include "deepinfer/backend/communicator.h"
@@ -138,6 +139,32 @@ TEST(TcpStore, GetWaitsForTheKeyThenTimesOut) {
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("absent"), std::string::npos);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 150ms);
+}
+
+// Probes and scanners that connect and leave cost nothing lasting (regression: one thread per connection ever made,
+// until the server could make no more and aborted), and an oversized value closes its connection.
+TEST(TcpStore, ManyShortConnectionsAndAnOversizedValueLeaveItServing) {
+  Result<std::unique_ptr<TcpStore>> server = serve_tcp_store("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  for (int i = 0; i < 500; ++i) {
+    Result<std::unique_ptr<TcpStore>> probe = connect_tcp_store("127.0.0.1", (*server)->port(), 5s);
+    ASSERT_TRUE(probe.ok()) << i;
+  }
+  Result<std::unique_ptr<TcpStore>> client = connect_tcp_store("127.0.0.1", (*server)->port(), 5s);
+  ASSERT_TRUE(client.ok());
+  std::vector<std::byte> big(size_t{2} << 20);
+  EXPECT_FALSE((*client)->set("big", big).ok());  // over the 1 MiB cap: the server closes the connection
+  Result<std::unique_ptr<TcpStore>> again = connect_tcp_store("127.0.0.1", (*server)->port(), 5s);
+  ASSERT_TRUE(again.ok());
+  std::vector<std::byte> value = {std::byte{9}};
+  ASSERT_TRUE((*again)->set("k", value).ok());
+  Result<std::vector<std::byte>> got = (*again)->get("k", 1s);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, value);
+  // This process's threads: the test's, the server's accept thread and the few live connections, not 500.
+  int threads = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++threads;
+  EXPECT_LT(threads, 64);
 }
 
 TEST(TcpStore, ConnectGivesUpWhenNoServerAnswers) {

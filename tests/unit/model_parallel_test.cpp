@@ -69,10 +69,12 @@ Status run_work(DeepSeekModel& model, const std::vector<ReferencePrompt>& all_pr
     batch.sequences.push_back({n, 0, tables.back()});
   }
   if (Status s = model.forward(batch, cache.pointers, out.logits); !s.ok()) return s;
-  if (group != 0) {  // idle while group 0 decodes: 16 empty passes
+  if (group != 0) {  // idle while group 0 prefills in two chunks and decodes: 17 empty passes
     std::vector<int32_t> ids;
-    for (int i = 0; i < 16; ++i) {
-      if (Status s = maybe_rebalance(i); !s.ok()) return s;
+    for (int pass = 0; pass < 17; ++pass) {
+      if (pass >= 2) {
+        if (Status s = maybe_rebalance(pass - 1); !s.ok()) return s;
+      }
       if (Status s = model.forward_greedy(ForwardBatch{}, cache.pointers, ids); !s.ok()) return s;
     }
     return Status();
@@ -81,11 +83,18 @@ Status run_work(DeepSeekModel& model, const std::vector<ReferencePrompt>& all_pr
   const std::vector<int32_t>& prompt = all_prompts[0].input_ids;
   const int32_t n = static_cast<int32_t>(prompt.size());
   std::vector<int32_t> table = cache.allocate(n + 16);
-  ForwardBatch prefill;
-  prefill.token_ids = prompt;
-  prefill.sequences.push_back({n, 0, table});
-  prefill.logits_rows = {n - 1};
+  // A first chunk that wants no logits (as a long prompt's middle chunks; regression: with tensor parallel the
+  // gather of no logits crashed), then the last token.
+  ForwardBatch chunk;
+  chunk.token_ids.assign(prompt.begin(), prompt.end() - 1);
+  chunk.sequences.push_back({n - 1, 0, table});
   std::vector<int32_t> ids;
+  if (Status s = model.forward_greedy(chunk, cache.pointers, ids); !s.ok()) return s;
+  if (!ids.empty()) return Status::internal("a pass without logits rows returned ids");
+  ForwardBatch prefill;
+  prefill.token_ids = {prompt.back()};
+  prefill.sequences.push_back({1, n - 1, table});
+  prefill.logits_rows = {0};
   if (Status s = model.forward_greedy(prefill, cache.pointers, ids); !s.ok()) return s;
   out.greedy = ids;
   for (int32_t i = 1; i < 16; ++i) {
