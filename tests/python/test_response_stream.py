@@ -56,7 +56,9 @@ def test_messages_events(tokenizer):
     assert chunks[0].to_sse().startswith("event: message_start\ndata: {")
     body = response.response()
     assert [block["type"] for block in body["content"]] == ["thinking", "text", "tool_use"]
-    assert body["usage"]["input_tokens"] == 3 and body["stop_reason"] == "tool_use"
+    # Anthropic's input_tokens leave out the cache reads (3 prompt tokens, 1 of them cached).
+    assert body["usage"]["input_tokens"] == 2 and body["usage"]["cache_read_input_tokens"] == 1
+    assert body["stop_reason"] == "tool_use"
 
 
 def test_responses_events_and_echo(tokenizer):
