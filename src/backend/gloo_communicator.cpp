@@ -134,26 +134,8 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void broadcast_host(std::span<std::byte> bytes, int root) override {
-    if (bytes.empty()) return;
-    run("broadcast", [&] {
-      gloo::BroadcastOptions opts(context_);
-      opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
-      opts.setRoot(root);
-      gloo::broadcast(opts);
-    });
-  }
-
-  void broadcast_host_waiting(std::span<std::byte> bytes, int root) override {
-    if (bytes.empty()) return;
-    run("broadcast", [&] {
-      gloo::BroadcastOptions opts(context_);
-      opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
-      opts.setRoot(root);
-      opts.setTimeout(std::chrono::hours(24 * 365));
-      gloo::broadcast(opts);
-    });
-  }
+  void broadcast_host(std::span<std::byte> bytes, int root) override { broadcast_bytes(bytes, root, false); }
+  void broadcast_host_waiting(std::span<std::byte> bytes, int root) override { broadcast_bytes(bytes, root, true); }
 
   void broadcast(Tensor x, int root) override {
     check_contiguous(x, "broadcast");
@@ -168,6 +150,18 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // `waiting`: no group timeout (a follower waiting for its leader's next command).
+  void broadcast_bytes(std::span<std::byte> bytes, int root, bool waiting) {
+    if (bytes.empty()) return;
+    run("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+      opts.setRoot(root);
+      if (waiting) opts.setTimeout(std::chrono::hours(24 * 365));
+      gloo::broadcast(opts);
+    });
+  }
+
   template <class F>
   void run(const char* what, F&& f) {
     if (!status_.ok()) return;

@@ -1080,12 +1080,13 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
   }
   // 2. The new placement (the same on every rank).
   ExpertPlacement next = model::rebalance_experts(load, P, size, policy, num_groups, num_nodes);
-  if (before) before->clear();
-  if (after) after->clear();
+  std::vector<double> imbalance_before, imbalance_after;
   for (int64_t m = 0; m < layers; ++m) {
-    if (before) before->push_back(rank_imbalance(load[m], old.phy2log[m], size));
-    if (after) after->push_back(rank_imbalance(load[m], next.phy2log[m], size));
+    imbalance_before.push_back(rank_imbalance(load[m], old.phy2log[m], size));
+    imbalance_after.push_back(rank_imbalance(load[m], next.phy2log[m], size));
   }
+  if (before) *before = imbalance_before;
+  if (after) *after = imbalance_after;
   // 3. Each MoE layer's experts to their new slots: a slot's expert comes from its own rank when that rank held it,
   // else from the lowest rank that did.
   auto source_of = [&](int64_t m, int64_t slot) {
@@ -1176,12 +1177,8 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
   dispatch_->set_placement(std::move(next));
   for (std::vector<double>& layer : dispatch_->load()) std::fill(layer.begin(), layer.end(), 0.0);
   ++eplb_stats_.rebalances;
-  eplb_stats_.imbalance_before.clear();
-  eplb_stats_.imbalance_after.clear();
-  for (int64_t m = 0; m < layers; ++m) {
-    eplb_stats_.imbalance_before.push_back(rank_imbalance(load[m], old.phy2log[m], size));
-    eplb_stats_.imbalance_after.push_back(rank_imbalance(load[m], dispatch_->placement().phy2log[m], size));
-  }
+  eplb_stats_.imbalance_before = std::move(imbalance_before);
+  eplb_stats_.imbalance_after = std::move(imbalance_after);
   return Status();
 }
 

@@ -62,6 +62,21 @@ def chat(port, content, stream=False, max_tokens=24):
     return text
 
 
+def concurrent(port, prompts, max_tokens=16):
+    """Greedy chat completions of `prompts`, all at once; {index: text}."""
+    results = {}
+
+    def worker(k, prompt):
+        results[k] = chat(port, prompt, max_tokens=max_tokens)
+
+    threads = [threading.Thread(target=worker, args=(k, p)) for k, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def start(name, *args):
     port = free_port()
     log = open(os.path.join(logdir, name + ".log"), "w+")
@@ -127,32 +142,14 @@ def main():
         check(got == want and not want.startswith("HTTP"), f"greedy identity ({'streamed' if i % 2 else 'plain'}): "
               f"{prompt!r} -> {got[:40]!r}")
     # Concurrent requests: batched steps across the two ranks.
-    results = {}
-
-    def worker(k, prompt):
-        results[k] = chat(tp_port, prompt, max_tokens=16)
-
-    threads = [threading.Thread(target=worker, args=(k, p)) for k, p in enumerate(prompts * 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = concurrent(tp_port, prompts * 2)
     want = {k: chat(single_port, p, max_tokens=16) for k, p in enumerate(prompts * 2)}
     check(results == want, "8 concurrent requests (batched steps) give the one-process server's text")
 
     # Experts over the ranks, EPLB moving them between passes while requests run.
     ep, ep_port, ep_log = start("tp2-ep2", "--tensor-parallel-size", "2", "--expert-parallel-size", "2",
                                 "--num-redundant-experts", "2", "--enable-eplb", "--eplb-rebalance-num-iterations", "5")
-    results = {}
-
-    def ep_worker(k, prompt):
-        results[k] = chat(ep_port, prompt, max_tokens=16)
-
-    threads = [threading.Thread(target=ep_worker, args=(k, p)) for k, p in enumerate(prompts * 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = concurrent(ep_port, prompts * 2)
     check(results == want, "expert parallel + EPLB: 8 concurrent requests give the one-process server's text")
     conn = http.client.HTTPConnection("127.0.0.1", ep_port, timeout=10)
     conn.request("GET", "/metrics")
