@@ -21,7 +21,10 @@
 #            router, greedy identity against a --role both worker, the KV transfer faults (four workers share the GPU)
 #   tp       with two or more GPUs: deepinfer serve --device cuda --tensor-parallel-size 2 (NCCL) on the demo model,
 #            greedy text against one GPU (skipped with one GPU; the backend stage checks NCCL with one rank)
+#   moe      bench/gpu/bench_model --moe-sweep: one MoE layer (V2-Lite bf16, V3 FP8) at 1..16384 tokens on every
+#            expert GEMM path (auto, streaming, tiled, per-expert) against its byte and FLOP limits
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
+#            (BENCH_ARGS: extra bench_model flags, e.g. "--profile --prefill 4096")
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
 #            V3 slice with an MTP layer (random weights) with the tokens/s they project at given acceptance rates
@@ -54,7 +57,7 @@ fi
 
 WORK=${GPU_WORK:-/tmp/gpu-check}
 OUT=${OUT:-$WORK/out}
-STAGES=${STAGES:-"mla gemm ops prefill backend model serve pd bench spec"}
+STAGES=${STAGES:-"mla gemm ops prefill backend model serve pd moe bench spec"}
 mkdir -p "$WORK" "$OUT"
 status=0
 log() { echo "[gpu-check $(date +%T)] $*" | tee -a "$OUT/gpu-check.log"; }
@@ -164,7 +167,8 @@ if want tp; then
     [ $tp_ok = 1 ] || status=1
   fi
 fi
-want bench && run bench_model 330 "$BIN/bench_model"
+want moe && run bench_moe_sweep 300 "$BIN/bench_model" --moe-sweep 1,8,64,512,4096,16384
+want bench && run bench_model 330 "$BIN/bench_model" ${BENCH_ARGS:-}
 if want spec; then
   unpack_demo
   run spec_demo 300 "$BIN/bench_speculative" --device cuda --model "$WORK/models/demo" --draft-tokens 0,1,2,3 \
@@ -205,6 +209,15 @@ grep -h '"kind":"chunk".*"median_ms"' "$OUT/bench_model.out" 2>/dev/null | while
     "$(jf tokens "$l")" "$(jf prefix "$l")" "$(jf tokens_per_s "$l")" "$(jf median_ms "$l")" "$(jf tflops "$l")" \
     "$(jf pct_bf16_peak "$l")"
 done
+if [ -f "$OUT/bench_moe_sweep.out" ]; then
+  echo
+  echo "== one MoE layer per expert GEMM path (limit: experts read once at the copy rate, or FLOPs at peak) =="
+  grep -h '"kind":"moe_sweep"' "$OUT/bench_moe_sweep.out" | while read -r l; do
+    printf "%-9s %-10s T=%-6s rows/expert %-7s %10s us  bytes %9s us  flops %9s us  %5s%% of limit %s\n" \
+      "$(jf model "$l")" "$(jf path "$l")" "$(jf tokens "$l")" "$(jf rows_per_expert "$l")" "$(jf us "$l")" \
+      "$(jf bytes_limit_us "$l")" "$(jf flops_limit_us "$l")" "$(jf pct_of_limit "$l")" "$(jf error "$l")"
+  done
+fi
 if [ -f "$OUT/spec_demo.out" ]; then
   echo
   echo "== speculative decoding on the demo model (greedy; identical_to_off: the tokens equal the plain run's) =="

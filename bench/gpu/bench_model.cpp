@@ -4,7 +4,7 @@
 // Prints one JSON line per measurement (an "error" field when one could not be made); passes or fails nothing.
 //
 // Usage: bench_model [--model v2-lite|v3-slice|all] [--batches 1,8,64,256] [--prefill 4096,32768] [--steps 10]
-//                    [--prefill-steps 2] [--configs DIR]
+//                    [--prefill-steps 2] [--configs DIR] [--profile] [--moe-sweep 1,8,64,512,4096,16384]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -483,6 +483,91 @@ void bench_model(const std::string& name, Precision precision, const std::filesy
   bench_chunk(run, 3584, 512, prefill_steps);
 }
 
+// --moe-sweep: one routed-experts layer (Backend::moe: routing, permutation, the expert GEMMs, combine) of the
+// model's shape, random weights and activations, for each token count and each expert GEMM path (auto and the three
+// forced through DEEPINFER_MOE_GEMM: a fresh backend per path). Against two limits: reading every expert the
+// tokens reach once (expected distinct experts under uniform routing, E (1 - (1 - k/E)^T)) at the measured copy
+// bandwidth, and the experts' FLOPs (2 T k 3 hidden I) at the tensor-core peak of the weights' precision.
+void bench_moe_sweep(const std::string& name, Precision precision, const std::filesystem::path& config_dir,
+                     const std::vector<int64_t>& tokens_list, const Ceilings& ceilings) {
+  Result<model::ModelConfig> config = model::load_model_config(config_dir / name / "config.json");
+  if (!config.ok()) return JsonLine("moe_sweep").str("model", name).str("error", config.status().to_string()).print();
+  const model::ModelConfig& c = *config;
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, hidden = c.hidden_size,
+                I = c.moe_intermediate_size;
+  const backend::MoeRoutingRule rule = model::routing_rule(c);
+  const double weight_bytes = precision == Precision::kFP8 ? 1.0 : 2.0;
+  const double expert_bytes = 3.0 * static_cast<double>(hidden * I) * weight_bytes;
+  const double peak = precision == Precision::kFP8 ? ceilings.fp8_tflops : ceilings.bf16_tflops;
+  const int64_t max_tokens = *std::max_element(tokens_list.begin(), tokens_list.end());
+  for (const char* path : {"auto", "streaming", "tiled", "per-expert"}) {
+    setenv("DEEPINFER_MOE_GEMM", path, 1);
+    Result<std::unique_ptr<backend::Backend>> made = backend::make_cuda_backend(0);
+    unsetenv("DEEPINFER_MOE_GEMM");
+    JsonLine base("moe_sweep");
+    base.str("model", name).str("precision", precision == Precision::kFP8 ? "fp8" : "bf16").str("path", path);
+    if (!made.ok()) return JsonLine(base).str("error", made.status().to_string()).print();
+    backend::Backend& b = **made;
+    auto weight = [&](int64_t count, int64_t rows, int64_t cols, Precision p, uint64_t seed) {
+      Result<std::unique_ptr<backend::Weight>> w = b.make_weight(count, rows, cols, p);
+      if (w.ok()) b.fill_random(**w, seed, 1.0f / std::sqrt(static_cast<float>(cols)));
+      return w;
+    };
+    auto router = weight(1, E, hidden, Precision::kF32, kSeed);
+    auto gate_up = weight(E, 2 * I, hidden, precision, kSeed + 1);
+    auto down = weight(E, hidden, I, precision, kSeed + 2);
+    Result<backend::Buffer> bias = b.make_vector(std::vector<float>(static_cast<size_t>(E), 0.0f));
+    Result<backend::Buffer> x = b.alloc(static_cast<size_t>(max_tokens * hidden) * 2);
+    Result<backend::Buffer> out = b.alloc(static_cast<size_t>(max_tokens * hidden) * 2);
+    if (!router.ok() || !gate_up.ok() || !down.ok() || !bias.ok() || !x.ok() || !out.ok())
+      return JsonLine(base).str("error", "allocating the layer's weights or activations failed").print();
+    {
+      std::vector<uint16_t> host(static_cast<size_t>(max_tokens * hidden));
+      for (size_t i = 0; i < host.size(); ++i) {
+        const float v = static_cast<float>(gc::splitmix64(kSeed * 0x100000000ull + i) >> 40) / 8388608.0f - 1.0f;
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof(bits));
+        host[i] = static_cast<uint16_t>(bits >> 16);
+      }
+      if (Status st = b.upload(host.data(), host.size() * 2, *x, 0); !st.ok())
+        return JsonLine(base).str("error", st.to_string()).print();
+    }
+    const backend::MoeWeights mw{rule, router->get(), c.topk_method == "noaux_tc" ? &*bias : nullptr, gate_up->get(),
+                                 down->get()};
+    for (int64_t T : tokens_list) {
+      JsonLine line(base);
+      const backend::Tensor xt{x->data(), backend::DType::kBF16, T, hidden, hidden};
+      const backend::Tensor ot{out->data(), backend::DType::kBF16, T, hidden, hidden};
+      constexpr int kWarmup = 2;
+      const int reps = T >= 4096 ? 5 : 20;
+      for (int i = 0; i < kWarmup; ++i) b.moe(xt, mw, ot);
+      Status st = b.synchronize();
+      const auto start = Clock::now();
+      for (int i = 0; i < reps && st.ok(); ++i) b.moe(xt, mw, ot);
+      if (st.ok()) st = b.synchronize();
+      if (!st.ok()) {
+        line.integer("tokens", T).str("error", st.to_string()).print();
+        return;
+      }
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / reps;
+      const double Ed = static_cast<double>(E), kd = static_cast<double>(k), Td = static_cast<double>(T);
+      const double experts_read = Ed * (1.0 - std::pow(1.0 - kd / Ed, Td));
+      const double bytes = experts_read * expert_bytes + 2.0 * Td * static_cast<double>(hidden) * 2.0;
+      const double flops = 2.0 * Td * kd * 3.0 * static_cast<double>(hidden * I);
+      const double bytes_us = ceilings.copy_gbps > 0 ? bytes / (ceilings.copy_gbps * 1e3) : 0;
+      const double flops_us = peak > 0 ? flops / (peak * 1e6) : 0;
+      line.integer("tokens", T)
+          .num("rows_per_expert", Td * kd / Ed, 1)
+          .num("us", us, 1)
+          .num("bytes_limit_us", bytes_us, 1)
+          .num("flops_limit_us", flops_us, 1)
+          .num("pct_of_limit", 100.0 * std::max(bytes_us, flops_us) / us, 1)
+          .num("tflops", flops / (us * 1e6), 1)
+          .print();
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -510,6 +595,10 @@ int main(int argc, char** argv) {
   app.add_option("--configs", configs, "directory with <model>/config.json")->capture_default_str();
   bool profile = false;
   app.add_flag("--profile", profile, "after each measurement, one more forward with every backend op timed alone");
+  std::vector<int64_t> moe_sweep;
+  app.add_option("--moe-sweep", moe_sweep,
+                 "instead of the model runs: one MoE layer at these token counts, every expert GEMM path")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 
   cudaDeviceProp prop{};
@@ -528,9 +617,11 @@ int main(int argc, char** argv) {
   measure_fp8_gemm(ceilings);
   for (const auto& [name, precision] :
        {std::pair{"v2-lite", Precision::kBF16}, std::pair{"v3-slice", Precision::kFP8}}) {
-    if (which == "all" || which == name) {
+    if (which != "all" && which != name) continue;
+    if (!moe_sweep.empty())
+      bench_moe_sweep(name, precision, configs, moe_sweep, ceilings);
+    else
       bench_model(name, precision, configs, batches, prefill, steps, prefill_steps, ceilings, profile);
-    }
   }
   return 0;
 }

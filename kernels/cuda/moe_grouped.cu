@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "deepinfer/kernels/cuda/moe_grouped.h"
+#include "mma_util.cuh"
 
 namespace deepinfer::kernels::cuda {
 namespace {
@@ -49,27 +50,6 @@ __device__ __forceinline__ uint4 load_weight(const void* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
-}
-
-// d += a · b, m16n8k16, bf16 inputs, f32 accumulators (PTX ISA, "mma.m16n8k16" fragment layouts).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Four e4m3 bytes (lowest byte first) -> two bf16x2 words of the same values, in order. The byte's 7
-// exponent/mantissa bits land in bf16's exponent/mantissa (bias 127 instead of 7: value * 2^-120, subnormals
-// becoming bf16 subnormals); the multiply by 2^120 (bf16 0x7b80) is exact. Checked for all 256 codes on the host.
-__device__ __forceinline__ void e4m3x4_to_bf16x2(uint32_t q, uint32_t& lo, uint32_t& hi) {
-  const uint32_t a = __byte_perm(q, 0u, 0x1404), b = __byte_perm(q, 0u, 0x3424);  // bytes at bits 8-15, 24-31
-  const uint32_t ra = (a & 0x80008000u) | ((a >> 4) & 0x07f007f0u);
-  const uint32_t rb = (b & 0x80008000u) | ((b >> 4) & 0x07f007f0u);
-  constexpr uint32_t kTwoPow120 = 0x7b807b80u;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(ra), "r"(kTwoPow120));
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(rb), "r"(kTwoPow120));
 }
 
 template <bool kFp8>

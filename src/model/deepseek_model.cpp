@@ -172,24 +172,6 @@ float softmax_scale(const ModelConfig& c) {
 }
 
 
-// Router of one MoE layer for one token: the config's rule through route_token (src/backend/moe_routing.cpp,
-// shared with the GPU routing kernel's checks).
-MoeRoutingRule routing_rule(const ModelConfig& c) {
-  MoeRoutingRule rule;
-  rule.scoring = c.scoring_func == "sigmoid" ? MoeRoutingRule::Scoring::kSigmoid : MoeRoutingRule::Scoring::kSoftmax;
-  rule.topk = c.topk_method == "noaux_tc"               ? MoeRoutingRule::TopK::kNoauxTc
-              : c.topk_method == "group_limited_greedy" ? MoeRoutingRule::TopK::kGroupLimitedGreedy
-                                                        : MoeRoutingRule::TopK::kGreedy;
-  rule.num_experts = c.n_routed_experts;
-  rule.top_k = c.num_experts_per_tok;
-  rule.n_group = c.n_group;
-  rule.topk_group = c.topk_group;
-  rule.norm_topk_prob = c.norm_topk_prob;
-  rule.scale_after_normalize = c.model_type == "deepseek_v3";
-  rule.routed_scaling_factor = c.routed_scaling_factor;
-  return rule;
-}
-
 // The part of a checkpoint matrix [rows, cols] a tensor-parallel rank holds: rows [row0, row0 + rows), columns
 // [col0, col0 + cols); -1: all of them.
 struct Slice {
@@ -713,6 +695,23 @@ Status check_supported(const ModelConfig& c, const backend::Backend& backend, co
 }
 
 }  // namespace
+
+MoeRoutingRule routing_rule(const ModelConfig& c) {
+  MoeRoutingRule rule;
+  rule.scoring = c.scoring_func == "sigmoid" ? MoeRoutingRule::Scoring::kSigmoid : MoeRoutingRule::Scoring::kSoftmax;
+  rule.topk = c.topk_method == "noaux_tc"               ? MoeRoutingRule::TopK::kNoauxTc
+              : c.topk_method == "group_limited_greedy" ? MoeRoutingRule::TopK::kGroupLimitedGreedy
+                                                        : MoeRoutingRule::TopK::kGreedy;
+  rule.num_experts = c.n_routed_experts;
+  rule.top_k = c.num_experts_per_tok;
+  rule.n_group = c.n_group;
+  rule.topk_group = c.topk_group;
+  rule.norm_topk_prob = c.norm_topk_prob;
+  rule.scale_after_normalize = c.model_type == "deepseek_v3";
+  rule.routed_scaling_factor = c.routed_scaling_factor;
+  return rule;
+}
+
 
 // Expert parallel's dispatch and combine of one MoE layer (ExpertParallel in the header), over backend buffers that
 // grow to the largest exchange seen. The routing runs on the host (route_token, as the CPU backend's own MoE), so the

@@ -459,12 +459,14 @@ void check_mla_expanded(Pair& p) {
   expect_close("mla_expanded (vs float64)", got, want, 3e-2);
 }
 
-// One routed-experts layer on both backends. The CUDA backend runs the grouped kernel (moe_grouped.h) for up to 1024
-// token copies (T * top_k) and per-expert GEMMs after a host copy of the offsets beyond; the cases cover both, bf16
-// and FP8 experts, K and N that are not multiples of the kernel's tiles (K 200, 104: 16-byte vectors past the last
-// full stage; N 200: a partial 16-column warp tile), and enough experts and columns for the kernel's K split to be
-// 1, 2 and 4 (on a 132-SM H200). `skewed`: the correction bias sends every token to expert 3 (T rows: the kernel's
-// loop over chunks of 8 rows, last one partial) and keeps the last group's experts empty.
+// One routed-experts layer on both backends. The CUDA backend picks the expert GEMMs' kernel by rows per expert
+// (cuda_moe.cpp): the streaming kernel (moe_grouped.h), the tiled kernel (64-row tiles) or per-expert cuBLAS GEMMs
+// after a host copy of the offsets; every case runs on the default backend and on one backend per forced path
+// (DEEPINFER_MOE_GEMM). The cases cover bf16 and FP8 experts, K and N that are not multiples of the kernels' tiles
+// (K 200, 104: 16-byte vectors past the last full stage, an FP8 K tail inside a 16-byte chunk; N 200: partial warp
+// and 128-column tiles), enough experts and columns for the streaming kernel's K split to be 1, 2 and 4 (on a
+// 132-SM H200), and experts with several 64-row tiles, the last one partial. `skewed`: the correction bias sends
+// every token to expert 3 (T rows) and keeps the last group's experts empty.
 struct MoeCase {
   const char* label;
   Precision precision;
@@ -473,8 +475,13 @@ struct MoeCase {
   int64_t x_pad, out_pad;  // extra columns of x's and out's rows (strided views)
 };
 
-void check_moe(Pair& p, const MoeCase& c) {
-  Backend* backends[2] = {&p.cpu, &p.gpu};
+// A CUDA backend and the expert GEMM path it was made with ("auto" or a forced DEEPINFER_MOE_GEMM value).
+struct MoeBackend {
+  const char* path;
+  Backend* gpu;
+};
+
+void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
   const int64_t T = c.T, hidden = c.hidden, E = c.E, I = c.I;
   be::MoeRoutingRule rule;
   rule.scoring = be::MoeRoutingRule::Scoring::kSigmoid;
@@ -491,6 +498,7 @@ void check_moe(Pair& p, const MoeCase& c) {
       make_weights(p.cpu, p.gpu, p.rng, E, 2 * I, hidden, c.precision, 1.0f / std::sqrt(static_cast<float>(hidden)));
   WeightPair down =
       make_weights(p.cpu, p.gpu, p.rng, E, hidden, I, c.precision, 1.0f / std::sqrt(static_cast<float>(I)));
+  expect_ok("synchronize (weights for every CUDA backend)", p.gpu.synchronize());
   std::vector<float> bias = p.rng.values(static_cast<size_t>(E), 0.1f);
   if (c.skewed) {
     bias[3] = 8.0f;  // sigmoid scores are in (0, 1): expert 3 (and its group) wins for every token
@@ -498,20 +506,23 @@ void check_moe(Pair& p, const MoeCase& c) {
   }
   const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden));
   const std::vector<float> out0 = p.rng.values(static_cast<size_t>(T * hidden));
-  std::vector<float> results[2];
-  for (int i = 0; i < 2; ++i) {
-    Backend& b = *backends[i];
-    WeightPair* ws[3] = {&router, &gate_up, &down};
-    auto pick = [&](WeightPair* w) { return i == 0 ? w->cpu.get() : w->gpu.get(); };
+  auto run = [&](Backend& b, bool cpu) {
+    auto pick = [&](WeightPair& w) { return cpu ? w.cpu.get() : w.gpu.get(); };
     Buffer bias_buffer = must(b.make_vector(bias), "make_vector");
-    const be::MoeWeights mw{rule, pick(ws[0]), &bias_buffer, pick(ws[1]), pick(ws[2])};
+    const be::MoeWeights mw{rule, pick(router), &bias_buffer, pick(gate_up), pick(down)};
     Act xa = make_act(b, x, T, hidden, hidden + c.x_pad), oa = make_act(b, out0, T, hidden, hidden + c.out_pad);
     b.moe(xa.view, mw, oa.view);
-    results[i] = read_act(b, oa, c.label);
+    return read_act(b, oa, c.label);
+  };
+  const std::vector<float> want = run(p.cpu, true);
+  for (const MoeBackend& g : gpus) {
+    // The per-expert FP8 path quantizes activations to e4m3 (act_quant); the kernels keep them bf16. Auto takes
+    // per-expert GEMMs only past hundreds of rows per expert (none of these cases).
+    const bool per_expert = std::string(g.path) == "per-expert";
+    const std::string label = std::string(c.label) + " [" + g.path + "]";
+    expect_close(label.c_str(), run(*g.gpu, false), want,
+                 c.precision == Precision::kFP8 && per_expert ? 8e-2 : 3e-2);
   }
-  // The per-expert FP8 path quantizes activations to e4m3 (act_quant); the grouped kernel keeps them bf16.
-  const bool grouped = T * c.top_k <= 1024;
-  expect_close(c.label, results[1], results[0], c.precision == Precision::kFP8 && !grouped ? 8e-2 : 3e-2);
 }
 
 void check_logits(Pair& p) {
@@ -620,20 +631,32 @@ int main(int argc, char** argv) {
   check_mla_expanded(p);
   const Precision bf16 = Precision::kBF16, fp8 = Precision::kFP8;
   const MoeCase moe_cases[] = {
-      {"moe bf16 experts (grouped kernel; strided x, out)", bf16, 7, 160, 96, 16, 4, false, 8, 16},
-      {"moe fp8 experts (grouped kernel; strided x, out)", fp8, 7, 160, 96, 16, 4, false, 8, 16},
-      {"moe bf16 skewed (grouped: one expert 21 rows, empty experts; K 200/104, N 200 tails)", bf16, 21, 200, 104, 16,
-       4, true, 0, 0},
-      {"moe fp8 skewed (grouped: one expert 21 rows, empty experts; K 200/104, N 200 tails)", fp8, 21, 200, 104, 16, 4,
-       true, 0, 0},
-      {"moe bf16 (grouped: down K 1408 as V2-Lite, K split 1 and 4)", bf16, 5, 256, 1408, 16, 6, false, 0, 8},
-      {"moe fp8 (grouped: down K 1408, K split 1 and 4)", fp8, 5, 256, 1408, 16, 6, false, 0, 0},
-      {"moe fp8 (grouped: 64 experts, K split 1 and 2)", fp8, 21, 256, 704, 64, 6, true, 0, 0},
-      {"moe bf16 (grouped: 64 experts, K split 1 and 4)", bf16, 21, 256, 704, 64, 6, false, 8, 0},
-      {"moe bf16 prefill (per-expert GEMMs, host offsets: P 1200)", bf16, 300, 160, 96, 16, 4, true, 8, 16},
-      {"moe fp8 prefill (per-expert GEMMs, host offsets: P 1200)", fp8, 300, 160, 96, 16, 4, true, 0, 0},
+      {"moe bf16 experts (strided x, out)", bf16, 7, 160, 96, 16, 4, false, 8, 16},
+      {"moe fp8 experts (strided x, out)", fp8, 7, 160, 96, 16, 4, false, 8, 16},
+      {"moe bf16 skewed (one expert 21 rows, empty experts; K 200/104, N 200 tails)", bf16, 21, 200, 104, 16, 4, true, 0,
+       0},
+      {"moe fp8 skewed (one expert 21 rows, empty experts; K 200/104, N 200 tails)", fp8, 21, 200, 104, 16, 4, true, 0,
+       0},
+      {"moe bf16 (down K 1408 as V2-Lite, K split 1 and 4)", bf16, 5, 256, 1408, 16, 6, false, 0, 8},
+      {"moe fp8 (down K 1408, K split 1 and 4)", fp8, 5, 256, 1408, 16, 6, false, 0, 0},
+      {"moe fp8 (64 experts, K split 1 and 2)", fp8, 21, 256, 704, 64, 6, true, 0, 0},
+      {"moe bf16 (64 experts, K split 1 and 4)", bf16, 21, 256, 704, 64, 6, false, 8, 0},
+      {"moe bf16 prefill (P 1200: 75 rows per expert, one expert 300 rows)", bf16, 300, 160, 96, 16, 4, true, 8, 16},
+      {"moe fp8 prefill (P 1200: 75 rows per expert, one expert 300 rows)", fp8, 300, 160, 96, 16, 4, true, 0, 0},
+      {"moe bf16 prefill (P 3072 over 64 experts: 48 rows each; N 1408, K 704, N 200)", bf16, 512, 200, 704, 64, 6, false,
+       0, 0},
+      {"moe fp8 prefill (P 3072 over 64 experts; N 1424, K 712 and 200: FP8 K tails)", fp8, 512, 200, 712, 64, 6, false, 0, 0},
   };
-  for (const MoeCase& c : moe_cases) check_moe(p, c);
+  // The same cases on one more CUDA backend per forced expert GEMM path.
+  std::vector<std::unique_ptr<Backend>> forced;
+  std::vector<MoeBackend> moe_backends = {{"auto", &p.gpu}};
+  for (const char* path : {"streaming", "tiled", "per-expert"}) {
+    setenv("DEEPINFER_MOE_GEMM", path, 1);
+    forced.push_back(must(be::make_cuda_backend(0), "make_cuda_backend (DEEPINFER_MOE_GEMM)"));
+    moe_backends.push_back({path, forced.back().get()});
+  }
+  unsetenv("DEEPINFER_MOE_GEMM");
+  for (const MoeCase& c : moe_cases) check_moe(p, c, moe_backends);
   check_logits(p);
   if (nccl) check_nccl(p.gpu, p.rng);
   std::printf("{\"summary\":\"gpu_check_backend\",\"failures\":%d}\n", g_failures);

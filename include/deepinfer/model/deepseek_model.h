@@ -144,6 +144,10 @@ struct EplbStats {
 // does not divide. (load() checks it too; a launcher checks it before starting the ranks.)
 Status check_tensor_parallel_shapes(const ModelConfig& c, int size);
 
+// The routed experts' routing rule of a config (scoring, top-k method, groups, scaling): what every MoE layer of the
+// model passes to Backend::moe and route_token (src/backend/moe_routing.cpp). Benchmarks of one MoE layer use it too.
+backend::MoeRoutingRule routing_rule(const ModelConfig& c);
+
 // Per-layer latent caches the caller owns, in the backend's memory: layer_caches[l] holds
 // [num_blocks, 64, kv_cache_dim()] values of backend.cache_dtype(). forward() writes the new tokens' entries
 // (normalized latent, then the roped key) into the slots their block tables give.

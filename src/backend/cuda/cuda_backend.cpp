@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -66,6 +67,16 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                                "; this build's kernels run on sm_90 (Hopper: H100, H200) only");
 
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
+  if (const char* path = std::getenv("DEEPINFER_MOE_GEMM"); path != nullptr && *path != '\0') {
+    const std::string v = path;
+    if (v == "auto") backend->moe_gemm_path_ = MoeGemmPath::kAuto;
+    else if (v == "streaming") backend->moe_gemm_path_ = MoeGemmPath::kStreaming;
+    else if (v == "tiled") backend->moe_gemm_path_ = MoeGemmPath::kTiled;
+    else if (v == "per-expert") backend->moe_gemm_path_ = MoeGemmPath::kPerExpert;
+    else
+      return Status::invalid_argument("DEEPINFER_MOE_GEMM=" + v +
+                                      ": expected auto, streaming, tiled or per-expert (the routed experts' GEMM path)");
+  }
   backend->device_ = device;
   backend->num_sms_ = prop.multiProcessorCount;
   auto setup_error = [&](const std::string& what, const std::string& detail) {

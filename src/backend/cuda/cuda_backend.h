@@ -234,6 +234,10 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int num_sms_ = 0;
+  // The expert GEMMs' path (cuda_moe.cpp): kAuto picks by rows per expert; the others are forced through the
+  // DEEPINFER_MOE_GEMM environment variable (streaming, tiled, per-expert), for measurements and comparisons.
+  enum class MoeGemmPath { kAuto, kStreaming, kTiled, kPerExpert };
+  MoeGemmPath moe_gemm_path_ = MoeGemmPath::kAuto;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;               // strided / batched / f32 GEMMs (leading dimensions)
   void* blas_workspace_ = nullptr;              // blas_'s fixed workspace: cuBLAS never allocates in a capture

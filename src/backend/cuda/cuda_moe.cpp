@@ -1,10 +1,12 @@
 // Routed experts on the CUDA backend: float32 router logits, routing (run_moe_routing: the model's rule exactly),
 // permutation of the token copies by expert, the expert GEMMs over each expert's contiguous rows, SiLU·mul over all
-// rows at once, and the weighted combine added onto `out`. The expert GEMMs take one of two paths:
-//   - up to kGroupedMaxEntries token copies (decode, small batches): the grouped kernel of moe_grouped.h, one launch
-//     per projection reading the expert offsets on the device, so the layer never waits for the host;
-//   - more (prefill): one cuBLAS / cuBLASLt GEMM per non-empty expert, after copying the offsets to the host (a
-//     host synchronization, so a step that takes this path never runs as a CUDA graph).
+// rows at once, and the weighted combine added onto `out`. The expert GEMMs take one of three paths (see
+// kStreamingMaxRowsPerExpert below):
+//   - the streaming or the tiled kernel of moe_grouped.h, one launch per projection reading the expert offsets on
+//     the device, so the layer never waits for the host;
+//   - one cuBLAS / cuBLASLt GEMM per non-empty expert, after copying the offsets to the host (a host
+//     synchronization, so a step that takes this path never runs as a CUDA graph).
+#include <algorithm>
 #include <string>
 
 #include "check.h"
@@ -18,17 +20,15 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-// Token copies (T * top_k) up to which the grouped kernel runs. It streams every active expert's weights once per
-// chunk of <= 8 rows, which beats per-expert GEMMs as long as experts see few rows. Measured on the H200 (bench_model,
-// decode at B = 256): a V2-Lite step (P = 1536 over 64 experts, 24 rows each) took 67 ms with the limit at 1024
-// (per-expert path) and 39.5 ms at 4096 (grouped, each expert read 3 times). Past ~4096 copies (prefill) per-expert
-// tensor-core GEMMs reuse each weight tile over many rows, and the one host synchronization per layer costs little.
-constexpr int64_t kGroupedMaxEntries = 4096;
-// ... and up to this many copies per expert on average: the grouped kernel reads an expert's weights once per 8
-// rows, the per-expert GEMMs once. Measured (bench_model --profile, H200): V2-Lite, a 512-token chunk (48 rows per
-// expert) spent 53.6 ms in MoE on the grouped path, where per-expert GEMMs cost ~30 ms at any row count up to a
-// 4K prefill; at 24 rows per expert (decode, batch 256) the grouped path wins (38.6 vs 67 ms per step).
-constexpr int64_t kGroupedMaxRowsPerExpert = 32;
+// Which kernel runs the expert GEMMs, by token copies per expert on average (P / E):
+//   - up to kStreamingMaxRowsPerExpert: the streaming kernel (moe_grouped.h), each expert's weights read once per
+//     chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
+//   - up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
+//   - beyond: one cuBLAS GEMM per expert (after the offsets' host copy), whose large tiles win once every expert has
+//     hundreds of rows.
+// The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs").
+constexpr int64_t kStreamingMaxRowsPerExpert = 16;
+constexpr int64_t kTiledMaxRowsPerExpert = int64_t{1} << 40;
 
 // Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
 // stay on cuBLAS), and input widths that split into 16-byte vectors (cols % 8 == 0; every DeepSeek shape does).
@@ -166,8 +166,25 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   perm.stream = stream_;
   check_cuda(kc::run_moe_permute(perm), "moe (permute)");
 
-  const bool grouped = P <= kGroupedMaxEntries && P <= kGroupedMaxRowsPerExpert * E && grouped_supports(*w.gate_up) &&
-                       grouped_supports(*w.down);
+  // The path: by rows per expert, or forced (DEEPINFER_MOE_GEMM); float32 weights (tests) take cuBLAS.
+  enum class Path { kStreaming, kTiled, kPerExpert } path = Path::kPerExpert;
+  const bool kernels_take = grouped_supports(*w.gate_up) && grouped_supports(*w.down);
+  const bool tiled_fits = (P + 63) / 64 + std::min(E, P) <= 65535;  // the tiled kernel's grid.y
+  switch (moe_gemm_path_) {
+    case MoeGemmPath::kAuto:
+      if (kernels_take && P <= kStreamingMaxRowsPerExpert * E) path = Path::kStreaming;
+      else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E) path = Path::kTiled;
+      break;
+    case MoeGemmPath::kStreaming:
+      if (kernels_take) path = Path::kStreaming;
+      break;
+    case MoeGemmPath::kTiled:
+      if (kernels_take && tiled_fits) path = Path::kTiled;
+      break;
+    case MoeGemmPath::kPerExpert:
+      break;
+  }
+  const bool grouped = path != Path::kPerExpert;
 
   // Per-expert GEMMs: the per-expert row ranges decide which GEMMs to launch, so the host needs them: one
   // device-to-host copy and one stream synchronization per MoE layer. The grouped path reads them on the device.
@@ -220,13 +237,14 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const Tensor act{base + o_act, DType::kBF16, P, I, I};
   const Tensor expert_out{base + o_expert_out, DType::kBF16, P, hidden, hidden};
   if (grouped) {
+    const auto run = path == Path::kTiled ? kc::run_moe_grouped_gemm_tiled : kc::run_moe_grouped_gemm;
     // FP8 experts: the kernel multiplies the bf16 activations by the exactly widened FP8 weights (no act_quant),
     // so this path is more accurate than the cuBLASLt one, whose activations are quantized to e4m3 per 1x128.
-    check_cuda(kc::run_moe_grouped_gemm(grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_)),
-               "moe (grouped gate_up)");
+    check_cuda(run(grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_)),
+               path == Path::kTiled ? "moe (tiled gate_up)" : "moe (grouped gate_up)");
     silu_mul(gate_up, act);
-    check_cuda(kc::run_moe_grouped_gemm(grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_)),
-               "moe (grouped down)");
+    check_cuda(run(grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_)),
+               path == Path::kTiled ? "moe (tiled down)" : "moe (grouped down)");
   } else {
     // One GEMM per non-empty expert over its contiguous rows.
     auto per_expert = [&](const Tensor& in, const Weight& weight, const Tensor& result) {

@@ -61,4 +61,14 @@ struct MoeGroupedGemmParams {
 };
 cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
 
+// The same product (same contract, same parameters; num_sms and k_split are not used) for many rows per expert:
+// tiles of 64 rows x 128 columns on the tensor cores, each expert's weights read once per 64 of its rows (the
+// streaming kernel above: once per 8). One launch, the tile -> expert map computed on the device from the offsets:
+// no host synchronization, capturable in a CUDA graph. Shape of the work: grid (ceil(n / 128),
+// ceil(rows / 64) + min(E, rows)), 256 threads, 72 KB (bf16) or 96 KB (FP8) of dynamic shared memory; CTAs past the
+// real tile count return at once. FP8: each 128-wide K group's products are summed in float and multiplied by the
+// block scale, the weights widened exactly (the streaming kernel's arithmetic). Also returns
+// cudaErrorInvalidValue when ceil(rows / 64) + min(E, rows) > 65535.
+cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& params);
+
 }  // namespace deepinfer::kernels::cuda
