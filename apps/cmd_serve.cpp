@@ -101,7 +101,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     // The seed's cluster flags (its launch scripts run as written: each is honoured, or refused at startup naming
     // what this build lacks).
     std::string role = "both";
-    int32_t pipeline_parallel_size = 1, expert_parallel_size = 1, cluster_nodes = 1;
+    int32_t pipeline_parallel_size = 1, expert_parallel_size = 1, cluster_nodes = 1, node_rank = 0;
     int32_t num_redundant_experts = 0;
     double moe_capacity_factor = 0.0;
     bool enable_eplb = false;
@@ -199,7 +199,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "global: replicate and pack over all ranks; hierarchical: expert groups (n_group) to nodes first")
       ->check(CLI::IsMember({"global", "hierarchical"}))
       ->capture_default_str();
-  cmd->add_option("--cluster-nodes", options->cluster_nodes, "Hosts one model spans (only 1 in this build)")
+  cmd->add_option("--nnodes,--cluster-nodes", options->cluster_nodes,
+                  "Hosts one model spans (tensor parallel): --tensor-parallel-size / N ranks on each; start the same "
+                  "command on every host with its --node-rank and the same explicit --master-addr/--master-port")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", options->node_rank,
+                  "This host's index among --nnodes (0: rank 0, the one that serves HTTP)")
       ->capture_default_str();
   cmd->add_option("--role", options->role,
                   "both: prefill and decode in this server; prefill: serves decode workers' KV transfers (on "
@@ -335,7 +340,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       std::cerr << "deepinfer serve: " << message << "\n";
       return 1;
     };
-    for (const char* flag : {"--role", "--pipeline-parallel-size", "--expert-parallel-size", "--cluster-nodes",
+    for (const char* flag : {"--role", "--pipeline-parallel-size", "--expert-parallel-size", "--nnodes", "--node-rank",
                              "--tensor-parallel-size", "--kv-transfer-protocol", "--rdma-device-names",
                              "--kv-transfer-timeout-ms", "--gpu-memory-utilization", "--kv-transfer-port",
                              "--kv-transfer-max-connections"}) {
@@ -399,18 +404,15 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     const std::pair<const char*, int32_t> parallel_sizes[] = {{"--pipeline-parallel-size", options->pipeline_parallel_size},
                                                              {"--expert-parallel-size", options->expert_parallel_size},
-                                                             {"--cluster-nodes", options->cluster_nodes}};
+                                                             {"--nnodes", options->cluster_nodes}};
     for (const auto& [flag, size] : parallel_sizes) {
       const std::string as_typed = typed(flag).value_or(std::to_string(size));
       if (size < 1) return fail(std::string(flag) + " " + as_typed + ": must be at least 1");
-      if (std::string_view(flag) == "--expert-parallel-size") continue;  // checked above
+      if (std::string_view(flag) != "--pipeline-parallel-size") continue;  // checked elsewhere
       if (size != 1) {
-        return fail(std::string(flag) + " " + as_typed + ": " +
-                    (std::string_view(flag) == "--cluster-nodes"
-                         ? "this build runs a model on one host"
-                         : "this build splits a model over devices by tensor and expert parallel "
-                           "(--tensor-parallel-size, --expert-parallel-size); pipeline parallelism is not in it yet") +
-                    "; only 1 is supported");
+        return fail(std::string(flag) + " " + as_typed +
+                    ": this build splits a model over devices by tensor and expert parallel (--tensor-parallel-size, "
+                    "--expert-parallel-size); pipeline parallelism is not in it yet; only 1 is supported");
       }
     }
     if (options->tensor_parallel_size > 1) {
@@ -436,6 +438,23 @@ std::function<int()> add_serve_command(CLI::App& app) {
         return fail("--master-addr '" + options->master_addr + "': the ranks connect to it and listen on it, so it "
                     "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
       }
+    }
+    // Hosts: --nnodes (the seed's --cluster-nodes) splits the tensor-parallel ranks evenly over them.
+    const std::string nnodes_flag = typed("--cluster-nodes") && !typed("--nnodes") ? "--cluster-nodes" : "--nnodes";
+    if (options->cluster_nodes > 1) {
+      if (options->tensor_parallel_size % options->cluster_nodes != 0) {
+        return fail(nnodes_flag + " " + std::to_string(options->cluster_nodes) + ": the hosts hold the " +
+                    "--tensor-parallel-size " + std::to_string(options->tensor_parallel_size) +
+                    " ranks evenly, so it must divide it");
+      }
+      if (options->master_port == 0) {
+        return fail(nnodes_flag + " " + std::to_string(options->cluster_nodes) +
+                    " needs an explicit --master-port (and --master-addr): every host joins rank 0's store there");
+      }
+    }
+    if (options->node_rank < 0 || options->node_rank >= options->cluster_nodes) {
+      return fail("--node-rank " + std::to_string(options->node_rank) + ": a host index, 0 to " + nnodes_flag + " - 1 (" +
+                  std::to_string(options->cluster_nodes - 1) + ")");
     }
     if (options->internal_tp_rank < 0) return fail("--internal-tp-rank must be at least 0");
     if (options->internal_tp_rank != 0 && options->tensor_parallel_size == 1) {
@@ -555,18 +574,24 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     // Tensor parallel: rank 0 (this process, the server) starts the other ranks; they load their shards and follow.
     std::unique_ptr<TensorParallelGroup> tp_group;
-    const bool tp_follower = options->internal_tp_rank > 0;
+    // With several hosts, host R's first rank (R * local) is the process the user started there (a node leader).
+    const int local_ranks = options->tensor_parallel_size / options->cluster_nodes;
+    const int tp_rank = options->internal_tp_rank > 0 ? options->internal_tp_rank : options->node_rank * local_ranks;
+    const bool tp_follower = tp_rank > 0;
     if (options->tensor_parallel_size > 1) {
       Result<std::unique_ptr<TensorParallelGroup>> group =
-          tp_follower ? TensorParallelGroup::join(options->internal_tp_rank, options->tensor_parallel_size,
-                                                  options->master_addr, options->master_port)
-                      : TensorParallelGroup::lead(options->tensor_parallel_size, options->master_addr,
-                                                  options->master_port);
+          options->internal_tp_rank > 0
+              ? TensorParallelGroup::join(tp_rank, options->tensor_parallel_size, options->master_addr,
+                                          options->master_port)
+          : tp_rank > 0 ? TensorParallelGroup::lead_node(tp_rank, options->tensor_parallel_size, local_ranks,
+                                                          options->master_addr, options->master_port)
+                        : TensorParallelGroup::lead(options->tensor_parallel_size, local_ranks, options->master_addr,
+                                                    options->master_port);
       if (!group.ok()) return fail(group.status().to_string());
       tp_group = std::move(group).value();
     }
-    // Rank r of a tensor-parallel group on CUDA takes GPU r.
-    Result<BackendChoice> choice = make_backend(options->device, tp_group ? tp_group->rank() : 0);
+    // Rank r of a tensor-parallel group on CUDA takes its host's GPU r % (ranks per host).
+    Result<BackendChoice> choice = make_backend(options->device, tp_group ? tp_group->rank() % local_ranks : 0);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
     // The model's collectives: Gloo on the CPU; on CUDA, NCCL for the tensors and Gloo for the host-side ones.
@@ -599,8 +624,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (!model.ok()) return fail(model.status().to_string());
     if (tp_follower) {
       Status followed = (*model)->follow();
-      if (!followed.ok()) return fail("tensor-parallel rank " + std::to_string(options->internal_tp_rank) + ": " +
-                                      followed.to_string());
+      if (!followed.ok()) return fail("tensor-parallel rank " + std::to_string(tp_rank) + ": " + followed.to_string());
       return 0;
     }
     if (tp_group) (*model)->lead();
