@@ -345,7 +345,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
                              "--kv-transfer-timeout-ms", "--gpu-memory-utilization", "--kv-transfer-port",
                              "--kv-transfer-max-connections"}) {
       if (std::optional<std::string> value = typed(flag); value && value->empty()) {
-        return fail(std::string(flag) + " needs a value (it was given as an empty string)");
+        const std::string name = std::string_view(flag) == "--nnodes" ? "--nnodes/--cluster-nodes" : flag;
+        return fail(name + " needs a value (it was given as an empty string)");
       }
     }
     const bool disaggregated = options->role == "prefill" || options->role == "decode";
@@ -440,7 +441,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
     }
     // Hosts: --nnodes (the seed's --cluster-nodes) splits the tensor-parallel ranks evenly over them.
-    const std::string nnodes_flag = typed("--cluster-nodes") && !typed("--nnodes") ? "--cluster-nodes" : "--nnodes";
+    const std::string nnodes_flag = "--nnodes/--cluster-nodes";
     if (options->cluster_nodes > 1) {
       if (options->tensor_parallel_size % options->cluster_nodes != 0) {
         return fail(nnodes_flag + " " + std::to_string(options->cluster_nodes) + ": the hosts hold the " +

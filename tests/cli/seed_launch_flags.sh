@@ -34,7 +34,7 @@ prefill=(--model-path "$model" --role prefill --host 127.0.0.1 --port 0 --cluste
          --pipeline-parallel-size 1 --expert-parallel-size 8 --max-model-len 131072 --max-num-seqs 64
          --gpu-memory-utilization 0.90 --kv-transfer-protocol rdma --rdma-device-names mlx5_0,mlx5_1
          --kv-transfer-timeout-ms 30000 --swa-bounded-replay --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier")
-expect_refused "--cluster-nodes 8: this build runs a model on one host" "${decode[@]}"
+expect_refused "--tensor-parallel-size > 1 with --role decode" "${decode[@]}"
 expect_refused "--kv-transfer-protocol rdma: this build moves KV blocks over TCP only" "${prefill[@]}"
 # Each refusable flag on its own.
 expect_refused "--kv-transfer-protocol applies to --role prefill / decode" --model-path "$model" --kv-transfer-protocol tcp
@@ -51,8 +51,8 @@ expect_refused "--pipeline-parallel-size 2: this build splits a model over devic
 expect_refused "--expert-parallel-size 8 with --tensor-parallel-size 1: this build's server spreads the experts over the tensor-parallel ranks" --model-path "$model" --expert-parallel-size 8
 expect_refused "--enable-eplb needs expert parallel" --model-path "$model" --enable-eplb
 expect_refused "--num-redundant-experts needs expert parallel" --model-path "$model" --num-redundant-experts 2
-expect_refused "--cluster-nodes 8: this build runs a model on one host" --model-path "$model" --cluster-nodes 8
-expect_refused "--cluster-nodes 0: must be at least 1" --model-path "$model" --cluster-nodes 0
+expect_refused "--nnodes/--cluster-nodes 8: the hosts hold the --tensor-parallel-size 1 ranks evenly" --model-path "$model" --cluster-nodes 8
+expect_refused "--nnodes 0: must be at least 1" --model-path "$model" --cluster-nodes 0
 expect_refused "--gpu-memory-utilization: the cpu backend has no device memory" --model-path "$model" --gpu-memory-utilization 0.9
 expect_refused "--gpu-memory-utilization 1.5: a fraction in (0, 1]" --model-path "$model" --gpu-memory-utilization 1.5
 expect_refused "--gpu-memory-utilization and --kv-cache-memory both size the KV cache" --model-path "$model" --gpu-memory-utilization 0.5 --kv-cache-memory 1GiB

@@ -9,6 +9,8 @@ Checks:
     rebalancing every 5 passes while the requests run: identical text, rebalances counted in /metrics;
   - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang);
   - kill -9 rank 0: rank 1 is gone within 10 s (it dies with its parent);
+  - two hosts on loopback (--nnodes 2 --node-rank 0|1, TP=4): the same text; kill -9 host 1's process: rank 0 exits
+    non-zero within 10 s; kill -9 rank 0: host 1's ranks exit within 10 s;
   - SIGTERM to rank 0: both exit 0;
   - what the tensor-parallel path does not carry is refused at startup with a message naming it.
 Usage: tp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
@@ -220,8 +222,52 @@ def main():
         time.sleep(0.1)
     check(code == 0 and r1 is not None and not alive(r1), f"SIGTERM to both: rank 0 exited {code}, rank 1 gone")
 
+    # Two hosts (--nnodes 2, here both on loopback): TP=4, ranks 0-1 on host 0, 2-3 on host 1.
+    def two_hosts(name):
+        master = free_port()
+        common = ["--tensor-parallel-size", "4", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port",
+                  str(master)]
+        log1 = open(os.path.join(logdir, name + "-node1.log"), "w+")
+        node1 = subprocess.Popen([BIN, "serve", "--model-path", MODEL, "--device", "cpu", "--host", "127.0.0.1",
+                                  "--port", str(free_port()), *common, "--node-rank", "1"],
+                                 stdout=log1, stderr=subprocess.STDOUT)
+        procs.append(node1)
+        node0, port, log0 = start(name, *common, "--node-rank", "0")
+        out = subprocess.run(["pgrep", "-f", "--", f"--master-port {master} .*--internal-tp-rank"],
+                             capture_output=True, text=True)
+        local = [int(x) for x in out.stdout.split()]
+        seen_ranks.extend(local + [node1.pid])
+        return node0, port, log0, node1, log1, local
+
+    node0, port0, log0, node1, _, local = two_hosts("hosts")
+    check(len(local) == 2, f"each host's first rank started its host's other rank ({len(local)} started)")
+    results = concurrent(port0, prompts * 2)
+    check(results == want, "two hosts (TP=4, --nnodes 2): 8 concurrent requests give the one-process server's text")
+    node1.kill()  # kill -9 host 1's node leader: its rank goes with it, rank 0 notices the silent host
+    t0 = time.time()
+    try:
+        code = node0.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    check(code is not None and code != 0, f"kill -9 host 1: rank 0 exited ({code}) after {time.time() - t0:.1f} s")
+    check("host 1 (ranks 2 to 3)" in log_text(log0) or "collective failed" in log_text(log0),
+          "rank 0's log says why")
+    node0, port0, _, node1, log1, local = two_hosts("hosts-b")
+    node0.kill()  # kill -9 rank 0: host 1's ranks stop within 10 s
+    t0 = time.time()
+    while (node1.poll() is None or any(alive(pid) for pid in local)) and time.time() - t0 < 10:
+        time.sleep(0.1)
+    check(node1.poll() not in (None, 0) and not any(alive(pid) for pid in local),
+          f"kill -9 rank 0: host 1 exited ({node1.poll()}) and every rank is gone after {time.time() - t0:.1f} s")
+
     # Refusals at startup.
-    for args, words in [(["--tensor-parallel-size", "2", "--role", "prefill"], "--role prefill"),
+    for args, words in [(["--tensor-parallel-size", "2", "--nnodes", "2"], "explicit --master-port"),
+                        (["--tensor-parallel-size", "2", "--nnodes", "4", "--master-port", "29999"], "must divide"),
+                        (["--cluster-nodes", "3", "--tensor-parallel-size", "2", "--master-port", "29999"],
+                         "--cluster-nodes 3"),
+                        (["--tensor-parallel-size", "2", "--node-rank", "1"], "a host index"),
+                        (["--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", "29999", "--node-rank", "2"],
+                         "a host index"),(["--tensor-parallel-size", "2", "--role", "prefill"], "--role prefill"),
                         (["--tensor-parallel-size", "2", "--kv-host-cache-memory", "1GiB"], "tiers"),
                         (["--tensor-parallel-size", "2", "--dspark-enable"], "speculative"),
                         (["--tensor-parallel-size", "3"], "num_attention_heads"),
