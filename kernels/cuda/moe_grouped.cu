@@ -254,23 +254,26 @@ int choose_split(const MoeGroupedGemmParams& p, int64_t slots, int stages) {
 
 }  // namespace
 
-cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
+bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
-  if (p.format != MoeWeightFormat::kBF16 && !fp8) return cudaErrorInvalidValue;
+  if (p.format != MoeWeightFormat::kBF16 && !fp8) return false;
   if (p.num_experts < 1 || p.num_experts > 65535 || p.n < 1 || p.k < 1 || p.k % 8 != 0 || p.rows < 0 ||
-      p.rows > INT32_MAX || p.k > INT32_MAX / 2 || p.offsets == nullptr || p.x == nullptr || p.w == nullptr ||
+      p.rows > INT32_MAX / 2 || p.k > INT32_MAX / 4 || p.offsets == nullptr || p.x == nullptr || p.w == nullptr ||
       p.y == nullptr || !aligned16(p.x) || !aligned16(p.w))
-    return cudaErrorInvalidValue;
-  if (p.k_split != 0 && p.k_split != 1 && p.k_split != 2 && p.k_split != 4) return cudaErrorInvalidValue;
+    return false;
+  if (p.k_split != 0 && p.k_split != 1 && p.k_split != 2 && p.k_split != 4) return false;
   if (fp8) {
     const int64_t groups = (p.k + kFp8Group - 1) / kFp8Group, scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
-    if (p.w_ld < (p.k + 15) / 16 * 16 || p.w_ld % 16 != 0 || p.w_matrix_stride < p.n * p.w_ld ||
-        p.w_matrix_stride % 16 != 0 || p.w_scale == nullptr || p.w_scale_ld < groups ||
-        p.w_scale_matrix_stride < scale_rows * p.w_scale_ld)
-      return cudaErrorInvalidValue;
-  } else if (p.w_ld < p.k || p.w_ld % 8 != 0 || p.w_matrix_stride < p.n * p.w_ld || p.w_matrix_stride % 8 != 0) {
-    return cudaErrorInvalidValue;
+    return p.w_ld >= (p.k + 15) / 16 * 16 && p.w_ld % 16 == 0 && p.w_matrix_stride >= p.n * p.w_ld &&
+           p.w_matrix_stride % 16 == 0 && p.w_scale != nullptr && p.w_scale_ld >= groups &&
+           p.w_scale_matrix_stride >= scale_rows * p.w_scale_ld;
   }
+  return p.w_ld >= p.k && p.w_ld % 8 == 0 && p.w_matrix_stride >= p.n * p.w_ld && p.w_matrix_stride % 8 == 0;
+}
+
+cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
+  if (!moe_grouped_params_valid(p)) return cudaErrorInvalidValue;
+  const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (p.rows == 0) return cudaSuccess;
 
   const int64_t slots = std::min(p.num_experts, p.rows);  // at most this many experts have rows

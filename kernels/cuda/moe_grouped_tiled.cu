@@ -266,8 +266,6 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
     }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 template <bool kFp8>
 cudaError_t launch(const MoeGroupedGemmParams& p) {
   using T = Tile<kFp8>;
@@ -285,21 +283,8 @@ cudaError_t launch(const MoeGroupedGemmParams& p) {
 }  // namespace
 
 cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& p) {
+  if (!moe_grouped_params_valid(p)) return cudaErrorInvalidValue;
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
-  if (p.format != MoeWeightFormat::kBF16 && !fp8) return cudaErrorInvalidValue;
-  if (p.num_experts < 1 || p.num_experts > 65535 || p.n < 1 || p.k < 1 || p.k % 8 != 0 || p.rows < 0 ||
-      p.rows > INT32_MAX / 2 || p.k > INT32_MAX / 4 || p.offsets == nullptr || p.x == nullptr || p.w == nullptr ||
-      p.y == nullptr || !aligned16(p.x) || !aligned16(p.w))
-    return cudaErrorInvalidValue;
-  if (fp8) {
-    const int64_t groups = (p.k + kFp8Group - 1) / kFp8Group, scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
-    if (p.w_ld < (p.k + 15) / 16 * 16 || p.w_ld % 16 != 0 || p.w_matrix_stride < p.n * p.w_ld ||
-        p.w_matrix_stride % 16 != 0 || p.w_scale == nullptr || p.w_scale_ld < groups ||
-        p.w_scale_matrix_stride < scale_rows * p.w_scale_ld)
-      return cudaErrorInvalidValue;
-  } else if (p.w_ld < p.k || p.w_ld % 8 != 0 || p.w_matrix_stride < p.n * p.w_ld || p.w_matrix_stride % 8 != 0) {
-    return cudaErrorInvalidValue;
-  }
   if (p.rows == 0) return cudaSuccess;
   return fp8 ? launch<true>(p) : launch<false>(p);
 }

@@ -61,6 +61,9 @@ struct MoeGroupedGemmParams {
 };
 cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
 
+// Whether `params` meet the REQUIRES above (both launchers check it first; rows <= INT32_MAX / 2, k <= INT32_MAX / 4).
+bool moe_grouped_params_valid(const MoeGroupedGemmParams& params);
+
 // The same product (same contract, same parameters; num_sms and k_split are not used) for many rows per expert:
 // tiles of 64 rows x 128 columns on the tensor cores, each expert's weights read once per 64 of its rows (the
 // streaming kernel above: once per 8). One launch, the tile -> expert map computed on the device from the offsets:
