@@ -23,12 +23,15 @@ namespace kc = kernels::cuda;
 // Which kernel runs the expert GEMMs, by token copies per expert on average (P / E):
 //   - up to kStreamingMaxRowsPerExpert: the streaming kernel (moe_grouped.h), each expert's weights read once per
 //     chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
-//   - up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
+//   - up to tiled_max_rows_per_expert(): the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
 //   - beyond: one cuBLAS GEMM per expert (after the offsets' host copy), whose large tiles win once every expert has
 //     hundreds of rows.
 // The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs").
+// Measured on the H200 (2026-12-03, one MoE layer): V2-Lite bf16 at 6 rows per expert streaming 365 us, tiled 356;
+// at 48 rows streaming 2089, tiled 406, per-expert 1136; at 384 tiled 2036, per-expert 1506 (cuBLAS's larger tiles).
+// V3 FP8 at 2 rows streaming 2882, tiled 7048; at 16 rows 8538 / 8295 / 12618; at 128 tiled 20898, per-expert 16649.
 constexpr int64_t kStreamingMaxRowsPerExpert = 16;
-constexpr int64_t kTiledMaxRowsPerExpert = int64_t{1} << 40;
+int64_t tiled_max_rows_per_expert(Precision p) { return p == Precision::kFP8 ? 64 : 256; }
 
 // Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
 // stay on cuBLAS), and input widths that split into 16-byte vectors (cols % 8 == 0; every DeepSeek shape does).
@@ -173,7 +176,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   switch (moe_gemm_path_) {
     case MoeGemmPath::kAuto:
       if (kernels_take && P <= kStreamingMaxRowsPerExpert * E) path = Path::kStreaming;
-      else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E) path = Path::kTiled;
+      else if (kernels_take && tiled_fits && P <= tiled_max_rows_per_expert(w.gate_up->precision) * E)
+        path = Path::kTiled;
       break;
     case MoeGemmPath::kStreaming:
       if (kernels_take) path = Path::kStreaming;
