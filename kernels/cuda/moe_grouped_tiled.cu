@@ -269,10 +269,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
 template <bool kFp8>
 cudaError_t launch(const MoeGroupedGemmParams& p) {
   using T = Tile<kFp8>;
-  // Once per process (thread-safe static initialization): more than 48 KB of dynamic shared memory.
-  static const cudaError_t attribute = cudaFuncSetAttribute(
-      moe_grouped_tiled_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-  if (attribute != cudaSuccess) return attribute;
+  if (cudaError_t e = init_moe_grouped_gemm_tiled(); e != cudaSuccess) return e;
   const int64_t row_tiles = (p.rows + kBM - 1) / kBM + std::min(p.num_experts, p.rows);
   if (row_tiles > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>(row_tiles));
@@ -281,6 +278,19 @@ cudaError_t launch(const MoeGroupedGemmParams& p) {
 }
 
 }  // namespace
+
+cudaError_t init_moe_grouped_gemm_tiled() {
+  // Once per process (thread-safe static initialization): more than 48 KB of dynamic shared memory.
+  static const cudaError_t result = [] {
+    cudaError_t e = cudaFuncSetAttribute(moe_grouped_tiled_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Tile<false>::kSmemBytes);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(moe_grouped_tiled_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Tile<true>::kSmemBytes);
+    return e;
+  }();
+  return result;
+}
 
 cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& p) {
   if (!moe_grouped_params_valid(p)) return cudaErrorInvalidValue;

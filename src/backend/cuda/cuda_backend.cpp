@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "check.h"
+#include "deepinfer/kernels/cuda/moe_grouped.h"
 
 namespace deepinfer::backend {
 
@@ -78,12 +79,16 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                                       ": expected auto, streaming, tiled or per-expert (the routed experts' GEMM path)");
   }
   backend->device_ = device;
+
   backend->num_sms_ = prop.multiProcessorCount;
   auto setup_error = [&](const std::string& what, const std::string& detail) {
     return Status::internal("CUDA backend setup on device " + std::to_string(device) + ": " + what + ": " + detail);
   };
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess)
     return setup_error("cudaSetDevice", cuda_error_text(err));
+  // The tiled MoE kernel's shared-memory limit, set here: its first launch may be inside a CUDA graph capture.
+  if (cudaError_t err = kernels::cuda::init_moe_grouped_gemm_tiled(); err != cudaSuccess)
+    return setup_error("the tiled MoE kernel's shared memory", cuda_error_text(err));
   if (cudaError_t err = cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking); err != cudaSuccess)
     return setup_error("cudaStreamCreate", cuda_error_text(err));
   if (cudaError_t err = cudaEventCreateWithFlags(&backend->staging_copied_, cudaEventDisableTiming); err != cudaSuccess)

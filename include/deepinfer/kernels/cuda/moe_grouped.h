@@ -73,5 +73,9 @@ bool moe_grouped_params_valid(const MoeGroupedGemmParams& params);
 // block scale, the weights widened exactly (the streaming kernel's arithmetic). Also returns
 // cudaErrorInvalidValue when ceil(rows / 64) + min(E, rows) > 65535.
 cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& params);
+// Raises the tiled kernel's dynamic shared-memory limit (cudaFuncSetAttribute), once per process; the launcher calls
+// it too, but a backend calls it at creation so that the first launch may be inside a CUDA graph capture.
+// Thread-safe; returns the first call's result.
+cudaError_t init_moe_grouped_gemm_tiled();
 
 }  // namespace deepinfer::kernels::cuda
