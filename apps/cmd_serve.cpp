@@ -454,8 +454,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
     }
     if (options->node_rank < 0 || options->node_rank >= options->cluster_nodes) {
-      return fail("--node-rank " + std::to_string(options->node_rank) + ": a host index, 0 to " + nnodes_flag + " - 1 (" +
-                  std::to_string(options->cluster_nodes - 1) + ")");
+      return fail("--node-rank " + std::to_string(options->node_rank) + ": a host index, 0 to " + nnodes_flag +
+                  " - 1 (" + std::to_string(options->cluster_nodes - 1) + ")");
     }
     if (options->internal_tp_rank < 0) return fail("--internal-tp-rank must be at least 0");
     if (options->internal_tp_rank != 0 && options->tensor_parallel_size == 1) {

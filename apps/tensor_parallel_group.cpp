@@ -72,9 +72,11 @@ Result<std::string> local_address_toward(const std::string& host, int port) {
     sockaddr_storage name{};
     socklen_t len = sizeof(name);
     char text[INET6_ADDRSTRLEN] = {};
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&name), &len) == 0) {
-      const void* raw = name.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&name)->sin6_addr)
-                                                   : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&name)->sin_addr);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&name), &len) == 0) {
+      const void* raw = name.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&name)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&name)->sin_addr);
       if (inet_ntop(name.ss_family, raw, text, sizeof(text)) != nullptr) local = text;
     } else {
       error = std::strerror(errno);
@@ -130,13 +132,9 @@ Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::lead(int size,
     if (!beat.ok()) return beat.status();
     group->heartbeat_ = std::move(beat).value();
   }
-  if (Status s = group->spawn(1, local_size, master_addr, group->store_->port()); !s.ok()) return s;
-  group->supervisor_ = std::thread([g = group.get()] { g->supervise(); });
-  Result<std::unique_ptr<backend::Communicator>> comm =
-      backend::make_gloo_communicator(*group->store_, "tp", 0, size, master_addr, kCollectiveTimeout);
-  if (!comm.ok()) return comm.status();
-  group->comm_ = std::move(comm).value();
-  group->comm_ready_ = true;
+  if (Status s = group->start_ranks_and_join(1, local_size, size, master_addr, group->store_->port(), master_addr);
+      !s.ok())
+    return s;
   return group;
 }
 
@@ -157,23 +155,31 @@ Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::lead_node(int 
   group->local_size_ = local_size;
   Result<std::string> local = local_address_toward(master_addr, master_port);
   if (!local.ok()) return local.status();
-  if (Status s = group->spawn(rank + 1, rank + local_size, master_addr, master_port); !s.ok()) return s;
-  group->supervisor_ = std::thread([g = group.get()] { g->supervise(); });
-  Result<std::unique_ptr<backend::Communicator>> comm =
-      backend::make_gloo_communicator(*group->store_, "tp", rank, size, *local, kCollectiveTimeout);
-  if (!comm.ok()) return comm.status();
-  group->comm_ = std::move(comm).value();
-  group->comm_ready_ = true;
+  if (Status s = group->start_ranks_and_join(rank + 1, rank + local_size, size, master_addr, master_port, *local);
+      !s.ok())
+    return s;
   return group;
+}
+
+Status TensorParallelGroup::start_ranks_and_join(int first, int last, int size, const std::string& master_addr,
+                                                 int master_port, const std::string& interface_host) {
+  if (Status s = spawn(first, last, master_addr, master_port); !s.ok()) return s;
+  supervisor_ = std::thread([this] { supervise(); });
+  Result<std::unique_ptr<backend::Communicator>> comm =
+      backend::make_gloo_communicator(*store_, "tp", rank_, size, interface_host, kCollectiveTimeout);
+  if (!comm.ok()) return comm.status();
+  comm_ = std::move(comm).value();
+  comm_ready_ = true;
+  return Status::ok_status();
 }
 
 Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::join(int rank, int size,
                                                                       const std::string& master_addr,
                                                                       int master_port) {
-  // Rank 0 (or this host's node leader) started this process: go with it (a kill -9 of rank 0 leaves no rank behind). Signals meant for the
-  // server (SIGTERM to the whole group, as `kill $(pgrep deepinfer)` or systemd's control-group stop sends; Ctrl-C)
-  // are rank 0's to act on: it drains, then stops this rank by command. A rank that left first would fail the
-  // requests still draining.
+  // Rank 0 (or this host's node leader) started this process: go with it (a kill -9 of rank 0 leaves no rank behind).
+  // Signals meant for the server (SIGTERM to the whole group, as `kill $(pgrep deepinfer)` or systemd's control-group
+  // stop sends; Ctrl-C) are rank 0's to act on: it drains, then stops this rank by command. A rank that left first
+  // would fail the requests still draining.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return Status::internal("tensor parallel: rank 0 is gone");
   std::signal(SIGTERM, SIG_IGN);
@@ -221,16 +227,14 @@ void TensorParallelGroup::supervise() {
       spdlog::error("tensor-parallel rank {} (pid {}) {}: the model cannot run without it; stopping {}",
                     child_ranks_[i], children_[i], describe(status),
                     rank_ == 0 ? "the server" : "this host's ranks (rank 0 stops when its collectives fail)");
-      for (pid_t child : children_) kill(child, SIGKILL);
-      std::_Exit(1);
+      abort_group();
     }
     // A rank alive but unreachable or stuck past the collectives' timeout: the group is broken just the same.
     if (!stopping_ && comm_ready_.load() && comm_->failed()) {
       spdlog::error("tensor parallel: a collective failed (a rank unreachable or stuck past {} s): stopping {}",
                     std::chrono::duration_cast<std::chrono::seconds>(kCollectiveTimeout).count(),
                     rank_ == 0 ? "the server" : "this host's ranks");
-      for (pid_t child : children_) kill(child, SIGKILL);
-      std::_Exit(1);
+      abort_group();
     }
     if (heartbeat_ && !stopping_ && comm_ready_.load() && std::chrono::steady_clock::now() >= next_beat) {
       const auto now = std::chrono::steady_clock::now();
@@ -245,8 +249,7 @@ void TensorParallelGroup::supervise() {
                                          std::as_bytes(std::span<const uint64_t>(&beats, 1)));
         if (!s.ok() && !stopping_) {
           spdlog::error("tensor parallel: rank 0's host is gone ({}): stopping this host's ranks", s.message());
-          for (pid_t child : children_) kill(child, SIGKILL);
-          std::_Exit(1);
+          abort_group();
         }
       } else {
         for (int node = 1; node < nnodes_; ++node) {
@@ -260,14 +263,18 @@ void TensorParallelGroup::supervise() {
                           "without it; stopping the server",
                           node, node * local_size_, node * local_size_ + local_size_ - 1,
                           std::chrono::duration_cast<std::chrono::seconds>(kHostTimeout).count());
-            for (pid_t child : children_) kill(child, SIGKILL);
-            std::_Exit(1);
+            abort_group();
           }
         }
       }
     }
     std::this_thread::sleep_for(stopping_ ? 20ms : 100ms);
   }
+}
+
+void TensorParallelGroup::abort_group() {
+  for (pid_t child : children_) kill(child, SIGKILL);
+  std::_Exit(1);
 }
 
 TensorParallelGroup::~TensorParallelGroup() {

@@ -29,10 +29,9 @@ namespace deepinfer::apps {
 
 class TensorParallelGroup {
  public:
-  // Rank 0: serves the store, starts the other ranks (this process's command line plus --internal-tp-rank R
-  // --master-port P), joins the group. Errors: the store's port, a rank that could not start, the rendezvous.
-  static Result<std::unique_ptr<TensorParallelGroup>> lead(int size, const std::string& master_addr, int master_port);
-  // `local_size` ranks per host (size on one host): rank 0 starts ranks 1 .. local_size-1.
+  // Rank 0: serves the store, starts ranks 1 .. local_size-1 (this process's command line plus --internal-tp-rank R
+  // --master-port P; local_size = size on one host), joins the group. Errors: the store's port, a rank that could
+  // not start, the rendezvous.
   static Result<std::unique_ptr<TensorParallelGroup>> lead(int size, int local_size, const std::string& master_addr,
                                                            int master_port);
   // A rank another process started (--internal-tp-rank r): joins the group at master_addr:master_port; dies when
@@ -56,7 +55,13 @@ class TensorParallelGroup {
   TensorParallelGroup() = default;
   // Starts ranks first .. last-1 as copies of this process's command line (+ --internal-tp-rank, --master-*).
   Status spawn(int first, int last, const std::string& master_addr, int master_port);
+  // What lead() and lead_node() share once the store is reached: start ranks first .. last-1, supervise them, join
+  // the group's collectives listening on interface_host.
+  Status start_ranks_and_join(int first, int last, int size, const std::string& master_addr, int master_port,
+                              const std::string& interface_host);
   void supervise();
+  // Kills the ranks this process started and exits 1 (the group cannot run on).
+  [[noreturn]] void abort_group();
 
   int rank_ = 0;
   std::unique_ptr<backend::TcpStore> store_;

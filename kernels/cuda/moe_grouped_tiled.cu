@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
   o.k = static_cast<int>(p.k);
   const float* scales = nullptr;
   if constexpr (kFp8)
-    scales = p.w_scale + static_cast<int64_t>(job.expert) * p.w_scale_matrix_stride + n_block / kFp8Group * p.w_scale_ld;
+    scales = p.w_scale + static_cast<int64_t>(job.expert) * p.w_scale_matrix_stride +
+             n_block / kFp8Group * p.w_scale_ld;
 
   float acc[2][4][4] = {};
   const int k_tiles = (o.k + T::kBK - 1) / T::kBK;

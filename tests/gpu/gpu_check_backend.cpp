@@ -645,7 +645,8 @@ int main(int argc, char** argv) {
       {"moe fp8 prefill (P 1200: 75 rows per expert, one expert 300 rows)", fp8, 300, 160, 96, 16, 4, true, 0, 0},
       {"moe bf16 prefill (P 3072 over 64 experts: 48 rows each; N 1408, K 704, N 200)", bf16, 512, 200, 704, 64, 6, false,
        0, 0},
-      {"moe fp8 prefill (P 3072 over 64 experts; N 1424, K 712 and 200: FP8 K tails)", fp8, 512, 200, 712, 64, 6, false, 0, 0},
+      {"moe fp8 prefill (P 3072 over 64 experts; N 1424, K 712 and 200: FP8 K tails)", fp8, 512, 200, 712, 64, 6, false,
+       0, 0},
   };
   // The same cases on one more CUDA backend per forced expert GEMM path.
   std::vector<std::unique_ptr<Backend>> forced;
