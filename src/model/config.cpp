@@ -3,6 +3,8 @@
 // the field and the value.
 #include "deepinfer/model/config.h"
 
+#include "deepinfer/model/deepseek_v4.h"
+
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cmath>
@@ -402,7 +404,10 @@ Result<ModelConfig> parse_config(const std::string& file, const std::string& tex
   ModelConfig c;
   DEEPINFER_RETURN_IF_ERROR(r.read_string("model_type", c.model_type, /*required=*/true));
   if (c.model_type != "deepseek_v2" && c.model_type != "deepseek_v3") {
-    return r.unsupported("model_type", *r.find("model_type"), "expected \"deepseek_v2\" or \"deepseek_v3\"");
+    return r.unsupported("model_type", *r.find("model_type"),
+                         c.model_type == "deepseek_v4"
+                             ? "DeepSeek-V4 runs only on the CPU reference path (DeepSeekV4Model) in this build"
+                             : "expected \"deepseek_v2\" or \"deepseek_v3\"");
   }
   apply_defaults(c);
 
@@ -464,18 +469,196 @@ Result<ModelConfig> parse_config(const std::string& file, const std::string& tex
   return c;
 }
 
-}  // namespace
+Status read_int_list(const FieldReader& r, std::string_view key, std::vector<int64_t>& out) {
+  const json::value* v = r.find(key);
+  if (v == nullptr || v->is_null()) return r.missing(key);
+  if (!v->is_array()) return r.bad(key, *v, "expected a list of integers");
+  out.clear();
+  for (const json::value& element : v->get_array()) {
+    std::optional<int64_t> value = as_int64(element);
+    if (!value) return r.bad(key, *v, "expected a list of integers");
+    out.push_back(*value);
+  }
+  return Status();
+}
 
-Result<ModelConfig> load_model_config(const std::filesystem::path& path) {
+Result<V4Config> parse_v4_config(const std::string& file, const std::string& text) {
+  json::error_code ec;
+  json::value root = json::parse(text, ec);
+  if (ec) return Status::corruption(file + ": not valid JSON: " + ec.message());
+  if (!root.is_object()) return Status::corruption(file + ": expected a JSON object at the top level");
+  FieldReader r(file, root.get_object());
+
+  V4Config c;
+  DEEPINFER_RETURN_IF_ERROR(r.read_string("model_type", c.model_type, /*required=*/true));
+  if (c.model_type != "deepseek_v4") {
+    return r.unsupported("model_type", *r.find("model_type"), "expected \"deepseek_v4\"");
+  }
+  for (std::string_view key : {"vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "head_dim", "qk_rope_head_dim", "q_lora_rank", "o_lora_rank",
+                               "o_groups", "n_routed_experts", "num_experts_per_tok"}) {
+    if (!r.present(key)) return r.missing(key);
+  }
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("vocab_size", c.vocab_size));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("hidden_size", c.hidden_size));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("moe_intermediate_size", c.moe_intermediate_size));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("num_hidden_layers", c.num_hidden_layers));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("num_attention_heads", c.num_attention_heads));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("head_dim", c.head_dim));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("qk_rope_head_dim", c.qk_rope_head_dim));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("q_lora_rank", c.q_lora_rank));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("o_lora_rank", c.o_lora_rank));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("o_groups", c.o_groups));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("n_routed_experts", c.n_routed_experts));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("num_experts_per_tok", c.num_experts_per_tok));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("n_shared_experts", c.n_shared_experts));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("num_nextn_predict_layers", c.num_nextn_predict_layers));
+  DEEPINFER_RETURN_IF_ERROR(read_int_list(r, "compress_ratios", c.compress_ratios));
+  DEEPINFER_RETURN_IF_ERROR(r.read_double("rope_theta", c.rope_theta));
+  DEEPINFER_RETURN_IF_ERROR(r.read_double("compress_rope_theta", c.compress_rope_theta));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("sliding_window", c.sliding_window));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("index_n_heads", c.index_n_heads));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("index_head_dim", c.index_head_dim));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("index_topk", c.index_topk));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("hc_mult", c.hc_mult));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("hc_sinkhorn_iters", c.hc_sinkhorn_iters));
+  DEEPINFER_RETURN_IF_ERROR(r.read_double("hc_eps", c.hc_eps));
+  DEEPINFER_RETURN_IF_ERROR(r.read_string("scoring_func", c.scoring_func));
+  DEEPINFER_RETURN_IF_ERROR(r.read_double("routed_scaling_factor", c.routed_scaling_factor));
+  DEEPINFER_RETURN_IF_ERROR(r.read_double("swiglu_limit", c.swiglu_limit));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("num_hash_layers", c.num_hash_layers));
+  DEEPINFER_RETURN_IF_ERROR(r.read_double("rms_norm_eps", c.rms_norm_eps));
+  c.max_position_embeddings = 1048576;
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("max_position_embeddings", c.max_position_embeddings));
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("bos_token_id", c.bos_token_id));
+  ModelConfig eos;
+  eos.eos_token_ids = {1};
+  DEEPINFER_RETURN_IF_ERROR(parse_eos(r, eos));
+  c.eos_token_ids = eos.eos_token_ids;
+
+  // Keys whose other values the V4 code hard-wires (DeepSeek's inference/model.py).
+  int64_t kv_heads = 1;
+  DEEPINFER_RETURN_IF_ERROR(r.read_int("num_key_value_heads", kv_heads));
+  if (kv_heads != 1) return r.bad_value("num_key_value_heads", kv_heads, "DeepSeek-V4 attention has one shared KV head");
+  std::string topk_method = "noaux_tc";
+  DEEPINFER_RETURN_IF_ERROR(r.read_string("topk_method", topk_method));
+  if (topk_method != "noaux_tc") return r.unsupported("topk_method", *r.find("topk_method"), "expected \"noaux_tc\"");
+  bool tie = false;
+  DEEPINFER_RETURN_IF_ERROR(r.read_bool("tie_word_embeddings", tie));
+  if (tie) return r.unsupported("tie_word_embeddings", *r.find("tie_word_embeddings"), "V4 has a separate head");
+  if (c.n_shared_experts != 1) {
+    return r.bad_value("n_shared_experts", c.n_shared_experts, "DeepSeek-V4 has exactly one shared expert");
+  }
+  if (c.scoring_func != "sqrtsoftplus" && c.scoring_func != "sigmoid" && c.scoring_func != "softmax") {
+    return r.unsupported("scoring_func", *r.find("scoring_func"), "expected \"sqrtsoftplus\", \"sigmoid\" or \"softmax\"");
+  }
+  if (r.present("quantization_config") || r.present("expert_dtype")) {
+    std::string_view key = r.present("quantization_config") ? "quantization_config" : "expert_dtype";
+    return r.unsupported(key, *r.find(key),
+                         "quantized DeepSeek-V4 checkpoints (FP8 weights, FP4 experts) are not loaded yet; use a bf16 one");
+  }
+  if (r.present("rope_scaling")) {
+    ModelConfig rope;
+    DEEPINFER_RETURN_IF_ERROR(parse_rope(file, *r.find("rope_scaling"), "rope_scaling", rope));
+    if (!rope.rope_scaling) return r.unsupported("rope_scaling", *r.find("rope_scaling"), "V4's compressed layers use \"yarn\"");
+    c.rope_scaling = *rope.rope_scaling;
+  } else {
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 16.0;
+    c.rope_scaling.original_max_position_embeddings = 65536;
+  }
+
+  auto positive = [&](std::string_view key, int64_t value) -> Status {
+    return value > 0 ? Status() : r.bad_value(key, value, "must be positive");
+  };
+  for (auto [key, value] : std::initializer_list<std::pair<std::string_view, int64_t>>{
+           {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+           {"moe_intermediate_size", c.moe_intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+           {"num_attention_heads", c.num_attention_heads}, {"head_dim", c.head_dim},
+           {"qk_rope_head_dim", c.qk_rope_head_dim}, {"q_lora_rank", c.q_lora_rank}, {"o_lora_rank", c.o_lora_rank},
+           {"o_groups", c.o_groups}, {"n_routed_experts", c.n_routed_experts},
+           {"num_experts_per_tok", c.num_experts_per_tok}, {"sliding_window", c.sliding_window},
+           {"hc_mult", c.hc_mult}, {"hc_sinkhorn_iters", c.hc_sinkhorn_iters},
+           {"max_position_embeddings", c.max_position_embeddings}}) {
+    DEEPINFER_RETURN_IF_ERROR(positive(key, value));
+  }
+  if (c.qk_rope_head_dim % 2 != 0) return r.bad_value("qk_rope_head_dim", c.qk_rope_head_dim, "must be even (rotary pairs)");
+  if (c.qk_rope_head_dim >= c.head_dim) return r.bad_value("qk_rope_head_dim", c.qk_rope_head_dim, "must be below head_dim");
+  if (c.num_attention_heads % c.o_groups != 0) {
+    return r.bad_value("o_groups", c.o_groups, "must divide num_attention_heads");
+  }
+  if (c.num_experts_per_tok > c.n_routed_experts) {
+    return r.bad_value("num_experts_per_tok", c.num_experts_per_tok, "must be <= n_routed_experts");
+  }
+  if (c.num_hash_layers < 0 || c.num_hash_layers > c.num_hidden_layers) {
+    return r.bad_value("num_hash_layers", c.num_hash_layers, "must be in 0..num_hidden_layers");
+  }
+  if (c.num_nextn_predict_layers < 0) {
+    return r.bad_value("num_nextn_predict_layers", c.num_nextn_predict_layers, "must be >= 0");
+  }
+  if (static_cast<int64_t>(c.compress_ratios.size()) != c.num_hidden_layers + c.num_nextn_predict_layers) {
+    return r.bad("compress_ratios", *r.find("compress_ratios"),
+                 "expected one ratio per layer: num_hidden_layers + num_nextn_predict_layers = " +
+                     std::to_string(c.num_hidden_layers + c.num_nextn_predict_layers) + " values");
+  }
+  bool any_csa = false;
+  for (int64_t ratio : c.compress_ratios) {
+    if (ratio != 0 && ratio != 4 && ratio != 128) {
+      return r.bad("compress_ratios", *r.find("compress_ratios"), "expected values 0, 4 or 128 (V4)");
+    }
+    any_csa = any_csa || ratio == 4;
+  }
+  if (any_csa) {
+    DEEPINFER_RETURN_IF_ERROR(positive("index_n_heads", c.index_n_heads));
+    DEEPINFER_RETURN_IF_ERROR(positive("index_head_dim", c.index_head_dim));
+    DEEPINFER_RETURN_IF_ERROR(positive("index_topk", c.index_topk));
+    if (c.index_head_dim <= c.qk_rope_head_dim) {
+      return r.bad_value("index_head_dim", c.index_head_dim, "must exceed qk_rope_head_dim");
+    }
+  }
+  if (c.rms_norm_eps <= 0.0) return r.bad_value("rms_norm_eps", c.rms_norm_eps, "must be positive");
+  if (c.hc_eps < 0.0) return r.bad_value("hc_eps", c.hc_eps, "must be >= 0");
+  if (c.swiglu_limit < 0.0) return r.bad_value("swiglu_limit", c.swiglu_limit, "must be >= 0 (0: no clamp)");
+  return c;
+}
+
+Result<std::string> parse_model_type(const std::string& file, const std::string& text) {
+  json::error_code ec;
+  json::value root = json::parse(text, ec);
+  if (ec) return Status::corruption(file + ": not valid JSON: " + ec.message());
+  if (!root.is_object()) return Status::corruption(file + ": expected a JSON object at the top level");
+  FieldReader r(file, root.get_object());
+  std::string type;
+  DEEPINFER_RETURN_IF_ERROR(r.read_string("model_type", type, /*required=*/true));
+  return type;
+}
+
+template <class T>
+Result<T> load_config_file(const std::filesystem::path& path,
+                           Result<T> (*parse)(const std::string& file, const std::string& text)) {
   std::error_code ec;
   std::filesystem::path file = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
   try {
     Result<std::string> text = read_config_text(file);
     if (!text.ok()) return text.status();
-    return parse_config(file.string(), *text);
+    return parse(file.string(), *text);
   } catch (const std::exception& e) {  // allocation failure; Boost.JSON reports syntax errors by error_code
     return Status::internal(file.string() + ": " + e.what());
   }
+}
+
+}  // namespace
+
+Result<ModelConfig> load_model_config(const std::filesystem::path& path) {
+  return load_config_file<ModelConfig>(path, &parse_config);
+}
+
+Result<V4Config> load_v4_config(const std::filesystem::path& path) {
+  return load_config_file<V4Config>(path, &parse_v4_config);
+}
+
+Result<std::string> read_model_type(const std::filesystem::path& path) {
+  return load_config_file<std::string>(path, &parse_model_type);
 }
 
 }  // namespace deepinfer::model

@@ -1,0 +1,150 @@
+// DeepSeek-V4 (model_type "deepseek_v4": V4-Flash, V4-Pro) on the CPU: the reference path of the V4 family.
+//
+// What V4 is (../shared/research/deepseek-v4-spec.md §1-§4; DeepSeek's own V4-Flash-0731 inference/model.py is the
+// reference the fixture tiny-deepseek-v4-official was computed with):
+//   - manifold-constrained hyper-connections (mHC): the residual is hc_mult (4) streams [T, 4, d]; before each
+//     sublayer a mix (RMS-scaled projection, sigmoid, Sinkhorn-normalised 4x4 combination) reduces them to one
+//     input and afterwards spreads the output back;
+//   - shared-KV attention (one KV head, K = V, head_dim D with rope on the LAST rope dims, interleaved pairs),
+//     per-head weightless q RMS norm, a sink logit per head in the softmax denominator, output de-roped and
+//     projected through o_groups low-rank groups (wo_a per group, then wo_b);
+//   - three layer kinds by compress_ratios[layer]: 0 = sliding window (SWA, the last `sliding_window` raw tokens),
+//     4 = compressed-sparse (CSA: overlapped 4:1 compressed entries, chosen per query by a lightning indexer's
+//     top-k, plus the raw window), 128 = heavily compressed (HCA: every visible 128:1 entry plus the window).
+//     Query at position p sees compressed entry j only when j < (p + 1) / m (its own just-finished block counts);
+//   - MoE on every layer: sqrt(softplus) scores; the first num_hash_layers layers route by a frozen token-id table
+//     (tid2eid), the others by top-k of score + bias; weights = normalised scores x routed_scaling_factor; SwiGLU
+//     clamped at swiglu_limit on routed and shared experts.
+// Rope: window layers use rope_theta without YaRN; compressed layers use compress_rope_theta with YaRN (factor,
+// original_max_position_embeddings, beta_fast, beta_slow; cos/sin unscaled).
+//
+// Numerics: float32 activations, weights widened exactly from the checkpoint (bf16 / f32); the KV is kept in
+// float32 (no FP8 / FP4 rounding of cached entries, the indexer's Hadamard rotation omitted: it is orthogonal and
+// applied to both indexer q and k, so it changes no score) - as the fixture's reference computed it.
+//
+// The cache is per sequence (V4Sequence): per layer a ring of the last `sliding_window` raw KV rows, the
+// compressed entries so far, the compressors' unfinished blocks (and, overlapped, the previous block), and for CSA
+// layers the indexer's compressed keys. Feeding a sequence's tokens in any chunking gives the same result.
+//
+// Status of the V4 path (issue 20): this reference runs on the CPU backend only (make it with
+// backend::make_cpu_backend()); the V4-specific steps are host loops here, the linear layers go through the
+// backend. Not yet: FP8 / FP4 checkpoints, the MTP layer, the paged hybrid cache and serving.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend/backend.h"
+#include "deepinfer/core/status.h"
+#include "deepinfer/model/config.h"
+
+namespace deepinfer::model {
+
+// config.json of a deepseek_v4 checkpoint (transformers' DeepseekV4Config field names; spec §1.2).
+struct V4Config {
+  std::string model_type;  // "deepseek_v4"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;             // d
+  int64_t moe_intermediate_size = 0;   // each routed and shared expert
+  int64_t num_hidden_layers = 0;       // the backbone (compress_ratios also lists the MTP layers after it)
+  int64_t num_attention_heads = 0;     // H
+  int64_t head_dim = 0;                // D (K = V), rope on its last qk_rope_head_dim dims
+  int64_t qk_rope_head_dim = 0;        // R
+  int64_t q_lora_rank = 0;
+  int64_t o_lora_rank = 0;             // L
+  int64_t o_groups = 0;                // G; H % G == 0
+  std::vector<int64_t> compress_ratios;  // per layer (+ MTP layers): 0, 4 or 128
+  double rope_theta = 10000.0;           // window layers, no YaRN
+  double compress_rope_theta = 40000.0;  // compressed layers, with YaRN
+  RopeScaling rope_scaling;              // YaRN of the compressed layers
+  int64_t sliding_window = 128;          // W
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  int64_t hc_mult = 4, hc_sinkhorn_iters = 20;
+  double hc_eps = 1e-6;
+  int64_t n_routed_experts = 0, num_experts_per_tok = 0, n_shared_experts = 1;
+  std::string scoring_func = "sqrtsoftplus";  // "sqrtsoftplus" | "sigmoid" | "softmax"
+  double routed_scaling_factor = 1.0;
+  double swiglu_limit = 0.0;  // 0: no clamp
+  int64_t num_hash_layers = 0;
+  double rms_norm_eps = 1e-6;
+  int64_t num_nextn_predict_layers = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t bos_token_id = 0;
+  std::vector<int64_t> eos_token_ids;
+};
+
+// Parses `dir/config.json` (or the file) of a deepseek_v4 checkpoint. Required: model_type "deepseek_v4",
+// vocab_size, hidden_size, moe_intermediate_size, num_hidden_layers, num_attention_heads, head_dim,
+// qk_rope_head_dim, q_lora_rank, o_lora_rank, o_groups, compress_ratios, n_routed_experts, num_experts_per_tok,
+// index_n_heads, index_head_dim, index_topk when any ratio is 4; the rest default as in the spec's §1.2.
+// Errors name the file and field: InvalidArgument (types, values: compress_ratios length num_hidden_layers +
+// num_nextn_predict_layers with values 0/4/128, num_key_value_heads != 1, head_dim <= rope dims, H % G, ...),
+// Unsupported (quantized checkpoints, topk_method other than noaux_tc, tie_word_embeddings, n_shared_experts != 1,
+// rope_scaling type other than yarn), NotFound / IoError / Corruption as load_model_config.
+Result<V4Config> load_v4_config(const std::filesystem::path& path);
+
+// The model_type field of `dir/config.json` (or the file), for choosing a loader. Errors as load_model_config.
+Result<std::string> read_model_type(const std::filesystem::path& path);
+
+namespace detail {
+class V4Forward;
+}
+
+// One sequence's V4 cache (see the header comment). Owned by the caller; used by one forward at a time.
+class V4Sequence {
+ public:
+  int64_t length() const { return length_; }  // tokens fed so far (the next token's position)
+
+ private:
+  friend class DeepSeekV4Model;
+  friend class detail::V4Forward;
+  struct Compressor {
+    std::vector<float> kv, score;  // raw rows [rows][c * dim] for positions [first_row, length)
+    int64_t first_row = 0;
+    std::vector<float> entries;  // [n][dim]: finished entries (normed, roped), entry j = block j
+  };
+  struct Layer {
+    std::vector<float> window;  // [W][D] ring: slot p % W holds the raw KV of position p
+    Compressor attention, indexer;
+  };
+  std::vector<Layer> layers_;
+  int64_t length_ = 0;
+};
+
+class DeepSeekV4Model {
+ public:
+  // Loads config.json and every tensor of the release layout (embed.weight, head.weight, norm.weight, hc_head_*,
+  // layers.N.{attn_norm,ffn_norm,hc_attn_*,hc_ffn_*,attn.*,ffn.*}); each tensor's shape is checked.
+  // `backend` must be the CPU backend and outlive the model.
+  // Errors: those of load_v4_config and Checkpoint; InvalidArgument naming a tensor whose shape differs or that is
+  // missing; Unsupported for a non-CPU backend or quantized tensors.
+  static Result<std::unique_ptr<DeepSeekV4Model>> load(const std::filesystem::path& dir, backend::Backend& backend);
+  ~DeepSeekV4Model();
+
+  const V4Config& config() const { return config_; }
+  std::unique_ptr<V4Sequence> new_sequence() const;
+
+  // One sequence's next tokens: feeds token_ids at positions sequence->length() ... and advances it.
+  struct Chunk {
+    V4Sequence* sequence = nullptr;
+    std::span<const int32_t> token_ids;
+    bool all_logits = false;  // true: logits of every token of the chunk; false: of its last token only
+  };
+  // Runs the chunks as one batch (distinct sequences). logits: float32 [rows][vocab_size], rows in chunk order
+  // (each chunk's wanted rows in position order). Errors: InvalidArgument (empty chunk, token id outside the
+  // vocabulary, a sequence twice, position past max_position_embeddings); the sequences are then unchanged.
+  Status forward(std::span<const Chunk> chunks, std::vector<float>& logits);
+
+ private:
+  struct Weights;
+  explicit DeepSeekV4Model(V4Config config, backend::Backend& backend);
+  V4Config config_;
+  backend::Backend& backend_;
+  std::unique_ptr<Weights> w_;
+};
+
+}  // namespace deepinfer::model

@@ -1,0 +1,734 @@
+// DeepSeek-V4 on the CPU: loading the release layout and the forward pass (see deepseek_v4.h). Each step below
+// names the part of DeepSeek's V4-Flash-0731 inference/model.py it computes (spec: deepseek-v4-spec.md §2-§3).
+#include "deepinfer/model/deepseek_v4.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "deepinfer/model/safetensors.h"
+
+#define DEEPINFER_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    Status status_ = (expr);            \
+    if (!status_.ok()) return status_;  \
+  } while (0)
+
+namespace deepinfer::model {
+namespace {
+
+using backend::Backend;
+using backend::Tensor;
+
+// A linear layer [rows = out features][cols = in features] on the backend, float32.
+struct Linear {
+  std::unique_ptr<backend::Weight> weight;
+  int64_t rows = 0, cols = 0;
+};
+
+// Rotary table of one layer: inverse frequencies of the R/2 pairs (YaRN-blended on compressed layers), in double
+// as the fixture's reference computed them. Pairs are interleaved (x[2i], x[2i+1]).
+struct Rope {
+  std::vector<double> inv_freq;
+
+  // Rotates the R values at v by position * inv_freq (inverse: by -position).
+  void apply(float* v, int64_t position, bool inverse = false) const {
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
+      double angle = static_cast<double>(position) * inv_freq[i];
+      double c = std::cos(angle), s = inverse ? -std::sin(angle) : std::sin(angle);
+      double x0 = v[2 * i], x1 = v[2 * i + 1];
+      v[2 * i] = static_cast<float>(x0 * c - x1 * s);
+      v[2 * i + 1] = static_cast<float>(x0 * s + x1 * c);
+    }
+  }
+};
+
+// inference/model.py precompute_freqs_cis: base^(-2i/R), and with original_len > 0 YaRN's blend of the
+// interpolated (freq / factor) and extrapolated frequencies over the ramp between the beta_fast and beta_slow
+// correction dims.
+Rope make_rope(int64_t rope_dim, double base, const RopeScaling* yarn) {
+  Rope rope;
+  const int64_t half = rope_dim / 2;
+  rope.inv_freq.resize(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    rope.inv_freq[i] = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rope_dim));
+  }
+  if (yarn == nullptr) return rope;
+  auto correction_dim = [&](double rotations) {
+    return static_cast<double>(rope_dim) *
+           std::log(static_cast<double>(yarn->original_max_position_embeddings) / (rotations * 2.0 * std::numbers::pi)) /
+           (2.0 * std::log(base));
+  };
+  double low = std::max(std::floor(correction_dim(yarn->beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(yarn->beta_slow)), static_cast<double>(rope_dim - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < half; ++i) {
+    double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    double smooth = 1.0 - ramp;
+    rope.inv_freq[i] = rope.inv_freq[i] / yarn->factor * (1.0 - smooth) + rope.inv_freq[i] * smooth;
+  }
+  return rope;
+}
+
+// y = x * rsqrt(mean(x²) + eps) * weight over `n` values (weight null: none). y may alias x.
+void rms_norm(const float* x, int64_t n, const float* weight, double eps, float* y) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  double inv = 1.0 / std::sqrt(sum / static_cast<double>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    double v = static_cast<double>(x[i]) * inv;
+    y[i] = static_cast<float>(weight != nullptr ? v * weight[i] : v);
+  }
+}
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// One compressor's weights (model.py Compressor): ratio m, output dim, coff = 2 when overlapped (m == 4).
+struct CompressorWeights {
+  int64_t ratio = 0, dim = 0, coff = 1;
+  std::vector<float> ape;  // [m][coff * dim]
+  Linear wkv, wgate;       // [coff * dim][d]
+  std::vector<float> norm;  // [dim]
+};
+
+struct LayerWeights {
+  int64_t ratio = 0;
+  Rope rope;
+  std::vector<float> attn_norm, ffn_norm;
+  Linear hc_attn_fn, hc_ffn_fn;  // [(2 + hc) * hc][hc * d]
+  std::vector<float> hc_attn_base, hc_attn_scale, hc_ffn_base, hc_ffn_scale;
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;  // wo_a: o_groups stacked [L][H * D / G]
+  std::vector<float> q_norm, kv_norm, attn_sink;
+  CompressorWeights compressor, index_compressor;
+  Linear index_wq_b, index_weights_proj;
+  Linear gate;                    // [E][d]
+  std::vector<float> gate_bias;   // [E] (learned routing)
+  std::vector<int32_t> tid2eid;   // [vocab][k] (hash routing)
+  std::vector<Linear> w1, w2, w3;  // per expert; index E is the shared expert
+};
+
+}  // namespace
+
+struct DeepSeekV4Model::Weights {
+  std::vector<float> embed;  // [vocab][d]
+  Linear head;               // [vocab][d]
+  std::vector<float> norm;   // [d]
+  Linear hc_head_fn;         // [hc][hc * d]
+  std::vector<float> hc_head_base, hc_head_scale;
+  std::vector<LayerWeights> layers;
+};
+
+namespace {
+
+class Loader {
+ public:
+  Loader(const Checkpoint& checkpoint, Backend& backend) : checkpoint_(checkpoint), backend_(backend) {}
+
+  Result<std::vector<float>> vector(const std::string& name, std::vector<int64_t> shape) {
+    if (checkpoint_.find(name) == nullptr) return missing(name);
+    return checkpoint_.load_f32(name, shape);
+  }
+  Status vector(const std::string& name, std::vector<int64_t> shape, std::vector<float>& out) {
+    Result<std::vector<float>> values = vector(name, std::move(shape));
+    if (!values.ok()) return values.status();
+    out = std::move(*values);
+    return Status();
+  }
+  // A matrix [rows][cols] as `count` stacked matrices [rows / count][cols] (count > 1: o_groups of wo_a).
+  Status linear(const std::string& name, int64_t rows, int64_t cols, Linear& out, int64_t count = 1) {
+    Result<std::vector<float>> values = vector(name, {rows, cols});
+    if (!values.ok()) return values.status();
+    const int64_t part = rows / count;
+    Result<std::unique_ptr<backend::Weight>> weight =
+        backend_.make_weight(count, part, cols, backend::Precision::kF32);
+    if (!weight.ok()) return weight.status();
+    for (int64_t i = 0; i < count; ++i) {
+      backend::HostMatrix host;
+      host.rows = part;
+      host.cols = cols;
+      host.f32 = std::span<const float>(values->data() + i * part * cols, static_cast<size_t>(part * cols));
+      DEEPINFER_RETURN_IF_ERROR(backend_.set_matrix(**weight, i, host));
+    }
+    out.weight = std::move(*weight);
+    out.rows = part;
+    out.cols = cols;
+    return Status();
+  }
+  Status missing(const std::string& name) const {
+    return Status::invalid_argument("DeepSeek-V4 checkpoint: missing tensor '" + name + "'");
+  }
+  const Checkpoint& checkpoint() const { return checkpoint_; }
+
+ private:
+  const Checkpoint& checkpoint_;
+  Backend& backend_;
+};
+
+Status load_compressor(Loader& l, const V4Config& c, const std::string& prefix, int64_t ratio, int64_t dim,
+                       CompressorWeights& w) {
+  w.ratio = ratio;
+  w.dim = dim;
+  w.coff = ratio == 4 ? 2 : 1;
+  DEEPINFER_RETURN_IF_ERROR(l.vector(prefix + "ape", {ratio, w.coff * dim}, w.ape));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(prefix + "wkv.weight", w.coff * dim, c.hidden_size, w.wkv));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(prefix + "wgate.weight", w.coff * dim, c.hidden_size, w.wgate));
+  return l.vector(prefix + "norm.weight", {dim}, w.norm);
+}
+
+Status load_layer(Loader& l, const V4Config& c, int64_t i, LayerWeights& w) {
+  const std::string p = "layers." + std::to_string(i) + ".";
+  const int64_t d = c.hidden_size, H = c.num_attention_heads, D = c.head_dim, hc = c.hc_mult;
+  const int64_t mix = (2 + hc) * hc;
+  w.ratio = c.compress_ratios[i];
+  w.rope = w.ratio == 0 ? make_rope(c.qk_rope_head_dim, c.rope_theta, nullptr)
+                        : make_rope(c.qk_rope_head_dim, c.compress_rope_theta, &c.rope_scaling);
+  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "attn_norm.weight", {d}, w.attn_norm));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "ffn_norm.weight", {d}, w.ffn_norm));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(p + "hc_attn_fn", mix, hc * d, w.hc_attn_fn));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(p + "hc_ffn_fn", mix, hc * d, w.hc_ffn_fn));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_attn_base", {mix}, w.hc_attn_base));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_ffn_base", {mix}, w.hc_ffn_base));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_attn_scale", {3}, w.hc_attn_scale));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_ffn_scale", {3}, w.hc_ffn_scale));
+
+  const std::string a = p + "attn.";
+  DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wq_a.weight", c.q_lora_rank, d, w.wq_a));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(a + "q_norm.weight", {c.q_lora_rank}, w.q_norm));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wq_b.weight", H * D, c.q_lora_rank, w.wq_b));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wkv.weight", D, d, w.wkv));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(a + "kv_norm.weight", {D}, w.kv_norm));
+  DEEPINFER_RETURN_IF_ERROR(
+      l.linear(a + "wo_a.weight", c.o_groups * c.o_lora_rank, H * D / c.o_groups, w.wo_a, c.o_groups));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wo_b.weight", d, c.o_groups * c.o_lora_rank, w.wo_b));
+  DEEPINFER_RETURN_IF_ERROR(l.vector(a + "attn_sink", {H}, w.attn_sink));
+  if (w.ratio != 0) {
+    DEEPINFER_RETURN_IF_ERROR(load_compressor(l, c, a + "compressor.", w.ratio, D, w.compressor));
+  }
+  if (w.ratio == 4) {
+    const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+    DEEPINFER_RETURN_IF_ERROR(l.linear(a + "indexer.wq_b.weight", hi * di, c.q_lora_rank, w.index_wq_b));
+    DEEPINFER_RETURN_IF_ERROR(l.linear(a + "indexer.weights_proj.weight", hi, d, w.index_weights_proj));
+    DEEPINFER_RETURN_IF_ERROR(load_compressor(l, c, a + "indexer.compressor.", 4, di, w.index_compressor));
+  }
+
+  const std::string f = p + "ffn.";
+  const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+  DEEPINFER_RETURN_IF_ERROR(l.linear(f + "gate.weight", E, d, w.gate));
+  if (i < c.num_hash_layers) {
+    const std::string name = f + "gate.tid2eid";
+    if (l.checkpoint().find(name) == nullptr) return l.missing(name);
+    std::vector<int64_t> shape = {c.vocab_size, c.num_experts_per_tok};
+    Result<std::vector<int64_t>> table = l.checkpoint().load_i64(name, shape);
+    if (!table.ok()) return table.status();
+    w.tid2eid.reserve(table->size());
+    for (int64_t e : *table) {
+      if (e < 0 || e >= E) {
+        return Status::invalid_argument("DeepSeek-V4 checkpoint: tensor '" + name + "' holds expert " +
+                                        std::to_string(e) + ", outside 0.." + std::to_string(E - 1));
+      }
+      w.tid2eid.push_back(static_cast<int32_t>(e));
+    }
+  } else {
+    DEEPINFER_RETURN_IF_ERROR(l.vector(f + "gate.bias", {E}, w.gate_bias));
+  }
+  w.w1.resize(E + 1);
+  w.w2.resize(E + 1);
+  w.w3.resize(E + 1);
+  for (int64_t e = 0; e <= E; ++e) {
+    const std::string q = e < E ? f + "experts." + std::to_string(e) + "." : f + "shared_experts.";
+    DEEPINFER_RETURN_IF_ERROR(l.linear(q + "w1.weight", I, d, w.w1[e]));
+    DEEPINFER_RETURN_IF_ERROR(l.linear(q + "w2.weight", d, I, w.w2[e]));
+    DEEPINFER_RETURN_IF_ERROR(l.linear(q + "w3.weight", I, d, w.w3[e]));
+  }
+  return Status();
+}
+
+}  // namespace
+
+DeepSeekV4Model::DeepSeekV4Model(V4Config config, Backend& backend)
+    : config_(std::move(config)), backend_(backend), w_(std::make_unique<Weights>()) {}
+
+DeepSeekV4Model::~DeepSeekV4Model() = default;
+
+Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesystem::path& dir, Backend& backend) {
+  if (backend.name() != "cpu") {
+    return Status::unsupported("DeepSeek-V4 runs on the CPU backend only in this build (the " +
+                               std::string(backend.name()) + " backend has no V4 kernels yet)");
+  }
+  Result<V4Config> config = load_v4_config(dir);
+  if (!config.ok()) return config.status();
+  Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  for (const std::string& name : (*checkpoint)->names()) {
+    const TensorView* t = (*checkpoint)->find(name);
+    if (t->dtype == DType::kF8E4M3 || t->dtype == DType::kI8 || t->dtype == DType::kU8) {
+      return Status::unsupported("DeepSeek-V4 checkpoint: tensor '" + name + "' is " +
+                                 std::string(dtype_name(t->dtype)) +
+                                 ": quantized V4 weights (FP8, FP4 experts) are not loaded yet; use a bf16 checkpoint");
+    }
+  }
+  const V4Config& c = *config;
+  std::unique_ptr<DeepSeekV4Model> model(new DeepSeekV4Model(c, backend));
+  Weights& w = *model->w_;
+  Loader l(**checkpoint, backend);
+  const int64_t d = c.hidden_size, hc = c.hc_mult;
+  DEEPINFER_RETURN_IF_ERROR(l.vector("embed.weight", {c.vocab_size, d}, w.embed));
+  DEEPINFER_RETURN_IF_ERROR(l.linear("head.weight", c.vocab_size, d, w.head));
+  DEEPINFER_RETURN_IF_ERROR(l.vector("norm.weight", {d}, w.norm));
+  DEEPINFER_RETURN_IF_ERROR(l.linear("hc_head_fn", hc, hc * d, w.hc_head_fn));
+  DEEPINFER_RETURN_IF_ERROR(l.vector("hc_head_base", {hc}, w.hc_head_base));
+  DEEPINFER_RETURN_IF_ERROR(l.vector("hc_head_scale", {1}, w.hc_head_scale));
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) DEEPINFER_RETURN_IF_ERROR(load_layer(l, c, i, w.layers[i]));
+  return model;
+}
+
+std::unique_ptr<V4Sequence> DeepSeekV4Model::new_sequence() const {
+  auto sequence = std::make_unique<V4Sequence>();
+  sequence->layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
+  for (V4Sequence::Layer& layer : sequence->layers_) {
+    layer.window.assign(static_cast<size_t>(config_.sliding_window * config_.head_dim), 0.0f);
+  }
+  return sequence;
+}
+
+namespace detail {
+
+// The forward pass over one batch; member functions are its steps.
+class V4Forward {
+ public:
+  struct Row {
+    int32_t token = 0;
+    int64_t position = 0;
+    size_t chunk = 0;
+  };
+  V4Forward(const V4Config& c, Backend& backend) : c_(c), backend_(backend) {}
+
+  // y[T][w.rows] = x[T][w.cols] · wᵀ (x row stride x_stride).
+  void linear(const Linear& w, const float* x, int64_t rows, int64_t x_stride, float* y) {
+    if (rows == 0) return;
+    Tensor xt{const_cast<float*>(x), backend::DType::kF32, rows, w.cols, x_stride};
+    Tensor yt{y, backend::DType::kF32, rows, w.rows, w.rows};
+    backend_.linear(xt, *w.weight, yt);
+  }
+  std::vector<float> linear(const Linear& w, const std::vector<float>& x, int64_t rows) {
+    std::vector<float> y(static_cast<size_t>(rows * w.rows));
+    linear(w, x.data(), rows, w.cols, y.data());
+    return y;
+  }
+
+  // model.py Block.hc_pre + hc_split_sinkhorn: from the streams X [T][hc][d], the sublayer input y [T][d], and the
+  // post [T][hc] and comb [T][hc][hc] weights hc_post needs.
+  void hc_pre(const std::vector<float>& X, int64_t T, const Linear& fn, const std::vector<float>& scale,
+              const std::vector<float>& base, std::vector<float>& y, std::vector<float>& post,
+              std::vector<float>& comb) {
+    const int64_t hc = c_.hc_mult, d = c_.hidden_size, mix = (2 + hc) * hc;
+    std::vector<float> mixes = linear(fn, X, T);
+    y.assign(static_cast<size_t>(T * d), 0.0f);
+    post.resize(static_cast<size_t>(T * hc));
+    comb.resize(static_cast<size_t>(T * hc * hc));
+    const double eps = c_.hc_eps;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* x = X.data() + t * hc * d;
+      double sum = 0.0;
+      for (int64_t i = 0; i < hc * d; ++i) sum += static_cast<double>(x[i]) * x[i];
+      const double rs = 1.0 / std::sqrt(sum / static_cast<double>(hc * d) + c_.rms_norm_eps);
+      const float* m = mixes.data() + t * mix;
+      std::vector<double> pre(hc), cm(hc * hc);
+      for (int64_t j = 0; j < hc; ++j) {
+        pre[j] = sigmoid(m[j] * rs * scale[0] + base[j]) + eps;
+        post[t * hc + j] = static_cast<float>(2.0 * sigmoid(m[hc + j] * rs * scale[1] + base[hc + j]));
+      }
+      for (int64_t i = 0; i < hc; ++i) {  // row softmax + eps
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < hc; ++j) {
+          cm[i * hc + j] = m[2 * hc + i * hc + j] * rs * scale[2] + base[2 * hc + i * hc + j];
+          mx = std::max(mx, cm[i * hc + j]);
+        }
+        double s = 0.0;
+        for (int64_t j = 0; j < hc; ++j) s += (cm[i * hc + j] = std::exp(cm[i * hc + j] - mx));
+        for (int64_t j = 0; j < hc; ++j) cm[i * hc + j] = cm[i * hc + j] / s + eps;
+      }
+      auto normalize_columns = [&] {
+        for (int64_t j = 0; j < hc; ++j) {
+          double s = 0.0;
+          for (int64_t i = 0; i < hc; ++i) s += cm[i * hc + j];
+          for (int64_t i = 0; i < hc; ++i) cm[i * hc + j] /= s + eps;
+        }
+      };
+      normalize_columns();
+      for (int64_t it = 1; it < c_.hc_sinkhorn_iters; ++it) {
+        for (int64_t i = 0; i < hc; ++i) {
+          double s = 0.0;
+          for (int64_t j = 0; j < hc; ++j) s += cm[i * hc + j];
+          for (int64_t j = 0; j < hc; ++j) cm[i * hc + j] /= s + eps;
+        }
+        normalize_columns();
+      }
+      for (int64_t k = 0; k < hc * hc; ++k) comb[t * hc * hc + k] = static_cast<float>(cm[k]);
+      float* out = y.data() + t * d;
+      for (int64_t k = 0; k < d; ++k) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < hc; ++j) acc += pre[j] * x[j * d + k];
+        out[k] = static_cast<float>(acc);
+      }
+    }
+  }
+
+  // model.py Block.hc_post: X'[j] = post[j] · out + Σ_i comb[i][j] · X[i].
+  void hc_post(std::vector<float>& X, int64_t T, const std::vector<float>& out, const std::vector<float>& post,
+               const std::vector<float>& comb) {
+    const int64_t hc = c_.hc_mult, d = c_.hidden_size;
+    std::vector<float> next(static_cast<size_t>(hc * d));
+    for (int64_t t = 0; t < T; ++t) {
+      float* x = X.data() + t * hc * d;
+      const float* cm = comb.data() + t * hc * hc;
+      for (int64_t j = 0; j < hc; ++j) {
+        for (int64_t k = 0; k < d; ++k) {
+          double acc = static_cast<double>(post[t * hc + j]) * out[t * d + k];
+          for (int64_t i = 0; i < hc; ++i) acc += static_cast<double>(cm[i * hc + j]) * x[i * d + k];
+          next[j * d + k] = static_cast<float>(acc);
+        }
+      }
+      std::copy(next.begin(), next.end(), x);
+    }
+  }
+
+  // model.py Compressor.forward for one sequence's chunk: appends the chunk's raw rows to the state and finishes
+  // every block the chunk completes (entry j = block j: softmax over the block's tokens per channel of score + ape,
+  // weighted sum of kv; overlapped: block j-1's first half of the channels with block j's second half), then
+  // RMSNorm and rope at position j * m.
+  void compress(const CompressorWeights& w, const Rope& rope, V4Sequence::Compressor& state, const float* x,
+                int64_t n, int64_t start) {
+    const int64_t m = w.ratio, dim = w.dim, width = w.coff * dim, R = c_.qk_rope_head_dim;
+    std::vector<float> kv(static_cast<size_t>(n * width)), score(static_cast<size_t>(n * width));
+    linear(w.wkv, x, n, c_.hidden_size, kv.data());
+    linear(w.wgate, x, n, c_.hidden_size, score.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float* ape = w.ape.data() + ((start + i) % m) * width;
+      for (int64_t k = 0; k < width; ++k) score[i * width + k] += ape[k];
+    }
+    state.kv.insert(state.kv.end(), kv.begin(), kv.end());
+    state.score.insert(state.score.end(), score.begin(), score.end());
+    const int64_t end = start + n;
+    auto row = [&](const std::vector<float>& rows, int64_t position) {
+      return rows.data() + (position - state.first_row) * width;
+    };
+    std::vector<float> entry(static_cast<size_t>(dim));
+    for (int64_t j = start / m; (j + 1) * m <= end; ++j) {
+      for (int64_t ch = 0; ch < dim; ++ch) {
+        double mx = -INFINITY;
+        const bool previous = w.coff == 2 && j > 0;
+        const int64_t own = w.coff == 2 ? dim + ch : ch;
+        for (int64_t t = 0; t < m; ++t) {
+          mx = std::max<double>(mx, row(state.score, j * m + t)[own]);
+          if (previous) mx = std::max<double>(mx, row(state.score, (j - 1) * m + t)[ch]);
+        }
+        double sum = 0.0, acc = 0.0;
+        for (int64_t t = 0; t < m; ++t) {
+          double e = std::exp(row(state.score, j * m + t)[own] - mx);
+          sum += e;
+          acc += e * row(state.kv, j * m + t)[own];
+          if (previous) {
+            double ep = std::exp(row(state.score, (j - 1) * m + t)[ch] - mx);
+            sum += ep;
+            acc += ep * row(state.kv, (j - 1) * m + t)[ch];
+          }
+        }
+        entry[ch] = static_cast<float>(acc / sum);
+      }
+      rms_norm(entry.data(), dim, w.norm.data(), c_.rms_norm_eps, entry.data());
+      rope.apply(entry.data() + dim - R, j * m);
+      state.entries.insert(state.entries.end(), entry.begin(), entry.end());
+    }
+    // Keep the unfinished block's rows, and (overlapped) the last finished block's.
+    int64_t keep = (end / m) * m;
+    if (w.coff == 2) keep = std::max<int64_t>(0, keep - m);
+    keep = std::max(keep, state.first_row);
+    state.kv.erase(state.kv.begin(), state.kv.begin() + (keep - state.first_row) * width);
+    state.score.erase(state.score.begin(), state.score.begin() + (keep - state.first_row) * width);
+    state.first_row = keep;
+  }
+
+  // model.py Attention.forward (with Indexer.forward on CSA layers) for every row; returns [T][d].
+  std::vector<float> attention(const LayerWeights& w, int64_t layer, const std::vector<float>& x,
+                               std::span<const DeepSeekV4Model::Chunk> chunks, const std::vector<Row>& rows) {
+    const int64_t T = static_cast<int64_t>(rows.size()), d = c_.hidden_size, H = c_.num_attention_heads;
+    const int64_t D = c_.head_dim, R = c_.qk_rope_head_dim, W = c_.sliding_window;
+    const double eps = c_.rms_norm_eps;
+    std::vector<float> qr = linear(w.wq_a, x, T);
+    for (int64_t t = 0; t < T; ++t) {
+      rms_norm(qr.data() + t * c_.q_lora_rank, c_.q_lora_rank, w.q_norm.data(), eps, qr.data() + t * c_.q_lora_rank);
+    }
+    std::vector<float> q = linear(w.wq_b, qr, T);
+    std::vector<float> kv = linear(w.wkv, x, T);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        float* qh = q.data() + (t * H + h) * D;
+        rms_norm(qh, D, nullptr, eps, qh);
+        w.rope.apply(qh + D - R, rows[t].position);
+      }
+      float* k = kv.data() + t * D;
+      rms_norm(k, D, w.kv_norm.data(), eps, k);
+      w.rope.apply(k + D - R, rows[t].position);
+    }
+    // Indexer queries and head weights (CSA layers).
+    const int64_t HI = c_.index_n_heads, DI = c_.index_head_dim;
+    std::vector<float> index_q, index_weight;
+    if (w.ratio == 4) {
+      index_q = linear(w.index_wq_b, qr, T);
+      index_weight = linear(w.index_weights_proj, x, T);
+      const double head_scale = 1.0 / std::sqrt(static_cast<double>(DI)) / std::sqrt(static_cast<double>(HI));
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t h = 0; h < HI; ++h) w.rope.apply(index_q.data() + (t * HI + h) * DI + DI - R, rows[t].position);
+        for (int64_t h = 0; h < HI; ++h) index_weight[t * HI + h] = static_cast<float>(index_weight[t * HI + h] * head_scale);
+      }
+    }
+
+    std::vector<float> o(static_cast<size_t>(T * H * D), 0.0f);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    int64_t r0 = 0;
+    for (const DeepSeekV4Model::Chunk& chunk : chunks) {
+      const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
+      V4Sequence::Layer& state = chunk.sequence->layers_[layer];
+      const int64_t start = chunk.sequence->length_;
+      // The raw KV rows the chunk's windows reach: positions [lo, start + n).
+      const int64_t lo = std::max<int64_t>(0, start - (W - 1));
+      std::vector<float> raw(static_cast<size_t>((start + n - lo) * D));
+      for (int64_t p = lo; p < start; ++p) {
+        std::copy_n(state.window.data() + (p % W) * D, D, raw.data() + (p - lo) * D);
+      }
+      std::copy_n(kv.data() + r0 * D, n * D, raw.data() + (start - lo) * D);
+      if (w.ratio != 0) compress(w.compressor, w.rope, state.attention, x.data() + r0 * d, n, start);
+      if (w.ratio == 4) compress(w.index_compressor, w.rope, state.indexer, x.data() + r0 * d, n, start);
+
+      std::vector<const float*> keys;
+      std::vector<double> scores;
+      std::vector<std::pair<double, int64_t>> ranked;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = r0 + i, p = start + i;
+        keys.clear();
+        for (int64_t s = std::max<int64_t>(0, p - (W - 1)); s <= p; ++s) keys.push_back(raw.data() + (s - lo) * D);
+        if (w.ratio != 0) {
+          const int64_t visible = (p + 1) / w.ratio;
+          const float* entries = state.attention.entries.data();
+          if (w.ratio == 4 && visible > c_.index_topk) {
+            // Lightning indexer: score[s] = Σ_h relu(q_h · k_s) · weight_h over visible entries; top index_topk.
+            ranked.clear();
+            const float* index_keys = state.indexer.entries.data();
+            for (int64_t s = 0; s < visible; ++s) {
+              double score = 0.0;
+              for (int64_t h = 0; h < HI; ++h) {
+                const float* qh = index_q.data() + (t * HI + h) * DI;
+                double dot = 0.0;
+                for (int64_t k = 0; k < DI; ++k) dot += static_cast<double>(qh[k]) * index_keys[s * DI + k];
+                score += std::max(dot, 0.0) * index_weight[t * HI + h];
+              }
+              ranked.emplace_back(score, s);
+            }
+            std::partial_sort(ranked.begin(), ranked.begin() + c_.index_topk, ranked.end(),
+                              [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+            for (int64_t k = 0; k < c_.index_topk; ++k) keys.push_back(entries + ranked[k].second * D);
+          } else {
+            for (int64_t s = 0; s < visible; ++s) keys.push_back(entries + s * D);
+          }
+        }
+        // sparse_attn: softmax over the keys' scores with the head's sink in the denominator; V = K.
+        scores.resize(keys.size());
+        for (int64_t h = 0; h < H; ++h) {
+          const float* qh = q.data() + (t * H + h) * D;
+          double mx = w.attn_sink[h];
+          for (size_t s = 0; s < keys.size(); ++s) {
+            double dot = 0.0;
+            for (int64_t k = 0; k < D; ++k) dot += static_cast<double>(qh[k]) * keys[s][k];
+            scores[s] = dot * scale;
+            mx = std::max(mx, scores[s]);
+          }
+          double sum = std::exp(w.attn_sink[h] - mx);
+          std::vector<double> acc(static_cast<size_t>(D), 0.0);
+          for (size_t s = 0; s < keys.size(); ++s) {
+            double e = std::exp(scores[s] - mx);
+            sum += e;
+            for (int64_t k = 0; k < D; ++k) acc[k] += e * keys[s][k];
+          }
+          float* oh = o.data() + (t * H + h) * D;
+          for (int64_t k = 0; k < D; ++k) oh[k] = static_cast<float>(acc[k] / sum);
+          w.rope.apply(oh + D - R, p, /*inverse=*/true);
+        }
+      }
+      for (int64_t p = std::max(start, start + n - W); p < start + n; ++p) {
+        std::copy_n(kv.data() + (r0 + p - start) * D, D, state.window.data() + (p % W) * D);
+      }
+      r0 += n;
+    }
+    // Grouped low-rank output: per group g, z_g = wo_a[g] · o_g; then wo_b.
+    const int64_t G = c_.o_groups, L = c_.o_lora_rank;
+    std::vector<float> z(static_cast<size_t>(T * G * L));
+    Tensor ot{o.data(), backend::DType::kF32, T, H * D, H * D};
+    Tensor zt{z.data(), backend::DType::kF32, T, G * L, G * L};
+    backend_.linear_heads(ot, H * D / G, *w.wo_a.weight, zt, L);
+    return linear(w.wo_b, z, T);
+  }
+
+  // model.py MoE.forward with Gate and Expert: routed experts by hash table or top-k of score + bias, plus the
+  // shared expert; SwiGLU clamped at swiglu_limit.
+  std::vector<float> moe(const LayerWeights& w, int64_t layer, const std::vector<float>& x, const std::vector<Row>& rows) {
+    const int64_t T = static_cast<int64_t>(rows.size()), d = c_.hidden_size, E = c_.n_routed_experts;
+    const int64_t K = c_.num_experts_per_tok;
+    std::vector<float> logits = linear(w.gate, x, T);
+    std::vector<std::vector<std::pair<int64_t, double>>> routed(static_cast<size_t>(E));  // per expert: (row, weight)
+    std::vector<double> scores(static_cast<size_t>(E));
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* g = logits.data() + t * E;
+      if (c_.scoring_func == "softmax") {
+        double mx = *std::max_element(g, g + E), sum = 0.0;
+        for (int64_t e = 0; e < E; ++e) sum += (scores[e] = std::exp(g[e] - mx));
+        for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
+      } else if (c_.scoring_func == "sigmoid") {
+        for (int64_t e = 0; e < E; ++e) scores[e] = sigmoid(g[e]);
+      } else {  // sqrt(softplus), softplus as torch computes it (linear above 20)
+        for (int64_t e = 0; e < E; ++e) scores[e] = std::sqrt(g[e] > 20.0f ? g[e] : std::log1p(std::exp(static_cast<double>(g[e]))));
+      }
+      std::vector<int64_t> chosen(static_cast<size_t>(K));
+      if (layer < c_.num_hash_layers) {
+        for (int64_t k = 0; k < K; ++k) chosen[k] = w.tid2eid[static_cast<size_t>(rows[t].token) * K + k];
+      } else {
+        std::iota(order.begin(), order.end(), 0);
+        auto biased = [&](int64_t e) { return scores[e] + w.gate_bias[e]; };
+        std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                          [&](int64_t a, int64_t b) { return biased(a) > biased(b) || (biased(a) == biased(b) && a < b); });
+        std::copy_n(order.begin(), K, chosen.begin());
+      }
+      double total = 0.0;
+      for (int64_t e : chosen) total += scores[e];
+      for (int64_t e : chosen) {
+        double weight = c_.scoring_func == "softmax" ? scores[e] : scores[e] / total;
+        routed[e].emplace_back(t, weight * c_.routed_scaling_factor);
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(T * d), 0.0f);
+    auto expert = [&](int64_t e, const std::vector<std::pair<int64_t, double>>& members) {
+      const int64_t n = static_cast<int64_t>(members.size());
+      if (n == 0) return;
+      const int64_t I = c_.moe_intermediate_size;
+      std::vector<float> in(static_cast<size_t>(n * d));
+      for (int64_t i = 0; i < n; ++i) std::copy_n(x.data() + members[i].first * d, d, in.data() + i * d);
+      std::vector<float> gate = linear(w.w1[e], in, n), up = linear(w.w3[e], in, n);
+      const double limit = c_.swiglu_limit;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t k = 0; k < I; ++k) {
+          double gv = gate[i * I + k], uv = up[i * I + k];
+          if (limit > 0.0) {
+            uv = std::clamp(uv, -limit, limit);
+            gv = std::min(gv, limit);
+          }
+          gate[i * I + k] = static_cast<float>(gv / (1.0 + std::exp(-gv)) * uv * members[i].second);
+        }
+      }
+      std::vector<float> out = linear(w.w2[e], gate, n);
+      for (int64_t i = 0; i < n; ++i) {
+        float* dst = y.data() + members[i].first * d;
+        for (int64_t k = 0; k < d; ++k) dst[k] += out[i * d + k];
+      }
+    };
+    for (int64_t e = 0; e < E; ++e) expert(e, routed[e]);
+    std::vector<std::pair<int64_t, double>> everyone(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) everyone[t] = {t, 1.0};
+    expert(E, everyone);
+    return y;
+  }
+
+ private:
+  const V4Config& c_;
+  Backend& backend_;
+};
+
+}  // namespace detail
+
+Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float>& logits) {
+  const V4Config& c = config_;
+  std::set<const V4Sequence*> seen;
+  std::vector<detail::V4Forward::Row> rows;
+  std::vector<int64_t> wanted;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& chunk = chunks[i];
+    if (chunk.sequence == nullptr || chunk.token_ids.empty()) {
+      return Status::invalid_argument("DeepSeek-V4 forward: chunk " + std::to_string(i) + " has no sequence or no tokens");
+    }
+    if (!seen.insert(chunk.sequence).second) {
+      return Status::invalid_argument("DeepSeek-V4 forward: a sequence appears twice in one batch");
+    }
+    if (chunk.sequence->layers_.size() != static_cast<size_t>(c.num_hidden_layers)) {
+      return Status::invalid_argument("DeepSeek-V4 forward: the sequence was not made by this model's new_sequence()");
+    }
+    const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
+    if (chunk.sequence->length_ + n > c.max_position_embeddings) {
+      return Status::invalid_argument("DeepSeek-V4 forward: positions up to " +
+                                      std::to_string(chunk.sequence->length_ + n) + " exceed max_position_embeddings " +
+                                      std::to_string(c.max_position_embeddings));
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      int32_t id = chunk.token_ids[k];
+      if (id < 0 || id >= c.vocab_size) {
+        return Status::invalid_argument("DeepSeek-V4 forward: token id " + std::to_string(id) +
+                                        " is outside the vocabulary (" + std::to_string(c.vocab_size) + ")");
+      }
+      if (chunk.all_logits || k == n - 1) wanted.push_back(static_cast<int64_t>(rows.size()));
+      rows.push_back({id, chunk.sequence->length_ + k, i});
+    }
+  }
+  const int64_t T = static_cast<int64_t>(rows.size()), d = c.hidden_size, hc = c.hc_mult;
+  detail::V4Forward f(c, backend_);
+  // Embedding, copied into every stream.
+  std::vector<float> X(static_cast<size_t>(T * hc * d));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < hc; ++j) std::copy_n(w_->embed.data() + rows[t].token * d, d, X.data() + (t * hc + j) * d);
+  }
+  std::vector<float> y, post, comb;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& w = w_->layers[l];
+    f.hc_pre(X, T, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base, y, post, comb);
+    for (int64_t t = 0; t < T; ++t) rms_norm(y.data() + t * d, d, w.attn_norm.data(), c.rms_norm_eps, y.data() + t * d);
+    std::vector<float> out = f.attention(w, l, y, chunks, rows);
+    f.hc_post(X, T, out, post, comb);
+    f.hc_pre(X, T, w.hc_ffn_fn, w.hc_ffn_scale, w.hc_ffn_base, y, post, comb);
+    for (int64_t t = 0; t < T; ++t) rms_norm(y.data() + t * d, d, w.ffn_norm.data(), c.rms_norm_eps, y.data() + t * d);
+    out = f.moe(w, l, y, rows);
+    f.hc_post(X, T, out, post, comb);
+  }
+  for (const Chunk& chunk : chunks) chunk.sequence->length_ += static_cast<int64_t>(chunk.token_ids.size());
+
+  // model.py Block.hc_head (sigmoid pre-weights, no Sinkhorn), the final norm and the head, on the wanted rows.
+  const int64_t n = static_cast<int64_t>(wanted.size());
+  std::vector<float> streams(static_cast<size_t>(n * hc * d));
+  for (int64_t i = 0; i < n; ++i) std::copy_n(X.data() + wanted[i] * hc * d, hc * d, streams.data() + i * hc * d);
+  std::vector<float> mixes = f.linear(w_->hc_head_fn, streams, n);
+  std::vector<float> h(static_cast<size_t>(n * d));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = streams.data() + i * hc * d;
+    double sum = 0.0;
+    for (int64_t k = 0; k < hc * d; ++k) sum += static_cast<double>(x[k]) * x[k];
+    const double rs = 1.0 / std::sqrt(sum / static_cast<double>(hc * d) + c.rms_norm_eps);
+    std::vector<double> pre(static_cast<size_t>(hc));
+    for (int64_t j = 0; j < hc; ++j) {
+      pre[j] = sigmoid(mixes[i * hc + j] * rs * w_->hc_head_scale[0] + w_->hc_head_base[j]) + c.hc_eps;
+    }
+    for (int64_t k = 0; k < d; ++k) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < hc; ++j) acc += pre[j] * x[j * d + k];
+      h[i * d + k] = static_cast<float>(acc);
+    }
+    rms_norm(h.data() + i * d, d, w_->norm.data(), c.rms_norm_eps, h.data() + i * d);
+  }
+  logits = f.linear(w_->head, h, n);
+  return Status();
+}
+
+}  // namespace deepinfer::model
+
+#undef DEEPINFER_RETURN_IF_ERROR
