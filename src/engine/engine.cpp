@@ -3,6 +3,7 @@
 #include "deepinfer/engine/engine.h"
 
 #include "model_executor.h"
+#include "v4_executor.h"
 #include "mtp_executor.h"
 
 #include <omp.h>
@@ -63,12 +64,14 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model:
                std::unique_ptr<DraftPlanner> planner)
     : backend_(std::move(backend)),
       model_(std::move(model)),
+      model_config_(model_ ? model_->config() : model::ModelConfig{}),
       config_(config),
       scheduler_(std::move(scheduler)),
       layer_caches_(std::move(layer_caches)) {
   for (const backend::Buffer& layer : layer_caches_) kv_cache_bytes_ += layer.bytes;
   // Sampling threads: one Sampler each (a Sampler keeps per-row scratch and is single-threaded), at most 16.
   const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
+  if (model_ == nullptr) return;  // V4: create() sets the executor
   if (config.speculative.enabled()) {
     const bool module =
         config.speculative.algorithm == SpeculativeAlgorithm::kDspark && model_->config().dspark.has_value();
@@ -458,8 +461,50 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   return engine;
 }
 
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
+                                               std::unique_ptr<model::DeepSeekV4Model> model,
+                                               const EngineConfig& config) {
+  auto refuse = [](const std::string& what) {
+    return Status::unsupported(what + " does not run DeepSeek-V4 yet (its cache lives per sequence in the V4 "
+                               "executor, not in prefix-cache blocks)");
+  };
+  if (config.enable_prefix_caching) return refuse("prefix caching");
+  if (config.host_cache_bytes > 0 || !config.disk_cache_path.empty()) return refuse("the host/disk KV tiers");
+  if (!config.kv_events_endpoint.empty()) return refuse("KV events");
+  if (config.speculative.enabled()) return refuse("speculative decoding");
+  EngineConfig resolved = config;
+  const model::ModelConfig c = model->engine_config();
+  if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
+  const int64_t windows = model->window_bytes_per_sequence() * resolved.max_num_seqs;
+  if (resolved.kv_cache_bytes <= windows) {
+    return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) + " does not hold the " +
+                                    std::to_string(resolved.max_num_seqs) + " sequences' window rings (" +
+                                    std::to_string(windows) + " bytes)");
+  }
+  resolved.kv_cache_bytes -= windows;
+  const kvcache::CacheLayout layout = kvcache::CacheLayout::latent_only(1, model->cache_bytes_per_token());
+  Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
+  if (!plan.ok()) return plan.status();
+  Result<std::unique_ptr<kvcache::KvCacheManager>> cache = kvcache::KvCacheManager::create(std::move(plan->cache));
+  if (!cache.ok()) return cache.status();
+  Result<Scheduler> scheduler = Scheduler::create(plan->scheduler, std::move(cache).value());
+  if (!scheduler.ok()) return scheduler.status();
+  auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), nullptr, resolved, std::move(scheduler).value(),
+                                                   {}, nullptr));
+  engine->v4_model_ = std::move(model);
+  engine->model_config_ = c;
+  engine->block_bytes_ = static_cast<size_t>(layout.block_bytes());
+  engine->kv_cache_bytes_ = static_cast<size_t>(config.kv_cache_bytes);
+  const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
+  engine->executor_ = std::make_unique<V4Executor>(*engine->v4_model_, threads, config.parallel_sampling_min_logits);
+  return engine;
+}
+
 Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingParams& params, KvHandoff handoff) {
-  const model::ModelConfig& c = model_->config();
+  const model::ModelConfig& c = model_config_;
+  if (v4_model_ && !handoff.empty()) {
+    return Status::failed_precondition("KV handoff (prefill/decode disaggregation) does not run DeepSeek-V4 yet");
+  }
   if (prompt.empty()) return Status::invalid_argument("the prompt has no tokens");
   if (Status s = params.validate(c.vocab_size); !s.ok()) return s;
   static const size_t classes = kvcache::RetentionConfig::defaults().classes.size();

@@ -8,22 +8,57 @@
 
 namespace deepinfer::engine {
 
-ModelExecutor::ModelExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches,
-                             int32_t sampling_threads, int64_t parallel_sampling_min_logits)
-    : model_(model),
-      layer_caches_(layer_caches),
-      parallel_sampling_min_logits_(parallel_sampling_min_logits),
-      samplers_(static_cast<size_t>(std::max(sampling_threads, 1)), Sampler(model.config().vocab_size)) {}
+RequestSampling::RequestSampling(int64_t vocab_size, int32_t sampling_threads, int64_t parallel_sampling_min_logits)
+    : parallel_sampling_min_logits_(parallel_sampling_min_logits),
+      samplers_(static_cast<size_t>(std::max(sampling_threads, 1)), Sampler(vocab_size)) {}
 
-Status ModelExecutor::add_request(SequenceId id, std::span<const TokenId> prompt_token_ids,
-                                  const SamplingParams& params) {
+Status RequestSampling::add_request(SequenceId id, std::span<const TokenId> prompt_token_ids,
+                                    const SamplingParams& params) {
   if (requests_.contains(id)) return Status::invalid_argument("request " + std::to_string(id) + " is already live");
   requests_[id] = {std::vector<TokenId>(prompt_token_ids.begin(), prompt_token_ids.end()), {}, params,
                    make_request_rng(params, static_cast<uint64_t>(id))};
   return Status();
 }
 
-void ModelExecutor::remove_request(SequenceId id) { requests_.erase(id); }
+void RequestSampling::remove_request(SequenceId id) { requests_.erase(id); }
+
+Status RequestSampling::sample(const ScheduledBatch& batch, std::span<const float> logits, StepOutput& out) {
+  const int64_t vocab = samplers_[0].vocab_size();
+  std::vector<SamplerRow> rows;
+  std::vector<size_t> entry_of_row;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    if (!entry.samples) continue;
+    RequestState& request = requests_.at(entry.sequence_id);
+    SamplerRow row;
+    row.logits = logits.subspan(rows.size() * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    row.params = &request.params;
+    row.prompt_token_ids = request.prompt;
+    row.output_token_ids = request.output;
+    row.rng = &request.rng;
+    rows.push_back(row);
+    entry_of_row.push_back(i);
+  }
+  std::vector<SampledToken> sampled(rows.size());
+  if (Status s = sample_rows(rows, sampled); !s.ok()) return s;
+  for (size_t r = 0; r < sampled.size(); ++r) out.entries[entry_of_row[r]].push_back(std::move(sampled[r]));
+  return Status();
+}
+
+void RequestSampling::commit(const ScheduledBatch& batch, const StepOutput& out, bool count_greedy) {
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    if (out.entries[i].empty()) continue;
+    RequestState& request = requests_.at(batch.entries[i].sequence_id);
+    if (count_greedy) ++request.rng.counter;
+    for (const SampledToken& token : out.entries[i]) request.output.push_back(token.token_id);
+  }
+}
+
+ModelExecutor::ModelExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches,
+                             int32_t sampling_threads, int64_t parallel_sampling_min_logits)
+    : model_(model),
+      layer_caches_(layer_caches),
+      sampling_(model.config().vocab_size, sampling_threads, parallel_sampling_min_logits) {}
 
 Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
   model::ForwardBatch forward;
@@ -33,7 +68,7 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
                                       std::to_string(entry.sequence_id) + " was given " +
                                       std::to_string(entry.num_lookahead_slots) + " lookahead slots");
     }
-    if (!requests_.contains(entry.sequence_id)) {
+    if (!sampling_.contains(entry.sequence_id)) {
       return Status::internal("the executor has no request " + std::to_string(entry.sequence_id));
     }
     const int32_t first_row = static_cast<int32_t>(forward.token_ids.size());
@@ -47,7 +82,7 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
   // A step whose every sampled row is plain greedy gets only the argmax ids from the backend, not the logits.
   bool plain_greedy = true;
   for (const ScheduledEntry& entry : batch.entries) {
-    if (entry.samples) plain_greedy = plain_greedy && requests_.at(entry.sequence_id).params.is_plain_greedy();
+    if (entry.samples) plain_greedy = plain_greedy && sampling_.is_plain_greedy(entry.sequence_id);
   }
   if (plain_greedy) {
     if (Status s = model_.forward_greedy(forward, layer_caches_, greedy_ids_); !s.ok()) return s;
@@ -66,34 +101,11 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
     }
   } else {
     if (Status s = model_.forward(forward, layer_caches_, logits_); !s.ok()) return s;
-    const int64_t vocab = model_.config().vocab_size;
-    std::vector<SamplerRow> rows;
-    std::vector<size_t> entry_of_row;
-    for (size_t i = 0; i < batch.entries.size(); ++i) {
-      const ScheduledEntry& entry = batch.entries[i];
-      if (!entry.samples) continue;
-      RequestState& request = requests_.at(entry.sequence_id);
-      SamplerRow row;
-      row.logits = std::span<const float>(logits_.data() + rows.size() * vocab, static_cast<size_t>(vocab));
-      row.params = &request.params;
-      row.prompt_token_ids = request.prompt;
-      row.output_token_ids = request.output;
-      row.rng = &request.rng;
-      rows.push_back(row);
-      entry_of_row.push_back(i);
-    }
-    std::vector<SampledToken> sampled(rows.size());
-    if (Status s = sample_rows(rows, sampled); !s.ok()) return s;
-    for (size_t r = 0; r < sampled.size(); ++r) out.entries[entry_of_row[r]].push_back(std::move(sampled[r]));
+    if (Status s = sampling_.sample(batch, logits_, out); !s.ok()) return s;
   }
   // Committed: the RNG streams advance (the greedy path too, as the sampler does for every row) and the
   // generated tokens join the penalty windows.
-  for (size_t i = 0; i < batch.entries.size(); ++i) {
-    if (out.entries[i].empty()) continue;
-    RequestState& request = requests_.at(batch.entries[i].sequence_id);
-    if (plain_greedy) ++request.rng.counter;
-    for (const SampledToken& token : out.entries[i]) request.output.push_back(token.token_id);
-  }
+  sampling_.commit(batch, out, plain_greedy);
   return out;
 }
 
@@ -102,7 +114,7 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
 // machine: 256 rows of a 129,280-token vocabulary at top_p 0.9 cost 408 ms on one core; the GPU step they follow
 // took 12 ms). Every row is checked before any is sampled, so the step stays all-or-nothing; each row is checked
 // once, by the thread that samples it.
-Status ModelExecutor::sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled) {
+Status RequestSampling::sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled) {
   const int64_t work = static_cast<int64_t>(rows.size()) * samplers_[0].vocab_size();
   const int64_t threads = std::min<int64_t>(static_cast<int64_t>(samplers_.size()), static_cast<int64_t>(rows.size()));
   if (threads <= 1 || work < parallel_sampling_min_logits_) return samplers_[0].sample(rows, sampled);

@@ -16,17 +16,24 @@
 
 namespace deepinfer::engine {
 
-class ModelExecutor final : public Executor {
+// The per-request sampling state every executor keeps (parameters, RNG stream, prompt and generated tokens for
+// penalties) and the host-thread sampling of a step's logits rows. Used by the executors of both model families.
+class RequestSampling {
  public:
-  // `model` and `layer_caches` (per layer [num_blocks, 64, kv_cache_dim]) are not owned and must outlive
-  // the executor. sampling_threads: 1..16 Samplers; parallel_sampling_min_logits: rows x vocab from which a
-  // step's rows are split over them.
-  ModelExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches, int32_t sampling_threads,
-                int64_t parallel_sampling_min_logits);
+  // sampling_threads: 1..16 Samplers; parallel_sampling_min_logits: rows x vocab from which a step's rows are
+  // split over them.
+  RequestSampling(int64_t vocab_size, int32_t sampling_threads, int64_t parallel_sampling_min_logits);
 
-  Status add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) override;
-  void remove_request(SequenceId id) override;
-  Result<StepOutput> run(const ScheduledBatch& batch) override;
+  Status add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params);
+  void remove_request(SequenceId id);
+  bool contains(SequenceId id) const { return requests_.contains(id); }
+  bool is_plain_greedy(SequenceId id) const { return requests_.at(id).params.is_plain_greedy(); }
+  // Samples one token per sampling entry of `batch` from `logits` (float32 [sampling entries][vocab], in entry
+  // order) into out.entries. All-or-nothing: a bad row (NaN, nothing finite) fails the call, nothing sampled.
+  Status sample(const ScheduledBatch& batch, std::span<const float> logits, StepOutput& out);
+  // After a step's tokens are final: the RNG streams advance (`count_greedy`: also for entries the caller
+  // picked the argmax for, as the sampler does for every row) and the tokens join the penalty windows.
+  void commit(const ScheduledBatch& batch, const StepOutput& out, bool count_greedy);
 
  private:
   struct RequestState {
@@ -37,11 +44,28 @@ class ModelExecutor final : public Executor {
   };
   Status sample_rows(std::span<const SamplerRow> rows, std::span<SampledToken> sampled);
 
-  model::DeepSeekModel& model_;
-  std::span<const backend::Buffer> layer_caches_;
   int64_t parallel_sampling_min_logits_;
   std::vector<Sampler> samplers_;  // one per sampling thread (a Sampler keeps per-row scratch)
   std::map<SequenceId, RequestState> requests_;
+};
+
+class ModelExecutor final : public Executor {
+ public:
+  // `model` and `layer_caches` (per layer [num_blocks, 64, kv_cache_dim]) are not owned and must outlive
+  // the executor. Sampling threads as RequestSampling.
+  ModelExecutor(model::DeepSeekModel& model, std::span<const backend::Buffer> layer_caches, int32_t sampling_threads,
+                int64_t parallel_sampling_min_logits);
+
+  Status add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) override {
+    return sampling_.add_request(id, prompt_token_ids, params);
+  }
+  void remove_request(SequenceId id) override { sampling_.remove_request(id); }
+  Result<StepOutput> run(const ScheduledBatch& batch) override;
+
+ private:
+  model::DeepSeekModel& model_;
+  std::span<const backend::Buffer> layer_caches_;
+  RequestSampling sampling_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;
 };

@@ -287,6 +287,46 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   return model;
 }
 
+ModelConfig DeepSeekV4Model::engine_config() const {
+  const V4Config& v = config_;
+  ModelConfig c;
+  c.model_type = v.model_type;
+  c.vocab_size = v.vocab_size;
+  c.hidden_size = v.hidden_size;
+  c.moe_intermediate_size = v.moe_intermediate_size;
+  c.num_hidden_layers = v.num_hidden_layers;
+  c.num_attention_heads = v.num_attention_heads;
+  c.num_key_value_heads = 1;
+  c.n_routed_experts = v.n_routed_experts;
+  c.num_experts_per_tok = v.num_experts_per_tok;
+  c.n_shared_experts = v.n_shared_experts;
+  c.routed_scaling_factor = v.routed_scaling_factor;
+  c.q_lora_rank = v.q_lora_rank;
+  c.qk_rope_head_dim = v.qk_rope_head_dim;
+  c.max_position_embeddings = v.max_position_embeddings;
+  c.rope_theta = v.rope_theta;
+  c.rms_norm_eps = v.rms_norm_eps;
+  c.bos_token_id = v.bos_token_id;
+  c.eos_token_ids = v.eos_token_ids;
+  c.num_nextn_predict_layers = 0;
+  c.scoring_func = v.scoring_func;
+  c.topk_method = "noaux_tc";
+  return c;
+}
+
+int64_t DeepSeekV4Model::cache_bytes_per_token() const {
+  double bytes = 0.0;
+  for (int64_t ratio : config_.compress_ratios) {
+    if (ratio != 0) bytes += 4.0 * static_cast<double>(config_.head_dim) / static_cast<double>(ratio);
+    if (ratio == 4) bytes += 4.0 * static_cast<double>(config_.index_head_dim) / 4.0;
+  }
+  return std::max<int64_t>(4, static_cast<int64_t>(std::ceil(bytes)));
+}
+
+int64_t DeepSeekV4Model::window_bytes_per_sequence() const {
+  return config_.num_hidden_layers * config_.sliding_window * config_.head_dim * 4;
+}
+
 std::unique_ptr<V4Sequence> DeepSeekV4Model::new_sequence() const {
   auto sequence = std::make_unique<V4Sequence>();
   sequence->layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
@@ -678,7 +718,7 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
         return Status::invalid_argument("DeepSeek-V4 forward: token id " + std::to_string(id) +
                                         " is outside the vocabulary (" + std::to_string(c.vocab_size) + ")");
       }
-      if (chunk.all_logits || k == n - 1) wanted.push_back(static_cast<int64_t>(rows.size()));
+      if (chunk.logits == Logits::kAll || (chunk.logits == Logits::kLast && k == n - 1)) wanted.push_back(static_cast<int64_t>(rows.size()));
       rows.push_back({id, chunk.sequence->length_ + k, i});
     }
   }

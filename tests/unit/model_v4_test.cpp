@@ -94,7 +94,8 @@ class V4Test : public ::testing::Test {
     std::vector<float> out;
     for (int done = 0; done < n;) {
       int len = chunk == 0 ? n : std::min(chunk, n - done);
-      DeepSeekV4Model::Chunk c{sequence.get(), std::span<const int32_t>(r.ids.data() + done, len), true};
+      DeepSeekV4Model::Chunk c{sequence.get(), std::span<const int32_t>(r.ids.data() + done, len),
+                                 DeepSeekV4Model::Logits::kAll};
       Status s = model_->forward(std::span<const DeepSeekV4Model::Chunk>(&c, 1), out);
       ASSERT_TRUE(s.ok()) << s.to_string();
       ASSERT_EQ(out.size(), static_cast<size_t>(len * vocab));
@@ -106,7 +107,7 @@ class V4Test : public ::testing::Test {
     for (int i = 0; i < kGreedy; ++i) {
       greedy.push_back(next);
       if (i + 1 == kGreedy) break;
-      DeepSeekV4Model::Chunk c{sequence.get(), std::span<const int32_t>(&greedy.back(), 1), false};
+      DeepSeekV4Model::Chunk c{sequence.get(), std::span<const int32_t>(&greedy.back(), 1)};
       Status s = model_->forward(std::span<const DeepSeekV4Model::Chunk>(&c, 1), out);
       ASSERT_TRUE(s.ok()) << s.to_string();
       next = argmax(out.data(), vocab);
@@ -162,7 +163,8 @@ TEST_F(V4Test, BatchedPromptsMatchReference) {
       const size_t n = prompts_[i].ids.size();
       if (done[i] == n) continue;
       const size_t len = std::min<size_t>(sizes[i], n - done[i]);
-      chunks.push_back({sequences[i].get(), std::span<const int32_t>(prompts_[i].ids.data() + done[i], len), true});
+      chunks.push_back({sequences[i].get(), std::span<const int32_t>(prompts_[i].ids.data() + done[i], len),
+                        DeepSeekV4Model::Logits::kAll});
       owner.push_back(i);
     }
     if (chunks.empty()) break;
@@ -189,16 +191,16 @@ TEST_F(V4Test, ForwardRejectsBadArguments) {
   auto a = model_->new_sequence();
   std::vector<float> out;
   std::vector<int32_t> bad = {5, 1024};
-  DeepSeekV4Model::Chunk c{a.get(), bad, false};
+  DeepSeekV4Model::Chunk c{a.get(), bad};
   Status s = model_->forward(std::span<const DeepSeekV4Model::Chunk>(&c, 1), out);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("token id 1024"), std::string::npos) << s.to_string();
   EXPECT_EQ(a->length(), 0);  // unchanged
   std::vector<int32_t> good = {5, 6};
-  DeepSeekV4Model::Chunk twice[2] = {{a.get(), good, false}, {a.get(), good, false}};
+  DeepSeekV4Model::Chunk twice[2] = {{a.get(), good}, {a.get(), good}};
   s = model_->forward(twice, out);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  DeepSeekV4Model::Chunk empty{a.get(), {}, false};
+  DeepSeekV4Model::Chunk empty{a.get(), {}};
   EXPECT_EQ(model_->forward(std::span<const DeepSeekV4Model::Chunk>(&empty, 1), out).code(),
             StatusCode::kInvalidArgument);
 }

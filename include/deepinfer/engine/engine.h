@@ -28,6 +28,7 @@
 #include "deepinfer/engine/executor.h"
 #include "deepinfer/kvcache/kv_cache_manager.h"
 #include "deepinfer/model/deepseek_model.h"
+#include "deepinfer/model/deepseek_v4.h"
 
 namespace deepinfer::engine {
 
@@ -130,6 +131,13 @@ class Engine {
   // Takes ownership of the backend and the model built on it.
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<backend::Backend> backend,
                                                 std::unique_ptr<model::DeepSeekModel> model, const EngineConfig& config);
+  // A DeepSeek-V4 model (the CPU reference path): its cache lives per sequence in the V4 executor (V4Executor);
+  // the scheduler's blocks account for it at DeepSeekV4Model::cache_bytes_per_token() per token, after the
+  // max_num_seqs window rings are taken from kv_cache_bytes. Unsupported: prefix caching, the host/disk tiers, KV
+  // events, speculative decoding (a clear error naming the option); KvHandoff is refused by submit.
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<backend::Backend> backend,
+                                                std::unique_ptr<model::DeepSeekV4Model> model,
+                                                const EngineConfig& config);
   // Finishes the KV cache's transfers (disk writes included) before the device memory goes.
   ~Engine();
 
@@ -146,7 +154,8 @@ class Engine {
   Result<std::vector<TokenEvent>> step();
   bool has_pending_work() const { return scheduler_.has_pending_work(); }
 
-  const model::ModelConfig& model_config() const { return model_->config(); }
+  // The model's config (for V4: DeepSeekV4Model::engine_config(), the fields the engine and server read).
+  const model::ModelConfig& model_config() const { return model_config_; }
   const Scheduler& scheduler() const { return scheduler_; }
   size_t kv_cache_bytes() const { return kv_cache_bytes_; }
   // One KV block of every cache layer, in bytes (a KvHandoff payload).
@@ -155,7 +164,7 @@ class Engine {
   // Speculative decoding's counters since creation (all zero when it is off).
   const SpeculativeStats& speculative_stats() const { return speculative_stats_; }
   // Expert parallel's counters (empty without expert parallel).
-  model::EplbStats eplb_stats() const { return model_->eplb_stats(); }
+  model::EplbStats eplb_stats() const { return model_ ? model_->eplb_stats() : model::EplbStats{}; }
   KvTierStats kv_tier_stats() const;
   // The blocks each tier holds now, by KV-event medium ("GPU" or "DEVICE", "CPU", "DISK"): what a subscriber
   // of the KV events must have rebuilt. For tests and introspection; costs a copy of the indexes.
@@ -234,7 +243,9 @@ class Engine {
   // First, so it is destroyed last: the scheduler and the tiers (and the disk writer thread) publish into it.
   std::unique_ptr<kvcache::KvEventPublisher> kv_events_;
   std::unique_ptr<backend::Backend> backend_;
-  std::unique_ptr<model::DeepSeekModel> model_;
+  std::unique_ptr<model::DeepSeekModel> model_;    // V2/V3; null for V4
+  std::unique_ptr<model::DeepSeekV4Model> v4_model_;  // V4; null for V2/V3
+  model::ModelConfig model_config_;
   EngineConfig config_;
   Scheduler scheduler_;
   // Per layer [num_blocks, 64, kv_cache_dim] in the cache dtype; with MTP drafting, then the MTP layer's

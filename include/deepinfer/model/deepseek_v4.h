@@ -126,13 +126,22 @@ class DeepSeekV4Model {
   ~DeepSeekV4Model();
 
   const V4Config& config() const { return config_; }
+  // The fields of the V2/V3 config the engine and server read (vocabulary, EOS/BOS, lengths, sizes for logs):
+  // model_type "deepseek_v4", num_nextn_predict_layers 0 (this path does not run the MTP layer).
+  ModelConfig engine_config() const;
+  // Cache bytes per token of a sequence, past its fixed window rings: the compressed entries and indexer keys of
+  // every layer (float32), amortised per token. What the engine sizes its block accounting by.
+  int64_t cache_bytes_per_token() const;
+  // Fixed cache bytes per sequence: the window rings of every layer.
+  int64_t window_bytes_per_sequence() const;
   std::unique_ptr<V4Sequence> new_sequence() const;
 
   // One sequence's next tokens: feeds token_ids at positions sequence->length() ... and advances it.
+  enum class Logits { kNone, kLast, kAll };  // which of the chunk's rows get logits
   struct Chunk {
     V4Sequence* sequence = nullptr;
     std::span<const int32_t> token_ids;
-    bool all_logits = false;  // true: logits of every token of the chunk; false: of its last token only
+    Logits logits = Logits::kLast;
   };
   // Runs the chunks as one batch (distinct sequences). logits: float32 [rows][vocab_size], rows in chunk order
   // (each chunk's wanted rows in position order). Errors: InvalidArgument (empty chunk, token id outside the
