@@ -2,6 +2,7 @@
 // a client. A get waits on the server for its key, up to the client's timeout. Messages, little-endian:
 //   set: 'S' u32 key_len key u64 value_len value        -> u8 0
 //   get: 'G' u32 key_len key u64 timeout_ms             -> u8 0 u64 value_len value | u8 1 (timed out)
+//   add: 'A' u32 key_len key i64 delta                  -> u8 0 i64 sum | u8 2 (the key holds no counter)
 #include <fcntl.h>
 #include <sys/socket.h>
 
@@ -149,6 +150,26 @@ class StoreServer {
             }
           }
           asio::write(socket, asio::buffer(reply));
+        } else if (op == 'A') {
+          const int64_t delta = read_value<int64_t>(socket);
+          std::vector<std::byte> reply;
+          {
+            std::lock_guard lock(mu_);
+            std::vector<std::byte>& value = values_[key];
+            if (value.empty()) value.resize(sizeof(int64_t));  // a fresh key: the counter starts at 0
+            if (value.size() != sizeof(int64_t)) {
+              reply.push_back(std::byte{2});
+            } else {
+              int64_t sum = 0;
+              std::memcpy(&sum, value.data(), sizeof(sum));
+              sum += delta;
+              std::memcpy(value.data(), &sum, sizeof(sum));
+              reply.push_back(std::byte{0});
+              put<int64_t>(reply, sum);
+            }
+          }
+          changed_.notify_all();
+          asio::write(socket, asio::buffer(reply));
         } else {
           return;
         }
@@ -221,6 +242,25 @@ class TcpStoreClient final : public TcpStore {
       return value;
     } catch (const std::exception& e) {
       return Status::io_error("rendezvous store: get '" + key + "': " + e.what());
+    }
+  }
+
+  Result<int64_t> add(const std::string& key, int64_t delta) override {
+    std::vector<std::byte> message;
+    put<char>(message, 'A');
+    put<uint32_t>(message, static_cast<uint32_t>(key.size()));
+    const auto* k = reinterpret_cast<const std::byte*>(key.data());
+    message.insert(message.end(), k, k + key.size());
+    put<int64_t>(message, delta);
+    try {
+      asio::write(socket_, asio::buffer(message));
+      if (read_value<uint8_t>(socket_) != 0) {
+        return Status::invalid_argument("rendezvous store: add to '" + key +
+                                        "': it holds a value other than a counter");
+      }
+      return read_value<int64_t>(socket_);
+    } catch (const std::exception& e) {
+      return Status::io_error("rendezvous store: add to '" + key + "': " + e.what());
     }
   }
 

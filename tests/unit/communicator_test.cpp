@@ -1,15 +1,17 @@
 // The Gloo communicator and its TCP rendezvous store, with real processes: the test serves the store, forks the
 // ranks, and each rank checks every collective's result against what the other ranks' inputs make it.
+#include "deepinfer/backend/communicator.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
-
-#include "deepinfer/backend/communicator.h"
+#include <thread>
 
 namespace deepinfer::backend {
 namespace {
@@ -165,6 +167,45 @@ TEST(TcpStore, ManyShortConnectionsAndAnOversizedValueLeaveItServing) {
   int threads = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++threads;
   EXPECT_LT(threads, 64);
+}
+
+// Two `serve` processes with the same --node-rank claim it with add(): exactly one may win, however they race
+// (regression: both joined the group). Sixteen clients on threads of their own add 1 to one fresh key at once.
+TEST(TcpStore, AddIsAtomicAcrossClientsSoExactlyOneClaimWins) {
+  Result<std::unique_ptr<TcpStore>> server = serve_tcp_store("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  constexpr int kClients = 16;
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    Result<std::unique_ptr<TcpStore>> client = connect_tcp_store("127.0.0.1", (*server)->port(), 5s);
+    ASSERT_TRUE(client.ok()) << client.status().message();
+    clients.push_back(std::move(client).value());
+  }
+  std::vector<int64_t> sums(kClients, -1);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      Result<int64_t> sum = clients[i]->add("claim", 1);
+      if (sum.ok()) sums[i] = *sum;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::sort(sums.begin(), sums.end());
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(sums[i], i + 1) << "client " << i;  // 1 .. 16, each once
+  Result<int64_t> back = (*server)->add("claim", -16);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, 0);
+  // A counter reads as 8 little-endian bytes; a key set() filled with other bytes is no counter.
+  Result<std::vector<std::byte>> got = clients[0]->get("claim", 1s);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->size(), sizeof(int64_t));
+  ASSERT_TRUE((*server)->set("text", std::vector<std::byte>{std::byte{'x'}}).ok());
+  Result<int64_t> bad = clients[1]->add("text", 1);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("text"), std::string::npos);
+  Result<int64_t> after = clients[1]->add("claim", 5);  // the connection still serves
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, 5);
 }
 
 TEST(TcpStore, ConnectGivesUpWhenNoServerAnswers) {

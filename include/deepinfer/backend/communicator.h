@@ -64,7 +64,7 @@ class Communicator {
 };
 
 // The rendezvous store (torchrun's TCPStore, in spirit): rank 0 serves it, every rank connects as a client.
-// set/get/wait on string keys; get waits for the key up to the timeout. Thread-safety: one thread per client.
+// set/get/add on string keys; get waits for the key up to the timeout. Thread-safety: one thread per client.
 class TcpStore {
  public:
   virtual ~TcpStore() = default;
@@ -72,6 +72,11 @@ class TcpStore {
   // Waits up to `timeout` for the key. Errors: DeadlineExceeded-like Unavailable naming the key; IoError when the
   // server went away.
   virtual Result<std::vector<std::byte>> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Adds `delta` to the counter at `key` (a key never set counts as 0; the value is 8 bytes, little-endian) and
+  // returns the sum, atomically with respect to every other client (torch's TCPStore::add): of several clients that
+  // add 1 to a fresh key, exactly one gets 1. Errors: IoError when the server went away; InvalidArgument when the key
+  // holds a value that is not such a counter (set() wrote other bytes there).
+  virtual Result<int64_t> add(const std::string& key, int64_t delta) = 0;
   // The port the server listens on (serving stores only; 0 for clients).
   virtual int port() const = 0;
 };
