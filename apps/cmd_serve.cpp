@@ -580,14 +580,19 @@ std::function<int()> add_serve_command(CLI::App& app) {
     const int tp_rank = options->internal_tp_rank > 0 ? options->internal_tp_rank : options->node_rank * local_ranks;
     const bool tp_follower = tp_rank > 0;
     if (options->tensor_parallel_size > 1) {
+      // What the hosts must agree on (several hosts): checked when each node leader joins, naming the difference.
+      GroupShape shape{options->tensor_parallel_size, options->cluster_nodes, local_ranks, {}};
+      if (options->cluster_nodes > 1 && options->internal_tp_rank == 0) {
+        Result<kvcache::ModelFingerprint> fingerprint = engine::checkpoint_fingerprint(model_path, "");
+        if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
+        shape.model = fingerprint->to_hex();
+      }
       Result<std::unique_ptr<TensorParallelGroup>> group =
-          options->internal_tp_rank > 0
-              ? TensorParallelGroup::join(tp_rank, options->tensor_parallel_size, options->master_addr,
-                                          options->master_port)
-          : tp_rank > 0 ? TensorParallelGroup::lead_node(tp_rank, options->tensor_parallel_size, local_ranks,
-                                                          options->master_addr, options->master_port)
-                        : TensorParallelGroup::lead(options->tensor_parallel_size, local_ranks, options->master_addr,
-                                                    options->master_port);
+          options->internal_tp_rank > 0 ? TensorParallelGroup::join(tp_rank, options->tensor_parallel_size,
+                                                                    options->master_addr, options->master_port)
+          : tp_rank > 0
+              ? TensorParallelGroup::lead_node(options->node_rank, shape, options->master_addr, options->master_port)
+              : TensorParallelGroup::lead(shape, options->master_addr, options->master_port);
       if (!group.ok()) return fail(group.status().to_string());
       tp_group = std::move(group).value();
     }
@@ -765,8 +770,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.kv_transfer_max_connections = options->kv_transfer_max_connections.value_or(256);
     server_config.kv_block_bytes = (*engine)->block_bytes();
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
-    auto server =
-        server::Server::start(server_config, info, engine::make_in_process_client(std::move(engine).value()), *tokenizer);
+    std::unique_ptr<engine::EngineClient> engine_client = engine::make_in_process_client(std::move(engine).value());
+    // Rank 0 of a group: a rank's failure ends the live requests with an error event before the process exits.
+    if (tp_group) engine_client = tp_group->watch_requests(std::move(engine_client));
+    auto server = server::Server::start(server_config, info, std::move(engine_client), *tokenizer);
     if (!server.ok()) return fail(server.status().to_string());
 
     const std::string host = options->host == "0.0.0.0" || options->host == "::" ? "127.0.0.1" : options->host;

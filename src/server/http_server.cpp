@@ -196,8 +196,8 @@ ApiError engine_error(const Status& status) {
       return bad_request(status.message());
     case StatusCode::kUnsupported:
       return ApiError{400, status.message(), {}, "unsupported", 0};
-    case StatusCode::kShuttingDown:
-      return ApiError{503, "the server is shutting down", {}, {}, 5};
+    case StatusCode::kShuttingDown:  // the engine's stop, or why the process stops (a tensor-parallel rank died)
+      return ApiError{503, status.message().empty() ? "the server is shutting down" : status.message(), {}, {}, 5};
     default:
       spdlog::error("request failed in the engine: {}", status.to_string());
       return ApiError{500, "internal server error", {}, {}, 0};

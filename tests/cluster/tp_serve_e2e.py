@@ -11,6 +11,12 @@ Checks:
   - kill -9 rank 0: rank 1 is gone within 10 s (it dies with its parent);
   - two hosts on loopback (--nnodes 2 --node-rank 0|1, TP=4): the same text; kill -9 host 1's process: rank 0 exits
     non-zero within 10 s; kill -9 rank 0: host 1's ranks exit within 10 s;
+  - two hosts, what broke (regressions): a second process with the same --node-rank is refused naming it while the
+    group serves; SIGSTOP of rank 0: host 1's node leader exits non-zero within 10 s, saying rank 0 stopped
+    answering; SIGTERM to host 1's node leader: its ranks stop, rank 0 exits non-zero within 10 s naming host 1 and
+    the signal; hosts that disagree on --tensor-parallel-size or --nnodes: both exit non-zero naming the flag and
+    both values (not Gloo's error); a stream in flight when host 1 is SIGSTOPped ends with an error event
+    (`data: {"error": ...}`) before rank 0 exits;
   - SIGTERM to rank 0: both exit 0;
   - what the tensor-parallel path does not carry is refused at startup with a message naming it.
 Usage: tp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
@@ -103,6 +109,43 @@ def start(name, *args):
 
 
 seen_ranks = []  # every rank-1 process this test started
+
+
+def launch(name, *args):
+    """A `serve` process that may never become healthy; (process, log)."""
+    log = open(os.path.join(logdir, name + ".log"), "w+")
+    p = subprocess.Popen([BIN, "serve", "--model-path", MODEL, "--device", "cpu", "--host", "127.0.0.1", "--port",
+                          str(free_port()), *args], stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
+    return p, log
+
+
+def ranks_at(master_port):
+    """The rank processes started for the group whose store is on `master_port`."""
+    out = subprocess.run(["pgrep", "-f", "--", f"--master-port {master_port} .*--internal-tp-rank"],
+                         capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def children(pid):
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def wait_gone(pids, seconds=10):
+    t0 = time.time()
+    while any(alive(pid) for pid in pids) and time.time() - t0 < seconds:
+        time.sleep(0.1)
+
+
+def stop_group(node0, others):
+    """SIGTERM rank 0 (the group stops by command) and wait for the node leaders; kill what is left."""
+    node0.send_signal(signal.SIGTERM)
+    for p in [node0] + [p for p, _ in others]:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def rank1_pid(port):
@@ -259,6 +302,121 @@ def main():
         time.sleep(0.1)
     check(node1.poll() not in (None, 0) and not any(alive(pid) for pid in local),
           f"kill -9 rank 0: host 1 exited ({node1.poll()}) and every rank is gone after {time.time() - t0:.1f} s")
+
+    # A second process with host 1's --node-rank: whichever claims the index second is refused, naming it, and the
+    # group serves (regression: both joined).
+    master = free_port()
+    common = ["--tensor-parallel-size", "4", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port",
+              str(master)]
+    twins = [launch(f"twin-{k}", *common, "--node-rank", "1") for k in range(2)]
+    node0, port0, log0 = start("twins-node0", *common, "--node-rank", "0")
+    seen_ranks.extend(ranks_at(master))
+    t0 = time.time()
+    while all(p.poll() is None for p, _ in twins) and time.time() - t0 < 30:
+        time.sleep(0.1)
+    refused = [(p, log) for p, log in twins if p.poll() is not None]
+    check(len(refused) == 1 and refused[0][0].returncode != 0, "two processes with --node-rank 1: one is refused "
+          f"(exit codes {[p.poll() for p, _ in twins]})")
+    check(bool(refused) and "--node-rank 1: another process already joined this group as node 1" in
+          log_text(refused[0][1]), "the refused one names the duplicate node rank")
+    check(chat(port0, prompts[0], max_tokens=16) == want[0], "the group serves with the first node 1")
+    stop_group(node0, twins)
+
+    # SIGSTOP rank 0: host 1's node leader notices rank 0's silent heartbeat (and its store not answering).
+    node0, port0, _, node1, log1, local = two_hosts("stop-rank0")
+    os.kill(node0.pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        code = node1.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        code = None
+    elapsed = time.time() - t0
+    node0.kill()
+    check(code not in (None, 0) and elapsed < 10, f"SIGSTOP rank 0: host 1 exited ({code}) after {elapsed:.1f} s")
+    check("rank 0's host (node 0)" in log_text(log1) and "has not answered" in log_text(log1),
+          "host 1's log says rank 0 stopped answering")
+    wait_gone(local)
+    check(not any(alive(pid) for pid in local), "SIGSTOP rank 0: every rank of host 1 is gone")
+
+    # SIGTERM to host 1's node leader: it stops its ranks and leaves; rank 0 stops the server naming host 1 and why.
+    node0, port0, log0, node1, log1, local = two_hosts("term-node1")
+    host1_rank = children(node1.pid)
+    node1.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    try:
+        code0 = node0.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code0 = None
+    elapsed = time.time() - t0
+    try:
+        code1 = node1.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        code1 = None
+    check(code1 == 0 and not any(alive(pid) for pid in host1_rank),
+          f"SIGTERM host 1's node leader: it exited {code1} with its rank gone")
+    check(code0 not in (None, 0), f"SIGTERM host 1's node leader: rank 0 exited ({code0}) after {elapsed:.1f} s")
+    check("host 1 (ranks 2 to 3) left the group" in log_text(log0) and "SIGTERM" in log_text(log0),
+          "rank 0's log names host 1 and the signal")
+    wait_gone(local)
+
+    # Hosts that disagree on the group's shape: both exit non-zero naming the flag and both values.
+    for name, node1_args, words in [
+            ("shape-tp", ["--tensor-parallel-size", "2", "--nnodes", "2"],
+             "node 1 says --tensor-parallel-size 2, node 0 says 4"),
+            ("shape-nnodes", ["--tensor-parallel-size", "4", "--nnodes", "4"], "node 1 says --nnodes 4, node 0 says 2")]:
+        master = free_port()
+        at = ["--master-addr", "127.0.0.1", "--master-port", str(master)]
+        n1, l1 = launch(name + "-node1", *node1_args, *at, "--node-rank", "1")
+        n0, l0 = launch(name + "-node0", "--tensor-parallel-size", "4", "--nnodes", "2", *at, "--node-rank", "0")
+        codes = []
+        for p in (n0, n1):
+            try:
+                codes.append(p.wait(timeout=60))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        seen_ranks.extend(ranks_at(master))
+        check(all(c not in (None, 0) for c in codes), f"{' '.join(node1_args)} on host 1: both exit non-zero ({codes})")
+        check(words in log_text(l0) and words in log_text(l1), f"both logs say {words!r}")
+
+    # A stream in flight when host 1 stops (SIGSTOP: rank 0's step waits in a collective): it ends with an error
+    # event before rank 0 exits, not a cut connection.
+    node0, port0, log0, node1, log1, local = two_hosts("stream-stop")
+    conn = http.client.HTTPConnection("127.0.0.1", port0, timeout=60)
+    body = {"model": "demo", "messages": [{"role": "user", "content": "Write a long story about the Debian project."}],
+            "max_tokens": 1500, "temperature": 0, "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    lines = []
+    while True:  # the first token: the stream is running
+        line = resp.readline().decode()
+        lines.append(line)
+        if not line or ('"content"' in line and line.startswith("data: ")):
+            break
+    host1 = [node1.pid] + children(node1.pid)
+    for pid in host1:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        while True:
+            line = resp.readline().decode()
+            if not line:
+                break
+            lines.append(line)
+    except OSError as e:
+        lines.append(f"<{e}>")
+    errors = [line for line in lines if line.startswith('data: {"error"')]
+    check(bool(errors), f"SIGSTOP host 1 mid-stream: the stream ends with an error event after {time.time() - t0:.1f} s "
+          f"({(errors or lines[-1:])[0].strip()[:160]!r})")
+    check(bool(errors) and "tensor-parallel group failed" in errors[0], "the error event says the group failed")
+    try:
+        code = node0.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    check(code not in (None, 0), f"SIGSTOP host 1: rank 0 exited ({code}) after {time.time() - t0:.1f} s")
+    for pid in host1:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    wait_gone(local)
 
     # Refusals at startup.
     for args, words in [(["--tensor-parallel-size", "2", "--nnodes", "2"], "explicit --master-port"),
