@@ -14,16 +14,23 @@ namespace deepinfer::apps {
 std::function<int()> add_random_model_command(CLI::App& app) {
   struct Options {
     std::string out = "models/random";
-    std::string tokenizer = "models/deepseek-v3";
+    std::string tokenizer;
+    std::string architecture = "deepseek-v3";
   };
   auto options = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("random-model", "Write a DeepSeek-V3-architecture model with random weights");
+  CLI::App* cmd = app.add_subcommand("random-model", "Write a DeepSeek model (V3 or V4 architecture) with random weights");
   cmd->add_option("--out", options->out, "Directory to write")->capture_default_str();
-  cmd->add_option("--tokenizer", options->tokenizer, "Directory with DeepSeek-V3's tokenizer.json to copy")
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "Directory with the tokenizer.json to copy (default: models/deepseek-v3; deepseek-v4: models/demo, "
+                  "DeepSeek-V3's tokenizer with V4's added tokens)");
+  cmd->add_option("--architecture", options->architecture, "deepseek-v3 or deepseek-v4 (the CPU reference path)")
+      ->check(CLI::IsMember({"deepseek-v3", "deepseek-v4"}))
       ->capture_default_str();
   return [options]() -> int {
     namespace fs = std::filesystem;
     const fs::path out(options->out);
+    const bool v4 = options->architecture == "deepseek-v4";
+    if (options->tokenizer.empty()) options->tokenizer = v4 ? "models/demo" : "models/deepseek-v3";
     for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
       std::error_code ec;
       fs::create_directories(out, ec);
@@ -34,12 +41,13 @@ std::function<int()> add_random_model_command(CLI::App& app) {
         return 1;
       }
     }
-    Status s = model::write_random_checkpoint(out, model::random_model_config(), /*seed=*/20261130);
+    Status s = v4 ? model::write_random_v4_checkpoint(out, model::random_v4_model_config(), /*seed=*/20261203)
+                  : model::write_random_checkpoint(out, model::random_model_config(), /*seed=*/20261130);
     if (!s.ok()) {
       std::cerr << "deepinfer random-model: " << s.to_string() << "\n";
       return 1;
     }
-    std::cout << "wrote the default model (random weights, DeepSeek-V3 architecture and tokenizer) to " << out.string()
+    std::cout << "wrote a model with random weights (" << options->architecture << " architecture) to " << out.string()
               << "\n";
     return 0;
   };

@@ -506,8 +506,41 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (!body_bytes || *body_bytes <= 0)
       return fail("--max-body-bytes '" + options->max_body_bytes + "' is not a size");
 
-    Result<model::ModelConfig> config = model::load_model_config(model_path);
+    // DeepSeek-V4 checkpoints run on the CPU reference path (DeepSeekV4Model) without what needs its paged cache.
+    Result<std::string> model_type = model::read_model_type(model_path);
+    if (!model_type.ok()) return fail(model_type.status().to_string());
+    const bool v4 = *model_type == "deepseek_v4";
+    Result<model::ModelConfig> config = [&]() -> Result<model::ModelConfig> {
+      if (!v4) return model::load_model_config(model_path);
+      Result<model::V4Config> v4_config = model::load_v4_config(model_path);
+      if (!v4_config.ok()) return v4_config.status();
+      return model::v4_engine_view(*v4_config);
+    }();
     if (!config.ok()) return fail(config.status().to_string());
+    if (v4) {
+      auto refuse = [&](const std::string& what) {
+        return fail(what + ": DeepSeek-V4 runs on the CPU reference path in this build, which does not support it yet");
+      };
+      if (options->tensor_parallel_size > 1 || options->expert_parallel_size > 1 || options->cluster_nodes > 1) {
+        return refuse("--tensor-parallel-size / --expert-parallel-size / --nnodes > 1");
+      }
+      if (options->role != "both") return refuse("--role " + options->role);
+      if (options->speculative.algorithm != "none" && !options->speculative.algorithm.empty()) {
+        return refuse("--speculative-algorithm " + options->speculative.algorithm);
+      }
+      if (options->speculative.dspark_enable) return refuse("--dspark-enable");
+      if (!options->tiered_kv_storage_path.empty() || !options->kv_host_cache_memory.empty()) {
+        return refuse("the host/disk KV tiers (--tiered-kv-storage-path, --kv-host-cache-memory)");
+      }
+      if (!options->kv_events_endpoint.empty()) return refuse("--kv-events-endpoint");
+      if (options->enable_eplb) return refuse("--enable-eplb");
+      if (options->swa_bounded_replay) return refuse("--swa-bounded-replay (it needs V4's paged cache)");
+      if (options->device.device == "cuda") return refuse("--device cuda");
+      if (options->device.device == "auto") options->device.device = "cpu";
+      if (!options->no_prefix_caching) {
+        spdlog::info("DeepSeek-V4: prefix caching is off (the V4 cache lives per sequence on the CPU reference path)");
+      }
+    }
     if (Status s = model::check_tensor_parallel_shapes(*config, options->tensor_parallel_size); !s.ok()) {
       return fail(s.message());
     }
@@ -624,9 +657,17 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail("--gpu-memory-utilization: the " + device_name +
                   " backend has no device memory to take a fraction of; size the KV cache with --kv-cache-memory");
     }
-    auto model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
-                                            /*progress=*/isatty(STDERR_FILENO) != 0 && !tp_follower, tensor_parallel,
-                                            expert_parallel);
+    std::unique_ptr<model::DeepSeekV4Model> v4_model;
+    Result<std::unique_ptr<model::DeepSeekModel>> model = std::unique_ptr<model::DeepSeekModel>();
+    if (v4) {
+      Result<std::unique_ptr<model::DeepSeekV4Model>> loaded = model::DeepSeekV4Model::load(model_path, *backend);
+      if (!loaded.ok()) return fail(loaded.status().to_string());
+      v4_model = std::move(loaded).value();
+    } else {
+      model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
+                                         /*progress=*/isatty(STDERR_FILENO) != 0 && !tp_follower, tensor_parallel,
+                                         expert_parallel);
+    }
     if (!model.ok()) return fail(model.status().to_string());
     if (tp_follower) {
       Status followed = (*model)->follow();
@@ -670,7 +711,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail(s.to_string());
     }
     engine_config.speculative = *speculative;
-    engine_config.enable_prefix_caching = !options->no_prefix_caching;
+    engine_config.enable_prefix_caching = !options->no_prefix_caching && !v4;
     engine_config.kv_events_endpoint = options->kv_events_endpoint;
     engine_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     if (!options->kv_host_cache_memory.empty()) {
@@ -715,7 +756,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
       engine_config.fingerprint = *fingerprint;
     }
-    auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
+    auto engine = v4 ? engine::Engine::create(std::move(backend), std::move(v4_model), engine_config)
+                     : engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
     if (!engine.ok()) return fail(engine.status().to_string());
 
     server::ModelInfo info;

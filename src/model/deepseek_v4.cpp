@@ -287,8 +287,7 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   return model;
 }
 
-ModelConfig DeepSeekV4Model::engine_config() const {
-  const V4Config& v = config_;
+ModelConfig v4_engine_view(const V4Config& v) {
   ModelConfig c;
   c.model_type = v.model_type;
   c.vocab_size = v.vocab_size;
@@ -312,6 +311,63 @@ ModelConfig DeepSeekV4Model::engine_config() const {
   c.scoring_func = v.scoring_func;
   c.topk_method = "noaux_tc";
   return c;
+}
+
+std::vector<V4TensorSpec> v4_tensors(const V4Config& c) {
+  const int64_t d = c.hidden_size, H = c.num_attention_heads, D = c.head_dim, hc = c.hc_mult;
+  const int64_t mix = (2 + hc) * hc, E = c.n_routed_experts, I = c.moe_intermediate_size;
+  std::vector<V4TensorSpec> t = {{"embed.weight", {c.vocab_size, d}},
+                                 {"head.weight", {c.vocab_size, d}},
+                                 {"norm.weight", {d}},
+                                 {"hc_head_fn", {hc, hc * d}},
+                                 {"hc_head_base", {hc}},
+                                 {"hc_head_scale", {1}}};
+  auto compressor = [&](const std::string& prefix, int64_t ratio, int64_t dim) {
+    const int64_t width = (ratio == 4 ? 2 : 1) * dim;
+    t.push_back({prefix + "ape", {ratio, width}});
+    t.push_back({prefix + "wkv.weight", {width, d}});
+    t.push_back({prefix + "wgate.weight", {width, d}});
+    t.push_back({prefix + "norm.weight", {dim}});
+  };
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    for (const char* norm : {"attn_norm.weight", "ffn_norm.weight"}) t.push_back({p + norm, {d}});
+    for (const char* kind : {"attn", "ffn"}) {
+      t.push_back({p + "hc_" + kind + "_fn", {mix, hc * d}});
+      t.push_back({p + "hc_" + kind + "_base", {mix}});
+      t.push_back({p + "hc_" + kind + "_scale", {3}});
+    }
+    const std::string a = p + "attn.";
+    t.push_back({a + "wq_a.weight", {c.q_lora_rank, d}});
+    t.push_back({a + "q_norm.weight", {c.q_lora_rank}});
+    t.push_back({a + "wq_b.weight", {H * D, c.q_lora_rank}});
+    t.push_back({a + "wkv.weight", {D, d}});
+    t.push_back({a + "kv_norm.weight", {D}});
+    t.push_back({a + "wo_a.weight", {c.o_groups * c.o_lora_rank, H * D / c.o_groups}});
+    t.push_back({a + "wo_b.weight", {d, c.o_groups * c.o_lora_rank}});
+    t.push_back({a + "attn_sink", {H}});
+    const int64_t ratio = c.compress_ratios[i];
+    if (ratio != 0) compressor(a + "compressor.", ratio, D);
+    if (ratio == 4) {
+      t.push_back({a + "indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank}});
+      t.push_back({a + "indexer.weights_proj.weight", {c.index_n_heads, d}});
+      compressor(a + "indexer.compressor.", 4, c.index_head_dim);
+    }
+    const std::string f = p + "ffn.";
+    t.push_back({f + "gate.weight", {E, d}});
+    if (i < c.num_hash_layers) {
+      t.push_back({f + "gate.tid2eid", {c.vocab_size, c.num_experts_per_tok}, true});
+    } else {
+      t.push_back({f + "gate.bias", {E}});
+    }
+    for (int64_t e = 0; e <= E; ++e) {
+      const std::string q = e < E ? f + "experts." + std::to_string(e) + "." : f + "shared_experts.";
+      t.push_back({q + "w1.weight", {I, d}});
+      t.push_back({q + "w2.weight", {d, I}});
+      t.push_back({q + "w3.weight", {I, d}});
+    }
+  }
+  return t;
 }
 
 int64_t DeepSeekV4Model::cache_bytes_per_token() const {

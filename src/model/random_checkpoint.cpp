@@ -10,6 +10,7 @@
 #include <boost/json.hpp>
 
 #include "deepinfer/model/config.h"
+#include "deepinfer/model/deepseek_v4.h"
 #include "deepinfer/model/tensor_names.h"
 
 namespace deepinfer::model {
@@ -103,6 +104,90 @@ Status write_random_checkpoint(const std::filesystem::path& dir, const boost::js
   out.close();
   if (!out) return Status::io_error(partial.string() + ": write failed");
   std::filesystem::rename(partial, path, ec);  // atomic: a killed setup never leaves a truncated checkpoint
+  if (ec) return Status::io_error(path.string() + ": " + ec.message());
+  return Status();
+}
+
+boost::json::object random_v4_model_config() {
+  return {{"architectures", boost::json::array{"DeepseekV4ForCausalLM"}},
+          {"model_type", "deepseek_v4"}, {"vocab_size", 129280}, {"hidden_size", 128},
+          {"moe_intermediate_size", 64}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 1}, {"head_dim", 64}, {"qk_rope_head_dim", 16}, {"q_lora_rank", 64},
+          {"o_lora_rank", 32}, {"o_groups", 2}, {"compress_ratios", boost::json::array{0, 4, 128}},
+          {"compress_rope_theta", 160000.0}, {"rope_theta", 10000.0}, {"sliding_window", 128},
+          {"index_n_heads", 4}, {"index_head_dim", 32}, {"index_topk", 16}, {"hc_mult", 4},
+          {"hc_sinkhorn_iters", 20}, {"hc_eps", 1e-6}, {"n_routed_experts", 8}, {"num_experts_per_tok", 2},
+          {"n_shared_experts", 1}, {"scoring_func", "sqrtsoftplus"}, {"topk_method", "noaux_tc"},
+          {"norm_topk_prob", true}, {"routed_scaling_factor", 1.5}, {"swiglu_limit", 10.0},
+          {"num_hash_layers", 1}, {"rms_norm_eps", 1e-6}, {"num_nextn_predict_layers", 0},
+          {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+          {"max_position_embeddings", 16384}, {"torch_dtype", "bfloat16"},
+          {"rope_scaling", {{"type", "yarn"}, {"factor", 16.0}, {"original_max_position_embeddings", 4096},
+                            {"beta_fast", 32}, {"beta_slow", 1}}}};
+}
+
+Status write_random_v4_checkpoint(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
+                                  float stddev) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::io_error(dir.string() + ": cannot create: " + ec.message());
+  {
+    std::ofstream out(dir / "config.json");
+    out << boost::json::serialize(config) << "\n";
+    if (!out) return Status::io_error((dir / "config.json").string() + ": write failed");
+  }
+  Result<V4Config> parsed = load_v4_config(dir);
+  if (!parsed.ok()) return parsed.status();
+  const std::vector<V4TensorSpec> tensors = v4_tensors(*parsed);
+  boost::json::object header;
+  uint64_t offset = 0;
+  for (const V4TensorSpec& t : tensors) {
+    uint64_t bytes = t.token_table ? 8 : 2;
+    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", t.token_table ? "I64" : "BF16"},
+                      {"shape", boost::json::array(t.shape.begin(), t.shape.end())},
+                      {"data_offsets", boost::json::array{offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string header_text = boost::json::serialize(header);
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const std::filesystem::path path = dir / "model.safetensors";
+  const std::filesystem::path partial = dir / "model.safetensors.partial";
+  std::ofstream out(partial, std::ios::binary);
+  uint64_t header_size = header_text.size();
+  out.write(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
+  out << header_text;
+  uint64_t state = seed;
+  const float amplitude = stddev * std::sqrt(3.0f);
+  std::vector<uint16_t> buffer;
+  for (const V4TensorSpec& t : tensors) {
+    if (t.token_table) {
+      const int64_t rows = t.shape[0], k = t.shape[1];
+      std::vector<int64_t> table(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < k; ++j) table[r * k + j] = (r + j) % parsed->n_routed_experts;
+      }
+      out.write(reinterpret_cast<const char*>(table.data()), static_cast<std::streamsize>(table.size() * 8));
+      continue;
+    }
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    const bool is_norm = t.name.find("norm") != std::string::npos;
+    const bool is_bias = t.name.ends_with("gate.bias");
+    buffer.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      float value = is_norm ? 1.0f : 0.0f;
+      if (!is_norm && !is_bias) {
+        double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+        value = static_cast<float>((2.0 * unit - 1.0) * amplitude);
+      }
+      buffer[i] = to_bf16(value);
+    }
+    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(n * sizeof(uint16_t)));
+  }
+  out.close();
+  if (!out) return Status::io_error(partial.string() + ": write failed");
+  std::filesystem::rename(partial, path, ec);
   if (ec) return Status::io_error(path.string() + ": " + ec.message());
   return Status();
 }

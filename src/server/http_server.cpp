@@ -208,6 +208,7 @@ ApiError engine_error(const Status& status) {
 
 Result<recipe::PromptFormat> default_chat_format(const std::string& model_type) {
   if (model_type == "deepseek_v3" || model_type == "deepseek_v2") return recipe::PromptFormat::kDeepSeekV3;
+  if (model_type == "deepseek_v4") return recipe::PromptFormat::kDeepSeekV4;
   return Status::unsupported("model_type '" + model_type + "' has no default chat format; pass --chat-format");
 }
 

@@ -87,6 +87,19 @@ struct V4Config {
 // rope_scaling type other than yarn), NotFound / IoError / Corruption as load_model_config.
 Result<V4Config> load_v4_config(const std::filesystem::path& path);
 
+// The fields of the V2/V3 config the engine and server read (vocabulary, EOS/BOS, lengths, sizes for logs) for a
+// V4 checkpoint: model_type "deepseek_v4", num_nextn_predict_layers 0 (the V4 path does not run the MTP layer).
+ModelConfig v4_engine_view(const V4Config& config);
+
+// Every tensor a checkpoint of `config` holds in the release layout, with its shape ([] dims as the loader checks
+// them); `token_table` marks layers.N.ffn.gate.tid2eid (integers), every other tensor is floating point.
+struct V4TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool token_table = false;
+};
+std::vector<V4TensorSpec> v4_tensors(const V4Config& config);
+
 // The model_type field of `dir/config.json` (or the file), for choosing a loader. Errors as load_model_config.
 Result<std::string> read_model_type(const std::filesystem::path& path);
 
@@ -126,9 +139,8 @@ class DeepSeekV4Model {
   ~DeepSeekV4Model();
 
   const V4Config& config() const { return config_; }
-  // The fields of the V2/V3 config the engine and server read (vocabulary, EOS/BOS, lengths, sizes for logs):
-  // model_type "deepseek_v4", num_nextn_predict_layers 0 (this path does not run the MTP layer).
-  ModelConfig engine_config() const;
+  // v4_engine_view(config()).
+  ModelConfig engine_config() const { return v4_engine_view(config_); }
   // Cache bytes per token of a sequence, past its fixed window rings: the compressed entries and indexer keys of
   // every layer (float32), amortised per token. What the engine sizes its block accounting by.
   int64_t cache_bytes_per_token() const;

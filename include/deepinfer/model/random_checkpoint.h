@@ -18,6 +18,15 @@ namespace deepinfer::model {
 Status write_random_checkpoint(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
                                float stddev = 0.02f);
 
+// The same for a deepseek_v4 config (DeepSeek-V4's release layout, v4_tensors): weights uniform as above, norms
+// 1, routing biases 0, and each hash-routed layer's tid2eid row t = experts (t + j) mod E, j < top-k (I64).
+Status write_random_v4_checkpoint(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
+                                  float stddev = 0.02f);
+
+// A DeepSeek-V4 architecture at demo size: the real vocabulary (129,280), three layers (window, compressed-sparse
+// with the indexer, heavily compressed), mHC, a hash-routed first layer: for serving tests and benchmarks.
+boost::json::object random_v4_model_config();
+
 // The built-in default model: DeepSeek-V3's architecture (MLA with q-LoRA, a dense first layer, sigmoid
 // noaux_tc MoE with shared expert, YaRN, one MTP layer) at a size a laptop CPU serves quickly, with the real
 // DeepSeek-V3 vocabulary (129,280) so the real tokenizer applies.
