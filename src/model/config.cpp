@@ -552,10 +552,17 @@ Result<V4Config> parse_v4_config(const std::string& file, const std::string& tex
   if (c.scoring_func != "sqrtsoftplus" && c.scoring_func != "sigmoid" && c.scoring_func != "softmax") {
     return r.unsupported("scoring_func", *r.find("scoring_func"), "expected \"sqrtsoftplus\", \"sigmoid\" or \"softmax\"");
   }
-  if (r.present("quantization_config") || r.present("expert_dtype")) {
-    std::string_view key = r.present("quantization_config") ? "quantization_config" : "expert_dtype";
-    return r.unsupported(key, *r.find(key),
-                         "quantized DeepSeek-V4 checkpoints (FP8 weights, FP4 experts) are not loaded yet; use a bf16 one");
+  if (r.present("quantization_config")) {
+    ModelConfig quantization;
+    DEEPINFER_RETURN_IF_ERROR(parse_quantization(file, *r.find("quantization_config"), quantization));
+    c.weight_block_size = quantization.weight_block_size;
+  }
+  DEEPINFER_RETURN_IF_ERROR(r.read_string("expert_dtype", c.expert_dtype));
+  if (!c.expert_dtype.empty() && c.expert_dtype != "fp4" && c.expert_dtype != "fp8") {
+    return r.unsupported("expert_dtype", *r.find("expert_dtype"), "expected \"fp4\", \"fp8\" or null");
+  }
+  if (!c.expert_dtype.empty() && c.weight_block_size.empty()) {
+    return r.bad("expert_dtype", *r.find("expert_dtype"), "quantized experts need a quantization_config");
   }
   if (r.present("rope_scaling")) {
     ModelConfig rope;

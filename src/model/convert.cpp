@@ -5,7 +5,9 @@
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "deepinfer/model/safetensors.h"
 
@@ -69,6 +71,11 @@ float f16_to_f32(uint16_t bits) {
 
 float f8_e4m3_to_f32(uint8_t bits) { return kF8E4M3Table[bits]; }
 
+float f8_e8m0_to_f32(uint8_t bits) {
+  if (bits == 0xff) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(bits) - 127);
+}
+
 namespace detail {
 
 void convert_to_f32(DType dtype, const std::byte* src, size_t count, float* dst) {
@@ -94,13 +101,17 @@ void convert_to_f32(DType dtype, const std::byte* src, size_t count, float* dst)
     case DType::kF8E4M3:
       for (size_t i = 0; i < count; ++i) dst[i] = kF8E4M3Table[static_cast<uint8_t>(src[i])];
       return;
+    case DType::kF8E8M0:
+      for (size_t i = 0; i < count; ++i) dst[i] = f8_e8m0_to_f32(static_cast<uint8_t>(src[i]));
+      return;
     default:
       return;  // callers check is_float_convertible first
   }
 }
 
 bool is_float_convertible(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF8E4M3;
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF8E4M3 ||
+         dtype == DType::kF8E8M0;
 }
 
 void dequantize_f8_block_scaled(const std::byte* weight, int64_t rows, int64_t cols, const float* scale_inv,

@@ -124,12 +124,21 @@ struct DeepSeekV4Model::Weights {
 
 namespace {
 
+constexpr float kFp4E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
 class Loader {
  public:
-  Loader(const Checkpoint& checkpoint, Backend& backend) : checkpoint_(checkpoint), backend_(backend) {}
+  Loader(const V4Config& config, const Checkpoint& checkpoint, Backend& backend)
+      : config_(config), checkpoint_(checkpoint), backend_(backend) {}
 
+  // Float32 values of `name` (shape `shape`), dequantized when stored as FP8 (with `<base>.scale` over
+  // weight_block_size blocks) or as packed FP4 experts (with `<base>.scale` per 32 inputs).
   Result<std::vector<float>> vector(const std::string& name, std::vector<int64_t> shape) {
-    if (checkpoint_.find(name) == nullptr) return missing(name);
+    const TensorView* t = checkpoint_.find(name);
+    if (t == nullptr) return missing(name);
+    if (t->dtype == DType::kF8E4M3) return fp8(name, *t, shape);
+    if (t->dtype == DType::kI8 || t->dtype == DType::kU8) return fp4(name, *t, shape);
     return checkpoint_.load_f32(name, shape);
   }
   Status vector(const std::string& name, std::vector<int64_t> shape, std::vector<float>& out) {
@@ -164,6 +173,70 @@ class Loader {
   const Checkpoint& checkpoint() const { return checkpoint_; }
 
  private:
+  static std::string scale_name(const std::string& name) {
+    const std::string suffix = ".weight";
+    return (name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name) + ".scale";
+  }
+  Status bad(const std::string& name, const std::string& problem) const {
+    return Status::invalid_argument("DeepSeek-V4 checkpoint: tensor '" + name + "': " + problem);
+  }
+  static std::string shape_text(const std::vector<int64_t>& shape) {
+    std::string text = "[";
+    for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+  }
+
+  Result<std::vector<float>> fp8(const std::string& name, const TensorView& t, const std::vector<int64_t>& shape) {
+    if (config_.weight_block_size.size() != 2) {
+      return bad(name, "F8_E4M3 but config.json has no quantization_config (its weight_block_size)");
+    }
+    if (t.shape != shape || shape.size() != 2) {
+      return bad(name, "F8_E4M3 shape " + shape_text(t.shape) + " differs from the expected " + shape_text(shape));
+    }
+    const int64_t rows = shape[0], cols = shape[1];
+    const int64_t bn = config_.weight_block_size[0], bk = config_.weight_block_size[1];
+    const std::string scale = scale_name(name);
+    if (checkpoint_.find(scale) == nullptr) return bad(name, "F8_E4M3 without its block scales '" + scale + "'");
+    std::vector<int64_t> scale_shape = {(rows + bn - 1) / bn, (cols + bk - 1) / bk};
+    Result<std::vector<float>> scales = checkpoint_.load_f32(scale, scale_shape);
+    if (!scales.ok()) return scales.status();
+    std::vector<float> values(static_cast<size_t>(rows * cols));
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(t.data);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        values[r * cols + c] = f8_e4m3_to_f32(q[r * cols + c]) * (*scales)[(r / bn) * scale_shape[1] + c / bk];
+      }
+    }
+    return values;
+  }
+
+  Result<std::vector<float>> fp4(const std::string& name, const TensorView& t, const std::vector<int64_t>& shape) {
+    if (config_.expert_dtype != "fp4" || name.find(".experts.") == std::string::npos) {
+      return bad(name, std::string(dtype_name(t.dtype)) +
+                           ": packed FP4 is read only for routed experts of a checkpoint with expert_dtype \"fp4\"");
+    }
+    const int64_t rows = shape[0], cols = shape[1];
+    if (shape.size() != 2 || cols % 32 != 0 || t.shape != std::vector<int64_t>{rows, cols / 2}) {
+      return bad(name, "packed FP4 shape " + shape_text(t.shape) + " is not [out, in / 2] of the expected " +
+                           shape_text(shape));
+    }
+    const std::string scale = scale_name(name);
+    if (checkpoint_.find(scale) == nullptr) return bad(name, "packed FP4 without its scales '" + scale + "'");
+    Result<std::vector<float>> scales = checkpoint_.load_f32(scale, std::vector<int64_t>{rows, cols / 32});
+    if (!scales.ok()) return scales.status();
+    std::vector<float> values(static_cast<size_t>(rows * cols));
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(t.data);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t byte = q[r * (cols / 2) + c / 2];
+        const uint8_t code = (c % 2 == 0) ? (byte & 0x0f) : (byte >> 4);  // the first value in the low nibble
+        values[r * cols + c] = kFp4E2M1[code] * (*scales)[r * (cols / 32) + c / 32];
+      }
+    }
+    return values;
+  }
+
+  const V4Config& config_;
   const Checkpoint& checkpoint_;
   Backend& backend_;
 };
@@ -263,18 +336,10 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   if (!config.ok()) return config.status();
   Result<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::open(dir);
   if (!checkpoint.ok()) return checkpoint.status();
-  for (const std::string& name : (*checkpoint)->names()) {
-    const TensorView* t = (*checkpoint)->find(name);
-    if (t->dtype == DType::kF8E4M3 || t->dtype == DType::kI8 || t->dtype == DType::kU8) {
-      return Status::unsupported("DeepSeek-V4 checkpoint: tensor '" + name + "' is " +
-                                 std::string(dtype_name(t->dtype)) +
-                                 ": quantized V4 weights (FP8, FP4 experts) are not loaded yet; use a bf16 checkpoint");
-    }
-  }
   const V4Config& c = *config;
   std::unique_ptr<DeepSeekV4Model> model(new DeepSeekV4Model(c, backend));
   Weights& w = *model->w_;
-  Loader l(**checkpoint, backend);
+  Loader l(c, **checkpoint, backend);
   const int64_t d = c.hidden_size, hc = c.hc_mult;
   DEEPINFER_RETURN_IF_ERROR(l.vector("embed.weight", {c.vocab_size, d}, w.embed));
   DEEPINFER_RETURN_IF_ERROR(l.linear("head.weight", c.vocab_size, d, w.head));

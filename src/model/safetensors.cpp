@@ -45,12 +45,12 @@ struct DTypeSpec {
 
 constexpr DTypeSpec kDTypes[] = {
     {"F64", DType::kF64, 8},        {"F32", DType::kF32, 4}, {"F16", DType::kF16, 2},   {"BF16", DType::kBF16, 2},
-    {"F8_E4M3", DType::kF8E4M3, 1}, {"I64", DType::kI64, 8}, {"I32", DType::kI32, 4},   {"I16", DType::kI16, 2},
+    {"F8_E4M3", DType::kF8E4M3, 1}, {"F8_E8M0", DType::kF8E8M0, 1}, {"I64", DType::kI64, 8}, {"I32", DType::kI32, 4},   {"I16", DType::kI16, 2},
     {"I8", DType::kI8, 1},          {"U8", DType::kU8, 1},   {"BOOL", DType::kBool, 1},
 };
 
 // Defined by the safetensors format, but not loaded by this build.
-constexpr std::string_view kOtherFormatDTypes[] = {"F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",
+constexpr std::string_view kOtherFormatDTypes[] = {"F8_E5M2", "F6_E2M3", "F6_E3M2", "F4",
                                                    "U16",     "U32",     "U64",     "C64"};
 
 std::optional<DType> parse_dtype(std::string_view name) {
@@ -521,7 +521,7 @@ Result<std::vector<float>> Checkpoint::load_f32(std::string_view name, std::span
   }
   if (!detail::is_float_convertible(tensor.dtype)) {
     return Status::unsupported(where(*entry) + "dtype " + std::string(dtype_name(tensor.dtype)) +
-                               " does not convert to float32 (F32, BF16, F16 and F8_E4M3 do)");
+                               " does not convert to float32 (F32, BF16, F16, F8_E4M3 and F8_E8M0 do)");
   }
   try {
     std::vector<float> values(static_cast<size_t>(tensor.numel()));
@@ -548,9 +548,10 @@ Result<std::vector<float>> Checkpoint::load_f32(std::string_view name, std::span
     const int64_t rows = tensor.shape[0];
     const int64_t cols = tensor.shape[1];
     const int64_t scale_shape[2] = {(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols};
-    if (scale.dtype != DType::kF32 && scale.dtype != DType::kBF16 && scale.dtype != DType::kF16) {
+    if (scale.dtype != DType::kF32 && scale.dtype != DType::kBF16 && scale.dtype != DType::kF16 &&
+        scale.dtype != DType::kF8E8M0) {
       return Status::unsupported(where(*scale_entry) + "dtype " + std::string(dtype_name(scale.dtype)) +
-                                 " for block scales; expected F32, BF16 or F16");
+                                 " for block scales; expected F32, BF16, F16 or F8_E8M0");
     }
     if (!shape_equals(scale.shape, scale_shape)) {
       return Status::corruption(where(*scale_entry) + "shape " + shape_string(scale.shape) + " does not match " +

@@ -5,9 +5,12 @@
 // the seven prompts in one batch (mixed chunk sizes). Also the config errors and the forward's argument checks.
 #include <gtest/gtest.h>
 
+#include <boost/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -205,6 +208,167 @@ TEST_F(V4Test, ForwardRejectsBadArguments) {
             StatusCode::kInvalidArgument);
 }
 
+// A safetensors writer for the quantized copy below: tensors in insertion order.
+struct TensorOut {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorOut>& tensors) {
+  boost::json::object header;
+  uint64_t offset = 0;
+  for (const TensorOut& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", boost::json::array(t.shape.begin(), t.shape.end())},
+                      {"data_offsets", boost::json::array{offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = boost::json::serialize(header);
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::ofstream out(path, std::ios::binary);
+  uint64_t size = text.size();
+  out.write(reinterpret_cast<const char*>(&size), 8);
+  out << text;
+  for (const TensorOut& t : tensors) out << t.bytes;
+}
+
+template <class T>
+std::string raw(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+// Nearest code of `table` (256 FP8 or 16 FP4 values) to v, skipping NaN codes.
+uint8_t nearest(float v, const float* table, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i) {
+    if (std::isnan(table[i])) continue;
+    if (std::fabs(table[i] - v) < std::fabs(table[best] - v)) best = i;
+  }
+  return static_cast<uint8_t>(best);
+}
+
+// DeepSeek-V4's release quantization, built from the fixture: dense weights FP8 e4m3 with ue8m0 (F8_E8M0) scales
+// per 32x32 block, routed experts packed FP4 (two per byte, low nibble first) with a ue8m0 scale per 32 inputs.
+// The same values, dequantized, written as F32 into a second checkpoint: both must give bit-identical logits (the
+// loader's dequantization is exact and reads the layout as written).
+TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
+  deepinfer::testing::TempDir dir;
+  const std::filesystem::path quantized = dir.path() / "quantized", reference = dir.path() / "reference";
+  std::filesystem::create_directories(quantized);
+  std::filesystem::create_directories(reference);
+  auto source = Checkpoint::open(deepinfer::testing::source_path(kFixture));
+  ASSERT_TRUE(source.ok());
+  float fp8[256], fp4[16];
+  for (int i = 0; i < 256; ++i) fp8[i] = f8_e4m3_to_f32(static_cast<uint8_t>(i));
+  const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  std::copy(e2m1, e2m1 + 16, fp4);
+  auto e8m0 = [](float amax, float max_code) -> uint8_t {
+    if (amax == 0.0f) return 127;
+    return static_cast<uint8_t>(127 + static_cast<int>(std::ceil(std::log2(amax / max_code))));
+  };
+  std::vector<TensorOut> q_out, r_out;
+  int fp8_tensors = 0, fp4_tensors = 0;
+  for (const std::string& name : (*source)->names()) {
+    const TensorView* t = (*source)->find(name);
+    const std::string base = name.substr(0, name.size() - 7);  // without ".weight"
+    const bool dense = name.find(".attn.w") != std::string::npos || name.find("indexer.wq_b") != std::string::npos ||
+                       name.find("shared_experts.") != std::string::npos;
+    const bool expert = name.find(".experts.") != std::string::npos && name.find("shared") == std::string::npos;
+    if ((!dense && !expert) || !name.ends_with(".weight")) {
+      std::string bytes(reinterpret_cast<const char*>(t->data), t->size_bytes);
+      TensorOut same{name, std::string(dtype_name(t->dtype)), t->shape, bytes};
+      q_out.push_back(same);
+      r_out.push_back(same);
+      continue;
+    }
+    std::vector<float> w = *(*source)->load_f32(name, t->shape);
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    std::vector<float> deq(w.size());
+    if (dense) {
+      const int64_t br = (rows + 31) / 32, bc = (cols + 31) / 32;
+      std::vector<uint8_t> codes(w.size()), scales(static_cast<size_t>(br * bc));
+      for (int64_t i = 0; i < br; ++i) {
+        for (int64_t j = 0; j < bc; ++j) {
+          float amax = 0.0f;
+          for (int64_t r = i * 32; r < std::min(rows, i * 32 + 32); ++r)
+            for (int64_t c = j * 32; c < std::min(cols, j * 32 + 32); ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+          const uint8_t code = e8m0(amax, 448.0f);
+          scales[i * bc + j] = code;
+          const float scale = f8_e8m0_to_f32(code);
+          for (int64_t r = i * 32; r < std::min(rows, i * 32 + 32); ++r) {
+            for (int64_t c = j * 32; c < std::min(cols, j * 32 + 32); ++c) {
+              codes[r * cols + c] = nearest(w[r * cols + c] / scale, fp8, 256);
+              deq[r * cols + c] = fp8[codes[r * cols + c]] * scale;
+            }
+          }
+        }
+      }
+      q_out.push_back({name, "F8_E4M3", t->shape, raw(codes)});
+      q_out.push_back({base + ".scale", "F8_E8M0", {br, bc}, raw(scales)});
+      ++fp8_tensors;
+    } else {
+      std::vector<uint8_t> packed(static_cast<size_t>(rows * cols / 2), 0), scales(static_cast<size_t>(rows * cols / 32));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < cols / 32; ++g) {
+          float amax = 0.0f;
+          for (int64_t c = g * 32; c < g * 32 + 32; ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+          const uint8_t code = e8m0(amax, 6.0f);
+          scales[r * (cols / 32) + g] = code;
+          const float scale = f8_e8m0_to_f32(code);
+          for (int64_t c = g * 32; c < g * 32 + 32; ++c) {
+            const uint8_t v = nearest(w[r * cols + c] / scale, fp4, 16);
+            packed[r * (cols / 2) + c / 2] |= static_cast<uint8_t>(c % 2 == 0 ? v : v << 4);
+            deq[r * cols + c] = fp4[v] * scale;
+          }
+        }
+      }
+      q_out.push_back({name, "I8", {rows, cols / 2}, raw(packed)});
+      q_out.push_back({base + ".scale", "F8_E8M0", {rows, cols / 32}, raw(scales)});
+      ++fp4_tensors;
+    }
+    r_out.push_back({name, "F32", t->shape, raw(deq)});
+  }
+  EXPECT_GT(fp8_tensors, 20);
+  EXPECT_EQ(fp4_tensors, 4 * 16 * 3);
+  write_safetensors(quantized / "model.safetensors", q_out);
+  write_safetensors(reference / "model.safetensors", r_out);
+  std::string config = deepinfer::testing::read_file(deepinfer::testing::source_path(kFixture + "/config.json"));
+  std::ofstream(reference / "config.json") << config;
+  const std::string marker = "\"index_topk\": 16,";
+  config.replace(config.find(marker), marker.size(),
+                 marker + " \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                          "\"scale_fmt\": \"ue8m0\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": [32, 32]}, "
+                          "\"expert_dtype\": \"fp4\",");
+  std::ofstream(quantized / "config.json") << config;
+
+  auto q_model = DeepSeekV4Model::load(quantized, *backend_);
+  ASSERT_TRUE(q_model.ok()) << q_model.status().to_string();
+  auto r_model = DeepSeekV4Model::load(reference, *backend_);
+  ASSERT_TRUE(r_model.ok()) << r_model.status().to_string();
+  const V4Reference& r = prompts_[5];
+  std::vector<float> q_logits, r_logits;
+  auto qs = (*q_model)->new_sequence();
+  auto rs = (*r_model)->new_sequence();
+  DeepSeekV4Model::Chunk qc{qs.get(), r.ids, DeepSeekV4Model::Logits::kAll};
+  DeepSeekV4Model::Chunk rc{rs.get(), r.ids, DeepSeekV4Model::Logits::kAll};
+  ASSERT_TRUE((*q_model)->forward(std::span<const DeepSeekV4Model::Chunk>(&qc, 1), q_logits).ok());
+  ASSERT_TRUE((*r_model)->forward(std::span<const DeepSeekV4Model::Chunk>(&rc, 1), r_logits).ok());
+  EXPECT_EQ(q_logits, r_logits);
+  // The quantization moved the logits (the test is not vacuous), within what FP8/FP4 rounding does.
+  int wrong = 0;
+  double error = check(r, q_logits, &wrong);
+  std::printf("{\"test\":\"v4_quantized\",\"fp8_tensors\":%d,\"fp4_tensors\":%d,\"max_rel_error_vs_bf16_ref\":%.3g,"
+              "\"argmax_changed\":%d}\n", fp8_tensors, fp4_tensors, error, wrong);
+  EXPECT_GT(error, 1e-4);
+
+  // FP8 tensors without the quantization_config to read them by: refused, naming the tensor.
+  std::ofstream(quantized / "config.json") << deepinfer::testing::read_file(deepinfer::testing::source_path(kFixture + "/config.json"));
+  auto refused = DeepSeekV4Model::load(quantized, *backend_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no quantization_config"), std::string::npos) << refused.status().to_string();
+}
+
 // Config errors name the field; the V2/V3 loader points V4 checkpoints elsewhere.
 TEST(V4Config, ErrorsNameTheField) {
   deepinfer::testing::TempDir dir;
@@ -226,9 +390,12 @@ TEST(V4Config, ErrorsNameTheField) {
   c = with("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 2");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("one shared KV head"), std::string::npos) << c.status().to_string();
-  c = with("\"index_topk\": 16,", "\"index_topk\": 16, \"quantization_config\": {\"quant_method\": \"fp8\"},");
+  c = with("\"index_topk\": 16,", "\"index_topk\": 16, \"quantization_config\": {\"quant_method\": \"awq\"},");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnsupported);
+  c = with("\"index_topk\": 16,", "\"index_topk\": 16, \"expert_dtype\": \"int4\",");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'expert_dtype'"), std::string::npos) << c.status().to_string();
   c = with("\"head_dim\": 64,", "");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("missing required field 'head_dim'"), std::string::npos) << c.status().to_string();

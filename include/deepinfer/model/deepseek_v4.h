@@ -28,7 +28,8 @@
 //
 // Status of the V4 path (issue 20): this reference runs on the CPU backend only (make it with
 // backend::make_cpu_backend()); the V4-specific steps are host loops here, the linear layers go through the
-// backend. Not yet: FP8 / FP4 checkpoints, the MTP layer, the paged hybrid cache and serving.
+// backend. Checkpoints in the release's quantization (FP8 e4m3 weights with ue8m0 block scales, FP4 experts) are
+// dequantized exactly to float32 at load. Not yet: the MTP layer, the paged hybrid cache (prefix caching, tiers).
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,12 @@ struct V4Config {
   int64_t max_position_embeddings = 0;
   int64_t bos_token_id = 0;
   std::vector<int64_t> eos_token_ids;
+  // quantization_config (fp8, e4m3): the [rows, cols] blocks of each FP8 weight's `.scale` (ue8m0 / F8_E8M0 or
+  // float; V4 128x128, V4.1 32x32); empty: not quantized. expert_dtype: "fp4" (routed experts packed two E2M1
+  // values per byte, I8/U8 [out, in / 2], low nibble first, with a scale per 32 inputs [out, in / 32]), "fp8"
+  // (block-scaled like the dense weights) or "" (as stored). The CPU path dequantizes every one exactly to float32.
+  std::vector<int64_t> weight_block_size;
+  std::string expert_dtype;
 };
 
 // Parses `dir/config.json` (or the file) of a deepseek_v4 checkpoint. Required: model_type "deepseek_v4",
@@ -83,8 +90,9 @@ struct V4Config {
 // index_n_heads, index_head_dim, index_topk when any ratio is 4; the rest default as in the spec's §1.2.
 // Errors name the file and field: InvalidArgument (types, values: compress_ratios length num_hidden_layers +
 // num_nextn_predict_layers with values 0/4/128, num_key_value_heads != 1, head_dim <= rope dims, H % G, ...),
-// Unsupported (quantized checkpoints, topk_method other than noaux_tc, tie_word_embeddings, n_shared_experts != 1,
-// rope_scaling type other than yarn), NotFound / IoError / Corruption as load_model_config.
+// Unsupported (a quantization other than fp8 e4m3 with block scales, expert_dtype other than fp4/fp8,
+// topk_method other than noaux_tc, tie_word_embeddings, rope_scaling type other than yarn), NotFound / IoError /
+// Corruption as load_model_config.
 Result<V4Config> load_v4_config(const std::filesystem::path& path);
 
 // The fields of the V2/V3 config the engine and server read (vocabulary, EOS/BOS, lengths, sizes for logs) for a
@@ -133,8 +141,9 @@ class DeepSeekV4Model {
   // Loads config.json and every tensor of the release layout (embed.weight, head.weight, norm.weight, hc_head_*,
   // layers.N.{attn_norm,ffn_norm,hc_attn_*,hc_ffn_*,attn.*,ffn.*}); each tensor's shape is checked.
   // `backend` must be the CPU backend and outlive the model.
-  // Errors: those of load_v4_config and Checkpoint; InvalidArgument naming a tensor whose shape differs or that is
-  // missing; Unsupported for a non-CPU backend or quantized tensors.
+  // Errors: those of load_v4_config and Checkpoint; InvalidArgument naming a tensor whose shape differs, that is
+  // missing, or whose quantization does not match the config (an FP8 tensor without its scales, packed FP4 outside
+  // the routed experts); Unsupported for a non-CPU backend.
   static Result<std::unique_ptr<DeepSeekV4Model>> load(const std::filesystem::path& dir, backend::Backend& backend);
   ~DeepSeekV4Model();
 

@@ -18,7 +18,7 @@
 
 namespace deepinfer::model {
 
-enum class DType { kF64, kF32, kF16, kBF16, kF8E4M3, kI64, kI32, kI16, kI8, kU8, kBool };
+enum class DType { kF64, kF32, kF16, kBF16, kF8E4M3, kF8E8M0, kI64, kI32, kI16, kI8, kU8, kBool };
 std::string_view dtype_name(DType dtype);  // as safetensors spells it: "F32", "BF16", "F8_E4M3", ...
 size_t dtype_size(DType dtype);            // bytes per element
 
@@ -125,5 +125,7 @@ float f16_to_f32(uint16_t bits);   // IEEE binary16: subnormals, +-inf and NaN (
 // float8_e4m3fn (OCP FP8 E4M3, as PyTorch's float8_e4m3fn): bias 7, 3 mantissa bits, subnormals m * 2^-9,
 // no infinities, 0x7f / 0xff are NaN, largest finite 448.
 float f8_e4m3_to_f32(uint8_t bits);
+// float8_e8m0fnu (OCP MX scale, DeepSeek-V4's "ue8m0" block scales): 2^(bits - 127); 0xff is NaN.
+float f8_e8m0_to_f32(uint8_t bits);
 
 }  // namespace deepinfer::model
