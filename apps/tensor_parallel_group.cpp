@@ -356,7 +356,7 @@ Result<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::lead_node(int 
     return Status::failed_precondition(
         "--node-rank " + std::to_string(node_rank) + ": another process already joined this group as node " +
         std::to_string(node_rank) + " (rank 0's store at " + master_addr + ":" + std::to_string(master_port) +
-        "); give each host its own --node-rank, 1 to " + std::to_string(shape.nnodes - 1));
+        "); give each host its own --node-rank, 0 to " + std::to_string(shape.nnodes - 1) + " (0: rank 0's host)");
   }
   // Until the rendezvous: a failure here gives the index back, so that this host can be started again.
   struct ClaimGuard {

@@ -139,13 +139,16 @@ def wait_gone(pids, seconds=10):
 
 
 def stop_group(node0, others):
-    """SIGTERM rank 0 (the group stops by command) and wait for the node leaders; kill what is left."""
+    """SIGTERM rank 0 (the group stops by command) and wait for the node leaders; kill what is left. Exit codes."""
     node0.send_signal(signal.SIGTERM)
+    codes = []
     for p in [node0] + [p for p, _ in others]:
         try:
-            p.wait(timeout=30)
+            codes.append(p.wait(timeout=30))
         except subprocess.TimeoutExpired:
+            codes.append(None)
             p.kill()
+    return codes
 
 
 def rank1_pid(port):
@@ -320,7 +323,8 @@ def main():
     check(bool(refused) and "--node-rank 1: another process already joined this group as node 1" in
           log_text(refused[0][1]), "the refused one names the duplicate node rank")
     check(chat(port0, prompts[0], max_tokens=16) == want[0], "the group serves with the first node 1")
-    stop_group(node0, twins)
+    codes = stop_group(node0, [t for t in twins if t not in refused])
+    check(codes == [0, 0], f"SIGTERM to rank 0 of two hosts: rank 0 and host 1 exit 0 ({codes})")
 
     # SIGSTOP rank 0: host 1's node leader notices rank 0's silent heartbeat (and its store not answering).
     node0, port0, _, node1, log1, local = two_hosts("stop-rank0")
