@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numbers>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -111,6 +113,55 @@ struct LayerWeights {
   std::vector<Linear> w1, w2, w3;  // per expert; index E is the shared expert
 };
 
+// Where each part of a layer's block payload lives (DeepSeekV4Model::block_payload_floats), in floats.
+struct PayloadLayout {
+  struct Layer {
+    int64_t offset = 0;                  // the layer's first float in the payload
+    int64_t raw = 0;                     // [64][D]
+    int64_t entries = 0, entry_slots = 0;  // [slots][D]
+    int64_t rows = 0, row_width = 0;     // compressor rows: kv [rows][width] then score [rows][width]
+    int64_t index_entries = 0, index_rows = 0, index_width = 0;
+    int64_t size = 0;
+  };
+  std::vector<Layer> layers;
+  int64_t total = 0;
+
+  explicit PayloadLayout(const V4Config& c) {
+    const int64_t D = c.head_dim, DI = c.index_head_dim;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const int64_t m = c.compress_ratios[l];
+      Layer layer;
+      layer.offset = total;
+      int64_t at = 64 * D;  // raw rows first
+      if (m != 0) {
+        layer.entries = at;
+        layer.entry_slots = std::max<int64_t>(1, 64 / m);
+        at += layer.entry_slots * D;
+        layer.row_width = (m == 4 ? 2 : 1) * D;
+        layer.rows = at;
+        at += 2 * std::min<int64_t>(m, 64) * layer.row_width;
+      }
+      if (m == 4) {
+        layer.index_entries = at;
+        at += 16 * DI;
+        layer.index_width = 2 * DI;
+        layer.index_rows = at;
+        at += 2 * 4 * layer.index_width;
+      }
+      layer.size = at;
+      total += at;
+      layers.push_back(layer);
+    }
+  }
+};
+
+// Rows a compressor keeps after a block boundary B (a multiple of 64): the overlapped one the last finished block
+// (m rows), the plain one its unfinished block (B mod m rows).
+int64_t kept_rows(int64_t m, int64_t boundary) {
+  const int64_t keep = m == 4 ? std::max<int64_t>(0, (boundary / m) * m - m) : (boundary / m) * m;
+  return boundary - keep;
+}
+
 }  // namespace
 
 struct DeepSeekV4Model::Weights {
@@ -120,6 +171,7 @@ struct DeepSeekV4Model::Weights {
   Linear hc_head_fn;         // [hc][hc * d]
   std::vector<float> hc_head_base, hc_head_scale;
   std::vector<LayerWeights> layers;
+  std::optional<PayloadLayout> payload;
 };
 
 namespace {
@@ -347,6 +399,7 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   DEEPINFER_RETURN_IF_ERROR(l.linear("hc_head_fn", hc, hc * d, w.hc_head_fn));
   DEEPINFER_RETURN_IF_ERROR(l.vector("hc_head_base", {hc}, w.hc_head_base));
   DEEPINFER_RETURN_IF_ERROR(l.vector("hc_head_scale", {1}, w.hc_head_scale));
+  w.payload.emplace(c);
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) DEEPINFER_RETURN_IF_ERROR(load_layer(l, c, i, w.layers[i]));
   return model;
@@ -448,6 +501,49 @@ int64_t DeepSeekV4Model::window_bytes_per_sequence() const {
   return config_.num_hidden_layers * config_.sliding_window * config_.head_dim * 4;
 }
 
+int64_t DeepSeekV4Model::block_payload_floats() const { return w_->payload->total; }
+
+void DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const> blocks) const {
+  const V4Config& c = config_;
+  const int64_t D = c.head_dim, DI = c.index_head_dim, W = c.sliding_window;
+  const int64_t P = 64 * static_cast<int64_t>(blocks.size());
+  sequence.layers_.assign(static_cast<size_t>(c.num_hidden_layers), V4Sequence::Layer{});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const PayloadLayout::Layer& part = w_->payload->layers[l];
+    V4Sequence::Layer& layer = sequence.layers_[l];
+    layer.window.assign(static_cast<size_t>(W * D), 0.0f);
+    for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) {
+      std::copy_n(blocks[p / 64] + part.offset + (p % 64) * D, D, layer.window.data() + (p % W) * D);
+    }
+    const int64_t m = c.compress_ratios[l];
+    auto rows = [&](V4Sequence::Compressor& state, int64_t at, int64_t width, int64_t capacity, int64_t ratio) {
+      const int64_t count = P == 0 ? 0 : kept_rows(ratio, P);
+      state.first_row = P - count;
+      if (count == 0) return;
+      const float* in = blocks.back() + part.offset + at;
+      state.kv.assign(in, in + count * width);
+      state.score.assign(in + capacity * width, in + capacity * width + count * width);
+    };
+    if (m != 0) {
+      for (int64_t j = 0; j < P / m; ++j) {
+        const int64_t block = (j * m) / 64 + (m > 64 ? 1 : 0);  // the block whose end finishes entry j
+        const int64_t slot = m > 64 ? 0 : j - (block * 64) / m;
+        const float* entry = blocks[static_cast<size_t>(block)] + part.offset + part.entries + slot * D;
+        layer.attention.entries.insert(layer.attention.entries.end(), entry, entry + D);
+      }
+      rows(layer.attention, part.rows, part.row_width, std::min<int64_t>(m, 64), m);
+    }
+    if (m == 4) {
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const float* keys = blocks[b] + part.offset + part.index_entries;
+        layer.indexer.entries.insert(layer.indexer.entries.end(), keys, keys + 16 * DI);
+      }
+      rows(layer.indexer, part.index_rows, part.index_width, 4, 4);
+    }
+  }
+  sequence.length_ = P;
+}
+
 std::unique_ptr<V4Sequence> DeepSeekV4Model::new_sequence() const {
   auto sequence = std::make_unique<V4Sequence>();
   sequence->layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
@@ -467,7 +563,7 @@ class V4Forward {
     int64_t position = 0;
     size_t chunk = 0;
   };
-  V4Forward(const V4Config& c, Backend& backend) : c_(c), backend_(backend) {}
+  V4Forward(const V4Config& c, Backend& backend, const PayloadLayout* payload) : c_(c), backend_(backend), payload_(payload) {}
 
   // y[T][w.rows] = x[T][w.cols] · wᵀ (x row stride x_stride).
   void linear(const Linear& w, const float* x, int64_t rows, int64_t x_stride, float* y) {
@@ -563,8 +659,11 @@ class V4Forward {
   // every block the chunk completes (entry j = block j: softmax over the block's tokens per channel of score + ape,
   // weighted sum of kv; overlapped: block j-1's first half of the channels with block j's second half), then
   // RMSNorm and rope at position j * m.
+  // `snapshot(boundary, kv_rows, score_rows, count)`: called for each multiple of 64 in (start, start + n] with the
+  // rows kept there (a block payload's compressor rows).
+  using Snapshot = std::function<void(int64_t, const float*, const float*, int64_t)>;
   void compress(const CompressorWeights& w, const Rope& rope, V4Sequence::Compressor& state, const float* x,
-                int64_t n, int64_t start) {
+                int64_t n, int64_t start, const Snapshot& snapshot = {}) {
     const int64_t m = w.ratio, dim = w.dim, width = w.coff * dim, R = c_.qk_rope_head_dim;
     std::vector<float> kv(static_cast<size_t>(n * width)), score(static_cast<size_t>(n * width));
     linear(w.wkv, x, n, c_.hidden_size, kv.data());
@@ -605,6 +704,12 @@ class V4Forward {
       rms_norm(entry.data(), dim, w.norm.data(), c_.rms_norm_eps, entry.data());
       rope.apply(entry.data() + dim - R, j * m);
       state.entries.insert(state.entries.end(), entry.begin(), entry.end());
+    }
+    if (snapshot) {
+      for (int64_t b = (start / 64 + 1) * 64; b <= end; b += 64) {
+        const int64_t count = kept_rows(m, b);
+        snapshot(b, row(state.kv, b - count), row(state.score, b - count), count);
+      }
     }
     // Keep the unfinished block's rows, and (overlapped) the last finished block's.
     int64_t keep = (end / m) * m;
@@ -664,8 +769,42 @@ class V4Forward {
         std::copy_n(state.window.data() + (p % W) * D, D, raw.data() + (p - lo) * D);
       }
       std::copy_n(kv.data() + r0 * D, n * D, raw.data() + (start - lo) * D);
-      if (w.ratio != 0) compress(w.compressor, w.rope, state.attention, x.data() + r0 * d, n, start);
-      if (w.ratio == 4) compress(w.index_compressor, w.rope, state.indexer, x.data() + r0 * d, n, start);
+      // Block payloads of the blocks this chunk finishes: this layer's part.
+      const PayloadLayout::Layer* part = chunk.completed_blocks.empty() ? nullptr : &payload_->layers[layer];
+      auto destination = [&](int64_t boundary) {
+        return chunk.completed_blocks[static_cast<size_t>(boundary / 64 - start / 64 - 1)] + part->offset;
+      };
+      auto rows_to = [&](int64_t at, int64_t width, int64_t capacity) -> Snapshot {
+        if (part == nullptr) return {};
+        return [=, &destination](int64_t boundary, const float* kv_rows, const float* score_rows, int64_t count) {
+          float* out = destination(boundary) + at;
+          std::copy_n(kv_rows, count * width, out);
+          std::copy_n(score_rows, count * width, out + capacity * width);
+        };
+      };
+      if (w.ratio != 0) {
+        compress(w.compressor, w.rope, state.attention, x.data() + r0 * d, n, start,
+                 rows_to(part ? part->rows : 0, w.compressor.coff * D, std::min<int64_t>(w.ratio, 64)));
+      }
+      if (w.ratio == 4) {
+        compress(w.index_compressor, w.rope, state.indexer, x.data() + r0 * d, n, start,
+                 rows_to(part ? part->index_rows : 0, 2 * DI, 4));
+      }
+      if (part != nullptr) {
+        for (int64_t b = (start / 64 + 1) * 64; b <= start + n; b += 64) {
+          float* out = destination(b);
+          std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, out);
+          if (w.ratio != 0) {
+            // The entries finished inside block [b - 64, b): indices [(b - 64) / m, b / m).
+            for (int64_t j = (b - 64) / w.ratio; j < b / w.ratio; ++j) {
+              std::copy_n(state.attention.entries.data() + j * D, D, out + part->entries + (j - (b - 64) / w.ratio) * D);
+            }
+          }
+          if (w.ratio == 4) {
+            std::copy_n(state.indexer.entries.data() + ((b - 64) / 4) * DI, 16 * DI, out + part->index_entries);
+          }
+        }
+      }
 
       std::vector<const float*> keys;
       std::vector<double> scores;
@@ -807,6 +946,7 @@ class V4Forward {
  private:
   const V4Config& c_;
   Backend& backend_;
+  const PayloadLayout* payload_;
 };
 
 }  // namespace detail
@@ -844,7 +984,7 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
     }
   }
   const int64_t T = static_cast<int64_t>(rows.size()), d = c.hidden_size, hc = c.hc_mult;
-  detail::V4Forward f(c, backend_);
+  detail::V4Forward f(c, backend_, &*w_->payload);
   // Embedding, copied into every stream.
   std::vector<float> X(static_cast<size_t>(T * hc * d));
   for (int64_t t = 0; t < T; ++t) {

@@ -190,6 +190,70 @@ TEST_F(V4Test, BatchedPromptsMatchReference) {
   }
 }
 
+// Block payloads: a sequence restored at a block boundary from its blocks' payloads continues as the sequence that
+// never stopped: bit-identically when the rest comes in the same chunk, and within float32 noise (1e-5, identical
+// argmax) from payloads written by chunks of 50 tokens (blocks straddling chunks).
+TEST_F(V4Test, RestoredFromBlockPayloadsContinuesExactly) {
+  const int64_t vocab = model_->config().vocab_size;
+  const V4Reference& r = prompts_[6];  // 600 tokens: 9 whole blocks
+  const int64_t n = static_cast<int64_t>(r.ids.size());
+  const size_t floats = static_cast<size_t>(model_->block_payload_floats());
+  // Feeds [from, to) with logits of every row, writing the payloads of the blocks it finishes.
+  auto feed = [&](V4Sequence& sequence, int64_t from, int64_t to, std::vector<std::vector<float>>& payloads,
+                  std::vector<float>& logits) {
+    std::vector<float*> blocks;
+    for (int64_t b = (from / 64 + 1) * 64; b <= to; b += 64) blocks.push_back(payloads[b / 64 - 1].data());
+    DeepSeekV4Model::Chunk c{&sequence, std::span<const int32_t>(r.ids.data() + from, to - from),
+                             DeepSeekV4Model::Logits::kAll, blocks};
+    std::vector<float> out;
+    ASSERT_TRUE(model_->forward(std::span<const DeepSeekV4Model::Chunk>(&c, 1), out).ok());
+    logits.insert(logits.end(), out.begin(), out.end());
+  };
+  std::vector<std::vector<float>> chunked(static_cast<size_t>(n / 64), std::vector<float>(floats));
+  {
+    auto sequence = model_->new_sequence();
+    std::vector<float> logits;
+    for (int64_t done = 0; done < n; done += 50) feed(*sequence, done, std::min<int64_t>(n, done + 50), chunked, logits);
+  }
+  for (int64_t k : {1, 3, 9}) {
+    std::vector<std::vector<float>> payloads(static_cast<size_t>(n / 64), std::vector<float>(floats));
+    auto whole = model_->new_sequence();
+    std::vector<float> first, expected;
+    feed(*whole, 0, 64 * k, payloads, first);
+    feed(*whole, 64 * k, n, payloads, expected);
+    for (const auto* source : {&payloads, &chunked}) {
+      auto restored = model_->new_sequence();
+      std::vector<const float*> blocks;
+      for (int64_t b = 0; b < k; ++b) blocks.push_back((*source)[b].data());
+      model_->restore(*restored, blocks);
+      ASSERT_EQ(restored->length(), 64 * k);
+      std::vector<std::vector<float>> unused(static_cast<size_t>(n / 64), std::vector<float>(floats));
+      std::vector<float> out;
+      feed(*restored, 64 * k, n, unused, out);
+      if (source == &payloads) {
+        EXPECT_EQ(out, expected) << "restored after " << k << " blocks";
+        if (k < n / 64) {
+          EXPECT_EQ(unused.back(), payloads.back()) << "the restored sequence writes the same last block";
+        }
+        continue;
+      }
+      double worst = 0.0;
+      int wrong = 0;
+      for (int64_t t = 0; t < n - 64 * k; ++t) {
+        double diff = 0.0, norm = 0.0;
+        for (int64_t v = 0; v < vocab; ++v) {
+          diff = std::max(diff, std::fabs(static_cast<double>(out[t * vocab + v]) - expected[t * vocab + v]));
+          norm = std::max(norm, std::fabs(static_cast<double>(expected[t * vocab + v])));
+        }
+        worst = std::max(worst, diff / norm);
+        wrong += argmax(out.data() + t * vocab, vocab) != argmax(expected.data() + t * vocab, vocab);
+      }
+      EXPECT_LE(worst, 1e-5) << "restored after " << k << " blocks written by chunks of 50";
+      EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
 TEST_F(V4Test, ForwardRejectsBadArguments) {
   auto a = model_->new_sequence();
   std::vector<float> out;

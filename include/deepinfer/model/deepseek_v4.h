@@ -24,12 +24,15 @@
 //
 // The cache is per sequence (V4Sequence): per layer a ring of the last `sliding_window` raw KV rows, the
 // compressed entries so far, the compressors' unfinished blocks (and, overlapped, the previous block), and for CSA
-// layers the indexer's compressed keys. Feeding a sequence's tokens in any chunking gives the same result.
+// layers the indexer's compressed keys. Feeding a sequence's tokens in any chunking gives the same result. A forward
+// can also write each finished 64-token block's part of that state (a block payload), and restore() rebuilds a
+// sequence at a block boundary from its blocks' payloads: the engine's prefix cache over V4.
 //
 // Status of the V4 path (issue 20): this reference runs on the CPU backend only (make it with
 // backend::make_cpu_backend()); the V4-specific steps are host loops here, the linear layers go through the
 // backend. Checkpoints in the release's quantization (FP8 e4m3 weights with ue8m0 block scales, FP4 experts) are
-// dequantized exactly to float32 at load. Not yet: the MTP layer, the paged hybrid cache (prefix caching, tiers).
+// dequantized exactly to float32 at load. Not yet: the MTP layer; a block payload keeps every block's raw window
+// rows (the hybrid layout keeps only the last window's, with bounded replay).
 #pragma once
 
 #include <cstdint>
@@ -163,7 +166,22 @@ class DeepSeekV4Model {
     V4Sequence* sequence = nullptr;
     std::span<const int32_t> token_ids;
     Logits logits = Logits::kLast;
+    // Where to write the cache of each 64-token block the chunk completes (block payloads, below): one pointer per
+    // multiple of 64 in (start, start + n], in order, each to block_payload_floats() floats. Empty: none written.
+    std::span<float* const> completed_blocks = {};
   };
+
+  // A block payload: what a sequence's cache holds for one block of 64 tokens, enough to resume the sequence at the
+  // block's end from the payloads of all its blocks (restore()). Per layer, in layer order: the block's 64 raw KV
+  // rows [64][D]; on compressed layers the entries the block finishes ([64 / m][D], for m = 128 one slot, filled
+  // on odd blocks) and the compressor's rows at the block's end (raw kv | score+ape rows, at most m rows of
+  // [c * D] each: the overlapped compressor's last finished block (4 rows), the 128:1 one's unfinished half (0 or 64
+  // rows)); on CSA layers the same for the indexer (keys [16][index_head_dim], its compressor's 4 rows). float32.
+  // The engine keeps payloads as the blocks of its paged cache (prefix caching, host and disk tiers).
+  int64_t block_payload_floats() const;
+  // Sets `sequence` to the state after position 64 * blocks.size() from those blocks' payloads (block 0 first).
+  // REQUIRES: the payloads were written for this model, of one token sequence.
+  void restore(V4Sequence& sequence, std::span<const float* const> blocks) const;
   // Runs the chunks as one batch (distinct sequences). logits: float32 [rows][vocab_size], rows in chunk order
   // (each chunk's wanted rows in position order). Errors: InvalidArgument (empty chunk, token id outside the
   // vocabulary, a sequence twice, position past max_position_embeddings); the sequences are then unchanged.
