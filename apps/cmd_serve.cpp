@@ -529,17 +529,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
         return refuse("--speculative-algorithm " + options->speculative.algorithm);
       }
       if (options->speculative.dspark_enable) return refuse("--dspark-enable");
-      if (!options->tiered_kv_storage_path.empty() || !options->kv_host_cache_memory.empty()) {
-        return refuse("the host/disk KV tiers (--tiered-kv-storage-path, --kv-host-cache-memory)");
-      }
-      if (!options->kv_events_endpoint.empty()) return refuse("--kv-events-endpoint");
       if (options->enable_eplb) return refuse("--enable-eplb");
-      if (options->swa_bounded_replay) return refuse("--swa-bounded-replay (it needs V4's paged cache)");
+      if (options->swa_bounded_replay) {
+        return refuse("--swa-bounded-replay (its cache blocks keep every block's window rows, so a cached prefix "
+                      "resumes exactly without replay)");
+      }
       if (options->device.device == "cuda") return refuse("--device cuda");
       if (options->device.device == "auto") options->device.device = "cpu";
-      if (!options->no_prefix_caching) {
-        spdlog::info("DeepSeek-V4: prefix caching is off (the V4 cache lives per sequence on the CPU reference path)");
-      }
     }
     if (Status s = model::check_tensor_parallel_shapes(*config, options->tensor_parallel_size); !s.ok()) {
       return fail(s.message());
@@ -711,7 +707,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail(s.to_string());
     }
     engine_config.speculative = *speculative;
-    engine_config.enable_prefix_caching = !options->no_prefix_caching && !v4;
+    engine_config.enable_prefix_caching = !options->no_prefix_caching;
     engine_config.kv_events_endpoint = options->kv_events_endpoint;
     engine_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     if (!options->kv_host_cache_memory.empty()) {

@@ -441,10 +441,17 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(model), resolved,
                                                    std::move(scheduler).value(), std::move(layer_caches).value(),
                                                    std::move(planner)));
+  if (Status s = engine->attach_cache_io(static_cast<size_t>(block_bytes)); !s.ok()) return s;
+  return engine;
+}
+
+Status Engine::attach_cache_io(size_t block_bytes) {
+  Engine* engine = this;
+  const EngineConfig& resolved = config_;
   if (engine->backend_->name() != "cpu") engine->step_gate_ = std::make_unique<StepGate>();
-  engine->block_bytes_ = static_cast<size_t>(block_bytes);
-  engine->device_blocks_ = std::make_unique<DeviceBlocks>(*engine->backend_, engine->layer_caches_,
-                                                          static_cast<size_t>(block_bytes), engine->step_gate_.get());
+  engine->block_bytes_ = block_bytes;
+  engine->device_blocks_ = std::make_unique<DeviceBlocks>(*engine->backend_, engine->layer_caches_, block_bytes,
+                                                          engine->step_gate_.get());
   engine->scheduler_.cache().set_device_io(engine->device_blocks_.get());
   if (!resolved.kv_events_endpoint.empty()) {
     kvcache::KvEventPublisherConfig events;
@@ -458,20 +465,21 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     engine->scheduler_.cache().set_event_sink(engine->kv_events_.get(), std::string(engine->device_medium()));
     engine->kv_events_->flush();
   }
-  return engine;
+  return Status();
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
                                                std::unique_ptr<model::DeepSeekV4Model> model,
                                                const EngineConfig& config) {
-  auto refuse = [](const std::string& what) {
-    return Status::unsupported(what + " does not run DeepSeek-V4 yet (its cache lives per sequence in the V4 "
-                               "executor, not in prefix-cache blocks)");
-  };
-  if (config.enable_prefix_caching) return refuse("prefix caching");
-  if (config.host_cache_bytes > 0 || !config.disk_cache_path.empty()) return refuse("the host/disk KV tiers");
-  if (!config.kv_events_endpoint.empty()) return refuse("KV events");
-  if (config.speculative.enabled()) return refuse("speculative decoding");
+  if (config.speculative.enabled()) {
+    return Status::unsupported("speculative decoding does not run DeepSeek-V4 yet (its MTP layer is not loaded)");
+  }
+  const model::V4Config& v = model->config();
+  if (config.enable_prefix_caching && v.sliding_window < 64) {
+    return Status::unsupported("prefix caching over DeepSeek-V4 needs sliding_window >= 64 (a block's raw rows are "
+                               "read back from its block payload); this checkpoint has " +
+                               std::to_string(v.sliding_window));
+  }
   EngineConfig resolved = config;
   const model::ModelConfig c = model->engine_config();
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
@@ -482,21 +490,29 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
                                     std::to_string(windows) + " bytes)");
   }
   resolved.kv_cache_bytes -= windows;
-  const kvcache::CacheLayout layout = kvcache::CacheLayout::latent_only(1, model->cache_bytes_per_token());
+  // One block of the paged cache = one block payload (DeepSeekV4Model::block_payload_floats), float32.
+  const int64_t payload_bytes = model->block_payload_floats() * static_cast<int64_t>(sizeof(float));
+  const kvcache::CacheLayout layout =
+      kvcache::CacheLayout::latent_only(1, (payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens);
   Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
   if (!plan.ok()) return plan.status();
   Result<std::unique_ptr<kvcache::KvCacheManager>> cache = kvcache::KvCacheManager::create(std::move(plan->cache));
   if (!cache.ok()) return cache.status();
   Result<Scheduler> scheduler = Scheduler::create(plan->scheduler, std::move(cache).value());
   if (!scheduler.ok()) return scheduler.status();
+  const size_t block_bytes = static_cast<size_t>(layout.block_bytes());
+  Result<backend::Buffer> blocks = backend->alloc(block_bytes * static_cast<size_t>(plan->scheduler.num_blocks));
+  if (!blocks.ok()) return blocks.status();
+  std::vector<backend::Buffer> layer_caches;
+  layer_caches.push_back(std::move(blocks).value());
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), nullptr, resolved, std::move(scheduler).value(),
-                                                   {}, nullptr));
+                                                   std::move(layer_caches), nullptr));
   engine->v4_model_ = std::move(model);
   engine->model_config_ = c;
-  engine->block_bytes_ = static_cast<size_t>(layout.block_bytes());
-  engine->kv_cache_bytes_ = static_cast<size_t>(config.kv_cache_bytes);
   const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
-  engine->executor_ = std::make_unique<V4Executor>(*engine->v4_model_, threads, config.parallel_sampling_min_logits);
+  engine->executor_ = std::make_unique<V4Executor>(*engine->v4_model_, engine->layer_caches_[0], block_bytes, threads,
+                                                   config.parallel_sampling_min_logits);
+  if (Status s = engine->attach_cache_io(block_bytes); !s.ok()) return s;
   return engine;
 }
 

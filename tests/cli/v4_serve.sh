@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # DeepSeek-V4 through `deepinfer serve` (the CPU reference path): a random-weight V4 checkpoint at demo size with
 # the real vocabulary (`deepinfer random-model --architecture deepseek-v4`) is served with the deepseek-v4 chat
-# format by default; a chat completion and a streamed one come back (random tokens: the numbers are checked
-# against DeepSeek's own code in model_tests/engine_e2e_tests, not here); greedy output is the same twice; and what
-# V4 does not run yet is refused at startup naming the flag (never accepted and ignored).
+# format by default, with the prefix cache and a disk tier; a chat completion and a streamed one come back (random
+# tokens: the numbers are checked against DeepSeek's own code in model_tests/engine_e2e_tests, not here); greedy
+# output is the same twice, the second time from the prefix cache; and what V4 does not run yet is refused at
+# startup naming the flag (never accepted and ignored).
 # Usage: v4_serve.sh DEEPINFER_BINARY TOKENIZER_DIR (the demo model's: DeepSeek-V3's tokenizer with V4's tokens)
 set -uo pipefail
 bin=$1 tokenizer=$2
@@ -28,13 +29,12 @@ expect_refused() {
 expect_refused "--tensor-parallel-size / --expert-parallel-size / --nnodes > 1: DeepSeek-V4" --tensor-parallel-size 2
 expect_refused "--dspark-enable: DeepSeek-V4" --dspark-enable
 expect_refused "--speculative-algorithm mtp: DeepSeek-V4" --speculative-algorithm mtp
-expect_refused "the host/disk KV tiers" --tiered-kv-storage-path "$dir/kv"
-expect_refused "--swa-bounded-replay (it needs V4's paged cache)" --swa-bounded-replay
+expect_refused "--swa-bounded-replay (its cache blocks keep every block's window rows" --swa-bounded-replay
 expect_refused "--role prefill: DeepSeek-V4" --role prefill
 expect_refused "--device cuda: DeepSeek-V4" --device cuda
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$bin" serve --device cpu --model "$dir/v4" --port "$port" >"$dir/log" 2>&1 &
+"$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" >"$dir/log" 2>&1 &
 server=$!
 for _ in $(seq 1 120); do
   curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
@@ -46,7 +46,9 @@ echo "ok: $(grep -F 'deepseek_v4, chat format' "$dir/log" | cut -c1-140)"
 ask() {
   curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$1"
 }
-body='{"model":"v4","messages":[{"role":"user","content":"Hello, V4"}],"max_tokens":8,"temperature":0}'
+# A prompt of more than two 64-token blocks: the second request reuses them from the prefix cache.
+text=$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 1 20))
+body='{"model":"v4","messages":[{"role":"user","content":"'"$text"'"}],"max_tokens":8,"temperature":0}'
 first=$(ask "$body") second=$(ask "$body")
 python3 - "$first" "$second" <<'PY' || failures=$((failures + 1))
 import json, sys
@@ -54,7 +56,11 @@ a, b = (json.loads(x) for x in sys.argv[1:3])
 assert a["choices"][0]["finish_reason"] == "length", a
 assert a["usage"]["completion_tokens"] == 8, a
 assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"], (a, b)
-print("ok: greedy chat completion, 8 tokens, the same twice:", repr(a["choices"][0]["message"]["content"])[:60])
+assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, a
+cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert cached >= 128 and cached % 64 == 0, b
+print("ok: greedy chat completion, 8 tokens, the same twice, the second with", cached, "of",
+      b["usage"]["prompt_tokens"], "prompt tokens from the prefix cache:", repr(a["choices"][0]["message"]["content"])[:50])
 PY
 stream=$(ask '{"model":"v4","messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"stream":true,"temperature":0.8,"seed":7}')
 if grep -q '"finish_reason":"length"' <<<"$stream" && grep -q 'data: \[DONE\]' <<<"$stream"; then
@@ -62,4 +68,22 @@ if grep -q '"finish_reason":"length"' <<<"$stream" && grep -q 'data: \[DONE\]' <
 else
   echo "FAIL: stream:"; echo "$stream" | tail -3; failures=$((failures + 1))
 fi
+# A restart keeps the disk tier: the same prompt after SIGTERM and a new server comes from disk.
+kill -TERM "$server"; wait "$server" 2>/dev/null
+"$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" >"$dir/log2" 2>&1 &
+server=$!
+for _ in $(seq 1 120); do
+  curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+  kill -0 "$server" 2>/dev/null || break
+  sleep 0.5
+done
+third=$(ask "$body")
+python3 - "$first" "$third" <<'PY' || failures=$((failures + 1))
+import json, sys
+a, c = (json.loads(x) for x in sys.argv[1:3])
+assert a["choices"][0]["message"]["content"] == c["choices"][0]["message"]["content"], (a, c)
+cached = c["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert cached >= 128, c
+print("ok: after a restart the same answer with", cached, "prompt tokens from the disk tier")
+PY
 exit $((failures > 0))

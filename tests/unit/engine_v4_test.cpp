@@ -1,8 +1,9 @@
 // The engine end to end on DeepSeek-V4 (tests/data/models/tiny-deepseek-v4-official, reference from DeepSeek's own
 // V4 code): the scheduler, the V4 executor and the sampler give the reference's 16 greedy tokens for all 7 prompts
 // run together under a small token budget (chunked prefill mixed with decode) and again when a small cache forces
-// preemption (recompute from position 0 starts a fresh V4 cache); a seeded sampled request gives the same tokens
-// alone and in a batch; what V4 does not support yet is refused by name.
+// preemption (recompute from position 0 starts a fresh V4 cache); prefix caching and the host tier reuse V4 block
+// payloads with the same tokens; a seeded sampled request gives the same tokens alone and in a batch; what V4 does
+// not support yet is refused by name.
 #include <map>
 #include <string>
 #include <vector>
@@ -129,17 +130,71 @@ TEST(EngineV4Test, SeededSamplingIsTheSameAloneAndInABatch) {
   EXPECT_EQ(alone_tokens, batched_tokens);
 }
 
+// Prefix caching over V4 block payloads: a repeated prompt and a prompt sharing a prefix reuse the cached blocks
+// (restored into a fresh V4 cache) and give the same greedy tokens as without the cache; again after the blocks
+// went to the host tier and came back.
+TEST(EngineV4Test, PrefixCacheAndHostTierReuseBlocksExactly) {
+  Reference ref = load_reference();
+  std::vector<int32_t> shared(ref.prompts[6].begin(), ref.prompts[6].begin() + 300);
+  shared.insert(shared.end(), ref.prompts[4].begin(), ref.prompts[4].end());  // 300 shared, then other tokens
+  auto uncached = make_v4_engine(v4_config());
+  ASSERT_TRUE(uncached.ok());
+  SequenceId plain = *(*uncached)->submit(shared, greedy_params());
+  const std::vector<TokenId> shared_tokens = drain(**uncached)[plain];
+
+  for (bool host_tier : {false, true}) {
+    EngineConfig config = v4_config();
+    config.enable_prefix_caching = true;
+    config.max_num_batched_tokens = 128;
+    if (host_tier) {
+      // A device cache of 12 blocks (after the window rings): prompt 5 pushes prompt 6's blocks to the host tier.
+      auto probe = make_v4_engine(config);
+      ASSERT_TRUE(probe.ok());
+      config.kv_cache_bytes = int64_t{8} * 4 * 128 * 64 * 4 + 12 * static_cast<int64_t>((*probe)->block_bytes());
+      config.host_cache_bytes = 64 * static_cast<int64_t>((*probe)->block_bytes());
+    }
+    auto engine = make_v4_engine(config);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    std::map<SequenceId, int64_t> cached;
+    auto run = [&](const std::vector<int32_t>& prompt) {
+      SequenceId id = *(*engine)->submit(prompt, greedy_params());
+      std::vector<TokenId> tokens;
+      for (int steps = 0; (*engine)->has_pending_work() && steps < 5000; ++steps) {
+        auto events = (*engine)->step();
+        EXPECT_TRUE(events.ok()) << events.status().to_string();
+        if (!events.ok()) break;
+        for (const TokenEvent& event : *events) {
+          if (event.token) tokens.push_back(*event.token);
+          if (event.finished) cached[event.id] = event.num_cached_tokens;
+        }
+      }
+      (*engine)->flush_kv_tiers();
+      return std::make_pair(id, tokens);
+    };
+    auto [first, first_tokens] = run(ref.prompts[6]);
+    EXPECT_EQ(first_tokens, ref.greedy[6]);
+    EXPECT_EQ(cached[first], 0);
+    if (host_tier) {
+      auto [other, other_tokens] = run(ref.prompts[5]);
+      EXPECT_EQ(other_tokens, ref.greedy[5]);
+    }
+    auto [again, again_tokens] = run(ref.prompts[6]);
+    EXPECT_EQ(again_tokens, ref.greedy[6]) << (host_tier ? "host tier" : "device");
+    EXPECT_EQ(cached[again], 576) << (host_tier ? "host tier" : "device");
+    auto [partial, partial_tokens] = run(shared);
+    EXPECT_EQ(partial_tokens, shared_tokens);
+    EXPECT_EQ(cached[partial], 256);
+    if (host_tier) {
+      EXPECT_GT((*engine)->kv_tier_stats().completed_loads, 0) << "the blocks came back from the host";
+    }
+  }
+}
+
 TEST(EngineV4Test, RefusesWhatV4DoesNotRunYet) {
   EngineConfig config = v4_config();
-  config.enable_prefix_caching = true;
-  auto engine = make_v4_engine(config);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_EQ(engine.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(engine.status().message().find("prefix caching"), std::string::npos) << engine.status().to_string();
-  config = v4_config();
   config.speculative.algorithm = SpeculativeAlgorithm::kMtp;
   config.speculative.num_draft_tokens = 2;
-  engine = make_v4_engine(config);
+  auto engine = make_v4_engine(config);
   ASSERT_FALSE(engine.ok());
   EXPECT_NE(engine.status().message().find("speculative decoding"), std::string::npos) << engine.status().to_string();
   config = v4_config();

@@ -131,10 +131,11 @@ class Engine {
   // Takes ownership of the backend and the model built on it.
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<backend::Backend> backend,
                                                 std::unique_ptr<model::DeepSeekModel> model, const EngineConfig& config);
-  // A DeepSeek-V4 model (the CPU reference path): its cache lives per sequence in the V4 executor (V4Executor);
-  // the scheduler's blocks account for it at DeepSeekV4Model::cache_bytes_per_token() per token, after the
-  // max_num_seqs window rings are taken from kv_cache_bytes. Unsupported: prefix caching, the host/disk tiers, KV
-  // events, speculative decoding (a clear error naming the option); KvHandoff is refused by submit.
+  // A DeepSeek-V4 model (the CPU reference path): each running sequence's cache lives in the V4 executor
+  // (V4Executor; its window rings are taken from kv_cache_bytes first), and each finished 64-token block's part of it
+  // (a block payload, DeepSeekV4Model::block_payload_floats) in the paged cache's block: prefix caching, the
+  // host/disk tiers and KV events work over those blocks as for V2/V3, and a sequence resuming from cached blocks is
+  // restored from them. Unsupported: speculative decoding (a clear error); KvHandoff is refused by submit.
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<backend::Backend> backend,
                                                 std::unique_ptr<model::DeepSeekV4Model> model,
                                                 const EngineConfig& config);
@@ -227,6 +228,8 @@ class Engine {
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
          const EngineConfig& config, Scheduler scheduler, std::vector<backend::Buffer> layer_caches,
          std::unique_ptr<DraftPlanner> planner);
+  // The KV cache's device I/O (the tiers' copies) over layer_caches_ and the KV event publisher, for create().
+  Status attach_cache_io(size_t block_bytes);
   // KvHandoff::import_blocks: writes the payloads into free device blocks and caches them under the prompt's
   // block hashes.
   Status import_blocks(std::span<const TokenId> prompt, std::vector<std::vector<std::byte>>& payloads,
