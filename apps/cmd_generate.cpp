@@ -75,8 +75,25 @@ std::function<int()> add_generate_command(CLI::App& app) {
     } else {
       return fail("give --prompt or --prompt-ids");
     }
-    Result<model::ModelConfig> model_config = model::load_model_config(options->model);
+    Result<std::string> model_type = model::read_model_type(options->model);
+    if (!model_type.ok()) return fail(model_type.status().to_string());
+    // DeepSeek-V4: the CPU reference path (no speculative decoding, no GPU yet).
+    const bool v4 = *model_type == "deepseek_v4";
+    if (v4 && options->device.device == "cuda") {
+      return fail("--device cuda: DeepSeek-V4 runs on the CPU reference path in this build");
+    }
+    if (v4) options->device.device = "cpu";
+    Result<model::ModelConfig> model_config = [&]() -> Result<model::ModelConfig> {
+      if (!v4) return model::load_model_config(options->model);
+      Result<model::V4Config> v4_config = model::load_v4_config(options->model);
+      if (!v4_config.ok()) return v4_config.status();
+      return model::v4_engine_view(*v4_config);
+    }();
     if (!model_config.ok()) return fail(model_config.status().to_string());
+    if (v4 && (options->speculative.dspark_enable ||
+               (!options->speculative.algorithm.empty() && options->speculative.algorithm != "none"))) {
+      return fail("--speculative-algorithm: DeepSeek-V4 runs on the CPU reference path in this build, without it");
+    }
     Result<engine::SpeculativeConfig> speculative =
         speculative_config(options->speculative, model_config->num_nextn_predict_layers,
                            model_config->dspark.has_value());
@@ -84,16 +101,23 @@ std::function<int()> add_generate_command(CLI::App& app) {
     Result<BackendChoice> choice = make_backend(options->device);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
-    auto model = model::DeepSeekModel::load(options->model, *backend, choice->precision, /*progress=*/true);
-    if (!model.ok()) return fail(model.status().to_string());
-    if (Status s = set_dspark_table(*speculative, options->speculative, options->model, std::string(backend->name()),
-                                    choice->compute_mode);
-        !s.ok()) {
-      return fail(s.to_string());
-    }
     engine::EngineConfig engine_config;
     engine_config.speculative = *speculative;
-    auto engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
+    Result<std::unique_ptr<engine::Engine>> engine = Status::internal("no engine");
+    if (v4) {
+      auto model = model::DeepSeekV4Model::load(options->model, *backend);
+      if (!model.ok()) return fail(model.status().to_string());
+      engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
+    } else {
+      auto model = model::DeepSeekModel::load(options->model, *backend, choice->precision, /*progress=*/true);
+      if (!model.ok()) return fail(model.status().to_string());
+      if (Status s = set_dspark_table(*speculative, options->speculative, options->model,
+                                      std::string(backend->name()), choice->compute_mode);
+          !s.ok()) {
+        return fail(s.to_string());
+      }
+      engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
+    }
     if (!engine.ok()) return fail(engine.status().to_string());
     engine::SamplingParams params;
     params.temperature = options->temperature;

@@ -32,6 +32,14 @@ std::function<int()> add_random_model_command(CLI::App& app) {
     const bool v4 = options->architecture == "deepseek-v4";
     if (options->tokenizer.empty()) options->tokenizer = v4 ? "models/demo" : "models/deepseek-v3";
     for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+      if (!fs::exists(fs::path(options->tokenizer) / file)) {
+        std::cerr << "deepinfer random-model: " << (fs::path(options->tokenizer) / file).string()
+                  << ": no such file (run scripts/setup.sh to fetch the tokenizer, from the repository root, or pass "
+                     "--tokenizer DIR)\n";
+        return 1;
+      }
+    }
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
       std::error_code ec;
       fs::create_directories(out, ec);
       fs::copy_file(fs::path(options->tokenizer) / file, out / file, fs::copy_options::overwrite_existing, ec);

@@ -15,6 +15,14 @@ trap cleanup EXIT
 "$bin" random-model --architecture deepseek-v4 --tokenizer "$tokenizer" --out "$dir/v4" >/dev/null ||
   { echo "FAIL: random-model --architecture deepseek-v4"; exit 1; }
 failures=0
+# generate on the exactness fixture: DeepSeek's own code's 16 greedy tokens for its prompt 1.
+fixture=$(dirname "$0")/../data/models/tiny-deepseek-v4-official
+got=$("$bin" generate --model "$fixture" --prompt-ids 531,311,304,64,540 --max-tokens 16 2>/dev/null)
+if [ "$got" = "816,513,861,103,865,373,418,816,110,831,942,636,972,961,404,1013" ]; then
+  echo "ok: generate on the V4 fixture gives the reference's 16 greedy tokens"
+else
+  echo "FAIL: generate on the V4 fixture: '$got'"; failures=$((failures + 1))
+fi
 expect_refused() {
   local want=$1; shift
   local out
