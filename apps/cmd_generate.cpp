@@ -82,6 +82,9 @@ std::function<int()> add_generate_command(CLI::App& app) {
     if (v4 && options->device.device == "cuda") {
       return fail("--device cuda: DeepSeek-V4 runs on the CPU reference path in this build");
     }
+    if (v4 && options->device.bf16) {
+      return fail("--bf16: DeepSeek-V4 runs on the CPU reference path in this build, which keeps float32 weights");
+    }
     if (v4) options->device.device = "cpu";
     Result<model::ModelConfig> model_config = [&]() -> Result<model::ModelConfig> {
       if (!v4) return model::load_model_config(options->model);

@@ -535,6 +535,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
                       "resumes exactly without replay)");
       }
       if (options->device.device == "cuda") return refuse("--device cuda");
+      if (options->device.bf16) return refuse("--bf16 (the V4 path keeps float32 weights)");
       if (options->device.device == "auto") options->device.device = "cpu";
     }
     if (Status s = model::check_tensor_parallel_shapes(*config, options->tensor_parallel_size); !s.ok()) {

@@ -485,9 +485,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
   const int64_t windows = model->window_bytes_per_sequence() * resolved.max_num_seqs;
   if (resolved.kv_cache_bytes <= windows) {
-    return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) + " does not hold the " +
-                                    std::to_string(resolved.max_num_seqs) + " sequences' window rings (" +
-                                    std::to_string(windows) + " bytes)");
+    return Status::invalid_argument("kv_cache_bytes (--kv-cache-memory) " + std::to_string(resolved.kv_cache_bytes) +
+                                    " does not hold the window rings of max_num_seqs (--max-num-seqs) " +
+                                    std::to_string(resolved.max_num_seqs) + " DeepSeek-V4 sequences (" +
+                                    std::to_string(windows) + " bytes, then at least one block)");
   }
   resolved.kv_cache_bytes -= windows;
   // One block of the paged cache = one block payload (DeepSeekV4Model::block_payload_floats), float32.

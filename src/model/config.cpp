@@ -406,8 +406,8 @@ Result<ModelConfig> parse_config(const std::string& file, const std::string& tex
   if (c.model_type != "deepseek_v2" && c.model_type != "deepseek_v3") {
     return r.unsupported("model_type", *r.find("model_type"),
                          c.model_type == "deepseek_v4"
-                             ? "DeepSeek-V4 runs only on the CPU reference path (DeepSeekV4Model) in this build"
-                             : "expected \"deepseek_v2\" or \"deepseek_v3\"");
+                             ? "DeepSeek-V4 loads through load_v4_config / DeepSeekV4Model, not this loader"
+                             : "expected \"deepseek_v2\", \"deepseek_v3\" or \"deepseek_v4\"");
   }
   apply_defaults(c);
 

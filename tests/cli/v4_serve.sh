@@ -40,6 +40,8 @@ expect_refused "--speculative-algorithm mtp: DeepSeek-V4" --speculative-algorith
 expect_refused "--swa-bounded-replay (its cache blocks keep every block's window rows" --swa-bounded-replay
 expect_refused "--role prefill: DeepSeek-V4" --role prefill
 expect_refused "--device cuda: DeepSeek-V4" --device cuda
+expect_refused "--bf16 (the V4 path keeps float32 weights)" --bf16
+expect_refused "window rings of max_num_seqs (--max-num-seqs) 64" --kv-cache-memory 1MiB --max-num-seqs 64
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" >"$dir/log" 2>&1 &
