@@ -75,10 +75,10 @@ std::function<int()> add_generate_command(CLI::App& app) {
     } else {
       return fail("give --prompt or --prompt-ids");
     }
-    Result<std::string> model_type = model::read_model_type(options->model);
-    if (!model_type.ok()) return fail(model_type.status().to_string());
+    Result<model::ModelConfig> model_config = model::load_engine_model_config(options->model);
+    if (!model_config.ok()) return fail(model_config.status().to_string());
     // DeepSeek-V4: the CPU reference path (no speculative decoding, no GPU yet).
-    const bool v4 = *model_type == "deepseek_v4";
+    const bool v4 = model_config->model_type == "deepseek_v4";
     if (v4 && options->device.device == "cuda") {
       return fail("--device cuda: DeepSeek-V4 runs on the CPU reference path in this build");
     }
@@ -86,13 +86,6 @@ std::function<int()> add_generate_command(CLI::App& app) {
       return fail("--bf16: DeepSeek-V4 runs on the CPU reference path in this build, which keeps float32 weights");
     }
     if (v4) options->device.device = "cpu";
-    Result<model::ModelConfig> model_config = [&]() -> Result<model::ModelConfig> {
-      if (!v4) return model::load_model_config(options->model);
-      Result<model::V4Config> v4_config = model::load_v4_config(options->model);
-      if (!v4_config.ok()) return v4_config.status();
-      return model::v4_engine_view(*v4_config);
-    }();
-    if (!model_config.ok()) return fail(model_config.status().to_string());
     if (v4 && (options->speculative.dspark_enable ||
                (!options->speculative.algorithm.empty() && options->speculative.algorithm != "none"))) {
       return fail("--speculative-algorithm: DeepSeek-V4 runs on the CPU reference path in this build, without it");

@@ -507,16 +507,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail("--max-body-bytes '" + options->max_body_bytes + "' is not a size");
 
     // DeepSeek-V4 checkpoints run on the CPU reference path (DeepSeekV4Model) without what needs its paged cache.
-    Result<std::string> model_type = model::read_model_type(model_path);
-    if (!model_type.ok()) return fail(model_type.status().to_string());
-    const bool v4 = *model_type == "deepseek_v4";
-    Result<model::ModelConfig> config = [&]() -> Result<model::ModelConfig> {
-      if (!v4) return model::load_model_config(model_path);
-      Result<model::V4Config> v4_config = model::load_v4_config(model_path);
-      if (!v4_config.ok()) return v4_config.status();
-      return model::v4_engine_view(*v4_config);
-    }();
+    Result<model::ModelConfig> config = model::load_engine_model_config(model_path);
     if (!config.ok()) return fail(config.status().to_string());
+    const bool v4 = config->model_type == "deepseek_v4";
     if (v4) {
       auto refuse = [&](const std::string& what) {
         return fail(what + ": DeepSeek-V4 runs on the CPU reference path in this build, which does not support it yet");

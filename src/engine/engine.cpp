@@ -446,24 +446,21 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
 }
 
 Status Engine::attach_cache_io(size_t block_bytes) {
-  Engine* engine = this;
-  const EngineConfig& resolved = config_;
-  if (engine->backend_->name() != "cpu") engine->step_gate_ = std::make_unique<StepGate>();
-  engine->block_bytes_ = block_bytes;
-  engine->device_blocks_ = std::make_unique<DeviceBlocks>(*engine->backend_, engine->layer_caches_, block_bytes,
-                                                          engine->step_gate_.get());
-  engine->scheduler_.cache().set_device_io(engine->device_blocks_.get());
-  if (!resolved.kv_events_endpoint.empty()) {
+  if (backend_->name() != "cpu") step_gate_ = std::make_unique<StepGate>();
+  block_bytes_ = block_bytes;
+  device_blocks_ = std::make_unique<DeviceBlocks>(*backend_, layer_caches_, block_bytes, step_gate_.get());
+  scheduler_.cache().set_device_io(device_blocks_.get());
+  if (!config_.kv_events_endpoint.empty()) {
     kvcache::KvEventPublisherConfig events;
-    events.endpoint = resolved.kv_events_endpoint;
-    events.replay_endpoint = resolved.kv_events_replay_endpoint;
+    events.endpoint = config_.kv_events_endpoint;
+    events.replay_endpoint = config_.kv_events_replay_endpoint;
     Result<std::unique_ptr<kvcache::KvEventPublisher>> publisher = kvcache::KvEventPublisher::start(events);
     if (!publisher.ok()) return publisher.status();
-    engine->kv_events_ = std::move(publisher).value();
+    kv_events_ = std::move(publisher).value();
     // A fresh worker holds nothing on device and host: subscribers drop what they knew, then learn the disk.
-    engine->kv_events_->publish(kvcache::KvEvent::all_cleared());
-    engine->scheduler_.cache().set_event_sink(engine->kv_events_.get(), std::string(engine->device_medium()));
-    engine->kv_events_->flush();
+    kv_events_->publish(kvcache::KvEvent::all_cleared());
+    scheduler_.cache().set_event_sink(kv_events_.get(), std::string(device_medium()));
+    kv_events_->flush();
   }
   return Status();
 }

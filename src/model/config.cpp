@@ -15,12 +15,6 @@
 
 #include "json_text.h"
 
-#define DEEPINFER_RETURN_IF_ERROR(expr) \
-  do {                                  \
-    Status status_ = (expr);            \
-    if (!status_.ok()) return status_;  \
-  } while (0)
-
 namespace deepinfer::model {
 namespace {
 
@@ -670,4 +664,3 @@ Result<std::string> read_model_type(const std::filesystem::path& path) {
 
 }  // namespace deepinfer::model
 
-#undef DEEPINFER_RETURN_IF_ERROR

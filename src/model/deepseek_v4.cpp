@@ -14,12 +14,6 @@
 
 #include "deepinfer/model/safetensors.h"
 
-#define DEEPINFER_RETURN_IF_ERROR(expr) \
-  do {                                  \
-    Status status_ = (expr);            \
-    if (!status_.ok()) return status_;  \
-  } while (0)
-
 namespace deepinfer::model {
 namespace {
 
@@ -405,6 +399,15 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   return model;
 }
 
+Result<ModelConfig> load_engine_model_config(const std::filesystem::path& path) {
+  Result<std::string> type = read_model_type(path);
+  if (!type.ok()) return type.status();
+  if (*type != "deepseek_v4") return load_model_config(path);
+  Result<V4Config> config = load_v4_config(path);
+  if (!config.ok()) return config.status();
+  return v4_engine_view(*config);
+}
+
 ModelConfig v4_engine_view(const V4Config& v) {
   ModelConfig c;
   c.model_type = v.model_type;
@@ -486,15 +489,6 @@ std::vector<V4TensorSpec> v4_tensors(const V4Config& c) {
     }
   }
   return t;
-}
-
-int64_t DeepSeekV4Model::cache_bytes_per_token() const {
-  double bytes = 0.0;
-  for (int64_t ratio : config_.compress_ratios) {
-    if (ratio != 0) bytes += 4.0 * static_cast<double>(config_.head_dim) / static_cast<double>(ratio);
-    if (ratio == 4) bytes += 4.0 * static_cast<double>(config_.index_head_dim) / 4.0;
-  }
-  return std::max<int64_t>(4, static_cast<int64_t>(std::ceil(bytes)));
 }
 
 int64_t DeepSeekV4Model::window_bytes_per_sequence() const {
@@ -807,7 +801,7 @@ class V4Forward {
       }
 
       std::vector<const float*> keys;
-      std::vector<double> scores;
+      std::vector<double> scores, acc(static_cast<size_t>(D));
       std::vector<std::pair<double, int64_t>> ranked;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = r0 + i, p = start + i;
@@ -849,7 +843,7 @@ class V4Forward {
             mx = std::max(mx, scores[s]);
           }
           double sum = std::exp(w.attn_sink[h] - mx);
-          std::vector<double> acc(static_cast<size_t>(D), 0.0);
+          std::fill(acc.begin(), acc.end(), 0.0);
           for (size_t s = 0; s < keys.size(); ++s) {
             double e = std::exp(scores[s] - mx);
             sum += e;
@@ -1032,4 +1026,3 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
 
 }  // namespace deepinfer::model
 
-#undef DEEPINFER_RETURN_IF_ERROR

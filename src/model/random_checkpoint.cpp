@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,22 @@ boost::json::object random_model_config() {
           {"num_nextn_predict_layers", 1}, {"torch_dtype", "bfloat16"}};
 }
 
-Status write_random_checkpoint(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
-                               float stddev) {
+namespace {
+
+// One tensor of a random checkpoint: its header entry and how its values are made.
+struct RandomTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  enum class Fill { kUniform, kOnes, kZeros, kTokenTable } fill = Fill::kUniform;
+  int64_t experts = 0;  // kTokenTable: row t holds experts (t + j) mod experts (I64)
+};
+
+// Writes dir/config.json (and checks it with `check`, which returns the tensors it implies), then every tensor into
+// dir/model.safetensors: bf16 uniform values with standard deviation `stddev` from SplitMix64(seed), ones, zeros,
+// or an I64 token table; 8-byte aligned data, as safetensors writes; renamed into place when complete.
+Status write_random_tensors(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
+                            float stddev,
+                            const std::function<Result<std::vector<RandomTensor>>()>& tensors_of_config) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::io_error(dir.string() + ": cannot create: " + ec.message());
@@ -59,16 +74,16 @@ Status write_random_checkpoint(const std::filesystem::path& dir, const boost::js
     out << boost::json::serialize(config) << "\n";
     if (!out) return Status::io_error((dir / "config.json").string() + ": write failed");
   }
-  Result<ModelConfig> parsed = load_model_config(dir);
-  if (!parsed.ok()) return parsed.status();
-  std::vector<ExpectedTensor> tensors = expected_tensors(*parsed);
+  Result<std::vector<RandomTensor>> tensors = tensors_of_config();
+  if (!tensors.ok()) return tensors.status();
   boost::json::object header;
   uint64_t offset = 0;
-  for (const ExpectedTensor& t : tensors) {
-    if (!t.required) continue;
-    uint64_t bytes = 2;
+  for (const RandomTensor& t : *tensors) {
+    const bool table = t.fill == RandomTensor::Fill::kTokenTable;
+    uint64_t bytes = table ? 8 : 2;
     for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
-    header[t.name] = {{"dtype", "BF16"}, {"shape", boost::json::array(t.shape.begin(), t.shape.end())},
+    header[t.name] = {{"dtype", table ? "I64" : "BF16"},
+                      {"shape", boost::json::array(t.shape.begin(), t.shape.end())},
                       {"data_offsets", boost::json::array{offset, offset + bytes}}};
     offset += bytes;
   }
@@ -84,16 +99,22 @@ Status write_random_checkpoint(const std::filesystem::path& dir, const boost::js
   // Uniform in [-a, a] has standard deviation a / sqrt(3).
   const float amplitude = stddev * std::sqrt(3.0f);
   std::vector<uint16_t> buffer;
-  for (const ExpectedTensor& t : tensors) {
-    if (!t.required) continue;
+  for (const RandomTensor& t : *tensors) {
+    if (t.fill == RandomTensor::Fill::kTokenTable) {
+      const int64_t rows = t.shape[0], k = t.shape[1];
+      std::vector<int64_t> table(static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < k; ++j) table[r * k + j] = (r + j) % t.experts;
+      }
+      out.write(reinterpret_cast<const char*>(table.data()), static_cast<std::streamsize>(table.size() * 8));
+      continue;
+    }
     size_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    const bool is_norm = t.name.find("norm") != std::string::npos;
-    const bool is_bias = t.name.find("e_score_correction_bias") != std::string::npos;
     buffer.resize(n);
     for (size_t i = 0; i < n; ++i) {
-      float value = is_norm ? 1.0f : 0.0f;
-      if (!is_norm && !is_bias) {
+      float value = t.fill == RandomTensor::Fill::kOnes ? 1.0f : 0.0f;
+      if (t.fill == RandomTensor::Fill::kUniform) {
         double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
         value = static_cast<float>((2.0 * unit - 1.0) * amplitude);
       }
@@ -106,6 +127,26 @@ Status write_random_checkpoint(const std::filesystem::path& dir, const boost::js
   std::filesystem::rename(partial, path, ec);  // atomic: a killed setup never leaves a truncated checkpoint
   if (ec) return Status::io_error(path.string() + ": " + ec.message());
   return Status();
+}
+
+}  // namespace
+
+Status write_random_checkpoint(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
+                               float stddev) {
+  return write_random_tensors(dir, config, seed, stddev, [&]() -> Result<std::vector<RandomTensor>> {
+    Result<ModelConfig> parsed = load_model_config(dir);
+    if (!parsed.ok()) return parsed.status();
+    std::vector<RandomTensor> tensors;
+    for (const ExpectedTensor& t : expected_tensors(*parsed)) {
+      if (!t.required) continue;
+      RandomTensor::Fill fill = t.name.find("norm") != std::string::npos ? RandomTensor::Fill::kOnes
+                                : t.name.find("e_score_correction_bias") != std::string::npos
+                                    ? RandomTensor::Fill::kZeros
+                                    : RandomTensor::Fill::kUniform;
+      tensors.push_back({t.name, t.shape, fill});
+    }
+    return tensors;
+  });
 }
 
 boost::json::object random_v4_model_config() {
@@ -128,68 +169,19 @@ boost::json::object random_v4_model_config() {
 
 Status write_random_v4_checkpoint(const std::filesystem::path& dir, const boost::json::object& config, uint64_t seed,
                                   float stddev) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::io_error(dir.string() + ": cannot create: " + ec.message());
-  {
-    std::ofstream out(dir / "config.json");
-    out << boost::json::serialize(config) << "\n";
-    if (!out) return Status::io_error((dir / "config.json").string() + ": write failed");
-  }
-  Result<V4Config> parsed = load_v4_config(dir);
-  if (!parsed.ok()) return parsed.status();
-  const std::vector<V4TensorSpec> tensors = v4_tensors(*parsed);
-  boost::json::object header;
-  uint64_t offset = 0;
-  for (const V4TensorSpec& t : tensors) {
-    uint64_t bytes = t.token_table ? 8 : 2;
-    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
-    header[t.name] = {{"dtype", t.token_table ? "I64" : "BF16"},
-                      {"shape", boost::json::array(t.shape.begin(), t.shape.end())},
-                      {"data_offsets", boost::json::array{offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string header_text = boost::json::serialize(header);
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  const std::filesystem::path path = dir / "model.safetensors";
-  const std::filesystem::path partial = dir / "model.safetensors.partial";
-  std::ofstream out(partial, std::ios::binary);
-  uint64_t header_size = header_text.size();
-  out.write(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
-  out << header_text;
-  uint64_t state = seed;
-  const float amplitude = stddev * std::sqrt(3.0f);
-  std::vector<uint16_t> buffer;
-  for (const V4TensorSpec& t : tensors) {
-    if (t.token_table) {
-      const int64_t rows = t.shape[0], k = t.shape[1];
-      std::vector<int64_t> table(static_cast<size_t>(rows * k));
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = 0; j < k; ++j) table[r * k + j] = (r + j) % parsed->n_routed_experts;
-      }
-      out.write(reinterpret_cast<const char*>(table.data()), static_cast<std::streamsize>(table.size() * 8));
-      continue;
+  return write_random_tensors(dir, config, seed, stddev, [&]() -> Result<std::vector<RandomTensor>> {
+    Result<V4Config> parsed = load_v4_config(dir);
+    if (!parsed.ok()) return parsed.status();
+    std::vector<RandomTensor> tensors;
+    for (const V4TensorSpec& t : v4_tensors(*parsed)) {
+      RandomTensor::Fill fill = t.token_table                             ? RandomTensor::Fill::kTokenTable
+                                : t.name.find("norm") != std::string::npos ? RandomTensor::Fill::kOnes
+                                : t.name.ends_with("gate.bias")            ? RandomTensor::Fill::kZeros
+                                                                           : RandomTensor::Fill::kUniform;
+      tensors.push_back({t.name, t.shape, fill, parsed->n_routed_experts});
     }
-    size_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    const bool is_norm = t.name.find("norm") != std::string::npos;
-    const bool is_bias = t.name.ends_with("gate.bias");
-    buffer.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      float value = is_norm ? 1.0f : 0.0f;
-      if (!is_norm && !is_bias) {
-        double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
-        value = static_cast<float>((2.0 * unit - 1.0) * amplitude);
-      }
-      buffer[i] = to_bf16(value);
-    }
-    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(n * sizeof(uint16_t)));
-  }
-  out.close();
-  if (!out) return Status::io_error(partial.string() + ": write failed");
-  std::filesystem::rename(partial, path, ec);
-  if (ec) return Status::io_error(path.string() + ": " + ec.message());
-  return Status();
+    return tensors;
+  });
 }
 
 }  // namespace deepinfer::model

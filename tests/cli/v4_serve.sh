@@ -44,13 +44,17 @@ expect_refused "--bf16 (the V4 path keeps float32 weights)" --bf16
 expect_refused "window rings of max_num_seqs (--max-num-seqs) 64" --kv-cache-memory 1MiB --max-num-seqs 64
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" >"$dir/log" 2>&1 &
-server=$!
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  kill -0 "$server" 2>/dev/null || break
-  sleep 0.5
-done
+# Starts the server with the disk tier, logging to $1, and waits for /health.
+start_server() {
+  "$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" >"$1" 2>&1 &
+  server=$!
+  for _ in $(seq 1 120); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.5
+  done
+}
+start_server "$dir/log"
 grep -q "deepseek_v4, chat format deepseek-v4" "$dir/log" || { echo "FAIL: no deepseek-v4 default format:"; cat "$dir/log"; exit 1; }
 echo "ok: $(grep -F 'deepseek_v4, chat format' "$dir/log" | cut -c1-140)"
 ask() {
@@ -80,13 +84,7 @@ else
 fi
 # A restart keeps the disk tier: the same prompt after SIGTERM and a new server comes from disk.
 kill -TERM "$server"; wait "$server" 2>/dev/null
-"$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" >"$dir/log2" 2>&1 &
-server=$!
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  kill -0 "$server" 2>/dev/null || break
-  sleep 0.5
-done
+start_server "$dir/log2"
 third=$(ask "$body")
 python3 - "$first" "$third" <<'PY' || failures=$((failures + 1))
 import json, sys

@@ -82,3 +82,10 @@ class [[nodiscard]] Result {
 };
 
 }  // namespace deepinfer
+
+// Returns the Status of `expr` from the enclosing function when it is not ok.
+#define DEEPINFER_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    ::deepinfer::Status status_ = (expr); \
+    if (!status_.ok()) return status_;  \
+  } while (0)

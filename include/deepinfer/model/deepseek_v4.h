@@ -111,6 +111,10 @@ struct V4TensorSpec {
 };
 std::vector<V4TensorSpec> v4_tensors(const V4Config& config);
 
+// The config the engine and server read for the checkpoint at `path`: load_model_config for V2/V3, and
+// v4_engine_view(load_v4_config) for model_type "deepseek_v4". Errors as those loaders and read_model_type.
+Result<ModelConfig> load_engine_model_config(const std::filesystem::path& path);
+
 // The model_type field of `dir/config.json` (or the file), for choosing a loader. Errors as load_model_config.
 Result<std::string> read_model_type(const std::filesystem::path& path);
 
@@ -153,9 +157,6 @@ class DeepSeekV4Model {
   const V4Config& config() const { return config_; }
   // v4_engine_view(config()).
   ModelConfig engine_config() const { return v4_engine_view(config_); }
-  // Cache bytes per token of a sequence, past its fixed window rings: the compressed entries and indexer keys of
-  // every layer (float32), amortised per token. What the engine sizes its block accounting by.
-  int64_t cache_bytes_per_token() const;
   // Fixed cache bytes per sequence: the window rings of every layer.
   int64_t window_bytes_per_sequence() const;
   std::unique_ptr<V4Sequence> new_sequence() const;
