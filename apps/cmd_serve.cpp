@@ -152,10 +152,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Prompt plus generated tokens per request (default: the model's max_position_embeddings)");
   cmd->add_option("--max-num-seqs", options->max_num_seqs, "Sequences running at once")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--max-num-batched-tokens", options->max_num_batched_tokens, "Tokens computed per engine step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   CLI::Option* kv_cache_memory_option =
       cmd->add_option("--kv-cache-memory", options->kv_cache_memory, "Memory for the KV cache: bytes, or e.g. 2GiB, 512MiB")
           ->capture_default_str();
@@ -194,7 +194,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--eplb-rebalance-num-iterations", options->eplb_rebalance_num_iterations,
                   "Forward passes between two rebalances")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--eplb-policy", options->eplb_policy,
                   "global: replicate and pack over all ranks; hierarchical: expert groups (n_group) to nodes first")
       ->check(CLI::IsMember({"global", "hierarchical"}))
@@ -248,7 +248,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-concurrent-requests", options->max_concurrent_requests,
                   "Generation requests in flight; more get 429 with Retry-After")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--max-json-depth", options->max_json_depth, "Deepest JSON nesting a request may use")
       ->capture_default_str()
       ->check(CLI::Range(2, 100000));
@@ -291,12 +291,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Open connections at once (more are answered 503 and closed); lowered to the file-descriptor "
                   "limit less 64")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--max-connections-per-ip", options->max_connections_per_ip,
                   "Open connections one client address may hold (0: half of --max-connections; raise it behind a "
                   "gateway)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--idle-timeout-s", options->idle_timeout_s,
                   "Seconds a connection may wait for (or send) its next request's header")
       ->capture_default_str()
@@ -578,7 +578,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     Result<engine::SpeculativeConfig> speculative =
         speculative_config(options->speculative, config->num_nextn_predict_layers, config->dspark.has_value());
     if (!speculative.ok()) return fail(speculative.status().message() + " (" + model_path.string() + ")");
-    if (options->max_model_len < 0) return fail("--max-model-len must be positive");
+    if (cmd->get_option("--max-model-len")->count() > 0 && options->max_model_len < 2) {
+      return fail("--max-model-len must be at least 2 (a prompt token and a generated one); got " +
+                  std::to_string(options->max_model_len) + " (leave it out for the model's max_position_embeddings)");
+    }
     if (options->max_model_len > config->max_position_embeddings) {
       return fail("--max-model-len " + std::to_string(options->max_model_len) + " exceeds the model's " +
                   "max_position_embeddings " + std::to_string(config->max_position_embeddings));
@@ -755,7 +758,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
         options->served_model_name.empty() ? directory_name(fs::absolute(model_path)) : options->served_model_name;
     info.model_type = config->model_type;
     info.vocab_size = config->vocab_size;
-    info.max_model_len = options->max_model_len > 0 ? options->max_model_len : config->max_position_embeddings;
+    info.max_model_len = (*engine)->max_model_len();
     info.bos_token_id = config->bos_token_id;
     info.root = fs::absolute(model_path);
     std::error_code ec;

@@ -377,6 +377,31 @@ std::string_view Engine::device_medium() const {
 
 void Engine::flush_kv_tiers() { scheduler_.cache().flush(); }
 
+namespace {
+
+// The longest request the KV cache holds when it runs alone (every other one preempted): max_model_len must
+// not exceed it, or a request is accepted and fails once it has outgrown the cache. Given explicitly, a larger
+// max_model_len is refused naming both flags (as vLLM refuses it); left to default, it is lowered to the cache's
+// capacity (as SGLang caps its max request length) and the log says so.
+Status fit_max_model_len(EngineConfig& resolved, bool given, int32_t num_blocks, int32_t lookahead_tokens) {
+  const int64_t capacity = int64_t{num_blocks} * kvcache::kBlockTokens - lookahead_tokens;
+  if (resolved.max_model_len <= capacity) return Status();
+  if (given || capacity < 2) {
+    return Status::invalid_argument(
+        "max_model_len (--max-model-len) " + std::to_string(resolved.max_model_len) + " does not fit the KV cache: " +
+        "kv_cache_bytes (--kv-cache-memory) " + std::to_string(resolved.kv_cache_bytes) + " holds " +
+        std::to_string(num_blocks) + " blocks = " + std::to_string(std::max<int64_t>(capacity, 0)) +
+        " tokens of one request; raise --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len");
+  }
+  spdlog::info("max_model_len {} (max_position_embeddings) is lowered to {}: the KV cache ({} blocks) holds no "
+               "longer request; raise --kv-cache-memory for more",
+               resolved.max_model_len, capacity, num_blocks);
+  resolved.max_model_len = capacity;
+  return Status();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
                                                std::unique_ptr<model::DeepSeekModel> model,
                                                const EngineConfig& config) {
@@ -407,6 +432,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (!plan.ok()) return plan.status();
   SchedulerConfig scheduler_config = plan->scheduler;
   scheduler_config.num_lookahead_slots = resolved.speculative.enabled() ? resolved.speculative.num_draft_tokens : 0;
+  if (Status s = fit_max_model_len(resolved, config.max_model_len > 0, scheduler_config.num_blocks,
+                                   scheduler_config.num_lookahead_slots);
+      !s.ok()) {
+    return s;
+  }
   if (!resolved.kv_events_endpoint.empty() && !resolved.enable_prefix_caching) {
     return Status::invalid_argument("KV events need prefix caching; it is off");
   }
@@ -494,6 +524,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
       kvcache::CacheLayout::latent_only(1, (payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens);
   Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
   if (!plan.ok()) return plan.status();
+  if (Status s = fit_max_model_len(resolved, config.max_model_len > 0, plan->scheduler.num_blocks, 0); !s.ok()) {
+    return s;
+  }
   Result<std::unique_ptr<kvcache::KvCacheManager>> cache = kvcache::KvCacheManager::create(std::move(plan->cache));
   if (!cache.ok()) return cache.status();
   Result<Scheduler> scheduler = Scheduler::create(plan->scheduler, std::move(cache).value());

@@ -428,21 +428,76 @@ std::string ResponseWriter::frames() {
   return out;
 }
 
+void ResponseWriter::return_token_ids(std::vector<recipe::TokenId> prompt_token_ids, PromptIdsAt where) {
+  token_ids_ = true;
+  prompt_ids_at_ = where;
+  prompt_ids_ = std::move(prompt_token_ids);
+}
+
+namespace {
+
+json::array id_array(std::span<const recipe::TokenId> ids) {
+  json::array out;
+  out.reserve(ids.size());
+  for (recipe::TokenId id : ids) out.emplace_back(id);
+  return out;
+}
+
+// The first choice of a response or chunk object, or null when it has none.
+json::object* first_choice(json::object& object) {
+  json::value* choices = object.if_contains("choices");
+  if (choices == nullptr || !choices->is_array() || choices->get_array().empty()) return nullptr;
+  return choices->get_array()[0].if_object();
+}
+
+}  // namespace
+
+void ResponseWriter::attach_ids(std::span<recipe::StreamChunk> chunks) {
+  if (!token_ids_) return;
+  // The prompt's ids go on the first chunk with a choice; the pending generated ids on the last one.
+  recipe::StreamChunk* first = nullptr;
+  recipe::StreamChunk* last = nullptr;
+  for (recipe::StreamChunk& chunk : chunks) {
+    if (chunk.done || first_choice(chunk.data) == nullptr) continue;
+    if (first == nullptr) first = &chunk;
+    last = &chunk;
+  }
+  if (first == nullptr) return;
+  if (prompt_ids_) {
+    json::object& target = prompt_ids_at_ == PromptIdsAt::kTopLevel ? first->data : *first_choice(first->data);
+    target["prompt_token_ids"] = id_array(*prompt_ids_);
+    prompt_ids_.reset();
+  }
+  (*first_choice(last->data))["token_ids"] = id_array(pending_ids_);
+  pending_ids_.clear();
+}
+
 std::string ResponseWriter::start(const FinishInfo& usage_so_far) {
   builder_->start(usage_so_far, chunks_);
+  attach_ids(chunks_);
   return frames();
 }
 
 std::string ResponseWriter::deltas(const std::vector<recipe::StreamEvent>& events,
                                    std::vector<TokenLogprobs>& logprobs) {
   builder_->deltas(events, logprobs, chunks_);
+  attach_ids(chunks_);
   return frames();
 }
 
 std::string ResponseWriter::finish(const OutputMessage& message, const FinishInfo& info,
                                    std::vector<TokenLogprobs>& logprobs) {
-  if (!stream_) return to_json_text(builder_->response(message, info, logprobs));
+  if (!stream_) {
+    json::object response = builder_->response(message, info, logprobs);
+    if (token_ids_ && first_choice(response) != nullptr) {
+      json::object& target = prompt_ids_at_ == PromptIdsAt::kTopLevel ? response : *first_choice(response);
+      target["prompt_token_ids"] = id_array(prompt_ids_.value_or(std::vector<recipe::TokenId>{}));
+      (*first_choice(response))["token_ids"] = id_array(pending_ids_);
+    }
+    return to_json_text(response);
+  }
   builder_->finish(message, info, logprobs, chunks_);
+  attach_ids(chunks_);
   return frames();
 }
 

@@ -1095,6 +1095,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
         }
         last_token = now;
         ++finish.completion_tokens;
+        plan.writer->push_token(*event.token);
         if (event.logprob) batch_logprobs.push_back(token_logprobs(*event.token, *event.logprob, event.top_logprobs));
         const bool stopped = plan.builder->push(*event.token, deltas);
         finish.reasoning_tokens = plan.builder->reasoning_tokens();

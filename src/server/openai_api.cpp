@@ -101,6 +101,8 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   }
   std::optional<bool> parallel;
   if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
+  std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
+  if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;
 
   GenerationPlan plan;
   std::vector<std::string> stops;
@@ -142,6 +144,9 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
       recipe::chat_completion_builder({random_id("chatcmpl-"), context.model->served_model_name, unix_time()},
                                       include_usage, plan.params.logprobs.has_value(), context.tokenizer),
       plan.stream);
+  if (return_token_ids.value_or(false)) {
+    plan.writer->return_token_ids(plan.prompt_token_ids, ResponseWriter::PromptIdsAt::kTopLevel);
+  }
   return plan;
 }
 
@@ -158,6 +163,8 @@ ApiResult<GenerationPlan> plan_completion(const json::value& request, const ApiC
   if (auto e = read_integer(body, "best_of", 1, 128, best_of)) return *e;
   if (best_of.value_or(1) > 1) return bad_request("best_of > 1 is not supported yet", "best_of");
   if (auto e = read_bool(body, "add_special_tokens", add_special_tokens)) return *e;
+  std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
+  if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;
 
   GenerationPlan plan;
   std::vector<std::string> stops;
@@ -188,6 +195,9 @@ ApiResult<GenerationPlan> plan_completion(const json::value& request, const ApiC
       recipe::completion_builder({random_id("cmpl-"), context.model->served_model_name, unix_time()}, include_usage,
                                  logprobs.has_value(), context.tokenizer),
       plan.stream);
+  if (return_token_ids.value_or(false)) {
+    plan.writer->return_token_ids(plan.prompt_token_ids, ResponseWriter::PromptIdsAt::kChoice);
+  }
   return plan;
 }
 

@@ -101,6 +101,56 @@ TEST_F(ApiTest, ChatStreamingMatchesNonStreamingAndCountsUsage) {
   EXPECT_EQ(usage["completion_tokens"].as_int64(), 6);
 }
 
+// vLLM's return_token_ids: the prompt's ids and the generated ids, streamed and not, chat and completions
+// (a breaker found it accepted and ignored).
+TEST_F(ApiTest, ReturnTokenIdsGivesThePromptAndTheGeneratedIds) {
+  TestClient c = client();
+  HttpResponse plain = c.post("/v1/chat/completions", chat(R"(, "return_token_ids": true)"));
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  json::object body = plain.json().as_object();
+  ASSERT_TRUE(body.contains("prompt_token_ids")) << plain.body;
+  EXPECT_EQ(static_cast<int64_t>(body["prompt_token_ids"].as_array().size()), rendered_prompt_tokens(chat()));
+  const json::array generated = body["choices"].at(0).at("token_ids").as_array();
+  ASSERT_EQ(generated.size(), 6u);
+
+  HttpResponse streamed = c.post("/v1/chat/completions", chat(R"(, "return_token_ids": true, "stream": true)"));
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  json::array streamed_ids;
+  int prompt_ids_seen = 0;
+  for (const SseEvent& event : parse_sse(streamed.body)) {
+    if (event.data == "[DONE]") continue;
+    json::object chunk = json::parse(event.data).as_object();
+    if (chunk.contains("prompt_token_ids")) {
+      ++prompt_ids_seen;
+      EXPECT_EQ(chunk["prompt_token_ids"], body["prompt_token_ids"]);
+    }
+    if (chunk["choices"].as_array().empty()) continue;
+    const json::object& choice = chunk["choices"].at(0).as_object();
+    if (const json::value* delta_ids = choice.if_contains("token_ids")) {
+      for (const json::value& id : delta_ids->as_array()) streamed_ids.push_back(id);
+    }
+  }
+  EXPECT_EQ(prompt_ids_seen, 1);
+  EXPECT_EQ(streamed_ids, generated);
+
+  HttpResponse completion =
+      c.post("/v1/completions", R"({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0,
+                                    "ignore_eos": true, "return_token_ids": true})");
+  ASSERT_EQ(completion.status, 200) << completion.body;
+  const json::value completion_body = completion.json();
+  const json::object& choice = completion_body.at("choices").at(0).as_object();
+  EXPECT_EQ(choice.at("prompt_token_ids").as_array().size(),
+            tokenizer()->encode("The capital of France is", recipe::TextTrust::kTrusted).size() + 1);  // + BOS
+  std::vector<recipe::TokenId> ids;
+  for (const json::value& id : choice.at("token_ids").as_array()) ids.push_back(static_cast<recipe::TokenId>(id.as_int64()));
+  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(tokenizer()->decode(ids), std::string(choice.at("text").as_string()));
+
+  HttpResponse wrong = c.post("/v1/chat/completions", chat(R"(, "return_token_ids": "yes")"));
+  EXPECT_EQ(wrong.status, 400);
+  EXPECT_NE(wrong.body.find("return_token_ids"), std::string::npos) << wrong.body;
+}
+
 TEST_F(ApiTest, ChatSeededSamplingIsReproducible) {
   TestClient c = client();
   const std::string request = chat(R"(, "temperature": 0.9, "top_p": 0.9, "top_k": 50, "seed": 7,

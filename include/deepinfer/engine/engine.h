@@ -37,7 +37,9 @@ class MtpExecutor;  // src/engine/mtp_executor.h
 struct EngineConfig {
   int32_t max_num_batched_tokens = 2048;  // --max-num-batched-tokens
   int32_t max_num_seqs = 64;              // --max-num-seqs
-  int64_t max_model_len = 0;              // prompt + output tokens; 0: the model's max_position_embeddings
+  // Prompt + output tokens; 0: the model's max_position_embeddings, lowered to what the KV cache holds (a
+  // larger value given explicitly is refused by create()).
+  int64_t max_model_len = 0;
   int64_t kv_cache_bytes = 1ll << 30;     // memory for the latent KV cache (sets the number of blocks)
   bool enable_prefix_caching = true;      // --no-prefix-caching turns it off
   // Identity of the checkpoint in every block hash (kvcache::model_fingerprint): blocks of other weights or
@@ -157,6 +159,8 @@ class Engine {
 
   // The model's config (for V4: DeepSeekV4Model::engine_config(), the fields the engine and server read).
   const model::ModelConfig& model_config() const { return model_config_; }
+  // The resolved max_model_len (EngineConfig::max_model_len): what submit() enforces.
+  int64_t max_model_len() const { return config_.max_model_len; }
   const Scheduler& scheduler() const { return scheduler_; }
   size_t kv_cache_bytes() const { return kv_cache_bytes_; }
   // One KV block of every cache layer, in bytes (a KvHandoff payload).

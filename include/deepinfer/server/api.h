@@ -118,12 +118,27 @@ class ResponseWriter {
   std::string finish(const OutputMessage& message, const FinishInfo& info, std::vector<TokenLogprobs>& logprobs);
   std::string stream_error(const ApiError& error);
 
+  // vLLM's `return_token_ids` (OpenAI dialects): the prompt's ids as `prompt_token_ids` (top level of the chat
+  // response and of its first chunk; in the choice for legacy completions) and the generated ids as the
+  // choice's `token_ids` (streaming: each chunk's own, the ids of tokens whose text was held back going with the
+  // next chunk). Call once, before start()/finish(); then push_token() for every generated token.
+  enum class PromptIdsAt { kTopLevel, kChoice };
+  void return_token_ids(std::vector<recipe::TokenId> prompt_token_ids, PromptIdsAt where);
+  void push_token(recipe::TokenId token) {
+    if (token_ids_) pending_ids_.push_back(token);
+  }
+
  private:
   std::string frames();  // the SSE bytes of chunks_, which it clears
+  void attach_ids(std::span<recipe::StreamChunk> chunks);  // the pending ids (and the prompt's, once) on a chunk
 
   std::unique_ptr<recipe::ResponseBuilder> builder_;
   bool stream_;
   std::vector<recipe::StreamChunk> chunks_;
+  bool token_ids_ = false;
+  PromptIdsAt prompt_ids_at_ = PromptIdsAt::kTopLevel;
+  std::optional<std::vector<recipe::TokenId>> prompt_ids_;  // until written
+  std::vector<recipe::TokenId> pending_ids_;                // generated, not yet written
 };
 
 struct GenerationPlan {
