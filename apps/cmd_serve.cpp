@@ -231,9 +231,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Fraction of the GPU's memory this server may fill (weights, activations and KV cache), as vLLM's: "
                   "the KV cache gets what the fraction leaves after the weights and a step's workspace (--device cuda "
                   "only; instead of --kv-cache-memory)");
-  cmd->add_flag("--swa-bounded-replay", options->swa_bounded_replay,
-                "Reuse a prefix whose sliding-window entries were evicted by recomputing only the last window "
-                "(DeepSeek-V4's sliding-window layers; refused for models without them)");
+  cmd->add_flag("--swa-bounded-replay,!--no-swa-bounded-replay", options->swa_bounded_replay,
+                "DeepSeek-V4 (default on): reuse a cached prefix whose last window's raw rows are gone (evicted, or "
+                "from the host/disk tier) by replaying only its last sliding_window tokens, an approximation; "
+                "--no-swa-bounded-replay reuses it up to where the rows are still cached (exact). Refused for models "
+                "without sliding-window layers");
   cmd->add_option("--chat-format", options->chat_format,
                   "Prompt format: deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v3.2, deepseek-v4, deepseek-v4.1 "
                   "(default: the checkpoint's config.json chat_format, else its encoding/encoding_dsv*.py, else its "
@@ -523,9 +525,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
       if (options->speculative.dspark_enable) return refuse("--dspark-enable");
       if (options->enable_eplb) return refuse("--enable-eplb");
-      if (options->swa_bounded_replay) {
-        return refuse("--swa-bounded-replay (its cache blocks keep every block's window rows, so a cached prefix "
-                      "resumes exactly without replay)");
+      if (options->swa_bounded_replay && options->no_prefix_caching) {
+        return fail("--swa-bounded-replay reuses cached prefixes, but --no-prefix-caching turns the cache off");
       }
       if (options->device.device == "cuda") return refuse("--device cuda");
       if (options->device.bf16) return refuse("--bf16 (the V4 path keeps float32 weights)");
@@ -540,7 +541,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "model's n_routed_experts (" + std::to_string(config->n_routed_experts) + ") plus " +
                   std::to_string(options->num_redundant_experts) + " redundant experts");
     }
-    if (options->swa_bounded_replay) {
+    if (!v4 && options->swa_bounded_replay) {
       return fail("--swa-bounded-replay: " + config->model_type +
                   " has no sliding-window attention layers (DeepSeek-V4's), so there is no window to replay");
     }
@@ -705,6 +706,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     engine_config.speculative = *speculative;
     engine_config.enable_prefix_caching = !options->no_prefix_caching;
+    engine_config.swa_bounded_replay =
+        cmd->get_option("--swa-bounded-replay")->count() > 0 ? options->swa_bounded_replay : true;
     engine_config.kv_events_endpoint = options->kv_events_endpoint;
     engine_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     if (!options->kv_host_cache_memory.empty()) {

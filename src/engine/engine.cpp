@@ -322,6 +322,7 @@ Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::C
   cache_config.enable_prefix_caching = resolved.enable_prefix_caching;
   cache_config.block_bytes = static_cast<size_t>(block_bytes);
   cache_config.window_blocks = static_cast<int32_t>(std::min<int64_t>(window_blocks, INT32_MAX));
+  cache_config.bounded_replay = resolved.swa_bounded_replay && !layout.window_specs().empty();
   if (!(resolved.kv_cache_ttl_hours > 0)) {
     return Status::invalid_argument("kv_cache_ttl_hours must be > 0, got " + std::to_string(resolved.kv_cache_ttl_hours));
   }
@@ -475,6 +476,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   return engine;
 }
 
+int64_t Engine::num_replayed_tokens() const { return v4_executor_ ? v4_executor_->replayed_tokens() : 0; }
+
 Status Engine::attach_cache_io(size_t block_bytes) {
   if (backend_->name() != "cpu") step_gate_ = std::make_unique<StepGate>();
   block_bytes_ = block_bytes;
@@ -502,11 +505,6 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
     return Status::unsupported("speculative decoding does not run DeepSeek-V4 yet (its MTP layer is not loaded)");
   }
   const model::V4Config& v = model->config();
-  if (config.enable_prefix_caching && v.sliding_window < 64) {
-    return Status::unsupported("prefix caching over DeepSeek-V4 needs sliding_window >= 64 (a block's raw rows are "
-                               "read back from its block payload); this checkpoint has " +
-                               std::to_string(v.sliding_window));
-  }
   EngineConfig resolved = config;
   const model::ModelConfig c = model->engine_config();
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
@@ -518,10 +516,17 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
                                     std::to_string(windows) + " bytes, then at least one block)");
   }
   resolved.kv_cache_bytes -= windows;
-  // One block of the paged cache = one block payload (DeepSeekV4Model::block_payload_floats), float32.
+  // The hybrid layout: a block of the main pool = one block payload (DeepSeekV4Model::block_payload_floats: the
+  // compressed kinds, kept for every block and in the tiers); a block of the window pool = one window payload (the
+  // raw rows of every layer, kept only for the last window). float32.
   const int64_t payload_bytes = model->block_payload_floats() * static_cast<int64_t>(sizeof(float));
-  const kvcache::CacheLayout layout =
-      kvcache::CacheLayout::latent_only(1, (payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens);
+  const int64_t window_payload_bytes = model->window_payload_floats() * static_cast<int64_t>(sizeof(float));
+  const kvcache::CacheLayout layout{{
+      {kvcache::CacheKind::kCompressed, "compressed", 1,
+       (payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens, 0},
+      {kvcache::CacheKind::kSlidingWindow, "sliding_window", static_cast<int32_t>(v.num_hidden_layers),
+       window_payload_bytes / static_cast<int64_t>(v.num_hidden_layers) / kvcache::kBlockTokens,
+       static_cast<int32_t>(v.sliding_window)}}};
   Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
   if (!plan.ok()) return plan.status();
   if (Status s = fit_max_model_len(resolved, config.max_model_len > 0, plan->scheduler.num_blocks, 0); !s.ok()) {
@@ -531,18 +536,25 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (!cache.ok()) return cache.status();
   Result<Scheduler> scheduler = Scheduler::create(plan->scheduler, std::move(cache).value());
   if (!scheduler.ok()) return scheduler.status();
-  const size_t block_bytes = static_cast<size_t>(layout.block_bytes());
+  const size_t block_bytes = static_cast<size_t>(layout.full_block_bytes());
   Result<backend::Buffer> blocks = backend->alloc(block_bytes * static_cast<size_t>(plan->scheduler.num_blocks));
   if (!blocks.ok()) return blocks.status();
+  Result<backend::Buffer> window_pool =
+      backend->alloc(static_cast<size_t>(window_payload_bytes) * static_cast<size_t>(plan->cache.window_blocks));
+  if (!window_pool.ok()) return window_pool.status();
   std::vector<backend::Buffer> layer_caches;
   layer_caches.push_back(std::move(blocks).value());
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), nullptr, resolved, std::move(scheduler).value(),
                                                    std::move(layer_caches), nullptr));
   engine->v4_model_ = std::move(model);
+  engine->v4_windows_ = std::move(window_pool).value();
+  engine->kv_cache_bytes_ += engine->v4_windows_.bytes;
   engine->model_config_ = c;
   const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
-  engine->executor_ = std::make_unique<V4Executor>(*engine->v4_model_, engine->layer_caches_[0], block_bytes, threads,
-                                                   config.parallel_sampling_min_logits);
+  engine->executor_ = std::make_unique<V4Executor>(*engine->v4_model_, engine->layer_caches_[0], block_bytes,
+                                                   engine->v4_windows_, static_cast<size_t>(window_payload_bytes),
+                                                   threads, config.parallel_sampling_min_logits);
+  engine->v4_executor_ = static_cast<V4Executor*>(engine->executor_.get());
   if (Status s = engine->attach_cache_io(block_bytes); !s.ok()) return s;
   return engine;
 }

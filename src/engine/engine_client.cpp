@@ -26,7 +26,7 @@ class EngineAdapter final : public StepEngine {
     const Scheduler& scheduler = engine_->scheduler();
     return {scheduler.num_running(), scheduler.num_waiting(), scheduler.block_pool().num_used(),
             scheduler.block_pool().num_free(), engine_->kv_tier_stats(), engine_->speculative_stats(),
-            engine_->eplb_stats()};
+            engine_->eplb_stats(), engine_->model_config().model_type == "deepseek_v4" ? engine_->num_replayed_tokens() : -1};
   }
 
  private:
@@ -84,7 +84,7 @@ void InProcessEngineClient::cancel(Ticket ticket) {
 EngineLoad InProcessEngineClient::load() const {
   std::lock_guard lock(kv_tiers_mu_);
   return {num_running_.load(), num_waiting_.load(), kv_blocks_used_.load(), kv_blocks_free_.load(), kv_tiers_,
-          speculative_, eplb_};
+          speculative_, eplb_, swa_replayed_tokens_.load()};
 }
 
 void InProcessEngineClient::stop() {
@@ -106,6 +106,7 @@ void InProcessEngineClient::publish_load() {
   kv_tiers_ = load.kv_tiers;
   speculative_ = std::move(load.speculative);
   eplb_ = std::move(load.eplb);
+  swa_replayed_tokens_ = load.swa_replayed_tokens;
 }
 
 void InProcessEngineClient::apply(Submit& command) {

@@ -1,32 +1,79 @@
 // V4Executor: the batch as DeepSeekV4Model chunks, one per entry, and host sampling of the sampling entries' rows.
 #include "v4_executor.h"
 
+#include <algorithm>
 #include <string>
 
 namespace deepinfer::engine {
 
 V4Executor::V4Executor(model::DeepSeekV4Model& model, const backend::Buffer& blocks, size_t block_bytes,
-                       int32_t sampling_threads, int64_t parallel_sampling_min_logits)
+                       const backend::Buffer& windows, size_t window_bytes, int32_t sampling_threads,
+                       int64_t parallel_sampling_min_logits)
     : model_(model),
       blocks_(blocks),
       block_bytes_(block_bytes),
+      windows_(windows),
+      window_bytes_(window_bytes),
       sampling_(model.config().vocab_size, sampling_threads, parallel_sampling_min_logits) {}
 
 Status V4Executor::add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) {
   if (Status s = sampling_.add_request(id, prompt_token_ids, params); !s.ok()) return s;
   sequences_[id] = model_.new_sequence();
+  tokens_[id].assign(prompt_token_ids.begin(), prompt_token_ids.end());
   return Status();
 }
 
 void V4Executor::remove_request(SequenceId id) {
   sampling_.remove_request(id);
   sequences_.erase(id);
+  tokens_.erase(id);
+}
+
+Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V4Sequence>& sequence,
+                           std::vector<model::DeepSeekV4Model::Chunk>& replay) {
+  const int64_t start = entry.start_position;
+  const int64_t blocks = start / kvcache::kBlockTokens;
+  if (start % kvcache::kBlockTokens != 0 || static_cast<int64_t>(entry.block_table.size()) < blocks) {
+    return Status::internal("DeepSeek-V4: sequence " + std::to_string(entry.sequence_id) + " resumes at position " +
+                            std::to_string(start) + ", not a block boundary its block table covers");
+  }
+  sequence = model_.new_sequence();
+  if (start == 0) return Status();
+  const std::vector<TokenId>& tokens = tokens_.at(entry.sequence_id);
+  if (static_cast<int64_t>(tokens.size()) < start) {
+    return Status::internal("DeepSeek-V4: sequence " + std::to_string(entry.sequence_id) + " resumes at position " +
+                            std::to_string(start) + " but only " + std::to_string(tokens.size()) + " tokens are known");
+  }
+  std::vector<const float*> payloads;
+  for (int64_t b = 0; b < blocks; ++b) payloads.push_back(block(entry.block_table[static_cast<size_t>(b)]));
+  std::vector<const float*> rows;
+  const std::vector<kvcache::BlockId>* table = entry.window_block_tables.empty() ? nullptr : &entry.window_block_tables[0];
+  for (int64_t b = std::max<int64_t>(0, blocks - model_.window_blocks()); b < blocks; ++b) {
+    if (table == nullptr || static_cast<int64_t>(table->size()) <= b || (*table)[static_cast<size_t>(b)] == kvcache::kNoBlock) {
+      rows.clear();
+      break;
+    }
+    rows.push_back(window((*table)[static_cast<size_t>(b)]));
+  }
+  const int64_t W = model_.config().sliding_window;
+  if (!rows.empty()) {
+    model_.restore(*sequence, payloads, rows);  // exact
+    return Status();
+  }
+  // The last window's rows are gone: replay them (bounded replay), or, for a prefix of at most one window, feed it
+  // again from position 0 (exact, and no longer than a replay).
+  const int64_t from = start > W ? start - W : 0;
+  if (from > 0) model_.restore(*sequence, payloads, {});
+  replay.push_back({sequence.get(), std::span<const int32_t>(tokens.data() + from, static_cast<size_t>(start - from)),
+                    model::DeepSeekV4Model::Logits::kNone});
+  replayed_tokens_ += start - from;
+  return Status();
 }
 
 Result<StepOutput> V4Executor::run(const ScheduledBatch& batch) {
-  std::vector<model::DeepSeekV4Model::Chunk> chunks;
+  std::vector<model::DeepSeekV4Model::Chunk> chunks, replay;
   chunks.reserve(batch.entries.size());
-  std::vector<std::vector<float*>> completed(batch.entries.size());
+  std::vector<std::vector<float*>> completed(batch.entries.size()), completed_windows(batch.entries.size());
   for (const ScheduledEntry& entry : batch.entries) {
     if (entry.num_lookahead_slots != 0) {
       return Status::invalid_argument("the DeepSeek-V4 executor does not draft: sequence " +
@@ -38,27 +85,35 @@ Result<StepOutput> V4Executor::run(const ScheduledBatch& batch) {
     }
     const int64_t start = entry.start_position;
     if (start != it->second->length()) {
-      // Resuming elsewhere: from the start (a recompute after preemption), or at a block boundary from the blocks'
-      // payloads (a prefix-cache hit).
-      if (start % kvcache::kBlockTokens != 0 ||
-          static_cast<int64_t>(entry.block_table.size()) < start / kvcache::kBlockTokens) {
-        return Status::internal("DeepSeek-V4: sequence " + std::to_string(entry.sequence_id) + " resumes at position " +
-                                std::to_string(start) + ", not a block boundary its block table covers");
-      }
-      auto fresh = model_.new_sequence();
-      if (start > 0) {
-        std::vector<const float*> payloads;
-        for (int64_t b = 0; b < start / kvcache::kBlockTokens; ++b) payloads.push_back(block(entry.block_table[b]));
-        model_.restore(*fresh, payloads);
-      }
-      it->second = std::move(fresh);
+      if (Status s = restore(entry, it->second, replay); !s.ok()) return s;
     }
+    // Every token fed is kept (a later restore may replay it).
+    std::vector<TokenId>& tokens = tokens_.at(entry.sequence_id);
+    if (static_cast<int64_t>(tokens.size()) < start) {
+      return Status::internal("DeepSeek-V4: sequence " + std::to_string(entry.sequence_id) + " skips positions");
+    }
+    for (int64_t i = 0; i < entry.num_tokens(); ++i) {
+      const size_t p = static_cast<size_t>(start + i);
+      if (p < tokens.size()) {
+        tokens[p] = entry.token_ids[static_cast<size_t>(i)];
+      } else {
+        tokens.push_back(entry.token_ids[static_cast<size_t>(i)]);
+      }
+    }
+    const size_t index = chunks.size();
+    const std::vector<kvcache::BlockId>* windows = entry.window_block_tables.empty() ? nullptr : &entry.window_block_tables[0];
     for (int64_t b = start / kvcache::kBlockTokens + 1; b * kvcache::kBlockTokens <= entry.end_position(); ++b) {
-      completed[chunks.size()].push_back(block(entry.block_table[b - 1]));
+      completed[index].push_back(block(entry.block_table[static_cast<size_t>(b - 1)]));
+      const bool has_window = windows != nullptr && static_cast<int64_t>(windows->size()) >= b &&
+                              (*windows)[static_cast<size_t>(b - 1)] != kvcache::kNoBlock;
+      completed_windows[index].push_back(has_window ? window((*windows)[static_cast<size_t>(b - 1)]) : nullptr);
     }
     chunks.push_back({it->second.get(), entry.token_ids,
                       entry.samples ? model::DeepSeekV4Model::Logits::kLast : model::DeepSeekV4Model::Logits::kNone,
-                      completed[chunks.size()]});
+                      completed[index], completed_windows[index]});
+  }
+  if (!replay.empty()) {
+    if (Status s = model_.forward(replay, logits_); !s.ok()) return s;
   }
   if (Status s = model_.forward(chunks, logits_); !s.ok()) return s;
   StepOutput out;

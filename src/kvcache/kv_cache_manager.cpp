@@ -129,7 +129,10 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(KvCacheConfig con
       for (size_t i : it->second) {
         if (placed[i]) continue;
         const DiskBlockStore::ListedBlock& block = listed[i];
-        Result<NodeId> node = index.add_block(parent_node, block.hash, Tier::kDisk, now);
+        // A disk block holds the kinds that keep every token (the layout's full kinds; window kinds live on the
+        // device only): recorded as such, or a layout other than latent-only would never match it again.
+        Result<NodeId> node = index.add_block(parent_node, block.hash, Tier::kDisk, now, kDefaultTtlClass,
+                                              manager->policy_->config().required_kinds);
         DEEPINFER_CHECK(node.ok());
         (void)index.set_expiry(*node, block.expires_at_unix_ms == 0 ? kNeverExpires : block.expires_at_unix_ms);
         placed[i] = true;
@@ -431,7 +434,7 @@ void KvCacheManager::drop_failed_subtrees() {
 
 size_t KvCacheManager::usable_match(std::span<const NodeId> matched) const {
   const CacheKindSet window = layout_.window_kinds();
-  if (window.empty()) return matched.size();
+  if (window.empty() || config_.bounded_replay) return matched.size();
   std::vector<bool> present;
   for (NodeId id : matched) present.push_back(policy_->index().node(id).kinds.contains_all(window));
   return static_cast<size_t>(layout_.usable_blocks(present));

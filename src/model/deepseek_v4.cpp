@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "deepinfer/core/check.h"
 #include "deepinfer/model/safetensors.h"
 
 namespace deepinfer::model {
@@ -107,11 +108,11 @@ struct LayerWeights {
   std::vector<Linear> w1, w2, w3;  // per expert; index E is the shared expert
 };
 
-// Where each part of a layer's block payload lives (DeepSeekV4Model::block_payload_floats), in floats.
+// Where each part of a layer's block payload lives (DeepSeekV4Model::block_payload_floats), in floats. The raw
+// window rows are not in it: they are the window payload (layer l's [64][D] at l * 64 * D).
 struct PayloadLayout {
   struct Layer {
     int64_t offset = 0;                  // the layer's first float in the payload
-    int64_t raw = 0;                     // [64][D]
     int64_t entries = 0, entry_slots = 0;  // [slots][D]
     int64_t rows = 0, row_width = 0;     // compressor rows: kv [rows][width] then score [rows][width]
     int64_t index_entries = 0, index_rows = 0, index_width = 0;
@@ -126,7 +127,7 @@ struct PayloadLayout {
       const int64_t m = c.compress_ratios[l];
       Layer layer;
       layer.offset = total;
-      int64_t at = 64 * D;  // raw rows first
+      int64_t at = 0;
       if (m != 0) {
         layer.entries = at;
         layer.entry_slots = std::max<int64_t>(1, 64 / m);
@@ -146,6 +147,7 @@ struct PayloadLayout {
       total += at;
       layers.push_back(layer);
     }
+    total = std::max<int64_t>(total, 1);  // every layer a window layer: one unused float (a block has bytes)
   }
 };
 
@@ -497,17 +499,28 @@ int64_t DeepSeekV4Model::window_bytes_per_sequence() const {
 
 int64_t DeepSeekV4Model::block_payload_floats() const { return w_->payload->total; }
 
-void DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const> blocks) const {
+int64_t DeepSeekV4Model::window_payload_floats() const { return config_.num_hidden_layers * 64 * config_.head_dim; }
+
+int64_t DeepSeekV4Model::window_blocks() const { return (config_.sliding_window + 63) / 64; }
+
+void DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const> blocks,
+                              std::span<const float* const> windows) const {
   const V4Config& c = config_;
   const int64_t D = c.head_dim, DI = c.index_head_dim, W = c.sliding_window;
   const int64_t P = 64 * static_cast<int64_t>(blocks.size());
+  const bool replay = windows.empty() && P > 0;
+  DEEPINFER_CHECK(replay || static_cast<int64_t>(windows.size()) == std::min<int64_t>(window_blocks(), P / 64),
+                  "restore takes the window payloads of the last window's blocks, or none");
+  DEEPINFER_CHECK(!replay || P > W, "a bounded replay restores a prefix longer than the window");
   sequence.layers_.assign(static_cast<size_t>(c.num_hidden_layers), V4Sequence::Layer{});
+  const int64_t first_window_block = P / 64 - static_cast<int64_t>(windows.size());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const PayloadLayout::Layer& part = w_->payload->layers[l];
     V4Sequence::Layer& layer = sequence.layers_[l];
     layer.window.assign(static_cast<size_t>(W * D), 0.0f);
-    for (int64_t p = std::max<int64_t>(0, P - W); p < P; ++p) {
-      std::copy_n(blocks[p / 64] + part.offset + (p % 64) * D, D, layer.window.data() + (p % W) * D);
+    for (int64_t p = replay ? P : std::max<int64_t>(0, P - W); p < P; ++p) {
+      const float* rows = windows[static_cast<size_t>(p / 64 - first_window_block)] + l * 64 * D;
+      std::copy_n(rows + (p % 64) * D, D, layer.window.data() + (p % W) * D);
     }
     const int64_t m = c.compress_ratios[l];
     auto rows = [&](V4Sequence::Compressor& state, int64_t at, int64_t width, int64_t capacity, int64_t ratio) {
@@ -535,7 +548,10 @@ void DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const
       rows(layer.indexer, part.index_rows, part.index_width, 4, 4);
     }
   }
-  sequence.length_ = P;
+  // A bounded replay feeds the last W tokens again (forward() computes their window rows only).
+  sequence.length_ = replay ? P - W : P;
+  sequence.window_start_ = replay ? P - W : 0;
+  sequence.replay_end_ = replay ? P : 0;
 }
 
 std::unique_ptr<V4Sequence> DeepSeekV4Model::new_sequence() const {
@@ -756,15 +772,20 @@ class V4Forward {
       const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
       V4Sequence::Layer& state = chunk.sequence->layers_[layer];
       const int64_t start = chunk.sequence->length_;
+      // A bounded replay's rows (positions before replay_end_) rebuild the window only: the compressors' state and
+      // entries were restored as of replay_end_. Its window starts at window_start_ (truncated there).
+      const bool replaying = start < chunk.sequence->replay_end_;
+      const int64_t window_start = chunk.sequence->window_start_;
       // The raw KV rows the chunk's windows reach: positions [lo, start + n).
-      const int64_t lo = std::max<int64_t>(0, start - (W - 1));
+      const int64_t lo = std::max<int64_t>(window_start, start - (W - 1));
       std::vector<float> raw(static_cast<size_t>((start + n - lo) * D));
       for (int64_t p = lo; p < start; ++p) {
         std::copy_n(state.window.data() + (p % W) * D, D, raw.data() + (p - lo) * D);
       }
       std::copy_n(kv.data() + r0 * D, n * D, raw.data() + (start - lo) * D);
       // Block payloads of the blocks this chunk finishes: this layer's part.
-      const PayloadLayout::Layer* part = chunk.completed_blocks.empty() ? nullptr : &payload_->layers[layer];
+      const PayloadLayout::Layer* part =
+          chunk.completed_blocks.empty() || replaying ? nullptr : &payload_->layers[layer];
       auto destination = [&](int64_t boundary) {
         return chunk.completed_blocks[static_cast<size_t>(boundary / 64 - start / 64 - 1)] + part->offset;
       };
@@ -776,18 +797,21 @@ class V4Forward {
           std::copy_n(score_rows, count * width, out + capacity * width);
         };
       };
-      if (w.ratio != 0) {
+      if (w.ratio != 0 && !replaying) {
         compress(w.compressor, w.rope, state.attention, x.data() + r0 * d, n, start,
                  rows_to(part ? part->rows : 0, w.compressor.coff * D, std::min<int64_t>(w.ratio, 64)));
       }
-      if (w.ratio == 4) {
+      if (w.ratio == 4 && !replaying) {
         compress(w.index_compressor, w.rope, state.indexer, x.data() + r0 * d, n, start,
                  rows_to(part ? part->index_rows : 0, 2 * DI, 4));
       }
       if (part != nullptr) {
         for (int64_t b = (start / 64 + 1) * 64; b <= start + n; b += 64) {
           float* out = destination(b);
-          std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, out);
+          const size_t index = static_cast<size_t>(b / 64 - start / 64 - 1);
+          if (index < chunk.completed_windows.size() && chunk.completed_windows[index] != nullptr) {
+            std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, chunk.completed_windows[index] + layer * 64 * D);
+          }
           if (w.ratio != 0) {
             // The entries finished inside block [b - 64, b): indices [(b - 64) / m, b / m).
             for (int64_t j = (b - 64) / w.ratio; j < b / w.ratio; ++j) {
@@ -806,7 +830,7 @@ class V4Forward {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = r0 + i, p = start + i;
         keys.clear();
-        for (int64_t s = std::max<int64_t>(0, p - (W - 1)); s <= p; ++s) keys.push_back(raw.data() + (s - lo) * D);
+        for (int64_t s = std::max<int64_t>(window_start, p - (W - 1)); s <= p; ++s) keys.push_back(raw.data() + (s - lo) * D);
         if (w.ratio != 0) {
           const int64_t visible = (p + 1) / w.ratio;
           const float* entries = state.attention.entries.data();
@@ -962,6 +986,11 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
       return Status::invalid_argument("DeepSeek-V4 forward: the sequence was not made by this model's new_sequence()");
     }
     const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
+    if (chunk.sequence->length_ < chunk.sequence->replay_end_ && chunk.sequence->length_ + n != chunk.sequence->replay_end_) {
+      return Status::invalid_argument("DeepSeek-V4 forward: a sequence restored for a bounded replay takes the " +
+                                      std::to_string(chunk.sequence->replay_end_ - chunk.sequence->length_) +
+                                      " replayed tokens as one chunk, got " + std::to_string(n));
+    }
     if (chunk.sequence->length_ + n > c.max_position_embeddings) {
       return Status::invalid_argument("DeepSeek-V4 forward: positions up to " +
                                       std::to_string(chunk.sequence->length_ + n) + " exceed max_position_embeddings " +

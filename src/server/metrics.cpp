@@ -243,6 +243,12 @@ std::string Metrics::render(const engine::EngineLoad& load, const recipe::Tokeni
   render_kv_tiers(load.kv_tiers, out);
   render_speculative(load.speculative, out);
   render_eplb(load.eplb, out);
+  if (load.swa_replayed_tokens >= 0) {
+    scalar(out, "deepinfer_swa_replayed_tokens_total", "counter",
+           "DeepSeek-V4: tokens recomputed to restore cached prefixes whose last window's rows were gone "
+           "(--swa-bounded-replay's replays, and prefixes of at most one window fed again).",
+           load.swa_replayed_tokens);
+  }
   scalar(out, "deepinfer_client_disconnects_total", "counter", "Clients that went away before their response ended.",
          client_disconnects);
   scalar(out, "deepinfer_malformed_tool_calls_total", "counter",

@@ -37,16 +37,17 @@ expect_refused() {
 expect_refused "--tensor-parallel-size / --expert-parallel-size / --nnodes > 1: DeepSeek-V4" --tensor-parallel-size 2
 expect_refused "--dspark-enable: DeepSeek-V4" --dspark-enable
 expect_refused "--speculative-algorithm mtp: DeepSeek-V4" --speculative-algorithm mtp
-expect_refused "--swa-bounded-replay (its cache blocks keep every block's window rows" --swa-bounded-replay
+expect_refused "--swa-bounded-replay reuses cached prefixes, but --no-prefix-caching" --swa-bounded-replay --no-prefix-caching
 expect_refused "--role prefill: DeepSeek-V4" --role prefill
 expect_refused "--device cuda: DeepSeek-V4" --device cuda
 expect_refused "--bf16 (the V4 path keeps float32 weights)" --bf16
 expect_refused "window rings of max_num_seqs (--max-num-seqs) 64" --kv-cache-memory 1MiB --max-num-seqs 64
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-# Starts the server with the disk tier, logging to $1, and waits for /health.
+# Starts the server with the disk tier, logging to $1 (more flags after it), and waits for /health.
 start_server() {
-  "$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" >"$1" 2>&1 &
+  local log=$1; shift
+  "$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" "$@" >"$log" 2>&1 &
   server=$!
   for _ in $(seq 1 120); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
@@ -82,6 +83,11 @@ if grep -q '"finish_reason":"length"' <<<"$stream" && grep -q 'data: \[DONE\]' <
 else
   echo "FAIL: stream:"; echo "$stream" | tail -3; failures=$((failures + 1))
 fi
+# A prompt of more than three windows (~400 tokens), answered before the restart: after it, its window rows (device
+# only) are gone.
+long_text=$(printf 'a slow green turtle walks under the tall old tree %.0s' $(seq 1 40))
+long_body='{"model":"v4","messages":[{"role":"user","content":"'"$long_text"'"}],"max_tokens":8,"temperature":0}'
+long_first=$(ask "$long_body")
 # A restart keeps the disk tier: the same prompt after SIGTERM and a new server comes from disk.
 kill -TERM "$server"; wait "$server" 2>/dev/null
 start_server "$dir/log2"
@@ -93,5 +99,30 @@ assert a["choices"][0]["message"]["content"] == c["choices"][0]["message"]["cont
 cached = c["usage"]["prompt_tokens_details"]["cached_tokens"]
 assert cached >= 128, c
 print("ok: after a restart the same answer with", cached, "prompt tokens from the disk tier")
+PY
+# The long prompt after the restart: its blocks come from the disk tier without window rows; bounded replay (the
+# default) recomputes its last 128 tokens only (an approximation: the answer is not compared).
+long_second=$(ask "$long_body")
+replayed=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^deepinfer_swa_replayed_tokens_total/ {print $2}')
+python3 - "$long_second" "$replayed" <<'PY' || failures=$((failures + 1))
+import json, sys
+b = json.loads(sys.argv[1])
+cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert b["usage"]["completion_tokens"] == 8, b
+assert cached >= 320 and cached == (b["usage"]["prompt_tokens"] - 1) // 64 * 64, b
+# 128 for the 185-token prompt above (its 2 cached blocks, one window: fed again from 0) + 128 replayed here.
+assert sys.argv[2] == "256", f"deepinfer_swa_replayed_tokens_total {sys.argv[2]!r}, expected 128 + 128"
+print("ok: bounded replay after the restart:", cached, "of", b["usage"]["prompt_tokens"], "prompt tokens from the disk tier, 128 replayed")
+PY
+# Without bounded replay the prefix is recomputed from position 0 (no window rows anywhere): the exact answer.
+kill -TERM "$server"; wait "$server" 2>/dev/null
+start_server "$dir/log3" --no-swa-bounded-replay
+long_third=$(ask "$long_body")
+python3 - "$long_first" "$long_third" <<'PY' || failures=$((failures + 1))
+import json, sys
+a, c = (json.loads(x) for x in sys.argv[1:3])
+assert a["choices"][0]["message"]["content"] == c["choices"][0]["message"]["content"], (a, c)
+assert c["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, c
+print("ok: --no-swa-bounded-replay after a restart: 0 cached tokens, the exact answer again")
 PY
 exit $((failures > 0))

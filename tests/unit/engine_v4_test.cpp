@@ -12,7 +12,9 @@
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/engine/engine.h"
+#include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/model/safetensors.h"
+#include "temp_dir.h"
 #include "test_data.h"
 
 namespace deepinfer::engine {
@@ -33,6 +35,17 @@ EngineConfig v4_config() {
   config.kv_cache_bytes = 64ll << 20;
   config.max_num_seqs = 8;
   return config;
+}
+
+// kv_cache_bytes for `blocks` blocks of the main pool under `config`: the window rings of max_num_seqs sequences and
+// the window pool (sized by the engine from max_num_seqs and max_num_batched_tokens) come first.
+int64_t kv_bytes_for_blocks(const EngineConfig& config, int64_t blocks) {
+  auto probe = make_v4_engine(config);
+  EXPECT_TRUE(probe.ok()) << probe.status().to_string();
+  const int64_t block = static_cast<int64_t>((*probe)->block_bytes());
+  const int64_t window_pool = static_cast<int64_t>((*probe)->kv_cache_bytes()) - (*probe)->scheduler().config().num_blocks * block;
+  const int64_t rings = int64_t{config.max_num_seqs} * 4 * 128 * 64 * 4;  // 4 layers x 128 rows x 64 floats
+  return rings + window_pool + blocks * block;
 }
 
 struct Reference {
@@ -92,11 +105,8 @@ TEST(EngineV4Test, PreemptionByRecomputeKeepsOutputsExact) {
   EngineConfig config = v4_config();
   config.max_num_batched_tokens = 256;
   config.max_num_seqs = 4;
-  auto probe = make_v4_engine(config);
-  ASSERT_TRUE(probe.ok());
-  // 16 blocks after the window rings: the 600- and 300-token prompts cannot both stay resident.
-  const int64_t windows = 4 * 4 * 128 * 64 * 4;
-  config.kv_cache_bytes = windows + 16 * static_cast<int64_t>((*probe)->block_bytes());
+  // 16 blocks after the window rings and pool: the 600- and 300-token prompts cannot both stay resident.
+  config.kv_cache_bytes = kv_bytes_for_blocks(config, 16);
   auto engine = make_v4_engine(config);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   Reference ref = load_reference();
@@ -147,10 +157,11 @@ TEST(EngineV4Test, PrefixCacheAndHostTierReuseBlocksExactly) {
     config.enable_prefix_caching = true;
     config.max_num_batched_tokens = 128;
     if (host_tier) {
-      // A device cache of 12 blocks (after the window rings): prompt 5 pushes prompt 6's blocks to the host tier.
+      // A device cache of 12 blocks (after the window rings and pool): prompt 5 pushes prompt 6's blocks to the
+      // host tier.
       auto probe = make_v4_engine(config);
       ASSERT_TRUE(probe.ok());
-      config.kv_cache_bytes = int64_t{8} * 4 * 128 * 64 * 4 + 12 * static_cast<int64_t>((*probe)->block_bytes());
+      config.kv_cache_bytes = kv_bytes_for_blocks(config, 12);
       config.host_cache_bytes = 64 * static_cast<int64_t>((*probe)->block_bytes());
     }
     auto engine = make_v4_engine(config);
@@ -186,6 +197,55 @@ TEST(EngineV4Test, PrefixCacheAndHostTierReuseBlocksExactly) {
     EXPECT_EQ(cached[partial], 256);
     if (host_tier) {
       EXPECT_GT((*engine)->kv_tier_stats().completed_loads, 0) << "the blocks came back from the host";
+    }
+  }
+}
+
+// The hybrid cache after a restart from the disk tier: the block payloads come back, the window rows (device only)
+// do not. With bounded replay (the default) the prefix is reused whole and its last 128 tokens replayed (an
+// approximation: 16 tokens come out, not necessarily the reference's); without, the prefix is recomputed from the
+// last point whose window rows are cached (here: from position 0) and the tokens are the reference's.
+TEST(EngineV4Test, APrefixWithoutItsWindowRowsIsReplayedOrRecomputed) {
+  Reference ref = load_reference();
+  deepinfer::testing::TempDir disk("deepinfer-v4-replay");
+  EngineConfig config = v4_config();
+  config.enable_prefix_caching = true;
+  config.max_num_batched_tokens = 256;
+  config.host_cache_bytes = 16ll << 20;
+  config.disk_cache_path = disk.path().string();
+  config.disk_cache_bytes = 64ll << 20;
+  config.fingerprint = kvcache::model_fingerprint("tiny-deepseek-v4-official test", "f32");
+  {
+    auto first = make_v4_engine(config);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    SequenceId id = *(*first)->submit(ref.prompts[6], greedy_params());
+    EXPECT_EQ(drain(**first)[id], ref.greedy[6]);
+    (*first)->flush_kv_tiers();
+  }
+  for (bool replay : {true, false}) {
+    config.swa_bounded_replay = replay;
+    auto engine = make_v4_engine(config);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    SequenceId id = *(*engine)->submit(ref.prompts[6], greedy_params());
+    int64_t cached = -1;
+    std::vector<TokenId> tokens;
+    for (int steps = 0; (*engine)->has_pending_work() && steps < 5000; ++steps) {
+      auto events = (*engine)->step();
+      ASSERT_TRUE(events.ok()) << events.status().to_string();
+      for (const TokenEvent& event : *events) {
+        if (event.id != id) continue;
+        if (event.token) tokens.push_back(*event.token);
+        if (event.finished) cached = event.num_cached_tokens;
+      }
+    }
+    ASSERT_EQ(tokens.size(), 16u);
+    if (replay) {
+      EXPECT_EQ(cached, 576);  // 9 whole blocks of 600 tokens, from the disk tier
+      EXPECT_EQ((*engine)->num_replayed_tokens(), 128);
+    } else {
+      EXPECT_EQ(cached, 0);
+      EXPECT_EQ((*engine)->num_replayed_tokens(), 0);
+      EXPECT_EQ(tokens, ref.greedy[6]);
     }
   }
 }

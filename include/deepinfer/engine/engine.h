@@ -33,6 +33,7 @@
 namespace deepinfer::engine {
 
 class MtpExecutor;  // src/engine/mtp_executor.h
+class V4Executor;   // src/engine/v4_executor.h
 
 struct EngineConfig {
   int32_t max_num_batched_tokens = 2048;  // --max-num-batched-tokens
@@ -42,6 +43,11 @@ struct EngineConfig {
   int64_t max_model_len = 0;
   int64_t kv_cache_bytes = 1ll << 30;     // memory for the latent KV cache (sets the number of blocks)
   bool enable_prefix_caching = true;      // --no-prefix-caching turns it off
+  // DeepSeek-V4's SWA bounded replay (--swa-bounded-replay, on by default): a cached prefix whose last window's
+  // raw rows are gone (evicted from the window pool, or never below the device) is reused whole and its last
+  // sliding_window tokens replayed (an approximation: kvcache::KvCacheConfig::bounded_replay, V4Executor). Off:
+  // the prefix is reused up to where its window rows are still cached, the rest recomputed (exact).
+  bool swa_bounded_replay = true;
   // Identity of the checkpoint in every block hash (kvcache::model_fingerprint): blocks of other weights or
   // another KV dtype never match, on disk across restarts included. Zero: a fixed value (device tier only).
   kvcache::ModelFingerprint fingerprint = {};
@@ -166,6 +172,9 @@ class Engine {
   // One KV block of every cache layer, in bytes (a KvHandoff payload).
   size_t block_bytes() const { return block_bytes_; }
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
+  // DeepSeek-V4: tokens recomputed since creation to restore cached prefixes whose last window's raw rows were gone
+  // (a bounded replay's sliding_window tokens, or a prefix of at most one window fed again); 0 for V2/V3.
+  int64_t num_replayed_tokens() const;
   // Speculative decoding's counters since creation (all zero when it is off).
   const SpeculativeStats& speculative_stats() const { return speculative_stats_; }
   // Expert parallel's counters (empty without expert parallel).
@@ -252,6 +261,7 @@ class Engine {
   std::unique_ptr<backend::Backend> backend_;
   std::unique_ptr<model::DeepSeekModel> model_;    // V2/V3; null for V4
   std::unique_ptr<model::DeepSeekV4Model> v4_model_;  // V4; null for V2/V3
+  backend::Buffer v4_windows_;  // V4: the window pool (window payloads; V4Executor), on the device only
   model::ModelConfig model_config_;
   EngineConfig config_;
   Scheduler scheduler_;
@@ -263,6 +273,7 @@ class Engine {
   std::unique_ptr<DeviceBlocks> device_blocks_;  // points into layer_caches_
   std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
   MtpExecutor* mtp_executor_ = nullptr;  // executor_ when it drafts (its planner's counters)
+  V4Executor* v4_executor_ = nullptr;    // executor_ for DeepSeek-V4
   SequenceId next_id_ = 1;
   size_t block_bytes_ = 0;
   std::unordered_map<SequenceId, Export> exports_;  // requests whose prompt blocks are sent out

@@ -33,6 +33,7 @@ struct EngineLoad {
   KvTierStats kv_tiers;  // the prefix cache per tier
   SpeculativeStats speculative;  // speculative decoding's counters (zero when off)
   model::EplbStats eplb;          // expert parallel's counters (empty without)
+  int64_t swa_replayed_tokens = -1;  // DeepSeek-V4: Engine::num_replayed_tokens(); -1: not a V4 engine
 };
 
 // What the server needs from an engine. Same contract as Engine's methods of the same names;
@@ -151,6 +152,7 @@ class InProcessEngineClient final : public EngineClient {
   KvTierStats kv_tiers_;  // GUARDED_BY(kv_tiers_mu_)
   SpeculativeStats speculative_;  // GUARDED_BY(kv_tiers_mu_)
   model::EplbStats eplb_;  // GUARDED_BY(kv_tiers_mu_)
+  std::atomic<int64_t> swa_replayed_tokens_{-1};
   std::thread thread_;
 };
 

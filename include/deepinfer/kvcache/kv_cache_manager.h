@@ -67,6 +67,10 @@ struct KvCacheConfig {
   // The scheduler needs at least Scheduler::min_window_blocks(); what is left over caches the windows of
   // finished prefixes.
   int32_t window_blocks = 0;
+  // SWA bounded replay (DeepSeek-V4, --swa-bounded-replay): a prefix is reused whole, whether or not its last
+  // window still holds the window kinds; the executor replays that window where they are gone. Off: the hit
+  // shrinks to the longest prefix whose last window holds them (CacheLayout::usable_blocks).
+  bool bounded_replay = false;
   int64_t host_blocks = 0;            // 0: no host tier
   double host_high_watermark = 0.95;  // TierConfig's meaning
   double host_low_watermark = 0.90;
@@ -223,6 +227,7 @@ class KvCacheManager {
   // The kinds cached (the config's layout, or the latent alone).
   const CacheLayout& layout() const { return layout_; }
   bool prefix_caching() const { return config_.enable_prefix_caching; }
+  bool bounded_replay() const { return config_.bounded_replay; }  // KvCacheConfig::bounded_replay
   // Whether KV events are published (then admit() and insert() want the chain's tokens for BlockStored).
   bool publishes_events() const { return sink_ != nullptr; }
   bool has_lower_tiers() const { return config_.host_blocks > 0; }

@@ -25,14 +25,18 @@
 // The cache is per sequence (V4Sequence): per layer a ring of the last `sliding_window` raw KV rows, the
 // compressed entries so far, the compressors' unfinished blocks (and, overlapped, the previous block), and for CSA
 // layers the indexer's compressed keys. Feeding a sequence's tokens in any chunking gives the same result. A forward
-// can also write each finished 64-token block's part of that state (a block payload), and restore() rebuilds a
-// sequence at a block boundary from its blocks' payloads: the engine's prefix cache over V4.
+// can also write each finished 64-token block's part of that state (a block payload: compressed entries, indexer keys,
+// compressor rows) and its raw window rows (a window payload); restore() rebuilds a sequence at a block boundary from
+// its blocks' payloads and the window payloads of its last window (exact), or from the block payloads alone for a
+// bounded replay: the last `sliding_window` tokens are fed again and rebuild only the window rows, attending a
+// window truncated at the replay's start (SGLang's V4.1 "SWA bounded replay", research/deepseek-v4-spec.md §7.2:
+// an approximation, measured in the README). This is the engine's hybrid prefix cache over V4: block payloads in
+// the main pool and the tiers, window payloads in a window pool on the device, only for the last window.
 //
 // Status of the V4 path (issue 20): this reference runs on the CPU backend only (make it with
 // backend::make_cpu_backend()); the V4-specific steps are host loops here, the linear layers go through the
 // backend. Checkpoints in the release's quantization (FP8 e4m3 weights with ue8m0 block scales, FP4 experts) are
-// dequantized exactly to float32 at load. Not yet: the MTP layer; a block payload keeps every block's raw window
-// rows (the hybrid layout keeps only the last window's, with bounded replay).
+// dequantized exactly to float32 at load. Not yet: the MTP layer.
 #pragma once
 
 #include <cstdint>
@@ -141,6 +145,8 @@ class V4Sequence {
   };
   std::vector<Layer> layers_;
   int64_t length_ = 0;
+  int64_t window_start_ = 0;  // the first position whose raw rows exist (> 0 after a bounded replay's restore)
+  int64_t replay_end_ = 0;    // positions below it are a bounded replay's (restore()); 0: none
 };
 
 class DeepSeekV4Model {
@@ -170,19 +176,32 @@ class DeepSeekV4Model {
     // Where to write the cache of each 64-token block the chunk completes (block payloads, below): one pointer per
     // multiple of 64 in (start, start + n], in order, each to block_payload_floats() floats. Empty: none written.
     std::span<float* const> completed_blocks = {};
+    // The same blocks' window payloads (window_payload_floats() each), written with the block payloads; shorter,
+    // or a null pointer: that block's window rows are not written.
+    std::span<float* const> completed_windows = {};
   };
 
-  // A block payload: what a sequence's cache holds for one block of 64 tokens, enough to resume the sequence at the
-  // block's end from the payloads of all its blocks (restore()). Per layer, in layer order: the block's 64 raw KV
-  // rows [64][D]; on compressed layers the entries the block finishes ([64 / m][D], for m = 128 one slot, filled
+  // A block payload: what a sequence's cache holds for one block of 64 tokens besides its raw window rows, enough
+  // (with the window payloads of the last window) to resume the sequence at the block's end (restore()). Per
+  // layer, in layer order: on compressed layers the entries the block finishes ([64 / m][D], for m = 128 one slot, filled
   // on odd blocks) and the compressor's rows at the block's end (raw kv | score+ape rows, at most m rows of
   // [c * D] each: the overlapped compressor's last finished block (4 rows), the 128:1 one's unfinished half (0 or 64
   // rows)); on CSA layers the same for the indexer (keys [16][index_head_dim], its compressor's 4 rows). float32.
   // The engine keeps payloads as the blocks of its paged cache (prefix caching, host and disk tiers).
+  // (At least 1: a model of window layers only has one unused float.)
   int64_t block_payload_floats() const;
-  // Sets `sequence` to the state after position 64 * blocks.size() from those blocks' payloads (block 0 first).
-  // REQUIRES: the payloads were written for this model, of one token sequence.
-  void restore(V4Sequence& sequence, std::span<const float* const> blocks) const;
+  // A window payload: a block's raw KV rows, per layer [64][D] at layer * 64 * D. float32.
+  int64_t window_payload_floats() const;
+  // Blocks of the last window a restore reads window payloads of: ceil(sliding_window / 64).
+  int64_t window_blocks() const;
+  // Sets `sequence` to the state after position P = 64 * blocks.size() from those blocks' payloads (block 0 first)
+  // and `windows`, the window payloads of the last min(window_blocks(), P / 64) blocks (exact). With `windows`
+  // empty and P > sliding_window: a bounded replay - the sequence then stands at P - sliding_window and its next
+  // forward chunk must be exactly the tokens of positions [P - sliding_window, P) (they rebuild the window rows;
+  // the compressed state stays as restored); it continues exactly as a sequence whose window was computed from
+  // that point on. REQUIRES: the payloads were written for this model, of one token sequence; windows as said.
+  void restore(V4Sequence& sequence, std::span<const float* const> blocks,
+               std::span<const float* const> windows) const;
   // Runs the chunks as one batch (distinct sequences). logits: float32 [rows][vocab_size], rows in chunk order
   // (each chunk's wanted rows in position order). Errors: InvalidArgument (empty chunk, token id outside the
   // vocabulary, a sequence twice, position past max_position_embeddings); the sequences are then unchanged.
