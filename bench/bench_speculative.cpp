@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <boost/json.hpp>
 #include <chrono>
 #include <ctime>
@@ -69,6 +70,11 @@ struct Run {
   int64_t generated = 0;
   std::vector<std::vector<TokenId>> outputs;
   engine::SpeculativeStats stats;
+  // Off only (one more pass after the timed ones, with logprobs): per sequence, per token, the gap between the
+  // chosen token's logprob and the runner-up's - where a run that is not identical to off first differs, this
+  // says whether it was a near-tie (rounding of another step shape) or a real difference.
+  std::vector<std::vector<float>> margins;
+  bool margins_match_outputs = true;  // the logprob pass gave the same tokens as the timed ones
 };
 
 Result<std::unique_ptr<backend::Backend>> make_backend(const std::string& device) {
@@ -352,6 +358,34 @@ int main(int argc, char** argv) {
         for (size_t n = 0; n < before.verify_length_counts.size(); ++n) {
           run.stats.verify_length_counts[n] -= before.verify_length_counts[n];
         }
+        if (k == 0) {
+          // The logprob pass (not timed): the margins of the same batch's greedy tokens.
+          engine::SamplingParams with_logprobs = params;
+          with_logprobs.logprobs = 1;
+          std::vector<engine::SequenceId> again;
+          for (int64_t r = 0; r < batch; ++r) {
+            again.push_back(*engine.submit(prompts[static_cast<size_t>(r) % prompts.size()], with_logprobs));
+          }
+          std::map<engine::SequenceId, std::vector<TokenId>> again_tokens;
+          std::map<engine::SequenceId, std::vector<float>> margins;
+          while (engine.has_pending_work()) {
+            auto events = engine.step();
+            if (!events.ok()) break;
+            for (const engine::TokenEvent& event : *events) {
+              if (!event.token) continue;
+              again_tokens[event.id].push_back(*event.token);
+              float runner_up = -INFINITY;
+              for (const engine::TokenLogprob& alternative : event.top_logprobs) {
+                if (alternative.token_id != *event.token) runner_up = std::max(runner_up, alternative.logprob);
+              }
+              margins[event.id].push_back(event.logprob.value_or(0.0f) - runner_up);
+            }
+          }
+          for (size_t r = 0; r < again.size(); ++r) {
+            run.margins.push_back(margins[again[r]]);
+            run.margins_match_outputs = run.margins_match_outputs && again_tokens[again[r]] == run.outputs[r];
+          }
+        }
         run.stats.unverified_steps -= before.unverified_steps;
         run.stats.fallbacks -= before.fallbacks;
         for (size_t p = 0; p < run.stats.phase_seconds.size(); ++p) run.stats.phase_seconds[p] -= before.phase_seconds[p];
@@ -416,6 +450,23 @@ int main(int argc, char** argv) {
         }
         if (plain.contains(batch)) {
           line["identical_to_off"] = first.outputs == plain[batch].outputs;
+          if (first.outputs != plain[batch].outputs) {
+            // Where each differing sequence first differs, and off's margin there (top-1 minus runner-up logprob).
+            boost::json::array divergences;
+            const Run& off = plain[batch];
+            for (size_t r = 0; r < first.outputs.size() && r < off.outputs.size(); ++r) {
+              const std::vector<TokenId>& a = first.outputs[r];
+              const std::vector<TokenId>& b = off.outputs[r];
+              size_t i = 0;
+              while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+              if (i == a.size() && i == b.size()) continue;
+              boost::json::object d{{"sequence", static_cast<int64_t>(r)}, {"position", static_cast<int64_t>(i)}};
+              if (r < off.margins.size() && i < off.margins[r].size()) d["off_margin"] = off.margins[r][i];
+              divergences.push_back(d);
+            }
+            line["divergences"] = divergences;
+            line["off_logprob_pass_identical"] = off.margins_match_outputs;
+          }
           line["speedup_vs_off"] =
               rates[rates.size() / 2] * plain[batch].seconds / static_cast<double>(plain[batch].generated);
         }
