@@ -78,7 +78,7 @@ def metrics(port):
     return out
 
 
-def wait_health(port, seconds=60):
+def wait_health(port, seconds=120):  # several servers start at once on 2 busy cores
     deadline = time.time() + seconds
     while time.time() < deadline:
         try:
