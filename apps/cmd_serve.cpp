@@ -149,7 +149,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--served-model-name", options->served_model_name,
                   "The model id clients use (default: the model directory's name)");
   cmd->add_option("--max-model-len", options->max_model_len,
-                  "Prompt plus generated tokens per request (default: the model's max_position_embeddings)");
+                  "Prompt plus generated tokens per request (default: the model's max_position_embeddings, lowered "
+                  "to what the KV cache holds)")
+      ->check(at_least(2, INT64_MAX));
   cmd->add_option("--max-num-seqs", options->max_num_seqs, "Sequences running at once")
       ->capture_default_str()
       ->check(at_least(1));
@@ -194,7 +196,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--eplb-rebalance-num-iterations", options->eplb_rebalance_num_iterations,
                   "Forward passes between two rebalances")
       ->capture_default_str()
-      ->check(at_least(1));
+      ->check(at_least(1, INT64_MAX));
   cmd->add_option("--eplb-policy", options->eplb_policy,
                   "global: replicate and pack over all ranks; hierarchical: expert groups (n_group) to nodes first")
       ->check(CLI::IsMember({"global", "hierarchical"}))
@@ -579,10 +581,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
     Result<engine::SpeculativeConfig> speculative =
         speculative_config(options->speculative, config->num_nextn_predict_layers, config->dspark.has_value());
     if (!speculative.ok()) return fail(speculative.status().message() + " (" + model_path.string() + ")");
-    if (cmd->get_option("--max-model-len")->count() > 0 && options->max_model_len < 2) {
-      return fail("--max-model-len must be at least 2 (a prompt token and a generated one); got " +
-                  std::to_string(options->max_model_len) + " (leave it out for the model's max_position_embeddings)");
-    }
     if (options->max_model_len > config->max_position_embeddings) {
       return fail("--max-model-len " + std::to_string(options->max_model_len) + " exceeds the model's " +
                   "max_position_embeddings " + std::to_string(config->max_position_embeddings));
@@ -708,6 +706,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
     engine_config.enable_prefix_caching = !options->no_prefix_caching;
     engine_config.swa_bounded_replay =
         cmd->get_option("--swa-bounded-replay")->count() > 0 ? options->swa_bounded_replay : true;
+    if (v4 && !options->no_prefix_caching) {
+      spdlog::info("DeepSeek-V4 prefix cache: SWA bounded replay {}", engine_config.swa_bounded_replay
+                       ? "on (a prefix whose window rows are gone is reused, its last window replayed: approximate)"
+                       : "off (a prefix is reused up to where its window rows are cached: exact)");
+    }
     engine_config.kv_events_endpoint = options->kv_events_endpoint;
     engine_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     if (!options->kv_host_cache_memory.empty()) {

@@ -151,12 +151,13 @@ int main(int argc, char** argv) {
   }
   const int64_t total = cached + fresh;
   auto report = [&](const char* mode, const Turn& turn) {
-    const int64_t from = turn.cached - turn.replayed;  // the first position computed
+    const int64_t from = turn.cached;  // the first position computed (cached tokens exclude the replayed ones)
     const double flops = prefill_flops(*v4, from, total);
     boost::json::object line{{"bench", "v4_bounded_replay"},
                              {"mode", mode},
                              {"conversation_tokens", cached},
                              {"turn_tokens", fresh},
+                             {"matched_tokens", turn.cached + turn.replayed},
                              {"cached_tokens", turn.cached},
                              {"replayed_tokens", turn.replayed},
                              {"computed_tokens", total - from},

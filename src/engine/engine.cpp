@@ -293,8 +293,15 @@ Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::C
   for (const kvcache::CacheKindSpec& spec : layout.window_specs()) window_bytes += window_blocks * spec.block_bytes();
   const int64_t num_blocks = (resolved.kv_cache_bytes - window_bytes) / block_bytes;
   if (num_blocks < 1) {
-    return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) +
-                                    " holds no KV block; one block needs " + std::to_string(block_bytes) + " bytes");
+    const std::string windows =
+        window_bytes == 0 ? std::string()
+                          : ", less " + std::to_string(window_bytes) + " bytes for the sliding-window pool (" +
+                                std::to_string(window_blocks) + " window blocks for max_num_seqs " +
+                                std::to_string(resolved.max_num_seqs) + " and max_num_batched_tokens " +
+                                std::to_string(resolved.max_num_batched_tokens) + "),";
+    return Status::invalid_argument("kv_cache_bytes (--kv-cache-memory) " + std::to_string(resolved.kv_cache_bytes) +
+                                    windows + " holds no KV block; one block needs " + std::to_string(block_bytes) +
+                                    " bytes");
   }
   SchedulerConfig scheduler_config;
   scheduler_config.max_num_batched_tokens = resolved.max_num_batched_tokens;
@@ -524,9 +531,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   const kvcache::CacheLayout layout{{
       {kvcache::CacheKind::kCompressed, "compressed", 1,
        (payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens, 0},
-      {kvcache::CacheKind::kSlidingWindow, "sliding_window", static_cast<int32_t>(v.num_hidden_layers),
-       window_payload_bytes / static_cast<int64_t>(v.num_hidden_layers) / kvcache::kBlockTokens,
-       static_cast<int32_t>(v.sliding_window)}}};
+      {kvcache::CacheKind::kSlidingWindow, "sliding_window", 1,
+       (window_payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens, static_cast<int32_t>(v.sliding_window)}}};
+  const int64_t window_stride = layout.window_specs()[0].block_bytes();  // >= window_payload_bytes
   Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
   if (!plan.ok()) return plan.status();
   if (Status s = fit_max_model_len(resolved, config.max_model_len > 0, plan->scheduler.num_blocks, 0); !s.ok()) {
@@ -540,7 +547,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   Result<backend::Buffer> blocks = backend->alloc(block_bytes * static_cast<size_t>(plan->scheduler.num_blocks));
   if (!blocks.ok()) return blocks.status();
   Result<backend::Buffer> window_pool =
-      backend->alloc(static_cast<size_t>(window_payload_bytes) * static_cast<size_t>(plan->cache.window_blocks));
+      backend->alloc(static_cast<size_t>(window_stride) * static_cast<size_t>(plan->cache.window_blocks));
   if (!window_pool.ok()) return window_pool.status();
   std::vector<backend::Buffer> layer_caches;
   layer_caches.push_back(std::move(blocks).value());
@@ -552,7 +559,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   engine->model_config_ = c;
   const int32_t threads = config.sampling_threads > 0 ? config.sampling_threads : std::clamp(omp_get_max_threads(), 1, 16);
   engine->executor_ = std::make_unique<V4Executor>(*engine->v4_model_, engine->layer_caches_[0], block_bytes,
-                                                   engine->v4_windows_, static_cast<size_t>(window_payload_bytes),
+                                                   engine->v4_windows_, static_cast<size_t>(window_stride),
                                                    threads, config.parallel_sampling_min_logits);
   engine->v4_executor_ = static_cast<V4Executor*>(engine->executor_.get());
   if (Status s = engine->attach_cache_io(block_bytes); !s.ok()) return s;
@@ -703,8 +710,10 @@ Result<std::vector<TokenEvent>> Engine::step() {
   num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
   std::vector<TokenEvent> events;
   for (const FinishedSequence& finished : batch.finished) {
+    // V4: prompt tokens a restore recomputed (bounded replay) were matched in the cache but not reused.
+    const int64_t replayed = v4_executor_ ? v4_executor_->replayed_tokens(finished.id) : 0;
     events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message,
-                      finished.num_cached_tokens});
+                      std::max<int64_t>(finished.num_cached_tokens - replayed, 0)});
     executor_->remove_request(finished.id);
     exports_.erase(finished.id);
   }

@@ -27,6 +27,7 @@ void V4Executor::remove_request(SequenceId id) {
   sampling_.remove_request(id);
   sequences_.erase(id);
   tokens_.erase(id);
+  last_replayed_.erase(id);
 }
 
 Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V4Sequence>& sequence,
@@ -38,6 +39,7 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
                             std::to_string(start) + ", not a block boundary its block table covers");
   }
   sequence = model_.new_sequence();
+  last_replayed_[entry.sequence_id] = 0;
   if (start == 0) return Status();
   const std::vector<TokenId>& tokens = tokens_.at(entry.sequence_id);
   if (static_cast<int64_t>(tokens.size()) < start) {
@@ -67,6 +69,7 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
   replay.push_back({sequence.get(), std::span<const int32_t>(tokens.data() + from, static_cast<size_t>(start - from)),
                     model::DeepSeekV4Model::Logits::kNone});
   replayed_tokens_ += start - from;
+  last_replayed_[entry.sequence_id] = start - from;
   return Status();
 }
 

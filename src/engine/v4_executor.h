@@ -40,6 +40,12 @@ class V4Executor final : public Executor {
   // Tokens replayed (bounded replay) and fed again from position 0 (a restore of at most one window without its
   // rows) since creation: the recompute a restore cost beyond the scheduled tokens.
   int64_t replayed_tokens() const { return replayed_tokens_; }
+  // The tokens request `id`'s last restore recomputed (0: none, or restored exactly): its cached tokens less these
+  // were really not computed.
+  int64_t replayed_tokens(SequenceId id) const {
+    auto it = last_replayed_.find(id);
+    return it == last_replayed_.end() ? 0 : it->second;
+  }
 
  private:
   float* block(kvcache::BlockId id) const {
@@ -62,6 +68,7 @@ class V4Executor final : public Executor {
   std::map<SequenceId, std::unique_ptr<model::V4Sequence>> sequences_;
   std::map<SequenceId, std::vector<TokenId>> tokens_;  // per request: every token fed so far (replays read them)
   int64_t replayed_tokens_ = 0;
+  std::map<SequenceId, int64_t> last_replayed_;
   std::vector<float> logits_;
 };
 

@@ -108,18 +108,20 @@ struct LayerWeights {
   std::vector<Linear> w1, w2, w3;  // per expert; index E is the shared expert
 };
 
-// Where each part of a layer's block payload lives (DeepSeekV4Model::block_payload_floats), in floats. The raw
-// window rows are not in it: they are the window payload (layer l's [64][D] at l * 64 * D).
+// Where each part of a layer's block payload (DeepSeekV4Model::block_payload_floats: the entries and indexer keys a
+// block finishes) and of its window payload (window_payload_floats: the block's raw rows, then the compressors' rows
+// at its end - state only a prefix's last block needs) lives, in floats.
 struct PayloadLayout {
   struct Layer {
-    int64_t offset = 0;                  // the layer's first float in the payload
-    int64_t entries = 0, entry_slots = 0;  // [slots][D]
-    int64_t rows = 0, row_width = 0;     // compressor rows: kv [rows][width] then score [rows][width]
-    int64_t index_entries = 0, index_rows = 0, index_width = 0;
-    int64_t size = 0;
+    int64_t offset = 0;                    // the layer's first float in the block payload
+    int64_t entries = 0, entry_slots = 0;  // block payload: [slots][D]
+    int64_t index_entries = 0;             // block payload: [16][DI]
+    int64_t window_offset = 0;             // the layer's first float in the window payload: raw rows [64][D]
+    int64_t rows = 0, row_width = 0;       // window payload: compressor rows, kv [rows][width] then score [rows][width]
+    int64_t index_rows = 0, index_width = 0;  // window payload: the indexer compressor's rows, the same way
   };
   std::vector<Layer> layers;
-  int64_t total = 0;
+  int64_t total = 0, window_total = 0;
 
   explicit PayloadLayout(const V4Config& c) {
     const int64_t D = c.head_dim, DI = c.index_head_dim;
@@ -127,24 +129,25 @@ struct PayloadLayout {
       const int64_t m = c.compress_ratios[l];
       Layer layer;
       layer.offset = total;
-      int64_t at = 0;
+      layer.window_offset = window_total;
+      int64_t at = 0, window_at = 64 * D;
       if (m != 0) {
         layer.entries = at;
         layer.entry_slots = std::max<int64_t>(1, 64 / m);
         at += layer.entry_slots * D;
         layer.row_width = (m == 4 ? 2 : 1) * D;
-        layer.rows = at;
-        at += 2 * std::min<int64_t>(m, 64) * layer.row_width;
+        layer.rows = window_at;
+        window_at += 2 * std::min<int64_t>(m, 64) * layer.row_width;
       }
       if (m == 4) {
         layer.index_entries = at;
         at += 16 * DI;
         layer.index_width = 2 * DI;
-        layer.index_rows = at;
-        at += 2 * 4 * layer.index_width;
+        layer.index_rows = window_at;
+        window_at += 2 * 4 * layer.index_width;
       }
-      layer.size = at;
       total += at;
+      window_total += window_at;
       layers.push_back(layer);
     }
     total = std::max<int64_t>(total, 1);  // every layer a window layer: one unused float (a block has bytes)
@@ -499,7 +502,7 @@ int64_t DeepSeekV4Model::window_bytes_per_sequence() const {
 
 int64_t DeepSeekV4Model::block_payload_floats() const { return w_->payload->total; }
 
-int64_t DeepSeekV4Model::window_payload_floats() const { return config_.num_hidden_layers * 64 * config_.head_dim; }
+int64_t DeepSeekV4Model::window_payload_floats() const { return w_->payload->window_total; }
 
 int64_t DeepSeekV4Model::window_blocks() const { return (config_.sliding_window + 63) / 64; }
 
@@ -519,15 +522,19 @@ void DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const
     V4Sequence::Layer& layer = sequence.layers_[l];
     layer.window.assign(static_cast<size_t>(W * D), 0.0f);
     for (int64_t p = replay ? P : std::max<int64_t>(0, P - W); p < P; ++p) {
-      const float* rows = windows[static_cast<size_t>(p / 64 - first_window_block)] + l * 64 * D;
+      const float* rows = windows[static_cast<size_t>(p / 64 - first_window_block)] + part.window_offset;
       std::copy_n(rows + (p % 64) * D, D, layer.window.data() + (p % W) * D);
     }
     const int64_t m = c.compress_ratios[l];
     auto rows = [&](V4Sequence::Compressor& state, int64_t at, int64_t width, int64_t capacity, int64_t ratio) {
+      if (replay) {
+        state.first_row = P - W;  // the replay feeds the compressor its rows again (no entries: they are restored)
+        return;
+      }
       const int64_t count = P == 0 ? 0 : kept_rows(ratio, P);
       state.first_row = P - count;
       if (count == 0) return;
-      const float* in = blocks.back() + part.offset + at;
+      const float* in = windows.back() + part.window_offset + at;
       state.kv.assign(in, in + count * width);
       state.score.assign(in + capacity * width, in + capacity * width + count * width);
     };
@@ -689,7 +696,9 @@ class V4Forward {
       return rows.data() + (position - state.first_row) * width;
     };
     std::vector<float> entry(static_cast<size_t>(dim));
-    for (int64_t j = start / m; (j + 1) * m <= end; ++j) {
+    // From the first entry not made yet: start / m, except in a bounded replay, whose entries were restored.
+    const int64_t made = static_cast<int64_t>(state.entries.size()) / dim;
+    for (int64_t j = std::max(start / m, made); (j + 1) * m <= end; ++j) {
       for (int64_t ch = 0; ch < dim; ++ch) {
         double mx = -INFINITY;
         const bool previous = w.coff == 2 && j > 0;
@@ -772,8 +781,8 @@ class V4Forward {
       const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
       V4Sequence::Layer& state = chunk.sequence->layers_[layer];
       const int64_t start = chunk.sequence->length_;
-      // A bounded replay's rows (positions before replay_end_) rebuild the window only: the compressors' state and
-      // entries were restored as of replay_end_. Its window starts at window_start_ (truncated there).
+      // A bounded replay's rows (positions before replay_end_) rebuild the window and the compressors' rows only:
+      // the entries and indexer keys were restored as of replay_end_. Its window starts at window_start_.
       const bool replaying = start < chunk.sequence->replay_end_;
       const int64_t window_start = chunk.sequence->window_start_;
       // The raw KV rows the chunk's windows reach: positions [lo, start + n).
@@ -789,29 +798,34 @@ class V4Forward {
       auto destination = [&](int64_t boundary) {
         return chunk.completed_blocks[static_cast<size_t>(boundary / 64 - start / 64 - 1)] + part->offset;
       };
+      // The block's window payload (this layer's part), or null when it is not written.
+      auto window_destination = [&](int64_t boundary) -> float* {
+        const size_t index = static_cast<size_t>(boundary / 64 - start / 64 - 1);
+        if (index >= chunk.completed_windows.size() || chunk.completed_windows[index] == nullptr) return nullptr;
+        return chunk.completed_windows[index] + part->window_offset;
+      };
       auto rows_to = [&](int64_t at, int64_t width, int64_t capacity) -> Snapshot {
         if (part == nullptr) return {};
-        return [=, &destination](int64_t boundary, const float* kv_rows, const float* score_rows, int64_t count) {
-          float* out = destination(boundary) + at;
+        return [=, &window_destination](int64_t boundary, const float* kv_rows, const float* score_rows, int64_t count) {
+          float* out = window_destination(boundary);
+          if (out == nullptr) return;
+          out += at;
           std::copy_n(kv_rows, count * width, out);
           std::copy_n(score_rows, count * width, out + capacity * width);
         };
       };
-      if (w.ratio != 0 && !replaying) {
+      if (w.ratio != 0) {
         compress(w.compressor, w.rope, state.attention, x.data() + r0 * d, n, start,
                  rows_to(part ? part->rows : 0, w.compressor.coff * D, std::min<int64_t>(w.ratio, 64)));
       }
-      if (w.ratio == 4 && !replaying) {
+      if (w.ratio == 4) {
         compress(w.index_compressor, w.rope, state.indexer, x.data() + r0 * d, n, start,
                  rows_to(part ? part->index_rows : 0, 2 * DI, 4));
       }
       if (part != nullptr) {
         for (int64_t b = (start / 64 + 1) * 64; b <= start + n; b += 64) {
           float* out = destination(b);
-          const size_t index = static_cast<size_t>(b / 64 - start / 64 - 1);
-          if (index < chunk.completed_windows.size() && chunk.completed_windows[index] != nullptr) {
-            std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, chunk.completed_windows[index] + layer * 64 * D);
-          }
+          if (float* window_out = window_destination(b)) std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, window_out);
           if (w.ratio != 0) {
             // The entries finished inside block [b - 64, b): indices [(b - 64) / m, b / m).
             for (int64_t j = (b - 64) / w.ratio; j < b / w.ratio; ++j) {

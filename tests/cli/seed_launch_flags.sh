@@ -64,9 +64,11 @@ expect_refused "--cluster-nodes needs a value" --model-path "$model" --cluster-n
 expect_refused "--gpu-memory-utilization 0: a fraction in (0, 1]" --model-path "$model" --gpu-memory-utilization 0
 # Limits that cannot hold (a breaker's findings): 0 was taken as "the default", and a max_model_len larger than the
 # KV cache was accepted, its long requests failing after they had generated.
-expect_refused "--max-model-len must be at least 2" --model-path "$model" --max-model-len 0
+expect_refused "--max-model-len: must be a whole number from 2 to" --model-path "$model" --max-model-len 0
+expect_refused "--max-model-len: must be a whole number from 2 to" --model-path "$model" --max-model-len 0x10
 expect_refused "max_model_len (--max-model-len) 2048 does not fit the KV cache: kv_cache_bytes (--kv-cache-memory) 1048576 holds 10 blocks = 640 tokens" --model-path "$model" --max-model-len 2048 --kv-cache-memory 1MiB
-expect_refused "--max-num-batched-tokens: must be a whole number >= 1, got '0'" --model-path "$model" --max-num-batched-tokens 0
+expect_refused "--max-num-batched-tokens: must be a whole number from 1 to 2147483647, got '0'" --model-path "$model" --max-num-batched-tokens 0
+expect_refused "--max-num-seqs: must be a whole number from 1 to 2147483647, got '99999999999999999999'" --model-path "$model" --max-num-seqs 99999999999999999999
 # The flags that are 1 (or both) are honoured: a server with all of them answers /health.
 log=$(mktemp)
 "$bin" serve --device cpu --host 127.0.0.1 --port 0 --model-path "$model" --role both --tensor-parallel-size 1 \

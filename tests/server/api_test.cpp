@@ -149,6 +149,14 @@ TEST_F(ApiTest, ReturnTokenIdsGivesThePromptAndTheGeneratedIds) {
   HttpResponse wrong = c.post("/v1/chat/completions", chat(R"(, "return_token_ids": "yes")"));
   EXPECT_EQ(wrong.status, 400);
   EXPECT_NE(wrong.body.find("return_token_ids"), std::string::npos) << wrong.body;
+  // The other dialects do not return ids: refused there, never accepted and ignored.
+  for (const char* path : {"/v1/messages", "/v1/responses"}) {
+    HttpResponse refused = c.post(path, R"({"model": "default", "max_tokens": 4, "max_output_tokens": 16,
+                                            "messages": [{"role": "user", "content": "Hi"}], "input": "Hi",
+                                            "return_token_ids": true})");
+    EXPECT_EQ(refused.status, 400) << path;
+    EXPECT_NE(refused.body.find("return_token_ids"), std::string::npos) << refused.body;
+  }
 }
 
 TEST_F(ApiTest, ChatSeededSamplingIsReproducible) {

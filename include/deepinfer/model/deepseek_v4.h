@@ -25,10 +25,11 @@
 // The cache is per sequence (V4Sequence): per layer a ring of the last `sliding_window` raw KV rows, the
 // compressed entries so far, the compressors' unfinished blocks (and, overlapped, the previous block), and for CSA
 // layers the indexer's compressed keys. Feeding a sequence's tokens in any chunking gives the same result. A forward
-// can also write each finished 64-token block's part of that state (a block payload: compressed entries, indexer keys,
-// compressor rows) and its raw window rows (a window payload); restore() rebuilds a sequence at a block boundary from
-// its blocks' payloads and the window payloads of its last window (exact), or from the block payloads alone for a
-// bounded replay: the last `sliding_window` tokens are fed again and rebuild only the window rows, attending a
+// can also write each finished 64-token block's part of that state (a block payload: the compressed entries and indexer
+// keys it finishes) and its raw window rows with the compressors' rows at its end (a window payload); restore()
+// rebuilds a sequence at a block boundary from its blocks' payloads and the window payloads of its last window
+// (exact), or from the block payloads alone for a bounded replay: the last `sliding_window` tokens are fed again and
+// rebuild only the window rows and the compressors' rows (SGLang keeps that state with its SWA pages), attending a
 // window truncated at the replay's start (SGLang's V4.1 "SWA bounded replay", research/deepseek-v4-spec.md §7.2:
 // an approximation, measured in the README). This is the engine's hybrid prefix cache over V4: block payloads in
 // the main pool and the tiers, window payloads in a window pool on the device, only for the last window.
@@ -181,16 +182,17 @@ class DeepSeekV4Model {
     std::span<float* const> completed_windows = {};
   };
 
-  // A block payload: what a sequence's cache holds for one block of 64 tokens besides its raw window rows, enough
-  // (with the window payloads of the last window) to resume the sequence at the block's end (restore()). Per
-  // layer, in layer order: on compressed layers the entries the block finishes ([64 / m][D], for m = 128 one slot, filled
-  // on odd blocks) and the compressor's rows at the block's end (raw kv | score+ape rows, at most m rows of
-  // [c * D] each: the overlapped compressor's last finished block (4 rows), the 128:1 one's unfinished half (0 or 64
-  // rows)); on CSA layers the same for the indexer (keys [16][index_head_dim], its compressor's 4 rows). float32.
-  // The engine keeps payloads as the blocks of its paged cache (prefix caching, host and disk tiers).
-  // (At least 1: a model of window layers only has one unused float.)
+  // A block payload: what every block of a cached prefix must hold, enough (with the window payloads of the last
+  // window) to resume the sequence at the block's end (restore()). Per layer, in layer order: on compressed layers
+  // the entries the block finishes ([64 / m][D], for m = 128 one slot, filled on odd blocks); on CSA layers also the
+  // indexer keys it finishes ([16][index_head_dim]). float32. The engine keeps payloads as the blocks of its paged
+  // cache (prefix caching, host and disk tiers). (At least 1: a model of window layers only has one unused float.)
   int64_t block_payload_floats() const;
-  // A window payload: a block's raw KV rows, per layer [64][D] at layer * 64 * D. float32.
+  // A window payload: what only a prefix's last window needs. Per layer, in layer order: the block's raw KV rows
+  // [64][D]; on compressed layers the compressor's rows at the block's end (raw kv | score+ape rows, at most m
+  // rows of [c * D] each: the overlapped compressor's last finished block (4 rows), the 128:1 one's unfinished
+  // half (0 or 64 rows)); on CSA layers the indexer compressor's 4 rows the same way. float32. The engine keeps
+  // them in its window pool (device only).
   int64_t window_payload_floats() const;
   // Blocks of the last window a restore reads window payloads of: ceil(sliding_window / 64).
   int64_t window_blocks() const;
