@@ -261,7 +261,10 @@ kvcache::KvCacheManager::PrefixMatch Scheduler::match_prefix(SequenceState& seq)
 void Scheduler::register_computed_blocks(SequenceState& seq) {
   if (!config_.enable_prefix_caching) return;
   const int64_t full_blocks = seq.num_computed_tokens / kvcache::kBlockTokens;
-  if (full_blocks <= seq.num_registered_blocks) return;
+  // After a bounded replay's step the replayed window's fresh window blocks join the cache (insert() attaches them
+  // to the prefix's nodes), even when no new block completed.
+  const bool rebuilt = std::exchange(seq.rebuild_window, false);
+  if (full_blocks <= seq.num_registered_blocks && !rebuilt) return;
   // The tokens: for the hashes not yet computed, and for the KV events' BlockStored (only when they are on).
   const bool hashes_short = static_cast<int64_t>(seq.block_hashes.size()) < full_blocks;
   const std::vector<int32_t> tokens = hashes_short || cache_->publishes_events()
@@ -301,6 +304,30 @@ void Scheduler::start_running(SequenceState& seq) {
     seq.cache_nodes.resize(usable);
   }
   truncate_blocks(seq, usable);
+  seq.rebuild_window = false;
+  if (!seq.window_tables.empty() && cache_->bounded_replay()) {
+    // Where the prefix's last window lacks a window kind's block, the executor replays that window: it gets fresh
+    // window blocks for all of it (never a cached one: the replayed rows are not the cached rows), which join the
+    // cache with the next block this sequence registers - later hits on the prefix then restore instead of
+    // replaying again. Admission counted these blocks (window_need).
+    const size_t first = usable - std::min<size_t>(usable, static_cast<size_t>(cache_->layout().replay_blocks()));
+    const bool missing = std::any_of(seq.window_tables.begin(), seq.window_tables.end(), [&](const auto& table) {
+      for (size_t i = first; i < usable; ++i) {
+        if (i >= table.size() || table[i] == kvcache::kNoBlock) return true;
+      }
+      return false;
+    });
+    seq.rebuild_window = missing;
+    for (size_t slot = 0; missing && slot < seq.window_tables.size(); ++slot) {
+      std::vector<kvcache::BlockId>& table = seq.window_tables[slot];
+      if (table.size() < usable) table.resize(usable, kvcache::kNoBlock);
+      for (size_t i = first; i < usable; ++i) {
+        if (table[i] != kvcache::kNoBlock) cache_->release_window(static_cast<int>(slot), table[i]);
+        std::optional<kvcache::BlockId> fresh = cache_->allocate_window(static_cast<int>(slot));
+        table[i] = fresh.value_or(kvcache::kNoBlock);
+      }
+    }
+  }
   const int64_t matched_blocks = static_cast<int64_t>(usable);
   const int64_t loaded_blocks = std::max<int64_t>(matched_blocks - seq.num_resident_prefix_blocks, 0);
   const int64_t num_matched_tokens = matched_blocks * kvcache::kBlockTokens;
@@ -328,6 +355,7 @@ ScheduledEntry Scheduler::make_entry(const SequenceState& seq, int64_t num_new_t
   }
   entry.block_table = seq.block_table;
   entry.window_block_tables = seq.window_tables;
+  entry.rebuild_window = seq.rebuild_window;
   entry.samples = entry.end_position() == seq.num_tokens();
   return entry;
 }

@@ -14,7 +14,8 @@ V4Executor::V4Executor(model::DeepSeekV4Model& model, const backend::Buffer& blo
       block_bytes_(block_bytes),
       windows_(windows),
       window_bytes_(window_bytes),
-      sampling_(model.config().vocab_size, sampling_threads, parallel_sampling_min_logits) {}
+      sampling_(model.config().vocab_size, sampling_threads, parallel_sampling_min_logits),
+      scratch_(static_cast<size_t>(model.block_payload_floats())) {}
 
 Status V4Executor::add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) {
   if (Status s = sampling_.add_request(id, prompt_token_ids, params); !s.ok()) return s;
@@ -31,7 +32,8 @@ void V4Executor::remove_request(SequenceId id) {
 }
 
 Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V4Sequence>& sequence,
-                           std::vector<model::DeepSeekV4Model::Chunk>& replay) {
+                           std::vector<model::DeepSeekV4Model::Chunk>& replay,
+                           std::vector<std::vector<float*>>& pointers) {
   const int64_t start = entry.start_position;
   const int64_t blocks = start / kvcache::kBlockTokens;
   if (start % kvcache::kBlockTokens != 0 || static_cast<int64_t>(entry.block_table.size()) < blocks) {
@@ -50,7 +52,7 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
   for (int64_t b = 0; b < blocks; ++b) payloads.push_back(block(entry.block_table[static_cast<size_t>(b)]));
   std::vector<const float*> rows;
   const std::vector<kvcache::BlockId>* table = entry.window_block_tables.empty() ? nullptr : &entry.window_block_tables[0];
-  for (int64_t b = std::max<int64_t>(0, blocks - model_.window_blocks()); b < blocks; ++b) {
+  for (int64_t b = std::max<int64_t>(0, blocks - model_.window_blocks()); b < blocks && !entry.rebuild_window; ++b) {
     if (table == nullptr || static_cast<int64_t>(table->size()) <= b || (*table)[static_cast<size_t>(b)] == kvcache::kNoBlock) {
       rows.clear();
       break;
@@ -66,8 +68,20 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
   // again from position 0 (exact, and no longer than a replay).
   const int64_t from = start > W ? start - W : 0;
   if (from > 0) model_.restore(*sequence, payloads, {});
+  // The blocks the replay finishes: their block payloads are the cached ones (a replay does not write them; fed
+  // again from 0 it writes the same values), their window payloads go to the entry's window blocks where it has one.
+  std::vector<float*>& replay_blocks = pointers.emplace_back();
+  std::vector<float*>& replay_windows = pointers.emplace_back();
+  for (int64_t b = from / kvcache::kBlockTokens + 1; b <= blocks; ++b) {
+    const size_t index = static_cast<size_t>(b - 1);
+    // Fed again from 0 the chunk would write block payloads (the same values up to rounding): into scratch, so that
+    // the cached blocks stay as they are.
+    replay_blocks.push_back(from == 0 ? scratch_.data() : block(entry.block_table[index]));
+    const bool has_window = table != nullptr && table->size() > index && (*table)[index] != kvcache::kNoBlock;
+    replay_windows.push_back(has_window ? window((*table)[index]) : nullptr);
+  }
   replay.push_back({sequence.get(), std::span<const int32_t>(tokens.data() + from, static_cast<size_t>(start - from)),
-                    model::DeepSeekV4Model::Logits::kNone});
+                    model::DeepSeekV4Model::Logits::kNone, replay_blocks, replay_windows});
   replayed_tokens_ += start - from;
   last_replayed_[entry.sequence_id] = start - from;
   return Status();
@@ -76,6 +90,8 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
 Result<StepOutput> V4Executor::run(const ScheduledBatch& batch) {
   std::vector<model::DeepSeekV4Model::Chunk> chunks, replay;
   chunks.reserve(batch.entries.size());
+  std::vector<std::vector<float*>> replay_pointers;
+  replay_pointers.reserve(2 * batch.entries.size());  // no reallocation: the replay chunks' spans point into them
   std::vector<std::vector<float*>> completed(batch.entries.size()), completed_windows(batch.entries.size());
   for (const ScheduledEntry& entry : batch.entries) {
     if (entry.num_lookahead_slots != 0) {
@@ -88,7 +104,7 @@ Result<StepOutput> V4Executor::run(const ScheduledBatch& batch) {
     }
     const int64_t start = entry.start_position;
     if (start != it->second->length()) {
-      if (Status s = restore(entry, it->second, replay); !s.ok()) return s;
+      if (Status s = restore(entry, it->second, replay, replay_pointers); !s.ok()) return s;
     }
     // Every token fed is kept (a later restore may replay it).
     std::vector<TokenId>& tokens = tokens_.at(entry.sequence_id);

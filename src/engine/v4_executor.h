@@ -55,9 +55,11 @@ class V4Executor final : public Executor {
     return reinterpret_cast<float*>(static_cast<char*>(windows_.data()) + static_cast<size_t>(id) * window_bytes_);
   }
   // Restores sequence `entry.sequence_id` at entry.start_position (see the class comment); `replay` gets the chunk
-  // to run first when it must be replayed or fed again.
+  // to run first when it must be replayed or fed again, writing the window payloads of the blocks it finishes into
+  // the entry's window blocks there (fresh ones the scheduler gave it: the rows then join the cache); `pointers`
+  // keeps the chunk's payload pointer lists (two per replay).
   Status restore(const ScheduledEntry& entry, std::unique_ptr<model::V4Sequence>& sequence,
-                 std::vector<model::DeepSeekV4Model::Chunk>& replay);
+                 std::vector<model::DeepSeekV4Model::Chunk>& replay, std::vector<std::vector<float*>>& pointers);
 
   model::DeepSeekV4Model& model_;
   const backend::Buffer& blocks_;
@@ -69,6 +71,7 @@ class V4Executor final : public Executor {
   std::map<SequenceId, std::vector<TokenId>> tokens_;  // per request: every token fed so far (replays read them)
   int64_t replayed_tokens_ = 0;
   std::map<SequenceId, int64_t> last_replayed_;
+  std::vector<float> scratch_;  // one block payload: where a prefix fed again from 0 writes its block payloads
   std::vector<float> logits_;
 };
 

@@ -792,9 +792,9 @@ class V4Forward {
         std::copy_n(state.window.data() + (p % W) * D, D, raw.data() + (p - lo) * D);
       }
       std::copy_n(kv.data() + r0 * D, n * D, raw.data() + (start - lo) * D);
-      // Block payloads of the blocks this chunk finishes: this layer's part.
-      const PayloadLayout::Layer* part =
-          chunk.completed_blocks.empty() || replaying ? nullptr : &payload_->layers[layer];
+      // Payloads of the blocks this chunk finishes: this layer's part (a replay writes only window payloads: the
+      // block payloads are the cached ones).
+      const PayloadLayout::Layer* part = chunk.completed_blocks.empty() ? nullptr : &payload_->layers[layer];
       auto destination = [&](int64_t boundary) {
         return chunk.completed_blocks[static_cast<size_t>(boundary / 64 - start / 64 - 1)] + part->offset;
       };
@@ -824,8 +824,9 @@ class V4Forward {
       }
       if (part != nullptr) {
         for (int64_t b = (start / 64 + 1) * 64; b <= start + n; b += 64) {
-          float* out = destination(b);
           if (float* window_out = window_destination(b)) std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, window_out);
+          if (replaying) continue;
+          float* out = destination(b);
           if (w.ratio != 0) {
             // The entries finished inside block [b - 64, b): indices [(b - 64) / m, b / m).
             for (int64_t j = (b - 64) / w.ratio; j < b / w.ratio; ++j) {

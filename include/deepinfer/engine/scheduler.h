@@ -64,6 +64,9 @@ struct ScheduledEntry {
   // Per sliding-window kind of the cache (its window pools, slot order; empty for V2/V3): the window kind's
   // blocks, indexed like block_table, kNoBlock for blocks wholly before position start_position - window.
   std::vector<std::vector<kvcache::BlockId>> window_block_tables;
+  // Bounded replay (kvcache::KvCacheConfig::bounded_replay): the window blocks of the prefix's last window (before
+  // start_position) are fresh, not cached: an executor resuming the sequence there replays that window into them.
+  bool rebuild_window = false;
   // True when these are the sequence's last uncomputed tokens: the end of its prompt (or of a recompute
   // after preemption) or a decode token. Exactly one sampled token is expected back for such an entry.
   bool samples = false;

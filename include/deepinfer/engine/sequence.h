@@ -101,6 +101,9 @@ struct SequenceState {
   // the blocks before it, whose window blocks were let go. Blocks [0, num_window_released_blocks) hold none.
   std::vector<std::vector<kvcache::BlockId>> window_tables;
   int64_t num_window_released_blocks = 0;
+  // Bounded replay: at its last admission the prefix's last window lacked window blocks; it got fresh ones
+  // (Scheduler::start_running) that the executor fills by replaying that window.
+  bool rebuild_window = false;
   int32_t num_preemptions = 0;
   // Prefix caching: the chained hashes of the sequence's full blocks computed so far (a prefix of the chain
   // of its tokens), and how many of its leading blocks were offered to the prefix index.
