@@ -39,7 +39,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
   auto* prompt = cmd->add_option("--prompt", options->prompt, "Prompt text (needs tokenizer.json in the model directory)");
   auto* ids = cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated");
   prompt->excludes(ids);
-  cmd->add_option("--max-tokens", options->max_tokens, "Tokens to generate at most")->check(at_least(1, INT64_MAX));
+  cmd->add_option("--max-tokens", options->max_tokens, "Tokens to generate at most")->transform(at_least(1, INT64_MAX));
   cmd->add_option("--temperature", options->temperature, "0 is greedy");
   cmd->add_option("--top-p", options->top_p, "Nucleus sampling mass (1 is off)");
   cmd->add_option("--top-k", options->top_k, "Keep the k most likely tokens (-1 is off)");

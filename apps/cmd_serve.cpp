@@ -151,13 +151,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-model-len", options->max_model_len,
                   "Prompt plus generated tokens per request (default: the model's max_position_embeddings, lowered "
                   "to what the KV cache holds)")
-      ->check(at_least(2, INT64_MAX));
+      ->transform(at_least(2, INT64_MAX));
   cmd->add_option("--max-num-seqs", options->max_num_seqs, "Sequences running at once")
       ->capture_default_str()
-      ->check(at_least(1));
+      ->transform(at_least(1));
   cmd->add_option("--max-num-batched-tokens", options->max_num_batched_tokens, "Tokens computed per engine step")
       ->capture_default_str()
-      ->check(at_least(1));
+      ->transform(at_least(1));
   CLI::Option* kv_cache_memory_option =
       cmd->add_option("--kv-cache-memory", options->kv_cache_memory, "Memory for the KV cache: bytes, or e.g. 2GiB, 512MiB")
           ->capture_default_str();
@@ -196,7 +196,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--eplb-rebalance-num-iterations", options->eplb_rebalance_num_iterations,
                   "Forward passes between two rebalances")
       ->capture_default_str()
-      ->check(at_least(1, INT64_MAX));
+      ->transform(at_least(1, INT64_MAX));
   cmd->add_option("--eplb-policy", options->eplb_policy,
                   "global: replicate and pack over all ranks; hierarchical: expert groups (n_group) to nodes first")
       ->check(CLI::IsMember({"global", "hierarchical"}))
@@ -252,7 +252,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-concurrent-requests", options->max_concurrent_requests,
                   "Generation requests in flight; more get 429 with Retry-After")
       ->capture_default_str()
-      ->check(at_least(1));
+      ->transform(at_least(1));
   cmd->add_option("--max-json-depth", options->max_json_depth, "Deepest JSON nesting a request may use")
       ->capture_default_str()
       ->check(CLI::Range(2, 100000));
@@ -295,12 +295,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Open connections at once (more are answered 503 and closed); lowered to the file-descriptor "
                   "limit less 64")
       ->capture_default_str()
-      ->check(at_least(1));
+      ->transform(at_least(1));
   cmd->add_option("--max-connections-per-ip", options->max_connections_per_ip,
                   "Open connections one client address may hold (0: half of --max-connections; raise it behind a "
                   "gateway)")
       ->capture_default_str()
-      ->check(at_least(0));
+      ->transform(at_least(0));
   cmd->add_option("--idle-timeout-s", options->idle_timeout_s,
                   "Seconds a connection may wait for (or send) its next request's header")
       ->capture_default_str()

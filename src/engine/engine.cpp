@@ -299,9 +299,9 @@ Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::C
                                 std::to_string(window_blocks) + " window blocks for max_num_seqs " +
                                 std::to_string(resolved.max_num_seqs) + " and max_num_batched_tokens " +
                                 std::to_string(resolved.max_num_batched_tokens) + "),";
-    return Status::invalid_argument("kv_cache_bytes (--kv-cache-memory) " + std::to_string(resolved.kv_cache_bytes) +
-                                    windows + " holds no KV block; one block needs " + std::to_string(block_bytes) +
-                                    " bytes");
+    return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) + windows +
+                                    " holds no KV block; one block needs " + std::to_string(block_bytes) +
+                                    " bytes: raise --kv-cache-memory");
   }
   SchedulerConfig scheduler_config;
   scheduler_config.max_num_batched_tokens = resolved.max_num_batched_tokens;
@@ -535,7 +535,12 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
        (window_payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens, static_cast<int32_t>(v.sliding_window)}}};
   const int64_t window_stride = layout.window_specs()[0].block_bytes();  // >= window_payload_bytes
   Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
-  if (!plan.ok()) return plan.status();
+  if (!plan.ok()) {
+    return Status::invalid_argument(plan.status().message() + " (what is left of --kv-cache-memory " +
+                                            std::to_string(config.kv_cache_bytes) + " after the window rings of " +
+                                            std::to_string(resolved.max_num_seqs) + " DeepSeek-V4 sequences, " +
+                                            std::to_string(windows) + " bytes)");
+  }
   if (Status s = fit_max_model_len(resolved, config.max_model_len > 0, plan->scheduler.num_blocks, 0); !s.ok()) {
     return s;
   }
