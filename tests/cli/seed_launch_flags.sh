@@ -72,7 +72,7 @@ expect_refused "--max-num-seqs: must be a whole number from 1 to 2147483647, got
 # The flags that are 1 (or both) are honoured: a server with all of them answers /health.
 log=$(mktemp)
 "$bin" serve --device cpu --host 127.0.0.1 --port 0 --model-path "$model" --role both --tensor-parallel-size 1 \
-  --pipeline-parallel-size 1 --expert-parallel-size 1 --cluster-nodes 1 --max-model-len 2048 --max-num-seqs 8 \
+  --pipeline-parallel-size 1 --expert-parallel-size 1 --cluster-nodes 1 --max-model-len 02000 --max-num-seqs 08 \
   --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier" >"$log" 2>&1 &
 server=$!
 port=""
@@ -82,8 +82,10 @@ for _ in $(seq 1 600); do
   kill -0 $server 2>/dev/null || break
   sleep 0.1
 done
-if [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null; then
-  echo "ok: --role both with every size 1 serves (port $port)"
+# (02000 and 08 are decimal: CLI11 alone read a leading 0 as octal, so 010 meant 8 and 08 was refused.)
+if [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null &&
+   curl -sf "http://127.0.0.1:$port/v1/models" | grep -q '"max_model_len":2000'; then
+  echo "ok: --role both with every size 1 serves (port $port), --max-model-len 02000 read as 2000"
 else
   echo "FAIL: the --role both server did not come up:"; tail -5 "$log"; failures=$((failures + 1))
 fi
