@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
         if (k == 0) {
           // The logprob pass (not timed): the margins of the same batch's greedy tokens.
           engine::SamplingParams with_logprobs = params;
-          with_logprobs.logprobs = 1;
+          with_logprobs.logprobs = 2;  // the chosen token and the runner-up among the top alternatives
           std::vector<engine::SequenceId> again;
           for (int64_t r = 0; r < batch; ++r) {
             again.push_back(*engine.submit(prompts[static_cast<size_t>(r) % prompts.size()], with_logprobs));
@@ -461,7 +461,9 @@ int main(int argc, char** argv) {
               while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
               if (i == a.size() && i == b.size()) continue;
               boost::json::object d{{"sequence", static_cast<int64_t>(r)}, {"position", static_cast<int64_t>(i)}};
-              if (r < off.margins.size() && i < off.margins[r].size()) d["off_margin"] = off.margins[r][i];
+              if (r < off.margins.size() && i < off.margins[r].size() && std::isfinite(off.margins[r][i])) {
+                d["off_margin"] = off.margins[r][i];
+              }
               divergences.push_back(d);
             }
             line["divergences"] = divergences;
