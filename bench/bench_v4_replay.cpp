@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -97,6 +98,16 @@ Result<Turn> run_turn(engine::Engine& engine, const std::vector<int32_t>& prompt
   return turn;
 }
 
+// The value, or the error on stderr and exit 1 (a benchmark has nothing to recover).
+template <class T>
+T value_or_exit(Result<T> result) {
+  if (!result.ok()) {
+    std::cerr << result.status().to_string() << "\n";
+    std::exit(1);
+  }
+  return std::move(result).value();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,15 +155,11 @@ int main(int argc, char** argv) {
     c.swa_bounded_replay = replay;
     return engine::Engine::create(std::move(backend), std::move(model).value(), c);
   };
-  Result<model::V4Config> v4 = model::load_v4_config(dir / "model");
-  if (!v4.ok()) {
-    std::cerr << v4.status().to_string() << "\n";
-    return 1;
-  }
+  const model::V4Config v4 = value_or_exit(model::load_v4_config(dir / "model"));
   const int64_t total = cached + fresh;
   auto report = [&](const char* mode, const Turn& turn) {
     const int64_t from = turn.cached;  // the first position computed (cached tokens exclude the replayed ones)
-    const double flops = prefill_flops(*v4, from, total);
+    const double flops = prefill_flops(v4, from, total);
     boost::json::object line{{"bench", "v4_bounded_replay"},
                              {"mode", mode},
                              {"conversation_tokens", cached},
@@ -163,31 +170,18 @@ int main(int argc, char** argv) {
                              {"computed_tokens", total - from},
                              {"ttft_s", turn.ttft_s},
                              {"prefill_gflop", flops / 1e9},
-                             {"redundant_gflop", prefill_flops(*v4, from, cached) / 1e9}};
+                             {"redundant_gflop", prefill_flops(v4, from, cached) / 1e9}};
     std::cout << recipe::to_json_text(line) << std::endl;
   };
   {
-    Result<std::unique_ptr<engine::Engine>> engine = make_engine(true);
-    if (!engine.ok()) {
-      std::cerr << engine.status().to_string() << "\n";
-      return 1;
-    }
-    Result<Turn> first = run_turn(**engine, conversation);
-    if (!first.ok()) {
-      std::cerr << first.status().to_string() << "\n";
-      return 1;
-    }
+    std::unique_ptr<engine::Engine> engine = value_or_exit(make_engine(true));
+    const Turn first = value_or_exit(run_turn(*engine, conversation));
     boost::json::object line{{"bench", "v4_bounded_replay"}, {"mode", "conversation_prefill"},
-                             {"tokens", cached}, {"ttft_s", first->ttft_s},
-                             {"prefill_gflop", prefill_flops(*v4, 0, cached) / 1e9}};
+                             {"tokens", cached}, {"ttft_s", first.ttft_s},
+                             {"prefill_gflop", prefill_flops(v4, 0, cached) / 1e9}};
     std::cout << recipe::to_json_text(line) << std::endl;
-    Result<Turn> resident = run_turn(**engine, prompt);
-    if (!resident.ok()) {
-      std::cerr << resident.status().to_string() << "\n";
-      return 1;
-    }
-    report("window_resident", *resident);
-    (*engine)->flush_kv_tiers();
+    report("window_resident", value_or_exit(run_turn(*engine, prompt)));
+    engine->flush_kv_tiers();
   }
   for (bool replay : {true, false}) {
     // A restart: the disk tier has the conversation's (and the turn's) block payloads; the window rows are gone.
@@ -195,17 +189,8 @@ int main(int argc, char** argv) {
     // conversation's blocks.
     std::vector<int32_t> turn = prompt;
     for (int64_t p = cached; p < total; ++p) turn[static_cast<size_t>(p)] = (turn[static_cast<size_t>(p)] + (replay ? 7 : 11)) % 120000 + 1000;
-    Result<std::unique_ptr<engine::Engine>> engine = make_engine(replay);
-    if (!engine.ok()) {
-      std::cerr << engine.status().to_string() << "\n";
-      return 1;
-    }
-    Result<Turn> result = run_turn(**engine, turn);
-    if (!result.ok()) {
-      std::cerr << result.status().to_string() << "\n";
-      return 1;
-    }
-    report(replay ? "replay" : "no_replay", *result);
+    std::unique_ptr<engine::Engine> engine = value_or_exit(make_engine(replay));
+    report(replay ? "replay" : "no_replay", value_or_exit(run_turn(*engine, turn)));
   }
   std::error_code ignored;
   fs::remove_all(dir, ignored);

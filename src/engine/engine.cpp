@@ -276,8 +276,16 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
   return measured;
 }
 
-Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::CacheLayout& layout) {
+Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::CacheLayout& layout,
+                                  int64_t sequence_bytes) {
   if (Status status = layout.validate(); !status.ok()) return status;
+  const int64_t ring_bytes = sequence_bytes * resolved.max_num_seqs;
+  if (ring_bytes > 0 && resolved.kv_cache_bytes <= ring_bytes) {
+    return Status::invalid_argument("kv_cache_bytes (--kv-cache-memory) " + std::to_string(resolved.kv_cache_bytes) +
+                                    " does not hold the window rings of max_num_seqs (--max-num-seqs) " +
+                                    std::to_string(resolved.max_num_seqs) + " sequences (" +
+                                    std::to_string(ring_bytes) + " bytes, then at least one block)");
+  }
   // The main pool's blocks hold the kinds that keep every token; each window kind has a pool of its own:
   // twice what the running sequences can hold at once (the rest caches finished prefixes' last windows).
   const int64_t block_bytes = layout.full_block_bytes();
@@ -291,15 +299,18 @@ Result<KvCachePlan> plan_kv_cache(const EngineConfig& resolved, const kvcache::C
                                                                            kvcache::blocks_for_tokens(spec.window_tokens)));
   }
   for (const kvcache::CacheKindSpec& spec : layout.window_specs()) window_bytes += window_blocks * spec.block_bytes();
-  const int64_t num_blocks = (resolved.kv_cache_bytes - window_bytes) / block_bytes;
+  const int64_t num_blocks = (resolved.kv_cache_bytes - ring_bytes - window_bytes) / block_bytes;
   if (num_blocks < 1) {
+    const std::string rings =
+        ring_bytes == 0 ? std::string() : ", less " + std::to_string(ring_bytes) + " bytes for the window rings";
     const std::string windows =
         window_bytes == 0 ? std::string()
                           : ", less " + std::to_string(window_bytes) + " bytes for the sliding-window pool (" +
                                 std::to_string(window_blocks) + " window blocks for max_num_seqs " +
                                 std::to_string(resolved.max_num_seqs) + " and max_num_batched_tokens " +
                                 std::to_string(resolved.max_num_batched_tokens) + "),";
-    return Status::invalid_argument("kv_cache_bytes " + std::to_string(resolved.kv_cache_bytes) + windows +
+    return Status::invalid_argument("kv_cache_bytes (--kv-cache-memory) " + std::to_string(resolved.kv_cache_bytes) +
+                                    rings + windows +
                                     " holds no KV block; one block needs " + std::to_string(block_bytes) +
                                     " bytes: raise --kv-cache-memory");
   }
@@ -483,7 +494,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   return engine;
 }
 
-int64_t Engine::num_replayed_tokens() const { return v4_executor_ ? v4_executor_->replayed_tokens() : 0; }
+int64_t Engine::num_replayed_tokens() const { return v4_executor_ ? v4_executor_->replayed_tokens() : -1; }
 
 Status Engine::attach_cache_io(size_t block_bytes) {
   if (backend_->name() != "cpu") step_gate_ = std::make_unique<StepGate>();
@@ -515,17 +526,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   EngineConfig resolved = config;
   const model::ModelConfig c = model->engine_config();
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
-  const int64_t windows = model->window_bytes_per_sequence() * resolved.max_num_seqs;
-  if (resolved.kv_cache_bytes <= windows) {
-    return Status::invalid_argument("kv_cache_bytes (--kv-cache-memory) " + std::to_string(resolved.kv_cache_bytes) +
-                                    " does not hold the window rings of max_num_seqs (--max-num-seqs) " +
-                                    std::to_string(resolved.max_num_seqs) + " DeepSeek-V4 sequences (" +
-                                    std::to_string(windows) + " bytes, then at least one block)");
-  }
-  resolved.kv_cache_bytes -= windows;
   // The hybrid layout: a block of the main pool = one block payload (DeepSeekV4Model::block_payload_floats: the
   // compressed kinds, kept for every block and in the tiers); a block of the window pool = one window payload (the
-  // raw rows of every layer, kept only for the last window). float32.
+  // raw rows and compressor rows of every layer, kept only for the last window). float32. Each running sequence's
+  // V4 cache keeps its window rings besides (window_bytes_per_sequence).
   const int64_t payload_bytes = model->block_payload_floats() * static_cast<int64_t>(sizeof(float));
   const int64_t window_payload_bytes = model->window_payload_floats() * static_cast<int64_t>(sizeof(float));
   const kvcache::CacheLayout layout{{
@@ -534,13 +538,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
       {kvcache::CacheKind::kSlidingWindow, "sliding_window", 1,
        (window_payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens, static_cast<int32_t>(v.sliding_window)}}};
   const int64_t window_stride = layout.window_specs()[0].block_bytes();  // >= window_payload_bytes
-  Result<KvCachePlan> plan = plan_kv_cache(resolved, layout);
-  if (!plan.ok()) {
-    return Status::invalid_argument(plan.status().message() + " (what is left of --kv-cache-memory " +
-                                            std::to_string(config.kv_cache_bytes) + " after the window rings of " +
-                                            std::to_string(resolved.max_num_seqs) + " DeepSeek-V4 sequences, " +
-                                            std::to_string(windows) + " bytes)");
-  }
+  Result<KvCachePlan> plan = plan_kv_cache(resolved, layout, model->window_bytes_per_sequence());
+  if (!plan.ok()) return plan.status();
   if (Status s = fit_max_model_len(resolved, config.max_model_len > 0, plan->scheduler.num_blocks, 0); !s.ok()) {
     return s;
   }

@@ -26,7 +26,7 @@ class EngineAdapter final : public StepEngine {
     const Scheduler& scheduler = engine_->scheduler();
     return {scheduler.num_running(), scheduler.num_waiting(), scheduler.block_pool().num_used(),
             scheduler.block_pool().num_free(), engine_->kv_tier_stats(), engine_->speculative_stats(),
-            engine_->eplb_stats(), engine_->model_config().model_type == "deepseek_v4" ? engine_->num_replayed_tokens() : -1};
+            engine_->eplb_stats(), engine_->num_replayed_tokens()};
   }
 
  private:

@@ -287,9 +287,10 @@ void Scheduler::start_running(SequenceState& seq) {
   // A failed load ends the usable prefix: the blocks after it are released and computed afresh.
   size_t usable = cache_->usable_prefix(seq.cache_nodes);
   if (!seq.window_tables.empty() && !cache_->bounded_replay()) {
-    // The prefix's last window must hold every window kind (unless the executor replays it: bounded replay): admit() handed out the window blocks of the
-    // admitted prefix's last window; a prefix shortened since (a failed load) looks only at what it holds, so
-    // it may end earlier than the cache would allow (rare, and exact either way).
+    // The prefix's last window must hold every window kind (unless the executor replays it: bounded replay):
+    // admit() handed out the window blocks of the admitted prefix's last window; a prefix shortened since (a
+    // failed load) looks only at what it holds, so it may end earlier than the cache would allow (rare, and exact
+    // either way).
     std::vector<bool> present;
     for (size_t i = 0; i < usable; ++i) {
       present.push_back(std::all_of(seq.window_tables.begin(), seq.window_tables.end(),

@@ -51,13 +51,13 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
   std::vector<const float*> payloads;
   for (int64_t b = 0; b < blocks; ++b) payloads.push_back(block(entry.block_table[static_cast<size_t>(b)]));
   std::vector<const float*> rows;
-  const std::vector<kvcache::BlockId>* table = entry.window_block_tables.empty() ? nullptr : &entry.window_block_tables[0];
   for (int64_t b = std::max<int64_t>(0, blocks - model_.window_blocks()); b < blocks && !entry.rebuild_window; ++b) {
-    if (table == nullptr || static_cast<int64_t>(table->size()) <= b || (*table)[static_cast<size_t>(b)] == kvcache::kNoBlock) {
+    const float* payload = window(entry, b);
+    if (payload == nullptr) {
       rows.clear();
       break;
     }
-    rows.push_back(window((*table)[static_cast<size_t>(b)]));
+    rows.push_back(payload);
   }
   const int64_t W = model_.config().sliding_window;
   if (!rows.empty()) {
@@ -77,8 +77,7 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
     // Fed again from 0 the chunk would write block payloads (the same values up to rounding): into scratch, so that
     // the cached blocks stay as they are.
     replay_blocks.push_back(from == 0 ? scratch_.data() : block(entry.block_table[index]));
-    const bool has_window = table != nullptr && table->size() > index && (*table)[index] != kvcache::kNoBlock;
-    replay_windows.push_back(has_window ? window((*table)[index]) : nullptr);
+    replay_windows.push_back(window(entry, b - 1));
   }
   replay.push_back({sequence.get(), std::span<const int32_t>(tokens.data() + from, static_cast<size_t>(start - from)),
                     model::DeepSeekV4Model::Logits::kNone, replay_blocks, replay_windows});
@@ -120,12 +119,9 @@ Result<StepOutput> V4Executor::run(const ScheduledBatch& batch) {
       }
     }
     const size_t index = chunks.size();
-    const std::vector<kvcache::BlockId>* windows = entry.window_block_tables.empty() ? nullptr : &entry.window_block_tables[0];
     for (int64_t b = start / kvcache::kBlockTokens + 1; b * kvcache::kBlockTokens <= entry.end_position(); ++b) {
       completed[index].push_back(block(entry.block_table[static_cast<size_t>(b - 1)]));
-      const bool has_window = windows != nullptr && static_cast<int64_t>(windows->size()) >= b &&
-                              (*windows)[static_cast<size_t>(b - 1)] != kvcache::kNoBlock;
-      completed_windows[index].push_back(has_window ? window((*windows)[static_cast<size_t>(b - 1)]) : nullptr);
+      completed_windows[index].push_back(window(entry, b - 1));
     }
     chunks.push_back({it->second.get(), entry.token_ids,
                       entry.samples ? model::DeepSeekV4Model::Logits::kLast : model::DeepSeekV4Model::Logits::kNone,

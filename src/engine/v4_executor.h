@@ -51,8 +51,15 @@ class V4Executor final : public Executor {
   float* block(kvcache::BlockId id) const {
     return reinterpret_cast<float*>(static_cast<char*>(blocks_.data()) + static_cast<size_t>(id) * block_bytes_);
   }
-  float* window(kvcache::BlockId id) const {
-    return reinterpret_cast<float*>(static_cast<char*>(windows_.data()) + static_cast<size_t>(id) * window_bytes_);
+  // The window payload of `entry`'s block `index` (its block of the window pool), or null where it has none.
+  float* window(const ScheduledEntry& entry, int64_t index) const {
+    if (entry.window_block_tables.empty()) return nullptr;
+    const std::vector<kvcache::BlockId>& table = entry.window_block_tables[0];
+    if (index >= static_cast<int64_t>(table.size()) || table[static_cast<size_t>(index)] == kvcache::kNoBlock) {
+      return nullptr;
+    }
+    return reinterpret_cast<float*>(static_cast<char*>(windows_.data()) +
+                                    static_cast<size_t>(table[static_cast<size_t>(index)]) * window_bytes_);
   }
   // Restores sequence `entry.sequence_id` at entry.start_position (see the class comment); `replay` gets the chunk
   // to run first when it must be replayed or fed again, writing the window payloads of the blocks it finishes into

@@ -824,7 +824,9 @@ class V4Forward {
       }
       if (part != nullptr) {
         for (int64_t b = (start / 64 + 1) * 64; b <= start + n; b += 64) {
-          if (float* window_out = window_destination(b)) std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, window_out);
+          if (float* window_out = window_destination(b)) {
+            std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, window_out);
+          }
           if (replaying) continue;
           float* out = destination(b);
           if (w.ratio != 0) {
@@ -845,7 +847,9 @@ class V4Forward {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t t = r0 + i, p = start + i;
         keys.clear();
-        for (int64_t s = std::max<int64_t>(window_start, p - (W - 1)); s <= p; ++s) keys.push_back(raw.data() + (s - lo) * D);
+        for (int64_t s = std::max<int64_t>(window_start, p - (W - 1)); s <= p; ++s) {
+          keys.push_back(raw.data() + (s - lo) * D);
+        }
         if (w.ratio != 0) {
           const int64_t visible = (p + 1) / w.ratio;
           const float* entries = state.attention.entries.data();
@@ -1001,7 +1005,8 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
       return Status::invalid_argument("DeepSeek-V4 forward: the sequence was not made by this model's new_sequence()");
     }
     const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
-    if (chunk.sequence->length_ < chunk.sequence->replay_end_ && chunk.sequence->length_ + n != chunk.sequence->replay_end_) {
+    const int64_t replay_end = chunk.sequence->replay_end_;
+    if (chunk.sequence->length_ < replay_end && chunk.sequence->length_ + n != replay_end) {
       return Status::invalid_argument("DeepSeek-V4 forward: a sequence restored for a bounded replay takes the " +
                                       std::to_string(chunk.sequence->replay_end_ - chunk.sequence->length_) +
                                       " replayed tokens as one chunk, got " + std::to_string(n));

@@ -26,12 +26,7 @@ ApiResult<std::string> count_tokens_endpoint(const json::value& request, const A
 ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
   if (auto e = check_model(body, *context.model, true)) return *e;
-  if (const json::value* ids = body.if_contains("return_token_ids"); ids != nullptr && !ids->is_null() &&
-                                                                         !(ids->is_bool() && !ids->get_bool())) {
-    return bad_request("return_token_ids is vLLM's extension of /v1/chat/completions and /v1/completions; "
-                       "/v1/messages does not return token ids",
-                       "return_token_ids");
-  }
+  if (auto e = refuse_return_token_ids(body, "/v1/messages")) return *e;
   std::optional<int64_t> max_tokens;
   if (auto e = read_integer(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), max_tokens)) return *e;
   if (!max_tokens) return bad_request("max_tokens is required", "max_tokens");

@@ -303,6 +303,15 @@ std::optional<ApiError> check_model(const json::object& body, const ModelInfo& m
                   "model", "model_not_found", 0};
 }
 
+std::optional<ApiError> refuse_return_token_ids(const json::object& body, std::string_view endpoint) {
+  const json::value* ids = body.if_contains("return_token_ids");
+  if (ids == nullptr || ids->is_null() || (ids->is_bool() && !ids->get_bool())) return std::nullopt;
+  return bad_request(fmt::format("return_token_ids is vLLM's extension of /v1/chat/completions and /v1/completions; "
+                                 "{} does not return token ids",
+                                 endpoint),
+                     "return_token_ids");
+}
+
 std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,
                                     std::string_view max_tokens_field, engine::SamplingParams& params) {
   const int64_t max_model_len = context.model->max_model_len;

@@ -13,12 +13,7 @@ namespace json = boost::json;
 ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
   if (auto e = check_model(body, *context.model, false)) return *e;
-  if (const json::value* ids = body.if_contains("return_token_ids"); ids != nullptr && !ids->is_null() &&
-                                                                         !(ids->is_bool() && !ids->get_bool())) {
-    return bad_request("return_token_ids is vLLM's extension of /v1/chat/completions and /v1/completions; "
-                       "/v1/responses does not return token ids",
-                       "return_token_ids");
-  }
+  if (auto e = refuse_return_token_ids(body, "/v1/responses")) return *e;
   if (present(body, "previous_response_id") != nullptr) {
     return bad_request(
         "previous_response_id is not supported: responses are not stored; send the whole "

@@ -84,7 +84,10 @@ struct KvCachePlan {
   SchedulerConfig scheduler;
   kvcache::KvCacheConfig cache;
 };
-Result<KvCachePlan> plan_kv_cache(const EngineConfig& config, const kvcache::CacheLayout& layout);
+// `sequence_bytes`: memory each of max_num_seqs running sequences keeps outside the blocks (DeepSeek-V4's window
+// rings), taken from kv_cache_bytes first.
+Result<KvCachePlan> plan_kv_cache(const EngineConfig& config, const kvcache::CacheLayout& layout,
+                                  int64_t sequence_bytes = 0);
 
 // DSpark's step times for this engine (dspark.h): "const" -> none (flat); a file of config.step_time_table measured
 // for config.identity and reaching `max_rows` -> loaded; otherwise measured now on `model` over `layer_caches` (the
@@ -173,7 +176,8 @@ class Engine {
   size_t block_bytes() const { return block_bytes_; }
   int64_t num_preemptions() const { return num_preemptions_; }  // since creation
   // DeepSeek-V4: tokens recomputed since creation to restore cached prefixes whose last window's raw rows were gone
-  // (a bounded replay's sliding_window tokens, or a prefix of at most one window fed again); 0 for V2/V3.
+  // (a bounded replay's sliding_window tokens, or a prefix of at most one window fed again); -1 for V2/V3 (no
+  // window to replay).
   int64_t num_replayed_tokens() const;
   // Speculative decoding's counters since creation (all zero when it is off).
   const SpeculativeStats& speculative_stats() const { return speculative_stats_; }

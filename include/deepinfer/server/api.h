@@ -90,6 +90,8 @@ struct ApiContext {
 
 // Checks a request's `model` against the served name: absent is fine, another name is a 404.
 std::optional<ApiError> check_model(const boost::json::object& body, const ModelInfo& model, bool required);
+// The 400 for vLLM's `return_token_ids` (anything but absent, null or false) on an endpoint that returns no ids.
+std::optional<ApiError> refuse_return_token_ids(const boost::json::object& body, std::string_view endpoint);
 
 // Fills max_tokens against the prompt length and max_model_len: 400 when the prompt does not leave room for
 // one token or prompt + requested max_tokens exceed max_model_len (both numbers in the message).
