@@ -10,10 +10,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -415,12 +417,16 @@ void bench_prefill(const Run& run, int64_t tokens, int steps) {
 
 // A prefill chunk over a cached prefix (chunked prefill, a prefix-cache hit): `tokens` new rows of one sequence at
 // positions prefix .. prefix + tokens - 1 (the cache holds zeros, which cost the attention the same reads). The
-// absorbed form runs here (the expanded kernel takes rows from position 0 only); TFLOPS counts what the absorbed
-// attention computes: per row, head and visible key 2 * (C + R) + 2 * C.
+// backend picks the MLA form by its cost model (mla_expanded_pays) unless DEEPINFER_MLA_FORM forces one
+// (`mla_form` in the line). FLOPs per (row, head, visible key): absorbed 2 (C + R) + 2 C, expanded 2 (nope + R) + 2 V
+// plus, once per key and head, the up-projection 2 C (nope + V); `tflops` and `pct_peak` count the model's weights
+// and the cheaper form's attention (the work the step must do), at the peak of the weights' precision.
 void bench_chunk(const Run& run, int64_t prefix, int64_t tokens, int steps) {
   const model::ModelConfig& c = run.model.config();
   JsonLine line("chunk");
-  line.str("model", run.name).integer("prefix", prefix).integer("tokens", tokens);
+  const char* form = std::getenv("DEEPINFER_MLA_FORM");
+  line.str("model", run.name).integer("prefix", prefix).integer("tokens", tokens).str(
+      "mla_form", form != nullptr && *form != '\0' ? form : "auto");
   const int64_t blocks = (prefix + tokens + kBlockTokens - 1) / kBlockTokens;
   Result<std::vector<backend::Buffer>> caches = run.model.make_layer_caches(blocks + 1);
   if (!caches.ok()) return line.str("error", caches.status().to_string()).print();
@@ -434,23 +440,35 @@ void bench_chunk(const Run& run, int64_t prefix, int64_t tokens, int steps) {
   const Stats st = stats_of(*ms);
   const double t = static_cast<double>(tokens), p = static_cast<double>(prefix);
   const double pairs = t * p + t * (t + 1.0) / 2.0;  // visible keys summed over the rows
-  const double attention_flops = pairs * static_cast<double>(c.num_attention_heads) *
-                                 (2.0 * static_cast<double>(c.kv_cache_dim()) + 2.0 * static_cast<double>(c.kv_lora_rank)) *
-                                 static_cast<double>(c.num_hidden_layers);
-  const double flops = 2.0 * run.shape.active_params_per_token * t + attention_flops;
+  const double H = static_cast<double>(c.num_attention_heads), layers = static_cast<double>(c.num_hidden_layers);
+  const double C = static_cast<double>(c.kv_lora_rank), R = static_cast<double>(c.qk_rope_head_dim),
+               nope = static_cast<double>(c.qk_nope_head_dim), V = static_cast<double>(c.v_head_dim);
+  const double absorbed_flops = pairs * H * (2.0 * (C + R) + 2.0 * C) * layers;
+  const double expanded_flops =
+      (pairs * H * (2.0 * (nope + R) + 2.0 * V) + (p + t) * H * 2.0 * C * (nope + V)) * layers;
+  const double flops = 2.0 * run.shape.active_params_per_token * t + std::min(absorbed_flops, expanded_flops);
   const double tflops = flops / (st.median * 1e-3) / 1e12;
   line.integer("steps", steps)
       .num("median_ms", st.median, 2)
       .num("tokens_per_s", t / (st.median * 1e-3), 1)
-      .num("attention_flops", attention_flops, 0)
+      .num("attention_flops_absorbed", absorbed_flops, 0)
+      .num("attention_flops_expanded", expanded_flops, 0)
       .num("tflops", tflops, 1);
   if (run.ceilings.bf16_tflops > 0) line.num("pct_bf16_peak", 100.0 * tflops / run.ceilings.bf16_tflops, 1);
+  const double peak = run.precision == Precision::kFP8 ? run.ceilings.fp8_tflops : run.ceilings.bf16_tflops;
+  if (peak > 0) line.num("pct_peak", 100.0 * tflops / peak, 1);
   line.print();
 }
 
+// A chunk case of --chunks: `tokens` new rows after `prefix` cached ones.
+struct ChunkCase {
+  int64_t prefix = 0, tokens = 0;
+};
+
 void bench_model(const std::string& name, Precision precision, const std::filesystem::path& config_dir,
-                 const std::vector<int64_t>& batches, const std::vector<int64_t>& prefill, int steps, int prefill_steps,
-                 const Ceilings& ceilings, bool profile) {
+                 const std::vector<int64_t>& batches, const std::vector<int64_t>& prefill,
+                 const std::vector<ChunkCase>& chunks, int steps, int prefill_steps, const Ceilings& ceilings,
+                 bool profile) {
   JsonLine line("model");
   line.str("model", name).str("precision", precision == Precision::kFP8 ? "fp8" : "bf16");
   Result<model::ModelConfig> config = model::load_model_config(config_dir / name / "config.json");
@@ -480,7 +498,7 @@ void bench_model(const std::string& name, Precision precision, const std::filesy
   const Run run{name, precision, **model, **backend, shape, ceilings, profiler.get()};
   for (int64_t batch : batches) bench_decode(run, batch, steps);
   for (int64_t tokens : prefill) bench_prefill(run, tokens, prefill_steps);
-  bench_chunk(run, 3584, 512, prefill_steps);
+  for (const ChunkCase& chunk : chunks) bench_chunk(run, chunk.prefix, chunk.tokens, prefill_steps);
 }
 
 // --moe-sweep: one routed-experts layer (Backend::moe: routing, permutation, the expert GEMMs, combine) of the
@@ -595,11 +613,34 @@ int main(int argc, char** argv) {
   app.add_option("--configs", configs, "directory with <model>/config.json")->capture_default_str();
   bool profile = false;
   app.add_flag("--profile", profile, "after each measurement, one more forward with every backend op timed alone");
+  std::vector<std::string> chunk_specs = {"3584:512"};
+  app.add_option("--chunks", chunk_specs,
+                 "prefill chunks over a cached prefix, CACHED:NEW each (the seed's scenario: 73920:3080); none: skip")
+      ->delimiter(',')
+      ->capture_default_str();
   std::vector<int64_t> moe_sweep;
   app.add_option("--moe-sweep", moe_sweep,
                  "instead of the model runs: one MoE layer at these token counts, every expert GEMM path")
       ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  std::vector<ChunkCase> chunks;
+  for (const std::string& spec : chunk_specs) {
+    if (spec == "none") continue;
+    const size_t colon = spec.find(':');
+    ChunkCase chunk;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument(spec);
+      chunk.prefix = std::stoll(spec.substr(0, colon));
+      chunk.tokens = std::stoll(spec.substr(colon + 1));
+    } catch (const std::exception&) {
+      chunk.tokens = 0;
+    }
+    if (chunk.prefix < 0 || chunk.tokens <= 0) {
+      std::fprintf(stderr, "--chunks: '%s' is not CACHED:NEW with CACHED >= 0 and NEW >= 1\n", spec.c_str());
+      return 2;
+    }
+    chunks.push_back(chunk);
+  }
 
   cudaDeviceProp prop{};
   if (cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess) {
@@ -621,7 +662,7 @@ int main(int argc, char** argv) {
     if (!moe_sweep.empty())
       bench_moe_sweep(name, precision, configs, moe_sweep, ceilings);
     else
-      bench_model(name, precision, configs, batches, prefill, steps, prefill_steps, ceilings, profile);
+      bench_model(name, precision, configs, batches, prefill, chunks, steps, prefill_steps, ceilings, profile);
   }
   return 0;
 }

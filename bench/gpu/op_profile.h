@@ -86,9 +86,10 @@ class ProfilingBackend final : public backend::Backend {
     timed("mla_attention", [&] { inner_.mla_attention(a, q, c, o); });
   }
   bool has_mla_expanded(const backend::MlaExpanded& a) const override { return inner_.has_mla_expanded(a); }
+  bool mla_expanded_pays(const backend::MlaExpanded& a) const override { return inner_.mla_expanded_pays(a); }
   void mla_expanded(const backend::MlaExpanded& a, const backend::Tensor& q, const backend::Tensor& kv,
-                    backend::Tensor o) override {
-    timed("mla_expanded", [&] { inner_.mla_expanded(a, q, kv, o); });
+                    const backend::Buffer& cache, backend::Tensor o) override {
+    timed("mla_expanded", [&] { inner_.mla_expanded(a, q, kv, cache, o); });
   }
   void moe(const backend::Tensor& x, const backend::MoeWeights& w, backend::Tensor out) override {
     timed("moe", [&] { inner_.moe(x, w, out); });

@@ -105,6 +105,38 @@ __global__ void row_block_tables_kernel(RowBlockTablesParams p) {
   }
 }
 
+__global__ void chunk_key_offsets_kernel(ChunkKeyOffsetsParams p) {
+  for (int64_t c = global_thread(); c < p.chunks; c += grid_threads()) {
+    const int64_t first = c * p.chunk, end = first + p.chunk;
+    int32_t* out = p.cu_keys + c * (p.groups + 1);
+    int32_t sum = 0;
+    out[0] = 0;
+    for (int64_t g = 0; g < p.groups; ++g) {
+      const int64_t keys = min(static_cast<int64_t>(p.contexts[g]), end) - first;
+      sum += keys > 0 ? static_cast<int32_t>(keys) : 0;
+      out[g + 1] = sum;
+    }
+  }
+}
+
+__global__ void gather_cache_rows_kernel(GatherCacheRowsParams p) {
+  const int64_t chunks_per_row = p.dim / 8;  // 16-byte chunks
+  const int64_t total = p.rows * chunks_per_row;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t r = i / chunks_per_row, chunk = i % chunks_per_row;
+    int64_t lo = 0, hi = p.groups - 1;  // the group g with cu_keys[g] <= r < cu_keys[g + 1]
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (p.cu_keys[mid] <= r) lo = mid; else hi = mid - 1;
+    }
+    const int64_t position = p.key_position + r - p.cu_keys[lo];
+    const int32_t block = p.block_table[static_cast<int64_t>(p.tables[lo]) * p.max_blocks + position / 64];
+    if (block < 0 || static_cast<int64_t>(block) * 64 >= p.num_slots) __trap();
+    const int64_t slot = static_cast<int64_t>(block) * 64 + position % 64;
+    reinterpret_cast<uint4*>(p.out + r * p.dim)[chunk] = reinterpret_cast<const uint4*>(p.cache + slot * p.dim)[chunk];
+  }
+}
+
 // splitmix64 (Steele et al. 2014; the finalizer of Java's SplittableRandom).
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -192,6 +224,23 @@ cudaError_t run_row_block_tables(const RowBlockTablesParams& p) {
   }
   if (p.rows == 0) return cudaSuccess;
   row_block_tables_kernel<<<grid_for(p.rows * p.max_blocks), kThreads, 0, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t run_chunk_key_offsets(const ChunkKeyOffsetsParams& p) {
+  if (p.groups < 0 || p.chunks < 0 || p.chunk <= 0 || !p.contexts || !p.cu_keys) return cudaErrorInvalidValue;
+  if (p.chunks == 0) return cudaSuccess;
+  chunk_key_offsets_kernel<<<grid_for(p.chunks), kThreads, 0, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t run_gather_cache_rows(const GatherCacheRowsParams& p) {
+  if (p.groups <= 0 || p.rows < 0 || p.dim <= 0 || p.dim % 8 != 0 || p.max_blocks <= 0 || p.num_slots <= 0 ||
+      p.key_position < 0 || !p.cu_keys || !p.tables || !p.block_table || !p.cache || !p.out ||
+      reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || reinterpret_cast<uintptr_t>(p.cache) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  gather_cache_rows_kernel<<<grid_for(p.rows * (p.dim / 8)), kThreads, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1487,7 +1487,7 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
   b.rope(q_rope, H, w.inv_freq, w.rope_attention_factor);
   if (use_expanded) {
     backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, L.kv_b.get()};
-    b.mla_expanded(expanded, t.q, t.kv, t.attn);
+    b.mla_expanded(expanded, t.q, t.kv, cache, t.attn);
   } else {
     // Absorbed query per head: [W_UK[h]ᵀ q_nope | roped q_rope]; attention over the latent; W_UV per head.
     backend::MlaAttention attention{H, C, R, w.softmax_scale};
@@ -1608,7 +1608,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   }
   if (Status s = reserve_scratch(T); !s.ok()) return s;
   backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, nullptr};
-  const bool use_expanded = rows.rows_start_at_zero && backend_.has_mla_expanded(expanded);
+  const bool expanded_capable = backend_.has_mla_expanded(expanded);
+  bool use_expanded = rows.rows_start_at_zero && expanded_capable;
   // A decode step (few rows per sequence: one, or a verify's last token and drafts; few rows in all) may run as a
   // recorded graph; its block tables are padded to a power-of-two bucket whether or not graphs are on, so that both
   // ways compute the same values (the attention kernel's split count follows the table's stride).
@@ -1617,6 +1618,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   backend::StepLayout layout = step_layout(batch.token_ids, batch.logits_rows, rows);
   layout.block_table_stride = table_stride;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
+  // A chunk over a cached prefix (not a decode step): the expanded form when the backend's cost model says so.
+  if (!use_expanded && !decode_step && expanded_capable) use_expanded = backend_.mla_expanded_pays(expanded);
 
   const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
 

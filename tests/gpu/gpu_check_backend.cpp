@@ -400,63 +400,72 @@ void check_attention(Pair& p, const char* label, int64_t H, int64_t C, int64_t R
   expect_close(label, results[1], results[0], 2e-2);
 }
 
-// mla_expanded against a float64 loop: k = [latent · kv_bᵀ (nope part) | rope key], v = the V part.
-void check_mla_expanded(Pair& p) {
-  Backend& b = p.gpu;
-  const int64_t H = 2, C = 64, nope = 128, R = 64, V = 128, qk = nope + R;
+// mla_expanded against a float64 loop: k = [latent · kv_bᵀ (nope part) | rope key], v = the V part, over every
+// position up to the row's. The cache starts with random entries (the earlier tokens) and store_kv writes the
+// step's rows first, as the model does; steps whose rows start past 0 read the context from the cache (in chunks
+// of DEEPINFER_MLA_CONTEXT_CHUNK keys on a backend made with it), others attend the step's own rows.
+void check_mla_expanded(Pair& p, Backend& b, const char* label, const std::vector<std::pair<int32_t, int32_t>>& sequences) {
+  const int64_t H = 2, C = 64, nope = 128, R = 64, V = 128, qk = nope + R, D = C + R, num_blocks = 24;
   const be::MlaExpanded a{H, C, R, nope, V, 1.0f / std::sqrt(static_cast<float>(qk)), nullptr};
   if (!b.has_mla_expanded(a)) {
-    expect("mla_expanded available", false);
+    expect(std::string(label) + ": mla_expanded available", false);
     return;
   }
-  const StepData s = make_step(p.rng, {{0, 5}, {0, 70}, {0, 1}}, 8, 100);
+  const StepData s = make_step(p.rng, sequences, num_blocks, 100);
   const int64_t T = static_cast<int64_t>(s.token_ids.size());
   WeightPair kv_b = make_weights(p.cpu, b, p.rng, 1, H * (nope + V), C, Precision::kBF16, 0.125f);
   const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * qk));
-  const std::vector<float> kv = p.rng.values(static_cast<size_t>(T * (C + R)));
+  const std::vector<float> kv = p.rng.values(static_cast<size_t>(T * D));
+  std::vector<float> cache_values = p.rng.values(static_cast<size_t>(num_blocks * 64 * D));
   be::MlaExpanded with_weight = a;
   with_weight.kv_b = kv_b.gpu.get();
-  expect_ok("begin_step (expanded)", b.begin_step(s.layout()));
-  Act qa = make_act(b, q, T, H * qk, H * qk), kva = make_act(b, kv, T, C + R, C + R);
+  expect_ok(std::string(label) + ": begin_step", b.begin_step(s.layout()));
+  expect(std::string(label) + ": mla_expanded_pays (rows from 0, or forced)", b.mla_expanded_pays(a));
+  Act cache = make_act(b, cache_values, num_blocks * 64, D, D);
+  Act qa = make_act(b, q, T, H * qk, H * qk), kva = make_act(b, kv, T, D, D);
+  b.store_kv(kva.view, cache.buffer);
   Act out = make_act(b, T, H * V, H * V + 8);
-  b.mla_expanded(with_weight, qa.view, kva.view, out.view);
-  const std::vector<float> got = read_act(b, out, "mla_expanded");
+  b.mla_expanded(with_weight, qa.view, kva.view, cache.buffer, out.view);
+  const std::vector<float> got = read_act(b, out, label);
 
-  std::vector<double> kvb(static_cast<size_t>(T * H * (nope + V)));
+  // The cache after store_kv, in bf16 as the GPU holds it, and each key's kv_b projection in float64.
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < H * (nope + V); ++j) {
-      double sum = 0.0;
-      for (int64_t c = 0; c < C; ++c) sum += static_cast<double>(kv[t * (C + R) + c]) * kv_b.values[j * C + c];
-      kvb[t * H * (nope + V) + j] = sum;
-    }
+    for (int64_t c = 0; c < D; ++c) cache_values[s.slots[t] * D + c] = kv[t * D + c];
+  for (float& x : cache_values) x = from_bf16_bits(to_bf16_bits(x));
   std::vector<float> want(static_cast<size_t>(T * H * V));
-  int64_t begin = 0;
-  for (size_t q_seq = 0; q_seq < s.block_tables.size(); ++q_seq) {
-    int64_t len = 0;
-    while (begin + len < T && s.row_sequence[begin + len] == static_cast<int32_t>(q_seq)) ++len;
-    for (int64_t i = 0; i < len; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        std::vector<double> score(static_cast<size_t>(i + 1));
-        double mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          const int64_t ti = begin + i, tj = begin + j;
-          double dot = 0.0;
-          for (int64_t c = 0; c < nope; ++c) dot += q[(ti * H + h) * qk + c] * kvb[(tj * H + h) * (nope + V) + c];
-          for (int64_t c = 0; c < R; ++c) dot += q[(ti * H + h) * qk + nope + c] * kv[tj * (C + R) + C + c];
-          score[j] = dot * a.scale;
-          mx = std::max(mx, score[j]);
-        }
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<int32_t>& table = s.block_tables[s.row_sequence[t]];
+    const int64_t last = s.positions[t];
+    std::vector<double> kvb(static_cast<size_t>((last + 1) * H * (nope + V)));
+    for (int64_t j = 0; j <= last; ++j) {
+      const float* latent = cache_values.data() + (table[j / 64] * 64 + j % 64) * D;
+      for (int64_t o = 0; o < H * (nope + V); ++o) {
         double sum = 0.0;
-        for (double& x : score) sum += (x = std::exp(x - mx));
-        for (int64_t c = 0; c < V; ++c) {
-          double acc = 0.0;
-          for (int64_t j = 0; j <= i; ++j) acc += score[j] * kvb[((begin + j) * H + h) * (nope + V) + nope + c];
-          want[(begin + i) * H * V + h * V + c] = static_cast<float>(acc / sum);
-        }
+        for (int64_t c = 0; c < C; ++c) sum += static_cast<double>(latent[c]) * kv_b.values[o * C + c];
+        kvb[j * H * (nope + V) + o] = sum;
       }
-    begin += len;
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> score(static_cast<size_t>(last + 1));
+      double mx = -INFINITY;
+      for (int64_t j = 0; j <= last; ++j) {
+        const float* latent = cache_values.data() + (table[j / 64] * 64 + j % 64) * D;
+        double dot = 0.0;
+        for (int64_t c = 0; c < nope; ++c) dot += q[(t * H + h) * qk + c] * kvb[(j * H + h) * (nope + V) + c];
+        for (int64_t c = 0; c < R; ++c) dot += q[(t * H + h) * qk + nope + c] * static_cast<double>(latent[C + c]);
+        score[j] = dot * a.scale;
+        mx = std::max(mx, score[j]);
+      }
+      double sum = 0.0;
+      for (double& x : score) sum += (x = std::exp(x - mx));
+      for (int64_t c = 0; c < V; ++c) {
+        double acc = 0.0;
+        for (int64_t j = 0; j <= last; ++j) acc += score[j] * kvb[(j * H + h) * (nope + V) + nope + c];
+        want[t * H * V + h * V + c] = static_cast<float>(acc / sum);
+      }
+    }
   }
-  expect_close("mla_expanded (vs float64)", got, want, 3e-2);
+  expect_close(std::string(label) + " (vs float64)", got, want, 3e-2);
 }
 
 // One routed-experts layer on both backends. The CUDA backend picks the expert GEMMs' kernel by rows per expert
@@ -628,7 +637,27 @@ int main(int argc, char** argv) {
                   {{0, 1}, {69, 1}, {300, 1}});
   check_attention(p, "mla_attention decode shape, H 4 (generic)", 4, 512, 64, {{10, 1}, {129, 1}});
   check_attention(p, "mla_attention chunked prefill (C 64, R 32, generic)", 4, 64, 32, {{5, 3}, {0, 70}, {200, 2}});
-  check_mla_expanded(p);
+  check_mla_expanded(p, p.gpu, "mla_expanded (rows from position 0)", {{0, 5}, {0, 70}, {0, 1}});
+  // Over a cached prefix: a chunk after 130 cached tokens, decode rows, a chunk from 0 beside them; on a backend
+  // forced to the expanded form with 64-key context chunks (4 chunks: kFirst, kMiddle, kLast merges).
+  setenv("DEEPINFER_MLA_FORM", "expanded", 1);
+  setenv("DEEPINFER_MLA_CONTEXT_CHUNK", "64", 1);
+  std::unique_ptr<Backend> chunked = must(be::make_cuda_backend(0), "make_cuda_backend (DEEPINFER_MLA_CONTEXT_CHUNK)");
+  unsetenv("DEEPINFER_MLA_CONTEXT_CHUNK");
+  std::unique_ptr<Backend> whole = must(be::make_cuda_backend(0), "make_cuda_backend (DEEPINFER_MLA_FORM)");
+  unsetenv("DEEPINFER_MLA_FORM");
+  const std::vector<std::pair<int32_t, int32_t>> cached = {{130, 70}, {40, 1}, {0, 9}, {199, 1}};
+  check_mla_expanded(p, *whole, "mla_expanded over the cache (one context chunk)", cached);
+  check_mla_expanded(p, *chunked, "mla_expanded over the cache (64-key context chunks)", cached);
+  {
+    deepinfer::Result<std::unique_ptr<Backend>> bad = [] {
+      setenv("DEEPINFER_MLA_CONTEXT_CHUNK", "100", 1);
+      auto r = be::make_cuda_backend(0);
+      unsetenv("DEEPINFER_MLA_CONTEXT_CHUNK");
+      return r;
+    }();
+    expect("DEEPINFER_MLA_CONTEXT_CHUNK=100 refused (not a multiple of 64)", !bad.ok());
+  }
   const Precision bf16 = Precision::kBF16, fp8 = Precision::kFP8;
   const MoeCase moe_cases[] = {
       {"moe bf16 experts (strided x, out)", bf16, 7, 160, 96, 16, 4, false, 8, 16},

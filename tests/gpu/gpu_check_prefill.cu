@@ -124,7 +124,7 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   p.scale = scale;
   p.cu_seqlens = d_cu.ptr;
   p.q = q.ptr;
-  p.k = kk.ptr;
+  p.k_nope = kk.ptr;
   p.v = v.ptr;
   p.out = out.ptr;
   CUDA_TRY(k::run_mla_prefill(p));
@@ -190,6 +190,166 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   g_summary.push_back({std::string("check ") + name, 0, 0, 0, ok ? worst : INFINITY});
 }
 
+// A chunk over a cached prefix: group b has q_len new rows at the end of a context of ctx keys (query i at position
+// ctx - q_len + i). Keys come in the backend's layout: kv_b's output [Tk, H * 256] (k_nope | v per head) and the
+// latent rows [Tk, 576] whose last 64 values are the roped key every head shares (head stride 0). Checked: the fast
+// kernel over the whole context (kNone) and in chunks of `chunk` key positions merged by log-sum-exp (kFirst,
+// kMiddle, kLast; each chunk's keys packed again, as the backend's gather does) against the reference kernel and a
+// float64 loop on sampled rows; chunked vs whole over every element.
+uint16_t host_bf16(float x) {
+  __nv_bfloat16 b = __float2bfloat16(x);
+  return *reinterpret_cast<uint16_t*>(&b);
+}
+void check_context_case(const char* name, int H, const std::vector<std::pair<int, int>>& groups, int chunk,
+                        float scale, uint32_t seed) {
+  const int B = static_cast<int>(groups.size());
+  constexpr int kKvb = 256, kLatent = 576;
+  std::vector<int32_t> cu_q(B + 1, 0), cu_k(B + 1, 0), q_pos(B, 0);
+  int max_q = 0, max_ctx = 0;
+  for (int b = 0; b < B; ++b) {
+    cu_q[b + 1] = cu_q[b] + groups[b].first;
+    cu_k[b + 1] = cu_k[b] + groups[b].second;
+    q_pos[b] = groups[b].second - groups[b].first;
+    max_q = std::max(max_q, groups[b].first);
+    max_ctx = std::max(max_ctx, groups[b].second);
+  }
+  const int Tq = cu_q[B], Tk = cu_k[B];
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> hq(size_t{1} * Tq * H * kQK), hkvb(size_t{1} * Tk * H * kKvb), hlat(size_t{1} * Tk * kLatent);
+  for (auto* v : {&hq, &hkvb, &hlat})
+    for (uint16_t& x : *v) x = host_bf16(u(rng));
+  DeviceBuffer<uint16_t> q(hq.size()), kvb(hkvb.size()), lat(hlat.size()), out(size_t{1} * Tq * H * kV),
+      out_ref(size_t{1} * Tq * H * kV), out_chunked(size_t{1} * Tq * H * kV);
+  DeviceBuffer<int32_t> d_cu_q(B + 1), d_cu_k(B + 1), d_qpos(B);
+  q.upload(hq);
+  kvb.upload(hkvb);
+  lat.upload(hlat);
+  d_cu_q.upload(cu_q);
+  d_cu_k.upload(cu_k);
+  d_qpos.upload(q_pos);
+  poison(out.ptr, out.count);
+  poison(out_ref.ptr, out_ref.count);
+  poison(out_chunked.ptr, out_chunked.count);
+  auto params = [&](const uint16_t* kvb_ptr, const uint16_t* lat_ptr, const int32_t* cu_keys) {
+    k::MlaPrefillParams p;
+    p.num_seqs = B;
+    p.num_heads = H;
+    p.max_seqlen = max_q;
+    p.max_seqlen_k = max_ctx;
+    p.scale = scale;
+    p.cu_seqlens = d_cu_q.ptr;
+    p.cu_seqlens_k = cu_keys;
+    p.q_positions = d_qpos.ptr;
+    p.q = q.ptr;
+    p.k_nope = kvb_ptr;
+    p.k_token_stride = static_cast<int64_t>(H) * kKvb;
+    p.k_head_stride = kKvb;
+    p.v = kvb_ptr + 128;
+    p.v_token_stride = static_cast<int64_t>(H) * kKvb;
+    p.v_head_stride = kKvb;
+    p.k_rope = lat_ptr + 512;
+    p.k_rope_token_stride = kLatent;
+    p.k_rope_head_stride = 0;
+    return p;
+  };
+  k::MlaPrefillParams whole = params(kvb.ptr, lat.ptr, d_cu_k.ptr);
+  whole.out = out.ptr;
+  CUDA_TRY(k::run_mla_prefill(whole));
+  whole.out = out_ref.ptr;
+  CUDA_TRY(k::run_mla_prefill_reference(whole));
+  CUDA_TRY(cudaDeviceSynchronize());
+  // Chunks of key positions [c * chunk, (c + 1) * chunk), packed per chunk.
+  const int num_chunks = (max_ctx + chunk - 1) / chunk;
+  DeviceBuffer<float> acc(size_t{1} * Tq * H * kV), lse(size_t{1} * Tq * H);
+  for (int c = 0; c < num_chunks; ++c) {
+    std::vector<int32_t> cu_c(B + 1, 0);
+    std::vector<uint16_t> kvb_c, lat_c;
+    for (int b = 0; b < B; ++b) {
+      const int first = c * chunk, end = std::min(groups[b].second, (c + 1) * chunk);
+      for (int pos = first; pos < end; ++pos) {
+        const size_t row = static_cast<size_t>(cu_k[b] + pos);
+        kvb_c.insert(kvb_c.end(), hkvb.begin() + row * H * kKvb, hkvb.begin() + (row + 1) * H * kKvb);
+        lat_c.insert(lat_c.end(), hlat.begin() + row * kLatent, hlat.begin() + (row + 1) * kLatent);
+      }
+      cu_c[b + 1] = cu_c[b] + std::max(0, end - first);
+    }
+    DeviceBuffer<uint16_t> d_kvb_c(std::max<size_t>(kvb_c.size(), 8)), d_lat_c(std::max<size_t>(lat_c.size(), 8));
+    DeviceBuffer<int32_t> d_cu_c(B + 1);
+    if (!kvb_c.empty()) d_kvb_c.upload(kvb_c);
+    if (!lat_c.empty()) d_lat_c.upload(lat_c);
+    d_cu_c.upload(cu_c);
+    k::MlaPrefillParams p = params(d_kvb_c.ptr, d_lat_c.ptr, d_cu_c.ptr);
+    p.key_position = c * chunk;
+    p.out = out_chunked.ptr;
+    p.o_acc = acc.ptr;
+    p.lse_acc = lse.ptr;
+    p.merge = num_chunks == 1 ? k::MlaPrefillMerge::kNone
+              : c == 0        ? k::MlaPrefillMerge::kFirst
+              : c + 1 == num_chunks ? k::MlaPrefillMerge::kLast
+                                    : k::MlaPrefillMerge::kMiddle;
+    CUDA_TRY(k::run_mla_prefill(p));
+    CUDA_TRY(cudaDeviceSynchronize());  // the chunk's buffers are freed at the end of this iteration
+  }
+  const std::vector<uint16_t> ho = out.download(), hr = out_ref.download(), hc = out_chunked.download();
+  long non_finite = 0;
+  double num = 0.0, den = 0.0, num_c = 0.0;
+  for (size_t i = 0; i < ho.size(); ++i) {
+    const double a = bf16_to_double(ho[i]), r = bf16_to_double(hr[i]), c = bf16_to_double(hc[i]);
+    if (!std::isfinite(a) || !std::isfinite(r) || !std::isfinite(c)) {
+      ++non_finite;
+      continue;
+    }
+    num += (a - r) * (a - r);
+    num_c += (c - a) * (c - a);
+    den += r * r;
+  }
+  const double fast_vs_ref = std::sqrt(num / std::max(den, 1e-30)), chunked_vs_whole = std::sqrt(num_c / std::max(den, 1e-30));
+  // Sampled rows vs float64: each group's first and last rows and random ones.
+  double worst = 0.0, worst_chunked = 0.0;
+  std::vector<std::pair<int, int>> rows;  // (packed query row, head)
+  for (int b = 0; b < B; ++b) {
+    if (groups[b].first == 0) continue;
+    rows.push_back({cu_q[b], static_cast<int>(rng() % H)});
+    rows.push_back({cu_q[b + 1] - 1, static_cast<int>(rng() % H)});
+  }
+  for (int n = 0; n < 100 && Tq > 0; ++n) rows.push_back({static_cast<int>(rng() % Tq), static_cast<int>(rng() % H)});
+  std::vector<uint16_t> keys, vals;
+  for (const auto& [row, h] : rows) {
+    int b = 0;
+    while (cu_q[b + 1] <= row) ++b;
+    const int last = q_pos[b] + (row - cu_q[b]);  // the last visible key
+    keys.assign(static_cast<size_t>(last + 1) * kQK, 0);
+    vals.assign(static_cast<size_t>(last + 1) * kV, 0);
+    for (int j = 0; j <= last; ++j) {
+      const size_t key_row = static_cast<size_t>(cu_k[b] + j);
+      std::copy_n(hkvb.begin() + (key_row * H + h) * kKvb, 128, keys.begin() + j * kQK);
+      std::copy_n(hlat.begin() + key_row * kLatent + 512, 64, keys.begin() + j * kQK + 128);
+      std::copy_n(hkvb.begin() + (key_row * H + h) * kKvb + 128, kV, vals.begin() + j * kV);
+    }
+    const std::vector<double> ref =
+        reference_row(hq.data() + (static_cast<size_t>(row) * H + h) * kQK, keys.data(), kQK, vals.data(), kV, last, scale);
+    worst = std::max(worst, row_rel_err(ho.data() + (static_cast<size_t>(row) * H + h) * kV, ref));
+    worst_chunked = std::max(worst_chunked, row_rel_err(hc.data() + (static_cast<size_t>(row) * H + h) * kV, ref));
+  }
+  const bool ok = non_finite == 0 && worst <= kTolerance && worst_chunked <= kTolerance && fast_vs_ref <= kTolerance &&
+                  chunked_vs_whole <= kTolerance;
+  g_all_ok = g_all_ok && ok;
+  std::string groups_s;
+  for (int b = 0; b < B; ++b) {
+    if (b) groups_s.push_back(',');
+    groups_s += "[" + std::to_string(groups[b].first) + "," + std::to_string(groups[b].second) + "]";
+  }
+  std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"heads\":%d,\"groups_rows_context\":[%s],\"chunk\":%d,"
+              "\"chunks\":%d,\"sampled_rows\":%zu,\"max_row_rel_err_fast\":%.3e,\"max_row_rel_err_chunked\":%.3e,"
+              "\"fast_vs_reference_kernel_rel_err\":%.3e,\"chunked_vs_whole_rel_err\":%.3e,\"non_finite\":%ld,"
+              "\"ok\":%s}\n",
+              name, H, groups_s.c_str(), chunk, num_chunks, rows.size(), worst, worst_chunked, fast_vs_ref,
+              chunked_vs_whole, non_finite, ok ? "true" : "false");
+  std::fflush(stdout);
+  g_summary.push_back({std::string("check ") + name, 0, 0, 0, ok ? std::max(worst, worst_chunked) : INFINITY});
+}
+
 void measure_ceiling() {  // cuBLAS bf16 GEMM 8192^3, f32 accumulation, random inputs (as gpu_check_mla)
   g_gemm_tflops = measure_cublas_bf16_gemm_ceiling(
       [](uint16_t* p, size_t n, uint32_t seed) { fill_random(p, n, seed, 1.0f); }, 3, 20);
@@ -217,7 +377,7 @@ void bench_case(const char* name, int H, int batch, int len, int reps) {
   p.scale = scale;
   p.cu_seqlens = d_cu.ptr;
   p.q = q.ptr;
-  p.k = kk.ptr;
+  p.k_nope = kk.ptr;
   p.v = v.ptr;
   p.out = out.ptr;
   const Stats st = stats_of(time_events([&](int) { CUDA_TRY(k::run_mla_prefill(p)); }, 1, reps));
@@ -254,6 +414,50 @@ void bench_case(const char* name, int H, int batch, int len, int reps) {
               ok ? "true" : "false");
   std::fflush(stdout);
   g_summary.push_back({name, st.median_us, tflops, pct, worst});
+}
+
+// Times the fast kernel over a cached prefix: one sequence, `rows` new rows at the end of a `context`-key context,
+// keys in the backend's layout (kv_b output [context, H * 256], latent rows [context, 576]), all keys in one launch.
+// FLOPs: 2 * H * (192 + 128) per visible (row, key) pair.
+void bench_context_case(const char* name, int H, int rows, int context, int reps) {
+  DeviceBuffer<uint16_t> q(size_t{1} * rows * H * kQK), kvb(size_t{1} * context * H * 256),
+      lat(size_t{1} * context * 576), out(size_t{1} * rows * H * kV);
+  DeviceBuffer<int32_t> d_cu_q(2), d_cu_k(2), d_qpos(1);
+  d_cu_q.upload({0, rows});
+  d_cu_k.upload({0, context});
+  d_qpos.upload({context - rows});
+  fill_random(q.ptr, q.count, 11, 1.0f);
+  fill_random(kvb.ptr, kvb.count, 12, 1.0f);
+  fill_random(lat.ptr, lat.count, 13, 1.0f);
+  k::MlaPrefillParams p;
+  p.num_seqs = 1;
+  p.num_heads = H;
+  p.max_seqlen = rows;
+  p.scale = 0.3f;
+  p.cu_seqlens = d_cu_q.ptr;
+  p.cu_seqlens_k = d_cu_k.ptr;
+  p.q_positions = d_qpos.ptr;
+  p.q = q.ptr;
+  p.k_nope = kvb.ptr;
+  p.k_token_stride = static_cast<int64_t>(H) * 256;
+  p.k_head_stride = 256;
+  p.v = kvb.ptr + 128;
+  p.v_token_stride = static_cast<int64_t>(H) * 256;
+  p.v_head_stride = 256;
+  p.k_rope = lat.ptr + 512;
+  p.k_rope_token_stride = 576;
+  p.k_rope_head_stride = 0;
+  p.out = out.ptr;
+  const Stats st = stats_of(time_events([&](int) { CUDA_TRY(k::run_mla_prefill(p)); }, 1, reps));
+  const double pairs = static_cast<double>(rows) * context - static_cast<double>(rows) * (rows - 1) / 2.0;
+  const double flops = pairs * H * 2.0 * (kQK + kV);
+  const double tflops = flops / (st.median_us * 1e-6) / 1e12;
+  const double pct = g_gemm_tflops > 0 ? 100.0 * tflops / g_gemm_tflops : 0.0;
+  std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"heads\":%d,\"rows\":%d,\"context\":%d,\"flops\":%.4e,"
+              "\"reps\":%d,\"median_us\":%.1f,\"min_us\":%.1f,\"tflops\":%.1f,\"pct_gemm\":%.1f}\n",
+              name, H, rows, context, flops, reps, st.median_us, st.min_us, tflops, pct);
+  std::fflush(stdout);
+  g_summary.push_back({name, st.median_us, tflops, pct, 0.0});
 }
 
 void print_summary() {
@@ -294,6 +498,28 @@ int main(int argc, char** argv) {
       {"h16_v3scale", 16, {1000, 0, 127, 129, 1, 2}, v3_scale},
       {"h128_sharp", 128, {300, 129}, 1.0f},
   };
+  struct ContextCase {
+    const char* name;
+    int heads;
+    std::vector<std::pair<int, int>> groups;  // (new rows, context)
+    int chunk;
+  };
+  const std::vector<ContextCase> context_checks = {
+      // a 512-row chunk after 3,584 cached (bench_model's case, shortened), decode rows, a row at position 0
+      {"ctx_h16_chunk", 16, {{200, 1000}, {1, 300}, {1, 1}, {65, 65}, {0, 10}, {7, 129}}, 1024},
+      {"ctx_h16_chunks64", 16, {{200, 1000}, {1, 300}, {1, 1}, {65, 65}, {0, 10}, {7, 129}}, 64},
+      {"ctx_h128_chunks320", 128, {{130, 700}, {3, 1200}, {64, 64}}, 320},
+      {"ctx_h16_from_zero", 16, {{300, 300}, {1, 1}}, 128},  // no cached prefix, chunked keys
+  };
+  for (const ContextCase& c : context_checks) {
+    try {
+      check_context_case(c.name, c.heads, c.groups, c.chunk, v3_scale, 4321u + static_cast<uint32_t>(c.chunk));
+    } catch (const std::exception& ex) {
+      std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", c.name, ex.what());
+      g_all_ok = false;
+      if (cudaDeviceSynchronize() != cudaSuccess) break;
+    }
+  }
   int ci = 0;
   for (const CheckCase& c : checks) {
     if (quick && ci++ >= 2) break;
@@ -317,6 +543,22 @@ int main(int argc, char** argv) {
     };
     const BenchCase benches[] = {
         {"h128 1x4096", 1, 4096, 20}, {"h128 1x32768", 1, 32768, 5}, {"h128 8x4096", 8, 4096, 10}};
+    struct ContextBench {
+      const char* name;
+      int heads, rows, context, reps;
+    };
+    const ContextBench context_benches[] = {{"ctx h16 512 after 3584", 16, 512, 4096, 20},
+                                            {"ctx h128 512 after 3584", 128, 512, 4096, 20},
+                                            {"ctx h128 3080 after 73920", 128, 3080, 77000, 3}};
+    for (const ContextBench& bc : context_benches) {
+      try {
+        bench_context_case(bc.name, bc.heads, bc.rows, bc.context, bc.reps);
+      } catch (const std::exception& ex) {
+        std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", bc.name, ex.what());
+        g_all_ok = false;
+        if (cudaDeviceSynchronize() != cudaSuccess) break;
+      }
+    }
     for (const BenchCase& bc : benches) {
       try {
         bench_case(bc.name, 128, bc.batch, bc.len, bc.reps);

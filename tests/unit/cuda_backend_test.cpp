@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -68,8 +69,15 @@ TEST(CudaBackendTest, RefusesAModelItsKernelsCannotRunWhenItLoads) {
   EXPECT_NE(model.status().message().find("512"), std::string::npos) << model.status().to_string();
 }
 
-TEST(CudaBackendTest, AgreesWithTheCpuBackendOnEveryAttentionPath) {
+// The CPU model (float32) against the CUDA model (FP8) step by step: prefill from 0, decode, prefill chunks over a
+// cached prefix beside decode rows. `form` and `chunk` set DEEPINFER_MLA_FORM / DEEPINFER_MLA_CONTEXT_CHUNK for the
+// CUDA backend (null: unset), so that each MLA path runs the same steps.
+void agree_on_every_attention_path(const char* form, const char* chunk) {
+  if (form != nullptr) setenv("DEEPINFER_MLA_FORM", form, 1);
+  if (chunk != nullptr) setenv("DEEPINFER_MLA_CONTEXT_CHUNK", chunk, 1);
   Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+  unsetenv("DEEPINFER_MLA_FORM");
+  unsetenv("DEEPINFER_MLA_CONTEXT_CHUNK");
   if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
   deepinfer::testing::TempDir dir("cuda-backend-test");
   ASSERT_TRUE(write_random_checkpoint(dir.path(), real_attention_config(), 7, 0.05f).ok());
@@ -149,7 +157,21 @@ TEST(CudaBackendTest, AgreesWithTheCpuBackendOnEveryAttentionPath) {
   step({1, 1, 0, 30}, "decode rows + a prefill chunk with a cached prefix");
   step({0, 1, 1, 20}, "decode rows + the last prefill chunk");
   for (int i = 0; i < 4; ++i) step({1, 1, 1, 1}, "decode of 4 sequences");
+  // A prefill chunk over a cached prefix alone (the expanded form's case: many rows, a long context).
+  for (int i = 0; i < 24; ++i) seqs[2].tokens.push_back(static_cast<int32_t>((i * 7919) % vocab));
+  step({0, 0, 24, 0}, "a prefill chunk after 142 cached tokens");
   EXPECT_GE(agree_total * 10, rows_total * 9) << agree_total << " of " << rows_total << " rows' argmax agree";
+}
+
+TEST(CudaBackendTest, AgreesWithTheCpuBackendOnEveryAttentionPath) { agree_on_every_attention_path(nullptr, nullptr); }
+
+// The same steps with MLA over a cached prefix forced to the expanded form (in 64-key context chunks merged by
+// log-sum-exp), and forced to the absorbed form.
+TEST(CudaBackendTest, AgreesWithTheCpuBackendWithTheExpandedFormOverTheCache) {
+  agree_on_every_attention_path("expanded", "64");
+}
+TEST(CudaBackendTest, AgreesWithTheCpuBackendWithTheAbsorbedFormOverTheCache) {
+  agree_on_every_attention_path("absorbed", nullptr);
 }
 
 // CUDA graphs (Backend::run_graph) must change nothing but the launch count: the same decode steps with graphs off

@@ -153,10 +153,12 @@ struct MlaAttention {
   float scale = 0.0f;  // softmax scale, mscale included
 };
 
-// The expanded form of MLA for a step whose rows all start at position 0 (StepLayout::rows_start_at_zero):
-// q [T, H*(nope+R)] (q_nope | roped q_rope per head), kv [T, C+R] (normalized latent | roped key), kv_b the
-// checkpoint's kv_b_proj [H*(nope+V), C]; out [T, H*V] = causal softmax(q·kᵀ·scale)·v per head with
-// k = [kv_b_k(latent) | rope key], v = kv_b_v(latent).
+// The expanded form of MLA: q [T, H*(nope+R)] (q_nope | roped q_rope per head), kv [T, C+R] (the step's rows'
+// normalized latent | roped key, already stored in the cache), kv_b the checkpoint's kv_b_proj [H*(nope+V), C];
+// out [T, H*V] = causal softmax(q·kᵀ·scale)·v per head with k = [kv_b_k(latent) | rope key], v = kv_b_v(latent),
+// over every position up to the row's. On a step whose rows all start at position 0 the keys are the step's own
+// rows (kv); on others (a chunk over a cached prefix) the backend up-projects the latents of the cache layer, in
+// chunks of key positions merged by log-sum-exp (vLLM's "MLA chunked context", FlashMLA's prefill).
 struct MlaExpanded {
   int64_t num_heads = 0, kv_lora_rank = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
   float scale = 0.0f;
@@ -264,7 +266,14 @@ class Backend {
   virtual void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) = 0;
   // Whether mla_expanded() may be called for steps with rows_start_at_zero (a faster prefill).
   virtual bool has_mla_expanded(const MlaExpanded& a) const = 0;
-  virtual void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, Tensor out) = 0;
+  // Whether mla_expanded() may be called on the current step (begin_step) although its rows do not all start at 0,
+  // and costs less than mla_attention() by the backend's cost model (FLOPs and bytes of each form at the device's
+  // measured rates: the expanded form up-projects every visible key once, the absorbed one pays (2C + R) / (nope +
+  // R + V) more per (row, key) pair). False on backends without has_mla_expanded() and on steps whose rows of a
+  // sequence are not consecutive positions.
+  virtual bool mla_expanded_pays(const MlaExpanded&) const { return false; }
+  virtual void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, const Buffer& cache_layer,
+                            Tensor out) = 0;
   // out += sum over the token's top-k experts of weight_e * down_e(silu(gate_e x) * up_e x).
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor out) = 0;
   // The step's head, in two halves so that the device half may run inside run_graph. compute_logits: rows

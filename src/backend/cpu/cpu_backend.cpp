@@ -344,7 +344,7 @@ class CpuBackend final : public Backend {
 
   // The CPU path stays in the absorbed form everywhere: one attention code path, exact against the reference.
   bool has_mla_expanded(const MlaExpanded&) const override { return false; }
-  void mla_expanded(const MlaExpanded&, const Tensor&, const Tensor&, Tensor) override {
+  void mla_expanded(const MlaExpanded&, const Tensor&, const Tensor&, const Buffer&, Tensor) override {
     std::fprintf(stderr, "cpu backend: mla_expanded called although has_mla_expanded() is false\n");
     std::abort();
   }

@@ -3,6 +3,8 @@
 // prefix, decode rows beside them) with one batch entry per query row — and the generic kernel (mla_generic.h,
 // CUDA cores) for other shapes. Expanded form:
 // the kv_b GEMM, the k/v layout kernel, then run_mla_prefill (qk 192 / v 128).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -106,53 +108,115 @@ void CudaBackend::mla_attention(const MlaAttention& a, const Tensor& q, const Bu
 }
 
 bool CudaBackend::has_mla_expanded(const MlaExpanded& a) const {
-  return a.nope_dim + a.rope_dim == kc::kMlaPrefillQkDim && a.v_dim == kc::kMlaPrefillVDim && a.num_heads >= 1 &&
-         a.num_heads <= 65535;
+  return a.nope_dim + a.rope_dim == kc::kMlaPrefillQkDim && a.rope_dim == kc::kMlaRopeDim &&
+         a.v_dim == kc::kMlaPrefillVDim && a.kv_lora_rank % 8 == 0 && a.num_heads >= 1 && a.num_heads <= 65535;
 }
 
-void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, Tensor out) {
+namespace {
+
+// The cost model of mla_expanded_pays, at rates measured on the H200 (bench/gpu/NOTES.md): the absorbed decode
+// kernel with one batch entry per query row reaches ~117 TFLOPS at 16 heads (bench_model's 512-token chunk) and
+// ~229 at 128 (V3's chunk); the expanded prefill kernel ~250 TFLOPS when its (64-row tile, head) CTAs fill two per
+// SM, proportionally less below; cuBLAS bf16 GEMMs of a few thousand rows ~600; device copies ~3.5 TB/s; a chunk
+// of context (gather, GEMM, attention) ~15 us of launches. Only the ratio of the two estimates matters.
+constexpr double kAbsorbedTflopsAt16 = 117.0, kAbsorbedTflopsAt128 = 229.0, kPrefillTflops = 250.0,
+                 kGemmTflops = 600.0, kCopyBytesPerUs = 3.5e6, kChunkOverheadUs = 15.0;
+// Device memory one context chunk may take (packed latents, kv_b output): bounds the keys per chunk.
+constexpr int64_t kChunkWorkspaceBytes = int64_t{512} << 20;
+
+int64_t chunk_keys(int64_t heads, int64_t latent_dim, int64_t kvb_dim, int64_t groups) {
+  const int64_t per_key = (latent_dim + heads * kvb_dim) * 2;
+  const int64_t keys = kChunkWorkspaceBytes / per_key / std::max<int64_t>(groups, 1);
+  return std::max<int64_t>(kBlockTokens, keys / kBlockTokens * kBlockTokens);
+}
+
+}  // namespace
+
+int64_t CudaBackend::context_chunk(const MlaExpanded& a) const {
+  if (mla_context_chunk_ > 0) return mla_context_chunk_;
+  return chunk_keys(a.num_heads, a.kv_lora_rank + a.rope_dim, a.nope_dim + a.v_dim, step_.num_groups);
+}
+
+bool CudaBackend::mla_expanded_pays(const MlaExpanded& a) const {
+  if (!has_mla_expanded(a) || !step_.grouped || step_.rows == 0) return false;
+  if (step_.rows_start_at_zero || mla_form_ == MlaForm::kExpanded) return true;
+  if (mla_form_ == MlaForm::kAbsorbed) return false;
+  const double H = static_cast<double>(a.num_heads), C = static_cast<double>(a.kv_lora_rank),
+               R = static_cast<double>(a.rope_dim), nope = static_cast<double>(a.nope_dim),
+               V = static_cast<double>(a.v_dim);
+  double pairs = 0.0, keys = 0.0, tiles = 0.0, context = 0.0;
+  for (size_t g = 0; g < step_.group_rows.size(); ++g) {
+    const double rows = step_.group_rows[g], ctx = step_.group_contexts[g];
+    pairs += rows * ctx - rows * (rows - 1.0) / 2.0;  // row i of the group sees ctx - rows + 1 + i keys
+    keys += ctx;
+    tiles += std::ceil(rows / 64.0);
+    context = std::max(context, ctx);
+  }
+  const double T = static_cast<double>(step_.rows);
+  const double at = std::clamp((H - 16.0) / 112.0, 0.0, 1.0);
+  const double absorbed_tflops = kAbsorbedTflopsAt16 + at * (kAbsorbedTflopsAt128 - kAbsorbedTflopsAt16);
+  // Absorbed: the pairs over 2C + R dims (scores) and C (values), and the per-head w_uk / w_uv GEMMs of the rows.
+  const double absorbed_us = pairs * H * 2.0 * (2.0 * C + R) / (absorbed_tflops * 1e6) +
+                             T * H * 4.0 * nope * C / (kGemmTflops * 1e6);
+  const double fill = std::min(1.0, tiles * H / (2.0 * std::max(num_sms_, 1)));
+  const double chunks =
+      std::ceil(context / static_cast<double>(context_chunk(a)));
+  // Expanded: every visible key up-projected once (and its latent gathered, kv_b's output written and read), the
+  // pairs over nope + R (scores) and V (values).
+  const double expanded_us = keys * H * 2.0 * C * (nope + V) / (kGemmTflops * 1e6) +
+                             keys * (2.0 * (C + R) * 2.0 + H * (nope + V) * 2.0 * 2.0) / kCopyBytesPerUs +
+                             pairs * H * 2.0 * (nope + R + V) / (kPrefillTflops * fill * 1e6) +
+                             chunks * kChunkOverheadUs;
+  return expanded_us < absorbed_us;
+}
+
+void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, const Buffer& cache_layer,
+                               Tensor out) {
   const int64_t H = a.num_heads, C = a.kv_lora_rank, R = a.rope_dim, nope = a.nope_dim, V = a.v_dim;
-  const int64_t T = step_.rows, qk = nope + R;
-  BACKEND_CHECK(has_mla_expanded(a), "mla_expanded: needs nope + rope == 192 and v == 128 (run_mla_prefill)");
-  BACKEND_CHECK(step_.rows_start_at_zero, "mla_expanded: the step's layout must set rows_start_at_zero");
+  const int64_t T = step_.rows, qk = nope + R, D = C + R, kvb_cols = H * (nope + V);
+  BACKEND_CHECK(has_mla_expanded(a), "mla_expanded: needs nope + rope == 192, rope 64 and v == 128 (run_mla_prefill)");
+  BACKEND_CHECK(step_.grouped, "mla_expanded: the step's rows of each sequence must be consecutive positions");
   BACKEND_CHECK(q.dtype == DType::kBF16 && kv.dtype == DType::kBF16 && out.dtype == DType::kBF16,
                 "mla_expanded: bf16 views only");
-  BACKEND_CHECK(
-      q.rows == T && kv.rows == T && out.rows == T && q.cols == H * qk && kv.cols == C + R && out.cols == H * V,
-      "mla_expanded: q " + dims(q) + ", kv " + dims(kv) + ", out " + dims(out) + " for " + std::to_string(T) +
-          " rows, " + std::to_string(H) + " heads");
-  BACKEND_CHECK(
-      a.kv_b != nullptr && a.kv_b->count == 1 && a.kv_b->rows == H * (nope + V) && a.kv_b->cols == C,
-      "mla_expanded: kv_b must be one [" + std::to_string(H * (nope + V)) + ", " + std::to_string(C) + "] matrix");
+  BACKEND_CHECK(q.rows == T && kv.rows == T && out.rows == T && q.cols == H * qk && kv.cols == D && out.cols == H * V,
+                "mla_expanded: q " + dims(q) + ", kv " + dims(kv) + ", out " + dims(out) + " for " +
+                    std::to_string(T) + " rows, " + std::to_string(H) + " heads");
+  BACKEND_CHECK(a.kv_b != nullptr && a.kv_b->count == 1 && a.kv_b->rows == kvb_cols && a.kv_b->cols == C,
+                "mla_expanded: kv_b must be one [" + std::to_string(kvb_cols) + ", " + std::to_string(C) + "] matrix");
+  BACKEND_CHECK(step_.rows_start_at_zero || cache_layer.bytes % static_cast<size_t>(kBlockTokens * D * 2) == 0,
+                "mla_expanded: the cache layer is not whole blocks of bf16 [64, " + std::to_string(D) + "]");
   if (failed() || T == 0) return;
-  // run_mla_prefill reads q, k, v and writes out as contiguous [T, H, dim] with 16-byte rows (cp.async).
+  // run_mla_prefill reads q and writes out as contiguous [T, H, dim] with 16-byte rows (cp.async); it reads the keys
+  // and values where kv_b's GEMM left them ([keys, H * (nope + V)]: k_nope | v per head) and the roped key from the
+  // latent rows (head stride 0).
   const bool direct_q = q.stride == H * qk && aligned16(q.data);
   const bool direct_out = out.stride == H * V && aligned16(out.data);
+  const bool direct_kv = kv.stride % 8 == 0 && aligned16(kv.data);
+  const int64_t chunk = step_.rows_start_at_zero ? 0 : context_chunk(a);
+  int64_t max_context = 0;
+  for (int32_t ctx : step_.group_contexts) max_context = std::max<int64_t>(max_context, ctx);
+  const int64_t num_chunks = step_.rows_start_at_zero ? 1 : (max_context + chunk - 1) / chunk;
+  // The keys of the largest chunk (host arithmetic over the groups' contexts).
+  auto keys_in_chunk = [&](int64_t c) {
+    if (step_.rows_start_at_zero) return T;
+    int64_t n = 0;
+    for (int32_t ctx : step_.group_contexts) n += std::clamp<int64_t>(ctx - c * chunk, 0, chunk);
+    return n;
+  };
+  int64_t max_keys = 0;
+  for (int64_t c = 0; c < num_chunks; ++c) max_keys = std::max(max_keys, keys_in_chunk(c));
   ScratchLayout l;
-  const size_t o_kvb = l.add(static_cast<size_t>(T * H * (nope + V)) * 2);
-  const size_t o_k = l.add(static_cast<size_t>(T * H * qk) * 2);
-  const size_t o_v = l.add(static_cast<size_t>(T * H * V) * 2);
+  const size_t o_kvb = l.add(static_cast<size_t>(max_keys * kvb_cols) * 2);
+  const size_t o_latent = step_.rows_start_at_zero && direct_kv ? 0 : l.add(static_cast<size_t>(max_keys * D) * 2);
   const size_t o_q = direct_q ? 0 : l.add(static_cast<size_t>(T * H * qk) * 2);
   const size_t o_out = direct_out ? 0 : l.add(static_cast<size_t>(T * H * V) * 2);
+  const size_t o_cu = num_chunks > 1 || !step_.rows_start_at_zero
+                          ? l.add(static_cast<size_t>(num_chunks * (step_.num_groups + 1)) * 4)
+                          : 0;
+  const size_t o_acc = num_chunks > 1 ? l.add(static_cast<size_t>(T * H * V) * 4) : 0;
+  const size_t o_lse = num_chunks > 1 ? l.add(static_cast<size_t>(T * H) * 4) : 0;
   char* base = reserve(attention_, l.bytes);
   if (base == nullptr) return;
-
-  const Tensor kvb{base + o_kvb, DType::kBF16, T, H * (nope + V), H * (nope + V)};
-  linear_matrix(kv.cols_slice(0, C), matrix_of(*a.kv_b, 0), kvb);
-  kc::MlaExpandKvParams e;
-  e.rows = T;
-  e.num_heads = H;
-  e.nope_dim = nope;
-  e.rope_dim = R;
-  e.v_dim = V;
-  e.kvb = static_cast<const uint16_t*>(kvb.data);
-  e.kvb_stride = kvb.stride;
-  e.k_rope = static_cast<const uint16_t*>(kv.cols_slice(C, R).data);
-  e.k_rope_stride = kv.stride;
-  e.k = reinterpret_cast<uint16_t*>(base + o_k);
-  e.v = reinterpret_cast<uint16_t*>(base + o_v);
-  e.stream = stream_;
-  check_cuda(kc::run_mla_expand_kv(e), "mla_expanded (k/v layout)");
 
   Tensor q_in = q, out_direct = out;
   if (!direct_q) {
@@ -167,12 +231,77 @@ void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tens
   p.scale = a.scale;
   p.cu_seqlens = step_.cu_seqlens_device;
   p.q = static_cast<const uint16_t*>(q_in.data);
-  p.k = e.k;
-  p.v = e.v;
+  p.k_token_stride = kvb_cols;
+  p.k_head_stride = nope + V;
+  p.v_token_stride = kvb_cols;
+  p.v_head_stride = nope + V;
   p.out = static_cast<uint16_t*>(out_direct.data);
   p.stream = stream_;
   BACKEND_CHECK(p.num_seqs <= 65535, "mla_expanded: " + std::to_string(p.num_seqs) + " sequences (at most 65535)");
-  check_cuda(kc::run_mla_prefill(p), "mla_expanded (run_mla_prefill)");
+  const auto* kvb_data = reinterpret_cast<const uint16_t*>(base + o_kvb);
+  p.k_nope = kvb_data;
+  p.v = kvb_data + nope;
+
+  if (step_.rows_start_at_zero) {  // the keys are the step's own rows
+    Tensor latent = kv;
+    if (!direct_kv) {
+      latent = Tensor{base + o_latent, DType::kBF16, T, D, D};
+      copy(kv, latent);
+    }
+    linear_matrix(latent.cols_slice(0, C), matrix_of(*a.kv_b, 0), Tensor{base + o_kvb, DType::kBF16, T, kvb_cols, kvb_cols});
+    p.k_rope = static_cast<const uint16_t*>(latent.cols_slice(C, R).data);
+    p.k_rope_token_stride = latent.stride;
+    p.k_rope_head_stride = 0;
+    check_cuda(kc::run_mla_prefill(p), "mla_expanded (run_mla_prefill)");
+    if (!direct_out) copy(out_direct, out);
+    return;
+  }
+
+  // Over the cache: per chunk of key positions, gather the groups' latents, up-project them, attend, merge.
+  auto* cu_keys = reinterpret_cast<int32_t*>(base + o_cu);
+  kc::ChunkKeyOffsetsParams ko;
+  ko.groups = step_.num_groups;
+  ko.chunks = num_chunks;
+  ko.chunk = chunk;
+  ko.contexts = step_.group_contexts_device;
+  ko.cu_keys = cu_keys;
+  ko.stream = stream_;
+  check_cuda(kc::run_chunk_key_offsets(ko), "mla_expanded (chunk key offsets)");
+  const Tensor latent{base + o_latent, DType::kBF16, max_keys, D, D};
+  p.q_positions = step_.q_positions_device;
+  p.k_rope = static_cast<const uint16_t*>(latent.data) + C;
+  p.k_rope_token_stride = D;
+  p.k_rope_head_stride = 0;
+  p.o_acc = num_chunks > 1 ? reinterpret_cast<float*>(base + o_acc) : nullptr;
+  p.lse_acc = num_chunks > 1 ? reinterpret_cast<float*>(base + o_lse) : nullptr;
+  for (int64_t c = 0; c < num_chunks && !failed(); ++c) {
+    const int64_t keys = keys_in_chunk(c);
+    kc::GatherCacheRowsParams gp;
+    gp.groups = step_.num_groups;
+    gp.rows = keys;
+    gp.dim = D;
+    gp.max_blocks = step_.max_blocks;
+    gp.num_slots = static_cast<int64_t>(cache_layer.bytes / static_cast<size_t>(D * 2));
+    gp.key_position = c * chunk;
+    gp.cu_keys = cu_keys + c * (step_.num_groups + 1);
+    gp.tables = step_.group_tables_device;
+    gp.block_table = step_.block_table_device;
+    gp.cache = static_cast<const uint16_t*>(cache_layer.data());
+    gp.out = static_cast<uint16_t*>(latent.data);
+    gp.stream = stream_;
+    check_cuda(kc::run_gather_cache_rows(gp), "mla_expanded (gather the context's latents)");
+    if (keys > 0)
+      linear_matrix(Tensor{latent.data, DType::kBF16, keys, C, D}, matrix_of(*a.kv_b, 0),
+                    Tensor{base + o_kvb, DType::kBF16, keys, kvb_cols, kvb_cols});
+    p.cu_seqlens_k = gp.cu_keys;
+    p.key_position = static_cast<int>(c * chunk);
+    p.max_seqlen_k = static_cast<int>(std::min<int64_t>(chunk, max_context));
+    p.merge = num_chunks == 1            ? kc::MlaPrefillMerge::kNone
+              : c == 0                   ? kc::MlaPrefillMerge::kFirst
+              : c + 1 == num_chunks      ? kc::MlaPrefillMerge::kLast
+                                         : kc::MlaPrefillMerge::kMiddle;
+    check_cuda(kc::run_mla_prefill(p), "mla_expanded (run_mla_prefill over the context)");
+  }
   if (!direct_out) copy(out_direct, out);
 }
 

@@ -78,6 +78,24 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
       return Status::invalid_argument("DEEPINFER_MOE_GEMM=" + v +
                                       ": expected auto, streaming, tiled or per-expert (the routed experts' GEMM path)");
   }
+  if (const char* form = std::getenv("DEEPINFER_MLA_FORM"); form != nullptr && *form != '\0') {
+    const std::string v = form;
+    if (v == "auto") backend->mla_form_ = MlaForm::kAuto;
+    else if (v == "absorbed") backend->mla_form_ = MlaForm::kAbsorbed;
+    else if (v == "expanded") backend->mla_form_ = MlaForm::kExpanded;
+    else
+      return Status::invalid_argument("DEEPINFER_MLA_FORM=" + v +
+                                      ": expected auto, absorbed or expanded (MLA over a cached prefix)");
+  }
+  if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
+    const std::string v = keys;
+    const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t n = digits ? std::stoll(v) : 0;
+    if (n <= 0 || n % 64 != 0)
+      return Status::invalid_argument("DEEPINFER_MLA_CONTEXT_CHUNK=" + v +
+                                      ": expected a positive multiple of 64 (keys per chunk of cached context)");
+    backend->mla_context_chunk_ = n;
+  }
   backend->device_ = device;
 
   backend->num_sms_ = prop.multiProcessorCount;

@@ -105,9 +105,13 @@ struct StepState {
   // parameters derive from it and never from the rows' contexts, so that a graph captured on one step of a
   // GraphKey is right for every other step of it.
   int64_t sequences = 0, table_rows = 0, max_blocks = 1;
-  // The expanded form: rows grouped by sequence, each group at positions 0, 1, ... (cu_seqlens over groups).
+  // The expanded form: rows grouped by sequence, each group (cu_seqlens over groups, in row order) at consecutive
+  // positions: 0, 1, ... when rows_start_at_zero, else from q_positions[g] (a chunk over a cached prefix, decode
+  // rows). `grouped` is false when some sequence's rows are not one run of consecutive positions (no expanded form).
   bool rows_start_at_zero = false;
+  bool grouped = false;
   int32_t num_groups = 0, max_group_rows = 0;
+  std::vector<int32_t> group_rows, group_contexts;  // host: rows and context (last position + 1) of each group
 
   const int32_t* token_ids_device = nullptr;    // [rows]
   const int32_t* positions_device = nullptr;    // [rows]
@@ -116,7 +120,10 @@ struct StepState {
   const int64_t* slots_device = nullptr;        // [rows]
   const int32_t* logits_rows_device = nullptr;  // [logits_rows.size()]
   const int32_t* block_table_device = nullptr;  // [table_rows, max_blocks], padded with 0
-  const int32_t* cu_seqlens_device = nullptr;   // [num_groups + 1] when rows_start_at_zero
+  const int32_t* cu_seqlens_device = nullptr;   // [num_groups + 1] when grouped
+  const int32_t* q_positions_device = nullptr;  // [num_groups] first row's position of each group
+  const int32_t* group_contexts_device = nullptr;  // [num_groups] context of each group (last position + 1)
+  const int32_t* group_tables_device = nullptr;    // [num_groups] block-table row of each group
 };
 
 // Where compute_logits left the step's head results (device memory in the logits_ scratch), for read_*.
@@ -183,7 +190,11 @@ class CudaBackend final : public Backend {
   void store_kv(const Tensor& kv, const Buffer& cache_layer) override;
   void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) override;
   bool has_mla_expanded(const MlaExpanded& a) const override;
-  void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, Tensor out) override;
+  bool mla_expanded_pays(const MlaExpanded& a) const override;
+  // Keys per chunk of cached context in mla_expanded (the workspace bound, or DEEPINFER_MLA_CONTEXT_CHUNK).
+  int64_t context_chunk(const MlaExpanded& a) const;
+  void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, const Buffer& cache_layer,
+                    Tensor out) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor out) override;
   void compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) override;
   Status read_logits(std::vector<float>& host_logits) override;
@@ -238,6 +249,12 @@ class CudaBackend final : public Backend {
   // DEEPINFER_MOE_GEMM environment variable (streaming, tiled, per-expert), for measurements and comparisons.
   enum class MoeGemmPath { kAuto, kStreaming, kTiled, kPerExpert };
   MoeGemmPath moe_gemm_path_ = MoeGemmPath::kAuto;
+  // MLA over a cached prefix (cuda_attention.cpp): kAuto by the cost model of mla_expanded_pays, or forced by
+  // DEEPINFER_MLA_FORM=absorbed|expanded; mla_context_chunk_ (DEEPINFER_MLA_CONTEXT_CHUNK, keys, a multiple of 64)
+  // replaces the workspace-derived keys per context chunk when > 0. Measurements and checks.
+  enum class MlaForm { kAuto, kAbsorbed, kExpanded };
+  MlaForm mla_form_ = MlaForm::kAuto;
+  int64_t mla_context_chunk_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;               // strided / batched / f32 GEMMs (leading dimensions)
   void* blas_workspace_ = nullptr;              // blas_'s fixed workspace: cuBLAS never allocates in a capture

@@ -82,34 +82,53 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
                                     " is below the longest block table (" + std::to_string(longest) + " blocks)");
   st.max_blocks = layout.block_table_stride != 0 ? layout.block_table_stride : longest;
 
-  // The expanded form: consecutive rows of one sequence form a group at positions 0, 1, ...; a sequence appears
-  // in one group only (cu_seqlens over the groups, in row order).
-  std::vector<int32_t> cu_seqlens;
+  // The expanded form: consecutive rows of one sequence form a group at consecutive positions (from 0 when
+  // rows_start_at_zero); a sequence appears in one group only (cu_seqlens over the groups, in row order).
+  std::vector<int32_t> cu_seqlens, q_positions, group_tables;
   st.rows_start_at_zero = layout.rows_start_at_zero;
+  st.grouped = T > 0;
   st.num_groups = 0;
   st.max_group_rows = 0;
-  if (layout.rows_start_at_zero) {
+  {
     std::vector<bool> seen(S, false);
     cu_seqlens.push_back(0);
-    for (size_t t = 0; t < T; ++t) {
+    for (size_t t = 0; t < T && st.grouped; ++t) {
       const int32_t seq = layout.row_sequence[t];
       const bool starts = t == 0 || layout.row_sequence[t - 1] != seq;
       if (starts) {
-        if (seen[static_cast<size_t>(seq)])
-          return Status::invalid_argument("begin_step: rows_start_at_zero but the rows of sequence " +
-                                          std::to_string(seq) + " are not consecutive");
+        if (seen[static_cast<size_t>(seq)]) {
+          if (layout.rows_start_at_zero)
+            return Status::invalid_argument("begin_step: rows_start_at_zero but the rows of sequence " +
+                                            std::to_string(seq) + " are not consecutive");
+          st.grouped = false;
+          break;
+        }
         seen[static_cast<size_t>(seq)] = true;
         if (t > 0) cu_seqlens.push_back(static_cast<int32_t>(t));
+        q_positions.push_back(layout.positions[t]);
+        // The group's block-table row: its sequence's, or this row's on a one-row-per-sequence step.
+        group_tables.push_back(st.one_row_per_sequence ? static_cast<int32_t>(t) : seq);
       }
       const int32_t local = static_cast<int32_t>(t) - cu_seqlens.back();  // back(): where this group starts
-      if (layout.positions[t] != local)
+      if (layout.rows_start_at_zero && layout.positions[t] != local)
         return Status::invalid_argument("begin_step: rows_start_at_zero but " + row_text(t) + " is at position " +
                                         std::to_string(layout.positions[t]) + ", not " + std::to_string(local));
+      if (layout.positions[t] != q_positions.back() + local) st.grouped = false;
     }
-    if (T > 0) cu_seqlens.push_back(static_cast<int32_t>(T));
-    st.num_groups = static_cast<int32_t>(cu_seqlens.size()) - 1;
-    for (int32_t g = 0; g < st.num_groups; ++g)
-      st.max_group_rows = std::max(st.max_group_rows, cu_seqlens[g + 1] - cu_seqlens[g]);
+    if (st.grouped) {
+      cu_seqlens.push_back(static_cast<int32_t>(T));
+      st.num_groups = static_cast<int32_t>(cu_seqlens.size()) - 1;
+      for (int32_t g = 0; g < st.num_groups; ++g) {
+        const int32_t rows = cu_seqlens[g + 1] - cu_seqlens[g];
+        st.max_group_rows = std::max(st.max_group_rows, rows);
+        st.group_rows.push_back(rows);
+        st.group_contexts.push_back(q_positions[static_cast<size_t>(g)] + rows);
+      }
+    } else {
+      cu_seqlens.clear();
+      q_positions.clear();
+      group_tables.clear();
+    }
   }
 
   // One staging layout, the same offsets in the pinned host buffer and in the device step buffer.
@@ -117,7 +136,8 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   const size_t o_tokens = l.add(T * 4), o_positions = l.add(T * 4), o_row_table = l.add(T * 4),
                o_context = l.add(T * 4), o_slots = l.add(T * 8), o_logits = l.add(st.logits_rows.size() * 4),
                o_table = l.add(static_cast<size_t>(st.table_rows * st.max_blocks) * 4),
-               o_cu = l.add(cu_seqlens.size() * 4);
+               o_cu = l.add(cu_seqlens.size() * 4), o_qpos = l.add(q_positions.size() * 4),
+               o_gctx = l.add(st.group_contexts.size() * 4), o_gtab = l.add(group_tables.size() * 4);
   const size_t bytes = std::max<size_t>(l.bytes, 256);  // never empty: an empty step still gets valid pointers
   // The previous step's copy may still be reading the staging buffer.
   if (cudaError_t err = cudaEventSynchronize(staging_copied_); err != cudaSuccess) {
@@ -149,6 +169,11 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   }
   if (!st.logits_rows.empty()) std::memcpy(host + o_logits, st.logits_rows.data(), st.logits_rows.size() * 4);
   if (!cu_seqlens.empty()) std::memcpy(host + o_cu, cu_seqlens.data(), cu_seqlens.size() * 4);
+  if (!q_positions.empty()) {
+    std::memcpy(host + o_qpos, q_positions.data(), q_positions.size() * 4);
+    std::memcpy(host + o_gctx, st.group_contexts.data(), st.group_contexts.size() * 4);
+    std::memcpy(host + o_gtab, group_tables.data(), group_tables.size() * 4);
+  }
   for (size_t t = 0; t < T; ++t) {
     row_table[t] = st.one_row_per_sequence ? static_cast<int32_t>(t) : layout.row_sequence[t];
     context[t] = layout.positions[t] + 1;
@@ -171,6 +196,9 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   st.logits_rows_device = reinterpret_cast<const int32_t*>(device + o_logits);
   st.block_table_device = reinterpret_cast<const int32_t*>(device + o_table);
   st.cu_seqlens_device = reinterpret_cast<const int32_t*>(device + o_cu);
+  st.q_positions_device = reinterpret_cast<const int32_t*>(device + o_qpos);
+  st.group_contexts_device = reinterpret_cast<const int32_t*>(device + o_gctx);
+  st.group_tables_device = reinterpret_cast<const int32_t*>(device + o_gtab);
   step_ = std::move(st);
   return Status();
 }

@@ -87,6 +87,32 @@ struct RowBlockTablesParams {
 };
 cudaError_t run_row_block_tables(const RowBlockTablesParams& params);
 
+// Key offsets of a step's context chunks (the expanded MLA form over a cached prefix): group g's keys in chunk c are
+// positions [c * chunk, min(contexts[g], (c + 1) * chunk)), packed in group order:
+//   cu_keys[c * (groups + 1) + g] = sum over g' < g of max(0, min(contexts[g'], (c + 1) * chunk) - c * chunk).
+struct ChunkKeyOffsetsParams {
+  int64_t groups = 0, chunks = 0, chunk = 0;
+  const int32_t* contexts = nullptr;  // [groups]
+  int32_t* cu_keys = nullptr;         // [chunks, groups + 1]
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_chunk_key_offsets(const ChunkKeyOffsetsParams& params);
+
+// The cache rows of one context chunk, packed: for packed row r of group g (cu_keys[g] <= r < cu_keys[g + 1]) at
+// position p = key_position + r - cu_keys[g], out[r, :dim] = cache[block_table[tables[g], p / 64] * 64 + p % 64, :dim]
+// (bf16; dim a multiple of 8: 16-byte copies). A block id outside [0, num_slots / 64) traps.
+struct GatherCacheRowsParams {
+  int64_t groups = 0, rows = 0, dim = 0, max_blocks = 0, num_slots = 0;
+  int64_t key_position = 0;
+  const int32_t* cu_keys = nullptr;      // [groups + 1], cu_keys[groups] == rows
+  const int32_t* tables = nullptr;       // [groups] block-table row of each group
+  const int32_t* block_table = nullptr;  // [*, max_blocks]
+  const uint16_t* cache = nullptr;       // bf16 [num_slots, dim]
+  uint16_t* out = nullptr;               // bf16 [rows, dim] contiguous, 16-byte aligned
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_gather_cache_rows(const GatherCacheRowsParams& params);
+
 // Random weights for benchmarks, a pure function of (seed, logical index i = (m * rows + r) * cols + c for
 // element (m, r, c) of `count` matrices [rows][cols]): u = (splitmix64(seed ^ splitmix64(i)) >> 40) * 2^-23 - 1,
 // uniform in [-1, 1) (the CPU backend's fill_random, bit for bit), then
