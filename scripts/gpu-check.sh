@@ -205,9 +205,9 @@ grep -h '"kind":"prefill".*"median_ms"' "$OUT/bench_model.out" 2>/dev/null | whi
     "$(jf tokens "$l")" "$(jf tokens_per_s "$l")" "$(jf median_ms "$l")" "$(jf tflops "$l")" "$(jf pct_peak "$l")"
 done
 grep -h '"kind":"chunk".*"median_ms"' "$OUT/bench_model.out" 2>/dev/null | while read -r l; do
-  printf "%-9s chunk   %s rows after %s  %10s tok/s  pass %9s ms  %8s TFLOPS  %5s%% of bf16 peak\n" "$(jf model "$l")" \
-    "$(jf tokens "$l")" "$(jf prefix "$l")" "$(jf tokens_per_s "$l")" "$(jf median_ms "$l")" "$(jf tflops "$l")" \
-    "$(jf pct_bf16_peak "$l")"
+  printf "%-9s chunk   %s rows after %s (%s)  %10s tok/s  pass %9s ms  %8s TFLOPS  %5s%% of peak\n" "$(jf model "$l")" \
+    "$(jf tokens "$l")" "$(jf prefix "$l")" "$(jf mla_form "$l")" "$(jf tokens_per_s "$l")" "$(jf median_ms "$l")" \
+    "$(jf tflops "$l")" "$(jf pct_peak "$l")"
 done
 if [ -f "$OUT/bench_moe_sweep.out" ]; then
   echo
