@@ -32,6 +32,8 @@ constexpr int kQTileBytes = kTileM * kQkChunks * 16;   // 24,576
 constexpr int kKTileBytes = kTileN * kQkChunks * 16;   // 24,576
 constexpr int kVTileBytes = kTileN * kVChunks * 16;    // 16,384
 constexpr int kSmemBytes = kQTileBytes + 2 * (kKTileBytes + kVTileBytes);  // 106,496
+// The load loops run a fixed number of rounds of kThreads 16-byte chunks (no remainder handling).
+static_assert(kTileM * kQkChunks % kThreads == 0 && kTileN * 16 % kThreads == 0 && kTileN * 8 % kThreads == 0);
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int kChunks>
@@ -68,7 +70,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const Mla
   constexpr int kNopeChunks = (kMlaPrefillQkDim - 64) * 2 / 16;  // 16 of the 24 chunks of a key row
 
   // Q tile (rows past the sequence zero-filled).
-  for (int c = tid; c < kTileM * kQkChunks; c += kThreads) {
+#pragma unroll
+  for (int i = 0; i < kTileM * kQkChunks / kThreads; ++i) {
+    const int c = tid + i * kThreads;
     const int row = c / kQkChunks;
     const int chunk = c - row * kQkChunks;
     const bool valid = q0 + row < len;
@@ -86,18 +90,29 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const Mla
     const int k0 = key_tile * kTileN;
     uint8_t* dk = s_k + buffer * kKTileBytes;
     uint8_t* dv = s_v + buffer * kVTileBytes;
-#pragma unroll 4
-    for (int c = tid; c < kTileN * kQkChunks; c += kThreads) {
-      const int row = c / kQkChunks;
-      const int chunk = c - row * kQkChunks;
+    // Each key row: 16 chunks of k_nope, then 8 of the roped key (separate loops: no divergent select).
+#pragma unroll
+    for (int i = 0; i < kTileN * kNopeChunks / kThreads; ++i) {
+      const int c = tid + i * kThreads;
+      const int row = c / kNopeChunks;
+      const int chunk = c % kNopeChunks;
       const bool valid = k0 + row < key_len;
       const int64_t token = static_cast<int64_t>(key_begin) + (valid ? k0 + row : 0);
-      const uint16_t* src = chunk < kNopeChunks ? k_nope + token * p.k_token_stride + chunk * 8
-                                                : k_rope + token * p.k_rope_token_stride + (chunk - kNopeChunks) * 8;
-      cp_async_16(dk + swz<kQkChunks>(row, chunk), src, valid);
+      cp_async_16(dk + swz<kQkChunks>(row, chunk), k_nope + token * p.k_token_stride + chunk * 8, valid);
     }
-#pragma unroll 4
-    for (int c = tid; c < kTileN * kVChunks; c += kThreads) {
+#pragma unroll
+    for (int i = 0; i < kTileN * (kQkChunks - kNopeChunks) / kThreads; ++i) {
+      const int c = tid + i * kThreads;
+      const int row = c / (kQkChunks - kNopeChunks);
+      const int chunk = c % (kQkChunks - kNopeChunks);
+      const bool valid = k0 + row < key_len;
+      const int64_t token = static_cast<int64_t>(key_begin) + (valid ? k0 + row : 0);
+      cp_async_16(dk + swz<kQkChunks>(row, kNopeChunks + chunk), k_rope + token * p.k_rope_token_stride + chunk * 8,
+                  valid);
+    }
+#pragma unroll
+    for (int i = 0; i < kTileN * kVChunks / kThreads; ++i) {
+      const int c = tid + i * kThreads;
       const int row = c / kVChunks;
       const int chunk = c - row * kVChunks;
       const bool valid = k0 + row < key_len;
