@@ -88,26 +88,6 @@ __global__ void __launch_bounds__(kThreads) mla_generic_kernel(MlaGenericParams 
   }
 }
 
-__global__ void mla_expand_kv_kernel(MlaExpandKvParams p) {
-  const int64_t nope = p.nope_dim, R = p.rope_dim, V = p.v_dim, H = p.num_heads;
-  const int64_t width = nope + R + V, total = p.rows * H * width;
-  const bf16* kvb = reinterpret_cast<const bf16*>(p.kvb);
-  const bf16* k_rope = reinterpret_cast<const bf16*>(p.k_rope);
-  bf16* k = reinterpret_cast<bf16*>(p.k);
-  bf16* v = reinterpret_cast<bf16*>(p.v);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = i % width, rh = i / width, h = rh % H, r = rh / H;
-    const bf16* head = kvb + r * p.kvb_stride + h * (nope + V);
-    if (c < nope)
-      k[rh * (nope + R) + c] = head[c];
-    else if (c < nope + R)
-      k[rh * (nope + R) + c] = k_rope[r * p.k_rope_stride + (c - nope)];
-    else
-      v[rh * V + (c - nope - R)] = head[nope + (c - nope - R)];
-  }
-}
-
 }  // namespace
 
 cudaError_t run_mla_generic(const MlaGenericParams& p) {
@@ -119,18 +99,6 @@ cudaError_t run_mla_generic(const MlaGenericParams& p) {
   if (p.rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.num_heads));
   mla_generic_kernel<<<grid, kThreads, 0, p.stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t run_mla_expand_kv(const MlaExpandKvParams& p) {
-  if (p.rows < 0 || p.num_heads <= 0 || p.nope_dim < 0 || p.rope_dim < 0 || p.v_dim < 0 ||
-      p.kvb_stride < p.num_heads * (p.nope_dim + p.v_dim) || p.k_rope_stride < p.rope_dim)
-    return cudaErrorInvalidValue;
-  const int64_t total = p.rows * p.num_heads * (p.nope_dim + p.rope_dim + p.v_dim);
-  if (total == 0) return cudaSuccess;
-  int64_t blocks = (total + kThreads - 1) / kThreads;
-  if (blocks > 132 * 32) blocks = 132 * 32;
-  mla_expand_kv_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,6 @@
 // MLA attention for the shapes and steps the fast kernels (mla_decode.h, mla_prefill.h) do not cover: any
-// kv_lora_rank C and rope dim R, any number of query rows per sequence (chunked prefill, tiny test models), and the
-// helper that lays out the expanded form's per-head keys and values for run_mla_prefill. Correctness first: f32
+// kv_lora_rank C and rope dim R, any number of query rows per sequence (chunked prefill, tiny test models).
+// Correctness first: f32
 // CUDA-core math. bf16 values travel as their bit patterns (uint16_t); pointers are device memory owned by the
 // caller; strides are in elements. Launchers are asynchronous on params.stream and return the launch error.
 #pragma once
@@ -36,21 +36,5 @@ struct MlaGenericParams {
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_mla_generic(const MlaGenericParams& params);
-
-// The expanded form's keys and values from the kv_b projection (DeepSeek-V3 inference/model.py, "naive" MLA):
-//   k[r, h, :nope]       = kvb[r, h*(nope+V) : h*(nope+V)+nope]
-//   k[r, h, nope:nope+R] = k_rope[r, :R]              (the one roped key, shared by every head)
-//   v[r, h, :V]          = kvb[r, h*(nope+V)+nope : (h+1)*(nope+V)]
-struct MlaExpandKvParams {
-  int64_t rows = 0, num_heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0;
-  const uint16_t* kvb = nullptr;  // bf16 [rows, kvb_stride], kvb_stride >= H*(nope+V)
-  int64_t kvb_stride = 0;
-  const uint16_t* k_rope = nullptr;  // bf16 [rows, k_rope_stride]
-  int64_t k_rope_stride = 0;
-  uint16_t* k = nullptr;  // bf16 [rows, H, nope+R] contiguous
-  uint16_t* v = nullptr;  // bf16 [rows, H, V] contiguous
-  cudaStream_t stream = nullptr;
-};
-cudaError_t run_mla_expand_kv(const MlaExpandKvParams& params);
 
 }  // namespace deepinfer::kernels::cuda
