@@ -1,4 +1,4 @@
-// Generic MLA attention (any C, R, any rows per sequence) and the expanded form's k/v layout kernel. Contracts in
+// Generic MLA attention (any C, R, any rows per sequence). Contracts in
 // include/deepinfer/kernels/cuda/mla_generic.h. The attention kernel is the online-softmax loop of
 // FlashAttention (Dao et al. 2022, Algorithm 1) on CUDA cores: one CTA per (row, head), 64-key tiles.
 #include <cuda_bf16.h>
