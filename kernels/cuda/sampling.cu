@@ -1,5 +1,8 @@
-// Greedy sampling on the GPU (contract in include/deepinfer/kernels/cuda/sampling.h): one CTA per row, each thread
+// Sampling on the GPU (contracts in include/deepinfer/kernels/cuda/sampling.h). Greedy: one CTA per row, each thread
 // scans a strided slice keeping (best value, lowest index), then a shared-memory tree reduction with the same rule.
+// Sampled: one CTA of 1024 threads per row; the passes over the row are coalesced (thread t reads t, t + 1024, ...)
+// except where id order matters (the tie cutoffs and the draw), where warp w owns a contiguous id range and walks it
+// 32 ids at a time.
 #include <cmath>
 
 #include "deepinfer/kernels/cuda/sampling.h"
@@ -68,6 +71,327 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restric
   if (threadIdx.x == 0) top_probability[blockIdx.x] = none || !(values[0] > 0.0f) ? 0.0f : 1.0f / values[0];
 }
 
+
+// ---- sampled rows -----------------------------------------------------------------------------------------------
+
+constexpr int kSampleThreads = 1024;
+constexpr int kSampleWarps = kSampleThreads / 32;
+constexpr int kBins = 256;
+constexpr float kGreedyBelow = 1e-5f;  // engine/sampling_params.h kGreedyTemperature
+
+struct SampleShared {
+  double hist[kSampleWarps][kBins];  // per-warp radix histograms (counts or masses)
+  double bins[kBins];
+  double warp_sum[kSampleWarps];
+  int warp_last[kSampleWarps];
+  float best_value[kSampleWarps];
+  int best_index[kSampleWarps];
+  double before;
+  uint32_t prefix;
+  int chosen;  // a bin, a warp or an id; -1: none
+  int last;
+};
+
+// An unsigned key in the order of the float values (-0 and +0 the same key, as they compare equal).
+__device__ __forceinline__ uint32_t ordered_key(float v) {
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+
+// engine/sampler.cpp's philox4x32_10 and philox_uniform, bit for bit.
+__device__ double philox_uniform(uint64_t seed, uint64_t counter) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0, n1 = static_cast<uint32_t>(p1);
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1, n3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+  }
+  const uint64_t bits = (static_cast<uint64_t>(c1) << 32) | c0;
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+__device__ __forceinline__ double warp_sum(double x) {
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ int warp_max(int x) {
+  for (int o = 16; o > 0; o /= 2) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// Sum of value(i, v) over the row; every thread gets it.
+template <class Value>
+__device__ double block_sum(const float* row, int cols, Value value, SampleShared& sh) {
+  double s = 0.0;
+  for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) s += value(i, row[i]);
+  s = warp_sum(s);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane == 0) sh.warp_sum[warp] = s;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kSampleWarps; ++w) total += sh.warp_sum[w];
+  __syncthreads();
+  return total;
+}
+
+// Radix selection: over the ids with weight(i, v) > 0, ordered by value from the largest, the value at which the
+// cumulative weight first reaches `target` (the bin walk: before + bin >= target). Returns false when it never does
+// (target above the total); else the value's key and `before`, the weight of the larger values.
+template <class Weight>
+__device__ bool radix_select(const float* row, int cols, Weight weight, double target, SampleShared& sh,
+                             uint32_t& key, double& before) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  uint32_t prefix = 0, mask = 0;
+  before = 0.0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int j = static_cast<int>(threadIdx.x); j < kSampleWarps * kBins; j += kSampleThreads)
+      (&sh.hist[0][0])[j] = 0.0;
+    __syncthreads();
+    for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) {
+      const float v = row[i];
+      const double w = weight(i, v);
+      if (!(w > 0.0)) continue;
+      const uint32_t k = ordered_key(v);
+      if ((k & mask) != prefix) continue;
+      atomicAdd(&sh.hist[warp][(k >> shift) & 0xffu], w);
+    }
+    __syncthreads();
+    if (threadIdx.x < kBins) {
+      double b = 0.0;
+      for (int w = 0; w < kSampleWarps; ++w) b += sh.hist[w][threadIdx.x];
+      sh.bins[threadIdx.x] = b;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = -1;
+      double acc = before;
+      for (int b = kBins - 1; b >= 0; --b) {
+        if (sh.bins[b] > 0.0 && acc + sh.bins[b] >= target) {
+          chosen = b;
+          break;
+        }
+        acc += sh.bins[b];
+      }
+      sh.chosen = chosen;
+      sh.before = acc;
+      sh.prefix = chosen < 0 ? 0u : prefix | (static_cast<uint32_t>(chosen) << shift);
+    }
+    __syncthreads();
+    const bool found = sh.chosen >= 0;
+    prefix = sh.prefix;
+    before = sh.before;
+    mask |= 0xffu << shift;
+    __syncthreads();  // sh.chosen / prefix / before read by all before the next pass's thread 0 writes them
+    if (!found) return false;
+  }
+  key = prefix;
+  return true;
+}
+
+// In ascending id order, the first id with value(i, v) > 0 whose cumulative value (inclusive) reaches `threshold`
+// (>= ; > when `strict`). Warp w walks ids [w * per, (w + 1) * per). -1 when none does; `last` gets the largest id
+// with a positive value (-1: none).
+template <class Value>
+__device__ int first_reaching(const float* row, int cols, Value value, double threshold, bool strict, SampleShared& sh,
+                             int& last) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int per = (cols + kSampleThreads - 1) / kSampleThreads * 32;
+  const int begin = warp * per, end = min(cols, begin + per);
+  double s = 0.0;
+  int my_last = -1;
+  for (int i = begin + lane; i < end; i += 32) {
+    const double x = value(i, row[i]);
+    s += x;
+    if (x > 0.0) my_last = i;
+  }
+  s = warp_sum(s);
+  my_last = warp_max(my_last);
+  if (lane == 0) {
+    sh.warp_sum[warp] = s;
+    sh.warp_last[warp] = my_last;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double acc = 0.0;
+    int chosen = -1, all_last = -1;
+    for (int w = 0; w < kSampleWarps; ++w) {
+      all_last = max(all_last, sh.warp_last[w]);
+      if (chosen < 0) {
+        const double next = acc + sh.warp_sum[w];
+        if (sh.warp_sum[w] > 0.0 && (strict ? next > threshold : next >= threshold)) {
+          chosen = w;
+        } else {
+          acc = next;
+        }
+      }
+    }
+    sh.chosen = chosen;
+    sh.before = acc;
+    sh.last = all_last;
+  }
+  __syncthreads();
+  const int chosen_warp = sh.chosen;
+  last = sh.last;
+  int result = -1;
+  if (warp == chosen_warp) {
+    double base = sh.before;
+    for (int chunk = begin; chunk < end; chunk += 32) {
+      const int i = chunk + lane;
+      const double x = i < end ? value(i, row[i]) : 0.0;
+      double c = x;  // inclusive scan over the lanes
+      for (int o = 1; o < 32; o *= 2) {
+        const double y = __shfl_up_sync(0xffffffffu, c, o);
+        if (lane >= o) c += y;
+      }
+      const bool hit = x > 0.0 && (strict ? base + c > threshold : base + c >= threshold);
+      const unsigned hits = __ballot_sync(0xffffffffu, hit);
+      if (hits != 0u) {
+        result = chunk + __ffs(static_cast<int>(hits)) - 1;
+        break;
+      }
+      base += __shfl_sync(0xffffffffu, c, 31);
+    }
+    // Summed in another order, the warp's own walk may fall just short: its last positive id then.
+    if (result < 0) result = sh.warp_last[chosen_warp];
+  }
+  __syncthreads();  // sh.before / sh.last read by all before anyone reuses them
+  if (warp == chosen_warp && lane == 0) sh.chosen = result;
+  __syncthreads();
+  result = chosen_warp < 0 ? -1 : sh.chosen;
+  __syncthreads();
+  return result;
+}
+
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleParams p) {
+  extern __shared__ __align__(16) uint8_t sample_smem[];
+  SampleShared& sh = *reinterpret_cast<SampleShared*>(sample_smem);
+  const int cols = static_cast<int>(p.cols);
+  const float* row = p.logits + static_cast<int64_t>(blockIdx.x) * p.cols;
+  const SampleRowParams rp = p.row_params[blockIdx.x];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+
+  // The maximum and its lowest id; a NaN or +inf anywhere, or no finite value, makes the row -1.
+  float best = -INFINITY;
+  int best_i = -1;
+  bool bad = false;
+  for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) {
+    const float v = row[i];
+    bad = bad || isnan(v) || v == INFINITY;
+    if (v > best) {
+      best = v;
+      best_i = i;
+    }
+  }
+  if (__syncthreads_or(bad)) {
+    if (threadIdx.x == 0) p.ids[blockIdx.x] = -1;
+    return;
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (i >= 0 && (v > best || (v == best && (best_i < 0 || i < best_i)))) {
+      best = v;
+      best_i = i;
+    }
+  }
+  if (lane == 0) {
+    sh.best_value[warp] = best;
+    sh.best_index[warp] = best_i;
+  }
+  __syncthreads();
+  best = -INFINITY;
+  best_i = -1;
+  for (int w = 0; w < kSampleWarps; ++w) {
+    const float v = sh.best_value[w];
+    const int i = sh.best_index[w];
+    if (i >= 0 && (v > best || (v == best && (best_i < 0 || i < best_i)))) {
+      best = v;
+      best_i = i;
+    }
+  }
+  __syncthreads();
+  if (best_i < 0 || rp.temperature < kGreedyBelow) {
+    if (threadIdx.x == 0) p.ids[blockIdx.x] = best_i;
+    return;
+  }
+  const float max_logit = best;
+  const float inverse_temperature = 1.0f / rp.temperature;
+  auto weight_of = [&](float v) -> double {
+    return v == -INFINITY ? 0.0 : static_cast<double>(expf((v - max_logit) * inverse_temperature));
+  };
+
+  // Top-k: the k-th largest value (by count) and, among the tokens equal to it, the lowest ids that fill k.
+  const bool top_k = rp.top_k >= 1 && rp.top_k < cols;
+  uint32_t key_k = 0;
+  int cut_k = cols;
+  if (top_k) {
+    double larger = 0.0;
+    radix_select(
+        row, cols, [](int, float v) { return v == -INFINITY ? 0.0 : 1.0; }, static_cast<double>(rp.top_k), sh,
+        key_k, larger);  // fewer than k finite tokens: key_k stays 0, every finite token is kept
+    int ignored = 0;
+    const int found = first_reaching(
+        row, cols, [&](int, float v) { return v != -INFINITY && ordered_key(v) == key_k ? 1.0 : 0.0; },
+        static_cast<double>(rp.top_k) - larger, false, sh, ignored);
+    cut_k = found < 0 ? cols : found;
+  }
+  auto keep_k = [&](int i, float v) {
+    if (v == -INFINITY) return false;
+    if (!top_k) return true;
+    const uint32_t k = ordered_key(v);
+    return k > key_k || (k == key_k && i <= cut_k);
+  };
+
+  // Top-p over the top-k set: the value where the mass from the top reaches top_p * total, and its ties' id cut.
+  const bool top_p = rp.top_p < 1.0f;
+  bool p_all = true;
+  uint32_t key_p = 0;
+  int cut_p = cols;
+  if (top_p) {
+    const double total = block_sum(row, cols, [&](int i, float v) { return keep_k(i, v) ? weight_of(v) : 0.0; }, sh);
+    const double target = static_cast<double>(rp.top_p) * total;
+    double larger = 0.0;
+    p_all = !radix_select(
+        row, cols, [&](int i, float v) { return keep_k(i, v) ? weight_of(v) : 0.0; }, target, sh, key_p, larger);
+    if (!p_all) {
+      int ignored = 0;
+      const int found = first_reaching(
+          row, cols, [&](int i, float v) { return keep_k(i, v) && ordered_key(v) == key_p ? weight_of(v) : 0.0; },
+          target - larger, false, sh, ignored);
+      cut_p = found < 0 ? cols : found;
+    }
+  }
+  const double min_p = rp.min_p;
+  auto kept_weight = [&](int i, float v) -> double {
+    if (!keep_k(i, v)) return 0.0;
+    if (!p_all) {
+      const uint32_t k = ordered_key(v);
+      if (k < key_p || (k == key_p && i > cut_p)) return 0.0;
+    }
+    const double w = weight_of(v);
+    return min_p > 0.0 && w < min_p ? 0.0 : w;
+  };
+
+  // The draw: u * total, the first kept id whose cumulative weight in id order exceeds it.
+  const double total = block_sum(row, cols, kept_weight, sh);
+  const double target = philox_uniform(rp.seed, rp.counter) * total;
+  int last = -1;
+  int token = first_reaching(row, cols, kept_weight, target, true, sh, last);
+  if (token < 0) token = last >= 0 ? last : best_i;  // u * total rounded up to total: the last positive weight
+  if (threadIdx.x == 0) p.ids[blockIdx.x] = token;
+}
+
 }  // namespace
 
 cudaError_t run_argmax(const ArgmaxParams& p) {
@@ -75,6 +399,17 @@ cudaError_t run_argmax(const ArgmaxParams& p) {
   if (p.cols <= 0 || p.cols > INT32_MAX || p.rows > INT32_MAX || !p.logits || !p.ids) return cudaErrorInvalidValue;
   argmax_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, p.stream>>>(p.logits, p.ids, p.top_probability,
                                                                          p.cols);
+  return cudaGetLastError();
+}
+
+cudaError_t run_sample(const SampleParams& p) {
+  if (p.rows <= 0) return cudaSuccess;
+  if (p.cols <= 0 || p.cols > INT32_MAX / 2 || p.rows > INT32_MAX || !p.logits || !p.row_params || !p.ids)
+    return cudaErrorInvalidValue;
+  const int smem = static_cast<int>(sizeof(SampleShared));
+  cudaError_t err = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  sample_kernel<<<static_cast<unsigned>(p.rows), kSampleThreads, smem, p.stream>>>(p);
   return cudaGetLastError();
 }
 

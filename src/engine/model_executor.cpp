@@ -22,6 +22,24 @@ Status RequestSampling::add_request(SequenceId id, std::span<const TokenId> prom
 
 void RequestSampling::remove_request(SequenceId id) { requests_.erase(id); }
 
+bool RequestSampling::samples_on_device(SequenceId id) const {
+  const SamplingParams& p = requests_.at(id).params;
+  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.logit_bias.empty() && !p.logprobs.has_value();
+}
+
+backend::Backend::DeviceSampling RequestSampling::device_row(SequenceId id) const {
+  const RequestState& r = requests_.at(id);
+  backend::Backend::DeviceSampling row;
+  row.temperature = r.params.temperature;
+  row.top_k = r.params.top_k;
+  row.top_p = r.params.top_p;
+  row.min_p = r.params.min_p;
+  row.seed = r.rng.seed;
+  row.counter = r.rng.counter;
+  return row;
+}
+
 Status RequestSampling::sample(const ScheduledBatch& batch, std::span<const float> logits, StepOutput& out) {
   const int64_t vocab = samplers_[0].vocab_size();
   std::vector<SamplerRow> rows;
@@ -84,8 +102,23 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
   for (const ScheduledEntry& entry : batch.entries) {
     if (entry.samples) plain_greedy = plain_greedy && sampling_.is_plain_greedy(entry.sequence_id);
   }
-  if (plain_greedy) {
-    if (Status s = model_.forward_greedy(forward, layer_caches_, greedy_ids_); !s.ok()) return s;
+  // Otherwise, when every sampled row needs only temperature / top-k / top-p / min-p and the backend samples where
+  // the logits are, the ids come back instead of the logits (the same semantics as the host Sampler).
+  bool device_sampled = !plain_greedy && model_.samples_on_device();
+  for (const ScheduledEntry& entry : batch.entries) {
+    if (entry.samples) device_sampled = device_sampled && sampling_.samples_on_device(entry.sequence_id);
+  }
+  if (plain_greedy || device_sampled) {
+    Status s;
+    if (plain_greedy) {
+      s = model_.forward_greedy(forward, layer_caches_, greedy_ids_);
+    } else {
+      device_rows_.clear();
+      for (const ScheduledEntry& entry : batch.entries)
+        if (entry.samples) device_rows_.push_back(sampling_.device_row(entry.sequence_id));
+      s = model_.forward_sampled(forward, layer_caches_, device_rows_, greedy_ids_);
+    }
+    if (!s.ok()) return s;
     size_t row = 0;
     for (size_t i = 0; i < batch.entries.size(); ++i) {
       const ScheduledEntry& entry = batch.entries[i];
@@ -103,9 +136,9 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
     if (Status s = model_.forward(forward, layer_caches_, logits_); !s.ok()) return s;
     if (Status s = sampling_.sample(batch, logits_, out); !s.ok()) return s;
   }
-  // Committed: the RNG streams advance (the greedy path too, as the sampler does for every row) and the
+  // Committed: the RNG streams advance (the device paths too, as the host sampler does for every row) and the
   // generated tokens join the penalty windows.
-  sampling_.commit(batch, out, plain_greedy);
+  sampling_.commit(batch, out, plain_greedy || device_sampled);
   return out;
 }
 

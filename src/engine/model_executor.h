@@ -28,6 +28,10 @@ class RequestSampling {
   void remove_request(SequenceId id);
   bool contains(SequenceId id) const { return requests_.contains(id); }
   bool is_plain_greedy(SequenceId id) const { return requests_.at(id).params.is_plain_greedy(); }
+  // Whether the request's rows can be sampled where the logits are (no logit_bias, penalties or logprobs: what
+  // Backend::read_sampled_tokens implements), and its row's parameters there (seed and the counter of its next token).
+  bool samples_on_device(SequenceId id) const;
+  backend::Backend::DeviceSampling device_row(SequenceId id) const;
   // Samples one token per sampling entry of `batch` from `logits` (float32 [sampling entries][vocab], in entry
   // order) into out.entries. All-or-nothing: a bad row (NaN, nothing finite) fails the call, nothing sampled.
   Status sample(const ScheduledBatch& batch, std::span<const float> logits, StepOutput& out);
@@ -67,7 +71,8 @@ class ModelExecutor final : public Executor {
   std::span<const backend::Buffer> layer_caches_;
   RequestSampling sampling_;
   std::vector<float> logits_;
-  std::vector<int32_t> greedy_ids_;
+  std::vector<int32_t> greedy_ids_;  // forward_greedy's or forward_sampled's ids
+  std::vector<backend::Backend::DeviceSampling> device_rows_;
 };
 
 }  // namespace deepinfer::engine

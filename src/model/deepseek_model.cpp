@@ -1364,6 +1364,20 @@ Status DeepSeekModel::forward_greedy(const ForwardBatch& batch, LayerCaches laye
   return run(batch, layer_caches, nullptr, &ids);
 }
 
+bool DeepSeekModel::samples_on_device() const { return tp_.size == 1 && backend_.has_device_sampling(); }
+
+Status DeepSeekModel::forward_sampled(const ForwardBatch& batch, LayerCaches layer_caches,
+                                      std::span<const backend::Backend::DeviceSampling> sampling,
+                                      std::vector<int32_t>& ids) {
+  if (!samples_on_device())
+    return Status::unsupported("forward_sampled: the " + std::string(backend_.name()) +
+                               " backend does not sample on the device" + (tp_.size > 1 ? " with tensor parallel" : ""));
+  if (sampling.size() != batch.logits_rows.size())
+    return Status::invalid_argument("forward_sampled: " + std::to_string(sampling.size()) + " rows' sampling for " +
+                                    std::to_string(batch.logits_rows.size()) + " logits rows");
+  return run(batch, layer_caches, nullptr, &ids, sampling);
+}
+
 namespace {
 
 // Each row's position, sequence and cache slot, from a step's chunks; validates ids, tables and logits rows.
@@ -1550,11 +1564,11 @@ void greedy_ids(const std::vector<float>& logits, int64_t vocab, std::vector<int
 }  // namespace
 
 Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
-                          std::vector<int32_t>* greedy) {
+                          std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling) {
   const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
   backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   // With tensor parallel the head's logits are gathered over the ranks before the argmax (on the host).
-  const bool device_greedy = greedy != nullptr && tp == nullptr;
+  const bool device_greedy = greedy != nullptr && tp == nullptr && sampling.empty();
   if (leading_ && dispatch_ && eplb_schedule_.interval_passes > 0 &&
       ++passes_since_rebalance_ >= eplb_schedule_.interval_passes) {
     passes_since_rebalance_ = 0;
@@ -1671,7 +1685,9 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     if (read.ok()) read = gather_vocab(gathered);
     if (read.ok() && greedy != nullptr) greedy_ids(gathered, c.vocab_size, *greedy);
   } else {
-    read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
+    read = !sampling.empty()   ? backend_.read_sampled_tokens(sampling, *greedy)
+           : greedy != nullptr ? backend_.read_greedy_tokens(*greedy)
+                               : backend_.read_logits(*logits);
   }
   if (read.ok() && dispatch_) read = dispatch_->status();
   if (read.ok() && dispatch_) read = ep_.comm->status();

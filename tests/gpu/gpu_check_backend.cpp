@@ -18,6 +18,8 @@
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/backend/communicator.h"
+#include "deepinfer/engine/sampler.h"
+#include "deepinfer/engine/sampling_params.h"
 
 namespace {
 
@@ -570,6 +572,184 @@ void check_logits(Pair& p) {
   expect_close("read_top_probabilities", top[1], top[0], 2e-2);
 }
 
+// Sampling on the device (Backend::read_sampled_tokens) against the engine's host Sampler on the same logits (the
+// GPU's own, read back): for each parameter set, `rows` rows (each its own seed) x `counters` draws; the tokens must
+// be the host's (a draw may differ only when u * total falls within rounding of a boundary: at most 0.1% allowed).
+// lm_head rows 0..9 are one vector (ten tied logits at the top of every row: top-k and top-p boundaries inside the
+// tie, broken by the lower id) and rows 10..19 another. Then one row drawn `kFrequencyDraws` times: the device's
+// token frequencies against the host sampler's final distribution (total variation distance), and a timing of 256
+// rows of DeepSeek-V3's 129,280-token vocabulary.
+void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
+  Backend& gpu = p.gpu;
+  if (!gpu.has_device_sampling()) {
+    expect("has_device_sampling", false);
+    return;
+  }
+  const int64_t hidden = 64, rows = timing ? 256 : 48;
+  std::vector<float> head(static_cast<size_t>(vocab * hidden));
+  {
+    const std::vector<float> random = p.rng.values(head.size(), 0.25f);
+    head = random;
+    const std::vector<float> top = p.rng.values(static_cast<size_t>(hidden), 0.6f);
+    const std::vector<float> second = p.rng.values(static_cast<size_t>(hidden), 0.5f);
+    for (int64_t r = 0; r < 20 && r < vocab; ++r)
+      for (int64_t c = 0; c < hidden; ++c) head[r * hidden + c] = r < 10 ? top[c] : second[c];
+  }
+  std::unique_ptr<be::Weight> lm_head = must(gpu.make_weight(1, vocab, hidden, Precision::kBF16), "make_weight");
+  expect_ok("set_matrix (lm_head)", gpu.set_matrix(*lm_head, 0, be::HostMatrix{vocab, hidden, head, {}, {}}));
+  StepData s = make_step(p.rng, {{0, static_cast<int32_t>(rows)}}, (rows + 63) / 64, 100);
+  s.logits_rows.clear();
+  for (int64_t r = 0; r < rows; ++r) s.logits_rows.push_back(static_cast<int32_t>(r));
+  // Rows aligned with the tied vectors (positive dot products with them) and random ones.
+  std::vector<float> x = p.rng.values(static_cast<size_t>(rows * hidden), 1.0f);
+  const std::vector<float> norm(static_cast<size_t>(hidden), 1.0f);
+  for (int64_t r = 0; r < rows; r += 2)
+    for (int64_t c = 0; c < hidden; ++c) x[r * hidden + c] = round_bf16(head[c] * 4.0f + 0.1f * x[r * hidden + c]);
+  expect_ok("begin_step (sampling)", gpu.begin_step(s.layout()));
+  Buffer nw = must(gpu.make_vector(norm), "make_vector");
+  Act xa = make_act(gpu, x, rows, hidden, hidden);
+  std::vector<float> logits;
+  expect_ok("logits (sampling)", gpu.logits(xa.view, nw, 1e-6f, *lm_head, logits));
+
+  struct Case {
+    const char* name;
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+  };
+  const Case cases[] = {
+      {"temperature 1", 1.0f, -1, 1.0f, 0.0f},
+      {"temperature 0.7, top_k 5 (inside the tie)", 0.7f, 5, 1.0f, 0.0f},
+      {"top_k 50", 1.0f, 50, 1.0f, 0.0f},
+      {"top_p 0.9", 0.8f, -1, 0.9f, 0.0f},
+      {"top_p 0.3 (inside the tie)", 1.0f, -1, 0.3f, 0.0f},
+      {"top_k 100 + top_p 0.5, temperature 1.3", 1.3f, 100, 0.5f, 0.0f},
+      {"min_p 0.1", 1.0f, -1, 1.0f, 0.1f},
+      {"top_k 40 + top_p 0.95 + min_p 0.02", 0.9f, 40, 0.95f, 0.02f},
+      {"greedy (temperature 0)", 0.0f, -1, 1.0f, 0.0f},
+      {"top_k 1", 1.0f, 1, 1.0f, 0.0f},
+  };
+  deepinfer::engine::Sampler sampler(vocab);
+  const int counters = timing ? 2 : 40;
+  for (const Case& c : cases) {
+    deepinfer::engine::SamplingParams params;
+    params.temperature = c.temperature;
+    params.top_k = c.top_k;
+    params.top_p = c.top_p;
+    params.min_p = c.min_p;
+    int64_t draws = 0, mismatches = 0;
+    for (int counter = 0; counter < counters; ++counter) {
+      std::vector<be::Backend::DeviceSampling> device(static_cast<size_t>(rows));
+      std::vector<deepinfer::engine::RequestRng> rngs(static_cast<size_t>(rows));
+      std::vector<deepinfer::engine::SamplerRow> host_rows(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint64_t seed = 1000 + static_cast<uint64_t>(r) * 7919;
+        device[r] = {c.temperature, c.top_k, c.top_p, c.min_p, seed, static_cast<uint64_t>(counter)};
+        rngs[r] = {seed, static_cast<uint64_t>(counter)};
+        host_rows[r].logits = std::span<const float>(logits).subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
+        host_rows[r].params = &params;
+        host_rows[r].rng = &rngs[r];
+      }
+      std::vector<deepinfer::engine::SampledToken> want(static_cast<size_t>(rows));
+      expect_ok("host sampler", sampler.sample(host_rows, want));
+      gpu.compute_logits(xa.view, nw, 1e-6f, *lm_head, false);
+      std::vector<int32_t> got;
+      deepinfer::Status st = gpu.read_sampled_tokens(device, got);
+      expect_ok(std::string("read_sampled_tokens (") + c.name + ")", st);
+      if (!st.ok() || got.size() != want.size()) {
+        mismatches += rows;
+        draws += rows;
+        continue;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        ++draws;
+        mismatches += got[r] == want[r].token_id ? 0 : 1;
+      }
+    }
+    std::printf("{\"check\":\"device sampling vs host sampler: %s\",\"vocab\":%lld,\"draws\":%lld,\"mismatches\":%lld,"
+                "\"ok\":%s}\n",
+                c.name, static_cast<long long>(vocab), static_cast<long long>(draws), static_cast<long long>(mismatches),
+                mismatches * 1000 <= draws ? "true" : "false");
+    if (mismatches * 1000 > draws) ++g_failures;
+  }
+  if (!timing) {
+    // One row's logits in every row of a step, drawn at counters 0, 1, ...: the device's token frequencies against
+    // the host sampler's final distribution (total variation distance, against 3x its expected sampling noise) and
+    // against the host sampler's own draws at the same counters.
+    constexpr int kFrequencySteps = 84;  // x 48 rows = 4,032 draws
+    deepinfer::engine::SamplingParams params;
+    params.temperature = 1.0f;
+    params.top_p = 0.95f;
+    std::vector<float> same(static_cast<size_t>(rows * hidden));
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(x.begin() + hidden, hidden, same.begin() + r * hidden);  // row 1
+    Act sa = make_act(gpu, same, rows, hidden, hidden);
+    std::vector<float> same_logits;
+    expect_ok("logits (one row repeated)", gpu.logits(sa.view, nw, 1e-6f, *lm_head, same_logits));
+    const std::span<const float> row_logits = std::span<const float>(same_logits).subspan(0, static_cast<size_t>(vocab));
+    deepinfer::engine::RequestRng rng{42, 0};
+    deepinfer::engine::SamplerRow row{row_logits, &params, {}, {}, &rng};
+    std::vector<deepinfer::engine::TokenProbability> distribution;
+    expect_ok("final_distribution", sampler.final_distribution(row, distribution));
+    std::vector<double> device_freq(static_cast<size_t>(vocab), 0.0), host_freq(static_cast<size_t>(vocab), 0.0);
+    int64_t n = 0;
+    for (int step = 0; step < kFrequencySteps; ++step) {
+      std::vector<be::Backend::DeviceSampling> device(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) device[r] = {1.0f, -1, 0.95f, 0.0f, 42, static_cast<uint64_t>(step * rows + r)};
+      gpu.compute_logits(sa.view, nw, 1e-6f, *lm_head, false);
+      std::vector<int32_t> got;
+      expect_ok("read_sampled_tokens (frequencies)", gpu.read_sampled_tokens(device, got));
+      for (int64_t r = 0; r < rows && r < static_cast<int64_t>(got.size()); ++r) {
+        if (got[r] >= 0) device_freq[static_cast<size_t>(got[r])] += 1.0;
+        rng = {42, static_cast<uint64_t>(step * rows + r)};
+        deepinfer::engine::SampledToken want;
+        expect_ok("host sampler (frequencies)", sampler.sample({&row, 1}, {&want, 1}));
+        host_freq[static_cast<size_t>(want.token_id)] += 1.0;
+        ++n;
+      }
+    }
+    double tv = 0.0, tv_host = 0.0, noise = 0.0;
+    std::vector<double> prob(static_cast<size_t>(vocab), 0.0);
+    for (const auto& e : distribution) prob[static_cast<size_t>(e.token_id)] = e.probability;
+    for (int64_t t = 0; t < vocab; ++t) {
+      tv += 0.5 * std::abs(device_freq[t] / static_cast<double>(n) - prob[t]);
+      tv_host += 0.5 * std::abs(device_freq[t] - host_freq[t]) / static_cast<double>(n);
+      noise += 0.5 * std::sqrt(prob[t] * (1.0 - prob[t]) / static_cast<double>(n));
+    }
+    const bool ok = tv <= 3.0 * noise && tv_host <= 1e-3;
+    std::printf("{\"check\":\"device sampling frequencies (top_p 0.95, one row x %lld draws)\",\"kept_tokens\":%zu,"
+                "\"tv_vs_distribution\":%.4f,\"expected_noise\":%.4f,\"tv_vs_host_draws\":%.5f,\"ok\":%s}\n",
+                static_cast<long long>(n), distribution.size(), tv, noise, tv_host, ok ? "true" : "false");
+    if (!ok) ++g_failures;
+  }
+  if (timing) {
+    const auto start = std::chrono::steady_clock::now();
+    constexpr int kReps = 20;
+    std::vector<be::Backend::DeviceSampling> device(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) device[r] = {0.8f, -1, 0.9f, 0.0f, 7, static_cast<uint64_t>(r)};
+    double sampled_ms = 0.0, logits_ms = 0.0;
+    for (int i = 0; i < kReps; ++i) {
+      gpu.compute_logits(xa.view, nw, 1e-6f, *lm_head, false);
+      expect_ok("synchronize", gpu.synchronize());
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<int32_t> got;
+      expect_ok("read_sampled_tokens (timing)", gpu.read_sampled_tokens(device, got));
+      const auto t1 = std::chrono::steady_clock::now();
+      gpu.compute_logits(xa.view, nw, 1e-6f, *lm_head, false);
+      expect_ok("synchronize", gpu.synchronize());
+      const auto t2 = std::chrono::steady_clock::now();
+      std::vector<float> host;
+      expect_ok("read_logits (timing)", gpu.read_logits(host));
+      const auto t3 = std::chrono::steady_clock::now();
+      sampled_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+      logits_ms += std::chrono::duration<double, std::milli>(t3 - t2).count();
+    }
+    (void)start;
+    std::printf("{\"measure\":\"device sampling, top_p 0.9\",\"rows\":%lld,\"vocab\":%lld,\"sample_and_ids_to_host_ms\":%.3f,"
+                "\"logits_to_host_ms\":%.3f}\n",
+                static_cast<long long>(rows), static_cast<long long>(vocab), sampled_ms / kReps, logits_ms / kReps);
+  }
+}
+
 }  // namespace
 
 // The NCCL communicator with a group of one on this GPU (what one device can show; two ranks need two GPUs:
@@ -688,6 +868,8 @@ int main(int argc, char** argv) {
   unsetenv("DEEPINFER_MOE_GEMM");
   for (const MoeCase& c : moe_cases) check_moe(p, c, moe_backends);
   check_logits(p);
+  check_device_sampling(p, 3001, false);
+  check_device_sampling(p, 129280, true);
   if (nccl) check_nccl(p.gpu, p.rng);
   std::printf("{\"summary\":\"gpu_check_backend\",\"failures\":%d}\n", g_failures);
   return g_failures == 0 ? 0 : 1;

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/engine/sampler.h"
+#include "deepinfer/engine/sampling_params.h"
 #include "deepinfer/model/deepseek_model.h"
 #include "deepinfer/model/random_checkpoint.h"
 #include "logits_compare.h"
@@ -172,6 +174,74 @@ TEST(CudaBackendTest, AgreesWithTheCpuBackendWithTheExpandedFormOverTheCache) {
 }
 TEST(CudaBackendTest, AgreesWithTheCpuBackendWithTheAbsorbedFormOverTheCache) {
   agree_on_every_attention_path("absorbed", nullptr);
+}
+
+// DeepSeekModel::forward_sampled (sampling where the logits are) against forward() + the engine's host Sampler on
+// the same step: 6 sequences' last rows, seeded, 30 draws each under top-k / top-p / min-p; the tokens must be the
+// host's (a draw may differ only when u * total falls within rounding of a boundary: at most 1 in 100 allowed). The
+// model's logits are deterministic, so the two passes see the same values.
+TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
+  Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+  if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
+  deepinfer::testing::TempDir dir("cuda-sampling-test");
+  ASSERT_TRUE(write_random_checkpoint(dir.path(), real_attention_config(), 5, 0.05f).ok());
+  auto model = DeepSeekModel::load(dir.path(), **cuda, backend::Precision::kBF16);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ASSERT_TRUE((*model)->samples_on_device());
+  const int64_t vocab = (*model)->config().vocab_size;
+  auto caches = (*model)->make_layer_caches(12);
+  ASSERT_TRUE(caches.ok());
+  ForwardBatch batch;
+  uint32_t rng = 99;
+  for (int32_t s = 0; s < 6; ++s) {
+    for (int32_t i = 0; i < 40 + s; ++i) {
+      rng = rng * 1664525u + 1013904223u;
+      batch.token_ids.push_back(static_cast<int32_t>((rng >> 8) % vocab));
+    }
+    batch.sequences.push_back({40 + s, 0, {2 * s, 2 * s + 1}});
+    batch.logits_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
+  }
+  std::vector<float> logits;
+  ASSERT_TRUE((*model)->forward(batch, *caches, logits).ok());
+  engine::Sampler sampler(vocab);
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+  };
+  int draws = 0, mismatches = 0;
+  for (const Case& c : {Case{1.0f, -1, 1.0f, 0.0f}, Case{0.8f, 20, 1.0f, 0.0f}, Case{1.0f, -1, 0.9f, 0.0f},
+                        Case{1.2f, 50, 0.8f, 0.05f}, Case{0.0f, -1, 1.0f, 0.0f}}) {
+    engine::SamplingParams params;
+    params.temperature = c.temperature;
+    params.top_k = c.top_k;
+    params.top_p = c.top_p;
+    params.min_p = c.min_p;
+    for (uint64_t counter = 0; counter < 30; ++counter) {
+      std::vector<backend::Backend::DeviceSampling> device;
+      std::vector<engine::RequestRng> rngs(6);
+      std::vector<engine::SamplerRow> rows(6);
+      for (size_t r = 0; r < 6; ++r) {
+        device.push_back({c.temperature, c.top_k, c.top_p, c.min_p, 500 + r, counter});
+        rngs[r] = {500 + r, counter};
+        rows[r].logits = std::span<const float>(logits).subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+        rows[r].params = &params;
+        rows[r].rng = &rngs[r];
+      }
+      std::vector<engine::SampledToken> want(6);
+      ASSERT_TRUE(sampler.sample(rows, want).ok());
+      std::vector<int32_t> got;
+      Status st = (*model)->forward_sampled(batch, *caches, device, got);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_EQ(got.size(), 6u);
+      for (size_t r = 0; r < 6; ++r) {
+        ++draws;
+        mismatches += got[r] == want[r].token_id ? 0 : 1;
+      }
+    }
+  }
+  std::printf("[ device sampling vs host sampler ] %d of %d draws differ\n", mismatches, draws);
+  EXPECT_LE(mismatches * 100, draws);
 }
 
 // CUDA graphs (Backend::run_graph) must change nothing but the launch count: the same decode steps with graphs off

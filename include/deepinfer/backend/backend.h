@@ -291,6 +291,25 @@ class Backend {
   // the logits. REQUIRES: compute_logits(greedy) ran for this step.
   virtual Status read_top_probabilities(std::vector<float>& host_probabilities) = 0;
 
+  // Sampling where the logits are (after compute_logits without `greedy`, outside run_graph's ops): per logits row
+  // one token drawn with the engine sampler's semantics for rows without logit_bias, penalties or logprobs
+  // (engine/sampler.h steps 3-8: greedy below temperature 1e-5, top-k, top-p, min-p, the Philox draw at (seed,
+  // counter)); host ids [rows], -1 for a row holding a NaN or +inf or nothing above -inf. Waits for the step.
+  // has_device_sampling() says whether the backend has it (the CUDA backend, unless DEEPINFER_DEVICE_SAMPLING=0);
+  // others return Unsupported. REQUIRES: rows.size() == logits_rows.size() of the step.
+  struct DeviceSampling {
+    float temperature = 1.0f;
+    int32_t top_k = 0;  // <= 0: all
+    float top_p = 1.0f, min_p = 0.0f;
+    uint64_t seed = 0, counter = 0;
+  };
+  virtual bool has_device_sampling() const { return false; }
+  virtual Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::vector<int32_t>& host_ids) {
+    (void)rows;
+    (void)host_ids;
+    return Status::unsupported(std::string(name()) + " backend: no sampling on the device");
+  }
+
   // compute_logits then read_logits: host logits [logits_rows.size(), lm_head.rows]. Waits for the step.
   Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
                 std::vector<float>& host_logits) {

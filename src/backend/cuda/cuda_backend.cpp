@@ -87,6 +87,12 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
       return Status::invalid_argument("DEEPINFER_MLA_FORM=" + v +
                                       ": expected auto, absorbed or expanded (MLA over a cached prefix)");
   }
+  if (const char* sampling = std::getenv("DEEPINFER_DEVICE_SAMPLING"); sampling != nullptr && *sampling != '\0') {
+    const std::string v = sampling;
+    if (v != "0" && v != "1")
+      return Status::invalid_argument("DEEPINFER_DEVICE_SAMPLING=" + v + ": expected 1 (sample on the GPU) or 0 (on the host)");
+    backend->device_sampling_ = v == "1";
+  }
   if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
     const std::string v = keys;
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;

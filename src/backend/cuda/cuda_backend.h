@@ -200,6 +200,8 @@ class CudaBackend final : public Backend {
   Status read_logits(std::vector<float>& host_logits) override;
   Status read_greedy_tokens(std::vector<int32_t>& host_ids) override;
   Status read_top_probabilities(std::vector<float>& host_probabilities) override;
+  bool has_device_sampling() const override { return device_sampling_; }
+  Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::vector<int32_t>& host_ids) override;
 
  private:
   CudaBackend() = default;
@@ -287,6 +289,8 @@ class CudaBackend final : public Backend {
   Scratch attention_tables_;  // MLA decode kernel over a step with several rows per sequence: per-row block tables
   Scratch moe_;           // routing, permutation, permuted activations and expert outputs
   Scratch logits_;        // selected rows and their f32 logits
+  Scratch sampling_;      // read_sampled_tokens: the rows' parameters and the sampled ids
+  bool device_sampling_ = true;  // DEEPINFER_DEVICE_SAMPLING=0 turns it off (host sampling, for comparisons)
 };
 
 }  // namespace deepinfer::backend::cuda

@@ -327,4 +327,46 @@ Status CudaBackend::read_top_probabilities(std::vector<float>& host_probabilitie
                           "top probabilities (copy to host)");
 }
 
+Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, std::vector<int32_t>& host_ids) {
+  BACKEND_CHECK(!capturing_, "read_sampled_tokens inside run_graph's ops");
+  BACKEND_CHECK(head_.computed && !head_.greedy, "read_sampled_tokens without compute_logits (not greedy) for this step");
+  BACKEND_CHECK(static_cast<int64_t>(rows.size()) == head_.rows,
+                "read_sampled_tokens: " + std::to_string(rows.size()) + " rows' parameters for " +
+                    std::to_string(head_.rows) + " logits rows");
+  activate();
+  host_ids.assign(rows.size(), -1);
+  if (rows.empty() || head_.logits == nullptr || failed()) return synchronize();
+  const size_t n = rows.size();
+  ScratchLayout l;
+  const size_t o_params = l.add(n * sizeof(kc::SampleRowParams));
+  const size_t o_ids = l.add(n * 4);
+  char* base = reserve(sampling_, l.bytes);
+  if (base == nullptr) return synchronize();
+  // The parameters through the pinned buffer (no copy of it is in flight: every read_* waits for its copy).
+  auto* staging = static_cast<kc::SampleRowParams*>(pinned_host(std::max(n * sizeof(kc::SampleRowParams), n * 4)));
+  if (staging == nullptr) return synchronize();
+  for (size_t r = 0; r < n; ++r) {
+    kc::SampleRowParams& p = staging[r];
+    p = kc::SampleRowParams{};
+    p.temperature = rows[r].temperature;
+    p.top_k = rows[r].top_k;
+    p.top_p = rows[r].top_p;
+    p.min_p = rows[r].min_p;
+    p.seed = rows[r].seed;
+    p.counter = rows[r].counter;
+  }
+  check_cuda(cudaMemcpyAsync(base + o_params, staging, n * sizeof(kc::SampleRowParams), cudaMemcpyHostToDevice, stream_),
+             "sampling (parameters to the device)");
+  kc::SampleParams sp;
+  sp.rows = static_cast<int64_t>(n);
+  sp.cols = head_.vocab;
+  sp.logits = head_.logits;
+  sp.row_params = reinterpret_cast<const kc::SampleRowParams*>(base + o_params);
+  sp.ids = reinterpret_cast<int32_t*>(base + o_ids);
+  sp.stream = stream_;
+  if (!failed()) check_cuda(kc::run_sample(sp), "sampling (run_sample)");
+  // The staging buffer is read by the copy above before the ids are copied into it (one stream, in order).
+  return read_head_values(sp.ids, n, host_ids.data(), "sampled ids (copy to host)");
+}
+
 }  // namespace deepinfer::backend::cuda

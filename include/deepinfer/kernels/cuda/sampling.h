@@ -20,4 +20,30 @@ struct ArgmaxParams {
 };
 cudaError_t run_argmax(const ArgmaxParams& params);
 
+// Sampling on the GPU with the engine sampler's semantics (include/deepinfer/engine/sampler.h, steps 3-8), for rows
+// without logit_bias, penalties or logprobs: greedy below kGreedyTemperature (argmax, lowest id on ties); else
+// weights w = expf((l - max) * (1 / T)) (float, as the CPU's); top-k (ties at the boundary to the lower id), top-p over
+// the top-k set (walking from most likely, lower id first on ties, keep while the mass before a token < top_p * total),
+// min-p (w >= min_p); then one draw u = Philox4x32-10 (key seed, counter (counter, 0, stream 0)) as a double in
+// [0, 1), the first kept token with positive weight whose cumulative weight in ascending id order exceeds u * total.
+// Masses are summed in double (in an order other than the CPU's: a token can differ from the CPU's only when u * total
+// lies within rounding of a boundary). The k-th largest logit and the top-p boundary are found by radix selection on
+// the logits' bits (4 passes of 8 bits, counts or masses per bin); ties at either boundary by a scan in id order.
+// One CTA of 1024 threads per row.
+struct SampleRowParams {
+  float temperature = 1.0f;  // < 1e-5: greedy
+  int32_t top_k = 0;         // <= 0 or >= cols: all
+  float top_p = 1.0f;        // (0, 1]
+  float min_p = 0.0f;        // [0, 1]
+  uint64_t seed = 0, counter = 0;
+};
+struct SampleParams {
+  int64_t rows = 0, cols = 0;
+  const float* logits = nullptr;               // [rows, cols] contiguous, device
+  const SampleRowParams* row_params = nullptr;  // [rows] device
+  int32_t* ids = nullptr;  // [rows] device: the sampled id; -1 for a row holding a NaN or +inf, or nothing above -inf
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_sample(const SampleParams& params);
+
 }  // namespace deepinfer::kernels::cuda
