@@ -628,6 +628,9 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
       {"top_k 40 + top_p 0.95 + min_p 0.02", 0.9f, 40, 0.95f, 0.02f},
       {"greedy (temperature 0)", 0.0f, -1, 1.0f, 0.0f},
       {"top_k 1", 1.0f, 1, 1.0f, 0.0f},
+      {"top_p 1e-6 (the first of the tied maxima)", 1.0f, -1, 1e-6f, 0.0f},
+      {"min_p 1 (the tied maxima only)", 1.0f, -1, 1.0f, 1.0f},
+      {"top_k vocab - 1, temperature 20", 20.0f, static_cast<int32_t>(vocab - 1), 1.0f, 0.0f},
   };
   deepinfer::engine::Sampler sampler(vocab);
   const int counters = timing ? 2 : 40;
