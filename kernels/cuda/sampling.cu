@@ -3,6 +3,7 @@
 // Sampled: one CTA of 1024 threads per row; the passes over the row are coalesced (thread t reads t, t + 1024, ...)
 // except where id order matters (the tie cutoffs and the draw), where warp w owns a contiguous id range and walks it
 // 32 ids at a time.
+#include <algorithm>
 #include <cmath>
 
 #include "deepinfer/kernels/cuda/sampling.h"
@@ -392,6 +393,23 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleParams p) 
   if (threadIdx.x == 0) p.ids[blockIdx.x] = token;
 }
 
+__global__ void logit_adjustments_kernel(LogitAdjustmentParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const LogitAdjustment a = p.adjustments[i];
+    if (a.row < 0 || a.row >= p.rows || a.token < 0 || a.token >= p.cols) __trap();
+    float& slot = p.logits[static_cast<int64_t>(a.row) * p.cols + a.token];
+    float l = slot;
+    if (a.has_bias) l = __fadd_rn(l, a.bias);
+    if (a.repetition != 1.0f) l = l > 0.0f ? __fdiv_rn(l, a.repetition) : __fmul_rn(l, a.repetition);
+    if (a.in_output) {
+      l = __fsub_rn(l, a.frequency);
+      l = __fsub_rn(l, a.presence);
+    }
+    slot = l;
+  }
+}
+
 }  // namespace
 
 cudaError_t run_argmax(const ArgmaxParams& p) {
@@ -410,6 +428,14 @@ cudaError_t run_sample(const SampleParams& p) {
   cudaError_t err = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   sample_kernel<<<static_cast<unsigned>(p.rows), kSampleThreads, smem, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t run_logit_adjustments(const LogitAdjustmentParams& p) {
+  if (p.count <= 0) return cudaSuccess;
+  if (p.rows <= 0 || p.cols <= 0 || !p.logits || !p.adjustments) return cudaErrorInvalidValue;
+  const int64_t blocks = std::min<int64_t>((p.count + 255) / 256, 4096);
+  logit_adjustments_kernel<<<static_cast<unsigned>(blocks), 256, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

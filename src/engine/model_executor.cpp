@@ -22,10 +22,12 @@ Status RequestSampling::add_request(SequenceId id, std::span<const TokenId> prom
 
 void RequestSampling::remove_request(SequenceId id) { requests_.erase(id); }
 
-bool RequestSampling::samples_on_device(SequenceId id) const {
-  const SamplingParams& p = requests_.at(id).params;
-  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.logit_bias.empty() && !p.logprobs.has_value();
+bool RequestSampling::samples_on_device(SequenceId id) const { return !requests_.at(id).params.logprobs.has_value(); }
+
+void RequestSampling::device_adjustments(SequenceId id, int32_t row,
+                                         std::vector<backend::Backend::LogitAdjustment>& out) const {
+  const RequestState& r = requests_.at(id);
+  append_logit_adjustments(r.params, r.prompt, r.output, row, out);
 }
 
 backend::Backend::DeviceSampling RequestSampling::device_row(SequenceId id) const {
@@ -102,8 +104,8 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
   for (const ScheduledEntry& entry : batch.entries) {
     if (entry.samples) plain_greedy = plain_greedy && sampling_.is_plain_greedy(entry.sequence_id);
   }
-  // Otherwise, when every sampled row needs only temperature / top-k / top-p / min-p and the backend samples where
-  // the logits are, the ids come back instead of the logits (the same semantics as the host Sampler).
+  // Otherwise, when no sampled row asks for logprobs and the backend samples where the logits are, the ids come back
+  // instead of the logits (the same semantics as the host Sampler, logit_bias and penalties included).
   bool device_sampled = !plain_greedy && model_.samples_on_device();
   for (const ScheduledEntry& entry : batch.entries) {
     if (entry.samples) device_sampled = device_sampled && sampling_.samples_on_device(entry.sequence_id);
@@ -114,9 +116,13 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
       s = model_.forward_greedy(forward, layer_caches_, greedy_ids_);
     } else {
       device_rows_.clear();
-      for (const ScheduledEntry& entry : batch.entries)
-        if (entry.samples) device_rows_.push_back(sampling_.device_row(entry.sequence_id));
-      s = model_.forward_sampled(forward, layer_caches_, device_rows_, greedy_ids_);
+      device_adjustments_.clear();
+      for (const ScheduledEntry& entry : batch.entries) {
+        if (!entry.samples) continue;
+        sampling_.device_adjustments(entry.sequence_id, static_cast<int32_t>(device_rows_.size()), device_adjustments_);
+        device_rows_.push_back(sampling_.device_row(entry.sequence_id));
+      }
+      s = model_.forward_sampled(forward, layer_caches_, device_rows_, device_adjustments_, greedy_ids_);
     }
     if (!s.ok()) return s;
     size_t row = 0;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <string>
 
 namespace deepinfer::engine {
@@ -438,6 +439,44 @@ void Sampler::sample_checked(std::span<const SamplerRow> rows, std::span<Sampled
     outputs[i].token_id = token;
     fill_logprobs(row, outputs[i]);
   }
+}
+
+void append_logit_adjustments(const SamplingParams& p, std::span<const TokenId> prompt_token_ids,
+                              std::span<const TokenId> output_token_ids, int32_t row,
+                              std::vector<backend::Backend::LogitAdjustment>& out) {
+  const bool repetition = p.repetition_penalty != 1.0f;
+  const bool output_penalties = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+  if (p.logit_bias.empty() && !repetition && !output_penalties) return;
+  // Per distinct token, what process_logits does to it (ascending ids; one entry each).
+  std::map<TokenId, backend::Backend::LogitAdjustment> by_token;
+  auto entry = [&](TokenId token) -> backend::Backend::LogitAdjustment& {
+    auto [it, inserted] = by_token.try_emplace(token);
+    if (inserted) {
+      it->second.row = row;
+      it->second.token = token;
+    }
+    return it->second;
+  };
+  for (const auto& [token, bias] : p.logit_bias) {
+    auto& a = entry(token);
+    a.has_bias = true;
+    a.bias = std::clamp(bias, -kMaxLogitBias, kMaxLogitBias);
+  }
+  if (repetition) {
+    for (TokenId token : prompt_token_ids) entry(token).repetition = p.repetition_penalty;
+    for (TokenId token : output_token_ids) entry(token).repetition = p.repetition_penalty;
+  }
+  if (output_penalties) {
+    std::map<TokenId, int32_t> counts;
+    for (TokenId token : output_token_ids) ++counts[token];
+    for (const auto& [token, count] : counts) {
+      auto& a = entry(token);
+      a.in_output = true;
+      a.frequency = p.frequency_penalty * static_cast<float>(count);  // the host Sampler's float product
+      a.presence = p.presence_penalty;
+    }
+  }
+  for (const auto& [token, a] : by_token) out.push_back(a);
 }
 
 }  // namespace deepinfer::engine

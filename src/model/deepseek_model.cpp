@@ -1368,6 +1368,7 @@ bool DeepSeekModel::samples_on_device() const { return tp_.size == 1 && backend_
 
 Status DeepSeekModel::forward_sampled(const ForwardBatch& batch, LayerCaches layer_caches,
                                       std::span<const backend::Backend::DeviceSampling> sampling,
+                                      std::span<const backend::Backend::LogitAdjustment> adjustments,
                                       std::vector<int32_t>& ids) {
   if (!samples_on_device())
     return Status::unsupported("forward_sampled: the " + std::string(backend_.name()) +
@@ -1375,7 +1376,10 @@ Status DeepSeekModel::forward_sampled(const ForwardBatch& batch, LayerCaches lay
   if (sampling.size() != batch.logits_rows.size())
     return Status::invalid_argument("forward_sampled: " + std::to_string(sampling.size()) + " rows' sampling for " +
                                     std::to_string(batch.logits_rows.size()) + " logits rows");
-  return run(batch, layer_caches, nullptr, &ids, sampling);
+  sampling_adjustments_ = adjustments;
+  Status s = run(batch, layer_caches, nullptr, &ids, sampling);
+  sampling_adjustments_ = {};
+  return s;
 }
 
 namespace {
@@ -1685,7 +1689,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     if (read.ok()) read = gather_vocab(gathered);
     if (read.ok() && greedy != nullptr) greedy_ids(gathered, c.vocab_size, *greedy);
   } else {
-    read = !sampling.empty()   ? backend_.read_sampled_tokens(sampling, *greedy)
+    read = !sampling.empty()   ? backend_.read_sampled_tokens(sampling, sampling_adjustments_, *greedy)
            : greedy != nullptr ? backend_.read_greedy_tokens(*greedy)
                                : backend_.read_logits(*logits);
   }

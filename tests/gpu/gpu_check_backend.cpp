@@ -616,6 +616,7 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
     float temperature;
     int32_t top_k;
     float top_p, min_p;
+    bool penalties = false;  // logit_bias (one of the tied maxima banned, others raised), repetition, frequency, presence
   };
   const Case cases[] = {
       {"temperature 1", 1.0f, -1, 1.0f, 0.0f},
@@ -631,7 +632,17 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
       {"top_p 1e-6 (the first of the tied maxima)", 1.0f, -1, 1e-6f, 0.0f},
       {"min_p 1 (the tied maxima only)", 1.0f, -1, 1.0f, 1.0f},
       {"top_k vocab - 1, temperature 20", 20.0f, static_cast<int32_t>(vocab - 1), 1.0f, 0.0f},
+      {"logit_bias + repetition + frequency + presence, top_p 0.9", 1.0f, -1, 0.9f, 0.0f, true},
+      {"logit_bias + penalties, greedy", 0.0f, -1, 1.0f, 0.0f, true},
+      {"logit_bias + penalties, top_k 5", 0.7f, 5, 1.0f, 0.0f, true},
   };
+  // Per row a "prompt" and an "output" (tokens among the tied ones and random ones) for the penalties.
+  std::vector<std::vector<deepinfer::TokenId>> prompts(static_cast<size_t>(rows)), outputs(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < 30; ++i) prompts[r].push_back(static_cast<deepinfer::TokenId>(p.rng.index(vocab)));
+    for (int i = 0; i < 8; ++i) outputs[r].push_back(static_cast<deepinfer::TokenId>(i < 4 ? i : p.rng.index(vocab)));
+    outputs[r].push_back(2);  // token 2 twice: frequency counts it twice
+  }
   deepinfer::engine::Sampler sampler(vocab);
   const int counters = timing ? 2 : 40;
   for (const Case& c : cases) {
@@ -640,6 +651,15 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
     params.top_k = c.top_k;
     params.top_p = c.top_p;
     params.min_p = c.min_p;
+    if (c.penalties) {
+      params.logit_bias = {{0, -100.0f}, {1, -0.5f}, {15, 4.0f}, {static_cast<deepinfer::TokenId>(vocab - 1), 250.0f}};
+      params.repetition_penalty = 1.2f;
+      params.frequency_penalty = 0.3f;
+      params.presence_penalty = -0.2f;
+    }
+    std::vector<be::Backend::LogitAdjustment> adjustments;
+    for (int64_t r = 0; r < rows; ++r)
+      deepinfer::engine::append_logit_adjustments(params, prompts[r], outputs[r], static_cast<int32_t>(r), adjustments);
     int64_t draws = 0, mismatches = 0;
     for (int counter = 0; counter < counters; ++counter) {
       std::vector<be::Backend::DeviceSampling> device(static_cast<size_t>(rows));
@@ -652,12 +672,14 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
         host_rows[r].logits = std::span<const float>(logits).subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
         host_rows[r].params = &params;
         host_rows[r].rng = &rngs[r];
+        host_rows[r].prompt_token_ids = prompts[r];
+        host_rows[r].output_token_ids = outputs[r];
       }
       std::vector<deepinfer::engine::SampledToken> want(static_cast<size_t>(rows));
       expect_ok("host sampler", sampler.sample(host_rows, want));
       gpu.compute_logits(xa.view, nw, 1e-6f, *lm_head, false);
       std::vector<int32_t> got;
-      deepinfer::Status st = gpu.read_sampled_tokens(device, got);
+      deepinfer::Status st = gpu.read_sampled_tokens(device, adjustments, got);
       expect_ok(std::string("read_sampled_tokens (") + c.name + ")", st);
       if (!st.ok() || got.size() != want.size()) {
         mismatches += rows;
@@ -700,7 +722,7 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
       for (int64_t r = 0; r < rows; ++r) device[r] = {1.0f, -1, 0.95f, 0.0f, 42, static_cast<uint64_t>(step * rows + r)};
       gpu.compute_logits(sa.view, nw, 1e-6f, *lm_head, false);
       std::vector<int32_t> got;
-      expect_ok("read_sampled_tokens (frequencies)", gpu.read_sampled_tokens(device, got));
+      expect_ok("read_sampled_tokens (frequencies)", gpu.read_sampled_tokens(device, {}, got));
       for (int64_t r = 0; r < rows && r < static_cast<int64_t>(got.size()); ++r) {
         if (got[r] >= 0) device_freq[static_cast<size_t>(got[r])] += 1.0;
         rng = {42, static_cast<uint64_t>(step * rows + r)};
@@ -735,7 +757,7 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
       expect_ok("synchronize", gpu.synchronize());
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<int32_t> got;
-      expect_ok("read_sampled_tokens (timing)", gpu.read_sampled_tokens(device, got));
+      expect_ok("read_sampled_tokens (timing)", gpu.read_sampled_tokens(device, {}, got));
       const auto t1 = std::chrono::steady_clock::now();
       gpu.compute_logits(xa.view, nw, 1e-6f, *lm_head, false);
       expect_ok("synchronize", gpu.synchronize());

@@ -177,7 +177,8 @@ TEST(CudaBackendTest, AgreesWithTheCpuBackendWithTheAbsorbedFormOverTheCache) {
 }
 
 // DeepSeekModel::forward_sampled (sampling where the logits are) against forward() + the engine's host Sampler on
-// the same step: 6 sequences' last rows, seeded, 30 draws each under top-k / top-p / min-p; the tokens must be the
+// the same step: 6 sequences' last rows, seeded, 30 draws each under top-k / top-p / min-p, and with logit_bias and
+// the three penalties (engine::append_logit_adjustments on the device's side); the tokens must be the
 // host's (a draw may differ only when u * total falls within rounding of a boundary: at most 1 in 100 allowed). The
 // model's logits are deterministic, so the two passes see the same values.
 TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
@@ -208,15 +209,37 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
     float temperature;
     int32_t top_k;
     float top_p, min_p;
+    bool penalties;  // logit_bias on 3 tokens, repetition 1.3, frequency 0.5, presence 0.4
   };
+  // Each row's "prompt" is its sequence's tokens; its "output" some of them again and a few others.
+  std::vector<std::vector<TokenId>> prompts(6), outputs(6);
+  for (size_t r = 0, first = 0; r < 6; ++r) {
+    const size_t n = static_cast<size_t>(batch.sequences[r].num_tokens);
+    prompts[r].assign(batch.token_ids.begin() + static_cast<std::ptrdiff_t>(first),
+                      batch.token_ids.begin() + static_cast<std::ptrdiff_t>(first + n));
+    for (size_t i = 0; i < 12; ++i) outputs[r].push_back(i % 3 == 0 ? prompts[r][i] : static_cast<TokenId>((i * 37 + r) % vocab));
+    first += n;
+  }
   int draws = 0, mismatches = 0;
-  for (const Case& c : {Case{1.0f, -1, 1.0f, 0.0f}, Case{0.8f, 20, 1.0f, 0.0f}, Case{1.0f, -1, 0.9f, 0.0f},
-                        Case{1.2f, 50, 0.8f, 0.05f}, Case{0.0f, -1, 1.0f, 0.0f}}) {
+  for (const Case& c : {Case{1.0f, -1, 1.0f, 0.0f, false}, Case{0.8f, 20, 1.0f, 0.0f, false},
+                        Case{1.0f, -1, 0.9f, 0.0f, false}, Case{1.2f, 50, 0.8f, 0.05f, false},
+                        Case{0.0f, -1, 1.0f, 0.0f, false}, Case{1.0f, -1, 0.95f, 0.0f, true},
+                        Case{0.0f, -1, 1.0f, 0.0f, true}}) {
     engine::SamplingParams params;
     params.temperature = c.temperature;
     params.top_k = c.top_k;
     params.top_p = c.top_p;
     params.min_p = c.min_p;
+    if (c.penalties) {
+      params.logit_bias = {{5, 3.0f}, {17, -150.0f}, {outputs[0][1], 2.5f}};
+      params.repetition_penalty = 1.3f;
+      params.frequency_penalty = 0.5f;
+      params.presence_penalty = 0.4f;
+    }
+    std::vector<backend::Backend::LogitAdjustment> adjustments;
+    for (size_t r = 0; r < 6; ++r)
+      engine::append_logit_adjustments(params, prompts[r], outputs[r], static_cast<int32_t>(r), adjustments);
+    EXPECT_EQ(adjustments.empty(), !c.penalties);
     for (uint64_t counter = 0; counter < 30; ++counter) {
       std::vector<backend::Backend::DeviceSampling> device;
       std::vector<engine::RequestRng> rngs(6);
@@ -227,11 +250,13 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
         rows[r].logits = std::span<const float>(logits).subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
         rows[r].params = &params;
         rows[r].rng = &rngs[r];
+        rows[r].prompt_token_ids = prompts[r];
+        rows[r].output_token_ids = outputs[r];
       }
       std::vector<engine::SampledToken> want(6);
       ASSERT_TRUE(sampler.sample(rows, want).ok());
       std::vector<int32_t> got;
-      Status st = (*model)->forward_sampled(batch, *caches, device, got);
+      Status st = (*model)->forward_sampled(batch, *caches, device, adjustments, got);
       ASSERT_TRUE(st.ok()) << st.to_string();
       ASSERT_EQ(got.size(), 6u);
       for (size_t r = 0; r < 6; ++r) {

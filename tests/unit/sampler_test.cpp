@@ -801,5 +801,64 @@ TEST(SamplerErrorTest, NullPointersAndOutputSize) {
   EXPECT_EQ(sampler.sample({&row, 1}, {&out, 1}).message(), "row 0: params is null");
 }
 
+// The device sampler's steps 1-2 (append_logit_adjustments, applied with the kernel's float arithmetic) give the logits
+// process_logits gives: sampling the adjusted logits without bias and penalties draws the same distribution and the
+// same tokens as sampling the raw logits with them. Repeated prompt/output tokens, a bias outside [-100, 100], a
+// token both biased and penalised, a negative presence penalty.
+TEST(LogitAdjustmentsTest, AppliedToTheRawLogitsTheyGiveWhatTheHostSamplerProcesses) {
+  Request full;
+  for (int i = 0; i < 300; ++i) full.logits.push_back(static_cast<float>(std::sin(i * 0.37) * 4.0 - (i % 7 == 0 ? 9.0 : 0.0)));
+  full.logits[11] = 0.0f;
+  full.logits[12] = -0.0f;
+  full.prompt = {3, 7, 7, 11, 12, 200, 299};
+  full.output = {7, 8, 8, 8, 12, 150, 3};
+  full.params.temperature = 0.9f;
+  full.params.top_p = 0.95f;
+  full.params.repetition_penalty = 1.25f;
+  full.params.frequency_penalty = 0.35f;
+  full.params.presence_penalty = -0.15f;
+  full.params.logit_bias = {{8, 1.5f}, {42, 130.0f}, {150, -7.0f}, {299, -200.0f}};
+  std::vector<backend::Backend::LogitAdjustment> adjustments;
+  append_logit_adjustments(full.params, full.prompt, full.output, 0, adjustments);
+  // One entry per distinct token touched: bias keys {8, 42, 150, 299} and prompt/output {3, 7, 8, 11, 12, 150, 200}.
+  ASSERT_EQ(adjustments.size(), 9u);
+  for (size_t i = 1; i < adjustments.size(); ++i) EXPECT_LT(adjustments[i - 1].token, adjustments[i].token);
+  Request adjusted = full;
+  adjusted.params.repetition_penalty = 1.0f;
+  adjusted.params.frequency_penalty = 0.0f;
+  adjusted.params.presence_penalty = 0.0f;
+  adjusted.params.logit_bias.clear();
+  for (const auto& a : adjustments) {  // the kernel's arithmetic (kernels/cuda/sampling.cu)
+    float& l = adjusted.logits[static_cast<size_t>(a.token)];
+    if (a.has_bias) l = l + a.bias;
+    if (a.repetition != 1.0f) l = l > 0.0f ? l / a.repetition : l * a.repetition;
+    if (a.in_output) {
+      l = l - a.frequency;
+      l = l - a.presence;
+    }
+  }
+  const std::vector<TokenProbability> want = distribution_of(full), got = distribution_of(adjusted);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].token_id, want[i].token_id);
+    EXPECT_EQ(got[i].probability, want[i].probability) << "token " << want[i].token_id;
+  }
+  Sampler sampler(static_cast<int64_t>(full.logits.size()));
+  for (uint64_t counter = 0; counter < 200; ++counter) {
+    full.rng = {9, counter};
+    adjusted.rng = {9, counter};
+    SampledToken a, b;
+    SamplerRow ra = full.row(), rb = adjusted.row();
+    ASSERT_TRUE(sampler.sample({&ra, 1}, {&a, 1}).ok());
+    ASSERT_TRUE(sampler.sample({&rb, 1}, {&b, 1}).ok());
+    EXPECT_EQ(a.token_id, b.token_id) << "counter " << counter;
+  }
+  // Nothing to adjust: nothing appended.
+  SamplingParams plain;
+  std::vector<backend::Backend::LogitAdjustment> none;
+  append_logit_adjustments(plain, full.prompt, full.output, 3, none);
+  EXPECT_TRUE(none.empty());
+}
+
 }  // namespace
 }  // namespace deepinfer::engine

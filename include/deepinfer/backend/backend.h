@@ -292,9 +292,10 @@ class Backend {
   virtual Status read_top_probabilities(std::vector<float>& host_probabilities) = 0;
 
   // Sampling where the logits are (after compute_logits without `greedy`, outside run_graph's ops): per logits row
-  // one token drawn with the engine sampler's semantics for rows without logit_bias, penalties or logprobs
-  // (engine/sampler.h steps 3-8: greedy below temperature 1e-5, top-k, top-p, min-p, the Philox draw at (seed,
-  // counter)); host ids [rows], -1 for a row holding a NaN or +inf or nothing above -inf. Waits for the step.
+  // one token drawn with the engine sampler's semantics for rows without logprobs (engine/sampler.h steps 1-8:
+  // `adjustments` carry logit_bias and the penalties per (row, token), applied in the host's order and float
+  // arithmetic; greedy below temperature 1e-5, top-k, top-p, min-p, the Philox draw at (seed, counter)); host ids
+  // [rows], -1 for a row holding a NaN or +inf or nothing above -inf. Waits for the step.
   // has_device_sampling() says whether the backend has it (the CUDA backend, unless DEEPINFER_DEVICE_SAMPLING=0);
   // others return Unsupported. REQUIRES: rows.size() == logits_rows.size() of the step.
   struct DeviceSampling {
@@ -303,9 +304,19 @@ class Backend {
     float top_p = 1.0f, min_p = 0.0f;
     uint64_t seed = 0, counter = 0;
   };
+  // One (row, token)'s logit_bias and penalties (distinct pairs): l += bias (has_bias; clamped already); with
+  // repetition != 1, l = l > 0 ? l / repetition : l * repetition; when in_output, l -= frequency (the host's
+  // frequency_penalty * count, in float) and l -= presence.
+  struct LogitAdjustment {
+    int32_t row = 0, token = 0;
+    float bias = 0.0f, repetition = 1.0f, frequency = 0.0f, presence = 0.0f;
+    bool has_bias = false, in_output = false;
+  };
   virtual bool has_device_sampling() const { return false; }
-  virtual Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::vector<int32_t>& host_ids) {
+  virtual Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
+                                     std::vector<int32_t>& host_ids) {
     (void)rows;
+    (void)adjustments;
     (void)host_ids;
     return Status::unsupported(std::string(name()) + " backend: no sampling on the device");
   }

@@ -31,6 +31,7 @@
 #include <span>
 #include <vector>
 
+#include "deepinfer/backend/backend.h"
 #include "deepinfer/core/status.h"
 #include "deepinfer/engine/sampling_params.h"
 
@@ -154,5 +155,14 @@ class Sampler {
   std::vector<Candidate> candidates_;   // kept tokens of the current row
   std::vector<TokenProbability> distribution_;
 };
+
+// Steps 1-2 (logit_bias, penalties) of one row as per-token adjustments for a device sampler
+// (Backend::read_sampled_tokens): one entry per distinct token they touch, ascending id, for logits row `row`; the
+// bias clamped, the frequency term the same float product frequency_penalty * count the host computes. Appends
+// nothing when the params have neither. Applying them (backend.h's LogitAdjustment) to the raw logits gives the
+// logits process_logits gives.
+void append_logit_adjustments(const SamplingParams& params, std::span<const TokenId> prompt_token_ids,
+                              std::span<const TokenId> output_token_ids, int32_t row,
+                              std::vector<backend::Backend::LogitAdjustment>& out);
 
 }  // namespace deepinfer::engine

@@ -201,7 +201,8 @@ class CudaBackend final : public Backend {
   Status read_greedy_tokens(std::vector<int32_t>& host_ids) override;
   Status read_top_probabilities(std::vector<float>& host_probabilities) override;
   bool has_device_sampling() const override { return device_sampling_; }
-  Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::vector<int32_t>& host_ids) override;
+  Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
+                             std::vector<int32_t>& host_ids) override;
 
  private:
   CudaBackend() = default;

@@ -327,7 +327,8 @@ Status CudaBackend::read_top_probabilities(std::vector<float>& host_probabilitie
                           "top probabilities (copy to host)");
 }
 
-Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, std::vector<int32_t>& host_ids) {
+Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
+                                        std::vector<int32_t>& host_ids) {
   BACKEND_CHECK(!capturing_, "read_sampled_tokens inside run_graph's ops");
   BACKEND_CHECK(head_.computed && !head_.greedy, "read_sampled_tokens without compute_logits (not greedy) for this step");
   BACKEND_CHECK(static_cast<int64_t>(rows.size()) == head_.rows,
@@ -336,15 +337,17 @@ Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, st
   activate();
   host_ids.assign(rows.size(), -1);
   if (rows.empty() || head_.logits == nullptr || failed()) return synchronize();
-  const size_t n = rows.size();
+  const size_t n = rows.size(), m = adjustments.size();
   ScratchLayout l;
   const size_t o_params = l.add(n * sizeof(kc::SampleRowParams));
+  const size_t o_adjust = l.add(m * sizeof(kc::LogitAdjustment));
   const size_t o_ids = l.add(n * 4);
   char* base = reserve(sampling_, l.bytes);
   if (base == nullptr) return synchronize();
   // The parameters through the pinned buffer (no copy of it is in flight: every read_* waits for its copy).
-  auto* staging = static_cast<kc::SampleRowParams*>(pinned_host(std::max(n * sizeof(kc::SampleRowParams), n * 4)));
-  if (staging == nullptr) return synchronize();
+  auto* pinned = static_cast<char*>(pinned_host(std::max(o_ids, n * 4)));
+  if (pinned == nullptr) return synchronize();
+  auto* staging = reinterpret_cast<kc::SampleRowParams*>(pinned + o_params);
   for (size_t r = 0; r < n; ++r) {
     kc::SampleRowParams& p = staging[r];
     p = kc::SampleRowParams{};
@@ -355,8 +358,33 @@ Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, st
     p.seed = rows[r].seed;
     p.counter = rows[r].counter;
   }
-  check_cuda(cudaMemcpyAsync(base + o_params, staging, n * sizeof(kc::SampleRowParams), cudaMemcpyHostToDevice, stream_),
-             "sampling (parameters to the device)");
+  auto* adjust = reinterpret_cast<kc::LogitAdjustment*>(pinned + o_adjust);
+  for (size_t i = 0; i < m; ++i) {
+    const LogitAdjustment& a = adjustments[i];
+    BACKEND_CHECK(a.row >= 0 && static_cast<size_t>(a.row) < n && a.token >= 0 && a.token < head_.vocab,
+                  "read_sampled_tokens: adjustment " + std::to_string(i) + " names row " + std::to_string(a.row) +
+                      ", token " + std::to_string(a.token));
+    kc::LogitAdjustment& d = adjust[i];
+    d = kc::LogitAdjustment{};
+    d.row = a.row;
+    d.token = a.token;
+    d.bias = a.bias;
+    d.repetition = a.repetition;
+    d.frequency = a.frequency;
+    d.presence = a.presence;
+    d.has_bias = a.has_bias ? 1 : 0;
+    d.in_output = a.in_output ? 1 : 0;
+  }
+  // Parameters and adjustments in one copy (the same offsets in the pinned buffer and the device scratch).
+  check_cuda(cudaMemcpyAsync(base, pinned, o_ids, cudaMemcpyHostToDevice, stream_), "sampling (parameters to the device)");
+  kc::LogitAdjustmentParams ap;
+  ap.count = static_cast<int64_t>(m);
+  ap.rows = static_cast<int64_t>(n);
+  ap.cols = head_.vocab;
+  ap.logits = const_cast<float*>(head_.logits);  // the step's own scratch: processed in place, read once
+  ap.adjustments = reinterpret_cast<const kc::LogitAdjustment*>(base + o_adjust);
+  ap.stream = stream_;
+  if (m > 0 && !failed()) check_cuda(kc::run_logit_adjustments(ap), "sampling (logit_bias and penalties)");
   kc::SampleParams sp;
   sp.rows = static_cast<int64_t>(n);
   sp.cols = head_.vocab;

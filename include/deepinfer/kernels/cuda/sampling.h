@@ -46,4 +46,24 @@ struct SampleParams {
 };
 cudaError_t run_sample(const SampleParams& params);
 
+// logit_bias and the penalties, in place, before run_sample: the host Sampler's process_logits (engine/sampler.cpp)
+// per listed (row, token), in its order and float arithmetic (no contraction): l += bias; then with a repetition
+// penalty r != 1, l = l > 0 ? l / r : l * r; then for a token in the output, l -= frequency (the host's
+// frequency_penalty * count product); l -= presence. Entries name distinct (row, token) pairs.
+struct LogitAdjustment {
+  int32_t row = 0, token = 0;
+  float bias = 0.0f;        // added when has_bias (already clamped to [-100, 100])
+  float repetition = 1.0f;  // applied when != 1 (the token is in the prompt or the output)
+  float frequency = 0.0f;   // subtracted when in_output
+  float presence = 0.0f;    // subtracted when in_output
+  uint8_t has_bias = 0, in_output = 0;
+};
+struct LogitAdjustmentParams {
+  int64_t count = 0, rows = 0, cols = 0;
+  float* logits = nullptr;                     // [rows, cols] device, updated in place
+  const LogitAdjustment* adjustments = nullptr;  // [count] device
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_logit_adjustments(const LogitAdjustmentParams& params);
+
 }  // namespace deepinfer::kernels::cuda
