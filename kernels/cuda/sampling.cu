@@ -175,14 +175,24 @@ __device__ bool radix_select(const float* row, int cols, Weight weight, double t
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      int chosen = -1;
-      double acc = before;
+      int chosen = -1, lowest = -1;
+      double acc = before, before_lowest = before;
       for (int b = kBins - 1; b >= 0; --b) {
         if (sh.bins[b] > 0.0 && acc + sh.bins[b] >= target) {
           chosen = b;
           break;
         }
+        if (sh.bins[b] > 0.0) {
+          lowest = b;
+          before_lowest = acc;
+        }
         acc += sh.bins[b];
+      }
+      // Past the first pass the crossing lies inside this prefix's bin: when the sub-bins, summed in another order,
+      // fall just short of the target, the crossing is at the prefix's smallest value.
+      if (chosen < 0 && pass > 0 && lowest >= 0) {
+        chosen = lowest;
+        acc = before_lowest;
       }
       sh.chosen = chosen;
       sh.before = acc;

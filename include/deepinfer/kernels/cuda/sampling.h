@@ -20,14 +20,17 @@ struct ArgmaxParams {
 };
 cudaError_t run_argmax(const ArgmaxParams& params);
 
-// Sampling on the GPU with the engine sampler's semantics (include/deepinfer/engine/sampler.h, steps 3-8), for rows
-// without logit_bias, penalties or logprobs: greedy below kGreedyTemperature (argmax, lowest id on ties); else
-// weights w = expf((l - max) * (1 / T)) (float, as the CPU's); top-k (ties at the boundary to the lower id), top-p over
+// Sampling on the GPU with the engine sampler's semantics (include/deepinfer/engine/sampler.h, steps 3-8; steps 1-2,
+// logit_bias and penalties, by run_logit_adjustments first; logprobs stay on the host): greedy below
+// kGreedyTemperature (argmax, lowest id on ties); else weights w = expf((l - max) * (1 / T)) (float, as the CPU's
+// formula; CUDA's expf is within 2 ulp, glibc's within 1: a min-p or top-p cut, like the draw, can differ only within
+// rounding); top-k (ties at the boundary to the lower id), top-p over
 // the top-k set (walking from most likely, lower id first on ties, keep while the mass before a token < top_p * total),
 // min-p (w >= min_p); then one draw u = Philox4x32-10 (key seed, counter (counter, 0, stream 0)) as a double in
 // [0, 1), the first kept token with positive weight whose cumulative weight in ascending id order exceeds u * total.
-// Masses are summed in double (in an order other than the CPU's: a token can differ from the CPU's only when u * total
-// lies within rounding of a boundary). The k-th largest logit and the top-p boundary are found by radix selection on
+// Masses are summed in double (in an order other than the CPU's, and by shared-memory atomics whose order is not
+// fixed: a token can differ from the CPU's, or between two runs, only when a cut or u * total lies within rounding of
+// a boundary). The k-th largest logit and the top-p boundary are found by radix selection on
 // the logits' bits (4 passes of 8 bits, counts or masses per bin); ties at either boundary by a scan in id order.
 // One CTA of 1024 threads per row.
 struct SampleRowParams {
