@@ -90,6 +90,17 @@ def wait_health(port, seconds=120):  # several servers start at once on 2 busy c
     return False
 
 
+def wait_listening(port, seconds=60):  # a server whose /health is not 200 by design: until it answers at all
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            request(port, "/health", timeout=2)
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
 def start(name, args):
     log = open(os.path.join(logdir, f"{name}.log"), "a")
     p = subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT)
@@ -389,7 +400,10 @@ try:
     bad = start("router-wrong-role", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode",
                                       f"http://127.0.0.1:{pport}", "--model-path", MODEL, "--host", "127.0.0.1",
                                       "--port", str(bad_port), "--health-check-interval-ms", "200"])
-    time.sleep(1.5)
+    # Listening first (regression: a fixed 1.5 s was not enough on 2 busy cores: connection refused), then two
+    # health-check intervals for its view of the decode worker's role.
+    check(wait_listening(bad_port), "the router with a prefill worker as --decode listens")
+    time.sleep(1.0)
     hs, hbody = request(bad_port, "/health")
     rs, _ = request(bad_port, "/v1/chat/completions", chat(q))
     bad.terminate()
