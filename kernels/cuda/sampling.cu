@@ -4,6 +4,7 @@
 // except where id order matters (the tie cutoffs and the draw), where warp w owns a contiguous id range and walks it
 // 32 ids at a time.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "deepinfer/kernels/cuda/sampling.h"
@@ -409,12 +410,16 @@ __global__ void logit_adjustments_kernel(LogitAdjustmentParams p) {
     const LogitAdjustment a = p.adjustments[i];
     if (a.row < 0 || a.row >= p.rows || a.token < 0 || a.token >= p.cols) __trap();
     float& slot = p.logits[static_cast<int64_t>(a.row) * p.cols + a.token];
+    // Each step saturates as the host's saturate_logit: a finite logit pushed past the float range becomes +-FLT_MAX.
+    auto saturate = [](float before, float after) {
+      return isfinite(before) && isinf(after) ? (after > 0.0f ? FLT_MAX : -FLT_MAX) : after;
+    };
     float l = slot;
-    if (a.has_bias) l = __fadd_rn(l, a.bias);
-    if (a.repetition != 1.0f) l = l > 0.0f ? __fdiv_rn(l, a.repetition) : __fmul_rn(l, a.repetition);
+    if (a.has_bias) l = saturate(l, __fadd_rn(l, a.bias));
+    if (a.repetition != 1.0f) l = saturate(l, l > 0.0f ? __fdiv_rn(l, a.repetition) : __fmul_rn(l, a.repetition));
     if (a.in_output) {
-      l = __fsub_rn(l, a.frequency);
-      l = __fsub_rn(l, a.presence);
+      l = saturate(l, __fsub_rn(l, a.frequency));
+      l = saturate(l, __fsub_rn(l, a.presence));
     }
     slot = l;
   }

@@ -182,7 +182,8 @@ void Sampler::process_logits(const SamplerRow& row) {
   const SamplingParams& params = *row.params;
   std::copy(row.logits.begin(), row.logits.end(), logits_.begin());
   for (const auto& [id, bias] : params.logit_bias) {
-    logits_[static_cast<size_t>(id)] += std::clamp(bias, -kMaxLogitBias, kMaxLogitBias);
+    float& logit = logits_[static_cast<size_t>(id)];
+    logit = saturate_logit(logit, logit + std::clamp(bias, -kMaxLogitBias, kMaxLogitBias));
   }
   if (!penalties_active(params)) return;
 
@@ -194,7 +195,7 @@ void Sampler::process_logits(const SamplerRow& row) {
       if (done) return;
       done = 1;
       float& logit = logits_[static_cast<size_t>(id)];
-      logit = logit > 0.0f ? logit / penalty : logit * penalty;
+      logit = saturate_logit(logit, logit > 0.0f ? logit / penalty : logit * penalty);
     };
     for (TokenId id : row.prompt_token_ids) penalise(id);
     for (TokenId id : row.output_token_ids) penalise(id);
@@ -209,8 +210,8 @@ void Sampler::process_logits(const SamplerRow& row) {
       int32_t& count = output_counts_[static_cast<size_t>(id)];
       if (count == 0) continue;
       float& logit = logits_[static_cast<size_t>(id)];
-      logit -= params.frequency_penalty * static_cast<float>(count);
-      logit -= params.presence_penalty;
+      logit = saturate_logit(logit, logit - params.frequency_penalty * static_cast<float>(count));
+      logit = saturate_logit(logit, logit - params.presence_penalty);
       count = 0;
     }
   }

@@ -830,11 +830,11 @@ TEST(LogitAdjustmentsTest, AppliedToTheRawLogitsTheyGiveWhatTheHostSamplerProces
   adjusted.params.logit_bias.clear();
   for (const auto& a : adjustments) {  // the kernel's arithmetic (kernels/cuda/sampling.cu)
     float& l = adjusted.logits[static_cast<size_t>(a.token)];
-    if (a.has_bias) l = l + a.bias;
-    if (a.repetition != 1.0f) l = l > 0.0f ? l / a.repetition : l * a.repetition;
+    if (a.has_bias) l = saturate_logit(l, l + a.bias);
+    if (a.repetition != 1.0f) l = saturate_logit(l, l > 0.0f ? l / a.repetition : l * a.repetition);
     if (a.in_output) {
-      l = l - a.frequency;
-      l = l - a.presence;
+      l = saturate_logit(l, l - a.frequency);
+      l = saturate_logit(l, l - a.presence);
     }
   }
   const std::vector<TokenProbability> want = distribution_of(full), got = distribution_of(adjusted);
@@ -858,6 +858,40 @@ TEST(LogitAdjustmentsTest, AppliedToTheRawLogitsTheyGiveWhatTheHostSamplerProces
   std::vector<backend::Backend::LogitAdjustment> none;
   append_logit_adjustments(plain, full.prompt, full.output, 3, none);
   EXPECT_TRUE(none.empty());
+}
+
+// Regression: a repetition_penalty of 1e-38 (valid: finite, > 0) took a positive prompt logit to +inf, and a penalty
+// of 3e38 took every negative one below -2 to -inf. The device sampler then rejected the row (-1), failing the whole step and
+// every request in it; the host sampler read an empty distribution. Penalties now saturate at +-FLT_MAX.
+TEST(PenaltiesTest, SaturateInsteadOfOverflowing) {
+  Request tiny;
+  tiny.logits = {1.0f, 3.0f, -2.0f, 0.5f};
+  tiny.prompt = {0, 2};
+  tiny.params.repetition_penalty = 1e-38f;  // token 0: 1 / 1e-38 = 1e38 (finite); token 2: -2e-38
+  tiny.params.temperature = 0.5f;
+  Request small = tiny;
+  small.prompt = {3};  // 0.5 / 1e-38 = 5e37
+  small.params.repetition_penalty = 1e-39f;  // a denormal: 0.5 / 1e-39 overflows to +inf, saturated
+  for (Request* r : {&tiny, &small}) {
+    // The saturated token takes all the mass (the others stay, at weight 0).
+    for (const TokenProbability& p : distribution_of(*r))
+      EXPECT_EQ(p.probability, p.token_id == (r == &tiny ? 0 : 3) ? 1.0 : 0.0) << "token " << p.token_id;
+  }
+  Request huge;
+  huge.logits = {-2.0f, -3.0f, -5.0f};
+  huge.prompt = {0, 1, 2};
+  huge.params.repetition_penalty = 3e38f;  // every logit to -inf without saturation: all at the lowest float now
+  const std::vector<TokenProbability> d = distribution_of(huge);
+  ASSERT_EQ(d.size(), 3u);  // equal, the lowest float each: uniform
+  for (const TokenProbability& p : d) EXPECT_NEAR(p.probability, 1.0 / 3.0, 1e-12);
+  Sampler sampler(3);
+  SampledToken out;
+  SamplerRow row = huge.row();
+  ASSERT_TRUE(sampler.sample({&row, 1}, {&out, 1}).ok());
+  EXPECT_GE(out.token_id, 0);
+  EXPECT_LT(out.token_id, 3);
+  EXPECT_EQ(saturate_logit(-kInf, -kInf), -kInf);  // a raw -inf stays banned
+  EXPECT_EQ(saturate_logit(2.0f, kInf), std::numeric_limits<float>::max());
 }
 
 }  // namespace

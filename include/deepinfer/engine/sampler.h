@@ -21,12 +21,15 @@
 //   8. draw: one uniform u in [0, 1) from Philox4x32-10 (key = seed, counter = number of tokens the request
 //      has sampled); inverse CDF over the kept tokens in ascending token id order: the first kept token
 //      whose cumulative weight exceeds u * total weight. Tokens with logit -inf are never kept.
+// Steps 1-2 saturate: a finite logit that a bias or penalty would take past the float range becomes +-FLT_MAX (a
+// repetition_penalty of 1e-38 makes a positive logit the largest finite value, not +inf; a raw -inf stays -inf).
 // Logprobs (when params.logprobs is set) come from the raw distribution: log_softmax of the input logits
 // before steps 1-7, as vLLM's default logprobs_mode "raw_logprobs" does.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <vector>
@@ -36,6 +39,15 @@
 #include "deepinfer/engine/sampling_params.h"
 
 namespace deepinfer::engine {
+
+// The saturation of steps 1-2: `after` (one bias or penalty applied to `before`), or +-FLT_MAX where a finite
+// `before` became infinite. The device sampler applies the same rule (kernels/cuda/sampling.cu).
+inline float saturate_logit(float before, float after) {
+  if (before - before == 0.0f && (after == std::numeric_limits<float>::infinity() ||
+                                  after == -std::numeric_limits<float>::infinity()))
+    return after > 0.0f ? std::numeric_limits<float>::max() : std::numeric_limits<float>::lowest();
+  return after;
+}
 
 // ---- Random numbers ------------------------------------------------------------------------------------
 

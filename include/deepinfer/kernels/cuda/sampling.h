@@ -52,7 +52,8 @@ cudaError_t run_sample(const SampleParams& params);
 // logit_bias and the penalties, in place, before run_sample: the host Sampler's process_logits (engine/sampler.cpp)
 // per listed (row, token), in its order and float arithmetic (no contraction): l += bias; then with a repetition
 // penalty r != 1, l = l > 0 ? l / r : l * r; then for a token in the output, l -= frequency (the host's
-// frequency_penalty * count product); l -= presence. Entries name distinct (row, token) pairs.
+// frequency_penalty * count product); l -= presence; each step saturating a finite logit at +-FLT_MAX as the host's
+// saturate_logit. Entries name distinct (row, token) pairs.
 struct LogitAdjustment {
   int32_t row = 0, token = 0;
   float bias = 0.0f;        // added when has_bias (already clamped to [-100, 100])
