@@ -1376,10 +1376,7 @@ Status DeepSeekModel::forward_sampled(const ForwardBatch& batch, LayerCaches lay
   if (sampling.size() != batch.logits_rows.size())
     return Status::invalid_argument("forward_sampled: " + std::to_string(sampling.size()) + " rows' sampling for " +
                                     std::to_string(batch.logits_rows.size()) + " logits rows");
-  sampling_adjustments_ = adjustments;
-  Status s = run(batch, layer_caches, nullptr, &ids, sampling);
-  sampling_adjustments_ = {};
-  return s;
+  return run(batch, layer_caches, nullptr, &ids, sampling, adjustments);
 }
 
 namespace {
@@ -1568,7 +1565,8 @@ void greedy_ids(const std::vector<float>& logits, int64_t vocab, std::vector<int
 }  // namespace
 
 Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
-                          std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling) {
+                          std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling,
+                          std::span<const backend::Backend::LogitAdjustment> adjustments) {
   const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
   backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   // With tensor parallel the head's logits are gathered over the ranks before the argmax (on the host).
@@ -1689,7 +1687,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     if (read.ok()) read = gather_vocab(gathered);
     if (read.ok() && greedy != nullptr) greedy_ids(gathered, c.vocab_size, *greedy);
   } else {
-    read = !sampling.empty()   ? backend_.read_sampled_tokens(sampling, sampling_adjustments_, *greedy)
+    read = !sampling.empty()   ? backend_.read_sampled_tokens(sampling, adjustments, *greedy)
            : greedy != nullptr ? backend_.read_greedy_tokens(*greedy)
                                : backend_.read_logits(*logits);
   }

@@ -747,7 +747,6 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
     if (!ok) ++g_failures;
   }
   if (timing) {
-    const auto start = std::chrono::steady_clock::now();
     constexpr int kReps = 20;
     std::vector<be::Backend::DeviceSampling> device(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) device[r] = {0.8f, -1, 0.9f, 0.0f, 7, static_cast<uint64_t>(r)};
@@ -768,7 +767,6 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
       sampled_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
       logits_ms += std::chrono::duration<double, std::milli>(t3 - t2).count();
     }
-    (void)start;
     std::printf("{\"measure\":\"device sampling, top_p 0.9\",\"rows\":%lld,\"vocab\":%lld,\"sample_and_ids_to_host_ms\":%.3f,"
                 "\"logits_to_host_ms\":%.3f}\n",
                 static_cast<long long>(rows), static_cast<long long>(vocab), sampled_ms / kReps, logits_ms / kReps);

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -43,8 +44,7 @@ namespace deepinfer::engine {
 // The saturation of steps 1-2: `after` (one bias or penalty applied to `before`), or +-FLT_MAX where a finite
 // `before` became infinite. The device sampler applies the same rule (kernels/cuda/sampling.cu).
 inline float saturate_logit(float before, float after) {
-  if (before - before == 0.0f && (after == std::numeric_limits<float>::infinity() ||
-                                  after == -std::numeric_limits<float>::infinity()))
+  if (std::isfinite(before) && std::isinf(after))
     return after > 0.0f ? std::numeric_limits<float>::max() : std::numeric_limits<float>::lowest();
   return after;
 }

@@ -235,8 +235,8 @@ class DeepSeekModel {
   Status forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids);
   // The same pass, each logits row sampled where the logits are (Backend::read_sampled_tokens: the engine sampler's
   // semantics for rows without logprobs, `adjustments` carrying logit_bias and penalties); ids as forward_greedy.
-  // `sampling` has one entry per logits row. Errors: Unsupported unless samples_on_device() (a backend with device sampling, no tensor
-  // parallel); InvalidArgument for a count mismatch; as forward().
+  // `sampling` has one entry per logits row. Errors: Unsupported unless samples_on_device() (a backend with device
+  // sampling, no tensor parallel); InvalidArgument for a count mismatch; as forward().
   bool samples_on_device() const;
   Status forward_sampled(const ForwardBatch& batch, LayerCaches layer_caches,
                          std::span<const backend::Backend::DeviceSampling> sampling,
@@ -344,10 +344,10 @@ class DeepSeekModel {
   void send_command(uint64_t kind, std::vector<int64_t> payload) const;
   bool leading_ = false;
   Status reserve_scratch(int64_t rows);
-  // forward() (logits set) or forward_greedy() (greedy set).
+  // forward() (logits set), forward_greedy() (greedy set) or forward_sampled() (greedy set, sampling non-empty).
   Status run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
-             std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling = {});
-  std::span<const backend::Backend::LogitAdjustment> sampling_adjustments_;  // forward_sampled's, during its run()
+             std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling = {},
+             std::span<const backend::Backend::LogitAdjustment> adjustments = {});
   int64_t kept_hidden_rows_ = 0;  // rows of the hidden state the last pass kept (0: none)
   int64_t kept_context_rows_ = 0;  // rows of the DSpark context the last forward() kept (0: none)
   ModelConfig config_;

@@ -1,8 +1,9 @@
 // MLA attention on the CUDA backend. Absorbed form: run_mla_decode (tensor cores, split-KV) for DeepSeek's shapes
 // (C = 512, R = 64, H % 16 == 0) — a pure decode step directly, any other step (prefill chunks over a cached
 // prefix, decode rows beside them) with one batch entry per query row — and the generic kernel (mla_generic.h,
-// CUDA cores) for other shapes. Expanded form:
-// the kv_b GEMM, the k/v layout kernel, then run_mla_prefill (qk 192 / v 128).
+// CUDA cores) for other shapes. Expanded form (prefill from 0, and chunks over a cached prefix when
+// mla_expanded_pays): the kv_b GEMM over the keys' latents (gathered from the cache in chunks of key positions), then
+// run_mla_prefill reading its output in place (qk 192 / v 128), chunks merged by log-sum-exp.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -210,9 +211,8 @@ void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tens
   const size_t o_latent = step_.rows_start_at_zero && direct_kv ? 0 : l.add(static_cast<size_t>(max_keys * D) * 2);
   const size_t o_q = direct_q ? 0 : l.add(static_cast<size_t>(T * H * qk) * 2);
   const size_t o_out = direct_out ? 0 : l.add(static_cast<size_t>(T * H * V) * 2);
-  const size_t o_cu = num_chunks > 1 || !step_.rows_start_at_zero
-                          ? l.add(static_cast<size_t>(num_chunks * (step_.num_groups + 1)) * 4)
-                          : 0;
+  const size_t o_cu =
+      step_.rows_start_at_zero ? 0 : l.add(static_cast<size_t>(num_chunks * (step_.num_groups + 1)) * 4);
   const size_t o_acc = num_chunks > 1 ? l.add(static_cast<size_t>(T * H * V) * 4) : 0;
   const size_t o_lse = num_chunks > 1 ? l.add(static_cast<size_t>(T * H) * 4) : 0;
   char* base = reserve(attention_, l.bytes);

@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "check.h"
@@ -17,6 +19,21 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return cuda::Cu
 
 namespace cuda {
 namespace {
+
+// The index of the environment variable `name`'s value among `choices`; -1 when unset or empty; InvalidArgument
+// naming the choices (and `what` they choose) for anything else.
+Result<int> env_choice(const char* name, std::initializer_list<const char*> choices, const char* what) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return -1;
+  std::string expected;
+  int index = 0;
+  for (const char* choice : choices) {
+    if (std::string_view(value) == choice) return index;
+    expected += (index == 0 ? "" : index + 1 == static_cast<int>(choices.size()) ? " or " : ", ") + std::string(choice);
+    ++index;
+  }
+  return Status::invalid_argument(std::string(name) + "=" + value + ": expected " + expected + " (" + what + ")");
+}
 
 constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;  // gemm.h: plenty on Hopper
 // cuBLAS's own handle: a workspace of ours, so that it never allocates one while a graph is being captured (the
@@ -68,31 +85,18 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                                "; this build's kernels run on sm_90 (Hopper: H100, H200) only");
 
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
-  if (const char* path = std::getenv("DEEPINFER_MOE_GEMM"); path != nullptr && *path != '\0') {
-    const std::string v = path;
-    if (v == "auto") backend->moe_gemm_path_ = MoeGemmPath::kAuto;
-    else if (v == "streaming") backend->moe_gemm_path_ = MoeGemmPath::kStreaming;
-    else if (v == "tiled") backend->moe_gemm_path_ = MoeGemmPath::kTiled;
-    else if (v == "per-expert") backend->moe_gemm_path_ = MoeGemmPath::kPerExpert;
-    else
-      return Status::invalid_argument("DEEPINFER_MOE_GEMM=" + v +
-                                      ": expected auto, streaming, tiled or per-expert (the routed experts' GEMM path)");
-  }
-  if (const char* form = std::getenv("DEEPINFER_MLA_FORM"); form != nullptr && *form != '\0') {
-    const std::string v = form;
-    if (v == "auto") backend->mla_form_ = MlaForm::kAuto;
-    else if (v == "absorbed") backend->mla_form_ = MlaForm::kAbsorbed;
-    else if (v == "expanded") backend->mla_form_ = MlaForm::kExpanded;
-    else
-      return Status::invalid_argument("DEEPINFER_MLA_FORM=" + v +
-                                      ": expected auto, absorbed or expanded (MLA over a cached prefix)");
-  }
-  if (const char* sampling = std::getenv("DEEPINFER_DEVICE_SAMPLING"); sampling != nullptr && *sampling != '\0') {
-    const std::string v = sampling;
-    if (v != "0" && v != "1")
-      return Status::invalid_argument("DEEPINFER_DEVICE_SAMPLING=" + v + ": expected 1 (sample on the GPU) or 0 (on the host)");
-    backend->device_sampling_ = v == "1";
-  }
+  // Forced paths for measurements and comparisons: each variable names one of its choices (in enum order).
+  Result<int> moe_path = env_choice("DEEPINFER_MOE_GEMM", {"auto", "streaming", "tiled", "per-expert"},
+                                    "the routed experts' GEMM path");
+  if (!moe_path.ok()) return moe_path.status();
+  if (*moe_path >= 0) backend->moe_gemm_path_ = static_cast<MoeGemmPath>(*moe_path);
+  Result<int> mla_form =
+      env_choice("DEEPINFER_MLA_FORM", {"auto", "absorbed", "expanded"}, "MLA over a cached prefix");
+  if (!mla_form.ok()) return mla_form.status();
+  if (*mla_form >= 0) backend->mla_form_ = static_cast<MlaForm>(*mla_form);
+  Result<int> sampling = env_choice("DEEPINFER_DEVICE_SAMPLING", {"0", "1"}, "1 samples on the GPU, 0 on the host");
+  if (!sampling.ok()) return sampling.status();
+  if (*sampling >= 0) backend->device_sampling_ = *sampling == 1;
   if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
     const std::string v = keys;
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
