@@ -299,12 +299,12 @@ constexpr int kRoutingMaxExperts = 512;
 
 // One warp per token; lane l holds experts l + 32 j (j < J). Shared memory per warp: the choices (padded by one
 // float per 32 so that lane g scanning group g hits distinct banks when a group is 32 experts).
+constexpr int kRoutingSmemPerWarp = kRoutingMaxExperts + kRoutingMaxExperts / 32;
+
+// Token t's routing by one whole warp; `sm`: the warp's kRoutingSmemPerWarp floats of shared memory.
 template <int J>
-__global__ void __launch_bounds__(kRoutingWarps * 32) moe_routing_kernel(MoeRoutingParams p) {
-  __shared__ float choice_smem[kRoutingWarps][kRoutingMaxExperts + kRoutingMaxExperts / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRoutingWarps + warp;
-  if (t >= p.tokens) return;  // warp-uniform
+__device__ __forceinline__ void route_token(const MoeRoutingParams& p, int64_t t, float* sm) {
+  const int lane = threadIdx.x % 32;
   const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
   const float* logits = p.logits + t * E;
   float score[J], choice[J];
@@ -336,7 +336,6 @@ __global__ void __launch_bounds__(kRoutingWarps * 32) moe_routing_kernel(MoeRout
     choice[j] = score[j] + (p.bias != nullptr && e < E ? p.bias[e] : 0.0f);
   }
   if (p.grouping != 0) {
-    float* sm = choice_smem[warp];
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int e = lane + 32 * j;
@@ -414,6 +413,45 @@ __global__ void __launch_bounds__(kRoutingWarps * 32) moe_routing_kernel(MoeRout
     p.ids[t * k + lane] = my_id;
     p.weights[t * k + lane] = w;
   }
+}
+
+template <int J>
+__global__ void __launch_bounds__(kRoutingWarps * 32) moe_routing_kernel(MoeRoutingParams p) {
+  __shared__ float choice_smem[kRoutingWarps][kRoutingSmemPerWarp];
+  const int warp = threadIdx.x / 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRoutingWarps + warp;
+  if (t >= p.tokens) return;  // warp-uniform
+  route_token<J>(p, t, choice_smem[warp]);
+}
+
+// Router logits for a few tokens: one warp per (token, expert), the products of bf16 x (exact in float) and float32
+// w summed in double and rounded once (closer to the exact dot product than any float order).
+constexpr int kRouterWarps = 4;
+
+__global__ void __launch_bounds__(kRouterWarps * 32) moe_router_logits_kernel(MoeRouterLogitsParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t job = static_cast<int64_t>(blockIdx.x) * kRouterWarps + threadIdx.x / 32;
+  if (job >= p.tokens * p.num_experts) return;  // warp-uniform
+  const int64_t t = job / p.num_experts, e = job % p.num_experts;
+  const bf16* x = reinterpret_cast<const bf16*>(p.x) + t * p.x_stride;
+  const float* w = p.w + e * p.w_stride;
+  double acc = 0.0;
+  if (p.vec) {  // 8 values per lane and round: one 16-byte load of x, two of w
+    for (int64_t i = 8 * lane; i < p.hidden; i += 256) {
+      float xv[8];
+      load16(x + i, xv);
+      const float4 w0 = __ldg(reinterpret_cast<const float4*>(w + i)), w1 = __ldg(reinterpret_cast<const float4*>(w + i + 4));
+      const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc = fma(static_cast<double>(xv[j]), static_cast<double>(wv[j]), acc);
+    }
+  } else {
+    for (int64_t i = lane; i < p.hidden; i += 32)
+      acc = fma(static_cast<double>(__bfloat162float(x[i])), static_cast<double>(w[i]), acc);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) p.logits[t * p.logits_stride + e] = static_cast<float>(acc);
 }
 
 // ---- token permutation ----
@@ -524,6 +562,75 @@ __global__ void __launch_bounds__(kPermThreads) moe_chunk_scatter_kernel(const i
   }
 }
 
+// The permutation of at most kSmallPermuteEntries entries by one CTA of kSmallPermuteThreads threads, one entry per
+// thread: per-expert counts in shared memory, their exclusive scan by one warp, and each entry's rank among the
+// earlier entries of its expert counted directly. The same result as the chunked kernels (stable by entry), in one
+// launch instead of three. `ids` may have been written by this CTA before a __syncthreads (plain loads, not the
+// read-only path).
+constexpr int kSmallPermuteEntries = 256;
+constexpr int kSmallPermuteThreads = 256;
+constexpr int kSmallPermuteMaxExperts = 1024;
+
+__device__ __forceinline__ void small_permute(const int32_t* ids, int entries, int E, int32_t* counts,
+                                              int32_t* offsets, int32_t* sorted_entries, int32_t* entry_position) {
+  __shared__ int s_ids[kSmallPermuteEntries];
+  __shared__ int s_base[kSmallPermuteMaxExperts];  // counts, then each expert's first position
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
+  for (int e = tid; e < E; e += kSmallPermuteThreads) s_base[e] = 0;
+  const int mine = tid < entries ? ids[tid] : -1;
+  if (tid < entries) s_ids[tid] = mine;
+  __syncthreads();
+  if (mine >= 0) atomicAdd(&s_base[mine], 1);
+  __syncthreads();
+  if (tid < 32) {  // lane l scans experts [l * per, (l + 1) * per)
+    const int per = (E + 31) / 32, lo = lane * per, hi = min(E, lo + per);
+    int sum = 0;
+    for (int e = lo; e < hi; ++e) sum += s_base[e];
+    int incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    int run = incl - sum;
+    for (int e = lo; e < hi; ++e) {
+      const int c = s_base[e];
+      counts[e] = c;
+      offsets[e] = run;
+      s_base[e] = run;
+      run += c;
+    }
+    if (lane == 31) offsets[E] = incl;
+  }
+  __syncthreads();
+  if (mine >= 0) {
+    int rank = 0;
+    for (int i = 0; i < tid; ++i) rank += s_ids[i] == mine ? 1 : 0;
+    const int pos = s_base[mine] + rank;
+    sorted_entries[pos] = tid;
+    entry_position[tid] = pos;
+  }
+}
+
+__global__ void __launch_bounds__(kSmallPermuteThreads) moe_small_permute_kernel(const MoePermuteParams p) {
+  small_permute(p.ids, static_cast<int>(p.tokens * p.top_k), static_cast<int>(p.num_experts), p.counts, p.offsets,
+                p.sorted_entries, p.entry_position);
+}
+
+// Routing and permutation of a few tokens in one CTA: each warp routes tokens warp, warp + 8, ...; then the CTA
+// permutes the ids it has just written.
+template <int J>
+__global__ void __launch_bounds__(kSmallPermuteThreads) moe_route_permute_small_kernel(const MoeRoutingParams r,
+                                                                                      const MoePermuteParams p) {
+  constexpr int kWarps = kSmallPermuteThreads / 32;
+  __shared__ float choice_smem[kWarps][kRoutingSmemPerWarp];
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  for (int64_t t = warp; t < r.tokens; t += kWarps) route_token<J>(r, t, choice_smem[warp]);
+  __syncthreads();  // the ids in global memory are visible to the whole CTA
+  small_permute(r.ids, static_cast<int>(r.tokens * r.top_k), static_cast<int>(r.num_experts), p.counts, p.offsets,
+                p.sorted_entries, p.entry_position);
+}
+
 __global__ void moe_gather_kernel(const uint16_t* x, const int32_t* sorted_entries, uint16_t* permuted,
                                   int64_t entries, int64_t top_k, int64_t hidden, bool vec) {
   const int64_t per_row = vec ? hidden / 8 : hidden, total = entries * per_row;
@@ -554,13 +661,27 @@ __global__ void moe_combine_kernel(const bf16* expert_out, const int32_t* entry_
 #pragma unroll
         for (int i = 0; i < N; ++i) acc[i] = 0.0f;
       }
-      for (int64_t s = 0; s < top_k; ++s) {
-        const int64_t pos = entry_position[t * top_k + s];
-        const float w = weights[t * top_k + s];
-        float v[N];
-        load16(expert_out + pos * hidden + c * N, v);
+      // Slots in groups of 8: the group's positions and weights, then its rows, all loads in flight together (a
+      // slot-by-slot loop waited for each position before loading its row); the sum stays in slot order.
+      constexpr int kGroup = 8;
+      for (int64_t s0 = 0; s0 < top_k; s0 += kGroup) {
+        int64_t pos[kGroup];
+        float w[kGroup];
 #pragma unroll
-        for (int i = 0; i < N; ++i) acc[i] += w * v[i];
+        for (int g = 0; g < kGroup; ++g) {
+          const bool in = s0 + g < top_k;
+          pos[g] = in ? entry_position[t * top_k + s0 + g] : 0;
+          w[g] = in ? weights[t * top_k + s0 + g] : 0.0f;
+        }
+        float v[kGroup][N];
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g)
+          if (s0 + g < top_k) load16(expert_out + pos[g] * hidden + c * N, v[g]);
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g)
+          if (s0 + g < top_k)
+#pragma unroll
+            for (int i = 0; i < N; ++i) acc[i] += w[g] * v[g][i];
       }
       store16(out + t * hidden + c * N, acc);
     } else {
@@ -605,6 +726,19 @@ cudaError_t run_moe_routing(const MoeRoutingParams& p) {
   return cudaGetLastError();
 }
 
+cudaError_t run_moe_router_logits(const MoeRouterLogitsParams& params) {
+  MoeRouterLogitsParams p = params;
+  if (p.tokens <= 0 || p.num_experts <= 0) return cudaSuccess;
+  if (p.hidden <= 0 || p.x == nullptr || p.w == nullptr || p.logits == nullptr || p.x_stride < p.hidden ||
+      p.w_stride < p.hidden || p.logits_stride < p.num_experts)
+    return cudaErrorInvalidValue;
+  p.vec = p.hidden % 8 == 0 && p.x_stride % 8 == 0 && p.w_stride % 4 == 0 && aligned16(p.x) && aligned16(p.w);
+  const int64_t jobs = p.tokens * p.num_experts;
+  moe_router_logits_kernel<<<static_cast<unsigned>((jobs + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32, 0,
+                             p.stream>>>(p);
+  return cudaGetLastError();
+}
+
 size_t moe_permute_workspace_bytes(int64_t entries, int64_t num_experts) {
   const int64_t chunks = (entries + kPermChunk - 1) / kPermChunk;
   return static_cast<size_t>((chunks < 1 ? 1 : chunks) * num_experts) * sizeof(int32_t);
@@ -614,6 +748,10 @@ cudaError_t run_moe_permute(const MoePermuteParams& p) {
   const int64_t entries = p.tokens * p.top_k;
   const int E = static_cast<int>(p.num_experts);
   if (E <= 0 || E > 1024 || p.tokens < 0 || p.top_k < 1) return cudaErrorInvalidValue;
+  if (entries <= kSmallPermuteEntries) {
+    moe_small_permute_kernel<<<1, kSmallPermuteThreads, 0, p.stream>>>(p);
+    return cudaGetLastError();
+  }
   const int chunks = static_cast<int>((entries + kPermChunk - 1) / kPermChunk);
   int32_t* chunk_base = static_cast<int32_t*>(p.workspace);
   if (chunks > 0) {
@@ -627,6 +765,26 @@ cudaError_t run_moe_permute(const MoePermuteParams& p) {
     moe_chunk_scatter_kernel<<<chunks, kPermThreads, smem, p.stream>>>(p.ids, entries, E, chunk_base,
                                                                        p.sorted_entries, p.entry_position);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t run_moe_route_and_permute(const MoeRoutingParams& r, const MoePermuteParams& p) {
+  if (r.tokens != p.tokens || r.top_k != p.top_k || r.num_experts != p.num_experts || r.ids != p.ids)
+    return cudaErrorInvalidValue;
+  const int64_t entries = r.tokens * r.top_k;
+  if (entries == 0 || entries > kSmallPermuteEntries) {
+    if (cudaError_t err = run_moe_routing(r); err != cudaSuccess) return err;
+    return run_moe_permute(p);
+  }
+  const int64_t E = r.num_experts;
+  if (E <= 0 || E > kRoutingMaxExperts || r.top_k < 1 || r.top_k > 32 || r.top_k > E) return cudaErrorInvalidValue;
+  if (r.grouping != 0 && (r.n_group < 1 || r.n_group > 32 || E % r.n_group != 0 || r.topk_group < 1 ||
+                          r.topk_group > r.n_group))
+    return cudaErrorInvalidValue;
+  if (E <= 64) moe_route_permute_small_kernel<2><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
+  else if (E <= 128) moe_route_permute_small_kernel<4><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
+  else if (E <= 256) moe_route_permute_small_kernel<8><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
+  else moe_route_permute_small_kernel<16><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
   return cudaGetLastError();
 }
 

@@ -212,7 +212,8 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
   for (int c0 = begin; c0 < end; c0 += kChunkRows) {
     const int chunk_rows = min(kChunkRows, end - c0);
     v.x_row = g < chunk_rows;  // rows past the chunk multiply zeros and are not stored
-    v.x = p.x + static_cast<int64_t>(c0 + (v.x_row ? g : 0)) * p.k;
+    const int r = c0 + (v.x_row ? g : 0);
+    v.x = p.x + (p.x_rows != nullptr ? static_cast<int64_t>(p.x_rows[r]) / p.x_rows_divisor : r) * p.k;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (active) stream_k<kFp8>(acc, v, first, last);
     if (split > 1) {  // uniform over the CTA, as is the chunk loop
@@ -262,6 +263,7 @@ bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
       p.y == nullptr || !aligned16(p.x) || !aligned16(p.w))
     return false;
   if (p.k_split != 0 && p.k_split != 1 && p.k_split != 2 && p.k_split != 4) return false;
+  if (p.x_rows != nullptr && p.x_rows_divisor < 1) return false;
   if (fp8) {
     const int64_t groups = (p.k + kFp8Group - 1) / kFp8Group, scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
     return p.w_ld >= (p.k + 15) / 16 * 16 && p.w_ld % 16 == 0 && p.w_matrix_stride >= p.n * p.w_ld &&

@@ -415,7 +415,105 @@ std::vector<int32_t> check_routing(const RouteCase& rc, int64_t T) {
   std::snprintf(name, sizeof(name), "%s_T%lld", rc.name, static_cast<long long>(T));
   std::snprintf(extra, sizeof(extra), ",\"tokens_redrawn_for_near_ties\":%ld", in.redrawn);
   report_check("moe_routing", name, worst_w, 1e-5, id_mismatch, unwritten, extra);
+
+  // run_moe_route_and_permute (one CTA up to 256 entries, else the two launches): the same ids and weights, bit
+  // for bit, and the permutation the reference builds from them (the by_expert lists, concatenated).
+  {
+    const int64_t entries = T * kk;
+    DeviceBuffer<float> dl(static_cast<size_t>(T * E)), db(std::max<size_t>(in.bias.size(), 1)),
+        dw(static_cast<size_t>(entries));
+    DeviceBuffer<int32_t> di(static_cast<size_t>(entries)), counts(E), offsets(E + 1), sorted(entries),
+        position(entries);
+    DeviceBuffer<uint8_t> ws(k::moe_permute_workspace_bytes(entries, E));
+    dl.upload(in.logits);
+    if (!in.bias.empty()) db.upload(in.bias);
+    for (auto* b : {&di, &counts, &offsets, &sorted, &position}) b->poison();
+    dw.poison();
+    k::MoeRoutingParams r = device_rule(rc.rule);
+    r.tokens = T;
+    r.logits = dl.ptr;
+    r.bias = in.bias.empty() ? nullptr : db.ptr;
+    r.ids = di.ptr;
+    r.weights = dw.ptr;
+    k::MoePermuteParams p;
+    p.tokens = T;
+    p.top_k = kk;
+    p.num_experts = E;
+    p.ids = di.ptr;
+    p.counts = counts.ptr;
+    p.offsets = offsets.ptr;
+    p.sorted_entries = sorted.ptr;
+    p.entry_position = position.ptr;
+    p.workspace = ws.ptr;
+    CUDA_TRY(k::run_moe_route_and_permute(r, p));
+    CUDA_TRY(cudaDeviceSynchronize());
+    std::vector<int32_t> fused_ids = di.download();
+    std::vector<float> fused_w = dw.download();
+    long bad = 0;
+    for (int64_t j = 0; j < entries; ++j)
+      bad += fused_ids[j] != got.ids[j] || std::memcmp(&fused_w[j], &got.weights[j], sizeof(float)) != 0;
+    std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(E));
+    for (int64_t j = 0; j < entries; ++j)
+      if (got.ids[j] >= 0 && got.ids[j] < E) by_expert[got.ids[j]].push_back(static_cast<int32_t>(j));
+    std::vector<int32_t> want_sorted, want_counts, want_offsets{0}, want_pos(static_cast<size_t>(entries), -1);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int32_t j : by_expert[e]) {
+        want_pos[j] = static_cast<int32_t>(want_sorted.size());
+        want_sorted.push_back(j);
+      }
+      want_counts.push_back(static_cast<int32_t>(by_expert[e].size()));
+      want_offsets.push_back(static_cast<int32_t>(want_sorted.size()));
+    }
+    bad += want_counts != counts.download();
+    bad += want_offsets != offsets.download();
+    bad += want_sorted != sorted.download();
+    bad += want_pos != position.download();
+    report_check("moe_route_and_permute", name, bad ? INFINITY : 0.0, 0.0, bad, 0);
+  }
   return got.ids;
+}
+
+// run_moe_router_logits against the dot products in long double: error relative to sum |x_i w_i| (the float
+// result's rounding alone is 6e-8 of |logit|).
+void check_router_logits(const std::string& name, int64_t T, int64_t E, int64_t hidden, int64_t x_stride) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(T * x_stride));
+  for (uint16_t& v : x) v = float_to_bf16(nd(g_rng));
+  std::vector<float> w(static_cast<size_t>(E * hidden));
+  for (float& v : w) v = nd(g_rng) * 0.02f;
+  DeviceBuffer<uint16_t> dx(x.size());
+  DeviceBuffer<float> dw(w.size()), dl(static_cast<size_t>(T * E));
+  dx.upload(x);
+  dw.upload(w);
+  dl.poison();
+  k::MoeRouterLogitsParams p;
+  p.tokens = T;
+  p.num_experts = E;
+  p.hidden = hidden;
+  p.x = dx.ptr;
+  p.x_stride = x_stride;
+  p.w = dw.ptr;
+  p.w_stride = hidden;
+  p.logits = dl.ptr;
+  p.logits_stride = E;
+  CUDA_TRY(k::run_moe_router_logits(p));
+  CUDA_TRY(cudaDeviceSynchronize());
+  std::vector<float> got = dl.download();
+  double worst = 0.0;
+  long non_finite = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      long double dot = 0, mag = 0;
+      for (int64_t i = 0; i < hidden; ++i) {
+        const long double prod = static_cast<long double>(bf16_to_float(x[t * x_stride + i])) * w[e * hidden + i];
+        dot += prod;
+        mag += prod < 0 ? -prod : prod;
+      }
+      const float g = got[t * E + e];
+      if (!std::isfinite(g)) ++non_finite;
+      worst = std::max(worst, static_cast<double>(std::fabs(static_cast<long double>(g) - dot) / (mag + 1e-30L)));
+    }
+  report_check("moe_router_logits", name, non_finite ? INFINITY : worst, 1e-7, 0, non_finite);
 }
 
 // ---- permutation, gather, combine ----
@@ -804,6 +902,11 @@ void run_checks(bool quick) {
   check_permute("skewed_256e_top8_hot12_T5000", skewed_ids(5000, 8, 12), 5000, 8, 256);
   check_permute("skewed_1024e_top8_hot9_T777", skewed_ids(777, 8, 9), 777, 8, 1024);
   check_permute("T1_top8", skewed_ids(1, 8, 256), 1, 8, 256);
+  check_permute("skewed_1024e_top8_hot9_T32", skewed_ids(32, 8, 9), 32, 8, 1024);  // 256 entries: one CTA
+  check_permute("skewed_1024e_top8_hot9_T33", skewed_ids(33, 8, 9), 33, 8, 1024);  // 264: the chunked kernels
+  check_router_logits("v2lite_T1_64x2048", 1, 64, 2048, 2048);
+  check_router_logits("v3_T37_256x7168_strided", 37, 256, 7168, 7168 + 64);
+  check_router_logits("odd_T3_72x100", 3, 72, 100, 100);
 }
 
 }  // namespace

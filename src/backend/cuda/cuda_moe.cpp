@@ -31,6 +31,7 @@ namespace kc = kernels::cuda;
 // at 48 rows streaming 2089, tiled 406, per-expert 1136; at 384 tiled 2036, per-expert 1506 (cuBLAS's larger tiles).
 // V3 FP8 at 2 rows streaming 2882, tiled 7048; at 16 rows 8538 / 8295 / 12618; at 128 tiled 20898, per-expert 16649.
 constexpr int64_t kStreamingMaxRowsPerExpert = 16;
+constexpr int64_t kRouterKernelMaxTokens = 64;  // run_moe_router_logits up to this many tokens, cuBLAS beyond
 int64_t tiled_max_rows_per_expert(Precision p) { return p == Precision::kFP8 ? 64 : 256; }
 
 // Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
@@ -136,7 +137,25 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   auto* position = reinterpret_cast<int32_t*>(base + o_position);
   auto* logits = reinterpret_cast<float*>(base + o_logits);
 
-  gemm_f32_out(x, matrix_of(*w.router, 0), logits, E);
+  // Float32 router logits: for a few tokens one small kernel (cuBLAS's SGEMM path took three launches: widening x,
+  // the dot products, their reduction); otherwise cuBLAS.
+  const MatrixRef router = matrix_of(*w.router, 0);
+  if (router.precision == Precision::kF32 && T <= kRouterKernelMaxTokens) {
+    kc::MoeRouterLogitsParams rl;
+    rl.tokens = T;
+    rl.num_experts = E;
+    rl.hidden = hidden;
+    rl.x = static_cast<const uint16_t*>(x.data);
+    rl.x_stride = x.stride;
+    rl.w = static_cast<const float*>(router.values);
+    rl.w_stride = router.stride;
+    rl.logits = logits;
+    rl.logits_stride = E;
+    rl.stream = stream_;
+    check_cuda(kc::run_moe_router_logits(rl), "moe (router logits)");
+  } else {
+    gemm_f32_out(x, router, logits, E);
+  }
 
   kc::MoeRoutingParams r;
   r.tokens = T;
@@ -154,7 +173,6 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   r.ids = ids;
   r.weights = weights;
   r.stream = stream_;
-  check_cuda(kc::run_moe_routing(r), "moe (routing)");
 
   kc::MoePermuteParams perm;
   perm.tokens = T;
@@ -167,7 +185,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   perm.entry_position = position;
   perm.workspace = base + o_workspace;
   perm.stream = stream_;
-  check_cuda(kc::run_moe_permute(perm), "moe (permute)");
+  check_cuda(kc::run_moe_route_and_permute(r, perm), "moe (routing and permutation)");
 
   // The path: by rows per expert, or forced (DEEPINFER_MOE_GEMM); float32 weights (tests) take cuBLAS.
   enum class Path { kStreaming, kTiled, kPerExpert } path = Path::kPerExpert;
@@ -226,26 +244,35 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     x_rows = Tensor{base + o_x, DType::kBF16, T, hidden, hidden};
     copy(x, x_rows);
   }
-  kc::MoeGatherParams g;
-  g.entries = P;
-  g.top_k = k;
-  g.hidden = hidden;
-  g.x = static_cast<const uint16_t*>(x_rows.data);
-  g.sorted_entries = sorted;
-  g.permuted = reinterpret_cast<uint16_t*>(base + o_permuted);
-  g.stream = stream_;
-  check_cuda(kc::run_moe_gather(g), "moe (gather)");
-
   const Tensor permuted{base + o_permuted, DType::kBF16, P, hidden, hidden};
   const Tensor gate_up{base + o_gate_up, DType::kBF16, P, 2 * I, 2 * I};
   const Tensor act{base + o_act, DType::kBF16, P, I, I};
   const Tensor expert_out{base + o_expert_out, DType::kBF16, P, hidden, hidden};
+  // The streaming kernel reads each copy's x row through the permutation itself (no gather pass).
+  const bool gather_in_kernel = path == Path::kStreaming;
+  if (!gather_in_kernel) {
+    kc::MoeGatherParams g;
+    g.entries = P;
+    g.top_k = k;
+    g.hidden = hidden;
+    g.x = static_cast<const uint16_t*>(x_rows.data);
+    g.sorted_entries = sorted;
+    g.permuted = reinterpret_cast<uint16_t*>(base + o_permuted);
+    g.stream = stream_;
+    check_cuda(kc::run_moe_gather(g), "moe (gather)");
+  }
+
   if (grouped) {
     const auto run = path == Path::kTiled ? kc::run_moe_grouped_gemm_tiled : kc::run_moe_grouped_gemm;
     // FP8 experts: the kernel multiplies the bf16 activations by the exactly widened FP8 weights (no act_quant),
     // so this path is more accurate than the cuBLASLt one, whose activations are quantized to e4m3 per 1x128.
-    check_cuda(run(grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_)),
-               path == Path::kTiled ? "moe (tiled gate_up)" : "moe (grouped gate_up)");
+    kc::MoeGroupedGemmParams gp = grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_);
+    if (gather_in_kernel) {
+      gp.x = static_cast<const uint16_t*>(x_rows.data);
+      gp.x_rows = sorted;
+      gp.x_rows_divisor = k;
+    }
+    check_cuda(run(gp), path == Path::kTiled ? "moe (tiled gate_up)" : "moe (grouped gate_up)");
     silu_mul(gate_up, act);
     check_cuda(run(grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_)),
                path == Path::kTiled ? "moe (tiled down)" : "moe (grouped down)");

@@ -58,6 +58,23 @@ struct RopeParams {
 };
 cudaError_t run_rope(const RopeParams& params);
 
+// MoE router logits for a few tokens (the CUDA backend takes it up to 64): logits[t, e] = Σ_i x[t, i] · w[e, i], x
+// bf16 [T, hidden] at row stride x_stride, w float32 [E, hidden] at row stride w_stride, logits float32 at row
+// stride logits_stride. Products and sum in double, rounded once to float (no float summation order to match: the
+// result is the exact dot product's nearest float in all but pathological cancellations). One warp per (t, e).
+struct MoeRouterLogitsParams {
+  int64_t tokens = 0, num_experts = 0, hidden = 0;
+  const uint16_t* x = nullptr;
+  int64_t x_stride = 0;
+  const float* w = nullptr;
+  int64_t w_stride = 0;
+  float* logits = nullptr;
+  int64_t logits_stride = 0;
+  bool vec = false;  // set by the launcher (16-byte loads when sizes and alignment allow)
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_moe_router_logits(const MoeRouterLogitsParams& params);
+
 // MoE routing, the model's rule exactly (include/deepinfer/backend/moe_routing.h: scores, bias, group selection,
 // tie rules, weights); one warp per token. logits f32 [T, E]; ids int32 [T, k] in the rule's order (choice
 // descending, equal choices -> lower expert index; equal group scores -> lower group index); weights f32 [T, k].
@@ -95,8 +112,13 @@ struct MoePermuteParams {
   void* workspace = nullptr;
   cudaStream_t stream = nullptr;
 };
+// Up to 256 entries run as one CTA (and one launch; the workspace is not used), more as three launches.
 size_t moe_permute_workspace_bytes(int64_t entries, int64_t num_experts);
 cudaError_t run_moe_permute(const MoePermuteParams& params);
+
+// run_moe_routing then run_moe_permute on its ids (routing.ids == permute.ids, same tokens, top_k and experts), the
+// same results; up to 256 entries both in one launch of one CTA (decode: 7 us of launches per MoE layer fewer).
+cudaError_t run_moe_route_and_permute(const MoeRoutingParams& routing, const MoePermuteParams& permute);
 
 // Gather for the grouped GEMM: permuted[p, :] = x[sorted_entries[p] / k, :], rows of `hidden` bf16 values.
 struct MoeGatherParams {

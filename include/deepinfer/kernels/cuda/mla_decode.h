@@ -50,7 +50,7 @@ size_t mla_decode_workspace_floats(int batch, int num_heads, int num_splits);
 // The split count the fast kernel should use so that batch x head-blocks x splits fills `num_sms`
 // multiprocessors: 1 when the grid already nearly fills them (batch x head-blocks >= 0.9 x num_sms; measured on
 // an H200 at batch 128, H=16, 128 CTAs on 132 SMs: 1 split 158.5 us vs 3 splits 180.5 us at ctx 4096), else
-// about two CTAs per SM, at most one split per 4 pages of `max_context` and at most 64.
+// about two CTAs per SM, at most one split per 2 pages of `max_context` and at most 64.
 int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms);
 
 // The fast kernel: tensor cores (mma.sync m16n8k16 bf16, f32 accumulation), online softmax in f32, each page

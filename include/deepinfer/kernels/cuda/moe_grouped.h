@@ -47,7 +47,12 @@ struct MoeGroupedGemmParams {
   int64_t num_experts = 0;           // E
   int64_t n = 0, k = 0;              // output columns N, reduction length K
   const int32_t* offsets = nullptr;  // [E + 1] row ranges per expert
-  const uint16_t* x = nullptr;       // bf16 [rows, k], contiguous
+  const uint16_t* x = nullptr;       // bf16 [rows, k], contiguous (with x_rows: [any rows, k])
+  // run_moe_grouped_gemm only (the tiled kernel refuses it): row r of the product reads x row
+  // x_rows[r] / x_rows_divisor, the MoE gather folded into the loads (x_rows = the permutation's sorted_entries,
+  // divisor = top_k); null: row r reads x row r.
+  const int32_t* x_rows = nullptr;
+  int64_t x_rows_divisor = 1;
   const void* w = nullptr;           // [E][n][w_ld]: bf16 or e4m3 bytes (elements past k are never used)
   int64_t w_ld = 0;                  // elements per stored weight row
   int64_t w_matrix_stride = 0;       // elements from one expert's matrix to the next
