@@ -436,14 +436,29 @@ __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_logits_kernel(Mo
   const bf16* x = reinterpret_cast<const bf16*>(p.x) + t * p.x_stride;
   const float* w = p.w + e * p.w_stride;
   double acc = 0.0;
-  if (p.vec) {  // 8 values per lane and round: one 16-byte load of x, two of w
-    for (int64_t i = 8 * lane; i < p.hidden; i += 256) {
-      float xv[8];
-      load16(x + i, xv);
-      const float4 w0 = __ldg(reinterpret_cast<const float4*>(w + i)), w1 = __ldg(reinterpret_cast<const float4*>(w + i + 4));
-      const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  if (p.vec) {  // 8 values per lane and round (one 16-byte load of x, two of w), 4 rounds' loads in flight at once
+    constexpr int kRounds = 4;
+    for (int64_t i0 = 8 * lane; i0 < p.hidden; i0 += 256 * kRounds) {
+      uint4 xr[kRounds];
+      float4 w0[kRounds], w1[kRounds];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc = fma(static_cast<double>(xv[j]), static_cast<double>(wv[j]), acc);
+      for (int r = 0; r < kRounds; ++r) {
+        const int64_t i = i0 + 256 * r;
+        if (i < p.hidden) {
+          xr[r] = *reinterpret_cast<const uint4*>(x + i);
+          w0[r] = __ldg(reinterpret_cast<const float4*>(w + i));
+          w1[r] = __ldg(reinterpret_cast<const float4*>(w + i + 4));
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        if (i0 + 256 * r >= p.hidden) break;
+        const bf16* xe = reinterpret_cast<const bf16*>(&xr[r]);
+        const float wv[8] = {w0[r].x, w0[r].y, w0[r].z, w0[r].w, w1[r].x, w1[r].y, w1[r].z, w1[r].w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          acc = fma(static_cast<double>(__bfloat162float(xe[j])), static_cast<double>(wv[j]), acc);
+      }
     }
   } else {
     for (int64_t i = lane; i < p.hidden; i += 32)

@@ -580,16 +580,26 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecode
       __syncthreads();
     }
     float weight_sum = 0.0f;
-#pragma unroll 4
-    for (int s = 0; s < splits; ++s) {
-      const float w = staged ? s_weight[s] : exp2f(lse[s] - mx);
-      if (w == 0.0f) continue;
-      const float4 o = *reinterpret_cast<const float4*>(p.workspace + (row * p.num_splits + s) * kMlaLatentDim + col);
-      sum.x += w * o.x;
-      sum.y += w * o.y;
-      sum.z += w * o.z;
-      sum.w += w * o.w;
-      weight_sum += w;
+    // 8 splits' partial outputs loaded together (an empty split's partial is written as zeros, so every load is
+    // of written memory), then added in split order, skipping zero weights as before.
+    constexpr int kGroup = 8;
+    for (int s0 = 0; s0 < splits; s0 += kGroup) {
+      float4 o[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g)
+        if (s0 + g < splits)
+          o[g] = *reinterpret_cast<const float4*>(p.workspace + (row * p.num_splits + s0 + g) * kMlaLatentDim + col);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        if (s0 + g >= splits) break;
+        const float w = staged ? s_weight[s0 + g] : exp2f(lse[s0 + g] - mx);
+        if (w == 0.0f) continue;
+        sum.x += w * o[g].x;
+        sum.y += w * o[g].y;
+        sum.z += w * o[g].z;
+        sum.w += w * o[g].w;
+        weight_sum += w;
+      }
     }
     const float inv = 1.0f / weight_sum;
     sum.x *= inv;

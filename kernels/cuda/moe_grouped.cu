@@ -177,12 +177,18 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const MoeGroupedGemmParams p, int split) {
   using F = Format<kFp8>;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
-    __trap();  // some rows of y would be left unwritten
-  const int e = find_expert(p.offsets, num_experts, static_cast<int>(blockIdx.y));
-  if (e < 0) return;  // fewer non-empty experts than slots (uniform over the CTA)
-  const int begin = p.offsets[e], end = p.offsets[e + 1];
-  if (begin < 0 || end > rows) __trap();
+  const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : p.n;
+  int e = 0, begin = 0, end = rows;  // offsets == null: one matrix over every row, one slot
+  if (p.offsets != nullptr) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 &&
+        (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
+      __trap();  // some rows of y would be left unwritten
+    e = find_expert(p.offsets, num_experts, static_cast<int>(blockIdx.y));
+    if (e < 0) return;  // fewer non-empty experts than slots (uniform over the CTA)
+    begin = p.offsets[e];
+    end = p.offsets[e + 1];
+    if (begin < 0 || end > rows) __trap();
+  }
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
@@ -213,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
     const int chunk_rows = min(kChunkRows, end - c0);
     v.x_row = g < chunk_rows;  // rows past the chunk multiply zeros and are not stored
     const int r = c0 + (v.x_row ? g : 0);
-    v.x = p.x + (p.x_rows != nullptr ? static_cast<int64_t>(p.x_rows[r]) / p.x_rows_divisor : r) * p.k;
+    v.x = p.x + (p.x_rows != nullptr ? static_cast<int64_t>(p.x_rows[r]) / p.x_rows_divisor : r) * x_ld;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (active) stream_k<kFp8>(acc, v, first, last);
     if (split > 1) {  // uniform over the CTA, as is the chunk loop
@@ -230,12 +236,12 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
     const int r0 = 2 * t, r1 = 2 * t + 1;
     __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
     if (v.row_a) {
-      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * p.n + n_a] = __float2bfloat16(acc[0]);
-      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * p.n + n_a] = __float2bfloat16(acc[1]);
+      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * y_ld + n_a] = __float2bfloat16(acc[0]);
+      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * y_ld + n_a] = __float2bfloat16(acc[1]);
     }
     if (v.row_b) {
-      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * p.n + n_b] = __float2bfloat16(acc[2]);
-      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * p.n + n_b] = __float2bfloat16(acc[3]);
+      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * y_ld + n_b] = __float2bfloat16(acc[2]);
+      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * y_ld + n_b] = __float2bfloat16(acc[3]);
     }
   }
 }
@@ -259,11 +265,14 @@ bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (p.format != MoeWeightFormat::kBF16 && !fp8) return false;
   if (p.num_experts < 1 || p.num_experts > 65535 || p.n < 1 || p.k < 1 || p.k % 8 != 0 || p.rows < 0 ||
-      p.rows > INT32_MAX / 2 || p.k > INT32_MAX / 4 || p.offsets == nullptr || p.x == nullptr || p.w == nullptr ||
+      p.rows > INT32_MAX / 2 || p.k > INT32_MAX / 4 || (p.offsets == nullptr && p.num_experts != 1) ||
+      p.x == nullptr || p.w == nullptr ||
       p.y == nullptr || !aligned16(p.x) || !aligned16(p.w))
     return false;
   if (p.k_split != 0 && p.k_split != 1 && p.k_split != 2 && p.k_split != 4) return false;
   if (p.x_rows != nullptr && p.x_rows_divisor < 1) return false;
+  if (p.x_ld != 0 && (p.x_ld < p.k || p.x_ld % 8 != 0)) return false;
+  if (p.y_ld != 0 && p.y_ld < p.n) return false;
   if (fp8) {
     const int64_t groups = (p.k + kFp8Group - 1) / kFp8Group, scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
     return p.w_ld >= (p.k + 15) / 16 * 16 && p.w_ld % 16 == 0 && p.w_matrix_stride >= p.n * p.w_ld &&

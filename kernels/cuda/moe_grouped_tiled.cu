@@ -294,7 +294,8 @@ cudaError_t init_moe_grouped_gemm_tiled() {
 }
 
 cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& p) {
-  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr) return cudaErrorInvalidValue;
+  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0)
+    return cudaErrorInvalidValue;
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (p.rows == 0) return cudaSuccess;
   return fp8 ? launch<true>(p) : launch<false>(p);

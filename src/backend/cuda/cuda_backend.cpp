@@ -94,6 +94,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
       env_choice("DEEPINFER_MLA_FORM", {"auto", "absorbed", "expanded"}, "MLA over a cached prefix");
   if (!mla_form.ok()) return mla_form.status();
   if (*mla_form >= 0) backend->mla_form_ = static_cast<MlaForm>(*mla_form);
+  Result<int> small_linear =
+      env_choice("DEEPINFER_SMALL_LINEAR", {"streaming", "cublas"}, "the dense projections at a few rows");
+  if (!small_linear.ok()) return small_linear.status();
+  if (*small_linear >= 0) backend->streaming_linear_ = *small_linear == 0;
   Result<int> sampling = env_choice("DEEPINFER_DEVICE_SAMPLING", {"0", "1"}, "1 samples on the GPU, 0 on the host");
   if (!sampling.ok()) return sampling.status();
   if (*sampling >= 0) backend->device_sampling_ = *sampling == 1;

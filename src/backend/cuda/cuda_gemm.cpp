@@ -14,6 +14,7 @@
 #include "cuda_backend.h"
 #include "deepinfer/kernels/cuda/backend_ops.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
+#include "deepinfer/kernels/cuda/moe_grouped.h"
 #include "deepinfer/kernels/cuda/sampling.h"
 
 namespace deepinfer::backend::cuda {
@@ -22,6 +23,8 @@ namespace {
 namespace kc = kernels::cuda;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+constexpr int64_t kStreamingLinearMaxRows = 8;  // one chunk of the streaming kernel: the weights read once
 
 std::string dims(const Tensor& t) { return "[" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + "]"; }
 std::string dims(const MatrixRef& m) { return "[" + std::to_string(m.rows) + ", " + std::to_string(m.cols) + "]"; }
@@ -43,6 +46,37 @@ void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
   BACKEND_CHECK(fits_int(x.rows) && fits_int(w.stride) && fits_int(w.rows) && fits_int(x.stride) && fits_int(y.stride),
                 "linear: a size or stride beyond INT_MAX");
   if (failed() || x.rows == 0) return;
+  // A few rows (decode): the streaming kernel reads the weights once per 8 rows at close to the copy rate; cuBLAS's
+  // GEMV-shaped kernels ran at 1.8-2.5 TB/s on these shapes (H200, V2-Lite batch 1: bench/gpu/NOTES.md). FP8 weights
+  // are widened exactly and multiplied with the bf16 activations (no activation quantization, unlike linear_fp8).
+  if (streaming_linear_ && x.rows <= kStreamingLinearMaxRows &&
+      (w.precision == Precision::kBF16 || w.precision == Precision::kFP8) && w.cols % 8 == 0 &&
+      x.stride % 8 == 0 && aligned16(x.data) && aligned16(w.values)) {
+    kc::MoeGroupedGemmParams p;
+    p.format = w.precision == Precision::kFP8 ? kc::MoeWeightFormat::kFP8 : kc::MoeWeightFormat::kBF16;
+    p.rows = x.rows;
+    p.num_experts = 1;
+    p.n = w.rows;
+    p.k = w.cols;
+    p.x = static_cast<const uint16_t*>(x.data);
+    p.x_ld = x.stride;
+    p.w = w.values;
+    p.w_ld = w.stride;
+    p.w_matrix_stride = w.rows * w.stride;
+    if (w.precision == Precision::kFP8) {
+      p.w_scale = w.scales;
+      p.w_scale_ld = w.scale_ld;
+      p.w_scale_matrix_stride = (w.rows + kc::kFp8GroupSize - 1) / kc::kFp8GroupSize * w.scale_ld;
+    }
+    p.y = static_cast<uint16_t*>(y.data);
+    p.y_ld = y.stride;
+    p.num_sms = num_sms_;
+    p.stream = stream_;
+    if (kc::moe_grouped_params_valid(p)) {  // else (an unpadded FP8 row stride) cuBLAS below
+      check_cuda(kc::run_moe_grouped_gemm(p), "linear (streaming, a few rows)");
+      return;
+    }
+  }
   const int m = static_cast<int>(x.rows), n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   switch (w.precision) {
     case Precision::kBF16: {

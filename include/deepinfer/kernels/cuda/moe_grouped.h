@@ -46,7 +46,10 @@ struct MoeGroupedGemmParams {
   int64_t rows = 0;                  // P: rows of x and y (token copies)
   int64_t num_experts = 0;           // E
   int64_t n = 0, k = 0;              // output columns N, reduction length K
-  const int32_t* offsets = nullptr;  // [E + 1] row ranges per expert
+  const int32_t* offsets = nullptr;  // [E + 1] row ranges per expert; run_moe_grouped_gemm also takes null with
+                                     // num_experts 1: one matrix over all rows (a dense GEMM at a few rows)
+  int64_t x_ld = 0;                  // run_moe_grouped_gemm: elements between x rows (0: k); >= k, % 8 == 0
+  int64_t y_ld = 0;                  // run_moe_grouped_gemm: elements between y rows (0: n); >= n
   const uint16_t* x = nullptr;       // bf16 [rows, k], contiguous (with x_rows: [any rows, k])
   // run_moe_grouped_gemm only (the tiled kernel refuses it): row r of the product reads x row
   // x_rows[r] / x_rows_divisor, the MoE gather folded into the loads (x_rows = the permutation's sorted_entries,
