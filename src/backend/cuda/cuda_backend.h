@@ -258,9 +258,9 @@ class CudaBackend final : public Backend {
   enum class MlaForm { kAuto, kAbsorbed, kExpanded };
   MlaForm mla_form_ = MlaForm::kAuto;
   int64_t mla_context_chunk_ = 0;
-  // Dense projections at a few rows (cuda_gemm.cpp): the streaming kernel of moe_grouped.h (one matrix, weights read
-  // once per 8 rows) up to kStreamingLinearMaxRows rows, cuBLAS beyond; DEEPINFER_SMALL_LINEAR=cublas keeps cuBLAS
-  // at every size (measurements).
+  // FP8 dense projections at a few rows (cuda_gemm.cpp): the streaming kernel of moe_grouped.h (one matrix, weights
+  // read once per 8 rows) up to kStreamingLinearMaxRows rows, cuBLASLt beyond; DEEPINFER_SMALL_LINEAR=cublas keeps
+  // cuBLASLt at every size (measurements).
   bool streaming_linear_ = true;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;               // strided / batched / f32 GEMMs (leading dimensions)

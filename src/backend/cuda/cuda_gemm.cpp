@@ -46,11 +46,12 @@ void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
   BACKEND_CHECK(fits_int(x.rows) && fits_int(w.stride) && fits_int(w.rows) && fits_int(x.stride) && fits_int(y.stride),
                 "linear: a size or stride beyond INT_MAX");
   if (failed() || x.rows == 0) return;
-  // A few rows (decode): the streaming kernel reads the weights once per 8 rows at close to the copy rate; cuBLAS's
-  // GEMV-shaped kernels ran at 1.8-2.5 TB/s on these shapes (H200, V2-Lite batch 1: bench/gpu/NOTES.md). FP8 weights
-  // are widened exactly and multiplied with the bf16 activations (no activation quantization, unlike linear_fp8).
-  if (streaming_linear_ && x.rows <= kStreamingLinearMaxRows &&
-      (w.precision == Precision::kBF16 || w.precision == Precision::kFP8) && w.cols % 8 == 0 &&
+  // FP8 weights at a few rows (decode): the streaming kernel, one launch that widens the weights exactly and
+  // multiplies them with the bf16 activations, instead of linear_fp8's activation quantization, zero rows up to 16
+  // and block-scaled cuBLASLt GEMM. Measured on the H200 (bench/gpu/NOTES.md, 2026-12-04): the V3 slice's decode at
+  // batch 1 1.885 -> 1.720 ms, batch 8 2.676 -> 2.539. bf16 weights stay on cuBLAS: there the streaming kernel was no
+  // faster (V2-Lite batch 1 3.558 vs 3.541 ms, batch 8 7.506 vs 7.600).
+  if (streaming_linear_ && x.rows <= kStreamingLinearMaxRows && w.precision == Precision::kFP8 && w.cols % 8 == 0 &&
       x.stride % 8 == 0 && aligned16(x.data) && aligned16(w.values)) {
     kc::MoeGroupedGemmParams p;
     p.format = w.precision == Precision::kFP8 ? kc::MoeWeightFormat::kFP8 : kc::MoeWeightFormat::kBF16;
