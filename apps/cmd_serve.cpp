@@ -216,9 +216,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--kv-transfer-protocol", options->kv_transfer_protocol,
                   "tcp | ucx | rdma: how a prefill worker ships KV blocks to a decode worker (with --role prefill / "
-                  "decode only)");
+                  "decode only; both sides alike). ucx: UCX picks shared memory, TCP or RDMA; rdma: RDMA "
+                  "transports only (refused at startup without an RDMA device)");
   cmd->add_option("--rdma-device-names", options->rdma_device_names,
-                  "RDMA NICs for the KV transfer, e.g. mlx5_0,mlx5_1 (with --kv-transfer-protocol rdma only)");
+                  "RDMA NICs for the KV transfer, UCX_NET_DEVICES' form, e.g. mlx5_0:1,mlx5_1:1 (with "
+                  "--kv-transfer-protocol rdma only)");
   cmd->add_option("--kv-transfer-timeout-ms", options->kv_transfer_timeout_ms,
                   "How long either side of a KV transfer waits (to connect, for each block, for the completion "
                   "record) before it gives up: the decode worker then computes the prompt itself (with --role "
@@ -360,13 +362,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
         return fail("--kv-transfer-protocol " + *options->kv_transfer_protocol + ": one of tcp, ucx, rdma");
       }
       if (!disaggregated) return fail("--kv-transfer-protocol applies to --role prefill / decode");
-      if (*options->kv_transfer_protocol != "tcp") {
-        return fail("--kv-transfer-protocol " + *options->kv_transfer_protocol +
-                    ": this build moves KV blocks over TCP only (the UCX transport, RDMA included, is not in it "
-                    "yet); use --kv-transfer-protocol tcp");
-      }
     }
-    if (options->rdma_device_names) return fail("--rdma-device-names applies to --kv-transfer-protocol rdma");
+    if (options->rdma_device_names && options->kv_transfer_protocol.value_or("tcp") != "rdma")
+      return fail("--rdma-device-names applies to --kv-transfer-protocol rdma");
     if (options->kv_transfer_timeout_ms) {
       if (!disaggregated) return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
       if (*options->kv_transfer_timeout_ms < 1) return fail("--kv-transfer-timeout-ms must be at least 1");
@@ -809,6 +807,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.kv_transfer_port = options->kv_transfer_port.value_or(8998);
     server_config.kv_transfer_timeout_ms = options->kv_transfer_timeout_ms.value_or(30000);
     server_config.kv_transfer_max_connections = options->kv_transfer_max_connections.value_or(256);
+    server_config.kv_transfer_protocol = options->kv_transfer_protocol.value_or("tcp");
+    server_config.rdma_device_names = options->rdma_device_names.value_or("");
     server_config.kv_block_bytes = (*engine)->block_bytes();
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
     std::unique_ptr<engine::EngineClient> engine_client = engine::make_in_process_client(std::move(engine).value());

@@ -17,6 +17,7 @@ packages=(
   libclang-rt-14-dev                       # libFuzzer and sanitizer runtimes for clang
   libzmq3-dev                              # KV events: ZeroMQ PUB + replay (vLLM's transport)
   libgloo-dev                              # CPU collectives for tensor/expert parallel (Gloo over TCP)
+  libucx-dev ucx-utils                     # the KV transfer's UCX transport; ucx_perftest for its benchmark
   python3-dev python3-pip pybind11-dev python3-pybind11   # the deepseek_recipe module (pip install .)
   python3-pytest python3-numpy python3-fastapi python3-httpx  # its tests (tests/python) and the seed's gateway
   python3-yaml                             # deploy/check_manifests.py (the Kubernetes manifests' check)

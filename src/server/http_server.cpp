@@ -27,6 +27,7 @@
 #include "deepinfer/server/http_framing.h"
 #include "deepinfer/server/server.h"
 #include "kv_transfer.h"
+#include "ucx_transport.h"
 
 namespace deepinfer::server {
 namespace asio = boost::asio;
@@ -300,6 +301,9 @@ struct Server::Impl {
 
   awaitable<void> listen();
   awaitable<void> listen_kv_transfer();
+  // Role prefill: serves one accepted transfer stream on `executor` (a new strand if none), or refuses it with an
+  // error frame when --kv-transfer-max-connections are running or the server drains.
+  void accept_kv_transfer(std::unique_ptr<KvStream> stream, asio::any_io_executor executor = {});
   awaitable<void> refuse_connection(tcp::socket socket, std::string reason);
   awaitable<void> session(tcp::socket socket, std::string peer);
   void release_connection(const std::string& peer);
@@ -356,7 +360,8 @@ struct Server::Impl {
   asio::io_context ioc;
   asio::executor_work_guard<asio::io_context::executor_type> work;
   tcp::acceptor acceptor;
-  tcp::acceptor kv_acceptor;  // role prefill: decode workers' KV transfers
+  tcp::acceptor kv_acceptor;  // role prefill: decode workers' KV transfers (TCP)
+  std::shared_ptr<UcxTransport> ucx;  // --kv-transfer-protocol ucx|rdma: both roles
   KvTransferOptions kv_options;
   std::atomic<int32_t> kv_transfers{0};  // role prefill: transfers being served (a drain waits for them too)
   std::mutex fetches_mu;
@@ -404,7 +409,32 @@ Status Server::Impl::bind_kv_transfer() {
   kv_options.block_bytes = config.kv_block_bytes;
   kv_options.max_tokens = model.max_model_len;
   kv_options.fingerprint_hex = config.model_fingerprint_hex;
+  if (config.role != "prefill" && config.role != "decode") return Status();
+  if (config.kv_transfer_protocol != "tcp") {
+    UcxOptions ucx_options;
+    ucx_options.rdma_only = config.kv_transfer_protocol == "rdma";
+    ucx_options.net_devices = config.rdma_device_names;
+    Result<std::shared_ptr<UcxTransport>> made = UcxTransport::create(ucx_options);
+    if (!made.ok()) return made.status();
+    ucx = std::move(made).value();
+    kv_options.ucx = ucx;
+  }
   if (config.role != "prefill") return Status();
+  boost::json::object info = boost::json::parse(worker_info_body).as_object();
+  info["kv_transfer_protocol"] = config.kv_transfer_protocol;
+  if (ucx != nullptr) {
+    Result<uint16_t> port = ucx->listen(
+        acceptor.local_endpoint().address().to_string(), static_cast<uint16_t>(config.kv_transfer_port),
+        asio::make_strand(ioc), [this](std::unique_ptr<KvStream> stream) { accept_kv_transfer(std::move(stream)); });
+    if (!port.ok()) {
+      return Status::io_error(fmt::format("cannot listen for KV transfers (UCX) on {}:{} (--kv-transfer-port): {}",
+                                          config.host, config.kv_transfer_port, port.status().message()));
+    }
+    info["kv_transfer_port"] = *port;
+    worker_info_body = boost::json::serialize(info);
+    spdlog::info("KV transfers served over UCX on {}:{}", config.host, *port);
+    return Status();
+  }
   boost::system::error_code ec;
   const tcp::endpoint endpoint(acceptor.local_endpoint().address(), static_cast<uint16_t>(config.kv_transfer_port));
   kv_acceptor.open(endpoint.protocol(), ec);
@@ -415,7 +445,6 @@ Status Server::Impl::bind_kv_transfer() {
     return Status::io_error(fmt::format("cannot listen for KV transfers on {}:{} (--kv-transfer-port): {}",
                                         config.host, config.kv_transfer_port, ec.message()));
   }
-  boost::json::object info = boost::json::parse(worker_info_body).as_object();
   info["kv_transfer_port"] = kv_acceptor.local_endpoint().port();
   worker_info_body = boost::json::serialize(info);
   spdlog::info("KV transfers served on {}:{}", config.host, kv_acceptor.local_endpoint().port());
@@ -434,30 +463,34 @@ awaitable<void> Server::Impl::listen_kv_transfer() {
       co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
       continue;
     }
-    socket.set_option(tcp::no_delay(true), ec);
     auto executor = socket.get_executor();
-    if (kv_transfers.load() >= config.kv_transfer_max_connections) {
-      asio::co_spawn(executor,
-                     refuse_kv_transfer(std::move(socket),
-                                        fmt::format("the prefill worker is at its limit of {} KV transfers at once "
-                                                    "(--kv-transfer-max-connections)",
-                                                    config.kv_transfer_max_connections)),
-                     asio::detached);
-      continue;
-    }
-    ++kv_transfers;
-    asio::co_spawn(executor, serve_kv_transfer(std::move(socket), *client, kv_options, metrics),
-                   [this](std::exception_ptr error) {
-                     --kv_transfers;
-                     if (draining) asio::post(ioc, [this] { maybe_finish(); });
-                     if (!error) return;
-                     try {
-                       std::rethrow_exception(error);
-                     } catch (const std::exception& e) {
-                       spdlog::error("a KV transfer failed: {}", e.what());
-                     }
-                   });
+    accept_kv_transfer(make_tcp_kv_stream(std::move(socket)), executor);
   }
+}
+
+void Server::Impl::accept_kv_transfer(std::unique_ptr<KvStream> accepted, asio::any_io_executor executor) {
+  if (!executor) executor = asio::make_strand(ioc);
+  std::shared_ptr<KvStream> stream = std::move(accepted);
+  if (draining.load() || kv_transfers.load() >= config.kv_transfer_max_connections) {
+    const std::string why = draining.load() ? std::string("the prefill worker is shutting down")
+                                            : fmt::format("the prefill worker is at its limit of {} KV transfers at "
+                                                          "once (--kv-transfer-max-connections)",
+                                                          config.kv_transfer_max_connections);
+    asio::co_spawn(executor, refuse_kv_transfer(std::move(stream), why), asio::detached);
+    return;
+  }
+  ++kv_transfers;
+  asio::co_spawn(executor, serve_kv_transfer(std::move(stream), *client, kv_options, metrics),
+                 [this](std::exception_ptr error) {
+                   --kv_transfers;
+                   if (draining) asio::post(ioc, [this] { maybe_finish(); });
+                   if (!error) return;
+                   try {
+                     std::rethrow_exception(error);
+                   } catch (const std::exception& e) {
+                     spdlog::error("a KV transfer failed: {}", e.what());
+                   }
+                 });
 }
 
 void Server::Impl::arm_signals() {
@@ -481,6 +514,7 @@ void Server::Impl::begin_shutdown(bool drain) {
       boost::system::error_code ec;
       acceptor.close(ec);
       kv_acceptor.close(ec);
+      if (ucx != nullptr) ucx->stop_listening();
       if (drain) {
         drain_deadline.expires_after(std::chrono::seconds(config.shutdown_timeout_seconds));
         drain_deadline.async_wait([this](const boost::system::error_code& ec) {
@@ -1277,6 +1311,8 @@ void Server::wait() {
   for (std::thread& thread : impl_->threads) {
     if (thread.joinable()) thread.join();
   }
+  // No UCX completion may post to the io_context once its threads are gone.
+  if (impl_->ucx != nullptr) impl_->ucx->stop();
   impl_->client->stop();
 }
 

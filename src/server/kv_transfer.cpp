@@ -1,5 +1,7 @@
-// The KV transfer's two sides over TCP (kv_transfer.h).
+// The KV transfer's two sides over a KvStream: TCP or UCX (kv_transfer.h).
 #include "kv_transfer.h"
+
+#include "ucx_transport.h"
 
 #include "deepinfer/kvcache/tier_policy.h"
 
@@ -24,18 +26,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Reads one frame (header and body) within the stream's current expiry.
-awaitable<Result<std::pair<wire::FrameType, std::vector<std::byte>>>> read_frame(beast::tcp_stream& stream,
+// The buffers of one write (built outside the coroutines: GCC 12 miscompiles braced lists in a co_await's operands).
+std::vector<asio::const_buffer> buffers_of(asio::const_buffer a) { return std::vector<asio::const_buffer>(1, a); }
+std::vector<asio::const_buffer> buffers_of(asio::const_buffer a, asio::const_buffer b) {
+  std::vector<asio::const_buffer> v;
+  v.push_back(a);
+  v.push_back(b);
+  return v;
+}
+
+// Reads one frame (header and body), each read within `timeout`.
+awaitable<Result<std::pair<wire::FrameType, std::vector<std::byte>>>> read_frame(KvStream& stream,
                                                                                  uint32_t max_body_bytes,
+                                                                                 KvStream::Duration timeout,
                                                                                  beast::error_code& ec) {
   std::array<std::byte, wire::kFrameHeaderBytes> header_bytes{};
-  co_await asio::async_read(stream, asio::buffer(header_bytes), asio::redirect_error(use_awaitable, ec));
+  ec = co_await stream.read(asio::buffer(header_bytes), timeout);
   if (ec) co_return Status::io_error(ec.message());
   Result<wire::FrameHeader> header = wire::decode_frame_header(header_bytes, max_body_bytes);
   if (!header.ok()) co_return header.status();
   std::vector<std::byte> body(header->body_bytes);
   if (!body.empty()) {
-    co_await asio::async_read(stream, asio::buffer(body), asio::redirect_error(use_awaitable, ec));
+    ec = co_await stream.read(asio::buffer(body), timeout);
     if (ec) co_return Status::io_error(ec.message());
   }
   co_return std::make_pair(header->type, std::move(body));
@@ -158,21 +170,17 @@ Result<wire::KvTransferRequest> accept_request(const std::pair<wire::FrameType, 
 }
 
 // The prefill side's error frame, then the connection's end.
-awaitable<void> send_error(beast::tcp_stream& stream, const std::string& peer, std::string message,
-                           std::chrono::milliseconds timeout) {
-  spdlog::warn("KV transfer to {}: {}", peer, message);
+awaitable<void> send_error(KvStream& stream, std::string message, std::chrono::milliseconds timeout) {
+  spdlog::warn("KV transfer to {}: {}", stream.peer(), message);
   const std::vector<std::byte> frame = wire::encode_error(message);
-  beast::error_code ignored;
-  stream.expires_after(timeout);
-  co_await asio::async_write(stream, asio::buffer(frame), asio::redirect_error(use_awaitable, ignored));
-  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  co_await stream.write(buffers_of(asio::buffer(frame)), timeout);
+  stream.shutdown_send();
 }
 
-// The decode worker sends nothing after its request: a read that completes means it closed or reset.
-awaitable<void> watch_peer(beast::tcp_stream& stream, std::shared_ptr<Outbox> outbox) {
-  std::array<std::byte, 1> byte{};
-  beast::error_code ec;
-  co_await stream.socket().async_read_some(asio::buffer(byte), asio::redirect_error(use_awaitable, ec));
+// The decode worker sends nothing after its request: a read that completes means it closed or reset. Holds the
+// stream until then (serve_kv_transfer closes it on its way out, which ends this wait).
+awaitable<void> watch_peer(std::shared_ptr<KvStream> stream, std::shared_ptr<Outbox> outbox) {
+  co_await stream->wait_peer_closed();
   outbox->mark_peer_gone();
 }
 
@@ -201,30 +209,41 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
     co_return Status::invalid_argument("KV transfer endpoint '" + endpoint.substr(0, 200) + "': the port is not 1..65535");
   }
   auto executor = co_await asio::this_coro::executor;
-  beast::tcp_stream stream(executor);
-  if (control != nullptr) {
-    if (control->aborted()) co_return Status::internal("aborted before connecting");
-    control->attach(&stream);
-  }
+  if (control != nullptr && control->aborted()) co_return Status::internal("aborted before connecting");
   beast::error_code ec;
   tcp::resolver resolver(executor);
   const auto targets = co_await resolver.async_resolve(host, port, asio::redirect_error(use_awaitable, ec));
-  if (ec) {
+  if (ec || targets.empty()) {
     reason = "connect";
-    co_return Status::io_error(fmt::format("KV transfer: resolving {}: {}", endpoint, ec.message()));
+    co_return Status::io_error(
+        fmt::format("KV transfer: resolving {}: {}", endpoint, ec ? ec.message() : std::string("no address")));
   }
-  stream.expires_after(timeout);
-  co_await stream.async_connect(targets, asio::redirect_error(use_awaitable, ec));
-  if (ec) {
-    reason = ec == beast::error::timeout ? "timeout" : "connect";
-    co_return Status::io_error(fmt::format("KV transfer: connecting to {}: {}", endpoint, describe(ec, options.timeout_ms)));
+  std::unique_ptr<KvStream> stream;
+  if (options.ucx != nullptr) {
+    const tcp::endpoint target = *targets.begin();
+    Result<std::unique_ptr<KvStream>> made =
+        options.ucx->connect(target.address().to_string(), target.port(), executor);
+    if (!made.ok()) {
+      reason = "connect";
+      co_return made.status();
+    }
+    stream = std::move(made).value();
+  } else {
+    beast::tcp_stream connecting(executor);
+    connecting.expires_after(timeout);
+    co_await connecting.async_connect(targets, asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      reason = ec == beast::error::timeout ? "timeout" : "connect";
+      co_return Status::io_error(
+          fmt::format("KV transfer: connecting to {}: {}", endpoint, describe(ec, options.timeout_ms)));
+    }
+    stream = make_tcp_kv_stream(connecting.release_socket());
   }
-  stream.socket().set_option(tcp::no_delay(true), ec);
+  if (control != nullptr) control->attach(stream.get());
   const size_t first = request.first_block;
   const size_t expected = request.tokens.size() / kvcache::kBlockTokens - first;  // a trailing extra token: no block
   const std::vector<std::byte> ask = wire::encode_request(request);
-  stream.expires_after(timeout);
-  co_await asio::async_write(stream, asio::buffer(ask), asio::redirect_error(use_awaitable, ec));
+  ec = co_await stream->write(buffers_of(asio::buffer(ask)), timeout);
   if (ec) {
     reason = ec == beast::error::timeout ? "timeout" : "connect";
     co_return Status::io_error(fmt::format("KV transfer: sending the request to {}: {}", endpoint,
@@ -235,8 +254,9 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
   std::vector<std::vector<std::byte>> blocks;
   blocks.reserve(expected);
   while (true) {
-    stream.expires_after(timeout);  // each wait: the prefill worker's next block may follow a whole chunk
-    Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame = co_await read_frame(stream, max_body, ec);
+    // Each wait: the prefill worker's next block may follow a whole chunk.
+    Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame =
+        co_await read_frame(*stream, max_body, timeout, ec);
     if (!frame.ok()) {
       if (ec) {
         reason = ec == beast::error::timeout ? "timeout" : "connect";
@@ -305,8 +325,7 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
         co_return Status::corruption(fmt::format("KV transfer: block {} does not match its checksum", i));
       }
     }
-    beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream->finish();
     co_return blocks;
   }
 }
@@ -318,10 +337,7 @@ void KvFetchControl::abort(std::string why) {
     if (self->aborted_) return;
     self->aborted_ = true;
     self->why_ = std::move(why);
-    if (self->stream_ != nullptr) {
-      beast::error_code ignored;
-      self->stream_->socket().close(ignored);
-    }
+    if (self->stream_ != nullptr) self->stream_->close();
   });
 }
 
@@ -342,27 +358,25 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
   co_return result;
 }
 
-awaitable<void> refuse_kv_transfer(tcp::socket socket, std::string message) {
-  beast::tcp_stream stream(std::move(socket));
-  co_await send_error(stream, "a decode worker", std::move(message), std::chrono::milliseconds(1000));
+awaitable<void> refuse_kv_transfer(std::shared_ptr<KvStream> stream, std::string message) {
+  co_await send_error(*stream, std::move(message), std::chrono::milliseconds(1000));
+  stream->close();
 }
 
-awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& client, const KvTransferOptions& options,
-                                  Metrics& metrics) {
-  const auto timeout = std::chrono::milliseconds(options.timeout_ms);
-  std::string peer = "unknown";
-  {
-    beast::error_code ec;
-    const tcp::endpoint remote = socket.remote_endpoint(ec);
-    if (!ec) peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
-  }
-  beast::tcp_stream stream(std::move(socket));
-  beast::error_code ec;
-  auto fail = [&](std::string message) { return send_error(stream, peer, std::move(message), timeout); };
+namespace {
 
-  stream.expires_after(timeout);
+// serve_kv_transfer's body; the caller closes the stream however this ends.
+awaitable<void> serve_transfer(std::shared_ptr<KvStream> stream_ptr, engine::EngineClient& client,
+                               const KvTransferOptions& options, Metrics& metrics) {
+  const auto timeout = std::chrono::milliseconds(options.timeout_ms);
+  KvStream& stream = *stream_ptr;
+  const std::string peer = stream.peer();
+  beast::error_code ec;
+  auto fail = [&](std::string message) { return send_error(stream, std::move(message), timeout); };
+
   const uint32_t max_request = static_cast<uint32_t>(48 + 4 * std::max<int64_t>(options.max_tokens, 0));
-  Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame = co_await read_frame(stream, max_request, ec);
+  Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame =
+      co_await read_frame(stream, max_request, timeout, ec);
   if (!frame.ok()) {
     if (!ec) co_await fail(frame.status().message());
     co_return;  // the peer went away or sent nothing in time
@@ -397,7 +411,7 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
     }
   } cancel_guard{client, ticket, finished};
 
-  asio::co_spawn(co_await asio::this_coro::executor, watch_peer(stream, outbox), asio::detached);
+  asio::co_spawn(co_await asio::this_coro::executor, watch_peer(stream_ptr, outbox), asio::detached);
 
   std::vector<uint64_t> checksums;
   checksums.reserve(static_cast<size_t>(expected));
@@ -427,9 +441,7 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
       }
       const auto prefix = wire::encode_block_prefix(static_cast<uint32_t>(item.index), item.payload.size());
       checksums.push_back(wire::block_checksum(item.payload));
-      stream.expires_after(timeout);
-      const std::array<asio::const_buffer, 2> buffers{asio::buffer(prefix), asio::buffer(item.payload)};
-      co_await asio::async_write(stream, buffers, asio::redirect_error(use_awaitable, ec));
+      ec = co_await stream.write(buffers_of(asio::buffer(prefix), asio::buffer(item.payload)), timeout);
       if (ec) {
         spdlog::warn("KV transfer to {}: block {}: {}; prefill cancelled", peer, item.index,
                      describe(ec, options.timeout_ms));
@@ -441,22 +453,36 @@ awaitable<void> serve_kv_transfer(tcp::socket socket, engine::EngineClient& clie
         // Every block is out: the completion record now, not a step later when the engine reports the end (the
         // prefill's one token is nobody's: the request is cancelled on the way out, its blocks stay cached).
         const std::vector<std::byte> done = wire::encode_done(checksums);
-        stream.expires_after(timeout);
-        co_await asio::async_write(stream, asio::buffer(done), asio::redirect_error(use_awaitable, ec));
+        ec = co_await stream.write(buffers_of(asio::buffer(done)), timeout);
         if (ec) spdlog::warn("KV transfer to {}: sending the completion record: {}", peer, describe(ec, options.timeout_ms));
-        beast::error_code ignored;
-        stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        stream.shutdown_send();
         all_sent = true;
+        // The decode worker closes first, once it has read the completion record: closing this end earlier could
+        // lose what a transport still holds (UCX has no half-close). Bounded by the timeout.
+        const Clock::time_point until = Clock::now() + timeout;
+        while (!ec && !outbox->peer_gone() && Clock::now() < until) {
+          co_await outbox->wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
+          outbox->take();  // the engine's end of the prefill: nobody waits for it any more
+        }
         break;
       }
     }
     if (all_sent || ec) break;
   }
-  // Let the peer-watching read end before the stream goes: close the socket, then yield once.
-  beast::error_code ignored;
-  stream.socket().close(ignored);
-  asio::steady_timer settle(co_await asio::this_coro::executor, std::chrono::milliseconds(0));
-  co_await settle.async_wait(asio::redirect_error(use_awaitable, ignored));
+}
+
+}  // namespace
+
+awaitable<void> serve_kv_transfer(std::shared_ptr<KvStream> stream, engine::EngineClient& client,
+                                  const KvTransferOptions& options, Metrics& metrics) {
+  std::exception_ptr error;
+  try {
+    co_await serve_transfer(stream, client, options, metrics);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  stream->finish();  // what was written reaches the decode worker; the peer watch then ends and lets go
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace deepinfer::server

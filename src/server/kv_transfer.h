@@ -1,5 +1,6 @@
-// Prefill/decode disaggregation's KV transfer over TCP (Boost.Asio), both sides, in the server's io_context:
-// the frames of kvcache/transfer/kv_wire.h, one connection per transfer.
+// Prefill/decode disaggregation's KV transfer, both sides, in the server's io_context: the frames of
+// kvcache/transfer/kv_wire.h over one KvStream per transfer (kv_stream.h): TCP (Boost.Asio) or UCX's stream API
+// (ucx_transport.h: --kv-transfer-protocol ucx|rdma).
 //
 // Decode side (fetch_kv_blocks): connects to the prefill worker's KV transfer endpoint, asks for the KV of the
 // prompt's whole blocks, receives the blocks as the prefill worker's chunked prefill computes them, then the
@@ -28,14 +29,18 @@
 #include "deepinfer/engine/engine_client.h"
 #include "deepinfer/kvcache/transfer/kv_wire.h"
 #include "deepinfer/server/metrics.h"
+#include "kv_stream.h"
 
 namespace deepinfer::server {
+
+class UcxTransport;
 
 struct KvTransferOptions {
   int64_t timeout_ms = 30000;  // every wait (see above)
   size_t block_bytes = 0;      // this worker's KV block (engine::Engine::block_bytes()); REQUIRES > 0
   int64_t max_tokens = 0;      // the longest prompt a peer may send (max_model_len)
   std::string fingerprint_hex;  // this worker's block-hash fingerprint: the peer's must equal it
+  std::shared_ptr<UcxTransport> ucx;  // decode side: fetches over UCX; null: over TCP
 };
 
 // Ends a decode-side fetch from elsewhere (its client went away, the server stops): abort() closes the fetch's
@@ -48,11 +53,11 @@ class KvFetchControl : public std::enable_shared_from_this<KvFetchControl> {
   // On the fetch's strand.
   bool aborted() const { return aborted_; }
   const std::string& why() const { return why_; }
-  void attach(boost::beast::tcp_stream* stream) { stream_ = stream; }
+  void attach(KvStream* stream) { stream_ = stream; }
 
  private:
   boost::asio::any_io_executor strand_;
-  boost::beast::tcp_stream* stream_ = nullptr;  // strand only
+  KvStream* stream_ = nullptr;                  // strand only
   bool aborted_ = false;                        // strand only
   std::string why_;                             // strand only
 };
@@ -68,10 +73,10 @@ boost::asio::awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blo
 
 // Prefill side: answers a connection over the limit of transfers at once with an error frame and closes it
 // (within 1 s).
-boost::asio::awaitable<void> refuse_kv_transfer(boost::asio::ip::tcp::socket socket, std::string message);
+boost::asio::awaitable<void> refuse_kv_transfer(std::shared_ptr<KvStream> stream, std::string message);
 
 // Prefill side: serves one connection until its transfer ends.
-boost::asio::awaitable<void> serve_kv_transfer(boost::asio::ip::tcp::socket socket, engine::EngineClient& client,
+boost::asio::awaitable<void> serve_kv_transfer(std::shared_ptr<KvStream> stream, engine::EngineClient& client,
                                                const KvTransferOptions& options, Metrics& metrics);
 
 }  // namespace deepinfer::server

@@ -76,6 +76,10 @@ struct ServerConfig {
   int32_t kv_transfer_port = 8998;
   int64_t kv_transfer_timeout_ms = 30000;  // every wait of a transfer, on both sides
   int32_t kv_transfer_max_connections = 256;  // role prefill: transfers at once; more get an error frame
+  // "tcp" (Boost.Asio) or "ucx" / "rdma" (UCX's stream API; rdma: RDMA transports only, refused at startup where
+  // the machine has no RDMA device). Both sides of a transfer must use the same protocol.
+  std::string kv_transfer_protocol = "tcp";
+  std::string rdma_device_names;  // "rdma": UCX_NET_DEVICES (comma-separated); empty: UCX's choice
   size_t kv_block_bytes = 0;               // engine::Engine::block_bytes(); REQUIRES > 0 for prefill / decode
   // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
   // stop); a second one cancels what is still running and stops at once.
