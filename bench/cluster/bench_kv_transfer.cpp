@@ -1,11 +1,12 @@
-// The KV transfer's rate over TCP on loopback (prefill/decode disaggregation, src/server/kv_transfer.h), next to
-// a raw socket moving the same bytes in the same process (the ceiling of one TCP stream here) and XXH3 over them.
+// The KV transfer's rate on loopback over TCP and over UCX (prefill/decode disaggregation, src/server/kv_transfer.h),
+// next to a raw socket moving the same bytes in the same process (the ceiling of one TCP stream here) and XXH3 over
+// them (UCX's own ceiling: ucx_perftest, run beside this by bench/cluster/kv_transfer_rates.sh).
 // The product's two sides run as they do in the workers: serve_kv_transfer (the prefill side: its outbox, the
 // checksums, the block frames) and fetch_kv_blocks (the decode side: frames, size and order checks, checksum
 // verification). Only the engine is replaced, by a source that exports every block at once (the real one copies
 // each block off the device as its step ends: a prefill worker's step time, not the transfer's).
-// Prints one JSON line per (block size, blocks): seconds, GB/s, the raw socket's GB/s, XXH3's GB/s.
-// Usage: bench_kv_transfer [--blocks N] [--reps R] [--block-bytes B,...]
+// Prints one JSON line per (transport, block size, blocks): seconds, GB/s, the raw socket's GB/s, XXH3's GB/s.
+// Usage: bench_kv_transfer [--blocks N] [--reps R] [--block-bytes B,...] [--protocol tcp|ucx|both]
 #include <fmt/format.h>
 
 #include <boost/asio.hpp>
@@ -21,6 +22,7 @@
 #include "deepinfer/kvcache/transfer/kv_wire.h"
 #include "deepinfer/server/metrics.h"
 #include "kv_transfer.h"
+#include "ucx_transport.h"
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   int reps = 3;
   // The demo model's f32 latent block; V2-Lite's and V3's bf16 blocks (27 and 61 layers x 576 values x 64 tokens).
   std::vector<size_t> sizes{98'304, 1'990'656, 4'497'408};
+  std::vector<std::string> protocols{"tcp", "ucx"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--blocks") blocks = std::atoll(argv[i + 1]);
@@ -104,11 +107,17 @@ int main(int argc, char** argv) {
         sizes.push_back(std::stoull(list.substr(start, comma - start)));
         start = comma + 1;
       }
+    } else if (flag == "--protocol") {
+      protocols.clear();
+      const std::string p = argv[i + 1];
+      if (p == "tcp" || p == "both") protocols.push_back("tcp");
+      if (p == "ucx" || p == "both") protocols.push_back("ucx");
     } else {
-      std::cerr << "usage: bench_kv_transfer [--blocks N] [--reps R] [--block-bytes B,...]\n";
+      std::cerr << "usage: bench_kv_transfer [--blocks N] [--reps R] [--block-bytes B,...] [--protocol tcp|ucx|both]\n";
       return 2;
     }
   }
+  for (const std::string& protocol : protocols)
   for (size_t block_bytes : sizes) {
     BlockSource source(block_bytes);
     server::Metrics metrics;
@@ -119,17 +128,42 @@ int main(int argc, char** argv) {
     options.fingerprint_hex = std::string(32, 'a');
     asio::io_context io;
     tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    const uint16_t port = acceptor.local_endpoint().port();
+    uint16_t port = acceptor.local_endpoint().port();
     // The prefill side on its own thread and io_context, as in a prefill worker.
     asio::io_context prefill_io;
     auto guard = asio::make_work_guard(prefill_io);
     std::thread prefill_thread([&] { prefill_io.run(); });
+    std::shared_ptr<server::UcxTransport> ucx;
+    if (protocol == "ucx") {
+      Result<std::shared_ptr<server::UcxTransport>> made = server::UcxTransport::create({});
+      if (!made.ok()) {
+        std::cerr << made.status().to_string() << "\n";
+        std::exit(1);
+      }
+      ucx = *made;
+      options.ucx = ucx;
+      Result<uint16_t> listening =
+          ucx->listen("127.0.0.1", 0, asio::make_strand(prefill_io), [&](std::unique_ptr<server::KvStream> stream) {
+            asio::co_spawn(asio::make_strand(prefill_io),
+                           server::serve_kv_transfer(std::move(stream), source, options, metrics), asio::detached);
+          });
+      if (!listening.ok()) {
+        std::cerr << listening.status().to_string() << "\n";
+        std::exit(1);
+      }
+      port = *listening;
+    }
     std::vector<double> seconds, raw, raw_fresh, hash;
     for (int rep = 0; rep < reps; ++rep) {
-      acceptor.async_accept(asio::make_strand(prefill_io), [&](boost::system::error_code ec, tcp::socket socket) {
-        if (!ec) asio::co_spawn(socket.get_executor(), server::serve_kv_transfer(std::move(socket), source, options, metrics),
-                                asio::detached);
-      });
+      if (protocol == "tcp") {
+        acceptor.async_accept(asio::make_strand(prefill_io), [&](boost::system::error_code ec, tcp::socket socket) {
+          if (!ec)
+            asio::co_spawn(socket.get_executor(),
+                           server::serve_kv_transfer(server::make_tcp_kv_stream(std::move(socket)), source, options,
+                                                     metrics),
+                           asio::detached);
+        });
+      }
       std::thread accept_thread([&] { io.run(); io.restart(); });
       kvcache::transfer::KvTransferRequest request;
       request.fingerprint_hex = options.fingerprint_hex;
@@ -149,7 +183,7 @@ int main(int argc, char** argv) {
       accept_thread.join();
       if (!got.ok() || static_cast<int64_t>(got->size()) != blocks) {
         std::cerr << "transfer failed: " << got.status().to_string() << "\n";
-        return 1;
+        std::exit(1);
       }
       raw.push_back(raw_socket_seconds(block_bytes, blocks, false));
       raw_fresh.push_back(raw_socket_seconds(block_bytes, blocks, true));
@@ -160,6 +194,7 @@ int main(int argc, char** argv) {
     }
     guard.reset();
     prefill_thread.join();
+    if (ucx != nullptr) ucx->stop();
     std::sort(seconds.begin(), seconds.end());
     std::sort(raw.begin(), raw.end());
     std::sort(raw_fresh.begin(), raw_fresh.end());
@@ -167,12 +202,12 @@ int main(int argc, char** argv) {
     const double bytes = static_cast<double>(block_bytes) * static_cast<double>(blocks);
     const auto median = [](const std::vector<double>& v) { return v[v.size() / 2]; };
     std::cout << fmt::format(
-                     "{{\"bench\": \"kv_transfer\", \"transport\": \"tcp-loopback\", \"block_bytes\": {}, "
+                     "{{\"bench\": \"kv_transfer\", \"transport\": \"{}-loopback\", \"block_bytes\": {}, "
                      "\"blocks\": {}, \"reps\": {}, \"seconds_median\": {:.4f}, \"seconds_min\": {:.4f}, "
                      "\"gb_per_s\": {:.3f}, \"raw_socket_gb_per_s\": {:.3f}, \"raw_socket_fresh_buffers_gb_per_s\": "
                      "{:.3f}, \"vs_raw_socket\": {:.2f}, \"vs_raw_socket_fresh_buffers\": {:.2f}, "
                      "\"xxh3_gb_per_s\": {:.2f}}}",
-                     block_bytes, blocks, reps, median(seconds), seconds.front(), bytes / median(seconds) / 1e9,
+                     protocol, block_bytes, blocks, reps, median(seconds), seconds.front(), bytes / median(seconds) / 1e9,
                      bytes / median(raw) / 1e9, bytes / median(raw_fresh) / 1e9, median(raw) / median(seconds),
                      median(raw_fresh) / median(seconds), bytes / median(hash) / 1e9)
               << std::endl;

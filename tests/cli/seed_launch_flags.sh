@@ -2,8 +2,8 @@
 # The seed's launch scripts run as written (ports and paths changed): every flag in them is accepted by
 # `deepinfer serve`, and each is honoured or refused at startup with a message naming what this build or machine
 # lacks (never accepted and ignored). Today the seed's prefill and decode command lines stop at what this build
-# lacks (the RDMA transport; eight GPUs per model); each refusable flag is also checked on its own, and the same
-# lines with those flags at what this build has (tcp, one device) serve.
+# lacks (eight GPUs per model; an RDMA device on this machine); each refusable flag is also checked on its own, and
+# the same lines with those flags at what this build and machine have (ucx and tcp, one device) serve.
 # Usage: seed_launch_flags.sh DEEPINFER_BINARY MODEL_DIR (the demo model)
 set -uo pipefail
 bin=$1 model=$2
@@ -35,10 +35,12 @@ prefill=(--model-path "$model" --role prefill --host 127.0.0.1 --port 0 --cluste
          --gpu-memory-utilization 0.90 --kv-transfer-protocol rdma --rdma-device-names mlx5_0,mlx5_1
          --kv-transfer-timeout-ms 30000 --swa-bounded-replay --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier")
 expect_refused "--tensor-parallel-size > 1 with --role decode" "${decode[@]}"
-expect_refused "--kv-transfer-protocol rdma: this build moves KV blocks over TCP only" "${prefill[@]}"
+expect_refused "--tensor-parallel-size > 1 with --role prefill" "${prefill[@]}"
 # Each refusable flag on its own.
 expect_refused "--kv-transfer-protocol applies to --role prefill / decode" --model-path "$model" --kv-transfer-protocol tcp
-expect_refused "--kv-transfer-protocol ucx: this build moves KV blocks over TCP only" --model-path "$model" --role decode --kv-transfer-protocol ucx
+if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
+  expect_refused "--kv-transfer-protocol rdma: this machine has no RDMA device" --model-path "$model" --role prefill --kv-transfer-protocol rdma --rdma-device-names mlx5_0:1 --kv-transfer-port 0
+fi
 expect_refused "--kv-transfer-port applies to --role prefill" --model-path "$model" --role decode --kv-transfer-port 9000
 expect_refused "--role decode needs the prefix cache" --model-path "$model" --role decode --no-prefix-caching
 expect_refused "--kv-transfer-timeout-ms must be at least 1" --model-path "$model" --role prefill --kv-transfer-timeout-ms 0
@@ -91,7 +93,7 @@ else
 fi
 kill $server 2>/dev/null; wait $server 2>/dev/null
 rm -f "$log"
-# The seed's prefill and decode lines with what this build has in place of what it lacks (tcp for rdma, one device,
+# The seed's prefill and decode lines with what this build has in place of what it lacks (ucx for rdma, one device,
 # no GPU memory fraction on the CPU, no sliding-window replay for a V3-architecture model): both serve in their role.
 kvport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 decode_here=(--model-path "$model" --role decode --host 127.0.0.1 --port 0 --cluster-nodes 1 --tensor-parallel-size 1
@@ -100,7 +102,7 @@ decode_here=(--model-path "$model" --role decode --host 127.0.0.1 --port 0 --clu
              --tiered-kv-storage-path "$tier/decode")
 prefill_here=(--model-path "$model" --role prefill --host 127.0.0.1 --port 0 --cluster-nodes 1 --tensor-parallel-size 1
               --pipeline-parallel-size 1 --expert-parallel-size 1 --max-model-len 2048 --max-num-seqs 8
-              --kv-transfer-protocol tcp --kv-transfer-port "$kvport" --kv-transfer-timeout-ms 30000
+              --kv-transfer-protocol ucx --kv-transfer-port "$kvport" --kv-transfer-timeout-ms 30000
               --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier/prefill")
 for role in decode prefill; do
   log=$(mktemp)
@@ -115,7 +117,7 @@ for role in decode prefill; do
     sleep 0.1
   done
   if [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/worker/info" | grep -q "\"role\":\"$role\""; then
-    echo "ok: the seed's $role line (tcp, one device) serves as --role $role (port $port)"
+    echo "ok: the seed's $role line (ucx, one device) serves as --role $role (port $port)"
   else
     echo "FAIL: the seed's $role line did not come up as --role $role:"; tail -5 "$log"; failures=$((failures + 1))
   fi

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Prefill/decode disaggregation over UCX end to end (issue 19, item 2's second transport): a `--role prefill` and a
+`--role decode` worker with `--kv-transfer-protocol ucx` on the built-in demo model behind `deepinfer router`, a
+`--role both` worker as the reference, and a `--kv-transfer-protocol tcp` decode worker for the mismatch case.
+
+Checks (the fault rows also printed as a table):
+  - greedy identity through router -> decode worker (KV over UCX from the prefill worker), plain and streamed; the
+    decode worker served the prompts' whole blocks from the transfers, as many blocks received as sent;
+  - a decode worker speaking TCP to the UCX listener: the transfer fails, the request answers 200 (prompt computed
+    on the decode worker) within the timeout;
+  - a stalled prefill worker (SIGSTOP): the decode worker gives up after --kv-transfer-timeout-ms and answers;
+  - kill -9 of the prefill worker mid-transfer: the request answers; later requests answer (locally prefilled);
+  - afterwards no decode worker has a request running or a KV block held.
+UCX is left to choose its transports (shared memory and TCP on loopback here), except where UCX_TLS is set.
+Usage: pd_ucx_e2e.py DEEPINFER_BINARY MODEL_DIR
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+TIMEOUT_MS = 2000  # the decode workers' --kv-transfer-timeout-ms
+failures, table, procs = [], [], []
+logdir = tempfile.mkdtemp(prefix="pd-ucx-e2e-")
+SYSTEM = "You are the Debian documentation assistant; answer briefly and exactly. " * 60  # ~700 tokens
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def request(port, path, body=None, timeout=60, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    all_headers = {"Content-Type": "application/json"}
+    all_headers.update(headers or {})
+    conn.request("POST" if body is not None else "GET", path, body=json.dumps(body) if body is not None else None,
+                 headers=all_headers)
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    return response.status, text
+
+
+def metrics(port):
+    out = {}
+    for line in request(port, "/metrics")[1].splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def failures_counted(m):
+    return sum(v for k, v in m.items() if k.startswith("deepinfer_kv_transfer_failures_total"))
+
+
+def wait_health(port, seconds=120):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if request(port, "/health", timeout=2)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def start(name, args):
+    log = open(os.path.join(logdir, f"{name}.log"), "a")
+    p = subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
+    return p
+
+
+def chat(text, max_tokens=16, stream=False, system=SYSTEM):
+    return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+
+
+def content(body):
+    return json.loads(body)["choices"][0]["message"]["content"]
+
+
+def streamed_text(body):
+    text = ""
+    for line in body.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            text += json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+    return text
+
+
+try:
+    pport, kvport, dport, tport, bport, rport = (free_port() for _ in range(6))
+    common = ["serve", "--device", "cpu", "--model-path", MODEL, "--host", "127.0.0.1"]
+    prefill = start("prefill", common + ["--port", str(pport), "--role", "prefill", "--kv-transfer-protocol", "ucx",
+                                         "--kv-transfer-port", str(kvport), "--kv-transfer-timeout-ms", "5000"])
+    start("decode", common + ["--port", str(dport), "--role", "decode", "--kv-transfer-protocol", "ucx",
+                              "--kv-transfer-timeout-ms", str(TIMEOUT_MS)])
+    start("decode-tcp", common + ["--port", str(tport), "--role", "decode", "--kv-transfer-protocol", "tcp",
+                                  "--kv-transfer-timeout-ms", str(TIMEOUT_MS)])
+    start("both", common + ["--port", str(bport)])
+    start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode", f"http://127.0.0.1:{dport}",
+                     "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(rport),
+                     "--health-check-interval-ms", "200", "--first-byte-timeout-ms", "5000"])
+    check(all(wait_health(p) for p in (pport, dport, tport, bport, rport)), "prefill, 2 decode, both and router healthy")
+    time.sleep(1.0)
+    info = json.loads(request(pport, "/worker/info")[1])
+    check(info.get("kv_transfer_protocol") == "ucx" and info.get("kv_transfer_port") == kvport,
+          f"the prefill worker's /worker/info: ucx on port {info.get('kv_transfer_port')}")
+
+    def reference(body):
+        return content(request(bport, "/v1/chat/completions", body)[1])
+
+    # Greedy identity over UCX.
+    questions = ["What does apt-get do?", "Name a text editor.", "What is dpkg?"]
+    systems = {q: f"Conversation {i}. " + SYSTEM for i, q in enumerate(questions)}
+    before_p, before_d = metrics(pport), metrics(dport)
+    same, cached, whole = True, [], []
+    for q in questions:
+        s, body = request(rport, "/v1/chat/completions", chat(q, system=systems[q]))
+        same = same and s == 200 and content(body) == reference(chat(q, system=systems[q]))
+        usage = json.loads(body)["usage"] if s == 200 else {"prompt_tokens": 0, "prompt_tokens_details": {}}
+        cached.append(usage["prompt_tokens_details"].get("cached_tokens"))
+        whole.append((usage["prompt_tokens"] - 1) // 64 * 64)
+    check(same, f"greedy identity: {len(questions)} chat completions through prefill + decode (UCX) equal --role both's")
+    streamed = chat("What is a Debian package?", stream=True, system="Streamed. " + SYSTEM)
+    s, body = request(rport, "/v1/chat/completions", streamed)
+    check(s == 200 and streamed_text(body) == reference(dict(streamed, stream=False)),
+          "greedy identity: a streamed completion too")
+    after_p, after_d = metrics(pport), metrics(dport)
+    sent = after_p['deepinfer_kv_transfer_blocks_total{direction="sent"}'] - \
+        before_p['deepinfer_kv_transfer_blocks_total{direction="sent"}']
+    received = after_d['deepinfer_kv_transfer_blocks_total{direction="received"}'] - \
+        before_d['deepinfer_kv_transfer_blocks_total{direction="received"}']
+    check(sent == received and received >= sum(w // 64 for w in whole) and cached == whole,
+          f"blocks over UCX: sent {sent:.0f}, received {received:.0f}; cached tokens {cached} = whole blocks {whole}")
+    check(failures_counted(after_d) == 0, "no transfer failed on the way")
+
+    q = "How do I list files?"
+    # A decode worker speaking TCP to the UCX listener.
+    before = metrics(tport)
+    body = chat(q, system="Mismatch. " + SYSTEM)
+    started = time.time()
+    s, got = request(tport, "/v1/chat/completions", body, headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
+    took = time.time() - started
+    counted = failures_counted(metrics(tport)) - failures_counted(before)
+    check(s == 200 and content(got) == reference(body) and counted == 1 and took < TIMEOUT_MS / 1000 + 3,
+          f"tcp decode worker -> ucx listener: 200 with the reference answer in {took:.2f} s, 1 failure counted")
+    table.append(("a TCP decode worker names the UCX listener", "200, same tokens (prompt computed here)", f"{took:.2f}"))
+
+    # A stalled prefill worker.
+    prefill.send_signal(signal.SIGSTOP)
+    before = metrics(dport)
+    body = chat(q, system="Stalled. " + SYSTEM)
+    started = time.time()
+    s, got = request(dport, "/v1/chat/completions", body, headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
+    took = time.time() - started
+    after = metrics(dport)
+    timeouts = after.get('deepinfer_kv_transfer_failures_total{reason="timeout"}', 0) - \
+        before.get('deepinfer_kv_transfer_failures_total{reason="timeout"}', 0)
+    prefill.send_signal(signal.SIGCONT)
+    check(s == 200 and content(got) == reference(body) and timeouts == 1 and took < TIMEOUT_MS / 1000 + 3,
+          f"a stalled (SIGSTOP) prefill worker: 200 with the reference answer in {took:.2f} s, counted as timeout")
+    table.append(("the prefill worker stalls (SIGSTOP)", "200, same tokens (prompt computed here)", f"{took:.2f}"))
+    time.sleep(0.5)
+
+    # kill -9 of the prefill worker mid-transfer (the longest prompt the demo model takes: the transfer is under
+    # way when the kill lands, or already done; either way the request answers the reference).
+    mid = {}
+    body = chat(q, system="Mid-transfer. " + SYSTEM * 2)
+    want = reference(body)
+    t = threading.Thread(target=lambda: mid.update(r=request(rport, "/v1/chat/completions", body)))
+    started = time.time()
+    t.start()
+    time.sleep(0.3)
+    prefill.send_signal(signal.SIGKILL)
+    prefill.wait()
+    t.join(30)
+    took = time.time() - started
+    check("r" in mid and mid["r"][0] == 200 and content(mid["r"][1]) == want,
+          f"kill -9 the prefill worker mid-transfer: 200 with the reference answer in {took:.2f} s")
+    table.append(("kill -9 the prefill worker mid-transfer", "200, same tokens", f"{took:.2f} (0.3 before the kill)"))
+    started = time.time()
+    results = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}: {q}")) for i in range(2)]
+    took = time.time() - started
+    check(all(s == 200 for s, _ in results), f"after the kill: 2 requests answered {[s for s, _ in results]}")
+    table.append(("requests after the prefill worker's kill -9", "2 × 200 (prefilled on the decode worker)",
+                  f"{took:.2f}"))
+
+    time.sleep(0.5)
+    for name, port in (("decode (ucx)", dport), ("decode (tcp)", tport)):
+        m = metrics(port)
+        check(m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0 and
+              m.get("deepinfer_kv_cache_blocks_used") == 0,
+              f"{name} worker: no request left running or waiting, no KV block held")
+finally:
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+print("\n| case (UCX) | what the request got | seconds |\n|---|---|---|")
+for row in table:
+    print(f"| {row[0]} | {row[1]} | {row[2]} |")
+if failures:
+    print(f"\n{len(failures)} failed; logs in {logdir}")
+    for name in ("router", "prefill", "decode", "decode-tcp", "both"):
+        path = os.path.join(logdir, f"{name}.log")
+        if os.path.exists(path):
+            print(f"--- {name}.log")
+            print("".join(open(path).readlines()[-25:]))
+    sys.exit(1)
+print("prefill/decode over UCX e2e: all checks passed")
