@@ -109,7 +109,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::string eplb_policy = "global";
     std::optional<double> gpu_memory_utilization;
     std::optional<std::string> kv_transfer_protocol, rdma_device_names;
-    std::optional<int64_t> kv_transfer_timeout_ms;
+    std::optional<int64_t> kv_transfer_timeout_ms, kv_transfer_deadline_ms;
     std::optional<int32_t> kv_transfer_port;
     std::optional<int32_t> kv_transfer_max_connections;
     bool swa_bounded_replay = false;
@@ -225,6 +225,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "How long either side of a KV transfer waits (to connect, for each block, for the completion "
                   "record) before it gives up: the decode worker then computes the prompt itself (with --role "
                   "prefill / decode only; default 30000)");
+  cmd->add_option("--kv-transfer-deadline-ms", options->kv_transfer_deadline_ms,
+                  "--role decode: how long a whole KV transfer may take, connecting to the last block checked (a "
+                  "prefill worker that trickles blocks just inside --kv-transfer-timeout-ms is cut off there; the "
+                  "decode worker then computes the prompt itself; default 120000)");
   cmd->add_option("--kv-transfer-port", options->kv_transfer_port,
                   "--role prefill: the TCP port decode workers fetch KV blocks from, on --host (default 8998; 0: an "
                   "ephemeral port, shown in GET /worker/info)");
@@ -348,7 +352,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     };
     for (const char* flag : {"--role", "--pipeline-parallel-size", "--expert-parallel-size", "--nnodes", "--node-rank",
                              "--tensor-parallel-size", "--kv-transfer-protocol", "--rdma-device-names",
-                             "--kv-transfer-timeout-ms", "--gpu-memory-utilization", "--kv-transfer-port",
+                             "--kv-transfer-timeout-ms", "--kv-transfer-deadline-ms", "--gpu-memory-utilization",
+                             "--kv-transfer-port",
                              "--kv-transfer-max-connections"}) {
       if (std::optional<std::string> value = typed(flag); value && value->empty()) {
         const std::string name = std::string_view(flag) == "--nnodes" ? "--nnodes/--cluster-nodes" : flag;
@@ -368,6 +373,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (options->kv_transfer_timeout_ms) {
       if (!disaggregated) return fail("--kv-transfer-timeout-ms applies to --role prefill / decode");
       if (*options->kv_transfer_timeout_ms < 1) return fail("--kv-transfer-timeout-ms must be at least 1");
+    }
+    if (options->kv_transfer_deadline_ms) {
+      if (options->role != "decode") return fail("--kv-transfer-deadline-ms applies to --role decode");
+      if (*options->kv_transfer_deadline_ms < 1) return fail("--kv-transfer-deadline-ms must be at least 1");
     }
     if (options->kv_transfer_port) {
       if (options->role != "prefill") return fail("--kv-transfer-port applies to --role prefill");
@@ -806,6 +815,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.kv_events_replay_endpoint = options->kv_events_replay_endpoint;
     server_config.kv_transfer_port = options->kv_transfer_port.value_or(8998);
     server_config.kv_transfer_timeout_ms = options->kv_transfer_timeout_ms.value_or(30000);
+    server_config.kv_transfer_deadline_ms = options->kv_transfer_deadline_ms.value_or(120000);
     server_config.kv_transfer_max_connections = options->kv_transfer_max_connections.value_or(256);
     server_config.kv_transfer_protocol = options->kv_transfer_protocol.value_or("tcp");
     server_config.rdma_device_names = options->rdma_device_names.value_or("");

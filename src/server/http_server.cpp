@@ -406,6 +406,7 @@ Status Server::Impl::bind() {
 
 Status Server::Impl::bind_kv_transfer() {
   kv_options.timeout_ms = config.kv_transfer_timeout_ms;
+  kv_options.deadline_ms = config.kv_transfer_deadline_ms;
   kv_options.block_bytes = config.kv_block_bytes;
   kv_options.max_tokens = model.max_model_len;
   kv_options.fingerprint_hex = config.model_fingerprint_hex;

@@ -195,6 +195,7 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
                                                                     Metrics& metrics, std::string& reason,
                                                                     KvFetchControl* control) {
   const auto timeout = std::chrono::milliseconds(options.timeout_ms);
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(options.deadline_ms);
   const size_t colon = endpoint.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
     reason = "connect";
@@ -254,10 +255,19 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
   std::vector<std::vector<std::byte>> blocks;
   blocks.reserve(expected);
   while (true) {
-    // Each wait: the prefill worker's next block may follow a whole chunk.
+    // Each wait: the prefill worker's next block may follow a whole chunk; and the whole transfer within its
+    // deadline (a peer that trickles blocks just inside the wait's timeout is cut off there).
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const bool deadline_bound = left < timeout;
     Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame =
-        co_await read_frame(*stream, max_body, timeout, ec);
+        co_await read_frame(*stream, max_body, std::max(std::chrono::milliseconds(0), std::min(timeout, left)), ec);
     if (!frame.ok()) {
+      if (ec == beast::error::timeout && deadline_bound) {
+        reason = "deadline";
+        co_return Status::io_error(fmt::format("KV transfer from {}: after {} of {} blocks: past the transfer's "
+                                               "deadline of {} ms (--kv-transfer-deadline-ms)",
+                                               endpoint, blocks.size(), expected, options.deadline_ms));
+      }
       if (ec) {
         reason = ec == beast::error::timeout ? "timeout" : "connect";
         co_return Status::io_error(fmt::format("KV transfer from {}: after {} of {} blocks: {}", endpoint, blocks.size(),

@@ -37,6 +37,7 @@ class UcxTransport;
 
 struct KvTransferOptions {
   int64_t timeout_ms = 30000;  // every wait (see above)
+  int64_t deadline_ms = 120000;  // decode side: the whole transfer, connecting to the last block checked
   size_t block_bytes = 0;      // this worker's KV block (engine::Engine::block_bytes()); REQUIRES > 0
   int64_t max_tokens = 0;      // the longest prompt a peer may send (max_model_len)
   std::string fingerprint_hex;  // this worker's block-hash fingerprint: the peer's must equal it
@@ -64,7 +65,7 @@ class KvFetchControl : public std::enable_shared_from_this<KvFetchControl> {
 
 // Decode side. `endpoint`: "HOST:PORT" of a prefill worker's KV transfer listener. `tokens`: whole blocks of the
 // prompt. Returns the payloads of blocks request.first_block .. tokens/64 - 1, each checked.
-// Errors: DeadlineExceeded-like IoError "timed out ..." (reason "timeout"), IoError for connect/reset ("connect"),
+// Errors: DeadlineExceeded-like IoError "timed out ..." (reason "timeout"; "deadline" past options.deadline_ms), IoError for connect/reset ("connect"),
 // Unavailable-like FailedPrecondition with the peer's error text ("peer_error"), Corruption for a bad block or
 // frame ("corrupt" / "protocol"): `reason` is set to the metric's label.
 boost::asio::awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(

@@ -47,6 +47,8 @@ expect_refused "--kv-transfer-timeout-ms must be at least 1" --model-path "$mode
 expect_refused "--kv-transfer-protocol carrier-pigeon: one of tcp, ucx, rdma" --model-path "$model" --kv-transfer-protocol carrier-pigeon
 expect_refused "--rdma-device-names applies to --kv-transfer-protocol rdma" --model-path "$model" --rdma-device-names mlx5_0
 expect_refused "--kv-transfer-timeout-ms applies to --role prefill / decode" --model-path "$model" --kv-transfer-timeout-ms 1000
+expect_refused "--kv-transfer-deadline-ms applies to --role decode" --model-path "$model" --role prefill --kv-transfer-deadline-ms 1000
+expect_refused "--kv-transfer-deadline-ms must be at least 1" --model-path "$model" --role decode --kv-transfer-deadline-ms 0
 expect_refused "--tensor-parallel-size 8 does not divide the model's num_attention_heads" --model-path "$model" --tensor-parallel-size 8
 expect_refused "--tensor-parallel-size > 1 with --role decode" --model-path "$model" --tensor-parallel-size 2 --role decode
 expect_refused "--pipeline-parallel-size 2: this build splits a model over devices by tensor and expert parallel" --model-path "$model" --pipeline-parallel-size 2

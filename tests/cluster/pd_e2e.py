@@ -39,6 +39,7 @@ BIN, MODEL = sys.argv[1], sys.argv[2]
 DEVICE = os.environ.get("PD_E2E_DEVICE", "cpu")
 EXTRA = os.environ.get("PD_E2E_ARGS", "").split()
 TIMEOUT_MS = 2000  # the decode worker's --kv-transfer-timeout-ms
+DEADLINE_MS = 4000  # and its --kv-transfer-deadline-ms (a prompt's ~12 blocks trickled 0.6 s apart pass it)
 failures = []
 table = []
 procs = []
@@ -184,7 +185,8 @@ def kv_request(fingerprint, tokens, ttl_class=0, first_block=0):
 class FakePrefill:
     """A KV transfer endpoint that relays to the real prefill worker and misbehaves as told:
     stall (never answers), lose_done (relays blocks, never the completion record, keeps the connection open),
-    corrupt (flips a byte of block 0), close_mid (closes after the first block)."""
+    corrupt (flips a byte of block 0), close_mid (closes after the first block), trickle (relays each block 0.6 s
+    after the last: every wait inside --kv-transfer-timeout-ms, the whole transfer past --kv-transfer-deadline-ms)."""
 
     def __init__(self, mode, real_port):
         self.mode, self.real_port = mode, real_port
@@ -219,6 +221,8 @@ class FakePrefill:
                 if kind == DONE and self.mode == "lose_done":
                     time.sleep(30)
                     return
+                if kind == BLOCK and self.mode == "trickle":
+                    time.sleep(0.6)
                 if kind == BLOCK and self.mode == "corrupt" and body[:4] == b"\0\0\0\0":
                     body = body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
                 conn.sendall(frame(kind, body))
@@ -251,7 +255,8 @@ try:
                                          "--kv-events-endpoint", f"tcp://127.0.0.1:{pevents[0]}",
                                          "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{pevents[1]}"])
     decode = start("decode", common + ["--port", str(dport), "--role", "decode", "--kv-transfer-timeout-ms",
-                                       str(TIMEOUT_MS), "--kv-events-endpoint", f"tcp://127.0.0.1:{devents[0]}",
+                                       str(TIMEOUT_MS), "--kv-transfer-deadline-ms", str(DEADLINE_MS),
+                                       "--kv-events-endpoint", f"tcp://127.0.0.1:{devents[0]}",
                                        "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{devents[1]}"])
     decode2 = start("decode2", common + ["--port", str(d2port), "--role", "decode", "--kv-transfer-timeout-ms",
                                          str(TIMEOUT_MS), "--kv-events-endpoint", f"tcp://127.0.0.1:{d2events[0]}",
@@ -341,6 +346,8 @@ try:
                                ("lose_done", "timeout", "a lost completion record"),
                                ("corrupt", "corrupt", "a corrupt block"),
                                ("close_mid", "connect", "the prefill peer closes mid-transfer"),
+                               ("trickle", "deadline", "a prefill peer that trickles blocks (0.6 s apart, a 2 s "
+                                "timeout, a 4 s deadline)"),
                                ("refused", "connect", "nothing listening at the endpoint")]:
         fake = FakePrefill(mode, kvport) if mode != "refused" else None
         endpoint = f"127.0.0.1:{fake.port if fake else free_port()}"
@@ -351,7 +358,8 @@ try:
         after = metrics(dport)
         key = f'deepinfer_kv_transfer_failures_total{{reason="{reason}"}}'
         counted = after.get(key, 0) - before.get(key, 0)
-        ok = s == 200 and same_fallback(content(body), reference[q]) and counted == 1 and took < TIMEOUT_MS / 1000 + 5
+        ok = s == 200 and same_fallback(content(body), reference[q]) and counted == 1 and \
+            took < (DEADLINE_MS if mode == "trickle" else TIMEOUT_MS) / 1000 + 5
         check(ok, f"{what}: 200 with the reference answer in {took:.2f} s, counted as {reason} ({counted:.0f})")
         table.append((what, f"200, same tokens (prompt computed on the decode worker); failure reason {reason}",
                       f"{took:.2f}"))

@@ -75,6 +75,7 @@ struct ServerConfig {
   // block) is counted and the prompt computed here. Other roles refuse the header (400).
   int32_t kv_transfer_port = 8998;
   int64_t kv_transfer_timeout_ms = 30000;  // every wait of a transfer, on both sides
+  int64_t kv_transfer_deadline_ms = 120000;  // role decode: a whole transfer (a peer trickling blocks is cut off)
   int32_t kv_transfer_max_connections = 256;  // role prefill: transfers at once; more get an error frame
   // "tcp" (Boost.Asio) or "ucx" / "rdma" (UCX's stream API; rdma: RDMA transports only, refused at startup where
   // the machine has no RDMA device). Both sides of a transfer must use the same protocol.
