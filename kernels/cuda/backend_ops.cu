@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "deepinfer/kernels/cuda/backend_ops.h"
+#include "launch.cuh"
 
 namespace deepinfer::kernels::cuda {
 namespace {
@@ -36,6 +37,7 @@ __device__ __forceinline__ float fp8_to_float(uint8_t v) {
 
 template <typename S, typename D>
 __global__ void convert_2d_kernel(Convert2dParams p) {
+  pdl_begin();
   const S* src = static_cast<const S*>(p.src);
   D* dst = static_cast<D*>(p.dst);
   const int64_t total = p.rows * p.dst_cols;
@@ -46,6 +48,7 @@ __global__ void convert_2d_kernel(Convert2dParams p) {
 }
 
 __global__ void add_2d_kernel(Add2dParams p) {
+  pdl_begin();
   bf16* x = reinterpret_cast<bf16*>(p.x);
   const bf16* d = reinterpret_cast<const bf16*>(p.delta);
   const int64_t total = p.rows * p.cols;
@@ -57,6 +60,7 @@ __global__ void add_2d_kernel(Add2dParams p) {
 }
 
 __global__ void gather_rows_kernel(GatherRowsParams p) {
+  pdl_begin();
   bf16* dst = reinterpret_cast<bf16*>(p.dst);
   const int64_t total = p.rows * p.cols;
   for (int64_t i = global_thread(); i < total; i += grid_threads()) {
@@ -85,6 +89,7 @@ __global__ void gather_rows_kernel(GatherRowsParams p) {
 }
 
 __global__ void store_kv_kernel(StoreKvParams p) {
+  pdl_begin();
   const int64_t total = p.rows * p.dim;
   for (int64_t i = global_thread(); i < total; i += grid_threads()) {
     const int64_t r = i / p.dim, c = i % p.dim;
@@ -179,9 +184,9 @@ __global__ void fill_f32_kernel(FillF32Params p) {
 template <typename S>
 cudaError_t launch_convert_from(const Convert2dParams& p, unsigned grid) {
   if (p.dst_dtype == DType::kF32)
-    convert_2d_kernel<S, float><<<grid, kThreads, 0, p.stream>>>(p);
+    launch_pdl(convert_2d_kernel<S, float>, grid, kThreads, 0, p.stream, p);
   else
-    convert_2d_kernel<S, bf16><<<grid, kThreads, 0, p.stream>>>(p);
+    launch_pdl(convert_2d_kernel<S, bf16>, grid, kThreads, 0, p.stream, p);
   return cudaGetLastError();
 }
 
@@ -198,7 +203,7 @@ cudaError_t run_convert_2d(const Convert2dParams& p) {
 cudaError_t run_add_2d(const Add2dParams& p) {
   if (p.rows < 0 || p.cols < 0 || p.cols > p.x_stride || p.cols > p.delta_stride) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  add_2d_kernel<<<grid_for(p.rows * p.cols), kThreads, 0, p.stream>>>(p);
+  launch_pdl(add_2d_kernel, grid_for(p.rows * p.cols), kThreads, 0, p.stream, p);
   return cudaGetLastError();
 }
 
@@ -207,14 +212,14 @@ cudaError_t run_gather_rows(const GatherRowsParams& p) {
       (p.format == TableFormat::kFP8 && p.scales == nullptr))
     return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) return cudaSuccess;
-  gather_rows_kernel<<<grid_for(p.rows * p.cols), kThreads, 0, p.stream>>>(p);
+  launch_pdl(gather_rows_kernel, grid_for(p.rows * p.cols), kThreads, 0, p.stream, p);
   return cudaGetLastError();
 }
 
 cudaError_t run_store_kv(const StoreKvParams& p) {
   if (p.rows < 0 || p.dim <= 0 || p.dim > p.kv_stride) return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  store_kv_kernel<<<grid_for(p.rows * p.dim), kThreads, 0, p.stream>>>(p);
+  launch_pdl(store_kv_kernel, grid_for(p.rows * p.dim), kThreads, 0, p.stream, p);
   return cudaGetLastError();
 }
 

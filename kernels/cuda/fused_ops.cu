@@ -8,6 +8,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "launch.cuh"
+
 namespace deepinfer::kernels::cuda {
 
 namespace {
@@ -81,6 +83,7 @@ __device__ float block_sum(float v) {
 template <typename T, int VPT>
 __global__ void __launch_bounds__(256) rms_norm_vec_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* residual, T* y,
                                     int64_t dim, int64_t stride, float eps) {
+  pdl_begin();
   constexpr int N = kVec<T>;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * stride;
   const int nvec = static_cast<int>(dim / N);
@@ -120,6 +123,7 @@ __global__ void __launch_bounds__(256) rms_norm_vec_kernel(const T* __restrict__
 template <typename T>
 __global__ void rms_norm_scalar_kernel(const T* x, const T* weight, T* residual, T* y, int64_t dim, int64_t stride,
                                        float eps) {
+  pdl_begin();
   const int64_t base = static_cast<int64_t>(blockIdx.x) * stride;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -151,12 +155,16 @@ cudaError_t launch_rms_norm(const RmsNormParams& p) {
   if (vec && nvec <= 8 * 256) {  // bf16 dim <= 16384, f32 dim <= 8192 in registers; wider rows: scalar path
     const int threads = nvec >= 256 ? 256 : static_cast<int>((nvec + 31) / 32 * 32);
     const int64_t vpt = (nvec + threads - 1) / threads;
-    if (vpt <= 1) rms_norm_vec_kernel<T, 1><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
-    else if (vpt <= 2) rms_norm_vec_kernel<T, 2><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
-    else if (vpt <= 4) rms_norm_vec_kernel<T, 4><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
-    else rms_norm_vec_kernel<T, 8><<<grid, threads, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
+    if (vpt <= 1)
+      launch_pdl(rms_norm_vec_kernel<T, 1>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
+    else if (vpt <= 2)
+      launch_pdl(rms_norm_vec_kernel<T, 2>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
+    else if (vpt <= 4)
+      launch_pdl(rms_norm_vec_kernel<T, 4>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
+    else
+      launch_pdl(rms_norm_vec_kernel<T, 8>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
   } else {
-    rms_norm_scalar_kernel<T><<<grid, 256, 0, p.stream>>>(x, w, r, y, p.dim, p.stride, p.eps);
+    launch_pdl(rms_norm_scalar_kernel<T>, grid, 256, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
   }
   return cudaGetLastError();
 }
@@ -165,6 +173,7 @@ cudaError_t launch_rms_norm(const RmsNormParams& p) {
 
 template <typename T>
 __global__ void silu_mul_vec_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t n) {
+  pdl_begin();
   constexpr int N = kVec<T>;
   const int64_t per_row = n / N, total = rows * per_row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -180,6 +189,7 @@ __global__ void silu_mul_vec_kernel(const T* __restrict__ gate_up, T* __restrict
 }
 template <typename T>
 __global__ void silu_mul_scalar_kernel(const T* gate_up, T* out, int64_t rows, int64_t n) {
+  pdl_begin();
   const int64_t total = rows * n;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -198,9 +208,9 @@ cudaError_t launch_silu_mul(const SiluMulParams& p) {
   const T* gu = static_cast<const T*>(p.gate_up);
   T* out = static_cast<T*>(p.out);
   if (p.n % N == 0 && aligned16(p.gate_up) && aligned16(p.out))
-    silu_mul_vec_kernel<T><<<grid_for(p.rows * p.n / N, 256), 256, 0, p.stream>>>(gu, out, p.rows, p.n);
+    launch_pdl(silu_mul_vec_kernel<T>, grid_for(p.rows * p.n / N, 256), 256, 0, p.stream, gu, out, p.rows, p.n);
   else
-    silu_mul_scalar_kernel<T><<<grid_for(p.rows * p.n, 256), 256, 0, p.stream>>>(gu, out, p.rows, p.n);
+    launch_pdl(silu_mul_scalar_kernel<T>, grid_for(p.rows * p.n, 256), 256, 0, p.stream, gu, out, p.rows, p.n);
   return cudaGetLastError();
 }
 
@@ -212,6 +222,7 @@ cudaError_t launch_silu_mul(const SiluMulParams& p) {
 template <typename T, bool kVector>
 __global__ void rope_kernel(T* x, int64_t rows, int dim, int64_t stride, int64_t vpp, const int32_t* positions,
                             const float* inv_freq, float factor) {
+  pdl_begin();
   __shared__ float cs[128], sn[128];
   const int half = dim / 2;
   const int64_t group = blockIdx.x;
@@ -275,14 +286,12 @@ cudaError_t launch_rope(const RopeParams& p) {
     const int64_t rows_per_warp = 32 / lanes;
     const int64_t warps = (p.vectors_per_position + rows_per_warp - 1) / rows_per_warp;
     const int threads = static_cast<int>(warps >= 8 ? 256 : warps * 32);
-    rope_kernel<T, true><<<static_cast<unsigned>(groups), threads, 0, p.stream>>>(
-        x, p.rows, static_cast<int>(p.dim), p.stride, p.vectors_per_position, p.positions, p.inv_freq,
-        p.attention_factor);
+    launch_pdl(rope_kernel<T, true>, static_cast<unsigned>(groups), threads, 0, p.stream, x, p.rows,
+               static_cast<int>(p.dim), p.stride, p.vectors_per_position, p.positions, p.inv_freq, p.attention_factor);
   } else {
     const int threads = p.vectors_per_position >= 128 ? 128 : static_cast<int>((p.vectors_per_position + 31) / 32 * 32);
-    rope_kernel<T, false><<<static_cast<unsigned>(groups), threads, 0, p.stream>>>(
-        x, p.rows, static_cast<int>(p.dim), p.stride, p.vectors_per_position, p.positions, p.inv_freq,
-        p.attention_factor);
+    launch_pdl(rope_kernel<T, false>, static_cast<unsigned>(groups), threads, 0, p.stream, x, p.rows,
+               static_cast<int>(p.dim), p.stride, p.vectors_per_position, p.positions, p.inv_freq, p.attention_factor);
   }
   return cudaGetLastError();
 }
@@ -429,6 +438,7 @@ __global__ void __launch_bounds__(kRoutingWarps * 32) moe_routing_kernel(MoeRout
 constexpr int kRouterWarps = 4;
 
 __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_logits_kernel(MoeRouterLogitsParams p) {
+  pdl_begin();
   const int lane = threadIdx.x % 32;
   const int64_t job = static_cast<int64_t>(blockIdx.x) * kRouterWarps + threadIdx.x / 32;
   if (job >= p.tokens * p.num_experts) return;  // warp-uniform
@@ -628,6 +638,7 @@ __device__ __forceinline__ void small_permute(const int32_t* ids, int entries, i
 }
 
 __global__ void __launch_bounds__(kSmallPermuteThreads) moe_small_permute_kernel(const MoePermuteParams p) {
+  pdl_begin();
   small_permute(p.ids, static_cast<int>(p.tokens * p.top_k), static_cast<int>(p.num_experts), p.counts, p.offsets,
                 p.sorted_entries, p.entry_position);
 }
@@ -637,6 +648,7 @@ __global__ void __launch_bounds__(kSmallPermuteThreads) moe_small_permute_kernel
 template <int J>
 __global__ void __launch_bounds__(kSmallPermuteThreads) moe_route_permute_small_kernel(const MoeRoutingParams r,
                                                                                       const MoePermuteParams p) {
+  pdl_begin();
   constexpr int kWarps = kSmallPermuteThreads / 32;
   __shared__ float choice_smem[kWarps][kRoutingSmemPerWarp];
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -648,6 +660,7 @@ __global__ void __launch_bounds__(kSmallPermuteThreads) moe_route_permute_small_
 
 __global__ void moe_gather_kernel(const uint16_t* x, const int32_t* sorted_entries, uint16_t* permuted,
                                   int64_t entries, int64_t top_k, int64_t hidden, bool vec) {
+  pdl_begin();
   const int64_t per_row = vec ? hidden / 8 : hidden, total = entries * per_row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -663,6 +676,7 @@ __global__ void moe_gather_kernel(const uint16_t* x, const int32_t* sorted_entri
 __global__ void moe_combine_kernel(const bf16* expert_out, const int32_t* entry_position, const float* weights,
                                    const bf16* base, bf16* out, int64_t tokens, int64_t top_k, int64_t hidden,
                                    bool vec) {
+  pdl_begin();
   constexpr int N = 8;
   const int64_t per_row = vec ? hidden / N : hidden, total = tokens * per_row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -749,8 +763,8 @@ cudaError_t run_moe_router_logits(const MoeRouterLogitsParams& params) {
     return cudaErrorInvalidValue;
   p.vec = p.hidden % 8 == 0 && p.x_stride % 8 == 0 && p.w_stride % 4 == 0 && aligned16(p.x) && aligned16(p.w);
   const int64_t jobs = p.tokens * p.num_experts;
-  moe_router_logits_kernel<<<static_cast<unsigned>((jobs + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32, 0,
-                             p.stream>>>(p);
+  launch_pdl(moe_router_logits_kernel, static_cast<unsigned>((jobs + kRouterWarps - 1) / kRouterWarps),
+             kRouterWarps * 32, 0, p.stream, p);
   return cudaGetLastError();
 }
 
@@ -764,7 +778,7 @@ cudaError_t run_moe_permute(const MoePermuteParams& p) {
   const int E = static_cast<int>(p.num_experts);
   if (E <= 0 || E > 1024 || p.tokens < 0 || p.top_k < 1) return cudaErrorInvalidValue;
   if (entries <= kSmallPermuteEntries) {
-    moe_small_permute_kernel<<<1, kSmallPermuteThreads, 0, p.stream>>>(p);
+    launch_pdl(moe_small_permute_kernel, 1, kSmallPermuteThreads, 0, p.stream, p);
     return cudaGetLastError();
   }
   const int chunks = static_cast<int>((entries + kPermChunk - 1) / kPermChunk);
@@ -796,27 +810,31 @@ cudaError_t run_moe_route_and_permute(const MoeRoutingParams& r, const MoePermut
   if (r.grouping != 0 && (r.n_group < 1 || r.n_group > 32 || E % r.n_group != 0 || r.topk_group < 1 ||
                           r.topk_group > r.n_group))
     return cudaErrorInvalidValue;
-  if (E <= 64) moe_route_permute_small_kernel<2><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
-  else if (E <= 128) moe_route_permute_small_kernel<4><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
-  else if (E <= 256) moe_route_permute_small_kernel<8><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
-  else moe_route_permute_small_kernel<16><<<1, kSmallPermuteThreads, 0, r.stream>>>(r, p);
+  if (E <= 64)
+    launch_pdl(moe_route_permute_small_kernel<2>, 1, kSmallPermuteThreads, 0, r.stream, r, p);
+  else if (E <= 128)
+    launch_pdl(moe_route_permute_small_kernel<4>, 1, kSmallPermuteThreads, 0, r.stream, r, p);
+  else if (E <= 256)
+    launch_pdl(moe_route_permute_small_kernel<8>, 1, kSmallPermuteThreads, 0, r.stream, r, p);
+  else
+    launch_pdl(moe_route_permute_small_kernel<16>, 1, kSmallPermuteThreads, 0, r.stream, r, p);
   return cudaGetLastError();
 }
 
 cudaError_t run_moe_gather(const MoeGatherParams& p) {
   if (p.entries <= 0 || p.hidden <= 0) return cudaSuccess;
   const bool vec = p.hidden % 8 == 0 && aligned16(p.x) && aligned16(p.permuted);
-  moe_gather_kernel<<<grid_for(p.entries * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream>>>(
-      p.x, p.sorted_entries, p.permuted, p.entries, p.top_k, p.hidden, vec);
+  launch_pdl(moe_gather_kernel, grid_for(p.entries * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream, p.x,
+             p.sorted_entries, p.permuted, p.entries, p.top_k, p.hidden, vec);
   return cudaGetLastError();
 }
 
 cudaError_t run_moe_combine(const MoeCombineParams& p) {
   if (p.tokens <= 0 || p.hidden <= 0) return cudaSuccess;
   const bool vec = p.hidden % 8 == 0 && aligned16(p.expert_out) && aligned16(p.base) && aligned16(p.out);
-  moe_combine_kernel<<<grid_for(p.tokens * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream>>>(
-      reinterpret_cast<const bf16*>(p.expert_out), p.entry_position, p.weights, reinterpret_cast<const bf16*>(p.base),
-      reinterpret_cast<bf16*>(p.out), p.tokens, p.top_k, p.hidden, vec);
+  launch_pdl(moe_combine_kernel, grid_for(p.tokens * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream,
+             reinterpret_cast<const bf16*>(p.expert_out), p.entry_position, p.weights,
+             reinterpret_cast<const bf16*>(p.base), reinterpret_cast<bf16*>(p.out), p.tokens, p.top_k, p.hidden, vec);
   return cudaGetLastError();
 }
 

@@ -11,12 +11,13 @@
 //   - shared rows are 1152 B; 16 B chunks are XOR-swizzled by (row & 7) so ldmatrix is bank-conflict free.
 // Fast kernel v2 (kernel_version 2 / 3, 64 heads per CTA): Q kept in registers, the 576-dim reduction of QK^T
 // split across the warps of an m-group, partial scores summed through shared memory (see mla_decode_v2_kernel).
-#include "deepinfer/kernels/cuda/mla_decode.h"
-
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+
+#include "deepinfer/kernels/cuda/mla_decode.h"
+#include "launch.cuh"
 
 namespace deepinfer::kernels::cuda {
 namespace {
@@ -41,6 +42,7 @@ constexpr int fast_smem_bytes() {
 
 template <int kGroups>
 __global__ void __launch_bounds__(128 * kGroups, 1) mla_decode_fast_kernel(const MlaDecodeParams p) {
+  pdl_begin();
   constexpr int kThreads = 128 * kGroups;
   constexpr int kHeadsPerCta = 16 * kGroups;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -559,6 +561,7 @@ __global__ void __launch_bounds__(128 * kWN, 1) mla_decode_v2_kernel(const MlaDe
 constexpr int kCombineSmemSplits = 1024;
 
 __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecodeParams p) {
+  pdl_begin();
   __shared__ float s_weight[kCombineSmemSplits];
   const size_t row = static_cast<size_t>(blockIdx.y) * p.num_heads + blockIdx.x;
   const float* lse = p.workspace + static_cast<size_t>(p.batch) * p.num_heads * p.num_splits * kMlaLatentDim +
@@ -672,11 +675,11 @@ cudaError_t launch_fast(const MlaDecodeParams& p) {
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.num_heads / (16 * kGroups)), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.batch));
-  mla_decode_fast_kernel<kGroups><<<grid, 128 * kGroups, kSmem, p.stream>>>(p);
+  launch_pdl(mla_decode_fast_kernel<kGroups>, grid, 128 * kGroups, kSmem, p.stream, p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
-  mla_decode_combine_kernel<<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 128, 0,
-                              p.stream>>>(p);
+  launch_pdl(mla_decode_combine_kernel, dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 128,
+             0, p.stream, p);
   return cudaGetLastError();
 }
 
@@ -697,8 +700,8 @@ cudaError_t launch_v2(const MlaDecodeParams& p) {
   mla_decode_v2_kernel<kWN><<<grid, 128 * kWN, kSmem, p.stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
-  mla_decode_combine_kernel<<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 128, 0,
-                              p.stream>>>(p);
+  launch_pdl(mla_decode_combine_kernel, dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 128,
+             0, p.stream, p);
   return cudaGetLastError();
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "deepinfer/kernels/cuda/moe_grouped.h"
+#include "launch.cuh"
 #include "mma_util.cuh"
 
 namespace deepinfer::kernels::cuda {
@@ -175,6 +176,7 @@ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? 
 // 4 CTAs (16 warps) per SM: at most 128 registers per thread.
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const MoeGroupedGemmParams p, int split) {
+  pdl_begin();
   using F = Format<kFp8>;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
   const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : p.n;
@@ -294,9 +296,9 @@ cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
   const int64_t cta_cols = kWarpCols * (kWarps / split);
   const dim3 grid(static_cast<unsigned>((p.n + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
   if (fp8)
-    moe_grouped_gemm_kernel<true><<<grid, kThreads, 0, p.stream>>>(p, split);
+    launch_pdl(moe_grouped_gemm_kernel<true>, grid, kThreads, 0, p.stream, p, split);
   else
-    moe_grouped_gemm_kernel<false><<<grid, kThreads, 0, p.stream>>>(p, split);
+    launch_pdl(moe_grouped_gemm_kernel<false>, grid, kThreads, 0, p.stream, p, split);
   return cudaGetLastError();
 }
 
