@@ -9,6 +9,8 @@ Checks (the fault rows also printed as a table):
   - a decode worker speaking TCP to the UCX listener: the transfer fails, the request answers 200 (prompt computed
     on the decode worker) within the timeout;
   - a stalled prefill worker (SIGSTOP): the decode worker gives up after --kv-transfer-timeout-ms and answers;
+  - garbage and a bare connect-and-close on the UCX listener's port, 6 transfers at once, and a decode worker killed
+    (kill -9) mid-transfer: the prefill worker cancels that prefill and serves the next transfers;
   - kill -9 of the prefill worker mid-transfer: the request answers; later requests answer (locally prefilled);
   - afterwards no decode worker has a request running or a KV block held.
 UCX is left to choose its transports (shared memory and TCP on loopback here), except where UCX_TLS is set.
@@ -114,11 +116,15 @@ try:
                               "--kv-transfer-timeout-ms", str(TIMEOUT_MS)])
     start("decode-tcp", common + ["--port", str(tport), "--role", "decode", "--kv-transfer-protocol", "tcp",
                                   "--kv-transfer-timeout-ms", str(TIMEOUT_MS)])
+    victim_port = free_port()
+    victim = start("decode-victim", common + ["--port", str(victim_port), "--role", "decode", "--kv-transfer-protocol",
+                                             "ucx", "--kv-transfer-timeout-ms", str(TIMEOUT_MS)])
     start("both", common + ["--port", str(bport)])
     start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode", f"http://127.0.0.1:{dport}",
                      "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(rport),
                      "--health-check-interval-ms", "200", "--first-byte-timeout-ms", "5000"])
-    check(all(wait_health(p) for p in (pport, dport, tport, bport, rport)), "prefill, 2 decode, both and router healthy")
+    check(all(wait_health(p) for p in (pport, dport, tport, victim_port, bport, rport)),
+          "prefill, 3 decode, both and router healthy")
     time.sleep(1.0)
     info = json.loads(request(pport, "/worker/info")[1])
     check(info.get("kv_transfer_protocol") == "ucx" and info.get("kv_transfer_port") == kvport,
@@ -151,6 +157,55 @@ try:
     check(sent == received and received >= sum(w // 64 for w in whole) and cached == whole,
           f"blocks over UCX: sent {sent:.0f}, received {received:.0f}; cached tokens {cached} = whole blocks {whole}")
     check(failures_counted(after_d) == 0, "no transfer failed on the way")
+
+    # Garbage on the UCX listener's port, and a bare connect-and-close: the prefill worker serves on.
+    for payload in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 50, b""):
+        with socket.create_connection(("127.0.0.1", kvport), timeout=5) as raw:
+            if payload:
+                raw.sendall(payload)
+            time.sleep(0.2)
+    # Six transfers at once.
+    results = {}
+    parallel = [f"Parallel {i}. " + SYSTEM for i in range(6)]
+    threads = [threading.Thread(target=lambda i=i: results.update(
+        {i: request(rport, "/v1/chat/completions", chat("Name a text editor.", system=parallel[i]))}))
+        for i in range(6)]
+    before_d = metrics(dport)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    after_d = metrics(dport)
+    same = all(i in results and results[i][0] == 200 and
+               content(results[i][1]) == reference(chat("Name a text editor.", system=parallel[i])) for i in range(6))
+    check(same and failures_counted(after_d) == failures_counted(before_d),
+          "after garbage and a bare connect on the UCX port, 6 transfers at once: all 200, the reference answers, "
+          "none failed")
+
+    # A decode worker killed mid-transfer: the prefill worker cancels that prefill and serves the next transfer.
+    body = chat("What is dpkg?", system="Victim. " + SYSTEM * 2)
+    def doomed():
+        try:
+            request(victim_port, "/v1/chat/completions", body, headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
+        except (OSError, http.client.HTTPException):
+            pass  # its worker is killed under it
+    t = threading.Thread(target=doomed)
+    t.daemon = True
+    t.start()
+    time.sleep(0.3)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    idle = False
+    deadline = time.time() + 10
+    while time.time() < deadline and not idle:
+        m = metrics(pport)
+        idle = m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0
+        time.sleep(0.2)
+    s, got = request(rport, "/v1/chat/completions", chat("What is dpkg?", system="After the victim. " + SYSTEM))
+    check(idle and s == 200 and content(got) == reference(chat("What is dpkg?", system="After the victim. " + SYSTEM)),
+          "kill -9 of a decode worker mid-transfer: the prefill worker runs nothing after it and serves the next")
+    table.append(("kill -9 of a decode worker mid-transfer", "the prefill worker cancels; the next transfer is served",
+                  "–"))
 
     q = "How do I list files?"
     # A decode worker speaking TCP to the UCX listener.
@@ -227,7 +282,7 @@ for row in table:
     print(f"| {row[0]} | {row[1]} | {row[2]} |")
 if failures:
     print(f"\n{len(failures)} failed; logs in {logdir}")
-    for name in ("router", "prefill", "decode", "decode-tcp", "both"):
+    for name in ("router", "prefill", "decode", "decode-tcp", "decode-victim", "both"):
         path = os.path.join(logdir, f"{name}.log")
         if os.path.exists(path):
             print(f"--- {name}.log")
