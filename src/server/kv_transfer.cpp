@@ -170,11 +170,19 @@ Result<wire::KvTransferRequest> accept_request(const std::pair<wire::FrameType, 
 }
 
 // The prefill side's error frame, then the connection's end.
-awaitable<void> send_error(KvStream& stream, std::string message, std::chrono::milliseconds timeout) {
+// `await_close`: then wait (within `timeout`) for the decode worker to close first, reading nothing else: closing
+// this end at once could lose the frame on a transport without a half-close (UCX drops a disconnected endpoint's
+// unread data). Only where nothing else reads the stream (before watch_peer starts).
+awaitable<void> send_error(KvStream& stream, std::string message, std::chrono::milliseconds timeout,
+                           bool await_close) {
   spdlog::warn("KV transfer to {}: {}", stream.peer(), message);
   const std::vector<std::byte> frame = wire::encode_error(message);
-  co_await stream.write(buffers_of(asio::buffer(frame)), timeout);
+  const beast::error_code ec = co_await stream.write(buffers_of(asio::buffer(frame)), timeout);
   stream.shutdown_send();
+  if (!ec && await_close) {
+    std::array<std::byte, 1> byte{};
+    co_await stream.read(asio::buffer(byte), timeout);
+  }
 }
 
 // The decode worker sends nothing after its request: a read that completes means it closed or reset. Holds the
@@ -240,7 +248,13 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
     }
     stream = make_tcp_kv_stream(connecting.release_socket());
   }
-  if (control != nullptr) control->attach(stream.get());
+  if (control != nullptr) {
+    control->attach(stream.get());
+    if (control->aborted()) {  // aborted while resolving or connecting: nothing was attached to close then
+      stream->close();
+      co_return Status::internal("aborted while connecting");
+    }
+  }
   const size_t first = request.first_block;
   const size_t expected = request.tokens.size() / kvcache::kBlockTokens - first;  // a trailing extra token: no block
   const std::vector<std::byte> ask = wire::encode_request(request);
@@ -369,8 +383,8 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_kv_blocks(std::stri
 }
 
 awaitable<void> refuse_kv_transfer(std::shared_ptr<KvStream> stream, std::string message) {
-  co_await send_error(*stream, std::move(message), std::chrono::milliseconds(1000));
-  stream->close();
+  co_await send_error(*stream, std::move(message), std::chrono::milliseconds(1000), true);
+  stream->finish();
 }
 
 namespace {
@@ -382,7 +396,8 @@ awaitable<void> serve_transfer(std::shared_ptr<KvStream> stream_ptr, engine::Eng
   KvStream& stream = *stream_ptr;
   const std::string peer = stream.peer();
   beast::error_code ec;
-  auto fail = [&](std::string message) { return send_error(stream, std::move(message), timeout); };
+  // Before the peer watch starts: the error frame, then the decode worker's close.
+  auto fail = [&](std::string message) { return send_error(stream, std::move(message), timeout, true); };
 
   const uint32_t max_request = static_cast<uint32_t>(48 + 4 * std::max<int64_t>(options.max_tokens, 0));
   Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame =
@@ -422,6 +437,15 @@ awaitable<void> serve_transfer(std::shared_ptr<KvStream> stream_ptr, engine::Eng
   } cancel_guard{client, ticket, finished};
 
   asio::co_spawn(co_await asio::this_coro::executor, watch_peer(stream_ptr, outbox), asio::detached);
+  // From here the peer watch reads the stream: an error frame, then the decode worker's close as the watch sees it.
+  auto fail_watched = [&](std::string message) -> awaitable<void> {
+    co_await send_error(stream, std::move(message), timeout, false);
+    const Clock::time_point until = Clock::now() + timeout;
+    while (!outbox->peer_gone() && Clock::now() < until) {
+      co_await outbox->wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
+      outbox->take();
+    }
+  };
 
   std::vector<uint64_t> checksums;
   checksums.reserve(static_cast<size_t>(expected));
@@ -433,20 +457,22 @@ awaitable<void> serve_transfer(std::shared_ptr<KvStream> stream_ptr, engine::Eng
                      checksums.size(), expected);
         break;
       }
-      co_await fail(fmt::format("no KV block from the engine within {} ms (--kv-transfer-timeout-ms); {} of {} sent",
-                                options.timeout_ms, checksums.size(), expected));
+      co_await fail_watched(
+          fmt::format("no KV block from the engine within {} ms (--kv-transfer-timeout-ms); {} of {} sent",
+                      options.timeout_ms, checksums.size(), expected));
       break;
     }
     for (Outbox::Item& item : outbox->take()) {
       if (item.kind == Outbox::Item::Kind::kError) {
-        co_await fail(item.message);
+        co_await fail_watched(item.message);
         finished = true;  // the engine ended the request itself
         break;
       }
       if (item.kind == Outbox::Item::Kind::kDone) {
         // The completion record goes right after the last block (below), so an end reported first is short.
         finished = true;
-        co_await fail(fmt::format("the prefill ended with {} of {} blocks computed", checksums.size(), expected));
+        co_await fail_watched(
+            fmt::format("the prefill ended with {} of {} blocks computed", checksums.size(), expected));
         break;
       }
       const auto prefix = wire::encode_block_prefix(static_cast<uint32_t>(item.index), item.payload.size());

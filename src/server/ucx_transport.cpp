@@ -101,7 +101,11 @@ void on_endpoint_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
 struct UcxTransport::Impl {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  ucp_listener_h listener = nullptr;
+  // The listener, guarded by accept_mu across "still listening?" and the accepting ucp_ep_create (or the reject),
+  // and across stop_listening's destroy, so no accept uses a destroyed listener. Lock order: accept_mu, then
+  // UCX's worker lock (taken inside those calls); the progress thread's callbacks never take accept_mu.
+  std::mutex accept_mu;
+  std::atomic<ucp_listener_h> listener{nullptr};
   std::thread progress;
   std::atomic<bool> stopping{false};
   asio::any_io_executor accept_executor;
@@ -130,7 +134,9 @@ class UcxKvStream final : public KvStream {
   UcxKvStream(std::shared_ptr<UcxTransport> owner, UcxTransport::Impl* impl, ucp_ep_h ep,
               std::unique_ptr<EndpointState> state)
       : owner_(std::move(owner)), impl_(impl), ep_(ep), state_(std::move(state)) {}
-  ~UcxKvStream() override { release(false); }
+  // Dropped without finish(): an error path, or the io_context destroying a suspended transfer at shutdown (its
+  // buffers already gone). A forced close purges pending operations without touching their buffers.
+  ~UcxKvStream() override { release(true); }
 
   awaitable<beast::error_code> write(std::vector<asio::const_buffer> buffers, Duration timeout) override {
     const Clock::time_point deadline = Clock::now() + timeout;
@@ -244,14 +250,22 @@ void on_connection(ucp_conn_request_h request, void* arg) {
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   if (ucp_conn_request_query(request, &attr) == UCS_OK)
     peer = address_text(reinterpret_cast<const sockaddr*>(&attr.client_address));
+  // Inside this callback the listener is alive: its destroy needs the worker lock this progress holds.
   if (impl->stopping.load()) {
-    if (ucp_listener_h listener = impl->listener; listener != nullptr) ucp_listener_reject(listener, request);
+    if (ucp_listener_h listener = impl->listener.load(); listener != nullptr) ucp_listener_reject(listener, request);
     return;
   }
   // The endpoint is made on an asio thread (the worker is multi-threaded), not inside UCX's progress.
   asio::post(impl->accept_executor, [impl, request, peer] {
     std::shared_ptr<UcxTransport> owner = impl->self.lock();
-    if (owner == nullptr || impl->stopping.load() || impl->listener == nullptr) return;
+    if (owner == nullptr) return;
+    std::unique_lock lock(impl->accept_mu);
+    ucp_listener_h listener = impl->listener.load();
+    if (listener == nullptr) return;  // destroyed meanwhile: UCX dropped what it had handed out
+    if (impl->stopping.load()) {
+      ucp_listener_reject(listener, request);
+      return;
+    }
     auto state = std::make_unique<EndpointState>();
     state->peer = peer;
     ucp_ep_params_t params{};
@@ -266,6 +280,7 @@ void on_connection(ucp_conn_request_h request, void* arg) {
       spdlog::warn("UCX: accepting a KV transfer from {}: {}", peer, ucs_status_string(s));
       return;
     }
+    lock.unlock();
     ucp_worker_signal(impl->worker);
     impl->on_accept(impl->make_stream(ep, std::move(state)));
   });
@@ -436,10 +451,10 @@ Result<uint16_t> UcxTransport::listen(const std::string& host, uint16_t port, as
 }
 
 void UcxTransport::stop_listening() {
-  if (impl_ == nullptr || impl_->listener == nullptr) return;
-  ucp_listener_h listener = impl_->listener;
-  impl_->listener = nullptr;
-  ucp_listener_destroy(listener);
+  if (impl_ == nullptr) return;
+  std::lock_guard lock(impl_->accept_mu);
+  ucp_listener_h listener = impl_->listener.exchange(nullptr);
+  if (listener != nullptr) ucp_listener_destroy(listener);
 }
 
 Result<std::unique_ptr<KvStream>> UcxTransport::connect(const std::string& host, uint16_t port,
