@@ -118,6 +118,16 @@ class Outbox final : public engine::EventSink, public std::enable_shared_from_th
     }
   }
 
+  // On the strand: until the decode worker has closed its end, or `timeout` passes; what the engine still sends
+  // (the prefill's end) is dropped, nobody waits for it any more.
+  awaitable<void> wait_peer_gone(std::chrono::milliseconds timeout) {
+    const Clock::time_point until = Clock::now() + timeout;
+    while (!peer_gone_ && Clock::now() < until) {
+      co_await wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
+      take();
+    }
+  }
+
   std::deque<Item> take() {
     std::lock_guard lock(mu_);
     std::deque<Item> out;
@@ -231,7 +241,7 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
   if (options.ucx != nullptr) {
     const tcp::endpoint target = *targets.begin();
     Result<std::unique_ptr<KvStream>> made =
-        options.ucx->connect(target.address().to_string(), target.port(), executor);
+        options.ucx->connect(target.address().to_string(), target.port());
     if (!made.ok()) {
       reason = "connect";
       co_return made.status();
@@ -440,11 +450,7 @@ awaitable<void> serve_transfer(std::shared_ptr<KvStream> stream_ptr, engine::Eng
   // From here the peer watch reads the stream: an error frame, then the decode worker's close as the watch sees it.
   auto fail_watched = [&](std::string message) -> awaitable<void> {
     co_await send_error(stream, std::move(message), timeout, false);
-    const Clock::time_point until = Clock::now() + timeout;
-    while (!outbox->peer_gone() && Clock::now() < until) {
-      co_await outbox->wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
-      outbox->take();
-    }
+    co_await outbox->wait_peer_gone(timeout);
   };
 
   std::vector<uint64_t> checksums;
@@ -495,11 +501,7 @@ awaitable<void> serve_transfer(std::shared_ptr<KvStream> stream_ptr, engine::Eng
         all_sent = true;
         // The decode worker closes first, once it has read the completion record: closing this end earlier could
         // lose what a transport still holds (UCX has no half-close). Bounded by the timeout.
-        const Clock::time_point until = Clock::now() + timeout;
-        while (!ec && !outbox->peer_gone() && Clock::now() < until) {
-          co_await outbox->wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
-          outbox->take();  // the engine's end of the prefill: nobody waits for it any more
-        }
+        if (!ec) co_await outbox->wait_peer_gone(timeout);
         break;
       }
     }

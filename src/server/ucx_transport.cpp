@@ -457,8 +457,7 @@ void UcxTransport::stop_listening() {
   if (listener != nullptr) ucp_listener_destroy(listener);
 }
 
-Result<std::unique_ptr<KvStream>> UcxTransport::connect(const std::string& host, uint16_t port,
-                                                        asio::any_io_executor /*executor*/) {
+Result<std::unique_ptr<KvStream>> UcxTransport::connect(const std::string& host, uint16_t port) {
   boost::system::error_code ec;
   const asio::ip::address address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec) return Status::invalid_argument(fmt::format("UCX connects to a numeric address; '{}' is not one", host));

@@ -44,10 +44,9 @@ class UcxTransport : public std::enable_shared_from_this<UcxTransport> {
   // operations never complete. For the server's stop, after its io_context threads have ended. Idempotent.
   void stop();
 
-  // A client stream to host:port (resolved here, numeric or by name); `executor`: the calling coroutine's
-  // strand. UCX connects in the background: a refused or unreachable peer shows as the first operation's error.
-  Result<std::unique_ptr<KvStream>> connect(const std::string& host, uint16_t port,
-                                            boost::asio::any_io_executor executor);
+  // A client stream to host:port (a numeric address, or "localhost"; the caller resolves names). UCX connects in
+  // the background: a refused or unreachable peer shows as the first operation's error.
+  Result<std::unique_ptr<KvStream>> connect(const std::string& host, uint16_t port);
 
   struct Impl;
 
