@@ -4,7 +4,8 @@
 // lets the next PDL kernel be scheduled in turn (griddepcontrol.launch_dependents). What it buys: the next kernel's
 // launch and CTA start overlap this one's tail, a microsecond or two per kernel boundary, which at decode batch 1 is
 // a large share of each small kernel's time (bench/gpu/NOTES.md). Captured into CUDA graphs as programmatic edges.
-// DEEPINFER_PDL=0 launches plainly (measurements). Thread-safety: as a kernel launch.
+// DEEPINFER_PDL=0 launches plainly (measurements; the CUDA backend refuses values other than 0 and 1). Thread-safety:
+// as a kernel launch.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -98,6 +98,11 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
       env_choice("DEEPINFER_SMALL_LINEAR", {"streaming", "cublas"}, "the dense projections at a few rows");
   if (!small_linear.ok()) return small_linear.status();
   if (*small_linear >= 0) backend->streaming_linear_ = *small_linear == 0;
+  // Read by the kernels themselves (kernels/cuda/launch.cuh); checked here so that a value other than 0 or 1 is
+  // refused rather than taken as "on".
+  if (Result<int> pdl = env_choice("DEEPINFER_PDL", {"0", "1"}, "programmatic dependent launch: 1 on, 0 off");
+      !pdl.ok())
+    return pdl.status();
   Result<int> sampling = env_choice("DEEPINFER_DEVICE_SAMPLING", {"0", "1"}, "1 samples on the GPU, 0 on the host");
   if (!sampling.ok()) return sampling.status();
   if (*sampling >= 0) backend->device_sampling_ = *sampling == 1;
