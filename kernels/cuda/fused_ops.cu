@@ -324,7 +324,13 @@ __device__ __forceinline__ void route_token(const MoeRoutingParams& p, int64_t t
     score[j] = e < E ? logits[e] : -INFINITY;
     lmax = fmaxf(lmax, score[j]);
   }
-  if (p.sigmoid) {
+  if (p.sqrt_softplus) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const double v = score[j];
+      score[j] = static_cast<float>(sqrt(v > 20.0 ? v : log1p(exp(v))));
+    }
+  } else if (p.sigmoid) {
 #pragma unroll
     for (int j = 0; j < J; ++j) score[j] = 1.0f / (1.0f + expf(-score[j]));
   } else {
@@ -383,7 +389,20 @@ __device__ __forceinline__ void route_token(const MoeRoutingParams& p, int64_t t
   unsigned taken = 0;
   int my_id = 0;
   float my_score = 0.0f;
-  for (int s = 0; s < k; ++s) {
+  if (p.fixed_ids != nullptr) {  // hash routing: the token's experts, their scores from shared memory
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E) sm[e + e / 32] = score[j];
+    }
+    __syncwarp();
+    if (lane < k) {
+      my_id = p.fixed_ids[static_cast<int64_t>(p.token_ids[t]) * k + lane];
+      my_score = sm[my_id + my_id / 32];
+    }
+  }
+  for (int s = 0; s < k && p.fixed_ids == nullptr; ++s) {
     float bv = -INFINITY, bs = 0.0f;
     int bi = INT_MAX;
 #pragma unroll

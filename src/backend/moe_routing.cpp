@@ -9,19 +9,51 @@
 
 namespace deepinfer::backend {
 
-void route_token(const MoeRoutingRule& rule, const float* logits, const std::vector<float>& bias,
-                 std::vector<int32_t>& ids, std::vector<float>& weights) {
-  using TopK = MoeRoutingRule::TopK;
-  const int64_t n = rule.num_experts, k = rule.top_k;
-  std::vector<float> scores(static_cast<size_t>(n)), choice(static_cast<size_t>(n));
+namespace {
+
+std::vector<float> score_experts(const MoeRoutingRule& rule, const float* logits) {
+  const int64_t n = rule.num_experts;
+  std::vector<float> scores(static_cast<size_t>(n));
   if (rule.scoring == MoeRoutingRule::Scoring::kSigmoid) {
     for (int64_t e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+  } else if (rule.scoring == MoeRoutingRule::Scoring::kSqrtSoftplus) {
+    for (int64_t e = 0; e < n; ++e) {
+      const double x = logits[e];
+      scores[e] = static_cast<float>(std::sqrt(x > 20.0 ? x : std::log1p(std::exp(x))));
+    }
   } else {
     float max_logit = *std::max_element(logits, logits + n);
     double sum = 0.0;
     for (int64_t e = 0; e < n; ++e) sum += std::exp(static_cast<double>(logits[e]) - max_logit);
     for (int64_t e = 0; e < n; ++e) scores[e] = static_cast<float>(std::exp(logits[e] - max_logit) / sum);
   }
+  return scores;
+}
+
+void weigh(const MoeRoutingRule& rule, const std::vector<float>& scores, const std::vector<int32_t>& ids,
+           std::vector<float>& weights) {
+  const int64_t k = rule.top_k;
+  weights.resize(static_cast<size_t>(k));
+  double sum = 0.0;
+  for (int64_t i = 0; i < k; ++i) {
+    weights[i] = scores[ids[i]];
+    sum += weights[i];
+  }
+  // V3 renormalizes then scales; V2 (DeepSeek's rule) either renormalizes or scales.
+  bool normalize = rule.norm_topk_prob && k > 1;
+  for (float& weight : weights) {
+    if (normalize) weight = static_cast<float>(weight / (sum + 1e-20));
+    if (!normalize || rule.scale_after_normalize) weight *= static_cast<float>(rule.routed_scaling_factor);
+  }
+}
+
+}  // namespace
+
+void route_token(const MoeRoutingRule& rule, const float* logits, const std::vector<float>& bias,
+                 std::vector<int32_t>& ids, std::vector<float>& weights) {
+  using TopK = MoeRoutingRule::TopK;
+  const int64_t n = rule.num_experts, k = rule.top_k;
+  std::vector<float> scores = score_experts(rule, logits), choice(static_cast<size_t>(n));
   for (int64_t e = 0; e < n; ++e) choice[e] = scores[e] + (bias.empty() ? 0.0f : bias[e]);
   if (rule.topk == TopK::kNoauxTc || rule.topk == TopK::kGroupLimitedGreedy) {
     const int64_t groups = rule.n_group, per_group = n / groups;
@@ -46,18 +78,13 @@ void route_token(const MoeRoutingRule& rule, const float* logits, const std::vec
   std::partial_sort(order.begin(), order.begin() + k, order.end(),
                     [&](int32_t a, int32_t b) { return choice[a] > choice[b] || (choice[a] == choice[b] && a < b); });
   ids.assign(order.begin(), order.begin() + k);
-  weights.resize(static_cast<size_t>(k));
-  double sum = 0.0;
-  for (int64_t i = 0; i < k; ++i) {
-    weights[i] = scores[ids[i]];
-    sum += weights[i];
-  }
-  // V3 renormalizes then scales; V2 (DeepSeek's rule) either renormalizes or scales.
-  bool normalize = rule.norm_topk_prob && k > 1;
-  for (float& weight : weights) {
-    if (normalize) weight = static_cast<float>(weight / (sum + 1e-20));
-    if (!normalize || rule.scale_after_normalize) weight *= static_cast<float>(rule.routed_scaling_factor);
-  }
+  weigh(rule, scores, ids, weights);
+}
+
+void route_token_fixed(const MoeRoutingRule& rule, const float* logits, const int32_t* fixed_ids,
+                       std::vector<int32_t>& ids, std::vector<float>& weights) {
+  ids.assign(fixed_ids, fixed_ids + rule.top_k);
+  weigh(rule, score_experts(rule, logits), ids, weights);
 }
 
 }  // namespace deepinfer::backend

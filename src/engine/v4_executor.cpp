@@ -61,13 +61,12 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
   }
   const int64_t W = model_.config().sliding_window;
   if (!rows.empty()) {
-    model_.restore(*sequence, payloads, rows);  // exact
-    return Status();
+    return model_.restore(*sequence, payloads, rows);  // exact
   }
   // The last window's rows are gone: replay them (bounded replay), or, for a prefix of at most one window, feed it
   // again from position 0 (exact, and no longer than a replay).
   const int64_t from = start > W ? start - W : 0;
-  if (from > 0) model_.restore(*sequence, payloads, {});
+  if (from > 0) DEEPINFER_RETURN_IF_ERROR(model_.restore(*sequence, payloads, {}));
   // The blocks the replay finishes: their block payloads are the cached ones (a replay does not write them; fed
   // again from 0 it writes the same values), their window payloads go to the entry's window blocks where it has one.
   std::vector<float*>& replay_blocks = pointers.emplace_back();

@@ -31,17 +31,6 @@ struct Linear {
 // as the fixture's reference computed them. Pairs are interleaved (x[2i], x[2i+1]).
 struct Rope {
   std::vector<double> inv_freq;
-
-  // Rotates the R values at v by position * inv_freq (inverse: by -position).
-  void apply(float* v, int64_t position, bool inverse = false) const {
-    for (size_t i = 0; i < inv_freq.size(); ++i) {
-      double angle = static_cast<double>(position) * inv_freq[i];
-      double c = std::cos(angle), s = inverse ? -std::sin(angle) : std::sin(angle);
-      double x0 = v[2 * i], x1 = v[2 * i + 1];
-      v[2 * i] = static_cast<float>(x0 * c - x1 * s);
-      v[2 * i + 1] = static_cast<float>(x0 * s + x1 * c);
-    }
-  }
 };
 
 // inference/model.py precompute_freqs_cis: base^(-2i/R), and with original_len > 0 YaRN's blend of the
@@ -71,41 +60,29 @@ Rope make_rope(int64_t rope_dim, double base, const RopeScaling* yarn) {
   return rope;
 }
 
-// y = x * rsqrt(mean(x²) + eps) * weight over `n` values (weight null: none). y may alias x.
-void rms_norm(const float* x, int64_t n, const float* weight, double eps, float* y) {
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
-  double inv = 1.0 / std::sqrt(sum / static_cast<double>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) {
-    double v = static_cast<double>(x[i]) * inv;
-    y[i] = static_cast<float>(weight != nullptr ? v * weight[i] : v);
-  }
-}
-
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
 // One compressor's weights (model.py Compressor): ratio m, output dim, coff = 2 when overlapped (m == 4).
 struct CompressorWeights {
   int64_t ratio = 0, dim = 0, coff = 1;
-  std::vector<float> ape;  // [m][coff * dim]
-  Linear wkv, wgate;       // [coff * dim][d]
-  std::vector<float> norm;  // [dim]
+  backend::Buffer ape;   // [m][coff * dim]
+  Linear wkv, wgate;     // [coff * dim][d]
+  backend::Buffer norm;  // [dim]
 };
 
 struct LayerWeights {
   int64_t ratio = 0;
-  Rope rope;
-  std::vector<float> attn_norm, ffn_norm;
-  Linear hc_attn_fn, hc_ffn_fn;  // [(2 + hc) * hc][hc * d]
-  std::vector<float> hc_attn_base, hc_attn_scale, hc_ffn_base, hc_ffn_scale;
+  backend::Buffer rope;  // float64 inverse frequencies [R / 2]
+  backend::Buffer attn_norm, ffn_norm;
+  Linear hc_attn_fn, hc_ffn_fn;  // [(2 + hc) * hc][hc * d], float32
+  backend::Buffer hc_attn_base, hc_attn_scale, hc_ffn_base, hc_ffn_scale;
   Linear wq_a, wq_b, wkv, wo_a, wo_b;  // wo_a: o_groups stacked [L][H * D / G]
-  std::vector<float> q_norm, kv_norm, attn_sink;
+  backend::Buffer q_norm, kv_norm, attn_sink;
   CompressorWeights compressor, index_compressor;
   Linear index_wq_b, index_weights_proj;
-  Linear gate;                    // [E][d]
-  std::vector<float> gate_bias;   // [E] (learned routing)
-  std::vector<int32_t> tid2eid;   // [vocab][k] (hash routing)
-  std::vector<Linear> w1, w2, w3;  // per expert; index E is the shared expert
+  Linear gate;                // [E][d], float32 (the router)
+  backend::Buffer gate_bias;  // [E] (learned routing)
+  backend::Buffer tid2eid;    // int32 [vocab][k] (hash routing)
+  Linear experts_gate_up, experts_down;  // routed experts: E stacked [2I][d] (w1 rows, then w3) and [d][I] (w2)
+  Linear shared_gate_up, shared_down;    // the shared expert, the same way
 };
 
 // Where each part of a layer's block payload (DeepSeekV4Model::block_payload_floats: the entries and indexer keys a
@@ -164,13 +141,15 @@ int64_t kept_rows(int64_t m, int64_t boundary) {
 }  // namespace
 
 struct DeepSeekV4Model::Weights {
-  std::vector<float> embed;  // [vocab][d]
-  Linear head;               // [vocab][d]
-  std::vector<float> norm;   // [d]
-  Linear hc_head_fn;         // [hc][hc * d]
-  std::vector<float> hc_head_base, hc_head_scale;
+  Linear embed;            // [vocab][d]
+  Linear head;             // [vocab][d]
+  backend::Buffer norm;    // [d]
+  Linear hc_head_fn;       // [hc][hc * d], float32
+  backend::Buffer hc_head_base, hc_head_scale;
   std::vector<LayerWeights> layers;
   std::optional<PayloadLayout> payload;
+  backend::Precision precision = backend::Precision::kF32;  // the large matrices' (CPU: float32, exact)
+  std::vector<backend::Buffer> scratch;  // the forward pass's activations (V4Forward), grown on demand
 };
 
 namespace {
@@ -180,8 +159,9 @@ constexpr float kFp4E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
 
 class Loader {
  public:
-  Loader(const V4Config& config, const Checkpoint& checkpoint, Backend& backend)
-      : config_(config), checkpoint_(checkpoint), backend_(backend) {}
+  Loader(const V4Config& config, const Checkpoint& checkpoint, Backend& backend, backend::Precision precision)
+      : config_(config), checkpoint_(checkpoint), backend_(backend), precision_(precision) {}
+  Backend& backend() const { return backend_; }
 
   // Float32 values of `name` (shape `shape`), dequantized when stored as FP8 (with `<base>.scale` over
   // weight_block_size blocks) or as packed FP4 experts (with `<base>.scale` per 32 inputs).
@@ -198,13 +178,24 @@ class Loader {
     out = std::move(*values);
     return Status();
   }
-  // A matrix [rows][cols] as `count` stacked matrices [rows / count][cols] (count > 1: o_groups of wo_a).
-  Status linear(const std::string& name, int64_t rows, int64_t cols, Linear& out, int64_t count = 1) {
+  // A float32 vector (norms, biases, ape) in backend memory.
+  Status buffer(const std::string& name, std::vector<int64_t> shape, backend::Buffer& out) {
+    Result<std::vector<float>> values = vector(name, std::move(shape));
+    if (!values.ok()) return values.status();
+    Result<backend::Buffer> b = backend_.make_vector(*values);
+    if (!b.ok()) return b.status();
+    out = std::move(*b);
+    return Status();
+  }
+  // A matrix [rows][cols] as `count` stacked matrices [rows / count][cols] (count > 1: o_groups of wo_a), kept at
+  // `precision` (the model's for the large matrices; float32 where the reference computes in float32).
+  Status linear(const std::string& name, int64_t rows, int64_t cols, Linear& out, int64_t count = 1,
+                std::optional<backend::Precision> precision = std::nullopt) {
     Result<std::vector<float>> values = vector(name, {rows, cols});
     if (!values.ok()) return values.status();
     const int64_t part = rows / count;
     Result<std::unique_ptr<backend::Weight>> weight =
-        backend_.make_weight(count, part, cols, backend::Precision::kF32);
+        backend_.make_weight(count, part, cols, precision.value_or(precision_));
     if (!weight.ok()) return weight.status();
     for (int64_t i = 0; i < count; ++i) {
       backend::HostMatrix host;
@@ -216,6 +207,41 @@ class Loader {
     out.weight = std::move(*weight);
     out.rows = part;
     out.cols = cols;
+    return Status();
+  }
+  // Experts stacked as the backend's moe op takes them: gate_up [count][2I][d] (w1 then w3 of each) and down
+  // [count][d][I] (w2); `prefixes` name each expert ("...experts.E." or "...shared_experts.").
+  Status experts(const std::vector<std::string>& prefixes, int64_t inter, int64_t hidden, Linear& gate_up, Linear& down) {
+    const int64_t count = static_cast<int64_t>(prefixes.size());
+    Result<std::unique_ptr<backend::Weight>> gu = backend_.make_weight(count, 2 * inter, hidden, precision_);
+    if (!gu.ok()) return gu.status();
+    Result<std::unique_ptr<backend::Weight>> dn = backend_.make_weight(count, hidden, inter, precision_);
+    if (!dn.ok()) return dn.status();
+    for (int64_t e = 0; e < count; ++e) {
+      const std::string& q = prefixes[static_cast<size_t>(e)];
+      Result<std::vector<float>> w1 = vector(q + "w1.weight", {inter, hidden});
+      if (!w1.ok()) return w1.status();
+      Result<std::vector<float>> w3 = vector(q + "w3.weight", {inter, hidden});
+      if (!w3.ok()) return w3.status();
+      w1->insert(w1->end(), w3->begin(), w3->end());
+      backend::HostMatrix host;
+      host.rows = 2 * inter;
+      host.cols = hidden;
+      host.f32 = *w1;
+      DEEPINFER_RETURN_IF_ERROR(backend_.set_matrix(**gu, e, host));
+      Result<std::vector<float>> w2 = vector(q + "w2.weight", {hidden, inter});
+      if (!w2.ok()) return w2.status();
+      host.rows = hidden;
+      host.cols = inter;
+      host.f32 = *w2;
+      DEEPINFER_RETURN_IF_ERROR(backend_.set_matrix(**dn, e, host));
+    }
+    gate_up.weight = std::move(*gu);
+    gate_up.rows = 2 * inter;
+    gate_up.cols = hidden;
+    down.weight = std::move(*dn);
+    down.rows = hidden;
+    down.cols = inter;
     return Status();
   }
   Status missing(const std::string& name) const {
@@ -290,45 +316,59 @@ class Loader {
   const V4Config& config_;
   const Checkpoint& checkpoint_;
   Backend& backend_;
+  backend::Precision precision_;
 };
+
+// A rotary table in backend memory (float64, the V4 ops' form).
+Status upload_rope(Backend& backend, const Rope& rope, backend::Buffer& out) {
+  const size_t bytes = rope.inv_freq.size() * sizeof(double);
+  Result<backend::Buffer> b = backend.alloc(bytes);
+  if (!b.ok()) return b.status();
+  DEEPINFER_RETURN_IF_ERROR(backend.upload(rope.inv_freq.data(), bytes, *b, 0));
+  out = std::move(*b);
+  return Status();
+}
 
 Status load_compressor(Loader& l, const V4Config& c, const std::string& prefix, int64_t ratio, int64_t dim,
                        CompressorWeights& w) {
   w.ratio = ratio;
   w.dim = dim;
   w.coff = ratio == 4 ? 2 : 1;
-  DEEPINFER_RETURN_IF_ERROR(l.vector(prefix + "ape", {ratio, w.coff * dim}, w.ape));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(prefix + "ape", {ratio, w.coff * dim}, w.ape));
   DEEPINFER_RETURN_IF_ERROR(l.linear(prefix + "wkv.weight", w.coff * dim, c.hidden_size, w.wkv));
   DEEPINFER_RETURN_IF_ERROR(l.linear(prefix + "wgate.weight", w.coff * dim, c.hidden_size, w.wgate));
-  return l.vector(prefix + "norm.weight", {dim}, w.norm);
+  return l.buffer(prefix + "norm.weight", {dim}, w.norm);
 }
 
 Status load_layer(Loader& l, const V4Config& c, int64_t i, LayerWeights& w) {
   const std::string p = "layers." + std::to_string(i) + ".";
   const int64_t d = c.hidden_size, H = c.num_attention_heads, D = c.head_dim, hc = c.hc_mult;
   const int64_t mix = (2 + hc) * hc;
+  constexpr auto kF32 = backend::Precision::kF32;
   w.ratio = c.compress_ratios[i];
-  w.rope = w.ratio == 0 ? make_rope(c.qk_rope_head_dim, c.rope_theta, nullptr)
-                        : make_rope(c.qk_rope_head_dim, c.compress_rope_theta, &c.rope_scaling);
-  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "attn_norm.weight", {d}, w.attn_norm));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "ffn_norm.weight", {d}, w.ffn_norm));
-  DEEPINFER_RETURN_IF_ERROR(l.linear(p + "hc_attn_fn", mix, hc * d, w.hc_attn_fn));
-  DEEPINFER_RETURN_IF_ERROR(l.linear(p + "hc_ffn_fn", mix, hc * d, w.hc_ffn_fn));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_attn_base", {mix}, w.hc_attn_base));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_ffn_base", {mix}, w.hc_ffn_base));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_attn_scale", {3}, w.hc_attn_scale));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(p + "hc_ffn_scale", {3}, w.hc_ffn_scale));
+  DEEPINFER_RETURN_IF_ERROR(upload_rope(l.backend(),
+                                        w.ratio == 0 ? make_rope(c.qk_rope_head_dim, c.rope_theta, nullptr)
+                                                     : make_rope(c.qk_rope_head_dim, c.compress_rope_theta, &c.rope_scaling),
+                                        w.rope));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(p + "attn_norm.weight", {d}, w.attn_norm));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(p + "ffn_norm.weight", {d}, w.ffn_norm));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(p + "hc_attn_fn", mix, hc * d, w.hc_attn_fn, 1, kF32));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(p + "hc_ffn_fn", mix, hc * d, w.hc_ffn_fn, 1, kF32));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(p + "hc_attn_base", {mix}, w.hc_attn_base));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(p + "hc_ffn_base", {mix}, w.hc_ffn_base));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(p + "hc_attn_scale", {3}, w.hc_attn_scale));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(p + "hc_ffn_scale", {3}, w.hc_ffn_scale));
 
   const std::string a = p + "attn.";
   DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wq_a.weight", c.q_lora_rank, d, w.wq_a));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(a + "q_norm.weight", {c.q_lora_rank}, w.q_norm));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(a + "q_norm.weight", {c.q_lora_rank}, w.q_norm));
   DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wq_b.weight", H * D, c.q_lora_rank, w.wq_b));
   DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wkv.weight", D, d, w.wkv));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(a + "kv_norm.weight", {D}, w.kv_norm));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(a + "kv_norm.weight", {D}, w.kv_norm));
   DEEPINFER_RETURN_IF_ERROR(
       l.linear(a + "wo_a.weight", c.o_groups * c.o_lora_rank, H * D / c.o_groups, w.wo_a, c.o_groups));
   DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wo_b.weight", d, c.o_groups * c.o_lora_rank, w.wo_b));
-  DEEPINFER_RETURN_IF_ERROR(l.vector(a + "attn_sink", {H}, w.attn_sink));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer(a + "attn_sink", {H}, w.attn_sink));
   if (w.ratio != 0) {
     DEEPINFER_RETURN_IF_ERROR(load_compressor(l, c, a + "compressor.", w.ratio, D, w.compressor));
   }
@@ -341,34 +381,33 @@ Status load_layer(Loader& l, const V4Config& c, int64_t i, LayerWeights& w) {
 
   const std::string f = p + "ffn.";
   const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
-  DEEPINFER_RETURN_IF_ERROR(l.linear(f + "gate.weight", E, d, w.gate));
+  DEEPINFER_RETURN_IF_ERROR(l.linear(f + "gate.weight", E, d, w.gate, 1, kF32));
   if (i < c.num_hash_layers) {
     const std::string name = f + "gate.tid2eid";
     if (l.checkpoint().find(name) == nullptr) return l.missing(name);
     std::vector<int64_t> shape = {c.vocab_size, c.num_experts_per_tok};
     Result<std::vector<int64_t>> table = l.checkpoint().load_i64(name, shape);
     if (!table.ok()) return table.status();
-    w.tid2eid.reserve(table->size());
+    std::vector<int32_t> ids;
+    ids.reserve(table->size());
     for (int64_t e : *table) {
       if (e < 0 || e >= E) {
         return Status::invalid_argument("DeepSeek-V4 checkpoint: tensor '" + name + "' holds expert " +
                                         std::to_string(e) + ", outside 0.." + std::to_string(E - 1));
       }
-      w.tid2eid.push_back(static_cast<int32_t>(e));
+      ids.push_back(static_cast<int32_t>(e));
     }
+    Result<backend::Buffer> b = l.backend().alloc(ids.size() * sizeof(int32_t));
+    if (!b.ok()) return b.status();
+    DEEPINFER_RETURN_IF_ERROR(l.backend().upload(ids.data(), ids.size() * sizeof(int32_t), *b, 0));
+    w.tid2eid = std::move(*b);
   } else {
-    DEEPINFER_RETURN_IF_ERROR(l.vector(f + "gate.bias", {E}, w.gate_bias));
+    DEEPINFER_RETURN_IF_ERROR(l.buffer(f + "gate.bias", {E}, w.gate_bias));
   }
-  w.w1.resize(E + 1);
-  w.w2.resize(E + 1);
-  w.w3.resize(E + 1);
-  for (int64_t e = 0; e <= E; ++e) {
-    const std::string q = e < E ? f + "experts." + std::to_string(e) + "." : f + "shared_experts.";
-    DEEPINFER_RETURN_IF_ERROR(l.linear(q + "w1.weight", I, d, w.w1[e]));
-    DEEPINFER_RETURN_IF_ERROR(l.linear(q + "w2.weight", d, I, w.w2[e]));
-    DEEPINFER_RETURN_IF_ERROR(l.linear(q + "w3.weight", I, d, w.w3[e]));
-  }
-  return Status();
+  std::vector<std::string> routed;
+  for (int64_t e = 0; e < E; ++e) routed.push_back(f + "experts." + std::to_string(e) + ".");
+  DEEPINFER_RETURN_IF_ERROR(l.experts(routed, I, d, w.experts_gate_up, w.experts_down));
+  return l.experts({f + "shared_experts."}, I, d, w.shared_gate_up, w.shared_down);
 }
 
 }  // namespace
@@ -379,9 +418,8 @@ DeepSeekV4Model::DeepSeekV4Model(V4Config config, Backend& backend)
 DeepSeekV4Model::~DeepSeekV4Model() = default;
 
 Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesystem::path& dir, Backend& backend) {
-  if (backend.name() != "cpu") {
-    return Status::unsupported("DeepSeek-V4 runs on the CPU backend only in this build (the " +
-                               std::string(backend.name()) + " backend has no V4 kernels yet)");
+  if (!backend.has_v4_ops()) {
+    return Status::unsupported("DeepSeek-V4: the " + std::string(backend.name()) + " backend has no V4 kernels");
   }
   Result<V4Config> config = load_v4_config(dir);
   if (!config.ok()) return config.status();
@@ -390,14 +428,15 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   const V4Config& c = *config;
   std::unique_ptr<DeepSeekV4Model> model(new DeepSeekV4Model(c, backend));
   Weights& w = *model->w_;
-  Loader l(c, **checkpoint, backend);
+  w.precision = backend.activation_dtype() == backend::DType::kF32 ? backend::Precision::kF32 : backend::Precision::kBF16;
+  Loader l(c, **checkpoint, backend, w.precision);
   const int64_t d = c.hidden_size, hc = c.hc_mult;
-  DEEPINFER_RETURN_IF_ERROR(l.vector("embed.weight", {c.vocab_size, d}, w.embed));
+  DEEPINFER_RETURN_IF_ERROR(l.linear("embed.weight", c.vocab_size, d, w.embed));
   DEEPINFER_RETURN_IF_ERROR(l.linear("head.weight", c.vocab_size, d, w.head));
-  DEEPINFER_RETURN_IF_ERROR(l.vector("norm.weight", {d}, w.norm));
-  DEEPINFER_RETURN_IF_ERROR(l.linear("hc_head_fn", hc, hc * d, w.hc_head_fn));
-  DEEPINFER_RETURN_IF_ERROR(l.vector("hc_head_base", {hc}, w.hc_head_base));
-  DEEPINFER_RETURN_IF_ERROR(l.vector("hc_head_scale", {1}, w.hc_head_scale));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer("norm.weight", {d}, w.norm));
+  DEEPINFER_RETURN_IF_ERROR(l.linear("hc_head_fn", hc, hc * d, w.hc_head_fn, 1, backend::Precision::kF32));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer("hc_head_base", {hc}, w.hc_head_base));
+  DEEPINFER_RETURN_IF_ERROR(l.buffer("hc_head_scale", {1}, w.hc_head_scale));
   w.payload.emplace(c);
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) DEEPINFER_RETURN_IF_ERROR(load_layer(l, c, i, w.layers[i]));
@@ -497,7 +536,8 @@ std::vector<V4TensorSpec> v4_tensors(const V4Config& c) {
 }
 
 int64_t DeepSeekV4Model::window_bytes_per_sequence() const {
-  return config_.num_hidden_layers * config_.sliding_window * config_.head_dim * 4;
+  return config_.num_hidden_layers * config_.sliding_window * config_.head_dim *
+         static_cast<int64_t>(backend::dtype_size(backend_.activation_dtype()));
 }
 
 int64_t DeepSeekV4Model::block_payload_floats() const { return w_->payload->total; }
@@ -506,8 +546,69 @@ int64_t DeepSeekV4Model::window_payload_floats() const { return w_->payload->win
 
 int64_t DeepSeekV4Model::window_blocks() const { return (config_.sliding_window + 63) / 64; }
 
-void DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const> blocks,
-                              std::span<const float* const> windows) const {
+namespace detail {
+
+// The V4 cache's buffers and the step's scratch: backend memory the forward pass and restore() use.
+class V4Memory {
+ public:
+  V4Memory(const V4Config& c, Backend& backend)
+      : c_(c), backend_(backend), esize_(static_cast<int64_t>(backend::dtype_size(backend.activation_dtype()))) {}
+  int64_t esize() const { return esize_; }
+  // `elements` activation-dtype elements past p.
+  char* at(const void* p, int64_t elements) const {
+    return static_cast<char*>(const_cast<void*>(p)) + elements * esize_;
+  }
+
+  // The sequence's fixed buffers (window ring, compressor rings), on first use.
+  Status allocate(V4Sequence& sequence) const {
+    if (!sequence.layers_.empty()) return Status();
+    std::vector<V4Sequence::Layer> layers(static_cast<size_t>(c_.num_hidden_layers));
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      V4Sequence::Layer& layer = layers[static_cast<size_t>(l)];
+      DEEPINFER_RETURN_IF_ERROR(alloc(c_.sliding_window * c_.head_dim, layer.window));
+      const int64_t m = c_.compress_ratios[l];
+      if (m != 0) DEEPINFER_RETURN_IF_ERROR(rings(layer.attention, m, (m == 4 ? 2 : 1) * c_.head_dim));
+      if (m == 4) DEEPINFER_RETURN_IF_ERROR(rings(layer.indexer, 4, 2 * c_.index_head_dim));
+    }
+    sequence.layers_ = std::move(layers);
+    return Status();
+  }
+  // Room for `needed` entries of `dim` (the made ones kept).
+  Status reserve(V4Sequence::Compressor& state, int64_t needed, int64_t dim) const {
+    if (needed <= state.capacity) return Status();
+    const int64_t capacity = std::max({needed, 2 * state.capacity, int64_t{64}});
+    backend::Buffer grown;
+    DEEPINFER_RETURN_IF_ERROR(alloc(capacity * dim, grown));
+    if (state.made > 0) {
+      backend::CopySpan span{state.entries.data(), grown.data(), static_cast<size_t>(state.made * dim * esize_)};
+      backend_.copy_spans({&span, 1});
+    }
+    state.entries = std::move(grown);
+    state.capacity = capacity;
+    return Status();
+  }
+
+ private:
+  Status alloc(int64_t elements, backend::Buffer& out) const {
+    Result<backend::Buffer> b = backend_.alloc(static_cast<size_t>(elements * esize_));
+    if (!b.ok()) return b.status();
+    out = std::move(*b);
+    return Status();
+  }
+  Status rings(V4Sequence::Compressor& state, int64_t m, int64_t width) const {
+    DEEPINFER_RETURN_IF_ERROR(alloc(2 * m * width, state.ring_kv));
+    return alloc(2 * m * width, state.ring_score);
+  }
+
+  const V4Config& c_;
+  Backend& backend_;
+  int64_t esize_;
+};
+
+}  // namespace detail
+
+Status DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const> blocks,
+                                std::span<const float* const> windows) const {
   const V4Config& c = config_;
   const int64_t D = c.head_dim, DI = c.index_head_dim, W = c.sliding_window;
   const int64_t P = 64 * static_cast<int64_t>(blocks.size());
@@ -515,64 +616,68 @@ void DeepSeekV4Model::restore(V4Sequence& sequence, std::span<const float* const
   DEEPINFER_CHECK(replay || static_cast<int64_t>(windows.size()) == std::min<int64_t>(window_blocks(), P / 64),
                   "restore takes the window payloads of the last window's blocks, or none");
   DEEPINFER_CHECK(!replay || P > W, "a bounded replay restores a prefix longer than the window");
-  sequence.layers_.assign(static_cast<size_t>(c.num_hidden_layers), V4Sequence::Layer{});
+  detail::V4Memory memory(c, backend_);
+  sequence.layers_.clear();
+  DEEPINFER_RETURN_IF_ERROR(memory.allocate(sequence));
   const int64_t first_window_block = P / 64 - static_cast<int64_t>(windows.size());
+  const size_t es = static_cast<size_t>(memory.esize());
+  std::vector<backend::CopySpan> spans;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const PayloadLayout::Layer& part = w_->payload->layers[l];
     V4Sequence::Layer& layer = sequence.layers_[l];
-    layer.window.assign(static_cast<size_t>(W * D), 0.0f);
     for (int64_t p = replay ? P : std::max<int64_t>(0, P - W); p < P; ++p) {
-      const float* rows = windows[static_cast<size_t>(p / 64 - first_window_block)] + part.window_offset;
-      std::copy_n(rows + (p % 64) * D, D, layer.window.data() + (p % W) * D);
+      const float* rows = windows[static_cast<size_t>(p / 64 - first_window_block)];
+      spans.push_back({memory.at(rows, part.window_offset + (p % 64) * D), memory.at(layer.window.data(), (p % W) * D),
+                       D * es});
     }
     const int64_t m = c.compress_ratios[l];
+    // The compressor's raw rows at P (from the last window payload), into its rings; a replay feeds them again.
     auto rows = [&](V4Sequence::Compressor& state, int64_t at, int64_t width, int64_t capacity, int64_t ratio) {
-      if (replay) {
-        state.first_row = P - W;  // the replay feeds the compressor its rows again (no entries: they are restored)
-        return;
+      if (replay || P == 0) return;
+      const int64_t count = kept_rows(ratio, P);
+      const float* in = windows.back();
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t slot = (P - count + i) % (2 * ratio);
+        spans.push_back({memory.at(in, part.window_offset + at + i * width), memory.at(state.ring_kv.data(), slot * width),
+                         width * es});
+        spans.push_back({memory.at(in, part.window_offset + at + (capacity + i) * width),
+                         memory.at(state.ring_score.data(), slot * width), width * es});
       }
-      const int64_t count = P == 0 ? 0 : kept_rows(ratio, P);
-      state.first_row = P - count;
-      if (count == 0) return;
-      const float* in = windows.back() + part.window_offset + at;
-      state.kv.assign(in, in + count * width);
-      state.score.assign(in + capacity * width, in + capacity * width + count * width);
     };
     if (m != 0) {
+      DEEPINFER_RETURN_IF_ERROR(memory.reserve(layer.attention, P / m, D));
       for (int64_t j = 0; j < P / m; ++j) {
         const int64_t block = (j * m) / 64 + (m > 64 ? 1 : 0);  // the block whose end finishes entry j
         const int64_t slot = m > 64 ? 0 : j - (block * 64) / m;
-        const float* entry = blocks[static_cast<size_t>(block)] + part.offset + part.entries + slot * D;
-        layer.attention.entries.insert(layer.attention.entries.end(), entry, entry + D);
+        spans.push_back({memory.at(blocks[static_cast<size_t>(block)], part.offset + part.entries + slot * D),
+                         memory.at(layer.attention.entries.data(), j * D), D * es});
       }
+      layer.attention.made = P / m;
       rows(layer.attention, part.rows, part.row_width, std::min<int64_t>(m, 64), m);
     }
     if (m == 4) {
+      DEEPINFER_RETURN_IF_ERROR(memory.reserve(layer.indexer, P / 4, DI));
       for (size_t b = 0; b < blocks.size(); ++b) {
-        const float* keys = blocks[b] + part.offset + part.index_entries;
-        layer.indexer.entries.insert(layer.indexer.entries.end(), keys, keys + 16 * DI);
+        spans.push_back({memory.at(blocks[b], part.offset + part.index_entries),
+                         memory.at(layer.indexer.entries.data(), static_cast<int64_t>(b) * 16 * DI), 16 * DI * es});
       }
+      layer.indexer.made = P / 4;
       rows(layer.indexer, part.index_rows, part.index_width, 4, 4);
     }
   }
+  backend_.copy_spans(spans);
   // A bounded replay feeds the last W tokens again (forward() computes their window rows only).
   sequence.length_ = replay ? P - W : P;
   sequence.window_start_ = replay ? P - W : 0;
   sequence.replay_end_ = replay ? P : 0;
+  return Status();
 }
 
-std::unique_ptr<V4Sequence> DeepSeekV4Model::new_sequence() const {
-  auto sequence = std::make_unique<V4Sequence>();
-  sequence->layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
-  for (V4Sequence::Layer& layer : sequence->layers_) {
-    layer.window.assign(static_cast<size_t>(config_.sliding_window * config_.head_dim), 0.0f);
-  }
-  return sequence;
-}
+std::unique_ptr<V4Sequence> DeepSeekV4Model::new_sequence() const { return std::make_unique<V4Sequence>(); }
 
 namespace detail {
 
-// The forward pass over one batch; member functions are its steps.
+// The forward pass over one batch on the backend's ops; member functions are its steps.
 class V4Forward {
  public:
   struct Row {
@@ -580,410 +685,349 @@ class V4Forward {
     int64_t position = 0;
     size_t chunk = 0;
   };
-  V4Forward(const V4Config& c, Backend& backend, const PayloadLayout* payload) : c_(c), backend_(backend), payload_(payload) {}
+  // `scratch`: the step's activations, one buffer per use, grown to the step's rows.
+  V4Forward(const V4Config& c, Backend& backend, const PayloadLayout* payload, std::vector<backend::Buffer>& scratch)
+      : c_(c), backend_(backend), payload_(payload), memory_(c, backend), scratch_(scratch) {}
 
-  // y[T][w.rows] = x[T][w.cols] · wᵀ (x row stride x_stride).
-  void linear(const Linear& w, const float* x, int64_t rows, int64_t x_stride, float* y) {
-    if (rows == 0) return;
-    Tensor xt{const_cast<float*>(x), backend::DType::kF32, rows, w.cols, x_stride};
-    Tensor yt{y, backend::DType::kF32, rows, w.rows, w.rows};
-    backend_.linear(xt, *w.weight, yt);
-  }
-  std::vector<float> linear(const Linear& w, const std::vector<float>& x, int64_t rows) {
-    std::vector<float> y(static_cast<size_t>(rows * w.rows));
-    linear(w, x.data(), rows, w.cols, y.data());
-    return y;
-  }
-
-  // model.py Block.hc_pre + hc_split_sinkhorn: from the streams X [T][hc][d], the sublayer input y [T][d], and the
-  // post [T][hc] and comb [T][hc][hc] weights hc_post needs.
-  void hc_pre(const std::vector<float>& X, int64_t T, const Linear& fn, const std::vector<float>& scale,
-              const std::vector<float>& base, std::vector<float>& y, std::vector<float>& post,
-              std::vector<float>& comb) {
-    const int64_t hc = c_.hc_mult, d = c_.hidden_size, mix = (2 + hc) * hc;
-    std::vector<float> mixes = linear(fn, X, T);
-    y.assign(static_cast<size_t>(T * d), 0.0f);
-    post.resize(static_cast<size_t>(T * hc));
-    comb.resize(static_cast<size_t>(T * hc * hc));
-    const double eps = c_.hc_eps;
-    for (int64_t t = 0; t < T; ++t) {
-      const float* x = X.data() + t * hc * d;
-      double sum = 0.0;
-      for (int64_t i = 0; i < hc * d; ++i) sum += static_cast<double>(x[i]) * x[i];
-      const double rs = 1.0 / std::sqrt(sum / static_cast<double>(hc * d) + c_.rms_norm_eps);
-      const float* m = mixes.data() + t * mix;
-      std::vector<double> pre(hc), cm(hc * hc);
-      for (int64_t j = 0; j < hc; ++j) {
-        pre[j] = sigmoid(m[j] * rs * scale[0] + base[j]) + eps;
-        post[t * hc + j] = static_cast<float>(2.0 * sigmoid(m[hc + j] * rs * scale[1] + base[hc + j]));
-      }
-      for (int64_t i = 0; i < hc; ++i) {  // row softmax + eps
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < hc; ++j) {
-          cm[i * hc + j] = m[2 * hc + i * hc + j] * rs * scale[2] + base[2 * hc + i * hc + j];
-          mx = std::max(mx, cm[i * hc + j]);
-        }
-        double s = 0.0;
-        for (int64_t j = 0; j < hc; ++j) s += (cm[i * hc + j] = std::exp(cm[i * hc + j] - mx));
-        for (int64_t j = 0; j < hc; ++j) cm[i * hc + j] = cm[i * hc + j] / s + eps;
-      }
-      auto normalize_columns = [&] {
-        for (int64_t j = 0; j < hc; ++j) {
-          double s = 0.0;
-          for (int64_t i = 0; i < hc; ++i) s += cm[i * hc + j];
-          for (int64_t i = 0; i < hc; ++i) cm[i * hc + j] /= s + eps;
-        }
-      };
-      normalize_columns();
-      for (int64_t it = 1; it < c_.hc_sinkhorn_iters; ++it) {
-        for (int64_t i = 0; i < hc; ++i) {
-          double s = 0.0;
-          for (int64_t j = 0; j < hc; ++j) s += cm[i * hc + j];
-          for (int64_t j = 0; j < hc; ++j) cm[i * hc + j] /= s + eps;
-        }
-        normalize_columns();
-      }
-      for (int64_t k = 0; k < hc * hc; ++k) comb[t * hc * hc + k] = static_cast<float>(cm[k]);
-      float* out = y.data() + t * d;
-      for (int64_t k = 0; k < d; ++k) {
-        double acc = 0.0;
-        for (int64_t j = 0; j < hc; ++j) acc += pre[j] * x[j * d + k];
-        out[k] = static_cast<float>(acc);
-      }
+  // Scratch buffer `slot`, at least `bytes` long.
+  Result<const backend::Buffer*> buffer(size_t slot, size_t bytes) {
+    if (scratch_.size() <= slot) scratch_.resize(slot + 1);
+    backend::Buffer& b = scratch_[slot];
+    if (b.bytes < bytes) {
+      Result<backend::Buffer> grown = backend_.alloc(bytes);
+      if (!grown.ok()) return grown.status();
+      b = std::move(*grown);
     }
+    return &b;
+  }
+  // Tensor `slot` of the scratch: [rows, cols] of `dtype`, contiguous.
+  Result<Tensor> tensor(size_t slot, int64_t rows, int64_t cols, backend::DType dtype) {
+    Result<const backend::Buffer*> b =
+        buffer(slot, static_cast<size_t>(std::max<int64_t>(1, rows * cols)) * backend::dtype_size(dtype));
+    if (!b.ok()) return b.status();
+    return Tensor{(*b)->data(), dtype, rows, cols, cols};
   }
 
-  // model.py Block.hc_post: X'[j] = post[j] · out + Σ_i comb[i][j] · X[i].
-  void hc_post(std::vector<float>& X, int64_t T, const std::vector<float>& out, const std::vector<float>& post,
-               const std::vector<float>& comb) {
-    const int64_t hc = c_.hc_mult, d = c_.hidden_size;
-    std::vector<float> next(static_cast<size_t>(hc * d));
-    for (int64_t t = 0; t < T; ++t) {
-      float* x = X.data() + t * hc * d;
-      const float* cm = comb.data() + t * hc * hc;
-      for (int64_t j = 0; j < hc; ++j) {
-        for (int64_t k = 0; k < d; ++k) {
-          double acc = static_cast<double>(post[t * hc + j]) * out[t * d + k];
-          for (int64_t i = 0; i < hc; ++i) acc += static_cast<double>(cm[i * hc + j]) * x[i * d + k];
-          next[j * d + k] = static_cast<float>(acc);
-        }
-      }
-      std::copy(next.begin(), next.end(), x);
+  // The forward pass of `chunks` (validated) over `rows`; the head's input (the final mix) in `head_in`.
+  Status run(std::span<const DeepSeekV4Model::Chunk> chunks, const std::vector<Row>& rows,
+             const std::vector<LayerWeights>& layers, const Linear& embed, const Linear& hc_head_fn,
+             const backend::Buffer& hc_head_base, const backend::Buffer& hc_head_scale, Tensor& head_in) {
+    const int64_t T = static_cast<int64_t>(rows.size()), d = c_.hidden_size, hc = c_.hc_mult;
+    const backend::DType act = backend_.activation_dtype(), f32 = backend::DType::kF32;
+    for (const DeepSeekV4Model::Chunk& chunk : chunks) DEEPINFER_RETURN_IF_ERROR(memory_.allocate(*chunk.sequence));
+    DEEPINFER_RETURN_IF_ERROR(assign(X_, tensor(kX, T, hc * d, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(y_, tensor(kY, T, d, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(out_, tensor(kOut, T, d, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(post_, tensor(kPost, T, hc, f32)));
+    DEEPINFER_RETURN_IF_ERROR(assign(comb_, tensor(kComb, T, hc * hc, f32)));
+    // Embedding, copied into every stream.
+    backend_.embed(*embed.weight, y_, 0);
+    for (int64_t j = 0; j < hc; ++j) backend_.copy(y_, X_.cols_slice(j * d, d));
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      const LayerWeights& w = layers[static_cast<size_t>(l)];
+      mix(w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, false);
+      backend_.rms_norm(y_, w.attn_norm, static_cast<float>(c_.rms_norm_eps), y_);
+      DEEPINFER_RETURN_IF_ERROR(attention(w, l, chunks, rows));
+      backend_.v4_hc_post(X_, out_, post_, comb_);
+      mix(w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, false);
+      backend_.rms_norm(y_, w.ffn_norm, static_cast<float>(c_.rms_norm_eps), y_);
+      DEEPINFER_RETURN_IF_ERROR(moe(w, l));
+      backend_.v4_hc_post(X_, out_, post_, comb_);
     }
-  }
-
-  // model.py Compressor.forward for one sequence's chunk: appends the chunk's raw rows to the state and finishes
-  // every block the chunk completes (entry j = block j: softmax over the block's tokens per channel of score + ape,
-  // weighted sum of kv; overlapped: block j-1's first half of the channels with block j's second half), then
-  // RMSNorm and rope at position j * m.
-  // `snapshot(boundary, kv_rows, score_rows, count)`: called for each multiple of 64 in (start, start + n] with the
-  // rows kept there (a block payload's compressor rows).
-  using Snapshot = std::function<void(int64_t, const float*, const float*, int64_t)>;
-  void compress(const CompressorWeights& w, const Rope& rope, V4Sequence::Compressor& state, const float* x,
-                int64_t n, int64_t start, const Snapshot& snapshot = {}) {
-    const int64_t m = w.ratio, dim = w.dim, width = w.coff * dim, R = c_.qk_rope_head_dim;
-    std::vector<float> kv(static_cast<size_t>(n * width)), score(static_cast<size_t>(n * width));
-    linear(w.wkv, x, n, c_.hidden_size, kv.data());
-    linear(w.wgate, x, n, c_.hidden_size, score.data());
-    for (int64_t i = 0; i < n; ++i) {
-      const float* ape = w.ape.data() + ((start + i) % m) * width;
-      for (int64_t k = 0; k < width; ++k) score[i * width + k] += ape[k];
-    }
-    state.kv.insert(state.kv.end(), kv.begin(), kv.end());
-    state.score.insert(state.score.end(), score.begin(), score.end());
-    const int64_t end = start + n;
-    auto row = [&](const std::vector<float>& rows, int64_t position) {
-      return rows.data() + (position - state.first_row) * width;
-    };
-    std::vector<float> entry(static_cast<size_t>(dim));
-    // From the first entry not made yet: start / m, except in a bounded replay, whose entries were restored.
-    const int64_t made = static_cast<int64_t>(state.entries.size()) / dim;
-    for (int64_t j = std::max(start / m, made); (j + 1) * m <= end; ++j) {
-      for (int64_t ch = 0; ch < dim; ++ch) {
-        double mx = -INFINITY;
-        const bool previous = w.coff == 2 && j > 0;
-        const int64_t own = w.coff == 2 ? dim + ch : ch;
-        for (int64_t t = 0; t < m; ++t) {
-          mx = std::max<double>(mx, row(state.score, j * m + t)[own]);
-          if (previous) mx = std::max<double>(mx, row(state.score, (j - 1) * m + t)[ch]);
-        }
-        double sum = 0.0, acc = 0.0;
-        for (int64_t t = 0; t < m; ++t) {
-          double e = std::exp(row(state.score, j * m + t)[own] - mx);
-          sum += e;
-          acc += e * row(state.kv, j * m + t)[own];
-          if (previous) {
-            double ep = std::exp(row(state.score, (j - 1) * m + t)[ch] - mx);
-            sum += ep;
-            acc += ep * row(state.kv, (j - 1) * m + t)[ch];
-          }
-        }
-        entry[ch] = static_cast<float>(acc / sum);
-      }
-      rms_norm(entry.data(), dim, w.norm.data(), c_.rms_norm_eps, entry.data());
-      rope.apply(entry.data() + dim - R, j * m);
-      state.entries.insert(state.entries.end(), entry.begin(), entry.end());
-    }
-    if (snapshot) {
-      for (int64_t b = (start / 64 + 1) * 64; b <= end; b += 64) {
-        const int64_t count = kept_rows(m, b);
-        snapshot(b, row(state.kv, b - count), row(state.score, b - count), count);
-      }
-    }
-    // Keep the unfinished block's rows, and (overlapped) the last finished block's.
-    int64_t keep = (end / m) * m;
-    if (w.coff == 2) keep = std::max<int64_t>(0, keep - m);
-    keep = std::max(keep, state.first_row);
-    state.kv.erase(state.kv.begin(), state.kv.begin() + (keep - state.first_row) * width);
-    state.score.erase(state.score.begin(), state.score.begin() + (keep - state.first_row) * width);
-    state.first_row = keep;
-  }
-
-  // model.py Attention.forward (with Indexer.forward on CSA layers) for every row; returns [T][d].
-  std::vector<float> attention(const LayerWeights& w, int64_t layer, const std::vector<float>& x,
-                               std::span<const DeepSeekV4Model::Chunk> chunks, const std::vector<Row>& rows) {
-    const int64_t T = static_cast<int64_t>(rows.size()), d = c_.hidden_size, H = c_.num_attention_heads;
-    const int64_t D = c_.head_dim, R = c_.qk_rope_head_dim, W = c_.sliding_window;
-    const double eps = c_.rms_norm_eps;
-    std::vector<float> qr = linear(w.wq_a, x, T);
-    for (int64_t t = 0; t < T; ++t) {
-      rms_norm(qr.data() + t * c_.q_lora_rank, c_.q_lora_rank, w.q_norm.data(), eps, qr.data() + t * c_.q_lora_rank);
-    }
-    std::vector<float> q = linear(w.wq_b, qr, T);
-    std::vector<float> kv = linear(w.wkv, x, T);
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < H; ++h) {
-        float* qh = q.data() + (t * H + h) * D;
-        rms_norm(qh, D, nullptr, eps, qh);
-        w.rope.apply(qh + D - R, rows[t].position);
-      }
-      float* k = kv.data() + t * D;
-      rms_norm(k, D, w.kv_norm.data(), eps, k);
-      w.rope.apply(k + D - R, rows[t].position);
-    }
-    // Indexer queries and head weights (CSA layers).
-    const int64_t HI = c_.index_n_heads, DI = c_.index_head_dim;
-    std::vector<float> index_q, index_weight;
-    if (w.ratio == 4) {
-      index_q = linear(w.index_wq_b, qr, T);
-      index_weight = linear(w.index_weights_proj, x, T);
-      const double head_scale = 1.0 / std::sqrt(static_cast<double>(DI)) / std::sqrt(static_cast<double>(HI));
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t h = 0; h < HI; ++h) w.rope.apply(index_q.data() + (t * HI + h) * DI + DI - R, rows[t].position);
-        for (int64_t h = 0; h < HI; ++h) index_weight[t * HI + h] = static_cast<float>(index_weight[t * HI + h] * head_scale);
-      }
-    }
-
-    std::vector<float> o(static_cast<size_t>(T * H * D), 0.0f);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    int64_t r0 = 0;
-    for (const DeepSeekV4Model::Chunk& chunk : chunks) {
-      const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
-      V4Sequence::Layer& state = chunk.sequence->layers_[layer];
-      const int64_t start = chunk.sequence->length_;
-      // A bounded replay's rows (positions before replay_end_) rebuild the window and the compressors' rows only:
-      // the entries and indexer keys were restored as of replay_end_. Its window starts at window_start_.
-      const bool replaying = start < chunk.sequence->replay_end_;
-      const int64_t window_start = chunk.sequence->window_start_;
-      // The raw KV rows the chunk's windows reach: positions [lo, start + n).
-      const int64_t lo = std::max<int64_t>(window_start, start - (W - 1));
-      std::vector<float> raw(static_cast<size_t>((start + n - lo) * D));
-      for (int64_t p = lo; p < start; ++p) {
-        std::copy_n(state.window.data() + (p % W) * D, D, raw.data() + (p - lo) * D);
-      }
-      std::copy_n(kv.data() + r0 * D, n * D, raw.data() + (start - lo) * D);
-      // Payloads of the blocks this chunk finishes: this layer's part (a replay writes only window payloads: the
-      // block payloads are the cached ones).
-      const PayloadLayout::Layer* part = chunk.completed_blocks.empty() ? nullptr : &payload_->layers[layer];
-      auto destination = [&](int64_t boundary) {
-        return chunk.completed_blocks[static_cast<size_t>(boundary / 64 - start / 64 - 1)] + part->offset;
-      };
-      // The block's window payload (this layer's part), or null when it is not written.
-      auto window_destination = [&](int64_t boundary) -> float* {
-        const size_t index = static_cast<size_t>(boundary / 64 - start / 64 - 1);
-        if (index >= chunk.completed_windows.size() || chunk.completed_windows[index] == nullptr) return nullptr;
-        return chunk.completed_windows[index] + part->window_offset;
-      };
-      auto rows_to = [&](int64_t at, int64_t width, int64_t capacity) -> Snapshot {
-        if (part == nullptr) return {};
-        return [=, &window_destination](int64_t boundary, const float* kv_rows, const float* score_rows, int64_t count) {
-          float* out = window_destination(boundary);
-          if (out == nullptr) return;
-          out += at;
-          std::copy_n(kv_rows, count * width, out);
-          std::copy_n(score_rows, count * width, out + capacity * width);
-        };
-      };
-      if (w.ratio != 0) {
-        compress(w.compressor, w.rope, state.attention, x.data() + r0 * d, n, start,
-                 rows_to(part ? part->rows : 0, w.compressor.coff * D, std::min<int64_t>(w.ratio, 64)));
-      }
-      if (w.ratio == 4) {
-        compress(w.index_compressor, w.rope, state.indexer, x.data() + r0 * d, n, start,
-                 rows_to(part ? part->index_rows : 0, 2 * DI, 4));
-      }
-      if (part != nullptr) {
-        for (int64_t b = (start / 64 + 1) * 64; b <= start + n; b += 64) {
-          if (float* window_out = window_destination(b)) {
-            std::copy_n(raw.data() + (b - 64 - lo) * D, 64 * D, window_out);
-          }
-          if (replaying) continue;
-          float* out = destination(b);
-          if (w.ratio != 0) {
-            // The entries finished inside block [b - 64, b): indices [(b - 64) / m, b / m).
-            for (int64_t j = (b - 64) / w.ratio; j < b / w.ratio; ++j) {
-              std::copy_n(state.attention.entries.data() + j * D, D, out + part->entries + (j - (b - 64) / w.ratio) * D);
-            }
-          }
-          if (w.ratio == 4) {
-            std::copy_n(state.indexer.entries.data() + ((b - 64) / 4) * DI, 16 * DI, out + part->index_entries);
-          }
-        }
-      }
-
-      std::vector<const float*> keys;
-      std::vector<double> scores, acc(static_cast<size_t>(D));
-      std::vector<std::pair<double, int64_t>> ranked;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t t = r0 + i, p = start + i;
-        keys.clear();
-        for (int64_t s = std::max<int64_t>(window_start, p - (W - 1)); s <= p; ++s) {
-          keys.push_back(raw.data() + (s - lo) * D);
-        }
-        if (w.ratio != 0) {
-          const int64_t visible = (p + 1) / w.ratio;
-          const float* entries = state.attention.entries.data();
-          if (w.ratio == 4 && visible > c_.index_topk) {
-            // Lightning indexer: score[s] = Σ_h relu(q_h · k_s) · weight_h over visible entries; top index_topk.
-            ranked.clear();
-            const float* index_keys = state.indexer.entries.data();
-            for (int64_t s = 0; s < visible; ++s) {
-              double score = 0.0;
-              for (int64_t h = 0; h < HI; ++h) {
-                const float* qh = index_q.data() + (t * HI + h) * DI;
-                double dot = 0.0;
-                for (int64_t k = 0; k < DI; ++k) dot += static_cast<double>(qh[k]) * index_keys[s * DI + k];
-                score += std::max(dot, 0.0) * index_weight[t * HI + h];
-              }
-              ranked.emplace_back(score, s);
-            }
-            std::partial_sort(ranked.begin(), ranked.begin() + c_.index_topk, ranked.end(),
-                              [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-            for (int64_t k = 0; k < c_.index_topk; ++k) keys.push_back(entries + ranked[k].second * D);
-          } else {
-            for (int64_t s = 0; s < visible; ++s) keys.push_back(entries + s * D);
-          }
-        }
-        // sparse_attn: softmax over the keys' scores with the head's sink in the denominator; V = K.
-        scores.resize(keys.size());
-        for (int64_t h = 0; h < H; ++h) {
-          const float* qh = q.data() + (t * H + h) * D;
-          double mx = w.attn_sink[h];
-          for (size_t s = 0; s < keys.size(); ++s) {
-            double dot = 0.0;
-            for (int64_t k = 0; k < D; ++k) dot += static_cast<double>(qh[k]) * keys[s][k];
-            scores[s] = dot * scale;
-            mx = std::max(mx, scores[s]);
-          }
-          double sum = std::exp(w.attn_sink[h] - mx);
-          std::fill(acc.begin(), acc.end(), 0.0);
-          for (size_t s = 0; s < keys.size(); ++s) {
-            double e = std::exp(scores[s] - mx);
-            sum += e;
-            for (int64_t k = 0; k < D; ++k) acc[k] += e * keys[s][k];
-          }
-          float* oh = o.data() + (t * H + h) * D;
-          for (int64_t k = 0; k < D; ++k) oh[k] = static_cast<float>(acc[k] / sum);
-          w.rope.apply(oh + D - R, p, /*inverse=*/true);
-        }
-      }
-      for (int64_t p = std::max(start, start + n - W); p < start + n; ++p) {
-        std::copy_n(kv.data() + (r0 + p - start) * D, D, state.window.data() + (p % W) * D);
-      }
-      r0 += n;
-    }
-    // Grouped low-rank output: per group g, z_g = wo_a[g] · o_g; then wo_b.
-    const int64_t G = c_.o_groups, L = c_.o_lora_rank;
-    std::vector<float> z(static_cast<size_t>(T * G * L));
-    Tensor ot{o.data(), backend::DType::kF32, T, H * D, H * D};
-    Tensor zt{z.data(), backend::DType::kF32, T, G * L, G * L};
-    backend_.linear_heads(ot, H * D / G, *w.wo_a.weight, zt, L);
-    return linear(w.wo_b, z, T);
-  }
-
-  // model.py MoE.forward with Gate and Expert: routed experts by hash table or top-k of score + bias, plus the
-  // shared expert; SwiGLU clamped at swiglu_limit.
-  std::vector<float> moe(const LayerWeights& w, int64_t layer, const std::vector<float>& x, const std::vector<Row>& rows) {
-    const int64_t T = static_cast<int64_t>(rows.size()), d = c_.hidden_size, E = c_.n_routed_experts;
-    const int64_t K = c_.num_experts_per_tok;
-    std::vector<float> logits = linear(w.gate, x, T);
-    std::vector<std::vector<std::pair<int64_t, double>>> routed(static_cast<size_t>(E));  // per expert: (row, weight)
-    std::vector<double> scores(static_cast<size_t>(E));
-    std::vector<int64_t> order(static_cast<size_t>(E));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* g = logits.data() + t * E;
-      if (c_.scoring_func == "softmax") {
-        double mx = *std::max_element(g, g + E), sum = 0.0;
-        for (int64_t e = 0; e < E; ++e) sum += (scores[e] = std::exp(g[e] - mx));
-        for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
-      } else if (c_.scoring_func == "sigmoid") {
-        for (int64_t e = 0; e < E; ++e) scores[e] = sigmoid(g[e]);
-      } else {  // sqrt(softplus), softplus as torch computes it (linear above 20)
-        for (int64_t e = 0; e < E; ++e) scores[e] = std::sqrt(g[e] > 20.0f ? g[e] : std::log1p(std::exp(static_cast<double>(g[e]))));
-      }
-      std::vector<int64_t> chosen(static_cast<size_t>(K));
-      if (layer < c_.num_hash_layers) {
-        for (int64_t k = 0; k < K; ++k) chosen[k] = w.tid2eid[static_cast<size_t>(rows[t].token) * K + k];
-      } else {
-        std::iota(order.begin(), order.end(), 0);
-        auto biased = [&](int64_t e) { return scores[e] + w.gate_bias[e]; };
-        std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                          [&](int64_t a, int64_t b) { return biased(a) > biased(b) || (biased(a) == biased(b) && a < b); });
-        std::copy_n(order.begin(), K, chosen.begin());
-      }
-      double total = 0.0;
-      for (int64_t e : chosen) total += scores[e];
-      for (int64_t e : chosen) {
-        double weight = c_.scoring_func == "softmax" ? scores[e] : scores[e] / total;
-        routed[e].emplace_back(t, weight * c_.routed_scaling_factor);
-      }
-    }
-    std::vector<float> y(static_cast<size_t>(T * d), 0.0f);
-    auto expert = [&](int64_t e, const std::vector<std::pair<int64_t, double>>& members) {
-      const int64_t n = static_cast<int64_t>(members.size());
-      if (n == 0) return;
-      const int64_t I = c_.moe_intermediate_size;
-      std::vector<float> in(static_cast<size_t>(n * d));
-      for (int64_t i = 0; i < n; ++i) std::copy_n(x.data() + members[i].first * d, d, in.data() + i * d);
-      std::vector<float> gate = linear(w.w1[e], in, n), up = linear(w.w3[e], in, n);
-      const double limit = c_.swiglu_limit;
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t k = 0; k < I; ++k) {
-          double gv = gate[i * I + k], uv = up[i * I + k];
-          if (limit > 0.0) {
-            uv = std::clamp(uv, -limit, limit);
-            gv = std::min(gv, limit);
-          }
-          gate[i * I + k] = static_cast<float>(gv / (1.0 + std::exp(-gv)) * uv * members[i].second);
-        }
-      }
-      std::vector<float> out = linear(w.w2[e], gate, n);
-      for (int64_t i = 0; i < n; ++i) {
-        float* dst = y.data() + members[i].first * d;
-        for (int64_t k = 0; k < d; ++k) dst[k] += out[i * d + k];
-      }
-    };
-    for (int64_t e = 0; e < E; ++e) expert(e, routed[e]);
-    std::vector<std::pair<int64_t, double>> everyone(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) everyone[t] = {t, 1.0};
-    expert(E, everyone);
-    return y;
+    // model.py Block.hc_head: sigmoid pre-weights, no Sinkhorn.
+    mix(hc_head_fn, hc_head_base, hc_head_scale, true);
+    head_in = y_;
+    return Status();
   }
 
  private:
+  enum Slot : size_t { kX, kY, kOut, kPost, kComb, kQr, kQ, kKv, kIndexQ, kIndexW, kCkv, kCscore, kIkv, kIscore, kO, kZ,
+                       kIds, kGateUp, kAct };
+
+  static Status assign(Tensor& t, Result<Tensor> r) {
+    if (!r.ok()) return r.status();
+    t = *r;
+    return Status();
+  }
+  void mix(const Linear& fn, const backend::Buffer& base, const backend::Buffer& scale, bool head) {
+    backend::V4HyperMix m;
+    m.fn = fn.weight.get();
+    m.base = &base;
+    m.scale = &scale;
+    m.hc = c_.hc_mult;
+    m.sinkhorn_iters = c_.hc_sinkhorn_iters;
+    m.norm_eps = c_.rms_norm_eps;
+    m.hc_eps = c_.hc_eps;
+    m.head = head;
+    backend_.v4_hc_pre(X_, m, y_, post_, comb_);
+  }
+  void linear(const Linear& w, const Tensor& x, Tensor y) { backend_.linear(x, *w.weight, y); }
+  backend::V4Compressor compressor(const CompressorWeights& w, const LayerWeights& layer) const {
+    backend::V4Compressor c;
+    c.ratio = w.ratio;
+    c.dim = w.dim;
+    c.coff = w.coff;
+    c.ape = &w.ape;
+    c.norm = &w.norm;
+    c.eps = c_.rms_norm_eps;
+    c.inv_freq = &layer.rope;
+    c.rope_dim = c_.qk_rope_head_dim;
+    return c;
+  }
+
+  // model.py Attention.forward (with Indexer.forward on CSA layers) for every row, into out_.
+  Status attention(const LayerWeights& w, int64_t layer, std::span<const DeepSeekV4Model::Chunk> chunks,
+                   const std::vector<Row>& rows) {
+    const int64_t T = static_cast<int64_t>(rows.size()), H = c_.num_attention_heads;
+    const int64_t D = c_.head_dim, R = c_.qk_rope_head_dim, W = c_.sliding_window;
+    const int64_t HI = c_.index_n_heads, DI = c_.index_head_dim;
+    const backend::DType act = backend_.activation_dtype();
+    const size_t es = static_cast<size_t>(memory_.esize());
+    Tensor qr, q, kv, o, z;
+    DEEPINFER_RETURN_IF_ERROR(assign(qr, tensor(kQr, T, c_.q_lora_rank, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(q, tensor(kQ, T, H * D, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(kv, tensor(kKv, T, D, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(o, tensor(kO, T, H * D, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(z, tensor(kZ, T, c_.o_groups * c_.o_lora_rank, act)));
+    linear(w.wq_a, y_, qr);
+    backend_.rms_norm(qr, w.q_norm, static_cast<float>(c_.rms_norm_eps), qr);
+    linear(w.wq_b, qr, q);
+    linear(w.wkv, y_, kv);
+    backend::V4NormRope qn;
+    qn.norm = true;
+    qn.eps = c_.rms_norm_eps;
+    qn.inv_freq = &w.rope;
+    qn.rope_dim = R;
+    qn.vectors_per_position = H;
+    backend_.v4_norm_rope(q.reshaped(D), qn);
+    backend::V4NormRope kn = qn;
+    kn.weight = &w.kv_norm;
+    kn.vectors_per_position = 1;
+    backend_.v4_norm_rope(kv, kn);
+    Tensor index_q, index_w;
+    if (w.ratio == 4) {
+      DEEPINFER_RETURN_IF_ERROR(assign(index_q, tensor(kIndexQ, T, HI * DI, act)));
+      DEEPINFER_RETURN_IF_ERROR(assign(index_w, tensor(kIndexW, T, HI, act)));
+      linear(w.index_wq_b, qr, index_q);
+      linear(w.index_weights_proj, y_, index_w);
+      backend::V4NormRope in;
+      in.inv_freq = &w.rope;
+      in.rope_dim = R;
+      in.vectors_per_position = HI;
+      backend_.v4_norm_rope(index_q.reshaped(DI), in);
+    }
+
+    // Per chunk: the compressors' work, the payloads of the blocks it finishes (copies), the window rows it leaves.
+    std::vector<backend::V4CompressWork> work, index_work;
+    std::vector<std::vector<backend::V4RowSnapshot>> snapshots(chunks.size()), index_snapshots(chunks.size());
+    std::vector<backend::CopySpan> payload_copies, window_copies;
+    const PayloadLayout::Layer& part = payload_->layers[static_cast<size_t>(layer)];
+    int64_t r0 = 0;
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const DeepSeekV4Model::Chunk& chunk = chunks[ci];
+      const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
+      V4Sequence::Layer& state = chunk.sequence->layers_[static_cast<size_t>(layer)];
+      const int64_t start = chunk.sequence->length_, end = start + n;
+      // A bounded replay's rows (positions before replay_end_) rebuild the window and the compressors' rows only:
+      // the entries and indexer keys were restored as of replay_end_.
+      const bool replaying = start < chunk.sequence->replay_end_;
+      const bool writes = !chunk.completed_blocks.empty();
+      auto window_destination = [&](int64_t boundary) -> float* {
+        const size_t index = static_cast<size_t>(boundary / 64 - start / 64 - 1);
+        if (!writes || index >= chunk.completed_windows.size()) return nullptr;
+        return chunk.completed_windows[index];
+      };
+      auto add_work = [&](const CompressorWeights& cw, V4Sequence::Compressor& cs, int64_t at, int64_t capacity,
+                          std::vector<backend::V4RowSnapshot>& shots, std::vector<backend::V4CompressWork>& list) -> Status {
+        const int64_t m = cw.ratio, width = cw.coff * cw.dim;
+        const int64_t first = std::max(start / m, cs.made), last = end / m;
+        DEEPINFER_RETURN_IF_ERROR(memory_.reserve(cs, std::max(first, last), cw.dim));
+        for (int64_t b = (start / 64 + 1) * 64; b <= end; b += 64) {
+          if (float* out = window_destination(b)) {
+            shots.push_back({b, memory_.at(out, part.window_offset + at),
+                             memory_.at(out, part.window_offset + at + capacity * width)});
+          }
+        }
+        backend::V4CompressWork item;
+        item.row_first = r0;
+        item.start = start;
+        item.count = n;
+        item.ring_kv = cs.ring_kv.data();
+        item.ring_score = cs.ring_score.data();
+        item.entries = cs.entries.data();
+        item.first_entry = first;
+        item.end_entry = std::max(first, last);
+        list.push_back(item);
+        cs.made = std::max(cs.made, last);
+        return Status();
+      };
+      if (w.ratio != 0) {
+        DEEPINFER_RETURN_IF_ERROR(add_work(w.compressor, state.attention, part.rows, std::min<int64_t>(w.ratio, 64),
+                                           snapshots[ci], work));
+      }
+      if (w.ratio == 4) {
+        DEEPINFER_RETURN_IF_ERROR(add_work(w.index_compressor, state.indexer, part.index_rows, 4, index_snapshots[ci],
+                                           index_work));
+      }
+      for (int64_t b = (start / 64 + 1) * 64; b <= end; b += 64) {
+        if (float* window_out = window_destination(b)) {
+          // The block's raw rows: earlier positions from the ring, the chunk's from its kv rows.
+          for (int64_t p = b - 64; p < b; ++p) {
+            const void* src = p >= start ? memory_.at(kv.data, (r0 + p - start) * kv.stride)
+                                         : memory_.at(state.window.data(), (p % W) * D);
+            window_copies.push_back({src, memory_.at(window_out, part.window_offset + (p - b + 64) * D), D * es});
+          }
+        }
+        if (!writes || replaying) continue;
+        float* out = chunk.completed_blocks[static_cast<size_t>(b / 64 - start / 64 - 1)];
+        if (w.ratio != 0) {
+          // The entries finished inside block [b - 64, b): indices [(b - 64) / m, b / m).
+          const int64_t j0 = (b - 64) / w.ratio, j1 = b / w.ratio;
+          if (j1 > j0) {
+            payload_copies.push_back({memory_.at(state.attention.entries.data(), j0 * D),
+                                      memory_.at(out, part.offset + part.entries), static_cast<size_t>((j1 - j0) * D) * es});
+          }
+        }
+        if (w.ratio == 4) {
+          payload_copies.push_back({memory_.at(state.indexer.entries.data(), ((b - 64) / 4) * DI),
+                                    memory_.at(out, part.offset + part.index_entries), 16 * DI * es});
+        }
+      }
+      r0 += n;
+    }
+    for (size_t ci = 0; ci < work.size(); ++ci) work[ci].snapshots = snapshots[ci];
+    for (size_t ci = 0; ci < index_work.size(); ++ci) index_work[ci].snapshots = index_snapshots[ci];
+    // The window payloads read the ring before this step's rows go into it.
+    backend_.copy_spans(window_copies);
+    if (w.ratio != 0) {
+      const CompressorWeights& cw = w.compressor;
+      Tensor ckv, cscore;
+      DEEPINFER_RETURN_IF_ERROR(assign(ckv, tensor(kCkv, T, cw.coff * cw.dim, act)));
+      DEEPINFER_RETURN_IF_ERROR(assign(cscore, tensor(kCscore, T, cw.coff * cw.dim, act)));
+      linear(cw.wkv, y_, ckv);
+      linear(cw.wgate, y_, cscore);
+      backend_.v4_compress(ckv, cscore, compressor(cw, w), work);
+    }
+    if (w.ratio == 4) {
+      const CompressorWeights& cw = w.index_compressor;
+      Tensor ikv, iscore;
+      DEEPINFER_RETURN_IF_ERROR(assign(ikv, tensor(kIkv, T, cw.coff * cw.dim, act)));
+      DEEPINFER_RETURN_IF_ERROR(assign(iscore, tensor(kIscore, T, cw.coff * cw.dim, act)));
+      linear(cw.wkv, y_, ikv);
+      linear(cw.wgate, y_, iscore);
+      backend_.v4_compress(ikv, iscore, compressor(cw, w), index_work);
+    }
+    backend_.copy_spans(payload_copies);
+
+    // The rows' keys: window rows, then every visible compressed entry or the indexer's top-k of them.
+    std::vector<backend::V4AttentionRow> attention_rows(static_cast<size_t>(T));
+    std::vector<backend::V4IndexRow> index_rows(static_cast<size_t>(T));
+    bool any_indexed = false;
+    for (int64_t t = 0; t < T; ++t) {
+      const Row& row = rows[static_cast<size_t>(t)];
+      const DeepSeekV4Model::Chunk& chunk = chunks[row.chunk];
+      V4Sequence::Layer& state = chunk.sequence->layers_[static_cast<size_t>(layer)];
+      const int64_t p = row.position, start = chunk.sequence->length_;
+      backend::V4AttentionRow& a = attention_rows[static_cast<size_t>(t)];
+      a.position = p;
+      a.window_first = std::max<int64_t>(chunk.sequence->window_start_, p - (W - 1));
+      a.step_start = start;
+      a.row_first = t - (p - start);
+      a.ring = state.window.data();
+      if (w.ratio != 0) {
+        const int64_t visible = (p + 1) / w.ratio;
+        a.entries = state.attention.entries.data();
+        a.entry_count = visible;
+        if (w.ratio == 4 && visible > c_.index_topk) {
+          a.indexed = true;
+          a.entry_count = c_.index_topk;
+          index_rows[static_cast<size_t>(t)] = {state.indexer.entries.data(), visible};
+          any_indexed = true;
+        }
+      }
+    }
+    backend::V4Attention spec;
+    spec.heads = H;
+    spec.head_dim = D;
+    spec.window = W;
+    spec.scale = 1.0 / std::sqrt(static_cast<double>(D));
+    spec.sinks = &w.attn_sink;
+    spec.topk = c_.index_topk;
+    if (any_indexed) {
+      Result<const backend::Buffer*> ids = buffer(kIds, static_cast<size_t>(T * c_.index_topk) * sizeof(int32_t));
+      if (!ids.ok()) return ids.status();
+      backend_.v4_indexer_topk(index_q, index_w, 1.0 / std::sqrt(static_cast<double>(DI)) / std::sqrt(static_cast<double>(HI)),
+                               index_rows, c_.index_topk, **ids);
+      spec.ids = *ids;
+    }
+    backend_.v4_attention(spec, q, kv, attention_rows, o);
+    backend::V4NormRope inverse;
+    inverse.inv_freq = &w.rope;
+    inverse.rope_dim = R;
+    inverse.inverse = true;
+    inverse.vectors_per_position = H;
+    backend_.v4_norm_rope(o.reshaped(D), inverse);
+    // The chunks' last W rows into their window rings.
+    std::vector<backend::CopySpan> ring_copies;
+    r0 = 0;
+    for (const DeepSeekV4Model::Chunk& chunk : chunks) {
+      const int64_t n = static_cast<int64_t>(chunk.token_ids.size()), start = chunk.sequence->length_;
+      V4Sequence::Layer& state = chunk.sequence->layers_[static_cast<size_t>(layer)];
+      for (int64_t p = std::max(start, start + n - W); p < start + n; ++p) {
+        ring_copies.push_back({memory_.at(kv.data, (r0 + p - start) * kv.stride),
+                               memory_.at(state.window.data(), (p % W) * D), D * es});
+      }
+      r0 += n;
+    }
+    backend_.copy_spans(ring_copies);
+    // Grouped low-rank output: per group g, z_g = wo_a[g] · o_g; then wo_b.
+    const int64_t G = c_.o_groups, L = c_.o_lora_rank;
+    backend_.linear_heads(o, H * D / G, *w.wo_a.weight, z, L);
+    linear(w.wo_b, z, out_);
+    return Status();
+  }
+
+  // model.py MoE.forward with Gate and Expert: the shared expert, plus the routed experts by hash table or top-k of
+  // score + bias (the backend's moe op); SwiGLU clamped at swiglu_limit. Into out_.
+  Status moe(const LayerWeights& w, int64_t layer) {
+    const int64_t T = y_.rows, I = c_.moe_intermediate_size;
+    const backend::DType act = backend_.activation_dtype();
+    Tensor gate_up, activation;
+    DEEPINFER_RETURN_IF_ERROR(assign(gate_up, tensor(kGateUp, T, 2 * I, act)));
+    DEEPINFER_RETURN_IF_ERROR(assign(activation, tensor(kAct, T, I, act)));
+    linear(w.shared_gate_up, y_, gate_up);
+    backend_.silu_mul_clamped(gate_up, static_cast<float>(c_.swiglu_limit), activation);
+    linear(w.shared_down, activation, out_);
+    backend::MoeWeights m;
+    m.rule.scoring = c_.scoring_func == "softmax"   ? backend::MoeRoutingRule::Scoring::kSoftmax
+                     : c_.scoring_func == "sigmoid" ? backend::MoeRoutingRule::Scoring::kSigmoid
+                                                    : backend::MoeRoutingRule::Scoring::kSqrtSoftplus;
+    m.rule.topk = backend::MoeRoutingRule::TopK::kGreedy;
+    m.rule.num_experts = c_.n_routed_experts;
+    m.rule.top_k = c_.num_experts_per_tok;
+    // The weights: softmax scores as they are; the others normalized over the chosen experts; then scaled.
+    m.rule.norm_topk_prob = c_.scoring_func != "softmax";
+    m.rule.scale_after_normalize = true;
+    m.rule.routed_scaling_factor = c_.routed_scaling_factor;
+    m.router = w.gate.weight.get();
+    if (layer < c_.num_hash_layers) {
+      m.hash_ids = &w.tid2eid;
+    } else {
+      m.bias = &w.gate_bias;
+    }
+    m.gate_up = w.experts_gate_up.weight.get();
+    m.down = w.experts_down.weight.get();
+    m.swiglu_limit = static_cast<float>(c_.swiglu_limit);
+    backend_.moe(y_, m, out_);
+    return Status();
+  }
+
   const V4Config& c_;
   Backend& backend_;
   const PayloadLayout* payload_;
+  V4Memory memory_;
+  std::vector<backend::Buffer>& scratch_;
+  Tensor X_, y_, out_, post_, comb_;
 };
 
 }  // namespace detail
@@ -992,7 +1036,7 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
   const V4Config& c = config_;
   std::set<const V4Sequence*> seen;
   std::vector<detail::V4Forward::Row> rows;
-  std::vector<int64_t> wanted;
+  std::vector<int32_t> wanted;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
     if (chunk.sequence == nullptr || chunk.token_ids.empty()) {
@@ -1001,7 +1045,8 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
     if (!seen.insert(chunk.sequence).second) {
       return Status::invalid_argument("DeepSeek-V4 forward: a sequence appears twice in one batch");
     }
-    if (chunk.sequence->layers_.size() != static_cast<size_t>(c.num_hidden_layers)) {
+    if (!chunk.sequence->layers_.empty() &&
+        chunk.sequence->layers_.size() != static_cast<size_t>(c.num_hidden_layers)) {
       return Status::invalid_argument("DeepSeek-V4 forward: the sequence was not made by this model's new_sequence()");
     }
     const int64_t n = static_cast<int64_t>(chunk.token_ids.size());
@@ -1022,56 +1067,33 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
         return Status::invalid_argument("DeepSeek-V4 forward: token id " + std::to_string(id) +
                                         " is outside the vocabulary (" + std::to_string(c.vocab_size) + ")");
       }
-      if (chunk.logits == Logits::kAll || (chunk.logits == Logits::kLast && k == n - 1)) wanted.push_back(static_cast<int64_t>(rows.size()));
+      if (chunk.logits == Logits::kAll || (chunk.logits == Logits::kLast && k == n - 1)) {
+        wanted.push_back(static_cast<int32_t>(rows.size()));
+      }
       rows.push_back({id, chunk.sequence->length_ + k, i});
     }
   }
-  const int64_t T = static_cast<int64_t>(rows.size()), d = c.hidden_size, hc = c.hc_mult;
-  detail::V4Forward f(c, backend_, &*w_->payload);
-  // Embedding, copied into every stream.
-  std::vector<float> X(static_cast<size_t>(T * hc * d));
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < hc; ++j) std::copy_n(w_->embed.data() + rows[t].token * d, d, X.data() + (t * hc + j) * d);
+  std::vector<int32_t> token_ids, positions, row_sequence;
+  for (const detail::V4Forward::Row& row : rows) {
+    token_ids.push_back(row.token);
+    positions.push_back(static_cast<int32_t>(row.position));
+    row_sequence.push_back(static_cast<int32_t>(row.chunk));
   }
-  std::vector<float> y, post, comb;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& w = w_->layers[l];
-    f.hc_pre(X, T, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base, y, post, comb);
-    for (int64_t t = 0; t < T; ++t) rms_norm(y.data() + t * d, d, w.attn_norm.data(), c.rms_norm_eps, y.data() + t * d);
-    std::vector<float> out = f.attention(w, l, y, chunks, rows);
-    f.hc_post(X, T, out, post, comb);
-    f.hc_pre(X, T, w.hc_ffn_fn, w.hc_ffn_scale, w.hc_ffn_base, y, post, comb);
-    for (int64_t t = 0; t < T; ++t) rms_norm(y.data() + t * d, d, w.ffn_norm.data(), c.rms_norm_eps, y.data() + t * d);
-    out = f.moe(w, l, y, rows);
-    f.hc_post(X, T, out, post, comb);
-  }
+  backend::StepLayout layout;
+  layout.token_ids = token_ids;
+  layout.positions = positions;
+  layout.row_sequence = row_sequence;
+  layout.logits_rows = wanted;
+  DEEPINFER_RETURN_IF_ERROR(backend_.begin_step(layout));
+  detail::V4Forward f(c, backend_, &*w_->payload, w_->scratch);
+  backend::Tensor head_in;
+  DEEPINFER_RETURN_IF_ERROR(f.run(chunks, rows, w_->layers, w_->embed, w_->hc_head_fn, w_->hc_head_base,
+                                  w_->hc_head_scale, head_in));
   for (const Chunk& chunk : chunks) chunk.sequence->length_ += static_cast<int64_t>(chunk.token_ids.size());
-
-  // model.py Block.hc_head (sigmoid pre-weights, no Sinkhorn), the final norm and the head, on the wanted rows.
-  const int64_t n = static_cast<int64_t>(wanted.size());
-  std::vector<float> streams(static_cast<size_t>(n * hc * d));
-  for (int64_t i = 0; i < n; ++i) std::copy_n(X.data() + wanted[i] * hc * d, hc * d, streams.data() + i * hc * d);
-  std::vector<float> mixes = f.linear(w_->hc_head_fn, streams, n);
-  std::vector<float> h(static_cast<size_t>(n * d));
-  for (int64_t i = 0; i < n; ++i) {
-    const float* x = streams.data() + i * hc * d;
-    double sum = 0.0;
-    for (int64_t k = 0; k < hc * d; ++k) sum += static_cast<double>(x[k]) * x[k];
-    const double rs = 1.0 / std::sqrt(sum / static_cast<double>(hc * d) + c.rms_norm_eps);
-    std::vector<double> pre(static_cast<size_t>(hc));
-    for (int64_t j = 0; j < hc; ++j) {
-      pre[j] = sigmoid(mixes[i * hc + j] * rs * w_->hc_head_scale[0] + w_->hc_head_base[j]) + c.hc_eps;
-    }
-    for (int64_t k = 0; k < d; ++k) {
-      double acc = 0.0;
-      for (int64_t j = 0; j < hc; ++j) acc += pre[j] * x[j * d + k];
-      h[i * d + k] = static_cast<float>(acc);
-    }
-    rms_norm(h.data() + i * d, d, w_->norm.data(), c.rms_norm_eps, h.data() + i * d);
-  }
-  logits = f.linear(w_->head, h, n);
-  return Status();
+  // The final norm and the head on the wanted rows.
+  logits.clear();
+  if (wanted.empty()) return backend_.synchronize();
+  return backend_.logits(head_in, w_->norm, static_cast<float>(c.rms_norm_eps), *w_->head.weight, logits);
 }
 
 }  // namespace deepinfer::model
-

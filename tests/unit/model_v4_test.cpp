@@ -265,7 +265,7 @@ TEST_F(V4PayloadTest, RestoredFromBlockPayloadsContinuesExactly) {
     feed(r.ids, *whole, 64 * k, n, payloads, expected);
     for (const Payloads* source : {&payloads, &chunked}) {
       auto restored = model_->new_sequence();
-      model_->restore(*restored, source->block_pointers(k), source->window_pointers(*model_, k));
+      ASSERT_TRUE(model_->restore(*restored, source->block_pointers(k), source->window_pointers(*model_, k)).ok());
       ASSERT_EQ(restored->length(), 64 * k);
       Payloads unused(*model_, n);
       std::vector<float> out;
@@ -302,7 +302,7 @@ TEST_F(V4PayloadTest, BoundedReplayRebuildsTheWindowFromTheLastWindowsTokens) {
     feed(r.ids, *whole, P, n, payloads, expected);
 
     auto replayed = model_->new_sequence();
-    model_->restore(*replayed, payloads.block_pointers(k), {});
+    ASSERT_TRUE(model_->restore(*replayed, payloads.block_pointers(k), {}).ok());
     ASSERT_EQ(replayed->length(), P - W);
     {
       // Anything but exactly the replayed tokens is refused, and leaves the sequence as it was.

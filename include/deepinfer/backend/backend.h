@@ -94,6 +94,8 @@ struct StepLayout {
   std::span<const int32_t> row_sequence;  // [T] index into block_tables
   std::span<const int64_t> slots;         // [T] cache slot of each row: block * 64 + position % 64
   std::span<const std::vector<int32_t>> block_tables;  // per sequence: block ids (64 tokens each)
+  // (No block tables at all: a model that keeps its own cache (DeepSeek-V4, through the V4 ops): row_sequence and
+  // slots are then not read and may be empty, and the MLA ops and store_kv must not be called.)
   std::span<const int32_t> logits_rows;   // rows whose logits are wanted, ascending
   // Per sequence, when every sequence's rows start at position 0 (a prefill with nothing cached): lets a backend
   // attend within the step's rows only (the expanded form). Empty otherwise.
@@ -131,6 +133,10 @@ struct ModelShapes {
 // [T * top_k] each, route_token's order per row) replace the router: row t gets the sum over its ids in the held
 // range only. The CPU backend takes both; the CUDA backend neither yet (check_model_shapes is not asked: the model
 // refuses expert parallel on backends other than the CPU's).
+// DeepSeek-V4's variants (model/deepseek_v4.h): `hash_ids` ([vocab][top_k] int32, alloc + upload) routes a row by its
+// token id (begin_step's token_ids: the first num_hash_layers layers) instead of by top-k of the choice, the weights
+// being computed from the scores as for top-k; `swiglu_limit` > 0 clamps the expert activation: up to [-limit, limit],
+// gate to at most limit, before silu(gate) * up. Backends without has_v4_ops() take neither.
 struct MoeWeights {
   MoeRoutingRule rule;
   const Weight* router = nullptr;
@@ -140,6 +146,105 @@ struct MoeWeights {
   int64_t first_expert = 0;
   std::span<const int32_t> routed_ids = {};
   std::span<const float> routed_weights = {};
+  const Buffer* hash_ids = nullptr;
+  float swiglu_limit = 0.0f;
+};
+
+// ---- DeepSeek-V4 (model/deepseek_v4.h; DeepSeek's V4-Flash-0731 inference/model.py, spec §2-§3) ----
+// The V4-specific steps of the forward pass, batch-first like the ops above. Host descriptors (spans of the structs
+// below) are read during the call only; the pointers in them point into this backend's memory (Buffer::data() plus
+// an offset), never at host memory on a device backend. Small per-row outputs (post, comb) are float32 Tensors on
+// every backend; activations are in activation_dtype(). Rotary tables are float64 buffers (alloc + upload of R / 2
+// doubles: the reference computes the angles in double); rotation is of interleaved pairs (x[2i], x[2i+1]) in place.
+
+// The hyper-connection mix (mHC): before a sublayer, from the residual streams X [T, hc * d]:
+//   mixes = X · fnᵀ (float32), rs = 1 / sqrt(mean(X_t²) + norm_eps) over all hc * d values,
+//   pre_j = sigmoid(mixes_j · rs · scale0 + base_j) + hc_eps,  post_j = 2 · sigmoid(mixes_{hc+j} · rs · scale1 + base_{hc+j}),
+//   comb = Sinkhorn(row softmax of (mixes_{2hc+..} · rs · scale2 + base) + hc_eps; sinkhorn_iters column/row passes),
+//   y = Σ_j pre_j · X_j.
+// head: the final mix (fn [hc][hc * d], scale [1]): pre only (post and comb not written).
+struct V4HyperMix {
+  const Weight* fn = nullptr;     // kF32, [(2 + hc) * hc][hc * d] (head: [hc][hc * d])
+  const Buffer* base = nullptr;   // float32 [(2 + hc) * hc] (head: [hc])
+  const Buffer* scale = nullptr;  // float32 [3] (head: [1])
+  int64_t hc = 4, sinkhorn_iters = 20;
+  double norm_eps = 1e-6, hc_eps = 1e-6;
+  bool head = false;
+};
+
+// Per-row RMS norm (optional weight) and/or rotation of the last rope_dim values, in place on the rows of x; row r
+// is at the step's positions[r / vectors_per_position]; inverse rotates by -position.
+struct V4NormRope {
+  bool norm = false;
+  const Buffer* weight = nullptr;  // float32 [x.cols], or null: no weight
+  double eps = 1e-6;
+  const Buffer* inv_freq = nullptr;  // float64 [rope_dim / 2], or null: no rotation
+  int64_t rope_dim = 0;
+  bool inverse = false;
+  int64_t vectors_per_position = 1;
+};
+
+// A compressor (model.py Compressor): ratio m, entry dim, coff = 2 when overlapped (m == 4), width = coff * dim.
+struct V4Compressor {
+  int64_t ratio = 0, dim = 0, coff = 1;
+  const Buffer* ape = nullptr;   // float32 [m][width], added to the score rows by position % m
+  const Buffer* norm = nullptr;  // float32 [dim]
+  double eps = 1e-6;
+  const Buffer* inv_freq = nullptr;  // float64 [rope_dim / 2]
+  int64_t rope_dim = 0;
+};
+// Where the raw rows at a 64-token block boundary go (a window payload's compressor rows): the rows of positions
+// [boundary - n, boundary), n = kept rows (overlapped: the last finished block's m rows; plain: boundary % m), kv to
+// kv_rows and score (ape added) to score_rows, [n][width] each.
+struct V4RowSnapshot {
+  int64_t boundary = 0;
+  void* kv_rows = nullptr;
+  void* score_rows = nullptr;
+};
+// One sequence's chunk in a compress call: rows [row_first, row_first + count) of kv / score are its positions
+// [start, start + count). Rows of earlier positions are in the rings ([2m][width], position p at slot p % 2m, score
+// with ape added; only the last 2m positions before `start` are read).
+struct V4CompressWork {
+  int64_t row_first = 0, start = 0, count = 0;
+  void* ring_kv = nullptr;
+  void* ring_score = nullptr;
+  void* entries = nullptr;                  // [..][dim]: entry j at row j
+  int64_t first_entry = 0, end_entry = 0;   // the entries to make: each one's rows end at or before start + count
+  std::span<const V4RowSnapshot> snapshots = {};
+};
+
+// Lightning indexer of one row: its sequence's indexer keys [visible][index_dim].
+struct V4IndexRow {
+  const void* keys = nullptr;
+  int64_t visible = 0;
+};
+
+// Sparse attention with sinks of one row (model.py sparse_attn over the row's window and compressed entries).
+// Window keys: positions [window_first, position]; a position >= step_start is the step's kv row row_first +
+// (s - step_start), an earlier one the ring's row s % window. Then compressed entries: the first entry_count of
+// `entries`, or with `indexed` the row's ids (V4Attention::ids row, entry_count of them).
+struct V4AttentionRow {
+  int64_t position = 0, window_first = 0, step_start = 0, row_first = 0;
+  const void* ring = nullptr;  // [window][head_dim]
+  const void* entries = nullptr;
+  int64_t entry_count = 0;
+  bool indexed = false;
+};
+// Per row and head h: scores s_k = scale · q_h · k over the row's keys (K = V = the key rows), out_h = Σ_k
+// softmax_k · k with sink[h] in the softmax's denominator (exp(sink - max)), as the reference.
+struct V4Attention {
+  int64_t heads = 0, head_dim = 0, window = 0;
+  double scale = 1.0;
+  const Buffer* sinks = nullptr;  // float32 [heads]
+  const Buffer* ids = nullptr;    // int32 [T][topk] (v4_indexer_topk's), for indexed rows
+  int64_t topk = 0;
+};
+
+// A copy of `bytes` bytes within this backend's memory.
+struct CopySpan {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  size_t bytes = 0;
 };
 
 // MLA attention in the absorbed form over a paged latent cache (DeepSeek-V2 paper §2.1.2-2.1.3; FlashMLA's
@@ -276,6 +381,35 @@ class Backend {
                             Tensor out) = 0;
   // out += sum over the token's top-k experts of weight_e * down_e(silu(gate_e x) * up_e x).
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor out) = 0;
+  // ---- DeepSeek-V4 ops (the structs above). has_v4_ops(): whether this backend has them (the model refuses to
+  // load otherwise); the base versions abort.
+  virtual bool has_v4_ops() const { return false; }
+  // X [T, hc * d] (activation dtype); y [T, d]; post [T, hc], comb [T, hc * hc] float32 (not written with head).
+  virtual void v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tensor post, Tensor comb);
+  // In place: X_j = post_j · out + Σ_i comb[i][j] · X_i per row (out [T, d]).
+  virtual void v4_hc_post(Tensor X, const Tensor& out, const Tensor& post, const Tensor& comb);
+  virtual void v4_norm_rope(Tensor x, const V4NormRope& p);
+  // kv, score [T, width]: the compressor's linear outputs for the step's rows (score without ape). For each work
+  // item: makes entries [first_entry, end_entry) (entry j: per channel a softmax over its block's rows of score
+  // (overlapped: block j - 1's first `dim` channels with block j's last `dim`), the weighted sum of kv; then RMS norm
+  // with `norm` and rotation at position j · m), writes the snapshots, then the chunk's last min(count, 2m) rows into
+  // the rings.
+  virtual void v4_compress(const Tensor& kv, const Tensor& score, const V4Compressor& c,
+                           std::span<const V4CompressWork> work);
+  // q [T, heads * index_dim] (roped), weights [T, heads]; per row with visible > topk: score_s = Σ_h relu(q_h · k_s) ·
+  // weights_h · weight_scale over its keys; ids[t][0..topk) = the topk best s, descending, equal scores by lower s
+  // (int32 Buffer [T][topk]; the CPU backend writes them in that order, the CUDA backend in any). Rows with visible
+  // <= topk are not written.
+  virtual void v4_indexer_topk(const Tensor& q, const Tensor& weights, double weight_scale,
+                               std::span<const V4IndexRow> rows, int64_t topk, const Buffer& ids);
+  // q [T, heads * head_dim] (normed, roped), kv [T, head_dim] (the step's key rows); out [T, heads * head_dim].
+  virtual void v4_attention(const V4Attention& a, const Tensor& q, const Tensor& kv,
+                            std::span<const V4AttentionRow> rows, Tensor out);
+  // Every span's copy. Spans must not overlap one another (a device backend copies them at once).
+  virtual void copy_spans(std::span<const CopySpan> spans);
+  // out[r, :n] = silu(min(gate, limit)) * clamp(up, -limit, limit) (limit > 0; else silu_mul), n = out.cols.
+  virtual void silu_mul_clamped(const Tensor& gate_up, float limit, Tensor out);
+
   // The step's head, in two halves so that the device half may run inside run_graph. compute_logits: rows
   // logits_rows of x, final norm, then logits = x · lm_headᵀ in float32 [logits_rows.size(), lm_head.rows], and
   // with `greedy` also per row the argmax (the lowest id among equal maxima, the engine sampler's rule; -1 for a

@@ -125,9 +125,11 @@ Result<std::string> read_model_type(const std::filesystem::path& path);
 
 namespace detail {
 class V4Forward;
+class V4Memory;
 }
 
-// One sequence's V4 cache (see the header comment). Owned by the caller; used by one forward at a time.
+// One sequence's V4 cache (see the header comment), in the model's backend memory (allocated by its first forward or
+// restore). Owned by the caller; used by one forward at a time; must not outlive the model.
 class V4Sequence {
  public:
   int64_t length() const { return length_; }  // tokens fed so far (the next token's position)
@@ -135,16 +137,18 @@ class V4Sequence {
  private:
   friend class DeepSeekV4Model;
   friend class detail::V4Forward;
+  friend class detail::V4Memory;
   struct Compressor {
-    std::vector<float> kv, score;  // raw rows [rows][c * dim] for positions [first_row, length)
-    int64_t first_row = 0;
-    std::vector<float> entries;  // [n][dim]: finished entries (normed, roped), entry j = block j
+    // The raw rows of the last 2m positions fed: [2m][width], position p at row p % 2m (score with ape added).
+    backend::Buffer ring_kv, ring_score;
+    backend::Buffer entries;  // [capacity][dim]: finished entries (normed, roped), entry j = block j
+    int64_t capacity = 0, made = 0;
   };
   struct Layer {
-    std::vector<float> window;  // [W][D] ring: slot p % W holds the raw KV of position p
+    backend::Buffer window;  // [W][D] ring: row p % W holds the raw KV of position p
     Compressor attention, indexer;
   };
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // empty until allocated
   int64_t length_ = 0;
   int64_t window_start_ = 0;  // the first position whose raw rows exist (> 0 after a bounded replay's restore)
   int64_t replay_end_ = 0;    // positions below it are a bounded replay's (restore()); 0: none
@@ -154,17 +158,17 @@ class DeepSeekV4Model {
  public:
   // Loads config.json and every tensor of the release layout (embed.weight, head.weight, norm.weight, hc_head_*,
   // layers.N.{attn_norm,ffn_norm,hc_attn_*,hc_ffn_*,attn.*,ffn.*}); each tensor's shape is checked.
-  // `backend` must be the CPU backend and outlive the model.
+  // `backend` must have the V4 ops (backend.h: has_v4_ops) and outlive the model.
   // Errors: those of load_v4_config and Checkpoint; InvalidArgument naming a tensor whose shape differs, that is
   // missing, or whose quantization does not match the config (an FP8 tensor without its scales, packed FP4 outside
-  // the routed experts); Unsupported for a non-CPU backend.
+  // the routed experts); Unsupported for a backend without the V4 ops.
   static Result<std::unique_ptr<DeepSeekV4Model>> load(const std::filesystem::path& dir, backend::Backend& backend);
   ~DeepSeekV4Model();
 
   const V4Config& config() const { return config_; }
   // v4_engine_view(config()).
   ModelConfig engine_config() const { return v4_engine_view(config_); }
-  // Fixed cache bytes per sequence: the window rings of every layer.
+  // Fixed cache bytes per sequence: the window rings and the compressors' row rings of every layer.
   int64_t window_bytes_per_sequence() const;
   std::unique_ptr<V4Sequence> new_sequence() const;
 
@@ -202,8 +206,9 @@ class DeepSeekV4Model {
   // forward chunk must be exactly the tokens of positions [P - sliding_window, P) (they rebuild the window rows;
   // the compressed state stays as restored); it continues exactly as a sequence whose window was computed from
   // that point on. REQUIRES: the payloads were written for this model, of one token sequence; windows as said.
-  void restore(V4Sequence& sequence, std::span<const float* const> blocks,
-               std::span<const float* const> windows) const;
+  // Errors: ResourceExhausted (the sequence's backend memory).
+  Status restore(V4Sequence& sequence, std::span<const float* const> blocks,
+                 std::span<const float* const> windows) const;
   // Runs the chunks as one batch (distinct sequences). logits: float32 [rows][vocab_size], rows in chunk order
   // (each chunk's wanted rows in position order). Errors: InvalidArgument (empty chunk, token id outside the
   // vocabulary, a sequence twice, position past max_position_embeddings); the sequences are then unchanged.

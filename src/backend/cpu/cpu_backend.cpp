@@ -16,6 +16,7 @@
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/core/types.h"
+#include "cpu_v4.h"
 
 namespace deepinfer::backend {
 namespace {
@@ -369,8 +370,13 @@ class CpuBackend final : public Backend {
       if (w.bias != nullptr) bias.assign(f32(*w.bias), f32(*w.bias) + n);
       std::vector<int32_t> ids;
       std::vector<float> weights;
+      const int32_t* hash = w.hash_ids == nullptr ? nullptr : static_cast<const int32_t*>(w.hash_ids->data());
       for (int64_t t = 0; t < T; ++t) {
-        route_token(w.rule, router_.data() + t * n, bias, ids, weights);
+        if (hash != nullptr) {
+          route_token_fixed(w.rule, router_.data() + t * n, hash + static_cast<int64_t>(token_ids_[t]) * k, ids, weights);
+        } else {
+          route_token(w.rule, router_.data() + t * n, bias, ids, weights);
+        }
         for (size_t i = 0; i < ids.size(); ++i) by_expert[ids[i]].push_back({static_cast<int32_t>(t), weights[i]});
       }
     }
@@ -388,8 +394,14 @@ class CpuBackend final : public Backend {
       }
       linear_matrix(Tensor{gathered_.data(), DType::kF32, rows, hidden, hidden}, cpu(*w.gate_up), e - first,
                     Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter});
-      silu_mul(Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter},
-               Tensor{act_.data(), DType::kF32, rows, inter, inter});
+      if (w.swiglu_limit > 0.0f || w.hash_ids != nullptr || w.rule.scoring == MoeRoutingRule::Scoring::kSqrtSoftplus) {
+        // DeepSeek-V4's experts: the activation in double as its reference computes it, clamped where it says.
+        cpu_v4::silu_mul_clamped(Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter}, w.swiglu_limit,
+                                 Tensor{act_.data(), DType::kF32, rows, inter, inter});
+      } else {
+        silu_mul(Tensor{gate_up_.data(), DType::kF32, rows, 2 * inter, 2 * inter},
+                 Tensor{act_.data(), DType::kF32, rows, inter, inter});
+      }
       linear_matrix(Tensor{act_.data(), DType::kF32, rows, inter, inter}, cpu(*w.down), e - first,
                     Tensor{expert_out_.data(), DType::kF32, rows, hidden, hidden});
       for (int64_t r = 0; r < rows; ++r) {
@@ -398,6 +410,36 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < hidden; ++i) o[i] += tokens[r].second * in[i];
       }
     }
+  }
+
+  bool has_v4_ops() const override { return true; }
+  void v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tensor post, Tensor comb) override {
+    const int64_t mix = m.fn->rows;
+    hc_mixes_.resize(static_cast<size_t>(X.rows * mix));
+    linear(X, *m.fn, Tensor{hc_mixes_.data(), DType::kF32, X.rows, mix, mix});
+    cpu_v4::hc_pre(X, hc_mixes_.data(), m, y, post, comb);
+  }
+  void v4_hc_post(Tensor X, const Tensor& out, const Tensor& post, const Tensor& comb) override {
+    cpu_v4::hc_post(X, out, post, comb);
+  }
+  void v4_norm_rope(Tensor x, const V4NormRope& p) override { cpu_v4::norm_rope(x, p, positions_); }
+  void v4_compress(const Tensor& kv, const Tensor& score, const V4Compressor& c,
+                   std::span<const V4CompressWork> work) override {
+    cpu_v4::compress(kv, score, c, work);
+  }
+  void v4_indexer_topk(const Tensor& q, const Tensor& weights, double weight_scale, std::span<const V4IndexRow> rows,
+                       int64_t topk, const Buffer& ids) override {
+    cpu_v4::indexer_topk(q, weights, weight_scale, rows, topk, ids);
+  }
+  void v4_attention(const V4Attention& a, const Tensor& q, const Tensor& kv, std::span<const V4AttentionRow> rows,
+                    Tensor out) override {
+    cpu_v4::attention(a, q, kv, rows, out);
+  }
+  void copy_spans(std::span<const CopySpan> spans) override {
+    for (const CopySpan& s : spans) std::memmove(s.dst, s.src, s.bytes);
+  }
+  void silu_mul_clamped(const Tensor& gate_up, float limit, Tensor out) override {
+    cpu_v4::silu_mul_clamped(gate_up, limit, out);
   }
 
   // Plain host memory: nothing to record, so graphs are the ops themselves.
@@ -505,7 +547,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> token_ids_, positions_, row_sequence_, logits_rows_;
   std::vector<int64_t> slots_;
   std::vector<std::vector<int32_t>> block_tables_;
-  std::vector<float> router_, gathered_, gate_up_, act_, expert_out_, selected_;
+  std::vector<float> router_, gathered_, gate_up_, act_, expert_out_, selected_, hc_mixes_;
   // compute_logits' results, until read: logits [logits_rows, vocab] and, after a greedy one, the argmax ids.
   std::vector<float> head_logits_;
   std::vector<int32_t> head_ids_;

@@ -153,6 +153,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (auto& [key, graph] : graphs_) destroy_graph(graph);
+  free_descriptor_arenas();
   if (gemm_ != nullptr) kernels::cuda::gemm_library_destroy(gemm_);
   if (blas_ != nullptr) cublasDestroy(blas_);
   if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);

@@ -1,7 +1,7 @@
 // The CUDA backend's class, shared by the files of src/backend/cuda, one job each: cuda_backend.cpp (device,
 // memory, errors), cuda_weights.cpp (weights and vectors), cuda_step.cpp (step layout, embedding, KV store),
 // cuda_gemm.cpp (linear layers, logits), cuda_rowwise.cpp (norms, rope, SiLU, add/copy), cuda_attention.cpp (MLA),
-// cuda_moe.cpp (routed experts), cuda_graph.cpp (run_graph: CUDA graphs of decode steps). Internal: model code sees
+// cuda_moe.cpp (routed experts), cuda_graph.cpp (run_graph: CUDA graphs of decode steps), cuda_v4.cpp (DeepSeek-V4). Internal: model code sees
 // only include/deepinfer/backend/backend.h.
 //
 // Execution model: one CUDA stream per backend; every op enqueues kernels on it and returns. A failed launch or
@@ -200,6 +200,18 @@ class CudaBackend final : public Backend {
   Status read_logits(std::vector<float>& host_logits) override;
   Status read_greedy_tokens(std::vector<int32_t>& host_ids) override;
   Status read_top_probabilities(std::vector<float>& host_probabilities) override;
+  bool has_v4_ops() const override { return true; }
+  void v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tensor post, Tensor comb) override;
+  void v4_hc_post(Tensor X, const Tensor& out, const Tensor& post, const Tensor& comb) override;
+  void v4_norm_rope(Tensor x, const V4NormRope& p) override;
+  void v4_compress(const Tensor& kv, const Tensor& score, const V4Compressor& c,
+                   std::span<const V4CompressWork> work) override;
+  void v4_indexer_topk(const Tensor& q, const Tensor& weights, double weight_scale, std::span<const V4IndexRow> rows,
+                       int64_t topk, const Buffer& ids) override;
+  void v4_attention(const V4Attention& a, const Tensor& q, const Tensor& kv, std::span<const V4AttentionRow> rows,
+                    Tensor out) override;
+  void copy_spans(std::span<const CopySpan> spans) override;
+  void silu_mul_clamped(const Tensor& gate_up, float limit, Tensor out) override;
   bool has_device_sampling() const override { return device_sampling_; }
   Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
                              std::vector<int32_t>& host_ids) override;
@@ -223,6 +235,23 @@ class CudaBackend final : public Backend {
   bool note_host_synchronization(const char* what);
   void activate();  // cudaSetDevice: the calling thread may not be the one that created the backend
   Status upload_now(const void* host, size_t bytes, void* device_dst);
+
+  // V4 ops' descriptors (cuda_v4.cpp): `bytes` of host data copied into the pinned arena and on to the device in
+  // stream order; returns the device copy (null after a failure, recorded). The arenas are reused from the next
+  // begin_step on (recycle_descriptor_arenas waits for the stream when the last step used them).
+  const void* upload_descriptors(const void* host, size_t bytes);
+  template <typename T>
+  const void* upload_descriptors(const std::vector<T>& items) {
+    return upload_descriptors(items.data(), items.size() * sizeof(T));
+  }
+  void recycle_descriptor_arenas();
+  void free_descriptor_arenas();
+  struct DescriptorArena {
+    void* host = nullptr;    // pinned
+    void* device = nullptr;
+    size_t bytes = 0, used = 0;
+  };
+  std::vector<DescriptorArena> descriptor_arenas_;
 
   // Graphs (cuda_graph.cpp).
   struct Graph {
@@ -295,6 +324,7 @@ class CudaBackend final : public Backend {
   Scratch moe_;           // routing, permutation, permuted activations and expert outputs
   Scratch logits_;        // selected rows and their f32 logits
   Scratch sampling_;      // read_sampled_tokens: the rows' parameters and the sampled ids
+  Scratch v4_;            // V4 ops: mHC mixes, indexer scores
   bool device_sampling_ = true;  // DEEPINFER_DEVICE_SAMPLING=0 turns it off (host sampling, for comparisons)
 };
 

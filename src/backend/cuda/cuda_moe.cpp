@@ -162,6 +162,11 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   r.num_experts = E;
   r.top_k = k;
   r.sigmoid = rule.scoring == MoeRoutingRule::Scoring::kSigmoid;
+  r.sqrt_softplus = rule.scoring == MoeRoutingRule::Scoring::kSqrtSoftplus;
+  if (w.hash_ids != nullptr) {
+    r.fixed_ids = static_cast<const int32_t*>(w.hash_ids->data());
+    r.token_ids = step_.token_ids_device;
+  }
   r.grouping = grouping;
   r.n_group = static_cast<int>(rule.n_group);
   r.topk_group = static_cast<int>(rule.topk_group);
@@ -239,6 +244,14 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     }
   }
 
+  // SwiGLU, clamped for DeepSeek-V4's experts (swiglu_limit).
+  auto activate = [&](const Tensor& in, Tensor result) {
+    if (w.swiglu_limit > 0.0f) {
+      silu_mul_clamped(in, w.swiglu_limit, result);
+    } else {
+      silu_mul(in, result);
+    }
+  };
   Tensor x_rows = x;
   if (!direct_x) {
     x_rows = Tensor{base + o_x, DType::kBF16, T, hidden, hidden};
@@ -273,7 +286,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
       gp.x_rows_divisor = k;
     }
     check_cuda(run(gp), path == Path::kTiled ? "moe (tiled gate_up)" : "moe (grouped gate_up)");
-    silu_mul(gate_up, act);
+    activate(gate_up, act);
     check_cuda(run(grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_)),
                path == Path::kTiled ? "moe (tiled down)" : "moe (grouped down)");
   } else {
@@ -286,7 +299,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
       }
     };
     per_expert(permuted, *w.gate_up, gate_up);
-    silu_mul(gate_up, act);
+    activate(gate_up, act);
     per_expert(act, *w.down, expert_out);
   }
 

@@ -33,15 +33,22 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   head_ = HeadResult{};
   // An error of the previous step not yet reported: report it now rather than run on a broken state.
   if (failed()) return take_sticky();
+  recycle_descriptor_arenas();
+  if (failed()) return take_sticky();
   const size_t T = layout.token_ids.size();
   const size_t S = layout.block_tables.size();
-  if (layout.positions.size() != T || layout.row_sequence.size() != T || layout.slots.size() != T)
+  // No block tables: a model with its own cache (DeepSeek-V4); row_sequence and slots are not read.
+  const bool own_cache = S == 0;
+  if (own_cache && layout.positions.size() != T)
+    return Status::invalid_argument("begin_step: " + std::to_string(T) + " token ids but " +
+                                    std::to_string(layout.positions.size()) + " positions");
+  if (!own_cache && (layout.positions.size() != T || layout.row_sequence.size() != T || layout.slots.size() != T))
     return Status::invalid_argument("begin_step: " + std::to_string(T) + " token ids but " +
                                     std::to_string(layout.positions.size()) + " positions, " +
                                     std::to_string(layout.row_sequence.size()) + " row sequences, " +
                                     std::to_string(layout.slots.size()) + " slots");
   std::vector<int32_t> rows_of_sequence(S, 0);
-  for (size_t t = 0; t < T; ++t) {
+  for (size_t t = 0; t < T && !own_cache; ++t) {
     const int32_t seq = layout.row_sequence[t], pos = layout.positions[t];
     if (seq < 0 || static_cast<size_t>(seq) >= S)
       return Status::invalid_argument("begin_step: " + row_text(t) + " names sequence " + std::to_string(seq) + " of " +
@@ -69,7 +76,7 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   st.sequences = static_cast<int64_t>(S);
   st.one_row_per_sequence = true;
   for (int32_t n : rows_of_sequence) st.one_row_per_sequence = st.one_row_per_sequence && n <= 1;
-  st.table_rows = st.one_row_per_sequence ? static_cast<int64_t>(T) : static_cast<int64_t>(S);
+  st.table_rows = own_cache ? 0 : st.one_row_per_sequence ? static_cast<int64_t>(T) : static_cast<int64_t>(S);
   auto table_of_row = [&](int64_t table_row) -> const std::vector<int32_t>& {
     return layout.block_tables[st.one_row_per_sequence ? static_cast<size_t>(layout.row_sequence[table_row])
                                                        : static_cast<size_t>(table_row)];
@@ -86,7 +93,7 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   // rows_start_at_zero); a sequence appears in one group only (cu_seqlens over the groups, in row order).
   std::vector<int32_t> cu_seqlens, q_positions, group_tables;
   st.rows_start_at_zero = layout.rows_start_at_zero;
-  st.grouped = T > 0;
+  st.grouped = T > 0 && !own_cache;
   st.num_groups = 0;
   st.max_group_rows = 0;
   {
@@ -165,7 +172,7 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
   if (T > 0) {
     std::memcpy(host + o_tokens, layout.token_ids.data(), T * 4);
     std::memcpy(host + o_positions, layout.positions.data(), T * 4);
-    std::memcpy(host + o_slots, layout.slots.data(), T * 8);
+    if (!own_cache) std::memcpy(host + o_slots, layout.slots.data(), T * 8);
   }
   if (!st.logits_rows.empty()) std::memcpy(host + o_logits, st.logits_rows.data(), st.logits_rows.size() * 4);
   if (!cu_seqlens.empty()) std::memcpy(host + o_cu, cu_seqlens.data(), cu_seqlens.size() * 4);
@@ -175,7 +182,7 @@ Status CudaBackend::begin_step(const StepLayout& layout) {
     std::memcpy(host + o_gtab, group_tables.data(), group_tables.size() * 4);
   }
   for (size_t t = 0; t < T; ++t) {
-    row_table[t] = st.one_row_per_sequence ? static_cast<int32_t>(t) : layout.row_sequence[t];
+    row_table[t] = own_cache ? 0 : st.one_row_per_sequence ? static_cast<int32_t>(t) : layout.row_sequence[t];
     context[t] = layout.positions[t] + 1;
   }
   for (int64_t r = 0; r < st.table_rows; ++r) {

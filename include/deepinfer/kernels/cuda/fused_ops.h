@@ -82,6 +82,11 @@ cudaError_t run_moe_router_logits(const MoeRouterLogitsParams& params);
 struct MoeRoutingParams {
   int64_t tokens = 0, num_experts = 0, top_k = 0;
   bool sigmoid = false;           // false: softmax (V2); true: sigmoid (V3)
+  bool sqrt_softplus = false;     // sqrt(softplus) scores (DeepSeek-V4; overrides sigmoid)
+  // DeepSeek-V4's hash-routed layers: ids = fixed_ids[token_ids[t]][0..k) (int32 [vocab][k]) instead of the top-k;
+  // the weights from the scores as for top-k.
+  const int32_t* fixed_ids = nullptr;
+  const int32_t* token_ids = nullptr;  // [T], with fixed_ids
   int grouping = 0;               // 0 greedy, 1 group_limited_greedy (group max), 2 noaux_tc (top-2 sum)
   int n_group = 1, topk_group = 1;
   bool norm_topk_prob = false;
