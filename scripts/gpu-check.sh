@@ -14,7 +14,8 @@
 #   prefill  tests/gpu/gpu_check_prefill: MLA prefill attention (expanded, varlen, causal) vs float64, timings
 #   backend  tests/gpu/gpu_check_backend: every Backend op on CUDA vs the CPU backend; memcheck
 #   model    model_tests' CUDA cases: the three fixtures end to end vs transformers' reference logits (bf16 bound,
-#            argmax and greedy agreement) and CUDA vs CPU on V3 attention dims (every attention path); memcheck
+#            argmax and greedy agreement), the V4 fixture vs DeepSeek's reference the same way, and CUDA vs CPU on V3
+#            attention dims (every attention path); memcheck
 #   serve    deepinfer serve --device cuda --gpu-memory-utilization 0.5 on the demo model: a chat completion through
 #            the OpenAI API
 #   pd       tests/cluster/pd_e2e.py with --device cuda: a --role prefill and two --role decode workers behind the
@@ -25,6 +26,8 @@
 #            expert GEMM path (auto, streaming, tiled, per-expert) against its byte and FLOP limits
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
 #            (BENCH_ARGS: extra bench_model flags, e.g. "--profile --prefill 4096")
+#   v4       bench/gpu/bench_model --model v4-flash-slice: 4 layers of DeepSeek-V4-Flash's shapes (bf16, random weights)
+#            on the V4 path, decode at batch 1, 8, 32 (context 4096) and a 4,096-token prefill (V4_ARGS: more flags)
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
 #            V3 slice with an MTP layer (random weights) with the tokens/s they project at given acceptance rates
@@ -169,6 +172,7 @@ if want tp; then
 fi
 want moe && run bench_moe_sweep 300 "$BIN/bench_model" --moe-sweep 1,8,64,512,4096,16384
 want bench && run bench_model 330 "$BIN/bench_model" ${BENCH_ARGS:-}
+want v4 && run bench_v4 300 "$BIN/bench_model" --model v4-flash-slice --batches 1,8,32 --prefill 4096 ${V4_ARGS:-}
 if want spec; then
   unpack_demo
   run spec_demo 300 "$BIN/bench_speculative" --device cuda --model "$WORK/models/demo" --draft-tokens 0,1,2,3 \

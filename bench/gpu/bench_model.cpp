@@ -3,7 +3,8 @@
 // 4096 against a memory roofline, prefill tokens/s against tensor-core peaks, all ceilings measured in this process.
 // Prints one JSON line per measurement (an "error" field when one could not be made); passes or fails nothing.
 //
-// Usage: bench_model [--model v2-lite|v3-slice|all] [--batches 1,8,64,256] [--prefill 4096,32768] [--steps 10]
+// --model v4-flash-slice: DeepSeek-V4-Flash's shapes on 4 layers (bf16), decode and prefill (bench_v4).
+// Usage: bench_model [--model v2-lite|v3-slice|v4-flash-slice|all] [--batches 1,8,64,256] [--prefill 4096,32768] [--steps 10]
 //                    [--prefill-steps 2] [--configs DIR] [--profile] [--moe-sweep 1,8,64,512,4096,16384]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -25,6 +27,7 @@
 #include "deepinfer/kernels/cuda/gemm.h"
 #include "deepinfer/model/config.h"
 #include "deepinfer/model/deepseek_model.h"
+#include "deepinfer/model/deepseek_v4.h"
 #include "gpu_check_common.h"  // tests/gpu: CUDA_TRY, DeviceBuffer, CUDA-event timing, the copy ceiling
 
 namespace {
@@ -460,6 +463,165 @@ void bench_chunk(const Run& run, int64_t prefix, int64_t tokens, int steps) {
   line.print();
 }
 
+// DeepSeek-V4-Flash-shaped layers (configs/v4-flash-slice) with random bf16 weights on the CUDA backend's V4 path:
+// decode steps at context kContext (the sequences prefilled first, 4 at a time) with every row's logits brought to
+// the host (the V4 executor samples there), against the memory roofline; prefill of one sequence from position 0
+// against the bf16 peak. Wall-clock per forward (each ends by reading its logits).
+void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t>& batches,
+              const std::vector<int64_t>& prefill, int steps, int prefill_steps, const Ceilings& ceilings) {
+  const std::string name = "v4-flash-slice";
+  JsonLine head("model");
+  head.str("model", name).str("precision", "bf16");
+  Result<model::V4Config> config = model::load_v4_config(config_dir / name / "config.json");
+  if (!config.ok()) return head.str("error", config.status().to_string()).print();
+  Result<std::unique_ptr<backend::Backend>> backend = backend::make_cuda_backend(0);
+  if (!backend.ok()) return head.str("error", backend.status().to_string()).print();
+  Result<std::unique_ptr<model::DeepSeekV4Model>> made = model::DeepSeekV4Model::create_random(*config, **backend, kSeed);
+  if (!made.ok()) return head.str("error", made.status().to_string()).print();
+  model::DeepSeekV4Model& m = **made;
+  const model::V4Config& c = *config;
+  const double dense = static_cast<double>(m.dense_weight_bytes()), expert = static_cast<double>(m.expert_bytes());
+  const double layers = static_cast<double>(c.num_hidden_layers), K = static_cast<double>(c.num_experts_per_tok);
+  const double E = static_cast<double>(c.n_routed_experts), D = static_cast<double>(c.head_dim);
+  // Weights a token multiplies: every dense weight (bf16: 2 bytes a parameter) and its K routed experts.
+  const double active_params = dense / 2.0 + layers * K * expert / 2.0;
+  head.integer("layers", c.num_hidden_layers)
+      .num("bytes_dense_weights", dense, 0)
+      .num("bytes_per_expert", expert, 0)
+      .num("active_params_per_token", active_params, 0)
+      .print();
+  using Chunk = model::DeepSeekV4Model::Chunk;
+  using Logits = model::DeepSeekV4Model::Logits;
+  auto timed = [](const std::function<Status()>& forward) -> Result<double> {
+    const auto t0 = Clock::now();
+    if (Status st = forward(); !st.ok()) return st;
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  std::vector<float> logits;
+  for (int64_t batch : batches) {
+    JsonLine line("decode");
+    line.str("model", name).integer("batch", batch).integer("context", kContext);
+    std::vector<std::unique_ptr<model::V4Sequence>> sequences;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < batch; ++b) {
+      sequences.push_back(m.new_sequence());
+      prompts.push_back(random_tokens(kContext - 1, c.vocab_size, kSeed + static_cast<uint64_t>(b)));
+    }
+    Status status;
+    for (int64_t b0 = 0; b0 < batch && status.ok(); b0 += 4) {
+      std::vector<Chunk> chunks;
+      for (int64_t b = b0; b < std::min(batch, b0 + 4); ++b) {
+        chunks.push_back({sequences[static_cast<size_t>(b)].get(), prompts[static_cast<size_t>(b)], Logits::kNone});
+      }
+      status = m.forward(chunks, logits);
+    }
+    if (!status.ok()) {
+      line.str("error", status.to_string()).print();
+      continue;
+    }
+    std::vector<double> ms;
+    for (int s = 0; s < kWarmupSteps + steps && status.ok(); ++s) {
+      std::vector<int32_t> next = random_tokens(batch, c.vocab_size, kSeed + 1000 + static_cast<uint64_t>(s));
+      std::vector<Chunk> chunks;
+      for (int64_t b = 0; b < batch; ++b) {
+        chunks.push_back({sequences[static_cast<size_t>(b)].get(),
+                          std::span<const int32_t>(next.data() + b, 1), Logits::kLast});
+      }
+      Result<double> t = timed([&] { return m.forward(chunks, logits); });
+      if (!t.ok()) {
+        status = t.status();
+      } else if (s >= kWarmupSteps) {
+        ms.push_back(*t);
+      }
+    }
+    if (!status.ok()) {
+      line.str("error", status.to_string()).print();
+      continue;
+    }
+    const Stats st = stats_of(ms);
+    // Bytes a step must read: the dense weights, the routed experts uniform routing touches, and per row and layer
+    // the window's keys, the compressed entries attended (CSA: top-k; HCA: all) and the indexer keys scored.
+    const double experts_per_layer = E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(batch)));
+    double kv_row = 0.0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const int64_t ratio = c.compress_ratios[static_cast<size_t>(l)];
+      double keys = static_cast<double>(c.sliding_window);
+      if (ratio == 4) {
+        keys += static_cast<double>(std::min<int64_t>(c.index_topk, kContext / 4));
+        kv_row += static_cast<double>(kContext / 4 * c.index_head_dim) * 2.0;
+      } else if (ratio == 128) {
+        keys += static_cast<double>(kContext / 128);
+      }
+      kv_row += keys * D * 2.0;
+    }
+    const double step_bytes = dense + layers * experts_per_layer * expert + static_cast<double>(batch) * kv_row;
+    line.integer("steps", steps)
+        .num("median_ms", st.median, 3)
+        .num("min_ms", st.min, 3)
+        .num("tokens_per_s", static_cast<double>(batch) / (st.median * 1e-3), 1)
+        .num("experts_per_layer", experts_per_layer, 2)
+        .num("bytes_step", step_bytes, 0)
+        .str("sampling", "logits to the host");
+    if (ceilings.copy_gbps > 0) {
+      const double roofline_ms = step_bytes / (ceilings.copy_gbps * 1e9) * 1e3;
+      line.num("roofline_ms", roofline_ms, 3).num("pct_roofline", 100.0 * roofline_ms / st.median, 1);
+    }
+    line.print();
+  }
+  for (int64_t tokens : prefill) {
+    JsonLine line("prefill");
+    line.str("model", name).integer("tokens", tokens);
+    const std::vector<int32_t> ids = random_tokens(tokens, c.vocab_size, kSeed + static_cast<uint64_t>(tokens));
+    std::vector<double> ms;
+    Status status;
+    for (int s = 0; s < 1 + prefill_steps && status.ok(); ++s) {
+      std::unique_ptr<model::V4Sequence> sequence = m.new_sequence();
+      const Chunk chunk{sequence.get(), ids, Logits::kLast};
+      Result<double> t = timed([&] { return m.forward(std::span<const Chunk>(&chunk, 1), logits); });
+      if (!t.ok()) {
+        status = t.status();
+      } else if (s >= 1) {
+        ms.push_back(*t);
+      }
+    }
+    if (!status.ok()) {
+      line.str("error", status.to_string()).print();
+      continue;
+    }
+    const Stats st = stats_of(ms);
+    // FLOPs: 2 per active parameter per token; attention 4 D per (row, head, key) over the window and the entries
+    // each row attends; the indexer 2 index_dim per (row, index head, visible entry) on CSA layers.
+    const double H = static_cast<double>(c.num_attention_heads);
+    double attention = 0.0;
+    for (int64_t p = 0; p < tokens; ++p) {
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        const int64_t ratio = c.compress_ratios[static_cast<size_t>(l)];
+        double keys = static_cast<double>(std::min<int64_t>(p + 1, c.sliding_window));
+        if (ratio == 4) {
+          const int64_t visible = (p + 1) / 4;
+          keys += static_cast<double>(std::min(visible, c.index_topk));
+          if (visible > c.index_topk) {
+            attention += 2.0 * static_cast<double>(visible * c.index_n_heads * c.index_head_dim);
+          }
+        } else if (ratio == 128) {
+          keys += static_cast<double>((p + 1) / 128);
+        }
+        attention += 4.0 * D * H * keys;
+      }
+    }
+    const double flops = 2.0 * active_params * static_cast<double>(tokens) + attention;
+    const double tflops = flops / (st.median * 1e-3) / 1e12;
+    line.integer("steps", prefill_steps)
+        .num("median_ms", st.median, 2)
+        .num("tokens_per_s", static_cast<double>(tokens) / (st.median * 1e-3), 1)
+        .num("attention_flops", attention, 0)
+        .num("flops", flops, 0)
+        .num("tflops", tflops, 1);
+    if (ceilings.bf16_tflops > 0) line.num("pct_bf16_peak", 100.0 * tflops / ceilings.bf16_tflops, 1);
+    line.print();
+  }
+}
+
 // A chunk case of --chunks: `tokens` new rows after `prefix` cached ones.
 struct ChunkCase {
   int64_t prefix = 0, tokens = 0;
@@ -599,8 +761,8 @@ int main(int argc, char** argv) {
   // The script runs from the repository root; the source tree's copy otherwise.
   std::string configs =
       std::filesystem::exists("bench/gpu/configs") ? "bench/gpu/configs" : DEEPINFER_SOURCE_DIR "/bench/gpu/configs";
-  app.add_option("--model", which, "v2-lite, v3-slice or all")
-      ->check(CLI::IsMember({"v2-lite", "v3-slice", "all"}))
+  app.add_option("--model", which, "v2-lite, v3-slice, v4-flash-slice or all (the first two)")
+      ->check(CLI::IsMember({"v2-lite", "v3-slice", "v4-flash-slice", "all"}))
       ->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes (context 4096 each)")->delimiter(',')->capture_default_str();
   app.add_option("--prefill", prefill, "prefill lengths (one sequence each)")->delimiter(',')->capture_default_str();
@@ -656,6 +818,10 @@ int main(int argc, char** argv) {
   measure_copy(ceilings);
   measure_bf16_gemm(ceilings);
   measure_fp8_gemm(ceilings);
+  if (which == "v4-flash-slice") {
+    bench_v4(configs, batches, prefill, steps, prefill_steps, ceilings);
+    return 0;
+  }
   for (const auto& [name, precision] :
        {std::pair{"v2-lite", Precision::kBF16}, std::pair{"v3-slice", Precision::kFP8}}) {
     if (which != "all" && which != name) continue;

@@ -443,6 +443,150 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   return model;
 }
 
+namespace {
+
+// create_random's weights: each made on the backend and filled from the next seed.
+class RandomMaker {
+ public:
+  RandomMaker(Backend& backend, backend::Precision precision, uint64_t seed)
+      : backend_(backend), precision_(precision), seed_(seed) {}
+  Status linear(int64_t rows, int64_t cols, Linear& out, int64_t count = 1,
+                std::optional<backend::Precision> precision = std::nullopt) {
+    Result<std::unique_ptr<backend::Weight>> w = backend_.make_weight(count, rows, cols, precision.value_or(precision_));
+    if (!w.ok()) return w.status();
+    backend_.fill_random(**w, seed_++, static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols))));
+    out.weight = std::move(*w);
+    out.rows = rows;
+    out.cols = cols;
+    return Status();
+  }
+  Status vector(int64_t n, float value, backend::Buffer& out) { return values(std::vector<float>(static_cast<size_t>(n), value), out); }
+  // Uniform in [-scale, scale).
+  Status random_vector(int64_t n, float scale, backend::Buffer& out) {
+    std::vector<float> v(static_cast<size_t>(n));
+    uint64_t x = seed_++ * 0x9e3779b97f4a7c15ull;
+    for (float& f : v) {
+      x ^= x >> 12;
+      x ^= x << 25;
+      x ^= x >> 27;
+      f = (static_cast<float>((x * 0x2545f4914f6cdd1dull) >> 40) / 8388608.0f - 1.0f) * scale;
+    }
+    return values(v, out);
+  }
+  Status values(const std::vector<float>& v, backend::Buffer& out) {
+    Result<backend::Buffer> b = backend_.make_vector(v);
+    if (!b.ok()) return b.status();
+    out = std::move(*b);
+    return Status();
+  }
+  Backend& backend() { return backend_; }
+
+ private:
+  Backend& backend_;
+  backend::Precision precision_;
+  uint64_t seed_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::create_random(const V4Config& c, Backend& backend,
+                                                                          uint64_t seed) {
+  if (!backend.has_v4_ops()) {
+    return Status::unsupported("DeepSeek-V4: the " + std::string(backend.name()) + " backend has no V4 kernels");
+  }
+  std::unique_ptr<DeepSeekV4Model> model(new DeepSeekV4Model(c, backend));
+  Weights& w = *model->w_;
+  w.precision = backend.activation_dtype() == backend::DType::kF32 ? backend::Precision::kF32 : backend::Precision::kBF16;
+  constexpr auto kF32 = backend::Precision::kF32;
+  RandomMaker r(backend, w.precision, seed);
+  const int64_t d = c.hidden_size, hc = c.hc_mult, H = c.num_attention_heads, D = c.head_dim;
+  const int64_t mix = (2 + hc) * hc, E = c.n_routed_experts, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
+  DEEPINFER_RETURN_IF_ERROR(r.linear(c.vocab_size, d, w.embed));
+  DEEPINFER_RETURN_IF_ERROR(r.linear(c.vocab_size, d, w.head));
+  DEEPINFER_RETURN_IF_ERROR(r.vector(d, 1.0f, w.norm));
+  DEEPINFER_RETURN_IF_ERROR(r.linear(hc, hc * d, w.hc_head_fn, 1, kF32));
+  DEEPINFER_RETURN_IF_ERROR(r.random_vector(hc, 0.5f, w.hc_head_base));
+  DEEPINFER_RETURN_IF_ERROR(r.vector(1, 1.0f, w.hc_head_scale));
+  w.payload.emplace(c);
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  auto compressor = [&](int64_t ratio, int64_t dim, CompressorWeights& cw) -> Status {
+    cw.ratio = ratio;
+    cw.dim = dim;
+    cw.coff = ratio == 4 ? 2 : 1;
+    DEEPINFER_RETURN_IF_ERROR(r.random_vector(ratio * cw.coff * dim, 0.5f, cw.ape));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(cw.coff * dim, d, cw.wkv));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(cw.coff * dim, d, cw.wgate));
+    return r.vector(dim, 1.0f, cw.norm);
+  };
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    l.ratio = c.compress_ratios[static_cast<size_t>(i)];
+    DEEPINFER_RETURN_IF_ERROR(upload_rope(backend,
+                                          l.ratio == 0 ? make_rope(c.qk_rope_head_dim, c.rope_theta, nullptr)
+                                                       : make_rope(c.qk_rope_head_dim, c.compress_rope_theta, &c.rope_scaling),
+                                          l.rope));
+    DEEPINFER_RETURN_IF_ERROR(r.vector(d, 1.0f, l.attn_norm));
+    DEEPINFER_RETURN_IF_ERROR(r.vector(d, 1.0f, l.ffn_norm));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(mix, hc * d, l.hc_attn_fn, 1, kF32));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(mix, hc * d, l.hc_ffn_fn, 1, kF32));
+    DEEPINFER_RETURN_IF_ERROR(r.random_vector(mix, 0.5f, l.hc_attn_base));
+    DEEPINFER_RETURN_IF_ERROR(r.random_vector(mix, 0.5f, l.hc_ffn_base));
+    DEEPINFER_RETURN_IF_ERROR(r.vector(3, 1.0f, l.hc_attn_scale));
+    DEEPINFER_RETURN_IF_ERROR(r.vector(3, 1.0f, l.hc_ffn_scale));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(c.q_lora_rank, d, l.wq_a));
+    DEEPINFER_RETURN_IF_ERROR(r.vector(c.q_lora_rank, 1.0f, l.q_norm));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(H * D, c.q_lora_rank, l.wq_b));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(D, d, l.wkv));
+    DEEPINFER_RETURN_IF_ERROR(r.vector(D, 1.0f, l.kv_norm));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(c.o_lora_rank, H * D / c.o_groups, l.wo_a, c.o_groups));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(d, c.o_groups * c.o_lora_rank, l.wo_b));
+    DEEPINFER_RETURN_IF_ERROR(r.vector(H, 0.0f, l.attn_sink));
+    if (l.ratio != 0) DEEPINFER_RETURN_IF_ERROR(compressor(l.ratio, D, l.compressor));
+    if (l.ratio == 4) {
+      DEEPINFER_RETURN_IF_ERROR(r.linear(c.index_n_heads * c.index_head_dim, c.q_lora_rank, l.index_wq_b));
+      DEEPINFER_RETURN_IF_ERROR(r.linear(c.index_n_heads, d, l.index_weights_proj));
+      DEEPINFER_RETURN_IF_ERROR(compressor(4, c.index_head_dim, l.index_compressor));
+    }
+    DEEPINFER_RETURN_IF_ERROR(r.linear(E, d, l.gate, 1, kF32));
+    if (i < c.num_hash_layers) {
+      std::vector<int32_t> ids(static_cast<size_t>(c.vocab_size * K));
+      for (int64_t t = 0; t < c.vocab_size; ++t) {
+        for (int64_t k = 0; k < K; ++k) ids[static_cast<size_t>(t * K + k)] = static_cast<int32_t>((t * 7 + k * (E / K + 1)) % E);
+      }
+      Result<backend::Buffer> b = backend.alloc(ids.size() * sizeof(int32_t));
+      if (!b.ok()) return b.status();
+      DEEPINFER_RETURN_IF_ERROR(backend.upload(ids.data(), ids.size() * sizeof(int32_t), *b, 0));
+      l.tid2eid = std::move(*b);
+    } else {
+      DEEPINFER_RETURN_IF_ERROR(r.vector(E, 0.0f, l.gate_bias));
+    }
+    DEEPINFER_RETURN_IF_ERROR(r.linear(2 * I, d, l.experts_gate_up, E));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(d, I, l.experts_down, E));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(2 * I, d, l.shared_gate_up));
+    DEEPINFER_RETURN_IF_ERROR(r.linear(d, I, l.shared_down));
+  }
+  return model;
+}
+
+int64_t DeepSeekV4Model::dense_weight_bytes() const {
+  int64_t bytes = static_cast<int64_t>(w_->head.weight->bytes + w_->hc_head_fn.weight->bytes);
+  for (const LayerWeights& l : w_->layers) {
+    for (const Linear* m : {&l.hc_attn_fn, &l.hc_ffn_fn, &l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.compressor.wkv,
+                            &l.compressor.wgate, &l.index_compressor.wkv, &l.index_compressor.wgate, &l.index_wq_b,
+                            &l.index_weights_proj, &l.gate, &l.shared_gate_up, &l.shared_down}) {
+      if (m->weight) bytes += static_cast<int64_t>(m->weight->bytes);
+    }
+  }
+  return bytes;
+}
+
+int64_t DeepSeekV4Model::expert_bytes() const {
+  if (w_->layers.empty()) return 0;
+  const LayerWeights& l = w_->layers.front();
+  return static_cast<int64_t>((l.experts_gate_up.weight->bytes + l.experts_down.weight->bytes) /
+                              static_cast<size_t>(config_.n_routed_experts));
+}
+
 Result<ModelConfig> load_engine_model_config(const std::filesystem::path& path) {
   Result<std::string> type = read_model_type(path);
   if (!type.ok()) return type.status();

@@ -18,6 +18,7 @@
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/model/deepseek_v4.h"
+#include "deepinfer/model/random_checkpoint.h"
 #include "deepinfer/model/safetensors.h"
 #include "logits_compare.h"
 #include "temp_dir.h"
@@ -580,6 +581,37 @@ TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
 }
 
 // Config errors name the field; the V2/V3 loader points V4 checkpoints elsewhere.
+// create_random (the benchmarks' models): a V4 of the demo config's shapes made on the backend runs a prefill and a
+// decode step with finite logits, deterministically (the same seed, the same logits), and counts its weight bytes.
+TEST(V4Random, CreateRandomMakesARunnableModel) {
+  deepinfer::testing::TempDir dir;
+  std::ofstream(dir.path() / "config.json") << boost::json::serialize(random_v4_model_config());
+  Result<V4Config> config = load_v4_config(dir.path());
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  auto backend = backend::make_cpu_backend();
+  std::vector<std::vector<float>> results;
+  for (int run = 0; run < 2; ++run) {
+    auto model = DeepSeekV4Model::create_random(*config, *backend, 7);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    EXPECT_GT((*model)->dense_weight_bytes(), 0);
+    EXPECT_EQ((*model)->expert_bytes(), 3 * config->moe_intermediate_size * config->hidden_size * 4);
+    auto sequence = (*model)->new_sequence();
+    std::vector<int32_t> prompt(200);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919) % config->vocab_size);
+    std::vector<float> logits, step;
+    DeepSeekV4Model::Chunk chunk{sequence.get(), prompt};
+    ASSERT_TRUE((*model)->forward(std::span<const DeepSeekV4Model::Chunk>(&chunk, 1), logits).ok());
+    const int32_t next = 5;
+    DeepSeekV4Model::Chunk decode{sequence.get(), std::span<const int32_t>(&next, 1)};
+    ASSERT_TRUE((*model)->forward(std::span<const DeepSeekV4Model::Chunk>(&decode, 1), step).ok());
+    logits.insert(logits.end(), step.begin(), step.end());
+    ASSERT_EQ(logits.size(), static_cast<size_t>(2 * config->vocab_size));
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+    results.push_back(logits);
+  }
+  EXPECT_EQ(results[0], results[1]);
+}
+
 TEST(V4Config, ErrorsNameTheField) {
   deepinfer::testing::TempDir dir;
   std::string base = deepinfer::testing::read_file(deepinfer::testing::source_path(kFixture + "/config.json"));

@@ -163,6 +163,15 @@ class DeepSeekV4Model {
   // missing, or whose quantization does not match the config (an FP8 tensor without its scales, packed FP4 outside
   // the routed experts); Unsupported for a backend without the V4 ops.
   static Result<std::unique_ptr<DeepSeekV4Model>> load(const std::filesystem::path& dir, backend::Backend& backend);
+  // A model of `config`'s shapes with random weights made on the backend (benchmarks of real configs without their
+  // checkpoints: bench/gpu/bench_model): matrices uniform in ±1/sqrt(in features), norms 1, biases and sinks 0, the
+  // hash table spread over the experts; deterministic in `seed`. Errors: ResourceExhausted; Unsupported as load().
+  static Result<std::unique_ptr<DeepSeekV4Model>> create_random(const V4Config& config, backend::Backend& backend,
+                                                                 uint64_t seed);
+  // Bytes of the weights one forward reads besides the routed experts, and of one routed expert (gate, up, down):
+  // the benchmarks' memory rooflines.
+  int64_t dense_weight_bytes() const;
+  int64_t expert_bytes() const;
   ~DeepSeekV4Model();
 
   const V4Config& config() const { return config_; }
