@@ -108,21 +108,21 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
 
 __global__ void hc_post_kernel(V4HcPostParams p) {
   __shared__ float post[kMaxHc], comb[kMaxHc * kMaxHc];
-  const int64_t r = blockIdx.y;
+  const int64_t r = blockIdx.x;
   const int hc = static_cast<int>(p.hc);
   if (threadIdx.x < hc) post[threadIdx.x] = p.post[r * p.post_stride + threadIdx.x];
   if (threadIdx.x < hc * hc) comb[threadIdx.x] = p.comb[r * p.comb_stride + threadIdx.x];
   __syncthreads();
-  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= p.d) return;
   uint16_t* x = p.x + r * p.x_stride;
-  float in[kMaxHc];
-  for (int i = 0; i < hc; ++i) in[i] = ld(x + i * p.d + k);
-  const float o = ld(p.out + r * p.out_stride + k);
-  for (int j = 0; j < hc; ++j) {
-    float acc = post[j] * o;
-    for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * in[i];
-    st(x + j * p.d + k, acc);
+  for (int64_t k = threadIdx.x; k < p.d; k += blockDim.x) {
+    float in[kMaxHc];
+    for (int i = 0; i < hc; ++i) in[i] = ld(x + i * p.d + k);
+    const float o = ld(p.out + r * p.out_stride + k);
+    for (int j = 0; j < hc; ++j) {
+      float acc = post[j] * o;
+      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * in[i];
+      st(x + j * p.d + k, acc);
+    }
   }
 }
 
@@ -261,10 +261,10 @@ constexpr int kIndexerThreads = 256, kIndexerKeysPerCta = 64;
 
 __global__ void __launch_bounds__(kIndexerThreads) indexer_scores_kernel(V4IndexerParams p) {
   extern __shared__ float smem[];  // q [heads * dim], then weights [heads]
-  const int64_t r = blockIdx.y;
+  const int64_t r = blockIdx.x;
   const V4IndexRowDevice row = p.row_keys[r];
   if (row.visible <= p.topk) return;
-  const int64_t s0 = static_cast<int64_t>(blockIdx.x) * kIndexerKeysPerCta;
+  const int64_t s0 = static_cast<int64_t>(blockIdx.y) * kIndexerKeysPerCta;
   if (s0 >= row.visible) return;
   const int64_t H = p.heads, D = p.dim;
   float* q = smem;
@@ -496,15 +496,15 @@ __global__ void copy_spans_kernel(const CopySpanDevice* spans) {
 
 __global__ void silu_mul_clamped_kernel(const uint16_t* gate_up, int64_t gate_up_stride, uint16_t* out,
                                         int64_t out_stride, int64_t n, float limit) {
-  const int64_t r = blockIdx.y;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float g = ld(gate_up + r * gate_up_stride + i), u = ld(gate_up + r * gate_up_stride + n + i);
-  if (limit > 0.0f) {
-    u = fminf(fmaxf(u, -limit), limit);
-    g = fminf(g, limit);
+  const int64_t r = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float g = ld(gate_up + r * gate_up_stride + i), u = ld(gate_up + r * gate_up_stride + n + i);
+    if (limit > 0.0f) {
+      u = fminf(fmaxf(u, -limit), limit);
+      g = fminf(g, limit);
+    }
+    st(out + r * out_stride + i, g / (1.0f + __expf(-g)) * u);
   }
-  st(out + r * out_stride + i, g / (1.0f + __expf(-g)) * u);
 }
 
 }  // namespace
@@ -519,8 +519,7 @@ cudaError_t run_v4_hc_pre(const V4HcPreParams& p) {
 cudaError_t run_v4_hc_post(const V4HcPostParams& p) {
   if (p.rows <= 0) return cudaSuccess;
   if (p.hc < 1 || p.hc > kMaxHc) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((p.d + 255) / 256), static_cast<unsigned>(p.rows));
-  hc_post_kernel<<<grid, 256, 0, p.stream>>>(p);
+  hc_post_kernel<<<static_cast<unsigned>(p.rows), 256, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -556,8 +555,8 @@ cudaError_t run_v4_indexer_topk(const V4IndexerParams& p) {
         e != cudaSuccess)
       return e;
   }
-  const dim3 grid(static_cast<unsigned>((p.max_visible + kIndexerKeysPerCta - 1) / kIndexerKeysPerCta),
-                  static_cast<unsigned>(p.rows));
+  const dim3 grid(static_cast<unsigned>(p.rows),
+                  static_cast<unsigned>((p.max_visible + kIndexerKeysPerCta - 1) / kIndexerKeysPerCta));
   indexer_scores_kernel<<<grid, kIndexerThreads, smem, p.stream>>>(p);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   indexer_select_kernel<<<static_cast<unsigned>(p.rows), kSelectThreads, 0, p.stream>>>(p);
@@ -589,8 +588,8 @@ cudaError_t run_copy_spans(const CopySpanDevice* spans, int64_t count, cudaStrea
 cudaError_t run_silu_mul_clamped(const uint16_t* gate_up, int64_t gate_up_stride, uint16_t* out, int64_t out_stride,
                                  int64_t rows, int64_t n, float limit, cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(rows));
-  silu_mul_clamped_kernel<<<grid, 256, 0, stream>>>(gate_up, gate_up_stride, out, out_stride, n, limit);
+  silu_mul_clamped_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(gate_up, gate_up_stride, out, out_stride, n,
+                                                                           limit);
   return cudaGetLastError();
 }
 

@@ -225,7 +225,11 @@ TEST_F(V4Test, CudaBackendMatchesTheReferenceInBf16) {
       std::vector<int32_t> greedy;
       run(r, chunk, logits, greedy, model->get());
       int wrong = 0;
-      worst = std::max(worst, check(r, logits, &wrong));
+      const double error = check(r, logits, &wrong);
+      std::printf("{\"test\":\"v4_cuda_prompt\",\"chunk\":%d,\"prompt\":%d,\"tokens\":%zu,\"rel_error\":%.3g,"
+                  "\"argmax_wrong\":%d,\"greedy_equal\":%s}\n",
+                  chunk, i, r.ids.size(), error, wrong, greedy == r.greedy ? "true" : "false");
+      worst = std::max(worst, error);
       wrong_total += wrong;
       positions += static_cast<int>(r.ids.size());
       greedy_same += greedy == r.greedy ? 1 : 0;
