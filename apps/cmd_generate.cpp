@@ -77,18 +77,11 @@ std::function<int()> add_generate_command(CLI::App& app) {
     }
     Result<model::ModelConfig> model_config = model::load_engine_model_config(options->model);
     if (!model_config.ok()) return fail(model_config.status().to_string());
-    // DeepSeek-V4: the CPU reference path (no speculative decoding, no GPU yet).
+    // DeepSeek-V4 (CPU: the float32 reference path; CUDA: bf16), without speculative decoding yet.
     const bool v4 = model_config->model_type == "deepseek_v4";
-    if (v4 && options->device.device == "cuda") {
-      return fail("--device cuda: DeepSeek-V4 runs on the CPU reference path in this build");
-    }
-    if (v4 && options->device.bf16) {
-      return fail("--bf16: DeepSeek-V4 runs on the CPU reference path in this build, which keeps float32 weights");
-    }
-    if (v4) options->device.device = "cpu";
     if (v4 && (options->speculative.dspark_enable ||
                (!options->speculative.algorithm.empty() && options->speculative.algorithm != "none"))) {
-      return fail("--speculative-algorithm: DeepSeek-V4 runs on the CPU reference path in this build, without it");
+      return fail("--speculative-algorithm: DeepSeek-V4 does not support it yet in this build");
     }
     Result<engine::SpeculativeConfig> speculative =
         speculative_config(options->speculative, model_config->num_nextn_predict_layers,
@@ -101,7 +94,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
     engine_config.speculative = *speculative;
     Result<std::unique_ptr<engine::Engine>> engine = Status::internal("no engine");
     if (v4) {
-      auto model = model::DeepSeekV4Model::load(options->model, *backend);
+      auto model = model::DeepSeekV4Model::load(options->model, *backend, choice->precision);
       if (!model.ok()) return fail(model.status().to_string());
       engine = engine::Engine::create(std::move(backend), std::move(model).value(), engine_config);
     } else {

@@ -517,13 +517,14 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (!body_bytes || *body_bytes <= 0)
       return fail("--max-body-bytes '" + options->max_body_bytes + "' is not a size");
 
-    // DeepSeek-V4 checkpoints run on the CPU reference path (DeepSeekV4Model) without what needs its paged cache.
+    // DeepSeek-V4 checkpoints run on DeepSeekV4Model (CPU: the float32 reference path; CUDA: bf16 weights and cache)
+    // without what its engine does not support yet.
     Result<model::ModelConfig> config = model::load_engine_model_config(model_path);
     if (!config.ok()) return fail(config.status().to_string());
     const bool v4 = config->model_type == "deepseek_v4";
     if (v4) {
       auto refuse = [&](const std::string& what) {
-        return fail(what + ": DeepSeek-V4 runs on the CPU reference path in this build, which does not support it yet");
+        return fail(what + ": DeepSeek-V4 does not support it yet in this build");
       };
       if (options->tensor_parallel_size > 1 || options->expert_parallel_size > 1 || options->cluster_nodes > 1) {
         return refuse("--tensor-parallel-size / --expert-parallel-size / --nnodes > 1");
@@ -537,9 +538,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (options->swa_bounded_replay && options->no_prefix_caching) {
         return fail("--swa-bounded-replay reuses cached prefixes, but --no-prefix-caching turns the cache off");
       }
-      if (options->device.device == "cuda") return refuse("--device cuda");
-      if (options->device.bf16) return refuse("--bf16 (the V4 path keeps float32 weights)");
-      if (options->device.device == "auto") options->device.device = "cpu";
     }
     if (Status s = model::check_tensor_parallel_shapes(*config, options->tensor_parallel_size); !s.ok()) {
       return fail(s.message());
@@ -651,7 +649,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
             ? model::ExpertParallel{tensor_parallel.rank, tensor_parallel.size, tensor_parallel.comm,
                                     options->num_redundant_experts, true, options->moe_capacity_factor}
             : model::ExpertParallel{};
-    const std::string device_name(backend->name()), compute_mode = choice->compute_mode;
+    const std::string device_name(backend->name());
+    std::string compute_mode = choice->compute_mode;
+    if (v4) {  // DeepSeek-V4 keeps its own cache kinds (no latent), in the activation dtype
+      compute_mode = device_name != "cpu" ? "cuda: bf16 weights and cache (no FP8 kernels for V4 yet)"
+                     : options->device.bf16 ? "bf16 weights, f32 cache"
+                                            : "f32 weights, f32 cache";
+    }
     if (options->gpu_memory_utilization && !backend->device_memory().ok()) {
       return fail("--gpu-memory-utilization: the " + device_name +
                   " backend has no device memory to take a fraction of; size the KV cache with --kv-cache-memory");
@@ -659,7 +663,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::unique_ptr<model::DeepSeekV4Model> v4_model;
     Result<std::unique_ptr<model::DeepSeekModel>> model = std::unique_ptr<model::DeepSeekModel>();
     if (v4) {
-      Result<std::unique_ptr<model::DeepSeekV4Model>> loaded = model::DeepSeekV4Model::load(model_path, *backend);
+      Result<std::unique_ptr<model::DeepSeekV4Model>> loaded = model::DeepSeekV4Model::load(model_path, *backend, choice->precision);
       if (!loaded.ok()) return fail(loaded.status().to_string());
       v4_model = std::move(loaded).value();
     } else {

@@ -528,10 +528,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   if (resolved.max_model_len <= 0) resolved.max_model_len = c.max_position_embeddings;
   // The hybrid layout: a block of the main pool = one block payload (DeepSeekV4Model::block_payload_floats: the
   // compressed kinds, kept for every block and in the tiers); a block of the window pool = one window payload (the
-  // raw rows and compressor rows of every layer, kept only for the last window). float32. Each running sequence's
-  // V4 cache keeps its window rings besides (window_bytes_per_sequence).
-  const int64_t payload_bytes = model->block_payload_floats() * static_cast<int64_t>(sizeof(float));
-  const int64_t window_payload_bytes = model->window_payload_floats() * static_cast<int64_t>(sizeof(float));
+  // raw rows and compressor rows of every layer, kept only for the last window). Each running sequence's
+  // V4 cache keeps its window rings besides (window_bytes_per_sequence). Elements of the backend's activation dtype
+  // (CPU: float32, CUDA: bf16).
+  const int64_t payload_bytes = model->block_payload_floats() * model->payload_element_bytes();
+  const int64_t window_payload_bytes = model->window_payload_floats() * model->payload_element_bytes();
   const kvcache::CacheLayout layout{{
       {kvcache::CacheKind::kCompressed, "compressed", 1,
        (payload_bytes + kvcache::kBlockTokens - 1) / kvcache::kBlockTokens, 0},

@@ -14,8 +14,7 @@ V4Executor::V4Executor(model::DeepSeekV4Model& model, const backend::Buffer& blo
       block_bytes_(block_bytes),
       windows_(windows),
       window_bytes_(window_bytes),
-      sampling_(model.config().vocab_size, sampling_threads, parallel_sampling_min_logits),
-      scratch_(static_cast<size_t>(model.block_payload_floats())) {}
+      sampling_(model.config().vocab_size, sampling_threads, parallel_sampling_min_logits) {}
 
 Status V4Executor::add_request(SequenceId id, std::span<const TokenId> prompt_token_ids, const SamplingParams& params) {
   if (Status s = sampling_.add_request(id, prompt_token_ids, params); !s.ok()) return s;
@@ -69,13 +68,22 @@ Status V4Executor::restore(const ScheduledEntry& entry, std::unique_ptr<model::V
   if (from > 0) DEEPINFER_RETURN_IF_ERROR(model_.restore(*sequence, payloads, {}));
   // The blocks the replay finishes: their block payloads are the cached ones (a replay does not write them; fed
   // again from 0 it writes the same values), their window payloads go to the entry's window blocks where it has one.
+  const size_t payload_bytes = static_cast<size_t>(model_.block_payload_floats() * model_.payload_element_bytes());
+  if (from == 0 && scratch_.bytes == 0) {
+    Result<backend::Buffer> scratch =
+        model_.backend().alloc(payload_bytes * static_cast<size_t>(std::max<int64_t>(1, model_.window_blocks())));
+    if (!scratch.ok()) return scratch.status();
+    scratch_ = std::move(*scratch);
+  }
   std::vector<float*>& replay_blocks = pointers.emplace_back();
   std::vector<float*>& replay_windows = pointers.emplace_back();
   for (int64_t b = from / kvcache::kBlockTokens + 1; b <= blocks; ++b) {
     const size_t index = static_cast<size_t>(b - 1);
     // Fed again from 0 the chunk would write block payloads (the same values up to rounding): into scratch, so that
     // the cached blocks stay as they are.
-    replay_blocks.push_back(from == 0 ? scratch_.data() : block(entry.block_table[index]));
+    float* scratch = reinterpret_cast<float*>(static_cast<char*>(scratch_.data()) +
+                                              (index % static_cast<size_t>(std::max<int64_t>(1, model_.window_blocks()))) * payload_bytes);
+    replay_blocks.push_back(from == 0 ? scratch : block(entry.block_table[index]));
     replay_windows.push_back(window(entry, b - 1));
   }
   replay.push_back({sequence.get(), std::span<const int32_t>(tokens.data() + from, static_cast<size_t>(start - from)),

@@ -25,7 +25,7 @@ namespace deepinfer::engine {
 
 class V4Executor final : public Executor {
  public:
-  // `model`, `blocks` and `windows` (host memory: the CPU backend's; block b at b * block_bytes, window block w at
+  // `model`, `blocks` and `windows` (the model's backend memory: block b at b * block_bytes, window block w at
   // w * window_bytes) are not owned and must outlive the executor. Sampling threads as RequestSampling.
   V4Executor(model::DeepSeekV4Model& model, const backend::Buffer& blocks, size_t block_bytes,
              const backend::Buffer& windows, size_t window_bytes, int32_t sampling_threads,
@@ -78,7 +78,9 @@ class V4Executor final : public Executor {
   std::map<SequenceId, std::vector<TokenId>> tokens_;  // per request: every token fed so far (replays read them)
   int64_t replayed_tokens_ = 0;
   std::map<SequenceId, int64_t> last_replayed_;
-  std::vector<float> scratch_;  // one block payload: where a prefix fed again from 0 writes its block payloads
+  // Where a prefix fed again from 0 writes its block payloads (the model's backend memory, window_blocks() payloads),
+  // allocated on first use.
+  backend::Buffer scratch_;
   std::vector<float> logits_;
 };
 

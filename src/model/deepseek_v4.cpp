@@ -417,7 +417,8 @@ DeepSeekV4Model::DeepSeekV4Model(V4Config config, Backend& backend)
 
 DeepSeekV4Model::~DeepSeekV4Model() = default;
 
-Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesystem::path& dir, Backend& backend) {
+Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesystem::path& dir, Backend& backend,
+                                                                std::optional<backend::Precision> precision) {
   if (!backend.has_v4_ops()) {
     return Status::unsupported("DeepSeek-V4: the " + std::string(backend.name()) + " backend has no V4 kernels");
   }
@@ -428,7 +429,9 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   const V4Config& c = *config;
   std::unique_ptr<DeepSeekV4Model> model(new DeepSeekV4Model(c, backend));
   Weights& w = *model->w_;
-  w.precision = backend.activation_dtype() == backend::DType::kF32 ? backend::Precision::kF32 : backend::Precision::kBF16;
+  w.precision = precision.value_or(backend.activation_dtype() == backend::DType::kF32 ? backend::Precision::kF32
+                                                                                        : backend::Precision::kBF16);
+  if (w.precision == backend::Precision::kFP8) w.precision = backend::Precision::kBF16;
   Loader l(c, **checkpoint, backend, w.precision);
   const int64_t d = c.hidden_size, hc = c.hc_mult;
   DEEPINFER_RETURN_IF_ERROR(l.linear("embed.weight", c.vocab_size, d, w.embed));
@@ -685,6 +688,10 @@ int64_t DeepSeekV4Model::window_bytes_per_sequence() const {
 }
 
 int64_t DeepSeekV4Model::block_payload_floats() const { return w_->payload->total; }
+
+int64_t DeepSeekV4Model::payload_element_bytes() const {
+  return static_cast<int64_t>(backend::dtype_size(backend_.activation_dtype()));
+}
 
 int64_t DeepSeekV4Model::window_payload_floats() const { return w_->payload->window_total; }
 

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -162,7 +163,10 @@ class DeepSeekV4Model {
   // Errors: those of load_v4_config and Checkpoint; InvalidArgument naming a tensor whose shape differs, that is
   // missing, or whose quantization does not match the config (an FP8 tensor without its scales, packed FP4 outside
   // the routed experts); Unsupported for a backend without the V4 ops.
-  static Result<std::unique_ptr<DeepSeekV4Model>> load(const std::filesystem::path& dir, backend::Backend& backend);
+  // `precision`: how the large matrices are kept: default float32 on a float32 backend (the CPU's: exact) and bf16 on
+  // others; kFP8 is taken as bf16 (the V4 path has no FP8 kernels yet: FP8 and FP4 checkpoints are dequantized).
+  static Result<std::unique_ptr<DeepSeekV4Model>> load(const std::filesystem::path& dir, backend::Backend& backend,
+                                                       std::optional<backend::Precision> precision = std::nullopt);
   // A model of `config`'s shapes with random weights made on the backend (benchmarks of real configs without their
   // checkpoints: bench/gpu/bench_model): matrices uniform in ±1/sqrt(in features), norms 1, biases and sinks 0, the
   // hash table spread over the experts; deterministic in `seed`. Errors: ResourceExhausted; Unsupported as load().
@@ -175,6 +179,11 @@ class DeepSeekV4Model {
   ~DeepSeekV4Model();
 
   const V4Config& config() const { return config_; }
+  // The backend the model runs on (its sequences' and payloads' memory).
+  backend::Backend& backend() const { return backend_; }
+  // Bytes of one element of the cache payloads and sequence buffers: the backend's activation dtype (CPU: float32,
+  // CUDA: bf16). Payload sizes below count elements ("floats" on the CPU).
+  int64_t payload_element_bytes() const;
   // v4_engine_view(config()).
   ModelConfig engine_config() const { return v4_engine_view(config_); }
   // Fixed cache bytes per sequence: the window rings and the compressors' row rings of every layer.
