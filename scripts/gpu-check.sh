@@ -26,7 +26,8 @@
 #            expert GEMM path (auto, streaming, tiled, per-expert) against its byte and FLOP limits
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
 #            (BENCH_ARGS: extra bench_model flags, e.g. "--profile --prefill 4096")
-#   v4       bench/gpu/bench_model --model v4-flash-slice: 4 layers of DeepSeek-V4-Flash's shapes (bf16, random weights)
+#   v4       tests/cli/v4_serve.sh with the server on CUDA (a random V4 at demo size: completions, prefix cache, disk
+#            tier, bounded replay), and bench/gpu/bench_model --model v4-flash-slice: 4 layers of DeepSeek-V4-Flash's shapes (bf16, random weights)
 #            on the V4 path, decode at batch 1, 8, 32 (context 4096) and a 4,096-token prefill (V4_ARGS: more flags)
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
@@ -52,7 +53,9 @@ if [ "${1:-}" = prepare ]; then
     | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' \
     | xargs -r cp -L -t "$stage/lib/"
   cp models/deepseek-v3/tokenizer.json models/deepseek-v3/tokenizer_config.json "$stage/tokenizer/"
-  mkdir -p .device-gpu && tar -C "$stage" -cJf "$BUNDLE" bin lib tokenizer && rm -rf "$stage"
+  # The demo model's tokenizer (DeepSeek-V3's with V4's tokens: the v4 stage's random V4 model), from `make setup`.
+  mkdir -p "$stage/tokenizer-demo" && cp models/demo/tokenizer.json models/demo/tokenizer_config.json "$stage/tokenizer-demo/"
+  mkdir -p .device-gpu && tar -C "$stage" -cJf "$BUNDLE" bin lib tokenizer tokenizer-demo && rm -rf "$stage"
   grep -qx '/.device-gpu/' .git/info/exclude || echo '/.device-gpu/' >>.git/info/exclude
   ls -la "$BUNDLE"
   exit 0
@@ -172,7 +175,10 @@ if want tp; then
 fi
 want moe && run bench_moe_sweep 300 "$BIN/bench_model" --moe-sweep 1,8,64,512,4096,16384
 want bench && run bench_model 330 "$BIN/bench_model" ${BENCH_ARGS:-}
-want v4 && run bench_v4 300 "$BIN/bench_model" --model v4-flash-slice --batches 1,8,32 --prefill 4096 ${V4_ARGS:-}
+if want v4; then
+  run v4_serve 240 bash tests/cli/v4_serve.sh "$BIN/deepinfer" "$WORK/tokenizer-demo" cuda
+  run bench_v4 300 "$BIN/bench_model" --model v4-flash-slice --batches 1,8,32 --prefill 4096 ${V4_ARGS:-}
+fi
 if want spec; then
   unpack_demo
   run spec_demo 300 "$BIN/bench_speculative" --device cuda --model "$WORK/models/demo" --draft-tokens 0,1,2,3 \

@@ -5,9 +5,10 @@
 # tokens: the numbers are checked against DeepSeek's own code in model_tests/engine_e2e_tests, not here); greedy
 # output is the same twice, the second time from the prefix cache; and what V4 does not run yet is refused at
 # startup naming the flag (never accepted and ignored).
-# Usage: v4_serve.sh DEEPINFER_BINARY TOKENIZER_DIR (the demo model's: DeepSeek-V3's tokenizer with V4's tokens)
+# Usage: v4_serve.sh DEEPINFER_BINARY TOKENIZER_DIR [DEVICE] (the demo model's tokenizer: DeepSeek-V3's with V4's
+# tokens; DEVICE cpu (default) or cuda: the server's, the GPU stage's run; the fixture's generate checks stay on the CPU)
 set -uo pipefail
-bin=$1 tokenizer=$2
+bin=$1 tokenizer=$2 device=${3:-cpu}
 dir=$(mktemp -d)
 server=
 cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
@@ -17,7 +18,7 @@ trap cleanup EXIT
 failures=0
 # generate on the exactness fixture: DeepSeek's own code's 16 greedy tokens for its prompt 1.
 fixture=$(dirname "$0")/../data/models/tiny-deepseek-v4-official
-got=$("$bin" generate --model "$fixture" --prompt-ids 531,311,304,64,540 --max-tokens 16 2>/dev/null)
+got=$("$bin" generate --device cpu --model "$fixture" --prompt-ids 531,311,304,64,540 --max-tokens 16 2>/dev/null)
 if [ "$got" = "816,513,861,103,865,373,418,816,110,831,942,636,972,961,404,1013" ]; then
   echo "ok: generate on the V4 fixture gives the reference's 16 greedy tokens"
 else
@@ -52,7 +53,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 # Starts the server with the disk tier, logging to $1 (more flags after it), and waits for /health.
 start_server() {
   local log=$1; shift
-  "$bin" serve --device cpu --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" "$@" >"$log" 2>&1 &
+  "$bin" serve --device "$device" --model "$dir/v4" --port "$port" --tiered-kv-storage-path "$dir/kv" "$@" >"$log" 2>&1 &
   server=$!
   for _ in $(seq 1 120); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
