@@ -201,9 +201,12 @@ TEST_F(V4Test, BatchedPromptsMatchReference) {
 }
 
 // The same fixture on the CUDA backend (bf16 weights and activations, the V4 kernels), whole, in chunks of 1, 7 and
-// 64, and the seven prompts batched. Bounds as the V2/V3 CUDA stage's: every prompt's relative error under 0.35 (a
-// sanity bound: bf16 hidden states can flip a near-tie in the router or the indexer's top-k) and the argmax equal to
-// the reference's at 95% of the positions or more; greedy agreement is reported (JSON lines).
+// 64, and the seven prompts batched; every prompt's and case's error and argmax agreement are reported (JSON lines).
+// Bounds, from a control: this random-weight model is chaotic at bf16's resolution. The float32 CPU path with every
+// weight perturbed by a relative ±0.4% (bf16's half ulp) agrees with the reference's argmax at 1015 of the 1116
+// positions (91%), worst relative error 0.55; ±0.1%: 1089 (97.6%), 0.33; ±0.8%: 972 (87%). So the bounds are the
+// control's at bf16's resolution with a margin: worst relative error under 0.75, argmax agreement at 88% or more
+// (a wrong kernel lands far below: these are sanity bounds; the op-level checks are tests/gpu/gpu_check_backend's).
 TEST_F(V4Test, CudaBackendMatchesTheReferenceInBf16) {
   Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
   if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
@@ -213,8 +216,8 @@ TEST_F(V4Test, CudaBackendMatchesTheReferenceInBf16) {
     std::printf("{\"test\":\"v4_cuda\",\"case\":\"%s\",\"worst_rel_error\":%.3g,\"argmax_agree\":%d,"
                 "\"positions\":%d,\"greedy_identical\":%d}\n",
                 label.c_str(), worst, positions - wrong, positions, greedy_same);
-    EXPECT_LE(worst, 0.35) << label;
-    EXPECT_GE((positions - wrong) * 100, positions * 95) << label;
+    EXPECT_LE(worst, 0.75) << label;
+    EXPECT_GE((positions - wrong) * 100, positions * 88) << label;
   };
   for (int chunk : {0, 1, 7, 64}) {
     double worst = 0.0;
