@@ -376,6 +376,277 @@ void check_step_ops(Pair& p) {
   expect_close("rope (q heads, strided)", roped[1], roped[0], 1e-2);
 }
 
+// ---- DeepSeek-V4's ops (backend.h "DeepSeek-V4"): both backends from the same bf16-exact inputs ----
+
+Buffer upload_raw(Backend& b, const void* data, size_t bytes) {
+  Buffer buffer = must(b.alloc(bytes), "alloc");
+  expect_ok("upload", b.upload(data, bytes, buffer, 0));
+  return buffer;
+}
+// `elements` activation-dtype elements into a's buffer.
+void* at_element(Backend& b, const Act& a, int64_t elements) {
+  return static_cast<char*>(a.buffer.data()) + elements * static_cast<int64_t>(be::dtype_size(b.activation_dtype()));
+}
+// A float32 tensor [rows, cols] (zeros) and its values after the ops.
+struct F32 {
+  Buffer buffer;
+  Tensor view;
+};
+F32 make_f32(Backend& b, int64_t rows, int64_t cols) {
+  F32 f;
+  f.buffer = upload_raw(b, std::vector<float>(static_cast<size_t>(rows * cols), 0.0f).data(),
+                        static_cast<size_t>(rows * cols) * 4);
+  f.view = Tensor{f.buffer.data(), DType::kF32, rows, cols, cols};
+  return f;
+}
+std::vector<float> read_f32(Backend& b, const F32& f) {
+  std::vector<float> v(static_cast<size_t>(f.view.rows * f.view.cols));
+  expect_ok("download", b.download(f.buffer, 0, v.size() * 4, v.data()));
+  return v;
+}
+
+void check_v4_ops(Pair& p) {
+  Backend* backends[2] = {&p.cpu, &p.gpu};
+  // Three chunks: positions 60..64 (finishes block 64), 0..6, 100 (a decode row).
+  struct Chunk {
+    int64_t start, count;
+  };
+  const Chunk chunks[3] = {{60, 5}, {0, 7}, {100, 1}};
+  StepData s;
+  for (const Chunk& c : chunks) {
+    for (int64_t i = 0; i < c.count; ++i) {
+      s.token_ids.push_back(static_cast<int32_t>(p.rng.index(1000)));
+      s.positions.push_back(static_cast<int32_t>(c.start + i));
+    }
+  }
+  const int64_t T = static_cast<int64_t>(s.token_ids.size());
+  const int64_t d = 256, hc = 4, mix = (2 + hc) * hc, H = 8, D = 128, R = 32, W = 16, DI = 32, HI = 4, topk = 8;
+  std::vector<double> inv_freq(R / 2);
+  for (int64_t i = 0; i < R / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * static_cast<double>(i) / R);
+  WeightPair fn = make_weights(p.cpu, p.gpu, p.rng, 1, mix, hc * d, Precision::kF32, 0.05f);
+  WeightPair fn_head = make_weights(p.cpu, p.gpu, p.rng, 1, hc, hc * d, Precision::kF32, 0.05f);
+  const std::vector<float> X = p.rng.values(static_cast<size_t>(T * hc * d)), out = p.rng.values(static_cast<size_t>(T * d));
+  const std::vector<float> base = p.rng.values(mix, 0.5f), head_base = p.rng.values(hc, 0.5f);
+  const std::vector<float> scale = {0.7f, 0.9f, 1.1f}, head_scale = {0.8f};
+  const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * D)), kv = p.rng.values(static_cast<size_t>(T * D));
+  const std::vector<float> kv_norm = p.rng.values(D, 1.0f), sinks = p.rng.values(H, 1.0f);
+  // Compressors: overlapped m = 4 (width 2D) and plain m = 8 (width D); their linear outputs, ape, norm, the rings
+  // of the rows before each chunk.
+  struct Comp {
+    int64_t m, coff;
+  };
+  const Comp comps[2] = {{4, 2}, {8, 1}};
+  std::vector<float> ckv[2], cscore[2], ape[2], rings[2][3][2];
+  for (int c = 0; c < 2; ++c) {
+    const int64_t width = comps[c].coff * D;
+    ckv[c] = p.rng.values(static_cast<size_t>(T * width));
+    cscore[c] = p.rng.values(static_cast<size_t>(T * width), 2.0f);
+    ape[c] = p.rng.values(static_cast<size_t>(comps[c].m * width), 0.5f);
+    for (int k = 0; k < 3; ++k)
+      for (int r = 0; r < 2; ++r) rings[c][k][r] = p.rng.values(static_cast<size_t>(2 * comps[c].m * width), r ? 2.0f : 1.0f);
+  }
+  const std::vector<float> cnorm = p.rng.values(D, 1.0f);
+  // Per chunk: window ring [W][D], compressed entries [32][D] (the first ones made before), indexer keys [32][DI].
+  std::vector<float> window[3], entries[3], index_keys[3];
+  for (int k = 0; k < 3; ++k) {
+    window[k] = p.rng.values(static_cast<size_t>(W * D));
+    entries[k] = p.rng.values(static_cast<size_t>(32 * D));
+    index_keys[k] = p.rng.values(static_cast<size_t>(32 * DI));
+  }
+  const std::vector<float> index_q = p.rng.values(static_cast<size_t>(T * HI * DI)), index_w = p.rng.values(static_cast<size_t>(T * HI));
+  // MoE: 16 experts, top 4, hash table over 1000 token ids, clamped at 0.3.
+  const int64_t E = 16, K = 4, I = 64;
+  WeightPair router = make_weights(p.cpu, p.gpu, p.rng, 1, E, d, Precision::kF32, 0.1f);
+  WeightPair gate_up = make_weights(p.cpu, p.gpu, p.rng, E, 2 * I, d, Precision::kBF16, 0.1f);
+  WeightPair down = make_weights(p.cpu, p.gpu, p.rng, E, d, I, Precision::kBF16, 0.1f);
+  const std::vector<float> bias = p.rng.values(E, 0.1f), moe_x = p.rng.values(static_cast<size_t>(T * d));
+  std::vector<int32_t> hash(1000 * K);
+  for (int64_t t = 0; t < 1000; ++t)
+    for (int64_t k = 0; k < K; ++k) hash[t * K + k] = static_cast<int32_t>((t * 5 + k * 4) % E);
+
+  std::vector<float> got[2][24];
+  std::vector<std::vector<int32_t>> ids_of[2];
+  for (int i = 0; i < 2; ++i) {
+    Backend& b = *backends[i];
+    expect_ok("begin_step (V4: no block tables)", b.begin_step(s.layout()));
+    int slot = 0;
+    // mHC: the mix before a sublayer, after it, and the head's.
+    Act x = make_act(b, X, T, hc * d, hc * d), y = make_act(b, T, d, d), o = make_act(b, out, T, d, d);
+    F32 post = make_f32(b, T, hc), comb = make_f32(b, T, hc * hc);
+    Buffer base_b = must(b.make_vector(base), "make_vector"), scale_b = must(b.make_vector(scale), "make_vector");
+    Buffer head_base_b = must(b.make_vector(head_base), "v"), head_scale_b = must(b.make_vector(head_scale), "v");
+    be::V4HyperMix m{i == 0 ? fn.cpu.get() : fn.gpu.get(), &base_b, &scale_b, hc, 20, 1e-6, 1e-6, false};
+    b.v4_hc_pre(x.view, m, y.view, post.view, comb.view);
+    got[i][slot++] = read_act(b, y, "v4_hc_pre");
+    got[i][slot++] = read_f32(b, post);
+    got[i][slot++] = read_f32(b, comb);
+    b.v4_hc_post(x.view, o.view, post.view, comb.view);
+    got[i][slot++] = read_act(b, x, "v4_hc_post");
+    be::V4HyperMix mh{i == 0 ? fn_head.cpu.get() : fn_head.gpu.get(), &head_base_b, &head_scale_b, hc, 20, 1e-6, 1e-6, true};
+    b.v4_hc_pre(x.view, mh, y.view, post.view, comb.view);
+    got[i][slot++] = read_act(b, y, "v4_hc_pre (head)");
+    // Norm and rotary: q per head (no weight), kv (weight), o inverse (no norm).
+    Buffer freq = upload_raw(b, inv_freq.data(), inv_freq.size() * sizeof(double));
+    Buffer kv_norm_b = must(b.make_vector(kv_norm), "make_vector");
+    Act qa = make_act(b, q, T, H * D, H * D), kva = make_act(b, kv, T, D, D), oa = make_act(b, q, T, H * D, H * D);
+    b.v4_norm_rope(qa.view.reshaped(D), be::V4NormRope{true, nullptr, 1e-6, &freq, R, false, H});
+    b.v4_norm_rope(kva.view, be::V4NormRope{true, &kv_norm_b, 1e-6, &freq, R, false, 1});
+    b.v4_norm_rope(oa.view.reshaped(D), be::V4NormRope{false, nullptr, 1e-6, &freq, R, true, H});
+    got[i][slot++] = read_act(b, qa, "v4_norm_rope (q)");
+    got[i][slot++] = read_act(b, kva, "v4_norm_rope (kv)");
+    got[i][slot++] = read_act(b, oa, "v4_norm_rope (inverse)");
+    // Compressors: entries made, snapshots at 64, rings after.
+    Buffer cnorm_b = must(b.make_vector(cnorm), "make_vector");
+    for (int c = 0; c < 2; ++c) {
+      const int64_t mm = comps[c].m, width = comps[c].coff * D;
+      Act kvs = make_act(b, ckv[c], T, width, width), scs = make_act(b, cscore[c], T, width, width);
+      Buffer ape_b = must(b.make_vector(ape[c]), "make_vector");
+      std::vector<Act> ring_kv, ring_score, ents;
+      Act shot_kv = make_act(b, 8, width, width), shot_score = make_act(b, 8, width, width);
+      std::vector<be::V4RowSnapshot> shots = {{64, shot_kv.buffer.data(), shot_score.buffer.data()}};
+      std::vector<be::V4CompressWork> work;
+      int64_t row = 0;
+      for (int k = 0; k < 3; ++k) {
+        ring_kv.push_back(make_act(b, rings[c][k][0], 2 * mm, width, width));
+        ring_score.push_back(make_act(b, rings[c][k][1], 2 * mm, width, width));
+        ents.push_back(make_act(b, entries[k], 32, D, D));
+        const int64_t end = chunks[k].start + chunks[k].count;
+        be::V4CompressWork w;
+        w.row_first = row;
+        w.start = chunks[k].start;
+        w.count = chunks[k].count;
+        w.ring_kv = ring_kv.back().buffer.data();
+        w.ring_score = ring_score.back().buffer.data();
+        w.entries = ents.back().buffer.data();
+        w.first_entry = chunks[k].start / mm;
+        w.end_entry = std::max(w.first_entry, end / mm);
+        if (k == 0) w.snapshots = shots;
+        work.push_back(w);
+        row += chunks[k].count;
+      }
+      b.v4_compress(kvs.view, scs.view, be::V4Compressor{mm, D, comps[c].coff, &ape_b, &cnorm_b, 1e-6, &freq, R}, work);
+      for (int k = 0; k < 3; ++k) {
+        got[i][slot++] = read_act(b, ents[k], "v4_compress (entries)");
+        got[i][slot++] = read_act(b, ring_kv[k], "v4_compress (ring kv)");
+        got[i][slot++] = read_act(b, ring_score[k], "v4_compress (ring score)");
+      }
+      got[i][slot++] = read_act(b, shot_kv, "v4_compress (snapshot kv)");
+      got[i][slot++] = read_act(b, shot_score, "v4_compress (snapshot score)");
+    }
+    // The indexer (chunk 0's rows and chunk 2's: visible 15..25 > topk 8), then attention over window rings, the
+    // step's kv rows and the entries (indexed rows through the ids; the others every visible entry).
+    std::vector<Act> keys, rings_w, ents_a;
+    for (int k = 0; k < 3; ++k) {
+      keys.push_back(make_act(b, index_keys[k], 32, DI, DI));
+      rings_w.push_back(make_act(b, window[k], W, D, D));
+      ents_a.push_back(make_act(b, entries[k], 32, D, D));
+    }
+    std::vector<be::V4IndexRow> index_rows;
+    std::vector<be::V4AttentionRow> attention_rows;
+    int64_t row = 0;
+    for (int k = 0; k < 3; ++k) {
+      for (int64_t j = 0; j < chunks[k].count; ++j, ++row) {
+        const int64_t pos = chunks[k].start + j, visible = (pos + 1) / 4;
+        index_rows.push_back({keys[k].buffer.data(), visible});
+        be::V4AttentionRow a;
+        a.position = pos;
+        a.window_first = std::max<int64_t>(0, pos - (W - 1));
+        a.step_start = chunks[k].start;
+        a.row_first = row - j;
+        a.ring = rings_w[k].buffer.data();
+        a.entries = ents_a[k].buffer.data();
+        a.entry_count = std::min(visible, topk);
+        a.indexed = visible > topk;
+        attention_rows.push_back(a);
+      }
+    }
+    Act iq = make_act(b, index_q, T, HI * DI, HI * DI), iw = make_act(b, index_w, T, HI, HI);
+    std::vector<int32_t> no_ids(static_cast<size_t>(T * topk), -1);
+    Buffer ids = upload_raw(b, no_ids.data(), no_ids.size() * 4);
+    b.v4_indexer_topk(iq.view, iw.view, 0.125, index_rows, topk, ids);
+    std::vector<int32_t> host_ids(no_ids.size());
+    expect_ok("synchronize", b.synchronize());
+    expect_ok("download", b.download(ids, 0, host_ids.size() * 4, host_ids.data()));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> set(host_ids.begin() + t * topk, host_ids.begin() + (t + 1) * topk);
+      std::sort(set.begin(), set.end());
+      ids_of[i].push_back(set);
+    }
+    Buffer sinks_b = must(b.make_vector(sinks), "make_vector");
+    Act step_kv = make_act(b, kv, T, D, D), attn_q = make_act(b, q, T, H * D, H * D), attn_out = make_act(b, T, H * D, H * D + 8);
+    b.v4_attention(be::V4Attention{H, D, W, 1.0 / std::sqrt(static_cast<double>(D)), &sinks_b, &ids, topk}, attn_q.view,
+                   step_kv.view, attention_rows, attn_out.view);
+    got[i][slot++] = read_act(b, attn_out, "v4_attention");
+    // MoE: hash-routed and learned (sqrt-softplus, bias), both clamped.
+    Buffer bias_b = must(b.make_vector(bias), "make_vector");
+    Buffer hash_b = upload_raw(b, hash.data(), hash.size() * 4);
+    for (bool hashed : {true, false}) {
+      be::MoeWeights w;
+      w.rule.scoring = be::MoeRoutingRule::Scoring::kSqrtSoftplus;
+      w.rule.num_experts = E;
+      w.rule.top_k = K;
+      w.rule.norm_topk_prob = true;
+      w.rule.scale_after_normalize = true;
+      w.rule.routed_scaling_factor = 1.5;
+      w.router = i == 0 ? router.cpu.get() : router.gpu.get();
+      w.gate_up = i == 0 ? gate_up.cpu.get() : gate_up.gpu.get();
+      w.down = i == 0 ? down.cpu.get() : down.gpu.get();
+      if (hashed) w.hash_ids = &hash_b;
+      else w.bias = &bias_b;
+      w.swiglu_limit = 0.3f;
+      Act mx = make_act(b, moe_x, T, d, d), mo = make_act(b, T, d, d);
+      b.moe(mx.view, w, mo.view);
+      got[i][slot++] = read_act(b, mo, hashed ? "moe (hash)" : "moe (sqrt-softplus)");
+    }
+    // The clamped SwiGLU alone, and copy_spans (kv rows 0..3 into rows 9..12 of another act).
+    Act gu = make_act(b, moe_x, T, d, d), act = make_act(b, T, d / 2, d / 2);
+    b.silu_mul_clamped(gu.view, 0.3f, act.view);
+    got[i][slot++] = read_act(b, act, "silu_mul_clamped");
+    Act src = make_act(b, kv, T, D, D), dst = make_act(b, T, D, D);
+    std::vector<be::CopySpan> spans;
+    for (int64_t r = 0; r < 4; ++r) {
+      spans.push_back({at_element(b, src, r * D), at_element(b, dst, (9 + r) * D),
+                       static_cast<size_t>(D) * be::dtype_size(b.activation_dtype())});
+    }
+    b.copy_spans(spans);
+    got[i][slot++] = read_act(b, dst, "copy_spans");
+  }
+  const char* names[] = {"v4_hc_pre (y)", "v4_hc_pre (post)", "v4_hc_pre (comb)", "v4_hc_post", "v4_hc_pre (head)",
+                         "v4_norm_rope (q heads)", "v4_norm_rope (kv, weight)", "v4_norm_rope (inverse)"};
+  int slot = 0;
+  for (const char* name : names) {
+    const double tolerance = slot == 1 || slot == 2 ? 1e-4 : 1e-2;
+    expect_close(name, got[1][slot], got[0][slot], tolerance);
+    ++slot;
+  }
+  for (int c = 0; c < 2; ++c) {
+    const std::string label = "v4_compress m " + std::to_string(comps[c].m);
+    for (int k = 0; k < 3; ++k) {
+      expect_close(label + " chunk " + std::to_string(k) + " entries", got[1][slot], got[0][slot], 1e-2);
+      expect_close(label + " chunk " + std::to_string(k) + " ring kv", got[1][slot + 1], got[0][slot + 1], 1e-2);
+      expect_close(label + " chunk " + std::to_string(k) + " ring score", got[1][slot + 2], got[0][slot + 2], 1e-2);
+      slot += 3;
+    }
+    expect_close(label + " snapshot kv", got[1][slot], got[0][slot], 1e-2);
+    expect_close(label + " snapshot score", got[1][slot + 1], got[0][slot + 1], 1e-2);
+    slot += 2;
+  }
+  int same = 0, indexed = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids_of[0][t].front() == -1) continue;  // not an indexed row
+    ++indexed;
+    same += ids_of[0][t] == ids_of[1][t] ? 1 : 0;
+  }
+  expect("v4_indexer_topk (the same top-8 set on every indexed row)", same == indexed && indexed > 0,
+         std::to_string(same) + " of " + std::to_string(indexed) + " rows");
+  expect_close("v4_attention (window ring + step rows + entries, indexed and not)", got[1][slot], got[0][slot], 1e-2);
+  ++slot;
+  expect_close("moe (hash-routed, clamped)", got[1][slot], got[0][slot], 2e-2);
+  expect_close("moe (sqrt-softplus + bias, clamped)", got[1][slot + 1], got[0][slot + 1], 2e-2);
+  expect_close("silu_mul_clamped", got[1][slot + 2], got[0][slot + 2], 1e-2);
+  expect_close("copy_spans", got[1][slot + 3], got[0][slot + 3], 0.0);
+}
+
 // store_kv + mla_attention on a step; the cache starts with random entries (the earlier tokens).
 void check_attention(Pair& p, const char* label, int64_t H, int64_t C, int64_t R,
                      const std::vector<std::pair<int32_t, int32_t>>& sequences) {
@@ -836,6 +1107,7 @@ int main(int argc, char** argv) {
   check_linear_heads(p, "linear_heads f32 (per-head loop)", Precision::kF32);
   check_rowwise(p);
   check_step_ops(p);
+  check_v4_ops(p);
   check_attention(p, "mla_attention decode (C 512, R 64, H 16: run_mla_decode)", 16, 512, 64,
                   {{0, 1}, {69, 1}, {300, 1}});
   check_attention(p, "mla_attention decode shape, H 4 (generic)", 4, 512, 64, {{10, 1}, {129, 1}});
