@@ -464,12 +464,11 @@ void check_v4_ops(Pair& p) {
   for (int64_t t = 0; t < 1000; ++t)
     for (int64_t k = 0; k < K; ++k) hash[t * K + k] = static_cast<int32_t>((t * 5 + k * 4) % E);
 
-  std::vector<float> got[2][24];
+  std::vector<std::vector<float>> got[2];  // per backend, the results in the order taken
   std::vector<std::vector<int32_t>> ids_of[2];
   for (int i = 0; i < 2; ++i) {
     Backend& b = *backends[i];
     expect_ok("begin_step (V4: no block tables)", b.begin_step(s.layout()));
-    int slot = 0;
     // mHC: the mix before a sublayer, after it, and the head's.
     Act x = make_act(b, X, T, hc * d, hc * d), y = make_act(b, T, d, d), o = make_act(b, out, T, d, d);
     F32 post = make_f32(b, T, hc), comb = make_f32(b, T, hc * hc);
@@ -477,14 +476,14 @@ void check_v4_ops(Pair& p) {
     Buffer head_base_b = must(b.make_vector(head_base), "v"), head_scale_b = must(b.make_vector(head_scale), "v");
     be::V4HyperMix m{i == 0 ? fn.cpu.get() : fn.gpu.get(), &base_b, &scale_b, hc, 20, 1e-6, 1e-6, false};
     b.v4_hc_pre(x.view, m, y.view, post.view, comb.view);
-    got[i][slot++] = read_act(b, y, "v4_hc_pre");
-    got[i][slot++] = read_f32(b, post);
-    got[i][slot++] = read_f32(b, comb);
+    got[i].push_back(read_act(b, y, "v4_hc_pre"));
+    got[i].push_back(read_f32(b, post));
+    got[i].push_back(read_f32(b, comb));
     b.v4_hc_post(x.view, o.view, post.view, comb.view);
-    got[i][slot++] = read_act(b, x, "v4_hc_post");
+    got[i].push_back(read_act(b, x, "v4_hc_post"));
     be::V4HyperMix mh{i == 0 ? fn_head.cpu.get() : fn_head.gpu.get(), &head_base_b, &head_scale_b, hc, 20, 1e-6, 1e-6, true};
     b.v4_hc_pre(x.view, mh, y.view, post.view, comb.view);
-    got[i][slot++] = read_act(b, y, "v4_hc_pre (head)");
+    got[i].push_back(read_act(b, y, "v4_hc_pre (head)"));
     // Norm and rotary: q per head (no weight), kv (weight), o inverse (no norm).
     Buffer freq = upload_raw(b, inv_freq.data(), inv_freq.size() * sizeof(double));
     Buffer kv_norm_b = must(b.make_vector(kv_norm), "make_vector");
@@ -492,9 +491,9 @@ void check_v4_ops(Pair& p) {
     b.v4_norm_rope(qa.view.reshaped(D), be::V4NormRope{true, nullptr, 1e-6, &freq, R, false, H});
     b.v4_norm_rope(kva.view, be::V4NormRope{true, &kv_norm_b, 1e-6, &freq, R, false, 1});
     b.v4_norm_rope(oa.view.reshaped(D), be::V4NormRope{false, nullptr, 1e-6, &freq, R, true, H});
-    got[i][slot++] = read_act(b, qa, "v4_norm_rope (q)");
-    got[i][slot++] = read_act(b, kva, "v4_norm_rope (kv)");
-    got[i][slot++] = read_act(b, oa, "v4_norm_rope (inverse)");
+    got[i].push_back(read_act(b, qa, "v4_norm_rope (q)"));
+    got[i].push_back(read_act(b, kva, "v4_norm_rope (kv)"));
+    got[i].push_back(read_act(b, oa, "v4_norm_rope (inverse)"));
     // Compressors: entries made, snapshots at 64, rings after.
     Buffer cnorm_b = must(b.make_vector(cnorm), "make_vector");
     for (int c = 0; c < 2; ++c) {
@@ -526,12 +525,12 @@ void check_v4_ops(Pair& p) {
       }
       b.v4_compress(kvs.view, scs.view, be::V4Compressor{mm, D, comps[c].coff, &ape_b, &cnorm_b, 1e-6, &freq, R}, work);
       for (int k = 0; k < 3; ++k) {
-        got[i][slot++] = read_act(b, ents[k], "v4_compress (entries)");
-        got[i][slot++] = read_act(b, ring_kv[k], "v4_compress (ring kv)");
-        got[i][slot++] = read_act(b, ring_score[k], "v4_compress (ring score)");
+        got[i].push_back(read_act(b, ents[k], "v4_compress (entries)"));
+        got[i].push_back(read_act(b, ring_kv[k], "v4_compress (ring kv)"));
+        got[i].push_back(read_act(b, ring_score[k], "v4_compress (ring score)"));
       }
-      got[i][slot++] = read_act(b, shot_kv, "v4_compress (snapshot kv)");
-      got[i][slot++] = read_act(b, shot_score, "v4_compress (snapshot score)");
+      got[i].push_back(read_act(b, shot_kv, "v4_compress (snapshot kv)"));
+      got[i].push_back(read_act(b, shot_score, "v4_compress (snapshot score)"));
     }
     // The indexer (chunk 0's rows and chunk 2's: visible 15..25 > topk 8), then attention over window rings, the
     // step's kv rows and the entries (indexed rows through the ids; the others every visible entry).
@@ -576,7 +575,7 @@ void check_v4_ops(Pair& p) {
     Act step_kv = make_act(b, kv, T, D, D), attn_q = make_act(b, q, T, H * D, H * D), attn_out = make_act(b, T, H * D, H * D + 8);
     b.v4_attention(be::V4Attention{H, D, W, 1.0 / std::sqrt(static_cast<double>(D)), &sinks_b, &ids, topk}, attn_q.view,
                    step_kv.view, attention_rows, attn_out.view);
-    got[i][slot++] = read_act(b, attn_out, "v4_attention");
+    got[i].push_back(read_act(b, attn_out, "v4_attention"));
     // MoE: hash-routed and learned (sqrt-softplus, bias), both clamped.
     Buffer bias_b = must(b.make_vector(bias), "make_vector");
     Buffer hash_b = upload_raw(b, hash.data(), hash.size() * 4);
@@ -596,12 +595,12 @@ void check_v4_ops(Pair& p) {
       w.swiglu_limit = 0.3f;
       Act mx = make_act(b, moe_x, T, d, d), mo = make_act(b, T, d, d);
       b.moe(mx.view, w, mo.view);
-      got[i][slot++] = read_act(b, mo, hashed ? "moe (hash)" : "moe (sqrt-softplus)");
+      got[i].push_back(read_act(b, mo, hashed ? "moe (hash)" : "moe (sqrt-softplus)"));
     }
     // The clamped SwiGLU alone, and copy_spans (kv rows 0..3 into rows 9..12 of another act).
     Act gu = make_act(b, moe_x, T, d, d), act = make_act(b, T, d / 2, d / 2);
     b.silu_mul_clamped(gu.view, 0.3f, act.view);
-    got[i][slot++] = read_act(b, act, "silu_mul_clamped");
+    got[i].push_back(read_act(b, act, "silu_mul_clamped"));
     Act src = make_act(b, kv, T, D, D), dst = make_act(b, T, D, D);
     std::vector<be::CopySpan> spans;
     for (int64_t r = 0; r < 4; ++r) {
@@ -609,7 +608,7 @@ void check_v4_ops(Pair& p) {
                        static_cast<size_t>(D) * be::dtype_size(b.activation_dtype())});
     }
     b.copy_spans(spans);
-    got[i][slot++] = read_act(b, dst, "copy_spans");
+    got[i].push_back(read_act(b, dst, "copy_spans"));
   }
   const char* names[] = {"v4_hc_pre (y)", "v4_hc_pre (post)", "v4_hc_pre (comb)", "v4_hc_post", "v4_hc_pre (head)",
                          "v4_norm_rope (q heads)", "v4_norm_rope (kv, weight)", "v4_norm_rope (inverse)"};
