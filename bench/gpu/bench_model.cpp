@@ -7,6 +7,7 @@
 // Usage: bench_model [--model v2-lite|v3-slice|v4-flash-slice|all] [--batches 1,8,64,256] [--prefill 4096,32768] [--steps 10]
 //                    [--prefill-steps 2] [--configs DIR] [--profile] [--moe-sweep 1,8,64,512,4096,16384]
 #include <CLI/CLI.hpp>
+#include <cuda_profiler_api.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -467,8 +468,11 @@ void bench_chunk(const Run& run, int64_t prefix, int64_t tokens, int steps) {
 // decode steps at context kContext (the sequences prefilled first, 4 at a time) with every row's logits brought to
 // the host (the V4 executor samples there), against the memory roofline; prefill of one sequence from position 0
 // against the bf16 peak. Wall-clock per forward (each ends by reading its logits).
+// With `profile`, one more decode step and one more prefill each run between cudaProfilerStart and Stop, for
+// `ncu --profile-from-start off` (kernel times of one step; bench/gpu/ncu_step_summary.py groups them).
 void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t>& batches,
-              const std::vector<int64_t>& prefill, int steps, int prefill_steps, const Ceilings& ceilings) {
+              const std::vector<int64_t>& prefill, int steps, int prefill_steps, const Ceilings& ceilings,
+              bool profile) {
   const std::string name = "v4-flash-slice";
   JsonLine head("model");
   head.str("model", name).str("precision", "bf16");
@@ -483,8 +487,10 @@ void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t
   const double dense = static_cast<double>(m.dense_weight_bytes()), expert = static_cast<double>(m.expert_bytes());
   const double layers = static_cast<double>(c.num_hidden_layers), K = static_cast<double>(c.num_experts_per_tok);
   const double E = static_cast<double>(c.n_routed_experts), D = static_cast<double>(c.head_dim);
-  // Weights a token multiplies: every dense weight (bf16: 2 bytes a parameter) and its K routed experts.
-  const double active_params = dense / 2.0 + layers * K * expert / 2.0;
+  // Weights a token multiplies: every dense weight but the head (bf16: 2 bytes a parameter) and its K routed experts;
+  // the head only for the rows whose logits are computed.
+  const double head_params = static_cast<double>(c.vocab_size * c.hidden_size);
+  const double active_params = dense / 2.0 - head_params + layers * K * expert / 2.0;
   head.integer("layers", c.num_hidden_layers)
       .num("bytes_dense_weights", dense, 0)
       .num("bytes_per_expert", expert, 0)
@@ -520,17 +526,20 @@ void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t
       continue;
     }
     std::vector<double> ms;
-    for (int s = 0; s < kWarmupSteps + steps && status.ok(); ++s) {
+    for (int s = 0; s < kWarmupSteps + steps + (profile ? 1 : 0) && status.ok(); ++s) {
+      const bool profiled = s == kWarmupSteps + steps;
       std::vector<int32_t> next = random_tokens(batch, c.vocab_size, kSeed + 1000 + static_cast<uint64_t>(s));
       std::vector<Chunk> chunks;
       for (int64_t b = 0; b < batch; ++b) {
         chunks.push_back({sequences[static_cast<size_t>(b)].get(),
                           std::span<const int32_t>(next.data() + b, 1), Logits::kLast});
       }
+      if (profiled) cudaProfilerStart();
       Result<double> t = timed([&] { return m.forward(chunks, logits); });
+      if (profiled) cudaProfilerStop();
       if (!t.ok()) {
         status = t.status();
-      } else if (s >= kWarmupSteps) {
+      } else if (s >= kWarmupSteps && !profiled) {
         ms.push_back(*t);
       }
     }
@@ -574,13 +583,16 @@ void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t
     const std::vector<int32_t> ids = random_tokens(tokens, c.vocab_size, kSeed + static_cast<uint64_t>(tokens));
     std::vector<double> ms;
     Status status;
-    for (int s = 0; s < 1 + prefill_steps && status.ok(); ++s) {
+    for (int s = 0; s < 1 + prefill_steps + (profile ? 1 : 0) && status.ok(); ++s) {
+      const bool profiled = s == 1 + prefill_steps;
       std::unique_ptr<model::V4Sequence> sequence = m.new_sequence();
       const Chunk chunk{sequence.get(), ids, Logits::kLast};
+      if (profiled) cudaProfilerStart();
       Result<double> t = timed([&] { return m.forward(std::span<const Chunk>(&chunk, 1), logits); });
+      if (profiled) cudaProfilerStop();
       if (!t.ok()) {
         status = t.status();
-      } else if (s >= 1) {
+      } else if (s >= 1 && !profiled) {
         ms.push_back(*t);
       }
     }
@@ -609,7 +621,7 @@ void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t
         attention += 4.0 * D * H * keys;
       }
     }
-    const double flops = 2.0 * active_params * static_cast<double>(tokens) + attention;
+    const double flops = 2.0 * active_params * static_cast<double>(tokens) + 2.0 * head_params + attention;
     const double tflops = flops / (st.median * 1e-3) / 1e12;
     line.integer("steps", prefill_steps)
         .num("median_ms", st.median, 2)
@@ -819,7 +831,7 @@ int main(int argc, char** argv) {
   measure_bf16_gemm(ceilings);
   measure_fp8_gemm(ceilings);
   if (which == "v4-flash-slice") {
-    bench_v4(configs, batches, prefill, steps, prefill_steps, ceilings);
+    bench_v4(configs, batches, prefill, steps, prefill_steps, ceilings, profile);
     return 0;
   }
   for (const auto& [name, precision] :
