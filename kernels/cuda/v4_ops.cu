@@ -41,8 +41,6 @@ __device__ float block_sum(float v, float* smem32) {
   return total;
 }
 
-__device__ __forceinline__ double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
-
 // ---- mHC ----
 
 constexpr int kMaxHc = 8;
@@ -60,42 +58,45 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
     sq += v * v;
   }
   const float total = block_sum(sq, red);
-  if (threadIdx.x == 0) {
-    const double rs = 1.0 / sqrt(static_cast<double>(total) / static_cast<double>(n) + p.norm_eps);
+  if (threadIdx.x == 0) {  // float: the CPU reference's double agrees to ~1e-7 here (gpu_check_backend)
+    const float rs = static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(n) + p.norm_eps));
     const int mix = p.head ? hc : (2 + hc) * hc;
     const float* m = p.mixes + r * mix;
-    for (int j = 0; j < hc; ++j) pre[j] = static_cast<float>(sigmoid_d(m[j] * rs * p.scale[0] + p.base[j]) + p.hc_eps);
+    const float eps = static_cast<float>(p.hc_eps);
+    for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + __expf(-(m[j] * rs * p.scale[0] + p.base[j]))) + eps;
     if (!p.head) {
       for (int j = 0; j < hc; ++j) {
-        p.post[r * p.post_stride + j] = static_cast<float>(2.0 * sigmoid_d(m[hc + j] * rs * p.scale[1] + p.base[hc + j]));
+        p.post[r * p.post_stride + j] = 2.0f / (1.0f + __expf(-(m[hc + j] * rs * p.scale[1] + p.base[hc + j])));
       }
-      double cm[kMaxHc * kMaxHc];
-      const double eps = p.hc_eps;
+      float cm[kMaxHc * kMaxHc];
       for (int i = 0; i < hc; ++i) {
-        double mx = -INFINITY;
+        float mx = -INFINITY;
         for (int j = 0; j < hc; ++j) {
           cm[i * hc + j] = m[2 * hc + i * hc + j] * rs * p.scale[2] + p.base[2 * hc + i * hc + j];
-          mx = fmax(mx, cm[i * hc + j]);
+          mx = fmaxf(mx, cm[i * hc + j]);
         }
-        double s = 0.0;
-        for (int j = 0; j < hc; ++j) s += (cm[i * hc + j] = exp(cm[i * hc + j] - mx));
-        for (int j = 0; j < hc; ++j) cm[i * hc + j] = cm[i * hc + j] / s + eps;
+        float s = 0.0f;
+        for (int j = 0; j < hc; ++j) s += (cm[i * hc + j] = __expf(cm[i * hc + j] - mx));
+        const float inv = 1.0f / s;
+        for (int j = 0; j < hc; ++j) cm[i * hc + j] = cm[i * hc + j] * inv + eps;
       }
       for (int it = 0; it < p.sinkhorn_iters; ++it) {
         if (it > 0) {
           for (int i = 0; i < hc; ++i) {
-            double s = 0.0;
+            float s = 0.0f;
             for (int j = 0; j < hc; ++j) s += cm[i * hc + j];
-            for (int j = 0; j < hc; ++j) cm[i * hc + j] /= s + eps;
+            const float inv = 1.0f / (s + eps);
+            for (int j = 0; j < hc; ++j) cm[i * hc + j] *= inv;
           }
         }
         for (int j = 0; j < hc; ++j) {
-          double s = 0.0;
+          float s = 0.0f;
           for (int i = 0; i < hc; ++i) s += cm[i * hc + j];
-          for (int i = 0; i < hc; ++i) cm[i * hc + j] /= s + eps;
+          const float inv = 1.0f / (s + eps);
+          for (int i = 0; i < hc; ++i) cm[i * hc + j] *= inv;
         }
       }
-      for (int k = 0; k < hc * hc; ++k) p.comb[r * p.comb_stride + k] = static_cast<float>(cm[k]);
+      for (int k = 0; k < hc * hc; ++k) p.comb[r * p.comb_stride + k] = cm[k];
     }
   }
   __syncthreads();
@@ -106,21 +107,44 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
   }
 }
 
-__global__ void hc_post_kernel(V4HcPostParams p) {
-  __shared__ float post[kMaxHc], comb[kMaxHc * kMaxHc];
-  const int64_t r = blockIdx.x;
-  const int hc = static_cast<int>(p.hc);
-  if (threadIdx.x < hc) post[threadIdx.x] = p.post[r * p.post_stride + threadIdx.x];
-  if (threadIdx.x < hc * hc) comb[threadIdx.x] = p.comb[r * p.comb_stride + threadIdx.x];
+// mixes[r][o] = Σ_i x[r][i] · fn[o][i]: one CTA per (row, output), products summed in double per thread.
+__global__ void mixes_kernel(V4MixesParams p) {
+  __shared__ double red[32];
+  const int64_t r = blockIdx.x, o = blockIdx.y;
+  const uint16_t* x = p.x + r * p.x_stride;
+  const float* w = p.fn + o * p.fn_stride;
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < p.cols; i += blockDim.x) acc += static_cast<double>(ld(x + i)) * w[i];
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int k = 0; k < static_cast<int>(blockDim.x / 32); ++k) total += red[k];
+    p.mixes[r * p.outputs + o] = static_cast<float>(total);
+  }
+}
+
+template <int HC>
+__global__ void hc_post_kernel(V4HcPostParams p, int64_t chunks) {
+  __shared__ float post[HC], comb[HC * HC];
+  const int64_t r = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+  if (threadIdx.x < HC) post[threadIdx.x] = p.post[r * p.post_stride + threadIdx.x];
+  if (threadIdx.x < HC * HC) comb[threadIdx.x] = p.comb[r * p.comb_stride + threadIdx.x];
   __syncthreads();
   uint16_t* x = p.x + r * p.x_stride;
-  for (int64_t k = threadIdx.x; k < p.d; k += blockDim.x) {
-    float in[kMaxHc];
-    for (int i = 0; i < hc; ++i) in[i] = ld(x + i * p.d + k);
+  const int64_t per_chunk = (p.d + chunks - 1) / chunks, end = min(p.d, (chunk + 1) * per_chunk);
+  for (int64_t k = chunk * per_chunk + threadIdx.x; k < end; k += blockDim.x) {
+    float in[HC];
+#pragma unroll
+    for (int i = 0; i < HC; ++i) in[i] = ld(x + i * p.d + k);
     const float o = ld(p.out + r * p.out_stride + k);
-    for (int j = 0; j < hc; ++j) {
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
       float acc = post[j] * o;
-      for (int i = 0; i < hc; ++i) acc += comb[i * hc + j] * in[i];
+#pragma unroll
+      for (int i = 0; i < HC; ++i) acc += comb[i * HC + j] * in[i];
       st(x + j * p.d + k, acc);
     }
   }
@@ -257,7 +281,7 @@ __global__ void compress_rows_kernel(V4CompressParams p) {
 
 // ---- lightning indexer ----
 
-constexpr int kIndexerThreads = 256, kIndexerKeysPerCta = 64;
+constexpr int kIndexerThreads = 256, kIndexerKeysPerCta = 16;
 
 __global__ void __launch_bounds__(kIndexerThreads) indexer_scores_kernel(V4IndexerParams p) {
   extern __shared__ float smem[];  // q [heads * dim], then weights [heads]
@@ -398,11 +422,15 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(V4AttentionPara
   const V4AttentionRowDevice row = p.row_keys[t];
   const int64_t window_keys = row.position - row.window_first + 1;
   const int64_t total = window_keys + row.entry_count;
+  // This CTA's share of the keys (split z of p.splits).
+  const int64_t split = blockIdx.z, per_split = (total + p.splits - 1) / p.splits;
+  const int64_t k_begin = min(total, split * per_split), k_end = min(total, k_begin + per_split);
   const KeySource src{p, row, t, window_keys};
   for (int64_t i = threadIdx.x; i < kAttnHeads * D; i += blockDim.x) q[i] = ld(p.q + t * p.q_stride + h0 * D + i);
   if (threadIdx.x < kAttnHeads) {
-    running_max[threadIdx.x] = p.sinks[h0 + threadIdx.x];  // the sink: a key of value 0 and score sink
-    running_sum[threadIdx.x] = 1.0f;
+    // The sink, once (split 0): a key of value 0 and score sink.
+    running_max[threadIdx.x] = split == 0 ? p.sinks[h0 + threadIdx.x] : -INFINITY;
+    running_sum[threadIdx.x] = split == 0 ? 1.0f : 0.0f;
   }
   // Accumulation: thread i owns dims i, i + 128, ... (at most 8) of all 4 heads.
   float acc[kAttnHeads][8];
@@ -411,8 +439,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(V4AttentionPara
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
   __syncthreads();
-  for (int64_t k0 = 0; k0 < total; k0 += kAttnKeys) {
-    const int64_t n = total - k0 < kAttnKeys ? total - k0 : kAttnKeys;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kAttnKeys) {
+    const int64_t n = k_end - k0 < kAttnKeys ? k_end - k0 : kAttnKeys;
     // Load the tile's keys (16-byte chunks).
     const int64_t chunks = D / 8;
     for (int64_t i = threadIdx.x; i < n * chunks; i += blockDim.x) {
@@ -440,7 +468,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(V4AttentionPara
       prob[warp][lane] = e;
       __syncwarp();
       if (lane == 0) {
-        const float a = __expf(m_old - m_new);
+        const float a = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
         alpha[warp] = a;
         running_sum[warp] = running_sum[warp] * a + tile_sum;
         running_max[warp] = m_new;
@@ -466,14 +494,54 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(V4AttentionPara
     }
     __syncthreads();
   }
+  if (p.splits == 1) {
+#pragma unroll
+    for (int h = 0; h < kAttnHeads; ++h) {
+      const float inv = 1.0f / running_sum[h];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int64_t c = threadIdx.x + kAttnThreads * i;
+        if (c < D) st(p.out + t * p.out_stride + (h0 + h) * D + c, acc[h][i] * inv);
+      }
+    }
+    return;
+  }
+  // Split: the unnormalized sums and (max, sum) of this share, for attention_combine_kernel.
 #pragma unroll
   for (int h = 0; h < kAttnHeads; ++h) {
-    const float inv = 1.0f / running_sum[h];
+    const int64_t part = ((t * p.heads + h0 + h) * p.splits + split);
+    float* out = p.partial_acc + part * D;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int64_t c = threadIdx.x + kAttnThreads * i;
-      if (c < D) st(p.out + t * p.out_stride + (h0 + h) * D + c, acc[h][i] * inv);
+      if (c < D) out[c] = acc[h][i];
     }
+    if (threadIdx.x == 0) {
+      p.partial_ml[2 * part] = running_max[h];
+      p.partial_ml[2 * part + 1] = running_sum[h];
+    }
+  }
+}
+
+// Merges the splits of every (row, head): out = Σ_s e^(m_s - M) acc_s / Σ_s e^(m_s - M) l_s.
+__global__ void attention_combine_kernel(V4AttentionParams p) {
+  const int64_t t = blockIdx.x, h = blockIdx.y, D = p.head_dim;
+  const int64_t base = (t * p.heads + h) * p.splits;
+  float M = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.partial_ml[2 * (base + s)]);
+  float L = 0.0f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float m = p.partial_ml[2 * (base + s)];
+    if (m != -INFINITY) L += __expf(m - M) * p.partial_ml[2 * (base + s) + 1];
+  }
+  const float inv = 1.0f / L;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float m = p.partial_ml[2 * (base + s)];
+      if (m != -INFINITY) sum += __expf(m - M) * p.partial_acc[(base + s) * D + c];
+    }
+    st(p.out + t * p.out_stride + h * D + c, sum * inv);
   }
 }
 
@@ -516,10 +584,33 @@ cudaError_t run_v4_hc_pre(const V4HcPreParams& p) {
   return cudaGetLastError();
 }
 
+cudaError_t run_v4_mixes(const V4MixesParams& p) {
+  if (p.rows <= 0 || p.outputs <= 0) return cudaSuccess;
+  if (p.rows > 65535 * 1024LL || p.outputs > 65535) return cudaErrorInvalidValue;
+  mixes_kernel<<<dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.outputs)), 256, 0, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t run_v4_hc_post(const V4HcPostParams& p) {
   if (p.rows <= 0) return cudaSuccess;
   if (p.hc < 1 || p.hc > kMaxHc) return cudaErrorInvalidValue;
-  hc_post_kernel<<<static_cast<unsigned>(p.rows), 256, 0, p.stream>>>(p);
+  const int64_t chunks = (p.d + 1023) / 1024;  // 1,024 columns per CTA
+  const unsigned blocks = static_cast<unsigned>(p.rows * chunks);
+  switch (p.hc) {
+#define DEEPINFER_HC_POST(n) \
+  case n:                    \
+    hc_post_kernel<n><<<blocks, 256, 0, p.stream>>>(p, chunks); \
+    break;
+    DEEPINFER_HC_POST(1)
+    DEEPINFER_HC_POST(2)
+    DEEPINFER_HC_POST(3)
+    DEEPINFER_HC_POST(4)
+    DEEPINFER_HC_POST(5)
+    DEEPINFER_HC_POST(6)
+    DEEPINFER_HC_POST(7)
+    DEEPINFER_HC_POST(8)
+#undef DEEPINFER_HC_POST
+  }
   return cudaGetLastError();
 }
 
@@ -574,8 +665,15 @@ cudaError_t run_v4_attention(const V4AttentionParams& p) {
         e != cudaSuccess)
       return e;
   }
-  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kAttnHeads));
+  if (p.splits < 1 || p.splits > 64 || (p.splits > 1 && (p.partial_acc == nullptr || p.partial_ml == nullptr)))
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kAttnHeads),
+                  static_cast<unsigned>(p.splits));
   attention_kernel<<<grid, kAttnThreads, smem, p.stream>>>(p);
+  if (p.splits > 1) {
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    attention_combine_kernel<<<dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads)), 128, 0, p.stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

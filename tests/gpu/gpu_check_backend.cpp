@@ -576,6 +576,21 @@ void check_v4_ops(Pair& p) {
     b.v4_attention(be::V4Attention{H, D, W, 1.0 / std::sqrt(static_cast<double>(D)), &sinks_b, &ids, topk}, attn_q.view,
                    step_kv.view, attention_rows, attn_out.view);
     got[i].push_back(read_act(b, attn_out, "v4_attention"));
+    // One row alone (41 keys: its keys split over two CTAs on CUDA, then merged).
+    {
+      const be::V4AttentionRow last = attention_rows.back();
+      be::V4AttentionRow alone = last;
+      alone.row_first = 0;
+      alone.step_start = last.position;  // the row is the only step row: its own key from kv row 0
+      alone.indexed = false;             // every visible entry (25)
+      alone.entry_count = (last.position + 1) / 4;
+      Act one_q = make_act(b, std::vector<float>(q.end() - H * D, q.end()), 1, H * D, H * D);
+      Act one_kv = make_act(b, std::vector<float>(kv.end() - D, kv.end()), 1, D, D);
+      Act one_out = make_act(b, 1, H * D, H * D);
+      b.v4_attention(be::V4Attention{H, D, W, 1.0 / std::sqrt(static_cast<double>(D)), &sinks_b, &ids, topk},
+                     one_q.view, one_kv.view, std::span<const be::V4AttentionRow>(&alone, 1), one_out.view);
+      got[i].push_back(read_act(b, one_out, "v4_attention (one row)"));
+    }
     // MoE: hash-routed and learned (sqrt-softplus, bias), both clamped.
     Buffer bias_b = must(b.make_vector(bias), "make_vector");
     Buffer hash_b = upload_raw(b, hash.data(), hash.size() * 4);
@@ -639,7 +654,8 @@ void check_v4_ops(Pair& p) {
   expect("v4_indexer_topk (the same top-8 set on every indexed row)", same == indexed && indexed > 0,
          std::to_string(same) + " of " + std::to_string(indexed) + " rows");
   expect_close("v4_attention (window ring + step rows + entries, indexed and not)", got[1][slot], got[0][slot], 1e-2);
-  ++slot;
+  expect_close("v4_attention (one row of 41 keys: split over CTAs)", got[1][slot + 1], got[0][slot + 1], 1e-2);
+  slot += 2;
   expect_close("moe (hash-routed, clamped)", got[1][slot], got[0][slot], 2e-2);
   expect_close("moe (sqrt-softplus + bias, clamped)", got[1][slot + 1], got[0][slot + 1], 2e-2);
   expect_close("silu_mul_clamped", got[1][slot + 2], got[0][slot + 2], 1e-2);

@@ -94,19 +94,18 @@ void CudaBackend::v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tens
   float* mixes = reinterpret_cast<float*>(reserve(v4_, static_cast<size_t>(T * mix) * 4));
   if (mixes == nullptr) return;
   const MatrixRef fn = matrix_of(*m.fn, 0);
-  if (T <= 64) {  // the router's small-GEMM kernel: double sums, one launch
-    kc::MoeRouterLogitsParams rl;
-    rl.tokens = T;
-    rl.num_experts = mix;
-    rl.hidden = X.cols;
-    rl.x = bf16_data(X);
-    rl.x_stride = X.stride;
-    rl.w = static_cast<const float*>(fn.values);
-    rl.w_stride = fn.stride;
-    rl.logits = mixes;
-    rl.logits_stride = mix;
-    rl.stream = stream_;
-    check_cuda(kc::run_moe_router_logits(rl), "v4_hc_pre (mixes)");
+  if (T <= 64) {  // one CTA per (row, output): double sums, one launch
+    kc::V4MixesParams mp;
+    mp.rows = T;
+    mp.outputs = mix;
+    mp.cols = X.cols;
+    mp.x = bf16_data(X);
+    mp.x_stride = X.stride;
+    mp.fn = static_cast<const float*>(fn.values);
+    mp.fn_stride = fn.stride;
+    mp.mixes = mixes;
+    mp.stream = stream_;
+    check_cuda(kc::run_v4_mixes(mp), "v4_hc_pre (mixes)");
   } else {
     gemm_f32_out(X, fn, mixes, mix);
   }
@@ -291,8 +290,10 @@ void CudaBackend::v4_attention(const V4Attention& a, const Tensor& q, const Tens
                 "v4_attention: q and out [T, heads * head_dim], kv [T, head_dim]");
   if (failed() || T == 0) return;
   std::vector<kc::V4AttentionRowDevice> devices(static_cast<size_t>(T));
+  int64_t longest = 0;  // keys of the row with the most
   for (int64_t t = 0; t < T; ++t) {
     const V4AttentionRow& r = rows[static_cast<size_t>(t)];
+    longest = std::max(longest, r.position - r.window_first + 1 + r.entry_count);
     kc::V4AttentionRowDevice& d = devices[static_cast<size_t>(t)];
     d.position = r.position;
     d.window_first = r.window_first;
@@ -321,6 +322,19 @@ void CudaBackend::v4_attention(const V4Attention& a, const Tensor& q, const Tens
   p.out = bf16_data(out);
   p.out_stride = out.stride;
   p.stream = stream_;
+  // Few rows: split each row's keys over more CTAs (at least 32 keys each) so that every SM has work twice over.
+  const int64_t ctas = T * (a.heads / 4);
+  if (ctas < 2 * num_sms_) {
+    p.splits = static_cast<int>(std::clamp<int64_t>(
+        std::min((2 * num_sms_ + ctas - 1) / ctas, (longest + 31) / 32), 1, 16));
+  }
+  if (p.splits > 1) {
+    const size_t parts = static_cast<size_t>(T * a.heads * p.splits);
+    char* base = reserve(v4_, parts * static_cast<size_t>(a.head_dim) * 4 + parts * 8);
+    if (base == nullptr) return;
+    p.partial_acc = reinterpret_cast<float*>(base);
+    p.partial_ml = reinterpret_cast<float*>(base + parts * static_cast<size_t>(a.head_dim) * 4);
+  }
   if (failed()) return;
   check_cuda(kc::run_v4_attention(p), "v4_attention");
 }

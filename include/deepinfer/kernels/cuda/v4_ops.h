@@ -32,6 +32,20 @@ struct V4HcPreParams {
 };
 cudaError_t run_v4_hc_pre(const V4HcPreParams& params);  // hc <= 8
 
+// The mix logits for a few rows: mixes[r][o] = Σ_i x[r][i] · fn[o][i] (x bf16 [rows, cols], fn float32 [outputs,
+// cols] at row stride fn_stride; mixes contiguous [rows, outputs]), one CTA per (row, output), products summed in
+// double and rounded once. rows <= 65535 (the CUDA backend takes it up to 64 rows, cuBLAS beyond).
+struct V4MixesParams {
+  int64_t rows = 0, outputs = 0, cols = 0;
+  const uint16_t* x = nullptr;
+  int64_t x_stride = 0;
+  const float* fn = nullptr;
+  int64_t fn_stride = 0;
+  float* mixes = nullptr;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_v4_mixes(const V4MixesParams& params);
+
 // In place: x_j = post_j · out + Σ_i comb[i][j] · x_i.
 struct V4HcPostParams {
   int64_t rows = 0, hc = 4, d = 0;
@@ -147,6 +161,12 @@ struct V4AttentionParams {
   const V4AttentionRowDevice* row_keys = nullptr;
   uint16_t* out = nullptr;
   int64_t out_stride = 0;
+  // Splits of each row's keys over CTAs (flash-decode, for few rows): 1 writes out directly; more write float32
+  // partial sums [rows][heads][splits][head_dim] and (max, sum) pairs [rows][heads][splits][2], merged by a second
+  // kernel. splits <= 64.
+  int splits = 1;
+  float* partial_acc = nullptr;
+  float* partial_ml = nullptr;
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_v4_attention(const V4AttentionParams& params);
