@@ -45,6 +45,14 @@ __device__ float block_sum(float v, float* smem32) {
 
 constexpr int kMaxHc = 8;
 
+// mix value o of row r: the sum of its p.mix_splits partial dot products, in order.
+__device__ __forceinline__ float mix_value(const V4HcPreParams& p, int64_t r, int mix, int o) {
+  const float* part = p.mixes + (r * mix + o) * p.mix_splits;
+  double v = 0.0;
+  for (int s = 0; s < p.mix_splits; ++s) v += part[s];
+  return static_cast<float>(v);
+}
+
 __global__ void hc_pre_kernel(V4HcPreParams p) {
   __shared__ float red[32];
   __shared__ float pre[kMaxHc];
@@ -58,46 +66,65 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
     sq += v * v;
   }
   const float total = block_sum(sq, red);
-  if (threadIdx.x == 0) {  // float: the CPU reference's double agrees to ~1e-7 here (gpu_check_backend)
-    const float rs = static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(n) + p.norm_eps));
-    const int mix = p.head ? hc : (2 + hc) * hc;
-    const float* m = p.mixes + r * mix;
-    const float eps = static_cast<float>(p.hc_eps);
-    for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + __expf(-(m[j] * rs * p.scale[0] + p.base[j]))) + eps;
+  // float: the CPU reference's double agrees to ~1e-7 here (gpu_check_backend)
+  const float rs = static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(n) + p.norm_eps));
+  const int mix = p.head ? hc : (2 + hc) * hc;
+  const float eps = static_cast<float>(p.hc_eps);
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x < hc) {
+    const int j = threadIdx.x;
+    pre[j] = 1.0f / (1.0f + __expf(-(mix_value(p, r, mix, j) * rs * p.scale[0] + p.base[j]))) + eps;
     if (!p.head) {
-      for (int j = 0; j < hc; ++j) {
-        p.post[r * p.post_stride + j] = 2.0f / (1.0f + __expf(-(m[hc + j] * rs * p.scale[1] + p.base[hc + j])));
-      }
-      float cm[kMaxHc * kMaxHc];
-      for (int i = 0; i < hc; ++i) {
-        float mx = -INFINITY;
-        for (int j = 0; j < hc; ++j) {
-          cm[i * hc + j] = m[2 * hc + i * hc + j] * rs * p.scale[2] + p.base[2 * hc + i * hc + j];
-          mx = fmaxf(mx, cm[i * hc + j]);
-        }
-        float s = 0.0f;
-        for (int j = 0; j < hc; ++j) s += (cm[i * hc + j] = __expf(cm[i * hc + j] - mx));
-        const float inv = 1.0f / s;
-        for (int j = 0; j < hc; ++j) cm[i * hc + j] = cm[i * hc + j] * inv + eps;
-      }
-      for (int it = 0; it < p.sinkhorn_iters; ++it) {
-        if (it > 0) {
-          for (int i = 0; i < hc; ++i) {
-            float s = 0.0f;
-            for (int j = 0; j < hc; ++j) s += cm[i * hc + j];
-            const float inv = 1.0f / (s + eps);
-            for (int j = 0; j < hc; ++j) cm[i * hc + j] *= inv;
-          }
-        }
-        for (int j = 0; j < hc; ++j) {
-          float s = 0.0f;
-          for (int i = 0; i < hc; ++i) s += cm[i * hc + j];
-          const float inv = 1.0f / (s + eps);
-          for (int i = 0; i < hc; ++i) cm[i * hc + j] *= inv;
-        }
-      }
-      for (int k = 0; k < hc * hc; ++k) p.comb[r * p.comb_stride + k] = cm[k];
+      p.post[r * p.post_stride + j] =
+          2.0f / (1.0f + __expf(-(mix_value(p, r, mix, hc + j) * rs * p.scale[1] + p.base[hc + j])));
     }
+  }
+  if (!p.head && hc == 4 && threadIdx.x < 32) {
+    // The 4x4 Sinkhorn on warp 0, lane i * 4 + j holding entry (i, j): row sums over lanes xor 1, 2, column sums over
+    // lanes xor 4, 8 (lanes 16..31 compute on zeros among themselves).
+    const bool mine = lane < 16;
+    const int i = lane / 4, j = lane % 4;
+    float v = mine ? mix_value(p, r, mix, 2 * hc + i * hc + j) * rs * p.scale[2] + p.base[2 * hc + i * hc + j] : 0.0f;
+    auto sum_over = [](float value, int a, int b) {
+      value += __shfl_xor_sync(0xffffffffu, value, a);
+      return value + __shfl_xor_sync(0xffffffffu, value, b);
+    };
+    float mx = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    v = __expf(v - mx);
+    v = v / sum_over(v, 1, 2) + eps;  // row softmax + eps
+    for (int it = 0; it < p.sinkhorn_iters; ++it) {
+      if (it > 0) v = v / (sum_over(v, 1, 2) + eps);
+      v = v / (sum_over(v, 4, 8) + eps);
+    }
+    if (mine) p.comb[r * p.comb_stride + lane] = v;
+  } else if (!p.head && threadIdx.x == 0) {  // any other hc (<= 8): one thread
+    float cm[kMaxHc * kMaxHc];
+    for (int i = 0; i < hc; ++i) {
+      float mx = -INFINITY;
+      for (int j = 0; j < hc; ++j) {
+        cm[i * hc + j] = mix_value(p, r, mix, 2 * hc + i * hc + j) * rs * p.scale[2] + p.base[2 * hc + i * hc + j];
+        mx = fmaxf(mx, cm[i * hc + j]);
+      }
+      float s = 0.0f;
+      for (int j = 0; j < hc; ++j) s += (cm[i * hc + j] = __expf(cm[i * hc + j] - mx));
+      for (int j = 0; j < hc; ++j) cm[i * hc + j] = cm[i * hc + j] / s + eps;
+    }
+    for (int it = 0; it < p.sinkhorn_iters; ++it) {
+      if (it > 0) {
+        for (int i = 0; i < hc; ++i) {
+          float s = 0.0f;
+          for (int j = 0; j < hc; ++j) s += cm[i * hc + j];
+          for (int j = 0; j < hc; ++j) cm[i * hc + j] /= s + eps;
+        }
+      }
+      for (int j = 0; j < hc; ++j) {
+        float s = 0.0f;
+        for (int i = 0; i < hc; ++i) s += cm[i * hc + j];
+        for (int i = 0; i < hc; ++i) cm[i * hc + j] /= s + eps;
+      }
+    }
+    for (int k = 0; k < hc * hc; ++k) p.comb[r * p.comb_stride + k] = cm[k];
   }
   __syncthreads();
   for (int64_t k = threadIdx.x; k < p.d; k += blockDim.x) {
@@ -110,11 +137,13 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
 // mixes[r][o] = Σ_i x[r][i] · fn[o][i]: one CTA per (row, output), products summed in double per thread.
 __global__ void mixes_kernel(V4MixesParams p) {
   __shared__ double red[32];
-  const int64_t r = blockIdx.x, o = blockIdx.y;
+  const int64_t r = blockIdx.x, o = blockIdx.y, split = blockIdx.z;
   const uint16_t* x = p.x + r * p.x_stride;
   const float* w = p.fn + o * p.fn_stride;
+  const int64_t per_split = (p.cols + p.splits - 1) / p.splits;
+  const int64_t begin = split * per_split, end = min(p.cols, begin + per_split);
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < p.cols; i += blockDim.x) acc += static_cast<double>(ld(x + i)) * w[i];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) acc += static_cast<double>(ld(x + i)) * w[i];
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = acc;
@@ -122,7 +151,7 @@ __global__ void mixes_kernel(V4MixesParams p) {
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int k = 0; k < static_cast<int>(blockDim.x / 32); ++k) total += red[k];
-    p.mixes[r * p.outputs + o] = static_cast<float>(total);
+    p.mixes[(r * p.outputs + o) * p.splits + split] = static_cast<float>(total);
   }
 }
 
@@ -586,8 +615,9 @@ cudaError_t run_v4_hc_pre(const V4HcPreParams& p) {
 
 cudaError_t run_v4_mixes(const V4MixesParams& p) {
   if (p.rows <= 0 || p.outputs <= 0) return cudaSuccess;
-  if (p.rows > 65535 * 1024LL || p.outputs > 65535) return cudaErrorInvalidValue;
-  mixes_kernel<<<dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.outputs)), 256, 0, p.stream>>>(p);
+  if (p.outputs > 65535 || p.splits < 1 || p.splits > 64) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.outputs), static_cast<unsigned>(p.splits));
+  mixes_kernel<<<grid, 256, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -91,10 +91,12 @@ void CudaBackend::v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tens
   }
   const int64_t T = X.rows, mix = m.fn->rows;
   if (failed() || T == 0) return;
-  float* mixes = reinterpret_cast<float*>(reserve(v4_, static_cast<size_t>(T * mix) * 4));
+  // A few rows: one CTA per (row, output, 1,024 columns), the partial sums added up by the mix kernel; else cuBLAS.
+  const int splits = T <= 64 ? static_cast<int>(std::clamp<int64_t>((X.cols + 1023) / 1024, 1, 32)) : 1;
+  float* mixes = reinterpret_cast<float*>(reserve(v4_, static_cast<size_t>(T * mix * splits) * 4));
   if (mixes == nullptr) return;
   const MatrixRef fn = matrix_of(*m.fn, 0);
-  if (T <= 64) {  // one CTA per (row, output): double sums, one launch
+  if (T <= 64) {
     kc::V4MixesParams mp;
     mp.rows = T;
     mp.outputs = mix;
@@ -104,6 +106,7 @@ void CudaBackend::v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tens
     mp.fn = static_cast<const float*>(fn.values);
     mp.fn_stride = fn.stride;
     mp.mixes = mixes;
+    mp.splits = splits;
     mp.stream = stream_;
     check_cuda(kc::run_v4_mixes(mp), "v4_hc_pre (mixes)");
   } else {
@@ -120,6 +123,7 @@ void CudaBackend::v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tens
   p.x = bf16_data(X);
   p.x_stride = X.stride;
   p.mixes = mixes;
+  p.mix_splits = splits;
   p.base = f32_of(m.base);
   p.scale = f32_of(m.scale);
   p.y = bf16_data(y);

@@ -19,7 +19,8 @@ struct V4HcPreParams {
   bool head = false;  // pre only (mixes [rows, hc]); post and comb not written
   const uint16_t* x = nullptr;  // [rows, hc * d]
   int64_t x_stride = 0;
-  const float* mixes = nullptr;  // [rows, mix] contiguous
+  const float* mixes = nullptr;  // [rows, mix, mix_splits] contiguous: each mix value as mix_splits partial sums
+  int mix_splits = 1;
   const float* base = nullptr;   // [mix]
   const float* scale = nullptr;  // [3] ([1] for the head)
   uint16_t* y = nullptr;  // [rows, d]
@@ -32,11 +33,13 @@ struct V4HcPreParams {
 };
 cudaError_t run_v4_hc_pre(const V4HcPreParams& params);  // hc <= 8
 
-// The mix logits for a few rows: mixes[r][o] = Σ_i x[r][i] · fn[o][i] (x bf16 [rows, cols], fn float32 [outputs,
-// cols] at row stride fn_stride; mixes contiguous [rows, outputs]), one CTA per (row, output), products summed in
-// double and rounded once. rows <= 65535 (the CUDA backend takes it up to 64 rows, cuBLAS beyond).
+// The mix logits for a few rows, in `splits` partial sums over column ranges: mixes[r][o][s] = Σ_{i in range s}
+// x[r][i] · fn[o][i] (x bf16 [rows, cols], fn float32 [outputs, cols] at row stride fn_stride; mixes contiguous
+// [rows, outputs, splits]), one CTA per (row, output, split), products summed in double. hc_pre adds the splits up
+// in order (deterministic). splits <= 64 (the CUDA backend takes this kernel up to 64 rows, cuBLAS beyond).
 struct V4MixesParams {
   int64_t rows = 0, outputs = 0, cols = 0;
+  int splits = 1;
   const uint16_t* x = nullptr;
   int64_t x_stride = 0;
   const float* fn = nullptr;
