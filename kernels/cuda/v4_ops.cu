@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -53,6 +54,7 @@ __device__ __forceinline__ float mix_value(const V4HcPreParams& p, int64_t r, in
   return static_cast<float>(v);
 }
 
+// Grid (rows, column chunks of y): every CTA derives the mix (pre) itself; chunk 0 also writes post and comb.
 __global__ void hc_pre_kernel(V4HcPreParams p) {
   __shared__ float red[32];
   __shared__ float pre[kMaxHc];
@@ -60,12 +62,20 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
   const int hc = static_cast<int>(p.hc);
   const int64_t n = p.hc * p.d;
   const uint16_t* x = p.x + r * p.x_stride;
-  float sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = ld(x + i);
-    sq += v * v;
+  float total = 0.0f;
+  if (p.sumsq != nullptr) {  // the mixes kernel's partial sums of squares, in order
+    double v = 0.0;
+    for (int s = 0; s < p.mix_splits; ++s) v += p.sumsq[r * p.mix_splits + s];
+    total = static_cast<float>(v);
+  } else {
+    float sq = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = ld(x + i);
+      sq += v * v;
+    }
+    total = block_sum(sq, red);
   }
-  const float total = block_sum(sq, red);
+  const bool first_chunk = blockIdx.y == 0;
   // float: the CPU reference's double agrees to ~1e-7 here (gpu_check_backend)
   const float rs = static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(n) + p.norm_eps));
   const int mix = p.head ? hc : (2 + hc) * hc;
@@ -74,12 +84,14 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
   if (threadIdx.x < hc) {
     const int j = threadIdx.x;
     pre[j] = 1.0f / (1.0f + __expf(-(mix_value(p, r, mix, j) * rs * p.scale[0] + p.base[j]))) + eps;
-    if (!p.head) {
+    if (!p.head && first_chunk) {
       p.post[r * p.post_stride + j] =
           2.0f / (1.0f + __expf(-(mix_value(p, r, mix, hc + j) * rs * p.scale[1] + p.base[hc + j])));
     }
   }
-  if (!p.head && hc == 4 && threadIdx.x < 32) {
+  if (!first_chunk) {
+    // pre only
+  } else if (!p.head && hc == 4 && threadIdx.x < 32) {
     // The 4x4 Sinkhorn on warp 0, lane i * 4 + j holding entry (i, j): row sums over lanes xor 1, 2, column sums over
     // lanes xor 4, 8 (lanes 16..31 compute on zeros among themselves).
     const bool mine = lane < 16;
@@ -127,7 +139,9 @@ __global__ void hc_pre_kernel(V4HcPreParams p) {
     for (int k = 0; k < hc * hc; ++k) p.comb[r * p.comb_stride + k] = cm[k];
   }
   __syncthreads();
-  for (int64_t k = threadIdx.x; k < p.d; k += blockDim.x) {
+  const int64_t per_chunk = (p.d + gridDim.y - 1) / gridDim.y;
+  const int64_t k_end = min(p.d, (blockIdx.y + 1) * per_chunk);
+  for (int64_t k = blockIdx.y * per_chunk + threadIdx.x; k < k_end; k += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < hc; ++j) acc += pre[j] * ld(x + j * p.d + k);
     st(p.y + r * p.y_stride + k, acc);
@@ -142,8 +156,24 @@ __global__ void mixes_kernel(V4MixesParams p) {
   const float* w = p.fn + o * p.fn_stride;
   const int64_t per_split = (p.cols + p.splits - 1) / p.splits;
   const int64_t begin = split * per_split, end = min(p.cols, begin + per_split);
-  double acc = 0.0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) acc += static_cast<double>(ld(x + i)) * w[i];
+  double acc = 0.0, sq = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = ld(x + i);
+    acc += v * w[i];
+    sq += v * v;
+  }
+  if (o == 0 && p.sumsq != nullptr) {  // the row's sum of squares over this range, for hc_pre
+    __shared__ double red_sq[32];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+    if (threadIdx.x % 32 == 0) red_sq[threadIdx.x / 32] = sq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double total = 0.0;
+      for (int k = 0; k < static_cast<int>(blockDim.x / 32); ++k) total += red_sq[k];
+      p.sumsq[r * p.splits + split] = static_cast<float>(total);
+    }
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = acc;
@@ -609,7 +639,8 @@ __global__ void silu_mul_clamped_kernel(const uint16_t* gate_up, int64_t gate_up
 cudaError_t run_v4_hc_pre(const V4HcPreParams& p) {
   if (p.rows <= 0) return cudaSuccess;
   if (p.hc < 1 || p.hc > kMaxHc) return cudaErrorInvalidValue;
-  hc_pre_kernel<<<static_cast<unsigned>(p.rows), 256, 0, p.stream>>>(p);
+  const unsigned chunks = p.rows <= 64 ? static_cast<unsigned>(std::max<int64_t>(1, (p.d + 1023) / 1024)) : 1u;
+  hc_pre_kernel<<<dim3(static_cast<unsigned>(p.rows), chunks), 256, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -93,8 +93,10 @@ void CudaBackend::v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tens
   if (failed() || T == 0) return;
   // A few rows: one CTA per (row, output, 1,024 columns), the partial sums added up by the mix kernel; else cuBLAS.
   const int splits = T <= 64 ? static_cast<int>(std::clamp<int64_t>((X.cols + 1023) / 1024, 1, 32)) : 1;
-  float* mixes = reinterpret_cast<float*>(reserve(v4_, static_cast<size_t>(T * mix * splits) * 4));
-  if (mixes == nullptr) return;
+  char* scratch = reserve(v4_, static_cast<size_t>(T * mix * splits + T * splits) * 4);
+  if (scratch == nullptr) return;
+  float* mixes = reinterpret_cast<float*>(scratch);
+  float* sumsq = T <= 64 ? mixes + T * mix * splits : nullptr;  // the mixes kernel's, for hc_pre
   const MatrixRef fn = matrix_of(*m.fn, 0);
   if (T <= 64) {
     kc::V4MixesParams mp;
@@ -107,6 +109,7 @@ void CudaBackend::v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tens
     mp.fn_stride = fn.stride;
     mp.mixes = mixes;
     mp.splits = splits;
+    mp.sumsq = sumsq;
     mp.stream = stream_;
     check_cuda(kc::run_v4_mixes(mp), "v4_hc_pre (mixes)");
   } else {
@@ -124,6 +127,7 @@ void CudaBackend::v4_hc_pre(const Tensor& X, const V4HyperMix& m, Tensor y, Tens
   p.x_stride = X.stride;
   p.mixes = mixes;
   p.mix_splits = splits;
+  p.sumsq = sumsq;
   p.base = f32_of(m.base);
   p.scale = f32_of(m.scale);
   p.y = bf16_data(y);

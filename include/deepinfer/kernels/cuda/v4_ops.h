@@ -21,6 +21,8 @@ struct V4HcPreParams {
   int64_t x_stride = 0;
   const float* mixes = nullptr;  // [rows, mix, mix_splits] contiguous: each mix value as mix_splits partial sums
   int mix_splits = 1;
+  // The mixes kernel's partial sums of squares of each row [rows, mix_splits], or null: computed here.
+  const float* sumsq = nullptr;
   const float* base = nullptr;   // [mix]
   const float* scale = nullptr;  // [3] ([1] for the head)
   uint16_t* y = nullptr;  // [rows, d]
@@ -45,6 +47,7 @@ struct V4MixesParams {
   const float* fn = nullptr;
   int64_t fn_stride = 0;
   float* mixes = nullptr;
+  float* sumsq = nullptr;  // [rows, splits]: each row's sum of squares per range (for hc_pre), or null
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_v4_mixes(const V4MixesParams& params);
