@@ -1,4 +1,5 @@
-// DeepSeek-V4 (model_type "deepseek_v4": V4-Flash, V4-Pro) on the CPU: the reference path of the V4 family.
+// DeepSeek-V4 (model_type "deepseek_v4": V4-Flash, V4-Pro) over the backend interface: the reference path of the V4
+// family on the CPU backend, bf16 on the CUDA backend.
 //
 // What V4 is (../shared/research/deepseek-v4-spec.md §1-§4; DeepSeek's own V4-Flash-0731 inference/model.py is the
 // reference the fixture tiny-deepseek-v4-official was computed with):
@@ -18,9 +19,10 @@
 // Rope: window layers use rope_theta without YaRN; compressed layers use compress_rope_theta with YaRN (factor,
 // original_max_position_embeddings, beta_fast, beta_slow; cos/sin unscaled).
 //
-// Numerics: float32 activations, weights widened exactly from the checkpoint (bf16 / f32); the KV is kept in
-// float32 (no FP8 / FP4 rounding of cached entries, the indexer's Hadamard rotation omitted: it is orthogonal and
-// applied to both indexer q and k, so it changes no score) - as the fixture's reference computed it.
+// Numerics on the CPU: float32 activations, weights widened exactly from the checkpoint (bf16 / f32); the KV is kept
+// in float32 (no FP8 / FP4 rounding of cached entries, the indexer's Hadamard rotation omitted: it is orthogonal and
+// applied to both indexer q and k, so it changes no score) - as the fixture's reference computed it. On CUDA: bf16
+// weights, activations and cache, float32 arithmetic inside the ops.
 //
 // The cache is per sequence (V4Sequence): per layer a ring of the last `sliding_window` raw KV rows, the
 // compressed entries so far, the compressors' unfinished blocks (and, overlapped, the previous block), and for CSA
@@ -34,10 +36,10 @@
 // an approximation, measured in the README). This is the engine's hybrid prefix cache over V4: block payloads in
 // the main pool and the tiers, window payloads in a window pool on the device, only for the last window.
 //
-// Status of the V4 path (issue 20): this reference runs on the CPU backend only (make it with
-// backend::make_cpu_backend()); the V4-specific steps are host loops here, the linear layers go through the
-// backend. Checkpoints in the release's quantization (FP8 e4m3 weights with ue8m0 block scales, FP4 experts) are
-// dequantized exactly to float32 at load. Not yet: the MTP layer.
+// Status of the V4 path (issue 20): the forward pass is the backend's ops (backend.h: the shared ones, and the V4
+// ops for mHC, norm+rotary, compressors, indexer and sparse attention); any backend with has_v4_ops() runs it (the CPU
+// and CUDA ones). Checkpoints in the release's quantization (FP8 e4m3 weights with ue8m0 block scales, FP4 experts)
+// are dequantized exactly at load (to float32 on the CPU, then bf16 on CUDA). Not yet: the MTP layer.
 #pragma once
 
 #include <cstdint>
@@ -197,7 +199,8 @@ class DeepSeekV4Model {
     std::span<const int32_t> token_ids;
     Logits logits = Logits::kLast;
     // Where to write the cache of each 64-token block the chunk completes (block payloads, below): one pointer per
-    // multiple of 64 in (start, start + n], in order, each to block_payload_floats() floats. Empty: none written.
+    // multiple of 64 in (start, start + n], in order, each to block_payload_floats() elements in the backend's memory.
+    // Empty: none written.
     std::span<float* const> completed_blocks = {};
     // The same blocks' window payloads (window_payload_floats() each), written with the block payloads; shorter,
     // or a null pointer: that block's window rows are not written.
@@ -207,13 +210,14 @@ class DeepSeekV4Model {
   // A block payload: what every block of a cached prefix must hold, enough (with the window payloads of the last
   // window) to resume the sequence at the block's end (restore()). Per layer, in layer order: on compressed layers
   // the entries the block finishes ([64 / m][D], for m = 128 one slot, filled on odd blocks); on CSA layers also the
-  // indexer keys it finishes ([16][index_head_dim]). float32. The engine keeps payloads as the blocks of its paged
+  // indexer keys it finishes ([16][index_head_dim]). Elements of payload_element_bytes(). The engine keeps payloads as the blocks of its paged
   // cache (prefix caching, host and disk tiers). (At least 1: a model of window layers only has one unused float.)
   int64_t block_payload_floats() const;
   // A window payload: what only a prefix's last window needs. Per layer, in layer order: the block's raw KV rows
   // [64][D]; on compressed layers the compressor's rows at the block's end (raw kv | score+ape rows, at most m
   // rows of [c * D] each: the overlapped compressor's last finished block (4 rows), the 128:1 one's unfinished
-  // half (0 or 64 rows)); on CSA layers the indexer compressor's 4 rows the same way. float32. The engine keeps
+  // half (0 or 64 rows)); on CSA layers the indexer compressor's 4 rows the same way. Elements of
+  // payload_element_bytes(). The engine keeps
   // them in its window pool (device only).
   int64_t window_payload_floats() const;
   // Blocks of the last window a restore reads window payloads of: ceil(sliding_window / 64).
