@@ -652,7 +652,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     const std::string device_name(backend->name());
     std::string compute_mode = choice->compute_mode;
     if (v4) {  // DeepSeek-V4 keeps its own cache kinds (no latent), in the activation dtype
-      compute_mode = device_name != "cpu" ? "cuda: bf16 weights and cache (no FP8 kernels for V4 yet)"
+      compute_mode = device_name != "cpu" ? "cuda: bf16/fp8 weights, bf16 cache"
                      : options->device.bf16 ? "bf16 weights, f32 cache"
                                             : "f32 weights, f32 cache";
     }
@@ -666,6 +666,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       Result<std::unique_ptr<model::DeepSeekV4Model>> loaded = model::DeepSeekV4Model::load(model_path, *backend, choice->precision);
       if (!loaded.ok()) return fail(loaded.status().to_string());
       v4_model = std::move(loaded).value();
+      if (device_name != "cpu") {
+        spdlog::info("DeepSeek-V4 weights: {} matrices kept in FP8 (as stored, FP4 experts re-expressed exactly), the "
+                     "rest bf16", v4_model->fp8_weights());
+      }
     } else {
       model = model::DeepSeekModel::load(model_path, *backend, choice->precision,
                                          /*progress=*/isatty(STDERR_FILENO) != 0 && !tp_follower, tensor_parallel,

@@ -27,8 +27,9 @@
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
 #            (BENCH_ARGS: extra bench_model flags, e.g. "--profile --prefill 4096")
 #   v4       tests/cli/v4_serve.sh with the server on CUDA (a random V4 at demo size: completions, prefix cache, disk
-#            tier, bounded replay), and bench/gpu/bench_model --model v4-flash-slice: 4 layers of DeepSeek-V4-Flash's shapes (bf16, random weights)
-#            on the V4 path, decode at batch 1, 8, 32 (context 4096) and a 4,096-token prefill (V4_ARGS: more flags)
+#            tier, bounded replay), and bench/gpu/bench_model --model v4-flash-slice: 4 layers of DeepSeek-V4-Flash's shapes (random weights;
+#            bf16, then --fp8: FP8 where the release has it) on the V4 path, decode at batch 1, 8, 32 (context 4096)
+#            and a 4,096-token prefill (V4_ARGS: more flags)
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
 #            V3 slice with an MTP layer (random weights) with the tokens/s they project at given acceptance rates
@@ -178,6 +179,7 @@ want bench && run bench_model 330 "$BIN/bench_model" ${BENCH_ARGS:-}
 if want v4; then
   run v4_serve 240 bash tests/cli/v4_serve.sh "$BIN/deepinfer" "$WORK/tokenizer-demo" cuda
   run bench_v4 300 "$BIN/bench_model" --model v4-flash-slice --batches 1,8,32 --prefill 4096 ${V4_ARGS:-}
+  run bench_v4_fp8 300 "$BIN/bench_model" --model v4-flash-slice --fp8 --batches 1,8,32 --prefill 4096 ${V4_ARGS:-}
 fi
 if want spec; then
   unpack_demo

@@ -472,26 +472,29 @@ void bench_chunk(const Run& run, int64_t prefix, int64_t tokens, int steps) {
 // `ncu --profile-from-start off` (kernel times of one step; bench/gpu/ncu_step_summary.py groups them).
 void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t>& batches,
               const std::vector<int64_t>& prefill, int steps, int prefill_steps, const Ceilings& ceilings,
-              bool profile) {
+              bool profile, bool fp8) {
   const std::string name = "v4-flash-slice";
   JsonLine head("model");
-  head.str("model", name).str("precision", "bf16");
+  head.str("model", name).str("precision", fp8 ? "fp8 (as the release: attention, indexer wq_b, experts)" : "bf16");
   Result<model::V4Config> config = model::load_v4_config(config_dir / name / "config.json");
   if (!config.ok()) return head.str("error", config.status().to_string()).print();
   Result<std::unique_ptr<backend::Backend>> backend = backend::make_cuda_backend(0);
   if (!backend.ok()) return head.str("error", backend.status().to_string()).print();
-  Result<std::unique_ptr<model::DeepSeekV4Model>> made = model::DeepSeekV4Model::create_random(*config, **backend, kSeed);
+  Result<std::unique_ptr<model::DeepSeekV4Model>> made = model::DeepSeekV4Model::create_random(
+      *config, **backend, kSeed, fp8 ? std::optional(Precision::kFP8) : std::nullopt);
   if (!made.ok()) return head.str("error", made.status().to_string()).print();
   model::DeepSeekV4Model& m = **made;
   const model::V4Config& c = *config;
   const double dense = static_cast<double>(m.dense_weight_bytes()), expert = static_cast<double>(m.expert_bytes());
   const double layers = static_cast<double>(c.num_hidden_layers), K = static_cast<double>(c.num_experts_per_tok);
   const double E = static_cast<double>(c.n_routed_experts), D = static_cast<double>(c.head_dim);
-  // Weights a token multiplies: every dense weight but the head (bf16: 2 bytes a parameter) and its K routed experts;
-  // the head only for the rows whose logits are computed.
+  // Weights a token multiplies: every dense weight but the head and its K routed experts; the head only for the rows
+  // whose logits are computed.
   const double head_params = static_cast<double>(c.vocab_size * c.hidden_size);
-  const double active_params = dense / 2.0 - head_params + layers * K * expert / 2.0;
+  const double expert_params = 3.0 * static_cast<double>(c.moe_intermediate_size * c.hidden_size);
+  const double active_params = static_cast<double>(m.dense_weight_params()) - head_params + layers * K * expert_params;
   head.integer("layers", c.num_hidden_layers)
+      .integer("fp8_weights", m.fp8_weights())
       .num("bytes_dense_weights", dense, 0)
       .num("bytes_per_expert", expert, 0)
       .num("active_params_per_token", active_params, 0)
@@ -630,6 +633,7 @@ void bench_v4(const std::filesystem::path& config_dir, const std::vector<int64_t
         .num("flops", flops, 0)
         .num("tflops", tflops, 1);
     if (ceilings.bf16_tflops > 0) line.num("pct_bf16_peak", 100.0 * tflops / ceilings.bf16_tflops, 1);
+    if (fp8 && ceilings.fp8_tflops > 0) line.num("pct_fp8_peak", 100.0 * tflops / ceilings.fp8_tflops, 1);
     line.print();
   }
 }
@@ -785,6 +789,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--configs", configs, "directory with <model>/config.json")->capture_default_str();
+  bool v4_fp8 = false;
+  app.add_flag("--fp8", v4_fp8,
+               "v4-flash-slice: FP8 weights where the release has them (attention, the indexer's wq_b, experts); "
+               "default bf16 (v3-slice is always FP8, v2-lite bf16)");
   bool profile = false;
   app.add_flag("--profile", profile, "after each measurement, one more forward with every backend op timed alone");
   std::vector<std::string> chunk_specs = {"3584:512"};
@@ -797,6 +805,10 @@ int main(int argc, char** argv) {
                  "instead of the model runs: one MoE layer at these token counts, every expert GEMM path")
       ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  if (v4_fp8 && which != "v4-flash-slice") {
+    std::fprintf(stderr, "--fp8 applies to --model v4-flash-slice only (v3-slice is FP8, v2-lite bf16)\n");
+    return 2;
+  }
   std::vector<ChunkCase> chunks;
   for (const std::string& spec : chunk_specs) {
     if (spec == "none") continue;
@@ -831,7 +843,7 @@ int main(int argc, char** argv) {
   measure_bf16_gemm(ceilings);
   measure_fp8_gemm(ceilings);
   if (which == "v4-flash-slice") {
-    bench_v4(configs, batches, prefill, steps, prefill_steps, ceilings, profile);
+    bench_v4(configs, batches, prefill, steps, prefill_steps, ceilings, profile, v4_fp8);
     return 0;
   }
   for (const auto& [name, precision] :

@@ -285,12 +285,11 @@ __device__ int first_reaching(const float* row, int cols, Value value, double th
   return result;
 }
 
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleParams p) {
-  extern __shared__ __align__(16) uint8_t sample_smem[];
-  SampleShared& sh = *reinterpret_cast<SampleShared*>(sample_smem);
+// One row of sample_kernel (every exit is taken by the whole CTA).
+__device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   const int cols = static_cast<int>(p.cols);
-  const float* row = p.logits + static_cast<int64_t>(blockIdx.x) * p.cols;
-  const SampleRowParams rp = p.row_params[blockIdx.x];
+  const float* row = p.logits + r * p.cols;
+  const SampleRowParams rp = p.row_params[r];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
   // The maximum and its lowest id; a NaN or +inf anywhere, or no finite value, makes the row -1.
@@ -306,7 +305,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleParams p) 
     }
   }
   if (__syncthreads_or(bad)) {
-    if (threadIdx.x == 0) p.ids[blockIdx.x] = -1;
+    if (threadIdx.x == 0) p.ids[r] = -1;
     return;
   }
   for (int o = 16; o > 0; o /= 2) {
@@ -334,7 +333,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleParams p) 
   }
   __syncthreads();
   if (best_i < 0 || rp.temperature < kGreedyBelow) {
-    if (threadIdx.x == 0) p.ids[blockIdx.x] = best_i;
+    if (threadIdx.x == 0) p.ids[r] = best_i;
     return;
   }
   const float max_logit = best;
@@ -401,7 +400,133 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleParams p) 
   int last = -1;
   int token = first_reaching(row, cols, kept_weight, target, true, sh, last);
   if (token < 0) token = last >= 0 ? last : best_i;  // u * total rounded up to total: the last positive weight
-  if (threadIdx.x == 0) p.ids[blockIdx.x] = token;
+  if (threadIdx.x == 0) p.ids[r] = token;
+}
+
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleParams p) {
+  extern __shared__ __align__(16) uint8_t sample_smem[];
+  SampleShared& sh = *reinterpret_cast<SampleShared*>(sample_smem);
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    sample_row(p, r, sh);
+    __syncthreads();  // the shared state is free for the next row
+  }
+}
+
+// ---- logprobs -----------------------------------------------------------------------------------------------------
+
+constexpr int kLogprobThreads = 1024;
+constexpr int kLogprobWarps = kLogprobThreads / 32;
+
+// (v, i) after (pv, pi) in the order of the top list: larger first, then the lower id. pi < 0: everything is after.
+__device__ __forceinline__ bool after(float v, int i, float pv, int pi) {
+  return pi < 0 || v < pv || (v == pv && i > pi);
+}
+// (v, i) before (bv, bi) in that order; bi < 0: nothing yet.
+__device__ __forceinline__ bool ahead(float v, int i, float bv, int bi) {
+  return bi < 0 || v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(kLogprobThreads) logprobs_kernel(LogprobsParams p) {
+  __shared__ float warp_value[kLogprobWarps];
+  __shared__ int warp_index[kLogprobWarps];
+  __shared__ double warp_total[kLogprobWarps];
+  const int cols = static_cast<int>(p.cols);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const int want = min(p.row_params[r].logprobs, kMaxTopLogprobs);
+    if (want < 0) continue;
+    const float* row = p.logits + r * p.cols;
+    float m = -INFINITY;
+    for (int i = static_cast<int>(threadIdx.x); i < cols; i += kLogprobThreads) m = fmaxf(m, row[i]);
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) warp_value[warp] = m;
+    __syncthreads();
+    m = -INFINITY;
+    for (int w = 0; w < kLogprobWarps; ++w) m = fmaxf(m, warp_value[w]);
+    double sum = 0.0;
+    for (int i = static_cast<int>(threadIdx.x); i < cols; i += kLogprobThreads)
+      sum += exp(static_cast<double>(row[i]) - static_cast<double>(m));
+    sum = warp_sum(sum);
+    if (lane == 0) warp_total[warp] = sum;
+    __syncthreads();
+    sum = 0.0;
+    for (int w = 0; w < kLogprobWarps; ++w) sum += warp_total[w];
+    const double normaliser = static_cast<double>(m) + log(sum);
+    if (threadIdx.x == 0) p.normaliser[r] = normaliser;
+    float prev = 0.0f;
+    int prev_i = -1;
+    bool exhausted = false;  // fewer than `want` values in the row (not NaN)
+    for (int j = 0; j < kMaxTopLogprobs; ++j) {
+      if (j >= want || exhausted) {
+        if (threadIdx.x == 0) {
+          p.top_ids[r * kMaxTopLogprobs + j] = -1;
+          p.top_logprobs[r * kMaxTopLogprobs + j] = 0.0f;
+        }
+        continue;
+      }
+      float best = 0.0f;
+      int best_i = -1;
+      for (int i = static_cast<int>(threadIdx.x); i < cols; i += kLogprobThreads) {
+        const float v = row[i];
+        if (after(v, i, prev, prev_i) && !isnan(v) && ahead(v, i, best, best_i)) {
+          best = v;
+          best_i = i;
+        }
+      }
+      for (int o = 16; o > 0; o /= 2) {
+        const float v = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (i >= 0 && ahead(v, i, best, best_i)) {
+          best = v;
+          best_i = i;
+        }
+      }
+      __syncthreads();  // the previous round's warp results are read
+      if (lane == 0) {
+        warp_value[warp] = best;
+        warp_index[warp] = best_i;
+      }
+      __syncthreads();
+      best_i = -1;
+      for (int w = 0; w < kLogprobWarps; ++w) {
+        if (warp_index[w] >= 0 && ahead(warp_value[w], warp_index[w], best, best_i)) {
+          best = warp_value[w];
+          best_i = warp_index[w];
+        }
+      }
+      if (threadIdx.x == 0) {
+        p.top_ids[r * kMaxTopLogprobs + j] = best_i;
+        p.top_logprobs[r * kMaxTopLogprobs + j] =
+            best_i < 0 ? 0.0f : static_cast<float>(static_cast<double>(best) - normaliser);
+      }
+      prev = best;
+      prev_i = best_i;
+      exhausted = best_i < 0;
+    }
+    __syncthreads();  // shared values are free for the next row
+  }
+}
+
+__global__ void chosen_logprob_kernel(ChosenLogprobParams p) {
+  __shared__ int found;
+  const int64_t r = blockIdx.x;
+  if (p.row_params[r].logprobs < 0) return;
+  const int id = p.ids[r];
+  if (threadIdx.x == 0) found = -1;
+  __syncthreads();
+  if (id >= 0) {
+    for (int64_t i = threadIdx.x; i < p.count; i += blockDim.x) {
+      if (p.adjustments[i].row == r && p.adjustments[i].token == id) found = static_cast<int>(i);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (id < 0) {
+    p.chosen[r] = NAN;
+    return;
+  }
+  const float raw = found >= 0 ? p.original[found] : p.logits[r * p.cols + id];
+  p.chosen[r] = static_cast<float>(static_cast<double>(raw) - p.normaliser[r]);
 }
 
 __global__ void logit_adjustments_kernel(LogitAdjustmentParams p) {
@@ -415,6 +540,7 @@ __global__ void logit_adjustments_kernel(LogitAdjustmentParams p) {
       return isfinite(before) && isinf(after) ? (after > 0.0f ? FLT_MAX : -FLT_MAX) : after;
     };
     float l = slot;
+    if (p.original != nullptr) p.original[i] = l;
     if (a.has_bias) l = saturate(l, __fadd_rn(l, a.bias));
     if (a.repetition != 1.0f) l = saturate(l, l > 0.0f ? __fdiv_rn(l, a.repetition) : __fmul_rn(l, a.repetition));
     if (a.in_output) {
@@ -442,7 +568,27 @@ cudaError_t run_sample(const SampleParams& p) {
   const int smem = static_cast<int>(sizeof(SampleShared));
   cudaError_t err = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  sample_kernel<<<static_cast<unsigned>(p.rows), kSampleThreads, smem, p.stream>>>(p);
+  const int64_t ctas = std::min(p.rows, p.ctas > 0 ? p.ctas : kSampleCtas);
+  sample_kernel<<<static_cast<unsigned>(ctas), kSampleThreads, smem, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t run_logprobs(const LogprobsParams& p) {
+  if (p.rows <= 0) return cudaSuccess;
+  if (p.cols <= 0 || p.cols > INT32_MAX / 2 || !p.logits || !p.row_params || !p.normaliser || !p.top_ids ||
+      !p.top_logprobs)
+    return cudaErrorInvalidValue;
+  const int64_t ctas = std::min(p.rows, kSampleCtas);
+  logprobs_kernel<<<static_cast<unsigned>(ctas), kLogprobThreads, 0, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t run_chosen_logprobs(const ChosenLogprobParams& p) {
+  if (p.rows <= 0) return cudaSuccess;
+  if (p.cols <= 0 || !p.logits || !p.row_params || !p.ids || !p.normaliser || !p.chosen ||
+      (p.count > 0 && (!p.adjustments || !p.original)))
+    return cudaErrorInvalidValue;
+  chosen_logprob_kernel<<<static_cast<unsigned>(p.rows), 256, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -22,8 +22,6 @@ Status RequestSampling::add_request(SequenceId id, std::span<const TokenId> prom
 
 void RequestSampling::remove_request(SequenceId id) { requests_.erase(id); }
 
-bool RequestSampling::samples_on_device(SequenceId id) const { return !requests_.at(id).params.logprobs.has_value(); }
-
 void RequestSampling::device_adjustments(SequenceId id, int32_t row,
                                          std::vector<backend::Backend::LogitAdjustment>& out) const {
   const RequestState& r = requests_.at(id);
@@ -39,6 +37,7 @@ backend::Backend::DeviceSampling RequestSampling::device_row(SequenceId id) cons
   row.min_p = r.params.min_p;
   row.seed = r.rng.seed;
   row.counter = r.rng.counter;
+  row.logprobs = r.params.logprobs.value_or(-1);
   return row;
 }
 
@@ -104,12 +103,9 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
   for (const ScheduledEntry& entry : batch.entries) {
     if (entry.samples) plain_greedy = plain_greedy && sampling_.is_plain_greedy(entry.sequence_id);
   }
-  // Otherwise, when no sampled row asks for logprobs and the backend samples where the logits are, the ids come back
-  // instead of the logits (the same semantics as the host Sampler, logit_bias and penalties included).
-  bool device_sampled = !plain_greedy && model_.samples_on_device();
-  for (const ScheduledEntry& entry : batch.entries) {
-    if (entry.samples) device_sampled = device_sampled && sampling_.samples_on_device(entry.sequence_id);
-  }
+  // Otherwise, when the backend samples where the logits are, the ids (and the logprobs asked for) come back instead
+  // of the logits (the same semantics as the host Sampler, logit_bias, penalties and logprobs included).
+  const bool device_sampled = !plain_greedy && model_.samples_on_device();
   if (plain_greedy || device_sampled) {
     Status s;
     if (plain_greedy) {
@@ -122,7 +118,8 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
         sampling_.device_adjustments(entry.sequence_id, static_cast<int32_t>(device_rows_.size()), device_adjustments_);
         device_rows_.push_back(sampling_.device_row(entry.sequence_id));
       }
-      s = model_.forward_sampled(forward, layer_caches_, device_rows_, device_adjustments_, greedy_ids_);
+      s = model_.forward_sampled(forward, layer_caches_, device_rows_, device_adjustments_, greedy_ids_,
+                                 &device_logprobs_);
     }
     if (!s.ok()) return s;
     size_t row = 0;
@@ -136,7 +133,13 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
                                         ": logits hold a NaN or +inf, or nothing above -inf; logits must be finite "
                                         "or -inf");
       }
-      out.entries[i].push_back(SampledToken{id, std::nullopt, {}});
+      SampledToken token{id, std::nullopt, {}};
+      if (!plain_greedy && device_rows_[row - 1].logprobs >= 0 && row - 1 < device_logprobs_.size()) {
+        const backend::Backend::SampledLogprobs& lp = device_logprobs_[row - 1];
+        token.logprob = lp.logprob;
+        for (const auto& [top_id, top_logprob] : lp.top) token.top_logprobs.push_back(TokenLogprob{top_id, top_logprob});
+      }
+      out.entries[i].push_back(std::move(token));
     }
   } else {
     if (Status s = model_.forward(forward, layer_caches_, logits_); !s.ok()) return s;

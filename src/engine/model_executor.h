@@ -28,10 +28,9 @@ class RequestSampling {
   void remove_request(SequenceId id);
   bool contains(SequenceId id) const { return requests_.contains(id); }
   bool is_plain_greedy(SequenceId id) const { return requests_.at(id).params.is_plain_greedy(); }
-  // Whether the request's rows can be sampled where the logits are (no logprobs: what Backend::read_sampled_tokens
-  // implements), its row's parameters there (seed and the counter of its next token), and its logit_bias and
-  // penalties as adjustments of logits row `row` (appended to `out`: the host Sampler's process_logits per token).
-  bool samples_on_device(SequenceId id) const;
+  // The request's row's parameters where the logits are (Backend::read_sampled_tokens: seed, the counter of its next
+  // token, the logprobs asked for), and its logit_bias and penalties as adjustments of logits row `row` (appended
+  // to `out`: the host Sampler's process_logits per token).
   backend::Backend::DeviceSampling device_row(SequenceId id) const;
   void device_adjustments(SequenceId id, int32_t row, std::vector<backend::Backend::LogitAdjustment>& out) const;
   // Samples one token per sampling entry of `batch` from `logits` (float32 [sampling entries][vocab], in entry
@@ -74,6 +73,7 @@ class ModelExecutor final : public Executor {
   RequestSampling sampling_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // forward_greedy's or forward_sampled's ids
+  std::vector<backend::Backend::SampledLogprobs> device_logprobs_;  // forward_sampled's
   std::vector<backend::Backend::DeviceSampling> device_rows_;
   std::vector<backend::Backend::LogitAdjustment> device_adjustments_;
 };

@@ -1369,14 +1369,15 @@ bool DeepSeekModel::samples_on_device() const { return tp_.size == 1 && backend_
 Status DeepSeekModel::forward_sampled(const ForwardBatch& batch, LayerCaches layer_caches,
                                       std::span<const backend::Backend::DeviceSampling> sampling,
                                       std::span<const backend::Backend::LogitAdjustment> adjustments,
-                                      std::vector<int32_t>& ids) {
+                                      std::vector<int32_t>& ids,
+                                      std::vector<backend::Backend::SampledLogprobs>* logprobs) {
   if (!samples_on_device())
     return Status::unsupported("forward_sampled: the " + std::string(backend_.name()) +
                                " backend does not sample on the device" + (tp_.size > 1 ? " with tensor parallel" : ""));
   if (sampling.size() != batch.logits_rows.size())
     return Status::invalid_argument("forward_sampled: " + std::to_string(sampling.size()) + " rows' sampling for " +
                                     std::to_string(batch.logits_rows.size()) + " logits rows");
-  return run(batch, layer_caches, nullptr, &ids, sampling, adjustments);
+  return run(batch, layer_caches, nullptr, &ids, sampling, adjustments, logprobs);
 }
 
 namespace {
@@ -1566,7 +1567,8 @@ void greedy_ids(const std::vector<float>& logits, int64_t vocab, std::vector<int
 
 Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
                           std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling,
-                          std::span<const backend::Backend::LogitAdjustment> adjustments) {
+                          std::span<const backend::Backend::LogitAdjustment> adjustments,
+                          std::vector<backend::Backend::SampledLogprobs>* logprobs) {
   const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
   backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   // With tensor parallel the head's logits are gathered over the ranks before the argmax (on the host).
@@ -1690,6 +1692,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     read = !sampling.empty()   ? backend_.read_sampled_tokens(sampling, adjustments, *greedy)
            : greedy != nullptr ? backend_.read_greedy_tokens(*greedy)
                                : backend_.read_logits(*logits);
+    if (read.ok() && !sampling.empty() && logprobs != nullptr) read = backend_.read_sampled_logprobs(*logprobs);
   }
   if (read.ok() && dispatch_) read = dispatch_->status();
   if (read.ok() && dispatch_) read = ep_.comm->status();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <numbers>
 #include <numeric>
 #include <optional>
@@ -149,6 +150,7 @@ struct DeepSeekV4Model::Weights {
   std::vector<LayerWeights> layers;
   std::optional<PayloadLayout> payload;
   backend::Precision precision = backend::Precision::kF32;  // the large matrices' (CPU: float32, exact)
+  int64_t fp8_matrices = 0;                                 // weights kept in FP8 (Loader::linear, experts)
   std::vector<backend::Buffer> scratch;  // the forward pass's activations (V4Forward), grown on demand
 };
 
@@ -159,9 +161,19 @@ constexpr float kFp4E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
 
 class Loader {
  public:
-  Loader(const V4Config& config, const Checkpoint& checkpoint, Backend& backend, backend::Precision precision)
-      : config_(config), checkpoint_(checkpoint), backend_(backend), precision_(precision) {}
+  // `keep_fp8`: FP8 was asked for (the CUDA backend's default): tensors stored in FP8 128x128 blocks stay FP8 and
+  // FP4 routed experts become FP8 where that is exact (fp8_experts); everything else is kept at `precision`.
+  Loader(const V4Config& config, const Checkpoint& checkpoint, Backend& backend, backend::Precision precision,
+         bool keep_fp8)
+      : config_(config), checkpoint_(checkpoint), backend_(backend), precision_(precision), keep_fp8_(keep_fp8) {
+    for (int i = 0; i < 256; ++i) {
+      const float v = f8_e4m3_to_f32(static_cast<uint8_t>(i));
+      if (!std::isnan(v) && fp8_code_.find(v) == fp8_code_.end()) fp8_code_[v] = static_cast<uint8_t>(i);
+    }
+  }
   Backend& backend() const { return backend_; }
+  backend::Precision precision() const { return precision_; }
+  int64_t fp8_matrices() const { return fp8_matrices_; }
 
   // Float32 values of `name` (shape `shape`), dequantized when stored as FP8 (with `<base>.scale` over
   // weight_block_size blocks) or as packed FP4 experts (with `<base>.scale` per 32 inputs).
@@ -189,11 +201,32 @@ class Loader {
   }
   // A matrix [rows][cols] as `count` stacked matrices [rows / count][cols] (count > 1: o_groups of wo_a), kept at
   // `precision` (the model's for the large matrices; float32 where the reference computes in float32).
+  // A tensor stored in FP8 (with 128x128 blocks, stacked parts of whole blocks) stays FP8 when keep_fp8 (and no
+  // `precision` is forced): its bytes and block scales go to the backend as stored.
   Status linear(const std::string& name, int64_t rows, int64_t cols, Linear& out, int64_t count = 1,
                 std::optional<backend::Precision> precision = std::nullopt) {
+    const int64_t part = rows / count;
+    if (!precision && stays_fp8(name, part, cols, count)) {
+      Fp8Matrix m;
+      DEEPINFER_RETURN_IF_ERROR(fp8_as_stored(name, rows, cols, m));
+      Result<std::unique_ptr<backend::Weight>> weight = backend_.make_weight(count, part, cols, backend::Precision::kFP8);
+      if (!weight.ok()) return weight.status();
+      const int64_t scale_cols = (cols + 127) / 128;
+      for (int64_t i = 0; i < count; ++i) {
+        DEEPINFER_RETURN_IF_ERROR(set_fp8(**weight, i, part, cols,
+                                          std::span<const uint8_t>(m.codes.data() + i * part * cols,
+                                                                   static_cast<size_t>(part * cols)),
+                                          std::span<const float>(m.scales.data() + i * (part / 128) * scale_cols,
+                                                                 static_cast<size_t>(((part + 127) / 128) * scale_cols))));
+      }
+      ++fp8_matrices_;
+      out.weight = std::move(*weight);
+      out.rows = part;
+      out.cols = cols;
+      return Status();
+    }
     Result<std::vector<float>> values = vector(name, {rows, cols});
     if (!values.ok()) return values.status();
-    const int64_t part = rows / count;
     Result<std::unique_ptr<backend::Weight>> weight =
         backend_.make_weight(count, part, cols, precision.value_or(precision_));
     if (!weight.ok()) return weight.status();
@@ -211,8 +244,17 @@ class Loader {
   }
   // Experts stacked as the backend's moe op takes them: gate_up [count][2I][d] (w1 then w3 of each) and down
   // [count][d][I] (w2); `prefixes` name each expert ("...experts.E." or "...shared_experts.").
+  // With keep_fp8, the experts are kept in FP8 when every one of their tensors is FP8 in 128x128 blocks, or packed
+  // FP4 whose ue8m0 scales within each 128x128 block span at most 2^14 (then every FP4 value times its scale is an
+  // e4m3 value times one power-of-two block scale: exact); else at the loader's precision.
   Status experts(const std::vector<std::string>& prefixes, int64_t inter, int64_t hidden, Linear& gate_up, Linear& down) {
     const int64_t count = static_cast<int64_t>(prefixes.size());
+    bool fp8 = keep_fp8_ && inter % 128 == 0 && hidden % 128 == 0;
+    for (size_t e = 0; e < prefixes.size() && fp8; ++e) {
+      fp8 = fits_fp8(prefixes[e] + "w1.weight", inter, hidden) && fits_fp8(prefixes[e] + "w3.weight", inter, hidden) &&
+            fits_fp8(prefixes[e] + "w2.weight", hidden, inter);
+    }
+    if (fp8) return fp8_experts(prefixes, inter, hidden, gate_up, down);
     Result<std::unique_ptr<backend::Weight>> gu = backend_.make_weight(count, 2 * inter, hidden, precision_);
     if (!gu.ok()) return gu.status();
     Result<std::unique_ptr<backend::Weight>> dn = backend_.make_weight(count, hidden, inter, precision_);
@@ -250,6 +292,149 @@ class Loader {
   const Checkpoint& checkpoint() const { return checkpoint_; }
 
  private:
+  // FP8 codes [rows][cols] and float32 block scales [ceil(rows / 128)][ceil(cols / 128)] (value = code * scale).
+  struct Fp8Matrix {
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+  };
+
+  const TensorView* stored(const std::string& name, DType dtype) const {
+    const TensorView* t = checkpoint_.find(name);
+    return t != nullptr && t->dtype == dtype ? t : nullptr;
+  }
+  bool fp8_blocks_128() const {
+    return config_.weight_block_size == std::vector<int64_t>{128, 128};
+  }
+  // Whether `name` [count * part][cols] stays FP8: stored so in 128x128 blocks, cols a multiple of 128 (the FP8
+  // GEMM's K) and stacked parts ending on block boundaries.
+  bool stays_fp8(const std::string& name, int64_t part, int64_t cols, int64_t count) const {
+    const TensorView* t = stored(name, DType::kF8E4M3);
+    return keep_fp8_ && t != nullptr && fp8_blocks_128() && cols % 128 == 0 && (count == 1 || part % 128 == 0) &&
+           t->shape == std::vector<int64_t>{count * part, cols};
+  }
+  // Whether an expert tensor [rows][cols] can be kept in FP8 exactly: FP8 in 128x128 blocks, or packed FP4 whose
+  // scales within each 128x128 block span at most 2^14.
+  bool fits_fp8(const std::string& name, int64_t rows, int64_t cols) const {
+    if (stays_fp8(name, rows, cols, 1)) return true;
+    const TensorView* t = checkpoint_.find(name);
+    if (t == nullptr || (t->dtype != DType::kI8 && t->dtype != DType::kU8) || config_.expert_dtype != "fp4" ||
+        t->shape != std::vector<int64_t>{rows, cols / 2}) {
+      return false;
+    }
+    Result<std::vector<float>> scales = checkpoint_.load_f32(scale_name(name), std::vector<int64_t>{rows, cols / 32});
+    if (!scales.ok()) return false;
+    for (int64_t br = 0; br < rows; br += 128) {
+      for (int64_t bc = 0; bc < cols / 32; bc += 4) {
+        float lo = INFINITY, hi = 0.0f;
+        for (int64_t r = br; r < std::min(rows, br + 128); ++r) {
+          for (int64_t g = bc; g < bc + 4; ++g) {
+            const float s = (*scales)[r * (cols / 32) + g];
+            if (!(s > 0.0f) || std::isinf(s)) return false;
+            lo = std::min(lo, s);
+            hi = std::max(hi, s);
+          }
+        }
+        if (hi > lo * 16384.0f) return false;
+      }
+    }
+    return true;
+  }
+  // Matrix `index` of `w` from FP8 codes and 128x128 block scales: as they are when the backend keeps the weight in
+  // FP8; else (a backend that widens FP8, the CPU's: make_weight reports another precision) dequantized here.
+  Status set_fp8(backend::Weight& w, int64_t index, int64_t rows, int64_t cols, std::span<const uint8_t> codes,
+                 std::span<const float> scales) {
+    backend::HostMatrix host;
+    host.rows = rows;
+    host.cols = cols;
+    std::vector<float> values;
+    if (w.precision == backend::Precision::kFP8) {
+      host.fp8 = codes;
+      host.fp8_scales = scales;
+    } else {
+      const int64_t sc = (cols + 127) / 128;
+      values.resize(static_cast<size_t>(rows * cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          values[r * cols + c] = f8_e4m3_to_f32(codes[r * cols + c]) * scales[(r / 128) * sc + c / 128];
+        }
+      }
+      host.f32 = values;
+    }
+    return backend_.set_matrix(w, index, host);
+  }
+  // An FP8 tensor's bytes and block scales as stored (128x128 blocks).
+  Status fp8_as_stored(const std::string& name, int64_t rows, int64_t cols, Fp8Matrix& out) {
+    const TensorView* t = stored(name, DType::kF8E4M3);
+    if (t == nullptr || t->shape != std::vector<int64_t>{rows, cols}) {
+      return bad(name, "expected F8_E4M3 " + shape_text({rows, cols}));
+    }
+    const std::string scale = scale_name(name);
+    if (checkpoint_.find(scale) == nullptr) return bad(name, "F8_E4M3 without its block scales '" + scale + "'");
+    Result<std::vector<float>> scales =
+        checkpoint_.load_f32(scale, std::vector<int64_t>{(rows + 127) / 128, (cols + 127) / 128});
+    if (!scales.ok()) return scales.status();
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(t->data);
+    out.codes.assign(q, q + rows * cols);
+    out.scales = std::move(*scales);
+    return Status();
+  }
+  // An expert tensor in FP8 with 128x128 blocks: as stored, or packed FP4 re-expressed exactly (fits_fp8): each
+  // block's scale is its largest FP4 scale / 64, and each value e2m1 * 2^k (k = log2(its scale / block scale)) is
+  // an e4m3 value.
+  Status expert_fp8(const std::string& name, int64_t rows, int64_t cols, Fp8Matrix& out) {
+    if (stays_fp8(name, rows, cols, 1)) return fp8_as_stored(name, rows, cols, out);
+    Result<std::vector<float>> values = vector(name, {rows, cols});
+    if (!values.ok()) return values.status();
+    Result<std::vector<float>> scales =
+        checkpoint_.load_f32(scale_name(name), std::vector<int64_t>{rows, cols / 32});
+    if (!scales.ok()) return scales.status();
+    const int64_t sr = (rows + 127) / 128, sc = cols / 128;
+    out.scales.assign(static_cast<size_t>(sr * sc), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t g = 0; g < cols / 32; ++g) {
+        float& block = out.scales[(r / 128) * sc + g / 4];
+        block = std::max(block, (*scales)[r * (cols / 32) + g] / 64.0f);
+      }
+    }
+    out.codes.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = (*values)[r * cols + c] / out.scales[(r / 128) * sc + c / 128];
+        auto code = fp8_code_.find(v);
+        if (code == fp8_code_.end()) return Status::internal(name + ": an FP4 value has no exact FP8 form");
+        out.codes[static_cast<size_t>(r * cols + c)] = code->second;
+      }
+    }
+    return Status();
+  }
+  Status fp8_experts(const std::vector<std::string>& prefixes, int64_t inter, int64_t hidden, Linear& gate_up,
+                     Linear& down) {
+    const int64_t count = static_cast<int64_t>(prefixes.size());
+    Result<std::unique_ptr<backend::Weight>> gu = backend_.make_weight(count, 2 * inter, hidden, backend::Precision::kFP8);
+    if (!gu.ok()) return gu.status();
+    Result<std::unique_ptr<backend::Weight>> dn = backend_.make_weight(count, hidden, inter, backend::Precision::kFP8);
+    if (!dn.ok()) return dn.status();
+    for (int64_t e = 0; e < count; ++e) {
+      const std::string& q = prefixes[static_cast<size_t>(e)];
+      Fp8Matrix w1, w3, w2;
+      DEEPINFER_RETURN_IF_ERROR(expert_fp8(q + "w1.weight", inter, hidden, w1));
+      DEEPINFER_RETURN_IF_ERROR(expert_fp8(q + "w3.weight", inter, hidden, w3));
+      DEEPINFER_RETURN_IF_ERROR(expert_fp8(q + "w2.weight", hidden, inter, w2));
+      w1.codes.insert(w1.codes.end(), w3.codes.begin(), w3.codes.end());
+      w1.scales.insert(w1.scales.end(), w3.scales.begin(), w3.scales.end());
+      DEEPINFER_RETURN_IF_ERROR(set_fp8(**gu, e, 2 * inter, hidden, w1.codes, w1.scales));
+      DEEPINFER_RETURN_IF_ERROR(set_fp8(**dn, e, hidden, inter, w2.codes, w2.scales));
+    }
+    fp8_matrices_ += 2;
+    gate_up.weight = std::move(*gu);
+    gate_up.rows = 2 * inter;
+    gate_up.cols = hidden;
+    down.weight = std::move(*dn);
+    down.rows = hidden;
+    down.cols = inter;
+    return Status();
+  }
+
   static std::string scale_name(const std::string& name) {
     const std::string suffix = ".weight";
     return (name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name) + ".scale";
@@ -317,6 +502,9 @@ class Loader {
   const Checkpoint& checkpoint_;
   Backend& backend_;
   backend::Precision precision_;
+  bool keep_fp8_ = false;
+  std::map<float, uint8_t> fp8_code_;  // e4m3 value -> code (the first of +0/-0)
+  int64_t fp8_matrices_ = 0;
 };
 
 // A rotary table in backend memory (float64, the V4 ops' form).
@@ -365,8 +553,10 @@ Status load_layer(Loader& l, const V4Config& c, int64_t i, LayerWeights& w) {
   DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wq_b.weight", H * D, c.q_lora_rank, w.wq_b));
   DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wkv.weight", D, d, w.wkv));
   DEEPINFER_RETURN_IF_ERROR(l.buffer(a + "kv_norm.weight", {D}, w.kv_norm));
-  DEEPINFER_RETURN_IF_ERROR(
-      l.linear(a + "wo_a.weight", c.o_groups * c.o_lora_rank, H * D / c.o_groups, w.wo_a, c.o_groups));
+  // wo_a is dequantized (to bf16 on CUDA) even when FP8 is kept, as SGLang does by default: its grouped GEMM has no
+  // FP8 form here.
+  DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wo_a.weight", c.o_groups * c.o_lora_rank, H * D / c.o_groups, w.wo_a,
+                                     c.o_groups, l.precision()));
   DEEPINFER_RETURN_IF_ERROR(l.linear(a + "wo_b.weight", d, c.o_groups * c.o_lora_rank, w.wo_b));
   DEEPINFER_RETURN_IF_ERROR(l.buffer(a + "attn_sink", {H}, w.attn_sink));
   if (w.ratio != 0) {
@@ -431,8 +621,9 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   Weights& w = *model->w_;
   w.precision = precision.value_or(backend.activation_dtype() == backend::DType::kF32 ? backend::Precision::kF32
                                                                                         : backend::Precision::kBF16);
-  if (w.precision == backend::Precision::kFP8) w.precision = backend::Precision::kBF16;
-  Loader l(c, **checkpoint, backend, w.precision);
+  const bool keep_fp8 = w.precision == backend::Precision::kFP8;
+  if (keep_fp8) w.precision = backend::Precision::kBF16;  // what is not stored in FP8
+  Loader l(c, **checkpoint, backend, w.precision, keep_fp8);
   const int64_t d = c.hidden_size, hc = c.hc_mult;
   DEEPINFER_RETURN_IF_ERROR(l.linear("embed.weight", c.vocab_size, d, w.embed));
   DEEPINFER_RETURN_IF_ERROR(l.linear("head.weight", c.vocab_size, d, w.head));
@@ -443,6 +634,7 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::load(const std::filesy
   w.payload.emplace(c);
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) DEEPINFER_RETURN_IF_ERROR(load_layer(l, c, i, w.layers[i]));
+  w.fp8_matrices = l.fp8_matrices();
   return model;
 }
 
@@ -451,8 +643,15 @@ namespace {
 // create_random's weights: each made on the backend and filled from the next seed.
 class RandomMaker {
  public:
-  RandomMaker(Backend& backend, backend::Precision precision, uint64_t seed)
-      : backend_(backend), precision_(precision), seed_(seed) {}
+  RandomMaker(Backend& backend, backend::Precision precision, uint64_t seed, bool fp8)
+      : backend_(backend), precision_(precision), seed_(seed), fp8_(fp8) {}
+  // A matrix the release stores in FP8: FP8 when asked for and its shape allows (as Loader::stays_fp8).
+  Status release_fp8(int64_t rows, int64_t cols, Linear& out, int64_t count = 1) {
+    const bool fp8 = fp8_ && cols % 128 == 0 && (count == 1 || rows % 128 == 0);
+    if (fp8) ++fp8_matrices_;
+    return linear(rows, cols, out, count, fp8 ? std::optional(backend::Precision::kFP8) : std::nullopt);
+  }
+  int64_t fp8_matrices() const { return fp8_matrices_; }
   Status linear(int64_t rows, int64_t cols, Linear& out, int64_t count = 1,
                 std::optional<backend::Precision> precision = std::nullopt) {
     Result<std::unique_ptr<backend::Weight>> w = backend_.make_weight(count, rows, cols, precision.value_or(precision_));
@@ -488,20 +687,26 @@ class RandomMaker {
   Backend& backend_;
   backend::Precision precision_;
   uint64_t seed_;
+  bool fp8_ = false;
+  int64_t fp8_matrices_ = 0;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::create_random(const V4Config& c, Backend& backend,
-                                                                          uint64_t seed) {
+                                                                          uint64_t seed,
+                                                                          std::optional<backend::Precision> precision) {
   if (!backend.has_v4_ops()) {
     return Status::unsupported("DeepSeek-V4: the " + std::string(backend.name()) + " backend has no V4 kernels");
   }
   std::unique_ptr<DeepSeekV4Model> model(new DeepSeekV4Model(c, backend));
   Weights& w = *model->w_;
-  w.precision = backend.activation_dtype() == backend::DType::kF32 ? backend::Precision::kF32 : backend::Precision::kBF16;
+  w.precision = precision.value_or(backend.activation_dtype() == backend::DType::kF32 ? backend::Precision::kF32
+                                                                                        : backend::Precision::kBF16);
+  const bool fp8 = w.precision == backend::Precision::kFP8;
+  if (fp8) w.precision = backend::Precision::kBF16;
   constexpr auto kF32 = backend::Precision::kF32;
-  RandomMaker r(backend, w.precision, seed);
+  RandomMaker r(backend, w.precision, seed, fp8);
   const int64_t d = c.hidden_size, hc = c.hc_mult, H = c.num_attention_heads, D = c.head_dim;
   const int64_t mix = (2 + hc) * hc, E = c.n_routed_experts, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
   DEEPINFER_RETURN_IF_ERROR(r.linear(c.vocab_size, d, w.embed));
@@ -536,17 +741,17 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::create_random(const V4
     DEEPINFER_RETURN_IF_ERROR(r.random_vector(mix, 0.5f, l.hc_ffn_base));
     DEEPINFER_RETURN_IF_ERROR(r.vector(3, 1.0f, l.hc_attn_scale));
     DEEPINFER_RETURN_IF_ERROR(r.vector(3, 1.0f, l.hc_ffn_scale));
-    DEEPINFER_RETURN_IF_ERROR(r.linear(c.q_lora_rank, d, l.wq_a));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(c.q_lora_rank, d, l.wq_a));
     DEEPINFER_RETURN_IF_ERROR(r.vector(c.q_lora_rank, 1.0f, l.q_norm));
-    DEEPINFER_RETURN_IF_ERROR(r.linear(H * D, c.q_lora_rank, l.wq_b));
-    DEEPINFER_RETURN_IF_ERROR(r.linear(D, d, l.wkv));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(H * D, c.q_lora_rank, l.wq_b));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(D, d, l.wkv));
     DEEPINFER_RETURN_IF_ERROR(r.vector(D, 1.0f, l.kv_norm));
     DEEPINFER_RETURN_IF_ERROR(r.linear(c.o_lora_rank, H * D / c.o_groups, l.wo_a, c.o_groups));
-    DEEPINFER_RETURN_IF_ERROR(r.linear(d, c.o_groups * c.o_lora_rank, l.wo_b));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(d, c.o_groups * c.o_lora_rank, l.wo_b));
     DEEPINFER_RETURN_IF_ERROR(r.vector(H, 0.0f, l.attn_sink));
     if (l.ratio != 0) DEEPINFER_RETURN_IF_ERROR(compressor(l.ratio, D, l.compressor));
     if (l.ratio == 4) {
-      DEEPINFER_RETURN_IF_ERROR(r.linear(c.index_n_heads * c.index_head_dim, c.q_lora_rank, l.index_wq_b));
+      DEEPINFER_RETURN_IF_ERROR(r.release_fp8(c.index_n_heads * c.index_head_dim, c.q_lora_rank, l.index_wq_b));
       DEEPINFER_RETURN_IF_ERROR(r.linear(c.index_n_heads, d, l.index_weights_proj));
       DEEPINFER_RETURN_IF_ERROR(compressor(4, c.index_head_dim, l.index_compressor));
     }
@@ -563,25 +768,42 @@ Result<std::unique_ptr<DeepSeekV4Model>> DeepSeekV4Model::create_random(const V4
     } else {
       DEEPINFER_RETURN_IF_ERROR(r.vector(E, 0.0f, l.gate_bias));
     }
-    DEEPINFER_RETURN_IF_ERROR(r.linear(2 * I, d, l.experts_gate_up, E));
-    DEEPINFER_RETURN_IF_ERROR(r.linear(d, I, l.experts_down, E));
-    DEEPINFER_RETURN_IF_ERROR(r.linear(2 * I, d, l.shared_gate_up));
-    DEEPINFER_RETURN_IF_ERROR(r.linear(d, I, l.shared_down));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(2 * I, d, l.experts_gate_up, E));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(d, I, l.experts_down, E));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(2 * I, d, l.shared_gate_up));
+    DEEPINFER_RETURN_IF_ERROR(r.release_fp8(d, I, l.shared_down));
   }
+  w.fp8_matrices = r.fp8_matrices();
   return model;
 }
 
-int64_t DeepSeekV4Model::dense_weight_bytes() const {
-  int64_t bytes = static_cast<int64_t>(w_->head.weight->bytes + w_->hc_head_fn.weight->bytes);
-  for (const LayerWeights& l : w_->layers) {
+namespace {
+// Sums `of` over the weights one forward reads besides the routed experts.
+int64_t sum_dense(const std::vector<LayerWeights>& layers, const Linear& head, const Linear& hc_head_fn,
+                  const std::function<int64_t(const backend::Weight&)>& of) {
+  int64_t total = of(*head.weight) + of(*hc_head_fn.weight);
+  for (const LayerWeights& l : layers) {
     for (const Linear* m : {&l.hc_attn_fn, &l.hc_ffn_fn, &l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.compressor.wkv,
                             &l.compressor.wgate, &l.index_compressor.wkv, &l.index_compressor.wgate, &l.index_wq_b,
                             &l.index_weights_proj, &l.gate, &l.shared_gate_up, &l.shared_down}) {
-      if (m->weight) bytes += static_cast<int64_t>(m->weight->bytes);
+      if (m->weight) total += of(*m->weight);
     }
   }
-  return bytes;
+  return total;
 }
+}  // namespace
+
+int64_t DeepSeekV4Model::dense_weight_bytes() const {
+  return sum_dense(w_->layers, w_->head, w_->hc_head_fn,
+                   [](const backend::Weight& w) { return static_cast<int64_t>(w.bytes); });
+}
+
+int64_t DeepSeekV4Model::dense_weight_params() const {
+  return sum_dense(w_->layers, w_->head, w_->hc_head_fn,
+                   [](const backend::Weight& w) { return w.count * w.rows * w.cols; });
+}
+
+int64_t DeepSeekV4Model::fp8_weights() const { return w_->fp8_matrices; }
 
 int64_t DeepSeekV4Model::expert_bytes() const {
   if (w_->layers.empty()) return 0;

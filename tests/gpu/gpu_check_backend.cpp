@@ -943,20 +943,29 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
       params.frequency_penalty = 0.3f;
       params.presence_penalty = -0.2f;
     }
+    // Every other row also asks for logprobs (20 or 3 alternatives; the same draws: logprobs do not change them).
+    deepinfer::engine::SamplingParams with_20 = params, with_3 = params;
+    with_20.logprobs = 20;
+    with_3.logprobs = 3;
+    auto params_of = [&](int64_t r) -> const deepinfer::engine::SamplingParams& {
+      return r % 2 == 1 ? params : r % 4 == 0 ? with_20 : with_3;
+    };
     std::vector<be::Backend::LogitAdjustment> adjustments;
     for (int64_t r = 0; r < rows; ++r)
       deepinfer::engine::append_logit_adjustments(params, prompts[r], outputs[r], static_cast<int32_t>(r), adjustments);
-    int64_t draws = 0, mismatches = 0;
+    int64_t draws = 0, mismatches = 0, logprob_rows = 0, logprob_mismatches = 0;
+    double worst_logprob_error = 0.0;
     for (int counter = 0; counter < counters; ++counter) {
       std::vector<be::Backend::DeviceSampling> device(static_cast<size_t>(rows));
       std::vector<deepinfer::engine::RequestRng> rngs(static_cast<size_t>(rows));
       std::vector<deepinfer::engine::SamplerRow> host_rows(static_cast<size_t>(rows));
       for (int64_t r = 0; r < rows; ++r) {
         const uint64_t seed = 1000 + static_cast<uint64_t>(r) * 7919;
-        device[r] = {c.temperature, c.top_k, c.top_p, c.min_p, seed, static_cast<uint64_t>(counter)};
+        device[r] = {c.temperature, c.top_k, c.top_p, c.min_p, seed, static_cast<uint64_t>(counter),
+                     params_of(r).logprobs.value_or(-1)};
         rngs[r] = {seed, static_cast<uint64_t>(counter)};
         host_rows[r].logits = std::span<const float>(logits).subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
-        host_rows[r].params = &params;
+        host_rows[r].params = &params_of(r);
         host_rows[r].rng = &rngs[r];
         host_rows[r].prompt_token_ids = prompts[r];
         host_rows[r].output_token_ids = outputs[r];
@@ -972,16 +981,36 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
         draws += rows;
         continue;
       }
+      std::vector<be::Backend::SampledLogprobs> got_logprobs;
+      expect_ok("read_sampled_logprobs", gpu.read_sampled_logprobs(got_logprobs));
       for (int64_t r = 0; r < rows; ++r) {
         ++draws;
         mismatches += got[r] == want[r].token_id ? 0 : 1;
+        if (!params_of(r).logprobs) continue;
+        // The drawn token's logprob (where both drew the same token) and the alternatives: the same ids in the same
+        // order, values within float rounding of the host's (the sum of exponentials in another order).
+        ++logprob_rows;
+        bool same = static_cast<size_t>(r) < got_logprobs.size() &&
+                    got_logprobs[r].top.size() == want[r].top_logprobs.size() && want[r].logprob.has_value();
+        auto close = [&](float a, float b) {
+          const double e = std::fabs(static_cast<double>(a) - b);
+          worst_logprob_error = std::max(worst_logprob_error, e);
+          return e <= 1e-6 + 1e-6 * std::fabs(b);
+        };
+        if (same && got[r] == want[r].token_id) same = close(got_logprobs[r].logprob, *want[r].logprob);
+        for (size_t j = 0; same && j < want[r].top_logprobs.size(); ++j) {
+          same = got_logprobs[r].top[j].first == want[r].top_logprobs[j].token_id &&
+                 close(got_logprobs[r].top[j].second, want[r].top_logprobs[j].logprob);
+        }
+        logprob_mismatches += same ? 0 : 1;
       }
     }
     std::printf("{\"check\":\"device sampling vs host sampler: %s\",\"vocab\":%lld,\"draws\":%lld,\"mismatches\":%lld,"
-                "\"ok\":%s}\n",
+                "\"logprob_rows\":%lld,\"logprob_mismatches\":%lld,\"worst_logprob_error\":%.3g,\"ok\":%s}\n",
                 c.name, static_cast<long long>(vocab), static_cast<long long>(draws), static_cast<long long>(mismatches),
-                mismatches * 1000 <= draws ? "true" : "false");
-    if (mismatches * 1000 > draws) ++g_failures;
+                static_cast<long long>(logprob_rows), static_cast<long long>(logprob_mismatches), worst_logprob_error,
+                mismatches * 1000 <= draws && logprob_mismatches == 0 ? "true" : "false");
+    if (mismatches * 1000 > draws || logprob_mismatches != 0) ++g_failures;
   }
   if (!timing) {
     // One row's logits in every row of a step, drawn at counters 0, 1, ...: the device's token frequencies against

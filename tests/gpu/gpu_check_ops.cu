@@ -24,6 +24,7 @@
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
+#include "deepinfer/kernels/cuda/sampling.h"
 #include "deepinfer/backend/moe_routing.h"
 #include "gpu_check_common.h"
 
@@ -833,6 +834,53 @@ void bench_all() {
   }
 }
 
+// Sampling 256 rows of DeepSeek-V3's 129,280-token vocabulary (temperature 0.8, top_p 0.9: the rows' values are
+// flat, so the top-p set is most of the vocabulary - the kernel's worst case) by the CTAs that walk the rows: 256 (a
+// CTA per row), 128, 64 (the default), 32; and the logprobs kernel with 20 alternatives per row. The bytes are one
+// read of the logits (the floor); the kernels pass over each row ~11 times (sampling) or 22 (logprobs).
+void bench_sampling() {
+  const int64_t rows = 256, vocab = 129280;
+  const double bytes = static_cast<double>(rows * vocab * 4);
+  const int sets = sets_for(bytes);
+  Pool logits(static_cast<size_t>(bytes), sets, 91, 1);
+  std::vector<k::SampleRowParams> host(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    host[r].temperature = 0.8f;
+    host[r].top_p = 0.9f;
+    host[r].seed = 7;
+    host[r].counter = static_cast<uint64_t>(r);
+    host[r].logprobs = 20;
+  }
+  DeviceBuffer<k::SampleRowParams> params(host.size());
+  CUDA_TRY(cudaMemcpy(params.ptr, host.data(), host.size() * sizeof(k::SampleRowParams), cudaMemcpyHostToDevice));
+  DeviceBuffer<int32_t> ids(static_cast<size_t>(rows)), top_ids(static_cast<size_t>(rows * k::kMaxTopLogprobs));
+  DeviceBuffer<float> top_logprobs(static_cast<size_t>(rows * k::kMaxTopLogprobs));
+  DeviceBuffer<double> normaliser(static_cast<size_t>(rows));
+  for (int64_t ctas : {int64_t{256}, int64_t{128}, int64_t{64}, int64_t{32}}) {
+    bench_row("sample 256 x 129280 top_p 0.9, " + std::to_string(ctas) + " CTAs", bytes, [&](int i) {
+      k::SampleParams p;
+      p.rows = rows;
+      p.cols = vocab;
+      p.logits = static_cast<const float*>(logits.at(i % sets));
+      p.row_params = params.ptr;
+      p.ids = ids.ptr;
+      p.ctas = ctas;
+      CUDA_TRY(k::run_sample(p));
+    }, sets);
+  }
+  bench_row("logprobs 256 x 129280, 20 alternatives", bytes, [&](int i) {
+    k::LogprobsParams p;
+    p.rows = rows;
+    p.cols = vocab;
+    p.logits = static_cast<const float*>(logits.at(i % sets));
+    p.row_params = params.ptr;
+    p.normaliser = normaliser.ptr;
+    p.top_ids = top_ids.ptr;
+    p.top_logprobs = top_logprobs.ptr;
+    CUDA_TRY(k::run_logprobs(p));
+  }, sets);
+}
+
 void measure_copy() {
   const size_t bytes = size_t{2} << 30;
   const double us = time_d2d_copy(bytes, [](uint8_t* src, size_t n) { fill(src, n, 77, 0); }, 3, 20).median_us;
@@ -934,6 +982,7 @@ int main(int argc, char** argv) {
     try {
       measure_copy();
       bench_all();
+      bench_sampling();
     } catch (const std::exception& ex) {
       std::printf("{\"kind\":\"bench\",\"error\":\"%s\"}\n", ex.what());
     }

@@ -220,7 +220,7 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
     for (size_t i = 0; i < 12; ++i) outputs[r].push_back(i % 3 == 0 ? prompts[r][i] : static_cast<TokenId>((i * 37 + r) % vocab));
     first += n;
   }
-  int draws = 0, mismatches = 0;
+  int draws = 0, mismatches = 0, logprob_rows = 0, logprob_mismatches = 0;
   for (const Case& c : {Case{1.0f, -1, 1.0f, 0.0f, false}, Case{0.8f, 20, 1.0f, 0.0f, false},
                         Case{1.0f, -1, 0.9f, 0.0f, false}, Case{1.2f, 50, 0.8f, 0.05f, false},
                         Case{0.0f, -1, 1.0f, 0.0f, false}, Case{1.0f, -1, 0.95f, 0.0f, true},
@@ -240,15 +240,22 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
     for (size_t r = 0; r < 6; ++r)
       engine::append_logit_adjustments(params, prompts[r], outputs[r], static_cast<int32_t>(r), adjustments);
     EXPECT_EQ(adjustments.empty(), !c.penalties);
+    // Rows 0, 2 and 4 also ask for logprobs (5 alternatives; row 4 none, only the drawn token's).
+    engine::SamplingParams with_5 = params, with_0 = params;
+    with_5.logprobs = 5;
+    with_0.logprobs = 0;
+    auto params_of = [&](size_t r) -> const engine::SamplingParams& {
+      return r % 2 == 1 ? params : r == 4 ? with_0 : with_5;
+    };
     for (uint64_t counter = 0; counter < 30; ++counter) {
       std::vector<backend::Backend::DeviceSampling> device;
       std::vector<engine::RequestRng> rngs(6);
       std::vector<engine::SamplerRow> rows(6);
       for (size_t r = 0; r < 6; ++r) {
-        device.push_back({c.temperature, c.top_k, c.top_p, c.min_p, 500 + r, counter});
+        device.push_back({c.temperature, c.top_k, c.top_p, c.min_p, 500 + r, counter, params_of(r).logprobs.value_or(-1)});
         rngs[r] = {500 + r, counter};
         rows[r].logits = std::span<const float>(logits).subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
-        rows[r].params = &params;
+        rows[r].params = &params_of(r);
         rows[r].rng = &rngs[r];
         rows[r].prompt_token_ids = prompts[r];
         rows[r].output_token_ids = outputs[r];
@@ -256,17 +263,36 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
       std::vector<engine::SampledToken> want(6);
       ASSERT_TRUE(sampler.sample(rows, want).ok());
       std::vector<int32_t> got;
-      Status st = (*model)->forward_sampled(batch, *caches, device, adjustments, got);
+      std::vector<backend::Backend::SampledLogprobs> got_logprobs;
+      Status st = (*model)->forward_sampled(batch, *caches, device, adjustments, got, &got_logprobs);
       ASSERT_TRUE(st.ok()) << st.to_string();
       ASSERT_EQ(got.size(), 6u);
+      ASSERT_EQ(got_logprobs.size(), 6u);
       for (size_t r = 0; r < 6; ++r) {
         ++draws;
         mismatches += got[r] == want[r].token_id ? 0 : 1;
+        if (!params_of(r).logprobs) {
+          EXPECT_TRUE(got_logprobs[r].top.empty());
+          continue;
+        }
+        // The raw logits' log-softmax (before logit_bias and penalties), as the host's: the same alternatives in the
+        // same order, values within float rounding.
+        ++logprob_rows;
+        bool same = got_logprobs[r].top.size() == want[r].top_logprobs.size() && want[r].logprob.has_value() &&
+                    (got[r] != want[r].token_id || std::fabs(got_logprobs[r].logprob - *want[r].logprob) <= 1e-5f);
+        for (size_t j = 0; same && j < want[r].top_logprobs.size(); ++j) {
+          same = got_logprobs[r].top[j].first == want[r].top_logprobs[j].token_id &&
+                 std::fabs(got_logprobs[r].top[j].second - want[r].top_logprobs[j].logprob) <= 1e-5f;
+        }
+        logprob_mismatches += same ? 0 : 1;
       }
     }
   }
-  std::printf("[ device sampling vs host sampler ] %d of %d draws differ\n", mismatches, draws);
+  std::printf("[ device sampling vs host sampler ] %d of %d draws differ; logprobs differ on %d of %d rows\n",
+              mismatches, draws, logprob_mismatches, logprob_rows);
   EXPECT_LE(mismatches * 100, draws);
+  EXPECT_EQ(logprob_mismatches, 0);
+  EXPECT_GT(logprob_rows, 0);
 }
 
 // CUDA graphs (Backend::run_graph) must change nothing but the launch count: the same decode steps with graphs off

@@ -466,17 +466,22 @@ uint8_t nearest(float v, const float* table, int n) {
   return static_cast<uint8_t>(best);
 }
 
-// DeepSeek-V4's release quantization, built from the fixture: dense weights FP8 e4m3 with ue8m0 (F8_E8M0) scales
-// per 32x32 block, routed experts packed FP4 (two per byte, low nibble first) with a ue8m0 scale per 32 inputs.
-// The same values, dequantized, written as F32 into a second checkpoint: both must give bit-identical logits (the
-// loader's dequantization is exact and reads the layout as written).
-TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
-  deepinfer::testing::TempDir dir;
-  const std::filesystem::path quantized = dir.path() / "quantized", reference = dir.path() / "reference";
+// DeepSeek-V4's release quantization of the checkpoint in `source`: dense weights (attention, the indexer's wq_b,
+// shared experts) FP8 e4m3 with ue8m0 (F8_E8M0) scales per `block` x `block`, routed experts packed FP4 (two per
+// byte, low nibble first) with a ue8m0 scale per 32 inputs, into quantized/ (config with its quantization_config)
+// and the same values dequantized, as F32, into reference/. `spread`: routed expert 0 of layer 1 gets one group of
+// 32 inputs scaled 2^20 below its row's others (FP4 that has no exact FP8 form in 128x128 blocks).
+struct Quantized {
+  int fp8_tensors = 0, fp4_tensors = 0;
+};
+Quantized quantize_checkpoint(const std::filesystem::path& source_dir, const std::filesystem::path& quantized,
+                              const std::filesystem::path& reference, int64_t block, bool spread = false) {
+  Quantized counts;
   std::filesystem::create_directories(quantized);
   std::filesystem::create_directories(reference);
-  auto source = Checkpoint::open(deepinfer::testing::source_path(kFixture));
-  ASSERT_TRUE(source.ok());
+  auto source = Checkpoint::open(source_dir);
+  EXPECT_TRUE(source.ok());
+  if (!source.ok()) return counts;
   float fp8[256], fp4[16];
   for (int i = 0; i < 256; ++i) fp8[i] = f8_e4m3_to_f32(static_cast<uint8_t>(i));
   const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
@@ -486,7 +491,6 @@ TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
     return static_cast<uint8_t>(127 + static_cast<int>(std::ceil(std::log2(amax / max_code))));
   };
   std::vector<TensorOut> q_out, r_out;
-  int fp8_tensors = 0, fp4_tensors = 0;
   for (const std::string& name : (*source)->names()) {
     const TensorView* t = (*source)->find(name);
     const std::string base = name.substr(0, name.size() - 7);  // without ".weight"
@@ -504,18 +508,18 @@ TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
     const int64_t rows = t->shape[0], cols = t->shape[1];
     std::vector<float> deq(w.size());
     if (dense) {
-      const int64_t br = (rows + 31) / 32, bc = (cols + 31) / 32;
+      const int64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
       std::vector<uint8_t> codes(w.size()), scales(static_cast<size_t>(br * bc));
       for (int64_t i = 0; i < br; ++i) {
         for (int64_t j = 0; j < bc; ++j) {
           float amax = 0.0f;
-          for (int64_t r = i * 32; r < std::min(rows, i * 32 + 32); ++r)
-            for (int64_t c = j * 32; c < std::min(cols, j * 32 + 32); ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+          for (int64_t r = i * block; r < std::min(rows, i * block + block); ++r)
+            for (int64_t c = j * block; c < std::min(cols, j * block + block); ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
           const uint8_t code = e8m0(amax, 448.0f);
           scales[i * bc + j] = code;
           const float scale = f8_e8m0_to_f32(code);
-          for (int64_t r = i * 32; r < std::min(rows, i * 32 + 32); ++r) {
-            for (int64_t c = j * 32; c < std::min(cols, j * 32 + 32); ++c) {
+          for (int64_t r = i * block; r < std::min(rows, i * block + block); ++r) {
+            for (int64_t c = j * block; c < std::min(cols, j * block + block); ++c) {
               codes[r * cols + c] = nearest(w[r * cols + c] / scale, fp8, 256);
               deq[r * cols + c] = fp8[codes[r * cols + c]] * scale;
             }
@@ -524,13 +528,15 @@ TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
       }
       q_out.push_back({name, "F8_E4M3", t->shape, raw(codes)});
       q_out.push_back({base + ".scale", "F8_E8M0", {br, bc}, raw(scales)});
-      ++fp8_tensors;
+      ++counts.fp8_tensors;
     } else {
+      const bool spread_this = spread && name == "layers.1.ffn.experts.0.w1.weight";
       std::vector<uint8_t> packed(static_cast<size_t>(rows * cols / 2), 0), scales(static_cast<size_t>(rows * cols / 32));
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t g = 0; g < cols / 32; ++g) {
           float amax = 0.0f;
           for (int64_t c = g * 32; c < g * 32 + 32; ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+          if (spread_this && r == 0 && g == 0) amax = std::ldexp(amax, -20);
           const uint8_t code = e8m0(amax, 6.0f);
           scales[r * (cols / 32) + g] = code;
           const float scale = f8_e8m0_to_f32(code);
@@ -543,22 +549,32 @@ TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
       }
       q_out.push_back({name, "I8", {rows, cols / 2}, raw(packed)});
       q_out.push_back({base + ".scale", "F8_E8M0", {rows, cols / 32}, raw(scales)});
-      ++fp4_tensors;
+      ++counts.fp4_tensors;
     }
     r_out.push_back({name, "F32", t->shape, raw(deq)});
   }
-  EXPECT_GT(fp8_tensors, 20);
-  EXPECT_EQ(fp4_tensors, 4 * 16 * 3);
   write_safetensors(quantized / "model.safetensors", q_out);
   write_safetensors(reference / "model.safetensors", r_out);
-  std::string config = deepinfer::testing::read_file(deepinfer::testing::source_path(kFixture + "/config.json"));
+  std::string config = deepinfer::testing::read_file((source_dir / "config.json").string());
   std::ofstream(reference / "config.json") << config;
-  const std::string marker = "\"index_topk\": 16,";
-  config.replace(config.find(marker), marker.size(),
-                 marker + " \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
-                          "\"scale_fmt\": \"ue8m0\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": [32, 32]}, "
-                          "\"expert_dtype\": \"fp4\",");
-  std::ofstream(quantized / "config.json") << config;
+  boost::json::object parsed = boost::json::parse(config).as_object();
+  parsed["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"},
+                                   {"activation_scheme", "dynamic"}, {"weight_block_size", {block, block}}};
+  parsed["expert_dtype"] = "fp4";
+  std::ofstream(quantized / "config.json") << boost::json::serialize(parsed);
+  return counts;
+}
+
+// The fixture quantized so (32x32 blocks, as V4.1); both checkpoints must give bit-identical logits (the loader's
+// dequantization is exact and reads the layout as written).
+TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
+  deepinfer::testing::TempDir dir;
+  const std::filesystem::path quantized = dir.path() / "quantized", reference = dir.path() / "reference";
+  const Quantized counts =
+      quantize_checkpoint(deepinfer::testing::source_path(kFixture), quantized, reference, 32);
+  const int fp8_tensors = counts.fp8_tensors, fp4_tensors = counts.fp4_tensors;
+  EXPECT_GT(fp8_tensors, 20);
+  EXPECT_EQ(fp4_tensors, 4 * 16 * 3);
 
   auto q_model = DeepSeekV4Model::load(quantized, *backend_);
   ASSERT_TRUE(q_model.ok()) << q_model.status().to_string();
@@ -585,6 +601,96 @@ TEST_F(V4Test, QuantizedCheckpointDequantizesExactly) {
   auto refused = DeepSeekV4Model::load(quantized, *backend_);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("no quantization_config"), std::string::npos) << refused.status().to_string();
+}
+
+// Logits of `ids` (every row) from a fresh sequence of `model`.
+std::vector<float> logits_of(DeepSeekV4Model& model, const std::vector<int32_t>& ids) {
+  auto sequence = model.new_sequence();
+  DeepSeekV4Model::Chunk chunk{sequence.get(), ids, DeepSeekV4Model::Logits::kAll};
+  std::vector<float> logits;
+  Status status = model.forward(std::span<const DeepSeekV4Model::Chunk>(&chunk, 1), logits);
+  EXPECT_TRUE(status.ok()) << status.to_string();
+  return logits;
+}
+
+// FP8 kept as FP8 (what `serve` asks for on CUDA), checked on the CPU, whose FP8 weights are the same values in bf16:
+// a random checkpoint of the fixture's architecture with experts of 128 rows, quantized in 128x128 blocks. Loaded
+// with kFP8, the FP8 tensors whose shapes allow it and the FP4 experts (re-expressed in FP8 blocks) are kept in FP8 -
+// and the logits are bit-identical to the dequantized twin's in bf16, so the FP4 -> FP8 step is exact. An expert
+// whose FP4 scales span more than an FP8 block can hold makes that layer's experts bf16 (still exact).
+TEST(V4Fp8, KeptFp8WeightsGiveTheDequantizedLogits) {
+  deepinfer::testing::TempDir dir;
+  boost::json::object config =
+      boost::json::parse(deepinfer::testing::read_file(deepinfer::testing::source_path(kFixture + "/config.json")))
+          .as_object();
+  config["moe_intermediate_size"] = 128;
+  config["num_hidden_layers"] = 2;
+  config["compress_ratios"] = {0, 4};
+  ASSERT_TRUE(write_random_v4_checkpoint(dir.path() / "source", config, 11, 0.05f).ok());
+  auto backend = backend::make_cpu_backend();
+  std::vector<int32_t> ids(150);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 389 + 7) % 1024);
+  for (bool spread : {false, true}) {
+    const std::filesystem::path run = dir.path() / (spread ? "spread" : "plain");
+    const Quantized counts = quantize_checkpoint(dir.path() / "source", run / "q", run / "r", 128, spread);
+    EXPECT_EQ(counts.fp4_tensors, 2 * 16 * 3);
+    auto fp8 = DeepSeekV4Model::load(run / "q", *backend, backend::Precision::kFP8);
+    ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
+    auto bf16 = DeepSeekV4Model::load(run / "r", *backend, backend::Precision::kBF16);
+    ASSERT_TRUE(bf16.ok()) << bf16.status().to_string();
+    auto unquantized = DeepSeekV4Model::load(dir.path() / "source", *backend);
+    ASSERT_TRUE(unquantized.ok()) << unquantized.status().to_string();
+    // Per layer: wq_a and wkv (256 columns; wq_b, wo_b and the indexer's wq_b have 32 or 64), the shared expert's
+    // two stacks, and the routed experts' two stacks unless their scales spread too far (layer 1 with `spread`).
+    EXPECT_EQ((*fp8)->fp8_weights(), spread ? 2 * 6 - 2 : 2 * 6) << (spread ? "spread" : "plain");
+    EXPECT_EQ((*bf16)->fp8_weights(), 0);
+    const std::vector<float> a = logits_of(**fp8, ids), b = logits_of(**bf16, ids),
+                             c = logits_of(**unquantized, ids);
+    ASSERT_EQ(a.size(), ids.size() * 1024);
+    EXPECT_EQ(a, b) << (spread ? "spread" : "plain");
+    // Not vacuous: the logits see the weights' quantization (the unquantized checkpoint's differ).
+    EXPECT_NE(a, c);
+  }
+}
+
+// The same on CUDA: the fixture quantized in 128x128 blocks, loaded with kFP8 (block-scaled FP8 GEMMs that quantize
+// activations to e4m3 per 1x128, as DeepSeek's code does) and its dequantized twin in bf16, both against the float32
+// reference. Bounds as the bf16 test's, with the argmax agreement of FP8 activations (V3's FP8 test: 80%).
+TEST_F(V4Test, CudaBackendKeepsFp8Weights) {
+  Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+  if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
+  deepinfer::testing::TempDir dir;
+  quantize_checkpoint(deepinfer::testing::source_path(kFixture), dir.path() / "q", dir.path() / "r", 128);
+  auto fp8 = DeepSeekV4Model::load(dir.path() / "q", **cuda, backend::Precision::kFP8);
+  ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
+  auto bf16 = DeepSeekV4Model::load(dir.path() / "r", **cuda);
+  ASSERT_TRUE(bf16.ok()) << bf16.status().to_string();
+  auto cpu = DeepSeekV4Model::load(dir.path() / "r", *backend_);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  EXPECT_EQ((*fp8)->fp8_weights(), 4 * 2);  // wq_a and wkv of each layer (the only ones with 256 columns)
+  EXPECT_LT((*fp8)->dense_weight_bytes(), (*bf16)->dense_weight_bytes());
+  for (const auto& [label, model] : {std::pair{"fp8", fp8->get()}, std::pair{"bf16", bf16->get()}}) {
+    double worst = 0.0;
+    int agree = 0, positions = 0;
+    for (int i = 0; i < kPrompts; ++i) {
+      const std::vector<float> expected = logits_of(**cpu, prompts_[i].ids), got = logits_of(*model, prompts_[i].ids);
+      const int64_t vocab = 1024;
+      for (size_t t = 0; t < prompts_[i].ids.size(); ++t) {
+        double diff = 0.0, norm = 0.0;
+        for (int64_t v = 0; v < vocab; ++v) {
+          diff = std::max(diff, std::fabs(double(got[t * vocab + v]) - expected[t * vocab + v]));
+          norm = std::max(norm, std::fabs(double(expected[t * vocab + v])));
+        }
+        worst = std::max(worst, diff / norm);
+        agree += argmax(got.data() + t * vocab, vocab) == argmax(expected.data() + t * vocab, vocab);
+        ++positions;
+      }
+    }
+    std::printf("{\"test\":\"v4_cuda_fp8\",\"weights\":\"%s\",\"worst_rel_error\":%.3g,\"argmax_agree\":%d,"
+                "\"positions\":%d}\n", label, worst, agree, positions);
+    EXPECT_LE(worst, 0.75) << label;
+    EXPECT_GE(agree * 100, positions * 80) << label;
+  }
 }
 
 // Config errors name the field; the V2/V3 loader points V4 checkpoints elsewhere.

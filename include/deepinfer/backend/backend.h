@@ -426,7 +426,7 @@ class Backend {
   virtual Status read_top_probabilities(std::vector<float>& host_probabilities) = 0;
 
   // Sampling where the logits are (after compute_logits without `greedy`, outside run_graph's ops): per logits row
-  // one token drawn with the engine sampler's semantics for rows without logprobs (engine/sampler.h steps 1-8:
+  // one token drawn with the engine sampler's semantics (engine/sampler.h steps 1-8:
   // `adjustments` carry logit_bias and the penalties per (row, token), applied in the host's order and float
   // arithmetic; greedy below temperature 1e-5, top-k, top-p, min-p, the Philox draw at (seed, counter)); host ids
   // [rows], -1 for a row holding a NaN or +inf or nothing above -inf. Waits for the step.
@@ -437,6 +437,8 @@ class Backend {
     int32_t top_k = 0;  // <= 0: all
     float top_p = 1.0f, min_p = 0.0f;
     uint64_t seed = 0, counter = 0;
+    int32_t logprobs = -1;  // -1: none; 0..20: the drawn token's logprob and this many alternatives
+                            // (read_sampled_logprobs)
   };
   // One (row, token)'s logit_bias and penalties (distinct pairs): l += bias (has_bias; clamped already); with
   // repetition != 1, l = l > 0 ? l / repetition : l * repetition; when in_output, l -= frequency (the host's
@@ -446,6 +448,19 @@ class Backend {
     float bias = 0.0f, repetition = 1.0f, frequency = 0.0f, presence = 0.0f;
     bool has_bias = false, in_output = false;
   };
+  // After read_sampled_tokens, the same step: per row whose DeviceSampling::logprobs >= 0 the engine Sampler's
+  // fill_logprobs on the RAW logits (before logit_bias and penalties): the drawn token's log-softmax (float(l -
+  // (max + log(sum exp(l - max)))), the sum and log in double; NaN when the row's id is -1) and the `logprobs` largest
+  // logits (ties to the lower id) with theirs; rows without: logprob NaN, top empty; no entries at all when no row
+  // asked. Host work only (the values came with the ids). REQUIRES: read_sampled_tokens ran for this step.
+  struct SampledLogprobs {
+    float logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top;  // (id, logprob), largest first
+  };
+  virtual Status read_sampled_logprobs(std::vector<SampledLogprobs>& out) {
+    (void)out;
+    return Status::unsupported(std::string(name()) + " backend: no sampling on the device");
+  }
   virtual bool has_device_sampling() const { return false; }
   virtual Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
                                      std::vector<int32_t>& host_ids) {

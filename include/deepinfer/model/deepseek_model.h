@@ -234,13 +234,15 @@ class DeepSeekModel {
   // moving the logits.
   Status forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids);
   // The same pass, each logits row sampled where the logits are (Backend::read_sampled_tokens: the engine sampler's
-  // semantics for rows without logprobs, `adjustments` carrying logit_bias and penalties); ids as forward_greedy.
-  // `sampling` has one entry per logits row. Errors: Unsupported unless samples_on_device() (a backend with device
-  // sampling, no tensor parallel); InvalidArgument for a count mismatch; as forward().
+  // semantics, `adjustments` carrying logit_bias and penalties); ids as forward_greedy. `sampling` has one entry per
+  // logits row; rows with DeviceSampling::logprobs >= 0 also get their logprobs into `logprobs` (when non-null:
+  // Backend::read_sampled_logprobs). Errors: Unsupported unless samples_on_device() (a backend with device sampling,
+  // no tensor parallel); InvalidArgument for a count mismatch; as forward().
   bool samples_on_device() const;
   Status forward_sampled(const ForwardBatch& batch, LayerCaches layer_caches,
                          std::span<const backend::Backend::DeviceSampling> sampling,
-                         std::span<const backend::Backend::LogitAdjustment> adjustments, std::vector<int32_t>& ids);
+                         std::span<const backend::Backend::LogitAdjustment> adjustments, std::vector<int32_t>& ids,
+                         std::vector<backend::Backend::SampledLogprobs>* logprobs = nullptr);
 
   // One pass of MTP layer `mtp_layer` (< num_mtp_layers()) over `batch` (see MtpBatch), following a pass that kept
   // its hidden states (forward() with keep_hidden, or forward_mtp()). The convention the demo model was trained
@@ -347,7 +349,8 @@ class DeepSeekModel {
   // forward() (logits set), forward_greedy() (greedy set) or forward_sampled() (greedy set, sampling non-empty).
   Status run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
              std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling = {},
-             std::span<const backend::Backend::LogitAdjustment> adjustments = {});
+             std::span<const backend::Backend::LogitAdjustment> adjustments = {},
+             std::vector<backend::Backend::SampledLogprobs>* logprobs = nullptr);
   int64_t kept_hidden_rows_ = 0;  // rows of the hidden state the last pass kept (0: none)
   int64_t kept_context_rows_ = 0;  // rows of the DSpark context the last forward() kept (0: none)
   ModelConfig config_;

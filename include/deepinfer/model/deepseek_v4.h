@@ -39,7 +39,8 @@
 // Status of the V4 path (issue 20): the forward pass is the backend's ops (backend.h: the shared ones, and the V4
 // ops for mHC, norm+rotary, compressors, indexer and sparse attention); any backend with has_v4_ops() runs it (the CPU
 // and CUDA ones). Checkpoints in the release's quantization (FP8 e4m3 weights with ue8m0 block scales, FP4 experts)
-// are dequantized exactly at load (to float32 on the CPU, then bf16 on CUDA). Not yet: the MTP layer.
+// are dequantized exactly at load on the CPU (float32); with FP8 asked for (CUDA's default) the FP8 weights stay FP8
+// and FP4 experts become FP8 where that is exact (load()). Not yet: the MTP layer.
 #pragma once
 
 #include <cstdint>
@@ -166,18 +167,30 @@ class DeepSeekV4Model {
   // missing, or whose quantization does not match the config (an FP8 tensor without its scales, packed FP4 outside
   // the routed experts); Unsupported for a backend without the V4 ops.
   // `precision`: how the large matrices are kept: default float32 on a float32 backend (the CPU's: exact) and bf16 on
-  // others; kFP8 is taken as bf16 (the V4 path has no FP8 kernels yet: FP8 and FP4 checkpoints are dequantized).
+  // others. kFP8 (the CUDA backend's default through `serve`): a tensor stored as FP8 e4m3 in 128x128 blocks (cols a
+  // multiple of 128) keeps its bytes and scales (block-scaled FP8 GEMMs), except attn.wo_a (bf16, as SGLang); packed
+  // FP4 routed experts become FP8 with 128x128 power-of-two block scales when every value's FP4 scale is within 2^14
+  // of its block's largest (exact: e2m1 * 2^k for k in [-8, 6] is an e4m3 value), else bf16 (exact); all the rest
+  // (bf16 tensors, FP8 in other block sizes such as V4.1's 32x32) is dequantized to bf16. fp8_weights() counts them.
   static Result<std::unique_ptr<DeepSeekV4Model>> load(const std::filesystem::path& dir, backend::Backend& backend,
                                                        std::optional<backend::Precision> precision = std::nullopt);
   // A model of `config`'s shapes with random weights made on the backend (benchmarks of real configs without their
   // checkpoints: bench/gpu/bench_model): matrices uniform in ±1/sqrt(in features), norms 1, biases and sinks 0, the
   // hash table spread over the experts; deterministic in `seed`. Errors: ResourceExhausted; Unsupported as load().
+  // `precision` as load()'s; kFP8 makes FP8 the matrices the release stores in FP8 (wq_a, wq_b, wkv, wo_b, the
+  // indexer's wq_b, shared and routed experts) where cols is a multiple of 128.
   static Result<std::unique_ptr<DeepSeekV4Model>> create_random(const V4Config& config, backend::Backend& backend,
-                                                                 uint64_t seed);
+                                                                 uint64_t seed,
+                                                                 std::optional<backend::Precision> precision = std::nullopt);
+  // Weight matrices handed to the backend in FP8 (stacked experts count once per stack; a backend without FP8 weights,
+  // the CPU's, widens them to bf16 exactly); 0 unless FP8 was asked for.
+  int64_t fp8_weights() const;
   // Bytes of the weights one forward reads besides the routed experts, and of one routed expert (gate, up, down):
   // the benchmarks' memory rooflines.
   int64_t dense_weight_bytes() const;
   int64_t expert_bytes() const;
+  // Parameters of those dense weights (the benchmarks' FLOPs; a routed expert has 3 * moe_intermediate_size * hidden).
+  int64_t dense_weight_params() const;
   ~DeepSeekV4Model();
 
   const V4Config& config() const { return config_; }

@@ -215,6 +215,7 @@ class CudaBackend final : public Backend {
   bool has_device_sampling() const override { return device_sampling_; }
   Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
                              std::vector<int32_t>& host_ids) override;
+  Status read_sampled_logprobs(std::vector<SampledLogprobs>& out) override;
 
  private:
   CudaBackend() = default;
@@ -306,6 +307,7 @@ class CudaBackend final : public Backend {
   void* pinned_host_ = nullptr;           // pinned staging for logits / greedy ids on their way to the host
   size_t pinned_host_bytes_ = 0;
   HeadResult head_;                       // compute_logits' results of this step
+  std::vector<SampledLogprobs> sampled_logprobs_;  // read_sampled_tokens' logprobs (read_sampled_logprobs)
   size_t moe_offsets_capacity_ = 0;
 
   std::unordered_map<GraphKey, Graph, GraphKeyHash> graphs_;

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "check.h"
@@ -371,16 +372,32 @@ Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, st
                     std::to_string(head_.rows) + " logits rows");
   activate();
   host_ids.assign(rows.size(), -1);
+  sampled_logprobs_.clear();
   if (rows.empty() || head_.logits == nullptr || failed()) return synchronize();
   const size_t n = rows.size(), m = adjustments.size();
+  bool logprobs = false;
+  for (const DeviceSampling& row : rows) {
+    BACKEND_CHECK(row.logprobs <= kc::kMaxTopLogprobs,
+                  "read_sampled_tokens: " + std::to_string(row.logprobs) + " logprobs (at most " +
+                      std::to_string(kc::kMaxTopLogprobs) + ")");
+    logprobs = logprobs || row.logprobs >= 0;
+  }
+  constexpr size_t kTop = kc::kMaxTopLogprobs;
   ScratchLayout l;
   const size_t o_params = l.add(n * sizeof(kc::SampleRowParams));
   const size_t o_adjust = l.add(m * sizeof(kc::LogitAdjustment));
+  // What comes back, contiguous: the ids, then (with logprobs) the drawn tokens' logprobs and the top lists.
   const size_t o_ids = l.add(n * 4);
+  const size_t o_chosen = l.add(logprobs ? n * 4 : 0);
+  const size_t o_top_ids = l.add(logprobs ? n * kTop * 4 : 0);
+  const size_t o_top_logprobs = l.add(logprobs ? n * kTop * 4 : 0);
+  const size_t o_back_end = l.bytes;
+  const size_t o_normaliser = l.add(logprobs ? n * 8 : 0);
+  const size_t o_original = l.add(logprobs ? m * 4 : 0);
   char* base = reserve(sampling_, l.bytes);
   if (base == nullptr) return synchronize();
   // The parameters through the pinned buffer (no copy of it is in flight: every read_* waits for its copy).
-  auto* pinned = static_cast<char*>(pinned_host(std::max(o_ids, n * 4)));
+  auto* pinned = static_cast<char*>(pinned_host(o_back_end));
   if (pinned == nullptr) return synchronize();
   auto* staging = reinterpret_cast<kc::SampleRowParams*>(pinned + o_params);
   for (size_t r = 0; r < n; ++r) {
@@ -392,6 +409,7 @@ Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, st
     p.min_p = rows[r].min_p;
     p.seed = rows[r].seed;
     p.counter = rows[r].counter;
+    p.logprobs = rows[r].logprobs;
   }
   auto* adjust = reinterpret_cast<kc::LogitAdjustment*>(pinned + o_adjust);
   for (size_t i = 0; i < m; ++i) {
@@ -412,24 +430,79 @@ Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, st
   }
   // Parameters and adjustments in one copy (the same offsets in the pinned buffer and the device scratch).
   check_cuda(cudaMemcpyAsync(base, pinned, o_ids, cudaMemcpyHostToDevice, stream_), "sampling (parameters to the device)");
+  const auto* row_params = reinterpret_cast<const kc::SampleRowParams*>(base + o_params);
+  if (logprobs && !failed()) {  // of the raw logits: before the adjustments change them
+    kc::LogprobsParams lp;
+    lp.rows = static_cast<int64_t>(n);
+    lp.cols = head_.vocab;
+    lp.logits = head_.logits;
+    lp.row_params = row_params;
+    lp.normaliser = reinterpret_cast<double*>(base + o_normaliser);
+    lp.top_ids = reinterpret_cast<int32_t*>(base + o_top_ids);
+    lp.top_logprobs = reinterpret_cast<float*>(base + o_top_logprobs);
+    lp.stream = stream_;
+    check_cuda(kc::run_logprobs(lp), "sampling (logprobs)");
+  }
   kc::LogitAdjustmentParams ap;
   ap.count = static_cast<int64_t>(m);
   ap.rows = static_cast<int64_t>(n);
   ap.cols = head_.vocab;
   ap.logits = const_cast<float*>(head_.logits);  // the step's own scratch: processed in place, read once
   ap.adjustments = reinterpret_cast<const kc::LogitAdjustment*>(base + o_adjust);
+  ap.original = logprobs ? reinterpret_cast<float*>(base + o_original) : nullptr;
   ap.stream = stream_;
   if (m > 0 && !failed()) check_cuda(kc::run_logit_adjustments(ap), "sampling (logit_bias and penalties)");
   kc::SampleParams sp;
   sp.rows = static_cast<int64_t>(n);
   sp.cols = head_.vocab;
   sp.logits = head_.logits;
-  sp.row_params = reinterpret_cast<const kc::SampleRowParams*>(base + o_params);
+  sp.row_params = row_params;
   sp.ids = reinterpret_cast<int32_t*>(base + o_ids);
   sp.stream = stream_;
   if (!failed()) check_cuda(kc::run_sample(sp), "sampling (run_sample)");
   // The staging buffer is read by the copy above before the ids are copied into it (one stream, in order).
-  return read_head_values(sp.ids, n, host_ids.data(), "sampled ids (copy to host)");
+  if (!logprobs) return read_head_values(sp.ids, n, host_ids.data(), "sampled ids (copy to host)");
+  kc::ChosenLogprobParams cp;
+  cp.rows = static_cast<int64_t>(n);
+  cp.cols = head_.vocab;
+  cp.count = static_cast<int64_t>(m);
+  cp.logits = head_.logits;
+  cp.row_params = row_params;
+  cp.ids = sp.ids;
+  cp.normaliser = reinterpret_cast<const double*>(base + o_normaliser);
+  cp.adjustments = ap.adjustments;
+  cp.original = ap.original;
+  cp.chosen = reinterpret_cast<float*>(base + o_chosen);
+  cp.stream = stream_;
+  if (!failed()) check_cuda(kc::run_chosen_logprobs(cp), "sampling (the drawn tokens' logprobs)");
+  if (!failed()) {
+    check_cuda(cudaMemcpyAsync(pinned + o_ids, base + o_ids, o_back_end - o_ids, cudaMemcpyDeviceToHost, stream_),
+               "sampled ids and logprobs (copy to host)");
+  }
+  if (Status s = synchronize(); !s.ok()) return s;
+  std::memcpy(host_ids.data(), pinned + o_ids, n * 4);
+  const auto* chosen = reinterpret_cast<const float*>(pinned + o_chosen);
+  const auto* top_ids = reinterpret_cast<const int32_t*>(pinned + o_top_ids);
+  const auto* top_logprobs = reinterpret_cast<const float*>(pinned + o_top_logprobs);
+  sampled_logprobs_.assign(n, SampledLogprobs{});
+  for (size_t r = 0; r < n; ++r) {
+    SampledLogprobs& out = sampled_logprobs_[r];
+    if (rows[r].logprobs < 0) {
+      out.logprob = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    out.logprob = chosen[r];
+    for (size_t j = 0; j < static_cast<size_t>(rows[r].logprobs); ++j) {
+      if (top_ids[r * kTop + j] < 0) break;
+      out.top.emplace_back(top_ids[r * kTop + j], top_logprobs[r * kTop + j]);
+    }
+  }
+  return Status();
+}
+
+Status CudaBackend::read_sampled_logprobs(std::vector<SampledLogprobs>& out) {
+  out = sampled_logprobs_;
+  return Status();
 }
 
 }  // namespace deepinfer::backend::cuda

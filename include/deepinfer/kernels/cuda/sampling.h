@@ -21,7 +21,7 @@ struct ArgmaxParams {
 cudaError_t run_argmax(const ArgmaxParams& params);
 
 // Sampling on the GPU with the engine sampler's semantics (include/deepinfer/engine/sampler.h, steps 3-8; steps 1-2,
-// logit_bias and penalties, by run_logit_adjustments first; logprobs stay on the host): greedy below
+// logit_bias and penalties, by run_logit_adjustments first; logprobs by run_logprobs and run_chosen_logprobs): greedy below
 // kGreedyTemperature (argmax, lowest id on ties); else weights w = expf((l - max) * (1 / T)) (float, as the CPU's
 // formula; CUDA's expf is within 2 ulp, glibc's within 1: a min-p or top-p cut, like the draw, can differ only within
 // rounding); top-k (ties at the boundary to the lower id), top-p over
@@ -32,8 +32,10 @@ cudaError_t run_argmax(const ArgmaxParams& params);
 // fixed: a token can differ from the CPU's, or between two runs, only when a cut or u * total lies within rounding of
 // a boundary). The k-th largest logit and the top-p boundary are found by radix selection on
 // the logits' bits (4 passes of 8 bits, counts or masses per bin); ties at either boundary by a scan in id order.
-// One CTA of 1024 threads per row.
+// CTAs of 1024 threads, each walking rows blockIdx.x, blockIdx.x + ctas, ...: with fewer rows in flight than the
+// GPU could hold, a row's ~11 passes read it from L2 rather than from memory.
 struct SampleRowParams {
+  int32_t logprobs = -1;     // run_logprobs / run_chosen_logprobs: -1 none; else 0..kMaxTopLogprobs alternatives
   float temperature = 1.0f;  // < 1e-5: greedy
   int32_t top_k = 0;         // <= 0 or >= cols: all
   float top_p = 1.0f;        // (0, 1]
@@ -45,9 +47,29 @@ struct SampleParams {
   const float* logits = nullptr;               // [rows, cols] contiguous, device
   const SampleRowParams* row_params = nullptr;  // [rows] device
   int32_t* ids = nullptr;  // [rows] device: the sampled id; -1 for a row holding a NaN or +inf, or nothing above -inf
+  int64_t ctas = 0;        // CTAs walking the rows; 0: min(rows, kSampleCtas)
   cudaStream_t stream = nullptr;
 };
+inline constexpr int64_t kSampleCtas = 64;  // rows in flight: 64 x 0.5 MB (129,280 float32 logits) stay in L2
 cudaError_t run_sample(const SampleParams& params);
+
+// Logprobs on the GPU, the host Sampler's fill_logprobs (engine/sampler.cpp) on the RAW logits (run before
+// run_logit_adjustments): for each row r with row_params[r].logprobs = n >= 0, normaliser[r] = max + log(sum exp(l -
+// max)) (max as float, the sum and log in double), and the n largest logits, ties to the lower id, as top_ids[r *
+// kMaxTopLogprobs + j] and float(l - normaliser) in top_logprobs (ids -1 past the row's length). One CTA per row in
+// flight (the same row walk as run_sample), n passes of a block-wide maximum.
+inline constexpr int kMaxTopLogprobs = 20;  // engine/sampling_params.h kMaxLogprobs
+struct LogprobsParams {
+  int64_t rows = 0, cols = 0;
+  const float* logits = nullptr;               // [rows, cols] device, raw
+  const SampleRowParams* row_params = nullptr;  // [rows] device
+  double* normaliser = nullptr;                 // [rows] device (rows without logprobs: untouched)
+  int32_t* top_ids = nullptr;                   // [rows][kMaxTopLogprobs] device
+  float* top_logprobs = nullptr;                // [rows][kMaxTopLogprobs] device
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_logprobs(const LogprobsParams& params);
+
 
 // logit_bias and the penalties, in place, before run_sample: the host Sampler's process_logits (engine/sampler.cpp)
 // per listed (row, token), in its order and float arithmetic (no contraction): l += bias; then with a repetition
@@ -66,8 +88,24 @@ struct LogitAdjustmentParams {
   int64_t count = 0, rows = 0, cols = 0;
   float* logits = nullptr;                     // [rows, cols] device, updated in place
   const LogitAdjustment* adjustments = nullptr;  // [count] device
+  float* original = nullptr;  // optional [count] device: each entry's logit before it (run_chosen_logprobs)
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_logit_adjustments(const LogitAdjustmentParams& params);
+
+// After run_sample: chosen[r] = float(raw logit of ids[r] - normaliser[r]) for rows with logprobs >= 0 (NaN where
+// ids[r] < 0), the raw logit read from `original` where an adjustment (row r, token ids[r]) changed it.
+struct ChosenLogprobParams {
+  int64_t rows = 0, cols = 0, count = 0;  // count: adjustments
+  const float* logits = nullptr;          // [rows, cols] device, adjusted in place
+  const SampleRowParams* row_params = nullptr;
+  const int32_t* ids = nullptr;
+  const double* normaliser = nullptr;
+  const LogitAdjustment* adjustments = nullptr;  // [count] device
+  const float* original = nullptr;                      // [count] device: run_logit_adjustments' `original`
+  float* chosen = nullptr;                              // [rows] device
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_chosen_logprobs(const ChosenLogprobParams& params);
 
 }  // namespace deepinfer::kernels::cuda
