@@ -568,7 +568,7 @@ cudaError_t run_sample(const SampleParams& p) {
   const int smem = static_cast<int>(sizeof(SampleShared));
   cudaError_t err = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const int64_t ctas = std::min(p.rows, p.ctas > 0 ? p.ctas : kSampleCtas);
+  const int64_t ctas = p.ctas > 0 ? std::min(p.rows, p.ctas) : p.rows;
   sample_kernel<<<static_cast<unsigned>(ctas), kSampleThreads, smem, p.stream>>>(p);
   return cudaGetLastError();
 }
@@ -578,8 +578,7 @@ cudaError_t run_logprobs(const LogprobsParams& p) {
   if (p.cols <= 0 || p.cols > INT32_MAX / 2 || !p.logits || !p.row_params || !p.normaliser || !p.top_ids ||
       !p.top_logprobs)
     return cudaErrorInvalidValue;
-  const int64_t ctas = std::min(p.rows, kSampleCtas);
-  logprobs_kernel<<<static_cast<unsigned>(ctas), kLogprobThreads, 0, p.stream>>>(p);
+  logprobs_kernel<<<static_cast<unsigned>(p.rows), kLogprobThreads, 0, p.stream>>>(p);
   return cudaGetLastError();
 }
 

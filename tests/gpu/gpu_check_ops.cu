@@ -836,7 +836,7 @@ void bench_all() {
 
 // Sampling 256 rows of DeepSeek-V3's 129,280-token vocabulary (temperature 0.8, top_p 0.9: the rows' values are
 // flat, so the top-p set is most of the vocabulary - the kernel's worst case) by the CTAs that walk the rows: 256 (a
-// CTA per row), 128, 64 (the default), 32; and the logprobs kernel with 20 alternatives per row. The bytes are one
+// CTA per row, the default), 128, 64, 32; and the logprobs kernel with 20 alternatives per row. The bytes are one
 // read of the logits (the floor); the kernels pass over each row ~11 times (sampling) or 22 (logprobs).
 void bench_sampling() {
   const int64_t rows = 256, vocab = 129280;

@@ -32,8 +32,9 @@ cudaError_t run_argmax(const ArgmaxParams& params);
 // fixed: a token can differ from the CPU's, or between two runs, only when a cut or u * total lies within rounding of
 // a boundary). The k-th largest logit and the top-p boundary are found by radix selection on
 // the logits' bits (4 passes of 8 bits, counts or masses per bin); ties at either boundary by a scan in id order.
-// CTAs of 1024 threads, each walking rows blockIdx.x, blockIdx.x + ctas, ...: with fewer rows in flight than the
-// GPU could hold, a row's ~11 passes read it from L2 rather than from memory.
+// CTAs of 1024 threads, each walking rows blockIdx.x, blockIdx.x + ctas, ... (default one CTA per row: the kernel is
+// bound by each SM's work on its rows - the double-precision shared-memory atomics of the radix passes - not by
+// memory; fewer CTAs were measured slower, bench/gpu/NOTES.md).
 struct SampleRowParams {
   int32_t logprobs = -1;     // run_logprobs / run_chosen_logprobs: -1 none; else 0..kMaxTopLogprobs alternatives
   float temperature = 1.0f;  // < 1e-5: greedy
@@ -47,17 +48,16 @@ struct SampleParams {
   const float* logits = nullptr;               // [rows, cols] contiguous, device
   const SampleRowParams* row_params = nullptr;  // [rows] device
   int32_t* ids = nullptr;  // [rows] device: the sampled id; -1 for a row holding a NaN or +inf, or nothing above -inf
-  int64_t ctas = 0;        // CTAs walking the rows; 0: min(rows, kSampleCtas)
+  int64_t ctas = 0;        // CTAs walking the rows; 0: one per row
   cudaStream_t stream = nullptr;
 };
-inline constexpr int64_t kSampleCtas = 64;  // rows in flight: 64 x 0.5 MB (129,280 float32 logits) stay in L2
 cudaError_t run_sample(const SampleParams& params);
 
 // Logprobs on the GPU, the host Sampler's fill_logprobs (engine/sampler.cpp) on the RAW logits (run before
 // run_logit_adjustments): for each row r with row_params[r].logprobs = n >= 0, normaliser[r] = max + log(sum exp(l -
 // max)) (max as float, the sum and log in double), and the n largest logits, ties to the lower id, as top_ids[r *
-// kMaxTopLogprobs + j] and float(l - normaliser) in top_logprobs (ids -1 past the row's length). One CTA per row in
-// flight (the same row walk as run_sample), n passes of a block-wide maximum.
+// kMaxTopLogprobs + j] and float(l - normaliser) in top_logprobs (ids -1 past the row's length). One CTA per row,
+// n passes of a block-wide maximum.
 inline constexpr int kMaxTopLogprobs = 20;  // engine/sampling_params.h kMaxLogprobs
 struct LogprobsParams {
   int64_t rows = 0, cols = 0;
