@@ -12,6 +12,7 @@
 #include <chrono>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 namespace deepinfer::server {
@@ -35,17 +36,31 @@ std::vector<asio::const_buffer> buffers_of(asio::const_buffer a, asio::const_buf
   return v;
 }
 
-// Reads one frame (header and body), each read within `timeout`.
+// Reads one frame (header and body), each read within `timeout`. With `block_index`, a block frame's leading 4-byte
+// index is read into it (little-endian) and the body is the payload alone: read in place, never moved.
 awaitable<Result<std::pair<wire::FrameType, std::vector<std::byte>>>> read_frame(KvStream& stream,
                                                                                  uint32_t max_body_bytes,
                                                                                  KvStream::Duration timeout,
-                                                                                 beast::error_code& ec) {
+                                                                                 beast::error_code& ec,
+                                                                                 std::optional<uint32_t>* block_index =
+                                                                                     nullptr) {
   std::array<std::byte, wire::kFrameHeaderBytes> header_bytes{};
   ec = co_await stream.read(asio::buffer(header_bytes), timeout);
   if (ec) co_return Status::io_error(ec.message());
   Result<wire::FrameHeader> header = wire::decode_frame_header(header_bytes, max_body_bytes);
   if (!header.ok()) co_return header.status();
-  std::vector<std::byte> body(header->body_bytes);
+  uint32_t body_bytes = header->body_bytes;
+  if (block_index != nullptr) block_index->reset();
+  if (block_index != nullptr && header->type == wire::FrameType::kBlock && body_bytes >= 4) {
+    std::array<std::byte, 4> index_bytes{};
+    ec = co_await stream.read(asio::buffer(index_bytes), timeout);
+    if (ec) co_return Status::io_error(ec.message());
+    uint32_t index = 0;
+    for (int i = 0; i < 4; ++i) index |= static_cast<uint32_t>(index_bytes[static_cast<size_t>(i)]) << (8 * i);
+    *block_index = index;
+    body_bytes -= 4;
+  }
+  std::vector<std::byte> body(body_bytes);
   if (!body.empty()) {
     ec = co_await stream.read(asio::buffer(body), timeout);
     if (ec) co_return Status::io_error(ec.message());
@@ -283,8 +298,9 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
     // deadline (a peer that trickles blocks just inside the wait's timeout is cut off there).
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     const bool deadline_bound = left < timeout;
-    Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame =
-        co_await read_frame(*stream, max_body, std::max(std::chrono::milliseconds(0), std::min(timeout, left)), ec);
+    std::optional<uint32_t> block_index;
+    Result<std::pair<wire::FrameType, std::vector<std::byte>>> frame = co_await read_frame(
+        *stream, max_body, std::max(std::chrono::milliseconds(0), std::min(timeout, left)), ec, &block_index);
     if (!frame.ok()) {
       if (ec == beast::error::timeout && deadline_bound) {
         reason = "deadline";
@@ -313,12 +329,11 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
           fmt::format("the prefill worker at {} ended the KV transfer: {}", endpoint, text));
     }
     if (type == wire::FrameType::kBlock) {
-      if (body.size() < 4) {
+      if (!block_index) {
         reason = "protocol";
         co_return Status::corruption("KV transfer: a block frame without its index");
       }
-      uint32_t index = 0;
-      for (int i = 0; i < 4; ++i) index |= static_cast<uint32_t>(body[static_cast<size_t>(i)]) << (8 * i);
+      const uint32_t index = *block_index;
       if (index != first + blocks.size() || blocks.size() >= expected) {
         reason = "protocol";
         co_return Status::corruption(
@@ -326,13 +341,12 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
                 ? fmt::format("KV transfer: block {} arrived after the {} blocks asked for", index, expected)
                 : fmt::format("KV transfer: block {} arrived where block {} was due", index, first + blocks.size()));
       }
-      if (body.size() - 4 != options.block_bytes) {
+      if (body.size() != options.block_bytes) {
         reason = "protocol";
         co_return Status::corruption(fmt::format("KV transfer: block {} has {} bytes; this worker's blocks have {} "
                                                  "(another model, cache dtype or speculative setting)",
-                                                 index, body.size() - 4, options.block_bytes));
+                                                 index, body.size(), options.block_bytes));
       }
-      body.erase(body.begin(), body.begin() + 4);
       metrics.kv_transfer_blocks_received += 1;
       metrics.kv_transfer_bytes_received += static_cast<int64_t>(body.size());
       blocks.push_back(std::move(body));
