@@ -361,6 +361,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
     }
     const bool disaggregated = options->role == "prefill" || options->role == "decode";
+    server::keep_freed_kv_blocks_in_the_heap();  // KV blocks in transfers and tier moves reuse freed memory
     if (options->kv_transfer_protocol) {
       if (*options->kv_transfer_protocol != "tcp" && *options->kv_transfer_protocol != "ucx" &&
           *options->kv_transfer_protocol != "rdma") {

@@ -21,6 +21,7 @@
 #include "deepinfer/engine/engine_client.h"
 #include "deepinfer/kvcache/transfer/kv_wire.h"
 #include "deepinfer/server/metrics.h"
+#include "deepinfer/server/server.h"
 #include "kv_transfer.h"
 #include "ucx_transport.h"
 
@@ -90,6 +91,7 @@ double raw_socket_seconds(size_t block_bytes, int64_t blocks, bool fresh) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  server::keep_freed_kv_blocks_in_the_heap();  // as `deepinfer serve` does at startup
   int64_t blocks = 256;
   int reps = 3;
   // The demo model's f32 latent block; V2-Lite's and V3's bf16 blocks (27 and 61 layers x 576 values x 64 tokens).

@@ -4,8 +4,10 @@
 #include "ucx_transport.h"
 
 #include "deepinfer/kvcache/tier_policy.h"
+#include "deepinfer/server/server.h"
 
 #include <fmt/format.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/beast/core.hpp>
@@ -379,6 +381,11 @@ awaitable<Result<std::vector<std::vector<std::byte>>>> fetch_blocks(std::string 
 }
 
 }  // namespace
+
+void keep_freed_kv_blocks_in_the_heap() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
 
 void KvFetchControl::abort(std::string why) {
   asio::post(strand_, [self = shared_from_this(), why = std::move(why)]() mutable {
