@@ -69,8 +69,13 @@ cudaError_t Scratch::reserve(size_t bytes, cudaStream_t stream) {
 
 Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess)
-    return Status::unsupported("no usable CUDA device: cudaGetDeviceCount: " + cuda_error_text(err));
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    // Without a GPU, the runtime reports no driver as an "insufficient" one: say what it usually means.
+    const bool no_driver = err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice;
+    return Status::unsupported(std::string("no usable CUDA device") +
+                               (no_driver ? " (no NVIDIA GPU or driver on this machine?)" : "") +
+                               ": cudaGetDeviceCount: " + cuda_error_text(err));
+  }
   if (count == 0) return Status::unsupported("no CUDA device found (cudaGetDeviceCount returned 0)");
   if (device < 0 || device >= count)
     return Status::invalid_argument("CUDA device " + std::to_string(device) + " does not exist (this machine has " +
