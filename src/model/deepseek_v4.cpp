@@ -166,9 +166,14 @@ class Loader {
   Loader(const V4Config& config, const Checkpoint& checkpoint, Backend& backend, backend::Precision precision,
          bool keep_fp8)
       : config_(config), checkpoint_(checkpoint), backend_(backend), precision_(precision), keep_fp8_(keep_fp8) {
-    for (int i = 0; i < 256; ++i) {
+    // e4m3 code of each FP4 value times 2^k, k in [-8, 6] (all exact: see expert_fp8).
+    std::map<float, uint8_t> code_of;
+    for (int i = 255; i >= 0; --i) {  // +0 (code 0) wins over -0 (the map's keys compare them equal)
       const float v = f8_e4m3_to_f32(static_cast<uint8_t>(i));
-      if (!std::isnan(v) && fp8_code_.find(v) == fp8_code_.end()) fp8_code_[v] = static_cast<uint8_t>(i);
+      if (!std::isnan(v)) code_of[v] = static_cast<uint8_t>(i);
+    }
+    for (int n = 0; n < 16; ++n) {
+      for (int k = -8; k <= 6; ++k) fp4_as_fp8_[n][k + 8] = code_of.at(std::ldexp(kFp4E2M1[n], k));
     }
   }
   Backend& backend() const { return backend_; }
@@ -278,10 +283,15 @@ class Loader {
       host.f32 = *w2;
       DEEPINFER_RETURN_IF_ERROR(backend_.set_matrix(**dn, e, host));
     }
-    gate_up.weight = std::move(*gu);
+    return stacked(std::move(*gu), std::move(*dn), inter, hidden, gate_up, down);
+  }
+  // The experts' two stacks as Linears (gate_up [2I][d], down [d][I]).
+  static Status stacked(std::unique_ptr<backend::Weight> gu, std::unique_ptr<backend::Weight> dn, int64_t inter,
+                        int64_t hidden, Linear& gate_up, Linear& down) {
+    gate_up.weight = std::move(gu);
     gate_up.rows = 2 * inter;
     gate_up.cols = hidden;
-    down.weight = std::move(*dn);
+    down.weight = std::move(dn);
     down.rows = hidden;
     down.cols = inter;
     return Status();
@@ -313,7 +323,7 @@ class Loader {
            t->shape == std::vector<int64_t>{count * part, cols};
   }
   // Whether an expert tensor [rows][cols] can be kept in FP8 exactly: FP8 in 128x128 blocks, or packed FP4 whose
-  // scales within each 128x128 block span at most 2^14.
+  // scales are powers of two (ue8m0) spanning at most 2^14 within each 128x128 block.
   bool fits_fp8(const std::string& name, int64_t rows, int64_t cols) const {
     if (stays_fp8(name, rows, cols, 1)) return true;
     const TensorView* t = checkpoint_.find(name);
@@ -329,7 +339,8 @@ class Loader {
         for (int64_t r = br; r < std::min(rows, br + 128); ++r) {
           for (int64_t g = bc; g < bc + 4; ++g) {
             const float s = (*scales)[r * (cols / 32) + g];
-            if (!(s > 0.0f) || std::isinf(s)) return false;
+            int exponent = 0;
+            if (!(s > 0.0f) || std::isinf(s) || std::frexp(s, &exponent) != 0.5f) return false;  // a power of two
             lo = std::min(lo, s);
             hi = std::max(hi, s);
           }
@@ -381,10 +392,10 @@ class Loader {
   // An expert tensor in FP8 with 128x128 blocks: as stored, or packed FP4 re-expressed exactly (fits_fp8): each
   // block's scale is its largest FP4 scale / 64, and each value e2m1 * 2^k (k = log2(its scale / block scale)) is
   // an e4m3 value.
+  // Reads the packed codes directly (fits_fp8 checked the layout and the scales' spread).
   Status expert_fp8(const std::string& name, int64_t rows, int64_t cols, Fp8Matrix& out) {
     if (stays_fp8(name, rows, cols, 1)) return fp8_as_stored(name, rows, cols, out);
-    Result<std::vector<float>> values = vector(name, {rows, cols});
-    if (!values.ok()) return values.status();
+    const TensorView* t = checkpoint_.find(name);
     Result<std::vector<float>> scales =
         checkpoint_.load_f32(scale_name(name), std::vector<int64_t>{rows, cols / 32});
     if (!scales.ok()) return scales.status();
@@ -396,13 +407,17 @@ class Loader {
         block = std::max(block, (*scales)[r * (cols / 32) + g] / 64.0f);
       }
     }
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(t->data);
     out.codes.resize(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        const float v = (*values)[r * cols + c] / out.scales[(r / 128) * sc + c / 128];
-        auto code = fp8_code_.find(v);
-        if (code == fp8_code_.end()) return Status::internal(name + ": an FP4 value has no exact FP8 form");
-        out.codes[static_cast<size_t>(r * cols + c)] = code->second;
+      for (int64_t g = 0; g < cols / 32; ++g) {
+        const int k = std::ilogb((*scales)[r * (cols / 32) + g]) - std::ilogb(out.scales[(r / 128) * sc + g / 4]);
+        if (k < -8 || k > 6) return Status::internal(name + ": an FP4 scale has no exact FP8 form");
+        for (int64_t c = g * 32; c < g * 32 + 32; ++c) {
+          const uint8_t byte = q[r * (cols / 2) + c / 2];
+          const uint8_t code = (c % 2 == 0) ? (byte & 0x0f) : (byte >> 4);  // the first value in the low nibble
+          out.codes[static_cast<size_t>(r * cols + c)] = fp4_as_fp8_[code][k + 8];
+        }
       }
     }
     return Status();
@@ -426,13 +441,7 @@ class Loader {
       DEEPINFER_RETURN_IF_ERROR(set_fp8(**dn, e, hidden, inter, w2.codes, w2.scales));
     }
     fp8_matrices_ += 2;
-    gate_up.weight = std::move(*gu);
-    gate_up.rows = 2 * inter;
-    gate_up.cols = hidden;
-    down.weight = std::move(*dn);
-    down.rows = hidden;
-    down.cols = inter;
-    return Status();
+    return stacked(std::move(*gu), std::move(*dn), inter, hidden, gate_up, down);
   }
 
   static std::string scale_name(const std::string& name) {
@@ -503,7 +512,7 @@ class Loader {
   Backend& backend_;
   backend::Precision precision_;
   bool keep_fp8_ = false;
-  std::map<float, uint8_t> fp8_code_;  // e4m3 value -> code (the first of +0/-0)
+  uint8_t fp4_as_fp8_[16][15] = {};  // [FP4 code][k + 8]: the e4m3 code of e2m1 * 2^k
   int64_t fp8_matrices_ = 0;
 };
 
