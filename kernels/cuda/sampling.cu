@@ -5,6 +5,7 @@
 // 32 ids at a time.
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 
 #include "deepinfer/kernels/cuda/sampling.h"
@@ -81,17 +82,30 @@ constexpr int kSampleWarps = kSampleThreads / 32;
 constexpr int kBins = 256;
 constexpr float kGreedyBelow = 1e-5f;  // engine/sampling_params.h kGreedyTemperature
 
+constexpr int kValueBins = 2048;           // the histogram pass's bins, linear in value (2 per thread)
+constexpr int kMaxCandidates = 8192;       // values compacted into shared memory (64-bit keys)
+
 struct SampleShared {
-  double hist[kSampleWarps][kBins];  // per-warp radix histograms (counts or masses)
+  union {
+    double hist[kSampleWarps][kBins];  // the radix fallback's per-warp histograms (counts or masses)
+    uint64_t candidates[kMaxCandidates];  // compacted (order key, id) keys, see desc_key / id_key
+  };
+  double bin_mass[kValueBins];
+  uint32_t bin_count[kValueBins];
   double bins[kBins];
   double warp_sum[kSampleWarps];
+  int warp_count[kSampleWarps];
   int warp_last[kSampleWarps];
   float best_value[kSampleWarps];
   int best_index[kSampleWarps];
+  float low_value[kSampleWarps];
   double before;
   uint32_t prefix;
   int chosen;  // a bin, a warp or an id; -1: none
   int last;
+  int found_bin, last_bin, upto;  // locate_bin's results
+  int count;                       // compacted values
+  double walked;                   // walk_candidates: the cumulative weight through the hit
 };
 
 // An unsigned key in the order of the float values (-0 and +0 the same key, as they compare equal).
@@ -285,15 +299,263 @@ __device__ int first_reaching(const float* row, int cols, Value value, double th
   return result;
 }
 
+// ---- value bins and candidates in shared memory ----
+
+// The float back from ordered_key (a bijection but for -0, which comes back as +0).
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) != 0 ? (k & 0x7fffffffu) : ~k);
+}
+// desc_key ascending is the host sampler's "more likely" order: the larger value first, then the lower id.
+__device__ __forceinline__ uint64_t desc_key(float v, int i) {
+  return (static_cast<uint64_t>(~ordered_key(v)) << 32) | static_cast<uint32_t>(i);
+}
+__device__ __forceinline__ float desc_value(uint64_t k) { return key_value(~static_cast<uint32_t>(k >> 32)); }
+__device__ __forceinline__ int desc_id(uint64_t k) { return static_cast<int>(static_cast<uint32_t>(k)); }
+// id_key ascending is the id order (the draw's).
+__device__ __forceinline__ uint64_t id_key(float v, int i) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(i)) << 32) | ordered_key(v);
+}
+__device__ __forceinline__ float id_value(uint64_t k) { return key_value(static_cast<uint32_t>(k)); }
+__device__ __forceinline__ int id_id(uint64_t k) { return static_cast<int>(k >> 32); }
+constexpr uint64_t kNoCandidate = ~uint64_t{0};  // sorts last
+
+// Bins linear in value from the row's maximum (bin 0) down to its smallest finite value (the last bin). Monotone: a
+// larger value is never in a later bin, so the bins up to any bin hold a most-likely prefix of the row.
+struct ValueBins {
+  float hi, scale;
+  __device__ __forceinline__ int operator()(float v) const {
+    const float t = (hi - v) * scale;  // >= 0; NaN only for -inf, which no weight keeps
+    return t < static_cast<float>(kValueBins) ? static_cast<int>(t) : kValueBins - 1;
+  }
+};
+
+// One pass: per value bin, the count and (with_mass) the summed weight of the ids with weight(i, v) > 0.
+template <class Weight>
+__device__ void value_histogram(const float* row, int cols, Weight weight, ValueBins bins, bool with_mass,
+                                SampleShared& sh) {
+  for (int j = static_cast<int>(threadIdx.x); j < kValueBins; j += kSampleThreads) {
+    sh.bin_mass[j] = 0.0;
+    sh.bin_count[j] = 0u;
+  }
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) {
+    const float v = row[i];
+    const double w = weight(i, v);
+    if (!(w > 0.0)) continue;
+    const int b = bins(v);
+    atomicAdd(&sh.bin_count[b], 1u);
+    if (with_mass) atomicAdd(&sh.bin_mass[b], w);
+  }
+  __syncthreads();
+}
+
+// Over value_histogram's bins, from the top: the first bin whose inclusive cumulative measure reaches the target
+// (by_mass: the masses and top_p * their total; else the counts and count_target). When rounding leaves every bin
+// short (masses), the last bin with a positive mass. Returns the bin (-1: none: fewer counted than count_target)
+// and sets `before` (the measure of the bins above it), `upto` (the count through it) and `total` (the whole
+// measure). Every thread gets the results.
+__device__ int locate_bin(bool by_mass, double count_target, float top_p, SampleShared& sh, double& before, int& upto,
+                          double& total) {
+  static_assert(kValueBins == 2 * kSampleThreads, "two bins per thread");
+  const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32;
+  const int b0 = 2 * t, b1 = b0 + 1;
+  const int c0 = static_cast<int>(sh.bin_count[b0]), c1 = static_cast<int>(sh.bin_count[b1]);
+  const double m0 = by_mass ? sh.bin_mass[b0] : c0, m1 = by_mass ? sh.bin_mass[b1] : c1;
+  double m = m0 + m1;
+  int c = c0 + c1;
+  for (int o = 1; o < 32; o *= 2) {  // inclusive scans over the warp's lanes
+    const double y = __shfl_up_sync(0xffffffffu, m, o);
+    const int z = __shfl_up_sync(0xffffffffu, c, o);
+    if (lane >= o) {
+      m += y;
+      c += z;
+    }
+  }
+  double excl = __shfl_up_sync(0xffffffffu, m, 1);
+  int cexcl = __shfl_up_sync(0xffffffffu, c, 1);
+  if (lane == 0) {
+    excl = 0.0;
+    cexcl = 0;
+  }
+  if (lane == 31) {
+    sh.warp_sum[warp] = m;
+    sh.warp_count[warp] = c;
+  }
+  if (t == 0) {
+    sh.found_bin = INT_MAX;
+    sh.last_bin = -1;
+  }
+  __syncthreads();
+  double base = 0.0;
+  int cbase = 0;
+  total = 0.0;
+  for (int w = 0; w < kSampleWarps; ++w) {
+    if (w < warp) {
+      base += sh.warp_sum[w];
+      cbase += sh.warp_count[w];
+    }
+    total += sh.warp_sum[w];
+  }
+  const double target = by_mass ? static_cast<double>(top_p) * total : count_target;
+  const double excl0 = base + excl, incl0 = excl0 + m0, incl1 = incl0 + m1;
+  if (m0 > 0.0 && incl0 >= target) {
+    atomicMin(&sh.found_bin, b0);
+  } else if (m1 > 0.0 && incl1 >= target) {
+    atomicMin(&sh.found_bin, b1);
+  }
+  if (m1 > 0.0) {
+    atomicMax(&sh.last_bin, b1);
+  } else if (m0 > 0.0) {
+    atomicMax(&sh.last_bin, b0);
+  }
+  __syncthreads();
+  int bin = sh.found_bin;
+  if (bin == INT_MAX) bin = by_mass ? sh.last_bin : -1;
+  if (bin >= 0 && (bin == b0 || bin == b1)) {
+    sh.before = bin == b0 ? excl0 : incl0;
+    sh.upto = cbase + cexcl + c0 + (bin == b1 ? c1 : 0);
+  }
+  __syncthreads();
+  before = sh.before;
+  upto = sh.upto;
+  __syncthreads();  // sh.before / upto / found_bin read by all before they are reused
+  return bin;
+}
+
+// Appends desc_key(v, i) of every id with keep(i, v) to sh.candidates (in no order; the first `capacity`). Returns
+// how many ids were kept (more than `capacity`: the candidates are incomplete).
+template <class Keep>
+__device__ int compact(const float* row, int cols, Keep keep, int capacity, SampleShared& sh) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (threadIdx.x == 0) sh.count = 0;
+  __syncthreads();
+  for (int start = 0; start < cols; start += kSampleThreads) {
+    const int i = start + static_cast<int>(threadIdx.x);
+    float v = 0.0f;
+    bool kept = false;
+    if (i < cols) {
+      v = row[i];
+      kept = keep(i, v);
+    }
+    const unsigned mask = __ballot_sync(0xffffffffu, kept);
+    if (mask == 0u) continue;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(&sh.count, __popc(mask));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    const int position = base + __popc(mask & ((1u << lane) - 1u));
+    if (kept && position < capacity) sh.candidates[position] = desc_key(v, i);
+  }
+  __syncthreads();
+  const int n = sh.count;
+  __syncthreads();
+  return n;
+}
+
+// Sorts sh.candidates[0, n) ascending (bitonic, over the next power of two, the padding kNoCandidate); n <=
+// kMaxCandidates.
+__device__ void sort_candidates(int n, SampleShared& sh) {
+  int size = 2;
+  while (size < n) size *= 2;
+  for (int j = n + static_cast<int>(threadIdx.x); j < size; j += kSampleThreads) sh.candidates[j] = kNoCandidate;
+  __syncthreads();
+  for (int k = 2; k <= size; k *= 2) {
+    for (int j = k / 2; j > 0; j /= 2) {
+      for (int i = static_cast<int>(threadIdx.x); i < size; i += kSampleThreads) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const uint64_t a = sh.candidates[i], b = sh.candidates[partner];
+          if ((a > b) == ((i & k) == 0)) {
+            sh.candidates[i] = b;
+            sh.candidates[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The sum of weight(key) over sh.candidates[0, n); every thread gets it.
+template <class Weight>
+__device__ double candidates_total(int n, Weight weight, SampleShared& sh) {
+  double s = 0.0;
+  for (int j = static_cast<int>(threadIdx.x); j < n; j += kSampleThreads) s += weight(sh.candidates[j]);
+  s = warp_sum(s);
+  if (threadIdx.x % 32 == 0) sh.warp_sum[threadIdx.x / 32] = s;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kSampleWarps; ++w) total += sh.warp_sum[w];
+  __syncthreads();
+  return total;
+}
+
+// Warp 0 walks sh.candidates[0, n) in order: the first index with weight(key) > 0 whose cumulative weight from
+// `start` (inclusive) reaches `target` (>=; > when strict); when rounding leaves it short, the last index with a
+// positive weight (-1: none). `walked` gets the cumulative weight through the returned index. Every thread gets both.
+template <class Weight>
+__device__ int walk_candidates(int n, Weight weight, double start, double target, bool strict, SampleShared& sh,
+                               double& walked) {
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    double base = start, at = start, at_last = start;
+    int result = -1, last = -1;
+    for (int chunk = 0; chunk < n; chunk += 32) {
+      const int j = chunk + lane;
+      const double x = j < n ? weight(sh.candidates[j]) : 0.0;
+      double c = x;
+      for (int o = 1; o < 32; o *= 2) {
+        const double y = __shfl_up_sync(0xffffffffu, c, o);
+        if (lane >= o) c += y;
+      }
+      const unsigned hits = __ballot_sync(0xffffffffu, x > 0.0 && (strict ? base + c > target : base + c >= target));
+      if (hits != 0u) {
+        const int l = __ffs(static_cast<int>(hits)) - 1;
+        result = chunk + l;
+        at = base + __shfl_sync(0xffffffffu, c, l);
+        break;
+      }
+      const unsigned positive = __ballot_sync(0xffffffffu, x > 0.0);
+      if (positive != 0u) {
+        const int l = 31 - __clz(static_cast<int>(positive));
+        last = chunk + l;
+        at_last = base + __shfl_sync(0xffffffffu, c, l);
+      }
+      base += __shfl_sync(0xffffffffu, c, 31);
+    }
+    if (result < 0) {
+      result = last;
+      at = at_last;
+    }
+    if (lane == 0) {
+      sh.chosen = result;
+      sh.walked = at;
+    }
+  }
+  __syncthreads();
+  const int result = sh.chosen;
+  walked = sh.walked;
+  __syncthreads();
+  return result;
+}
+
 // One row of sample_kernel (every exit is taken by the whole CTA).
+//
+// Top-k and top-p each take one histogram pass over value bins (value_histogram, locate_bin). When every token up to
+// the crossing bin fits in shared memory (a top-k set, a peaked row's nucleus), those tokens are compacted and sorted
+// and the rest - the cut, min-p and the draw - runs on them. Else only the crossing bin is compacted and sorted, which
+// gives the cut's (value, id), and the draw takes a pass over the row. A crossing bin with more tokens than fit (mass
+// ties) falls back to radix selection on the logits' bits.
 __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   const int cols = static_cast<int>(p.cols);
   const float* row = p.logits + r * p.cols;
   const SampleRowParams rp = p.row_params[r];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int capacity = p.candidate_capacity > 0 ? static_cast<int>(p.candidate_capacity < kMaxCandidates ? p.candidate_capacity : kMaxCandidates)
+                                                 : kMaxCandidates;
 
-  // The maximum and its lowest id; a NaN or +inf anywhere, or no finite value, makes the row -1.
-  float best = -INFINITY;
+  // The maximum and its lowest id, and the smallest finite value; a NaN or +inf anywhere, or no finite value, makes
+  // the row -1.
+  float best = -INFINITY, low = INFINITY;
   int best_i = -1;
   bool bad = false;
   for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) {
@@ -303,6 +565,7 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
       best = v;
       best_i = i;
     }
+    if (v != -INFINITY) low = fminf(low, v);
   }
   if (__syncthreads_or(bad)) {
     if (threadIdx.x == 0) p.ids[r] = -1;
@@ -311,6 +574,7 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   for (int o = 16; o > 0; o /= 2) {
     const float v = __shfl_xor_sync(0xffffffffu, best, o);
     const int i = __shfl_xor_sync(0xffffffffu, best_i, o);
+    low = fminf(low, __shfl_xor_sync(0xffffffffu, low, o));
     if (i >= 0 && (v > best || (v == best && (best_i < 0 || i < best_i)))) {
       best = v;
       best_i = i;
@@ -319,13 +583,16 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   if (lane == 0) {
     sh.best_value[warp] = best;
     sh.best_index[warp] = best_i;
+    sh.low_value[warp] = low;
   }
   __syncthreads();
   best = -INFINITY;
   best_i = -1;
+  low = INFINITY;
   for (int w = 0; w < kSampleWarps; ++w) {
     const float v = sh.best_value[w];
     const int i = sh.best_index[w];
+    low = fminf(low, sh.low_value[w]);
     if (i >= 0 && (v > best || (v == best && (best_i < 0 || i < best_i)))) {
       best = v;
       best_i = i;
@@ -341,65 +608,147 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   auto weight_of = [&](float v) -> double {
     return v == -INFINITY ? 0.0 : static_cast<double>(expf((v - max_logit) * inverse_temperature));
   };
+  auto desc_weight = [&](uint64_t key) { return weight_of(desc_value(key)); };
+  float scale = max_logit > low ? static_cast<float>(kValueBins) / (max_logit - low) : 0.0f;
+  if (!isfinite(scale)) scale = 0.0f;  // a range that overflows (every value then in bin 0) or is subnormal
+  const ValueBins bins{max_logit, scale};
+  int n = -1;  // >= 0: sh.candidates[0, n), in desc_key order, are every token that top-k and top-p keep
 
-  // Top-k: the k-th largest value (by count) and, among the tokens equal to it, the lowest ids that fill k.
+  // Top-k: the k-th token in the "more likely" order (by count).
   const bool top_k = rp.top_k >= 1 && rp.top_k < cols;
+  bool cut_by_k = false;
   uint32_t key_k = 0;
   int cut_k = cols;
   if (top_k) {
-    double larger = 0.0;
-    radix_select(
-        row, cols, [](int, float v) { return v == -INFINITY ? 0.0 : 1.0; }, static_cast<double>(rp.top_k), sh,
-        key_k, larger);  // fewer than k finite tokens: key_k stays 0, every finite token is kept
-    int ignored = 0;
-    const int found = first_reaching(
-        row, cols, [&](int, float v) { return v != -INFINITY && ordered_key(v) == key_k ? 1.0 : 0.0; },
-        static_cast<double>(rp.top_k) - larger, false, sh, ignored);
-    cut_k = found < 0 ? cols : found;
+    auto finite = [](int, float v) { return v == -INFINITY ? 0.0 : 1.0; };
+    value_histogram(row, cols, finite, bins, false, sh);
+    double before = 0.0, total = 0.0;
+    int upto = 0;
+    const int b = locate_bin(false, static_cast<double>(rp.top_k), 1.0f, sh, before, upto, total);
+    if (b >= 0) {  // else fewer than k finite tokens: every one is kept
+      cut_by_k = true;
+      const int in_bin = static_cast<int>(sh.bin_count[b]);
+      if (upto <= capacity) {
+        const int m = compact(row, cols, [&](int, float v) { return v != -INFINITY && bins(v) <= b; }, capacity, sh);
+        sort_candidates(min(m, capacity), sh);
+        n = min(rp.top_k, min(m, capacity));
+      } else if (in_bin <= capacity) {
+        const int m = compact(row, cols, [&](int, float v) { return v != -INFINITY && bins(v) == b; }, capacity, sh);
+        sort_candidates(min(m, capacity), sh);
+        const int j = min(min(m, capacity) - 1, max(0, rp.top_k - static_cast<int>(before) - 1));
+        const uint64_t key = sh.candidates[j];
+        key_k = ordered_key(desc_value(key));
+        cut_k = desc_id(key);
+        __syncthreads();  // the key read by all before the candidates are reused
+      } else {  // radix selection, then the ties' id cut by a walk in id order
+        double larger = 0.0;
+        radix_select(
+            row, cols, [](int, float v) { return v == -INFINITY ? 0.0 : 1.0; }, static_cast<double>(rp.top_k), sh,
+            key_k, larger);
+        int ignored = 0;
+        const int found = first_reaching(
+            row, cols, [&](int, float v) { return v != -INFINITY && ordered_key(v) == key_k ? 1.0 : 0.0; },
+            static_cast<double>(rp.top_k) - larger, false, sh, ignored);
+        cut_k = found < 0 ? cols : found;
+      }
+    }
   }
   auto keep_k = [&](int i, float v) {
     if (v == -INFINITY) return false;
-    if (!top_k) return true;
+    if (!cut_by_k) return true;
     const uint32_t k = ordered_key(v);
     return k > key_k || (k == key_k && i <= cut_k);
   };
 
-  // Top-p over the top-k set: the value where the mass from the top reaches top_p * total, and its ties' id cut.
+  // Top-p over the top-k set: the token where the mass from the top reaches top_p * total.
   const bool top_p = rp.top_p < 1.0f;
-  bool p_all = true;
+  bool cut_by_p = false;
   uint32_t key_p = 0;
   int cut_p = cols;
-  if (top_p) {
-    const double total = block_sum(row, cols, [&](int i, float v) { return keep_k(i, v) ? weight_of(v) : 0.0; }, sh);
+  double kept_total = -1.0;  // >= 0: the kept set's weight, known without a pass
+  if (n >= 0) {
+    if (top_p) {
+      const double total = candidates_total(n, desc_weight, sh);
+      double walked = 0.0;
+      const int j = walk_candidates(n, desc_weight, 0.0, static_cast<double>(rp.top_p) * total, false, sh, walked);
+      if (j >= 0) n = j + 1;
+    }
+  } else if (top_p) {
+    auto mass = [&](int i, float v) { return keep_k(i, v) ? weight_of(v) : 0.0; };
+    value_histogram(row, cols, mass, bins, true, sh);
+    double before = 0.0, total = 0.0;
+    int upto = 0;
+    const int b = locate_bin(true, 0.0, rp.top_p, sh, before, upto, total);
     const double target = static_cast<double>(rp.top_p) * total;
-    double larger = 0.0;
-    p_all = !radix_select(
-        row, cols, [&](int i, float v) { return keep_k(i, v) ? weight_of(v) : 0.0; }, target, sh, key_p, larger);
-    if (!p_all) {
-      int ignored = 0;
-      const int found = first_reaching(
-          row, cols, [&](int i, float v) { return keep_k(i, v) && ordered_key(v) == key_p ? weight_of(v) : 0.0; },
-          target - larger, false, sh, ignored);
-      cut_p = found < 0 ? cols : found;
+    if (b >= 0) {
+      const int in_bin = static_cast<int>(sh.bin_count[b]);
+      double walked = 0.0;
+      if (upto <= capacity) {
+        const int m = compact(row, cols, [&](int i, float v) { return bins(v) <= b && mass(i, v) > 0.0; }, capacity,
+                              sh);
+        sort_candidates(min(m, capacity), sh);
+        const int j = walk_candidates(min(m, capacity), desc_weight, 0.0, target, false, sh, walked);
+        n = j + 1;
+      } else if (in_bin <= capacity) {
+        const int m = compact(row, cols, [&](int i, float v) { return bins(v) == b && mass(i, v) > 0.0; }, capacity,
+                              sh);
+        sort_candidates(min(m, capacity), sh);
+        const int j = walk_candidates(min(m, capacity), desc_weight, before, target, false, sh, walked);
+        if (j >= 0) {
+          const uint64_t key = sh.candidates[j];
+          key_p = ordered_key(desc_value(key));
+          cut_p = desc_id(key);
+          cut_by_p = true;
+          kept_total = walked;
+        }
+        __syncthreads();
+      } else {
+        double larger = 0.0;
+        cut_by_p = radix_select(row, cols, mass, target, sh, key_p, larger);
+        if (cut_by_p) {
+          int ignored = 0;
+          const int found = first_reaching(
+              row, cols, [&](int i, float v) { return keep_k(i, v) && ordered_key(v) == key_p ? weight_of(v) : 0.0; },
+              target - larger, false, sh, ignored);
+          cut_p = found < 0 ? cols : found;
+        }
+      }
     }
   }
   const double min_p = rp.min_p;
-  auto kept_weight = [&](int i, float v) -> double {
-    if (!keep_k(i, v)) return 0.0;
-    if (!p_all) {
-      const uint32_t k = ordered_key(v);
-      if (k < key_p || (k == key_p && i > cut_p)) return 0.0;
+  const double u = philox_uniform(rp.seed, rp.counter);
+  int token = -1;
+  if (n >= 0) {
+    // Min-p, then the draw over the candidates in id order.
+    for (int j = static_cast<int>(threadIdx.x); j < n; j += kSampleThreads) {
+      const uint64_t key = sh.candidates[j];
+      const float v = desc_value(key);
+      const double w = weight_of(v);
+      sh.candidates[j] = w > 0.0 && !(min_p > 0.0 && w < min_p) ? id_key(v, desc_id(key)) : kNoCandidate;
     }
-    const double w = weight_of(v);
-    return min_p > 0.0 && w < min_p ? 0.0 : w;
-  };
-
-  // The draw: u * total, the first kept id whose cumulative weight in id order exceeds it.
-  const double total = block_sum(row, cols, kept_weight, sh);
-  const double target = philox_uniform(rp.seed, rp.counter) * total;
-  int last = -1;
-  int token = first_reaching(row, cols, kept_weight, target, true, sh, last);
-  if (token < 0) token = last >= 0 ? last : best_i;  // u * total rounded up to total: the last positive weight
+    __syncthreads();
+    sort_candidates(n, sh);
+    auto id_weight = [&](uint64_t key) { return key == kNoCandidate ? 0.0 : weight_of(id_value(key)); };
+    const double total = candidates_total(n, id_weight, sh);
+    double walked = 0.0;
+    const int j = walk_candidates(n, id_weight, 0.0, u * total, true, sh, walked);
+    token = j >= 0 ? id_id(sh.candidates[j]) : best_i;
+  } else {
+    auto kept_weight = [&](int i, float v) -> double {
+      if (!keep_k(i, v)) return 0.0;
+      if (cut_by_p) {
+        const uint32_t k = ordered_key(v);
+        if (k < key_p || (k == key_p && i > cut_p)) return 0.0;
+      }
+      const double w = weight_of(v);
+      return min_p > 0.0 && w < min_p ? 0.0 : w;
+    };
+    // The draw: u * total, the first kept id whose cumulative weight in id order exceeds it.
+    const double total = kept_total >= 0.0 && !(min_p > 0.0) ? kept_total : block_sum(row, cols, kept_weight, sh);
+    int last = -1;
+    token = first_reaching(row, cols, kept_weight, u * total, true, sh, last);
+    if (token < 0) token = last >= 0 ? last : best_i;  // u * total rounded up to total: the last positive weight
+  }
   if (threadIdx.x == 0) p.ids[r] = token;
 }
 

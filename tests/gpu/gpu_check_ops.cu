@@ -834,10 +834,10 @@ void bench_all() {
   }
 }
 
-// Sampling 256 rows of DeepSeek-V3's 129,280-token vocabulary (temperature 0.8, top_p 0.9: the rows' values are
-// flat, so the top-p set is most of the vocabulary - the kernel's worst case) by the CTAs that walk the rows: 256 (a
-// CTA per row, the default), 128, 64, 32; and the logprobs kernel with 20 alternatives per row. The bytes are one
-// read of the logits (the floor); the kernels pass over each row ~11 times (sampling) or 22 (logprobs).
+// Sampling 256 rows of DeepSeek-V3's 129,280-token vocabulary (values in [-4, 4)): temperature 0.8 with top_p 0.9
+// (flat rows: the top-p set is most of the vocabulary, the kernel's worst case), a peaked temperature, top_k 50, no
+// cut, and the radix fallback forced; and the logprobs kernel with 20 alternatives per row. The bytes are one read
+// of the logits (the floor); the kernels pass over each row 3-4 times (sampling) or 22 (logprobs).
 void bench_sampling() {
   const int64_t rows = 256, vocab = 129280;
   const double bytes = static_cast<double>(rows * vocab * 4);
@@ -856,15 +856,32 @@ void bench_sampling() {
   DeviceBuffer<int32_t> ids(static_cast<size_t>(rows)), top_ids(static_cast<size_t>(rows * k::kMaxTopLogprobs));
   DeviceBuffer<float> top_logprobs(static_cast<size_t>(rows * k::kMaxTopLogprobs));
   DeviceBuffer<double> normaliser(static_cast<size_t>(rows));
-  for (int64_t ctas : {int64_t{256}, int64_t{128}, int64_t{64}, int64_t{32}}) {
-    bench_row("sample 256 x 129280 top_p 0.9, " + std::to_string(ctas) + " CTAs", bytes, [&](int i) {
+  struct Timed {
+    const char* name;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    int64_t capacity;
+  };
+  for (const Timed& t : {Timed{"top_p 0.9, T 0.8 (flat rows: most of the vocabulary kept)", 0.8f, -1, 0.9f, 0},
+                         Timed{"top_p 0.9, T 0.05 (peaked: ~150 tokens kept)", 0.05f, -1, 0.9f, 0},
+                         Timed{"top_k 50 + top_p 0.9, T 0.8", 0.8f, 50, 0.9f, 0},
+                         Timed{"temperature 0.8 alone", 0.8f, -1, 1.0f, 0},
+                         Timed{"top_p 0.9, T 0.8, radix fallback (capacity 1)", 0.8f, -1, 0.9f, 1}}) {
+    for (int64_t r = 0; r < rows; ++r) {
+      host[r].temperature = t.temperature;
+      host[r].top_k = t.top_k;
+      host[r].top_p = t.top_p;
+    }
+    CUDA_TRY(cudaMemcpy(params.ptr, host.data(), host.size() * sizeof(k::SampleRowParams), cudaMemcpyHostToDevice));
+    bench_row(std::string("sample 256 x 129280 ") + t.name, bytes, [&](int i) {
       k::SampleParams p;
       p.rows = rows;
       p.cols = vocab;
       p.logits = static_cast<const float*>(logits.at(i % sets));
       p.row_params = params.ptr;
       p.ids = ids.ptr;
-      p.ctas = ctas;
+      p.candidate_capacity = t.capacity;
       CUDA_TRY(k::run_sample(p));
     }, sets);
   }
@@ -909,6 +926,80 @@ void print_summary() {
               worst_bf16, g_all_ok ? "PASS" : "FAIL");
 }
 
+// The sampling kernel's paths against each other on the same draws: the default (candidates in shared memory when
+// they fit), candidate capacities 256 and 16 (the crossing bin alone, or the radix fallback) and 1 (the radix
+// fallback nearly always). Rows of 129,280 values: smooth ones, peaked ones (x 12) and ones with few distinct values
+// (ties by the thousand: the radix fallback even by default). A draw may differ only when u * total or a cut lies
+// within rounding of a boundary (the paths sum masses in different orders): at most 0.2% of draws.
+void check_sampling_paths() {
+  const int64_t rows = 64, vocab = 129280;
+  std::vector<float> host(static_cast<size_t>(rows * vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < vocab; ++c) {
+      const uint64_t x = splitmix64(0x5a3 * 1000003ull + static_cast<uint64_t>(r * vocab + c));
+      const float a = static_cast<float>(x >> 40) / 16777216.0f, b = static_cast<float>((x >> 16) & 0xffffff) / 16777216.0f;
+      float v = 4.0f * (a + b - 1.0f);
+      if (r % 4 == 1) v *= 12.0f;                   // peaked
+      if (r % 4 == 3) v = std::round(v * 2.0f) / 2.0f;  // 17 distinct values
+      host[static_cast<size_t>(r * vocab + c)] = v;
+    }
+  }
+  DeviceBuffer<float> logits(host.size());
+  CUDA_TRY(cudaMemcpy(logits.ptr, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  struct Set {
+    const char* name;
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+  };
+  const Set sets[] = {{"top_p 0.9 T 0.8", 0.8f, -1, 0.9f, 0.0f},      {"top_k 50", 1.0f, 50, 1.0f, 0.0f},
+                      {"top_k 5000", 1.0f, 5000, 1.0f, 0.0f},           {"top_k 100000 + top_p 0.5", 1.3f, 100000, 0.5f, 0.0f},
+                      {"top_k 40 + top_p 0.95 + min_p 0.02", 0.9f, 40, 0.95f, 0.02f},
+                      {"top_p 0.9 T 0.05", 0.05f, -1, 0.9f, 0.0f},    {"min_p 0.1", 1.0f, -1, 1.0f, 0.1f},
+                      {"temperature 1", 1.0f, -1, 1.0f, 0.0f},        {"top_p 0.999 + min_p 0.001", 1.0f, -1, 0.999f, 0.001f}};
+  DeviceBuffer<k::SampleRowParams> params(static_cast<size_t>(rows));
+  DeviceBuffer<int32_t> ids(static_cast<size_t>(rows));
+  for (const Set& set : sets) {
+    long draws = 0, mismatches = 0;
+    for (uint64_t counter = 0; counter < 6; ++counter) {
+      std::vector<k::SampleRowParams> rp(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        rp[r].temperature = set.temperature;
+        rp[r].top_k = set.top_k;
+        rp[r].top_p = set.top_p;
+        rp[r].min_p = set.min_p;
+        rp[r].seed = 11 + static_cast<uint64_t>(r);
+        rp[r].counter = counter;
+      }
+      CUDA_TRY(cudaMemcpy(params.ptr, rp.data(), rp.size() * sizeof(rp[0]), cudaMemcpyHostToDevice));
+      std::vector<int32_t> want;
+      for (int64_t capacity : {int64_t{0}, int64_t{256}, int64_t{16}, int64_t{1}}) {
+        k::SampleParams p;
+        p.rows = rows;
+        p.cols = vocab;
+        p.logits = logits.ptr;
+        p.row_params = params.ptr;
+        p.ids = ids.ptr;
+        p.candidate_capacity = capacity;
+        CUDA_TRY(k::run_sample(p));
+        std::vector<int32_t> got(static_cast<size_t>(rows));
+        CUDA_TRY(cudaMemcpy(got.data(), ids.ptr, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        if (capacity == 0) {
+          want = got;
+          for (int32_t id : got) mismatches += id < 0 || id >= vocab ? 1000000 : 0;  // every row has a token
+          continue;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          ++draws;
+          mismatches += got[r] != want[r] ? 1 : 0;
+        }
+      }
+    }
+    report_check("sample_paths", set.name, static_cast<double>(mismatches) / static_cast<double>(draws), 2e-3, 0, 0,
+                 ",\"draws\":" + std::to_string(draws) + ",\"differ\":" + std::to_string(mismatches));
+  }
+}
+
 void run_checks(bool quick) {
   using S = be::MoeRoutingRule::Scoring;
   using K = be::MoeRoutingRule::TopK;
@@ -930,6 +1021,7 @@ void run_checks(bool quick) {
     check_rope(dt, 37, 6, 9, 3);             // scalar path
     check_rope(dt, 11, 48, 48, 2);           // 48 / 8 = 6 lanes per row does not divide 32: scalar path
   }
+  check_sampling_paths();
   const RouteCase cases[] = {
       {"v3_256e_top8_g8_tg4", make_rule(S::kSigmoid, K::kNoauxTc, 256, 8, 8, 4, true, true, 2.5), 0, -0.1f, 0.1f},
       {"v3_negative_bias", make_rule(S::kSigmoid, K::kNoauxTc, 256, 8, 8, 4, true, true, 2.5), 0, -1.0f, -0.3f},

@@ -30,11 +30,13 @@ cudaError_t run_argmax(const ArgmaxParams& params);
 // [0, 1), the first kept token with positive weight whose cumulative weight in ascending id order exceeds u * total.
 // Masses are summed in double (in an order other than the CPU's, and by shared-memory atomics whose order is not
 // fixed: a token can differ from the CPU's, or between two runs, only when a cut or u * total lies within rounding of
-// a boundary). The k-th largest logit and the top-p boundary are found by radix selection on
-// the logits' bits (4 passes of 8 bits, counts or masses per bin); ties at either boundary by a scan in id order.
-// CTAs of 1024 threads, each walking rows blockIdx.x, blockIdx.x + ctas, ... (default one CTA per row: the kernel is
-// bound by each SM's work on its rows - the double-precision shared-memory atomics of the radix passes - not by
-// memory; fewer CTAs were measured slower, bench/gpu/NOTES.md).
+// a boundary). Top-k and top-p each take one histogram pass over 2,048 bins linear in value (counts, or masses) and a
+// scan for the bin where the cut falls. When every token up to that bin fits in shared memory (8,192: a top-k set, a
+// peaked row's nucleus) they are compacted and sorted, and the cut, min-p and the draw run on them with no further
+// pass over the row; else only that bin's tokens are, which gives the cut's (value, id), and the draw takes one more
+// pass. A bin holding more than fit (ties) falls back to radix selection on the logits' bits (4 passes of 8 bits).
+// CTAs of 1024 threads, each walking rows blockIdx.x, blockIdx.x + ctas, ... (default one CTA per row; measurements
+// in bench/gpu/NOTES.md).
 struct SampleRowParams {
   int32_t logprobs = -1;     // run_logprobs / run_chosen_logprobs: -1 none; else 0..kMaxTopLogprobs alternatives
   float temperature = 1.0f;  // < 1e-5: greedy
@@ -49,6 +51,8 @@ struct SampleParams {
   const SampleRowParams* row_params = nullptr;  // [rows] device
   int32_t* ids = nullptr;  // [rows] device: the sampled id; -1 for a row holding a NaN or +inf, or nothing above -inf
   int64_t ctas = 0;        // CTAs walking the rows; 0: one per row
+  int64_t candidate_capacity = 0;  // tokens compacted into shared memory; 0: the most (8,192); tests force the
+                                   // other paths with small values
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_sample(const SampleParams& params);
