@@ -8,10 +8,14 @@
 #include <climits>
 #include <cmath>
 
+#include <cooperative_groups.h>
+
 #include "deepinfer/kernels/cuda/sampling.h"
 
 namespace deepinfer::kernels::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 
@@ -140,25 +144,6 @@ __device__ __forceinline__ double warp_sum(double x) {
   for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
-__device__ __forceinline__ int warp_max(int x) {
-  for (int o = 16; o > 0; o /= 2) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-
-// Sum of value(i, v) over the row; every thread gets it.
-template <class Value>
-__device__ double block_sum(const float* row, int cols, Value value, SampleShared& sh) {
-  double s = 0.0;
-  for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) s += value(i, row[i]);
-  s = warp_sum(s);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  if (lane == 0) sh.warp_sum[warp] = s;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < kSampleWarps; ++w) total += sh.warp_sum[w];
-  __syncthreads();
-  return total;
-}
 
 // Radix selection: over the ids with weight(i, v) > 0, ordered by value from the largest, the value at which the
 // cumulative weight first reaches `target` (the bin walk: before + bin >= target). Returns false when it never does
@@ -225,77 +210,115 @@ __device__ bool radix_select(const float* row, int cols, Weight weight, double t
   return true;
 }
 
-// In ascending id order, the first id with value(i, v) > 0 whose cumulative value (inclusive) reaches `threshold`
-// (>= ; > when `strict`). Warp w walks ids [w * per, (w + 1) * per). -1 when none does; `last` gets the largest id
-// with a positive value (-1: none).
+// ---- passes over a row ----
+
+// f(i, v) for every value of the row; the loads coalesced (thread t takes float4 t, t + 1024, ...) and four float4 in
+// flight per thread. Each thread meets its ids in ascending order.
+template <class F>
+__device__ __forceinline__ void for_each_value(const float* row, int cols, F f) {
+  const int t = static_cast<int>(threadIdx.x);
+  const int head = min(cols, static_cast<int>((16 - (reinterpret_cast<uintptr_t>(row) & 15u)) & 15u) / 4);
+  if (t < head) f(t, row[t]);
+  const float4* body = reinterpret_cast<const float4*>(row + head);
+  const int quads = (cols - head) / 4;
+  auto apply = [&](int q, float4 x) {
+    const int i = head + 4 * q;
+    f(i, x.x);
+    f(i + 1, x.y);
+    f(i + 2, x.z);
+    f(i + 3, x.w);
+  };
+  int q = t;
+  for (; q + 3 * kSampleThreads < quads; q += 4 * kSampleThreads) {
+    const float4 a = __ldg(body + q), b = __ldg(body + q + kSampleThreads), c = __ldg(body + q + 2 * kSampleThreads),
+                 d = __ldg(body + q + 3 * kSampleThreads);
+    apply(q, a);
+    apply(q + kSampleThreads, b);
+    apply(q + 2 * kSampleThreads, c);
+    apply(q + 3 * kSampleThreads, d);
+  }
+  for (; q < quads; q += kSampleThreads) apply(q, __ldg(body + q));
+  for (int i = head + 4 * quads + t; i < cols; i += kSampleThreads) f(i, row[i]);
+}
+
+// Thread t's contiguous range of the row, [t * L, min(cols, (t + 1) * L)), L a multiple of 4: the walks in id order.
+__device__ __forceinline__ int range_length(int cols) {
+  return ((cols + kSampleThreads - 1) / kSampleThreads + 3) / 4 * 4;
+}
+
+// f(i, v) over this thread's range in ascending id order (float4 loads, four in flight, when the row is aligned).
+template <class F>
+__device__ __forceinline__ void for_each_in_range(const float* row, int cols, F f) {
+  const int length = range_length(cols), begin = static_cast<int>(threadIdx.x) * length;
+  const int end = min(cols, begin + length);
+  int i = begin;
+  if ((reinterpret_cast<uintptr_t>(row) & 15u) == 0) {
+    for (; i + 16 <= end; i += 16) {
+      const float4* q = reinterpret_cast<const float4*>(row + i);
+      const float4 a = __ldg(q), b = __ldg(q + 1), c = __ldg(q + 2), d = __ldg(q + 3);
+      f(i, a.x), f(i + 1, a.y), f(i + 2, a.z), f(i + 3, a.w);
+      f(i + 4, b.x), f(i + 5, b.y), f(i + 6, b.z), f(i + 7, b.w);
+      f(i + 8, c.x), f(i + 9, c.y), f(i + 10, c.z), f(i + 11, c.w);
+      f(i + 12, d.x), f(i + 13, d.y), f(i + 14, d.z), f(i + 15, d.w);
+    }
+  }
+  for (; i < end; ++i) f(i, row[i]);
+}
+
+// In ascending id order, the first id with value(i, v) > 0 whose cumulative value (inclusive) reaches the threshold
+// (>=; > when `strict`); the threshold is fraction * total when `fraction` >= 0 (total: the sum of value over the
+// row), else `threshold`. One pass: each thread sums its range in id order, a block scan gives each range's prefix,
+// and the thread whose range crosses walks it again from the same partial sums (so it finds the crossing). -1 when
+// no range crosses; `last` gets the largest id with a positive value (-1: none) and `total` the sum.
 template <class Value>
-__device__ int first_reaching(const float* row, int cols, Value value, double threshold, bool strict, SampleShared& sh,
-                             int& last) {
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int per = (cols + kSampleThreads - 1) / kSampleThreads * 32;
-  const int begin = warp * per, end = min(cols, begin + per);
-  double s = 0.0;
+__device__ int first_reaching(const float* row, int cols, Value value, double threshold, double fraction, bool strict,
+                              SampleShared& sh, int& last, double& total) {
+  const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32;
+  double mine = 0.0;
   int my_last = -1;
-  for (int i = begin + lane; i < end; i += 32) {
-    const double x = value(i, row[i]);
-    s += x;
+  for_each_in_range(row, cols, [&](int i, float v) {
+    const double x = value(i, v);
+    mine += x;
     if (x > 0.0) my_last = i;
+  });
+  double c = mine;  // inclusive scan over the warp
+  for (int o = 1; o < 32; o *= 2) {
+    const double y = __shfl_up_sync(0xffffffffu, c, o);
+    if (lane >= o) c += y;
   }
-  s = warp_sum(s);
-  my_last = warp_max(my_last);
-  if (lane == 0) {
-    sh.warp_sum[warp] = s;
-    sh.warp_last[warp] = my_last;
+  if (lane == 31) sh.warp_sum[warp] = c;
+  if (t == 0) {
+    sh.chosen = INT_MAX;
+    sh.last = -1;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double acc = 0.0;
-    int chosen = -1, all_last = -1;
-    for (int w = 0; w < kSampleWarps; ++w) {
-      all_last = max(all_last, sh.warp_last[w]);
-      if (chosen < 0) {
-        const double next = acc + sh.warp_sum[w];
-        if (sh.warp_sum[w] > 0.0 && (strict ? next > threshold : next >= threshold)) {
-          chosen = w;
-        } else {
-          acc = next;
-        }
-      }
+  double prefix = c - mine, sum = 0.0;
+  for (int w = 0; w < kSampleWarps; ++w) {
+    if (w < warp) prefix += sh.warp_sum[w];
+    sum += sh.warp_sum[w];
+  }
+  if (fraction >= 0.0) threshold = fraction * sum;
+  if (mine > 0.0 && (strict ? prefix + mine > threshold : prefix + mine >= threshold)) atomicMin(&sh.chosen, t);
+  if (my_last >= 0) atomicMax(&sh.last, my_last);
+  __syncthreads();
+  const int chosen = sh.chosen;
+  if (t == chosen) {
+    double partial = 0.0;
+    int found = -1;
+    const int length = range_length(cols), begin = t * length, end = min(cols, begin + length);
+    for (int i = begin; i < end && found < 0; ++i) {
+      const double x = value(i, row[i]);
+      partial += x;
+      if (x > 0.0 && (strict ? prefix + partial > threshold : prefix + partial >= threshold)) found = i;
     }
-    sh.chosen = chosen;
-    sh.before = acc;
-    sh.last = all_last;
+    sh.before = prefix;
+    sh.prefix = static_cast<uint32_t>(found < 0 ? my_last : found);
   }
   __syncthreads();
-  const int chosen_warp = sh.chosen;
+  const int result = chosen == INT_MAX ? -1 : static_cast<int>(sh.prefix);
   last = sh.last;
-  int result = -1;
-  if (warp == chosen_warp) {
-    double base = sh.before;
-    for (int chunk = begin; chunk < end; chunk += 32) {
-      const int i = chunk + lane;
-      const double x = i < end ? value(i, row[i]) : 0.0;
-      double c = x;  // inclusive scan over the lanes
-      for (int o = 1; o < 32; o *= 2) {
-        const double y = __shfl_up_sync(0xffffffffu, c, o);
-        if (lane >= o) c += y;
-      }
-      const bool hit = x > 0.0 && (strict ? base + c > threshold : base + c >= threshold);
-      const unsigned hits = __ballot_sync(0xffffffffu, hit);
-      if (hits != 0u) {
-        result = chunk + __ffs(static_cast<int>(hits)) - 1;
-        break;
-      }
-      base += __shfl_sync(0xffffffffu, c, 31);
-    }
-    // Summed in another order, the warp's own walk may fall just short: its last positive id then.
-    if (result < 0) result = sh.warp_last[chosen_warp];
-  }
-  __syncthreads();  // sh.before / sh.last read by all before anyone reuses them
-  if (warp == chosen_warp && lane == 0) sh.chosen = result;
-  __syncthreads();
-  result = chosen_warp < 0 ? -1 : sh.chosen;
-  __syncthreads();
+  total = sum;
+  __syncthreads();  // sh.chosen / last / prefix read by all before they are reused
   return result;
 }
 
@@ -338,14 +361,13 @@ __device__ void value_histogram(const float* row, int cols, Weight weight, Value
     sh.bin_count[j] = 0u;
   }
   __syncthreads();
-  for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) {
-    const float v = row[i];
+  for_each_value(row, cols, [&](int i, float v) {
     const double w = weight(i, v);
-    if (!(w > 0.0)) continue;
+    if (!(w > 0.0)) return;
     const int b = bins(v);
     atomicAdd(&sh.bin_count[b], 1u);
     if (with_mass) atomicAdd(&sh.bin_mass[b], w);
-  }
+  });
   __syncthreads();
 }
 
@@ -426,25 +448,16 @@ __device__ int locate_bin(bool by_mass, double count_target, float top_p, Sample
 // how many ids were kept (more than `capacity`: the candidates are incomplete).
 template <class Keep>
 __device__ int compact(const float* row, int cols, Keep keep, int capacity, SampleShared& sh) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) sh.count = 0;
   __syncthreads();
-  for (int start = 0; start < cols; start += kSampleThreads) {
-    const int i = start + static_cast<int>(threadIdx.x);
-    float v = 0.0f;
-    bool kept = false;
-    if (i < cols) {
-      v = row[i];
-      kept = keep(i, v);
-    }
-    const unsigned mask = __ballot_sync(0xffffffffu, kept);
-    if (mask == 0u) continue;
+  for_each_value(row, cols, [&](int i, float v) {
+    if (!keep(i, v)) return;
+    const cg::coalesced_group group = cg::coalesced_threads();  // one shared atomic per warp's kept values
     int base = 0;
-    if (lane == 0) base = atomicAdd(&sh.count, __popc(mask));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    const int position = base + __popc(mask & ((1u << lane) - 1u));
-    if (kept && position < capacity) sh.candidates[position] = desc_key(v, i);
-  }
+    if (group.thread_rank() == 0) base = atomicAdd(&sh.count, static_cast<int>(group.size()));
+    const int position = group.shfl(base, 0) + static_cast<int>(group.thread_rank());
+    if (position < capacity) sh.candidates[position] = desc_key(v, i);
+  });
   __syncthreads();
   const int n = sh.count;
   __syncthreads();
@@ -558,15 +571,14 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   float best = -INFINITY, low = INFINITY;
   int best_i = -1;
   bool bad = false;
-  for (int i = static_cast<int>(threadIdx.x); i < cols; i += kSampleThreads) {
-    const float v = row[i];
+  for_each_value(row, cols, [&](int i, float v) {  // ascending ids per thread: the first of equal values stays
     bad = bad || isnan(v) || v == INFINITY;
     if (v > best) {
       best = v;
       best_i = i;
     }
     if (v != -INFINITY) low = fminf(low, v);
-  }
+  });
   if (__syncthreads_or(bad)) {
     if (threadIdx.x == 0) p.ids[r] = -1;
     return;
@@ -646,9 +658,10 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
             row, cols, [](int, float v) { return v == -INFINITY ? 0.0 : 1.0; }, static_cast<double>(rp.top_k), sh,
             key_k, larger);
         int ignored = 0;
+        double sum = 0.0;
         const int found = first_reaching(
             row, cols, [&](int, float v) { return v != -INFINITY && ordered_key(v) == key_k ? 1.0 : 0.0; },
-            static_cast<double>(rp.top_k) - larger, false, sh, ignored);
+            static_cast<double>(rp.top_k) - larger, -1.0, false, sh, ignored, sum);
         cut_k = found < 0 ? cols : found;
       }
     }
@@ -665,7 +678,6 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   bool cut_by_p = false;
   uint32_t key_p = 0;
   int cut_p = cols;
-  double kept_total = -1.0;  // >= 0: the kept set's weight, known without a pass
   if (n >= 0) {
     if (top_p) {
       const double total = candidates_total(n, desc_weight, sh);
@@ -699,7 +711,6 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
           key_p = ordered_key(desc_value(key));
           cut_p = desc_id(key);
           cut_by_p = true;
-          kept_total = walked;
         }
         __syncthreads();
       } else {
@@ -707,9 +718,10 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
         cut_by_p = radix_select(row, cols, mass, target, sh, key_p, larger);
         if (cut_by_p) {
           int ignored = 0;
+          double sum = 0.0;
           const int found = first_reaching(
               row, cols, [&](int i, float v) { return keep_k(i, v) && ordered_key(v) == key_p ? weight_of(v) : 0.0; },
-              target - larger, false, sh, ignored);
+              target - larger, -1.0, false, sh, ignored, sum);
           cut_p = found < 0 ? cols : found;
         }
       }
@@ -744,9 +756,9 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
       return min_p > 0.0 && w < min_p ? 0.0 : w;
     };
     // The draw: u * total, the first kept id whose cumulative weight in id order exceeds it.
-    const double total = kept_total >= 0.0 && !(min_p > 0.0) ? kept_total : block_sum(row, cols, kept_weight, sh);
     int last = -1;
-    token = first_reaching(row, cols, kept_weight, u * total, true, sh, last);
+    double total = 0.0;
+    token = first_reaching(row, cols, kept_weight, 0.0, u, true, sh, last, total);
     if (token < 0) token = last >= 0 ? last : best_i;  // u * total rounded up to total: the last positive weight
   }
   if (threadIdx.x == 0) p.ids[r] = token;
