@@ -787,42 +787,96 @@ __device__ __forceinline__ bool ahead(float v, int i, float bv, int bi) {
   return bi < 0 || v > bv || (v == bv && i < bi);
 }
 
+// One CTA per row (rows in turn): the maximum and the smallest finite value; then one pass for the normaliser's sum
+// and a count histogram over value bins; the bins holding the `want` largest values are compacted into shared memory
+// and sorted (larger first, then the lower id). A boundary bin with more values than fit (ties by the thousand) falls
+// back to one block-wide arg-max pass per alternative.
 __global__ void __launch_bounds__(kLogprobThreads) logprobs_kernel(LogprobsParams p) {
-  __shared__ float warp_value[kLogprobWarps];
-  __shared__ int warp_index[kLogprobWarps];
-  __shared__ double warp_total[kLogprobWarps];
+  static_assert(kLogprobThreads == kSampleThreads, "the sampling helpers stride by kSampleThreads");
+  extern __shared__ __align__(16) uint8_t logprobs_smem[];
+  SampleShared& sh = *reinterpret_cast<SampleShared*>(logprobs_smem);
   const int cols = static_cast<int>(p.cols);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const int want = min(p.row_params[r].logprobs, kMaxTopLogprobs);
     if (want < 0) continue;
     const float* row = p.logits + r * p.cols;
-    float m = -INFINITY;
-    for (int i = static_cast<int>(threadIdx.x); i < cols; i += kLogprobThreads) m = fmaxf(m, row[i]);
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) warp_value[warp] = m;
+    float m = -INFINITY, low = INFINITY;
+    for_each_value(row, cols, [&](int, float v) {
+      m = fmaxf(m, v);
+      if (v != -INFINITY && !isnan(v)) low = fminf(low, v);
+    });
+    for (int o = 16; o > 0; o /= 2) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      low = fminf(low, __shfl_xor_sync(0xffffffffu, low, o));
+    }
+    if (lane == 0) {
+      sh.best_value[warp] = m;
+      sh.low_value[warp] = low;
+    }
+    for (int j = static_cast<int>(threadIdx.x); j < kValueBins; j += kSampleThreads) sh.bin_count[j] = 0u;
     __syncthreads();
     m = -INFINITY;
-    for (int w = 0; w < kLogprobWarps; ++w) m = fmaxf(m, warp_value[w]);
+    low = INFINITY;
+    for (int w = 0; w < kLogprobWarps; ++w) {
+      m = fmaxf(m, sh.best_value[w]);
+      low = fminf(low, sh.low_value[w]);
+    }
+    float scale = m > low ? static_cast<float>(kValueBins) / (m - low) : 0.0f;
+    if (!isfinite(scale)) scale = 0.0f;
+    const ValueBins bins{m, scale};
     double sum = 0.0;
-    for (int i = static_cast<int>(threadIdx.x); i < cols; i += kLogprobThreads)
-      sum += exp(static_cast<double>(row[i]) - static_cast<double>(m));
+    for_each_value(row, cols, [&](int, float v) {
+      sum += exp(static_cast<double>(v) - static_cast<double>(m));
+      if (want > 0 && !isnan(v)) atomicAdd(&sh.bin_count[bins(v)], 1u);
+    });
     sum = warp_sum(sum);
-    if (lane == 0) warp_total[warp] = sum;
+    if (lane == 0) sh.warp_sum[warp] = sum;
     __syncthreads();
     sum = 0.0;
-    for (int w = 0; w < kLogprobWarps; ++w) sum += warp_total[w];
+    for (int w = 0; w < kLogprobWarps; ++w) sum += sh.warp_sum[w];
     const double normaliser = static_cast<double>(m) + log(sum);
     if (threadIdx.x == 0) p.normaliser[r] = normaliser;
+    __syncthreads();  // sh.warp_sum read by all before locate_bin reuses it
+    auto write = [&](int j, int id, float value) {
+      p.top_ids[r * kMaxTopLogprobs + j] = id;
+      p.top_logprobs[r * kMaxTopLogprobs + j] =
+          id < 0 ? 0.0f : static_cast<float>(static_cast<double>(value) - normaliser);
+    };
+    bool done = want == 0;
+    if (want > 0) {
+      double before = 0.0, counted = 0.0;
+      int upto = 0;
+      int b = locate_bin(false, static_cast<double>(want), 1.0f, sh, before, upto, counted);
+      if (b < 0) upto = static_cast<int>(counted);  // fewer than `want` values: every one
+      const int capacity = p.candidate_capacity > 0 && p.candidate_capacity < kMaxCandidates
+                               ? static_cast<int>(p.candidate_capacity)
+                               : kMaxCandidates;
+      if (upto <= capacity) {
+        const int n = compact(
+            row, cols, [&](int, float v) { return !isnan(v) && (b < 0 || bins(v) <= b); }, capacity, sh);
+        sort_candidates(n, sh);
+        if (threadIdx.x < static_cast<unsigned>(kMaxTopLogprobs)) {
+          const int j = static_cast<int>(threadIdx.x);
+          if (j < want && j < n) {
+            write(j, desc_id(sh.candidates[j]), desc_value(sh.candidates[j]));
+          } else {
+            write(j, -1, 0.0f);
+          }
+        }
+        done = true;
+      }
+    }
     float prev = 0.0f;
     int prev_i = -1;
     bool exhausted = false;  // fewer than `want` values in the row (not NaN)
     for (int j = 0; j < kMaxTopLogprobs; ++j) {
+      if (done) {
+        if (want == 0 && threadIdx.x == 0) write(j, -1, 0.0f);
+        continue;
+      }
       if (j >= want || exhausted) {
-        if (threadIdx.x == 0) {
-          p.top_ids[r * kMaxTopLogprobs + j] = -1;
-          p.top_logprobs[r * kMaxTopLogprobs + j] = 0.0f;
-        }
+        if (threadIdx.x == 0) write(j, -1, 0.0f);
         continue;
       }
       float best = 0.0f;
@@ -844,22 +898,18 @@ __global__ void __launch_bounds__(kLogprobThreads) logprobs_kernel(LogprobsParam
       }
       __syncthreads();  // the previous round's warp results are read
       if (lane == 0) {
-        warp_value[warp] = best;
-        warp_index[warp] = best_i;
+        sh.best_value[warp] = best;
+        sh.best_index[warp] = best_i;
       }
       __syncthreads();
       best_i = -1;
       for (int w = 0; w < kLogprobWarps; ++w) {
-        if (warp_index[w] >= 0 && ahead(warp_value[w], warp_index[w], best, best_i)) {
-          best = warp_value[w];
-          best_i = warp_index[w];
+        if (sh.best_index[w] >= 0 && ahead(sh.best_value[w], sh.best_index[w], best, best_i)) {
+          best = sh.best_value[w];
+          best_i = sh.best_index[w];
         }
       }
-      if (threadIdx.x == 0) {
-        p.top_ids[r * kMaxTopLogprobs + j] = best_i;
-        p.top_logprobs[r * kMaxTopLogprobs + j] =
-            best_i < 0 ? 0.0f : static_cast<float>(static_cast<double>(best) - normaliser);
-      }
+      if (threadIdx.x == 0) write(j, best_i, best);
       prev = best;
       prev_i = best_i;
       exhausted = best_i < 0;
@@ -939,7 +989,10 @@ cudaError_t run_logprobs(const LogprobsParams& p) {
   if (p.cols <= 0 || p.cols > INT32_MAX / 2 || !p.logits || !p.row_params || !p.normaliser || !p.top_ids ||
       !p.top_logprobs)
     return cudaErrorInvalidValue;
-  logprobs_kernel<<<static_cast<unsigned>(p.rows), kLogprobThreads, 0, p.stream>>>(p);
+  const int smem = static_cast<int>(sizeof(SampleShared));
+  cudaError_t err = cudaFuncSetAttribute(logprobs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  logprobs_kernel<<<static_cast<unsigned>(p.rows), kLogprobThreads, smem, p.stream>>>(p);
   return cudaGetLastError();
 }
 

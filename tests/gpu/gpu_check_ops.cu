@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -837,7 +838,7 @@ void bench_all() {
 // Sampling 256 rows of DeepSeek-V3's 129,280-token vocabulary (values in [-4, 4)): temperature 0.8 with top_p 0.9
 // (flat rows: the top-p set is most of the vocabulary, the kernel's worst case), a peaked temperature, top_k 50, no
 // cut, and the radix fallback forced; and the logprobs kernel with 20 alternatives per row. The bytes are one read
-// of the logits (the floor); the kernels pass over each row 3-4 times (sampling) or 22 (logprobs).
+// of the logits (the floor); the kernels pass over each row 2-4 times (sampling) or 3 (logprobs).
 void bench_sampling() {
   const int64_t rows = 256, vocab = 129280;
   const double bytes = static_cast<double>(rows * vocab * 4);
@@ -998,6 +999,51 @@ void check_sampling_paths() {
     report_check("sample_paths", set.name, static_cast<double>(mismatches) / static_cast<double>(draws), 2e-3, 0, 0,
                  ",\"draws\":" + std::to_string(draws) + ",\"differ\":" + std::to_string(mismatches));
   }
+  // Logprobs: the candidates in shared memory against the fallback's arg-max passes (capacity 1), 20, 3, 1 and 0
+  // alternatives on the same rows: the same ids, the same floats, the same normalisers.
+  std::vector<k::SampleRowParams> rp(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) rp[r].logprobs = std::array<int, 4>{20, 3, 1, 0}[r % 4];
+  CUDA_TRY(cudaMemcpy(params.ptr, rp.data(), rp.size() * sizeof(rp[0]), cudaMemcpyHostToDevice));
+  DeviceBuffer<double> normaliser(static_cast<size_t>(rows));
+  DeviceBuffer<int32_t> top_ids(static_cast<size_t>(rows * k::kMaxTopLogprobs));
+  DeviceBuffer<float> top_logprobs(static_cast<size_t>(rows * k::kMaxTopLogprobs));
+  std::vector<double> normalisers[2];
+  std::vector<int32_t> ids_of[2];
+  std::vector<float> values_of[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    k::LogprobsParams p;
+    p.rows = rows;
+    p.cols = vocab;
+    p.logits = logits.ptr;
+    p.row_params = params.ptr;
+    p.normaliser = normaliser.ptr;
+    p.top_ids = top_ids.ptr;
+    p.top_logprobs = top_logprobs.ptr;
+    p.candidate_capacity = pass == 0 ? 0 : 1;
+    CUDA_TRY(k::run_logprobs(p));
+    normalisers[pass].resize(static_cast<size_t>(rows));
+    ids_of[pass].resize(static_cast<size_t>(rows * k::kMaxTopLogprobs));
+    values_of[pass].resize(static_cast<size_t>(rows * k::kMaxTopLogprobs));
+    CUDA_TRY(cudaMemcpy(normalisers[pass].data(), normaliser.ptr, rows * sizeof(double), cudaMemcpyDeviceToHost));
+    CUDA_TRY(cudaMemcpy(ids_of[pass].data(), top_ids.ptr, ids_of[pass].size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CUDA_TRY(cudaMemcpy(values_of[pass].data(), top_logprobs.ptr, values_of[pass].size() * sizeof(float),
+                        cudaMemcpyDeviceToHost));
+  }
+  long differ = 0, entries = 0;
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    worst = std::max(worst, std::abs(normalisers[0][r] - normalisers[1][r]));
+    for (int j = 0; j < k::kMaxTopLogprobs; ++j) {
+      const size_t e = static_cast<size_t>(r * k::kMaxTopLogprobs + j);
+      ++entries;
+      const bool same = ids_of[0][e] == ids_of[1][e] && (ids_of[0][e] < 0 || values_of[0][e] == values_of[1][e]);
+      differ += same ? 0 : 1;
+      const int want = rp[r].logprobs;
+      if ((j < want) != (ids_of[0][e] >= 0)) ++differ;  // every asked-for entry filled, the rest -1
+    }
+  }
+  report_check("logprobs_paths", "shared candidates vs arg-max passes, 20/3/1/0 alternatives", worst, 1e-12, differ,
+               0, ",\"entries\":" + std::to_string(entries));
 }
 
 void run_checks(bool quick) {

@@ -61,7 +61,8 @@ cudaError_t run_sample(const SampleParams& params);
 // run_logit_adjustments): for each row r with row_params[r].logprobs = n >= 0, normaliser[r] = max + log(sum exp(l -
 // max)) (max as float, the sum and log in double), and the n largest logits, ties to the lower id, as top_ids[r *
 // kMaxTopLogprobs + j] and float(l - normaliser) in top_logprobs (ids -1 past the row's length). One CTA per row,
-// n passes of a block-wide maximum.
+// three passes: the maximum, the sum with a count histogram over value bins, and the bins holding the n largest
+// compacted into shared memory and sorted (a boundary bin holding more than fit: n passes of a block-wide maximum).
 inline constexpr int kMaxTopLogprobs = 20;  // engine/sampling_params.h kMaxLogprobs
 struct LogprobsParams {
   int64_t rows = 0, cols = 0;
@@ -70,6 +71,7 @@ struct LogprobsParams {
   double* normaliser = nullptr;                 // [rows] device (rows without logprobs: untouched)
   int32_t* top_ids = nullptr;                   // [rows][kMaxTopLogprobs] device
   float* top_logprobs = nullptr;                // [rows][kMaxTopLogprobs] device
+  int64_t candidate_capacity = 0;               // as SampleParams' (tests force the fallback with 1)
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_logprobs(const LogprobsParams& params);
