@@ -371,19 +371,18 @@ __device__ void value_histogram(const float* row, int cols, Weight weight, Value
   __syncthreads();
 }
 
-// Over value_histogram's bins, from the top: the first bin whose inclusive cumulative measure(bin) reaches the target
-// (fraction * the total measure when fraction >= 0). When rounding leaves every bin short of a fraction of the
-// total, the last bin with a positive measure. Returns the bin (-1: none, the target is above the total) and sets
-// `before` (the measure of the bins above it), `upto` (the count through it) and `total` (the whole measure). Every
-// thread gets the results.
-template <class Measure>
-__device__ int locate_bin(Measure measure, double target, double fraction, SampleShared& sh, double& before,
-                          int& upto, double& total) {
+// Over value_histogram's bins, from the top: the first bin whose inclusive cumulative measure reaches the target
+// (by_mass: the masses and top_p * their total; else the counts and count_target). When rounding leaves every bin
+// short (masses), the last bin with a positive mass. Returns the bin (-1: none: fewer counted than count_target)
+// and sets `before` (the measure of the bins above it), `upto` (the count through it) and `total` (the whole
+// measure). Every thread gets the results.
+__device__ int locate_bin(bool by_mass, double count_target, float top_p, SampleShared& sh, double& before, int& upto,
+                          double& total) {
   static_assert(kValueBins == 2 * kSampleThreads, "two bins per thread");
   const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32;
   const int b0 = 2 * t, b1 = b0 + 1;
   const int c0 = static_cast<int>(sh.bin_count[b0]), c1 = static_cast<int>(sh.bin_count[b1]);
-  const double m0 = measure(b0), m1 = measure(b1);
+  const double m0 = by_mass ? sh.bin_mass[b0] : c0, m1 = by_mass ? sh.bin_mass[b1] : c1;
   double m = m0 + m1;
   int c = c0 + c1;
   for (int o = 1; o < 32; o *= 2) {  // inclusive scans over the warp's lanes
@@ -419,7 +418,7 @@ __device__ int locate_bin(Measure measure, double target, double fraction, Sampl
     }
     total += sh.warp_sum[w];
   }
-  if (fraction >= 0.0) target = fraction * total;
+  const double target = by_mass ? static_cast<double>(top_p) * total : count_target;
   const double excl0 = base + excl, incl0 = excl0 + m0, incl1 = incl0 + m1;
   if (m0 > 0.0 && incl0 >= target) {
     atomicMin(&sh.found_bin, b0);
@@ -433,7 +432,7 @@ __device__ int locate_bin(Measure measure, double target, double fraction, Sampl
   }
   __syncthreads();
   int bin = sh.found_bin;
-  if (bin == INT_MAX) bin = fraction >= 0.0 ? sh.last_bin : -1;
+  if (bin == INT_MAX) bin = by_mass ? sh.last_bin : -1;
   if (bin >= 0 && (bin == b0 || bin == b1)) {
     sh.before = bin == b0 ? excl0 : incl0;
     sh.upto = cbase + cexcl + c0 + (bin == b1 ? c1 : 0);
@@ -626,7 +625,6 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
   if (!isfinite(scale)) scale = 0.0f;  // a range that overflows (every value then in bin 0) or is subnormal
   const ValueBins bins{max_logit, scale};
   int n = -1;  // >= 0: sh.candidates[0, n), in desc_key order, are every token that top-k and top-p keep
-  auto count_of = [&](int bin) { return static_cast<double>(sh.bin_count[bin]); };
 
   // Top-k: the k-th token in the "more likely" order (by count).
   const bool top_k = rp.top_k >= 1 && rp.top_k < cols;
@@ -638,7 +636,7 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
     value_histogram(row, cols, finite, bins, false, sh);
     double before = 0.0, total = 0.0;
     int upto = 0;
-    const int b = locate_bin(count_of, static_cast<double>(rp.top_k), -1.0, sh, before, upto, total);
+    const int b = locate_bin(false, static_cast<double>(rp.top_k), 1.0f, sh, before, upto, total);
     if (b >= 0) {  // else fewer than k finite tokens: every one is kept
       cut_by_k = true;
       const int in_bin = static_cast<int>(sh.bin_count[b]);
@@ -689,126 +687,42 @@ __device__ void sample_row(const SampleParams& p, int64_t r, SampleShared& sh) {
     }
   } else if (top_p) {
     auto mass = [&](int i, float v) { return keep_k(i, v) ? weight_of(v) : 0.0; };
-    // Counts first (integer atomics): a bin's values lie within its value range (up to float rounding: half a bin of
-    // margin), so its mass lies between count x the weight at the range's bottom and at its top. The crossing bin
-    // lies in the window [first bin whose cumulative upper bound reaches top_p x the lower total, first bin whose
-    // cumulative lower bound reaches top_p x the upper total]. One more pass gives the exact total, the exact mass
-    // above the window and the window's tokens; the cut is found among them.
-    value_histogram(row, cols, [&](int i, float v) { return keep_k(i, v) ? 1.0 : 0.0; }, bins, false, sh);
-    const double inverse_t = 1.0 / static_cast<double>(rp.temperature);
-    auto bound = [&](int b, bool upper) {
-      const double hi = max_logit, lo = low;
-      double v;
-      if (upper) {
-        v = b == 0 || scale == 0.0f ? hi : fmin(hi, hi - (b - 0.5) / scale);
-      } else {
-        v = b == kValueBins - 1 || scale == 0.0f ? lo : fmax(lo, hi - (b + 1.5) / scale);
-      }
-      return exp((v - hi) * inverse_t) * (upper ? 1.0 + 1e-6 : 1.0 - 1e-6);
-    };
-    auto lower = [&](int b) { return sh.bin_count[b] == 0u ? 0.0 : sh.bin_count[b] * bound(b, false); };
-    auto upper = [&](int b) { return sh.bin_count[b] == 0u ? 0.0 : sh.bin_count[b] * bound(b, true); };
-    double ignored = 0.0, lower_total = 0.0, upper_total = 0.0;
-    int upto_first = 0, upto_last = 0;
-    locate_bin(lower, 0.0, 1.0, sh, ignored, upto_last, lower_total);  // the totals only
-    locate_bin(upper, 0.0, 1.0, sh, ignored, upto_last, upper_total);
-    const int first = locate_bin(upper, static_cast<double>(rp.top_p) * lower_total, -1.0, sh, ignored, upto_first,
-                                 ignored);
-    const int last = locate_bin(lower, static_cast<double>(rp.top_p) * upper_total, -1.0, sh, ignored, upto_last,
-                                ignored);  // -1: the lower bounds never reach it (then the masses below)
-    const bool bounded = first >= 0 && last >= first;
-    const int above = bounded ? upto_first - static_cast<int>(sh.bin_count[first]) : 0;  // tokens above the window
-    const bool all_fit = bounded && upto_last <= capacity;
-    const bool window_fits = bounded && upto_last - above <= capacity;
-    if (all_fit || window_fits) {
-      const int from = all_fit ? 0 : first;
-      double total = 0.0, before = 0.0;
-      if (threadIdx.x == 0) sh.count = 0;
-      __syncthreads();
-      for_each_value(row, cols, [&](int i, float v) {
-        const double w = mass(i, v);
-        if (!(w > 0.0)) return;
-        total += w;
-        const int b = bins(v);
-        if (b < from) {
-          before += w;
-        } else if (b <= last) {
-          const cg::coalesced_group group = cg::coalesced_threads();
-          int base = 0;
-          if (group.thread_rank() == 0) base = atomicAdd(&sh.count, static_cast<int>(group.size()));
-          const int position = group.shfl(base, 0) + static_cast<int>(group.thread_rank());
-          if (position < capacity) sh.candidates[position] = desc_key(v, i);
-        }
-      });
-      total = warp_sum(total);
-      before = warp_sum(before);
-      if (lane == 0) {
-        sh.warp_sum[warp] = total;
-        sh.bins[warp] = before;
-      }
-      __syncthreads();
-      total = 0.0;
-      before = 0.0;
-      for (int w = 0; w < kSampleWarps; ++w) {
-        total += sh.warp_sum[w];
-        before += sh.bins[w];
-      }
-      const int m = min(sh.count, capacity);
-      __syncthreads();
-      sort_candidates(m, sh);
+    value_histogram(row, cols, mass, bins, true, sh);
+    double before = 0.0, total = 0.0;
+    int upto = 0;
+    const int b = locate_bin(true, 0.0, rp.top_p, sh, before, upto, total);
+    const double target = static_cast<double>(rp.top_p) * total;
+    if (b >= 0) {
+      const int in_bin = static_cast<int>(sh.bin_count[b]);
       double walked = 0.0;
-      const int j = walk_candidates(m, desc_weight, before, static_cast<double>(rp.top_p) * total, false, sh, walked);
-      if (all_fit) {
+      if (upto <= capacity) {
+        const int m = compact(row, cols, [&](int i, float v) { return bins(v) <= b && mass(i, v) > 0.0; }, capacity,
+                              sh);
+        sort_candidates(min(m, capacity), sh);
+        const int j = walk_candidates(min(m, capacity), desc_weight, 0.0, target, false, sh, walked);
         n = j + 1;
-      } else if (j >= 0) {
-        const uint64_t key = sh.candidates[j];
-        key_p = ordered_key(desc_value(key));
-        cut_p = desc_id(key);
-        cut_by_p = true;
-      }
-      __syncthreads();
-    } else {
-      // The window does not fit (a low temperature over a wide range, or ties): the masses per bin, then the
-      // crossing bin's tokens, or radix selection when even those do not fit.
-      value_histogram(row, cols, mass, bins, true, sh);
-      double before = 0.0, total = 0.0;
-      int upto = 0;
-      const int b = locate_bin([&](int bin) { return sh.bin_mass[bin]; }, 0.0, static_cast<double>(rp.top_p), sh,
-                               before, upto, total);
-      const double target = static_cast<double>(rp.top_p) * total;
-      if (b >= 0) {
-        const int in_bin = static_cast<int>(sh.bin_count[b]);
-        double walked = 0.0;
-        if (upto <= capacity) {
-          const int m = compact(row, cols, [&](int i, float v) { return bins(v) <= b && mass(i, v) > 0.0; }, capacity,
-                                sh);
-          sort_candidates(min(m, capacity), sh);
-          const int j = walk_candidates(min(m, capacity), desc_weight, 0.0, target, false, sh, walked);
-          n = j + 1;
-        } else if (in_bin <= capacity) {
-          const int m = compact(row, cols, [&](int i, float v) { return bins(v) == b && mass(i, v) > 0.0; }, capacity,
-                                sh);
-          sort_candidates(min(m, capacity), sh);
-          const int j = walk_candidates(min(m, capacity), desc_weight, before, target, false, sh, walked);
-          if (j >= 0) {
-            const uint64_t key = sh.candidates[j];
-            key_p = ordered_key(desc_value(key));
-            cut_p = desc_id(key);
-            cut_by_p = true;
-          }
-          __syncthreads();
-        } else {
-          double larger = 0.0;
-          cut_by_p = radix_select(row, cols, mass, target, sh, key_p, larger);
-          if (cut_by_p) {
-            int unused = 0;
-            double sum = 0.0;
-            const int found = first_reaching(
-                row, cols,
-                [&](int i, float v) { return keep_k(i, v) && ordered_key(v) == key_p ? weight_of(v) : 0.0; },
-                target - larger, -1.0, false, sh, unused, sum);
-            cut_p = found < 0 ? cols : found;
-          }
+      } else if (in_bin <= capacity) {
+        const int m = compact(row, cols, [&](int i, float v) { return bins(v) == b && mass(i, v) > 0.0; }, capacity,
+                              sh);
+        sort_candidates(min(m, capacity), sh);
+        const int j = walk_candidates(min(m, capacity), desc_weight, before, target, false, sh, walked);
+        if (j >= 0) {
+          const uint64_t key = sh.candidates[j];
+          key_p = ordered_key(desc_value(key));
+          cut_p = desc_id(key);
+          cut_by_p = true;
+        }
+        __syncthreads();
+      } else {
+        double larger = 0.0;
+        cut_by_p = radix_select(row, cols, mass, target, sh, key_p, larger);
+        if (cut_by_p) {
+          int ignored = 0;
+          double sum = 0.0;
+          const int found = first_reaching(
+              row, cols, [&](int i, float v) { return keep_k(i, v) && ordered_key(v) == key_p ? weight_of(v) : 0.0; },
+              target - larger, -1.0, false, sh, ignored, sum);
+          cut_p = found < 0 ? cols : found;
         }
       }
     }
@@ -933,8 +847,7 @@ __global__ void __launch_bounds__(kLogprobThreads) logprobs_kernel(LogprobsParam
     if (want > 0) {
       double before = 0.0, counted = 0.0;
       int upto = 0;
-      int b = locate_bin([&](int bin) { return static_cast<double>(sh.bin_count[bin]); }, static_cast<double>(want),
-                         -1.0, sh, before, upto, counted);
+      int b = locate_bin(false, static_cast<double>(want), 1.0f, sh, before, upto, counted);
       if (b < 0) upto = static_cast<int>(counted);  // fewer than `want` values: every one
       const int capacity = p.candidate_capacity > 0 && p.candidate_capacity < kMaxCandidates
                                ? static_cast<int>(p.candidate_capacity)
