@@ -23,112 +23,27 @@ flags, e.g. "--kv-cache-memory 1GiB" when several workers share one GPU). On the
 against a --role both worker that first prefilled the prompt's whole blocks alone, as the prefill worker does (bf16
 kernels pick their algorithm by shape, so a prefill of other length may round differently); no cold comparison is made there.
 """
-import http.client
 import json
 import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-BIN, MODEL = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (chat, check, content, exit_failed, failures, free_port, init, metrics, print_table, request,
+                     start, stop_all, streamed_text, wait_health, wait_listening)
+
+BIN, MODEL, logdir = init("pd-e2e-")
 DEVICE = os.environ.get("PD_E2E_DEVICE", "cpu")
 EXTRA = os.environ.get("PD_E2E_ARGS", "").split()
 TIMEOUT_MS = 2000  # the decode worker's --kv-transfer-timeout-ms
 DEADLINE_MS = 10000  # and its --kv-transfer-deadline-ms (a prompt's ~12 blocks trickled 1.5 s apart pass it; real
                      # transfers on 2 loaded cores stay well inside it)
-failures = []
 table = []
-procs = []
-logdir = tempfile.mkdtemp(prefix="pd-e2e-")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def request(port, path, body=None, timeout=60, headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    all_headers = {"Content-Type": "application/json"}
-    all_headers.update(headers or {})
-    conn.request("POST" if body is not None else "GET", path, body=json.dumps(body) if body is not None else None,
-                 headers=all_headers)
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    return response.status, text
-
-
-def metrics(port):
-    out = {}
-    for line in request(port, "/metrics")[1].splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
-def wait_health(port, seconds=120):  # several servers start at once on 2 busy cores
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            if request(port, "/health", timeout=2)[0] == 200:
-                return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
-
-
-def wait_listening(port, seconds=60):  # a server whose /health is not 200 by design: until it answers at all
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            request(port, "/health", timeout=2)
-            return True
-        except OSError:
-            time.sleep(0.1)
-    return False
-
-
-def start(name, args):
-    log = open(os.path.join(logdir, f"{name}.log"), "a")
-    p = subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT)
-    procs.append(p)
-    return p
-
-
 SYSTEM = "You are the Debian documentation assistant; answer briefly and exactly. " * 60  # ~700 tokens
-
-
-def chat(text, max_tokens=16, stream=False, system=SYSTEM):
-    return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
-
-
-def content(body):
-    return json.loads(body)["choices"][0]["message"]["content"]
-
-
-def streamed_text(body):
-    text = ""
-    for line in body.splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            delta = json.loads(line[6:])["choices"][0]["delta"]
-            text += delta.get("content") or ""
-    return text
 
 
 def answer(body):
@@ -267,8 +182,10 @@ try:
                               f"http://127.0.0.1:{dport},http://127.0.0.1:{d2port}", "--model-path", MODEL, "--host",
                               "127.0.0.1", "--port", str(rport), "--health-check-interval-ms", "200",
                               "--first-byte-timeout-ms", "5000"])
-    check(all(wait_health(p) for p in (pport, dport, d2port, bport)), "prefill, 2 decode and both workers healthy")
-    check(wait_health(rport), "the router healthy")
+    # 120 s: several servers start at once on 2 busy cores
+    check(all(wait_health(p, seconds=120) for p in (pport, dport, d2port, bport)),
+          "prefill, 2 decode and both workers healthy")
+    check(wait_health(rport, seconds=120), "the router healthy")
     time.sleep(1.0)
     s, info = request(pport, "/worker/info")
     info = json.loads(info)
@@ -280,23 +197,24 @@ try:
     # Each with a system prompt of its own: no two share a block, so each is prefilled on the prefill worker.
     questions = ["What does apt-get do?", "Name a text editor.", "How do I list files?", "What is dpkg?"]
     systems = {q: f"Conversation {i}. " + SYSTEM for i, q in enumerate(questions)}
-    reference = {q: answer(chat(q, system=systems[q])) for q in questions}
+    reference = {q: answer(chat(q, 16, system=systems[q])) for q in questions}
     def decode_metrics():
         a, b = metrics(dport), metrics(d2port)
         return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
     before_p, before_d = metrics(pport), decode_metrics()
     same, cached, prompt_tokens = True, [], []
     for q in questions:
-        s, body = request(rport, "/v1/chat/completions", chat(q, system=systems[q]))
+        s, body = request(rport, "/v1/chat/completions", chat(q, 16, system=systems[q]))
         same = same and s == 200 and content(body) == reference[q]
         usage = json.loads(body)["usage"]
         cached.append(usage["prompt_tokens_details"]["cached_tokens"])
         prompt_tokens.append(usage["prompt_tokens"])
     check(same, f"greedy identity: {len(questions)} chat completions through prefill + decode equal --role both's")
-    s, body = request(rport, "/v1/chat/completions", chat("What is a Debian package?", stream=True))
-    check(s == 200 and streamed_text(body) == answer(chat("What is a Debian package?")),
+    s, body = request(rport, "/v1/chat/completions", chat("What is a Debian package?", 16, stream=True, system=SYSTEM))
+    check(s == 200 and streamed_text(body) == answer(chat("What is a Debian package?", 16, system=SYSTEM)),
           "greedy identity: a streamed completion too")
-    stream_blocks = (len(json.loads(request(dport, "/tokenize", {"messages": chat("What is a Debian package?")["messages"]})[1])["tokens"]) - 1) // 64
+    stream_blocks = (len(json.loads(request(dport, "/tokenize", {
+        "messages": chat("What is a Debian package?", 16, system=SYSTEM)["messages"]})[1])["tokens"]) - 1) // 64
     after_p, after_d = metrics(pport), decode_metrics()
     sent = after_p['deepinfer_kv_transfer_blocks_total{direction="sent"}'] - \
         before_p['deepinfer_kv_transfer_blocks_total{direction="sent"}']
@@ -316,7 +234,7 @@ try:
     time.sleep(0.5)
     local_before = rm.get('deepinfer_router_prefill_total{where="local"}', 0)
     q0 = questions[0]
-    s, body = request(rport, "/v1/chat/completions", chat(q0, system=systems[q0]))
+    s, body = request(rport, "/v1/chat/completions", chat(q0, 16, system=systems[q0]))
     rm = metrics(rport)
     check(s == 200 and content(body) == reference[q0] and
           rm.get('deepinfer_router_prefill_total{where="local"}', 0) == local_before + 1,
@@ -325,9 +243,9 @@ try:
     # A later turn with a long new part (over --max-local-prefill-tokens) goes to the prefill worker again, which sends
     # only the blocks the decode worker lacks (X-KV-Prefill-Skip-Blocks: those it holds on its device).
     long_q = "Now a long follow-up: " + "please explain the apt sources list format in detail. " * 60
-    reference[long_q] = answer(chat(long_q, system=systems[q0]))
+    reference[long_q] = answer(chat(long_q, 16, system=systems[q0]))
     before_d, before_r = decode_metrics(), metrics(rport)
-    s, body = request(rport, "/v1/chat/completions", chat(long_q, system=systems[q0]))
+    s, body = request(rport, "/v1/chat/completions", chat(long_q, 16, system=systems[q0]))
     after_d, after_r = decode_metrics(), metrics(rport)
     usage = json.loads(body)["usage"]
     got = after_d['deepinfer_kv_transfer_blocks_total{direction="received"}'] - \
@@ -342,7 +260,7 @@ try:
 
     # The decode side's faults: straight to the decode worker, naming a misbehaving prefill endpoint.
     q = "How do I list files?"
-    reference[q] = answer(chat(q))
+    reference[q] = answer(chat(q, 16, system=SYSTEM))
     for mode, reason, what in [("stall", "timeout", "a prefill peer that never answers"),
                                ("lose_done", "timeout", "a lost completion record"),
                                ("corrupt", "corrupt", "a corrupt block"),
@@ -354,7 +272,8 @@ try:
         endpoint = f"127.0.0.1:{fake.port if fake else free_port()}"
         before = metrics(dport)
         started = time.time()
-        s, body = request(dport, "/v1/chat/completions", chat(q), headers={"X-KV-Prefill-Endpoint": endpoint})
+        s, body = request(dport, "/v1/chat/completions", chat(q, 16, system=SYSTEM),
+                          headers={"X-KV-Prefill-Endpoint": endpoint})
         took = time.time() - started
         after = metrics(dport)
         key = f'deepinfer_kv_transfer_failures_total{{reason="{reason}"}}'
@@ -371,8 +290,8 @@ try:
     fake = FakePrefill("stall", kvport)
     before = metrics(dport)
     try:
-        request(dport, "/v1/chat/completions", chat(q), headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{fake.port}"},
-                timeout=0.5)
+        request(dport, "/v1/chat/completions", chat(q, 16, system=SYSTEM),
+                headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{fake.port}"}, timeout=0.5)
     except OSError:
         pass
     left = time.time()
@@ -388,7 +307,7 @@ try:
 
     # A non-streamed request whose client leaves through the router: the worker stops it (the router closes its
     # connection while it waits for the response header).
-    long_body = chat("Write a very long answer about Debian.", max_tokens=1200)
+    long_body = chat("Write a very long answer about Debian.", 1200, system=SYSTEM)
     long_body["ignore_eos"] = True
     try:
         request(rport, "/v1/chat/completions", long_body, timeout=1.0)
@@ -411,16 +330,17 @@ try:
                                       "--port", str(bad_port), "--health-check-interval-ms", "200"])
     # Listening first (regression: a fixed 1.5 s was not enough on 2 busy cores: connection refused), then two
     # health-check intervals for its view of the decode worker's role.
-    check(wait_listening(bad_port), "the router with a prefill worker as --decode listens")
+    check(wait_listening(bad_port, seconds=60), "the router with a prefill worker as --decode listens")
     time.sleep(1.0)
     hs, hbody = request(bad_port, "/health")
-    rs, _ = request(bad_port, "/v1/chat/completions", chat(q))
+    rs, _ = request(bad_port, "/v1/chat/completions", chat(q, 16, system=SYSTEM))
     bad.terminate()
     check(hs == 503 and rs == 503, f"a router whose decode worker is --role prefill: /health {hs}, requests {rs} "
                                    f"({hbody.strip()})")
 
     # A client header naming a prefill worker is refused by a --role both worker.
-    s, body = request(bport, "/v1/chat/completions", chat(q), headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
+    s, body = request(bport, "/v1/chat/completions", chat(q, 16, system=SYSTEM),
+                      headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
     check(s == 400 and "--role decode" in body, "a --role both worker refuses X-KV-Prefill-Endpoint with 400")
 
     # The prefill side's faults.
@@ -472,7 +392,7 @@ try:
     out = {}
 
     def ask(i):
-        out[i] = request(rport, "/v1/chat/completions", chat(f"stalled {i}: {q}"), timeout=30)
+        out[i] = request(rport, "/v1/chat/completions", chat(f"stalled {i}: {q}", 16, system=SYSTEM), timeout=30)
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
     for t in threads:
@@ -486,7 +406,7 @@ try:
     table.append(("a decode worker stalled (SIGSTOP), `--first-byte-timeout-ms 5000`",
                   f"{statuses} (one routed to it retried on the other decode worker)", f"{took:.1f}"))
     decode.send_signal(signal.SIGCONT)
-    check(wait_health(dport), "the stalled decode worker answers again after SIGCONT")
+    check(wait_health(dport, seconds=120), "the stalled decode worker answers again after SIGCONT")
     time.sleep(0.5)
 
     # kill -9 the prefill worker mid-transfer: stopped first (the decode worker connects and waits), then killed.
@@ -494,7 +414,8 @@ try:
     before = decode_metrics()
     mid = {}
     question = "Mid-transfer. " + SYSTEM
-    t = threading.Thread(target=lambda: mid.update(r=request(rport, "/v1/chat/completions", chat(q, system=question))))
+    t = threading.Thread(target=lambda: mid.update(r=request(rport, "/v1/chat/completions",
+                                                             chat(q, 16, system=question))))
     started = time.time()
     t.start()
     time.sleep(0.5)
@@ -503,7 +424,7 @@ try:
     t.join(30)
     took = time.time() - started
     after = decode_metrics()
-    want = answer(chat(q, system=question))
+    want = answer(chat(q, 16, system=question))
     counted = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("deepinfer_kv_transfer_failures"))
     check("r" in mid and mid["r"][0] == 200 and same_fallback(content(mid["r"][1]), want) and counted == 1,
           f"kill -9 the prefill worker mid-transfer: 200 with the reference answer in {took:.2f} s (failures {counted:.0f})")
@@ -512,7 +433,8 @@ try:
 
     # After the kill: requests still answer (prefilled on the decode workers).
     started = time.time()
-    results = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}: {q}")) for i in range(3)]
+    results = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}: {q}", 16, system=SYSTEM))
+               for i in range(3)]
     took = time.time() - started
     check(all(s == 200 for s, _ in results), f"kill -9 the prefill worker: 3 requests answered {[s for s, _ in results]}")
     table.append(("requests after the prefill worker's kill -9", "3 × 200 (prefilled on the decode workers)",
@@ -529,27 +451,9 @@ try:
               m.get("deepinfer_kv_cache_blocks_used") == 0,
               f"{name} worker: no request left running or waiting, no KV block held (blocks used 0)")
 finally:
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGCONT)
-            p.terminate()
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_all()
 
-print("\n| case | what the request got | seconds |\n|---|---|---|")
-for row in table:
-    print(f"| {row[0]} | {row[1]} | {row[2]} |")
+print_table(table)
 if failures:
-    print(f"\n{len(failures)} failed; logs in {logdir}")
-    for name in ("router", "prefill", "decode", "decode2", "both"):
-        path = os.path.join(logdir, f"{name}.log")
-        if os.path.exists(path):
-            print(f"--- {name}.log")
-            print("".join(open(path).readlines()[-25:]))
-    sys.exit(1)
+    exit_failed(("router", "prefill", "decode", "decode2", "both"), lines=25)
 print("prefill/decode e2e: all checks passed")

@@ -21,90 +21,22 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-BIN, MODEL = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (chat, check, content, exit_failed, failures, free_port, init, metrics, print_table, request,
+                     start, stop_all, streamed_text, wait_health)
+
+BIN, MODEL, logdir = init("pd-ucx-e2e-")
 TIMEOUT_MS = 2000  # the decode workers' --kv-transfer-timeout-ms
-failures, table, procs = [], [], []
-logdir = tempfile.mkdtemp(prefix="pd-ucx-e2e-")
+table = []
 SYSTEM = "You are the Debian documentation assistant; answer briefly and exactly. " * 60  # ~700 tokens
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def request(port, path, body=None, timeout=60, headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    all_headers = {"Content-Type": "application/json"}
-    all_headers.update(headers or {})
-    conn.request("POST" if body is not None else "GET", path, body=json.dumps(body) if body is not None else None,
-                 headers=all_headers)
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    return response.status, text
-
-
-def metrics(port):
-    out = {}
-    for line in request(port, "/metrics")[1].splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def failures_counted(m):
     return sum(v for k, v in m.items() if k.startswith("deepinfer_kv_transfer_failures_total"))
-
-
-def wait_health(port, seconds=120):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            if request(port, "/health", timeout=2)[0] == 200:
-                return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
-
-
-def start(name, args):
-    log = open(os.path.join(logdir, f"{name}.log"), "a")
-    p = subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT)
-    procs.append(p)
-    return p
-
-
-def chat(text, max_tokens=16, stream=False, system=SYSTEM):
-    return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
-
-
-def content(body):
-    return json.loads(body)["choices"][0]["message"]["content"]
-
-
-def streamed_text(body):
-    text = ""
-    for line in body.splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            text += json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-    return text
 
 
 try:
@@ -124,7 +56,7 @@ try:
     start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode", f"http://127.0.0.1:{dport}",
                      "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(rport),
                      "--health-check-interval-ms", "200", "--first-byte-timeout-ms", "60000"])
-    check(all(wait_health(p) for p in (pport, dport, tport, victim_port, bport, rport)),
+    check(all(wait_health(p, seconds=120) for p in (pport, dport, tport, victim_port, bport, rport)),
           "prefill, 3 decode, both and router healthy")
     time.sleep(1.0)
     info = json.loads(request(pport, "/worker/info")[1])
@@ -140,13 +72,13 @@ try:
     before_p, before_d = metrics(pport), metrics(dport)
     same, cached, whole = True, [], []
     for q in questions:
-        s, body = request(rport, "/v1/chat/completions", chat(q, system=systems[q]))
-        same = same and s == 200 and content(body) == reference(chat(q, system=systems[q]))
+        s, body = request(rport, "/v1/chat/completions", chat(q, 16, system=systems[q]))
+        same = same and s == 200 and content(body) == reference(chat(q, 16, system=systems[q]))
         usage = json.loads(body)["usage"] if s == 200 else {"prompt_tokens": 0, "prompt_tokens_details": {}}
         cached.append(usage["prompt_tokens_details"].get("cached_tokens"))
         whole.append((usage["prompt_tokens"] - 1) // 64 * 64)
     check(same, f"greedy identity: {len(questions)} chat completions through prefill + decode (UCX) equal --role both's")
-    streamed = chat("What is a Debian package?", stream=True, system="Streamed. " + SYSTEM)
+    streamed = chat("What is a Debian package?", 16, stream=True, system="Streamed. " + SYSTEM)
     s, body = request(rport, "/v1/chat/completions", streamed)
     check(s == 200 and streamed_text(body) == reference(dict(streamed, stream=False)),
           "greedy identity: a streamed completion too")
@@ -170,7 +102,7 @@ try:
     parallel = [f"Parallel {i}. " + SYSTEM for i in range(4)]
     header = {"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"}
     threads = [threading.Thread(target=lambda i=i: results.update(
-        {i: request(victim_port, "/v1/chat/completions", chat("Name a text editor.", system=parallel[i]),
+        {i: request(victim_port, "/v1/chat/completions", chat("Name a text editor.", 16, system=parallel[i]),
                     headers=header)})) for i in range(4)]
     before_d = metrics(victim_port)
     for t in threads:
@@ -179,13 +111,14 @@ try:
         t.join(120)
     after_d = metrics(victim_port)
     same = all(i in results and results[i][0] == 200 and
-               content(results[i][1]) == reference(chat("Name a text editor.", system=parallel[i])) for i in range(4))
+               content(results[i][1]) == reference(chat("Name a text editor.", 16, system=parallel[i]))
+               for i in range(4))
     check(same and failures_counted(after_d) == failures_counted(before_d),
           "after garbage and a bare connect on the UCX port, 4 transfers at once: all 200, the reference answers, "
           "none failed")
 
     # A decode worker killed mid-transfer: the prefill worker cancels that prefill and serves the next transfer.
-    body = chat("What is dpkg?", system="Victim. " + SYSTEM * 2)
+    body = chat("What is dpkg?", 16, system="Victim. " + SYSTEM * 2)
     def doomed():
         try:
             request(victim_port, "/v1/chat/completions", body, headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
@@ -203,8 +136,9 @@ try:
         m = metrics(pport)
         idle = m.get("deepinfer_num_requests_running") == 0 and m.get("deepinfer_num_requests_waiting") == 0
         time.sleep(0.2)
-    s, got = request(rport, "/v1/chat/completions", chat("What is dpkg?", system="After the victim. " + SYSTEM))
-    check(idle and s == 200 and content(got) == reference(chat("What is dpkg?", system="After the victim. " + SYSTEM)),
+    s, got = request(rport, "/v1/chat/completions", chat("What is dpkg?", 16, system="After the victim. " + SYSTEM))
+    check(idle and s == 200 and
+          content(got) == reference(chat("What is dpkg?", 16, system="After the victim. " + SYSTEM)),
           "kill -9 of a decode worker mid-transfer: the prefill worker runs nothing after it and serves the next")
     table.append(("kill -9 of a decode worker mid-transfer", "the prefill worker cancels; the next transfer is served",
                   "–"))
@@ -212,7 +146,7 @@ try:
     q = "How do I list files?"
     # A decode worker speaking TCP to the UCX listener.
     before = metrics(tport)
-    body = chat(q, system="Mismatch. " + SYSTEM)
+    body = chat(q, 16, system="Mismatch. " + SYSTEM)
     started = time.time()
     s, got = request(tport, "/v1/chat/completions", body, headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
     took = time.time() - started
@@ -224,7 +158,7 @@ try:
     # A stalled prefill worker.
     prefill.send_signal(signal.SIGSTOP)
     before = metrics(dport)
-    body = chat(q, system="Stalled. " + SYSTEM)
+    body = chat(q, 16, system="Stalled. " + SYSTEM)
     started = time.time()
     s, got = request(dport, "/v1/chat/completions", body, headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kvport}"})
     took = time.time() - started
@@ -240,7 +174,7 @@ try:
     # kill -9 of the prefill worker mid-transfer (the longest prompt the demo model takes: the transfer is under
     # way when the kill lands, or already done; either way the request answers the reference).
     mid = {}
-    body = chat(q, system="Mid-transfer. " + SYSTEM * 2)
+    body = chat(q, 16, system="Mid-transfer. " + SYSTEM * 2)
     want = reference(body)
     t = threading.Thread(target=lambda: mid.update(r=request(rport, "/v1/chat/completions", body)))
     started = time.time()
@@ -254,7 +188,8 @@ try:
           f"kill -9 the prefill worker mid-transfer: 200 with the reference answer in {took:.2f} s")
     table.append(("kill -9 the prefill worker mid-transfer", "200, same tokens", f"{took:.2f} (0.3 before the kill)"))
     started = time.time()
-    results = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}: {q}")) for i in range(2)]
+    results = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}: {q}", 16, system=SYSTEM))
+               for i in range(2)]
     took = time.time() - started
     check(all(s == 200 for s, _ in results), f"after the kill: 2 requests answered {[s for s, _ in results]}")
     table.append(("requests after the prefill worker's kill -9", "2 × 200 (prefilled on the decode worker)",
@@ -267,27 +202,9 @@ try:
               m.get("deepinfer_kv_cache_blocks_used") == 0,
               f"{name} worker: no request left running or waiting, no KV block held")
 finally:
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGCONT)
-            p.terminate()
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_all()
 
-print("\n| case (UCX) | what the request got | seconds |\n|---|---|---|")
-for row in table:
-    print(f"| {row[0]} | {row[1]} | {row[2]} |")
+print_table(table, case="case (UCX)")
 if failures:
-    print(f"\n{len(failures)} failed; logs in {logdir}")
-    for name in ("router", "prefill", "decode", "decode-tcp", "decode-victim", "both"):
-        path = os.path.join(logdir, f"{name}.log")
-        if os.path.exists(path):
-            print(f"--- {name}.log")
-            print("".join(open(path).readlines()[-25:]))
-    sys.exit(1)
+    exit_failed(("router", "prefill", "decode", "decode-tcp", "decode-victim", "both"), lines=25)
 print("prefill/decode over UCX e2e: all checks passed")

@@ -19,87 +19,27 @@ import http.client
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-BIN, MODEL = sys.argv[1], sys.argv[2]
-failures = []
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (chat, check, content, exit_failed, failures, free_port, init, metrics, print_table, request,
+                     start, stop_all, wait_health)
+
+BIN, MODEL, logdir = init("router-e2e-")
 table = []
-procs = []
-logdir = tempfile.mkdtemp(prefix="router-e2e-")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def request(port, path, body=None, timeout=60, method=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    data = json.dumps(body) if body is not None else None
-    conn.request(method or ("POST" if body is not None else "GET"), path, body=data,
-                 headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    return response.status, text
-
-
-def metrics(port):
-    status, text = request(port, "/metrics")
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
-def wait_health(port, want=200, seconds=60):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            if request(port, "/health", timeout=2)[0] == want:
-                return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
+SYSTEM = "You answer questions about Debian packages."
 
 
 def start_worker(index, port, events, replay):
-    log = open(os.path.join(logdir, f"worker{index}.log"), "a")
-    p = subprocess.Popen([BIN, "serve", "--device", "cpu", "--model-path", MODEL, "--host", "127.0.0.1", "--port",
-                          str(port), "--kv-events-endpoint", f"tcp://127.0.0.1:{events}",
-                          "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay}"],
-                         stdout=log, stderr=subprocess.STDOUT)
-    procs.append(p)
-    return p
-
-
-def chat(text, max_tokens=12, stream=False, system="You answer questions about Debian packages."):
-    return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
-
-
-def content(body):
-    return json.loads(body)["choices"][0]["message"]["content"]
+    return start(f"worker{index}", ["serve", "--device", "cpu", "--model-path", MODEL, "--host", "127.0.0.1",
+                                    "--port", str(port), "--kv-events-endpoint", f"tcp://127.0.0.1:{events}",
+                                    "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay}"])
 
 
 def stream_collect(port, body, results, key, timeout=120):
     """Streams a chat completion; results[key] = (status, events text, time it ended, error or None)."""
-    start = time.time()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
@@ -116,24 +56,21 @@ try:
     eports = [(free_port(), free_port()), (free_port(), free_port())]
     workers = [start_worker(i, wports[i], *eports[i]) for i in range(2)]
     rport = free_port()
-    rlog = open(os.path.join(logdir, "router.log"), "w")
     # The router first, before its workers are up: it must wait for them, answering 503 meanwhile.
-    router = subprocess.Popen([BIN, "router", "--worker", f"http://127.0.0.1:{wports[0]}",
-                               "--worker", f"http://127.0.0.1:{wports[1]}", "--model-path", MODEL, "--host",
-                               "127.0.0.1", "--port", str(rport), "--health-check-interval-ms", "200",
-                               "--first-byte-timeout-ms", "3000", "--stream-idle-timeout-ms", "5000"],
-                              stdout=rlog, stderr=subprocess.STDOUT)
-    procs.append(router)
-    check(all(wait_health(p) for p in wports), "both workers healthy")
-    check(wait_health(rport), "the router healthy once a worker is")
+    router = start("router", ["router", "--worker", f"http://127.0.0.1:{wports[0]}",
+                              "--worker", f"http://127.0.0.1:{wports[1]}", "--model-path", MODEL, "--host",
+                              "127.0.0.1", "--port", str(rport), "--health-check-interval-ms", "200",
+                              "--first-byte-timeout-ms", "3000", "--stream-idle-timeout-ms", "5000"])
+    check(all(wait_health(p, seconds=60) for p in wports), "both workers healthy")
+    check(wait_health(rport, seconds=60), "the router healthy once a worker is")
     time.sleep(0.5)  # both workers seen healthy by the router
 
     # Greedy identity through the router.
     prompts = ["What does apt-get do?", "Name a text editor.", "How do I list files?", "What is dpkg?"]
     same = True
     for p in prompts:
-        s1, direct = request(wports[0], "/v1/chat/completions", chat(p))
-        s2, routed = request(rport, "/v1/chat/completions", chat(p))
+        s1, direct = request(wports[0], "/v1/chat/completions", chat(p, 12, system=SYSTEM))
+        s2, routed = request(rport, "/v1/chat/completions", chat(p, 12, system=SYSTEM))
         same = same and s1 == 200 and s2 == 200 and content(direct) == content(routed)
     check(same, f"greedy identity: {len(prompts)} chat completions through the router equal the worker's own")
     s, body = request(rport, "/v1/completions", {"prompt": [1000 + i for i in range(100)], "max_tokens": 8,
@@ -162,8 +99,9 @@ try:
 
     # kill -9 a worker while streams run on it.
     results = {}
-    threads = [threading.Thread(target=stream_collect, args=(rport, chat(f"Tell me about package {i}.", 200, True),
-                                                              results, i)) for i in range(4)]
+    threads = [threading.Thread(target=stream_collect,
+                                args=(rport, chat(f"Tell me about package {i}.", 200, True, system=SYSTEM), results, i))
+               for i in range(4)]
     for t in threads:
         t.start()
     time.sleep(1.0)
@@ -185,18 +123,19 @@ try:
     table.append(("kill -9 a worker mid-stream", f"{len(completed)} completed, {len(broke)} error event",
                   f"{to_error:.2f} (kill to the last error event)"))
     # Requests after the kill: retried on the survivor, all succeed.
-    start = time.time()
-    statuses = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}", 4))[0] for i in range(4)]
+    started = time.time()
+    statuses = [request(rport, "/v1/chat/completions", chat(f"after the kill {i}", 4, system=SYSTEM))[0]
+                for i in range(4)]
     check(statuses == [200] * 4, f"after the kill: 4 requests all answered 200 ({statuses})")
     table.append(("requests after kill -9", "200 (retried on the other worker when routed to the dead one)",
-                  f"{time.time() - start:.1f}"))
+                  f"{time.time() - started:.1f}"))
     m = metrics(rport)
     check(m.get(f'deepinfer_router_worker_healthy{{worker="http://127.0.0.1:{wports[victim]}"}}') == 0,
           "the router reports the killed worker unhealthy")
 
     # Restart the killed worker: it comes back; its old entries were dropped (new instance).
     workers[victim] = start_worker(victim, wports[victim], *eports[victim])
-    check(wait_health(wports[victim]), "the killed worker restarted")
+    check(wait_health(wports[victim], seconds=60), "the killed worker restarted")
     deadline = time.time() + 10
     while time.time() < deadline and metrics(rport).get(
             f'deepinfer_router_worker_healthy{{worker="http://127.0.0.1:{wports[victim]}"}}') != 1:
@@ -208,25 +147,26 @@ try:
     # A stalled worker: SIGSTOP, then requests routed to it wait --first-byte-timeout-ms (3 s) and go elsewhere.
     stalled = 1 - victim
     workers[stalled].send_signal(signal.SIGSTOP)
-    start = time.time()
+    started = time.time()
     statuses = []
     for i in range(3):
-        statuses.append(request(rport, "/v1/chat/completions", chat(f"during the stall {i}", 4), timeout=30)[0])
-    took = time.time() - start
+        statuses.append(request(rport, "/v1/chat/completions", chat(f"during the stall {i}", 4, system=SYSTEM),
+                                timeout=30)[0])
+    took = time.time() - started
     check(statuses == [200] * 3 and took < 15, f"a stalled worker: 3 requests answered {statuses} in {took:.1f} s "
                                                "(a request routed to it is retried after 3 s)")
     table.append(("stall a worker (SIGSTOP)", f"{statuses}, retried after --first-byte-timeout-ms", f"{took:.1f}"))
     workers[stalled].send_signal(signal.SIGCONT)
-    check(wait_health(wports[stalled]), "the stalled worker answers again after SIGCONT")
+    check(wait_health(wports[stalled], seconds=60), "the stalled worker answers again after SIGCONT")
 
     # No healthy worker: stop both; the router answers 503 in the request's dialect at once.
     for w in workers:
         w.send_signal(signal.SIGSTOP)
     time.sleep(2.5)  # health checks (1 s timeout) fail
-    start = time.time()
+    started = time.time()
     s, body = request(rport, "/v1/messages", {"model": "demo", "max_tokens": 4,
                                               "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
-    took = time.time() - start
+    took = time.time() - started
     check(s == 503 and json.loads(body).get("type") == "error" and took < 2,
           f"no healthy worker: {s} Anthropic-shaped in {took:.2f} s")
     table.append(("no healthy worker", f"{s} {json.loads(body)['error']['message'][:60]}...", f"{took:.2f}"))
@@ -234,7 +174,7 @@ try:
     check(s == 503, "the router's /health is 503 with no healthy worker")
     for w in workers:
         w.send_signal(signal.SIGCONT)
-    check(wait_health(rport), "the router healthy again")
+    check(wait_health(rport, seconds=60), "the router healthy again")
     time.sleep(1.0)
 
     # Nothing left running on any worker, nothing in flight on the router.
@@ -246,27 +186,9 @@ try:
     check(all(v == 0 for k, v in m.items() if k.startswith("deepinfer_router_worker_in_flight")),
           "the router: nothing in flight")
 finally:
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGCONT)
-            p.terminate()
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_all()
 
-print("\n| case | what the request got | seconds |\n|---|---|---|")
-for row in table:
-    print(f"| {row[0]} | {row[1]} | {row[2]} |")
+print_table(table)
 if failures:
-    print(f"\n{len(failures)} failed; logs in {logdir}")
-    for name in ("router.log", "worker0.log", "worker1.log"):
-        path = os.path.join(logdir, name)
-        if os.path.exists(path):
-            print(f"--- {name}")
-            print("".join(open(path).readlines()[-30:]))
-    sys.exit(1)
+    exit_failed(("router", "worker0", "worker1"), lines=30)
 print("router e2e: all checks passed")

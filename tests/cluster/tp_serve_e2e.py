@@ -25,49 +25,24 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-BIN, MODEL = sys.argv[1], sys.argv[2]
-failures = []
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import chat, check, content, failures, free_port, init, request, streamed_text
+
+BIN, MODEL, logdir = init("tp-e2e-")
 procs = []
-logdir = tempfile.mkdtemp(prefix="tp-e2e-")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def chat(port, content, stream=False, max_tokens=24):
-    body = {"model": "demo", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": stream}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    data = resp.read().decode()
-    if resp.status != 200:
-        return f"HTTP {resp.status}: {data}"
-    if not stream:
-        return json.loads(data)["choices"][0]["message"]["content"]
-    text = ""
-    for line in data.splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            delta = json.loads(line[6:])["choices"]
-            if delta and delta[0]["delta"].get("content"):
-                text += delta[0]["delta"]["content"]
-    return text
+def ask(port, text, stream=False, max_tokens=24):
+    """The server's greedy answer to `text` (no system prompt), or "HTTP <status>: <body>"."""
+    status, data = request(port, "/v1/chat/completions", chat(text, max_tokens, stream, model="demo"), timeout=120)
+    if status != 200:
+        return f"HTTP {status}: {data}"
+    return streamed_text(data) if stream else content(data)
 
 
 def concurrent(port, prompts, max_tokens=16):
@@ -75,7 +50,7 @@ def concurrent(port, prompts, max_tokens=16):
     results = {}
 
     def worker(k, prompt):
-        results[k] = chat(port, prompt, max_tokens=max_tokens)
+        results[k] = ask(port, prompt, max_tokens=max_tokens)
 
     threads = [threading.Thread(target=worker, args=(k, p)) for k, p in enumerate(prompts)]
     for t in threads:
@@ -96,9 +71,7 @@ def start(name, *args):
         if p.poll() is not None:
             break
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
+            if request(port, "/health", timeout=2)[0] == 200:
                 return p, port, log
         except OSError:
             pass
@@ -185,13 +158,13 @@ def main():
     r1 = rank1_pid(tp_port)
     check(r1 is not None, "rank 1 runs as its own process")
     for i, prompt in enumerate(prompts):
-        want = chat(single_port, prompt)
-        got = chat(tp_port, prompt, stream=(i % 2 == 1))
+        want = ask(single_port, prompt)
+        got = ask(tp_port, prompt, stream=(i % 2 == 1))
         check(got == want and not want.startswith("HTTP"), f"greedy identity ({'streamed' if i % 2 else 'plain'}): "
               f"{prompt!r} -> {got[:40]!r}")
     # Concurrent requests: batched steps across the two ranks.
     results = concurrent(tp_port, prompts * 2)
-    want = {k: chat(single_port, p, max_tokens=16) for k, p in enumerate(prompts * 2)}
+    want = {k: ask(single_port, p, max_tokens=16) for k, p in enumerate(prompts * 2)}
     check(results == want, "8 concurrent requests (batched steps) give the one-process server's text")
 
     # Experts over the ranks, EPLB moving them between passes while requests run.
@@ -199,9 +172,7 @@ def main():
                                 "--num-redundant-experts", "2", "--enable-eplb", "--eplb-rebalance-num-iterations", "5")
     results = concurrent(ep_port, prompts * 2)
     check(results == want, "expert parallel + EPLB: 8 concurrent requests give the one-process server's text")
-    conn = http.client.HTTPConnection("127.0.0.1", ep_port, timeout=10)
-    conn.request("GET", "/metrics")
-    metrics = conn.getresponse().read().decode()
+    metrics = request(ep_port, "/metrics", timeout=10)[1]
     rebalances = [line for line in metrics.splitlines() if line.startswith("deepinfer_eplb_rebalances_total ")]
     count = int(float(rebalances[0].split()[1])) if rebalances else 0
     check(count > 0, f"EPLB rebalanced {count} times during the requests")
@@ -249,7 +220,7 @@ def main():
     streamed = {}
 
     def stream_worker():
-        streamed["text"] = chat(tp_port, prompts[0], stream=True, max_tokens=48)
+        streamed["text"] = ask(tp_port, prompts[0], stream=True, max_tokens=48)
 
     t = threading.Thread(target=stream_worker)
     t.start()
@@ -322,7 +293,7 @@ def main():
           f"(exit codes {[p.poll() for p, _ in twins]})")
     check(bool(refused) and "--node-rank 1: another process already joined this group as node 1" in
           log_text(refused[0][1]), "the refused one names the duplicate node rank")
-    check(chat(port0, prompts[0], max_tokens=16) == want[0], "the group serves with the first node 1")
+    check(ask(port0, prompts[0], max_tokens=16) == want[0], "the group serves with the first node 1")
     codes = stop_group(node0, [t for t in twins if t not in refused])
     check(codes == [0, 0], f"SIGTERM to rank 0 of two hosts: rank 0 and host 1 exit 0 ({codes})")
 
