@@ -253,10 +253,15 @@ try:
     whole_blocks = (usage["prompt_tokens"] - 1) // 64
     remote = after_r.get('deepinfer_router_prefill_total{where="remote"}', 0) - \
         before_r.get('deepinfer_router_prefill_total{where="remote"}', 0)
-    check(s == 200 and content(body) == reference[long_q] and remote == 1 and 0 < got <= whole_blocks - 12 and
+    # On a loaded machine the prefill can outlast the decode worker's transfer timeout or the router's first-byte
+    # timeout; the router then retries on the other decode worker, which lacks the prefix and gets every block (seen
+    # once with a build running beside the test). Counted like the first turns' retries above.
+    retried = after_r.get("deepinfer_router_retries_total", 0) - before_r.get("deepinfer_router_retries_total", 0)
+    check(s == 200 and content(body) == reference[long_q] and remote - retried == 1 and
+          (0 < got <= whole_blocks - 12 or retried > 0) and
           usage["prompt_tokens_details"]["cached_tokens"] == whole_blocks * 64,
-          f"a long later turn: only the blocks the decode worker lacks were sent ({got:.0f} of {whole_blocks}), all "
-          f"{whole_blocks} reused, same answer")
+          f"a long later turn: only the blocks the decode worker lacks were sent ({got:.0f} of {whole_blocks}"
+          f"{f', {retried:.0f} retries' if retried else ''}), all {whole_blocks} reused, same answer")
 
     # The decode side's faults: straight to the decode worker, naming a misbehaving prefill endpoint.
     q = "How do I list files?"
