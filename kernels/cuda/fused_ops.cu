@@ -296,6 +296,81 @@ cudaError_t launch_rope(const RopeParams& p) {
   return cudaGetLastError();
 }
 
+// ---- MLA preparation: rms_norm + rope + store_kv + rope (+ copy) ----
+
+// One CTA of kMlaPrepareThreads per token. The latent's RMSNorm with run_rms_norm's one-vector-per-thread layout
+// (thread j holds 16-byte vector j; the same block_sum), so its bf16 results are the same bits; then the rope rows
+// (the key, then the token's q heads) with rope_kernel's vector layout and arithmetic.
+constexpr int kMlaPrepareThreads = 256;
+__global__ void __launch_bounds__(kMlaPrepareThreads) mla_prepare_kernel(MlaPrepareParams p) {
+  pdl_begin();
+  constexpr int N = kVec<bf16>;
+  __shared__ float cs[128], sn[128];
+  const int64_t t = blockIdx.x;
+  const int latent = static_cast<int>(p.latent), dim = static_cast<int>(p.rope_dim), half = dim / 2;
+  const int entry = latent + dim;
+  const double pos = static_cast<double>(p.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double s, c;
+    sincos(pos * static_cast<double>(p.inv_freq[i]), &s, &c);
+    cs[i] = static_cast<float>(c * p.attention_factor);
+    sn[i] = static_cast<float>(s * p.attention_factor);
+  }
+  const int64_t slot = p.slots[t];
+  if (slot >= p.num_slots) __trap();
+  bf16* row = reinterpret_cast<bf16*>(p.kv) + t * p.kv_stride;
+  bf16* cached = slot >= 0 ? reinterpret_cast<bf16*>(p.cache) + slot * entry : nullptr;
+  const int nvec = latent / N;
+  float v[N];
+  float ss = 0.0f;
+  if (static_cast<int>(threadIdx.x) < nvec) {
+    load16(row + threadIdx.x * N, v);
+#pragma unroll
+    for (int i = 0; i < N; ++i) ss += v[i] * v[i];
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(latent) + p.eps);  // syncs: cs/sn are ready
+  if (static_cast<int>(threadIdx.x) < nvec) {
+    float w[N];
+    load16(reinterpret_cast<const bf16*>(p.norm_weight) + threadIdx.x * N, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = v[i] * inv * w[i];
+    store16(row + threadIdx.x * N, v);
+    if (cached != nullptr) store16(cached + threadIdx.x * N, v);
+  }
+  // Rope rows: 0 is the key (kv[t, latent:]), 1 + h is q head h of the token.
+  const int lanes_per_row = dim / N, rows_per_warp = 32 / lanes_per_row;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int part = lane % lanes_per_row;
+  const int rope_rows = 1 + static_cast<int>(p.heads);
+  for (int base = warp * rows_per_warp; base < rope_rows; base += warps * rows_per_warp) {
+    const int k = base + lane / lanes_per_row;
+    const bool valid = lane / lanes_per_row < rows_per_warp && k < rope_rows;
+    const int64_t q_row = t * p.heads + (k - 1);
+    bf16* x = k == 0 ? row + latent : reinterpret_cast<bf16*>(p.q) + q_row * p.q_stride;
+    float f[N];
+    if (valid) load16(x + part * N, f);
+    __syncwarp();
+    if (valid) {
+      float lo[N / 2], hi[N / 2];
+#pragma unroll
+      for (int q = 0; q < N / 2; ++q) {
+        const int i = part * (N / 2) + q;
+        const float a = f[2 * q], b = f[2 * q + 1];
+        lo[q] = a * cs[i] - b * sn[i];
+        hi[q] = b * cs[i] + a * sn[i];
+      }
+      store8(x + part * (N / 2), lo);
+      store8(x + half + part * (N / 2), hi);
+      bf16* also = k == 0 ? (cached != nullptr ? cached + latent : nullptr)
+                          : (p.q_copy != nullptr ? reinterpret_cast<bf16*>(p.q_copy) + q_row * p.q_copy_stride : nullptr);
+      if (also != nullptr) {
+        store8(also + part * (N / 2), lo);
+        store8(also + half + part * (N / 2), hi);
+      }
+    }
+  }
+}
+
 // ---- MoE routing ----
 
 // a before b in the rule's order: larger value first, equal values -> lower index first (invalid: INT_MAX).
@@ -756,6 +831,20 @@ cudaError_t run_silu_mul(const SiluMulParams& p) {
 
 cudaError_t run_rope(const RopeParams& p) {
   return p.dtype == DType::kBF16 ? launch_rope<bf16>(p) : launch_rope<float>(p);
+}
+
+cudaError_t run_mla_prepare(const MlaPrepareParams& p) {
+  constexpr int N = kVec<bf16>;
+  if (p.tokens <= 0) return cudaSuccess;
+  const int64_t lanes = p.rope_dim / N;
+  const bool ok = p.latent > 0 && p.latent % N == 0 && p.latent / N <= kMlaPrepareThreads && p.rope_dim % N == 0 &&
+                  lanes >= 1 && lanes <= 32 && 32 % lanes == 0 && p.rope_dim / 2 <= 128 && p.heads >= 0 &&
+                  p.kv_stride % N == 0 && p.q_stride % N == 0 && (p.q_copy == nullptr || p.q_copy_stride % N == 0) &&
+                  aligned16(p.kv) && aligned16(p.norm_weight) && aligned16(p.q) && aligned16(p.q_copy) &&
+                  aligned16(p.cache) && (p.latent + p.rope_dim) % N == 0 && p.positions && p.inv_freq && p.slots;
+  if (!ok) return cudaErrorInvalidValue;
+  launch_pdl(mla_prepare_kernel, static_cast<unsigned>(p.tokens), kMlaPrepareThreads, 0, p.stream, p);
+  return cudaGetLastError();
 }
 
 cudaError_t run_moe_routing(const MoeRoutingParams& p) {

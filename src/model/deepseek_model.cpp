@@ -1495,12 +1495,11 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
   } else {
     b.linear(t.normed, *L.q_proj, t.q);
   }
-  // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache.
+  // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache; rope the queries'
+  // rope parts (for the absorbed form also into the absorbed query, whose latent part linear_heads writes below).
   b.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
-  b.rms_norm(t.kv.cols_slice(0, C), L.kv_a_layernorm, eps, t.kv.cols_slice(0, C));
-  b.rope(t.kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
-  b.store_kv(t.kv, cache);
-  b.rope(q_rope, H, w.inv_freq, w.rope_attention_factor);
+  b.mla_prepare(t.kv, C, L.kv_a_layernorm, eps, q_rope, H, w.inv_freq, w.rope_attention_factor, cache,
+                use_expanded ? Tensor{} : q_absorbed_rope);
   if (use_expanded) {
     backend::MlaExpanded expanded{H, C, R, nope, V, w.softmax_scale, L.kv_b.get()};
     b.mla_expanded(expanded, t.q, t.kv, cache, t.attn);
@@ -1508,7 +1507,6 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
     // Absorbed query per head: [W_UK[h]ᵀ q_nope | roped q_rope]; attention over the latent; W_UV per head.
     backend::MlaAttention attention{H, C, R, w.softmax_scale};
     b.linear_heads(t.q, qk, *L.w_uk_t, t.q_absorbed, entry);
-    b.copy(q_rope, q_absorbed_rope);
     b.mla_attention(attention, t.q_absorbed, cache, t.out_latent);
     b.linear_heads(t.out_latent, C, *L.w_uv, t.attn, V);
   }

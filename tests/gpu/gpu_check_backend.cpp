@@ -376,6 +376,50 @@ void check_step_ops(Pair& p) {
   expect_close("rope (q heads, strided)", roped[1], roped[0], 1e-2);
 }
 
+// mla_prepare (rms_norm + rope + store_kv + rope + copy) at DeepSeek-V3's latent and rope sizes: the CUDA backend's
+// fused kernel against the same backend's five ops (the base version: the same bits) and against the CPU backend.
+void check_mla_prepare(Pair& p) {
+  const int64_t H = 8, C = 512, R = 64, nope = 128, qk = nope + R, entry = C + R, num_blocks = 16;
+  const StepData s = make_step(p.rng, {{5, 3}, {0, 4}, {130, 1}, {63, 2}}, num_blocks, 100);
+  const int64_t T = static_cast<int64_t>(s.token_ids.size());
+  std::vector<float> inv_freq(R / 2);
+  for (int64_t i = 0; i < R / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / R);
+  const std::vector<float> kv = p.rng.values(static_cast<size_t>(T * entry), 3.0f);
+  const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * qk));
+  const std::vector<float> cache_values = p.rng.values(static_cast<size_t>(num_blocks * 64 * entry));
+  std::vector<float> norm = p.rng.values(static_cast<size_t>(C));
+  for (float& w : norm) w = round_bf16(1.0f + 0.5f * w);
+  enum { kCpu, kFused, kComposed };
+  std::vector<float> got[3][4];
+  for (int run : {kCpu, kFused, kComposed}) {
+    Backend& b = run == kCpu ? p.cpu : p.gpu;
+    expect_ok("begin_step", b.begin_step(s.layout()));
+    Act kva = make_act(b, kv, T, entry, entry + 8);
+    Act qa = make_act(b, q, T, H * qk, H * qk);
+    Act absorbed = make_act(b, T, H * entry, H * entry);
+    Act cache = make_act(b, cache_values, num_blocks * 64, entry, entry);
+    Buffer nw = must(b.make_vector(norm), "make_vector");
+    Buffer freq = must(b.make_vector(inv_freq), "make_vector");
+    const size_t e = be::dtype_size(b.activation_dtype());
+    const Tensor q_rope{static_cast<char*>(qa.buffer.data()) + nope * e, b.activation_dtype(), T * H, R, qk};
+    const Tensor copy{static_cast<char*>(absorbed.buffer.data()) + C * e, b.activation_dtype(), T * H, R, entry};
+    if (run == kComposed) {
+      b.Backend::mla_prepare(kva.view, C, nw, 1e-6f, q_rope, H, freq, 1.25f, cache.buffer, copy);
+    } else {
+      b.mla_prepare(kva.view, C, nw, 1e-6f, q_rope, H, freq, 1.25f, cache.buffer, copy);
+    }
+    got[run][0] = read_act(b, kva, "mla_prepare (kv)");
+    got[run][1] = read_act(b, qa, "mla_prepare (q)");
+    got[run][2] = read_act(b, absorbed, "mla_prepare (absorbed q)");
+    got[run][3] = read_act(b, cache, "mla_prepare (cache)");
+  }
+  const char* what[4] = {"kv", "q", "absorbed q's rope part", "cache"};
+  for (int k = 0; k < 4; ++k) {
+    expect_close(std::string("mla_prepare fused vs five ops, ") + what[k], got[kFused][k], got[kComposed][k], 0.0);
+    expect_close(std::string("mla_prepare vs cpu, ") + what[k], got[kFused][k], got[kCpu][k], 1e-2);
+  }
+}
+
 // ---- DeepSeek-V4's ops (backend.h "DeepSeek-V4"): both backends from the same bf16-exact inputs ----
 
 Buffer upload_raw(Backend& b, const void* data, size_t bytes) {
@@ -1151,6 +1195,7 @@ int main(int argc, char** argv) {
   check_linear_heads(p, "linear_heads f32 (per-head loop)", Precision::kF32);
   check_rowwise(p);
   check_step_ops(p);
+  check_mla_prepare(p);
   check_v4_ops(p);
   check_attention(p, "mla_attention decode (C 512, R 64, H 16: run_mla_decode)", 16, 512, 64,
                   {{0, 1}, {69, 1}, {300, 1}});

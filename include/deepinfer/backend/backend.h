@@ -368,6 +368,15 @@ class Backend {
   virtual void rope(Tensor x, int64_t vectors_per_position, const Buffer& inv_freq, float attention_factor) = 0;
   // cache[slots[t]] = kv[t] for the step's rows (kv [T, C+R]; cache in cache_dtype()).
   virtual void store_kv(const Tensor& kv, const Buffer& cache_layer) = 0;
+  // MLA's per-token preparation before attention, in this order's result: kv [T, C + R] (the step's rows): the latent
+  // kv[:, :C] = rms_norm(kv[:, :C]) * norm_weight (in place), the key kv[:, C:] roped (one vector per position),
+  // store_kv(kv, cache_layer); q_rope [T * heads, R] roped in place (`heads` vectors per position) and, when
+  // q_rope_copy has rows, copied there ([T * heads, R], e.g. the absorbed query's rope part). The base version runs
+  // rms_norm, rope, store_kv, rope and copy; the CUDA backend runs them as one kernel with the same arithmetic
+  // (bit-identical bf16 results, tests/gpu/gpu_check_backend.cpp).
+  virtual void mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weight, float eps, Tensor q_rope,
+                           int64_t heads, const Buffer& inv_freq, float attention_factor, const Buffer& cache_layer,
+                           Tensor q_rope_copy);
   virtual void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) = 0;
   // Whether mla_expanded() may be called for steps with rows_start_at_zero (a faster prefill).
   virtual bool has_mla_expanded(const MlaExpanded& a) const = 0;

@@ -187,6 +187,9 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& src, Tensor dst) override;
   void silu_mul(const Tensor& gate_up, Tensor out) override;
   void rope(Tensor x, int64_t vectors_per_position, const Buffer& inv_freq, float attention_factor) override;
+  void mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weight, float eps, Tensor q_rope, int64_t heads,
+                   const Buffer& inv_freq, float attention_factor, const Buffer& cache_layer,
+                   Tensor q_rope_copy) override;
   void store_kv(const Tensor& kv, const Buffer& cache_layer) override;
   void mla_attention(const MlaAttention& a, const Tensor& q, const Buffer& cache_layer, Tensor out) override;
   bool has_mla_expanded(const MlaExpanded& a) const override;

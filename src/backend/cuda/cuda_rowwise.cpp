@@ -3,10 +3,12 @@
 // that differ go through a copy first, so every Tensor the interface allows works.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "check.h"
 #include "cuda_backend.h"
+#include "deepinfer/core/types.h"
 #include "deepinfer/kernels/cuda/backend_ops.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
 
@@ -178,6 +180,57 @@ void CudaBackend::rope(Tensor x, int64_t vectors_per_position, const Buffer& inv
   p.attention_factor = attention_factor;
   p.stream = stream_;
   check_cuda(kc::run_rope(p), "rope");
+}
+
+// One kernel where the shapes allow it (run_mla_prepare's REQUIRES; DEEPINFER_FUSED_MLA_PREPARE=0 turns it off), else
+// the base version's five ops.
+void CudaBackend::mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weight, float eps, Tensor q_rope,
+                              int64_t heads, const Buffer& inv_freq, float attention_factor, const Buffer& cache_layer,
+                              Tensor q_rope_copy) {
+  static const bool fused = [] {
+    const char* env = std::getenv("DEEPINFER_FUSED_MLA_PREPARE");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  const int64_t R = kv.cols - latent, entry_bytes = kv.cols * 2;
+  const bool shapes = kv.dtype == DType::kBF16 && q_rope.dtype == DType::kBF16 && kv.rows == step_.rows &&
+                      latent > 0 && R > 0 && q_rope.cols == R && q_rope.rows == kv.rows * heads &&
+                      (q_rope_copy.rows == 0 || (q_rope_copy.dtype == DType::kBF16 && q_rope_copy.rows == q_rope.rows &&
+                                                 q_rope_copy.cols == R)) &&
+                      cache_layer.bytes % static_cast<size_t>(entry_bytes * ::deepinfer::kBlockTokens) == 0;
+  if (!fused || !shapes) {
+    Backend::mla_prepare(kv, latent, norm_weight, eps, q_rope, heads, inv_freq, attention_factor, cache_layer,
+                         q_rope_copy);
+    return;
+  }
+  const uint16_t* w = vector_bf16(norm_weight, latent, "mla_prepare (norm weight)");
+  const float* freq = vector_f32(inv_freq, R / 2, "mla_prepare (inv_freq)");
+  if (failed() || kv.rows == 0) return;
+  kc::MlaPrepareParams p;
+  p.tokens = kv.rows;
+  p.latent = latent;
+  p.rope_dim = R;
+  p.heads = heads;
+  p.kv = static_cast<uint16_t*>(kv.data);
+  p.kv_stride = kv.stride;
+  p.norm_weight = w;
+  p.eps = eps;
+  p.q = static_cast<uint16_t*>(q_rope.data);
+  p.q_stride = q_rope.stride;
+  p.q_copy = q_rope_copy.rows > 0 ? static_cast<uint16_t*>(q_rope_copy.data) : nullptr;
+  p.q_copy_stride = q_rope_copy.stride;
+  p.positions = step_.positions_device;
+  p.inv_freq = freq;
+  p.attention_factor = attention_factor;
+  p.slots = step_.slots_device;
+  p.cache = static_cast<uint16_t*>(cache_layer.data());
+  p.num_slots = static_cast<int64_t>(cache_layer.bytes / static_cast<size_t>(entry_bytes));
+  p.stream = stream_;
+  if (kc::run_mla_prepare(p) == cudaErrorInvalidValue) {  // an alignment the kernel does not take: the five ops
+    Backend::mla_prepare(kv, latent, norm_weight, eps, q_rope, heads, inv_freq, attention_factor, cache_layer,
+                         q_rope_copy);
+    return;
+  }
+  check_cuda(cudaGetLastError(), "mla_prepare");
 }
 
 }  // namespace deepinfer::backend::cuda

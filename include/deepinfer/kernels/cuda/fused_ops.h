@@ -58,6 +58,33 @@ struct RopeParams {
 };
 cudaError_t run_rope(const RopeParams& params);
 
+// MLA's per-token preparation (Backend::mla_prepare) in one kernel, bf16: for each token t of the step, the latent
+// kv[t, :latent] = run_rms_norm's result (the same arithmetic and reduction order as its one-vector-per-thread path),
+// the key kv[t, latent:latent+rope_dim] and q rows [t * heads, (t + 1) * heads) roped as run_rope (positions[t]);
+// the kv row stored at cache[slots[t]] (slot < 0: skipped; >= num_slots: the kernel traps), the roped q rows also
+// into q_copy when given. One CTA of 256 threads per token. REQUIRES (else cudaErrorInvalidValue): latent % 8 == 0,
+// latent <= 2048; rope_dim as run_rope's vector path (8 to 256 with 32 % (rope_dim / 8) == 0); every pointer and
+// stride 16-byte aligned.
+struct MlaPrepareParams {
+  int64_t tokens = 0, latent = 0, rope_dim = 0, heads = 0;
+  uint16_t* kv = nullptr;  // bf16 [tokens, kv_stride]: latent then rope_dim values per row
+  int64_t kv_stride = 0;
+  const uint16_t* norm_weight = nullptr;  // bf16 [latent]
+  float eps = 0.0f;
+  uint16_t* q = nullptr;  // bf16 rope parts: row r = t * heads + h at q + r * q_stride, rope_dim values
+  int64_t q_stride = 0;
+  uint16_t* q_copy = nullptr;  // optional: the same rows at q_copy + r * q_copy_stride
+  int64_t q_copy_stride = 0;
+  const int32_t* positions = nullptr;  // [tokens]
+  const float* inv_freq = nullptr;     // [rope_dim / 2]
+  float attention_factor = 1.0f;
+  const int64_t* slots = nullptr;  // [tokens]
+  uint16_t* cache = nullptr;       // bf16 [num_slots, latent + rope_dim]
+  int64_t num_slots = 0;
+  cudaStream_t stream = nullptr;
+};
+cudaError_t run_mla_prepare(const MlaPrepareParams& params);
+
 // MoE router logits for a few tokens (the CUDA backend takes it up to 64): logits[t, e] = Σ_i x[t, i] · w[e, i], x
 // bf16 [T, hidden] at row stride x_stride, w float32 [E, hidden] at row stride w_stride, logits float32 at row
 // stride logits_stride. Products and sum in double, rounded once to float (no float summation order to match: the
