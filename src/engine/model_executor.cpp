@@ -64,6 +64,54 @@ Status RequestSampling::sample(const ScheduledBatch& batch, std::span<const floa
   return Status();
 }
 
+bool RequestSampling::all_plain_greedy(const ScheduledBatch& batch) const {
+  for (const ScheduledEntry& entry : batch.entries) {
+    if (entry.samples && !is_plain_greedy(entry.sequence_id)) return false;
+  }
+  return true;
+}
+
+void RequestSampling::device_inputs(const ScheduledBatch& batch, std::vector<backend::Backend::DeviceSampling>& rows,
+                                    std::vector<backend::Backend::LogitAdjustment>& adjustments) const {
+  rows.clear();
+  adjustments.clear();
+  for (const ScheduledEntry& entry : batch.entries) {
+    if (!entry.samples) continue;
+    device_adjustments(entry.sequence_id, static_cast<int32_t>(rows.size()), adjustments);
+    rows.push_back(device_row(entry.sequence_id));
+  }
+}
+
+Status RequestSampling::take_device_tokens(const ScheduledBatch& batch, std::span<const int32_t> ids,
+                                           std::span<const backend::Backend::DeviceSampling> rows,
+                                           std::span<const backend::Backend::SampledLogprobs> logprobs,
+                                           StepOutput& out) const {
+  size_t row = 0;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const ScheduledEntry& entry = batch.entries[i];
+    if (!entry.samples) continue;
+    if (row >= ids.size()) {
+      return Status::internal("the backend returned " + std::to_string(ids.size()) + " ids for more sampling rows");
+    }
+    const int32_t id = ids[row];
+    // The sampler's verdict on such a row (InvalidArgument), whichever path sampled it.
+    if (id < 0) {
+      return Status::invalid_argument("row of sequence " + std::to_string(entry.sequence_id) +
+                                      ": logits hold a NaN or +inf, or nothing above -inf; logits must be finite "
+                                      "or -inf");
+    }
+    SampledToken token{id, std::nullopt, {}};
+    if (row < rows.size() && rows[row].logprobs >= 0 && row < logprobs.size()) {
+      const backend::Backend::SampledLogprobs& lp = logprobs[row];
+      token.logprob = lp.logprob;
+      for (const auto& [top_id, top_logprob] : lp.top) token.top_logprobs.push_back(TokenLogprob{top_id, top_logprob});
+    }
+    out.entries[i].push_back(std::move(token));
+    ++row;
+  }
+  return Status();
+}
+
 void RequestSampling::commit(const ScheduledBatch& batch, const StepOutput& out, bool count_greedy) {
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     if (out.entries[i].empty()) continue;
@@ -99,47 +147,25 @@ Result<StepOutput> ModelExecutor::run(const ScheduledBatch& batch) {
   StepOutput out;
   out.entries.resize(batch.entries.size());
   // A step whose every sampled row is plain greedy gets only the argmax ids from the backend, not the logits.
-  bool plain_greedy = true;
-  for (const ScheduledEntry& entry : batch.entries) {
-    if (entry.samples) plain_greedy = plain_greedy && sampling_.is_plain_greedy(entry.sequence_id);
-  }
+  const bool plain_greedy = sampling_.all_plain_greedy(batch);
   // Otherwise, when the backend samples where the logits are, the ids (and the logprobs asked for) come back instead
   // of the logits (the same semantics as the host Sampler, logit_bias, penalties and logprobs included).
   const bool device_sampled = !plain_greedy && model_.samples_on_device();
   if (plain_greedy || device_sampled) {
     Status s;
+    device_rows_.clear();
+    device_adjustments_.clear();
+    device_logprobs_.clear();
     if (plain_greedy) {
       s = model_.forward_greedy(forward, layer_caches_, greedy_ids_);
     } else {
-      device_rows_.clear();
-      device_adjustments_.clear();
-      for (const ScheduledEntry& entry : batch.entries) {
-        if (!entry.samples) continue;
-        sampling_.device_adjustments(entry.sequence_id, static_cast<int32_t>(device_rows_.size()), device_adjustments_);
-        device_rows_.push_back(sampling_.device_row(entry.sequence_id));
-      }
+      sampling_.device_inputs(batch, device_rows_, device_adjustments_);
       s = model_.forward_sampled(forward, layer_caches_, device_rows_, device_adjustments_, greedy_ids_,
                                  &device_logprobs_);
     }
     if (!s.ok()) return s;
-    size_t row = 0;
-    for (size_t i = 0; i < batch.entries.size(); ++i) {
-      const ScheduledEntry& entry = batch.entries[i];
-      if (!entry.samples) continue;
-      const int32_t id = greedy_ids_[row++];
-      // The sampler's verdict on such a row (InvalidArgument), whichever path sampled it.
-      if (id < 0) {
-        return Status::invalid_argument("row of sequence " + std::to_string(entry.sequence_id) +
-                                        ": logits hold a NaN or +inf, or nothing above -inf; logits must be finite "
-                                        "or -inf");
-      }
-      SampledToken token{id, std::nullopt, {}};
-      if (!plain_greedy && device_rows_[row - 1].logprobs >= 0 && row - 1 < device_logprobs_.size()) {
-        const backend::Backend::SampledLogprobs& lp = device_logprobs_[row - 1];
-        token.logprob = lp.logprob;
-        for (const auto& [top_id, top_logprob] : lp.top) token.top_logprobs.push_back(TokenLogprob{top_id, top_logprob});
-      }
-      out.entries[i].push_back(std::move(token));
+    if (Status t = sampling_.take_device_tokens(batch, greedy_ids_, device_rows_, device_logprobs_, out); !t.ok()) {
+      return t;
     }
   } else {
     if (Status s = model_.forward(forward, layer_caches_, logits_); !s.ok()) return s;

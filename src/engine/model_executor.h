@@ -33,6 +33,16 @@ class RequestSampling {
   // to `out`: the host Sampler's process_logits per token).
   backend::Backend::DeviceSampling device_row(SequenceId id) const;
   void device_adjustments(SequenceId id, int32_t row, std::vector<backend::Backend::LogitAdjustment>& out) const;
+  // Whether every sampling entry of `batch` is plain greedy (the backend's argmax ids are then its tokens).
+  bool all_plain_greedy(const ScheduledBatch& batch) const;
+  // The sampling entries' device_row()s and device_adjustments(), in entry order (Backend::read_sampled_tokens).
+  void device_inputs(const ScheduledBatch& batch, std::vector<backend::Backend::DeviceSampling>& rows,
+                     std::vector<backend::Backend::LogitAdjustment>& adjustments) const;
+  // out.entries from the backend's ids for the sampling entries (entry order) and, where `rows` asked for them, the
+  // logprobs. InvalidArgument for a row the backend marked -1 (NaN or +inf, or nothing above -inf), as the sampler.
+  Status take_device_tokens(const ScheduledBatch& batch, std::span<const int32_t> ids,
+                            std::span<const backend::Backend::DeviceSampling> rows,
+                            std::span<const backend::Backend::SampledLogprobs> logprobs, StepOutput& out) const;
   // Samples one token per sampling entry of `batch` from `logits` (float32 [sampling entries][vocab], in entry
   // order) into out.entries. All-or-nothing: a bad row (NaN, nothing finite) fails the call, nothing sampled.
   Status sample(const ScheduledBatch& batch, std::span<const float> logits, StepOutput& out);

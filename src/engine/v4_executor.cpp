@@ -137,11 +137,28 @@ Result<StepOutput> V4Executor::run(const ScheduledBatch& batch) {
   if (!replay.empty()) {
     if (Status s = model_.forward(replay, logits_); !s.ok()) return s;
   }
-  if (Status s = model_.forward(chunks, logits_); !s.ok()) return s;
   StepOutput out;
   out.entries.resize(batch.entries.size());
-  if (Status s = sampling_.sample(batch, logits_, out); !s.ok()) return s;
-  sampling_.commit(batch, out, /*count_greedy=*/false);
+  // As the model executor: plain greedy steps get the argmax ids, and where the backend samples (CUDA) the ids and
+  // logprobs asked for come back instead of the logits.
+  const bool plain_greedy = sampling_.all_plain_greedy(batch);
+  const bool device_sampled = !plain_greedy && model_.samples_on_device();
+  if (plain_greedy || device_sampled) {
+    device_rows_.clear();
+    device_adjustments_.clear();
+    device_logprobs_.clear();
+    if (device_sampled) sampling_.device_inputs(batch, device_rows_, device_adjustments_);
+    if (Status s = model_.forward_on_device(chunks, device_rows_, device_adjustments_, ids_,
+                                            device_sampled ? &device_logprobs_ : nullptr);
+        !s.ok()) {
+      return s;
+    }
+    if (Status s = sampling_.take_device_tokens(batch, ids_, device_rows_, device_logprobs_, out); !s.ok()) return s;
+  } else {
+    if (Status s = model_.forward(chunks, logits_); !s.ok()) return s;
+    if (Status s = sampling_.sample(batch, logits_, out); !s.ok()) return s;
+  }
+  sampling_.commit(batch, out, /*count_greedy=*/plain_greedy || device_sampled);
   return out;
 }
 

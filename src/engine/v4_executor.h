@@ -74,6 +74,10 @@ class V4Executor final : public Executor {
   const backend::Buffer& windows_;
   size_t window_bytes_;
   RequestSampling sampling_;
+  std::vector<int32_t> ids_;  // forward_on_device's
+  std::vector<backend::Backend::DeviceSampling> device_rows_;
+  std::vector<backend::Backend::LogitAdjustment> device_adjustments_;
+  std::vector<backend::Backend::SampledLogprobs> device_logprobs_;
   std::map<SequenceId, std::unique_ptr<model::V4Sequence>> sequences_;
   std::map<SequenceId, std::vector<TokenId>> tokens_;  // per request: every token fed so far (replays read them)
   int64_t replayed_tokens_ = 0;

@@ -1414,7 +1414,7 @@ class V4Forward {
 
 }  // namespace detail
 
-Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float>& logits) {
+Status DeepSeekV4Model::run_layers(std::span<const Chunk> chunks, backend::Tensor& head_in, size_t& wanted_rows) {
   const V4Config& c = config_;
   std::set<const V4Sequence*> seen;
   std::vector<detail::V4Forward::Row> rows;
@@ -1468,14 +1468,46 @@ Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float
   layout.logits_rows = wanted;
   DEEPINFER_RETURN_IF_ERROR(backend_.begin_step(layout));
   detail::V4Forward f(c, backend_, &*w_->payload, w_->scratch);
-  backend::Tensor head_in;
   DEEPINFER_RETURN_IF_ERROR(f.run(chunks, rows, w_->layers, w_->embed, w_->hc_head_fn, w_->hc_head_base,
                                   w_->hc_head_scale, head_in));
   for (const Chunk& chunk : chunks) chunk.sequence->length_ += static_cast<int64_t>(chunk.token_ids.size());
+  wanted_rows = wanted.size();
+  return Status();
+}
+
+Status DeepSeekV4Model::forward(std::span<const Chunk> chunks, std::vector<float>& logits) {
+  backend::Tensor head_in;
+  size_t wanted = 0;
+  DEEPINFER_RETURN_IF_ERROR(run_layers(chunks, head_in, wanted));
   // The final norm and the head on the wanted rows.
   logits.clear();
-  if (wanted.empty()) return backend_.synchronize();
-  return backend_.logits(head_in, w_->norm, static_cast<float>(c.rms_norm_eps), *w_->head.weight, logits);
+  if (wanted == 0) return backend_.synchronize();
+  return backend_.logits(head_in, w_->norm, static_cast<float>(config_.rms_norm_eps), *w_->head.weight, logits);
+}
+
+Status DeepSeekV4Model::forward_on_device(std::span<const Chunk> chunks,
+                                          std::span<const backend::Backend::DeviceSampling> sampling,
+                                          std::span<const backend::Backend::LogitAdjustment> adjustments,
+                                          std::vector<int32_t>& ids,
+                                          std::vector<backend::Backend::SampledLogprobs>* logprobs) {
+  if (!sampling.empty() && !samples_on_device()) {
+    return Status::unsupported("DeepSeek-V4 forward_on_device: the " + std::string(backend_.name()) +
+                               " backend does not sample on the device");
+  }
+  backend::Tensor head_in;
+  size_t wanted = 0;
+  DEEPINFER_RETURN_IF_ERROR(run_layers(chunks, head_in, wanted));
+  ids.clear();
+  if (wanted == 0) return backend_.synchronize();
+  if (!sampling.empty() && sampling.size() != wanted) {
+    return Status::invalid_argument("DeepSeek-V4 forward_on_device: " + std::to_string(sampling.size()) +
+                                    " rows' sampling for " + std::to_string(wanted) + " logits rows");
+  }
+  backend_.compute_logits(head_in, w_->norm, static_cast<float>(config_.rms_norm_eps), *w_->head.weight,
+                          sampling.empty());
+  if (sampling.empty()) return backend_.read_greedy_tokens(ids);
+  DEEPINFER_RETURN_IF_ERROR(backend_.read_sampled_tokens(sampling, adjustments, ids));
+  return logprobs != nullptr ? backend_.read_sampled_logprobs(*logprobs) : Status();
 }
 
 }  // namespace deepinfer::model

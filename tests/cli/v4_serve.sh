@@ -89,6 +89,19 @@ if grep -q '"finish_reason":"length"' <<<"$stream" && grep -q 'data: \[DONE\]' <
 else
   echo "FAIL: stream:"; echo "$stream" | tail -3; failures=$((failures + 1))
 fi
+# A seeded sampled request with logprobs, twice: the same tokens and logprobs (on CUDA drawn where the logits are).
+sampled='{"model":"v4","messages":[{"role":"user","content":"Hi there"}],"max_tokens":6,"temperature":0.9,"top_p":0.9,"seed":11,"logprobs":true,"top_logprobs":3}'
+s1=$(ask "$sampled") s2=$(ask "$sampled")
+python3 - "$s1" "$s2" <<'PY' || failures=$((failures + 1))
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:3])
+assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"], (a, b)
+lp = a["choices"][0]["logprobs"]["content"]
+assert len(lp) == a["usage"]["completion_tokens"] == 6, a
+assert all(len(t["top_logprobs"]) == 3 and t["logprob"] <= 0 for t in lp), lp
+assert [t["logprob"] for t in lp] == [t["logprob"] for t in b["choices"][0]["logprobs"]["content"]], (a, b)
+print("ok: a seeded sampled request with 3 logprobs per token, the same twice:", repr(a["choices"][0]["message"]["content"])[:40])
+PY
 # A prompt of more than three windows (~400 tokens), answered before the restart: after it, its window rows (device
 # only) are gone.
 long_text=$(printf 'a slow green turtle walks under the tall old tree %.0s' $(seq 1 40))

@@ -248,8 +248,20 @@ class DeepSeekV4Model {
   // (each chunk's wanted rows in position order). Errors: InvalidArgument (empty chunk, token id outside the
   // vocabulary, a sequence twice, position past max_position_embeddings); the sequences are then unchanged.
   Status forward(std::span<const Chunk> chunks, std::vector<float>& logits);
+  // forward() with the head's rows kept where the logits are: `ids` gets one token per wanted row (chunk order),
+  // drawn there with `sampling[i]` for row i and `adjustments` (Backend::read_sampled_tokens; then `logprobs`, when
+  // given, the rows' asked-for logprobs), or with `sampling` empty the argmax (Backend::read_greedy_tokens, on any
+  // backend). REQUIRES: samples_on_device() when `sampling` is not empty. Errors: forward()'s, and the backend's.
+  Status forward_on_device(std::span<const Chunk> chunks, std::span<const backend::Backend::DeviceSampling> sampling,
+                           std::span<const backend::Backend::LogitAdjustment> adjustments, std::vector<int32_t>& ids,
+                           std::vector<backend::Backend::SampledLogprobs>* logprobs);
+  // Whether the backend samples where the logits are (the CUDA backend).
+  bool samples_on_device() const { return backend_.has_device_sampling(); }
 
  private:
+  // forward()'s body up to the head: validates, runs the layers; head_in gets the wanted rows' hidden states and
+  // `wanted` how many there are.
+  Status run_layers(std::span<const Chunk> chunks, backend::Tensor& head_in, size_t& wanted);
   struct Weights;
   explicit DeepSeekV4Model(V4Config config, backend::Backend& backend);
   V4Config config_;
