@@ -1494,15 +1494,19 @@ Status DeepSeekV4Model::forward_on_device(std::span<const Chunk> chunks,
     return Status::unsupported("DeepSeek-V4 forward_on_device: the " + std::string(backend_.name()) +
                                " backend does not sample on the device");
   }
+  size_t expected = 0;  // checked before the layers run: an error leaves the sequences unchanged
+  for (const Chunk& chunk : chunks) {
+    expected += chunk.logits == Logits::kAll ? chunk.token_ids.size() : chunk.logits == Logits::kLast ? 1 : 0;
+  }
+  if (!sampling.empty() && sampling.size() != expected) {
+    return Status::invalid_argument("DeepSeek-V4 forward_on_device: " + std::to_string(sampling.size()) +
+                                    " rows' sampling for " + std::to_string(expected) + " logits rows");
+  }
   backend::Tensor head_in;
   size_t wanted = 0;
   DEEPINFER_RETURN_IF_ERROR(run_layers(chunks, head_in, wanted));
   ids.clear();
   if (wanted == 0) return backend_.synchronize();
-  if (!sampling.empty() && sampling.size() != wanted) {
-    return Status::invalid_argument("DeepSeek-V4 forward_on_device: " + std::to_string(sampling.size()) +
-                                    " rows' sampling for " + std::to_string(wanted) + " logits rows");
-  }
   backend_.compute_logits(head_in, w_->norm, static_cast<float>(config_.rms_norm_eps), *w_->head.weight,
                           sampling.empty());
   if (sampling.empty()) return backend_.read_greedy_tokens(ids);

@@ -376,10 +376,12 @@ void check_step_ops(Pair& p) {
   expect_close("rope (q heads, strided)", roped[1], roped[0], 1e-2);
 }
 
-// mla_prepare (rms_norm + rope + store_kv + rope + copy) at DeepSeek-V3's latent and rope sizes: the CUDA backend's
-// fused kernel against the same backend's five ops (the base version: the same bits) and against the CPU backend.
+// mla_prepare (rms_norm + rope + store_kv + rope + copy) at DeepSeek-V3's sizes (128 heads: the kernel's rope loop
+// runs several rounds): the CUDA backend's fused kernel (main() sets DEEPINFER_FUSED_MLA_PREPARE=require, so it
+// cannot fall back to the five ops unnoticed) against the same backend's five ops (the base version: the same bits)
+// and against the CPU backend.
 void check_mla_prepare(Pair& p) {
-  const int64_t H = 8, C = 512, R = 64, nope = 128, qk = nope + R, entry = C + R, num_blocks = 16;
+  const int64_t H = 128, C = 512, R = 64, nope = 128, qk = nope + R, entry = C + R, num_blocks = 16;
   const StepData s = make_step(p.rng, {{5, 3}, {0, 4}, {130, 1}, {63, 2}}, num_blocks, 100);
   const int64_t T = static_cast<int64_t>(s.token_ids.size());
   std::vector<float> inv_freq(R / 2);
@@ -1171,6 +1173,7 @@ int main(int argc, char** argv) {
   // cudaFuncGetAttributes and handles the errors itself, which memcheck would count).
   int device = 0;
   bool nccl = true;
+  setenv("DEEPINFER_FUSED_MLA_PREPARE", "require", /*overwrite=*/0);  // check_mla_prepare: the kernel, or an abort
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--no-nccl") {
       nccl = false;

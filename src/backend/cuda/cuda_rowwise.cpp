@@ -182,26 +182,39 @@ void CudaBackend::rope(Tensor x, int64_t vectors_per_position, const Buffer& inv
   check_cuda(kc::run_rope(p), "rope");
 }
 
-// One kernel where the shapes allow it (run_mla_prepare's REQUIRES; DEEPINFER_FUSED_MLA_PREPARE=0 turns it off), else
-// the base version's five ops.
+// One kernel where the operands allow it (run_mla_prepare's REQUIRES), else the base version's five ops.
+// DEEPINFER_FUSED_MLA_PREPARE: 0 always the five ops; "require" the kernel or an error (the GPU checks set it, so
+// that their comparison with the five ops cannot pass by falling back); unset or else: the kernel where it can.
 void CudaBackend::mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weight, float eps, Tensor q_rope,
                               int64_t heads, const Buffer& inv_freq, float attention_factor, const Buffer& cache_layer,
                               Tensor q_rope_copy) {
-  static const bool fused = [] {
+  static const std::string mode = [] {
     const char* env = std::getenv("DEEPINFER_FUSED_MLA_PREPARE");
-    return env == nullptr || std::string(env) != "0";
+    return std::string(env == nullptr ? "" : env);
   }();
+  constexpr int64_t kVec = 8;  // bf16 values per 16-byte access
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int64_t R = kv.cols - latent, entry_bytes = kv.cols * 2;
-  const bool shapes = kv.dtype == DType::kBF16 && q_rope.dtype == DType::kBF16 && kv.rows == step_.rows &&
-                      latent > 0 && R > 0 && q_rope.cols == R && q_rope.rows == kv.rows * heads &&
-                      (q_rope_copy.rows == 0 || (q_rope_copy.dtype == DType::kBF16 && q_rope_copy.rows == q_rope.rows &&
-                                                 q_rope_copy.cols == R)) &&
-                      cache_layer.bytes % static_cast<size_t>(entry_bytes * ::deepinfer::kBlockTokens) == 0;
-  if (!fused || !shapes) {
+  const bool copy = q_rope_copy.rows > 0;
+  const bool takes =
+      kv.dtype == DType::kBF16 && q_rope.dtype == DType::kBF16 && (!copy || q_rope_copy.dtype == DType::kBF16) &&
+      latent > 0 && latent % kVec == 0 && latent / kVec <= 256 && R > 0 && R % kVec == 0 && R / kVec <= 32 &&
+      32 % (R / kVec) == 0 && q_rope.cols == R && (!copy || (q_rope_copy.cols == R && q_rope_copy.rows == q_rope.rows)) &&
+      kv.stride % kVec == 0 && q_rope.stride % kVec == 0 && (!copy || q_rope_copy.stride % kVec == 0) &&
+      aligned(kv.data) && aligned(q_rope.data) && (!copy || aligned(q_rope_copy.data)) &&
+      aligned(cache_layer.data()) && kv.cols % kVec == 0;
+  if (mode == "0" || (!takes && mode != "require")) {
     Backend::mla_prepare(kv, latent, norm_weight, eps, q_rope, heads, inv_freq, attention_factor, cache_layer,
                          q_rope_copy);
     return;
   }
+  BACKEND_CHECK(takes, "mla_prepare: DEEPINFER_FUSED_MLA_PREPARE=require, but the kernel does not take these operands "
+                       "(kv " + dims(kv) + ", latent " + std::to_string(latent) + ", q_rope " + dims(q_rope) + ")");
+  BACKEND_CHECK(kv.rows == step_.rows && q_rope.rows == kv.rows * heads &&
+                    cache_layer.bytes % static_cast<size_t>(entry_bytes * ::deepinfer::kBlockTokens) == 0,
+                "mla_prepare: kv " + dims(kv) + " for a step of " + std::to_string(step_.rows) + " rows, q_rope " +
+                    dims(q_rope) + " at " + std::to_string(heads) + " heads, a cache layer of " +
+                    std::to_string(cache_layer.bytes) + " bytes");
   const uint16_t* w = vector_bf16(norm_weight, latent, "mla_prepare (norm weight)");
   const float* freq = vector_f32(inv_freq, R / 2, "mla_prepare (inv_freq)");
   if (failed() || kv.rows == 0) return;
@@ -216,7 +229,7 @@ void CudaBackend::mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weig
   p.eps = eps;
   p.q = static_cast<uint16_t*>(q_rope.data);
   p.q_stride = q_rope.stride;
-  p.q_copy = q_rope_copy.rows > 0 ? static_cast<uint16_t*>(q_rope_copy.data) : nullptr;
+  p.q_copy = copy ? static_cast<uint16_t*>(q_rope_copy.data) : nullptr;
   p.q_copy_stride = q_rope_copy.stride;
   p.positions = step_.positions_device;
   p.inv_freq = freq;
@@ -225,12 +238,7 @@ void CudaBackend::mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weig
   p.cache = static_cast<uint16_t*>(cache_layer.data());
   p.num_slots = static_cast<int64_t>(cache_layer.bytes / static_cast<size_t>(entry_bytes));
   p.stream = stream_;
-  if (kc::run_mla_prepare(p) == cudaErrorInvalidValue) {  // an alignment the kernel does not take: the five ops
-    Backend::mla_prepare(kv, latent, norm_weight, eps, q_rope, heads, inv_freq, attention_factor, cache_layer,
-                         q_rope_copy);
-    return;
-  }
-  check_cuda(cudaGetLastError(), "mla_prepare");
+  check_cuda(kc::run_mla_prepare(p), "mla_prepare");
 }
 
 }  // namespace deepinfer::backend::cuda
