@@ -216,6 +216,30 @@ cudaError_t launch_silu_mul(const SiluMulParams& p) {
 
 // ---- rope ----
 
+// cos and sin of pos * inv_freq[i] for i < half, in double, times factor, rounded to float (run_rope's contract),
+// into shared memory by the block's threads (the caller syncs before reading).
+__device__ __forceinline__ void rope_table(double pos, const float* inv_freq, float factor, int half, float* cs,
+                                           float* sn) {
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double s, c;
+    sincos(pos * static_cast<double>(inv_freq[i]), &s, &c);
+    cs[i] = static_cast<float>(c * factor);
+    sn[i] = static_cast<float>(s * factor);
+  }
+}
+// One lane's N interleaved values (pairs part * N/2 ...) rotated: lo[q] = a c - b s, hi[q] = b c + a s.
+template <int N>
+__device__ __forceinline__ void rope_pairs(const float (&f)[N], int part, const float* cs, const float* sn,
+                                           float (&lo)[N / 2], float (&hi)[N / 2]) {
+#pragma unroll
+  for (int q = 0; q < N / 2; ++q) {
+    const int i = part * (N / 2) + q;
+    const float a = f[2 * q], b = f[2 * q + 1];
+    lo[q] = a * cs[i] - b * sn[i];
+    hi[q] = b * cs[i] + a * sn[i];
+  }
+}
+
 // One CTA per position group (vectors_per_position rows sharing a position): cos/sin for the position once,
 // in double, into shared memory. Vector path: L = dim / N lanes per row (L divides 32), each lane 16 bytes =
 // N/2 pairs; the whole row is read into registers before __syncwarp, then written de-interleaved (in place).
@@ -226,13 +250,7 @@ __global__ void rope_kernel(T* x, int64_t rows, int dim, int64_t stride, int64_t
   __shared__ float cs[128], sn[128];
   const int half = dim / 2;
   const int64_t group = blockIdx.x;
-  const double pos = static_cast<double>(positions[group]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    double s, c;
-    sincos(pos * static_cast<double>(inv_freq[i]), &s, &c);
-    cs[i] = static_cast<float>(c * factor);
-    sn[i] = static_cast<float>(s * factor);
-  }
+  rope_table(static_cast<double>(positions[group]), inv_freq, factor, half, cs, sn);
   __syncthreads();
   const int64_t r0 = group * vpp, r1 = r0 + vpp < rows ? r0 + vpp : rows;
   if constexpr (kVector) {
@@ -249,13 +267,7 @@ __global__ void rope_kernel(T* x, int64_t rows, int dim, int64_t stride, int64_t
       __syncwarp();
       if (valid) {
         float lo[N / 2], hi[N / 2];
-#pragma unroll
-        for (int q = 0; q < N / 2; ++q) {
-          const int i = part * (N / 2) + q;
-          const float a = f[2 * q], b = f[2 * q + 1];
-          lo[q] = a * cs[i] - b * sn[i];
-          hi[q] = b * cs[i] + a * sn[i];
-        }
+        rope_pairs<N>(f, part, cs, sn, lo, hi);
         store8(x + row * stride + part * (N / 2), lo);
         store8(x + row * stride + half + part * (N / 2), hi);
       }
@@ -309,13 +321,7 @@ __global__ void __launch_bounds__(kMlaPrepareThreads) mla_prepare_kernel(MlaPrep
   const int64_t t = blockIdx.x;
   const int latent = static_cast<int>(p.latent), dim = static_cast<int>(p.rope_dim), half = dim / 2;
   const int entry = latent + dim;
-  const double pos = static_cast<double>(p.positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    double s, c;
-    sincos(pos * static_cast<double>(p.inv_freq[i]), &s, &c);
-    cs[i] = static_cast<float>(c * p.attention_factor);
-    sn[i] = static_cast<float>(s * p.attention_factor);
-  }
+  rope_table(static_cast<double>(p.positions[t]), p.inv_freq, p.attention_factor, half, cs, sn);  // synced below
   const int64_t slot = p.slots[t];
   if (slot >= p.num_slots) __trap();
   bf16* row = reinterpret_cast<bf16*>(p.kv) + t * p.kv_stride;
@@ -352,13 +358,7 @@ __global__ void __launch_bounds__(kMlaPrepareThreads) mla_prepare_kernel(MlaPrep
     __syncwarp();
     if (valid) {
       float lo[N / 2], hi[N / 2];
-#pragma unroll
-      for (int q = 0; q < N / 2; ++q) {
-        const int i = part * (N / 2) + q;
-        const float a = f[2 * q], b = f[2 * q + 1];
-        lo[q] = a * cs[i] - b * sn[i];
-        hi[q] = b * cs[i] + a * sn[i];
-      }
+      rope_pairs<N>(f, part, cs, sn, lo, hi);
       store8(x + part * (N / 2), lo);
       store8(x + half + part * (N / 2), hi);
       bf16* also = k == 0 ? (cached != nullptr ? cached + latent : nullptr)
@@ -833,16 +833,19 @@ cudaError_t run_rope(const RopeParams& p) {
   return p.dtype == DType::kBF16 ? launch_rope<bf16>(p) : launch_rope<float>(p);
 }
 
-cudaError_t run_mla_prepare(const MlaPrepareParams& p) {
+bool mla_prepare_takes(const MlaPrepareParams& p) {
   constexpr int N = kVec<bf16>;
-  if (p.tokens <= 0) return cudaSuccess;
   const int64_t lanes = p.rope_dim / N;
-  const bool ok = p.latent > 0 && p.latent % N == 0 && p.latent / N <= kMlaPrepareThreads && p.rope_dim % N == 0 &&
-                  lanes >= 1 && lanes <= 32 && 32 % lanes == 0 && p.rope_dim / 2 <= 128 && p.heads >= 0 &&
-                  p.kv_stride % N == 0 && p.q_stride % N == 0 && (p.q_copy == nullptr || p.q_copy_stride % N == 0) &&
-                  aligned16(p.kv) && aligned16(p.norm_weight) && aligned16(p.q) && aligned16(p.q_copy) &&
-                  aligned16(p.cache) && (p.latent + p.rope_dim) % N == 0 && p.positions && p.inv_freq && p.slots;
-  if (!ok) return cudaErrorInvalidValue;
+  return p.latent > 0 && p.latent % N == 0 && p.latent / N <= kMlaPrepareThreads && p.rope_dim % N == 0 &&
+         lanes >= 1 && lanes <= 32 && 32 % lanes == 0 && p.heads >= 0 && p.kv_stride % N == 0 &&
+         p.q_stride % N == 0 && (p.q_copy == nullptr || p.q_copy_stride % N == 0) && aligned16(p.kv) &&
+         aligned16(p.norm_weight) && aligned16(p.q) && aligned16(p.q_copy) && aligned16(p.cache) && p.positions &&
+         p.inv_freq && p.slots;
+}
+
+cudaError_t run_mla_prepare(const MlaPrepareParams& p) {
+  if (p.tokens <= 0) return cudaSuccess;
+  if (!mla_prepare_takes(p)) return cudaErrorInvalidValue;
   launch_pdl(mla_prepare_kernel, static_cast<unsigned>(p.tokens), kMlaPrepareThreads, 0, p.stream, p);
   return cudaGetLastError();
 }

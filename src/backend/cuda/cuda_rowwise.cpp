@@ -192,17 +192,33 @@ void CudaBackend::mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weig
     const char* env = std::getenv("DEEPINFER_FUSED_MLA_PREPARE");
     return std::string(env == nullptr ? "" : env);
   }();
-  constexpr int64_t kVec = 8;  // bf16 values per 16-byte access
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int64_t R = kv.cols - latent, entry_bytes = kv.cols * 2;
   const bool copy = q_rope_copy.rows > 0;
-  const bool takes =
-      kv.dtype == DType::kBF16 && q_rope.dtype == DType::kBF16 && (!copy || q_rope_copy.dtype == DType::kBF16) &&
-      latent > 0 && latent % kVec == 0 && latent / kVec <= 256 && R > 0 && R % kVec == 0 && R / kVec <= 32 &&
-      32 % (R / kVec) == 0 && q_rope.cols == R && (!copy || (q_rope_copy.cols == R && q_rope_copy.rows == q_rope.rows)) &&
-      kv.stride % kVec == 0 && q_rope.stride % kVec == 0 && (!copy || q_rope_copy.stride % kVec == 0) &&
-      aligned(kv.data) && aligned(q_rope.data) && (!copy || aligned(q_rope_copy.data)) &&
-      aligned(cache_layer.data()) && kv.cols % kVec == 0;
+  kc::MlaPrepareParams p;
+  p.tokens = kv.rows;
+  p.latent = latent;
+  p.rope_dim = R;
+  p.heads = heads;
+  p.kv = static_cast<uint16_t*>(kv.data);
+  p.kv_stride = kv.stride;
+  p.eps = eps;
+  p.q = static_cast<uint16_t*>(q_rope.data);
+  p.q_stride = q_rope.stride;
+  p.q_copy = copy ? static_cast<uint16_t*>(q_rope_copy.data) : nullptr;
+  p.q_copy_stride = q_rope_copy.stride;
+  p.positions = step_.positions_device;
+  p.attention_factor = attention_factor;
+  p.slots = step_.slots_device;
+  p.cache = static_cast<uint16_t*>(cache_layer.data());
+  p.stream = stream_;
+  if (latent > 0 && R > 0) {  // the five ops check the same sizes
+    p.norm_weight = vector_bf16(norm_weight, latent, "mla_prepare (norm weight)");
+    p.inv_freq = vector_f32(inv_freq, R / 2, "mla_prepare (inv_freq)");
+  }
+  const bool takes = kv.dtype == DType::kBF16 && q_rope.dtype == DType::kBF16 && R > 0 && q_rope.cols == R &&
+                     (!copy || (q_rope_copy.dtype == DType::kBF16 && q_rope_copy.cols == R &&
+                                q_rope_copy.rows == q_rope.rows)) &&
+                     kc::mla_prepare_takes(p);
   if (mode == "0" || (!takes && mode != "require")) {
     Backend::mla_prepare(kv, latent, norm_weight, eps, q_rope, heads, inv_freq, attention_factor, cache_layer,
                          q_rope_copy);
@@ -215,29 +231,8 @@ void CudaBackend::mla_prepare(Tensor kv, int64_t latent, const Buffer& norm_weig
                 "mla_prepare: kv " + dims(kv) + " for a step of " + std::to_string(step_.rows) + " rows, q_rope " +
                     dims(q_rope) + " at " + std::to_string(heads) + " heads, a cache layer of " +
                     std::to_string(cache_layer.bytes) + " bytes");
-  const uint16_t* w = vector_bf16(norm_weight, latent, "mla_prepare (norm weight)");
-  const float* freq = vector_f32(inv_freq, R / 2, "mla_prepare (inv_freq)");
-  if (failed() || kv.rows == 0) return;
-  kc::MlaPrepareParams p;
-  p.tokens = kv.rows;
-  p.latent = latent;
-  p.rope_dim = R;
-  p.heads = heads;
-  p.kv = static_cast<uint16_t*>(kv.data);
-  p.kv_stride = kv.stride;
-  p.norm_weight = w;
-  p.eps = eps;
-  p.q = static_cast<uint16_t*>(q_rope.data);
-  p.q_stride = q_rope.stride;
-  p.q_copy = copy ? static_cast<uint16_t*>(q_rope_copy.data) : nullptr;
-  p.q_copy_stride = q_rope_copy.stride;
-  p.positions = step_.positions_device;
-  p.inv_freq = freq;
-  p.attention_factor = attention_factor;
-  p.slots = step_.slots_device;
-  p.cache = static_cast<uint16_t*>(cache_layer.data());
   p.num_slots = static_cast<int64_t>(cache_layer.bytes / static_cast<size_t>(entry_bytes));
-  p.stream = stream_;
+  if (failed() || kv.rows == 0) return;
   check_cuda(kc::run_mla_prepare(p), "mla_prepare");
 }
 

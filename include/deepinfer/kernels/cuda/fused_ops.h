@@ -83,6 +83,8 @@ struct MlaPrepareParams {
   int64_t num_slots = 0;
   cudaStream_t stream = nullptr;
 };
+// Whether run_mla_prepare takes these operands (its REQUIRES; host only, reads no device memory).
+bool mla_prepare_takes(const MlaPrepareParams& params);
 cudaError_t run_mla_prepare(const MlaPrepareParams& params);
 
 // MoE router logits for a few tokens (the CUDA backend takes it up to 64): logits[t, e] = Σ_i x[t, i] · w[e, i], x
