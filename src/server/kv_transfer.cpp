@@ -57,9 +57,7 @@ awaitable<Result<std::pair<wire::FrameType, std::vector<std::byte>>>> read_frame
     std::array<std::byte, 4> index_bytes{};
     ec = co_await stream.read(asio::buffer(index_bytes), timeout);
     if (ec) co_return Status::io_error(ec.message());
-    uint32_t index = 0;
-    for (int i = 0; i < 4; ++i) index |= static_cast<uint32_t>(index_bytes[static_cast<size_t>(i)]) << (8 * i);
-    *block_index = index;
+    *block_index = wire::decode_block_index(index_bytes);
     body_bytes -= 4;
   }
   std::vector<std::byte> body(body_bytes);

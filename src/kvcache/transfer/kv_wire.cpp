@@ -101,6 +101,8 @@ std::array<std::byte, kFrameHeaderBytes + 4> encode_block_prefix(uint32_t block_
   return out;
 }
 
+uint32_t decode_block_index(std::span<const std::byte, 4> bytes) { return get_u32(bytes.data()); }
+
 std::vector<std::byte> encode_done(std::span<const uint64_t> checksums) {
   std::vector<std::byte> out = frame(FrameType::kDone, 4 + 8 * checksums.size());
   std::byte* p = out.data() + kFrameHeaderBytes;

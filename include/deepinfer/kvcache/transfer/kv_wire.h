@@ -59,6 +59,8 @@ Result<KvTransferRequest> decode_request(std::span<const std::byte> body);
 
 // A kBlock frame's header and block index (the payload follows on the wire as it is).
 std::array<std::byte, kFrameHeaderBytes + 4> encode_block_prefix(uint32_t block_index, size_t payload_bytes);
+// The block index that leads a kBlock frame's body (its first 4 bytes).
+uint32_t decode_block_index(std::span<const std::byte, 4> bytes);
 
 std::vector<std::byte> encode_done(std::span<const uint64_t> checksums);
 // Errors: Corruption when the body's size does not match its count.
