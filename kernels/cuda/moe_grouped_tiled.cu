@@ -19,10 +19,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cub/block/block_scan.cuh>
-
 #include "deepinfer/kernels/cuda/moe_grouped.h"
 #include "mma_util.cuh"
+#include "moe_tiles.cuh"
 
 namespace deepinfer::kernels::cuda {
 namespace {
@@ -46,44 +45,6 @@ struct Tile {
 // Byte offset of 16-byte chunk c of row r in a shared tile with `row_bytes` per row (swizzled).
 __device__ __forceinline__ uint32_t swizzle(int r, int c, int row_bytes) {
   return static_cast<uint32_t>(r * row_bytes + ((c ^ (r & 7)) << 4));
-}
-
-struct TileJob {
-  int expert = -1;
-  int row_begin = 0, rows = 0;  // the tile's rows of x / y
-};
-
-// Which expert and rows CTA row-tile `tile` serves: experts' tile counts ceil(count / 64) scanned in rounds of 256.
-// Also checks the offsets. Contains __syncthreads: every thread of the CTA calls it.
-__device__ TileJob find_tile(const int32_t* offsets, int num_experts, int tile) {
-  using Scan = cub::BlockScan<int, kThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  __shared__ TileJob job;
-  if (threadIdx.x == 0) job = TileJob{};
-  __syncthreads();
-  int carry = 0;  // tiles of the experts before this round (the same in every thread)
-  for (int base = 0; base < num_experts; base += kThreads) {
-    const int e = base + static_cast<int>(threadIdx.x);
-    int tiles = 0, begin = 0, end = 0;
-    if (e < num_experts) {
-      begin = offsets[e];
-      end = offsets[e + 1];
-      if (end < begin) __trap();  // offsets must not decrease
-      tiles = (end - begin + kBM - 1) / kBM;
-    }
-    int before = 0, total = 0;
-    Scan(scan).ExclusiveSum(tiles, before, total);
-    const int first = carry + before;
-    if (tiles > 0 && tile >= first && tile < first + tiles) {
-      const int row_begin = begin + (tile - first) * kBM;
-      job = TileJob{e, row_begin, min(kBM, end - row_begin)};
-    }
-    carry += total;
-    __syncthreads();  // job published; scan storage free for the next round
-    if (job.expert >= 0 || carry > tile) break;
-  }
-  const TileJob found = job;
-  return found;
 }
 
 template <bool kFp8>
@@ -186,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
     __trap();  // some rows of y would be left unwritten
-  const TileJob job = find_tile(p.offsets, num_experts, static_cast<int>(blockIdx.y));
+  const MoeTile job = find_moe_tile<kBM, kThreads>(p.offsets, num_experts, static_cast<int>(blockIdx.y));
   if (job.expert < 0) return;  // past the real tile count (uniform over the CTA)
   if (job.row_begin < 0 || job.row_begin + job.rows > rows) __trap();
 

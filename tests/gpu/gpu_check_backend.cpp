@@ -860,8 +860,9 @@ void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
   const std::vector<float> want = run(p.cpu, true);
   for (const MoeBackend& g : gpus) {
     // The per-expert FP8 path quantizes activations to e4m3 (act_quant); the kernels keep them bf16. Auto takes
-    // per-expert GEMMs only past hundreds of rows per expert (none of these cases).
-    const bool per_expert = std::string(g.path) == "per-expert";
+    // per-expert GEMMs for FP8 past 64 rows per expert; a forced wgmma path (bf16 only) takes them for FP8.
+    const std::string path = g.path;
+    const bool per_expert = path == "per-expert" || (path.rfind("wgmma", 0) == 0 && c.precision == Precision::kFP8);
     const std::string label = std::string(c.label) + " [" + g.path + "]";
     expect_close(label.c_str(), run(*g.gpu, false), want,
                  c.precision == Precision::kFP8 && per_expert ? 8e-2 : 3e-2);
@@ -1243,11 +1244,13 @@ int main(int argc, char** argv) {
        0, 0},
       {"moe fp8 prefill (P 3072 over 64 experts; N 1424, K 712 and 200: FP8 K tails)", fp8, 512, 200, 712, 64, 6, false,
        0, 0},
+      {"moe bf16 prefill (P 6144 over 16 experts: 384 rows each, auto takes wgmma; N 1024, K 256 and 512)", bf16, 1024,
+       256, 512, 16, 6, false, 0, 0},
   };
   // The same cases on one more CUDA backend per forced expert GEMM path.
   std::vector<std::unique_ptr<Backend>> forced;
   std::vector<MoeBackend> moe_backends = {{"auto", &p.gpu}};
-  for (const char* path : {"streaming", "tiled", "per-expert"}) {
+  for (const char* path : {"streaming", "tiled", "wgmma-128", "wgmma-256", "per-expert"}) {
     setenv("DEEPINFER_MOE_GEMM", path, 1);
     forced.push_back(must(be::make_cuda_backend(0), "make_cuda_backend (DEEPINFER_MOE_GEMM)"));
     moe_backends.push_back({path, forced.back().get()});

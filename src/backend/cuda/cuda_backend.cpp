@@ -91,7 +91,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
 
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
   // Forced paths for measurements and comparisons: each variable names one of its choices (in enum order).
-  Result<int> moe_path = env_choice("DEEPINFER_MOE_GEMM", {"auto", "streaming", "tiled", "per-expert"},
+  Result<int> moe_path = env_choice("DEEPINFER_MOE_GEMM",
+                                    {"auto", "streaming", "tiled", "per-expert", "wgmma", "wgmma-128", "wgmma-256"},
                                     "the routed experts' GEMM path");
   if (!moe_path.ok()) return moe_path.status();
   if (*moe_path >= 0) backend->moe_gemm_path_ = static_cast<MoeGemmPath>(*moe_path);
@@ -131,6 +132,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   // The tiled MoE kernel's shared-memory limit, set here: its first launch may be inside a CUDA graph capture.
   if (cudaError_t err = kernels::cuda::init_moe_grouped_gemm_tiled(); err != cudaSuccess)
     return setup_error("the tiled MoE kernel's shared memory", cuda_error_text(err));
+  if (cudaError_t err = kernels::cuda::init_moe_grouped_gemm_wgmma(); err != cudaSuccess)
+    return setup_error("the wgmma MoE kernel's shared memory", cuda_error_text(err));
   if (cudaError_t err = cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking); err != cudaSuccess)
     return setup_error("cudaStreamCreate", cuda_error_text(err));
   if (cudaError_t err = cudaEventCreateWithFlags(&backend->staging_copied_, cudaEventDisableTiming); err != cudaSuccess)

@@ -24,8 +24,9 @@ namespace kc = kernels::cuda;
 //   - up to kStreamingMaxRowsPerExpert: the streaming kernel (moe_grouped.h), each expert's weights read once per
 //     chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
 //   - up to tiled_max_rows_per_expert(): the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
-//   - beyond: one cuBLAS GEMM per expert (after the offsets' host copy), whose large tiles win once every expert has
-//     hundreds of rows.
+//   - beyond, bf16 experts: the wgmma kernel (128-row tiles on Hopper's warpgroup MMA, one launch, no host sync);
+//   - beyond, FP8 experts (and when forced): one cuBLAS GEMM per expert (after the offsets' host copy), whose large
+//     tiles win once every expert has hundreds of rows.
 // The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs").
 // Measured on the H200 (2026-12-03, one MoE layer): V2-Lite bf16 at 6 rows per expert streaming 365 us, tiled 356;
 // at 48 rows streaming 2089, tiled 406, per-expert 1136; at 384 tiled 2036, per-expert 1506 (cuBLAS's larger tiles).
@@ -193,20 +194,32 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   check_cuda(kc::run_moe_route_and_permute(r, perm), "moe (routing and permutation)");
 
   // The path: by rows per expert, or forced (DEEPINFER_MOE_GEMM); float32 weights (tests) take cuBLAS.
-  enum class Path { kStreaming, kTiled, kPerExpert } path = Path::kPerExpert;
+  enum class Path { kStreaming, kTiled, kWgmma, kPerExpert } path = Path::kPerExpert;
   const bool kernels_take = grouped_supports(*w.gate_up) && grouped_supports(*w.down);
   const bool tiled_fits = (P + 63) / 64 + std::min(E, P) <= 65535;  // the tiled kernel's grid.y
+  // The wgmma kernel: bf16 experts, and its grid.y (128-row tiles) within CUDA's limit.
+  const bool wgmma_takes = kernels_take && w.gate_up->precision == Precision::kBF16 &&
+                           w.down->precision == Precision::kBF16 && (P + 127) / 128 + std::min(E, P) <= 65535;
+  int wgmma_tile_n = 0;  // automatic
   switch (moe_gemm_path_) {
     case MoeGemmPath::kAuto:
       if (kernels_take && P <= kStreamingMaxRowsPerExpert * E) path = Path::kStreaming;
       else if (kernels_take && tiled_fits && P <= tiled_max_rows_per_expert(w.gate_up->precision) * E)
         path = Path::kTiled;
+      else if (wgmma_takes)
+        path = Path::kWgmma;
       break;
     case MoeGemmPath::kStreaming:
       if (kernels_take) path = Path::kStreaming;
       break;
     case MoeGemmPath::kTiled:
       if (kernels_take && tiled_fits) path = Path::kTiled;
+      break;
+    case MoeGemmPath::kWgmma:
+    case MoeGemmPath::kWgmma128:
+    case MoeGemmPath::kWgmma256:
+      if (wgmma_takes) path = Path::kWgmma;
+      wgmma_tile_n = moe_gemm_path_ == MoeGemmPath::kWgmma128 ? 128 : moe_gemm_path_ == MoeGemmPath::kWgmma256 ? 256 : 0;
       break;
     case MoeGemmPath::kPerExpert:
       break;
@@ -276,19 +289,24 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   }
 
   if (grouped) {
-    const auto run = path == Path::kTiled ? kc::run_moe_grouped_gemm_tiled : kc::run_moe_grouped_gemm;
+    const auto run = path == Path::kTiled   ? kc::run_moe_grouped_gemm_tiled
+                     : path == Path::kWgmma ? kc::run_moe_grouped_gemm_wgmma
+                                            : kc::run_moe_grouped_gemm;
+    const char* kernel = path == Path::kTiled ? "tiled" : path == Path::kWgmma ? "wgmma" : "grouped";
     // FP8 experts: the kernel multiplies the bf16 activations by the exactly widened FP8 weights (no act_quant),
     // so this path is more accurate than the cuBLASLt one, whose activations are quantized to e4m3 per 1x128.
     kc::MoeGroupedGemmParams gp = grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_);
+    gp.wgmma_tile_n = wgmma_tile_n;
     if (gather_in_kernel) {
       gp.x = static_cast<const uint16_t*>(x_rows.data);
       gp.x_rows = sorted;
       gp.x_rows_divisor = k;
     }
-    check_cuda(run(gp), path == Path::kTiled ? "moe (tiled gate_up)" : "moe (grouped gate_up)");
+    check_cuda(run(gp), (std::string("moe (") + kernel + " gate_up)").c_str());
     activate(gate_up, act);
-    check_cuda(run(grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_)),
-               path == Path::kTiled ? "moe (tiled down)" : "moe (grouped down)");
+    kc::MoeGroupedGemmParams dp = grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_);
+    dp.wgmma_tile_n = wgmma_tile_n;
+    check_cuda(run(dp), (std::string("moe (") + kernel + " down)").c_str());
   } else {
     // One GEMM per non-empty expert over its contiguous rows.
     auto per_expert = [&](const Tensor& in, const Weight& weight, const Tensor& result) {

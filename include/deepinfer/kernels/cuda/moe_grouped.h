@@ -65,6 +65,7 @@ struct MoeGroupedGemmParams {
   uint16_t* y = nullptr;              // bf16 [rows, n], contiguous
   int num_sms = 0;                    // the device's SMs, for choosing k_split (0: 132, an H100/H200)
   int k_split = 0;                    // 0: automatic; 1, 2 or 4: forced (checks, benchmarks)
+  int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
@@ -85,5 +86,18 @@ cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& params);
 // it too, but a backend calls it at creation so that the first launch may be inside a CUDA graph capture.
 // Thread-safe; returns the first call's result.
 cudaError_t init_moe_grouped_gemm_tiled();
+
+// The same product (same contract) for hundreds to thousands of rows per expert, on Hopper's warpgroup MMA (wgmma):
+// tiles of 128 rows x 128 or 256 columns (wgmma_tile_n; automatic: 256 when n >= 1024), each expert's weights read
+// once per 128 of its rows, one launch, the tile map from the device offsets (no host synchronization, capturable
+// in a CUDA graph). bf16 weights only: kFP8 returns cudaErrorInvalidValue, as do x_rows, x_ld, y_ld, a null offsets
+// and ceil(rows / 128) + min(E, rows) > 65535. Shape of the work: grid (ceil(n / tile_n), ceil(rows / 128) +
+// min(E, rows)), 256 threads (two warpgroups of 64 rows), 161 KB (128 columns) or 193 KB (256) of dynamic shared
+// memory; CTAs past the real tile count return at once.
+cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& params);
+// The tile width the wgmma launcher uses for `params` (128 or 256).
+int moe_grouped_wgmma_tile_n(const MoeGroupedGemmParams& params);
+// As init_moe_grouped_gemm_tiled, for the wgmma kernel.
+cudaError_t init_moe_grouped_gemm_wgmma();
 
 }  // namespace deepinfer::kernels::cuda

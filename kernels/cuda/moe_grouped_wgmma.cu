@@ -1,0 +1,214 @@
+// Grouped expert GEMM for hundreds to thousands of rows per expert (prefill) on Hopper's warpgroup MMA: one launch
+// for every expert's rows, tiles of 128 rows x 128 or 256 columns, the tile -> (expert, rows) map computed on the
+// device from the offsets (moe_tiles.cuh). Contract in include/deepinfer/kernels/cuda/moe_grouped.h
+// (run_moe_grouped_gemm_wgmma).
+//
+// Why. The mma.sync tiled kernel (moe_grouped_tiled.cu) reaches ~210 TFLOPS at large M, a quarter of the bf16 peak,
+// so per-expert cuBLAS GEMMs (with a host synchronization per layer and one launch per expert) stayed faster past
+// 256 rows per expert. wgmma reads both operands from shared memory itself: no ldmatrix, no fragment registers, and
+// one instruction per 64 x N x 16 product instead of N / 2 mma.sync per warp.
+//   - 256 threads = two warpgroups, each owning 64 rows of the tile: per k16 step one wgmma m64nNk16 each.
+//   - cp.async fills a ring of kStages stages ahead of the MMAs, each stage 64 of K: the tile's x rows and weight
+//     rows, 128 bytes per row, 128-byte swizzled (wgmma.cuh), partial tiles and K past the end zero-filled.
+//   - One batch of wgmma in flight while the next is issued (wgmma_wait<1>); a stage is refilled two iterations
+//     after its MMAs were issued, when every warpgroup has waited for them and passed the barrier.
+//   - bf16 weights only (FP8 stays on the tiled kernel; see moe_grouped.h).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "deepinfer/kernels/cuda/moe_grouped.h"
+#include "mma_util.cuh"
+#include "moe_tiles.cuh"
+#include "wgmma.cuh"
+
+namespace deepinfer::kernels::cuda {
+namespace {
+
+constexpr int kBM = 128;      // rows (token copies) per tile: two warpgroups of 64
+constexpr int kThreads = 256;
+constexpr int kBK = 64;       // K per stage: one 128-byte swizzled row
+constexpr int kRowBytes = kBK * 2;
+
+template <int kBN>
+struct Tile {
+  static constexpr int kStages = kBN == 256 ? 4 : 5;
+  static constexpr int kXBytes = kBM * kRowBytes;  // 16 KB
+  static constexpr int kWBytes = kBN * kRowBytes;  // 16 or 32 KB
+  static constexpr int kStageBytes = kXBytes + kWBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment to 1,024 bytes
+  static constexpr int kAccRegs = kBN / 2;
+  static_assert(kStageBytes % 1024 == 0 && kXBytes % 1024 == 0, "tiles must stay 1,024-byte aligned");
+};
+
+// Byte offset of 16-byte chunk c of row r in a 128-byte-row swizzled tile.
+__device__ __forceinline__ uint32_t swizzled(int r, int c) {
+  return static_cast<uint32_t>(r * kRowBytes + ((c ^ (r & 7)) << 4));
+}
+
+struct Operands {
+  const char* x = nullptr;  // the tile's first x row
+  int x_rows = 0;           // rows of the tile (the rest are zero-filled)
+  const char* w = nullptr;  // the expert's matrix, row n_block
+  int w_rows = 0;           // weight rows (output columns) of the tile inside N
+  int64_t w_ld_bytes = 0;
+  int k = 0;
+};
+
+template <int kBN>
+__device__ __forceinline__ void load_stage(uint32_t stage, const Operands& o, int kt) {
+  constexpr int kChunks = kRowBytes / 16;
+  const int k0 = kt * kBK;
+#pragma unroll
+  for (int i = 0; i < kBM * kChunks / kThreads; ++i) {
+    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int k = k0 + c * 8;  // k % 8 == 0: a chunk is wholly inside or outside K
+    const bool ok = r < o.x_rows && k < o.k;
+    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * 2 : o.x;
+    cp_async_16(stage + swizzled(r, c), src, ok ? 16 : 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kBN * kChunks / kThreads; ++i) {
+    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int k = k0 + c * 8;
+    const bool ok = r < o.w_rows && k < o.k;
+    const char* src = ok ? o.w + static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * 2 : o.w;
+    cp_async_16(stage + Tile<kBN>::kXBytes + swizzled(r, c), src, ok ? 16 : 0);
+  }
+}
+
+template <int kBN>
+__device__ __forceinline__ void multiply_stage(float (&acc)[Tile<kBN>::kAccRegs], uint32_t stage, int warpgroup) {
+  const uint32_t a = stage + static_cast<uint32_t>(warpgroup) * 64 * kRowBytes;  // this warpgroup's 64 rows
+  const uint32_t b = stage + Tile<kBN>::kXBytes;
+#pragma unroll
+  for (int s = 0; s < kBK / 16; ++s) {
+    const uint64_t da = wgmma_descriptor(a + 32 * s), db = wgmma_descriptor(b + 32 * s);
+    if constexpr (kBN == 256) {
+      wgmma_m64n256k16_bf16(acc, da, db);
+    } else {
+      wgmma_m64n128k16_bf16(acc, da, db);
+    }
+  }
+}
+
+template <int kBN>
+__global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const MoeGroupedGemmParams p) {
+  using T = Tile<kBN>;
+  constexpr int kStages = T::kStages;
+  const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
+    __trap();  // some rows of y would be left unwritten
+  const MoeTile job = find_moe_tile<kBM, kThreads>(p.offsets, num_experts, static_cast<int>(blockIdx.y));
+  if (job.expert < 0) return;  // past the real tile count (uniform over the CTA)
+  if (job.row_begin < 0 || job.row_begin + job.rows > rows) __trap();
+
+  extern __shared__ __align__(1024) char smem[];
+  const uint32_t smem_base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int64_t n_block = static_cast<int64_t>(blockIdx.x) * kBN;
+
+  Operands o;
+  o.x = reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
+  o.x_rows = job.rows;
+  o.w_ld_bytes = p.w_ld * 2;
+  o.w = static_cast<const char*>(p.w) + p.w_matrix_stride * job.expert * 2 + n_block * o.w_ld_bytes;
+  o.w_rows = static_cast<int>(min(static_cast<int64_t>(kBN), p.n - n_block));
+  o.k = static_cast<int>(p.k);
+
+  float acc[T::kAccRegs];
+#pragma unroll
+  for (int i = 0; i < T::kAccRegs; ++i) acc[i] = 0.0f;
+
+  // The ring: stage kt is loaded kStages - 2 iterations ahead, into the slot whose MMAs (kt - 2) every warpgroup
+  // has waited for before the barrier of iteration kt.
+  const int k_tiles = (o.k + kBK - 1) / kBK;
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s) {
+    if (s < k_tiles) load_stage<kBN>(smem_base + s * T::kStageBytes, o, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 3>();  // this thread's copies of stage kt landed
+    fence_async_shared();          // ... and are visible to wgmma (the async proxy)
+    __syncthreads();               // every thread's; and MMAs kt - 2 are done in both warpgroups
+    const int next = kt + kStages - 2;
+    if (next < k_tiles) load_stage<kBN>(smem_base + (next % kStages) * T::kStageBytes, o, next);
+    cp_async_commit();
+    wgmma_fence();
+    multiply_stage<kBN>(acc, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
+    wgmma_commit();
+    wgmma_wait<1>();  // MMAs kt - 1 done: their slot may be refilled after the next barrier
+    wgmma_fence_operands(acc);
+  }
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
+  cp_async_wait<0>();
+
+  // Accumulator layout (wgmma.cuh): acc[4j], acc[4j + 1] at row 16w + g, columns 8j + 2t, +1; acc[4j + 2..3] at
+  // row 16w + g + 8.
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) / 32) % 4;
+  const int g = lane / 4, t = lane % 4;
+  __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
+  const bool pairs = p.n % 2 == 0;  // then (n, n + 1) is 4-byte aligned
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warpgroup * 64 + warp * 16 + g + half * 8;
+    if (r >= job.rows) continue;
+    __nv_bfloat16* row = y + static_cast<int64_t>(job.row_begin + r) * p.n;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int64_t n = n_block + 8 * j + 2 * t;
+      const float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
+      if (pairs && n + 1 < p.n) {
+        *reinterpret_cast<__nv_bfloat162*>(row + n) = __floats2bfloat162_rn(v0, v1);
+      } else {
+        if (n < p.n) row[n] = __float2bfloat16(v0);
+        if (n + 1 < p.n) row[n + 1] = __float2bfloat16(v1);
+      }
+    }
+  }
+}
+
+template <int kBN>
+cudaError_t launch(const MoeGroupedGemmParams& p) {
+  if (cudaError_t e = init_moe_grouped_gemm_wgmma(); e != cudaSuccess) return e;
+  const int64_t row_tiles = (p.rows + kBM - 1) / kBM + std::min(p.num_experts, p.rows);
+  if (row_tiles > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>(row_tiles));
+  moe_grouped_wgmma_kernel<kBN><<<grid, kThreads, Tile<kBN>::kSmemBytes, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t init_moe_grouped_gemm_wgmma() {
+  static const cudaError_t result = [] {
+    cudaError_t e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Tile<128>::kSmemBytes);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Tile<256>::kSmemBytes);
+    return e;
+  }();
+  return result;
+}
+
+int moe_grouped_wgmma_tile_n(const MoeGroupedGemmParams& p) {
+  if (p.wgmma_tile_n == 128 || p.wgmma_tile_n == 256) return p.wgmma_tile_n;
+  return p.n >= 1024 ? 256 : 128;
+}
+
+cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& p) {
+  if (!moe_grouped_params_valid(p) || p.format != MoeWeightFormat::kBF16 || p.x_rows != nullptr ||
+      p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 || (p.wgmma_tile_n != 0 && p.wgmma_tile_n != 128 &&
+                                                             p.wgmma_tile_n != 256))
+    return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  return moe_grouped_wgmma_tile_n(p) == 256 ? launch<256>(p) : launch<128>(p);
+}
+
+}  // namespace deepinfer::kernels::cuda
