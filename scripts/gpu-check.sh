@@ -174,7 +174,7 @@ if want tp; then
     [ $tp_ok = 1 ] || status=1
   fi
 fi
-want moe && run bench_moe_sweep 300 "$BIN/bench_model" --moe-sweep 1,8,64,512,4096,16384
+want moe && run bench_moe_sweep 300 "$BIN/bench_model" --moe-sweep ${MOE_TOKENS:-1,8,64,512,4096,16384} ${MOE_ARGS:-}
 want bench && run bench_model 330 "$BIN/bench_model" ${BENCH_ARGS:-}
 if want v4; then
   run v4_serve 240 bash tests/cli/v4_serve.sh "$BIN/deepinfer" "$WORK/tokenizer-demo" cuda

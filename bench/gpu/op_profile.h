@@ -122,6 +122,63 @@ class ProfilingBackend final : public backend::Backend {
     timed("read top probabilities", [&] { s = inner_.read_top_probabilities(p); });
     return s;
   }
+  // Every virtual with a base version is forwarded too: otherwise the base composition (e.g. mla_prepare's five ops)
+  // would run instead of the inner backend's own, and the benchmark would time another code path than the product.
+  Result<DeviceMemory> device_memory() override { return inner_.device_memory(); }
+  Result<std::vector<float>> read_matrix(const backend::Weight& w, int64_t index) override {
+    return inner_.read_matrix(w, index);
+  }
+  void mla_prepare(backend::Tensor kv, int64_t latent, const backend::Buffer& norm_weight, float eps,
+                   backend::Tensor q_rope, int64_t heads, const backend::Buffer& inv_freq, float attention_factor,
+                   const backend::Buffer& cache_layer, backend::Tensor q_rope_copy) override {
+    timed("mla_prepare", [&] {
+      inner_.mla_prepare(kv, latent, norm_weight, eps, q_rope, heads, inv_freq, attention_factor, cache_layer,
+                         q_rope_copy);
+    });
+  }
+  bool has_v4_ops() const override { return inner_.has_v4_ops(); }
+  void v4_hc_pre(const backend::Tensor& X, const backend::V4HyperMix& m, backend::Tensor y, backend::Tensor post,
+                 backend::Tensor comb) override {
+    timed("v4_hc_pre", [&] { inner_.v4_hc_pre(X, m, y, post, comb); });
+  }
+  void v4_hc_post(backend::Tensor X, const backend::Tensor& out, const backend::Tensor& post,
+                  const backend::Tensor& comb) override {
+    timed("v4_hc_post", [&] { inner_.v4_hc_post(X, out, post, comb); });
+  }
+  void v4_norm_rope(backend::Tensor x, const backend::V4NormRope& p) override {
+    timed("v4_norm_rope", [&] { inner_.v4_norm_rope(x, p); });
+  }
+  void v4_compress(const backend::Tensor& kv, const backend::Tensor& score, const backend::V4Compressor& c,
+                   std::span<const backend::V4CompressWork> work) override {
+    timed("v4_compress", [&] { inner_.v4_compress(kv, score, c, work); });
+  }
+  void v4_indexer_topk(const backend::Tensor& q, const backend::Tensor& weights, double weight_scale,
+                       std::span<const backend::V4IndexRow> rows, int64_t topk, const backend::Buffer& ids) override {
+    timed("v4_indexer_topk", [&] { inner_.v4_indexer_topk(q, weights, weight_scale, rows, topk, ids); });
+  }
+  void v4_attention(const backend::V4Attention& a, const backend::Tensor& q, const backend::Tensor& kv,
+                    std::span<const backend::V4AttentionRow> rows, backend::Tensor out) override {
+    timed("v4_attention", [&] { inner_.v4_attention(a, q, kv, rows, out); });
+  }
+  void copy_spans(std::span<const backend::CopySpan> spans) override {
+    timed("copy_spans", [&] { inner_.copy_spans(spans); });
+  }
+  void silu_mul_clamped(const backend::Tensor& gate_up, float limit, backend::Tensor out) override {
+    timed("silu_mul_clamped", [&] { inner_.silu_mul_clamped(gate_up, limit, out); });
+  }
+  Status read_sampled_logprobs(std::vector<SampledLogprobs>& out) override {
+    Status s;
+    timed("read sampled logprobs", [&] { s = inner_.read_sampled_logprobs(out); });
+    return s;
+  }
+  bool has_device_sampling() const override { return inner_.has_device_sampling(); }
+  Status read_sampled_tokens(std::span<const DeviceSampling> rows,
+                             std::span<const LogitAdjustment> adjustments,
+                             std::vector<int32_t>& host_ids) override {
+    Status s;
+    timed("read sampled tokens", [&] { s = inner_.read_sampled_tokens(rows, adjustments, host_ids); });
+    return s;
+  }
 
  private:
   template <typename F>

@@ -23,17 +23,20 @@ namespace kc = kernels::cuda;
 // Which kernel runs the expert GEMMs, by token copies per expert on average (P / E):
 //   - up to kStreamingMaxRowsPerExpert: the streaming kernel (moe_grouped.h), each expert's weights read once per
 //     chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
-//   - up to tiled_max_rows_per_expert(): the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
-//   - beyond, bf16 experts: the wgmma kernel (128-row tiles on Hopper's warpgroup MMA, one launch, no host sync);
-//   - beyond, FP8 experts (and when forced): one cuBLAS GEMM per expert (after the offsets' host copy), whose large
-//     tiles win once every expert has hundreds of rows.
+//   - up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
+//   - beyond, bf16 experts, up to kWgmmaMaxRowsPerExpert: the wgmma kernel (128-row tiles on Hopper's warpgroup
+//     MMA, one launch, no host sync);
+//   - beyond (FP8 experts past the tiled kernel's bound; bf16 past the wgmma kernel's): one cuBLAS GEMM per expert
+//     (after the offsets' host copy), whose large tiles (and TMA multicast) win once every expert has hundreds of rows.
 // The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs").
-// Measured on the H200 (2026-12-03, one MoE layer): V2-Lite bf16 at 6 rows per expert streaming 365 us, tiled 356;
-// at 48 rows streaming 2089, tiled 406, per-expert 1136; at 384 tiled 2036, per-expert 1506 (cuBLAS's larger tiles).
-// V3 FP8 at 2 rows streaming 2882, tiled 7048; at 16 rows 8538 / 8295 / 12618; at 128 tiled 20898, per-expert 16649.
+// V2-Lite bf16, one MoE layer, µs (2026-12-04): at 48 rows per expert tiled 411, wgmma 425, per-expert 1,199; at 96
+// tiled 701, wgmma 483; at 384 tiled 2,221, wgmma 1,321, per-expert 1,523; at 768 wgmma 2,441, per-expert 2,146.
+// V3 FP8 (2026-12-03): at 2 rows streaming 2882, tiled 7048; at 16 rows 8538 / 8295 / 12618; at 128 tiled 20898,
+// per-expert 16649.
 constexpr int64_t kStreamingMaxRowsPerExpert = 16;
 constexpr int64_t kRouterKernelMaxTokens = 64;  // run_moe_router_logits up to this many tokens, cuBLAS beyond
-int64_t tiled_max_rows_per_expert(Precision p) { return p == Precision::kFP8 ? 64 : 256; }
+constexpr int64_t kTiledMaxRowsPerExpert = 64;
+constexpr int64_t kWgmmaMaxRowsPerExpert = 512;  // bf16; per-expert cuBLAS beyond
 
 // Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
 // stay on cuBLAS), and input widths that split into 16-byte vectors (cols % 8 == 0; every DeepSeek shape does).
@@ -204,9 +207,9 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   switch (moe_gemm_path_) {
     case MoeGemmPath::kAuto:
       if (kernels_take && P <= kStreamingMaxRowsPerExpert * E) path = Path::kStreaming;
-      else if (kernels_take && tiled_fits && P <= tiled_max_rows_per_expert(w.gate_up->precision) * E)
+      else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E)
         path = Path::kTiled;
-      else if (wgmma_takes)
+      else if (wgmma_takes && P <= kWgmmaMaxRowsPerExpert * E)
         path = Path::kWgmma;
       break;
     case MoeGemmPath::kStreaming:
