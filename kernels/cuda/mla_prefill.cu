@@ -1,7 +1,9 @@
-// MLA prefill attention, expanded form (FlashAttention-2 style, varlen, causal): the fast tensor-core kernel and
-// a simple f32 reference kernel. Contracts in include/deepinfer/kernels/cuda/mla_prefill.h.
+// MLA prefill attention, expanded form (FlashAttention-2 style, varlen, causal): two fast tensor-core kernels (wgmma
+// on sm_90a, the default; mma.sync) and a simple f32 reference kernel. Contracts in
+// include/deepinfer/kernels/cuda/mla_prefill.h.
 //
-// Fast kernel: CTA = (64-query tile, head, sequence), 128 threads (4 warps), heaviest tiles launched first.
+// Fast kernels (the wgmma one differs only in the MMAs and the shared-memory layout; see above it): CTA =
+// (64-query tile, head, sequence), 128 threads (4 warps), heaviest tiles launched first.
 //   - warp w owns query rows [16w, 16w+16) of the tile; its Q fragments (16 x 192 bf16, 48 registers) are loaded
 //     once by ldmatrix from shared memory;
 //   - key tiles of 64 tokens, 0 .. the diagonal tile: K (64 x 192) and V (64 x 128) stream in by cp.async into the
@@ -18,6 +20,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "wgmma.cuh"
+
 namespace deepinfer::kernels::cuda {
 namespace {
 
@@ -32,6 +36,7 @@ constexpr int kQTileBytes = kTileM * kQkChunks * 16;   // 24,576
 constexpr int kKTileBytes = kTileN * kQkChunks * 16;   // 24,576
 constexpr int kVTileBytes = kTileN * kVChunks * 16;    // 16,384
 constexpr int kSmemBytes = kQTileBytes + 2 * (kKTileBytes + kVTileBytes);  // 106,496
+constexpr int kWgmmaSmemBytes = kSmemBytes + 1024;  // + alignment of the tiles to 1,024 bytes
 // The load loops run a fixed number of rounds of kThreads 16-byte chunks (no remainder handling).
 static_assert(kTileM * kQkChunks % kThreads == 0 && kTileN * 16 % kThreads == 0 && kTileN * 8 % kThreads == 0);
 constexpr float kLog2e = 1.4426950408889634f;
@@ -40,201 +45,99 @@ template <int kChunks>
 __device__ __forceinline__ int swz(int row, int chunk) { return (row * kChunks + (chunk ^ (row & 7))) * 16; }
 
 
-__global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const MlaPrefillParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* s_q = smem;
-  uint8_t* s_k = s_q + kQTileBytes;                 // two K buffers
-  uint8_t* s_v = s_k + 2 * kKTileBytes;             // two V buffers
+// What one CTA (query tile `tile` of sequence b, head h) covers; shared by both fast kernels.
+struct TileContext {
+  int seq_begin = 0, len = 0;       // the sequence's packed query rows
+  int key_begin = 0, key_len = 0;   // its keys
+  int q_pos0 = 0;                   // position of query row 0 relative to key 0
+  int q0 = 0;                       // the tile's first query row (local to the sequence)
+  int num_key_tiles = 0;            // key tiles visible to some row of the tile
+};
 
+// False when the CTA has no rows (past the sequence's tiles). Heaviest (last) tiles first.
+__device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileContext& c) {
   const int b = static_cast<int>(blockIdx.z);
-  const int h = static_cast<int>(blockIdx.y);
-  const int seq_begin = p.cu_seqlens[b];
-  const int len = p.cu_seqlens[b + 1] - seq_begin;  // query rows
-  const int key_begin = p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b] : seq_begin;
-  const int key_len = p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b + 1] - key_begin : len;
-  const int q_pos0 = (p.q_positions != nullptr ? p.q_positions[b] : 0) - p.key_position;  // relative to key 0
-  const int num_tiles = (len + kTileM - 1) / kTileM;
-  const int max_tiles = static_cast<int>(gridDim.x);
-  const int tile = max_tiles - 1 - static_cast<int>(blockIdx.x);  // heaviest (last) tiles first
-  if (tile >= num_tiles) return;
-  const int q0 = tile * kTileM;  // first query row of the tile (local to the sequence)
-
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
-  const size_t H = static_cast<size_t>(p.num_heads);
-  const uint8_t* q_base = reinterpret_cast<const uint8_t*>(p.q);
-  constexpr size_t kQkRowBytes = kMlaPrefillQkDim * 2;
-  constexpr int kNopeChunks = (kMlaPrefillQkDim - 64) * 2 / 16;  // 16 of the 24 chunks of a key row
-
-  // Q tile (rows past the sequence zero-filled).
-#pragma unroll
-  for (int i = 0; i < kTileM * kQkChunks / kThreads; ++i) {
-    const int c = tid + i * kThreads;
-    const int row = c / kQkChunks;
-    const int chunk = c - row * kQkChunks;
-    const bool valid = q0 + row < len;
-    const size_t token = static_cast<size_t>(seq_begin) + (valid ? q0 + row : 0);
-    cp_async_16(s_q + swz<kQkChunks>(row, chunk), q_base + (token * H + h) * kQkRowBytes + chunk * 16, valid);
-  }
+  c.seq_begin = p.cu_seqlens[b];
+  c.len = p.cu_seqlens[b + 1] - c.seq_begin;
+  c.key_begin = p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b] : c.seq_begin;
+  c.key_len = p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b + 1] - c.key_begin : c.len;
+  c.q_pos0 = (p.q_positions != nullptr ? p.q_positions[b] : 0) - p.key_position;
+  const int num_tiles = (c.len + kTileM - 1) / kTileM;
+  const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  if (tile >= num_tiles) return false;
+  c.q0 = tile * kTileM;
   // Keys visible to some row of the tile: positions up to its last row's (relative to the first key).
-  const int last_row_pos = q_pos0 + min(q0 + kTileM, len) - 1;
-  const int visible = min(key_len, last_row_pos + 1);
-  const int num_key_tiles = visible > 0 ? (visible + kTileN - 1) / kTileN : 0;
-  const uint16_t* k_nope = p.k_nope + static_cast<int64_t>(h) * p.k_head_stride;
-  const uint16_t* k_rope = p.k_rope + static_cast<int64_t>(h) * p.k_rope_head_stride;
-  const uint16_t* v_head = p.v + static_cast<int64_t>(h) * p.v_head_stride;
-  auto load_kv = [&](int key_tile, int buffer) {
-    const int k0 = key_tile * kTileN;
-    uint8_t* dk = s_k + buffer * kKTileBytes;
-    uint8_t* dv = s_v + buffer * kVTileBytes;
-    // Each key row: 16 chunks of k_nope, then 8 of the roped key (separate loops: no divergent select).
-#pragma unroll
-    for (int i = 0; i < kTileN * kNopeChunks / kThreads; ++i) {
-      const int c = tid + i * kThreads;
-      const int row = c / kNopeChunks;
-      const int chunk = c % kNopeChunks;
-      const bool valid = k0 + row < key_len;
-      const int64_t token = static_cast<int64_t>(key_begin) + (valid ? k0 + row : 0);
-      cp_async_16(dk + swz<kQkChunks>(row, chunk), k_nope + token * p.k_token_stride + chunk * 8, valid);
-    }
-#pragma unroll
-    for (int i = 0; i < kTileN * (kQkChunks - kNopeChunks) / kThreads; ++i) {
-      const int c = tid + i * kThreads;
-      const int row = c / (kQkChunks - kNopeChunks);
-      const int chunk = c % (kQkChunks - kNopeChunks);
-      const bool valid = k0 + row < key_len;
-      const int64_t token = static_cast<int64_t>(key_begin) + (valid ? k0 + row : 0);
-      cp_async_16(dk + swz<kQkChunks>(row, kNopeChunks + chunk), k_rope + token * p.k_rope_token_stride + chunk * 8,
-                  valid);
-    }
-#pragma unroll
-    for (int i = 0; i < kTileN * kVChunks / kThreads; ++i) {
-      const int c = tid + i * kThreads;
-      const int row = c / kVChunks;
-      const int chunk = c - row * kVChunks;
-      const bool valid = k0 + row < key_len;
-      const int64_t token = static_cast<int64_t>(key_begin) + (valid ? k0 + row : 0);
-      cp_async_16(dv + swz<kVChunks>(row, chunk), v_head + token * p.v_token_stride + chunk * 8, valid);
-    }
-  };
-  if (num_key_tiles > 0) load_kv(0, 0);
-  cp_async_commit();
-  cp_async_wait_all();
-  __syncthreads();
+  const int last_row_pos = c.q_pos0 + min(c.q0 + kTileM, c.len) - 1;
+  const int visible = min(c.key_len, last_row_pos + 1);
+  c.num_key_tiles = visible > 0 ? (visible + kTileN - 1) / kTileN : 0;
+  return true;
+}
 
-  // Q fragments of this warp's 16 rows, all 192 dims (12 k-steps x 4 registers).
-  uint32_t qf[kMlaPrefillQkDim / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
-    ldmatrix_x4(qf[ks], s_q + swz<kQkChunks>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
-  }
+// The accumulators of both kernels in one flat layout: s[4j + e] is S's n8 block j (keys 8j..8j+7 of the tile),
+// acc[4nt + e] O's columns 8nt..8nt+7; e = 0, 1: row g, columns 2t, 2t + 1; e = 2, 3: row g + 8 (mma.sync's D
+// fragment, which is also wgmma's accumulator layout per warp).
+__device__ __forceinline__ float (&quad(float* a, int j))[4] { return *reinterpret_cast<float(*)[4]>(a + 4 * j); }
 
-  const float scale_log2 = p.scale * kLog2e;
-  float acc[kMlaPrefillVDim / 8][4];
+// Online softmax over one key tile (keys k0..k0+63): scale (log2 domain), causal mask and keys past the sequence,
+// running max/sum per row, O rescaled; P = exp2(S - m) packed into pf as the A operand of P · V (k16 step kk =
+// S's n8 blocks 2kk, 2kk + 1).
+__device__ __forceinline__ void softmax_tile(float (&s)[kTileN / 2], int k0, int key_len, const int (&row_key)[2],
+                                             int first_row_key, float scale_log2, float (&m_row)[2],
+                                             float (&l_row)[2], float (&acc)[kMlaPrefillVDim / 2],
+                                             uint32_t (&pf)[kTileN / 16][4], int t) {
+  const bool need_mask = k0 + kTileN - 1 > first_row_key || k0 + kTileN > key_len;
+  float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int i = 0; i < kMlaPrefillVDim / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-  float m_row[2] = {-INFINITY, -INFINITY};  // running max (log2 domain) of rows g, g + 8 of the warp
-  float l_row[2] = {0.0f, 0.0f};            // this thread's share of the running sum
-  const int row_pos[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};  // local query rows of the two rows
-  const int row_key[2] = {q_pos0 + row_pos[0], q_pos0 + row_pos[1]};     // the last key each may see
-  const int first_row_key = q_pos0 + q0;  // the tile's first row: keys past it need the mask
-
-  const int last_tile = num_key_tiles - 1;
-  for (int kt = 0; kt <= last_tile; ++kt) {
-    const int buffer = kt & 1;
-    if (kt > 0) {
-      cp_async_wait_all();
-      __syncthreads();  // tile kt visible to all; everyone done with buffer (kt+1)&1 (used by tile kt-1)
-    }
-    if (kt + 1 <= last_tile) load_kv(kt + 1, buffer ^ 1);
-    cp_async_commit();
-    const uint8_t* sk = s_k + buffer * kKTileBytes;
-    const uint8_t* sv = s_v + buffer * kVTileBytes;
-
-    // S[16 rows, 64 keys] = Q · Kᵀ over 192 dims.
-    float s[kTileN / 8][4];
+  for (int j = 0; j < kTileN / 8; ++j) {
 #pragma unroll
-    for (int j = 0; j < kTileN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
-#pragma unroll
-      for (int np = 0; np < kTileN / 16; ++np) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, sk + swz<kQkChunks>(np * 16 + (lane % 8) + (lane / 16) * 8, ks * 2 + (lane / 8) % 2));
-        mma_bf16(s[2 * np], qf[ks], bk[0], bk[1]);
-        mma_bf16(s[2 * np + 1], qf[ks], bk[2], bk[3]);
+    for (int e = 0; e < 4; ++e) {
+      float x = s[4 * j + e] * scale_log2;
+      if (need_mask) {
+        const int key = k0 + j * 8 + 2 * t + (e & 1);
+        if (key > row_key[e / 2] || key >= key_len) x = -INFINITY;
       }
-    }
-
-    // Scale; causal mask (key > query) and keys past the sequence on the diagonal / last tile.
-    const int k0 = kt * kTileN;
-    const bool need_mask = k0 + kTileN - 1 > first_row_key || k0 + kTileN > key_len;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < kTileN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[j][e] * scale_log2;
-        if (need_mask) {
-          const int key = k0 + j * 8 + 2 * t + (e & 1);
-          if (key > row_key[e / 2] || key >= key_len) x = -INFINITY;
-        }
-        s[j][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
-      }
-    }
-    float alpha[2];
-    float m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float mx = fmaxf(m_row[r], tile_max[r]);
-      // A row with no valid key so far keeps max -inf: use 0 so exp2(-inf - 0) = 0 and never NaN.
-      m_use[r] = mx == -INFINITY ? 0.0f : mx;
-      alpha[r] = exp2f(m_row[r] - m_use[r]);  // m_row = -inf: 0
-      m_row[r] = mx;
-      l_row[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < kMlaPrefillVDim / 8; ++i) {
-      acc[i][0] *= alpha[0];
-      acc[i][1] *= alpha[0];
-      acc[i][2] *= alpha[1];
-      acc[i][3] *= alpha[1];
-    }
-    // P = exp2(S - m); accumulator layout of n-tiles 2kk, 2kk+1 = A-operand layout of k-step kk.
-    uint32_t pf[kTileN / 16][4];
-#pragma unroll
-    for (int j = 0; j < kTileN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - m_use[e / 2]);
-        l_row[e / 2] += s[j][e];
-      }
-      pf[j / 2][(j % 2) * 2 + 0] = pack_bf16x2(s[j][0], s[j][1]);
-      pf[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(s[j][2], s[j][3]);
-    }
-
-    // O[16 rows, 128] += P[16, 64] · V[64, 128].
-#pragma unroll
-    for (int kk = 0; kk < kTileN / 16; ++kk) {
-      const int v_row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-#pragma unroll
-      for (int np = 0; np < kMlaPrefillVDim / 16; ++np) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sv + swz<kVChunks>(v_row, np * 2 + lane / 16));
-        mma_bf16(acc[2 * np], pf[kk], bv[0], bv[1]);
-        mma_bf16(acc[2 * np + 1], pf[kk], bv[2], bv[3]);
-      }
+      s[4 * j + e] = x;
+      tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
     }
   }
-  cp_async_wait_all();  // nothing outstanding at exit (the last commit was an empty group)
+  float alpha[2];
+  float m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float mx = fmaxf(m_row[r], tile_max[r]);
+    // A row with no valid key so far keeps max -inf: use 0 so exp2(-inf - 0) = 0 and never NaN.
+    m_use[r] = mx == -INFINITY ? 0.0f : mx;
+    alpha[r] = exp2f(m_row[r] - m_use[r]);  // m_row = -inf: 0
+    m_row[r] = mx;
+    l_row[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < kMlaPrefillVDim / 8; ++i) {
+    acc[4 * i + 0] *= alpha[0];
+    acc[4 * i + 1] *= alpha[0];
+    acc[4 * i + 2] *= alpha[1];
+    acc[4 * i + 3] *= alpha[1];
+  }
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[4 * j + e] = exp2f(s[4 * j + e] - m_use[e / 2]);
+      l_row[e / 2] += s[4 * j + e];
+    }
+    pf[j / 2][(j % 2) * 2 + 0] = pack_bf16x2(s[4 * j + 0], s[4 * j + 1]);
+    pf[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
+  }
+}
 
-  // Row sums across the quad, normalize; store (or merge) the rows inside the sequence.
+// Row sums across the quad, normalize; store (or merge) this thread's rows inside the sequence (rows 16 warp + g,
+// + 8 of the tile).
+__device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const TileContext& c, int h,
+                                           const float (&acc)[kMlaPrefillVDim / 2], const float (&m_row)[2],
+                                           float (&l_row)[2], const int (&row_pos)[2], int t) {
+  const size_t H = static_cast<size_t>(p.num_heads);
   float inv[2], lse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -248,13 +151,13 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const Mla
   if (merging) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      if (row_pos[r] < len) old_lse[r] = p.lse_acc[(static_cast<size_t>(seq_begin) + row_pos[r]) * H + h];
+      if (row_pos[r] < c.len) old_lse[r] = p.lse_acc[(static_cast<size_t>(c.seq_begin) + row_pos[r]) * H + h];
     __syncwarp();  // every lane read lse_acc before a t == 0 lane writes it (kMiddle)
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (row_pos[r] >= len) continue;
-    const size_t out_row = (static_cast<size_t>(seq_begin) + row_pos[r]) * H + h;
+    if (row_pos[r] >= c.len) continue;
+    const size_t out_row = (static_cast<size_t>(c.seq_begin) + row_pos[r]) * H + h;
     uint16_t* o = p.out + out_row * kMlaPrefillVDim;
     float w_old = 0.0f, w_new = inv[r];  // the row = o_acc * w_old + acc * w_new
     if (p.merge == MlaPrefillMerge::kFirst) {
@@ -264,16 +167,16 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const Mla
       if (mx == -INFINITY) {
         w_new = 0.0f;
       } else {
-        const float a = exp2f(old_lse[r] - mx), c = exp2f(lse[r] - mx), sum = a + c;
+        const float a = exp2f(old_lse[r] - mx), cc = exp2f(lse[r] - mx), sum = a + cc;
         w_old = a / sum;
-        w_new = inv[r] * (c / sum);
+        w_new = inv[r] * (cc / sum);
         if (p.merge == MlaPrefillMerge::kMiddle && t == 0) p.lse_acc[out_row] = mx + log2f(sum);
       }
     }
     float* oa = p.o_acc == nullptr ? nullptr : p.o_acc + out_row * kMlaPrefillVDim;
 #pragma unroll
     for (int nt = 0; nt < kMlaPrefillVDim / 8; ++nt) {
-      float x0 = acc[nt][2 * r] * w_new, x1 = acc[nt][2 * r + 1] * w_new;
+      float x0 = acc[4 * nt + 2 * r] * w_new, x1 = acc[4 * nt + 2 * r + 1] * w_new;
       if (merging) {
         const float2 prev = *reinterpret_cast<const float2*>(oa + nt * 8 + 2 * t);
         x0 += prev.x * w_old;
@@ -285,6 +188,237 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const Mla
         *reinterpret_cast<float2*>(oa + nt * 8 + 2 * t) = make_float2(x0, x1);
     }
   }
+}
+
+// Shared-memory layout of the two kernels, as byte offsets of 16-byte chunk `chunk` of row `row`:
+//   mma.sync kernel: rows of 24 (q, k) or 16 (v) chunks, chunk index XOR (row & 7);
+//   wgmma kernel: 64-column atoms ([rows][128 bytes], 128-byte swizzled, wgmma.cuh), atom chunk / 8 at
+//   atom_bytes * (chunk / 8).
+template <bool kWgmma, int kChunks, int kRows>
+__device__ __forceinline__ int tile_offset(int row, int chunk) {
+  if constexpr (kWgmma) {
+    return (chunk / 8) * kRows * 128 + row * 128 + (((chunk % 8) ^ (row & 7)) << 4);
+  } else {
+    return swz<kChunks>(row, chunk);
+  }
+}
+
+template <bool kWgmma>
+__device__ __forceinline__ void load_q(uint8_t* s_q, const MlaPrefillParams& p, const TileContext& c, int h, int tid) {
+  const size_t H = static_cast<size_t>(p.num_heads);
+  constexpr size_t kQkRowBytes = kMlaPrefillQkDim * 2;
+  const uint8_t* q_base = reinterpret_cast<const uint8_t*>(p.q);
+#pragma unroll
+  for (int i = 0; i < kTileM * kQkChunks / kThreads; ++i) {
+    const int ci = tid + i * kThreads;
+    const int row = ci / kQkChunks;
+    const int chunk = ci - row * kQkChunks;
+    const bool valid = c.q0 + row < c.len;
+    const size_t token = static_cast<size_t>(c.seq_begin) + (valid ? c.q0 + row : 0);
+    cp_async_16(s_q + tile_offset<kWgmma, kQkChunks, kTileM>(row, chunk),
+                q_base + (token * H + h) * kQkRowBytes + chunk * 16, valid);
+  }
+}
+
+template <bool kWgmma>
+__device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefillParams& p, const TileContext& c,
+                                        int h, int key_tile, int tid) {
+  constexpr int kNopeChunks = (kMlaPrefillQkDim - 64) * 2 / 16;  // 16 of the 24 chunks of a key row
+  const uint16_t* k_nope = p.k_nope + static_cast<int64_t>(h) * p.k_head_stride;
+  const uint16_t* k_rope = p.k_rope + static_cast<int64_t>(h) * p.k_rope_head_stride;
+  const uint16_t* v_head = p.v + static_cast<int64_t>(h) * p.v_head_stride;
+  const int k0 = key_tile * kTileN;
+  // Each key row: 16 chunks of k_nope, then 8 of the roped key (separate loops: no divergent select).
+#pragma unroll
+  for (int i = 0; i < kTileN * kNopeChunks / kThreads; ++i) {
+    const int ci = tid + i * kThreads;
+    const int row = ci / kNopeChunks;
+    const int chunk = ci % kNopeChunks;
+    const bool valid = k0 + row < c.key_len;
+    const int64_t token = static_cast<int64_t>(c.key_begin) + (valid ? k0 + row : 0);
+    cp_async_16(dk + tile_offset<kWgmma, kQkChunks, kTileN>(row, chunk), k_nope + token * p.k_token_stride + chunk * 8,
+                valid);
+  }
+#pragma unroll
+  for (int i = 0; i < kTileN * (kQkChunks - kNopeChunks) / kThreads; ++i) {
+    const int ci = tid + i * kThreads;
+    const int row = ci / (kQkChunks - kNopeChunks);
+    const int chunk = ci % (kQkChunks - kNopeChunks);
+    const bool valid = k0 + row < c.key_len;
+    const int64_t token = static_cast<int64_t>(c.key_begin) + (valid ? k0 + row : 0);
+    cp_async_16(dk + tile_offset<kWgmma, kQkChunks, kTileN>(row, kNopeChunks + chunk),
+                k_rope + token * p.k_rope_token_stride + chunk * 8, valid);
+  }
+#pragma unroll
+  for (int i = 0; i < kTileN * kVChunks / kThreads; ++i) {
+    const int ci = tid + i * kThreads;
+    const int row = ci / kVChunks;
+    const int chunk = ci - row * kVChunks;
+    const bool valid = k0 + row < c.key_len;
+    const int64_t token = static_cast<int64_t>(c.key_begin) + (valid ? k0 + row : 0);
+    cp_async_16(dv + tile_offset<kWgmma, kVChunks, kTileN>(row, chunk), v_head + token * p.v_token_stride + chunk * 8,
+                valid);
+  }
+}
+
+// The mma.sync kernel (any sm_80+ tensor core; kept beside the wgmma one for comparison: DEEPINFER_MLA_PREFILL=mma).
+__global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const MlaPrefillParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* s_q = smem;
+  uint8_t* s_k = s_q + kQTileBytes;                 // two K buffers
+  uint8_t* s_v = s_k + 2 * kKTileBytes;             // two V buffers
+
+  TileContext c;
+  if (!tile_context(p, c)) return;
+  const int h = static_cast<int>(blockIdx.y);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  load_q<false>(s_q, p, c, h, tid);
+  if (c.num_key_tiles > 0) load_kv<false>(s_k, s_v, p, c, h, 0, tid);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Q fragments of this warp's 16 rows, all 192 dims (12 k-steps x 4 registers).
+  uint32_t qf[kMlaPrefillQkDim / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
+    ldmatrix_x4(qf[ks], s_q + swz<kQkChunks>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
+  }
+
+  const float scale_log2 = p.scale * kLog2e;
+  float acc[kMlaPrefillVDim / 2];
+#pragma unroll
+  for (int i = 0; i < kMlaPrefillVDim / 2; ++i) acc[i] = 0.0f;
+  float m_row[2] = {-INFINITY, -INFINITY};  // running max (log2 domain) of rows g, g + 8 of the warp
+  float l_row[2] = {0.0f, 0.0f};            // this thread's share of the running sum
+  const int row_pos[2] = {c.q0 + warp * 16 + g, c.q0 + warp * 16 + g + 8};  // local query rows of the two rows
+  const int row_key[2] = {c.q_pos0 + row_pos[0], c.q_pos0 + row_pos[1]};     // the last key each may see
+  const int first_row_key = c.q_pos0 + c.q0;  // the tile's first row: keys past it need the mask
+
+  const int last_tile = c.num_key_tiles - 1;
+  for (int kt = 0; kt <= last_tile; ++kt) {
+    const int buffer = kt & 1;
+    if (kt > 0) {
+      cp_async_wait_all();
+      __syncthreads();  // tile kt visible to all; everyone done with buffer (kt+1)&1 (used by tile kt-1)
+    }
+    if (kt + 1 <= last_tile) load_kv<false>(s_k + (buffer ^ 1) * kKTileBytes, s_v + (buffer ^ 1) * kVTileBytes, p, c, h,
+                                            kt + 1, tid);
+    cp_async_commit();
+    const uint8_t* sk = s_k + buffer * kKTileBytes;
+    const uint8_t* sv = s_v + buffer * kVTileBytes;
+
+    // S[16 rows, 64 keys] = Q · Kᵀ over 192 dims.
+    float s[kTileN / 2];
+#pragma unroll
+    for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kTileN / 16; ++np) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, sk + swz<kQkChunks>(np * 16 + (lane % 8) + (lane / 16) * 8, ks * 2 + (lane / 8) % 2));
+        mma_bf16(quad(s, 2 * np), qf[ks], bk[0], bk[1]);
+        mma_bf16(quad(s, 2 * np + 1), qf[ks], bk[2], bk[3]);
+      }
+    }
+    uint32_t pf[kTileN / 16][4];
+    softmax_tile(s, kt * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, acc, pf, t);
+
+    // O[16 rows, 128] += P[16, 64] · V[64, 128].
+#pragma unroll
+    for (int kk = 0; kk < kTileN / 16; ++kk) {
+      const int v_row = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int np = 0; np < kMlaPrefillVDim / 16; ++np) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, sv + swz<kVChunks>(v_row, np * 2 + lane / 16));
+        mma_bf16(quad(acc, 2 * np), pf[kk], bv[0], bv[1]);
+        mma_bf16(quad(acc, 2 * np + 1), pf[kk], bv[2], bv[3]);
+      }
+    }
+  }
+  cp_async_wait_all();  // nothing outstanding at exit (the last commit was an empty group)
+  write_rows(p, c, h, acc, m_row, l_row, row_pos, t);
+}
+
+// The wgmma kernel (sm_90a): the same CTA, tiles and softmax, with S = Q · Kᵀ as 12 wgmma m64n64k16 reading Q and
+// K from shared memory, and O += P · V as 4 wgmma m64n128k16 with P from registers and V from shared memory
+// (N-major: V's rows as stored). Shared memory: Q in three 64-dim atoms [64][128 B], each K buffer likewise, each V
+// buffer in two 64-column atoms [64 keys][128 B], all 128-byte swizzled and 1,024-byte aligned.
+__global__ void __launch_bounds__(kThreads, 2) mla_prefill_wgmma_kernel(const MlaPrefillParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint8_t* s_q = smem;
+  uint8_t* s_k = s_q + kQTileBytes;                 // two K buffers
+  uint8_t* s_v = s_k + 2 * kKTileBytes;             // two V buffers
+
+  TileContext c;
+  if (!tile_context(p, c)) return;
+  const int h = static_cast<int>(blockIdx.y);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  load_q<true>(s_q, p, c, h, tid);
+  if (c.num_key_tiles > 0) load_kv<true>(s_k, s_v, p, c, h, 0, tid);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  float acc[kMlaPrefillVDim / 2];
+#pragma unroll
+  for (int i = 0; i < kMlaPrefillVDim / 2; ++i) acc[i] = 0.0f;
+  float m_row[2] = {-INFINITY, -INFINITY};
+  float l_row[2] = {0.0f, 0.0f};
+  const int row_pos[2] = {c.q0 + warp * 16 + g, c.q0 + warp * 16 + g + 8};
+  const int row_key[2] = {c.q_pos0 + row_pos[0], c.q_pos0 + row_pos[1]};
+  const int first_row_key = c.q_pos0 + c.q0;
+  const uint32_t q_addr = smem_addr(s_q);
+
+  const int last_tile = c.num_key_tiles - 1;
+  for (int kt = 0; kt <= last_tile; ++kt) {
+    const int buffer = kt & 1;
+    cp_async_wait_all();
+    fence_async_shared();  // this thread's copies visible to wgmma (the async proxy)
+    __syncthreads();       // tile kt (and Q) landed for all; every wgmma of tile kt - 1 finished (waited below)
+    if (kt + 1 <= last_tile) load_kv<true>(s_k + (buffer ^ 1) * kKTileBytes, s_v + (buffer ^ 1) * kVTileBytes, p, c, h,
+                                           kt + 1, tid);
+    cp_async_commit();
+    const uint32_t k_addr = smem_addr(s_k + buffer * kKTileBytes), v_addr = smem_addr(s_v + buffer * kVTileBytes);
+
+    float s[kTileN / 2];
+#pragma unroll
+    for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
+      const uint32_t atom = static_cast<uint32_t>(ks / 4) * 8192u, step = static_cast<uint32_t>(ks % 4) * 32u;
+      wgmma_m64n64k16_bf16(s, wgmma_descriptor(q_addr + atom + step), wgmma_descriptor(k_addr + atom + step));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);
+
+    uint32_t pf[kTileN / 16][4];
+    softmax_tile(s, kt * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, acc, pf, t);
+
+    wgmma_fence();  // acc was rescaled by ordinary instructions
+#pragma unroll
+    for (int kk = 0; kk < kTileN / 16; ++kk)  // keys 16kk..16kk+15: two 8-row groups of V's atoms
+      wgmma_m64n128k16_bf16_rs_tn(acc, pf[kk], wgmma_descriptor_mn(v_addr + kk * 2048u, kTileN * 128u));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+  }
+  cp_async_wait_all();
+  write_rows(p, c, h, acc, m_row, l_row, row_pos, t);
 }
 
 // Reference: one CTA of 128 threads per (token, head) -- blockIdx.x = packed token, blockIdx.y = head; the
@@ -361,18 +495,21 @@ cudaError_t run_mla_prefill(const MlaPrefillParams& params) {
   const MlaPrefillParams p = mla_prefill_contiguous(params);
   if (!params_valid(p, true)) return cudaErrorInvalidValue;
   if (p.max_seqlen == 0) return cudaSuccess;
+  const bool wgmma = p.kernel != MlaPrefillKernel::kMma;
+  const int smem = wgmma ? kWgmmaSmemBytes : kSmemBytes;
+  void (*kernel)(MlaPrefillParams) = wgmma ? mla_prefill_wgmma_kernel : mla_prefill_fast_kernel;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   int smem_optin = 0;
   err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
-  if (kSmemBytes > smem_optin) return cudaErrorInvalidConfiguration;
-  err = cudaFuncSetAttribute(mla_prefill_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (smem > smem_optin) return cudaErrorInvalidConfiguration;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.max_seqlen + kTileM - 1) / kTileM), static_cast<unsigned>(p.num_heads),
                   static_cast<unsigned>(p.num_seqs));
-  mla_prefill_fast_kernel<<<grid, kThreads, kSmemBytes, p.stream>>>(p);
+  kernel<<<grid, kThreads, smem, p.stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -58,6 +58,8 @@ void poison(uint16_t* p, size_t n) {  // every element NaN (0x7fc0 -> bytes c0 7
 }
 
 bool g_all_ok = true;
+// The fast kernel every check and bench launches (main runs them all for each).
+k::MlaPrefillKernel g_kernel = k::MlaPrefillKernel::kWgmma;
 double g_gemm_tflops = 0.0;
 struct Summary {
   std::string name;
@@ -118,6 +120,7 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   poison(out.ptr, out.count);
   poison(out_ref.ptr, out_ref.count);
   k::MlaPrefillParams p;
+  p.kernel = g_kernel;
   p.num_seqs = B;
   p.num_heads = H;
   p.max_seqlen = max_len;
@@ -233,6 +236,7 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
   poison(out_chunked.ptr, out_chunked.count);
   auto params = [&](const uint16_t* kvb_ptr, const uint16_t* lat_ptr, const int32_t* cu_keys) {
     k::MlaPrefillParams p;
+  p.kernel = g_kernel;
     p.num_seqs = B;
     p.num_heads = H;
     p.max_seqlen = max_q;
@@ -254,6 +258,7 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
     return p;
   };
   k::MlaPrefillParams whole = params(kvb.ptr, lat.ptr, d_cu_k.ptr);
+  whole.kernel = g_kernel;
   whole.out = out.ptr;
   CUDA_TRY(k::run_mla_prefill(whole));
   whole.out = out_ref.ptr;
@@ -280,6 +285,7 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
     if (!lat_c.empty()) d_lat_c.upload(lat_c);
     d_cu_c.upload(cu_c);
     k::MlaPrefillParams p = params(d_kvb_c.ptr, d_lat_c.ptr, d_cu_c.ptr);
+    p.kernel = g_kernel;
     p.key_position = c * chunk;
     p.out = out_chunked.ptr;
     p.o_acc = acc.ptr;
@@ -371,6 +377,7 @@ void bench_case(const char* name, int H, int batch, int len, int reps) {
   poison(out.ptr, out.count);
   const float scale = 0.3f;
   k::MlaPrefillParams p;
+  p.kernel = g_kernel;
   p.num_seqs = batch;
   p.num_heads = H;
   p.max_seqlen = len;
@@ -430,6 +437,7 @@ void bench_context_case(const char* name, int H, int rows, int context, int reps
   fill_random(kvb.ptr, kvb.count, 12, 1.0f);
   fill_random(lat.ptr, lat.count, 13, 1.0f);
   k::MlaPrefillParams p;
+  p.kernel = g_kernel;
   p.num_seqs = 1;
   p.num_heads = H;
   p.max_seqlen = rows;
@@ -511,61 +519,68 @@ int main(int argc, char** argv) {
       {"ctx_h128_chunks320", 128, {{130, 700}, {3, 1200}, {64, 64}}, 320},
       {"ctx_h16_from_zero", 16, {{300, 300}, {1, 1}}, 128},  // no cached prefix, chunked keys
   };
-  for (const ContextCase& c : context_checks) {
-    try {
-      check_context_case(c.name, c.heads, c.groups, c.chunk, v3_scale, 4321u + static_cast<uint32_t>(c.chunk));
-    } catch (const std::exception& ex) {
-      std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", c.name, ex.what());
-      g_all_ok = false;
-      if (cudaDeviceSynchronize() != cudaSuccess) break;
-    }
-  }
-  int ci = 0;
-  for (const CheckCase& c : checks) {
-    if (quick && ci++ >= 2) break;
-    try {
-      check_case(c.name, c.heads, c.lens, c.scale, 1234u + 17u * static_cast<uint32_t>(ci) + c.heads);
-    } catch (const std::exception& ex) {
-      std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", c.name, ex.what());
-      g_all_ok = false;
-      if (cudaDeviceSynchronize() != cudaSuccess) break;
-    }
-  }
-  if (!quick) {
-    try {
-      measure_ceiling();
-    } catch (const std::exception& ex) {
-      std::printf("{\"kind\":\"ceiling\",\"error\":\"%s\"}\n", ex.what());
-    }
-    struct BenchCase {
-      const char* name;
-      int batch, len, reps;
-    };
-    const BenchCase benches[] = {
-        {"h128 1x4096", 1, 4096, 20}, {"h128 1x32768", 1, 32768, 5}, {"h128 8x4096", 8, 4096, 10}};
-    struct ContextBench {
-      const char* name;
-      int heads, rows, context, reps;
-    };
-    const ContextBench context_benches[] = {{"ctx h16 512 after 3584", 16, 512, 4096, 20},
-                                            {"ctx h128 512 after 3584", 128, 512, 4096, 20},
-                                            {"ctx h128 3080 after 73920", 128, 3080, 77000, 3}};
-    for (const ContextBench& bc : context_benches) {
+  // Every check and bench for each fast kernel: the wgmma one (the default), then mma.sync (names end in " mma").
+  for (const k::MlaPrefillKernel kernel : {k::MlaPrefillKernel::kWgmma, k::MlaPrefillKernel::kMma}) {
+    g_kernel = kernel;
+    const std::string suffix = kernel == k::MlaPrefillKernel::kMma ? " mma" : "";
+    auto named = [&](const char* name) { return std::string(name) + suffix; };
+    for (const ContextCase& c : context_checks) {
       try {
-        bench_context_case(bc.name, bc.heads, bc.rows, bc.context, bc.reps);
+        check_context_case(named(c.name).c_str(), c.heads, c.groups, c.chunk, v3_scale,
+                           4321u + static_cast<uint32_t>(c.chunk));
       } catch (const std::exception& ex) {
-        std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", bc.name, ex.what());
+        std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", c.name, ex.what());
         g_all_ok = false;
         if (cudaDeviceSynchronize() != cudaSuccess) break;
       }
     }
-    for (const BenchCase& bc : benches) {
+    int ci = 0;
+    for (const CheckCase& c : checks) {
+      if (quick && ci++ >= 2) break;
       try {
-        bench_case(bc.name, 128, bc.batch, bc.len, bc.reps);
+        check_case(named(c.name).c_str(), c.heads, c.lens, c.scale, 1234u + 17u * static_cast<uint32_t>(ci) + c.heads);
       } catch (const std::exception& ex) {
-        std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", bc.name, ex.what());
+        std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", c.name, ex.what());
         g_all_ok = false;
         if (cudaDeviceSynchronize() != cudaSuccess) break;
+      }
+    }
+    if (!quick) {
+      try {
+        if (kernel == k::MlaPrefillKernel::kWgmma) measure_ceiling();
+      } catch (const std::exception& ex) {
+        std::printf("{\"kind\":\"ceiling\",\"error\":\"%s\"}\n", ex.what());
+      }
+      struct BenchCase {
+        const char* name;
+        int batch, len, reps;
+      };
+      const BenchCase benches[] = {
+          {"h128 1x4096", 1, 4096, 20}, {"h128 1x32768", 1, 32768, 5}, {"h128 8x4096", 8, 4096, 10}};
+      struct ContextBench {
+        const char* name;
+        int heads, rows, context, reps;
+      };
+      const ContextBench context_benches[] = {{"ctx h16 512 after 3584", 16, 512, 4096, 20},
+                                              {"ctx h128 512 after 3584", 128, 512, 4096, 20},
+                                              {"ctx h128 3080 after 73920", 128, 3080, 77000, 3}};
+      for (const ContextBench& bc : context_benches) {
+        try {
+          bench_context_case(named(bc.name).c_str(), bc.heads, bc.rows, bc.context, bc.reps);
+        } catch (const std::exception& ex) {
+          std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", bc.name, ex.what());
+          g_all_ok = false;
+          if (cudaDeviceSynchronize() != cudaSuccess) break;
+        }
+      }
+      for (const BenchCase& bc : benches) {
+        try {
+          bench_case(named(bc.name).c_str(), 128, bc.batch, bc.len, bc.reps);
+        } catch (const std::exception& ex) {
+          std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", bc.name, ex.what());
+          g_all_ok = false;
+          if (cudaDeviceSynchronize() != cudaSuccess) break;
+        }
       }
     }
   }

@@ -241,6 +241,7 @@ void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tens
   const auto* kvb_data = reinterpret_cast<const uint16_t*>(base + o_kvb);
   p.k_nope = kvb_data;
   p.v = kvb_data + nope;
+  p.kernel = mla_prefill_mma_ ? kc::MlaPrefillKernel::kMma : kc::MlaPrefillKernel::kWgmma;
 
   if (step_.rows_start_at_zero) {  // the keys are the step's own rows
     Tensor latent = kv;

@@ -290,6 +290,8 @@ class CudaBackend final : public Backend {
   // replaces the workspace-derived keys per context chunk when > 0. Measurements and checks.
   enum class MlaForm { kAuto, kAbsorbed, kExpanded };
   MlaForm mla_form_ = MlaForm::kAuto;
+  // The expanded form's attention kernel (DEEPINFER_MLA_PREFILL=wgmma|mma; measurements).
+  bool mla_prefill_mma_ = false;
   int64_t mla_context_chunk_ = 0;
   // FP8 dense projections at a few rows (cuda_gemm.cpp): the streaming kernel of moe_grouped.h (one matrix, weights
   // read once per 8 rows) up to kStreamingLinearMaxRows rows, cuBLASLt beyond; DEEPINFER_SMALL_LINEAR=cublas keeps

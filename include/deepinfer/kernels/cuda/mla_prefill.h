@@ -34,6 +34,10 @@ inline constexpr int kMlaPrefillVDim = 128;    // v_head_dim (V2/V3)
 // merge unchanged (the first chunk must hold key position 0, which every query sees).
 enum class MlaPrefillMerge { kNone, kFirst, kMiddle, kLast };
 
+// Which fast kernel run_mla_prefill launches: kWgmma (Hopper's warpgroup MMA; the default) or kMma (mma.sync, the
+// earlier kernel, kept for comparison). Both compute the same thing with the same tiles and softmax.
+enum class MlaPrefillKernel { kWgmma, kMma };
+
 // All pointers are device pointers owned by the caller; bf16 values are passed as their bit patterns (uint16_t).
 // T = cu_seqlens[num_seqs] packed query rows, Tk = cu_seqlens_k[num_seqs] packed keys. Nothing is allocated by the
 // launchers. Element offsets: k_nope[t * k_token_stride + h * k_head_stride + d], likewise k_rope and v.
@@ -58,6 +62,7 @@ struct MlaPrefillParams {
   MlaPrefillMerge merge = MlaPrefillMerge::kNone;
   float* o_acc = nullptr;            // f32 [T, H, 128] (merges other than kNone)
   float* lse_acc = nullptr;          // f32 [T, H], log2 domain (merges other than kNone)
+  MlaPrefillKernel kernel = MlaPrefillKernel::kWgmma;
   cudaStream_t stream = nullptr;
 };
 
@@ -75,10 +80,11 @@ inline MlaPrefillParams mla_prefill_contiguous(MlaPrefillParams p) {
   return p;
 }
 
-// The fast kernel, FlashAttention-2 style: one CTA of 4 warps per (64-query tile, head, sequence), heaviest
-// tiles first; each warp owns 16 query rows (Q fragments in registers); loop over 64-key tiles up to the
-// diagonal; K/V tiles double-buffered by cp.async into XOR-swizzled shared memory; S = Q·Kᵀ and O += P·V by
-// mma.sync m16n8k16 bf16 with f32 accumulation, P kept in registers; online softmax in f32 (exp2).
+// The fast kernels, FlashAttention-2 style: one CTA of 4 warps (one warpgroup) per (64-query tile, head, sequence),
+// heaviest tiles first; each warp owns 16 query rows; loop over 64-key tiles up to the diagonal; K/V tiles
+// double-buffered by cp.async into swizzled shared memory; online softmax in f32 (exp2), P kept in registers.
+// kWgmma: S = Q·Kᵀ by wgmma m64n64k16 from shared memory, O += P·V by wgmma m64n128k16 with P from registers;
+// kMma: both by mma.sync m16n8k16 with Q fragments in registers. bf16 inputs, f32 accumulation.
 // Returns cudaErrorInvalidValue on bad parameters, else the launch's error. Asynchronous on params.stream.
 cudaError_t run_mla_prefill(const MlaPrefillParams& params);
 
