@@ -36,7 +36,6 @@ constexpr int kQTileBytes = kTileM * kQkChunks * 16;   // 24,576
 constexpr int kKTileBytes = kTileN * kQkChunks * 16;   // 24,576
 constexpr int kVTileBytes = kTileN * kVChunks * 16;    // 16,384
 constexpr int kSmemBytes = kQTileBytes + 2 * (kKTileBytes + kVTileBytes);  // 106,496
-constexpr int kWgmmaSmemBytes = kSmemBytes + 1024;  // + alignment of the tiles to 1,024 bytes
 // The load loops run a fixed number of rounds of kThreads 16-byte chunks (no remainder handling).
 static_assert(kTileM * kQkChunks % kThreads == 0 && kTileN * 16 % kThreads == 0 && kTileN * 8 % kThreads == 0);
 constexpr float kLog2e = 1.4426950408889634f;
@@ -54,7 +53,8 @@ struct TileContext {
   int num_key_tiles = 0;            // key tiles visible to some row of the tile
 };
 
-// False when the CTA has no rows (past the sequence's tiles). Heaviest (last) tiles first.
+// False when the CTA has no rows (past the sequence's tiles). Heaviest (last) tiles first. kRows query rows per CTA.
+template <int kRows = kTileM>
 __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileContext& c) {
   const int b = static_cast<int>(blockIdx.z);
   c.seq_begin = p.cu_seqlens[b];
@@ -62,12 +62,12 @@ __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileCont
   c.key_begin = p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b] : c.seq_begin;
   c.key_len = p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b + 1] - c.key_begin : c.len;
   c.q_pos0 = (p.q_positions != nullptr ? p.q_positions[b] : 0) - p.key_position;
-  const int num_tiles = (c.len + kTileM - 1) / kTileM;
+  const int num_tiles = (c.len + kRows - 1) / kRows;
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   if (tile >= num_tiles) return false;
-  c.q0 = tile * kTileM;
+  c.q0 = tile * kRows;
   // Keys visible to some row of the tile: positions up to its last row's (relative to the first key).
-  const int last_row_pos = c.q_pos0 + min(c.q0 + kTileM, c.len) - 1;
+  const int last_row_pos = c.q_pos0 + min(c.q0 + kRows, c.len) - 1;
   const int visible = min(c.key_len, last_row_pos + 1);
   c.num_key_tiles = visible > 0 ? (visible + kTileN - 1) / kTileN : 0;
   return true;
@@ -203,24 +203,24 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
   }
 }
 
-template <bool kWgmma>
+template <bool kWgmma, int kRows = kTileM, int kCtaThreads = kThreads>
 __device__ __forceinline__ void load_q(uint8_t* s_q, const MlaPrefillParams& p, const TileContext& c, int h, int tid) {
   const size_t H = static_cast<size_t>(p.num_heads);
   constexpr size_t kQkRowBytes = kMlaPrefillQkDim * 2;
   const uint8_t* q_base = reinterpret_cast<const uint8_t*>(p.q);
 #pragma unroll
-  for (int i = 0; i < kTileM * kQkChunks / kThreads; ++i) {
-    const int ci = tid + i * kThreads;
+  for (int i = 0; i < kRows * kQkChunks / kCtaThreads; ++i) {
+    const int ci = tid + i * kCtaThreads;
     const int row = ci / kQkChunks;
     const int chunk = ci - row * kQkChunks;
     const bool valid = c.q0 + row < c.len;
     const size_t token = static_cast<size_t>(c.seq_begin) + (valid ? c.q0 + row : 0);
-    cp_async_16(s_q + tile_offset<kWgmma, kQkChunks, kTileM>(row, chunk),
+    cp_async_16(s_q + tile_offset<kWgmma, kQkChunks, kRows>(row, chunk),
                 q_base + (token * H + h) * kQkRowBytes + chunk * 16, valid);
   }
 }
 
-template <bool kWgmma>
+template <bool kWgmma, int kCtaThreads = kThreads>
 __device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefillParams& p, const TileContext& c,
                                         int h, int key_tile, int tid) {
   constexpr int kNopeChunks = (kMlaPrefillQkDim - 64) * 2 / 16;  // 16 of the 24 chunks of a key row
@@ -230,8 +230,8 @@ __device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefi
   const int k0 = key_tile * kTileN;
   // Each key row: 16 chunks of k_nope, then 8 of the roped key (separate loops: no divergent select).
 #pragma unroll
-  for (int i = 0; i < kTileN * kNopeChunks / kThreads; ++i) {
-    const int ci = tid + i * kThreads;
+  for (int i = 0; i < kTileN * kNopeChunks / kCtaThreads; ++i) {
+    const int ci = tid + i * kCtaThreads;
     const int row = ci / kNopeChunks;
     const int chunk = ci % kNopeChunks;
     const bool valid = k0 + row < c.key_len;
@@ -240,8 +240,8 @@ __device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefi
                 valid);
   }
 #pragma unroll
-  for (int i = 0; i < kTileN * (kQkChunks - kNopeChunks) / kThreads; ++i) {
-    const int ci = tid + i * kThreads;
+  for (int i = 0; i < kTileN * (kQkChunks - kNopeChunks) / kCtaThreads; ++i) {
+    const int ci = tid + i * kCtaThreads;
     const int row = ci / (kQkChunks - kNopeChunks);
     const int chunk = ci % (kQkChunks - kNopeChunks);
     const bool valid = k0 + row < c.key_len;
@@ -250,8 +250,8 @@ __device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefi
                 k_rope + token * p.k_rope_token_stride + chunk * 8, valid);
   }
 #pragma unroll
-  for (int i = 0; i < kTileN * kVChunks / kThreads; ++i) {
-    const int ci = tid + i * kThreads;
+  for (int i = 0; i < kTileN * kVChunks / kCtaThreads; ++i) {
+    const int ci = tid + i * kCtaThreads;
     const int row = ci / kVChunks;
     const int chunk = ci - row * kVChunks;
     const bool valid = k0 + row < c.key_len;
@@ -347,28 +347,40 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_fast_kernel(const Mla
   write_rows(p, c, h, acc, m_row, l_row, row_pos, t);
 }
 
-// The wgmma kernel (sm_90a): the same CTA, tiles and softmax, with S = Q · Kᵀ as 12 wgmma m64n64k16 reading Q and
-// K from shared memory, and O += P · V as 4 wgmma m64n128k16 with P from registers and V from shared memory
-// (N-major: V's rows as stored). Shared memory: Q in three 64-dim atoms [64][128 B], each K buffer likewise, each V
-// buffer in two 64-column atoms [64 keys][128 B], all 128-byte swizzled and 1,024-byte aligned.
-__global__ void __launch_bounds__(kThreads, 2) mla_prefill_wgmma_kernel(const MlaPrefillParams p) {
+// The wgmma kernel (sm_90a): the same tiles and softmax, with S = Q · Kᵀ as 12 wgmma m64n64k16 reading Q and K
+// from shared memory, and O += P · V as 4 wgmma m64n128k16 with P from registers and V from shared memory (N-major:
+// V's rows as stored). kRows = 64: one warpgroup per CTA, as the mma.sync kernel; kRows = 128: two warpgroups
+// sharing each K/V tile (half the shared-memory fill per FLOP), for grids large enough to fill the GPU. Shared
+// memory: Q in three 64-dim atoms [kRows][128 B], each K buffer in three [64][128 B], each V buffer in two 64-column
+// atoms [64 keys][128 B], all 128-byte swizzled and 1,024-byte aligned.
+template <int kRows>
+struct WgmmaTile {
+  static constexpr int kCtaThreads = kRows * 2;  // a warpgroup (128 threads) per 64 rows
+  static constexpr int kQBytes = kRows * kQkChunks * 16;
+  static constexpr int kSmemBytes = kQBytes + 2 * (kKTileBytes + kVTileBytes) + 1024;  // + alignment
+};
+
+template <int kRows>
+__global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wgmma_kernel(const MlaPrefillParams p) {
+  using W = WgmmaTile<kRows>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint8_t* s_q = smem;
-  uint8_t* s_k = s_q + kQTileBytes;                 // two K buffers
+  uint8_t* s_k = s_q + W::kQBytes;                  // two K buffers
   uint8_t* s_v = s_k + 2 * kKTileBytes;             // two V buffers
 
   TileContext c;
-  if (!tile_context(p, c)) return;
+  if (!tile_context<kRows>(p, c)) return;
   const int h = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
+  const int warp = tid / 32;  // rows 16 warp .. + 15 of the tile
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
+  const uint32_t warpgroup_rows = static_cast<uint32_t>(tid / 128) * 64 * 128;  // its 64 rows inside a Q atom
 
-  load_q<true>(s_q, p, c, h, tid);
-  if (c.num_key_tiles > 0) load_kv<true>(s_k, s_v, p, c, h, 0, tid);
+  load_q<true, kRows, W::kCtaThreads>(s_q, p, c, h, tid);
+  if (c.num_key_tiles > 0) load_kv<true, W::kCtaThreads>(s_k, s_v, p, c, h, 0, tid);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -379,17 +391,19 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_wgmma_kernel(const Ml
   float l_row[2] = {0.0f, 0.0f};
   const int row_pos[2] = {c.q0 + warp * 16 + g, c.q0 + warp * 16 + g + 8};
   const int row_key[2] = {c.q_pos0 + row_pos[0], c.q_pos0 + row_pos[1]};
-  const int first_row_key = c.q_pos0 + c.q0;
-  const uint32_t q_addr = smem_addr(s_q);
+  const int first_row_key = c.q_pos0 + c.q0 + warp / 4 * 64;  // this warpgroup's first row
+  const uint32_t q_addr = smem_addr(s_q) + warpgroup_rows;
 
+  // Every warpgroup runs all the CTA's key tiles (the barrier is shared); a tile past a row's last key is masked.
   const int last_tile = c.num_key_tiles - 1;
   for (int kt = 0; kt <= last_tile; ++kt) {
     const int buffer = kt & 1;
     cp_async_wait_all();
     fence_async_shared();  // this thread's copies visible to wgmma (the async proxy)
     __syncthreads();       // tile kt (and Q) landed for all; every wgmma of tile kt - 1 finished (waited below)
-    if (kt + 1 <= last_tile) load_kv<true>(s_k + (buffer ^ 1) * kKTileBytes, s_v + (buffer ^ 1) * kVTileBytes, p, c, h,
-                                           kt + 1, tid);
+    if (kt + 1 <= last_tile)
+      load_kv<true, W::kCtaThreads>(s_k + (buffer ^ 1) * kKTileBytes, s_v + (buffer ^ 1) * kVTileBytes, p, c, h,
+                                    kt + 1, tid);
     cp_async_commit();
     const uint32_t k_addr = smem_addr(s_k + buffer * kKTileBytes), v_addr = smem_addr(s_v + buffer * kVTileBytes);
 
@@ -399,8 +413,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_wgmma_kernel(const Ml
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
-      const uint32_t atom = static_cast<uint32_t>(ks / 4) * 8192u, step = static_cast<uint32_t>(ks % 4) * 32u;
-      wgmma_m64n64k16_bf16(s, wgmma_descriptor(q_addr + atom + step), wgmma_descriptor(k_addr + atom + step));
+      const uint32_t step = static_cast<uint32_t>(ks % 4) * 32u;
+      const uint32_t q_atom = static_cast<uint32_t>(ks / 4) * kRows * 128u, k_atom = (ks / 4) * kTileN * 128u;
+      wgmma_m64n64k16_bf16(s, wgmma_descriptor(q_addr + q_atom + step), wgmma_descriptor(k_addr + k_atom + step));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -489,27 +504,48 @@ bool params_valid(const MlaPrefillParams& p, bool fast) {
          (!fast || strides_ok);
 }
 
+// The kernel, its shared memory, rows per CTA and threads for `p` (kWgmma: 128 rows per CTA when the grid of such
+// CTAs fills the GPU twice over, else 64).
+struct PrefillLaunch {
+  void (*kernel)(MlaPrefillParams);
+  int smem, rows, threads;
+};
+PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
+  MlaPrefillKernel k = p.kernel;
+  if (k == MlaPrefillKernel::kWgmma) {
+    const int64_t ctas_at_128 = static_cast<int64_t>((p.max_seqlen + 127) / 128) * p.num_heads * p.num_seqs;
+    k = ctas_at_128 >= 2 * num_sms ? MlaPrefillKernel::kWgmma128 : MlaPrefillKernel::kWgmma64;
+  }
+  switch (k) {
+    case MlaPrefillKernel::kMma:
+      return {mla_prefill_fast_kernel, kSmemBytes, kTileM, kThreads};
+    case MlaPrefillKernel::kWgmma128:
+      return {mla_prefill_wgmma_kernel<128>, WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads};
+    default:
+      return {mla_prefill_wgmma_kernel<64>, WgmmaTile<64>::kSmemBytes, 64, WgmmaTile<64>::kCtaThreads};
+  }
+}
+
 }  // namespace
 
 cudaError_t run_mla_prefill(const MlaPrefillParams& params) {
   const MlaPrefillParams p = mla_prefill_contiguous(params);
   if (!params_valid(p, true)) return cudaErrorInvalidValue;
   if (p.max_seqlen == 0) return cudaSuccess;
-  const bool wgmma = p.kernel != MlaPrefillKernel::kMma;
-  const int smem = wgmma ? kWgmmaSmemBytes : kSmemBytes;
-  void (*kernel)(MlaPrefillParams) = wgmma ? mla_prefill_wgmma_kernel : mla_prefill_fast_kernel;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  int smem_optin = 0;
+  int smem_optin = 0, num_sms = 0;
   err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  if (smem > smem_optin) return cudaErrorInvalidConfiguration;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const PrefillLaunch l = prefill_launch(p, num_sms);
+  if (l.smem > smem_optin) return cudaErrorInvalidConfiguration;
+  err = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((p.max_seqlen + kTileM - 1) / kTileM), static_cast<unsigned>(p.num_heads),
+  const dim3 grid(static_cast<unsigned>((p.max_seqlen + l.rows - 1) / l.rows), static_cast<unsigned>(p.num_heads),
                   static_cast<unsigned>(p.num_seqs));
-  kernel<<<grid, kThreads, smem, p.stream>>>(p);
+  l.kernel<<<grid, l.threads, l.smem, p.stream>>>(p);
   return cudaGetLastError();
 }
 

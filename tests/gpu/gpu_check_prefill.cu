@@ -519,10 +519,15 @@ int main(int argc, char** argv) {
       {"ctx_h128_chunks320", 128, {{130, 700}, {3, 1200}, {64, 64}}, 320},
       {"ctx_h16_from_zero", 16, {{300, 300}, {1, 1}}, 128},  // no cached prefix, chunked keys
   };
-  // Every check and bench for each fast kernel: the wgmma one (the default), then mma.sync (names end in " mma").
-  for (const k::MlaPrefillKernel kernel : {k::MlaPrefillKernel::kWgmma, k::MlaPrefillKernel::kMma}) {
+  // Every check and bench for each fast kernel: the default (wgmma, rows per CTA by grid size), then wgmma with 64
+  // and with 128 rows per CTA forced, then mma.sync (names end in " w64", " w128", " mma").
+  for (const k::MlaPrefillKernel kernel : {k::MlaPrefillKernel::kWgmma, k::MlaPrefillKernel::kWgmma64,
+                                           k::MlaPrefillKernel::kWgmma128, k::MlaPrefillKernel::kMma}) {
     g_kernel = kernel;
-    const std::string suffix = kernel == k::MlaPrefillKernel::kMma ? " mma" : "";
+    const std::string suffix = kernel == k::MlaPrefillKernel::kMma        ? " mma"
+                               : kernel == k::MlaPrefillKernel::kWgmma64  ? " w64"
+                               : kernel == k::MlaPrefillKernel::kWgmma128 ? " w128"
+                                                                           : "";
     auto named = [&](const char* name) { return std::string(name) + suffix; };
     for (const ContextCase& c : context_checks) {
       try {

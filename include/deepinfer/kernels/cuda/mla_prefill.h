@@ -34,9 +34,10 @@ inline constexpr int kMlaPrefillVDim = 128;    // v_head_dim (V2/V3)
 // merge unchanged (the first chunk must hold key position 0, which every query sees).
 enum class MlaPrefillMerge { kNone, kFirst, kMiddle, kLast };
 
-// Which fast kernel run_mla_prefill launches: kWgmma (Hopper's warpgroup MMA; the default) or kMma (mma.sync, the
-// earlier kernel, kept for comparison). Both compute the same thing with the same tiles and softmax.
-enum class MlaPrefillKernel { kWgmma, kMma };
+// Which fast kernel run_mla_prefill launches: kWgmma (Hopper's warpgroup MMA; the default: 128 query rows per CTA
+// when such CTAs fill the device twice over, else 64), kWgmma64 / kWgmma128 (forced), or kMma (mma.sync, the
+// earlier kernel, kept for comparison). All compute the same thing with the same key tiles and softmax.
+enum class MlaPrefillKernel { kWgmma, kWgmma64, kWgmma128, kMma };
 
 // All pointers are device pointers owned by the caller; bf16 values are passed as their bit patterns (uint16_t).
 // T = cu_seqlens[num_seqs] packed query rows, Tk = cu_seqlens_k[num_seqs] packed keys. Nothing is allocated by the
@@ -80,7 +81,8 @@ inline MlaPrefillParams mla_prefill_contiguous(MlaPrefillParams p) {
   return p;
 }
 
-// The fast kernels, FlashAttention-2 style: one CTA of 4 warps (one warpgroup) per (64-query tile, head, sequence),
+// The fast kernels, FlashAttention-2 style: one CTA of 4 warps (one warpgroup) per (64-query tile, head, sequence)
+// (kWgmma128: 8 warps, two warpgroups, per 128-query tile),
 // heaviest tiles first; each warp owns 16 query rows; loop over 64-key tiles up to the diagonal; K/V tiles
 // double-buffered by cp.async into swizzled shared memory; online softmax in f32 (exp2), P kept in registers.
 // kWgmma: S = Q·Kᵀ by wgmma m64n64k16 from shared memory, O += P·V by wgmma m64n128k16 with P from registers;
