@@ -504,8 +504,10 @@ bool params_valid(const MlaPrefillParams& p, bool fast) {
          (!fast || strides_ok);
 }
 
-// The kernel, its shared memory, rows per CTA and threads for `p` (kWgmma: 128 rows per CTA when the grid of such
-// CTAs fills the GPU twice over, else 64).
+// The kernel, its shared memory, rows per CTA and threads for `p`. kWgmma picks the rows per CTA by waves: 64-row
+// CTAs run two per SM, 128-row ones one per SM at ~1.1x the SM's throughput (measured: 1 x 32,768 at H = 128, 133 vs
+// 118.5 ms; 8 x 4,096, 17.6 vs 16.1), so 128 rows win unless their last wave is mostly empty (V2-Lite's 3,080 rows
+// at H = 16: 400 CTAs = 3.03 waves at 128 rows against 784 = 2.97 at 64; 285 vs 230 ms at the model level).
 struct PrefillLaunch {
   void (*kernel)(MlaPrefillParams);
   int smem, rows, threads;
@@ -513,8 +515,12 @@ struct PrefillLaunch {
 PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
   MlaPrefillKernel k = p.kernel;
   if (k == MlaPrefillKernel::kWgmma) {
-    const int64_t ctas_at_128 = static_cast<int64_t>((p.max_seqlen + 127) / 128) * p.num_heads * p.num_seqs;
-    k = ctas_at_128 >= 2 * num_sms ? MlaPrefillKernel::kWgmma128 : MlaPrefillKernel::kWgmma64;
+    const int64_t sms = std::max(num_sms, 1), heads_seqs = static_cast<int64_t>(p.num_heads) * p.num_seqs;
+    const int64_t waves_64 = ((p.max_seqlen + 63) / 64 * heads_seqs + 2 * sms - 1) / (2 * sms);
+    const int64_t waves_128 = ((p.max_seqlen + 127) / 128 * heads_seqs + sms - 1) / sms;
+    // In units of a 64-row CTA's work: a wave of two 64-row CTAs per SM takes 2, one of 128-row CTAs 2 / 1.1.
+    k = 2.0 * static_cast<double>(waves_128) / 1.1 < 2.0 * static_cast<double>(waves_64) ? MlaPrefillKernel::kWgmma128
+                                                                                         : MlaPrefillKernel::kWgmma64;
   }
   switch (k) {
     case MlaPrefillKernel::kMma:

@@ -34,8 +34,8 @@ inline constexpr int kMlaPrefillVDim = 128;    // v_head_dim (V2/V3)
 // merge unchanged (the first chunk must hold key position 0, which every query sees).
 enum class MlaPrefillMerge { kNone, kFirst, kMiddle, kLast };
 
-// Which fast kernel run_mla_prefill launches: kWgmma (Hopper's warpgroup MMA; the default: 128 query rows per CTA
-// when such CTAs fill the device twice over, else 64), kWgmma64 / kWgmma128 (forced), or kMma (mma.sync, the
+// Which fast kernel run_mla_prefill launches: kWgmma (Hopper's warpgroup MMA; the default: 64 or 128 query rows per
+// CTA, whichever the grid's waves favour), kWgmma64 / kWgmma128 (forced), or kMma (mma.sync, the
 // earlier kernel, kept for comparison). All compute the same thing with the same key tiles and softmax.
 enum class MlaPrefillKernel { kWgmma, kWgmma64, kWgmma128, kMma };
 
