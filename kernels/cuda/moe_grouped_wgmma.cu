@@ -12,7 +12,10 @@
 //     rows, 128 bytes per row, 128-byte swizzled (wgmma.cuh), partial tiles and K past the end zero-filled.
 //   - One batch of wgmma in flight while the next is issued (wgmma_wait<1>); a stage is refilled two iterations
 //     after its MMAs were issued, when every warpgroup has waited for them and passed the barrier.
-//   - bf16 weights only (FP8 stays on the tiled kernel; see moe_grouped.h).
+//   - FP8 weights (128 columns per tile): the activations come quantized per 1 x 128 (run_act_quant: e4m3 values and
+//     a scale per row and K group), a stage is one 128-wide K group, four wgmma m64n128k32 e4m3 sum it in float, and
+//     the partial sums are added scaled by the row's and the weight block's scales (DeepGEMM's promotion per K
+//     group; the semantics of fp8_gemm in gemm.h).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -28,11 +31,11 @@ namespace {
 
 constexpr int kBM = 128;      // rows (token copies) per tile: two warpgroups of 64
 constexpr int kThreads = 256;
-constexpr int kBK = 64;       // K per stage: one 128-byte swizzled row
-constexpr int kRowBytes = kBK * 2;
+constexpr int kRowBytes = 128;  // bytes per row and stage: 64 bf16 or 128 e4m3 of K (one 128-byte swizzled row)
 
-template <int kBN>
+template <int kBN, bool kFp8 = false>
 struct Tile {
+  static constexpr int kBK = kFp8 ? 128 : 64;  // K per stage
   static constexpr int kStages = kBN == 256 ? 4 : 5;
   static constexpr int kXBytes = kBM * kRowBytes;  // 16 KB
   static constexpr int kWBytes = kBN * kRowBytes;  // 16 or 32 KB
@@ -56,38 +59,41 @@ struct Operands {
   int k = 0;
 };
 
-template <int kBN>
+template <int kBN, bool kFp8>
 __device__ __forceinline__ void load_stage(uint32_t stage, const Operands& o, int kt) {
-  constexpr int kChunks = kRowBytes / 16;
-  const int k0 = kt * kBK;
+  constexpr int kChunks = kRowBytes / 16, kElems = kFp8 ? 1 : 2;  // bytes per element
+  const int k0 = kt * Tile<kBN, kFp8>::kBK;
 #pragma unroll
   for (int i = 0; i < kBM * kChunks / kThreads; ++i) {
     const int idx = i * kThreads + static_cast<int>(threadIdx.x);
     const int r = idx / kChunks, c = idx % kChunks;
-    const int k = k0 + c * 8;  // k % 8 == 0: a chunk is wholly inside or outside K
+    const int k = k0 + c * 16 / kElems;  // a chunk is wholly inside or outside K (k % 8; FP8: k % 128)
     const bool ok = r < o.x_rows && k < o.k;
-    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * 2 : o.x;
+    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * kElems : o.x;
     cp_async_16(stage + swizzled(r, c), src, ok ? 16 : 0);
   }
 #pragma unroll
   for (int i = 0; i < kBN * kChunks / kThreads; ++i) {
     const int idx = i * kThreads + static_cast<int>(threadIdx.x);
     const int r = idx / kChunks, c = idx % kChunks;
-    const int k = k0 + c * 8;
+    const int k = k0 + c * 16 / kElems;
     const bool ok = r < o.w_rows && k < o.k;
-    const char* src = ok ? o.w + static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * 2 : o.w;
-    cp_async_16(stage + Tile<kBN>::kXBytes + swizzled(r, c), src, ok ? 16 : 0);
+    const char* src = ok ? o.w + static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * kElems : o.w;
+    cp_async_16(stage + Tile<kBN, kFp8>::kXBytes + swizzled(r, c), src, ok ? 16 : 0);
   }
 }
 
-template <int kBN>
+template <int kBN, bool kFp8>
 __device__ __forceinline__ void multiply_stage(float (&acc)[Tile<kBN>::kAccRegs], uint32_t stage, int warpgroup) {
   const uint32_t a = stage + static_cast<uint32_t>(warpgroup) * 64 * kRowBytes;  // this warpgroup's 64 rows
-  const uint32_t b = stage + Tile<kBN>::kXBytes;
+  const uint32_t b = stage + Tile<kBN, kFp8>::kXBytes;
 #pragma unroll
-  for (int s = 0; s < kBK / 16; ++s) {
+  for (int s = 0; s < 4; ++s) {  // k16 (bf16) or k32 (e4m3) steps: 32 bytes of each 128-byte row
     const uint64_t da = wgmma_descriptor(a + 32 * s), db = wgmma_descriptor(b + 32 * s);
-    if constexpr (kBN == 256) {
+    if constexpr (kFp8) {
+      static_assert(kBN == 128, "FP8 tiles are one 128-column scale block wide");
+      wgmma_m64n128k32_e4m3(acc, da, db);
+    } else if constexpr (kBN == 256) {
       wgmma_m64n256k16_bf16(acc, da, db);
     } else {
       wgmma_m64n128k16_bf16(acc, da, db);
@@ -95,9 +101,9 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[Tile<kBN>::kAccRegs]
   }
 }
 
-template <int kBN>
+template <int kBN, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const MoeGroupedGemmParams p) {
-  using T = Tile<kBN>;
+  using T = Tile<kBN, kFp8>;
   constexpr int kStages = T::kStages;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
@@ -111,11 +117,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int64_t n_block = static_cast<int64_t>(blockIdx.x) * kBN;
 
+  constexpr int kElems = kFp8 ? 1 : 2;  // bytes per element
   Operands o;
-  o.x = reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
+  o.x = kFp8 ? reinterpret_cast<const char*>(p.x_fp8) + static_cast<int64_t>(job.row_begin) * p.k
+             : reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
   o.x_rows = job.rows;
-  o.w_ld_bytes = p.w_ld * 2;
-  o.w = static_cast<const char*>(p.w) + p.w_matrix_stride * job.expert * 2 + n_block * o.w_ld_bytes;
+  o.w_ld_bytes = p.w_ld * kElems;
+  o.w = static_cast<const char*>(p.w) + p.w_matrix_stride * job.expert * kElems + n_block * o.w_ld_bytes;
   o.w_rows = static_cast<int>(min(static_cast<int64_t>(kBN), p.n - n_block));
   o.k = static_cast<int>(p.k);
 
@@ -125,10 +133,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
 
   // The ring: stage kt is loaded kStages - 2 iterations ahead, into the slot whose MMAs (kt - 2) every warpgroup
   // has waited for before the barrier of iteration kt.
-  const int k_tiles = (o.k + kBK - 1) / kBK;
+  // FP8: this thread's rows (16 warp + g, + 8 of its warpgroup's 64) for the activation scales; the weight block's
+  // scales along K.
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) / 32) % 4;
+  const int g = lane / 4, t = lane % 4;
+  const int my_rows[2] = {warpgroup * 64 + warp * 16 + g, warpgroup * 64 + warp * 16 + g + 8};
+  const float* w_scales = nullptr;
+  if constexpr (kFp8)
+    w_scales = p.w_scale + static_cast<int64_t>(job.expert) * p.w_scale_matrix_stride + n_block / 128 * p.w_scale_ld;
+
+  const int k_tiles = (o.k + T::kBK - 1) / T::kBK;
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
-    if (s < k_tiles) load_stage<kBN>(smem_base + s * T::kStageBytes, o, s);
+    if (s < k_tiles) load_stage<kBN, kFp8>(smem_base + s * T::kStageBytes, o, s);
     cp_async_commit();
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
@@ -136,13 +153,34 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
     fence_async_shared();          // ... and are visible to wgmma (the async proxy)
     __syncthreads();               // every thread's; and MMAs kt - 2 are done in both warpgroups
     const int next = kt + kStages - 2;
-    if (next < k_tiles) load_stage<kBN>(smem_base + (next % kStages) * T::kStageBytes, o, next);
+    if (next < k_tiles) load_stage<kBN, kFp8>(smem_base + (next % kStages) * T::kStageBytes, o, next);
     cp_async_commit();
-    wgmma_fence();
-    multiply_stage<kBN>(acc, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
-    wgmma_commit();
-    wgmma_wait<1>();  // MMAs kt - 1 done: their slot may be refilled after the next barrier
-    wgmma_fence_operands(acc);
+    if constexpr (kFp8) {
+      // This K group's sums, then acc += sums · row scale · block scale (the scales of rows past the tile: 0).
+      float part[T::kAccRegs];
+#pragma unroll
+      for (int i = 0; i < T::kAccRegs; ++i) part[i] = 0.0f;
+      wgmma_fence();
+      multiply_stage<kBN, true>(part, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
+      wgmma_commit();
+      const float w_scale = w_scales[kt];
+      float scale[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        scale[h] = my_rows[h] < job.rows ? p.x_scale[static_cast<int64_t>(kt) * p.rows + job.row_begin + my_rows[h]] *
+                                               w_scale
+                                         : 0.0f;
+      wgmma_wait<0>();
+      wgmma_fence_operands(part);
+#pragma unroll
+      for (int i = 0; i < T::kAccRegs; ++i) acc[i] = fmaf(part[i], scale[(i / 2) % 2], acc[i]);
+    } else {
+      wgmma_fence();
+      multiply_stage<kBN, false>(acc, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
+      wgmma_commit();
+      wgmma_wait<1>();  // MMAs kt - 1 done: their slot may be refilled after the next barrier
+      wgmma_fence_operands(acc);
+    }
   }
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
@@ -150,8 +188,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
 
   // Accumulator layout (wgmma.cuh): acc[4j], acc[4j + 1] at row 16w + g, columns 8j + 2t, +1; acc[4j + 2..3] at
   // row 16w + g + 8.
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) / 32) % 4;
-  const int g = lane / 4, t = lane % 4;
   __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
   const bool pairs = p.n % 2 == 0;  // then (n, n + 1) is 4-byte aligned
 #pragma unroll
@@ -173,13 +209,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
   }
 }
 
-template <int kBN>
+template <int kBN, bool kFp8>
 cudaError_t launch(const MoeGroupedGemmParams& p) {
   if (cudaError_t e = init_moe_grouped_gemm_wgmma(); e != cudaSuccess) return e;
   const int64_t row_tiles = (p.rows + kBM - 1) / kBM + std::min(p.num_experts, p.rows);
   if (row_tiles > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>(row_tiles));
-  moe_grouped_wgmma_kernel<kBN><<<grid, kThreads, Tile<kBN>::kSmemBytes, p.stream>>>(p);
+  moe_grouped_wgmma_kernel<kBN, kFp8><<<grid, kThreads, Tile<kBN, kFp8>::kSmemBytes, p.stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -187,28 +223,37 @@ cudaError_t launch(const MoeGroupedGemmParams& p) {
 
 cudaError_t init_moe_grouped_gemm_wgmma() {
   static const cudaError_t result = [] {
-    cudaError_t e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Tile<128>::kSmemBytes);
+    cudaError_t e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<128, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<128>::kSmemBytes);
     if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<256, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Tile<256>::kSmemBytes);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Tile<128, true>::kSmemBytes);
     return e;
   }();
   return result;
 }
 
 int moe_grouped_wgmma_tile_n(const MoeGroupedGemmParams& p) {
+  if (p.format == MoeWeightFormat::kFP8) return 128;
   if (p.wgmma_tile_n == 128 || p.wgmma_tile_n == 256) return p.wgmma_tile_n;
   return p.n >= 1024 ? 256 : 128;
 }
 
 cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& p) {
-  if (!moe_grouped_params_valid(p) || p.format != MoeWeightFormat::kBF16 || p.x_rows != nullptr ||
-      p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 || (p.wgmma_tile_n != 0 && p.wgmma_tile_n != 128 &&
-                                                             p.wgmma_tile_n != 256))
+  const bool fp8 = p.format == MoeWeightFormat::kFP8;
+  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 ||
+      (p.wgmma_tile_n != 0 && p.wgmma_tile_n != 128 && p.wgmma_tile_n != 256))
+    return cudaErrorInvalidValue;
+  // FP8: quantized activations, whole 128-wide K groups, 128-column tiles.
+  if (fp8 && (p.x_fp8 == nullptr || p.x_scale == nullptr || p.k % 128 != 0 || p.wgmma_tile_n == 256 ||
+              reinterpret_cast<uintptr_t>(p.x_fp8) % 16 != 0))
     return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  return moe_grouped_wgmma_tile_n(p) == 256 ? launch<256>(p) : launch<128>(p);
+  if (fp8) return launch<128, true>(p);
+  return moe_grouped_wgmma_tile_n(p) == 256 ? launch<256, false>(p) : launch<128, false>(p);
 }
 
 }  // namespace deepinfer::kernels::cuda

@@ -859,13 +859,15 @@ void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
   };
   const std::vector<float> want = run(p.cpu, true);
   for (const MoeBackend& g : gpus) {
-    // The per-expert FP8 path quantizes activations to e4m3 (act_quant); the kernels keep them bf16. Auto takes
-    // per-expert GEMMs for FP8 past 64 rows per expert; a forced wgmma path (bf16 only) takes them for FP8.
+    // FP8 activations are quantized to e4m3 per 1 x 128 (act_quant) on the per-expert path and on the wgmma kernel;
+    // the streaming and tiled kernels keep them bf16. Auto takes one of the former past 64 rows per expert.
     const std::string path = g.path;
-    const bool per_expert = path == "per-expert" || (path.rfind("wgmma", 0) == 0 && c.precision == Precision::kFP8);
+    const bool quantized =
+        c.precision == Precision::kFP8 &&
+        (path == "per-expert" || path.rfind("wgmma", 0) == 0 || (path == "auto" && c.T * c.top_k > 64 * c.E));
     const std::string label = std::string(c.label) + " [" + g.path + "]";
     expect_close(label.c_str(), run(*g.gpu, false), want,
-                 c.precision == Precision::kFP8 && per_expert ? 8e-2 : 3e-2);
+                 quantized ? 8e-2 : 3e-2);
   }
 }
 
@@ -1246,6 +1248,8 @@ int main(int argc, char** argv) {
        0, 0},
       {"moe bf16 prefill (P 6144 over 16 experts: 384 rows each, auto takes wgmma; N 1024, K 256 and 512)", bf16, 1024,
        256, 512, 16, 6, false, 0, 0},
+      {"moe fp8 prefill (P 1536 over 16 experts: 96 rows each, auto takes wgmma; K 384 and 256, N 512 and 384)", fp8,
+       256, 384, 256, 16, 6, true, 0, 0},
   };
   // The same cases on one more CUDA backend per forced expert GEMM path.
   std::vector<std::unique_ptr<Backend>> forced;

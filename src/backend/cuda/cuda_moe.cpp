@@ -13,6 +13,7 @@
 #include "cuda_backend.h"
 #include "deepinfer/kernels/cuda/backend_ops.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
+#include "deepinfer/kernels/cuda/gemm.h"
 #include "deepinfer/kernels/cuda/moe_grouped.h"
 
 namespace deepinfer::backend::cuda {
@@ -24,10 +25,10 @@ namespace kc = kernels::cuda;
 //   - up to kStreamingMaxRowsPerExpert: the streaming kernel (moe_grouped.h), each expert's weights read once per
 //     chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
 //   - up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
-//   - beyond, bf16 experts, up to kWgmmaMaxRowsPerExpert: the wgmma kernel (128-row tiles on Hopper's warpgroup
-//     MMA, one launch, no host sync);
-//   - beyond (FP8 experts past the tiled kernel's bound; bf16 past the wgmma kernel's): one cuBLAS GEMM per expert
-//     (after the offsets' host copy), whose large tiles (and TMA multicast) win once every expert has hundreds of rows.
+//   - beyond, up to kWgmmaMaxRowsPerExpert: the wgmma kernel (128-row tiles on Hopper's warpgroup MMA, one launch,
+//     no host sync; FP8 experts with the activations quantized per 1 x 128 first, as the per-expert path does);
+//   - beyond: one cuBLAS GEMM per expert (after the offsets' host copy), whose large tiles (and TMA multicast) win
+//     once every expert has hundreds of rows.
 // The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs").
 // V2-Lite bf16, one MoE layer, µs (2026-12-04): at 48 rows per expert tiled 411, wgmma 425, per-expert 1,199; at 96
 // tiled 701, wgmma 483; at 384 tiled 2,221, wgmma 1,321, per-expert 1,523; at 768 wgmma 2,441, per-expert 2,146.
@@ -132,6 +133,10 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const size_t o_act = l.add(static_cast<size_t>(P * I) * 2);
   const size_t o_expert_out = l.add(static_cast<size_t>(P * hidden) * 2);
   const size_t o_out = direct_out ? 0 : l.add(static_cast<size_t>(T * hidden) * 2);
+  // FP8 experts on the wgmma kernel: the permuted rows, then the SiLU output, quantized per 1 x 128 (one at a time).
+  const int64_t quant_cols = std::max(hidden, I);
+  const size_t o_quant = l.add(static_cast<size_t>(P * quant_cols));
+  const size_t o_quant_scale = l.add(static_cast<size_t>(P * (quant_cols / kc::kFp8GroupSize + 1)) * 4);
   char* base = reserve(moe_, l.bytes);
   if (base == nullptr) return;
   auto* ids = reinterpret_cast<int32_t*>(base + o_ids);
@@ -200,9 +205,12 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   enum class Path { kStreaming, kTiled, kWgmma, kPerExpert } path = Path::kPerExpert;
   const bool kernels_take = grouped_supports(*w.gate_up) && grouped_supports(*w.down);
   const bool tiled_fits = (P + 63) / 64 + std::min(E, P) <= 65535;  // the tiled kernel's grid.y
-  // The wgmma kernel: bf16 experts, and its grid.y (128-row tiles) within CUDA's limit.
-  const bool wgmma_takes = kernels_take && w.gate_up->precision == Precision::kBF16 &&
-                           w.down->precision == Precision::kBF16 && (P + 127) / 128 + std::min(E, P) <= 65535;
+  // The wgmma kernel: bf16 experts, or FP8 ones whose K (hidden, I) are whole 128-wide groups (the activations are
+  // quantized per 1 x 128); its grid.y (128-row tiles) within CUDA's limit.
+  const bool fp8 = w.gate_up->precision == Precision::kFP8;
+  const bool wgmma_takes = kernels_take && w.gate_up->precision == w.down->precision &&
+                           (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
+                           (P + 127) / 128 + std::min(E, P) <= 65535;
   int wgmma_tile_n = 0;  // automatic
   switch (moe_gemm_path_) {
     case MoeGemmPath::kAuto:
@@ -222,7 +230,10 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     case MoeGemmPath::kWgmma128:
     case MoeGemmPath::kWgmma256:
       if (wgmma_takes) path = Path::kWgmma;
-      wgmma_tile_n = moe_gemm_path_ == MoeGemmPath::kWgmma128 ? 128 : moe_gemm_path_ == MoeGemmPath::kWgmma256 ? 256 : 0;
+      if (!fp8)  // FP8 tiles are 128 columns wide
+        wgmma_tile_n = moe_gemm_path_ == MoeGemmPath::kWgmma128   ? 128
+                       : moe_gemm_path_ == MoeGemmPath::kWgmma256 ? 256
+                                                                  : 0;
       break;
     case MoeGemmPath::kPerExpert:
       break;
@@ -298,8 +309,24 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     const char* kernel = path == Path::kTiled ? "tiled" : path == Path::kWgmma ? "wgmma" : "grouped";
     // FP8 experts: the kernel multiplies the bf16 activations by the exactly widened FP8 weights (no act_quant),
     // so this path is more accurate than the cuBLASLt one, whose activations are quantized to e4m3 per 1x128.
+    // FP8 on the wgmma kernel: x quantized per 1 x 128 first (run_act_quant), as the per-expert cuBLASLt path does.
+    const bool quantized = path == Path::kWgmma && fp8;
+    auto quantize = [&](const Tensor& rows, kc::MoeGroupedGemmParams& params) {
+      if (!quantized) return;
+      kc::ActQuantParams q;
+      q.m = static_cast<int>(P);
+      q.k = static_cast<int>(rows.cols);
+      q.x = static_cast<const uint16_t*>(rows.data);
+      q.x_fp8 = reinterpret_cast<uint8_t*>(base + o_quant);
+      q.x_scale = reinterpret_cast<float*>(base + o_quant_scale);
+      q.stream = stream_;
+      check_cuda(kc::run_act_quant(q), "moe (FP8 act_quant for the wgmma kernel)");
+      params.x_fp8 = q.x_fp8;
+      params.x_scale = q.x_scale;
+    };
     kc::MoeGroupedGemmParams gp = grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_);
     gp.wgmma_tile_n = wgmma_tile_n;
+    quantize(permuted, gp);
     if (gather_in_kernel) {
       gp.x = static_cast<const uint16_t*>(x_rows.data);
       gp.x_rows = sorted;
@@ -309,6 +336,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     activate(gate_up, act);
     kc::MoeGroupedGemmParams dp = grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_);
     dp.wgmma_tile_n = wgmma_tile_n;
+    quantize(act, dp);
     check_cuda(run(dp), (std::string("moe (") + kernel + " down)").c_str());
   } else {
     // One GEMM per non-empty expert over its contiguous rows.

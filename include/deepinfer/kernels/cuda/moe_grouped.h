@@ -66,6 +66,10 @@ struct MoeGroupedGemmParams {
   int num_sms = 0;                    // the device's SMs, for choosing k_split (0: 132, an H100/H200)
   int k_split = 0;                    // 0: automatic; 1, 2 or 4: forced (checks, benchmarks)
   int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
+  // run_moe_grouped_gemm_wgmma with kFP8 weights: the activations quantized by run_act_quant (gemm.h) instead of x:
+  // e4m3 [rows, k] (16-byte aligned) and float32 scales [k / 128][rows] ("M-major"); x is not read.
+  const uint8_t* x_fp8 = nullptr;
+  const float* x_scale = nullptr;
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
@@ -87,11 +91,14 @@ cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& params);
 // Thread-safe; returns the first call's result.
 cudaError_t init_moe_grouped_gemm_tiled();
 
-// The same product (same contract) for hundreds to thousands of rows per expert, on Hopper's warpgroup MMA (wgmma):
+// The same product (same contract) for tens to hundreds of rows per expert, on Hopper's warpgroup MMA (wgmma):
 // tiles of 128 rows x 128 or 256 columns (wgmma_tile_n; automatic: 256 when n >= 1024), each expert's weights read
 // once per 128 of its rows, one launch, the tile map from the device offsets (no host synchronization, capturable
-// in a CUDA graph). bf16 weights only: kFP8 returns cudaErrorInvalidValue, as do x_rows, x_ld, y_ld, a null offsets
-// and ceil(rows / 128) + min(E, rows) > 65535. Shape of the work: grid (ceil(n / tile_n), ceil(rows / 128) +
+// in a CUDA graph). kFP8 weights take quantized activations (x_fp8, x_scale above; k % 128 == 0; 128-column tiles)
+// and compute fp8_gemm's formula of gemm.h per expert: y[r, n] = bf16(Σ_g x_scale[g][r] · w_scale[e][n/128][g] ·
+// Σ_{k in g} x_fp8[r, k] · W[e][n, k]) (e4m3 products on the tensor cores, the activations' rounding to e4m3 as
+// the per-expert cuBLASLt path). Returns cudaErrorInvalidValue for x_rows, x_ld, y_ld, a null offsets,
+// ceil(rows / 128) + min(E, rows) > 65535, and FP8 without x_fp8 / x_scale or with k % 128 != 0. Shape of the work: grid (ceil(n / tile_n), ceil(rows / 128) +
 // min(E, rows)), 256 threads (two warpgroups of 64 rows), 161 KB (128 columns) or 193 KB (256) of dynamic shared
 // memory; CTAs past the real tile count return at once.
 cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& params);
