@@ -1,9 +1,9 @@
 // Routed experts on the CUDA backend: float32 router logits, routing (run_moe_routing: the model's rule exactly),
 // permutation of the token copies by expert, the expert GEMMs over each expert's contiguous rows, SiLU·mul over all
-// rows at once, and the weighted combine added onto `out`. The expert GEMMs take one of three paths (see
-// kStreamingMaxRowsPerExpert below):
-//   - the streaming or the tiled kernel of moe_grouped.h, one launch per projection reading the expert offsets on
-//     the device, so the layer never waits for the host;
+// rows at once, and the weighted combine added onto `out`. The expert GEMMs take one of two kinds of path (see
+// "Which kernel runs the expert GEMMs" below):
+//   - the streaming, tiled or wgmma kernel of moe_grouped.h, one launch per projection reading the expert offsets
+//     on the device, so the layer never waits for the host;
 //   - one cuBLAS / cuBLASLt GEMM per non-empty expert, after copying the offsets to the host (a host
 //     synchronization, so a step that takes this path never runs as a CUDA graph).
 #include <algorithm>
@@ -22,22 +22,25 @@ namespace {
 namespace kc = kernels::cuda;
 
 // Which kernel runs the expert GEMMs, by token copies per expert on average (P / E):
-//   - up to kStreamingMaxRowsPerExpert: the streaming kernel (moe_grouped.h), each expert's weights read once per
-//     chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
-//   - up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles on the tensor cores, one launch, no host sync);
-//   - beyond, up to kWgmmaMaxRowsPerExpert: the wgmma kernel (128-row tiles on Hopper's warpgroup MMA, one launch,
-//     no host sync; FP8 experts with the activations quantized per 1 x 128 first, as the per-expert path does);
+//   - up to streaming_max_rows_per_expert(): the streaming kernel (moe_grouped.h), each expert's weights read once
+//     per chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
+//   - bf16 up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles, mma.sync, one launch, no host sync);
+//   - then up to kWgmmaMaxRowsPerExpert: the wgmma kernel (128-row tiles on Hopper's warpgroup MMA, one launch, no
+//     host sync); FP8 experts take it right after the streaming kernel, with the activations quantized per 1 x 128
+//     first, as the per-expert path does (FP8 shapes whose K is not whole 128-wide groups take the tiled kernel up
+//     to kTiledMaxRowsPerExpert instead);
 //   - beyond: one cuBLAS GEMM per expert (after the offsets' host copy), whose large tiles (and TMA multicast) win
 //     once every expert has hundreds of rows.
-// The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs").
-// V2-Lite bf16, one MoE layer, µs (2026-12-04): at 48 rows per expert tiled 411, wgmma 425, per-expert 1,199; at 96
-// tiled 701, wgmma 483; at 384 tiled 2,221, wgmma 1,321, per-expert 1,523; at 768 wgmma 2,441, per-expert 2,146.
-// V3 FP8 (2026-12-03): at 2 rows streaming 2882, tiled 7048; at 16 rows 8538 / 8295 / 12618; at 128 tiled 20898,
-// per-expert 16649.
-constexpr int64_t kStreamingMaxRowsPerExpert = 16;
-constexpr int64_t kRouterKernelMaxTokens = 64;  // run_moe_router_logits up to this many tokens, cuBLAS beyond
+// The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs" and "FP8
+// experts on the wgmma kernel"), one MoE layer, µs (2026-12-04):
+//   V2-Lite bf16: at 48 rows per expert tiled 411, wgmma 425, per-expert 1,199; at 96 tiled 701, wgmma 483; at 384
+//   tiled 2,221, wgmma 1,321, per-expert 1,523; at 768 wgmma 2,441, per-expert 2,146.
+//   V3 FP8: at 2 rows streaming 2,733, at 16 streaming 7,680, tiled 8,102, wgmma 5,655; at 64 tiled 12,325, wgmma
+//   6,611, per-expert 13,662; at 128 wgmma 9,759, per-expert 16,770; at 512 wgmma 30,398, per-expert 32,241.
+int64_t streaming_max_rows_per_expert(bool fp8) { return fp8 ? 8 : 16; }
 constexpr int64_t kTiledMaxRowsPerExpert = 64;
-constexpr int64_t kWgmmaMaxRowsPerExpert = 512;  // bf16; per-expert cuBLAS beyond
+constexpr int64_t kWgmmaMaxRowsPerExpert = 512;
+constexpr int64_t kRouterKernelMaxTokens = 64;  // run_moe_router_logits up to this many tokens, cuBLAS beyond
 
 // Whether the grouped kernel takes this expert stack: bf16 or FP8 weights (float32 ones, a test-only precision,
 // stay on cuBLAS), and input widths that split into 16-byte vectors (cols % 8 == 0; every DeepSeek shape does).
@@ -214,11 +217,12 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   int wgmma_tile_n = 0;  // automatic
   switch (moe_gemm_path_) {
     case MoeGemmPath::kAuto:
-      if (kernels_take && P <= kStreamingMaxRowsPerExpert * E) path = Path::kStreaming;
+      if (kernels_take && P <= streaming_max_rows_per_expert(fp8) * E)
+        path = Path::kStreaming;
+      else if (wgmma_takes && (fp8 || P > kTiledMaxRowsPerExpert * E) && P <= kWgmmaMaxRowsPerExpert * E)
+        path = Path::kWgmma;
       else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E)
         path = Path::kTiled;
-      else if (wgmma_takes && P <= kWgmmaMaxRowsPerExpert * E)
-        path = Path::kWgmma;
       break;
     case MoeGemmPath::kStreaming:
       if (kernels_take) path = Path::kStreaming;
