@@ -410,6 +410,9 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     float s[kTileN / 2];
 #pragma unroll
     for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+    // Two warpgroups: the second issues its S only once the first's is done, so that the first's softmax runs
+    // while the tensor cores do the second's S, and the second's softmax while they do the first's P·V.
+    if (kRows == 128 && tid >= 128) named_barrier(1, 256);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
@@ -420,6 +423,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
+    if (kRows == 128 && tid < 128) named_barrier_arrive(1, 256);
 
     uint32_t pf[kTileN / 16][4];
     softmax_tile(s, kt * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, acc, pf, t);
