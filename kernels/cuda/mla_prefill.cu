@@ -2,10 +2,11 @@
 // on sm_90a, the default; mma.sync) and a simple f32 reference kernel. Contracts in
 // include/deepinfer/kernels/cuda/mla_prefill.h.
 //
-// Fast kernels (the wgmma one differs only in the MMAs and the shared-memory layout; see above it): CTA =
-// (64-query tile, head, sequence), 128 threads (4 warps), heaviest tiles launched first.
+// Fast kernels (described here: the mma.sync one; the wgmma one differs in the MMAs, the shared-memory layout and
+// 64 or 128 query rows per CTA, see above it): CTA = (64-query tile, head, sequence), 128 threads (4 warps),
+// heaviest tiles launched first.
 //   - warp w owns query rows [16w, 16w+16) of the tile; its Q fragments (16 x 192 bf16, 48 registers) are loaded
-//     once by ldmatrix from shared memory;
+//     once by ldmatrix from shared memory (wgmma: Q stays in shared memory);
 //   - key tiles of 64 tokens, 0 .. the diagonal tile: K (64 x 192) and V (64 x 128) stream in by cp.async into the
 //     other of two buffers while the current one is computed; rows past the sequence are zero-filled;
 //   - S[16, 64] = Q · Kᵀ (K by ldmatrix, one x4 per two MMAs), scale, causal mask on the diagonal tile, online
@@ -515,13 +516,16 @@ struct PrefillLaunch {
 PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
   MlaPrefillKernel k = p.kernel;
   if (k == MlaPrefillKernel::kWgmma) {
-    const int64_t sms = std::max(num_sms, 1), heads_seqs = static_cast<int64_t>(p.num_heads) * p.num_seqs;
-    const int64_t waves_64 = ((p.max_seqlen + 63) / 64 * heads_seqs + 2 * sms - 1) / (2 * sms);
-    const int64_t waves_128 = ((p.max_seqlen + 127) / 128 * heads_seqs + sms - 1) / sms;
+    const int64_t sms = std::max(num_sms, 1), heads = p.num_heads;
+    const int64_t tiles_64 = p.tiles_64 > 0 ? p.tiles_64 : static_cast<int64_t>((p.max_seqlen + 63) / 64) * p.num_seqs;
+    const int64_t tiles_128 =
+        p.tiles_128 > 0 ? p.tiles_128 : static_cast<int64_t>((p.max_seqlen + 127) / 128) * p.num_seqs;
+    const int64_t waves_64 = (tiles_64 * heads + 2 * sms - 1) / (2 * sms);
+    const int64_t waves_128 = (tiles_128 * heads + sms - 1) / sms;
     // In units of a 64-row CTA's work: a wave of two 64-row CTAs per SM takes 2, one of 128-row CTAs 2 / 1.1.
     // And 128 rows only when their CTAs cover every SM (H = 16, 512 rows: 64 CTAs of 128 rows leave half the SMs
-    // idle; 131 against 88 µs with 64 rows).
-    const bool fills = (p.max_seqlen + 127) / 128 * heads_seqs >= sms;
+    // idle; 127-143 µs against 88 with 64 rows in two runs).
+    const bool fills = tiles_128 * heads >= sms;
     k = fills && 2.0 * static_cast<double>(waves_128) / 1.1 < 2.0 * static_cast<double>(waves_64)
             ? MlaPrefillKernel::kWgmma128
             : MlaPrefillKernel::kWgmma64;

@@ -42,11 +42,6 @@ struct Tile {
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
-// Byte offset of 16-byte chunk c of row r in a shared tile with `row_bytes` per row (swizzled).
-__device__ __forceinline__ uint32_t swizzle(int r, int c, int row_bytes) {
-  return static_cast<uint32_t>(r * row_bytes + ((c ^ (r & 7)) << 4));
-}
-
 template <bool kFp8>
 struct Operands {
   const char* x = nullptr;  // the tile's first x row (bytes)
@@ -70,7 +65,7 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const Operands<kFp8>&
     const int k = k0 + c * 8;  // k % 8 == 0: a chunk is wholly inside or outside K
     const bool ok = r < o.x_rows && k < o.k;
     const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * 2 : o.x;
-    cp_async_16(stage + swizzle(r, c, T::kXRowBytes), src, ok ? 16 : 0);
+    cp_async_16(stage + swizzle_chunk(r, c, T::kXRowBytes), src, ok ? 16 : 0);
   }
 #pragma unroll
   for (int i = 0; i < kBN * kWChunks / kThreads; ++i) {
@@ -89,7 +84,7 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const Operands<kFp8>&
         offset = static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * 2;
       }
     }
-    cp_async_16(stage + T::kXBytes + swizzle(r, c, kWRowBytes), bytes > 0 ? o.w + offset : o.w, bytes);
+    cp_async_16(stage + T::kXBytes + swizzle_chunk(r, c, kWRowBytes), bytes > 0 ? o.w + offset : o.w, bytes);
   }
 }
 
@@ -105,7 +100,7 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[2][4][4], uint32_t s
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) {
       const int r = warp_m * 32 + mi * 16 + (lane % 16);
-      ldmatrix_x4(a[mi], xs + swizzle(r, ks * 2 + lane / 16, T::kXRowBytes));
+      ldmatrix_x4(a[mi], xs + swizzle_chunk(r, ks * 2 + lane / 16, T::kXRowBytes));
     }
     uint32_t b[4][2];
     if constexpr (!kFp8) {
@@ -113,7 +108,7 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[2][4][4], uint32_t s
       for (int nj = 0; nj < 2; ++nj) {
         const int r = warp_n * 32 + nj * 16 + (lane % 8) + (lane / 16) * 8;
         uint32_t q[4];
-        ldmatrix_x4(q, ws + swizzle(r, ks * 2 + (lane / 8) % 2, kWRowBytes));
+        ldmatrix_x4(q, ws + swizzle_chunk(r, ks * 2 + (lane / 8) % 2, kWRowBytes));
         b[2 * nj][0] = q[0];
         b[2 * nj][1] = q[1];
         b[2 * nj + 1][0] = q[2];
@@ -127,7 +122,7 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[2][4][4], uint32_t s
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
         const int r = warp_n * 32 + ni * 8 + g;
-        const char* chunk = wp + swizzle(r, ks, kWRowBytes);
+        const char* chunk = wp + swizzle_chunk(r, ks, kWRowBytes);
         const uint32_t lo = *reinterpret_cast<const uint16_t*>(chunk + 2 * t);
         const uint32_t hi = *reinterpret_cast<const uint16_t*>(chunk + 2 * t + 8);
         b[ni][0] = e4m3x2_to_bf16x2(lo);
@@ -145,11 +140,8 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kernel(const MoeGroupedGemmParams p) {
   using T = Tile<kFp8>;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
-    __trap();  // some rows of y would be left unwritten
-  const MoeTile job = find_moe_tile<kBM, kThreads>(p.offsets, num_experts, static_cast<int>(blockIdx.y));
+  const MoeTile job = checked_moe_tile<kBM, kThreads>(p.offsets, num_experts, rows, static_cast<int>(blockIdx.y));
   if (job.expert < 0) return;  // past the real tile count (uniform over the CTA)
-  if (job.row_begin < 0 || job.row_begin + job.rows > rows) __trap();
 
   extern __shared__ __align__(128) char smem[];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -206,7 +198,6 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
   // D fragment of m16n8: c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g + 8.
   const int g = lane / 4, t = lane % 4;
   __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
-  const bool pairs = p.n % 2 == 0;  // then (n, n + 1) is 4-byte aligned
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -215,16 +206,9 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
       if (r >= job.rows) continue;
       __nv_bfloat16* row = y + static_cast<int64_t>(job.row_begin + r) * p.n;
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int64_t n = n_block + warp_n * 32 + ni * 8 + 2 * t;
-        const float v0 = acc[mi][ni][2 * half], v1 = acc[mi][ni][2 * half + 1];
-        if (pairs && n + 1 < p.n) {
-          *reinterpret_cast<__nv_bfloat162*>(row + n) = __floats2bfloat162_rn(v0, v1);
-        } else {
-          if (n < p.n) row[n] = __float2bfloat16(v0);
-          if (n + 1 < p.n) row[n + 1] = __float2bfloat16(v1);
-        }
-      }
+      for (int ni = 0; ni < 4; ++ni)
+        store_bf16_pair(row, n_block + warp_n * 32 + ni * 8 + 2 * t, p.n, acc[mi][ni][2 * half],
+                        acc[mi][ni][2 * half + 1]);
     }
 }
 
@@ -255,7 +239,8 @@ cudaError_t init_moe_grouped_gemm_tiled() {
 }
 
 cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& p) {
-  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0)
+  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 ||
+      reinterpret_cast<uintptr_t>(p.y) % 4 != 0)
     return cudaErrorInvalidValue;
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (p.rows == 0) return cudaSuccess;

@@ -1,4 +1,4 @@
-// Grouped expert GEMM for hundreds to thousands of rows per expert (prefill) on Hopper's warpgroup MMA: one launch
+// Grouped expert GEMM for tens to hundreds of rows per expert (prefill, chunks) on Hopper's warpgroup MMA: one launch
 // for every expert's rows, tiles of 128 rows x 128 or 256 columns, the tile -> (expert, rows) map computed on the
 // device from the offsets (moe_tiles.cuh). Contract in include/deepinfer/kernels/cuda/moe_grouped.h
 // (run_moe_grouped_gemm_wgmma).
@@ -8,8 +8,9 @@
 // 256 rows per expert. wgmma reads both operands from shared memory itself: no ldmatrix, no fragment registers, and
 // one instruction per 64 x N x 16 product instead of N / 2 mma.sync per warp.
 //   - 256 threads = two warpgroups, each owning 64 rows of the tile: per k16 step one wgmma m64nNk16 each.
-//   - cp.async fills a ring of kStages stages ahead of the MMAs, each stage 64 of K: the tile's x rows and weight
-//     rows, 128 bytes per row, 128-byte swizzled (wgmma.cuh), partial tiles and K past the end zero-filled.
+//   - cp.async fills a ring of kStages stages (5 at 128 columns, 4 at 256), kStages - 2 ahead of the MMAs, each stage
+//     64 of K (FP8: 128): the tile's x rows and weight rows, 128 bytes per row, 128-byte swizzled (wgmma.cuh),
+//     partial tiles and K past the end zero-filled.
 //   - One batch of wgmma in flight while the next is issued (wgmma_wait<1>); a stage is refilled two iterations
 //     after its MMAs were issued, when every warpgroup has waited for them and passed the barrier.
 //   - FP8 weights (128 columns per tile): the activations come quantized per 1 x 128 (run_act_quant: e4m3 values and
@@ -45,11 +46,6 @@ struct Tile {
   static_assert(kStageBytes % 1024 == 0 && kXBytes % 1024 == 0, "tiles must stay 1,024-byte aligned");
 };
 
-// Byte offset of 16-byte chunk c of row r in a 128-byte-row swizzled tile.
-__device__ __forceinline__ uint32_t swizzled(int r, int c) {
-  return static_cast<uint32_t>(r * kRowBytes + ((c ^ (r & 7)) << 4));
-}
-
 struct Operands {
   const char* x = nullptr;  // the tile's first x row
   int x_rows = 0;           // rows of the tile (the rest are zero-filled)
@@ -70,7 +66,7 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const Operands& o, in
     const int k = k0 + c * 16 / kElems;  // a chunk is wholly inside or outside K (k % 8; FP8: k % 128)
     const bool ok = r < o.x_rows && k < o.k;
     const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * kElems : o.x;
-    cp_async_16(stage + swizzled(r, c), src, ok ? 16 : 0);
+    cp_async_16(stage + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
   }
 #pragma unroll
   for (int i = 0; i < kBN * kChunks / kThreads; ++i) {
@@ -79,7 +75,7 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const Operands& o, in
     const int k = k0 + c * 16 / kElems;
     const bool ok = r < o.w_rows && k < o.k;
     const char* src = ok ? o.w + static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * kElems : o.w;
-    cp_async_16(stage + Tile<kBN, kFp8>::kXBytes + swizzled(r, c), src, ok ? 16 : 0);
+    cp_async_16(stage + Tile<kBN, kFp8>::kXBytes + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
   }
 }
 
@@ -106,11 +102,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
   using T = Tile<kBN, kFp8>;
   constexpr int kStages = T::kStages;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (p.offsets[0] != 0 || p.offsets[num_experts] != rows))
-    __trap();  // some rows of y would be left unwritten
-  const MoeTile job = find_moe_tile<kBM, kThreads>(p.offsets, num_experts, static_cast<int>(blockIdx.y));
+  const MoeTile job = checked_moe_tile<kBM, kThreads>(p.offsets, num_experts, rows, static_cast<int>(blockIdx.y));
   if (job.expert < 0) return;  // past the real tile count (uniform over the CTA)
-  if (job.row_begin < 0 || job.row_begin + job.rows > rows) __trap();
 
   extern __shared__ __align__(1024) char smem[];
   const uint32_t smem_base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
@@ -189,24 +182,21 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
   // Accumulator layout (wgmma.cuh): acc[4j], acc[4j + 1] at row 16w + g, columns 8j + 2t, +1; acc[4j + 2..3] at
   // row 16w + g + 8.
   __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
-  const bool pairs = p.n % 2 == 0;  // then (n, n + 1) is 4-byte aligned
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = warpgroup * 64 + warp * 16 + g + half * 8;
     if (r >= job.rows) continue;
     __nv_bfloat16* row = y + static_cast<int64_t>(job.row_begin + r) * p.n;
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int64_t n = n_block + 8 * j + 2 * t;
-      const float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
-      if (pairs && n + 1 < p.n) {
-        *reinterpret_cast<__nv_bfloat162*>(row + n) = __floats2bfloat162_rn(v0, v1);
-      } else {
-        if (n < p.n) row[n] = __float2bfloat16(v0);
-        if (n + 1 < p.n) row[n + 1] = __float2bfloat16(v1);
-      }
-    }
+    for (int j = 0; j < kBN / 8; ++j)
+      store_bf16_pair(row, n_block + 8 * j + 2 * t, p.n, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
   }
+}
+
+// bf16: the tile width asked (wgmma_tile_n), else 256 columns when n >= 1024 (measured: bench/gpu/NOTES.md).
+int bf16_tile_n(const MoeGroupedGemmParams& p) {
+  if (p.wgmma_tile_n == 128 || p.wgmma_tile_n == 256) return p.wgmma_tile_n;
+  return p.n >= 1024 ? 256 : 128;
 }
 
 template <int kBN, bool kFp8>
@@ -236,15 +226,10 @@ cudaError_t init_moe_grouped_gemm_wgmma() {
   return result;
 }
 
-int moe_grouped_wgmma_tile_n(const MoeGroupedGemmParams& p) {
-  if (p.format == MoeWeightFormat::kFP8) return 128;
-  if (p.wgmma_tile_n == 128 || p.wgmma_tile_n == 256) return p.wgmma_tile_n;
-  return p.n >= 1024 ? 256 : 128;
-}
-
 cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& p) {
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 ||
+      reinterpret_cast<uintptr_t>(p.y) % 4 != 0 ||
       (p.wgmma_tile_n != 0 && p.wgmma_tile_n != 128 && p.wgmma_tile_n != 256))
     return cudaErrorInvalidValue;
   // FP8: quantized activations, whole 128-wide K groups, 128-column tiles.
@@ -253,7 +238,7 @@ cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& p) {
     return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   if (fp8) return launch<128, true>(p);
-  return moe_grouped_wgmma_tile_n(p) == 256 ? launch<256, false>(p) : launch<128, false>(p);
+  return bf16_tile_n(p) == 256 ? launch<256, false>(p) : launch<128, false>(p);
 }
 
 }  // namespace deepinfer::kernels::cuda

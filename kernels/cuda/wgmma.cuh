@@ -1,5 +1,5 @@
-// Hopper's warpgroup matrix multiply (PTX "wgmma.mma_async", sm_90a) with both operands in shared memory, for the
-// kernels of this directory (private to kernels/cuda; include after <cstdint>).
+// Hopper's warpgroup matrix multiply (PTX "wgmma.mma_async", sm_90a), operands in shared memory (A also in
+// registers), for the kernels of this directory (private to kernels/cuda).
 //
 // Operand layout, the one every function here assumes: K-major tiles (A: M rows of K; B: N rows of K, i.e. the
 // weight [N][K] as stored), 64 bf16 (128 bytes) of K per row, 8-row groups of 1,024 bytes, the 16-byte chunks of
@@ -16,6 +16,8 @@
 // whose accumulators other instructions touched; wgmma_commit() closes a batch; wgmma_wait<N>() returns once at
 // most N batches of this warpgroup are in flight, and the shared memory of the finished ones may be rewritten.
 #pragma once
+
+#include <cstdint>
 
 namespace deepinfer::kernels::cuda {
 

@@ -860,11 +860,14 @@ void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
   const std::vector<float> want = run(p.cpu, true);
   for (const MoeBackend& g : gpus) {
     // FP8 activations are quantized to e4m3 per 1 x 128 (act_quant) on the per-expert path and on the wgmma kernel;
-    // the streaming and tiled kernels keep them bf16. Auto takes one of the former past 64 rows per expert.
+    // the streaming and tiled kernels keep them bf16. Auto (cuda_moe.cpp) takes the wgmma kernel past 8 rows per
+    // expert when hidden and I are whole 128-groups, else the tiled kernel up to 64 and per-expert GEMMs beyond.
     const std::string path = g.path;
-    const bool quantized =
-        c.precision == Precision::kFP8 &&
-        (path == "per-expert" || path.rfind("wgmma", 0) == 0 || (path == "auto" && c.T * c.top_k > 64 * c.E));
+    const int64_t P = c.T * c.top_k;
+    const bool whole_groups = c.hidden % 128 == 0 && c.I % 128 == 0;
+    const bool quantized = c.precision == Precision::kFP8 &&
+                           (path == "per-expert" || path.rfind("wgmma", 0) == 0 ||
+                            (path == "auto" && P > 8 * c.E && (whole_groups || P > 64 * c.E)));
     const std::string label = std::string(c.label) + " [" + g.path + "]";
     expect_close(label.c_str(), run(*g.gpu, false), want,
                  quantized ? 8e-2 : 3e-2);

@@ -236,7 +236,7 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
   poison(out_chunked.ptr, out_chunked.count);
   auto params = [&](const uint16_t* kvb_ptr, const uint16_t* lat_ptr, const int32_t* cu_keys) {
     k::MlaPrefillParams p;
-  p.kernel = g_kernel;
+    p.kernel = g_kernel;
     p.num_seqs = B;
     p.num_heads = H;
     p.max_seqlen = max_q;
@@ -258,7 +258,6 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
     return p;
   };
   k::MlaPrefillParams whole = params(kvb.ptr, lat.ptr, d_cu_k.ptr);
-  whole.kernel = g_kernel;
   whole.out = out.ptr;
   CUDA_TRY(k::run_mla_prefill(whole));
   whole.out = out_ref.ptr;
@@ -285,7 +284,6 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
     if (!lat_c.empty()) d_lat_c.upload(lat_c);
     d_cu_c.upload(cu_c);
     k::MlaPrefillParams p = params(d_kvb_c.ptr, d_lat_c.ptr, d_cu_c.ptr);
-    p.kernel = g_kernel;
     p.key_position = c * chunk;
     p.out = out_chunked.ptr;
     p.o_acc = acc.ptr;
@@ -519,7 +517,7 @@ int main(int argc, char** argv) {
       {"ctx_h128_chunks320", 128, {{130, 700}, {3, 1200}, {64, 64}}, 320},
       {"ctx_h16_from_zero", 16, {{300, 300}, {1, 1}}, 128},  // no cached prefix, chunked keys
   };
-  // Every check and bench for each fast kernel: the default (wgmma, rows per CTA by grid size), then wgmma with 64
+  // Every check and bench for each fast kernel: the default (wgmma, rows per CTA by waves), then wgmma with 64
   // and with 128 rows per CTA forced, then mma.sync (names end in " w64", " w128", " mma").
   for (const k::MlaPrefillKernel kernel : {k::MlaPrefillKernel::kWgmma, k::MlaPrefillKernel::kWgmma64,
                                            k::MlaPrefillKernel::kWgmma128, k::MlaPrefillKernel::kMma}) {
@@ -534,7 +532,8 @@ int main(int argc, char** argv) {
         check_context_case(named(c.name).c_str(), c.heads, c.groups, c.chunk, v3_scale,
                            4321u + static_cast<uint32_t>(c.chunk));
       } catch (const std::exception& ex) {
-        std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", c.name, ex.what());
+        std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", named(c.name).c_str(),
+                    ex.what());
         g_all_ok = false;
         if (cudaDeviceSynchronize() != cudaSuccess) break;
       }
@@ -545,7 +544,8 @@ int main(int argc, char** argv) {
       try {
         check_case(named(c.name).c_str(), c.heads, c.lens, c.scale, 1234u + 17u * static_cast<uint32_t>(ci) + c.heads);
       } catch (const std::exception& ex) {
-        std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", c.name, ex.what());
+        std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", named(c.name).c_str(),
+                    ex.what());
         g_all_ok = false;
         if (cudaDeviceSynchronize() != cudaSuccess) break;
       }
@@ -573,7 +573,8 @@ int main(int argc, char** argv) {
         try {
           bench_context_case(named(bc.name).c_str(), bc.heads, bc.rows, bc.context, bc.reps);
         } catch (const std::exception& ex) {
-          std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", bc.name, ex.what());
+          std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", named(bc.name).c_str(),
+                    ex.what());
           g_all_ok = false;
           if (cudaDeviceSynchronize() != cudaSuccess) break;
         }
@@ -582,12 +583,14 @@ int main(int argc, char** argv) {
         try {
           bench_case(named(bc.name).c_str(), 128, bc.batch, bc.len, bc.reps);
         } catch (const std::exception& ex) {
-          std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", bc.name, ex.what());
+          std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"ok\":false,\"error\":\"%s\"}\n", named(bc.name).c_str(),
+                    ex.what());
           g_all_ok = false;
           if (cudaDeviceSynchronize() != cudaSuccess) break;
         }
       }
     }
+    if (cudaDeviceSynchronize() != cudaSuccess) break;  // a sticky error: the next kernels could only fail too
   }
   print_summary();
   return g_all_ok ? 0 : 1;

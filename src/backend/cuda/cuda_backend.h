@@ -282,7 +282,8 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int num_sms_ = 0;
   // The expert GEMMs' path (cuda_moe.cpp): kAuto picks by rows per expert; the others are forced through the
-  // DEEPINFER_MOE_GEMM environment variable (streaming, tiled, per-expert), for measurements and comparisons.
+  // DEEPINFER_MOE_GEMM environment variable (streaming, tiled, per-expert, wgmma, wgmma-128, wgmma-256; in the enum's
+  // order after auto), for measurements and comparisons.
   enum class MoeGemmPath { kAuto, kStreaming, kTiled, kPerExpert, kWgmma, kWgmma128, kWgmma256 };
   MoeGemmPath moe_gemm_path_ = MoeGemmPath::kAuto;
   // MLA over a cached prefix (cuda_attention.cpp): kAuto by the cost model of mla_expanded_pays, or forced by

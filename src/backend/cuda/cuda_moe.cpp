@@ -120,6 +120,48 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   if (failed() || T == 0) return;
 
   const int64_t P = T * k;  // token copies, one per (token, chosen expert)
+  // The path: by rows per expert, or forced (DEEPINFER_MOE_GEMM: where the forced kernel cannot take the shape, e.g.
+  // wgmma with float32 weights or FP8 with K not in whole 128-groups, the per-expert path runs instead; FP8 wgmma
+  // tiles are 128 columns whatever the width asked); float32 weights (tests) take cuBLAS.
+  enum class Path { kStreaming, kTiled, kWgmma, kPerExpert } path = Path::kPerExpert;
+  const bool kernels_take = grouped_supports(*w.gate_up) && grouped_supports(*w.down);
+  const bool tiled_fits = (P + 63) / 64 + std::min(E, P) <= 65535;  // the tiled kernel's grid.y
+  // The wgmma kernel: bf16 experts, or FP8 ones whose K (hidden, I) are whole 128-wide groups (the activations are
+  // quantized per 1 x 128); its grid.y (128-row tiles) within CUDA's limit.
+  const bool fp8 = w.gate_up->precision == Precision::kFP8;
+  const bool wgmma_takes = kernels_take && w.gate_up->precision == w.down->precision &&
+                           (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
+                           (P + 127) / 128 + std::min(E, P) <= 65535;
+  int wgmma_tile_n = 0;  // automatic
+  switch (moe_gemm_path_) {
+    case MoeGemmPath::kAuto:
+      if (kernels_take && P <= streaming_max_rows_per_expert(fp8) * E)
+        path = Path::kStreaming;
+      else if (wgmma_takes && (fp8 || P > kTiledMaxRowsPerExpert * E) && P <= kWgmmaMaxRowsPerExpert * E)
+        path = Path::kWgmma;
+      else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E)
+        path = Path::kTiled;
+      break;
+    case MoeGemmPath::kStreaming:
+      if (kernels_take) path = Path::kStreaming;
+      break;
+    case MoeGemmPath::kTiled:
+      if (kernels_take && tiled_fits) path = Path::kTiled;
+      break;
+    case MoeGemmPath::kWgmma:
+    case MoeGemmPath::kWgmma128:
+    case MoeGemmPath::kWgmma256:
+      if (wgmma_takes) path = Path::kWgmma;
+      if (!fp8)  // FP8 tiles are 128 columns wide
+        wgmma_tile_n = moe_gemm_path_ == MoeGemmPath::kWgmma128   ? 128
+                       : moe_gemm_path_ == MoeGemmPath::kWgmma256 ? 256
+                                                                  : 0;
+      break;
+    case MoeGemmPath::kPerExpert:
+      break;
+  }
+  // FP8 on the wgmma kernel: x quantized per 1 x 128 first (run_act_quant), as the per-expert cuBLASLt path does.
+  const bool quantized = path == Path::kWgmma && fp8;
   const bool direct_x = x.stride == hidden, direct_out = out.stride == hidden;
   ScratchLayout l;
   const size_t o_logits = l.add(static_cast<size_t>(T * E) * 4);
@@ -138,8 +180,9 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const size_t o_out = direct_out ? 0 : l.add(static_cast<size_t>(T * hidden) * 2);
   // FP8 experts on the wgmma kernel: the permuted rows, then the SiLU output, quantized per 1 x 128 (one at a time).
   const int64_t quant_cols = std::max(hidden, I);
-  const size_t o_quant = l.add(static_cast<size_t>(P * quant_cols));
-  const size_t o_quant_scale = l.add(static_cast<size_t>(P * (quant_cols / kc::kFp8GroupSize + 1)) * 4);
+  const size_t o_quant = quantized ? l.add(static_cast<size_t>(P * quant_cols)) : 0;
+  const size_t o_quant_scale =
+      quantized ? l.add(static_cast<size_t>(P * (quant_cols / kc::kFp8GroupSize + 1)) * 4) : 0;
   char* base = reserve(moe_, l.bytes);
   if (base == nullptr) return;
   auto* ids = reinterpret_cast<int32_t*>(base + o_ids);
@@ -204,44 +247,6 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   perm.stream = stream_;
   check_cuda(kc::run_moe_route_and_permute(r, perm), "moe (routing and permutation)");
 
-  // The path: by rows per expert, or forced (DEEPINFER_MOE_GEMM); float32 weights (tests) take cuBLAS.
-  enum class Path { kStreaming, kTiled, kWgmma, kPerExpert } path = Path::kPerExpert;
-  const bool kernels_take = grouped_supports(*w.gate_up) && grouped_supports(*w.down);
-  const bool tiled_fits = (P + 63) / 64 + std::min(E, P) <= 65535;  // the tiled kernel's grid.y
-  // The wgmma kernel: bf16 experts, or FP8 ones whose K (hidden, I) are whole 128-wide groups (the activations are
-  // quantized per 1 x 128); its grid.y (128-row tiles) within CUDA's limit.
-  const bool fp8 = w.gate_up->precision == Precision::kFP8;
-  const bool wgmma_takes = kernels_take && w.gate_up->precision == w.down->precision &&
-                           (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
-                           (P + 127) / 128 + std::min(E, P) <= 65535;
-  int wgmma_tile_n = 0;  // automatic
-  switch (moe_gemm_path_) {
-    case MoeGemmPath::kAuto:
-      if (kernels_take && P <= streaming_max_rows_per_expert(fp8) * E)
-        path = Path::kStreaming;
-      else if (wgmma_takes && (fp8 || P > kTiledMaxRowsPerExpert * E) && P <= kWgmmaMaxRowsPerExpert * E)
-        path = Path::kWgmma;
-      else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E)
-        path = Path::kTiled;
-      break;
-    case MoeGemmPath::kStreaming:
-      if (kernels_take) path = Path::kStreaming;
-      break;
-    case MoeGemmPath::kTiled:
-      if (kernels_take && tiled_fits) path = Path::kTiled;
-      break;
-    case MoeGemmPath::kWgmma:
-    case MoeGemmPath::kWgmma128:
-    case MoeGemmPath::kWgmma256:
-      if (wgmma_takes) path = Path::kWgmma;
-      if (!fp8)  // FP8 tiles are 128 columns wide
-        wgmma_tile_n = moe_gemm_path_ == MoeGemmPath::kWgmma128   ? 128
-                       : moe_gemm_path_ == MoeGemmPath::kWgmma256 ? 256
-                                                                  : 0;
-      break;
-    case MoeGemmPath::kPerExpert:
-      break;
-  }
   const bool grouped = path != Path::kPerExpert;
 
   // Per-expert GEMMs: the per-expert row ranges decide which GEMMs to launch, so the host needs them: one
@@ -311,10 +316,10 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
                      : path == Path::kWgmma ? kc::run_moe_grouped_gemm_wgmma
                                             : kc::run_moe_grouped_gemm;
     const char* kernel = path == Path::kTiled ? "tiled" : path == Path::kWgmma ? "wgmma" : "grouped";
-    // FP8 experts: the kernel multiplies the bf16 activations by the exactly widened FP8 weights (no act_quant),
-    // so this path is more accurate than the cuBLASLt one, whose activations are quantized to e4m3 per 1x128.
-    // FP8 on the wgmma kernel: x quantized per 1 x 128 first (run_act_quant), as the per-expert cuBLASLt path does.
-    const bool quantized = path == Path::kWgmma && fp8;
+    // FP8 experts: the streaming and tiled kernels multiply the bf16 activations by the exactly widened FP8 weights
+    // (no act_quant); the wgmma kernel and the per-expert cuBLASLt path quantize the activations to e4m3 per 1 x 128
+    // first (DeepSeek's fp8_gemm). So an FP8 layer's rounding changes at the streaming bound (8 rows per expert:
+    // V3's 256 experts top-8 past 256 tokens in a step).
     auto quantize = [&](const Tensor& rows, kc::MoeGroupedGemmParams& params) {
       if (!quantized) return;
       kc::ActQuantParams q;

@@ -64,6 +64,10 @@ struct MlaPrefillParams {
   float* o_acc = nullptr;            // f32 [T, H, 128] (merges other than kNone)
   float* lse_acc = nullptr;          // f32 [T, H], log2 domain (merges other than kNone)
   MlaPrefillKernel kernel = MlaPrefillKernel::kWgmma;
+  // kWgmma's choice of rows per CTA counts the CTAs with work: Σ_b ceil(L_b / 64) and Σ_b ceil(L_b / 128) when the
+  // caller knows the lengths on the host (a chunk beside a few decode rows is not num_seqs chunks); 0: estimated as
+  // ceil(max_seqlen / 64) * num_seqs (resp. 128).
+  int64_t tiles_64 = 0, tiles_128 = 0;
   cudaStream_t stream = nullptr;
 };
 

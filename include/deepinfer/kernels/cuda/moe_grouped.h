@@ -1,8 +1,9 @@
-// Grouped expert GEMM for small batches (MoE decode and short chunks): every expert's rows times that expert's
-// weight in one launch, with the per-expert row ranges read on the device, so the MoE layer needs no
-// device-to-host copy and no stream synchronization (the per-expert cuBLAS loop needs both, and one launch per
-// expert). Built to stream each weight once per chunk of <= 8 rows at memory speed; for many rows per expert
-// (prefill) cuBLAS / cuBLASLt are faster. Checked through the backend by tests/gpu/gpu_check_backend.cpp.
+// Grouped expert GEMMs: every expert's rows times that expert's weight in one launch, with the per-expert row ranges
+// read on the device, so the MoE layer needs no device-to-host copy and no stream synchronization (the per-expert
+// cuBLAS loop needs both, and one launch per expert). Three kernels by rows per expert: streaming (decode: each
+// weight streamed once per chunk of <= 8 rows at memory speed), tiled (64-row tiles, mma.sync) and wgmma (128-row
+// tiles, Hopper's warpgroup MMA); past ~500 rows per expert per-expert cuBLAS is still faster (the backend's choice:
+// src/backend/cuda/cuda_moe.cpp). Checked through the backend by tests/gpu/gpu_check_backend.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,9 +15,10 @@ namespace deepinfer::kernels::cuda {
 // How the stacked expert weights are stored.
 //   kBF16: bf16 [E][N][w_ld].
 //   kFP8:  float8_e4m3fn [E][N][w_ld] with float32 128x128 block scales [E][ceil(N/128)][w_scale_ld] (the layout of
-//          gemm.h and CudaWeight): value = e4m3 * w_scale[e][n / 128][k / 128]. The 8-bit values are widened exactly
-//          to bf16 and multiplied with the bf16 activations; the activations are not quantized (unlike act_quant +
-//          run_fp8_gemm), so the result is the exact product of the dequantized weight, rounded once to bf16.
+//          gemm.h and CudaWeight): value = e4m3 * w_scale[e][n / 128][k / 128]. The streaming and tiled kernels
+//          widen the 8-bit values exactly to bf16 and multiply them with the bf16 activations (not quantized, unlike
+//          act_quant + run_fp8_gemm), so the result is the exact product of the dequantized weight, rounded once to
+//          bf16; the wgmma kernel takes quantized activations instead (see it below).
 //          The NaN codes (S.1111.111) read as +-480 (checkpoints hold none).
 enum class MoeWeightFormat : int { kBF16 = 0, kFP8 = 1 };
 
@@ -67,20 +69,23 @@ struct MoeGroupedGemmParams {
   int k_split = 0;                    // 0: automatic; 1, 2 or 4: forced (checks, benchmarks)
   int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
   // run_moe_grouped_gemm_wgmma with kFP8 weights: the activations quantized by run_act_quant (gemm.h) instead of x:
-  // e4m3 [rows, k] (16-byte aligned) and float32 scales [k / 128][rows] ("M-major"); x is not read.
+  // e4m3 [rows, k] (16-byte aligned) and float32 scales [k / 128][rows] ("M-major"); x's values are not read (x must
+  // still be set and valid: moe_grouped_params_valid checks it).
   const uint8_t* x_fp8 = nullptr;
   const float* x_scale = nullptr;
   cudaStream_t stream = nullptr;
 };
 cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
 
-// Whether `params` meet the REQUIRES above (both launchers check it first; rows <= INT32_MAX / 2, k <= INT32_MAX / 4).
+// Whether `params` meet the REQUIRES above (the three launchers check it first; rows <= INT32_MAX / 2,
+// k <= INT32_MAX / 4).
 bool moe_grouped_params_valid(const MoeGroupedGemmParams& params);
 
 // The same product (same contract, same parameters; num_sms and k_split are not used) for many rows per expert:
 // tiles of 64 rows x 128 columns on the tensor cores, each expert's weights read once per 64 of its rows (the
 // streaming kernel above: once per 8). One launch, the tile -> expert map computed on the device from the offsets:
-// no host synchronization, capturable in a CUDA graph. Shape of the work: grid (ceil(n / 128),
+// no host synchronization, capturable in a CUDA graph. y must be 4-byte aligned (pairs of outputs are stored
+// together). Shape of the work: grid (ceil(n / 128),
 // ceil(rows / 64) + min(E, rows)), 256 threads, 72 KB (bf16) or 96 KB (FP8) of dynamic shared memory; CTAs past the
 // real tile count return at once. FP8: each 128-wide K group's products are summed in float and multiplied by the
 // block scale, the weights widened exactly (the streaming kernel's arithmetic). Also returns
@@ -97,13 +102,12 @@ cudaError_t init_moe_grouped_gemm_tiled();
 // in a CUDA graph). kFP8 weights take quantized activations (x_fp8, x_scale above; k % 128 == 0; 128-column tiles)
 // and compute fp8_gemm's formula of gemm.h per expert: y[r, n] = bf16(Σ_g x_scale[g][r] · w_scale[e][n/128][g] ·
 // Σ_{k in g} x_fp8[r, k] · W[e][n, k]) (e4m3 products on the tensor cores, the activations' rounding to e4m3 as
-// the per-expert cuBLASLt path). Returns cudaErrorInvalidValue for x_rows, x_ld, y_ld, a null offsets,
-// ceil(rows / 128) + min(E, rows) > 65535, and FP8 without x_fp8 / x_scale or with k % 128 != 0. Shape of the work: grid (ceil(n / tile_n), ceil(rows / 128) +
-// min(E, rows)), 256 threads (two warpgroups of 64 rows), 161 KB (128 columns) or 193 KB (256) of dynamic shared
-// memory; CTAs past the real tile count return at once.
+// the per-expert cuBLASLt path). Returns cudaErrorInvalidValue for x_rows, x_ld, y_ld, a null offsets, y not
+// 4-byte aligned, wgmma_tile_n other than 0, 128 or 256, ceil(rows / 128) + min(E, rows) > 65535, and FP8 without
+// x_fp8 / x_scale, with x_fp8 not 16-byte aligned, with k % 128 != 0 or with wgmma_tile_n 256. Shape of the work:
+// grid (ceil(n / tile_n), ceil(rows / 128) + min(E, rows)), 256 threads (two warpgroups of 64 rows), 161 KB (128
+// columns) or 193 KB (256) of dynamic shared memory; CTAs past the real tile count return at once.
 cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& params);
-// The tile width the wgmma launcher uses for `params` (128 or 256).
-int moe_grouped_wgmma_tile_n(const MoeGroupedGemmParams& params);
 // As init_moe_grouped_gemm_tiled, for the wgmma kernel.
 cudaError_t init_moe_grouped_gemm_wgmma();
 
