@@ -359,6 +359,9 @@ struct WgmmaTile {
   static constexpr int kCtaThreads = kRows * 2;  // a warpgroup (128 threads) per 64 rows
   static constexpr int kQBytes = kRows * kQkChunks * 16;
   static constexpr int kSmemBytes = kQBytes + 2 * (kKTileBytes + kVTileBytes) + 1024;  // + alignment
+  // The load loops run a fixed number of rounds of kCtaThreads 16-byte chunks (no remainder handling).
+  static_assert(kRows * kQkChunks % kCtaThreads == 0 && kTileN * 16 % kCtaThreads == 0 &&
+                kTileN * 8 % kCtaThreads == 0);
 };
 
 template <int kRows>

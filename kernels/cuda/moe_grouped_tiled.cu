@@ -17,8 +17,8 @@
 //   - grid.x runs over the column tiles of one row tile first: the CTAs in flight share an expert's weights in L2.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
+
 #include "deepinfer/kernels/cuda/moe_grouped.h"
 #include "mma_util.cuh"
 #include "moe_tiles.cuh"
@@ -216,8 +216,8 @@ template <bool kFp8>
 cudaError_t launch(const MoeGroupedGemmParams& p) {
   using T = Tile<kFp8>;
   if (cudaError_t e = init_moe_grouped_gemm_tiled(); e != cudaSuccess) return e;
-  const int64_t row_tiles = (p.rows + kBM - 1) / kBM + std::min(p.num_experts, p.rows);
-  if (row_tiles > 65535) return cudaErrorInvalidValue;
+  const int64_t row_tiles = moe_grouped_row_tiles(p.rows, p.num_experts, kBM);
+  if (row_tiles > kMoeMaxRowTiles) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>(row_tiles));
   moe_grouped_tiled_kernel<kFp8><<<grid, kThreads, T::kSmemBytes, p.stream>>>(p);
   return cudaGetLastError();

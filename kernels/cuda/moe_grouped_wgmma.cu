@@ -19,7 +19,6 @@
 //     group; the semantics of fp8_gemm in gemm.h).
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "deepinfer/kernels/cuda/moe_grouped.h"
@@ -124,8 +123,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
 #pragma unroll
   for (int i = 0; i < T::kAccRegs; ++i) acc[i] = 0.0f;
 
-  // The ring: stage kt is loaded kStages - 2 iterations ahead, into the slot whose MMAs (kt - 2) every warpgroup
-  // has waited for before the barrier of iteration kt.
   // FP8: this thread's rows (16 warp + g, + 8 of its warpgroup's 64) for the activation scales; the weight block's
   // scales along K.
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) / 32) % 4;
@@ -135,6 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
   if constexpr (kFp8)
     w_scales = p.w_scale + static_cast<int64_t>(job.expert) * p.w_scale_matrix_stride + n_block / 128 * p.w_scale_ld;
 
+  // The ring: stage kt is loaded kStages - 2 iterations ahead, into the slot whose MMAs (kt - 2) every warpgroup
+  // has waited for before the barrier of iteration kt.
   const int k_tiles = (o.k + T::kBK - 1) / T::kBK;
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
@@ -202,8 +201,8 @@ int bf16_tile_n(const MoeGroupedGemmParams& p) {
 template <int kBN, bool kFp8>
 cudaError_t launch(const MoeGroupedGemmParams& p) {
   if (cudaError_t e = init_moe_grouped_gemm_wgmma(); e != cudaSuccess) return e;
-  const int64_t row_tiles = (p.rows + kBM - 1) / kBM + std::min(p.num_experts, p.rows);
-  if (row_tiles > 65535) return cudaErrorInvalidValue;
+  const int64_t row_tiles = moe_grouped_row_tiles(p.rows, p.num_experts, kBM);
+  if (row_tiles > kMoeMaxRowTiles) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>(row_tiles));
   moe_grouped_wgmma_kernel<kBN, kFp8><<<grid, kThreads, Tile<kBN, kFp8>::kSmemBytes, p.stream>>>(p);
   return cudaGetLastError();

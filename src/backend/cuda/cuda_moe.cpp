@@ -125,13 +125,13 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   // tiles are 128 columns whatever the width asked); float32 weights (tests) take cuBLAS.
   enum class Path { kStreaming, kTiled, kWgmma, kPerExpert } path = Path::kPerExpert;
   const bool kernels_take = grouped_supports(*w.gate_up) && grouped_supports(*w.down);
-  const bool tiled_fits = (P + 63) / 64 + std::min(E, P) <= 65535;  // the tiled kernel's grid.y
+  const bool tiled_fits = kc::moe_grouped_row_tiles(P, E, 64) <= kc::kMoeMaxRowTiles;  // the tiled kernel's grid.y
   // The wgmma kernel: bf16 experts, or FP8 ones whose K (hidden, I) are whole 128-wide groups (the activations are
   // quantized per 1 x 128); its grid.y (128-row tiles) within CUDA's limit.
   const bool fp8 = w.gate_up->precision == Precision::kFP8;
   const bool wgmma_takes = kernels_take && w.gate_up->precision == w.down->precision &&
                            (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
-                           (P + 127) / 128 + std::min(E, P) <= 65535;
+                           kc::moe_grouped_row_tiles(P, E, 128) <= kc::kMoeMaxRowTiles;
   int wgmma_tile_n = 0;  // automatic
   switch (moe_gemm_path_) {
     case MoeGemmPath::kAuto:
@@ -315,7 +315,6 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     const auto run = path == Path::kTiled   ? kc::run_moe_grouped_gemm_tiled
                      : path == Path::kWgmma ? kc::run_moe_grouped_gemm_wgmma
                                             : kc::run_moe_grouped_gemm;
-    const char* kernel = path == Path::kTiled ? "tiled" : path == Path::kWgmma ? "wgmma" : "grouped";
     // FP8 experts: the streaming and tiled kernels multiply the bf16 activations by the exactly widened FP8 weights
     // (no act_quant); the wgmma kernel and the per-expert cuBLASLt path quantize the activations to e4m3 per 1 x 128
     // first (DeepSeek's fp8_gemm). So an FP8 layer's rounding changes at the streaming bound (8 rows per expert:
@@ -341,12 +340,16 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
       gp.x_rows = sorted;
       gp.x_rows_divisor = k;
     }
-    check_cuda(run(gp), (std::string("moe (") + kernel + " gate_up)").c_str());
+    check_cuda(run(gp), path == Path::kTiled   ? "moe (tiled gate_up)"
+                        : path == Path::kWgmma ? "moe (wgmma gate_up)"
+                                               : "moe (grouped gate_up)");
     activate(gate_up, act);
     kc::MoeGroupedGemmParams dp = grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_);
     dp.wgmma_tile_n = wgmma_tile_n;
     quantize(act, dp);
-    check_cuda(run(dp), (std::string("moe (") + kernel + " down)").c_str());
+    check_cuda(run(dp), path == Path::kTiled   ? "moe (tiled down)"
+                        : path == Path::kWgmma ? "moe (wgmma down)"
+                                               : "moe (grouped down)");
   } else {
     // One GEMM per non-empty expert over its contiguous rows.
     auto per_expert = [&](const Tensor& in, const Weight& weight, const Tensor& result) {

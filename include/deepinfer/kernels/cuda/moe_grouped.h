@@ -77,6 +77,14 @@ struct MoeGroupedGemmParams {
 };
 cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
 
+// The row-tile grid of the tiled (tile_rows 64) and wgmma (128) kernels: an upper bound of the tile count,
+// ceil(rows / tile_rows) + min(E, rows) (each expert's last tile may be partial). The launchers refuse more than
+// kMoeMaxRowTiles (CUDA's grid.y); a caller choosing a kernel asks the same.
+inline constexpr int64_t kMoeMaxRowTiles = 65535;
+inline int64_t moe_grouped_row_tiles(int64_t rows, int64_t num_experts, int64_t tile_rows) {
+  return (rows + tile_rows - 1) / tile_rows + (num_experts < rows ? num_experts : rows);
+}
+
 // Whether `params` meet the REQUIRES above (the three launchers check it first; rows <= INT32_MAX / 2,
 // k <= INT32_MAX / 4).
 bool moe_grouped_params_valid(const MoeGroupedGemmParams& params);
