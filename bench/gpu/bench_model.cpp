@@ -6,6 +6,7 @@
 // --model v4-flash-slice: DeepSeek-V4-Flash's shapes on 4 layers (bf16), decode and prefill (bench_v4).
 // Usage: bench_model [--model v2-lite|v3-slice|v4-flash-slice|all] [--batches 1,8,64,256] [--prefill 4096,32768] [--steps 10]
 //                    [--prefill-steps 2] [--configs DIR] [--profile] [--moe-sweep 1,8,64,512,4096,16384]
+//                    [--kv-copy 1,48,1024] (whole KV blocks device <-> host: bench_kv_copy)
 #include <CLI/CLI.hpp>
 #include <cuda_profiler_api.h>
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/engine/kv_block_copy.h"
 #include "op_profile.h"
 #include "deepinfer/kernels/cuda/gemm.h"
 #include "deepinfer/model/config.h"
@@ -764,6 +766,115 @@ void bench_moe_sweep(const std::string& name, Precision precision, const std::fi
   }
 }
 
+// --kv-copy: whole KV blocks of the model's cache layout (num_hidden_layers x 64 tokens x (kv_lora_rank +
+// qk_rope_head_dim) bf16) between the device caches and pageable host payloads, as a prefill/decode handoff and the
+// host tier move them: engine::download_kv_blocks / upload_kv_blocks (the product's batched path, pinned staging)
+// against the path before it (one pageable Backend::download / upload per layer and block), for N blocks scattered
+// over a pool. The ceilings, in the same run: one contiguous cudaMemcpy of the same bytes from / to pinned memory,
+// and from / to pageable memory.
+void bench_kv_copy(const std::string& name, const std::filesystem::path& config_dir,
+                   const std::vector<int64_t>& blocks_list) {
+  Result<model::ModelConfig> config = model::load_model_config(config_dir / name / "config.json");
+  if (!config.ok()) return JsonLine("kv_copy").str("model", name).str("error", config.status().to_string()).print();
+  const int64_t layers = config->num_hidden_layers;
+  const size_t layer_bytes = static_cast<size_t>(64 * (config->kv_lora_rank + config->qk_rope_head_dim)) * 2;
+  const int64_t max_blocks = *std::max_element(blocks_list.begin(), blocks_list.end());
+  const int64_t pool = 2 * max_blocks;
+  Result<std::unique_ptr<backend::Backend>> made = backend::make_cuda_backend(0);
+  if (!made.ok()) return JsonLine("kv_copy").str("model", name).str("error", made.status().to_string()).print();
+  backend::Backend& b = **made;
+  std::vector<backend::Buffer> caches;
+  for (int64_t l = 0; l < layers; ++l) {
+    Result<backend::Buffer> cache = b.alloc(static_cast<size_t>(pool) * layer_bytes);
+    if (!cache.ok()) return JsonLine("kv_copy").str("model", name).str("error", cache.status().to_string()).print();
+    caches.push_back(*cache);
+  }
+  const size_t block_bytes = static_cast<size_t>(layers) * layer_bytes;
+  std::mt19937_64 rng(kSeed);
+  for (int64_t n : blocks_list) {
+    std::vector<kvcache::BlockId> ids(static_cast<size_t>(pool));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<kvcache::BlockId>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(static_cast<size_t>(n));
+    std::vector<std::vector<std::byte>> payloads(static_cast<size_t>(n), std::vector<std::byte>(block_bytes));
+    std::vector<std::byte*> out;
+    std::vector<const std::byte*> in;
+    for (auto& p : payloads) {
+      out.push_back(p.data());
+      in.push_back(p.data());
+    }
+    const double bytes = static_cast<double>(block_bytes) * static_cast<double>(n);
+    auto time_ms = [&](const std::function<Status()>& run) -> double {
+      double best = 1e30;
+      for (int rep = 0; rep < 4; ++rep) {  // the first is a warm-up (pinned staging, page faults)
+        const auto start = Clock::now();
+        if (Status st = run(); !st.ok()) return -1;
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        if (rep > 0) best = std::min(best, ms);
+      }
+      return best;
+    };
+    const double batch_down = time_ms([&] { return engine::download_kv_blocks(b, caches, layer_bytes, ids, out); });
+    const double batch_up = time_ms([&] { return engine::upload_kv_blocks(b, caches, layer_bytes, ids, in); });
+    const double per_layer_down = time_ms([&] {
+      for (size_t i = 0; i < ids.size(); ++i)
+        for (int64_t l = 0; l < layers; ++l)
+          if (Status st = b.download(caches[static_cast<size_t>(l)], static_cast<size_t>(ids[i]) * layer_bytes,
+                                     layer_bytes, out[i] + static_cast<size_t>(l) * layer_bytes);
+              !st.ok())
+            return st;
+      return Status();
+    });
+    const double per_layer_up = time_ms([&] {
+      for (size_t i = 0; i < ids.size(); ++i)
+        for (int64_t l = 0; l < layers; ++l)
+          if (Status st = b.upload(in[i] + static_cast<size_t>(l) * layer_bytes, layer_bytes,
+                                   caches[static_cast<size_t>(l)], static_cast<size_t>(ids[i]) * layer_bytes);
+              !st.ok())
+            return st;
+      return Status();
+    });
+    // Ceilings: the same bytes in one contiguous copy, pinned and pageable host memory.
+    const size_t total = static_cast<size_t>(bytes);
+    double pinned_down = -1, pinned_up = -1, pageable_down = -1, pageable_up = -1;
+    void* pinned = nullptr;
+    Result<backend::Buffer> flat = b.alloc(total);
+    if (flat.ok() && cudaHostAlloc(&pinned, total, cudaHostAllocDefault) == cudaSuccess) {
+      std::vector<std::byte> pageable(total);
+      auto copy = [&](void* dst, const void* src, cudaMemcpyKind kind) {
+        return time_ms([&] {
+          return cudaMemcpy(dst, src, total, kind) == cudaSuccess ? Status() : Status::internal("cudaMemcpy");
+        });
+      };
+      pinned_down = copy(pinned, flat->data(), cudaMemcpyDeviceToHost);
+      pinned_up = copy(flat->data(), pinned, cudaMemcpyHostToDevice);
+      pageable_down = copy(pageable.data(), flat->data(), cudaMemcpyDeviceToHost);
+      pageable_up = copy(flat->data(), pageable.data(), cudaMemcpyHostToDevice);
+      cudaFreeHost(pinned);
+    }
+    (void)cudaGetLastError();
+    auto gbps = [&](double ms) { return ms > 0 ? bytes / (ms * 1e6) : -1.0; };
+    JsonLine("kv_copy")
+        .str("model", name)
+        .integer("layers", layers)
+        .integer("block_bytes", static_cast<int64_t>(block_bytes))
+        .integer("blocks", n)
+        .num("batch_download_ms", batch_down, 2)
+        .num("batch_download_gbps", gbps(batch_down), 2)
+        .num("per_layer_download_ms", per_layer_down, 2)
+        .num("per_layer_download_gbps", gbps(per_layer_down), 2)
+        .num("batch_upload_ms", batch_up, 2)
+        .num("batch_upload_gbps", gbps(batch_up), 2)
+        .num("per_layer_upload_ms", per_layer_up, 2)
+        .num("per_layer_upload_gbps", gbps(per_layer_up), 2)
+        .num("pinned_contiguous_download_gbps", gbps(pinned_down), 2)
+        .num("pinned_contiguous_upload_gbps", gbps(pinned_up), 2)
+        .num("pageable_contiguous_download_gbps", gbps(pageable_down), 2)
+        .num("pageable_contiguous_upload_gbps", gbps(pageable_up), 2)
+        .print();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -804,6 +915,11 @@ int main(int argc, char** argv) {
   app.add_option("--moe-sweep", moe_sweep,
                  "instead of the model runs: one MoE layer at these token counts, every expert GEMM path")
       ->delimiter(',');
+  std::vector<int64_t> kv_copy;
+  app.add_option("--kv-copy", kv_copy,
+                 "instead of the model runs: whole KV blocks device <-> host at these block counts, batched and "
+                 "per layer")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   if (v4_fp8 && which != "v4-flash-slice") {
     std::fprintf(stderr, "--fp8 applies to --model v4-flash-slice only (v3-slice is FP8, v2-lite bf16)\n");
@@ -839,9 +955,11 @@ int main(int argc, char** argv) {
       .integer("memory_bytes", static_cast<int64_t>(prop.totalGlobalMem))
       .print();
   Ceilings ceilings;
-  measure_copy(ceilings);
-  measure_bf16_gemm(ceilings);
-  measure_fp8_gemm(ceilings);
+  if (kv_copy.empty()) {  // --kv-copy measures its own (host <-> device)
+    measure_copy(ceilings);
+    measure_bf16_gemm(ceilings);
+    measure_fp8_gemm(ceilings);
+  }
   if (which == "v4-flash-slice") {
     bench_v4(configs, batches, prefill, steps, prefill_steps, ceilings, profile, v4_fp8);
     return 0;
@@ -849,7 +967,9 @@ int main(int argc, char** argv) {
   for (const auto& [name, precision] :
        {std::pair{"v2-lite", Precision::kBF16}, std::pair{"v3-slice", Precision::kFP8}}) {
     if (which != "all" && which != name) continue;
-    if (!moe_sweep.empty())
+    if (!kv_copy.empty())
+      bench_kv_copy(name, configs, kv_copy);
+    else if (!moe_sweep.empty())
       bench_moe_sweep(name, precision, configs, moe_sweep, ceilings);
     else
       bench_model(name, precision, configs, batches, prefill, chunks, steps, prefill_steps, ceilings, profile);

@@ -33,6 +33,16 @@ class ProfilingBackend final : public backend::Backend {
     timed("download", [&] { s = inner_.download(src, offset, bytes, host); });
     return s;
   }
+  Status download_batch(std::span<const DownloadRegion> regions) override {
+    Status s;
+    timed("download_batch", [&] { s = inner_.download_batch(regions); });
+    return s;
+  }
+  Status upload_batch(std::span<const UploadRegion> regions) override {
+    Status s;
+    timed("upload_batch", [&] { s = inner_.upload_batch(regions); });
+    return s;
+  }
   Status check_model_shapes(const backend::ModelShapes& shapes) const override {
     return inner_.check_model_shapes(shapes);
   }

@@ -1,6 +1,7 @@
 // Engine step: schedule, execute (forward + sample), update; plus request admission and cancellation.
 #include "deepinfer/core/check.h"
 #include "deepinfer/engine/engine.h"
+#include "deepinfer/engine/kv_block_copy.h"
 
 #include "model_executor.h"
 #include "v4_executor.h"
@@ -36,27 +37,24 @@ void Engine::StepGate::unlock() {
 
 
 Status Engine::DeviceBlocks::read(kvcache::BlockId block, std::span<std::byte> out) {
-  GateTurn turn(gate_);
-  for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
-    if (Status status = backend_.download(layer_caches_[layer], static_cast<size_t>(block) * layer_bytes_, layer_bytes_,
-                                          out.data() + layer * layer_bytes_);
-        !status.ok()) {
-      return status;
-    }
-  }
-  return Status::ok_status();
+  std::byte* const payload[] = {out.data()};
+  return read_blocks(std::span(&block, 1), payload);
 }
 
 Status Engine::DeviceBlocks::write(kvcache::BlockId block, std::span<const std::byte> in) {
+  const std::byte* const payload[] = {in.data()};
+  return write_blocks(std::span(&block, 1), payload);
+}
+
+Status Engine::DeviceBlocks::read_blocks(std::span<const kvcache::BlockId> blocks, std::span<std::byte* const> out) {
   GateTurn turn(gate_);
-  for (size_t layer = 0; layer < layer_caches_.size(); ++layer) {
-    if (Status status = backend_.upload(in.data() + layer * layer_bytes_, layer_bytes_, layer_caches_[layer],
-                                        static_cast<size_t>(block) * layer_bytes_);
-        !status.ok()) {
-      return status;
-    }
-  }
-  return Status::ok_status();
+  return download_kv_blocks(backend_, layer_caches_, layer_bytes_, blocks, out);
+}
+
+Status Engine::DeviceBlocks::write_blocks(std::span<const kvcache::BlockId> blocks,
+                                          std::span<const std::byte* const> in) {
+  GateTurn turn(gate_);
+  return upload_kv_blocks(backend_, layer_caches_, layer_bytes_, blocks, in);
 }
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
@@ -666,12 +664,16 @@ Status Engine::import_blocks(std::span<const TokenId> prompt, std::vector<std::v
                  "prompt is computed here",
                  first, blocks.size());
   } else {
-    for (size_t i = first; i < usable_end && written.ok(); ++i) {
+    // Every new block allocated first, then written in one batch.
+    std::vector<const std::byte*> sources;
+    sources.reserve(usable_end - first);
+    for (size_t i = first; i < usable_end; ++i) {
       std::optional<kvcache::BlockId> block = cache.allocate();
       if (!block) break;  // the pool is full: the rest is computed here
       blocks.push_back(*block);
-      written = device_blocks_->write(*block, payloads[i - first]);
+      sources.push_back(payloads[i - first].data());
     }
+    written = device_blocks_->write_blocks(std::span(blocks).subspan(first), sources);
     if (written.ok() && blocks.size() > first) {
       const std::span<const TokenId> tokens = prompt.first(blocks.size() * kvcache::kBlockTokens);
       std::vector<kvcache::NodeId> nodes =
@@ -688,23 +690,39 @@ Status Engine::import_blocks(std::span<const TokenId> prompt, std::vector<std::v
 }
 
 void Engine::export_blocks(const ScheduledBatch& batch) {
+  // Every block this step completed, of every exporting entry, read in one batch.
+  struct Pending {
+    SequenceId sequence;
+    int64_t index;  // the block's position in the prompt
+  };
+  std::vector<Pending> pending;
+  std::vector<kvcache::BlockId> blocks;
   for (const ScheduledEntry& entry : batch.entries) {
     auto it = exports_.find(entry.sequence_id);
     if (it == exports_.end()) continue;
     Export& out = it->second;
     const int64_t done = std::min(entry.end_position() / kvcache::kBlockTokens, out.prompt_blocks);
     for (; out.next_block < done; ++out.next_block) {
-      std::vector<std::byte> payload(block_bytes_);
-      const kvcache::BlockId block = entry.block_table[static_cast<size_t>(out.next_block)];
-      if (Status s = device_blocks_->read(block, payload); !s.ok()) {
-        // The receiver's checksums and timeout end the transfer; this request goes on.
-        spdlog::error("reading KV block {} of sequence {} to send: {}", out.next_block, entry.sequence_id,
-                      s.to_string());
-        exports_.erase(it);
-        break;
-      }
-      out.send(out.next_block, std::move(payload));
+      pending.push_back({entry.sequence_id, out.next_block});
+      blocks.push_back(entry.block_table[static_cast<size_t>(out.next_block)]);
     }
+  }
+  if (blocks.empty()) return;
+  std::vector<std::vector<std::byte>> payloads(blocks.size());
+  std::vector<std::byte*> targets(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    payloads[i].resize(block_bytes_);
+    targets[i] = payloads[i].data();
+  }
+  if (Status s = device_blocks_->read_blocks(blocks, targets); !s.ok()) {
+    // The receivers' checksums and timeouts end those transfers; the requests go on.
+    spdlog::error("reading {} KV blocks to send: {}", blocks.size(), s.to_string());
+    for (const Pending& p : pending) exports_.erase(p.sequence);
+    return;
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto it = exports_.find(pending[i].sequence);
+    if (it != exports_.end()) it->second.send(pending[i].index, std::move(payloads[i]));
   }
 }
 

@@ -1145,6 +1145,52 @@ void check_device_sampling(Pair& p, int64_t vocab, bool timing) {
 // The NCCL communicator with a group of one on this GPU (what one device can show; two ranks need two GPUs:
 // scripts/gpu-check.sh's multi-GPU stage): each collective leaves its tensor as it was / copies it, on the backend's
 // stream, and the host-staged ones round-trip.
+// download_batch / upload_batch (the KV blocks' copies, kv_block_copy.h) against single download / upload: regions of
+// KV-block size scattered over two buffers, a zero-byte one, and one larger than a pinned staging half (16 MiB), so
+// the rounds alternate halves and a region spans rounds.
+void check_batch_copies(Backend& gpu, Random& rng) {
+  const size_t small = 73728, big = (size_t{40} << 20) + 12345;
+  Buffer a = must(gpu.alloc(small * 300), "alloc a");
+  Buffer b = must(gpu.alloc(big + 4096), "alloc b");
+  std::vector<std::vector<std::byte>> src;
+  std::vector<Backend::UploadRegion> up;
+  std::vector<std::pair<const Buffer*, size_t>> where;
+  for (int i = 0; i < 300; i += 3) {  // every third slot of a, in reverse order
+    where.emplace_back(&a, static_cast<size_t>(299 - i) * small);
+  }
+  auto fill = [&](size_t n) {
+    std::vector<std::byte> v(n);
+    for (size_t k = 0; k < n; k += 8) v[k] = static_cast<std::byte>(rng.index(256));
+    return v;
+  };
+  for (auto [buffer, offset] : where) {
+    src.push_back(fill(small));
+    up.push_back({src.back().data(), small, buffer, offset});
+  }
+  up.push_back({nullptr, 0, &a, 0});
+  src.push_back(fill(big));
+  up.push_back({src.back().data(), big, &b, 4096});
+  expect_ok("upload_batch", gpu.upload_batch(up));
+  // The reference: each region downloaded on its own.
+  bool same = true;
+  for (const Backend::UploadRegion& r : up) {
+    std::vector<std::byte> got(r.bytes);
+    if (r.bytes > 0 && !gpu.download(*r.dst, r.dst_offset, r.bytes, got.data()).ok()) same = false;
+    if (r.bytes > 0 && std::memcmp(got.data(), r.host, r.bytes) != 0) same = false;
+  }
+  expect("upload_batch: every region as uploaded (101 regions, one of 40 MiB)", same);
+  std::vector<std::vector<std::byte>> back;
+  std::vector<Backend::DownloadRegion> down;
+  for (const Backend::UploadRegion& r : up) back.emplace_back(r.bytes);
+  for (size_t i = 0; i < up.size(); ++i) down.push_back({up[i].dst, up[i].dst_offset, up[i].bytes, back[i].data()});
+  expect_ok("download_batch", gpu.download_batch(down));
+  same = true;
+  for (size_t i = 0; i < up.size(); ++i) {
+    if (up[i].bytes > 0 && std::memcmp(back[i].data(), up[i].host, up[i].bytes) != 0) same = false;
+  }
+  expect("download_batch: every region as uploaded", same);
+}
+
 void check_nccl(Backend& gpu, Random& rng) {
   auto store = be::serve_tcp_store("127.0.0.1", 0);
   expect_ok("tcp store", store.status());
@@ -1202,6 +1248,7 @@ int main(int argc, char** argv) {
   check_linear(p, "linear fp8 (strided y)", Precision::kFP8, 3, 256, 128, 0, 24, 8e-2);
   check_linear_heads(p, "linear_heads bf16", Precision::kBF16);
   check_linear_heads(p, "linear_heads f32 (per-head loop)", Precision::kF32);
+  check_batch_copies(p.gpu, p.rng);
   check_rowwise(p);
   check_step_ops(p);
   check_mla_prepare(p);

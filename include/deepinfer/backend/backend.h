@@ -283,6 +283,35 @@ class Backend {
   virtual Result<Buffer> alloc(size_t bytes) = 0;
   virtual Status upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) = 0;
   virtual Status download(const Buffer& src, size_t src_offset, size_t bytes, void* host) = 0;
+  // Many copies at once (a KV block is one region of every layer's cache; a transfer moves many blocks): the same
+  // contract as download / upload for each region, one wait for all of them. The default runs them one by one; a
+  // device backend batches them through pinned host staging (CUDA: no pageable copy, one synchronization per
+  // staging round instead of one per region). Regions must not overlap one another. Errors: as download / upload;
+  // on an error the destinations are unspecified.
+  struct DownloadRegion {
+    const Buffer* src = nullptr;
+    size_t src_offset = 0;
+    size_t bytes = 0;
+    void* host = nullptr;  // bytes of host memory, written
+  };
+  struct UploadRegion {
+    const void* host = nullptr;  // bytes of host memory, read
+    size_t bytes = 0;
+    const Buffer* dst = nullptr;
+    size_t dst_offset = 0;
+  };
+  virtual Status download_batch(std::span<const DownloadRegion> regions) {
+    for (const DownloadRegion& r : regions) {
+      if (Status s = download(*r.src, r.src_offset, r.bytes, r.host); !s.ok()) return s;
+    }
+    return Status();
+  }
+  virtual Status upload_batch(std::span<const UploadRegion> regions) {
+    for (const UploadRegion& r : regions) {
+      if (Status s = upload(r.host, r.bytes, *r.dst, r.dst_offset); !s.ok()) return s;
+    }
+    return Status();
+  }
   // Whether this backend runs a model of these shapes (called when a model loads, before any weight is read).
   // Errors: Unsupported naming the limit.
   virtual Status check_model_shapes(const ModelShapes& shapes) const = 0;

@@ -234,6 +234,9 @@ class Engine {
         : backend_(backend), layer_caches_(layer_caches), layer_bytes_(block_bytes / layer_caches.size()), gate_(gate) {}
     Status read(kvcache::BlockId block, std::span<std::byte> out) override;
     Status write(kvcache::BlockId block, std::span<const std::byte> in) override;
+    // Many blocks in one backend batch (kv_block_copy.h); out[i] / in[i] are block_bytes each.
+    Status read_blocks(std::span<const kvcache::BlockId> blocks, std::span<std::byte* const> out);
+    Status write_blocks(std::span<const kvcache::BlockId> blocks, std::span<const std::byte* const> in);
 
    private:
     backend::Backend& backend_;

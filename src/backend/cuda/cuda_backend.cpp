@@ -4,11 +4,15 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "check.h"
 #include "deepinfer/kernels/cuda/moe_grouped.h"
@@ -172,6 +176,10 @@ CudaBackend::~CudaBackend() {
   if (staging_ != nullptr) cudaFreeHost(staging_);
   if (moe_offsets_host_ != nullptr) cudaFreeHost(moe_offsets_host_);
   if (pinned_host_ != nullptr) cudaFreeHost(pinned_host_);
+  for (int h = 0; h < 2; ++h) {
+    if (copy_staging_[h] != nullptr) cudaFreeHost(copy_staging_[h]);
+    if (copy_staged_[h] != nullptr) cudaEventDestroy(copy_staged_[h]);
+  }
   if (staging_copied_ != nullptr) cudaEventDestroy(staging_copied_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -294,6 +302,113 @@ Status CudaBackend::download(const Buffer& src, size_t src_offset, size_t bytes,
       cudaMemcpyAsync(host, static_cast<const char*>(src.data()) + src_offset, bytes, cudaMemcpyDeviceToHost, stream_),
       "download (cudaMemcpyAsync)");
   check_cuda(cudaStreamSynchronize(stream_), "download (cudaStreamSynchronize)");
+  return synchronize();
+}
+
+Status CudaBackend::reserve_copy_staging() {
+  for (int h = 0; h < 2; ++h) {
+    if (copy_staging_[h] == nullptr) {
+      void* p = nullptr;
+      if (cudaError_t err = cudaHostAlloc(&p, kCopyStagingHalf, cudaHostAllocDefault); err != cudaSuccess) {
+        cudaGetLastError();
+        return Status::resource_exhausted("pinned staging of " + std::to_string(kCopyStagingHalf) +
+                                          " bytes for batched copies: " + cuda_error_text(err));
+      }
+      copy_staging_[h] = static_cast<std::byte*>(p);
+    }
+    if (copy_staged_[h] == nullptr) {
+      if (cudaError_t err = cudaEventCreateWithFlags(&copy_staged_[h], cudaEventDisableTiming); err != cudaSuccess) {
+        cudaGetLastError();
+        return Status::internal("cudaEventCreate for batched copies: " + cuda_error_text(err));
+      }
+    }
+  }
+  return Status();
+}
+
+// Round by round: a half is filled with device -> staging copies on the stream and its event recorded; then the
+// other half, whose copies were queued one round earlier, is waited for and scattered into the host memory. So the
+// DMA of one round runs while the CPU copies out the round before.
+Status CudaBackend::download_batch(std::span<const DownloadRegion> regions) {
+  BACKEND_CHECK(!capturing_, "download_batch inside run_graph's ops");
+  for (const DownloadRegion& r : regions) {
+    BACKEND_CHECK(r.src != nullptr && r.src_offset <= r.src->bytes && r.bytes <= r.src->bytes - r.src_offset,
+                  "download_batch: a region of " + std::to_string(r.bytes) + " bytes at offset " +
+                      std::to_string(r.src_offset) + " outside its buffer");
+  }
+  activate();
+  if (Status s = reserve_copy_staging(); !s.ok()) return s;
+  struct Piece {
+    std::byte* host;
+    size_t staged;  // offset in the half
+    size_t bytes;
+  };
+  std::vector<Piece> pieces[2];
+  auto scatter = [&](int h) {
+    if (pieces[h].empty() || failed()) return;
+    check_cuda(cudaEventSynchronize(copy_staged_[h]), "download_batch (cudaEventSynchronize)");
+    if (failed()) return;
+    for (const Piece& p : pieces[h]) std::memcpy(p.host, copy_staging_[h] + p.staged, p.bytes);
+    pieces[h].clear();
+  };
+  int half = 0;
+  size_t used = 0;
+  for (const DownloadRegion& r : regions) {
+    const auto* src = static_cast<const std::byte*>(r.src->data()) + r.src_offset;
+    for (size_t done = 0; done < r.bytes && !failed();) {
+      if (used == kCopyStagingHalf) {
+        check_cuda(cudaEventRecord(copy_staged_[half], stream_), "download_batch (cudaEventRecord)");
+        half ^= 1;
+        used = 0;
+        scatter(half);
+      }
+      const size_t n = std::min(r.bytes - done, kCopyStagingHalf - used);
+      check_cuda(cudaMemcpyAsync(copy_staging_[half] + used, src + done, n, cudaMemcpyDeviceToHost, stream_),
+                 "download_batch (cudaMemcpyAsync)");
+      pieces[half].push_back({static_cast<std::byte*>(r.host) + done, used, n});
+      used += n;
+      done += n;
+    }
+  }
+  if (!failed()) check_cuda(cudaEventRecord(copy_staged_[half], stream_), "download_batch (cudaEventRecord)");
+  scatter(half ^ 1);
+  scatter(half);
+  return synchronize();
+}
+
+// Round by round: the host bytes are gathered into a half (after that half's previous round of copies has read it)
+// and its staging -> device copies queued; one synchronization at the end.
+Status CudaBackend::upload_batch(std::span<const UploadRegion> regions) {
+  BACKEND_CHECK(!capturing_, "upload_batch inside run_graph's ops");
+  for (const UploadRegion& r : regions) {
+    BACKEND_CHECK(r.dst != nullptr && r.dst_offset <= r.dst->bytes && r.bytes <= r.dst->bytes - r.dst_offset,
+                  "upload_batch: a region of " + std::to_string(r.bytes) + " bytes at offset " +
+                      std::to_string(r.dst_offset) + " outside its buffer");
+  }
+  activate();
+  if (Status s = reserve_copy_staging(); !s.ok()) return s;
+  bool queued[2] = {false, false};
+  int half = 0;
+  size_t used = 0;
+  for (const UploadRegion& r : regions) {
+    auto* dst = static_cast<std::byte*>(r.dst->data()) + r.dst_offset;
+    for (size_t done = 0; done < r.bytes && !failed();) {
+      if (used == kCopyStagingHalf) {
+        check_cuda(cudaEventRecord(copy_staged_[half], stream_), "upload_batch (cudaEventRecord)");
+        queued[half] = true;
+        half ^= 1;
+        used = 0;
+        if (queued[half]) check_cuda(cudaEventSynchronize(copy_staged_[half]), "upload_batch (cudaEventSynchronize)");
+        if (failed()) break;
+      }
+      const size_t n = std::min(r.bytes - done, kCopyStagingHalf - used);
+      std::memcpy(copy_staging_[half] + used, static_cast<const std::byte*>(r.host) + done, n);
+      check_cuda(cudaMemcpyAsync(dst + done, copy_staging_[half] + used, n, cudaMemcpyHostToDevice, stream_),
+                 "upload_batch (cudaMemcpyAsync)");
+      used += n;
+      done += n;
+    }
+  }
   return synchronize();
 }
 

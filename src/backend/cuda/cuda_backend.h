@@ -163,6 +163,10 @@ class CudaBackend final : public Backend {
   Result<Buffer> alloc(size_t bytes) override;
   Status upload(const void* host, size_t bytes, const Buffer& dst, size_t dst_offset) override;
   Status download(const Buffer& src, size_t src_offset, size_t bytes, void* host) override;
+  // Through two pinned staging halves (copy_staging_): the regions' copies into one half run on the stream while
+  // the other half's bytes are copied to (or from) their pageable host memory.
+  Status download_batch(std::span<const DownloadRegion> regions) override;
+  Status upload_batch(std::span<const UploadRegion> regions) override;
   Status check_model_shapes(const ModelShapes& shapes) const override;
   Result<DeviceMemory> device_memory() override;
   Status synchronize() override;
@@ -311,6 +315,12 @@ class CudaBackend final : public Backend {
   cudaEvent_t staging_copied_ = nullptr;  // the last H2D copy out of staging_ has finished reading it
   int32_t* moe_offsets_host_ = nullptr;   // pinned, the per-expert offsets of one MoE layer
   void* pinned_host_ = nullptr;           // pinned staging for logits / greedy ids on their way to the host
+  // download_batch / upload_batch: two pinned halves of kCopyStagingHalf bytes (allocated at the first batch) and
+  // the event recorded after the copies of each half's latest round.
+  static constexpr size_t kCopyStagingHalf = size_t{16} << 20;
+  std::byte* copy_staging_[2] = {nullptr, nullptr};
+  cudaEvent_t copy_staged_[2] = {nullptr, nullptr};
+  Status reserve_copy_staging();
   size_t pinned_host_bytes_ = 0;
   HeadResult head_;                       // compute_logits' results of this step
   std::vector<SampledLogprobs> sampled_logprobs_;  // read_sampled_tokens' logprobs (read_sampled_logprobs)
