@@ -117,10 +117,6 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   if (Result<int> pdl = env_choice("DEEPINFER_PDL", {"0", "1"}, "programmatic dependent launch: 1 on, 0 off");
       !pdl.ok())
     return pdl.status();
-  Result<int> batch_copy = env_choice("DEEPINFER_BATCH_COPY", {"staged", "direct"},
-                                      "download_batch / upload_batch: through pinned staging, or straight");
-  if (!batch_copy.ok()) return batch_copy.status();
-  backend->batch_copy_direct_ = *batch_copy == 1;
   Result<int> sampling = env_choice("DEEPINFER_DEVICE_SAMPLING", {"0", "1"}, "1 samples on the GPU, 0 on the host");
   if (!sampling.ok()) return sampling.status();
   if (*sampling >= 0) backend->device_sampling_ = *sampling == 1;
@@ -361,10 +357,10 @@ void copy_pieces(const std::vector<HostPiece>& pieces) {
 }
 }  // namespace
 
-// Staged (the default): round by round, a half is filled with device -> staging copies on the stream and its event
-// recorded; then the other half, whose copies were queued one round earlier, is waited for and scattered into the
-// host memory. So the DMA of one round runs while the CPU copies out the round before. Direct
-// (DEEPINFER_BATCH_COPY=direct): one batch of copies straight into the pageable memory, staged by the driver.
+// Round by round: a half is filled with device -> staging copies on the stream and its event recorded; then the
+// other half, whose copies were queued one round earlier, is waited for and scattered into the host memory. So the
+// DMA of one round runs while the CPU copies out the round before. (One cudaMemcpyBatchAsync straight into the
+// pageable memory, staged by the driver, ran at 1.7-2 GB/s on the H200 machine against this path's 25-27: NOTES.md.)
 Status CudaBackend::download_batch(std::span<const DownloadRegion> regions) {
   BACKEND_CHECK(!capturing_, "download_batch inside run_graph's ops");
   for (const DownloadRegion& r : regions) {
@@ -376,16 +372,6 @@ Status CudaBackend::download_batch(std::span<const DownloadRegion> regions) {
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
-  if (batch_copy_direct_) {
-    for (const DownloadRegion& r : regions) {
-      if (r.bytes == 0) continue;
-      dsts.push_back(r.host);
-      srcs.push_back(static_cast<const std::byte*>(r.src->data()) + r.src_offset);
-      sizes.push_back(r.bytes);
-    }
-    check_cuda(queue_copies(dsts, srcs, sizes), "download_batch (cudaMemcpyBatchAsync)");
-    return synchronize();
-  }
   if (Status s = reserve_copy_staging(); !s.ok()) return s;
   std::vector<HostPiece> pieces[2];
   auto close_round = [&](int h) {
@@ -425,8 +411,8 @@ Status CudaBackend::download_batch(std::span<const DownloadRegion> regions) {
   return synchronize();
 }
 
-// Staged: round by round, the host bytes are gathered into a half (after that half's previous round of copies has
-// read it) and its staging -> device copies queued; one synchronization at the end. Direct: as download_batch's.
+// Round by round: the host bytes are gathered into a half (after that half's previous round of copies has read it)
+// and its staging -> device copies queued; one synchronization at the end.
 Status CudaBackend::upload_batch(std::span<const UploadRegion> regions) {
   BACKEND_CHECK(!capturing_, "upload_batch inside run_graph's ops");
   for (const UploadRegion& r : regions) {
@@ -438,16 +424,6 @@ Status CudaBackend::upload_batch(std::span<const UploadRegion> regions) {
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
-  if (batch_copy_direct_) {
-    for (const UploadRegion& r : regions) {
-      if (r.bytes == 0) continue;
-      dsts.push_back(static_cast<std::byte*>(r.dst->data()) + r.dst_offset);
-      srcs.push_back(r.host);
-      sizes.push_back(r.bytes);
-    }
-    check_cuda(queue_copies(dsts, srcs, sizes), "upload_batch (cudaMemcpyBatchAsync)");
-    return synchronize();
-  }
   if (Status s = reserve_copy_staging(); !s.ok()) return s;
   std::vector<HostPiece> pieces;
   bool queued[2] = {false, false};

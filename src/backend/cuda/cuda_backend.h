@@ -320,7 +320,6 @@ class CudaBackend final : public Backend {
   static constexpr size_t kCopyStagingHalf = size_t{16} << 20;
   std::byte* copy_staging_[2] = {nullptr, nullptr};
   cudaEvent_t copy_staged_[2] = {nullptr, nullptr};
-  bool batch_copy_direct_ = false;  // DEEPINFER_BATCH_COPY=direct: no staging (measurements)
   Status reserve_copy_staging();
   // Queues the copies dsts[i] <- srcs[i] (sizes[i] bytes) on stream_ in one call, then empties the three lists.
   cudaError_t queue_copies(std::vector<void*>& dsts, std::vector<const void*>& srcs, std::vector<size_t>& sizes);
