@@ -30,6 +30,9 @@
 #            tier, bounded replay), and bench/gpu/bench_model --model v4-flash-slice: 4 layers of DeepSeek-V4-Flash's shapes (random weights;
 #            bf16, then --fp8: FP8 where the release has it) on the V4 path, decode at batch 1, 8, 32 (context 4096)
 #            and a 4,096-token prefill (V4_ARGS: more flags)
+#   router   bench/router/replay_policies.sh with DEVICE=cuda: the routing policies on the Mooncake conversation trace
+#            (4 demo-model workers sharing the GPU behind deepinfer router, against one with 4x the KV; ROUTER_ENV:
+#            its settings, e.g. "REQUESTS=800 WORKER_KV=9MiB BIG_KV=36MiB"); JSON lines in $OUT/router_policies.jsonl
 #   spec     bench/bench_speculative --device cuda: the demo model off / MTP K=1..3 / DSpark at batch 1, 8, 32 (each
 #            run's greedy tokens against the plain run's), and the planner's measured step times for V2-Lite and the
 #            V3 slice with an MTP layer (random weights) with the tokens/s they project at given acceptance rates
@@ -43,10 +46,11 @@ BUNDLE=$ROOT/.device-gpu/bundle.tar.xz
 if [ "${1:-}" = prepare ]; then
   CMAKE_BUILD=${CMAKE_BUILD:-build}  # a configured build with DEEPINFER_CUDA=ON
   cmake --build "$CMAKE_BUILD" --target gpu_check_mla gpu_check_gemm gpu_check_ops gpu_check_prefill \
-    gpu_check_backend model_tests bench_model bench_speculative deepinfer || exit 1
+    gpu_check_backend model_tests bench_model bench_speculative bench_replay deepinfer || exit 1
   stage=$(mktemp -d) && mkdir -p "$stage/bin" "$stage/lib" "$stage/tokenizer"
   bins="tests/gpu/gpu_check_mla tests/gpu/gpu_check_gemm tests/gpu/gpu_check_ops tests/gpu/gpu_check_prefill
-        tests/gpu/gpu_check_backend tests/model_tests bench/gpu/bench_model bench/bench_speculative apps/deepinfer"
+        tests/gpu/gpu_check_backend tests/model_tests bench/gpu/bench_model bench/bench_speculative bench/bench_replay
+        apps/deepinfer"
   for b in $bins; do cp "$CMAKE_BUILD/$b" "$stage/bin/"; done
   strip "$stage"/bin/*
   # Every shared library they link but CUDA's and the C/C++ runtime's (the GPU machine has those).
@@ -180,6 +184,13 @@ if want v4; then
   run v4_serve 240 bash tests/cli/v4_serve.sh "$BIN/deepinfer" "$WORK/tokenizer-demo" cuda
   run bench_v4 300 "$BIN/bench_model" --model v4-flash-slice --batches 1,8,32 --prefill 4096 ${V4_ARGS:-}
   run bench_v4_fp8 300 "$BIN/bench_model" --model v4-flash-slice --fp8 --batches 1,8,32 --prefill 4096 ${V4_ARGS:-}
+fi
+if want router; then
+  unpack_demo
+  log "router (policies on the trace replay, workers on cuda): ${ROUTER_ENV:-defaults}"
+  env ${ROUTER_ENV:-} DEVICE=cuda DEEPINFER_BIN="$BIN/deepinfer" REPLAY_BIN="$BIN/bench_replay" MODEL="$WORK/models/demo" \
+    timeout 560 bash bench/router/replay_policies.sh "$OUT/router_policies.jsonl" >"$OUT/router_policies.stderr" 2>&1
+  log "router: exit $?; $(grep -c '"bench":"live_replay"' "$OUT/router_policies.jsonl" 2>/dev/null) runs"
 fi
 if want spec; then
   unpack_demo

@@ -12,7 +12,9 @@
 #
 #   bash bench/router/replay_policies.sh [OUT.jsonl]
 #
-# Settings (environment): BUILD_DIR (build), MODEL (models/demo), TRACE (conversation trace), REQUESTS (200),
+# Settings (environment): BUILD_DIR (build; or DEEPINFER_BIN and REPLAY_BIN, the two binaries), DEVICE (cpu; cuda:
+# the workers share one GPU, and a CUDA block holds half the bytes of a CPU one, bf16 against float32, so the
+# same KV sizes hold twice the blocks), MODEL (models/demo), TRACE (conversation trace), REQUESTS (200),
 # BLOCK_TOKENS (64), MAX_PROMPT_TOKENS (512), MAX_TOKENS (4), CONCURRENCY (4), WORKER_KV (9MiB: 96 blocks of the
 # demo model), BIG_KV (36MiB), WORKER_THREADS (CPU threads per worker of the 4: max(1, nproc / 4); the single
 # worker gets nproc, so every setup has the machine's cores), PORT (18600..), RUNS (default "kv-aware round-robin least-load consistent-hash
@@ -36,8 +38,9 @@ PORT=${PORT:-18600}
 WORKER_THREADS=${WORKER_THREADS:-$(( $(nproc) / 4 > 1 ? $(nproc) / 4 : 1 ))}
 RUNS=${RUNS:-"kv-aware round-robin least-load consistent-hash consistent-hash-scaled single-4x"}
 
-BIN=$BUILD_DIR/apps/deepinfer
-REPLAY_BIN=$BUILD_DIR/bench/bench_replay
+DEVICE=${DEVICE:-cpu}
+BIN=${DEEPINFER_BIN:-$BUILD_DIR/apps/deepinfer}
+REPLAY_BIN=${REPLAY_BIN:-$BUILD_DIR/bench/bench_replay}
 for bin in "$BIN" "$REPLAY_BIN"; do
   [[ -x $bin ]] || { echo "replay_policies.sh: $bin is missing; build deepinfer and bench_replay" >&2; exit 1; }
 done
@@ -63,7 +66,7 @@ wait_health() {  # URL [healthy workers]
 start_worker() {  # INDEX KV THREADS; sets URL (no command substitution: PIDS must be this shell's)
   local port=$((PORT + 1 + $1))
   URL="http://127.0.0.1:$port"
-  OMP_NUM_THREADS=$3 OPENBLAS_NUM_THREADS=$3 "$BIN" serve --device cpu --model-path "$MODEL" --host 127.0.0.1 --port "$port" --kv-cache-memory "$2" \
+  OMP_NUM_THREADS=$3 OPENBLAS_NUM_THREADS=$3 "$BIN" serve --device "$DEVICE" --model-path "$MODEL" --host 127.0.0.1 --port "$port" --kv-cache-memory "$2" \
     --kv-events-endpoint "tcp://127.0.0.1:$((PORT + 20 + 2 * $1))" \
     --kv-events-replay-endpoint "tcp://127.0.0.1:$((PORT + 21 + 2 * $1))" >"$LOGDIR/worker$1.log" 2>&1 &
   PIDS+=($!)
@@ -71,7 +74,7 @@ start_worker() {  # INDEX KV THREADS; sets URL (no command substitution: PIDS mu
 
 LOGDIR=$(mktemp -d)
 mkdir -p "$(dirname "$OUT")"
-printf '{"bench":"router_policies_setup","command":"bash bench/router/replay_policies.sh %s","date":"%s","host":"%s","cpus":%s,"model":"%s","trace":"%s","requests":%s,"block_tokens":%s,"max_prompt_tokens":%s,"max_tokens":%s,"concurrency":%s,"worker_kv":"%s","big_kv":"%s","worker_threads":%s,"runs":"%s"}\n' \
+printf '{"bench":"router_policies_setup","command":"bash bench/router/replay_policies.sh %s","device":"'"$DEVICE"'","date":"%s","host":"%s","cpus":%s,"model":"%s","trace":"%s","requests":%s,"block_tokens":%s,"max_prompt_tokens":%s,"max_tokens":%s,"concurrency":%s,"worker_kv":"%s","big_kv":"%s","worker_threads":%s,"runs":"%s"}\n' \
   "${1:-}" "$(date -u +%FT%TZ)" "$(uname -n)" "$(nproc)" "$MODEL" "$(basename "$TRACE" .jsonl)" "$REQUESTS" \
   "$BLOCK_TOKENS" "$MAX_PROMPT_TOKENS" "$MAX_TOKENS" "$CONCURRENCY" "$WORKER_KV" "$BIG_KV" "$WORKER_THREADS" "$RUNS" >"$OUT"
 
