@@ -83,7 +83,7 @@ class Outbox final : public engine::EventSink, public std::enable_shared_from_th
     std::string message;
   };
 
-  explicit Outbox(asio::any_io_executor strand) : strand_(strand), timer_(strand) {}
+  Outbox(asio::any_io_executor strand, Metrics& metrics) : strand_(strand), timer_(strand), metrics_(metrics) {}
 
   void push(Item item) {
     {
@@ -107,6 +107,8 @@ class Outbox final : public engine::EventSink, public std::enable_shared_from_th
       if (!event.error.ok()) {
         push({Item::Kind::kError, 0, {}, event.error.message()});
       } else if (event.event.finished) {
+        // The prefill's cache hits, as a completion's are counted (it ends cancelled once every block is out).
+        metrics_.prompt_tokens_cached += event.event.num_cached_tokens;
         const engine::FinishReason reason = event.event.finish_reason;
         if (reason == engine::FinishReason::kStop || reason == engine::FinishReason::kLength) {
           push({Item::Kind::kDone, 0, {}, {}});
@@ -160,6 +162,7 @@ class Outbox final : public engine::EventSink, public std::enable_shared_from_th
  private:
   asio::any_io_executor strand_;
   asio::steady_timer timer_;
+  Metrics& metrics_;  // the server's: outlives its engine client, which holds this outbox
   std::mutex mu_;
   std::deque<Item> items_;   // GUARDED_BY(mu_)
   bool wake_posted_ = false;  // GUARDED_BY(mu_)
@@ -442,7 +445,7 @@ awaitable<void> serve_transfer(std::shared_ptr<KvStream> stream_ptr, engine::Eng
   const int64_t expected = static_cast<int64_t>(tokens) / kvcache::kBlockTokens - first;
   metrics.prompt_tokens += static_cast<int64_t>(tokens);
 
-  auto outbox = std::make_shared<Outbox>(co_await asio::this_coro::executor);
+  auto outbox = std::make_shared<Outbox>(co_await asio::this_coro::executor, metrics);
   engine::SamplingParams params;
   params.max_tokens = 1;
   params.temperature = 0.0f;

@@ -246,8 +246,11 @@ try:
     reference[long_q] = answer(chat(long_q, 16, system=systems[q0]))
     received = 'deepinfer_kv_transfer_blocks_total{direction="received"}'
     before_each, before_r = [metrics(dport).get(received, 0), metrics(d2port).get(received, 0)], metrics(rport)
+    prefill_cached = "deepinfer_prompt_tokens_cached_total"
+    before_pc = metrics(pport).get(prefill_cached, 0)
     s, body = request(rport, "/v1/chat/completions", chat(long_q, 16, system=systems[q0]))
     after_each, after_r = [metrics(dport).get(received, 0), metrics(d2port).get(received, 0)], metrics(rport)
+    after_pc = metrics(pport).get(prefill_cached, 0)
     usage = json.loads(body)["usage"]
     each = [a - b for a, b in zip(after_each, before_each)]  # blocks each decode worker received for this turn
     got = sum(each)
@@ -265,6 +268,11 @@ try:
           usage["prompt_tokens_details"]["cached_tokens"] == whole_blocks * 64,
           f"a long later turn: only the blocks the decode worker lacks were sent ({got:.0f} of {whole_blocks}"
           f"{f', {retried:.0f} retries, per worker {each}' if retried else ''}), all {whole_blocks} reused, same answer")
+
+    # The prefill worker computed the first turn of this system prompt: its cache hits count in its own metrics.
+    check(after_pc - before_pc >= 64 and (after_pc - before_pc) % 64 == 0,
+          f"the prefill worker counts its transfer's cache hits: deepinfer_prompt_tokens_cached_total "
+          f"+{after_pc - before_pc:.0f}")
 
     # The decode side's faults: straight to the decode worker, naming a misbehaving prefill endpoint.
     q = "How do I list files?"
