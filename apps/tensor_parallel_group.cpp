@@ -262,6 +262,11 @@ class WatchedClient final : public engine::EngineClient {
     live_->forget_ticket(ticket);
     inner_->cancel(ticket);
   }
+  void reserve_kv_blocks(std::vector<TokenId> tokens,
+                         std::function<void(Result<engine::KvReservation>)> done) override {
+    inner_->reserve_kv_blocks(std::move(tokens), std::move(done));
+  }
+  void release_kv_blocks(uint64_t reservation) override { inner_->release_kv_blocks(reservation); }
   engine::EngineLoad load() const override { return inner_->load(); }
   void stop() override { inner_->stop(); }
 

@@ -52,6 +52,10 @@ class BlockSource final : public engine::EngineClient {
     return next_++;
   }
   void cancel(Ticket) override {}
+  void reserve_kv_blocks(std::vector<TokenId>, std::function<void(Result<engine::KvReservation>)> done) override {
+    done(Status::unsupported("the benchmark's prefill side reserves nothing"));
+  }
+  void release_kv_blocks(uint64_t) override {}
   engine::EngineLoad load() const override { return {}; }
   void stop() override {}
 

@@ -570,11 +570,22 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
 }
 
 Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingParams& params, KvHandoff handoff) {
+  // A reservation ends with this submit, whatever its outcome (import_reserved consumes it on the way).
+  struct EndReservation {
+    Engine& engine;
+    uint64_t id;
+    ~EndReservation() {
+      if (id != 0) engine.release_kv_blocks(id);
+    }
+  } end_reservation{*this, handoff.reservation};
   const model::ModelConfig& c = model_config_;
   if (v4_model_ && !handoff.empty()) {
     return Status::failed_precondition("KV handoff (prefill/decode disaggregation) does not run DeepSeek-V4 yet");
   }
   if (prompt.empty()) return Status::invalid_argument("the prompt has no tokens");
+  if (!handoff.import_blocks.empty() && handoff.reservation == 0) {
+    return Status::invalid_argument("KV blocks from a prefill worker go into a reservation (reserve_kv_blocks)");
+  }
   if (Status s = params.validate(c.vocab_size); !s.ok()) return s;
   static const size_t classes = kvcache::RetentionConfig::defaults().classes.size();
   if (params.kv_ttl_class >= classes) {
@@ -602,8 +613,9 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
     for (int64_t eos : c.eos_token_ids) request.stop_token_ids.push_back(static_cast<TokenId>(eos));
   }
   const SequenceId id = request.id;
-  if (!handoff.import_blocks.empty()) {
-    if (Status s = import_blocks(prompt, handoff.import_blocks, handoff.import_first_block, params.kv_ttl_class);
+  if (handoff.reservation != 0) {
+    if (Status s = import_reserved(handoff.reservation, handoff.import_blocks, handoff.import_first_block,
+                                   params.kv_ttl_class);
         !s.ok()) {
       return s;
     }
@@ -620,9 +632,9 @@ Result<SequenceId> Engine::submit(std::vector<TokenId> prompt, const SamplingPar
   return id;
 }
 
-Status Engine::import_blocks(std::span<const TokenId> prompt, std::vector<std::vector<std::byte>>& payloads,
-                             int64_t first_block, kvcache::TtlClassId ttl_class) {
+Result<KvReservation> Engine::reserve_kv_blocks(std::span<const TokenId> tokens) {
   kvcache::KvCacheManager& cache = scheduler_.cache();
+  if (v4_model_) return Status::failed_precondition("KV handoff does not run DeepSeek-V4 yet");
   if (!cache.prefix_caching()) {
     return Status::failed_precondition("KV blocks from a prefill worker need the prefix cache (not --no-prefix-caching)");
   }
@@ -630,63 +642,79 @@ Status Engine::import_blocks(std::span<const TokenId> prompt, std::vector<std::v
     return Status::failed_precondition("KV blocks from a prefill worker: models with sliding-window caches are not "
                                        "handed over yet");
   }
+  const size_t n = tokens.size() / kvcache::kBlockTokens;
+  Reservation r;
+  r.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n * kvcache::kBlockTokens));
+  r.chain = kvcache::block_hash_chain(r.tokens, scheduler_.config().fingerprint);
+  for (size_t i = 0; i < n; ++i) {
+    std::optional<kvcache::BlockId> held = cache.device_block_of(r.chain[i]);
+    if (!held) break;
+    cache.retain(*held);
+    r.held.push_back(*held);
+  }
+  const size_t wanted = n - r.held.size();
+  for (size_t i = 0; i < wanted; ++i) {
+    std::optional<kvcache::BlockId> block = cache.allocate();
+    if (!block) break;
+    r.blocks.push_back(*block);
+  }
+  if (r.blocks.size() < wanted) {
+    const size_t got = r.blocks.size();
+    for (kvcache::BlockId block : r.held) cache.release(block);
+    for (kvcache::BlockId block : r.blocks) cache.release(block);
+    return Status::resource_exhausted("the KV cache has room for " + std::to_string(got) + " of the " +
+                                      std::to_string(wanted) + " blocks a transfer would bring");
+  }
+  KvReservation out;
+  out.id = next_reservation_++;
+  out.first_block = static_cast<int64_t>(r.held.size());
+  out.blocks = r.blocks;
+  reservations_.emplace(out.id, std::move(r));
+  return out;
+}
+
+void Engine::release_kv_blocks(uint64_t reservation) {
+  auto it = reservations_.find(reservation);
+  if (it == reservations_.end()) return;
+  kvcache::KvCacheManager& cache = scheduler_.cache();
+  for (kvcache::BlockId block : it->second.held) cache.release(block);
+  for (kvcache::BlockId block : it->second.blocks) cache.release(block);
+  reservations_.erase(it);
+}
+
+Status Engine::import_reserved(uint64_t reservation, std::vector<std::vector<std::byte>>& payloads,
+                               int64_t first_block, kvcache::TtlClassId ttl_class) {
+  auto it = reservations_.find(reservation);
+  if (it == reservations_.end()) return Status::invalid_argument("KV reservation " + std::to_string(reservation) +
+                                                                 " is not open (released, or used by a submit)");
+  Reservation& r = it->second;
+  if (first_block != static_cast<int64_t>(r.held.size()) || payloads.size() != r.blocks.size()) {
+    return Status::invalid_argument("KV blocks from a prefill worker: " + std::to_string(payloads.size()) +
+                                    " blocks from block " + std::to_string(first_block) + ", but the reservation is " +
+                                    std::to_string(r.blocks.size()) + " from block " + std::to_string(r.held.size()));
+  }
+  std::vector<const std::byte*> sources;
   for (const std::vector<std::byte>& payload : payloads) {
     if (payload.size() != block_bytes_) {
       return Status::invalid_argument("a KV block from the prefill worker has " + std::to_string(payload.size()) +
                                       " bytes; this worker's blocks have " + std::to_string(block_bytes_) +
                                       " (another model, cache dtype or speculative setting)");
     }
+    sources.push_back(payload.data());
   }
-  if (first_block < 0) return Status::invalid_argument("import_first_block must be >= 0");
-  // Admission computes at least the prompt's last token, so blocks past (prompt - 1) / 64 would never be reused.
-  const size_t usable_end = std::min(static_cast<size_t>(first_block) + payloads.size(),
-                                     (prompt.size() - 1) / kvcache::kBlockTokens);
-  const size_t first = static_cast<size_t>(first_block);
-  if (usable_end <= first) {
-    payloads.clear();
-    return Status::ok_status();
-  }
-  const std::vector<kvcache::BlockHash> chain =
-      kvcache::block_hash_chain(prompt.first(usable_end * kvcache::kBlockTokens), scheduler_.config().fingerprint);
-  // The blocks the prefill worker did not send must be cached on the device here; held (retained) while the new
-  // ones are allocated, so that no allocation evicts them.
-  std::vector<kvcache::BlockId> blocks;
-  blocks.reserve(usable_end);
-  for (size_t i = 0; i < first; ++i) {
-    std::optional<kvcache::BlockId> held = cache.device_block_of(chain[i]);
-    if (!held) break;
-    cache.retain(*held);
-    blocks.push_back(*held);
-  }
-  Status written;
-  if (blocks.size() < first) {
-    spdlog::warn("KV blocks from a prefill worker start at block {}, but block {} is no longer cached here: the "
-                 "prompt is computed here",
-                 first, blocks.size());
-  } else {
-    // Every new block allocated first, then written in one batch.
-    std::vector<const std::byte*> sources;
-    sources.reserve(usable_end - first);
-    for (size_t i = first; i < usable_end; ++i) {
-      std::optional<kvcache::BlockId> block = cache.allocate();
-      if (!block) break;  // the pool is full: the rest is computed here
-      blocks.push_back(*block);
-      sources.push_back(payloads[i - first].data());
-    }
-    written = device_blocks_->write_blocks(std::span(blocks).subspan(first), sources);
-    if (written.ok() && blocks.size() > first) {
-      const std::span<const TokenId> tokens = prompt.first(blocks.size() * kvcache::kBlockTokens);
-      std::vector<kvcache::NodeId> nodes =
-          cache.insert(std::span(chain).first(blocks.size()), blocks,
-                       cache.publishes_events() ? tokens : std::span<const TokenId>{}, ttl_class);
-      cache.release_nodes(nodes);
-      if (kv_events_) kv_events_->flush();
-    }
-  }
-  // Cached ones stay cached (the held prefix among them), the rest are free again.
-  for (kvcache::BlockId block : blocks) cache.release(block);
+  if (Status s = device_blocks_->write_blocks(r.blocks, sources); !s.ok()) return s;
   payloads.clear();
-  return written;
+  if (!r.blocks.empty()) {
+    kvcache::KvCacheManager& cache = scheduler_.cache();
+    std::vector<kvcache::BlockId> all = r.held;
+    all.insert(all.end(), r.blocks.begin(), r.blocks.end());
+    std::vector<kvcache::NodeId> nodes = cache.insert(
+        r.chain, all, cache.publishes_events() ? std::span<const TokenId>(r.tokens) : std::span<const TokenId>{},
+        ttl_class);
+    cache.release_nodes(nodes);
+    if (kv_events_) kv_events_->flush();
+  }
+  return Status::ok_status();  // the caller's EndReservation releases the holds: cached blocks stay cached
 }
 
 void Engine::export_blocks(const ScheduledBatch& batch) {

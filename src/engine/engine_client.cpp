@@ -19,6 +19,10 @@ class EngineAdapter final : public StepEngine {
                                     KvHandoff handoff) override {
     return engine_->submit(std::move(prompt), params, std::move(handoff));
   }
+  Result<KvReservation> reserve_kv_blocks(std::span<const TokenId> tokens) override {
+    return engine_->reserve_kv_blocks(tokens);
+  }
+  void release_kv_blocks(uint64_t reservation) override { engine_->release_kv_blocks(reservation); }
   Status cancel(SequenceId id) override { return engine_->cancel(id); }
   Result<std::vector<TokenEvent>> step() override { return engine_->step(); }
   bool has_pending_work() const override { return engine_->has_pending_work(); }
@@ -77,6 +81,31 @@ void InProcessEngineClient::cancel(Ticket ticket) {
     std::lock_guard lock(mu_);
     if (stopping_) return;
     commands_.push_back(Cancel{ticket});
+  }
+  wake_.notify_one();
+}
+
+void InProcessEngineClient::reserve_kv_blocks(std::vector<TokenId> tokens,
+                                              std::function<void(Result<KvReservation>)> done) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      commands_.push_back(Reserve{std::move(tokens), std::move(done)});
+      done = nullptr;
+    }
+  }
+  if (done) {  // the engine thread is gone: answer here
+    done(Status::shutting_down("the server is shutting down"));
+    return;
+  }
+  wake_.notify_one();
+}
+
+void InProcessEngineClient::release_kv_blocks(uint64_t reservation) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    commands_.push_back(Release{reservation});
   }
   wake_.notify_one();
 }
@@ -149,7 +178,7 @@ void InProcessEngineClient::fail_all(const Status& error) {
 }
 
 void InProcessEngineClient::run() {
-  std::deque<std::variant<Submit, Cancel>> commands;
+  std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands;
   while (true) {
     bool stopping = false;
     {
@@ -169,6 +198,11 @@ void InProcessEngineClient::run() {
         } else {
           apply(*submit);
         }
+      } else if (auto* reserve = std::get_if<Reserve>(&command)) {
+        reserve->done(stopping ? Result<KvReservation>(Status::shutting_down("the server is shutting down"))
+                               : engine_->reserve_kv_blocks(reserve->tokens));
+      } else if (auto* release = std::get_if<Release>(&command)) {
+        engine_->release_kv_blocks(release->reservation);
       } else {
         apply(std::get<Cancel>(command));
       }

@@ -204,7 +204,7 @@ struct Router::Impl {
   awaitable<Outcome> proxy(beast::tcp_stream& client, const http::request<http::string_body>& request, int32_t worker,
                            bool may_retry, bool keep_alive, Clock::time_point arrival, Dialect dialect,
                            std::function<void()> on_first_byte, std::string& failure,
-                           std::optional<std::string> prefill_endpoint, int32_t prefill_skip_blocks);
+                           std::optional<std::string> prefill_endpoint);
   awaitable<std::optional<std::pair<int, std::string>>> get(const WorkerAddress& address, std::string target,
                                                             int32_t timeout_ms);
   awaitable<void> health_loop(int32_t worker);
@@ -600,7 +600,6 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
     Decision decision;
     Decision prefill_decision;
     std::optional<std::string> prefill_endpoint;
-    int32_t prefill_skip_blocks = 0;
     {
       std::lock_guard lock(mu);
       std::vector<WorkerState> states;
@@ -649,12 +648,8 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
           prefill.predicted_cached_tokens += static_cast<uint64_t>(prefill_decision.cached_tokens);
           const std::string host =
               prefill.address.host.find(':') != std::string::npos ? "[" + prefill.address.host + "]" : prefill.address.host;
+          // The decode worker asks for only the blocks its device lacks (it knows them: KvReservation).
           prefill_endpoint = host + ":" + std::to_string(prefill.kv_transfer_port);
-          // The decode worker's leading blocks on its device (as the index knows them) are not sent again.
-          if (!route.matches.empty()) {
-            const PrefixMatch& held = route.matches[static_cast<size_t>(decision.worker)];
-            prefill_skip_blocks = std::max(0, held.blocks - held.host_blocks - held.disk_blocks);
-          }
         }
       }
       if (disaggregated && routed) ++prefill_where[prefill_endpoint ? "remote" : "local"];
@@ -685,7 +680,7 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
     };
     const bool may_retry = attempt < config.max_retries;
     Outcome outcome = co_await proxy(client, request, w, may_retry, keep_alive, arrival, dialect, release_pending,
-                                     failure, prefill_endpoint, prefill_skip_blocks);
+                                     failure, prefill_endpoint);
     release_pending();
     {
       std::lock_guard lock(mu);
@@ -719,8 +714,7 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
                                                      bool may_retry, bool keep_alive, Clock::time_point arrival,
                                                      Dialect dialect, std::function<void()> on_first_byte,
                                                      std::string& failure,
-                                                     std::optional<std::string> prefill_endpoint,
-                                                     int32_t prefill_skip_blocks) {
+                                                     std::optional<std::string> prefill_endpoint) {
   const Worker& worker = workers[static_cast<size_t>(w)];  // url and address never change
   auto executor = co_await asio::this_coro::executor;
   beast::tcp_stream upstream(executor);
@@ -747,11 +741,7 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
   out.set(http::field::host, worker.address.host + ":" + std::to_string(worker.address.port));
   // Only the router names a prefill worker: a client's header would make a decode worker connect where it says.
   out.erase("X-KV-Prefill-Endpoint");
-  out.erase("X-KV-Prefill-Skip-Blocks");
-  if (prefill_endpoint) {
-    out.set("X-KV-Prefill-Endpoint", *prefill_endpoint);
-    if (prefill_skip_blocks > 0) out.set("X-KV-Prefill-Skip-Blocks", std::to_string(prefill_skip_blocks));
-  }
+  if (prefill_endpoint) out.set("X-KV-Prefill-Endpoint", *prefill_endpoint);
   out.body() = request.body();
   out.keep_alive(false);
   out.prepare_payload();

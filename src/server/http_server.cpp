@@ -46,6 +46,19 @@ constexpr uint64_t kDiscardBodyBytes = 64 * 1024;  // a refused request's body u
 constexpr int kReservedFileDescriptors = 64;  // kept free of connections: engine, disk tier, logs, accept()
 constexpr std::string_view kJson = "application/json";
 constexpr std::string_view kClientGone = "the client went away";
+
+// Ends an engine KV reservation (the decode side's first phase) that no submit took over: a failed transfer, a
+// client gone, any early return. id 0: nothing to end.
+struct KvReservationGuard {
+  explicit KvReservationGuard(engine::EngineClient& engine) : engine(engine) {}
+  ~KvReservationGuard() {
+    if (id != 0) engine.release_kv_blocks(id);
+  }
+  KvReservationGuard(const KvReservationGuard&) = delete;
+  KvReservationGuard& operator=(const KvReservationGuard&) = delete;
+  engine::EngineClient& engine;
+  uint64_t id = 0;
+};
 constexpr std::string_view kPrometheusText = "text/plain; version=0.0.4; charset=utf-8";
 
 double seconds_since(Clock::time_point start, Clock::time_point end = Clock::now()) {
@@ -310,6 +323,10 @@ struct Server::Impl {
   awaitable<void> handle(std::shared_ptr<Connection> conn, Request& request);
   awaitable<int> dispatch(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info);
   awaitable<int> generate(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info, Route route);
+  // Role decode: the engine's reservation for a transfer's blocks (EngineClient::reserve_kv_blocks), awaited on
+  // this coroutine's executor for at most `timeout`; one that arrives later is released.
+  awaitable<Result<engine::KvReservation>> reserve_kv_blocks(std::vector<TokenId> tokens,
+                                                             std::chrono::milliseconds timeout);
   awaitable<void> watch_disconnect(std::shared_ptr<Connection> conn, std::shared_ptr<RequestChannel> channel);
   awaitable<void> watch_disconnect_during_fetch(std::shared_ptr<Connection> conn,
                                                 std::shared_ptr<KvFetchControl> control,
@@ -956,6 +973,38 @@ awaitable<void> Server::Impl::watch_disconnect_during_fetch(std::shared_ptr<Conn
   }
 }
 
+awaitable<Result<engine::KvReservation>> Server::Impl::reserve_kv_blocks(std::vector<TokenId> tokens,
+                                                                         std::chrono::milliseconds timeout) {
+  struct Waiting {
+    explicit Waiting(asio::any_io_executor executor) : timer(executor) {}
+    asio::steady_timer timer;
+    std::optional<Result<engine::KvReservation>> result;  // on the executor only
+    bool abandoned = false;                               // on the executor only
+  };
+  const asio::any_io_executor executor = co_await asio::this_coro::executor;
+  auto waiting = std::make_shared<Waiting>(executor);
+  waiting->timer.expires_after(timeout);
+  engine::EngineClient* engine = client.get();  // outlives the io_context
+  client->reserve_kv_blocks(std::move(tokens), [waiting, executor, engine](Result<engine::KvReservation> result) {
+    asio::post(executor, [waiting, engine, result = std::move(result)]() mutable {
+      if (waiting->abandoned) {
+        if (result.ok()) engine->release_kv_blocks(result->id);
+        return;
+      }
+      waiting->result = std::move(result);
+      waiting->timer.cancel();
+    });
+  });
+  boost::system::error_code ec;
+  co_await waiting->timer.async_wait(asio::redirect_error(use_awaitable, ec));
+  if (!waiting->result) {
+    waiting->abandoned = true;
+    co_return Status::io_error("timed out after " + std::to_string(timeout.count()) +
+                               " ms waiting for the engine to reserve KV blocks");
+  }
+  co_return std::move(*waiting->result);
+}
+
 awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request& request, RequestInfo& info,
                                       Route route) {
   const Dialect dialect = route == Route::kMessages ? Dialect::kAnthropic : Dialect::kOpenAI;
@@ -1015,32 +1064,41 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
     }
     prefill_endpoint = std::string(header->value());
   }
-  // Leading prompt blocks this worker holds on its device (the router's index says so): not sent again.
-  int64_t skip_blocks = 0;
-  if (auto header = request.find("X-KV-Prefill-Skip-Blocks"); prefill_endpoint && header != request.end()) {
-    const std::string value(header->value());
-    char* end = nullptr;
-    const long long parsed = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || end != value.c_str() + value.size() || parsed < 0) {
-      const ApiError error = bad_request(fmt::format("header X-KV-Prefill-Skip-Blocks: '{}' is not a block count", value));
-      metrics.count_outcome("error_400");
-      co_return co_await send_error(*conn, info, error, dialect);
-    }
-    skip_blocks = parsed;
-  }
   request.body().clear();
   request.body().shrink_to_fit();
 
   // Disaggregated: the prefill worker computes the prompt's whole blocks (all but the last token's, which this
-  // worker computes with the first token) and moves their KV here, checked, before the request is queued.
+  // worker computes with the first token) and moves their KV here, checked, before the request is queued. Two
+  // phases: first the engine holds the leading blocks this device caches and reserves blocks for the rest (so the
+  // transfer asks only for what is missing, and a full pool is known before any block moves); then the transfer.
   engine::KvHandoff handoff;
-  if (prefill_endpoint) {
-    const size_t blocks = (plan.prompt_token_ids.size() - 1) / kBlockTokens;
-    if (static_cast<int64_t>(blocks) > skip_blocks) {
+  KvReservationGuard reservation(*client);
+  const size_t blocks = prefill_endpoint ? (plan.prompt_token_ids.size() - 1) / kBlockTokens : 0;
+  if (blocks > 0) {
+    Result<engine::KvReservation> reserved = co_await reserve_kv_blocks(
+        std::vector<TokenId>(plan.prompt_token_ids.begin(),
+                             plan.prompt_token_ids.begin() + static_cast<std::ptrdiff_t>(blocks * kBlockTokens)),
+        std::chrono::milliseconds(kv_options.timeout_ms));
+    if (reserved.ok()) {
+      reservation.id = reserved->id;
+      handoff.reservation = reserved->id;
+      handoff.import_first_block = reserved->first_block;
+    } else {
+      const StatusCode code = reserved.status().code();
+      metrics.count_kv_transfer_failure(code == StatusCode::kResourceExhausted ? "no_room"
+                                        : code == StatusCode::kIoError          ? "timeout"
+                                                                                : "refused");
+      spdlog::warn("KV transfer from {}: {}; computing the prompt here", *prefill_endpoint,
+                   reserved.status().message());
+    }
+  }
+  if (handoff.reservation != 0) {
+    const int64_t first_missing = handoff.import_first_block;
+    if (static_cast<int64_t>(blocks) > first_missing) {
       kvcache::transfer::KvTransferRequest ask;
       ask.fingerprint_hex = config.model_fingerprint_hex;
       ask.ttl_class = static_cast<uint32_t>(plan.params.kv_ttl_class);
-      ask.first_block = static_cast<uint32_t>(skip_blocks);
+      ask.first_block = static_cast<uint32_t>(first_missing);
       // The whole blocks and the next token: the prefill worker then reuses every block it caches (kv_wire.h).
       ask.tokens.assign(plan.prompt_token_ids.begin(),
                         plan.prompt_token_ids.begin() + static_cast<std::ptrdiff_t>(blocks * kBlockTokens + 1));
@@ -1073,14 +1131,15 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
       if (fetched.ok()) {
         metrics.kv_transfer_seconds.observe(seconds_since(asked));
         handoff.import_blocks = std::move(fetched).value();
-        handoff.import_first_block = skip_blocks;
       } else {
         metrics.count_kv_transfer_failure(reason);
         spdlog::warn("KV transfer from {} failed ({}); computing the prompt here: {}", *prefill_endpoint, reason,
                      fetched.status().message());
+        handoff = {};  // the reservation's blocks go back (the guard)
       }
     }
   }
+  if (handoff.reservation != 0) reservation.id = 0;  // the submit ends it, whatever its outcome
 
   FinishInfo finish;
   finish.prompt_tokens = static_cast<int64_t>(plan.prompt_token_ids.size());

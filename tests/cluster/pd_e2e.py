@@ -274,9 +274,10 @@ try:
           f"the prefill worker counts its transfer's cache hits: deepinfer_prompt_tokens_cached_total "
           f"+{after_pc - before_pc:.0f}")
 
-    # The decode side's faults: straight to the decode worker, naming a misbehaving prefill endpoint.
+    # The decode side's faults: straight to the decode worker, naming a misbehaving prefill endpoint. Each case has
+    # a system prompt of its own, so that the decode worker holds none of its blocks and asks for all of them (it
+    # asks only for the blocks its device lacks).
     q = "How do I list files?"
-    reference[q] = answer(chat(q, 16, system=SYSTEM))
     for mode, reason, what in [("stall", "timeout", "a prefill peer that never answers"),
                                ("lose_done", "timeout", "a lost completion record"),
                                ("corrupt", "corrupt", "a corrupt block"),
@@ -284,17 +285,19 @@ try:
                                ("trickle", "deadline", "a prefill peer that trickles blocks (1.5 s apart, a 2 s "
                                 "timeout, a 10 s deadline)"),
                                ("refused", "connect", "nothing listening at the endpoint")]:
+        system = f"Case {mode}. {SYSTEM}"
+        want = answer(chat(q, 16, system=system))
         fake = FakePrefill(mode, kvport) if mode != "refused" else None
         endpoint = f"127.0.0.1:{fake.port if fake else free_port()}"
         before = metrics(dport)
         started = time.time()
-        s, body = request(dport, "/v1/chat/completions", chat(q, 16, system=SYSTEM),
+        s, body = request(dport, "/v1/chat/completions", chat(q, 16, system=system),
                           headers={"X-KV-Prefill-Endpoint": endpoint})
         took = time.time() - started
         after = metrics(dport)
         key = f'deepinfer_kv_transfer_failures_total{{reason="{reason}"}}'
         counted = after.get(key, 0) - before.get(key, 0)
-        ok = s == 200 and same_fallback(content(body), reference[q]) and counted == 1 and \
+        ok = s == 200 and same_fallback(content(body), want) and counted == 1 and \
             took < (DEADLINE_MS if mode == "trickle" else TIMEOUT_MS) / 1000 + 5
         check(ok, f"{what}: 200 with the reference answer in {took:.2f} s, counted as {reason} ({counted:.0f})")
         table.append((what, f"200, same tokens (prompt computed on the decode worker); failure reason {reason}",
@@ -306,7 +309,7 @@ try:
     fake = FakePrefill("stall", kvport)
     before = metrics(dport)
     try:
-        request(dport, "/v1/chat/completions", chat(q, 16, system=SYSTEM),
+        request(dport, "/v1/chat/completions", chat(q, 16, system="Case client gone. " + SYSTEM),
                 headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{fake.port}"}, timeout=0.5)
     except OSError:
         pass

@@ -182,11 +182,20 @@ TEST(EngineKvTiersTest, BlocksHandedToAnotherEngineDecodeTheSame) {
   EXPECT_EQ(sent_by_step[0], 2u);
   EXPECT_EQ(sent_by_step[1], 4u);
 
+  // The decode side, two-phase: a reservation first (every block missing here: 4 reserved from block 0), then the
+  // blocks into it.
   auto decode = make_engine(base_config());
+  Result<KvReservation> reserved = decode->reserve_kv_blocks(asked);
+  ASSERT_TRUE(reserved.ok()) << reserved.status().to_string();
+  EXPECT_EQ(reserved->first_block, 0);
+  EXPECT_EQ(reserved->blocks.size(), 4u);
+  EXPECT_EQ(decode->scheduler().block_pool().num_used(), 4);
   KvHandoff in;
+  in.reservation = reserved->id;
   for (auto& [index, payload] : sent) in.import_blocks.push_back(payload);
   Turn run;
   SequenceId id = *decode->submit(prompt, greedy_params(), std::move(in));
+  EXPECT_EQ(decode->num_kv_reservations(), 0u);
   while (decode->has_pending_work()) {
     auto events = decode->step();
     ASSERT_TRUE(events.ok());
@@ -200,44 +209,80 @@ TEST(EngineKvTiersTest, BlocksHandedToAnotherEngineDecodeTheSame) {
   EXPECT_EQ(run.cached_tokens, static_cast<int64_t>(whole));
 
   // Only the blocks the receiver lacks: an engine that computed the prompt's first 2 blocks (a 129-token prompt)
-  // takes blocks 2 and 3 (import_first_block 2) and reuses all 4; a fresh engine given the same (blocks 0 and 1
-  // not cached there) imports nothing and computes the prompt itself, with the same tokens.
+  // holds them and reserves blocks 2 and 3; it takes those two and reuses all 4.
   auto warm = make_engine(base_config());
-  SamplingParams one_token = greedy_params();
-  one_token.max_tokens = 1;
   (void)generate(*warm, std::vector<TokenId>(prompt.begin(), prompt.begin() + 129));
-  for (int fresh = 0; fresh < 2; ++fresh) {
-    Engine& target = fresh ? *make_engine(base_config()).release() : *warm;
-    std::unique_ptr<Engine> owned(fresh ? &target : nullptr);
-    KvHandoff tail;
-    tail.import_first_block = 2;
-    tail.import_blocks = {sent[2].second, sent[3].second};
-    Turn partial;
-    SequenceId sid = *target.submit(prompt, greedy_params(), std::move(tail));
-    while (target.has_pending_work()) {
-      auto events = target.step();
-      ASSERT_TRUE(events.ok());
-      for (const TokenEvent& event : *events) {
-        if (event.id != sid) continue;
-        if (event.token) partial.tokens.push_back(*event.token);
-        if (event.finished) partial.cached_tokens = event.num_cached_tokens;
-      }
+  Result<KvReservation> tail_reserved = warm->reserve_kv_blocks(asked);
+  ASSERT_TRUE(tail_reserved.ok());
+  EXPECT_EQ(tail_reserved->first_block, 2);
+  EXPECT_EQ(tail_reserved->blocks.size(), 2u);
+  KvHandoff tail;
+  tail.reservation = tail_reserved->id;
+  tail.import_first_block = 2;
+  tail.import_blocks = {sent[2].second, sent[3].second};
+  Turn partial;
+  SequenceId sid = *warm->submit(prompt, greedy_params(), std::move(tail));
+  while (warm->has_pending_work()) {
+    auto events = warm->step();
+    ASSERT_TRUE(events.ok());
+    for (const TokenEvent& event : *events) {
+      if (event.id != sid) continue;
+      if (event.token) partial.tokens.push_back(*event.token);
+      if (event.finished) partial.cached_tokens = event.num_cached_tokens;
     }
-    EXPECT_EQ(partial.tokens, reference_ids("prompt_5.greedy")) << "fresh " << fresh;
-    EXPECT_EQ(partial.cached_tokens, fresh ? 0 : static_cast<int64_t>(whole)) << "fresh " << fresh;
-    if (!fresh) (void)owned.release();
   }
+  EXPECT_EQ(partial.tokens, reference_ids("prompt_5.greedy"));
+  EXPECT_EQ(partial.cached_tokens, static_cast<int64_t>(whole));
 
-  // A payload of another size (another model or cache dtype) is refused; so is an engine without a prefix cache.
+  // Every way a reservation ends gives its blocks back: released unused; a submit whose payload has another size
+  // (another model or cache dtype: InvalidArgument) or whose blocks do not match the reservation; a submit that
+  // fails validation. Blocks without a reservation are refused.
+  auto fresh = make_engine(base_config());
+  auto used = [&] { return fresh->scheduler().block_pool().num_used(); };
+  Result<KvReservation> r1 = fresh->reserve_kv_blocks(asked);
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(used(), 4);
+  fresh->release_kv_blocks(r1->id);
+  fresh->release_kv_blocks(r1->id);  // a second release is ignored
+  EXPECT_EQ(used(), 0);
+  Result<KvReservation> r2 = fresh->reserve_kv_blocks(asked);
   KvHandoff wrong;
-  wrong.import_blocks.push_back(std::vector<std::byte>(100));
-  EXPECT_EQ(decode->submit(prompt, greedy_params(), std::move(wrong)).status().code(), StatusCode::kInvalidArgument);
+  wrong.reservation = r2->id;
+  wrong.import_blocks.assign(4, std::vector<std::byte>(100));
+  EXPECT_EQ(fresh->submit(prompt, greedy_params(), std::move(wrong)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(used(), 0);
+  Result<KvReservation> r3 = fresh->reserve_kv_blocks(asked);
+  KvHandoff short_of_blocks;
+  short_of_blocks.reservation = r3->id;
+  short_of_blocks.import_blocks = {sent[0].second};
+  EXPECT_EQ(fresh->submit(prompt, greedy_params(), std::move(short_of_blocks)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(used(), 0);
+  Result<KvReservation> r4 = fresh->reserve_kv_blocks(asked);
+  KvHandoff invalid;
+  invalid.reservation = r4->id;
+  SamplingParams bad = greedy_params();
+  bad.top_p = 2.0f;
+  EXPECT_FALSE(fresh->submit(prompt, bad, std::move(invalid)).ok());
+  EXPECT_EQ(used(), 0);
+  EXPECT_EQ(fresh->num_kv_reservations(), 0u);
+  KvHandoff unreserved;
+  unreserved.import_blocks.push_back(sent[0].second);
+  EXPECT_EQ(fresh->submit(prompt, greedy_params(), std::move(unreserved)).status().code(),
+            StatusCode::kInvalidArgument);
+
+  // A pool too small for the transfer: ResourceExhausted, nothing held. An engine without a prefix cache reserves
+  // nothing.
+  EngineConfig small = base_config();
+  small.kv_cache_bytes = 3 * kBlockBytes;
+  auto tiny = make_engine(small);
+  Result<KvReservation> too_big = tiny->reserve_kv_blocks(asked);
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(tiny->scheduler().block_pool().num_used(), 0);
   EngineConfig no_cache = base_config();
   no_cache.enable_prefix_caching = false;
   auto plain = make_engine(no_cache);
-  KvHandoff blocks;
-  blocks.import_blocks.push_back(sent[0].second);
-  EXPECT_EQ(plain->submit(prompt, greedy_params(), std::move(blocks)).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(plain->reserve_kv_blocks(asked).status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(EngineKvTiersTest, DiskTierServesBlocksAfterARestart) {

@@ -120,20 +120,31 @@ struct TokenEvent {
 // describes (block_bytes(): the two workers must run the same checkpoint, cache dtype and MTP setting; the block
 // hashes' fingerprint tells the first two apart, the size the third).
 struct KvHandoff {
-  // The decode side: the payloads of the prompt's blocks 0, 1, ... (received from a prefill worker and checked
-  // against its checksums). Before the request is queued they become cached blocks of this engine, exactly as if
-  // computed here, so its admission reuses them; a block already cached keeps its own copy. Blocks past
-  // (prompt - 1) / 64 (admission always computes the prompt's last token here), or past what the free device
-  // blocks hold, are left out: that part is computed here.
+  // The decode side: the payloads of the prompt's blocks import_first_block, import_first_block + 1, ... (received
+  // from a prefill worker and checked against its checksums), one per block of `reservation` (below). Before the
+  // request is queued they are written into the reserved blocks and become cached blocks of this engine, exactly
+  // as if computed here, so its admission reuses them (a block cached meanwhile keeps its own copy).
   std::vector<std::vector<std::byte>> import_blocks;
-  // The prompt block import_blocks[0] is (the blocks before it are expected cached on the device here: the
-  // prefill worker did not send them). When one of them is not, nothing is imported (the prompt is computed here).
+  // The prompt block import_blocks[0] is: the reservation's first_block (the blocks before it are held here).
   int64_t import_first_block = 0;
   // The prefill side: called on the step thread with each full prompt block (index from 0, payload) once a step
   // has computed it or found it cached, in order, each once, before the request's next step. Must not block.
   std::function<void(int64_t block_index, std::vector<std::byte> payload)> export_block;
   int64_t export_from_block = 0;  // blocks before it are computed but not sent
-  bool empty() const { return import_blocks.empty() && !export_block; }
+  // The decode side, two-phase: Engine::reserve_kv_blocks' id, made before the transfer. import_blocks then go
+  // into the reserved blocks (import_first_block must be the reservation's first_block, and one payload per
+  // reserved block); the reservation ends with the submit, whatever its outcome. 0: none.
+  uint64_t reservation = 0;
+  bool empty() const { return import_blocks.empty() && !export_block && reservation == 0; }
+};
+
+// Engine::reserve_kv_blocks' answer: where a prefill worker's blocks will go.
+struct KvReservation {
+  uint64_t id = 0;
+  // The prompt's leading blocks cached on this device, held until the reservation ends: not to be sent.
+  int64_t first_block = 0;
+  // Device blocks reserved for prompt blocks first_block .. first_block + size - 1, in that order.
+  std::vector<kvcache::BlockId> blocks;
 };
 
 // Not thread-safe: one thread drives submit / cancel / step.
@@ -155,11 +166,23 @@ class Engine {
 
   // Validates `params` and the prompt (ids in the vocabulary, length below max_model_len) and queues the
   // request. max_tokens defaults to what is left of max_model_len; the model's EOS ids stop it unless
-  // params.ignore_eos. `handoff`: KV blocks brought in or sent out (KvHandoff). Errors: InvalidArgument; with
-  // import blocks, FailedPrecondition when prefix caching is off or the model caches sliding-window kinds, and
-  // InvalidArgument for a payload whose size is not block_bytes().
+  // params.ignore_eos. `handoff`: KV blocks brought in or sent out (KvHandoff). Errors: InvalidArgument (also for
+  // import blocks without a reservation, a payload whose size is not block_bytes(), or payloads that do not match
+  // the reservation's blocks); FailedPrecondition for a handoff on DeepSeek-V4.
   Result<SequenceId> submit(std::vector<TokenId> prompt_token_ids, const SamplingParams& params,
                             KvHandoff handoff = {});
+  // Prefill/decode disaggregation, the decode side's first phase: before asking a prefill worker for the KV of
+  // `tokens` (whole 64-token blocks of a prompt), holds the leading blocks this device caches (so they stay) and
+  // reserves free device blocks for all the others (so the transfer has somewhere to go, and a full pool is known
+  // before any block is sent). Ends with the submit that names it (KvHandoff::reservation) or release_kv_blocks.
+  // Errors: FailedPrecondition (prefix caching off, sliding-window caches, V4), ResourceExhausted (the pool has
+  // fewer free blocks than the transfer needs; nothing is held then).
+  Result<KvReservation> reserve_kv_blocks(std::span<const TokenId> tokens);
+  // Ends a reservation that no submit consumed: its blocks go back (the held cached ones stay cached). Unknown
+  // ids (already consumed or released) are ignored.
+  void release_kv_blocks(uint64_t reservation);
+  // Reservations not ended yet.
+  size_t num_kv_reservations() const { return reservations_.size(); }
   // Cancels at any point; the request's blocks are freed and it finishes with kCancelled in the next step.
   Status cancel(SequenceId id);
   // Runs one step. Returns the events of the step (new tokens, finishes).
@@ -250,10 +273,6 @@ class Engine {
          std::unique_ptr<DraftPlanner> planner);
   // The KV cache's device I/O (the tiers' copies) over layer_caches_ and the KV event publisher, for create().
   Status attach_cache_io(size_t block_bytes);
-  // KvHandoff::import_blocks: writes the payloads into free device blocks and caches them under the prompt's
-  // block hashes.
-  Status import_blocks(std::span<const TokenId> prompt, std::vector<std::vector<std::byte>>& payloads,
-                       int64_t first_block, kvcache::TtlClassId ttl_class);
   // KvHandoff::export_block for the entries of `batch` that export, after the executor computed their KV.
   void export_blocks(const ScheduledBatch& batch);
 
@@ -284,6 +303,17 @@ class Engine {
   SequenceId next_id_ = 1;
   size_t block_bytes_ = 0;
   std::unordered_map<SequenceId, Export> exports_;  // requests whose prompt blocks are sent out
+  struct Reservation {
+    std::vector<kvcache::BlockHash> chain;  // of the reserved tokens' whole blocks
+    std::vector<TokenId> tokens;            // those tokens (KV events name them)
+    std::vector<kvcache::BlockId> held;     // blocks 0 .. first_block - 1, cached here, retained
+    std::vector<kvcache::BlockId> blocks;   // blocks first_block .., allocated
+  };
+  std::unordered_map<uint64_t, Reservation> reservations_;
+  uint64_t next_reservation_ = 1;
+  // KvHandoff::reservation: writes the payloads into the reserved blocks, caches them, ends the reservation.
+  Status import_reserved(uint64_t reservation, std::vector<std::vector<std::byte>>& payloads, int64_t first_block,
+                         kvcache::TtlClassId ttl_class);
   int64_t num_preemptions_ = 0;
   SpeculativeStats speculative_stats_;
 };

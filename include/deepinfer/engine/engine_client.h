@@ -12,8 +12,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <variant>
@@ -50,6 +52,11 @@ class StepEngine {
     if (!handoff.empty()) return Status::unsupported("this engine does not hand KV blocks over");
     return submit(std::move(prompt_token_ids), params);
   }
+  // Engine::reserve_kv_blocks / release_kv_blocks; an engine without KV blocks has none to reserve.
+  virtual Result<KvReservation> reserve_kv_blocks(std::span<const TokenId> /*tokens*/) {
+    return Status::unsupported("this engine does not hand KV blocks over");
+  }
+  virtual void release_kv_blocks(uint64_t /*reservation*/) {}
   virtual Status cancel(SequenceId id) = 0;
   virtual Result<std::vector<TokenEvent>> step() = 0;
   virtual bool has_pending_work() const = 0;
@@ -95,6 +102,12 @@ class EngineClient {
   // Cancels a request wherever it is (queued, running, already finished: then nothing happens). Its KV
   // blocks return to the pool in the engine's next step; no further events are delivered.
   virtual void cancel(Ticket ticket) = 0;
+  // Prefill/decode disaggregation, the decode side's first phase (Engine::reserve_kv_blocks): `done` gets the
+  // reservation (or its error; ShuttingDown after stop()) on the engine thread, between steps; it must not block.
+  // A reservation ends with the submit whose KvHandoff::reservation names it, or with release_kv_blocks (from any
+  // thread; a no-op after stop(), when the engine's blocks go anyway).
+  virtual void reserve_kv_blocks(std::vector<TokenId> tokens, std::function<void(Result<KvReservation>)> done) = 0;
+  virtual void release_kv_blocks(uint64_t reservation) = 0;
   // The load after the latest step (or after the latest submit/cancel while idle).
   virtual EngineLoad load() const = 0;
   // Ends every live request with a ShuttingDown error event, stops the engine and waits for it. Idempotent.
@@ -113,6 +126,8 @@ class InProcessEngineClient final : public EngineClient {
   Ticket submit(std::vector<TokenId> prompt_token_ids, SamplingParams params,
                 std::shared_ptr<EventSink> sink, KvHandoff handoff = {}) override;
   void cancel(Ticket ticket) override;
+  void reserve_kv_blocks(std::vector<TokenId> tokens, std::function<void(Result<KvReservation>)> done) override;
+  void release_kv_blocks(uint64_t reservation) override;
   EngineLoad load() const override;
   void stop() override;
 
@@ -126,6 +141,13 @@ class InProcessEngineClient final : public EngineClient {
   };
   struct Cancel {
     Ticket ticket;
+  };
+  struct Reserve {
+    std::vector<TokenId> tokens;
+    std::function<void(Result<KvReservation>)> done;
+  };
+  struct Release {
+    uint64_t reservation;
   };
   struct Live {
     Ticket ticket;
@@ -141,7 +163,7 @@ class InProcessEngineClient final : public EngineClient {
   std::unique_ptr<StepEngine> engine_;  // touched by the engine thread only
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  std::deque<std::variant<Submit, Cancel>> commands_;  // GUARDED_BY(mu_)
+  std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands_;  // GUARDED_BY(mu_)
   bool stopping_ = false;                              // GUARDED_BY(mu_)
   Ticket next_ticket_ = 1;                             // GUARDED_BY(mu_)
   // Engine thread only.
