@@ -131,6 +131,8 @@ struct Worker {
   std::string role;               // as its /worker/info says
   bool fingerprint_warned = false;  // logged once: its fingerprint differs from a decode worker's
   int32_t kv_transfer_port = 0;   // a prefill worker's, from its /worker/info
+  std::string kv_wire;            // "tcp" or "ucx" (--kv-transfer-protocol ucx or rdma), from its /worker/info
+  bool wire_warned = false;       // logged once: its KV transfer wire differs from a decode worker's
 };
 
 std::string_view reason_text(std::string_view reason) { return reason.empty() ? "none" : reason; }
@@ -628,7 +630,19 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
         for (int32_t w = 0; w < n; ++w) {
           Worker& candidate = workers[static_cast<size_t>(w)];
           // A prefill worker of another model or KV dtype than the decode worker's: its blocks would be refused.
-          const bool other_model = candidate.prefill && candidate.fingerprint != decode.fingerprint;
+          // (A worker not reached yet has no fingerprint; it is not usable either, and not another model.)
+          const bool other_model = candidate.prefill && candidate.fingerprint && decode.fingerprint &&
+                                   *candidate.fingerprint != *decode.fingerprint;
+          // A prefill worker serving KV over another wire than the decode worker's (TCP against UCX): the decode
+          // worker's transfer would fail only at its timeout.
+          const bool other_wire = candidate.prefill && !candidate.kv_wire.empty() && !decode.kv_wire.empty() &&
+                                  candidate.kv_wire != decode.kv_wire;
+          if (other_wire && !candidate.wire_warned) {
+            candidate.wire_warned = true;
+            spdlog::error("router: prefill worker {} ({}) serves KV transfers over {}, decode worker {} fetches over "
+                          "{} (--kv-transfer-protocol must match): it is not paired with that decode worker",
+                          w, candidate.url, candidate.kv_wire, decode.url, decode.kv_wire);
+          }
           if (other_model && !candidate.fingerprint_warned) {
             candidate.fingerprint_warned = true;
             spdlog::error("router: prefill worker {} ({}) has block fingerprint {}, decode worker {} has {}: another "
@@ -636,7 +650,7 @@ awaitable<bool> Router::Impl::generate(beast::tcp_stream& client, http::request<
                           w, candidate.url, candidate.fingerprint ? candidate.fingerprint->to_hex() : "none",
                           decode.url, decode.fingerprint ? decode.fingerprint->to_hex() : "none");
           }
-          prefill_route.excluded[static_cast<size_t>(w)] = !candidate.prefill || other_model;
+          prefill_route.excluded[static_cast<size_t>(w)] = !candidate.prefill || other_model || other_wire;
         }
         prefill_decision = policy->choose(prefill_route, states);
         if (prefill_decision.worker >= 0) {
@@ -922,6 +936,8 @@ void Router::Impl::take_worker_info(int32_t w, const std::string& body) {
     worker.fingerprint = fingerprint;
     worker.role = role;
     worker.kv_transfer_port = static_cast<int32_t>(int_field(info, "kv_transfer_port"));
+    const std::string protocol = string_field(info, "kv_transfer_protocol");
+    worker.kv_wire = protocol.empty() ? "" : protocol == "tcp" ? "tcp" : "ucx";
     const bool disaggregated = !config.prefill_workers.empty();
     const char* want = worker.prefill ? "prefill" : disaggregated ? "decode" : nullptr;
     if (want != nullptr && role != want) {
@@ -1005,7 +1021,8 @@ std::string Router::Impl::metrics_text() {
   if (!config.prefill_workers.empty()) {
     header("deepinfer_router_prefill_total", "counter",
            "Disaggregated requests by where their prompt was prefilled: remote (a prefill worker, KV moved to the "
-           "decode worker) or local (the decode worker held all but --max-local-prefill-tokens of it)");
+           "decode worker) or local (the decode worker held all but --max-local-prefill-tokens of it, or no prefill "
+           "worker could take it)");
     for (const char* where : {"remote", "local"}) {
       auto it = prefill_where.find(where);
       line("deepinfer_router_prefill_total", std::string("where=\"") + where + "\"",

@@ -437,9 +437,13 @@ Status Server::Impl::bind_kv_transfer() {
     ucx = std::move(made).value();
     kv_options.ucx = ucx;
   }
-  if (config.role != "prefill") return Status();
+  if (config.role != "prefill" && config.role != "decode") return Status();
   boost::json::object info = boost::json::parse(worker_info_body).as_object();
-  info["kv_transfer_protocol"] = config.kv_transfer_protocol;
+  info["kv_transfer_protocol"] = config.kv_transfer_protocol;  // the router pairs workers of one wire only
+  if (config.role == "decode") {
+    worker_info_body = boost::json::serialize(info);
+    return Status();
+  }
   if (ucx != nullptr) {
     Result<uint16_t> port = ucx->listen(
         acceptor.local_endpoint().address().to_string(), static_cast<uint16_t>(config.kv_transfer_port),

@@ -155,6 +155,30 @@ try:
           f"tcp decode worker -> ucx listener: 200 with the reference answer in {took:.2f} s, 1 failure counted")
     table.append(("a TCP decode worker names the UCX listener", "200, same tokens (prompt computed here)", f"{took:.2f}"))
 
+    # The same pair behind a router: it does not pair them (their /worker/info name the two wires), so the decode
+    # worker prefills without trying a transfer that could only time out.
+    mport = free_port()
+    start("router-mismatch", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode",
+                              f"http://127.0.0.1:{tport}", "--model-path", MODEL, "--host", "127.0.0.1", "--port",
+                              str(mport), "--health-check-interval-ms", "200", "--first-byte-timeout-ms", "60000"])
+    check(wait_health(mport, seconds=60), "a router over the UCX prefill worker and the TCP decode worker is healthy")
+    tinfo = json.loads(request(tport, "/worker/info")[1])
+    before, before_r = metrics(tport), metrics(mport)
+    body = chat(q, 16, system="Mismatch behind a router. " + SYSTEM)
+    started = time.time()
+    s, got = request(mport, "/v1/chat/completions", body)
+    took = time.time() - started
+    after_r = metrics(mport)
+    local = after_r.get('deepinfer_router_prefill_total{where="local"}', 0) - \
+        before_r.get('deepinfer_router_prefill_total{where="local"}', 0)
+    counted = failures_counted(metrics(tport)) - failures_counted(before)
+    check(tinfo.get("kv_transfer_protocol") == "tcp" and s == 200 and content(got) == reference(body) and
+          local == 1 and counted == 0 and took < TIMEOUT_MS / 1000,
+          f"a router does not pair a UCX prefill worker with a TCP decode worker: prefilled on the decode worker "
+          f"(where=\"local\" +{local:.0f}, {counted:.0f} failures) in {took:.2f} s")
+    table.append(("the same pair behind a router", "200, same tokens: the router does not pair them (prefilled on the "
+                  "decode worker, no transfer tried)", f"{took:.2f}"))
+
     # A stalled prefill worker.
     prefill.send_signal(signal.SIGSTOP)
     before = metrics(dport)
@@ -206,5 +230,5 @@ finally:
 
 print_table(table, case="case (UCX)")
 if failures:
-    exit_failed(("router", "prefill", "decode", "decode-tcp", "decode-victim", "both"), lines=25)
+    exit_failed(("router", "prefill", "decode", "decode-tcp", "decode-victim", "both", "router-mismatch"), lines=25)
 print("prefill/decode over UCX e2e: all checks passed")
