@@ -241,7 +241,7 @@ try:
           "a turn whose prefix the decode worker holds is prefilled there (where=\"local\"), same answer")
 
     # A later turn with a long new part (over --max-local-prefill-tokens) goes to the prefill worker again, which sends
-    # only the blocks the decode worker lacks (X-KV-Prefill-Skip-Blocks: those it holds on its device).
+    # only the blocks the decode worker lacks (its reservation holds those its device caches).
     long_q = "Now a long follow-up: " + "please explain the apt sources list format in detail. " * 60
     reference[long_q] = answer(chat(long_q, 16, system=systems[q0]))
     received = 'deepinfer_kv_transfer_blocks_total{direction="received"}'
