@@ -653,6 +653,16 @@ Result<KvReservation> Engine::reserve_kv_blocks(std::span<const TokenId> tokens)
     r.held.push_back(*held);
   }
   const size_t wanted = n - r.held.size();
+  // Room: the transfer's blocks, and one more block per running request, so that a reservation never makes the
+  // scheduler preempt a running request for the next block it grows into.
+  const int64_t headroom = scheduler_.num_running();
+  if (static_cast<int64_t>(cache.num_free_blocks()) < static_cast<int64_t>(wanted) + headroom) {
+    const int64_t free_blocks = cache.num_free_blocks();
+    for (kvcache::BlockId block : r.held) cache.release(block);
+    return Status::resource_exhausted("the KV cache has " + std::to_string(free_blocks) + " free blocks; a transfer of " +
+                                      std::to_string(wanted) + " needs them plus one per running request (" +
+                                      std::to_string(headroom) + ")");
+  }
   for (size_t i = 0; i < wanted; ++i) {
     std::optional<kvcache::BlockId> block = cache.allocate();
     if (!block) break;

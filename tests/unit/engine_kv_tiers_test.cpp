@@ -283,6 +283,24 @@ TEST(EngineKvTiersTest, BlocksHandedToAnotherEngineDecodeTheSame) {
   no_cache.enable_prefix_caching = false;
   auto plain = make_engine(no_cache);
   EXPECT_EQ(plain->reserve_kv_blocks(asked).status().code(), StatusCode::kFailedPrecondition);
+
+  // Beside a running request, a reservation leaves one free block per running request (never a preemption for
+  // it): all the free blocks are refused, one fewer is granted.
+  auto busy = make_engine(base_config());
+  SequenceId running = *busy->submit(prompt, greedy_params());
+  ASSERT_TRUE(busy->step().ok());
+  ASSERT_EQ(busy->scheduler().num_running(), 1);
+  const int32_t free_blocks = busy->scheduler().block_pool().num_free();
+  ASSERT_GE(free_blocks, 2);
+  std::vector<TokenId> other(static_cast<size_t>(free_blocks) * kvcache::kBlockTokens);
+  for (size_t i = 0; i < other.size(); ++i) other[i] = static_cast<TokenId>(7 + i % 50);
+  EXPECT_EQ(busy->reserve_kv_blocks(other).status().code(), StatusCode::kResourceExhausted);
+  other.resize(other.size() - kvcache::kBlockTokens);
+  Result<KvReservation> fits = busy->reserve_kv_blocks(other);
+  ASSERT_TRUE(fits.ok()) << fits.status().to_string();
+  EXPECT_EQ(fits->blocks.size(), static_cast<size_t>(free_blocks - 1));
+  busy->release_kv_blocks(fits->id);
+  ASSERT_TRUE(busy->cancel(running).ok());
 }
 
 TEST(EngineKvTiersTest, DiskTierServesBlocksAfterARestart) {

@@ -175,8 +175,9 @@ class Engine {
   // `tokens` (whole 64-token blocks of a prompt), holds the leading blocks this device caches (so they stay) and
   // reserves free device blocks for all the others (so the transfer has somewhere to go, and a full pool is known
   // before any block is sent). Ends with the submit that names it (KvHandoff::reservation) or release_kv_blocks.
-  // Errors: FailedPrecondition (prefix caching off, sliding-window caches, V4), ResourceExhausted (the pool has
-  // fewer free blocks than the transfer needs; nothing is held then).
+  // Errors: FailedPrecondition (prefix caching off, sliding-window caches, V4), ResourceExhausted (the pool's free
+  // blocks do not cover the transfer plus one block per running request, so that no running request is preempted
+  // for a reservation; nothing is held then).
   Result<KvReservation> reserve_kv_blocks(std::span<const TokenId> tokens);
   // Ends a reservation that no submit consumed: its blocks go back (the held cached ones stay cached). Unknown
   // ids (already consumed or released) are ignored.
