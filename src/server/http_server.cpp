@@ -1139,11 +1139,18 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
         metrics.count_kv_transfer_failure(reason);
         spdlog::warn("KV transfer from {} failed ({}); computing the prompt here: {}", *prefill_endpoint, reason,
                      fetched.status().message());
-        handoff = {};  // the reservation's blocks go back (the guard)
+        handoff = {};
       }
     }
   }
-  if (handoff.reservation != 0) reservation.id = 0;  // the submit ends it, whatever its outcome
+  if (handoff.reservation != 0) {
+    reservation.id = 0;  // the submit ends it, whatever its outcome
+  } else if (reservation.id != 0) {
+    // A failed transfer: the blocks go back now, ahead of the submit (the engine takes commands in order), not when
+    // this request ends: computing the prompt here needs them (a prompt over half the pool would wait forever).
+    client->release_kv_blocks(reservation.id);
+    reservation.id = 0;
+  }
 
   FinishInfo finish;
   finish.prompt_tokens = static_cast<int64_t>(plan.prompt_token_ids.size());

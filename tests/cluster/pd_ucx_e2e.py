@@ -48,6 +48,11 @@ try:
                               "--kv-transfer-timeout-ms", str(TIMEOUT_MS)])
     start("decode-tcp", common + ["--port", str(tport), "--role", "decode", "--kv-transfer-protocol", "tcp",
                                   "--kv-transfer-timeout-ms", str(TIMEOUT_MS)])
+    # A decode worker with a small pool (2 MiB: 21 blocks of the demo model on the CPU), for a failed transfer of a
+    # prompt over half of it (below).
+    small_port = free_port()
+    start("decode-small", common + ["--port", str(small_port), "--role", "decode", "--kv-transfer-protocol", "tcp",
+                                    "--kv-transfer-timeout-ms", str(TIMEOUT_MS), "--kv-cache-memory", "2MiB"])
     victim_port = free_port()
     # (A long timeout: six prefills at once on 2 busy cores may take seconds per block.)
     victim = start("decode-victim", common + ["--port", str(victim_port), "--role", "decode", "--kv-transfer-protocol",
@@ -56,7 +61,7 @@ try:
     start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode", f"http://127.0.0.1:{dport}",
                      "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(rport),
                      "--health-check-interval-ms", "200", "--first-byte-timeout-ms", "60000"])
-    check(all(wait_health(p, seconds=120) for p in (pport, dport, tport, victim_port, bport, rport)),
+    check(all(wait_health(p, seconds=120) for p in (pport, dport, tport, small_port, victim_port, bport, rport)),
           "prefill, 3 decode, both and router healthy")
     time.sleep(1.0)
     info = json.loads(request(pport, "/worker/info")[1])
@@ -179,6 +184,30 @@ try:
     table.append(("the same pair behind a router", "200, same tokens: the router does not pair them (prefilled on the "
                   "decode worker, no transfer tried)", f"{took:.2f}"))
 
+    # A failed transfer gives its reserved blocks back before the prompt is computed here: a prompt of 16 blocks on a
+    # 21-block pool could not be computed beside its own reservation (it waited forever before the fix).
+    body = chat(q, 16, system="Small pool. " + SYSTEM + SYSTEM[:len(SYSTEM) // 2])
+    before = metrics(small_port)
+    started = time.time()
+    try:
+        s, got = request(small_port, "/v1/chat/completions", body,
+                         headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{free_port()}"}, timeout=60)
+    except OSError as e:
+        s, got = 0, str(e)
+    took = time.time() - started
+    time.sleep(0.5)  # the engine's gauges after its next step
+    after = metrics(small_port)
+    counted = after.get('deepinfer_kv_transfer_failures_total{reason="connect"}', 0) - \
+        before.get('deepinfer_kv_transfer_failures_total{reason="connect"}', 0)
+    usage = json.loads(got).get("usage", {}) if s == 200 else {}
+    check(s == 200 and content(got) == reference(body) and counted == 1 and usage.get("prompt_tokens", 0) > 11 * 64
+          and took < 30 and after.get("deepinfer_kv_cache_blocks_used", -1) == 0,
+          f"a failed transfer of a prompt over half the decode worker's pool ({usage.get('prompt_tokens')} tokens, "
+          f"21 blocks): 200 with the reference answer in {took:.2f} s, its reservation released (blocks used "
+          f"{after.get('deepinfer_kv_cache_blocks_used')})")
+    table.append(("a failed transfer of a prompt over half the decode worker's pool",
+                  "200, same tokens (the reservation released before the prompt is computed here)", f"{took:.2f}"))
+
     # A stalled prefill worker.
     prefill.send_signal(signal.SIGSTOP)
     before = metrics(dport)
@@ -230,5 +259,6 @@ finally:
 
 print_table(table, case="case (UCX)")
 if failures:
-    exit_failed(("router", "prefill", "decode", "decode-tcp", "decode-victim", "both", "router-mismatch"), lines=25)
+    exit_failed(("router", "prefill", "decode", "decode-tcp", "decode-victim", "both", "router-mismatch",
+                 "decode-small"), lines=25)
 print("prefill/decode over UCX e2e: all checks passed")
