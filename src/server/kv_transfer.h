@@ -2,10 +2,10 @@
 // kvcache/transfer/kv_wire.h over one KvStream per transfer (kv_stream.h): TCP (Boost.Asio) or UCX's stream API
 // (ucx_transport.h: --kv-transfer-protocol ucx|rdma).
 //
-// Decode side (fetch_kv_blocks): connects to the prefill worker's KV transfer endpoint, asks for the KV of the
-// prompt's whole blocks, receives the blocks as the prefill worker's chunked prefill computes them, then the
+// Decode side (fetch_kv_blocks): after the engine reserved blocks for them (the caller's first phase), connects to
+// the prefill worker's KV transfer endpoint, asks for the KV of the prompt's whole blocks it lacks, receives the blocks as the prefill worker's chunked prefill computes them, then the
 // completion record, and checks every block against its checksum. Only then are the blocks handed to the engine
-// (engine::KvHandoff::import_blocks), so a request never decodes on unchecked KV.
+// (engine::KvHandoff::import_blocks into the reservation), so a request never decodes on unchecked KV.
 // Prefill side (serve_kv_transfer): one coroutine per connection: reads the request, runs it on the engine as a
 // prefill (max_tokens 1; engine::KvHandoff::export_block streams each block as soon as a step has computed it),
 // writes the blocks, then the completion record.
