@@ -921,6 +921,15 @@ int main(int argc, char** argv) {
                  "per layer")
       ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  // The modes replace the model runs, one at a time, and run over v2-lite / v3-slice only.
+  if (!kv_copy.empty() && !moe_sweep.empty()) {
+    std::fprintf(stderr, "--kv-copy and --moe-sweep are separate runs: give one\n");
+    return 2;
+  }
+  if ((!kv_copy.empty() || !moe_sweep.empty()) && which == "v4-flash-slice") {
+    std::fprintf(stderr, "--kv-copy and --moe-sweep take --model v2-lite, v3-slice or all\n");
+    return 2;
+  }
   if (v4_fp8 && which != "v4-flash-slice") {
     std::fprintf(stderr, "--fp8 applies to --model v4-flash-slice only (v3-slice is FP8, v2-lite bf16)\n");
     return 2;

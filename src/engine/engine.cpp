@@ -658,7 +658,7 @@ Result<KvReservation> Engine::reserve_kv_blocks(std::span<const TokenId> tokens)
   const int64_t headroom = scheduler_.num_running();
   if (static_cast<int64_t>(cache.num_free_blocks()) < static_cast<int64_t>(wanted) + headroom) {
     const int64_t free_blocks = cache.num_free_blocks();
-    for (kvcache::BlockId block : r.held) cache.release(block);
+    release_reservation_blocks(r);
     return Status::resource_exhausted("the KV cache has " + std::to_string(free_blocks) + " free blocks; a transfer of " +
                                       std::to_string(wanted) + " needs them plus one per running request (" +
                                       std::to_string(headroom) + ")");
@@ -670,8 +670,7 @@ Result<KvReservation> Engine::reserve_kv_blocks(std::span<const TokenId> tokens)
   }
   if (r.blocks.size() < wanted) {
     const size_t got = r.blocks.size();
-    for (kvcache::BlockId block : r.held) cache.release(block);
-    for (kvcache::BlockId block : r.blocks) cache.release(block);
+    release_reservation_blocks(r);
     return Status::resource_exhausted("the KV cache has room for " + std::to_string(got) + " of the " +
                                       std::to_string(wanted) + " blocks a transfer would bring");
   }
@@ -686,10 +685,14 @@ Result<KvReservation> Engine::reserve_kv_blocks(std::span<const TokenId> tokens)
 void Engine::release_kv_blocks(uint64_t reservation) {
   auto it = reservations_.find(reservation);
   if (it == reservations_.end()) return;
-  kvcache::KvCacheManager& cache = scheduler_.cache();
-  for (kvcache::BlockId block : it->second.held) cache.release(block);
-  for (kvcache::BlockId block : it->second.blocks) cache.release(block);
+  release_reservation_blocks(it->second);
   reservations_.erase(it);
+}
+
+void Engine::release_reservation_blocks(const Reservation& r) {
+  kvcache::KvCacheManager& cache = scheduler_.cache();
+  for (kvcache::BlockId block : r.held) cache.release(block);
+  for (kvcache::BlockId block : r.blocks) cache.release(block);
 }
 
 Status Engine::import_reserved(uint64_t reservation, std::vector<std::vector<std::byte>>& payloads,

@@ -46,6 +46,7 @@ constexpr uint64_t kDiscardBodyBytes = 64 * 1024;  // a refused request's body u
 constexpr int kReservedFileDescriptors = 64;  // kept free of connections: engine, disk tier, logs, accept()
 constexpr std::string_view kJson = "application/json";
 constexpr std::string_view kClientGone = "the client went away";
+constexpr std::string_view kPrometheusText = "text/plain; version=0.0.4; charset=utf-8";
 
 // Ends an engine KV reservation (the decode side's first phase) that no submit took over: a failed transfer, a
 // client gone, any early return. id 0: nothing to end.
@@ -59,7 +60,6 @@ struct KvReservationGuard {
   engine::EngineClient& engine;
   uint64_t id = 0;
 };
-constexpr std::string_view kPrometheusText = "text/plain; version=0.0.4; charset=utf-8";
 
 double seconds_since(Clock::time_point start, Clock::time_point end = Clock::now()) {
   return std::chrono::duration<double>(end - start).count();

@@ -67,12 +67,9 @@ struct Turn {
   int64_t cached_tokens = 0;
 };
 
-Turn generate(Engine& engine, const std::vector<TokenId>& prompt) {
+// Steps `engine` until it is idle; the tokens and cached count of sequence `id`.
+Turn finish(Engine& engine, SequenceId id) {
   Turn run;
-  Result<SequenceId> submitted = engine.submit(prompt, greedy_params());
-  EXPECT_TRUE(submitted.ok()) << submitted.status().to_string();
-  if (!submitted.ok()) return run;
-  const SequenceId id = *submitted;
   for (int steps = 0; engine.has_pending_work() && steps < 10000; ++steps) {
     auto events = engine.step();
     EXPECT_TRUE(events.ok()) << events.status().to_string();
@@ -84,6 +81,13 @@ Turn generate(Engine& engine, const std::vector<TokenId>& prompt) {
     }
   }
   return run;
+}
+
+Turn generate(Engine& engine, const std::vector<TokenId>& prompt) {
+  Result<SequenceId> submitted = engine.submit(prompt, greedy_params());
+  EXPECT_TRUE(submitted.ok()) << submitted.status().to_string();
+  if (!submitted.ok()) return {};
+  return finish(engine, *submitted);
 }
 
 std::vector<TokenId> turn1_prompt() { return reference_ids("prompt_5.input_ids"); }  // 300 tokens
@@ -193,18 +197,9 @@ TEST(EngineKvTiersTest, BlocksHandedToAnotherEngineDecodeTheSame) {
   KvHandoff in;
   in.reservation = reserved->id;
   for (auto& [index, payload] : sent) in.import_blocks.push_back(payload);
-  Turn run;
   SequenceId id = *decode->submit(prompt, greedy_params(), std::move(in));
   EXPECT_EQ(decode->num_kv_reservations(), 0u);
-  while (decode->has_pending_work()) {
-    auto events = decode->step();
-    ASSERT_TRUE(events.ok());
-    for (const TokenEvent& event : *events) {
-      if (event.id != id) continue;
-      if (event.token) run.tokens.push_back(*event.token);
-      if (event.finished) run.cached_tokens = event.num_cached_tokens;
-    }
-  }
+  const Turn run = finish(*decode, id);
   EXPECT_EQ(run.tokens, reference_ids("prompt_5.greedy"));
   EXPECT_EQ(run.cached_tokens, static_cast<int64_t>(whole));
 
@@ -220,17 +215,7 @@ TEST(EngineKvTiersTest, BlocksHandedToAnotherEngineDecodeTheSame) {
   tail.reservation = tail_reserved->id;
   tail.import_first_block = 2;
   tail.import_blocks = {sent[2].second, sent[3].second};
-  Turn partial;
-  SequenceId sid = *warm->submit(prompt, greedy_params(), std::move(tail));
-  while (warm->has_pending_work()) {
-    auto events = warm->step();
-    ASSERT_TRUE(events.ok());
-    for (const TokenEvent& event : *events) {
-      if (event.id != sid) continue;
-      if (event.token) partial.tokens.push_back(*event.token);
-      if (event.finished) partial.cached_tokens = event.num_cached_tokens;
-    }
-  }
+  const Turn partial = finish(*warm, *warm->submit(prompt, greedy_params(), std::move(tail)));
   EXPECT_EQ(partial.tokens, reference_ids("prompt_5.greedy"));
   EXPECT_EQ(partial.cached_tokens, static_cast<int64_t>(whole));
 

@@ -312,6 +312,8 @@ class Engine {
   };
   std::unordered_map<uint64_t, Reservation> reservations_;
   uint64_t next_reservation_ = 1;
+  // Drops the reservation's hold on its blocks (held cached ones stay cached, allocated ones go back).
+  void release_reservation_blocks(const Reservation& r);
   // KvHandoff::reservation: writes the payloads into the reserved blocks, caches them, ends the reservation.
   Status import_reserved(uint64_t reservation, std::vector<std::vector<std::byte>>& payloads, int64_t first_block,
                          kvcache::TtlClassId ttl_class);

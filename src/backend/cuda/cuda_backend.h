@@ -315,6 +315,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t staging_copied_ = nullptr;  // the last H2D copy out of staging_ has finished reading it
   int32_t* moe_offsets_host_ = nullptr;   // pinned, the per-expert offsets of one MoE layer
   void* pinned_host_ = nullptr;           // pinned staging for logits / greedy ids on their way to the host
+  size_t pinned_host_bytes_ = 0;
   // download_batch / upload_batch: two pinned halves of kCopyStagingHalf bytes (allocated at the first batch) and
   // the event recorded after the copies of each half's latest round.
   static constexpr size_t kCopyStagingHalf = size_t{16} << 20;
@@ -323,7 +324,6 @@ class CudaBackend final : public Backend {
   Status reserve_copy_staging();
   // Queues the copies dsts[i] <- srcs[i] (sizes[i] bytes) on stream_ in one call, then empties the three lists.
   cudaError_t queue_copies(std::vector<void*>& dsts, std::vector<const void*>& srcs, std::vector<size_t>& sizes);
-  size_t pinned_host_bytes_ = 0;
   HeadResult head_;                       // compute_logits' results of this step
   std::vector<SampledLogprobs> sampled_logprobs_;  // read_sampled_tokens' logprobs (read_sampled_logprobs)
   size_t moe_offsets_capacity_ = 0;
