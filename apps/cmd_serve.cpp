@@ -429,14 +429,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
     }
     if (options->tensor_parallel_size > 1) {
-      // What the tensor-parallel path does not carry yet, refused rather than run wrong.
-      if (options->role != "both") return fail("--tensor-parallel-size > 1 with --role " + options->role +
-                                               ": KV transfer reads and writes one process's cache; not with tensor "
-                                               "parallel in this build");
-      if (!options->kv_host_cache_memory.empty() || !options->tiered_kv_storage_path.empty()) {
-        return fail("--tensor-parallel-size > 1 with host or disk KV tiers: the tiers load blocks into one "
-                    "process's cache; not with tensor parallel in this build");
-      }
       if (options->internal_tp_rank >= options->tensor_parallel_size) {
         return fail("--internal-tp-rank " + std::to_string(options->internal_tp_rank) + " outside the group");
       }

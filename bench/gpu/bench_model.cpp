@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
-#include "deepinfer/engine/kv_block_copy.h"
+#include "deepinfer/backend/kv_block_copy.h"
 #include "op_profile.h"
 #include "deepinfer/kernels/cuda/gemm.h"
 #include "deepinfer/model/config.h"
@@ -768,7 +768,7 @@ void bench_moe_sweep(const std::string& name, Precision precision, const std::fi
 
 // --kv-copy: whole KV blocks of the model's cache layout (num_hidden_layers x 64 tokens x (kv_lora_rank +
 // qk_rope_head_dim) bf16) between the device caches and pageable host payloads, as a prefill/decode handoff and the
-// host tier move them: engine::download_kv_blocks / upload_kv_blocks (the product's batched path, pinned staging)
+// host tier move them: backend::download_kv_blocks / upload_kv_blocks (the product's batched path, pinned staging)
 // against the path before it (one pageable Backend::download / upload per layer and block), for N blocks scattered
 // over a pool. The ceilings, in the same run: one contiguous cudaMemcpy of the same bytes from / to pinned memory,
 // and from / to pageable memory.
@@ -792,8 +792,8 @@ void bench_kv_copy(const std::string& name, const std::filesystem::path& config_
   const size_t block_bytes = static_cast<size_t>(layers) * layer_bytes;
   std::mt19937_64 rng(kSeed);
   for (int64_t n : blocks_list) {
-    std::vector<kvcache::BlockId> ids(static_cast<size_t>(pool));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<kvcache::BlockId>(i);
+    std::vector<int32_t> ids(static_cast<size_t>(pool));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
     std::shuffle(ids.begin(), ids.end(), rng);
     ids.resize(static_cast<size_t>(n));
     std::vector<std::vector<std::byte>> payloads(static_cast<size_t>(n), std::vector<std::byte>(block_bytes));
@@ -814,8 +814,8 @@ void bench_kv_copy(const std::string& name, const std::filesystem::path& config_
       }
       return best;
     };
-    const double batch_down = time_ms([&] { return engine::download_kv_blocks(b, caches, layer_bytes, ids, out); });
-    const double batch_up = time_ms([&] { return engine::upload_kv_blocks(b, caches, layer_bytes, ids, in); });
+    const double batch_down = time_ms([&] { return backend::download_kv_blocks(b, caches, layer_bytes, ids, out); });
+    const double batch_up = time_ms([&] { return backend::upload_kv_blocks(b, caches, layer_bytes, ids, in); });
     const double per_layer_down = time_ms([&] {
       for (size_t i = 0; i < ids.size(); ++i)
         for (int64_t l = 0; l < layers; ++l)

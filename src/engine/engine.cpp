@@ -1,7 +1,7 @@
 // Engine step: schedule, execute (forward + sample), update; plus request admission and cancellation.
 #include "deepinfer/core/check.h"
 #include "deepinfer/engine/engine.h"
-#include "deepinfer/engine/kv_block_copy.h"
+#include "deepinfer/backend/kv_block_copy.h"
 
 #include "model_executor.h"
 #include "v4_executor.h"
@@ -48,13 +48,17 @@ Status Engine::DeviceBlocks::write(kvcache::BlockId block, std::span<const std::
 
 Status Engine::DeviceBlocks::read_blocks(std::span<const kvcache::BlockId> blocks, std::span<std::byte* const> out) {
   GateTurn turn(gate_);
-  return download_kv_blocks(backend_, layer_caches_, layer_bytes_, blocks, out);
+  return backend::download_kv_blocks(backend_, layer_caches_, layer_bytes_, blocks, out);
 }
 
 Status Engine::DeviceBlocks::write_blocks(std::span<const kvcache::BlockId> blocks,
                                           std::span<const std::byte* const> in) {
   GateTurn turn(gate_);
-  return upload_kv_blocks(backend_, layer_caches_, layer_bytes_, blocks, in);
+  if (replicas_ != nullptr) {
+    const int64_t layers = static_cast<int64_t>(layer_caches_.size());
+    if (Status s = replicas_->replicate_cache_blocks(blocks, in, layers); !s.ok()) return s;
+  }
+  return backend::upload_kv_blocks(backend_, layer_caches_, layer_bytes_, blocks, in);
 }
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
@@ -495,9 +499,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
 int64_t Engine::num_replayed_tokens() const { return v4_executor_ ? v4_executor_->replayed_tokens() : -1; }
 
 Status Engine::attach_cache_io(size_t block_bytes) {
-  if (backend_->name() != "cpu") step_gate_ = std::make_unique<StepGate>();
+  // Tensor parallel: a block write is a command to the other ranks, on the channel the passes use, so it takes
+  // turns with the steps on the CPU backend too.
+  model::DeepSeekModel* replicas = model_ && model_->tensor_parallel().size > 1 ? model_.get() : nullptr;
+  if (backend_->name() != "cpu" || replicas != nullptr) step_gate_ = std::make_unique<StepGate>();
   block_bytes_ = block_bytes;
-  device_blocks_ = std::make_unique<DeviceBlocks>(*backend_, layer_caches_, block_bytes, step_gate_.get());
+  device_blocks_ =
+      std::make_unique<DeviceBlocks>(*backend_, layer_caches_, block_bytes, step_gate_.get(), replicas);
   scheduler_.cache().set_device_io(device_blocks_.get());
   if (!config_.kv_events_endpoint.empty()) {
     kvcache::KvEventPublisherConfig events;

@@ -3,6 +3,7 @@
 // result back (DeepSeek-V2 paper §2.1.3, "absorbed" inference). A backend with an expanded-form kernel may take a
 // step whose sequences all start at position 0 (a prefill with nothing cached) in the expanded form instead.
 #include "deepinfer/model/deepseek_model.h"
+
 #include "deepinfer/core/types.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "deepinfer/backend/kv_block_copy.h"
 #include "deepinfer/backend/moe_routing.h"
 #include "deepinfer/core/check.h"
 #include "deepinfer/model/expert_placement.h"
@@ -1215,6 +1217,22 @@ Status DeepSeekModel::follow() {
         if (payload.size() != 3) return Status::internal("tensor parallel: a malformed rebalance command");
         if (Status s = rebalance_experts(static_cast<EplbPolicy>(payload[0]), payload[1], payload[2]); !s.ok()) return s;
         break;
+      case kWriteBlocksCommand: {
+        // payload: num_layers, then the block ids; then the blocks' bytes (block after block, layer-major).
+        if (payload.empty() || payload[0] != static_cast<int64_t>(caches.size())) {
+          return Status::internal("tensor parallel: a block write for " + std::to_string(payload.empty() ? 0 : payload[0]) +
+                                  " layers on a rank with " + std::to_string(caches.size()) + " layer caches");
+        }
+        const size_t block_bytes = layer_block_bytes() * caches.size();
+        std::vector<int32_t> blocks(payload.begin() + 1, payload.end());
+        std::vector<std::byte> bytes(block_bytes * blocks.size());
+        tp_.host().broadcast_host(bytes, 0);
+        if (Status s = tp_.host().status(); !s.ok()) return s;
+        std::vector<const std::byte*> in(blocks.size());
+        for (size_t i = 0; i < blocks.size(); ++i) in[i] = bytes.data() + i * block_bytes;
+        if (Status s = backend::upload_kv_blocks(backend_, caches, layer_block_bytes(), blocks, in); !s.ok()) return s;
+        break;
+      }
       case kCachesCommand: {
         if (payload.size() != 1) return Status::internal("tensor parallel: a malformed caches command");
         caches.clear();
@@ -1241,6 +1259,24 @@ Status DeepSeekModel::follow() {
     }
   }
 }
+Status DeepSeekModel::replicate_cache_blocks(std::span<const int32_t> blocks, std::span<const std::byte* const> in,
+                                             int64_t num_layers) {
+  if (!leading_ || blocks.empty()) return Status();
+  if (in.size() != blocks.size()) return Status::invalid_argument("replicate_cache_blocks: one payload per block");
+  if (num_layers != config_.num_hidden_layers) {
+    return Status::invalid_argument("replicate_cache_blocks: " + std::to_string(num_layers) + " layers, the model has " +
+                                    std::to_string(config_.num_hidden_layers));
+  }
+  std::vector<int64_t> payload{num_layers};
+  payload.insert(payload.end(), blocks.begin(), blocks.end());
+  send_command(kWriteBlocksCommand, std::move(payload));
+  const size_t block_bytes = layer_block_bytes() * static_cast<size_t>(num_layers);
+  std::vector<std::byte> bytes(block_bytes * blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(bytes.data() + i * block_bytes, in[i], block_bytes);
+  tp_.host().broadcast_host(bytes, 0);
+  return tp_.host().status();
+}
+
 const ModelConfig& DeepSeekModel::config() const { return config_; }
 size_t DeepSeekModel::weight_bytes() const { return weights_->bytes; }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The seed's launch scripts run as written (ports and paths changed): every flag in them is accepted by
 # `deepinfer serve`, and each is honoured or refused at startup with a message naming what this build or machine
-# lacks (never accepted and ignored). Today the seed's prefill and decode command lines stop at what this build
-# lacks (eight GPUs per model; an RDMA device on this machine); each refusable flag is also checked on its own, and
-# the same lines with those flags at what this build and machine have (ucx and tcp, one device) serve.
+# lacks (never accepted and ignored). Today the seed's prefill and decode command lines stop at what they and the demo
+# model lack (a rendezvous for eight hosts; heads that split eight ways); each refusable flag is also checked on its
+# own, and the same lines with those flags at what this build and machine have (ucx and tcp, one device) serve.
 # Usage: seed_launch_flags.sh DEEPINFER_BINARY MODEL_DIR (the demo model)
 set -uo pipefail
 bin=$1 model=$2
@@ -34,8 +34,12 @@ prefill=(--model-path "$model" --role prefill --host 127.0.0.1 --port 0 --cluste
          --pipeline-parallel-size 1 --expert-parallel-size 8 --max-model-len 131072 --max-num-seqs 64
          --gpu-memory-utilization 0.90 --kv-transfer-protocol rdma --rdma-device-names mlx5_0,mlx5_1
          --kv-transfer-timeout-ms 30000 --swa-bounded-replay --kv-cache-ttl-hours 72 --tiered-kv-storage-path "$tier")
-expect_refused "--tensor-parallel-size > 1 with --role decode" "${decode[@]}"
-expect_refused "--tensor-parallel-size > 1 with --role prefill" "${prefill[@]}"
+# As written they name no rendezvous for their 8 hosts; given one, the demo model's 4 heads do not split 8 ways (tensor
+# parallel itself runs with either role: tests/cluster/tp_serve_e2e.py).
+expect_refused "--nnodes/--cluster-nodes 8 needs an explicit --master-port" "${decode[@]}"
+expect_refused "--nnodes/--cluster-nodes 8 needs an explicit --master-port" "${prefill[@]}"
+expect_refused "--tensor-parallel-size 8 does not divide the model's num_attention_heads (4)" "${decode[@]}" --master-port 29555
+expect_refused "--tensor-parallel-size 8 does not divide the model's num_attention_heads (4)" "${prefill[@]}" --master-port 29555
 # Each refusable flag on its own.
 expect_refused "--kv-transfer-protocol applies to --role prefill / decode" --model-path "$model" --kv-transfer-protocol tcp
 if [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
@@ -50,7 +54,6 @@ expect_refused "--kv-transfer-timeout-ms applies to --role prefill / decode" --m
 expect_refused "--kv-transfer-deadline-ms applies to --role decode" --model-path "$model" --role prefill --kv-transfer-deadline-ms 1000
 expect_refused "--kv-transfer-deadline-ms must be at least 1" --model-path "$model" --role decode --kv-transfer-deadline-ms 0
 expect_refused "--tensor-parallel-size 8 does not divide the model's num_attention_heads" --model-path "$model" --tensor-parallel-size 8
-expect_refused "--tensor-parallel-size > 1 with --role decode" --model-path "$model" --tensor-parallel-size 2 --role decode
 expect_refused "--pipeline-parallel-size 2: this build splits a model over devices by tensor and expert parallel" --model-path "$model" --pipeline-parallel-size 2
 expect_refused "--expert-parallel-size 8 with --tensor-parallel-size 1: this build's server spreads the experts over the tensor-parallel ranks" --model-path "$model" --expert-parallel-size 8
 expect_refused "--enable-eplb needs expert parallel" --model-path "$model" --enable-eplb

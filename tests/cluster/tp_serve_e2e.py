@@ -7,6 +7,9 @@ Checks:
     one-process server's;
   - the same with the experts spread over the two ranks (--expert-parallel-size 2, 2 redundant slots) and EPLB
     rebalancing every 5 passes while the requests run: identical text, rebalances counted in /metrics;
+  - with the host and disk KV tiers (a 21-block device pool): a prompt pushed out to the host tier and loaded back,
+    and after a restart one loaded from the disk tier, give the one-process server's text (rank 1 gets the blocks
+    rank 0 loads); a TP=2 prefill worker's blocks imported by a TP=2 decode worker give it too;
   - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang);
   - kill -9 rank 0: rank 1 is gone within 10 s (it dies with its parent);
   - two hosts on loopback (--nnodes 2 --node-rank 0|1, TP=4): the same text; kill -9 host 1's process: rank 0 exits
@@ -31,7 +34,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import chat, check, content, failures, free_port, init, request, streamed_text
+from harness import chat, check, content, failures, free_port, init, metrics, request, streamed_text
 
 BIN, MODEL, logdir = init("tp-e2e-")
 procs = []
@@ -150,6 +153,73 @@ def log_text(log):
     return log.read()
 
 
+def answer_with_system(port, system, question, headers=None):
+    """(greedy answer or "HTTP <status>: <body>", usage) of `question` after the system prompt `system`."""
+    status, data = request(port, "/v1/chat/completions", chat(question, 16, system=system, model="demo"), timeout=120,
+                           headers=headers)
+    if status != 200:
+        return f"HTTP {status}: {data}", {}
+    body = json.loads(data)
+    return body["choices"][0]["message"]["content"], body["usage"]
+
+
+def tier_hits(port):
+    """{tier: prompt blocks served from it} from /metrics."""
+    out = {}
+    for line in request(port, "/metrics", timeout=10)[1].splitlines():
+        if line.startswith("deepinfer_kv_tier_hits_total{"):
+            out[line.split('"')[1]] = float(line.split()[-1])
+    return out
+
+
+def tiers_and_roles(single_port):
+    """Tensor parallel with the host and disk tiers and with the prefill/decode roles: blocks rank 0 writes into its
+    cache from outside a pass (a tier's load, a transfer's import) are written on rank 1 too. Were they not, rank 1's
+    heads would read other prompts' latents there and the text would differ from the one-process server's."""
+    base = "You are the Debian documentation assistant; answer briefly and exactly. " * 60  # ~700 tokens, 10 blocks
+    systems = [f"Conversation {i}. {base}" for i in range(4)]
+    question = "What does apt-get do?"
+    want = [answer_with_system(single_port, s, question)[0] for s in systems]
+    disk = os.path.join(logdir, "kv-disk")
+    # 21 device blocks: each 10-block prompt pushes the one before it out to the host tier.
+    tier_args = ["--tensor-parallel-size", "2", "--kv-cache-memory", "2MiB", "--max-model-len", "1024",
+                 "--kv-host-cache-memory", "32MiB", "--tiered-kv-storage-path", disk]
+    tiers, tiers_port, _ = start("tp2-tiers", *tier_args)
+    got = [answer_with_system(tiers_port, s, question)[0] for s in systems[:3]]
+    again, usage = answer_with_system(tiers_port, systems[0], question)
+    hits = tier_hits(tiers_port)
+    check(got == want[:3] and again == want[0] and hits.get("host", 0) >= 9,
+          f"TP=2 with host and disk tiers: the same text, the first prompt again after two others: "
+          f"{usage.get('prompt_tokens_details', {}).get('cached_tokens')} tokens cached, blocks from the tiers {hits}")
+    tiers.send_signal(signal.SIGTERM)
+    code = tiers.wait(timeout=30)
+    tiers, tiers_port, _ = start("tp2-tiers-restart", *tier_args)
+    again, usage = answer_with_system(tiers_port, systems[1], question)
+    hits = tier_hits(tiers_port)
+    check(code == 0 and again == want[1] and hits.get("disk", 0) >= 9,
+          f"TP=2 restarted on the same disk tier: the same text from the disk's blocks {hits}")
+    tiers.send_signal(signal.SIGTERM)
+    tiers.wait(timeout=30)
+
+    # A tensor-parallel prefill worker exports from rank 0's cache; a tensor-parallel decode worker imports into both.
+    kv_port = free_port()
+    prefill, prefill_port, _ = start("tp2-prefill", "--tensor-parallel-size", "2", "--role", "prefill",
+                                     "--kv-transfer-port", str(kv_port))
+    decode, decode_port, _ = start("tp2-decode", "--tensor-parallel-size", "2", "--role", "decode")
+    received = 'deepinfer_kv_transfer_blocks_total{direction="received"}'
+    before = metrics(decode_port).get(received, 0)
+    got, usage = answer_with_system(decode_port, systems[3], question,
+                                    headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{kv_port}"})
+    moved = metrics(decode_port).get(received, 0) - before
+    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    check(got == want[3] and moved >= 10 and cached == moved * 64,
+          f"TP=2 prefill worker -> TP=2 decode worker: the same text, {moved:.0f} blocks moved, {cached} tokens "
+          "reused from them")
+    for p in (prefill, decode):
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+
+
 def main():
     prompts = ["What is Debian?", "How do I install a package with apt?", "Write a haiku about the kernel.",
                "List three file systems."]
@@ -179,6 +249,7 @@ def main():
     check('deepinfer_moe_expert_tokens_total{moe_layer="0",expert="0"}' in metrics, "per-expert load in /metrics")
     ep.send_signal(signal.SIGTERM)
     ep.wait(timeout=30)
+    tiers_and_roles(single_port)
     single.send_signal(signal.SIGTERM)
 
     # kill -9 rank 1: rank 0 exits non-zero within 10 s.
@@ -400,8 +471,7 @@ def main():
                          "--cluster-nodes 3"),
                         (["--tensor-parallel-size", "2", "--node-rank", "1"], "a host index"),
                         (["--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", "29999", "--node-rank", "2"],
-                         "a host index"),(["--tensor-parallel-size", "2", "--role", "prefill"], "--role prefill"),
-                        (["--tensor-parallel-size", "2", "--kv-host-cache-memory", "1GiB"], "tiers"),
+                         "a host index"),
                         (["--tensor-parallel-size", "2", "--dspark-enable"], "speculative"),
                         (["--tensor-parallel-size", "3"], "num_attention_heads"),
                         (["--tensor-parallel-size", "0"], "at least 1"),

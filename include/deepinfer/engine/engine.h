@@ -250,12 +250,17 @@ class Engine {
   // The KV cache's mover reads and writes device blocks through this: one block of every layer's cache, in the
   // layout kvcache/transfer/block_mover.h describes (layer-major). Called on the mover's threads: concurrently
   // with the forward pass on the CPU backend (plain copies of blocks no step touches), in turns with it through
-  // `gate` on the others.
+  // `gate` on the others and with tensor parallel. With `replicas` (tensor parallel's rank 0), every write goes to
+  // the followers' caches too (DeepSeekModel::replicate_cache_blocks); reads need only this rank's (replicated).
   class DeviceBlocks final : public kvcache::transfer::DeviceBlockIo {
    public:
     DeviceBlocks(backend::Backend& backend, std::span<const backend::Buffer> layer_caches, size_t block_bytes,
-                 StepGate* gate)
-        : backend_(backend), layer_caches_(layer_caches), layer_bytes_(block_bytes / layer_caches.size()), gate_(gate) {}
+                 StepGate* gate, model::DeepSeekModel* replicas)
+        : backend_(backend),
+          layer_caches_(layer_caches),
+          layer_bytes_(block_bytes / layer_caches.size()),
+          gate_(gate),
+          replicas_(replicas) {}
     Status read(kvcache::BlockId block, std::span<std::byte> out) override;
     Status write(kvcache::BlockId block, std::span<const std::byte> in) override;
     // Many blocks in one backend batch (kv_block_copy.h); out[i] / in[i] are block_bytes each.
@@ -267,6 +272,7 @@ class Engine {
     std::span<const backend::Buffer> layer_caches_;
     size_t layer_bytes_;
     StepGate* gate_;  // null: no turns needed
+    model::DeepSeekModel* replicas_;  // null: no other rank keeps a copy
   };
 
   Engine(std::unique_ptr<backend::Backend> backend, std::unique_ptr<model::DeepSeekModel> model,
@@ -296,7 +302,7 @@ class Engine {
   // [num_blocks + max_num_seqs, 64, kv_cache_dim] (its last max_num_seqs blocks: the draft chains' scratch).
   std::vector<backend::Buffer> layer_caches_;
   size_t kv_cache_bytes_ = 0;
-  std::unique_ptr<StepGate> step_gate_;          // null on the CPU backend
+  std::unique_ptr<StepGate> step_gate_;          // null on the CPU backend without tensor parallel
   std::unique_ptr<DeviceBlocks> device_blocks_;  // points into layer_caches_
   std::unique_ptr<Executor> executor_;     // the model executor over model_ and layer_caches_
   MtpExecutor* mtp_executor_ = nullptr;  // executor_ when it drafts (its planner's counters)

@@ -185,6 +185,16 @@ class DeepSeekModel {
   // leader gone, a failed pass).
   void lead();
   Status follow();
+  // Tensor parallel, rank 0 (lead()): KV blocks written into the latent caches outside a pass (the host and disk
+  // tiers' loads, a prefill worker's blocks imported by a decode worker) must be written on every rank, since each
+  // keeps the whole latent. Sends blocks[i]'s payload in[i] (num_layers * layer_block_bytes() bytes, layer-major as
+  // backend/kv_block_copy.h lays it out) to the followers, which write it into the same blocks of the caches they
+  // follow with (REQUIRES num_layers == num_hidden_layers: no MTP cache, as speculative passes are not tensor-parallel).
+  // The caller writes its own caches. Call between passes, never beside one (the command shares the group's channel
+  // with the passes'); the engine does so in turns with its steps (Engine::StepGate). No-op unless leading.
+  // Errors: the group's (a collective that failed: Internal), InvalidArgument (payloads and blocks do not match).
+  Status replicate_cache_blocks(std::span<const int32_t> blocks, std::span<const std::byte* const> in,
+                                int64_t num_layers);
 
   // Expert parallel (ExpertParallel): where the routed experts are, and the tokens this rank routed to each logical
   // expert per MoE layer since load or the last rebalance ([MoE layers][n_routed_experts]). Null / empty without.
@@ -339,7 +349,7 @@ class DeepSeekModel {
   Status gather_vocab(std::vector<float>& logits);
   // lead(): sends a command (kind, then its payload) to the followers.
   static constexpr uint64_t kStopCommand = 0, kCachesCommand = 1, kForwardCommand = 2, kForwardGreedyCommand = 3,
-                            kRebalanceCommand = 4;
+                            kRebalanceCommand = 4, kWriteBlocksCommand = 5;
   EplbSchedule eplb_schedule_;
   int64_t passes_since_rebalance_ = 0;
   EplbStats eplb_stats_;

@@ -1,14 +1,14 @@
-#include "deepinfer/engine/kv_block_copy.h"
+#include "deepinfer/backend/kv_block_copy.h"
 
 #include <vector>
 
-namespace deepinfer::engine {
+namespace deepinfer::backend {
 
-Status download_kv_blocks(backend::Backend& backend, std::span<const backend::Buffer> layer_caches,
-                          size_t layer_bytes, std::span<const kvcache::BlockId> blocks,
+Status download_kv_blocks(Backend& backend, std::span<const Buffer> layer_caches,
+                          size_t layer_bytes, std::span<const int32_t> blocks,
                           std::span<std::byte* const> out) {
   if (out.size() != blocks.size()) return Status::invalid_argument("download_kv_blocks: one payload per block");
-  std::vector<backend::Backend::DownloadRegion> regions;
+  std::vector<Backend::DownloadRegion> regions;
   regions.reserve(blocks.size() * layer_caches.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
     for (size_t layer = 0; layer < layer_caches.size(); ++layer) {
@@ -19,10 +19,10 @@ Status download_kv_blocks(backend::Backend& backend, std::span<const backend::Bu
   return backend.download_batch(regions);
 }
 
-Status upload_kv_blocks(backend::Backend& backend, std::span<const backend::Buffer> layer_caches, size_t layer_bytes,
-                        std::span<const kvcache::BlockId> blocks, std::span<const std::byte* const> in) {
+Status upload_kv_blocks(Backend& backend, std::span<const Buffer> layer_caches, size_t layer_bytes,
+                        std::span<const int32_t> blocks, std::span<const std::byte* const> in) {
   if (in.size() != blocks.size()) return Status::invalid_argument("upload_kv_blocks: one payload per block");
-  std::vector<backend::Backend::UploadRegion> regions;
+  std::vector<Backend::UploadRegion> regions;
   regions.reserve(blocks.size() * layer_caches.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
     for (size_t layer = 0; layer < layer_caches.size(); ++layer) {
@@ -33,4 +33,4 @@ Status upload_kv_blocks(backend::Backend& backend, std::span<const backend::Buff
   return backend.upload_batch(regions);
 }
 
-}  // namespace deepinfer::engine
+}  // namespace deepinfer::backend
