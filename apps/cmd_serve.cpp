@@ -439,6 +439,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
         return fail("--master-port " + std::to_string(options->master_port) + " is also --port: rank 0's rendezvous "
                     "store and the HTTP server need a port each");
       }
+      if (options->master_port != 0 && options->kv_transfer_port && options->master_port == *options->kv_transfer_port) {
+        return fail("--master-port " + std::to_string(options->master_port) + " is also --kv-transfer-port: rank 0's "
+                    "rendezvous store and the KV transfer listener need a port each");
+      }
       if (options->master_addr == "0.0.0.0" || options->master_addr == "::" || options->master_addr.empty()) {
         return fail("--master-addr '" + options->master_addr + "': the ranks connect to it and listen on it, so it "
                     "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
@@ -592,9 +596,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   std::to_string(config->vocab_size) + ": wrong tokenizer for this checkpoint?");
     }
 
-    if (options->tensor_parallel_size > 1 && speculative->enabled()) {
-      return fail("--tensor-parallel-size > 1 with speculative decoding: the draft passes are not tensor-parallel "
-                  "in this build");
+    // MTP drafts run tensor-parallel (the MTP layer splits as a decoder layer); the DSpark module's passes do not.
+    if (options->tensor_parallel_size > 1 && speculative->algorithm == engine::SpeculativeAlgorithm::kDspark &&
+        config->dspark.has_value()) {
+      return fail("--tensor-parallel-size > 1 with --dspark-enable on a checkpoint with a DSpark draft module: the "
+                  "module's passes are not tensor-parallel in this build (--speculative-algorithm mtp is)");
     }
     // Tensor parallel: rank 0 (this process, the server) starts the other ranks; they load their shards and follow.
     std::unique_ptr<TensorParallelGroup> tp_group;

@@ -470,7 +470,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   for (int32_t i = 0; i < mtp_cached_layers; ++i) {
     // Indexed like the main layers' block for block; the draft chains' (blocks') scratch blocks after them.
     const int64_t mtp_blocks = int64_t{scheduler_config.num_blocks} + scheduler_config.max_num_seqs;
-    Result<backend::Buffer> mtp_cache = model->make_layer_cache(mtp_blocks);
+    Result<backend::Buffer> mtp_cache = model->make_draft_layer_cache(mtp_blocks);
     if (!mtp_cache.ok()) return mtp_cache.status();
     layer_caches->push_back(std::move(mtp_cache).value());
   }

@@ -221,7 +221,10 @@ void InProcessEngineClient::run() {
       Result<std::vector<TokenEvent>> events = engine_->step();
       if (!events.ok()) {
         spdlog::error("engine step failed: {}", events.status().to_string());
-        fail_all(Status::internal("the engine failed"));
+        // ShuttingDown: the step cannot run again (a tensor-parallel rank is gone), and says why; anything else is
+        // the engine's fault, not the requests' to read about.
+        fail_all(events.status().code() == StatusCode::kShuttingDown ? events.status()
+                                                                     : Status::internal("the engine failed"));
       } else {
         // Group by request, keeping order, so each sink is woken once per step.
         std::unordered_map<SequenceId, std::vector<GenerationEvent>> grouped;

@@ -1219,7 +1219,7 @@ Status DeepSeekModel::follow() {
         break;
       case kWriteBlocksCommand: {
         // payload: num_layers, then the block ids; then the blocks' bytes (block after block, layer-major).
-        if (payload.empty() || payload[0] != static_cast<int64_t>(caches.size())) {
+        if (payload.empty() || payload[0] != static_cast<int64_t>(caches.size())) {  // the main and draft layers'
           return Status::internal("tensor parallel: a block write for " + std::to_string(payload.empty() ? 0 : payload[0]) +
                                   " layers on a rank with " + std::to_string(caches.size()) + " layer caches");
         }
@@ -1231,6 +1231,32 @@ Status DeepSeekModel::follow() {
         std::vector<const std::byte*> in(blocks.size());
         for (size_t i = 0; i < blocks.size(); ++i) in[i] = bytes.data() + i * block_bytes;
         if (Status s = backend::upload_kv_blocks(backend_, caches, layer_block_bytes(), blocks, in); !s.ok()) return s;
+        break;
+      }
+      case kDraftCacheCommand: {  // appended after the main layers' (the engine's order)
+        if (payload.size() != 1) return Status::internal("tensor parallel: a malformed draft cache command");
+        Result<Buffer> made = make_layer_cache(payload[0]);
+        if (!made.ok()) return made.status();
+        caches.push_back(std::move(made).value());
+        break;
+      }
+      case kForwardMtpCommand: {
+        // payload: MTP layer, draft cache index, hidden rows (count, rows), then the rows as a ForwardBatch.
+        const size_t head = payload.size() >= 3 ? 3 + static_cast<size_t>(std::max<int64_t>(payload[2], 0)) : 0;
+        if (head == 0 || payload.size() < head || payload[1] < 0 ||
+            config_.num_hidden_layers + payload[1] >= static_cast<int64_t>(caches.size())) {
+          return Status::internal("tensor parallel: a malformed MTP pass command");
+        }
+        Result<ForwardBatch> rows = decode_batch(std::span<const int64_t>(payload).subspan(head));
+        if (!rows.ok()) return rows.status();
+        MtpBatch mtp{std::move(rows->token_ids), std::move(rows->sequences),
+                     std::vector<int32_t>(payload.begin() + 3, payload.begin() + static_cast<std::ptrdiff_t>(head)),
+                     std::move(rows->logits_rows)};
+        const Status s = forward_mtp(payload[0], mtp, caches[static_cast<size_t>(config_.num_hidden_layers + payload[1])],
+                                     &logits, nullptr);
+        if (Status group = tp_.comm->status(); !group.ok()) return group;
+        if (Status group = tp_.host().status(); !group.ok()) return group;
+        (void)s;  // as a forward pass's: it failed on rank 0 too
         break;
       }
       case kCachesCommand: {
@@ -1263,9 +1289,10 @@ Status DeepSeekModel::replicate_cache_blocks(std::span<const int32_t> blocks, st
                                              int64_t num_layers) {
   if (!leading_ || blocks.empty()) return Status();
   if (in.size() != blocks.size()) return Status::invalid_argument("replicate_cache_blocks: one payload per block");
-  if (num_layers != config_.num_hidden_layers) {
-    return Status::invalid_argument("replicate_cache_blocks: " + std::to_string(num_layers) + " layers, the model has " +
-                                    std::to_string(config_.num_hidden_layers));
+  const int64_t layers = config_.num_hidden_layers + static_cast<int64_t>(draft_caches_.size());
+  if (num_layers != layers) {
+    return Status::invalid_argument("replicate_cache_blocks: " + std::to_string(num_layers) + " layers, the ranks keep " +
+                                    std::to_string(layers));
   }
   std::vector<int64_t> payload{num_layers};
   payload.insert(payload.end(), blocks.begin(), blocks.end());
@@ -1274,7 +1301,7 @@ Status DeepSeekModel::replicate_cache_blocks(std::span<const int32_t> blocks, st
   std::vector<std::byte> bytes(block_bytes * blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(bytes.data() + i * block_bytes, in[i], block_bytes);
   tp_.host().broadcast_host(bytes, 0);
-  return tp_.host().status();
+  return group_failure(tp_.host().status());
 }
 
 const ModelConfig& DeepSeekModel::config() const { return config_; }
@@ -1295,7 +1322,15 @@ Result<Buffer> DeepSeekModel::make_layer_cache(int64_t num_blocks) const {
   return backend_.alloc(layer_block_bytes() * static_cast<size_t>(num_blocks));
 }
 
+Result<Buffer> DeepSeekModel::make_draft_layer_cache(int64_t num_blocks) {
+  if (leading_) send_command(kDraftCacheCommand, {num_blocks});
+  Result<Buffer> cache = make_layer_cache(num_blocks);
+  if (cache.ok()) draft_caches_.push_back(cache->data());
+  return cache;
+}
+
 Result<std::vector<Buffer>> DeepSeekModel::make_layer_caches(int64_t num_blocks) const {
+  draft_caches_.clear();
   if (leading_) send_command(kCachesCommand, {num_blocks});
   std::vector<Buffer> caches;
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -1392,12 +1427,24 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
   return Status();
 }
 
+Status DeepSeekModel::group_failure(Status pass) const {
+  if (pass.ok()) return pass;
+  for (backend::Communicator* comm : {tp_.comm, tp_.host_comm, ep_.comm}) {
+    if (comm != nullptr && comm->failed()) {
+      return Status::shutting_down("the server is stopping: its " +
+                                   std::string(comm == ep_.comm ? "expert" : "tensor") + "-parallel group failed (" +
+                                   comm->status().message() + ")");
+    }
+  }
+  return pass;
+}
+
 Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits) {
-  return run(batch, layer_caches, &logits, nullptr);
+  return group_failure(run(batch, layer_caches, &logits, nullptr));
 }
 
 Status DeepSeekModel::forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids) {
-  return run(batch, layer_caches, nullptr, &ids);
+  return group_failure(run(batch, layer_caches, nullptr, &ids));
 }
 
 bool DeepSeekModel::samples_on_device() const { return tp_.size == 1 && backend_.has_device_sampling(); }
@@ -1579,6 +1626,20 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
 
 // Per row of host logits [rows, vocab]: the argmax (lowest id among equal maxima), -1 for a row holding a NaN or
 // +inf or nothing above -inf: the rule of Backend::compute_logits(greedy).
+// The softmax probability of each row's id in `ids` (0 where the id is -1), as Backend::read_top_probabilities.
+void greedy_probabilities(const std::vector<float>& logits, int64_t vocab, const std::vector<int32_t>& ids,
+                          std::vector<float>& probabilities) {
+  probabilities.assign(ids.size(), 0.0f);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    if (ids[r] < 0) continue;
+    const float* row = logits.data() + static_cast<int64_t>(r) * vocab;
+    const float best = row[ids[r]];
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(row[i] - best);
+    probabilities[r] = static_cast<float>(1.0 / sum);
+  }
+}
+
 void greedy_ids(const std::vector<float>& logits, int64_t vocab, std::vector<int32_t>& ids) {
   const int64_t rows = static_cast<int64_t>(logits.size()) / vocab;
   ids.assign(static_cast<size_t>(rows), -1);
@@ -1769,8 +1830,8 @@ void DeepSeekModel::track_graph_caches(std::vector<const void*>& recorded, Layer
 Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, const backend::Buffer& mtp_cache,
                                   std::vector<float>* logits, std::vector<int32_t>* greedy,
                                   std::vector<float>* greedy_probability) {
-  if (tp_.size > 1) return Status::unsupported("forward_mtp: speculative decoding with tensor parallel");
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
+  backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   const Weights& w = *weights_;
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
   const int64_t hidden = c.hidden_size;
@@ -1810,6 +1871,19 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
     return Status::invalid_argument("forward_mtp: " + std::to_string(T) + " rows, more than the scratch's " +
                                     std::to_string(scratch_->capacity));
   }
+  if (leading_) {
+    // The followers run the same pass over their draft cache of the same index (make_draft_layer_cache).
+    const auto cache = std::find(draft_caches_.begin(), draft_caches_.end(), mtp_cache.data());
+    if (cache == draft_caches_.end()) {
+      return Status::invalid_argument("forward_mtp: with tensor parallel the MTP cache must come from "
+                                      "make_draft_layer_cache (the other ranks keep their own copy)");
+    }
+    std::vector<int64_t> payload{mtp_layer, cache - draft_caches_.begin(), static_cast<int64_t>(T)};
+    payload.insert(payload.end(), batch.hidden_rows.begin(), batch.hidden_rows.end());
+    const std::vector<int64_t> encoded = encode_batch(ForwardBatch{batch.token_ids, batch.sequences, batch.logits_rows});
+    payload.insert(payload.end(), encoded.begin(), encoded.end());
+    send_command(kForwardMtpCommand, std::move(payload));
+  }
   backend::StepLayout layout = step_layout(batch.token_ids, batch.logits_rows, rows);
   layout.rows_start_at_zero = false;  // the absorbed form always (the MTP cache may hold earlier positions)
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
@@ -1827,23 +1901,36 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
     begin = end;
   }
   // x = eh_proj([enorm(embed(t_{p+1})); hnorm(h_p)]) (embedding first: vLLM's DeepSeekMTP, tools/demo_model.py).
-  backend_.embed(*w.embed_tokens, t.x, 0);
+  backend_.embed(*w.embed_tokens, t.x, tp_.rank * (c.vocab_size / tp_.size));
+  if (tp) tp->all_reduce_sum(t.x);
   backend_.rms_norm(t.x, M.enorm, eps, concat.cols_slice(0, hidden));
   backend_.rms_norm(gathered, M.hnorm, eps, concat.cols_slice(hidden, hidden));
   backend_.linear(concat, *M.eh_proj, t.x);
   backend_.rms_norm(t.x, M.layer.input_layernorm, eps, t.normed);
-  decoder_layer(backend_, c, w, M.layer, mtp_cache, t, /*use_expanded=*/false, nullptr);
+  decoder_layer(backend_, c, w, M.layer, mtp_cache, t, /*use_expanded=*/false, tp);
   backend_.add(t.x, t.ffn);
   // What the next chained pass reads: this pass's hidden state after shared_head.norm.
   backend_.rms_norm(t.x, M.shared_head_norm, eps, kept);
-  backend_.compute_logits(t.x, M.shared_head_norm, eps, *w.lm_head, greedy != nullptr);
+  backend_.compute_logits(t.x, M.shared_head_norm, eps, *w.lm_head, greedy != nullptr && tp == nullptr);
   kept_hidden_rows_ = 0;
-  Status read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
-  if (read.ok() && greedy != nullptr && greedy_probability != nullptr) {
-    read = backend_.read_top_probabilities(*greedy_probability);
+  Status read;
+  if (tp != nullptr) {  // this rank's vocabulary slice: gathered, then the argmax and its probability on the host
+    std::vector<float>& gathered = logits != nullptr ? *logits : tp_logits_;
+    read = backend_.read_logits(gathered);
+    if (read.ok()) read = tp->status();
+    if (read.ok()) read = gather_vocab(gathered);
+    if (read.ok() && greedy != nullptr) greedy_ids(gathered, c.vocab_size, *greedy);
+    if (read.ok() && greedy != nullptr && greedy_probability != nullptr) {
+      greedy_probabilities(gathered, c.vocab_size, *greedy, *greedy_probability);
+    }
+  } else {
+    read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);
+    if (read.ok() && greedy != nullptr && greedy_probability != nullptr) {
+      read = backend_.read_top_probabilities(*greedy_probability);
+    }
   }
   if (read.ok()) kept_hidden_rows_ = T;
-  return read;
+  return group_failure(read);
 }
 
 namespace {

@@ -10,7 +10,9 @@ Checks:
   - with the host and disk KV tiers (a 21-block device pool): a prompt pushed out to the host tier and loaded back,
     and after a restart one loaded from the disk tier, give the one-process server's text (rank 1 gets the blocks
     rank 0 loads); a TP=2 prefill worker's blocks imported by a TP=2 decode worker give it too;
-  - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang);
+  - MTP speculative decoding (K=2) with TP=2: plain decoding's text, and the drafts and acceptance of one process;
+  - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang); the requests in flight get a 503
+    naming the failed group;
   - kill -9 rank 0: rank 1 is gone within 10 s (it dies with its parent);
   - two hosts on loopback (--nnodes 2 --node-rank 0|1, TP=4): the same text; kill -9 host 1's process: rank 0 exits
     non-zero within 10 s; kill -9 rank 0: host 1's ranks exit within 10 s;
@@ -220,6 +222,31 @@ def tiers_and_roles(single_port):
         p.wait(timeout=30)
 
 
+def spec_counts(port):
+    m = metrics(port)
+    return (m.get("deepinfer_spec_draft_tokens_total", 0), m.get("deepinfer_spec_accepted_tokens_total", 0))
+
+
+def mtp_drafts(single_port, prompts):
+    """MTP speculative decoding with tensor parallel: the MTP layer's pass runs on both ranks (split as a decoder
+    layer). The text equals plain decoding's (verification is exact), and the drafts and their acceptance equal a
+    one-process MTP server's: a wrong draft pass would still give the right text, but not the same acceptance."""
+    flags = ["--speculative-algorithm", "mtp", "--speculative-num-draft-tokens", "2"]
+    one, one_port, _ = start("mtp-tp1", *flags)
+    two, two_port, _ = start("mtp-tp2", "--tensor-parallel-size", "2", *flags)
+    texts = {}
+    for name, port in (("plain", single_port), ("tp1", one_port), ("tp2", two_port)):
+        texts[name] = [ask(port, p, max_tokens=32) for p in prompts]
+    counts = {name: spec_counts(port) for name, port in (("tp1", one_port), ("tp2", two_port))}
+    check(texts["tp2"] == texts["plain"] and texts["tp1"] == texts["plain"],
+          "MTP drafts (K=2) with TP=2: the text of plain decoding")
+    check(counts["tp2"] == counts["tp1"] and counts["tp1"][1] > 0,
+          f"MTP with TP=2: the same drafts and acceptance as one process (drafted, accepted: {counts})")
+    for p in (one, two):
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+
+
 def main():
     prompts = ["What is Debian?", "How do I install a package with apt?", "Write a haiku about the kernel.",
                "List three file systems."]
@@ -250,9 +277,19 @@ def main():
     ep.send_signal(signal.SIGTERM)
     ep.wait(timeout=30)
     tiers_and_roles(single_port)
+    mtp_drafts(single_port, prompts)
     single.send_signal(signal.SIGTERM)
 
-    # kill -9 rank 1: rank 0 exits non-zero within 10 s.
+    # kill -9 rank 1 while requests run: rank 0 exits non-zero within 10 s; the requests get a 503 saying why.
+    inflight = {}
+
+    def long_request(k):
+        inflight[k] = request(tp_port, "/v1/chat/completions", chat(prompts[k], 1500, model="demo"), timeout=60)
+
+    threads = [threading.Thread(target=long_request, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
     os.kill(r1, signal.SIGKILL)
     t0 = time.time()
     try:
@@ -261,6 +298,11 @@ def main():
         code = None
     check(code is not None and code != 0, f"kill -9 rank 1: rank 0 exited ({code}) after {time.time() - t0:.1f} s")
     check("tensor-parallel rank 1" in log_text(tp_log), "rank 0's log names the dead rank")
+    for t in threads:
+        t.join(timeout=30)
+    got = [inflight.get(k, (None, "")) for k in range(2)]
+    check(all(status == 503 and "tensor-parallel group failed" in body for status, body in got),
+          f"requests in flight when rank 1 died: 503 naming the group ({[(s, b[:100]) for s, b in got]})")
 
     # kill -9 rank 0: rank 1 goes with it.
     tp, tp_port, _ = start("tp2-b", "--tensor-parallel-size", "2")
@@ -472,7 +514,9 @@ def main():
                         (["--tensor-parallel-size", "2", "--node-rank", "1"], "a host index"),
                         (["--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", "29999", "--node-rank", "2"],
                          "a host index"),
-                        (["--tensor-parallel-size", "2", "--dspark-enable"], "speculative"),
+                        (["--tensor-parallel-size", "2", "--dspark-enable"], "DSpark draft module"),
+                        (["--tensor-parallel-size", "2", "--role", "prefill", "--kv-transfer-port", "29998",
+                          "--master-port", "29998"], "is also --kv-transfer-port"),
                         (["--tensor-parallel-size", "3"], "num_attention_heads"),
                         (["--tensor-parallel-size", "0"], "at least 1"),
                         (["--tensor-parallel-size", "2", "--expert-parallel-size", "4"], "spreads the experts over"),

@@ -83,8 +83,10 @@ struct MtpBatch {
 //     dimension, outputs all-reduced (the routed and shared experts' partial sums in one all-reduce).
 //   embedding and lm_head: vocabulary-parallel (rank r holds ids [r V/size, (r+1) V/size)); the embedding's shards
 //     are all-reduced, the logits' gathered, so every rank returns the whole vocabulary's logits.
-// Requires num_attention_heads, intermediate_size, moe_intermediate_size and vocab_size divisible by size. Speculative
-// passes (forward_mtp, forward_dspark_*) are Unsupported with size > 1. size 1: the unsharded model (comm unused).
+// Requires num_attention_heads, intermediate_size, moe_intermediate_size and vocab_size divisible by size. An MTP layer
+// splits as a decoder layer does (its eh_proj, norms and the latent replicated; the shared embedding and lm_head
+// vocabulary-parallel), so forward_mtp() runs tensor-parallel; the DSpark module's passes (forward_dspark_*) are
+// Unsupported with size > 1. size 1: the unsharded model (comm unused).
 struct TensorParallel {
   int rank = 0, size = 1;
   backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
@@ -189,10 +191,10 @@ class DeepSeekModel {
   // tiers' loads, a prefill worker's blocks imported by a decode worker) must be written on every rank, since each
   // keeps the whole latent. Sends blocks[i]'s payload in[i] (num_layers * layer_block_bytes() bytes, layer-major as
   // backend/kv_block_copy.h lays it out) to the followers, which write it into the same blocks of the caches they
-  // follow with (REQUIRES num_layers == num_hidden_layers: no MTP cache, as speculative passes are not tensor-parallel).
+  // follow with (REQUIRES num_layers == num_hidden_layers + the draft layer caches made by make_draft_layer_cache).
   // The caller writes its own caches. Call between passes, never beside one (the command shares the group's channel
   // with the passes'); the engine does so in turns with its steps (Engine::StepGate). No-op unless leading.
-  // Errors: the group's (a collective that failed: Internal), InvalidArgument (payloads and blocks do not match).
+  // Errors: ShuttingDown (a collective failed: the group is gone), InvalidArgument (payloads and blocks do not match).
   Status replicate_cache_blocks(std::span<const int32_t> blocks, std::span<const std::byte* const> in,
                                 int64_t num_layers);
 
@@ -231,13 +233,18 @@ class DeepSeekModel {
   Result<std::vector<backend::Buffer>> make_layer_caches(int64_t num_blocks) const;
   // One zero-filled layer cache of `num_blocks` blocks (an MTP layer's, for forward_mtp). Errors: ResourceExhausted.
   Result<backend::Buffer> make_layer_cache(int64_t num_blocks) const;
+  // The same for a draft layer the engine keeps beside the main layers' caches (the MTP layer's; a DSpark stage's):
+  // with lead(), made on every rank (a command, as make_layer_caches), so that forward_mtp() runs on the followers
+  // over their own copy. make_layer_caches() starts a new set (the followers drop the draft caches they had).
+  Result<backend::Buffer> make_draft_layer_cache(int64_t num_blocks);
   // The MTP layers the checkpoint has (config's num_nextn_predict_layers; all loaded).
   int64_t num_mtp_layers() const { return config_.num_nextn_predict_layers; }
 
   // Runs every layer over the batch's tokens, writes their KV entries, and fills `logits` (host) with
   // [logits_rows.size(), vocab_size] float32 logits. REQUIRES: block tables cover every position touched;
   // token ids < vocab_size (else InvalidArgument). Errors from the backend (ResourceExhausted, Internal) are
-  // returned. Not thread-safe (uses per-model scratch buffers).
+  // returned; with tensor or expert parallel, a failed collective is ShuttingDown naming the group (the ranks cannot
+  // go on without each other). Not thread-safe (uses per-model scratch buffers).
   Status forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits);
   // The same pass, but only each logits row's argmax (the lowest id among equal maxima) comes back to the host:
   // ids [logits_rows.size()], -1 for a row holding a NaN or +inf or nothing above -inf. Greedy decoding without
@@ -349,11 +356,17 @@ class DeepSeekModel {
   Status gather_vocab(std::vector<float>& logits);
   // lead(): sends a command (kind, then its payload) to the followers.
   static constexpr uint64_t kStopCommand = 0, kCachesCommand = 1, kForwardCommand = 2, kForwardGreedyCommand = 3,
-                            kRebalanceCommand = 4, kWriteBlocksCommand = 5;
+                            kRebalanceCommand = 4, kWriteBlocksCommand = 5, kDraftCacheCommand = 6,
+                            kForwardMtpCommand = 7;
+  // The draft layer caches made since the last make_layer_caches(), in order (the followers' commands name the index).
+  mutable std::vector<const void*> draft_caches_;
   EplbSchedule eplb_schedule_;
   int64_t passes_since_rebalance_ = 0;
   EplbStats eplb_stats_;
   void send_command(uint64_t kind, std::vector<int64_t> payload) const;
+  // A pass's status, or ShuttingDown naming the group when one of its collectives failed (a rank died or hung: the
+  // server cannot run without it and stops; its requests get a 503 saying why, not an opaque 500).
+  Status group_failure(Status pass) const;
   bool leading_ = false;
   Status reserve_scratch(int64_t rows);
   // forward() (logits set), forward_greedy() (greedy set) or forward_sampled() (greedy set, sampling non-empty).
