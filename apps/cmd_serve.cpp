@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "backend_choice.h"
 #include "speculative_flags.h"
+#include "data_parallel_group.h"
 #include "tensor_parallel_group.h"
 #include "deepinfer/engine/checkpoint_fingerprint.h"
 #include "deepinfer/engine/engine.h"
@@ -98,6 +99,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::string master_addr = "127.0.0.1";
     int32_t master_port = 0;
     int32_t internal_tp_rank = 0;  // > 0: this process is that rank of rank 0's group (started by rank 0)
+    int32_t data_parallel_size = 1, data_parallel_rank = 0;
     // The seed's cluster flags (its launch scripts run as written: each is honoured, or refused at startup naming
     // what this build lacks).
     std::string role = "both";
@@ -173,6 +175,16 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Port of rank 0's rendezvous store (tensor parallel; 0: any free port)")
       ->capture_default_str()
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--data-parallel-size", options->data_parallel_size,
+                  "Attention data-parallel ranks, each a server of its own started by you with --data-parallel-rank "
+                  "(its scheduler, KV cache and port; `deepinfer router` in front): the routed experts spread over "
+                  "them (--expert-parallel-size equal to it), each MoE layer's tokens exchanged all-to-all, the "
+                  "ranks' passes in lock step (CPU; rank 0 serves the rendezvous at --master-addr:--master-port)")
+      ->capture_default_str()
+      ->transform(at_least(1));
+  cmd->add_option("--data-parallel-rank", options->data_parallel_rank,
+                  "This server's rank, 0 to --data-parallel-size - 1")
+      ->capture_default_str();
   cmd->add_option("--internal-tp-rank", options->internal_tp_rank)
       ->group("")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -396,12 +408,41 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (options->tensor_parallel_size < 1) {
       return fail("--tensor-parallel-size " + typed("--tensor-parallel-size").value_or("?") + ": must be at least 1");
     }
-    if (options->expert_parallel_size > 1 && options->expert_parallel_size != options->tensor_parallel_size) {
+    const bool data_parallel = options->data_parallel_size > 1;
+    if (data_parallel || options->data_parallel_rank != 0) {
+      // Attention data parallel: the experts over the data-parallel ranks, one process each, started by the user.
+      const std::string dp = "--data-parallel-size " + std::to_string(options->data_parallel_size);
+      if (options->data_parallel_rank < 0 || options->data_parallel_rank >= options->data_parallel_size) {
+        return fail("--data-parallel-rank " + std::to_string(options->data_parallel_rank) + ": a rank, 0 to " +
+                    dp + " - 1");
+      }
+      if (options->expert_parallel_size != options->data_parallel_size) {
+        return fail(dp + " with --expert-parallel-size " + std::to_string(options->expert_parallel_size) +
+                    ": the data-parallel ranks hold the routed experts between them (give both the same size)");
+      }
+      if (options->tensor_parallel_size > 1 || options->cluster_nodes > 1) {
+        return fail(dp + " with --tensor-parallel-size or --nnodes > 1: each data-parallel rank is one process in "
+                    "this build (start each rank where it runs, with --master-addr pointing at rank 0's host)");
+      }
+      if (typed("--master-port").value_or("0") == "0") {
+        return fail(dp + " needs an explicit --master-port (and --master-addr): every rank meets rank 0's store "
+                    "there");
+      }
+      if (options->master_port < 1 || options->master_port > 65535 || options->master_port == options->port) {
+        return fail("--master-port " + std::to_string(options->master_port) + ": a port, 1 to 65535, not --port");
+      }
+      if (options->role != "both") {
+        return fail(dp + " with --role " + options->role + ": not in this build (each rank serves both phases)");
+      }
+      if (options->device.device == "cuda") {
+        return fail(dp + " with --device cuda: expert parallel across data-parallel ranks runs on the CPU in this "
+                    "build (the CUDA MoE kernels do not take given routing yet); --device cpu");
+      }
+    } else if (options->expert_parallel_size > 1 && options->expert_parallel_size != options->tensor_parallel_size) {
       return fail("--expert-parallel-size " + typed("--expert-parallel-size").value_or("?") + " with " +
                   "--tensor-parallel-size " + std::to_string(options->tensor_parallel_size) +
-                  ": this build's server spreads the experts over the tensor-parallel ranks (give both the same "
-                  "size); expert parallel across attention data-parallel groups (tp x ep processes, all-to-all "
-                  "dispatch) runs in the model and its tests but the server does not schedule over such groups yet");
+                  ": the experts spread over the tensor-parallel ranks (give both the same size) or over the "
+                  "attention data-parallel ranks (--data-parallel-size, the same size)");
     }
     if (options->num_redundant_experts < 0) return fail("--num-redundant-experts must be at least 0");
     for (const char* flag : {"--eplb-rebalance-num-iterations", "--eplb-policy"}) {
@@ -413,7 +454,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       return fail(std::string(options->enable_eplb               ? "--enable-eplb"
                               : options->moe_capacity_factor > 0.0 ? "--moe-capacity-factor"
                                                                    : "--num-redundant-experts") +
-                  " needs expert parallel (--expert-parallel-size and --tensor-parallel-size 2 or more)");
+                  " needs expert parallel (--expert-parallel-size and --tensor-parallel-size or "
+                  "--data-parallel-size 2 or more)");
     }
     const std::pair<const char*, int32_t> parallel_sizes[] = {{"--pipeline-parallel-size", options->pipeline_parallel_size},
                                                              {"--expert-parallel-size", options->expert_parallel_size},
@@ -625,10 +667,25 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (!group.ok()) return fail(group.status().to_string());
       tp_group = std::move(group).value();
     }
+    if (data_parallel && speculative->enabled()) {
+      return fail("--data-parallel-size with speculative decoding: the ranks step in lock step with one pass per "
+                  "step; draft passes are not in this build");
+    }
+    std::unique_ptr<DataParallelGroup> dp_group;
+    if (data_parallel) {
+      Result<std::unique_ptr<DataParallelGroup>> group = DataParallelGroup::join(
+          options->data_parallel_rank, options->data_parallel_size, options->master_addr, options->master_port);
+      if (!group.ok()) return fail(group.status().to_string());
+      dp_group = std::move(group).value();
+    }
     // Rank r of a tensor-parallel group on CUDA takes its host's GPU r % (ranks per host).
     Result<BackendChoice> choice = make_backend(options->device, tp_group ? tp_group->rank() % local_ranks : 0);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
+    if (dp_group && backend->name() != "cpu") {
+      return fail("--data-parallel-size on the " + std::string(backend->name()) + " backend: expert parallel across "
+                  "data-parallel ranks runs on the CPU in this build; --device cpu");
+    }
     // The model's collectives: Gloo on the CPU; on CUDA, NCCL for the tensors and Gloo for the host-side ones.
     std::unique_ptr<backend::Communicator> nccl;
     if (tp_group && backend->name() == "cuda") {
@@ -643,8 +700,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
         nccl ? nccl.get() : tp_group ? &tp_group->communicator() : nullptr,
         nccl && tp_group ? &tp_group->communicator() : nullptr};
     // Expert parallel over the same ranks (ExpertParallel::replicated_tokens).
+    // Or over the data-parallel ranks, each running its own tokens (all-to-all dispatch).
     const model::ExpertParallel expert_parallel =
-        options->expert_parallel_size > 1
+        dp_group ? model::ExpertParallel{options->data_parallel_rank, options->data_parallel_size,
+                                         &dp_group->communicator(), options->num_redundant_experts, false,
+                                         options->moe_capacity_factor}
+        : options->expert_parallel_size > 1
             ? model::ExpertParallel{tensor_parallel.rank, tensor_parallel.size, tensor_parallel.comm,
                                     options->num_redundant_experts, true, options->moe_capacity_factor}
             : model::ExpertParallel{};
@@ -828,7 +889,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.rdma_device_names = options->rdma_device_names.value_or("");
     server_config.kv_block_bytes = (*engine)->block_bytes();
     const engine::KvTierStats tiers = (*engine)->kv_tier_stats();
-    std::unique_ptr<engine::EngineClient> engine_client = engine::make_in_process_client(std::move(engine).value());
+    std::unique_ptr<engine::EngineClient> engine_client =
+        engine::make_in_process_client(std::move(engine).value(), dp_group.get());
     // Rank 0 of a group: a rank's failure ends the live requests with an error event before the process exits.
     if (tp_group) engine_client = tp_group->watch_requests(std::move(engine_client));
     auto server = server::Server::start(server_config, info, std::move(engine_client), *tokenizer);
@@ -852,6 +914,17 @@ std::function<int()> add_serve_command(CLI::App& app) {
           std::cout << ", EPLB (" << options->eplb_policy << ") every " << options->eplb_rebalance_num_iterations
                     << " passes";
         }
+      }
+      std::cout << "\n";
+    }
+    if (dp_group) {
+      std::cout << "  data parallel: rank " << options->data_parallel_rank << " of " << options->data_parallel_size
+                << " (store at " << options->master_addr << ":" << options->master_port << "); experts over the ranks: "
+                << (config->n_routed_experts + options->num_redundant_experts) / options->expert_parallel_size
+                << " slots each (" << options->num_redundant_experts << " redundant), all-to-all dispatch";
+      if (options->enable_eplb) {
+        std::cout << ", EPLB (" << options->eplb_policy << ") every " << options->eplb_rebalance_num_iterations
+                  << " passes";
       }
       std::cout << "\n";
     }

@@ -125,8 +125,8 @@ std::string describe(int status) {
   return "stopped";
 }
 
-// The local address this host reaches `host` from: the name of a UDP socket connected to it (no packet is sent).
-// The collectives listen there, so the other hosts' ranks can connect back.
+}  // namespace
+
 Result<std::string> local_address_toward(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
@@ -156,8 +156,6 @@ Result<std::string> local_address_toward(const std::string& host, int port) {
   if (local.empty()) return Status::io_error("no local address routes to --master-addr " + host + ": " + error);
   return local;
 }
-
-}  // namespace
 
 // The live requests of rank 0's engine client (watch_requests): each request's sink is wrapped in an Entry that
 // forwards its events until its end; fail_all ends the rest from any thread.

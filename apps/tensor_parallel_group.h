@@ -37,6 +37,11 @@
 
 namespace deepinfer::apps {
 
+// The local address this host reaches `host` from: the name of a UDP socket connected to it (no packet is sent).
+// A group's collectives listen there, so the other hosts' ranks can connect back. Errors: InvalidArgument (an
+// address that does not resolve), IoError (no route).
+Result<std::string> local_address_toward(const std::string& host, int port);
+
 // What every host of a group must agree on: each node leader publishes its own in the store when it joins, and a
 // difference from node 0's is reported on both sides naming the flag and both values.
 struct GroupShape {

@@ -496,6 +496,15 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   return engine;
 }
 
+Status Engine::set_lockstep(bool on) {
+  if (on && (model_ == nullptr || mtp_executor_ != nullptr)) {
+    return Status::failed_precondition("lock-step passes need a V2/V3 model and one pass per step (no speculative "
+                                       "decoding)");
+  }
+  lockstep_ = on;
+  return Status();
+}
+
 int64_t Engine::num_replayed_tokens() const { return v4_executor_ ? v4_executor_->replayed_tokens() : -1; }
 
 Status Engine::attach_cache_io(size_t block_bytes) {
@@ -790,6 +799,11 @@ Result<std::vector<TokenEvent>> Engine::step() {
     exports_.erase(finished.id);
   }
   if (mtp_executor_ != nullptr && !batch.finished.empty()) mtp_executor_->add_counters(speculative_stats_);
+  if (batch.empty() && lockstep_) {
+    // Data parallel: the other ranks' MoE layers exchange tokens with this one, so it passes too, with none.
+    GateTurn turn(step_gate_.get());
+    if (Status s = model_->forward_greedy(model::ForwardBatch{}, layer_caches_, idle_ids_); !s.ok()) return s;
+  }
   if (batch.empty()) {
     // Only requests waiting for their KV to arrive: sleep until a transfer completes instead of spinning.
     if (scheduler_.num_loading() > 0) scheduler_.cache().wait_for_transfers(std::chrono::milliseconds(20));

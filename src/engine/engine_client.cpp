@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "deepinfer/core/check.h"
+
 #include <utility>
 
 namespace deepinfer::engine {
@@ -25,6 +27,7 @@ class EngineAdapter final : public StepEngine {
   void release_kv_blocks(uint64_t reservation) override { engine_->release_kv_blocks(reservation); }
   Status cancel(SequenceId id) override { return engine_->cancel(id); }
   Result<std::vector<TokenEvent>> step() override { return engine_->step(); }
+  Status set_lockstep(bool on) override { return engine_->set_lockstep(on); }
   bool has_pending_work() const override { return engine_->has_pending_work(); }
   EngineLoad load() const override {
     const Scheduler& scheduler = engine_->scheduler();
@@ -43,11 +46,13 @@ std::unique_ptr<StepEngine> wrap_engine(std::unique_ptr<Engine> engine) {
   return std::make_unique<EngineAdapter>(std::move(engine));
 }
 
-std::unique_ptr<EngineClient> make_in_process_client(std::unique_ptr<Engine> engine) {
-  return std::make_unique<InProcessEngineClient>(wrap_engine(std::move(engine)));
+std::unique_ptr<EngineClient> make_in_process_client(std::unique_ptr<Engine> engine, StepGroup* group) {
+  if (group != nullptr) DEEPINFER_CHECK(engine->set_lockstep(true).ok(), "a lock-step engine (Engine::set_lockstep)");
+  return std::make_unique<InProcessEngineClient>(wrap_engine(std::move(engine)), group);
 }
 
-InProcessEngineClient::InProcessEngineClient(std::unique_ptr<StepEngine> engine) : engine_(std::move(engine)) {
+InProcessEngineClient::InProcessEngineClient(std::unique_ptr<StepEngine> engine, StepGroup* group)
+    : engine_(std::move(engine)), group_(group) {
   publish_load();
   thread_ = std::thread([this] { run(); });
 }
@@ -183,7 +188,12 @@ void InProcessEngineClient::run() {
     bool stopping = false;
     {
       std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !commands_.empty() || engine_->has_pending_work(); });
+      auto ready = [&] { return stopping_ || !commands_.empty() || engine_->has_pending_work(); };
+      if (group_ == nullptr) {
+        wake_.wait(lock, ready);
+      } else {
+        wake_.wait_for(lock, group_->idle_poll(), ready);  // the group may have work while this engine has none
+      }
       commands.swap(commands_);
       stopping = stopping_;
     }
@@ -210,6 +220,8 @@ void InProcessEngineClient::run() {
     commands.clear();
     if (stopping) {
       fail_all(Status::shutting_down("the server is shutting down"));
+      // The cancellations below need no pass: this engine leaves the group here (the others' next question fails).
+      if (group_ != nullptr) (void)engine_->set_lockstep(false);
       // Let the cancellations take effect so the blocks are accounted for.
       while (engine_->has_pending_work()) {
         if (!engine_->step().ok()) break;
@@ -217,7 +229,21 @@ void InProcessEngineClient::run() {
       publish_load();
       return;
     }
-    if (engine_->has_pending_work()) {
+    bool step = engine_->has_pending_work();
+    if (group_ != nullptr) {
+      Result<bool> any = group_->any_pending(step);
+      if (!any.ok()) {
+        spdlog::error("data-parallel group: {}", any.status().to_string());
+        fail_all(any.status().code() == StatusCode::kShuttingDown ? any.status()
+                                                                  : Status::shutting_down(any.status().message()));
+        (void)engine_->set_lockstep(false);
+        group_ = nullptr;  // gone: this engine steps alone until the server stops
+        publish_load();
+        continue;
+      }
+      step = *any;
+    }
+    if (step) {
       Result<std::vector<TokenEvent>> events = engine_->step();
       if (!events.ok()) {
         spdlog::error("engine step failed: {}", events.status().to_string());

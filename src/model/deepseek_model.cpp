@@ -1668,11 +1668,13 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   // With tensor parallel the head's logits are gathered over the ranks before the argmax (on the host).
   const bool device_greedy = greedy != nullptr && tp == nullptr && sampling.empty();
-  if (leading_ && dispatch_ && eplb_schedule_.interval_passes > 0 &&
+  // With tensor parallel rank 0 decides and commands; without (data-parallel ranks in lock step, each with the
+  // same schedule), every rank counts the same passes and rebalances before the same one.
+  if ((leading_ || tp_.size == 1) && dispatch_ && eplb_schedule_.interval_passes > 0 &&
       ++passes_since_rebalance_ >= eplb_schedule_.interval_passes) {
     passes_since_rebalance_ = 0;
     const EplbSchedule& e = eplb_schedule_;
-    send_command(kRebalanceCommand, {static_cast<int64_t>(e.policy), e.num_groups, e.num_nodes});
+    if (leading_) send_command(kRebalanceCommand, {static_cast<int64_t>(e.policy), e.num_groups, e.num_nodes});
     if (Status s = rebalance_experts(e.policy, e.num_groups, e.num_nodes); !s.ok()) return s;
   }
   if (leading_) send_command(greedy != nullptr ? kForwardGreedyCommand : kForwardCommand, encode_batch(batch));

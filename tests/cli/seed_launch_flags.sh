@@ -55,7 +55,7 @@ expect_refused "--kv-transfer-deadline-ms applies to --role decode" --model-path
 expect_refused "--kv-transfer-deadline-ms must be at least 1" --model-path "$model" --role decode --kv-transfer-deadline-ms 0
 expect_refused "--tensor-parallel-size 8 does not divide the model's num_attention_heads" --model-path "$model" --tensor-parallel-size 8
 expect_refused "--pipeline-parallel-size 2: this build splits a model over devices by tensor and expert parallel" --model-path "$model" --pipeline-parallel-size 2
-expect_refused "--expert-parallel-size 8 with --tensor-parallel-size 1: this build's server spreads the experts over the tensor-parallel ranks" --model-path "$model" --expert-parallel-size 8
+expect_refused "--expert-parallel-size 8 with --tensor-parallel-size 1: the experts spread over the tensor-parallel ranks" --model-path "$model" --expert-parallel-size 8
 expect_refused "--enable-eplb needs expert parallel" --model-path "$model" --enable-eplb
 expect_refused "--num-redundant-experts needs expert parallel" --model-path "$model" --num-redundant-experts 2
 expect_refused "--nnodes/--cluster-nodes 8: the hosts hold the --tensor-parallel-size 1 ranks evenly" --model-path "$model" --cluster-nodes 8

@@ -519,7 +519,7 @@ def main():
                           "--master-port", "29998"], "is also --kv-transfer-port"),
                         (["--tensor-parallel-size", "3"], "num_attention_heads"),
                         (["--tensor-parallel-size", "0"], "at least 1"),
-                        (["--tensor-parallel-size", "2", "--expert-parallel-size", "4"], "spreads the experts over"),
+                        (["--tensor-parallel-size", "2", "--expert-parallel-size", "4"], "the experts spread over the tensor-parallel ranks"),
                         (["--tensor-parallel-size", "2", "--expert-parallel-size", "2", "--num-redundant-experts", "1"],
                          "does not divide"),
                         (["--tensor-parallel-size", "2", "--master-addr", "0.0.0.0"], "not a wildcard"),

@@ -188,6 +188,10 @@ class Engine {
   Status cancel(SequenceId id);
   // Runs one step. Returns the events of the step (new tokens, finishes).
   Result<std::vector<TokenEvent>> step();
+  // Data parallel with expert parallel (StepGroup): in lock step every step() runs exactly one model pass, an empty
+  // one when nothing is scheduled (the MoE layers' exchanges need every rank). Only with a V2/V3 model and one pass
+  // per step (no speculative decoding): else FailedPrecondition.
+  Status set_lockstep(bool on);
   bool has_pending_work() const { return scheduler_.has_pending_work(); }
 
   // The model's config (for V4: DeepSeekV4Model::engine_config(), the fields the engine and server read).
@@ -325,6 +329,8 @@ class Engine {
                          kvcache::TtlClassId ttl_class);
   int64_t num_preemptions_ = 0;
   SpeculativeStats speculative_stats_;
+  bool lockstep_ = false;
+  std::vector<int32_t> idle_ids_;  // the empty pass's (none)
 };
 
 }  // namespace deepinfer::engine

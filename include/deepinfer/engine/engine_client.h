@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -59,6 +60,8 @@ class StepEngine {
   virtual void release_kv_blocks(uint64_t /*reservation*/) {}
   virtual Status cancel(SequenceId id) = 0;
   virtual Result<std::vector<TokenEvent>> step() = 0;
+  // Engine::set_lockstep; an engine without model passes ignores it.
+  virtual Status set_lockstep(bool /*on*/) { return Status(); }
   virtual bool has_pending_work() const = 0;
   virtual EngineLoad load() const = 0;
 };
@@ -66,9 +69,25 @@ class StepEngine {
 // Adapts the real engine. Takes ownership.
 std::unique_ptr<StepEngine> wrap_engine(std::unique_ptr<Engine> engine);
 
+// Data parallel with expert parallel (DeepSeek's attention data parallel + EP, vLLM's --data-parallel-size with
+// --enable-expert-parallel): one engine per process, each with its own scheduler and KV cache, whose model passes
+// must run in lock step, since every MoE layer's all-to-all joins all ranks. Each iteration of its engine thread
+// asks the group whether any engine has work; when one has, every engine steps (Engine::set_lockstep: a pass
+// with no tokens where nothing is scheduled); when none has, they wait for work, asking again every idle_poll().
+class StepGroup {
+ public:
+  virtual ~StepGroup() = default;
+  // Whether any engine of the group has pending work, given this one's. Every rank calls it equally often, on its
+  // engine thread. Errors: the group's (a collective that failed: ShuttingDown naming it; the group is gone).
+  virtual Result<bool> any_pending(bool mine) = 0;
+  // How long an idle engine thread waits for work of its own before asking the group again.
+  virtual std::chrono::microseconds idle_poll() const { return std::chrono::microseconds(1000); }
+};
+
 class EngineClient;
-// The real engine behind an InProcessEngineClient. Takes ownership.
-std::unique_ptr<EngineClient> make_in_process_client(std::unique_ptr<Engine> engine);
+// The real engine behind an InProcessEngineClient. Takes ownership. With `group` (outlives the client), the
+// engine steps in lock step with the group's (its engine set to lock step here).
+std::unique_ptr<EngineClient> make_in_process_client(std::unique_ptr<Engine> engine, StepGroup* group = nullptr);
 
 // One event for one request: a token or the request's end (TokenEvent), or an error that ends it
 // (the engine refused the submit, or a step failed). `error` is Ok for engine events.
@@ -117,8 +136,9 @@ class EngineClient {
 // The engine in this process, on a thread of its own.
 class InProcessEngineClient final : public EngineClient {
  public:
-  // Starts the engine thread. REQUIRES: engine non-null.
-  explicit InProcessEngineClient(std::unique_ptr<StepEngine> engine);
+  // Starts the engine thread. REQUIRES: engine non-null; `group` (optional) outlives the client and the engine was
+  // set to lock step.
+  explicit InProcessEngineClient(std::unique_ptr<StepEngine> engine, StepGroup* group = nullptr);
   ~InProcessEngineClient() override;  // stop()
   InProcessEngineClient(const InProcessEngineClient&) = delete;
   InProcessEngineClient& operator=(const InProcessEngineClient&) = delete;
@@ -161,6 +181,7 @@ class InProcessEngineClient final : public EngineClient {
   void fail_all(const Status& error);
 
   std::unique_ptr<StepEngine> engine_;  // touched by the engine thread only
+  StepGroup* group_;                     // null: steps on its own
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands_;  // GUARDED_BY(mu_)

@@ -212,7 +212,9 @@ class DeepSeekModel {
   // placement.
   Status rebalance_experts(EplbPolicy policy, int64_t num_groups, int64_t num_nodes,
                            std::vector<double>* before = nullptr, std::vector<double>* after = nullptr);
-  // Rank 0 (lead()) of an expert-parallel model: rebalance on that schedule (the followers follow the command).
+  // Rank 0 (lead()) of a tensor- and expert-parallel model: rebalance on that schedule (the followers follow the
+  // command). Without tensor parallel (expert parallel across data-parallel ranks in lock step) every rank sets the
+  // same schedule and rebalances before the same pass.
   void set_eplb_schedule(const EplbSchedule& schedule) { eplb_schedule_ = schedule; }
   EplbStats eplb_stats() const;
   size_t weight_bytes() const;

@@ -1,0 +1,80 @@
+// The ranks of `deepinfer serve --data-parallel-size N` (data_parallel_group.h).
+#include "data_parallel_group.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "tensor_parallel_group.h"
+
+namespace deepinfer::apps {
+namespace {
+using namespace std::chrono_literals;
+constexpr auto kCollectiveTimeout = 60s;
+}  // namespace
+
+Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int size, const std::string& master_addr,
+                                                                   int master_port) {
+  std::unique_ptr<DataParallelGroup> group(new DataParallelGroup());
+  group->rank_ = rank;
+  group->size_ = size;
+  Result<std::unique_ptr<backend::TcpStore>> store = rank == 0 ? backend::serve_tcp_store(master_addr, master_port)
+                                                               : backend::connect_tcp_store(master_addr, master_port, 60s);
+  if (!store.ok()) {
+    return Status::io_error("data parallel: " + std::string(rank == 0 ? "serving" : "reaching") +
+                            " the rendezvous store at " + master_addr + ":" + std::to_string(master_port) + ": " +
+                            store.status().message());
+  }
+  group->store_ = std::move(store).value();
+  // Claim the index (of several processes given the same --data-parallel-rank, exactly one gets 1).
+  Result<int64_t> claims = group->store_->add("dp/rank/" + std::to_string(rank), 1);
+  if (!claims.ok()) return claims.status();
+  if (*claims > 1) {
+    return Status::invalid_argument("--data-parallel-rank " + std::to_string(rank) +
+                                    ": another process already joined this group as rank " + std::to_string(rank));
+  }
+  // The group's size as rank 0 says it.
+  const std::string size_text = std::to_string(size);
+  if (rank == 0) {
+    if (Status s = group->store_->set("dp/size", std::as_bytes(std::span(size_text))); !s.ok()) return s;
+  } else {
+    Result<std::vector<std::byte>> theirs = group->store_->get("dp/size", 60s);
+    if (!theirs.ok()) return theirs.status();
+    const std::string text(reinterpret_cast<const char*>(theirs->data()), theirs->size());
+    if (text != size_text) {
+      return Status::invalid_argument("--data-parallel-size " + size_text + " on rank " + std::to_string(rank) +
+                                      ", but rank 0 says " + text);
+    }
+  }
+  Result<std::string> local = local_address_toward(master_addr, master_port == 0 ? 1 : master_port);
+  if (!local.ok()) return local.status();
+  Result<std::unique_ptr<backend::Communicator>> comm =
+      backend::make_gloo_communicator(*group->store_, "dp", rank, size, *local, kCollectiveTimeout);
+  if (!comm.ok()) return comm.status();
+  group->comm_ = std::move(comm).value();
+  return group;
+}
+
+Result<bool> DataParallelGroup::any_pending(bool mine) {
+  float pending = mine ? 1.0f : 0.0f;
+  if (!failed_) comm_->all_reduce_sum(backend::Tensor{&pending, backend::DType::kF32, 1, 1, 1});
+  if (Status s = comm_->status(); failed_ || !s.ok()) {
+    if (!failed_) {
+      failed_ = true;
+      spdlog::error("data parallel: rank {} of {}: the group failed ({}); stopping the server", rank_, size_,
+                    s.message());
+      // The engine client ends the live requests with the error below; their connections need a moment to write it.
+      std::thread([] {
+        std::this_thread::sleep_for(500ms);
+        std::_Exit(1);
+      }).detach();
+    }
+    return Status::shutting_down("the server is stopping: its data-parallel group failed (" + s.message() + ")");
+  }
+  return pending > 0.0f;
+}
+
+}  // namespace deepinfer::apps

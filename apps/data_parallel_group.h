@@ -1,0 +1,45 @@
+// The ranks of `deepinfer serve --data-parallel-size N --data-parallel-rank R` (attention data parallel with the
+// routed experts spread over the ranks: DeepSeek's deployment, vLLM's --data-parallel-size with
+// --enable-expert-parallel in its external load-balancing mode, SGLang's --enable-dp-attention). The user starts
+// every rank (each its own server: its HTTP port, scheduler and KV cache; `deepinfer router` in front spreads the
+// requests); rank 0 serves the rendezvous store on --master-addr:--master-port, the others connect to it. Each rank
+// claims its index in the store (a second process with the same --data-parallel-rank is refused, naming it), checks
+// the group's size against rank 0's, and joins a Gloo group of all ranks, listening on its local address toward the
+// master. The model's MoE layers exchange tokens over that group (ExpertParallel, all-to-all dispatch and combine);
+// the engines step in lock step through it (engine::StepGroup: one all-reduce per engine-thread iteration says
+// whether any rank has work).
+// Faults: a collective that fails (a rank died, closed, or stopped answering for the 60 s collective timeout) ends
+// the group for good: any_pending() returns ShuttingDown naming it (the engine client ends its live requests with it:
+// a 503) and the process exits 1 half a second later. A rank that stops (SIGTERM) leaves the group: the others then
+// stop too. CPU only in this build (the CUDA MoE kernels do not take given routing).
+// Thread-safety: any_pending() on the engine thread; communicator() for the model's passes, on the same thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "deepinfer/backend/communicator.h"
+#include "deepinfer/core/status.h"
+#include "deepinfer/engine/engine_client.h"
+
+namespace deepinfer::apps {
+
+class DataParallelGroup final : public engine::StepGroup {
+ public:
+  // Joins (rank 0: serves) the group. Waits up to 60 s for rank 0's store and for every rank to join. Errors:
+  // AlreadyExists-like InvalidArgument (the index claimed twice, a size other than rank 0's), IoError (the store),
+  // Internal (the Gloo group).
+  static Result<std::unique_ptr<DataParallelGroup>> join(int rank, int size, const std::string& master_addr,
+                                                         int master_port);
+  backend::Communicator& communicator() { return *comm_; }
+  Result<bool> any_pending(bool mine) override;
+
+ private:
+  DataParallelGroup() = default;
+  int rank_ = 0, size_ = 1;
+  std::unique_ptr<backend::TcpStore> store_;
+  std::unique_ptr<backend::Communicator> comm_;
+  bool failed_ = false;
+};
+
+}  // namespace deepinfer::apps

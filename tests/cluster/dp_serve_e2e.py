@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""`deepinfer serve --data-parallel-size 2` end to end on the CPU (issue 18: the server over attention data-parallel
+groups): two servers, each its own scheduler, KV cache and HTTP port, started separately (vLLM's external load
+balancing), the demo model's 16 routed experts spread over them (8 + 1 redundant slots each), every MoE layer's
+tokens exchanged all-to-all over Gloo on loopback, their passes in lock step; `deepinfer router` in front.
+
+Checks:
+  - greedy identity: requests to rank 0 alone (rank 1 idle: it passes with no tokens), to rank 1 alone, to both at
+    once and through the router equal a one-process server's text, with EPLB moving experts between the ranks every
+    5 passes while they run (rebalances counted on both ranks);
+  - a third process claiming rank 1 is refused naming it, and the group keeps serving;
+  - kill -9 rank 1 while rank 0 decodes: rank 0's request gets a 503 naming the data-parallel group and rank 0 exits
+    non-zero within 10 s;
+  - what data parallel does not take is refused at startup with a message naming it.
+Usage: dp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
+"""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (chat, check, content, exit_failed, failures, free_port, init, metrics, request, start, stop_all,
+                     wait_health)
+
+BIN, MODEL, logdir = init("dp-e2e-")
+PROMPTS = ["What is Debian?", "How do I install a package with apt?", "Write a haiku about the kernel.",
+           "List three file systems.", "What does dpkg do?", "Name a text editor."]
+
+
+def answer(port, prompt, max_tokens=16):
+    status, body = request(port, "/v1/chat/completions", chat(prompt, max_tokens, model="demo"), timeout=120)
+    return content(body) if status == 200 else f"HTTP {status}: {body}"
+
+
+def all_at_once(jobs):
+    """jobs: [(port, prompt)]; their answers, in order, sent concurrently."""
+    out = [None] * len(jobs)
+
+    def run(k, port, prompt):
+        out[k] = answer(port, prompt)
+
+    threads = [threading.Thread(target=run, args=(k, port, prompt)) for k, (port, prompt) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def serve(name, port, *args):
+    return start(name, ["serve", "--model-path", MODEL, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+                        *args])
+
+
+def log_text(name):
+    with open(os.path.join(logdir, name + ".log")) as f:
+        return f.read()
+
+
+def main():
+    sport = free_port()
+    serve("single", sport)
+    master = free_port()
+    ports = [free_port(), free_port()]
+    group = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr", "127.0.0.1",
+             "--master-port", str(master), "--num-redundant-experts", "2", "--enable-eplb",
+             "--eplb-rebalance-num-iterations", "5"]
+    ranks = [serve(f"rank{r}", ports[r], *group, "--data-parallel-rank", str(r)) for r in (1, 0)][::-1]
+    check(all(wait_health(p, seconds=120) for p in [sport] + ports), "the one-process server and both ranks healthy")
+    want = {p: answer(sport, p) for p in PROMPTS}
+
+    got0 = [answer(ports[0], p) for p in PROMPTS[:2]]
+    check(got0 == [want[p] for p in PROMPTS[:2]], f"rank 0 alone (rank 1 idle): the one-process text ({got0[0][:40]!r})")
+    got1 = [answer(ports[1], p) for p in PROMPTS[2:4]]
+    check(got1 == [want[p] for p in PROMPTS[2:4]], f"rank 1 alone (rank 0 idle): the one-process text ({got1[0][:40]!r})")
+    jobs = [(ports[k % 2], p) for k, p in enumerate(PROMPTS * 2)]
+    both = all_at_once(jobs)
+    check(both == [want[p] for _, p in jobs], "12 requests over both ranks at once: the one-process text")
+    rebalances = [metrics(p).get("deepinfer_eplb_rebalances_total", 0) for p in ports]
+    check(all(r > 0 for r in rebalances) and rebalances[0] == rebalances[1],
+          f"EPLB rebalanced on both ranks together while they ran: {rebalances}")
+
+    rport = free_port()
+    start("router", ["router", "--worker", f"http://127.0.0.1:{ports[0]}", "--worker", f"http://127.0.0.1:{ports[1]}",
+                     "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(rport),
+                     "--health-check-interval-ms", "200"])
+    check(wait_health(rport, seconds=60), "the router in front of the two ranks healthy")
+    time.sleep(0.5)
+    routed = all_at_once([(rport, p) for p in PROMPTS])
+    served = [sum(v for k, v in metrics(p).items() if k.startswith("deepinfer_requests_total{")) for p in ports]
+    check(routed == [want[p] for p in PROMPTS], f"6 requests through the router: the one-process text (served {served})")
+
+    # A second process claiming rank 1 while the group serves.
+    twin = serve("twin", free_port(), *group, "--data-parallel-rank", "1")
+    try:
+        code = twin.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    check(code not in (None, 0) and "another process already joined this group as rank 1" in log_text("twin"),
+          f"a second --data-parallel-rank 1 is refused naming it (exit {code})")
+    check(answer(ports[0], PROMPTS[0]) == want[PROMPTS[0]], "the group still serves")
+
+    # kill -9 rank 1 while rank 0 decodes a long answer: rank 0's request gets a 503 naming the group, rank 0 exits.
+    inflight = {}
+
+    def long_request():
+        inflight["r"] = request(ports[0], "/v1/chat/completions", chat(PROMPTS[0], 1500, model="demo"), timeout=60)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(1.0)
+    ranks[1].kill()
+    t0 = time.time()
+    try:
+        code = ranks[0].wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    elapsed = time.time() - t0
+    t.join(timeout=30)
+    status, body = inflight.get("r", (None, ""))
+    check(status == 503 and ("data-parallel group failed" in body or "expert-parallel group failed" in body),
+          f"kill -9 rank 1 mid-request: rank 0's request got {status} {body[:120]!r}")
+    check(code not in (None, 0) and elapsed < 10, f"kill -9 rank 1: rank 0 exited ({code}) after {elapsed:.1f} s")
+
+    # Refusals at startup.
+    base = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", str(free_port())]
+    for args, words in [(["--data-parallel-size", "2", "--expert-parallel-size", "2"], "explicit --master-port"),
+                        (["--data-parallel-size", "2", "--master-port", "29997"], "give both the same size"),
+                        (base + ["--data-parallel-rank", "2"], "a rank, 0 to"),
+                        (["--data-parallel-rank", "1"], "a rank, 0 to"),
+                        (base + ["--tensor-parallel-size", "2"], "one process in this build"),
+                        (base + ["--speculative-algorithm", "mtp"], "speculative decoding"),
+                        (base + ["--role", "prefill"], "--role prefill"),
+                        (["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", "29996",
+                          "--device", "cuda"], "runs on the CPU"),
+                        (["--data-parallel-size", "0"], "must be a whole number from 1")]:
+        out = subprocess.run([BIN, "serve", "--model-path", MODEL, "--port", str(free_port()), *args],
+                             capture_output=True, text=True, timeout=60)
+        check(out.returncode != 0 and words in out.stderr, f"refused {' '.join(args)}: {out.stderr.strip()[:140]}")
+
+
+try:
+    main()
+finally:
+    stop_all()
+if failures:
+    exit_failed(("rank0", "rank1", "router", "single"), lines=20)
+print("all passed")
