@@ -74,7 +74,12 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
     }
     return Status::shutting_down("the server is stopping: its data-parallel group failed (" + s.message() + ")");
   }
+  idle_answers_ = pending > 0.0f ? 0 : idle_answers_ + 1;
   return pending > 0.0f;
+}
+
+std::chrono::microseconds DataParallelGroup::idle_poll() const {
+  return idle_answers_ < 200 ? std::chrono::microseconds(1000) : std::chrono::microseconds(10000);
 }
 
 }  // namespace deepinfer::apps

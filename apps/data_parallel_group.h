@@ -33,6 +33,9 @@ class DataParallelGroup final : public engine::StepGroup {
                                                          int master_port);
   backend::Communicator& communicator() { return *comm_; }
   Result<bool> any_pending(bool mine) override;
+  // 1 ms while the group has been busy in the last ~200 ms; 10 ms after (an idle group then costs each rank ~2% of
+  // a core instead of ~20%, and a request that arrives then waits up to 10 ms for the others to join its step).
+  std::chrono::microseconds idle_poll() const override;
 
  private:
   DataParallelGroup() = default;
@@ -40,6 +43,7 @@ class DataParallelGroup final : public engine::StepGroup {
   std::unique_ptr<backend::TcpStore> store_;
   std::unique_ptr<backend::Communicator> comm_;
   bool failed_ = false;
+  int64_t idle_answers_ = 0;  // consecutive "nobody has work"
 };
 
 }  // namespace deepinfer::apps
