@@ -1,16 +1,21 @@
 // The engine end to end on the tiny DeepSeek-V3 fixture: scheduler + forward + sampler give the reference's
 // greedy tokens for all 7 prompts run together under a small token budget (chunked prefill mixed with
 // decode), and again when a small KV cache forces preemption; cancellation frees everything; a seeded
-// sampled request gives the same tokens alone and in a batch.
+// sampled request gives the same tokens alone and in a batch. Data parallel's lock step: empty passes when idle, an
+// engine client in a (scripted) step group steps when the group has work and ends its requests when the group fails.
+#include <condition_variable>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "deepinfer/engine/engine.h"
+#include "deepinfer/engine/engine_client.h"
 #include "deepinfer/model/safetensors.h"
 #include "fixture_engine.h"
 #include "test_data.h"
@@ -256,6 +261,125 @@ TEST(EngineTest, BadRequestsAreRejectedWithAReason) {
   params.top_p = 0.0f;
   EXPECT_FALSE(engine->submit({5, 6}, params).ok());
   EXPECT_FALSE(engine->submit(std::vector<TokenId>(2000, 5), greedy_params()).ok());  // past max_model_len 1024
+}
+
+// Data parallel's lock step (engine::StepGroup, Engine::set_lockstep): a step with nothing scheduled runs an empty
+// pass instead of none, and changes no request's tokens.
+TEST(EngineTest, LockStepRunsEmptyPassesAndKeepsOutputsExact) {
+  EngineConfig config;
+  config.kv_cache_bytes = 16ll << 20;
+  auto engine = make_engine(config);
+  ASSERT_TRUE(engine->set_lockstep(true).ok());
+  auto idle = engine->step();  // nothing submitted: one empty pass
+  ASSERT_TRUE(idle.ok()) << idle.status().to_string();
+  EXPECT_TRUE(idle->empty());
+  Reference ref = load_reference();
+  const SequenceId id = *engine->submit(ref.prompts[0], greedy_params());
+  Outcome outcome = drain(*engine);
+  EXPECT_EQ(outcome.tokens[id], ref.greedy[0]);
+  // A pass per step is what the group counts on: speculative decoding's draft passes are refused.
+  EngineConfig speculative = config;
+  speculative.speculative.algorithm = SpeculativeAlgorithm::kMtp;
+  speculative.speculative.num_draft_tokens = 1;
+  auto backend = backend::make_cpu_backend();
+  auto model = model::DeepSeekModel::load(deepinfer::testing::source_path("models/demo"), *backend,
+                                          backend::Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto drafting = Engine::create(std::move(backend), std::move(model).value(), speculative);
+  ASSERT_TRUE(drafting.ok()) << drafting.status().to_string();
+  EXPECT_EQ((*drafting)->set_lockstep(true).code(), StatusCode::kFailedPrecondition);
+}
+
+// A group double: answers whether any engine has work as told, records what this engine said.
+class ScriptedGroup final : public StepGroup {
+ public:
+  explicit ScriptedGroup(int busy_answers, bool fail = false) : busy_answers_(busy_answers), fail_(fail) {}
+  Result<bool> any_pending(bool mine) override {
+    std::lock_guard lock(mu_);
+    saw_mine_ = saw_mine_ || mine;
+    ++calls_;
+    if (fail_) return Status::shutting_down("the server is stopping: its data-parallel group failed (scripted)");
+    if (busy_answers_ > 0) {  // another rank has work: this one steps (empty passes) even when idle
+      --busy_answers_;
+      return true;
+    }
+    return mine;
+  }
+  bool saw_mine() const {
+    std::lock_guard lock(mu_);
+    return saw_mine_;
+  }
+  int calls() const {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  int busy_answers_;
+  bool fail_;
+  bool saw_mine_ = false;
+  int calls_ = 0;
+};
+
+// Collects one request's events.
+class Collect final : public EventSink {
+ public:
+  void deliver(std::vector<GenerationEvent> events) override {
+    std::lock_guard lock(mu_);
+    for (GenerationEvent& e : events) {
+      if (e.event.token) tokens_.push_back(*e.event.token);
+      if (!e.error.ok()) error_ = e.error;
+      if (e.event.finished) done_.set_value();
+    }
+  }
+  std::future<void> done() { return done_.get_future(); }
+  std::vector<TokenId> tokens() {
+    std::lock_guard lock(mu_);
+    return tokens_;
+  }
+  Status error() {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<TokenId> tokens_;
+  Status error_;
+  std::promise<void> done_;
+};
+
+TEST(EngineTest, AnEngineInAStepGroupStepsWhenTheGroupHasWork) {
+  EngineConfig config;
+  config.kv_cache_bytes = 16ll << 20;
+  ScriptedGroup group(/*busy_answers=*/50);  // the "other rank" is busy for 50 iterations first
+  auto client = make_in_process_client(make_engine(config), &group);
+  Reference ref = load_reference();
+  auto sink = std::make_shared<Collect>();
+  auto done = sink->done();
+  client->submit(ref.prompts[1], greedy_params(), sink);
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_TRUE(sink->error().ok()) << sink->error().to_string();
+  EXPECT_EQ(sink->tokens(), ref.greedy[1]);
+  EXPECT_TRUE(group.saw_mine());
+  EXPECT_GE(group.calls(), 17);  // at least one question per step
+  client->stop();
+}
+
+TEST(EngineTest, AFailedStepGroupEndsTheRequestsWithItsError) {
+  EngineConfig config;
+  config.kv_cache_bytes = 16ll << 20;
+  ScriptedGroup group(0, /*fail=*/true);
+  auto client = make_in_process_client(make_engine(config), &group);
+  auto sink = std::make_shared<Collect>();
+  auto done = sink->done();
+  client->submit(load_reference().prompts[0], greedy_params(), sink);
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_EQ(sink->error().code(), StatusCode::kShuttingDown);
+  EXPECT_NE(sink->error().message().find("data-parallel group failed"), std::string::npos);
+  EXPECT_TRUE(sink->tokens().empty());
+  client->stop();
 }
 
 }  // namespace
