@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -731,6 +732,8 @@ class ExpertDispatch {
   }
   bool replicated() const { return replicated_; }
   int64_t capacity_dropped() const { return capacity_dropped_; }
+  double dispatch_seconds() const { return dispatch_seconds_; }
+  double combine_seconds() const { return combine_seconds_; }
   const std::vector<std::vector<double>>& total_load() const { return total_load_; }
 
   const ExpertPlacement& placement() const { return placement_; }
@@ -802,7 +805,12 @@ class ExpertDispatch {
         ++send_rows_[static_cast<size_t>(q)];
       }
     }
+    auto started = std::chrono::steady_clock::now();
+    auto seconds_since = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    };
     comm_.all_to_all_counts(send_rows_, recv_rows_);
+    dispatch_seconds_ += seconds_since();
     const int64_t S = static_cast<int64_t>(send_tokens_.size());
     int64_t R = 0;
     for (int64_t n : recv_rows_) R += n;
@@ -818,9 +826,11 @@ class ExpertDispatch {
       }
     }
     meta_recv_.resize(static_cast<size_t>(R * 2 * k));
+    started = std::chrono::steady_clock::now();
     comm_.all_to_all_rows(send, send_rows_, recv, recv_rows_);
     comm_.all_to_all_rows(Tensor{meta_send_.data(), backend::DType::kF32, S, 2 * k, 2 * k}, send_rows_,
                           Tensor{meta_recv_.data(), backend::DType::kF32, R, 2 * k, 2 * k}, recv_rows_);
+    dispatch_seconds_ += seconds_since();
     // This rank's slots on what it received.
     recv_ids_.resize(static_cast<size_t>(R * k));
     recv_weights_.resize(static_cast<size_t>(R * k));
@@ -846,7 +856,9 @@ class ExpertDispatch {
       b_.moe(recv, moe, computed);
     }
     // Combine: the sums back to their owners, added to each token's output.
+    started = std::chrono::steady_clock::now();
     comm_.all_to_all_rows(computed, recv_rows_, back, send_rows_);
+    combine_seconds_ += seconds_since();
     for (int64_t j = 0; j < S; ++j) b_.add(ffn.rows_slice(send_tokens_[static_cast<size_t>(j)], 1), back.rows_slice(j, 1));
   }
 
@@ -891,6 +903,7 @@ class ExpertDispatch {
   ExpertPlacement placement_;
   bool replicated_ = false;
   double capacity_factor_ = 0.0;
+  double dispatch_seconds_ = 0.0, combine_seconds_ = 0.0;
   int64_t capacity_dropped_ = 0;
   std::vector<std::vector<double>> load_;  // [MoE layers][E] tokens routed to each logical expert, this rank's
   std::vector<std::vector<double>> total_load_;  // the same, never reset
@@ -1188,6 +1201,8 @@ EplbStats DeepSeekModel::eplb_stats() const {
   if (dispatch_) {
     stats.expert_tokens = dispatch_->total_load();
     stats.capacity_dropped = dispatch_->capacity_dropped();
+    stats.dispatch_seconds = dispatch_->dispatch_seconds();
+    stats.combine_seconds = dispatch_->combine_seconds();
   }
   return stats;
 }
@@ -1440,11 +1455,17 @@ Status DeepSeekModel::group_failure(Status pass) const {
 }
 
 Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits) {
-  return group_failure(run(batch, layer_caches, &logits, nullptr));
+  const auto started = std::chrono::steady_clock::now();
+  const Status s = group_failure(run(batch, layer_caches, &logits, nullptr));
+  if (dispatch_) eplb_stats_.pass_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return s;
 }
 
 Status DeepSeekModel::forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids) {
-  return group_failure(run(batch, layer_caches, nullptr, &ids));
+  const auto started = std::chrono::steady_clock::now();
+  const Status s = group_failure(run(batch, layer_caches, nullptr, &ids));
+  if (dispatch_) eplb_stats_.pass_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return s;
 }
 
 bool DeepSeekModel::samples_on_device() const { return tp_.size == 1 && backend_.has_device_sampling(); }

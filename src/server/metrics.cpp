@@ -211,6 +211,17 @@ void render_eplb(const model::EplbStats& s, std::string& out) {
          s.rebalances);
   scalar(out, "deepinfer_moe_capacity_dropped_total", "counter",
          "(token, expert) pairs over --moe-capacity-factor's cap, left to the residual path.", s.capacity_dropped);
+  if (s.pass_seconds > 0.0) {
+    out += "# HELP deepinfer_moe_exchange_seconds_total Expert parallel across data-parallel ranks: host time in the "
+           "MoE layers' all-to-all exchanges, by phase (what overlapping two micro-batches could hide at most).\n"
+           "# TYPE deepinfer_moe_exchange_seconds_total counter\n";
+    out += fmt::format("deepinfer_moe_exchange_seconds_total{{phase=\"dispatch\"}} {:.6f}\n", s.dispatch_seconds);
+    out += fmt::format("deepinfer_moe_exchange_seconds_total{{phase=\"combine\"}} {:.6f}\n", s.combine_seconds);
+    out += "# HELP deepinfer_moe_pass_seconds_total Expert parallel across data-parallel ranks: host time in whole "
+           "forward passes (the exchanges are a share of it).\n"
+           "# TYPE deepinfer_moe_pass_seconds_total counter\n";
+    out += fmt::format("deepinfer_moe_pass_seconds_total {:.6f}\n", s.pass_seconds);
+  }
   if (s.imbalance_before.empty()) return;
   out += "# HELP deepinfer_eplb_rank_load_imbalance Max over mean of the expert-parallel ranks' load at the last "
          "rebalance, under the placement before and after it, by MoE layer.\n"

@@ -81,6 +81,11 @@ def main():
     rebalances = [metrics(p).get("deepinfer_eplb_rebalances_total", 0) for p in ports]
     check(all(r > 0 for r in rebalances) and rebalances[0] == rebalances[1],
           f"EPLB rebalanced on both ranks together while they ran: {rebalances}")
+    m = metrics(ports[1])
+    exchange = m.get('deepinfer_moe_exchange_seconds_total{phase="dispatch"}', 0) + \
+        m.get('deepinfer_moe_exchange_seconds_total{phase="combine"}', 0)
+    passes = m.get("deepinfer_moe_pass_seconds_total", 0)
+    check(0 < exchange < passes, f"rank 1's all-to-all time {exchange:.3f} s of {passes:.3f} s in passes (/metrics)")
 
     rport = free_port()
     start("router", ["router", "--worker", f"http://127.0.0.1:{ports[0]}", "--worker", f"http://127.0.0.1:{ports[1]}",

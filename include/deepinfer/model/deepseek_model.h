@@ -140,6 +140,11 @@ struct EplbStats {
   std::vector<double> imbalance_before, imbalance_after;  // per MoE layer, at the last rebalance (max/mean rank load)
   std::vector<std::vector<double>> expert_tokens;         // [MoE layers][E]: tokens routed (this rank's), ever
   int64_t capacity_dropped = 0;  // (token, expert) pairs dropped by the capacity factor on this rank, ever
+  // Expert parallel across data-parallel ranks (all-to-all): host wall time of this rank's exchanges, ever — the
+  // dispatch (counts, rows, routing) and the combine — and of its whole forward passes, in seconds. What a
+  // two-micro-batch overlap could hide at most is the exchanges' share of the passes. On the CPU backend the
+  // exchange itself (Gloo is synchronous); zero with the experts over tensor-parallel ranks (no exchange).
+  double dispatch_seconds = 0.0, combine_seconds = 0.0, pass_seconds = 0.0;
 };
 
 // Whether a model of config `c` splits over `size` tensor-parallel ranks; InvalidArgument naming the dimension that
