@@ -809,13 +809,15 @@ awaitable<Router::Impl::Outcome> Router::Impl::proxy(beast::tcp_stream& client,
     count_error("client_disconnect");
     co_return Outcome::kClientGone;
   }
+  // Each piece of the body as it arrives (async_read_some: async_read would wait for 16 KiB, holding an SSE stream's
+  // events back until its end).
   std::array<char, 16384> chunk;
   bool first = true;
   while (!parser.is_done()) {
     parser.get().body().data = chunk.data();
     parser.get().body().size = chunk.size();
     upstream.expires_after(std::chrono::milliseconds(config.stream_idle_timeout_ms));
-    auto [read_ec, read_n] = co_await http::async_read(upstream, buffer, parser, kTuple);
+    auto [read_ec, read_n] = co_await http::async_read_some(upstream, buffer, parser, kTuple);
     const size_t got = chunk.size() - parser.get().body().size;
     if (got > 0) {
       if (first) {

@@ -3,7 +3,8 @@
 workers on the built-in demo model with KV events, and a router in front of them.
 
 Checks, each printed as a line of the fault table (case, what the request got, seconds, blocks left running):
-  - greedy identity: the same requests through the router and straight to a worker give the same text;
+  - greedy identity: the same requests through the router and straight to a worker give the same text; a stream's
+    events reach the client as the worker makes them (not all at its end);
   - kv-aware: a conversation's later turns go where its prefix is cached (router metrics: cache_hit; the worker's
     usage.cached_tokens agrees with the router's prediction);
   - kill -9 a worker while streams run on it: each stream ends (an error event, never a hang), later requests are
@@ -73,6 +74,29 @@ try:
         s2, routed = request(rport, "/v1/chat/completions", chat(p, 12, system=SYSTEM))
         same = same and s1 == 200 and s2 == 200 and content(direct) == content(routed)
     check(same, f"greedy identity: {len(prompts)} chat completions through the router equal the worker's own")
+
+    # A stream passes through as it is made (regression: the router read the worker's body 16 KiB at a time, so a
+    # stream's events all reached the client at its end).
+    def event_times(port):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        started = time.time()
+        conn.request("POST", "/v1/chat/completions", json.dumps(chat("Write about Debian.", 64, stream=True)),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        times = []
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            if line.startswith(b"data: "):
+                times.append(time.time() - started)
+        conn.close()
+        return times
+
+    times = event_times(rport)
+    check(len(times) > 32 and times[0] < 0.5 * times[-1],
+          f"a stream through the router arrives as it is made: first event at {times[0] * 1000:.0f} ms, last at "
+          f"{times[-1] * 1000:.0f} ms ({len(times)} events)" if times else "a stream through the router: no events")
     s, body = request(rport, "/v1/completions", {"prompt": [1000 + i for i in range(100)], "max_tokens": 8,
                                                 "temperature": 0})
     s_direct, body_direct = request(wports[1], "/v1/completions", {"prompt": [1000 + i for i in range(100)],
