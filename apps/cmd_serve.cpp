@@ -167,12 +167,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Processes (devices) per model: attention heads, MLP/expert intermediate and vocabulary split "
                   "across them, one process each, started and supervised by this one (CPU: Gloo over TCP)")
       ->capture_default_str();
-  cmd->add_option("--master-addr", options->master_addr,
-                  "Address of rank 0's rendezvous store and this host's collectives (tensor parallel)")
+  cmd->add_option("--master-addr,--data-parallel-address", options->master_addr,
+                  "Address of rank 0's rendezvous store and this host's collectives (tensor and data parallel)")
       ->capture_default_str()
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--master-port", options->master_port,
-                  "Port of rank 0's rendezvous store (tensor parallel; 0: any free port)")
+  cmd->add_option("--master-port,--data-parallel-rpc-port", options->master_port,
+                  "Port of rank 0's rendezvous store (tensor and data parallel; 0: any free port, tensor parallel on "
+                  "one host only)")
       ->capture_default_str()
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--data-parallel-size", options->data_parallel_size,
@@ -193,7 +194,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--expert-parallel-size", options->expert_parallel_size,
                   "Ranks the routed experts are spread over: equal to --tensor-parallel-size (each tensor-parallel "
-                  "rank holds whole experts, E / size of them, instead of a slice of every expert's intermediate)")
+                  "rank holds whole experts, E / size of them, instead of a slice of every expert's intermediate) or "
+                  "to --data-parallel-size (the experts over the data-parallel ranks, tokens exchanged all-to-all)")
       ->capture_default_str();
   cmd->add_option("--num-redundant-experts", options->num_redundant_experts,
                   "Extra expert slots for replicas of hot experts (expert parallel; placed by EPLB)")
@@ -585,7 +587,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
         (config->n_routed_experts + options->num_redundant_experts) % options->expert_parallel_size != 0) {
       return fail("--expert-parallel-size " + std::to_string(options->expert_parallel_size) + " does not divide the "
                   "model's n_routed_experts (" + std::to_string(config->n_routed_experts) + ") plus " +
-                  std::to_string(options->num_redundant_experts) + " redundant experts");
+                  std::to_string(options->num_redundant_experts) + " redundant expert slots");
     }
     if (!v4 && options->swa_bounded_replay) {
       return fail("--swa-bounded-replay: " + config->model_type +

@@ -51,9 +51,15 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int
   }
   Result<std::string> local = local_address_toward(master_addr, master_port == 0 ? 1 : master_port);
   if (!local.ok()) return local.status();
+  spdlog::info("data parallel: rank {} of {}: waiting up to 60 s for every rank to join at {}:{}", rank, size,
+               master_addr, master_port);
   Result<std::unique_ptr<backend::Communicator>> comm =
       backend::make_gloo_communicator(*group->store_, "dp", rank, size, *local, kCollectiveTimeout);
-  if (!comm.ok()) return comm.status();
+  if (!comm.ok()) {
+    return Status::io_error("data parallel: not every rank joined within 60 s (start each --data-parallel-rank 0 to " +
+                            std::to_string(size - 1) + " with --master-addr " + master_addr + " --master-port " +
+                            std::to_string(master_port) + "): " + comm.status().message());
+  }
   group->comm_ = std::move(comm).value();
   return group;
 }
@@ -64,7 +70,15 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
   if (Status s = comm_->status(); failed_ || !s.ok()) {
     if (!failed_) {
       failed_ = true;
-      spdlog::error("data parallel: rank {} of {}: the group failed ({}); stopping the server", rank_, size_,
+      // A rank stopped on purpose said so in the store (leave()); rank 0's going takes the store with it.
+      std::string why;
+      for (int r = 0; r < size_ && why.empty(); ++r) {
+        if (r == rank_) continue;
+        Result<std::vector<std::byte>> left = store_->get("dp/left/" + std::to_string(r), 200ms);
+        if (left.ok()) why = "rank " + std::to_string(r) + " was stopped (SIGTERM or Ctrl-C) and left the group; ";
+      }
+      if (why.empty() && rank_ != 0 && !store_->add("dp/alive", 0).ok()) why = "rank 0 (it serves the store) is gone; ";
+      spdlog::error("data parallel: rank {} of {}: the group failed ({}{}); stopping the server", rank_, size_, why,
                     s.message());
       // The engine client ends the live requests with the error below; their connections need a moment to write it.
       std::thread([] {
@@ -76,6 +90,11 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
   }
   idle_answers_ = pending > 0.0f ? 0 : idle_answers_ + 1;
   return pending > 0.0f;
+}
+
+void DataParallelGroup::leave() {
+  const std::string one = "1";
+  (void)store_->set("dp/left/" + std::to_string(rank_), std::as_bytes(std::span(one)));
 }
 
 std::chrono::microseconds DataParallelGroup::idle_poll() const {

@@ -36,6 +36,8 @@ class DataParallelGroup final : public engine::StepGroup {
   // 1 ms while the group has been busy in the last ~200 ms; 10 ms after (an idle group then costs each rank ~2% of
   // a core instead of ~20%, and a request that arrives then waits up to 10 ms for the others to join its step).
   std::chrono::microseconds idle_poll() const override;
+  // Marks this rank as stopped in the store, so that the others' failure names it (they stop too: exit 1).
+  void leave() override;
 
  private:
   DataParallelGroup() = default;

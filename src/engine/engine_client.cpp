@@ -221,7 +221,10 @@ void InProcessEngineClient::run() {
     if (stopping) {
       fail_all(Status::shutting_down("the server is shutting down"));
       // The cancellations below need no pass: this engine leaves the group here (the others' next question fails).
-      if (group_ != nullptr) (void)engine_->set_lockstep(false);
+      if (group_ != nullptr) {
+        (void)engine_->set_lockstep(false);
+        group_->leave();
+      }
       // Let the cancellations take effect so the blocks are accounted for.
       while (engine_->has_pending_work()) {
         if (!engine_->step().ok()) break;

@@ -10,7 +10,7 @@ Checks:
     5 passes while they run (rebalances counted on both ranks);
   - a third process claiming rank 1 is refused naming it, and the group keeps serving;
   - kill -9 rank 1 while rank 0 decodes: rank 0's request gets a 503 naming the data-parallel group and rank 0 exits
-    non-zero within 10 s;
+    non-zero within 10 s; SIGTERM to rank 1: it exits 0, rank 0 exits non-zero saying rank 1 was stopped;
   - what data parallel does not take is refused at startup with a message naming it.
 Usage: dp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
 """
@@ -128,6 +128,22 @@ def main():
     check(status == 503 and ("data-parallel group failed" in body or "expert-parallel group failed" in body),
           f"kill -9 rank 1 mid-request: rank 0's request got {status} {body[:120]!r}")
     check(code not in (None, 0) and elapsed < 10, f"kill -9 rank 1: rank 0 exited ({code}) after {elapsed:.1f} s")
+
+    # SIGTERM to rank 1 of a fresh pair: it drains and exits 0; rank 0 stops too, naming why.
+    master, ports = free_port(), [free_port(), free_port()]
+    pair = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(master)]
+    stopped = [serve(f"term-rank{r}", ports[r], *pair, "--data-parallel-rank", str(r)) for r in (0, 1)]
+    check(all(wait_health(p, seconds=120) for p in ports), "a second pair healthy")
+    stopped[1].terminate()
+    codes = []
+    for p in stopped:
+        try:
+            codes.append(p.wait(timeout=15))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    check(codes[1] == 0 and codes[0] not in (None, 0) and "rank 1 was stopped" in log_text("term-rank0"),
+          f"SIGTERM to rank 1: it exits {codes[1]}, rank 0 exits {codes[0]} saying rank 1 was stopped")
 
     # Refusals at startup.
     base = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", str(free_port())]

@@ -82,6 +82,8 @@ class StepGroup {
   virtual Result<bool> any_pending(bool mine) = 0;
   // How long an idle engine thread waits for work of its own before asking the group again.
   virtual std::chrono::microseconds idle_poll() const { return std::chrono::microseconds(1000); }
+  // This engine stops (the server's stop, after its drain): the group may tell the others why they lose it.
+  virtual void leave() {}
 };
 
 class EngineClient;
