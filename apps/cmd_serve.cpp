@@ -436,6 +436,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (options->role != "both") {
         return fail(dp + " with --role " + options->role + ": not in this build (each rank serves both phases)");
       }
+      if (options->master_addr == "0.0.0.0" || options->master_addr == "::" || options->master_addr.empty()) {
+        return fail("--master-addr '" + options->master_addr + "': the ranks connect to it and listen on it, so it "
+                    "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
+      }
       if (options->device.device == "cuda") {
         return fail(dp + " with --device cuda: expert parallel across data-parallel ranks runs on the CPU in this "
                     "build (the CUDA MoE kernels do not take given routing yet); --device cpu");
@@ -675,8 +679,20 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     std::unique_ptr<DataParallelGroup> dp_group;
     if (data_parallel) {
-      Result<std::unique_ptr<DataParallelGroup>> group = DataParallelGroup::join(
-          options->data_parallel_rank, options->data_parallel_size, options->master_addr, options->master_port);
+      // What the ranks must agree on: the checkpoint, and every flag that places the experts or times the passes.
+      Result<kvcache::ModelFingerprint> fingerprint = engine::checkpoint_fingerprint(model_path, "");
+      if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
+      const GroupSettings settings = {
+          {"the checkpoint (--model-path; its fingerprint)", fingerprint->to_hex()},
+          {"--num-redundant-experts", std::to_string(options->num_redundant_experts)},
+          {"--enable-eplb", options->enable_eplb ? "on" : "off"},
+          {"--eplb-rebalance-num-iterations", std::to_string(options->eplb_rebalance_num_iterations)},
+          {"--eplb-policy", options->eplb_policy},
+          {"--moe-capacity-factor", std::to_string(options->moe_capacity_factor)},
+          {"--bf16", options->device.bf16 ? "on" : "off"}};
+      Result<std::unique_ptr<DataParallelGroup>> group =
+          DataParallelGroup::join(options->data_parallel_rank, options->data_parallel_size, options->master_addr,
+                                  options->master_port, settings);
       if (!group.ok()) return fail(group.status().to_string());
       dp_group = std::move(group).value();
     }

@@ -16,8 +16,30 @@ using namespace std::chrono_literals;
 constexpr auto kCollectiveTimeout = 60s;
 }  // namespace
 
+namespace {
+std::string encode(const GroupSettings& settings) {
+  std::string out;
+  for (const auto& [flag, value] : settings) out += flag + "\t" + value + "\n";
+  return out;
+}
+GroupSettings decode(const std::string& text) {
+  GroupSettings out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t tab = text.find('\t', at), end = text.find('\n', at);
+    if (tab == std::string::npos || end == std::string::npos || tab > end) break;
+    out.emplace_back(text.substr(at, tab - at), text.substr(tab + 1, end - tab - 1));
+    at = end + 1;
+  }
+  return out;
+}
+std::string text_of(const std::vector<std::byte>& bytes) {
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+}  // namespace
+
 Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int size, const std::string& master_addr,
-                                                                   int master_port) {
+                                                                   int master_port, const GroupSettings& settings) {
   std::unique_ptr<DataParallelGroup> group(new DataParallelGroup());
   group->rank_ = rank;
   group->size_ = size;
@@ -29,25 +51,48 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int
                             store.status().message());
   }
   group->store_ = std::move(store).value();
+  auto not_a_store = [&](const Status& s) {
+    return Status::io_error("data parallel: " + master_addr + ":" + std::to_string(master_port) +
+                            " (--master-addr:--master-port) does not answer as rank 0's rendezvous store: " +
+                            s.message());
+  };
+  const std::string size_text = std::to_string(size), settings_text = encode(settings);
+  if (rank != 0) {
+    // Rank 0's size and settings first (a rank refused here claims nothing), then the index.
+    spdlog::info("data parallel: rank {} of {}: waiting up to 60 s for rank 0 at {}:{}", rank, size, master_addr,
+                 master_port);
+    Result<std::vector<std::byte>> theirs = group->store_->get("dp/size", 60s);
+    if (!theirs.ok()) return not_a_store(theirs.status());
+    if (text_of(*theirs) != size_text) {
+      return Status::invalid_argument("--data-parallel-size " + size_text + " on rank " + std::to_string(rank) +
+                                      ", but rank 0 says " + text_of(*theirs));
+    }
+    Result<std::vector<std::byte>> shape = group->store_->get("dp/settings", 60s);
+    if (!shape.ok()) return not_a_store(shape.status());
+    const GroupSettings rank0 = decode(text_of(*shape));
+    for (const auto& [flag, value] : settings) {
+      std::string theirs_value = "(not set)";
+      for (const auto& [f, v] : rank0) {
+        if (f == flag) theirs_value = v;
+      }
+      if (theirs_value != value) {
+        return Status::invalid_argument(flag + " " + value + " on rank " + std::to_string(rank) + ", but rank 0 says " +
+                                        theirs_value + ": every data-parallel rank must run the same checkpoint with "
+                                        "the same expert and EPLB flags");
+      }
+    }
+  }
   // Claim the index (of several processes given the same --data-parallel-rank, exactly one gets 1).
   Result<int64_t> claims = group->store_->add("dp/rank/" + std::to_string(rank), 1);
-  if (!claims.ok()) return claims.status();
+  if (!claims.ok()) return not_a_store(claims.status());
   if (*claims > 1) {
     return Status::invalid_argument("--data-parallel-rank " + std::to_string(rank) +
                                     ": another process already joined this group as rank " + std::to_string(rank));
   }
-  // The group's size as rank 0 says it.
-  const std::string size_text = std::to_string(size);
+  group->claimed_ = true;
   if (rank == 0) {
+    if (Status s = group->store_->set("dp/settings", std::as_bytes(std::span(settings_text))); !s.ok()) return s;
     if (Status s = group->store_->set("dp/size", std::as_bytes(std::span(size_text))); !s.ok()) return s;
-  } else {
-    Result<std::vector<std::byte>> theirs = group->store_->get("dp/size", 60s);
-    if (!theirs.ok()) return theirs.status();
-    const std::string text(reinterpret_cast<const char*>(theirs->data()), theirs->size());
-    if (text != size_text) {
-      return Status::invalid_argument("--data-parallel-size " + size_text + " on rank " + std::to_string(rank) +
-                                      ", but rank 0 says " + text);
-    }
   }
   Result<std::string> local = local_address_toward(master_addr, master_port == 0 ? 1 : master_port);
   if (!local.ok()) return local.status();
@@ -71,11 +116,11 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
     if (!failed_) {
       failed_ = true;
       // A rank stopped on purpose said so in the store (leave()); rank 0's going takes the store with it.
-      std::string why;
+      std::string& why = why_;
       for (int r = 0; r < size_ && why.empty(); ++r) {
         if (r == rank_) continue;
         Result<std::vector<std::byte>> left = store_->get("dp/left/" + std::to_string(r), 200ms);
-        if (left.ok()) why = "rank " + std::to_string(r) + " was stopped (SIGTERM or Ctrl-C) and left the group; ";
+        if (left.ok()) why = "rank " + std::to_string(r) + " " + text_of(*left) + " and left the group; ";
       }
       if (why.empty() && rank_ != 0 && !store_->add("dp/alive", 0).ok()) why = "rank 0 (it serves the store) is gone; ";
       spdlog::error("data parallel: rank {} of {}: the group failed ({}{}); stopping the server", rank_, size_, why,
@@ -86,15 +131,22 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
         std::_Exit(1);
       }).detach();
     }
-    return Status::shutting_down("the server is stopping: its data-parallel group failed (" + s.message() + ")");
+    return Status::shutting_down("the server is stopping: its data-parallel group failed (" + why_ + s.message() + ")");
   }
   idle_answers_ = pending > 0.0f ? 0 : idle_answers_ + 1;
   return pending > 0.0f;
 }
 
-void DataParallelGroup::leave() {
-  const std::string one = "1";
-  (void)store_->set("dp/left/" + std::to_string(rank_), std::as_bytes(std::span(one)));
+void DataParallelGroup::leave_because(const std::string& why) {
+  if (left_ || store_ == nullptr) return;
+  left_ = true;
+  (void)store_->set("dp/left/" + std::to_string(rank_), std::as_bytes(std::span(why)));
+}
+
+DataParallelGroup::~DataParallelGroup() {
+  if (comm_ != nullptr) leave_because("exited (see its log)");
+  // A rank refused after its claim (the Gloo group never formed) gives its index back for a corrected restart.
+  if (comm_ == nullptr && claimed_ && store_ != nullptr) (void)store_->add("dp/rank/" + std::to_string(rank_), -1);
 }
 
 std::chrono::microseconds DataParallelGroup::idle_poll() const {

@@ -17,6 +17,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "deepinfer/backend/communicator.h"
 #include "deepinfer/core/status.h"
@@ -24,20 +26,28 @@
 
 namespace deepinfer::apps {
 
+// What every rank must agree on, as (flag, value) pairs: the checkpoint's fingerprint and every flag that shapes the
+// experts' placement or the passes (a rank that differs would compute other experts, or rebalance at other passes).
+using GroupSettings = std::vector<std::pair<std::string, std::string>>;
+
 class DataParallelGroup final : public engine::StepGroup {
  public:
-  // Joins (rank 0: serves) the group. Waits up to 60 s for rank 0's store and for every rank to join. Errors:
-  // AlreadyExists-like InvalidArgument (the index claimed twice, a size other than rank 0's), IoError (the store),
-  // Internal (the Gloo group).
+  // Joins (rank 0: serves) the group. A rank other than 0 first checks rank 0's size and `settings` (waiting up to
+  // 60 s for its store), then claims its index; then every rank waits up to 60 s for all to join. Errors:
+  // InvalidArgument (the index claimed twice; a size or setting other than rank 0's, naming the flag and both
+  // values), IoError (the store; not every rank joined), Internal (the Gloo group).
   static Result<std::unique_ptr<DataParallelGroup>> join(int rank, int size, const std::string& master_addr,
-                                                         int master_port);
+                                                         int master_port, const GroupSettings& settings);
+  ~DataParallelGroup() override;
   backend::Communicator& communicator() { return *comm_; }
   Result<bool> any_pending(bool mine) override;
   // 1 ms while the group has been busy in the last ~200 ms; 10 ms after (an idle group then costs each rank ~2% of
   // a core instead of ~20%, and a request that arrives then waits up to 10 ms for the others to join its step).
   std::chrono::microseconds idle_poll() const override;
-  // Marks this rank as stopped in the store, so that the others' failure names it (they stop too: exit 1).
-  void leave() override;
+  // Marks this rank as stopped in the store, so that the others' failure names it (they stop too: exit 1). The
+  // destructor does the same for a rank that exits otherwise (a startup error after joining).
+  void leave() override { leave_because("was stopped (SIGTERM or Ctrl-C)"); }
+  void leave_because(const std::string& why);
 
  private:
   DataParallelGroup() = default;
@@ -45,6 +55,9 @@ class DataParallelGroup final : public engine::StepGroup {
   std::unique_ptr<backend::TcpStore> store_;
   std::unique_ptr<backend::Communicator> comm_;
   bool failed_ = false;
+  bool left_ = false;
+  bool claimed_ = false;  // this rank's index is claimed in the store
+  std::string why_;       // which rank left, when one said so
   int64_t idle_answers_ = 0;  // consecutive "nobody has work"
 };
 

@@ -20,6 +20,16 @@
 namespace deepinfer::backend {
 namespace {
 
+// Gloo's messages start with its source location ("[./gloo/transport/tcp/pair.cc:598] Connection closed by peer
+// ..."): noise in a log line, and not for the API clients whose requests a failed group ends.
+std::string without_source_location(std::string message) {
+  if (message.starts_with("[") && message.find("] ") != std::string::npos &&
+      message.find(".cc:") < message.find("] ")) {
+    message.erase(0, message.find("] ") + 2);
+  }
+  return message;
+}
+
 // Gloo's rendezvous over our store, keys under `prefix`.
 class StoreAdapter final : public gloo::rendezvous::Store {
  public:
@@ -168,7 +178,8 @@ class GlooCommunicator final : public Communicator {
     try {
       f();
     } catch (const std::exception& e) {
-      status_ = Status::internal(name_ + " rank " + std::to_string(rank()) + ": " + what + " failed: " + e.what());
+      status_ = Status::internal(name_ + " rank " + std::to_string(rank()) + ": " + what + " failed: " +
+                                 without_source_location(e.what()));
       failed_ = true;
     }
   }

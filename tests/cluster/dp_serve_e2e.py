@@ -8,7 +8,8 @@ Checks:
   - greedy identity: requests to rank 0 alone (rank 1 idle: it passes with no tokens), to rank 1 alone, to both at
     once and through the router equal a one-process server's text, with EPLB moving experts between the ranks every
     5 passes while they run (rebalances counted on both ranks);
-  - a third process claiming rank 1 is refused naming it, and the group keeps serving;
+  - a third process claiming rank 1 is refused naming it, and the group keeps serving; a rank 1 whose expert flags
+    differ from rank 0's is refused naming the flag and both values, and claims nothing (the right one then joins);
   - kill -9 rank 1 while rank 0 decodes: rank 0's request gets a 503 naming the data-parallel group and rank 0 exits
     non-zero within 10 s; SIGTERM to rank 1: it exits 0, rank 0 exits non-zero saying rank 1 was stopped;
   - what data parallel does not take is refused at startup with a message naming it.
@@ -133,8 +134,18 @@ def main():
     master, ports = free_port(), [free_port(), free_port()]
     pair = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr", "127.0.0.1", "--master-port",
             str(master)]
-    stopped = [serve(f"term-rank{r}", ports[r], *pair, "--data-parallel-rank", str(r)) for r in (0, 1)]
-    check(all(wait_health(p, seconds=120) for p in ports), "a second pair healthy")
+    rank0 = serve("term-rank0", ports[0], *pair, "--data-parallel-rank", "0")
+    # A rank 1 whose expert flags differ from rank 0's is refused naming the flag (regression: the group formed and
+    # answered wrongly), and claims nothing: the right rank 1 then joins.
+    wrong = serve("wrong-rank1", free_port(), *pair, "--data-parallel-rank", "1", "--num-redundant-experts", "2")
+    try:
+        code = wrong.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    check(code not in (None, 0) and "--num-redundant-experts 2 on rank 1, but rank 0 says 0" in log_text("wrong-rank1"),
+          f"a rank 1 with other expert flags is refused naming the flag (exit {code})")
+    stopped = [rank0, serve("term-rank1", ports[1], *pair, "--data-parallel-rank", "1")]
+    check(all(wait_health(p, seconds=120) for p in ports), "then the right rank 1 joins: the pair healthy")
     stopped[1].terminate()
     codes = []
     for p in stopped:
@@ -156,6 +167,7 @@ def main():
                         (base + ["--role", "prefill"], "--role prefill"),
                         (["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", "29996",
                           "--device", "cuda"], "runs on the CPU"),
+                        (base + ["--master-addr", "0.0.0.0"], "not a wildcard"),
                         (["--data-parallel-size", "0"], "must be a whole number from 1")]:
         out = subprocess.run([BIN, "serve", "--model-path", MODEL, "--port", str(free_port()), *args],
                              capture_output=True, text=True, timeout=60)
