@@ -9,7 +9,8 @@ Checks:
     rebalancing every 5 passes while the requests run: identical text, rebalances counted in /metrics;
   - with the host and disk KV tiers (a 21-block device pool): a prompt pushed out to the host tier and loaded back,
     and after a restart one loaded from the disk tier, give the one-process server's text (rank 1 gets the blocks
-    rank 0 loads); a TP=2 prefill worker's blocks imported by a TP=2 decode worker give it too;
+    rank 0 loads), with MTP drafts too (the MTP layer's blocks); a TP=2 prefill worker's blocks imported by a TP=2
+    decode worker give it too;
   - MTP speculative decoding (K=2) with TP=2: plain decoding's text, and the drafts and acceptance of one process;
   - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang); the requests in flight get a 503
     naming the failed group;
@@ -202,6 +203,18 @@ def tiers_and_roles(single_port):
           f"TP=2 restarted on the same disk tier: the same text from the disk's blocks {hits}")
     tiers.send_signal(signal.SIGTERM)
     tiers.wait(timeout=30)
+    # With MTP drafts too: the MTP layer's cache is one more layer of every block, written on both ranks as well.
+    mtp_args = [a if a != disk else disk + "-mtp" for a in tier_args] + ["--speculative-algorithm", "mtp",
+                                                                         "--speculative-num-draft-tokens", "2"]
+    spec, spec_port, _ = start("tp2-tiers-mtp", *mtp_args)
+    got = [answer_with_system(spec_port, s, question)[0] for s in systems[:3]]
+    again, usage = answer_with_system(spec_port, systems[0], question)
+    hits, accepted = tier_hits(spec_port), metrics(spec_port).get("deepinfer_spec_accepted_tokens_total", 0)
+    check(got == want[:3] and again == want[0] and hits.get("host", 0) >= 9 and accepted > 0,
+          f"TP=2 with MTP drafts and the tiers: the same text, blocks from the tiers {hits}, {accepted:.0f} drafts "
+          "accepted")
+    spec.send_signal(signal.SIGTERM)
+    spec.wait(timeout=30)
 
     # A tensor-parallel prefill worker exports from rank 0's cache; a tensor-parallel decode worker imports into both.
     kv_port = free_port()
