@@ -436,10 +436,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (options->role != "both") {
         return fail(dp + " with --role " + options->role + ": not in this build (each rank serves both phases)");
       }
-      if (options->master_addr == "0.0.0.0" || options->master_addr == "::" || options->master_addr.empty()) {
-        return fail("--master-addr '" + options->master_addr + "': the ranks connect to it and listen on it, so it "
-                    "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
-      }
       if (options->device.device == "cuda") {
         return fail(dp + " with --device cuda: expert parallel across data-parallel ranks runs on the CPU in this "
                     "build (the CUDA MoE kernels do not take given routing yet); --device cpu");
@@ -491,10 +487,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
         return fail("--master-port " + std::to_string(options->master_port) + " is also --kv-transfer-port: rank 0's "
                     "rendezvous store and the KV transfer listener need a port each");
       }
-      if (options->master_addr == "0.0.0.0" || options->master_addr == "::" || options->master_addr.empty()) {
-        return fail("--master-addr '" + options->master_addr + "': the ranks connect to it and listen on it, so it "
-                    "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
-      }
+    }
+    if ((options->tensor_parallel_size > 1 || data_parallel) &&
+        (options->master_addr == "0.0.0.0" || options->master_addr == "::" || options->master_addr.empty())) {
+      return fail("--master-addr '" + options->master_addr + "': the ranks connect to it and listen on it, so it "
+                  "must be this host's address (e.g. 127.0.0.1 on one host, or its LAN address), not a wildcard");
     }
     // Hosts: --nnodes (the seed's --cluster-nodes) splits the tensor-parallel ranks evenly over them.
     const std::string nnodes_flag = "--nnodes/--cluster-nodes";
@@ -921,30 +918,28 @@ std::function<int()> add_serve_command(CLI::App& app) {
               << config->model_type << ", chat format " << recipe::format_name(format) << ", max_model_len "
               << info.max_model_len << ") on " << url << "\n";
     std::cout << "  device " << device_name << " (" << compute_mode << ")\n";
+    // The experts' placement over the ranks (expert parallel), for the startup lines below.
+    auto experts_line = [&](const std::string& over) {
+      std::string line = "experts over " + over + ": " +
+                         std::to_string((config->n_routed_experts + options->num_redundant_experts) /
+                                        options->expert_parallel_size) +
+                         " slots each (" + std::to_string(options->num_redundant_experts) + " redundant)";
+      if (options->enable_eplb) {
+        line += ", EPLB (" + options->eplb_policy + ") every " +
+                std::to_string(options->eplb_rebalance_num_iterations) + " passes";
+      }
+      return line;
+    };
     if (options->tensor_parallel_size > 1) {
       std::cout << "  tensor parallel: " << options->tensor_parallel_size
                 << " processes (this one serves; collectives over Gloo/TCP on " << options->master_addr << ")";
-      if (options->expert_parallel_size > 1) {
-        std::cout << "; experts over them: " << (config->n_routed_experts + options->num_redundant_experts) /
-                                                    options->expert_parallel_size
-                  << " slots each (" << options->num_redundant_experts << " redundant)";
-        if (options->enable_eplb) {
-          std::cout << ", EPLB (" << options->eplb_policy << ") every " << options->eplb_rebalance_num_iterations
-                    << " passes";
-        }
-      }
+      if (options->expert_parallel_size > 1) std::cout << "; " << experts_line("them");
       std::cout << "\n";
     }
     if (dp_group) {
       std::cout << "  data parallel: rank " << options->data_parallel_rank << " of " << options->data_parallel_size
-                << " (store at " << options->master_addr << ":" << options->master_port << "); experts over the ranks: "
-                << (config->n_routed_experts + options->num_redundant_experts) / options->expert_parallel_size
-                << " slots each (" << options->num_redundant_experts << " redundant), all-to-all dispatch";
-      if (options->enable_eplb) {
-        std::cout << ", EPLB (" << options->eplb_policy << ") every " << options->eplb_rebalance_num_iterations
-                  << " passes";
-      }
-      std::cout << "\n";
+                << " (store at " << options->master_addr << ":" << options->master_port << "); "
+                << experts_line("the ranks") << ", all-to-all dispatch\n";
     }
     std::cout << "  KV cache (blocks of 64 tokens): device " << tiers.device_capacity_blocks;
     if (tiers.lower) {

@@ -94,7 +94,7 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int
     if (Status s = group->store_->set("dp/settings", std::as_bytes(std::span(settings_text))); !s.ok()) return s;
     if (Status s = group->store_->set("dp/size", std::as_bytes(std::span(size_text))); !s.ok()) return s;
   }
-  Result<std::string> local = local_address_toward(master_addr, master_port == 0 ? 1 : master_port);
+  Result<std::string> local = local_address_toward(master_addr, master_port);
   if (!local.ok()) return local.status();
   spdlog::info("data parallel: rank {} of {}: waiting up to 60 s for every rank to join at {}:{}", rank, size,
                master_addr, master_port);

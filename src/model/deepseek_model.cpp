@@ -1454,18 +1454,19 @@ Status DeepSeekModel::group_failure(Status pass) const {
   return pass;
 }
 
+Status DeepSeekModel::finish_pass(Status pass, std::chrono::steady_clock::time_point started) {
+  if (dispatch_) eplb_stats_.pass_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return group_failure(std::move(pass));
+}
+
 Status DeepSeekModel::forward(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>& logits) {
   const auto started = std::chrono::steady_clock::now();
-  const Status s = group_failure(run(batch, layer_caches, &logits, nullptr));
-  if (dispatch_) eplb_stats_.pass_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  return s;
+  return finish_pass(run(batch, layer_caches, &logits, nullptr), started);
 }
 
 Status DeepSeekModel::forward_greedy(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<int32_t>& ids) {
   const auto started = std::chrono::steady_clock::now();
-  const Status s = group_failure(run(batch, layer_caches, nullptr, &ids));
-  if (dispatch_) eplb_stats_.pass_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  return s;
+  return finish_pass(run(batch, layer_caches, nullptr, &ids), started);
 }
 
 bool DeepSeekModel::samples_on_device() const { return tp_.size == 1 && backend_.has_device_sampling(); }
@@ -1647,20 +1648,6 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
 
 // Per row of host logits [rows, vocab]: the argmax (lowest id among equal maxima), -1 for a row holding a NaN or
 // +inf or nothing above -inf: the rule of Backend::compute_logits(greedy).
-// The softmax probability of each row's id in `ids` (0 where the id is -1), as Backend::read_top_probabilities.
-void greedy_probabilities(const std::vector<float>& logits, int64_t vocab, const std::vector<int32_t>& ids,
-                          std::vector<float>& probabilities) {
-  probabilities.assign(ids.size(), 0.0f);
-  for (size_t r = 0; r < ids.size(); ++r) {
-    if (ids[r] < 0) continue;
-    const float* row = logits.data() + static_cast<int64_t>(r) * vocab;
-    const float best = row[ids[r]];
-    double sum = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(row[i] - best);
-    probabilities[r] = static_cast<float>(1.0 / sum);
-  }
-}
-
 void greedy_ids(const std::vector<float>& logits, int64_t vocab, std::vector<int32_t>& ids) {
   const int64_t rows = static_cast<int64_t>(logits.size()) / vocab;
   ids.assign(static_cast<size_t>(rows), -1);
@@ -1679,7 +1666,27 @@ void greedy_ids(const std::vector<float>& logits, int64_t vocab, std::vector<int
   }
 }
 
+// The softmax probability of each row's id in `ids` (0 where the id is -1), as Backend::read_top_probabilities.
+void greedy_probabilities(const std::vector<float>& logits, int64_t vocab, const std::vector<int32_t>& ids,
+                          std::vector<float>& probabilities) {
+  probabilities.assign(ids.size(), 0.0f);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    if (ids[r] < 0) continue;
+    probabilities[r] = backend::softmax_probability_of(
+        std::span<const float>(logits).subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab)), ids[r]);
+  }
+}
+
 }  // namespace
+
+Status DeepSeekModel::read_gathered_logits(std::vector<float>* logits, std::vector<int32_t>* greedy) {
+  std::vector<float>& gathered = logits != nullptr ? *logits : tp_logits_;
+  Status read = backend_.read_logits(gathered);
+  if (read.ok()) read = tp_.comm->status();
+  if (read.ok()) read = gather_vocab(gathered);
+  if (read.ok() && greedy != nullptr) greedy_ids(gathered, config_.vocab_size, *greedy);
+  return read;
+}
 
 Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, std::vector<float>* logits,
                           std::vector<int32_t>* greedy, std::span<const backend::Backend::DeviceSampling> sampling,
@@ -1801,11 +1808,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   }
   Status read;
   if (tp != nullptr) {
-    std::vector<float>& gathered = logits != nullptr ? *logits : tp_logits_;
-    read = backend_.read_logits(gathered);
-    if (read.ok()) read = tp->status();
-    if (read.ok()) read = gather_vocab(gathered);
-    if (read.ok() && greedy != nullptr) greedy_ids(gathered, c.vocab_size, *greedy);
+    read = read_gathered_logits(logits, greedy);
   } else {
     read = !sampling.empty()   ? backend_.read_sampled_tokens(sampling, adjustments, *greedy)
            : greedy != nullptr ? backend_.read_greedy_tokens(*greedy)
@@ -1938,13 +1941,9 @@ Status DeepSeekModel::forward_mtp(int64_t mtp_layer, const MtpBatch& batch, cons
   kept_hidden_rows_ = 0;
   Status read;
   if (tp != nullptr) {  // this rank's vocabulary slice: gathered, then the argmax and its probability on the host
-    std::vector<float>& gathered = logits != nullptr ? *logits : tp_logits_;
-    read = backend_.read_logits(gathered);
-    if (read.ok()) read = tp->status();
-    if (read.ok()) read = gather_vocab(gathered);
-    if (read.ok() && greedy != nullptr) greedy_ids(gathered, c.vocab_size, *greedy);
+    read = read_gathered_logits(logits, greedy);
     if (read.ok() && greedy != nullptr && greedy_probability != nullptr) {
-      greedy_probabilities(gathered, c.vocab_size, *greedy, *greedy_probability);
+      greedy_probabilities(logits != nullptr ? *logits : tp_logits_, c.vocab_size, *greedy, *greedy_probability);
     }
   } else {
     read = greedy != nullptr ? backend_.read_greedy_tokens(*greedy) : backend_.read_logits(*logits);

@@ -55,6 +55,14 @@ def serve(name, port, *args):
                         *args])
 
 
+def exit_code(p, seconds):
+    """The process's exit code once it exits within `seconds`, else None."""
+    try:
+        return p.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def log_text(name):
     with open(os.path.join(logdir, name + ".log")) as f:
         return f.read()
@@ -100,10 +108,7 @@ def main():
 
     # A second process claiming rank 1 while the group serves.
     twin = serve("twin", free_port(), *group, "--data-parallel-rank", "1")
-    try:
-        code = twin.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        code = None
+    code = exit_code(twin, 60)
     check(code not in (None, 0) and "another process already joined this group as rank 1" in log_text("twin"),
           f"a second --data-parallel-rank 1 is refused naming it (exit {code})")
     check(answer(ports[0], PROMPTS[0]) == want[PROMPTS[0]], "the group still serves")
@@ -119,10 +124,7 @@ def main():
     time.sleep(1.0)
     ranks[1].kill()
     t0 = time.time()
-    try:
-        code = ranks[0].wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        code = None
+    code = exit_code(ranks[0], 10)
     elapsed = time.time() - t0
     t.join(timeout=30)
     status, body = inflight.get("r", (None, ""))
@@ -138,21 +140,13 @@ def main():
     # A rank 1 whose expert flags differ from rank 0's is refused naming the flag (regression: the group formed and
     # answered wrongly), and claims nothing: the right rank 1 then joins.
     wrong = serve("wrong-rank1", free_port(), *pair, "--data-parallel-rank", "1", "--num-redundant-experts", "2")
-    try:
-        code = wrong.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        code = None
+    code = exit_code(wrong, 60)
     check(code not in (None, 0) and "--num-redundant-experts 2 on rank 1, but rank 0 says 0" in log_text("wrong-rank1"),
           f"a rank 1 with other expert flags is refused naming the flag (exit {code})")
     stopped = [rank0, serve("term-rank1", ports[1], *pair, "--data-parallel-rank", "1")]
     check(all(wait_health(p, seconds=120) for p in ports), "then the right rank 1 joins: the pair healthy")
     stopped[1].terminate()
-    codes = []
-    for p in stopped:
-        try:
-            codes.append(p.wait(timeout=15))
-        except subprocess.TimeoutExpired:
-            codes.append(None)
+    codes = [exit_code(p, 15) for p in stopped]
     check(codes[1] == 0 and codes[0] not in (None, 0) and "rank 1 was stopped" in log_text("term-rank0"),
           f"SIGTERM to rank 1: it exits {codes[1]}, rank 0 exits {codes[0]} saying rank 1 was stopped")
 

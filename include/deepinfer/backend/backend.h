@@ -523,6 +523,11 @@ class Backend {
   }
 };
 
+// The softmax probability of `id` in a row of logits, 1 / sum(exp(row[i] - row[id])) summed in double: what
+// read_top_probabilities returns for a row, computed on the host (the CPU backend; the gathered logits of a
+// tensor-parallel model).
+float softmax_probability_of(std::span<const float> row, int32_t id);
+
 // The CPU backend: OpenBLAS GEMMs, OpenMP loops, AVX-512 bf16 widening where the CPU has it (detected at
 // run time).
 std::unique_ptr<Backend> make_cpu_backend();

@@ -4,6 +4,7 @@
 // fixtures' reference logits come from; DeepSeek-V2 paper §2.1 (MLA) and DeepSeek-V3 paper §2.1.2 (routing).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -361,6 +362,11 @@ class DeepSeekModel {
   DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp, const ExpertParallel& ep);
   // The whole vocabulary's logits [rows, vocab] from this rank's [rows, vocab / tp.size] (gathered over tp.comm).
   Status gather_vocab(std::vector<float>& logits);
+  // Tensor parallel, after compute_logits(not greedy): the head's logits read and gathered into `logits` (null:
+  // tp_logits_), and their argmax ids into `greedy` when given.
+  Status read_gathered_logits(std::vector<float>* logits, std::vector<int32_t>* greedy);
+  // forward()/forward_greedy()'s end: the pass's time counted (expert parallel), a failed group named.
+  Status finish_pass(Status pass, std::chrono::steady_clock::time_point started);
   // lead(): sends a command (kind, then its payload) to the followers.
   static constexpr uint64_t kStopCommand = 0, kCachesCommand = 1, kForwardCommand = 2, kForwardGreedyCommand = 3,
                             kRebalanceCommand = 4, kWriteBlocksCommand = 5, kDraftCacheCommand = 6,

@@ -503,11 +503,10 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < rows; ++r) {
       const int32_t id = head_ids_[static_cast<size_t>(r)];
       if (id < 0) continue;
-      const float* row = head_logits_.data() + r * vocab;
-      const float best = row[id];
-      double sum = 0.0;
-      for (int64_t i = 0; i < vocab; ++i) sum += std::exp(row[i] - best);
-      host_probabilities[static_cast<size_t>(r)] = static_cast<float>(1.0 / sum);
+      host_probabilities[static_cast<size_t>(r)] =
+          softmax_probability_of(std::span<const float>(head_logits_).subspan(static_cast<size_t>(r * vocab),
+                                                                               static_cast<size_t>(vocab)),
+                                 id);
     }
     return Status();
   }
