@@ -198,6 +198,10 @@ if want spec; then
     --batches 1,8,32 --max-tokens 64 --reps 3 --dspark-max-draft-tokens 4
   # Acceptance: the demo's (K=3, batch 8 on the CPU: drafts 1..k all accepted at 0.65, 0.40, 0.27), and DeepSeek-V3's
   # published 85-90% for its first MTP draft (0.88) with the later positions decaying as the demo's.
+  # Batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1): every MTP and DSpark run identical to off at every batch.
+  [ "${SPEC_INVARIANT:-1}" = 1 ] && run spec_demo_invariant 300 env DEEPINFER_BATCH_INVARIANT=1 "$BIN/bench_speculative" \
+    --device cuda --model "$WORK/models/demo" --draft-tokens 0,1,2,3 --batches 1,8,32 --max-tokens 64 --reps 3 \
+    --dspark-max-draft-tokens 4
   [ "${SPEC_SHAPES:-1}" = 1 ] && run spec_shapes_demo_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \
     --step-times bench/gpu/configs/v2-lite,bench/gpu/configs/v3-slice --acceptance 0.65,0.40,0.27
   [ "${SPEC_SHAPES:-1}" = 1 ] && run spec_shapes_v3_acceptance 240 "$BIN/bench_speculative" --device cuda --draft-tokens 0,1,2,3 --batches 1,8,32 \

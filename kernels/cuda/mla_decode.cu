@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) mla_decode_fast_kernel(const
   const int b = static_cast<int>(blockIdx.z);
   const int ctx = p.context_lens[b];
   const int num_pages = (ctx + kMlaBlockTokens - 1) / kMlaBlockTokens;
-  const int pages_per_split = (num_pages + p.num_splits - 1) / p.num_splits;
+  const int pages_per_split = p.split_pages > 0 ? p.split_pages : (num_pages + p.num_splits - 1) / p.num_splits;
   const int page_begin = split * pages_per_split;
   const int page_end = min(num_pages, page_begin + pages_per_split);
 
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(128 * kWN, 1) mla_decode_v2_kernel(const MlaDe
   const int b = static_cast<int>(blockIdx.z);
   const int ctx = p.context_lens[b];
   const int num_pages = (ctx + kMlaBlockTokens - 1) / kMlaBlockTokens;
-  const int pages_per_split = (num_pages + p.num_splits - 1) / p.num_splits;
+  const int pages_per_split = p.split_pages > 0 ? p.split_pages : (num_pages + p.num_splits - 1) / p.num_splits;
   const int page_begin = split * pages_per_split;
   const int page_end = min(num_pages, page_begin + pages_per_split);
 
@@ -727,8 +727,15 @@ int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms
   return std::clamp(splits, 1, 64);
 }
 
+int mla_decode_invariant_splits(int max_context) {
+  const int pages = (std::max(max_context, 1) + kMlaBlockTokens - 1) / kMlaBlockTokens;
+  return (pages + kMlaInvariantSplitPages - 1) / kMlaInvariantSplitPages;
+}
+
 cudaError_t run_mla_decode(const MlaDecodeParams& p) {
-  if (!common_params_valid(p) || p.num_heads % 16 != 0 || p.num_splits < 1 || p.num_splits > 65535) {
+  if (!common_params_valid(p) || p.num_heads % 16 != 0 || p.num_splits < 1 || p.num_splits > 65535 ||
+      p.split_pages < 0 ||
+      (p.split_pages > 0 && static_cast<int64_t>(p.num_splits) * p.split_pages < p.max_blocks_per_seq)) {
     return cudaErrorInvalidValue;
   }
   if (p.num_splits > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;

@@ -53,6 +53,28 @@ __device__ __forceinline__ uint4 load_weight(const void* p) {
   return v;
 }
 
+// v[j] <- lane j's v[t] among the four lanes of a group (t = lane % 4): a 4 x 4 transpose in two exchanges (lanes
+// t ^ 1, then t ^ 2), four shuffles. Every lane of the warp calls it.
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4]) {
+  const int t = static_cast<int>(threadIdx.x) & 3;
+#pragma unroll
+  for (int j = 0; j < 4; j += 2) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, (t & 1) ? v[j] : v[j + 1], 1);
+    if (t & 1)
+      v[j] = got;
+    else
+      v[j + 1] = got;
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, (t & 2) ? v[j] : v[j + 2], 2);
+    if (t & 2)
+      v[j] = got;
+    else
+      v[j + 2] = got;
+  }
+}
+
 template <bool kFp8>
 struct Stage {
   uint4 wa[kStepsPerStage], wb[kStepsPerStage];     // weight rows n0 + g and n0 + g + 8
@@ -92,14 +114,27 @@ __device__ __forceinline__ void load_stage(Stage<kFp8>& s, const WarpView& v, in
 
 // Fragments: a lane's 16-byte load of row n0 + g holds consecutive k; pairs (0,1) (2,3) go to one mma as
 // (k = 2t, 2t+1) and (2t+8, 2t+9), the B fragment taking x's pairs at the same positions (see the file comment).
-template <bool kFp8>
+// kTiledOrder: the four lanes of a group first exchange their words (quad_transpose) so that each mma sums the k16
+// block the tiled kernel's mma sums, in the same order: a row's result is then bit for bit the tiled kernel's.
+template <bool kFp8, bool kTiledOrder>
 __device__ __forceinline__ void multiply_stage(float (&acc)[4], const Stage<kFp8>& s) {
   if constexpr (!kFp8) {
 #pragma unroll
     for (int i = 0; i < kStepsPerStage; ++i) {
       const uint4 a = s.wa[i], b = s.wb[i], x = s.x[i];
-      mma_bf16(acc, a.x, b.x, a.y, b.y, x.x, x.y);
-      mma_bf16(acc, a.z, b.z, a.w, b.w, x.z, x.w);
+      if constexpr (kTiledOrder) {
+        // Lane t held physical pairs 4t..4t+3 of the 32-wide step; after the exchange word j is pair 4j + t, so
+        // the k16 block m is words 2m (k = 16m + 2t) and 2m + 1 (k = 16m + 2t + 8).
+        uint32_t qa[4] = {a.x, a.y, a.z, a.w}, qb[4] = {b.x, b.y, b.z, b.w}, qx[4] = {x.x, x.y, x.z, x.w};
+        quad_transpose(qa);
+        quad_transpose(qb);
+        quad_transpose(qx);
+        mma_bf16(acc, qa[0], qb[0], qa[1], qb[1], qx[0], qx[1]);
+        mma_bf16(acc, qa[2], qb[2], qa[3], qb[3], qx[2], qx[3]);
+      } else {
+        mma_bf16(acc, a.x, b.x, a.y, b.y, x.x, x.y);
+        mma_bf16(acc, a.z, b.z, a.w, b.w, x.z, x.w);
+      }
     }
   } else {
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -115,9 +150,27 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[4], const Stage<kFp8
       }
       const uint4 x0 = s.x[2 * i], x1 = s.x[2 * i + 1];
       const uint32_t xp[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      if constexpr (kTiledOrder) {
+        // Lane t held physical pairs 8t..8t+7 of the 64-wide step; after exchanging the low and the high four
+        // words, k16 block j is lo[j] (k = 16j + 2t) and hi[j] (k = 16j + 2t + 8).
+        uint32_t alo[4], ahi[4], blo[4], bhi[4], xlo[4], xhi[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        mma_bf16(part, pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1], xp[2 * j], xp[2 * j + 1]);
+        for (int j = 0; j < 4; ++j) {
+          alo[j] = pa[j], ahi[j] = pa[4 + j], blo[j] = pb[j], bhi[j] = pb[4 + j], xlo[j] = xp[j], xhi[j] = xp[4 + j];
+        }
+        quad_transpose(alo);
+        quad_transpose(ahi);
+        quad_transpose(blo);
+        quad_transpose(bhi);
+        quad_transpose(xlo);
+        quad_transpose(xhi);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma_bf16(part, alo[j], blo[j], ahi[j], bhi[j], xlo[j], xhi[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          mma_bf16(part, pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1], xp[2 * j], xp[2 * j + 1]);
+      }
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[r] = fmaf(s.scale, part[r], acc[r]);
@@ -126,7 +179,7 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[4], const Stage<kFp8
 
 // Stages [first, last) of K for one chunk, stage s + 1 loading while s multiplies (two named buffers, unrolled
 // by two: an indexed pair would live in local memory).
-template <bool kFp8>
+template <bool kFp8, bool kTiledOrder>
 __device__ __forceinline__ void stream_k(float (&acc)[4], const WarpView& v, int first, int last) {
   constexpr int kStageK = Format<kFp8>::kStageK;
   if (first >= last) return;
@@ -134,10 +187,10 @@ __device__ __forceinline__ void stream_k(float (&acc)[4], const WarpView& v, int
   load_stage(even, v, first * kStageK);
   for (int s = first; s < last; s += 2) {
     if (s + 1 < last) load_stage(odd, v, (s + 1) * kStageK);
-    multiply_stage(acc, even);
+    multiply_stage<kFp8, kTiledOrder>(acc, even);
     if (s + 1 >= last) break;
     if (s + 2 < last) load_stage(even, v, (s + 2) * kStageK);
-    multiply_stage(acc, odd);
+    multiply_stage<kFp8, kTiledOrder>(acc, odd);
   }
 }
 
@@ -174,7 +227,7 @@ __device__ int find_expert(const int32_t* offsets, int num_experts, int slot) {
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // 4 CTAs (16 warps) per SM: at most 128 registers per thread.
-template <bool kFp8>
+template <bool kFp8, bool kTiledOrder>
 __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const MoeGroupedGemmParams p, int split) {
   pdl_begin();
   using F = Format<kFp8>;
@@ -223,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
     const int r = c0 + (v.x_row ? g : 0);
     v.x = p.x + (p.x_rows != nullptr ? static_cast<int64_t>(p.x_rows[r]) / p.x_rows_divisor : r) * x_ld;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (active) stream_k<kFp8>(acc, v, first, last);
+    if (active) stream_k<kFp8, kTiledOrder>(acc, v, first, last);
     if (split > 1) {  // uniform over the CTA, as is the chunk loop
       if (part > 0)
         for (int r = 0; r < 4; ++r) partial[warp][r][lane] = acc[r];
@@ -236,14 +289,19 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
     if (!active || part != 0) continue;
     // D fragment: acc[0..1] = rows 2t, 2t+1 of column n0 + g; acc[2..3] the same rows of column n0 + g + 8.
     const int r0 = 2 * t, r1 = 2 * t + 1;
-    __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
-    if (v.row_a) {
-      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * y_ld + n_a] = __float2bfloat16(acc[0]);
-      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * y_ld + n_a] = __float2bfloat16(acc[1]);
-    }
-    if (v.row_b) {
-      if (r0 < chunk_rows) y[static_cast<int64_t>(c0 + r0) * y_ld + n_b] = __float2bfloat16(acc[2]);
-      if (r1 < chunk_rows) y[static_cast<int64_t>(c0 + r1) * y_ld + n_b] = __float2bfloat16(acc[3]);
+    const bool ok[4] = {v.row_a && r0 < chunk_rows, v.row_a && r1 < chunk_rows, v.row_b && r0 < chunk_rows,
+                        v.row_b && r1 < chunk_rows};
+    const int64_t at[4] = {(c0 + r0) * y_ld + n_a, (c0 + r1) * y_ld + n_a, (c0 + r0) * y_ld + n_b,
+                           (c0 + r1) * y_ld + n_b};
+    if (p.y_f32 != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (ok[i]) p.y_f32[at[i]] = acc[i];
+    } else {
+      __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (ok[i]) y[at[i]] = __float2bfloat16(acc[i]);
     }
   }
 }
@@ -254,6 +312,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 // which covers HBM latency x bandwidth per SM), counting every slot as a non-empty expert (an upper bound).
 int choose_split(const MoeGroupedGemmParams& p, int64_t slots, int stages) {
   if (p.k_split != 0) return p.k_split;
+  if (p.tiled_order) return 1;  // a row's sum in one warp, in the tiled kernel's order
   const int64_t sms = p.num_sms > 0 ? p.num_sms : 132;
   const int64_t column_warps = (p.n + kWarpCols - 1) / kWarpCols * slots;
   int split = 1;
@@ -269,9 +328,10 @@ bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
   if (p.num_experts < 1 || p.num_experts > 65535 || p.n < 1 || p.k < 1 || p.k % 8 != 0 || p.rows < 0 ||
       p.rows > INT32_MAX / 2 || p.k > INT32_MAX / 4 || (p.offsets == nullptr && p.num_experts != 1) ||
       p.x == nullptr || p.w == nullptr ||
-      p.y == nullptr || !aligned16(p.x) || !aligned16(p.w))
+      (p.y == nullptr && p.y_f32 == nullptr) || !aligned16(p.x) || !aligned16(p.w))
     return false;
   if (p.k_split != 0 && p.k_split != 1 && p.k_split != 2 && p.k_split != 4) return false;
+  if (p.tiled_order && p.k_split > 1) return false;
   if (p.x_rows != nullptr && p.x_rows_divisor < 1) return false;
   if (p.x_ld != 0 && (p.x_ld < p.k || p.x_ld % 8 != 0)) return false;
   if (p.y_ld != 0 && p.y_ld < p.n) return false;
@@ -295,10 +355,14 @@ cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
   const int split = choose_split(p, slots, stages);
   const int64_t cta_cols = kWarpCols * (kWarps / split);
   const dim3 grid(static_cast<unsigned>((p.n + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
-  if (fp8)
-    launch_pdl(moe_grouped_gemm_kernel<true>, grid, kThreads, 0, p.stream, p, split);
+  if (fp8 && p.tiled_order)
+    launch_pdl(moe_grouped_gemm_kernel<true, true>, grid, kThreads, 0, p.stream, p, split);
+  else if (fp8)
+    launch_pdl(moe_grouped_gemm_kernel<true, false>, grid, kThreads, 0, p.stream, p, split);
+  else if (p.tiled_order)
+    launch_pdl(moe_grouped_gemm_kernel<false, true>, grid, kThreads, 0, p.stream, p, split);
   else
-    launch_pdl(moe_grouped_gemm_kernel<false>, grid, kThreads, 0, p.stream, p, split);
+    launch_pdl(moe_grouped_gemm_kernel<false, false>, grid, kThreads, 0, p.stream, p, split);
   return cudaGetLastError();
 }
 

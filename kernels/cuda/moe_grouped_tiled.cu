@@ -49,6 +49,7 @@ struct Operands {
   const char* w = nullptr;  // the expert's matrix, row n_block (bytes)
   int w_rows = 0;           // columns of the tile inside N
   int64_t w_ld_bytes = 0;
+  int64_t x_ld = 0;         // elements between x rows
   int k = 0;
 };
 
@@ -64,7 +65,7 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const Operands<kFp8>&
     const int r = idx / kXChunks, c = idx % kXChunks;
     const int k = k0 + c * 8;  // k % 8 == 0: a chunk is wholly inside or outside K
     const bool ok = r < o.x_rows && k < o.k;
-    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * 2 : o.x;
+    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.x_ld + k) * 2 : o.x;
     cp_async_16(stage + swizzle_chunk(r, c, T::kXRowBytes), src, ok ? 16 : 0);
   }
 #pragma unroll
@@ -140,8 +141,14 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kernel(const MoeGroupedGemmParams p) {
   using T = Tile<kFp8>;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
-  const MoeTile job = checked_moe_tile<kBM, kThreads>(p.offsets, num_experts, rows, static_cast<int>(blockIdx.y));
+  // offsets == null (one matrix, E == 1): row tile blockIdx.y of all the rows.
+  const MoeTile job =
+      p.offsets != nullptr
+          ? checked_moe_tile<kBM, kThreads>(p.offsets, num_experts, rows, static_cast<int>(blockIdx.y))
+          : MoeTile{static_cast<int>(blockIdx.y) * kBM < rows ? 0 : -1, static_cast<int>(blockIdx.y) * kBM,
+                    min(kBM, rows - static_cast<int>(blockIdx.y) * kBM)};
   if (job.expert < 0) return;  // past the real tile count (uniform over the CTA)
+  const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : p.n;
 
   extern __shared__ __align__(128) char smem[];
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -151,7 +158,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
   constexpr int kBytes = kFp8 ? 1 : 2;
 
   Operands<kFp8> o;
-  o.x = reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
+  o.x = reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * x_ld);
+  o.x_ld = x_ld;
   o.x_rows = job.rows;
   o.w_ld_bytes = p.w_ld * kBytes;
   o.w = static_cast<const char*>(p.w) + (static_cast<int64_t>(job.expert) * p.w_matrix_stride) * kBytes +
@@ -204,11 +212,20 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 1 : 2) moe_grouped_tiled_kern
     for (int half = 0; half < 2; ++half) {
       const int r = warp_m * 32 + mi * 16 + g + half * 8;
       if (r >= job.rows) continue;
-      __nv_bfloat16* row = y + static_cast<int64_t>(job.row_begin + r) * p.n;
+      const int64_t row_at = static_cast<int64_t>(job.row_begin + r) * y_ld;
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni)
-        store_bf16_pair(row, n_block + warp_n * 32 + ni * 8 + 2 * t, p.n, acc[mi][ni][2 * half],
-                        acc[mi][ni][2 * half + 1]);
+      for (int ni = 0; ni < 4; ++ni) {
+        const int64_t n = n_block + warp_n * 32 + ni * 8 + 2 * t;
+        if (p.y_f32 != nullptr) {
+          if (n < p.n) p.y_f32[row_at + n] = acc[mi][ni][2 * half];
+          if (n + 1 < p.n) p.y_f32[row_at + n + 1] = acc[mi][ni][2 * half + 1];
+        } else if (y_ld % 2 == 0) {
+          store_bf16_pair(y + row_at, n, p.n, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+        } else {  // an odd row stride: pairs are not 4-byte aligned in every row
+          if (n < p.n) y[row_at + n] = __float2bfloat16(acc[mi][ni][2 * half]);
+          if (n + 1 < p.n) y[row_at + n + 1] = __float2bfloat16(acc[mi][ni][2 * half + 1]);
+        }
+      }
     }
 }
 
@@ -239,8 +256,8 @@ cudaError_t init_moe_grouped_gemm_tiled() {
 }
 
 cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& p) {
-  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 ||
-      reinterpret_cast<uintptr_t>(p.y) % 4 != 0)
+  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr ||
+      (p.y_f32 == nullptr && reinterpret_cast<uintptr_t>(p.y) % 4 != 0))
     return cudaErrorInvalidValue;
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (p.rows == 0) return cudaSuccess;

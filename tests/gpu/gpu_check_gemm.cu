@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "deepinfer/kernels/cuda/gemm.h"
+#include "deepinfer/kernels/cuda/moe_grouped.h"
 #include "gpu_check_common.h"
 
 namespace {
@@ -432,6 +433,69 @@ void bench_shape(int m, int n, int kdim, size_t l2_bytes) {
   }
 }
 
+// The batch-invariant mode's GEMM pair (moe_grouped.h, tiled_order; cuda_backend.h): the streaming kernel summing in
+// the tiled kernel's order and the tiled kernel give bit-identical rows, and a row's result does not depend on the
+// rows beside it. bf16 and FP8 weights, bf16 and float32 outputs; M in {1, 3, 8, 9, 33, 64, 130} on both kernels
+// against the first M rows of the 130-row tiled result (K 400 and N 320: tails in both). Also prints whether the
+// streaming kernel's own order differs (it sums other k's per mma: expected to).
+void check_tiled_order() {
+  const int m = 130, n = 320, kdim = 400;
+  Problem p = make_problem(m, n, kdim, 99);
+  const int scale_ld = k::fp8_weight_scale_ld(kdim), nblocks = (n + kG - 1) / kG;
+  for (const bool fp8 : {false, true})
+    for (const bool f32 : {false, true}) {
+      const size_t es = f32 ? 4 : 2;
+      auto run = [&](int rows, bool tiled, bool tiled_order, void* out) {
+        k::MoeGroupedGemmParams g;
+        g.format = fp8 ? k::MoeWeightFormat::kFP8 : k::MoeWeightFormat::kBF16;
+        g.rows = rows;
+        g.num_experts = 1;
+        g.n = n;
+        g.k = kdim;
+        g.x = p.x.ptr;
+        g.w = fp8 ? static_cast<const void*>(p.wq.ptr) : static_cast<const void*>(p.w.ptr);
+        g.w_ld = kdim;
+        g.w_matrix_stride = static_cast<int64_t>(n) * kdim;
+        if (fp8) {
+          g.w_scale = p.ws.ptr;
+          g.w_scale_ld = scale_ld;
+          g.w_scale_matrix_stride = static_cast<int64_t>(nblocks) * scale_ld;
+        }
+        if (f32)
+          g.y_f32 = static_cast<float*>(out);
+        else
+          g.y = static_cast<uint16_t*>(out);
+        g.tiled_order = tiled_order;
+        if (!tiled_order) g.k_split = 1;
+        CUDA_TRY(tiled ? k::run_moe_grouped_gemm_tiled(g) : k::run_moe_grouped_gemm(g));
+        CUDA_TRY(cudaDeviceSynchronize());
+      };
+      DeviceBuffer<uint8_t> ref(static_cast<size_t>(m) * n * es), out(static_cast<size_t>(m) * n * es);
+      run(m, true, true, ref.ptr);
+      const std::vector<uint8_t> want = ref.download();
+      int bad = 0, runs = 0;
+      std::string first;
+      for (const int rows : {1, 3, 8, 9, 33, 64, 130})
+        for (const bool tiled : {false, true}) {
+          CUDA_TRY(cudaMemset(out.ptr, 0xff, out.count));
+          run(rows, tiled, true, out.ptr);
+          const std::vector<uint8_t> got = out.download();
+          ++runs;
+          if (std::memcmp(got.data(), want.data(), static_cast<size_t>(rows) * n * es) != 0) {
+            if (bad++ == 0) first = (tiled ? "tiled, M " : "streaming, M ") + std::to_string(rows);
+          }
+        }
+      run(8, false, false, out.ptr);
+      const std::vector<uint8_t> own = out.download();
+      const bool own_differs = std::memcmp(own.data(), want.data(), static_cast<size_t>(8) * n * es) != 0;
+      std::printf("{\"kind\":\"check\",\"case\":\"tiled_order_%s_%s\",\"ok\":%s,\"runs\":%d,\"differing\":%d%s%s%s,"
+                  "\"streaming_own_order_differs\":%s}\n",
+                  fp8 ? "fp8" : "bf16", f32 ? "f32_out" : "bf16_out", bad == 0 ? "true" : "false", runs, bad,
+                  bad ? ",\"first\":\"" : "", first.c_str(), bad ? "\"" : "", own_differs ? "true" : "false");
+      if (bad != 0) g_all_ok = false;
+    }
+}
+
 void print_summary() {
   std::printf("\n%-40s %9s %8s %7s %8s %9s %10s\n", "case", "us", "TFLOPS", "%bf16", "GB/s", "DG_H800", "rel_err");
   std::printf("%-40s %9s %8.1f %7s %8s %9s %10s\n", "ceiling cuBLAS bf16 8192^3", "-", g_gemm_tflops, "100", "-", "-", "-");
@@ -473,6 +537,12 @@ int main(int argc, char** argv) {
       {"m1_n2112_k7168", 1, 2112, 7168},        {"m128_n7168_k2048", 128, 7168, 2048},
       {"m200_n24576_k1536", 200, 24576, 1536},  {"m96_n4096_k7168", 96, 4096, 7168},
   };
+  try {
+    check_tiled_order();
+  } catch (const std::exception& ex) {
+    std::printf("{\"kind\":\"check\",\"case\":\"tiled_order\",\"ok\":false,\"error\":\"%s\"}\n", ex.what());
+    g_all_ok = false;
+  }
   int ci = 0;
   for (const CheckCase& c : checks) {
     if (quick && ci++ >= 2) break;

@@ -402,5 +402,103 @@ TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
   EXPECT_GE(graphs.replays, 24) << "graphs were not replayed";
 }
 
+
+// Batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1, cuda_backend.h): a sequence's logits at each position are bit
+// for bit the same whether it runs alone (its prompt prefilled from 0 in one step, then one decode row per step) or
+// beside other sequences with its prompt in two chunks (the second over a cached prefix, beside decode rows of the
+// others), then two verify-shaped steps of 4 rows (a speculative verify's last token and drafts) beside 1-3 rows
+// of the others. The 1,100-token prompt makes the MLA decode kernel split its keys (512 per split) and the prompt
+// chunks take the tiled GEMMs while the decode rows take the streaming ones. bf16 and FP8 weights. The same steps
+// without the mode are run too and their differences printed (not asserted: cuBLAS may or may not change its sums
+// with the row count).
+TEST(CudaBackendTest, BatchInvariantModeGivesEveryRowTheSameLogitsInAnyBatch) {
+  for (const bool invariant : {true, false}) {
+    if (invariant) setenv("DEEPINFER_BATCH_INVARIANT", "1", 1);
+    Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+    unsetenv("DEEPINFER_BATCH_INVARIANT");
+    if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
+    deepinfer::testing::TempDir dir("cuda-batch-invariant");
+    ASSERT_TRUE(write_random_checkpoint(dir.path(), real_attention_config(), 13, 0.05f).ok());
+    for (const backend::Precision precision : {backend::Precision::kBF16, backend::Precision::kFP8}) {
+      auto model = DeepSeekModel::load(dir.path(), **cuda, precision);
+      ASSERT_TRUE(model.ok()) << model.status().to_string();
+      const int64_t vocab = (*model)->config().vocab_size;
+      constexpr int32_t kPrompt = 1100, kFirstChunk = 640, kDecoded = 8, kBlocks = 24;
+      const std::vector<int32_t> lengths = {kPrompt + kDecoded, 320, 60};  // A, then the others' tokens
+      std::vector<std::vector<int32_t>> tokens(lengths.size());
+      uint32_t rng = 4242;
+      for (size_t s = 0; s < lengths.size(); ++s)
+        for (int32_t i = 0; i < lengths[s]; ++i) {
+          rng = rng * 1664525u + 1013904223u;
+          tokens[s].push_back(static_cast<int32_t>((rng >> 8) % vocab));
+        }
+      auto table = [&](size_t s, int32_t covered) {
+        std::vector<int32_t> blocks;
+        for (int32_t b = 0; b < (covered + kBlockTokens - 1) / kBlockTokens; ++b)
+          blocks.push_back(static_cast<int32_t>(s) * kBlocks + b);
+        return blocks;
+      };
+      // One step: for each (sequence, start, rows, logits of A's rows?) the rows of that sequence; returns the
+      // logits of sequence 0's rows (every row of it when `all_a`, else its last).
+      struct Part {
+        size_t seq;
+        int32_t start, rows;
+      };
+      auto step = [&](std::vector<backend::Buffer>& caches, const std::vector<Part>& parts, bool all_a,
+                      std::vector<std::vector<float>>& a_logits) {
+        ForwardBatch batch;
+        for (const Part& p : parts) {
+          for (int32_t r = 0; r < p.rows; ++r) {
+            if (p.seq == 0 && (all_a || r == p.rows - 1))
+              batch.logits_rows.push_back(static_cast<int32_t>(batch.token_ids.size()));
+            batch.token_ids.push_back(tokens[p.seq][static_cast<size_t>(p.start + r)]);
+          }
+          batch.sequences.push_back({p.rows, p.start, table(p.seq, p.start + p.rows)});
+        }
+        std::vector<float> logits;
+        Status st = (*model)->forward(batch, caches, logits);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        for (size_t r = 0; r < batch.logits_rows.size(); ++r)
+          a_logits.emplace_back(logits.begin() + static_cast<int64_t>(r) * vocab,
+                                logits.begin() + static_cast<int64_t>(r + 1) * vocab);
+      };
+      // Alone: logits at positions kPrompt - 1 .. kPrompt + kDecoded - 1.
+      std::vector<std::vector<float>> alone, mixed;
+      {
+        auto caches = (*model)->make_layer_caches(kBlocks * 3);
+        ASSERT_TRUE(caches.ok()) << caches.status().to_string();
+        ASSERT_NO_FATAL_FAILURE(step(*caches, {{0, 0, kPrompt}}, false, alone));
+        for (int32_t pos = kPrompt; pos < kPrompt + kDecoded; ++pos)
+          ASSERT_NO_FATAL_FAILURE(step(*caches, {{0, pos, 1}}, false, alone));
+      }
+      {
+        auto caches = (*model)->make_layer_caches(kBlocks * 3);
+        ASSERT_TRUE(caches.ok()) << caches.status().to_string();
+        ASSERT_NO_FATAL_FAILURE(step(*caches, {{1, 0, 300}, {0, 0, kFirstChunk}, {2, 0, 40}}, false, mixed));
+        mixed.clear();  // A's row there is not the prompt's last
+        ASSERT_NO_FATAL_FAILURE(
+            step(*caches, {{1, 300, 1}, {0, kFirstChunk, kPrompt - kFirstChunk}, {2, 40, 1}}, false, mixed));
+        ASSERT_NO_FATAL_FAILURE(step(*caches, {{2, 41, 3}, {0, kPrompt, 4}, {1, 301, 1}}, true, mixed));
+        ASSERT_NO_FATAL_FAILURE(step(*caches, {{0, kPrompt + 4, 4}, {1, 302, 2}, {2, 44, 1}}, true, mixed));
+      }
+      ASSERT_EQ(alone.size(), mixed.size());
+      int differing = 0;
+      for (size_t i = 0; i < alone.size(); ++i) {
+        const bool same = std::memcmp(alone[i].data(), mixed[i].data(), alone[i].size() * sizeof(float)) == 0;
+        if (!same) ++differing;
+        if (invariant) {
+          EXPECT_TRUE(same) << (precision == backend::Precision::kFP8 ? "FP8" : "bf16") << ": position "
+                            << kPrompt - 1 + static_cast<int32_t>(i) << ": logits differ alone and in a batch "
+                            << "(max relative error "
+                            << relative_error(alone[i].data(), mixed[i].data(), vocab) << ")";
+        }
+      }
+      std::printf("[ batch invariance %s, %s ] %d of %zu positions differ between alone and batched\n",
+                  invariant ? "on" : "off", precision == backend::Precision::kFP8 ? "FP8" : "bf16", differing,
+                  alone.size());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::model

@@ -79,6 +79,10 @@ void CudaBackend::mla_attention(const MlaAttention& a, const Tensor& q, const Bu
     // combine work, never a wrong result.
     p.num_splits = kc::mla_decode_num_splits(p.batch, p.num_heads, static_cast<int>(step_.max_blocks * kBlockTokens),
                                              num_sms_);
+    if (batch_invariant_) {  // splits at fixed pages: a row's sums whatever the batch (cuda_backend.h)
+      p.split_pages = kc::kMlaInvariantSplitPages;
+      p.num_splits = kc::mla_decode_invariant_splits(static_cast<int>(step_.max_blocks * kBlockTokens));
+    }
     const size_t floats = kc::mla_decode_workspace_floats(p.batch, p.num_heads, p.num_splits);
     if (floats > 0) {
       p.workspace = reinterpret_cast<float*>(reserve(attention_, floats * sizeof(float)));
@@ -109,6 +113,9 @@ void CudaBackend::mla_attention(const MlaAttention& a, const Tensor& q, const Bu
 }
 
 bool CudaBackend::has_mla_expanded(const MlaExpanded& a) const {
+  // Batch-invariant mode: every row through the absorbed kernels, so that a row's result is the same as a decode
+  // row, inside a chunk or a prefill from 0, with or without a cached prefix (cuda_backend.h).
+  if (batch_invariant_) return false;
   return a.nope_dim + a.rope_dim == kc::kMlaPrefillQkDim && a.rope_dim == kc::kMlaRopeDim &&
          a.v_dim == kc::kMlaPrefillVDim && a.kv_lora_rank % 8 == 0 && a.num_heads >= 1 && a.num_heads <= 65535;
 }

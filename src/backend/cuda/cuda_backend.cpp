@@ -117,6 +117,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   if (Result<int> pdl = env_choice("DEEPINFER_PDL", {"0", "1"}, "programmatic dependent launch: 1 on, 0 off");
       !pdl.ok())
     return pdl.status();
+  Result<int> invariant = env_choice("DEEPINFER_BATCH_INVARIANT", {"0", "1"},
+                                     "1: every row's result independent of the batch (slower), 0: off");
+  if (!invariant.ok()) return invariant.status();
+  backend->batch_invariant_ = *invariant == 1;
   Result<int> sampling = env_choice("DEEPINFER_DEVICE_SAMPLING", {"0", "1"}, "1 samples on the GPU, 0 on the host");
   if (!sampling.ok()) return sampling.status();
   if (*sampling >= 0) backend->device_sampling_ = *sampling == 1;

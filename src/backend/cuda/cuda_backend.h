@@ -302,6 +302,23 @@ class CudaBackend final : public Backend {
   // read once per 8 rows) up to kStreamingLinearMaxRows rows, cuBLASLt beyond; DEEPINFER_SMALL_LINEAR=cublas keeps
   // cuBLASLt at every size (measurements).
   bool streaming_linear_ = true;
+  // Batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1, as vLLM's VLLM_BATCH_INVARIANT=1): each row's result is bit
+  // for bit the same whatever the other rows of the step and however many rows its sequence has there (a decode
+  // row, the same position inside a speculative verify step, a row beside a prefill chunk), so greedy speculative
+  // decoding gives plain decoding's tokens and a request's output does not depend on the batch. What changes:
+  //   - every bf16 / FP8 GEMM (linear, linear_heads, the head's logits, the routed experts) runs on the grouped
+  //     streaming kernel in the tiled kernel's summation order up to kInvariantStreamingRows rows (per expert), on
+  //     the tiled kernel beyond: the same sums in the same order either way (moe_grouped.h, tiled_order); never
+  //     cuBLAS, wgmma or the per-expert loop; FP8 weights are widened exactly (the activations are not quantized);
+  //   - the MLA decode kernel splits every sequence at fixed pages (kMlaInvariantSplitPages, mla_decode.h);
+  //   - every row takes MLA's absorbed form (has_mla_expanded is false), prefill from 0 too, so that a prefix-cache
+  //     hit gives a miss's values;
+  //   - the float32 router takes its per-(token, expert) kernel at every batch.
+  // Float32 dense weights are refused (cuBLAS only). DeepSeek-V2/V3-family steps only (cuda_v4.cpp is not covered:
+  // the server refuses the mode for V4). Costs speed: see the README's table.
+  bool batch_invariant_ = false;
+  // Batch-invariant mode's GEMM: y = x · wᵀ into bf16 `y` or float32 `y32`, rows ldy apart. `what` names the caller.
+  void invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, float* y32, int64_t ldy, const char* what);
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;               // strided / batched / f32 GEMMs (leading dimensions)
   void* blas_workspace_ = nullptr;              // blas_'s fixed workspace: cuBLAS never allocates in a capture

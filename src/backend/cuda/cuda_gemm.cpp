@@ -26,6 +26,10 @@ namespace kc = kernels::cuda;
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 constexpr int64_t kStreamingLinearMaxRows = 8;  // one chunk of the streaming kernel: the weights read once
+// Batch-invariant mode: the streaming kernel up to this many rows (per expert), the tiled kernel beyond (their sums
+// are the same, so the boundary is only a matter of speed: the tiled kernel reads the weights once per 64 rows but
+// has only ceil(N / 128) column CTAs per row tile).
+constexpr int64_t kInvariantStreamingRows = 32;
 
 std::string dims(const Tensor& t) { return "[" + std::to_string(t.rows) + ", " + std::to_string(t.cols) + "]"; }
 std::string dims(const MatrixRef& m) { return "[" + std::to_string(m.rows) + ", " + std::to_string(m.cols) + "]"; }
@@ -34,6 +38,42 @@ std::string dims(const MatrixRef& m) { return "[" + std::to_string(m.rows) + ", 
 bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
 }  // namespace
+
+void CudaBackend::invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, float* y32, int64_t ldy,
+                                 const char* what) {
+  BACKEND_CHECK(w.precision != Precision::kF32,
+                std::string(what) + ": batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) takes bf16 and FP8 " +
+                    "weights; this one is float32");
+  kc::MoeGroupedGemmParams p;
+  p.format = w.precision == Precision::kFP8 ? kc::MoeWeightFormat::kFP8 : kc::MoeWeightFormat::kBF16;
+  p.rows = x.rows;
+  p.num_experts = 1;
+  p.n = w.rows;
+  p.k = w.cols;
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.x_ld = x.stride;
+  p.w = w.values;
+  p.w_ld = w.stride;
+  p.w_matrix_stride = w.rows * w.stride;
+  if (w.precision == Precision::kFP8) {
+    p.w_scale = w.scales;
+    p.w_scale_ld = w.scale_ld;
+    p.w_scale_matrix_stride = (w.rows + kc::kFp8GroupSize - 1) / kc::kFp8GroupSize * w.scale_ld;
+  }
+  p.y = static_cast<uint16_t*>(y);
+  p.y_f32 = y32;
+  p.y_ld = ldy;
+  p.num_sms = num_sms_;
+  p.tiled_order = true;
+  p.stream = stream_;
+  BACKEND_CHECK(kc::moe_grouped_params_valid(p),
+                std::string(what) + ": batch-invariant mode needs K % 8 == 0 and 16-byte aligned rows of x and w (x " +
+                    dims(x) + " at stride " + std::to_string(x.stride) + ", w " + dims(w) + ")");
+  if (failed() || x.rows == 0) return;
+  const bool tiled = x.rows > kInvariantStreamingRows &&
+                     kc::moe_grouped_row_tiles(x.rows, 1, 64) <= kc::kMoeMaxRowTiles;
+  check_cuda(tiled ? kc::run_moe_grouped_gemm_tiled(p) : kc::run_moe_grouped_gemm(p), what);
+}
 
 void CudaBackend::linear(const Tensor& x, const Weight& w, Tensor y) {
   BACKEND_CHECK(w.count == 1, "linear takes one matrix; this weight stacks " + std::to_string(w.count));
@@ -47,6 +87,10 @@ void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
   BACKEND_CHECK(fits_int(x.rows) && fits_int(w.stride) && fits_int(w.rows) && fits_int(x.stride) && fits_int(y.stride),
                 "linear: a size or stride beyond INT_MAX");
   if (failed() || x.rows == 0) return;
+  if (batch_invariant_) {
+    invariant_gemm(x, w, y.data, nullptr, y.stride, "linear (batch-invariant)");
+    return;
+  }
   // FP8 weights at a few rows (decode): the streaming kernel, one launch that widens the weights exactly and
   // multiplies them with the bf16 activations, instead of linear_fp8's activation quantization, zero rows up to 16
   // and block-scaled cuBLASLt GEMM. Measured on the H200 (bench/gpu/NOTES.md, 2026-12-04): the V3 slice's decode at
@@ -172,6 +216,10 @@ void CudaBackend::gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, in
   BACKEND_CHECK(fits_int(x.rows) && fits_int(w.stride) && fits_int(w.rows) && fits_int(x.stride) && fits_int(ldy),
                 "GEMM with f32 output: a size or stride beyond INT_MAX");
   if (failed() || x.rows == 0) return;
+  if (batch_invariant_) {
+    invariant_gemm(x, w, nullptr, y, ldy, "GEMM with f32 output (batch-invariant)");
+    return;
+  }
   const int m = static_cast<int>(x.rows), n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   const float one = 1.0f, zero = 0.0f;
   switch (w.precision) {
@@ -212,8 +260,9 @@ void CudaBackend::linear_heads(const Tensor& x, int64_t x_head_stride, const Wei
                     std::to_string(w.cols) + "] with x " + dims(x) + " (head stride " + std::to_string(x_head_stride) +
                     ") and y " + dims(y) + " (head stride " + std::to_string(y_head_stride) + ")");
   if (failed() || x.rows == 0) return;
-  if (w.precision != Precision::kBF16) {
-    // FP8 / f32 per-head weights: one GEMM per head (correct, not fast; the bf16 path is the batched one).
+  if (w.precision != Precision::kBF16 || batch_invariant_) {
+    // FP8 / f32 per-head weights, and batch-invariant mode: one GEMM per head (correct, not fast; the bf16 path is
+    // the batched one).
     for (int64_t h = 0; h < H; ++h)
       linear_matrix(x.cols_slice(h * x_head_stride, w.cols), matrix_of(w, h), y.cols_slice(h * y_head_stride, w.rows));
     return;

@@ -133,7 +133,15 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
                            (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
                            kc::moe_grouped_row_tiles(P, E, 128) <= kc::kMoeMaxRowTiles;
   int wgmma_tile_n = 0;  // automatic
-  switch (moe_gemm_path_) {
+  // Batch-invariant mode (cuda_backend.h): the streaming kernel in the tiled order or the tiled kernel, whose sums
+  // are the same; the boundary is the auto one.
+  MoeGemmPath choice = moe_gemm_path_;
+  if (batch_invariant_) {
+    BACKEND_CHECK(kernels_take, "moe: batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) takes bf16 and FP8 experts "
+                                "with K % 8 == 0 (the grouped kernels); these are not");
+    choice = P > streaming_max_rows_per_expert(fp8) * E && tiled_fits ? MoeGemmPath::kTiled : MoeGemmPath::kStreaming;
+  }
+  switch (choice) {
     case MoeGemmPath::kAuto:
       if (kernels_take && P <= streaming_max_rows_per_expert(fp8) * E)
         path = Path::kStreaming;
@@ -195,7 +203,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   // Float32 router logits: for a few tokens one small kernel (cuBLAS's SGEMM path took three launches: widening x,
   // the dot products, their reduction); otherwise cuBLAS.
   const MatrixRef router = matrix_of(*w.router, 0);
-  if (router.precision == Precision::kF32 && T <= kRouterKernelMaxTokens) {
+  if (router.precision == Precision::kF32 && (T <= kRouterKernelMaxTokens || batch_invariant_)) {
     kc::MoeRouterLogitsParams rl;
     rl.tokens = T;
     rl.num_experts = E;
@@ -334,6 +342,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     };
     kc::MoeGroupedGemmParams gp = grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_);
     gp.wgmma_tile_n = wgmma_tile_n;
+    gp.tiled_order = batch_invariant_ && path == Path::kStreaming;
     quantize(permuted, gp);
     if (gather_in_kernel) {
       gp.x = static_cast<const uint16_t*>(x_rows.data);
@@ -346,6 +355,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     activate(gate_up, act);
     kc::MoeGroupedGemmParams dp = grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_);
     dp.wgmma_tile_n = wgmma_tile_n;
+    dp.tiled_order = gp.tiled_order;
     quantize(act, dp);
     check_cuda(run(dp), path == Path::kTiled   ? "moe (tiled down)"
                         : path == Path::kWgmma ? "moe (wgmma down)"

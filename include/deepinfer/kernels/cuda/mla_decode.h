@@ -36,6 +36,12 @@ struct MlaDecodeParams {
   int num_splits = 1;                   // >= 1; see mla_decode_num_splits()
   float* workspace = nullptr;           // mla_decode_workspace_floats() floats when num_splits > 1, else unused
   int heads_per_cta = 0;                // 0 = automatic; else 16, 32 or 64 (must divide H); the fast kernel only
+  // > 0: split s covers pages [s * split_pages, (s + 1) * split_pages) of every sequence, whatever the batch
+  // (num_splits * split_pages >= max_blocks_per_seq: mla_decode_invariant_splits); a row's result is then bit for
+  // bit the same in any batch and with any num_splits (the combine skips empty splits, and with one split it adds
+  // the split's output times 1). 0: each sequence's own pages cut into num_splits ranges (faster; a row's sums then
+  // depend on num_splits, which depends on the batch).
+  int split_pages = 0;
   // Kernel version of the fast path: 0 = automatic (v2 with 2 warps per 16 heads when 64 heads/CTA are used,
   // else v1); 1 = v1 (Q and K from shared memory); 2 = v2, 4 warps per 16 heads (512 threads); 3 = v2, 2 warps
   // per 16 heads (256 threads). v2 keeps Q in registers and needs 64 heads per CTA (H % 64 == 0, heads_per_cta
@@ -52,6 +58,11 @@ size_t mla_decode_workspace_floats(int batch, int num_heads, int num_splits);
 // an H200 at batch 128, H=16, 128 CTAs on 132 SMs: 1 split 158.5 us vs 3 splits 180.5 us at ctx 4096), else
 // about two CTAs per SM, at most one split per 2 pages of `max_context` and at most 64.
 int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms);
+
+// The batch-invariant split: kMlaInvariantSplitPages pages per split (512 keys), and the splits that cover
+// `max_context` keys (at least 1).
+inline constexpr int kMlaInvariantSplitPages = 8;
+int mla_decode_invariant_splits(int max_context);
 
 // The fast kernel: tensor cores (mma.sync m16n8k16 bf16, f32 accumulation), online softmax in f32, each page
 // of a sequence's cache read once per CTA for the 16/32/64 heads of that CTA, double-buffered with cp.async.

@@ -48,10 +48,10 @@ struct MoeGroupedGemmParams {
   int64_t rows = 0;                  // P: rows of x and y (token copies)
   int64_t num_experts = 0;           // E
   int64_t n = 0, k = 0;              // output columns N, reduction length K
-  const int32_t* offsets = nullptr;  // [E + 1] row ranges per expert; run_moe_grouped_gemm also takes null with
+  const int32_t* offsets = nullptr;  // [E + 1] row ranges per expert; the streaming and tiled kernels take null with
                                      // num_experts 1: one matrix over all rows (a dense GEMM at a few rows)
-  int64_t x_ld = 0;                  // run_moe_grouped_gemm: elements between x rows (0: k); >= k, % 8 == 0
-  int64_t y_ld = 0;                  // run_moe_grouped_gemm: elements between y rows (0: n); >= n
+  int64_t x_ld = 0;                  // streaming, tiled: elements between x rows (0: k); >= k, % 8 == 0
+  int64_t y_ld = 0;                  // streaming, tiled: elements between y rows (0: n); >= n
   const uint16_t* x = nullptr;       // bf16 [rows, k], contiguous (with x_rows: [any rows, k])
   // run_moe_grouped_gemm only (the tiled kernel refuses it): row r of the product reads x row
   // x_rows[r] / x_rows_divisor, the MoE gather folded into the loads (x_rows = the permutation's sorted_entries,
@@ -64,7 +64,15 @@ struct MoeGroupedGemmParams {
   const float* w_scale = nullptr;    // kFP8: [E][ceil(n/128)][w_scale_ld]
   int64_t w_scale_ld = 0;
   int64_t w_scale_matrix_stride = 0;  // floats from one expert's scales to the next
-  uint16_t* y = nullptr;              // bf16 [rows, n], contiguous
+  uint16_t* y = nullptr;              // bf16 [rows, n], contiguous (with y_ld: rows y_ld apart)
+  // Streaming and tiled kernels: float32 output instead of y (y is then not used and may be null): the float sums
+  // before their rounding to bf16, at y_f32[r * y_ld + n] (y_ld 0: n).
+  float* y_f32 = nullptr;
+  // Streaming kernel: sum each row's products in the tiled kernel's order (every mma one natural k16 block, the
+  // blocks in k order, one warp per row's sum: k_split 1; the lanes of a group exchange their loaded words first),
+  // so that a row's result is bit for bit the tiled kernel's whatever the rows beside it or the kernel chosen. The
+  // batch-invariant mode's GEMMs (cuda_backend.h). k_split must be 0 or 1. The wgmma kernel refuses it.
+  bool tiled_order = false;
   int num_sms = 0;                    // the device's SMs, for choosing k_split (0: 132, an H100/H200)
   int k_split = 0;                    // 0: automatic; 1, 2 or 4: forced (checks, benchmarks)
   int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
@@ -89,11 +97,12 @@ inline int64_t moe_grouped_row_tiles(int64_t rows, int64_t num_experts, int64_t 
 // k <= INT32_MAX / 4).
 bool moe_grouped_params_valid(const MoeGroupedGemmParams& params);
 
-// The same product (same contract, same parameters; num_sms and k_split are not used) for many rows per expert:
+// The same product (same contract, same parameters, including a null offsets with E == 1, x_ld, y_ld and y_f32;
+// num_sms, k_split and tiled_order are not used) for many rows per expert:
 // tiles of 64 rows x 128 columns on the tensor cores, each expert's weights read once per 64 of its rows (the
 // streaming kernel above: once per 8). One launch, the tile -> expert map computed on the device from the offsets:
 // no host synchronization, capturable in a CUDA graph. y must be 4-byte aligned (pairs of outputs are stored
-// together). Shape of the work: grid (ceil(n / 128),
+// together; y_f32 instead: any float alignment). Shape of the work: grid (ceil(n / 128),
 // ceil(rows / 64) + min(E, rows)), 256 threads, 72 KB (bf16) or 96 KB (FP8) of dynamic shared memory; CTAs past the
 // real tile count return at once. FP8: each 128-wide K group's products are summed in float and multiplied by the
 // block scale, the weights widened exactly (the streaming kernel's arithmetic). Also returns
@@ -110,8 +119,8 @@ cudaError_t init_moe_grouped_gemm_tiled();
 // in a CUDA graph). kFP8 weights take quantized activations (x_fp8, x_scale above; k % 128 == 0; 128-column tiles)
 // and compute fp8_gemm's formula of gemm.h per expert: y[r, n] = bf16(Σ_g x_scale[g][r] · w_scale[e][n/128][g] ·
 // Σ_{k in g} x_fp8[r, k] · W[e][n, k]) (e4m3 products on the tensor cores, the activations' rounding to e4m3 as
-// the per-expert cuBLASLt path). Returns cudaErrorInvalidValue for x_rows, x_ld, y_ld, a null offsets, y not
-// 4-byte aligned, wgmma_tile_n other than 0, 128 or 256, ceil(rows / 128) + min(E, rows) > 65535, and FP8 without
+// the per-expert cuBLASLt path). Returns cudaErrorInvalidValue for x_rows, x_ld, y_ld, y_f32, tiled_order, a null
+// offsets, y not 4-byte aligned, wgmma_tile_n other than 0, 128 or 256, ceil(rows / 128) + min(E, rows) > 65535, and FP8 without
 // x_fp8 / x_scale, with x_fp8 not 16-byte aligned, with k % 128 != 0 or with wgmma_tile_n 256. Shape of the work:
 // grid (ceil(n / tile_n), ceil(rows / 128) + min(E, rows)), 256 threads (two warpgroups of 64 rows), 161 KB (128
 // columns) or 193 KB (256) of dynamic shared memory; CTAs past the real tile count return at once.
