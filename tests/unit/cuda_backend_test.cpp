@@ -406,9 +406,10 @@ TEST(CudaBackendTest, CudaGraphDecodeStepsMatchEagerStepsBitForBit) {
 // Batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1, cuda_backend.h): a sequence's logits at each position are bit
 // for bit the same whether it runs alone (its prompt prefilled from 0 in one step, then one decode row per step) or
 // beside other sequences with its prompt in two chunks (the second over a cached prefix, beside decode rows of the
-// others), then two verify-shaped steps of 4 rows (a speculative verify's last token and drafts) beside 1-3 rows
-// of the others. The 1,100-token prompt makes the MLA decode kernel split its keys (512 per split) and the prompt
-// chunks take the tiled GEMMs while the decode rows take the streaming ones. bf16 and FP8 weights. The same steps
+// others), then two verify-shaped steps of 4 rows (a speculative verify's last token and drafts), the first beside
+// a 150-row prefill chunk of another sequence and 3 rows of a third, the second beside 3 decode rows. The 1,100-token
+// prompt makes the MLA decode kernel split its keys (512 per split); the 157-row step takes the tiled GEMMs where the
+// decode steps take the streaming ones (and, without the mode, one split instead of nine). bf16 and FP8 weights. The same steps
 // without the mode are run too and their differences printed (not asserted: cuBLAS may or may not change its sums
 // with the row count).
 TEST(CudaBackendTest, BatchInvariantModeGivesEveryRowTheSameLogitsInAnyBatch) {
@@ -424,7 +425,7 @@ TEST(CudaBackendTest, BatchInvariantModeGivesEveryRowTheSameLogitsInAnyBatch) {
       ASSERT_TRUE(model.ok()) << model.status().to_string();
       const int64_t vocab = (*model)->config().vocab_size;
       constexpr int32_t kPrompt = 1100, kFirstChunk = 640, kDecoded = 8, kBlocks = 24;
-      const std::vector<int32_t> lengths = {kPrompt + kDecoded, 320, 60};  // A, then the others' tokens
+      const std::vector<int32_t> lengths = {kPrompt + kDecoded, 520, 60};  // A, then the others' tokens
       std::vector<std::vector<int32_t>> tokens(lengths.size());
       uint32_t rng = 4242;
       for (size_t s = 0; s < lengths.size(); ++s)
@@ -478,8 +479,8 @@ TEST(CudaBackendTest, BatchInvariantModeGivesEveryRowTheSameLogitsInAnyBatch) {
         mixed.clear();  // A's row there is not the prompt's last
         ASSERT_NO_FATAL_FAILURE(
             step(*caches, {{1, 300, 1}, {0, kFirstChunk, kPrompt - kFirstChunk}, {2, 40, 1}}, false, mixed));
-        ASSERT_NO_FATAL_FAILURE(step(*caches, {{2, 41, 3}, {0, kPrompt, 4}, {1, 301, 1}}, true, mixed));
-        ASSERT_NO_FATAL_FAILURE(step(*caches, {{0, kPrompt + 4, 4}, {1, 302, 2}, {2, 44, 1}}, true, mixed));
+        ASSERT_NO_FATAL_FAILURE(step(*caches, {{2, 41, 3}, {0, kPrompt, 4}, {1, 301, 150}}, true, mixed));
+        ASSERT_NO_FATAL_FAILURE(step(*caches, {{0, kPrompt + 4, 4}, {1, 451, 2}, {2, 44, 1}}, true, mixed));
       }
       ASSERT_EQ(alone.size(), mixed.size());
       int differing = 0;
