@@ -5,8 +5,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/core/status.h"
@@ -34,6 +36,13 @@ struct BackendChoice {
   std::string compute_mode;  // e.g. "f32 weights, f32 latent KV"
 };
 
+// DEEPINFER_BATCH_INVARIANT=1: the CUDA backend's batch-invariant mode (src/backend/cuda/cuda_backend.h; the backend
+// reads the variable and refuses values other than 0 and 1). Said in the compute mode.
+inline bool batch_invariant_requested() {
+  const char* v = std::getenv("DEEPINFER_BATCH_INVARIANT");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
 // `device_index`: the GPU (a tensor-parallel rank's own).
 inline Result<BackendChoice> make_backend(const DeviceOptions& options, int device_index = 0) {
   BackendChoice choice;
@@ -44,12 +53,14 @@ inline Result<BackendChoice> make_backend(const DeviceOptions& options, int devi
       choice.backend = std::move(cuda).value();
       choice.precision = backend::Precision::kFP8;  // FP8 where the checkpoint is FP8, else bf16
       choice.compute_mode = "cuda: bf16/fp8 weights, bf16 latent KV";
+      if (batch_invariant_requested()) choice.compute_mode += ", batch-invariant";
       return choice;
     }
   }
   choice.backend = backend::make_cpu_backend();
   choice.precision = options.bf16 ? backend::Precision::kBF16 : backend::Precision::kF32;
   choice.compute_mode = options.bf16 ? "bf16 weights, f32 latent KV" : "f32 weights, f32 latent KV";
+  if (batch_invariant_requested()) choice.compute_mode += "; DEEPINFER_BATCH_INVARIANT is the CUDA backend's (not used)";
   return choice;
 }
 

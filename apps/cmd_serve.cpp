@@ -577,6 +577,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
       if (options->speculative.dspark_enable) return refuse("--dspark-enable");
       if (options->enable_eplb) return refuse("--enable-eplb");
+      if (batch_invariant_requested()) return refuse("DEEPINFER_BATCH_INVARIANT=1 (batch-invariant mode)");
       if (options->swa_bounded_replay && options->no_prefix_caching) {
         return fail("--swa-bounded-replay reuses cached prefixes, but --no-prefix-caching turns the cache off");
       }
