@@ -433,9 +433,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
       if (options->master_port < 1 || options->master_port > 65535 || options->master_port == options->port) {
         return fail("--master-port " + std::to_string(options->master_port) + ": a port, 1 to 65535, not --port");
       }
-      if (options->role != "both") {
-        return fail(dp + " with --role " + options->role + ": not in this build (each rank serves both phases)");
-      }
       if (options->device.device == "cuda") {
         return fail(dp + " with --device cuda: expert parallel across data-parallel ranks runs on the CPU in this "
                     "build (the CUDA MoE kernels do not take given routing yet); --device cpu");

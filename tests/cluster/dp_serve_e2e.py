@@ -12,6 +12,9 @@ Checks:
     differ from rank 0's is refused naming the flag and both values, and claims nothing (the right one then joins);
   - kill -9 rank 1 while rank 0 decodes: rank 0's request gets a 503 naming the data-parallel group and rank 0 exits
     non-zero within 10 s; SIGTERM to rank 1: it exits 0, rank 0 exits non-zero saying rank 1 was stopped;
+  - a prefill pool of two data-parallel ranks feeding a decode pool of two through `deepinfer router --prefill
+    --decode`: long prompts give the one-process text, their KV blocks sent by the prefill ranks and received by the
+    decode ranks;
   - what data parallel does not take is refused at startup with a message naming it.
 Usage: dp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
 """
@@ -150,6 +153,34 @@ def main():
     check(codes[1] == 0 and codes[0] not in (None, 0) and "rank 1 was stopped" in log_text("term-rank0"),
           f"SIGTERM to rank 1: it exits {codes[1]}, rank 0 exits {codes[0]} saying rank 1 was stopped")
 
+    # Disaggregated: a prefill pool of two data-parallel ranks feeding a decode pool of two through the router (the
+    # way DeepSeek's fleet runs both pools); prompts past --max-local-prefill-tokens (512) go to the prefill ranks.
+    long_prompts = ["You answer questions about Debian packages, briefly. " * 90 + q for q in PROMPTS[:4]]
+    want_long = [answer(sport, p) for p in long_prompts]
+    pools = {}
+    for role in ("prefill", "decode"):
+        master, pports = free_port(), [free_port(), free_port()]
+        pool = ["--role", role, "--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr",
+                "127.0.0.1", "--master-port", str(master)]
+        for r in (0, 1):
+            kv = ["--kv-transfer-port", str(free_port())] if role == "prefill" else []
+            serve(f"{role}-rank{r}", pports[r], *pool, "--data-parallel-rank", str(r), *kv)
+        pools[role] = pports
+    check(all(wait_health(p, seconds=120) for p in pools["prefill"] + pools["decode"]),
+          "a prefill pool and a decode pool of two data-parallel ranks each healthy")
+    pd_port = free_port()
+    urls = {role: ",".join(f"http://127.0.0.1:{p}" for p in pools[role]) for role in pools}
+    start("pd-router", ["router", "--prefill", urls["prefill"], "--decode", urls["decode"], "--model-path", MODEL,
+                        "--host", "127.0.0.1", "--port", str(pd_port), "--health-check-interval-ms", "200"])
+    check(wait_health(pd_port, seconds=60), "the router in front of both pools healthy")
+    time.sleep(0.5)
+    got = all_at_once([(pd_port, p) for p in long_prompts])
+    received = [metrics(p).get('deepinfer_kv_transfer_blocks_total{direction="received"}', 0) for p in pools["decode"]]
+    sent = [metrics(p).get('deepinfer_kv_transfer_blocks_total{direction="sent"}', 0) for p in pools["prefill"]]
+    check(got == want_long and sum(received) > 0 and sum(received) == sum(sent),
+          f"4 long prompts through prefill and decode pools of data-parallel ranks: the one-process text, KV blocks "
+          f"sent {sent}, received {received}")
+
     # Refusals at startup.
     base = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", str(free_port())]
     for args, words in [(["--data-parallel-size", "2", "--expert-parallel-size", "2"], "explicit --master-port"),
@@ -158,7 +189,6 @@ def main():
                         (["--data-parallel-rank", "1"], "a rank, 0 to"),
                         (base + ["--tensor-parallel-size", "2"], "one process in this build"),
                         (base + ["--speculative-algorithm", "mtp"], "speculative decoding"),
-                        (base + ["--role", "prefill"], "--role prefill"),
                         (["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", "29996",
                           "--device", "cuda"], "runs on the CPU"),
                         (base + ["--master-addr", "0.0.0.0"], "not a wildcard"),
