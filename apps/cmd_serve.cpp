@@ -684,7 +684,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
           {"--eplb-rebalance-num-iterations", std::to_string(options->eplb_rebalance_num_iterations)},
           {"--eplb-policy", options->eplb_policy},
           {"--moe-capacity-factor", std::to_string(options->moe_capacity_factor)},
-          {"--bf16", options->device.bf16 ? "on" : "off"}};
+          {"--bf16", options->device.bf16 ? "on" : "off"},
+          {"--role", options->role}};  // a group is one pool: its ranks all prefill, all decode or all both
       Result<std::unique_ptr<DataParallelGroup>> group =
           DataParallelGroup::join(options->data_parallel_rank, options->data_parallel_size, options->master_addr,
                                   options->master_port, settings);
