@@ -907,8 +907,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
         engine::make_in_process_client(std::move(engine).value(), dp_group.get());
     // Rank 0 of a group: a rank's failure ends the live requests with an error event before the process exits.
     if (tp_group) engine_client = tp_group->watch_requests(std::move(engine_client));
+    if (dp_group) dp_group->set_leave_reason("failed to start its server (see its log)");
     auto server = server::Server::start(server_config, info, std::move(engine_client), *tokenizer);
     if (!server.ok()) return fail(server.status().to_string());
+    if (dp_group) dp_group->set_leave_reason("was stopped (SIGTERM or Ctrl-C)");
+    // The group's failure stops the server at once: the requests still waiting for KV blocks or queued get a 503.
+    if (dp_group) dp_group->on_failure([s = server->get()] { s->shutdown(false); });
 
     const std::string host = options->host == "0.0.0.0" || options->host == "::" ? "127.0.0.1" : options->host;
     const std::string url = "http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
@@ -978,6 +982,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
     }
     std::cout << std::flush;
     (*server)->wait();
+    if (dp_group) {
+      dp_group->on_failure({});  // the server goes next
+      if (dp_group->failed()) {
+        std::cout << "deepinfer serve: stopped (its data-parallel group failed)\n" << std::flush;
+        return 1;
+      }
+    }
     std::cout << "deepinfer serve: stopped\n";
     return 0;
   };

@@ -125,9 +125,17 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
       if (why.empty() && rank_ != 0 && !store_->add("dp/alive", 0).ok()) why = "rank 0 (it serves the store) is gone; ";
       spdlog::error("data parallel: rank {} of {}: the group failed ({}{}); stopping the server", rank_, size_, why,
                     s.message());
-      // The engine client ends the live requests with the error below; their connections need a moment to write it.
-      std::thread([] {
-        std::this_thread::sleep_for(500ms);
+      // The engine client ends the live requests with the error below; the stop answers the ones not in the engine
+      // yet. Their connections need a moment to write it; without a stop (or should it hang), the process ends here.
+      std::function<void()> stop;
+      {
+        std::lock_guard lock(stop_mu_);
+        failed_flag_ = true;
+        stop = stop_;
+      }
+      if (stop) stop();
+      std::thread([has_stop = static_cast<bool>(stop)] {
+        std::this_thread::sleep_for(has_stop ? 10s : 500ms);
         std::_Exit(1);
       }).detach();
     }
@@ -135,6 +143,27 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
   }
   idle_answers_ = pending > 0.0f ? 0 : idle_answers_ + 1;
   return pending > 0.0f;
+}
+
+void DataParallelGroup::on_failure(std::function<void()> stop) {
+  {
+    std::lock_guard lock(stop_mu_);
+    if (!failed_flag_) {
+      stop_ = std::move(stop);
+      return;
+    }
+  }
+  if (stop) stop();  // the group failed before the server started
+}
+
+void DataParallelGroup::set_leave_reason(std::string why) {
+  std::lock_guard lock(stop_mu_);
+  leave_reason_ = std::move(why);
+}
+
+std::string DataParallelGroup::leave_reason() {
+  std::lock_guard lock(stop_mu_);
+  return leave_reason_;
 }
 
 void DataParallelGroup::leave_because(const std::string& why) {

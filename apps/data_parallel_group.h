@@ -10,12 +10,17 @@
 // whether any rank has work).
 // Faults: a collective that fails (a rank died, closed, or stopped answering for the 60 s collective timeout) ends
 // the group for good: any_pending() returns ShuttingDown naming it (the engine client ends its live requests with it:
-// a 503) and the process exits 1 half a second later. A rank that stops (SIGTERM) leaves the group: the others then
+// a 503) and calls the stop set by on_failure() (serve: the server stops at once, answering the requests that were
+// not in the engine yet, e.g. waiting for their KV blocks, with a 503 too); the process exits 1 (at the latest 10 s
+// later: a stop that hangs on the dead group is cut short). A rank that stops (SIGTERM) leaves the group: the others then
 // stop too. CPU only in this build (the CUDA MoE kernels do not take given routing).
 // Thread-safety: any_pending() on the engine thread; communicator() for the model's passes, on the same thread.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,8 +51,15 @@ class DataParallelGroup final : public engine::StepGroup {
   std::chrono::microseconds idle_poll() const override;
   // Marks this rank as stopped in the store, so that the others' failure names it (they stop too: exit 1). The
   // destructor does the same for a rank that exits otherwise (a startup error after joining).
-  void leave() override { leave_because("was stopped (SIGTERM or Ctrl-C)"); }
+  void leave() override { leave_because(leave_reason()); }
+  // What leave() says: "was stopped (SIGTERM or Ctrl-C)" unless set (serve: "failed to start" while its server starts,
+  // so that a port in use is not reported to the others as a stop). Thread-safe.
+  void set_leave_reason(std::string why);
   void leave_because(const std::string& why);
+  // What to call once when the group fails (from the engine thread): serve stops its server without draining.
+  // Thread-safe; a failure before it is set calls it here; an empty function clears it (before the server goes).
+  void on_failure(std::function<void()> stop);
+  bool failed() const { return failed_flag_.load(); }
 
  private:
   DataParallelGroup() = default;
@@ -55,6 +67,11 @@ class DataParallelGroup final : public engine::StepGroup {
   std::unique_ptr<backend::TcpStore> store_;
   std::unique_ptr<backend::Communicator> comm_;
   bool failed_ = false;
+  std::atomic<bool> failed_flag_{false};  // failed_, for other threads
+  std::mutex stop_mu_;
+  std::function<void()> stop_;  // on_failure's
+  std::string leave_reason_ = "was stopped (SIGTERM or Ctrl-C)";  // guarded by stop_mu_
+  std::string leave_reason();
   bool left_ = false;
   bool claimed_ = false;  // this rank's index is claimed in the store
   std::string why_;       // which rank left, when one said so

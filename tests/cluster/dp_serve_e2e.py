@@ -14,11 +14,13 @@ Checks:
     non-zero within 10 s; SIGTERM to rank 1: it exits 0, rank 0 exits non-zero saying rank 1 was stopped;
   - a prefill pool of two data-parallel ranks feeding a decode pool of two through `deepinfer router --prefill
     --decode`: long prompts give the one-process text, their KV blocks sent by the prefill ranks and received by the
-    decode ranks;
+    decode ranks; kill -9 decode rank 1 while rank 0's requests wait for their KV blocks (a prefill peer that never
+    answers): rank 0 answers each with a 503 and exits non-zero (regression: it exited, cutting their connections);
   - what data parallel does not take is refused at startup with a message naming it.
 Usage: dp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
 """
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -157,14 +159,14 @@ def main():
     # way DeepSeek's fleet runs both pools); prompts past --max-local-prefill-tokens (512) go to the prefill ranks.
     long_prompts = ["You answer questions about Debian packages, briefly. " * 90 + q for q in PROMPTS[:4]]
     want_long = [answer(sport, p) for p in long_prompts]
-    pools = {}
+    pools, procs = {}, {}
     for role in ("prefill", "decode"):
         master, pports = free_port(), [free_port(), free_port()]
         pool = ["--role", role, "--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr",
                 "127.0.0.1", "--master-port", str(master)]
         for r in (0, 1):
             kv = ["--kv-transfer-port", str(free_port())] if role == "prefill" else []
-            serve(f"{role}-rank{r}", pports[r], *pool, "--data-parallel-rank", str(r), *kv)
+            procs[(role, r)] = serve(f"{role}-rank{r}", pports[r], *pool, "--data-parallel-rank", str(r), *kv)
         pools[role] = pports
     check(all(wait_health(p, seconds=120) for p in pools["prefill"] + pools["decode"]),
           "a prefill pool and a decode pool of two data-parallel ranks each healthy")
@@ -180,6 +182,54 @@ def main():
     check(got == want_long and sum(received) > 0 and sum(received) == sum(sent),
           f"4 long prompts through prefill and decode pools of data-parallel ranks: the one-process text, KV blocks "
           f"sent {sent}, received {received}")
+
+    # kill -9 decode rank 1 while three requests on decode rank 0 wait for their KV blocks from a prefill peer that
+    # accepts and never answers (prompts no rank has cached): rank 0's group fails, and each of them gets a 503 before
+    # rank 0 exits non-zero.
+    stall = socket.socket()
+    stall.bind(("127.0.0.1", 0))
+    stall.listen(16)
+    waiting = {}
+
+    def fetching(k):
+        try:
+            waiting[k] = request(pools["decode"][0], "/v1/chat/completions", chat(f"Case {k}. " + long_prompts[k], 16, model="demo"),
+                                 headers={"X-KV-Prefill-Endpoint": f"127.0.0.1:{stall.getsockname()[1]}"}, timeout=60)
+        except OSError as e:
+            waiting[k] = (None, f"no response: {e}")
+
+    threads = [threading.Thread(target=fetching, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    procs[("decode", 1)].kill()
+    t0 = time.time()
+    code = exit_code(procs[("decode", 0)], 15)
+    elapsed = time.time() - t0
+    for t in threads:
+        t.join(timeout=30)
+    stall.close()
+    statuses = [waiting.get(k, (None, "no answer"))[0] for k in range(3)]
+    check(statuses == [503] * 3 and code not in (None, 0),
+          f"kill -9 decode rank 1 while 3 requests on rank 0 wait for KV blocks: they got {statuses} "
+          f"({str(waiting.get(0, ('', ''))[1])[:100]!r}), rank 0 exited {code} after {elapsed:.1f} s")
+
+    # A rank 1 that joins and then cannot start its server (its --kv-transfer-port is taken): rank 0 stops, saying
+    # so (regression: rank 0 said rank 1 had been stopped with SIGTERM).
+    master, taken = free_port(), socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    pair = ["--role", "prefill", "--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr",
+            "127.0.0.1", "--master-port", str(master)]
+    late = [serve("late-rank0", free_port(), *pair, "--data-parallel-rank", "0", "--kv-transfer-port",
+                  str(free_port())),
+            serve("late-rank1", free_port(), *pair, "--data-parallel-rank", "1", "--kv-transfer-port",
+                  str(taken.getsockname()[1]))]
+    codes = [exit_code(p, 90) for p in late]
+    taken.close()
+    check(codes[0] not in (None, 0) and codes[1] not in (None, 0) and
+          "rank 1 failed to start its server" in log_text("late-rank0"),
+          f"a rank 1 whose --kv-transfer-port is taken: both exit ({codes}), rank 0 saying rank 1 failed to start")
 
     # Refusals at startup.
     base = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", str(free_port())]
