@@ -132,6 +132,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t idle_timeout_s = 60;
     int32_t body_read_timeout_s = 60;
     int32_t shutdown_timeout_s = 30;
+    int32_t health_max_step_seconds = 20;
     bool metrics_require_api_key = false;
     std::vector<std::string> allowed_origins;
     bool kv_disk_reset = false;
@@ -332,6 +333,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--shutdown-timeout-s", options->shutdown_timeout_s,
                   "On SIGTERM: seconds in-flight requests may take to finish; then streams end with an error "
                   "event and the server exits")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 86400));
+  cmd->add_option("--health-max-step-seconds", options->health_max_step_seconds,
+                  "GET /health answers 503 while the engine has been in one step (or waiting on its data-parallel "
+                  "peers) for longer than this: a hung peer takes the server out of the router's rotation; 0: off")
       ->capture_default_str()
       ->check(CLI::Range(0, 86400));
   cmd->add_option("--allowed-origins", options->allowed_origins,
@@ -889,6 +895,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.idle_timeout_seconds = options->idle_timeout_s;
     server_config.body_read_timeout_seconds = options->body_read_timeout_s;
     server_config.shutdown_timeout_seconds = options->shutdown_timeout_s;
+    server_config.health_max_step_seconds = options->health_max_step_seconds;
     server_config.metrics_require_api_key = options->metrics_require_api_key;
     server_config.allowed_origins = options->allowed_origins;
     server_config.role = options->role.empty() ? "both" : options->role;

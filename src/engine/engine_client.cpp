@@ -5,10 +5,17 @@
 
 #include "deepinfer/core/check.h"
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 namespace deepinfer::engine {
 namespace {
+
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 class EngineAdapter final : public StepEngine {
  public:
@@ -116,9 +123,11 @@ void InProcessEngineClient::release_kv_blocks(uint64_t reservation) {
 }
 
 EngineLoad InProcessEngineClient::load() const {
+  const int64_t since = busy_since_ns_.load();
+  const double busy = since == 0 ? 0.0 : static_cast<double>(steady_now_ns() - since) * 1e-9;
   std::lock_guard lock(kv_tiers_mu_);
   return {num_running_.load(), num_waiting_.load(), kv_blocks_used_.load(), kv_blocks_free_.load(), kv_tiers_,
-          speculative_, eplb_, swa_replayed_tokens_.load()};
+          speculative_, eplb_, swa_replayed_tokens_.load(), std::max(busy, 0.0)};
 }
 
 void InProcessEngineClient::stop() {
@@ -186,6 +195,7 @@ void InProcessEngineClient::run() {
   std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands;
   while (true) {
     bool stopping = false;
+    busy_since_ns_ = 0;
     {
       std::unique_lock lock(mu_);
       auto ready = [&] { return stopping_ || !commands_.empty() || engine_->has_pending_work(); };
@@ -197,6 +207,7 @@ void InProcessEngineClient::run() {
       commands.swap(commands_);
       stopping = stopping_;
     }
+    busy_since_ns_ = steady_now_ns();
     for (auto& command : commands) {
       if (auto* submit = std::get_if<Submit>(&command)) {
         if (stopping) {

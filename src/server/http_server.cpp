@@ -895,8 +895,18 @@ awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request&
   Route route = entry->route;
   if (route == Route::kModels && path != "/v1/models") route = Route::kModel;
   switch (route) {
-    case Route::kHealth:
+    case Route::kHealth: {
+      const double busy = client->load().busy_seconds;
+      if (config.health_max_step_seconds > 0 && busy > config.health_max_step_seconds) {
+        boost::json::object body{
+            {"status", "unhealthy"},
+            {"error", fmt::format("the engine has been in one step for {:.1f} s (over --health-max-step-seconds {}): "
+                                  "it, or a tensor- or data-parallel peer, may be hung",
+                                  busy, config.health_max_step_seconds)}};
+        co_return co_await send(*conn, info, 503, boost::json::serialize(body), kJson);
+      }
       co_return co_await send(*conn, info, 200, std::string(R"({"status":"ok"})"), kJson);
+    }
     case Route::kMetrics:
       co_return co_await send(*conn, info, 200, metrics.render(client->load(), tokenization_stats()), kPrometheusText);
     case Route::kWorkerInfo:
@@ -1319,6 +1329,7 @@ Result<std::unique_ptr<Server>> Server::start(ServerConfig config, ModelInfo mod
   if (config.idle_timeout_seconds < 1 || config.body_read_timeout_seconds < 1)
     return Status::invalid_argument("the idle and body read timeouts must be at least 1 s");
   if (config.shutdown_timeout_seconds < 0) return Status::invalid_argument("--shutdown-timeout-s must be >= 0");
+  if (config.health_max_step_seconds < 0) return Status::invalid_argument("--health-max-step-seconds must be >= 0");
   auto impl = std::make_unique<Impl>(std::move(config), std::move(model), std::move(engine), std::move(tokenizer));
   if (Status s = impl->bind(); !s.ok()) {
     impl->client->stop();

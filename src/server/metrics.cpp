@@ -23,6 +23,10 @@ void scalar(std::string& out, std::string_view name, std::string_view type, std:
   out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
 }
 
+void scalar_seconds(std::string& out, std::string_view name, std::string_view help, double value) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {:.3f}\n", name, help, name, name, value);
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size(), 0) {}
@@ -251,6 +255,10 @@ std::string Metrics::render(const engine::EngineLoad& load, const recipe::Tokeni
   scalar(out, "deepinfer_num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", load.num_waiting);
   scalar(out, "deepinfer_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", load.kv_blocks_used);
   scalar(out, "deepinfer_kv_cache_blocks_free", "gauge", "KV cache blocks free.", load.kv_blocks_free);
+  scalar_seconds(out, "deepinfer_engine_busy_seconds",
+                 "Seconds the engine has been in its current step (0 while idle; /health fails past "
+                 "--health-max-step-seconds).",
+                 load.busy_seconds);
   render_kv_tiers(load.kv_tiers, out);
   render_speculative(load.speculative, out);
   render_eplb(load.eplb, out);

@@ -10,6 +10,8 @@ Checks:
     5 passes while they run (rebalances counted on both ranks);
   - a third process claiming rank 1 is refused naming it, and the group keeps serving; a rank 1 whose expert flags
     differ from rank 0's is refused naming the flag and both values, and claims nothing (the right one then joins);
+  - SIGSTOP rank 1 (a hung peer): rank 0's /health answers 503 within --health-max-step-seconds (2) + 1 s; after
+    SIGCONT, 200 again and the group serves;
   - kill -9 rank 1 while rank 0 decodes: rank 0's request gets a 503 naming the data-parallel group and rank 0 exits
     non-zero within 10 s; SIGTERM to rank 1: it exits 0, rank 0 exits non-zero saying rank 1 was stopped;
   - a prefill pool of two data-parallel ranks feeding a decode pool of two through `deepinfer router --prefill
@@ -20,6 +22,7 @@ Checks:
 Usage: dp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
 """
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -80,7 +83,7 @@ def main():
     ports = [free_port(), free_port()]
     group = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr", "127.0.0.1",
              "--master-port", str(master), "--num-redundant-experts", "2", "--enable-eplb",
-             "--eplb-rebalance-num-iterations", "5"]
+             "--eplb-rebalance-num-iterations", "5", "--health-max-step-seconds", "2"]
     ranks = [serve(f"rank{r}", ports[r], *group, "--data-parallel-rank", str(r)) for r in (1, 0)][::-1]
     check(all(wait_health(p, seconds=120) for p in [sport] + ports), "the one-process server and both ranks healthy")
     want = {p: answer(sport, p) for p in PROMPTS}
@@ -117,6 +120,27 @@ def main():
     check(code not in (None, 0) and "another process already joined this group as rank 1" in log_text("twin"),
           f"a second --data-parallel-rank 1 is refused naming it (exit {code})")
     check(answer(ports[0], PROMPTS[0]) == want[PROMPTS[0]], "the group still serves")
+
+    # SIGSTOP rank 1 (a hung peer): rank 0's engine waits in the lock-step all-reduce, so its /health answers 503
+    # past --health-max-step-seconds 2 (the router takes it out of rotation); after SIGCONT, 200 again and it serves.
+    ranks[1].send_signal(signal.SIGSTOP)
+    t0, unhealthy = time.time(), None
+    while time.time() - t0 < 10 and unhealthy is None:
+        status, body = request(ports[0], "/health", timeout=5)
+        if status == 503:
+            unhealthy = (time.time() - t0, body)
+        time.sleep(0.2)
+    busy = metrics(ports[0]).get("deepinfer_engine_busy_seconds", 0)
+    ranks[1].send_signal(signal.SIGCONT)
+    t1, healthy_again = time.time(), None
+    while time.time() - t1 < 10 and healthy_again is None:
+        if request(ports[0], "/health", timeout=5)[0] == 200:
+            healthy_again = time.time() - t1
+        time.sleep(0.1)
+    check(unhealthy is not None and unhealthy[0] < 5 and "may be hung" in unhealthy[1] and busy > 2 and
+          healthy_again is not None and answer(ports[0], PROMPTS[0]) == want[PROMPTS[0]],
+          f"SIGSTOP rank 1: rank 0's /health 503 after {unhealthy[0] if unhealthy else None!r:.4} s (engine busy "
+          f"{busy:.1f} s), 200 again {healthy_again!r:.4} s after SIGCONT, and it serves")
 
     # kill -9 rank 1 while rank 0 decodes a long answer: rank 0's request gets a 503 naming the group, rank 0 exits.
     inflight = {}

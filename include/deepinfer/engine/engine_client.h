@@ -37,6 +37,10 @@ struct EngineLoad {
   SpeculativeStats speculative;  // speculative decoding's counters (zero when off)
   model::EplbStats eplb;          // expert parallel's counters (empty without)
   int64_t swa_replayed_tokens = -1;  // DeepSeek-V4: Engine::num_replayed_tokens(); -1: not a V4 engine
+  // Seconds the engine thread has spent in its current iteration (a step, or the lock-step question to its
+  // data-parallel group); 0 while it waits for work. A value that keeps growing is a hung engine or peer (a rank
+  // stopped mid-collective): the server's /health answers 503 past --health-max-step-seconds.
+  double busy_seconds = 0.0;
 };
 
 // What the server needs from an engine. Same contract as Engine's methods of the same names;
@@ -198,6 +202,7 @@ class InProcessEngineClient final : public EngineClient {
   SpeculativeStats speculative_;  // GUARDED_BY(kv_tiers_mu_)
   model::EplbStats eplb_;  // GUARDED_BY(kv_tiers_mu_)
   std::atomic<int64_t> swa_replayed_tokens_{-1};
+  std::atomic<int64_t> busy_since_ns_{0};  // steady_clock of the current iteration's start; 0: waiting for work
   std::thread thread_;
 };
 
