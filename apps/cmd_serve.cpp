@@ -132,7 +132,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     int32_t idle_timeout_s = 60;
     int32_t body_read_timeout_s = 60;
     int32_t shutdown_timeout_s = 30;
-    int32_t health_max_step_seconds = 20;
+    std::optional<int32_t> health_max_step_seconds;  // default: 20 in a tensor- or data-parallel group, else 0
     bool metrics_require_api_key = false;
     std::vector<std::string> allowed_origins;
     bool kv_disk_reset = false;
@@ -337,8 +337,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0, 86400));
   cmd->add_option("--health-max-step-seconds", options->health_max_step_seconds,
                   "GET /health answers 503 while the engine has been in one step (or waiting on its data-parallel "
-                  "peers) for longer than this: a hung peer takes the server out of the router's rotation; 0: off")
-      ->capture_default_str()
+                  "peers) for longer than this: a hung peer takes the server out of the router's rotation; 0: off "
+                  "(default: 20 with --tensor-parallel-size or --data-parallel-size > 1, else 0)")
       ->check(CLI::Range(0, 86400));
   cmd->add_option("--allowed-origins", options->allowed_origins,
                   "CORS: browser origins allowed to call the API (e.g. https://app.example, or *); default none")
@@ -895,7 +895,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.idle_timeout_seconds = options->idle_timeout_s;
     server_config.body_read_timeout_seconds = options->body_read_timeout_s;
     server_config.shutdown_timeout_seconds = options->shutdown_timeout_s;
-    server_config.health_max_step_seconds = options->health_max_step_seconds;
+    // A group's peer can hang mid-collective; one process's step cannot wait on anything but itself (a long CPU
+    // prefill step must not fail a liveness probe).
+    server_config.health_max_step_seconds = options->health_max_step_seconds.value_or(
+        options->tensor_parallel_size > 1 || options->data_parallel_size > 1 ? 20 : 0);
     server_config.metrics_require_api_key = options->metrics_require_api_key;
     server_config.allowed_origins = options->allowed_origins;
     server_config.role = options->role.empty() ? "both" : options->role;

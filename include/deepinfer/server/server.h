@@ -55,8 +55,8 @@ struct ServerConfig {
   // GET /health answers 503 (unhealthy) while the engine has spent longer than this in one iteration (EngineLoad::
   // busy_seconds: a step, or its data-parallel group's lock-step question): a hung engine, or a tensor- or
   // data-parallel peer stopped mid-collective, takes the server out of its router's rotation long before the
-  // collectives' 60 s timeout ends the group. 0: /health does not look (the pre-existing behaviour).
-  int32_t health_max_step_seconds = 20;
+  // collectives' 60 s timeout ends the group. 0: /health does not look (serve's default for one process).
+  int32_t health_max_step_seconds = 0;
   bool metrics_require_api_key = false;  // /metrics behind api_key too (when one is set)
   // CORS (--allowed-origins): browser origins ("https://app.example", or "*") whose pages may call the API.
   // Empty: no CORS headers and no preflight answers (the default). A request from a listed Origin gets
