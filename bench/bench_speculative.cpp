@@ -322,7 +322,13 @@ int main(int argc, char** argv) {
         // meets: each runs eagerly the first time and is captured the second), so that the timed run is the steady
         // state a serving engine reaches.
         for (int64_t r = 0; r < batch; ++r) (void)engine.submit(prompts[static_cast<size_t>(r) % prompts.size()], params);
-        while (engine.has_pending_work()) (void)engine.step();
+        while (engine.has_pending_work()) {
+          if (auto warm = engine.step(); !warm.ok()) {  // (an engine whose step fails would otherwise spin here)
+            std::cerr << "warm-up step (batch " << batch << ", " << (dspark ? "dspark" : "K=" + std::to_string(k))
+                      << "): " << warm.status().to_string() << "\n";
+            return 1;
+          }
+        }
         const engine::SpeculativeStats before = engine.speculative_stats();
         std::vector<engine::SequenceId> ids;
         const Clock::time_point start = Clock::now();
