@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
@@ -897,6 +900,20 @@ std::function<int()> add_serve_command(CLI::App& app) {
     server_config.shutdown_timeout_seconds = options->shutdown_timeout_s;
     // A group's peer can hang mid-collective; one process's step cannot wait on anything but itself (a long CPU
     // prefill step must not fail a liveness probe).
+    if (data_parallel) {
+      // The engine thread may be waiting in a collective on a hung peer (up to the 60 s timeout, and a hung rank 0's
+      // store after it): a stop (SIGTERM) that the drain, its force stop and the engine's own stop have not finished
+      // in --shutdown-timeout-s + 15 s ends the process.
+      server_config.on_shutdown = [limit = options->shutdown_timeout_s + 15] {
+        std::thread([limit] {
+          std::this_thread::sleep_for(std::chrono::seconds(limit));
+          spdlog::error("data parallel: the server did not stop within {} s of being asked (its engine waits on a "
+                        "hung peer); exiting",
+                        limit);
+          std::_Exit(1);
+        }).detach();
+      };
+    }
     server_config.health_max_step_seconds = options->health_max_step_seconds.value_or(
         options->tensor_parallel_size > 1 || options->data_parallel_size > 1 ? 20 : 0);
     server_config.metrics_require_api_key = options->metrics_require_api_key;

@@ -3,10 +3,17 @@
 //   set: 'S' u32 key_len key u64 value_len value        -> u8 0
 //   get: 'G' u32 key_len key u64 timeout_ms             -> u8 0 u64 value_len value | u8 1 (timed out)
 //   add: 'A' u32 key_len key i64 delta                  -> u8 0 i64 sum | u8 2 (the key holds no counter)
+// A client waits for each answer at most kAnswerGrace past what it asked the server to wait (a get's timeout): a
+// server that stopped answering (its process hung: SIGSTOP) fails the call with IoError instead of blocking it forever,
+// and the connection is closed (later calls fail at once).
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <boost/asio.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <atomic>
@@ -195,6 +202,37 @@ class StoreServer {
   std::thread accept_thread_;
 };
 
+// How long past a get's own timeout (set and add: past 0) a client waits for the server's answer.
+constexpr std::chrono::milliseconds kAnswerGrace{3000};
+
+// Reads exactly `size` bytes before `deadline`, else throws (timed out, closed, error).
+void read_until(tcp::socket& socket, void* data, size_t size, std::chrono::steady_clock::time_point deadline) {
+  auto* out = static_cast<char*>(data);
+  while (size > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) throw std::runtime_error("the store did not answer in time (its process may be hung)");
+    pollfd fd{socket.native_handle(), POLLIN, 0};
+    const int ready = ::poll(&fd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+    if (ready <= 0) continue;
+    const ssize_t got = ::recv(socket.native_handle(), out, size, 0);
+    if (got == 0) throw std::runtime_error("the store closed the connection");
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      throw std::system_error(errno, std::generic_category(), "recv");
+    }
+    out += got;
+    size -= static_cast<size_t>(got);
+  }
+}
+
+template <class T>
+T read_until(tcp::socket& socket, std::chrono::steady_clock::time_point deadline) {
+  T value{};
+  read_until(socket, &value, sizeof(T), deadline);
+  return value;
+}
+
 class TcpStoreClient final : public TcpStore {
  public:
   TcpStoreClient(std::unique_ptr<asio::io_context> io, tcp::socket socket, std::unique_ptr<StoreServer> server)
@@ -214,9 +252,11 @@ class TcpStoreClient final : public TcpStore {
     put<uint64_t>(message, value.size());
     message.insert(message.end(), value.begin(), value.end());
     try {
+      check_open();
       asio::write(socket_, asio::buffer(message));
-      read_value<uint8_t>(socket_);
+      read_until<uint8_t>(socket_, std::chrono::steady_clock::now() + kAnswerGrace);
     } catch (const std::exception& e) {
+      broken();
       return Status::io_error("rendezvous store: set '" + key + "': " + e.what());
     }
     return Status();
@@ -230,17 +270,24 @@ class TcpStoreClient final : public TcpStore {
     message.insert(message.end(), k, k + key.size());
     put<uint64_t>(message, static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
     try {
+      check_open();
+      const auto deadline = std::chrono::steady_clock::now() + std::max(timeout, std::chrono::milliseconds(0)) +
+                            kAnswerGrace;
       asio::write(socket_, asio::buffer(message));
-      if (read_value<uint8_t>(socket_) != 0) {
+      if (read_until<uint8_t>(socket_, deadline) != 0) {
         return Status::internal("rendezvous store: no rank set '" + key + "' within " +
                                 std::to_string(timeout.count()) + " ms");
       }
-      const uint64_t length = read_value<uint64_t>(socket_);
-      if (length > kMaxValueBytes) return Status::io_error("rendezvous store: value too long");
+      const uint64_t length = read_until<uint64_t>(socket_, deadline);
+      if (length > kMaxValueBytes) {
+        broken();
+        return Status::io_error("rendezvous store: value too long");
+      }
       std::vector<std::byte> value(length);
-      asio::read(socket_, asio::buffer(value.data(), value.size()));
+      read_until(socket_, value.data(), value.size(), deadline);
       return value;
     } catch (const std::exception& e) {
+      broken();
       return Status::io_error("rendezvous store: get '" + key + "': " + e.what());
     }
   }
@@ -253,15 +300,27 @@ class TcpStoreClient final : public TcpStore {
     message.insert(message.end(), k, k + key.size());
     put<int64_t>(message, delta);
     try {
+      check_open();
+      const auto deadline = std::chrono::steady_clock::now() + kAnswerGrace;
       asio::write(socket_, asio::buffer(message));
-      if (read_value<uint8_t>(socket_) != 0) {
+      if (read_until<uint8_t>(socket_, deadline) != 0) {
         return Status::invalid_argument("rendezvous store: add to '" + key +
                                         "': it holds a value other than a counter");
       }
-      return read_value<int64_t>(socket_);
+      return read_until<int64_t>(socket_, deadline);
     } catch (const std::exception& e) {
+      broken();
       return Status::io_error("rendezvous store: add to '" + key + "': " + e.what());
     }
+  }
+
+  // A call that failed midway leaves the connection out of step with the server: closed, so later calls fail at once.
+  void broken() {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+  void check_open() const {
+    if (!socket_.is_open()) throw std::runtime_error("the connection failed earlier");
   }
 
   int port() const override { return server_ ? server_->port() : 0; }

@@ -533,6 +533,7 @@ void Server::Impl::arm_signals() {
 void Server::Impl::begin_shutdown(bool drain) {
   asio::post(ioc, [this, drain] {
     if (!draining.exchange(true)) {
+      if (config.on_shutdown) config.on_shutdown();
       boost::system::error_code ec;
       acceptor.close(ec);
       kv_acceptor.close(ec);

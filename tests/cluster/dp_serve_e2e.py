@@ -13,7 +13,8 @@ Checks:
   - SIGSTOP rank 1 (a hung peer): rank 0's /health answers 503 within --health-max-step-seconds (2) + 1 s; after
     SIGCONT, 200 again and the group serves;
   - kill -9 rank 1 while rank 0 decodes: rank 0's request gets a 503 naming the data-parallel group and rank 0 exits
-    non-zero within 10 s; SIGTERM to rank 1: it exits 0, rank 0 exits non-zero saying rank 1 was stopped;
+    non-zero within 10 s; SIGTERM to rank 1: it exits 0, rank 0 exits non-zero saying rank 1 was stopped; SIGTERM to
+    rank 1 while rank 0 is stopped: rank 1 exits within --shutdown-timeout-s + 15 s;
   - a prefill pool of two data-parallel ranks feeding a decode pool of two through `deepinfer router --prefill
     --decode`: long prompts give the one-process text, their KV blocks sent by the prefill ranks and received by the
     decode ranks; kill -9 decode rank 1 while rank 0's requests wait for their KV blocks (a prefill peer that never
@@ -178,6 +179,24 @@ def main():
     codes = [exit_code(p, 15) for p in stopped]
     check(codes[1] == 0 and codes[0] not in (None, 0) and "rank 1 was stopped" in log_text("term-rank0"),
           f"SIGTERM to rank 1: it exits {codes[1]}, rank 0 exits {codes[0]} saying rank 1 was stopped")
+
+    # SIGTERM to rank 1 while rank 0 is stopped (SIGSTOP: it serves the store, and rank 1's engine waits in a
+    # collective on it): rank 1 still exits, within --shutdown-timeout-s + 15 s (regression: it stayed up until rank 0
+    # resumed, and for good when its group failed while rank 0's store hung).
+    master, ports = free_port(), [free_port(), free_port()]
+    pair = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(master), "--shutdown-timeout-s", "1"]
+    hung = [serve(f"hung-rank{r}", ports[r], *pair, "--data-parallel-rank", str(r)) for r in (0, 1)]
+    check(all(wait_health(p, seconds=120) for p in ports), "a third pair healthy")
+    hung[0].send_signal(signal.SIGSTOP)
+    time.sleep(0.5)
+    hung[1].terminate()
+    t0 = time.time()
+    code = exit_code(hung[1], 30)
+    elapsed = time.time() - t0
+    hung[0].kill()
+    check(code is not None and elapsed < 20 and "did not stop within 16 s" in log_text("hung-rank1"),
+          f"SIGTERM to rank 1 while rank 0 is stopped: rank 1 exits ({code}) after {elapsed:.1f} s")
 
     # Disaggregated: a prefill pool of two data-parallel ranks feeding a decode pool of two through the router (the
     # way DeepSeek's fleet runs both pools); prompts past --max-local-prefill-tokens (512) go to the prefill ranks.

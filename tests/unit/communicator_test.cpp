@@ -3,6 +3,9 @@
 #include "deepinfer/backend/communicator.h"
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -206,6 +209,34 @@ TEST(TcpStore, AddIsAtomicAcrossClientsSoExactlyOneClaimWins) {
   Result<int64_t> after = clients[1]->add("claim", 5);  // the connection still serves
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(*after, 5);
+}
+
+// A store whose process hangs (SIGSTOP: its socket accepts, nobody answers): every call fails within its timeout plus
+// the client's grace, and the connection is given up (regression: a data-parallel rank whose group failed asked a hung
+// rank 0's store who had left, and blocked forever, so it never exited).
+TEST(TcpStore, AStoreThatNeverAnswersFailsTheCallInsteadOfBlocking) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);  // connections complete in the backlog; none is ever accepted or answered
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  Result<std::unique_ptr<TcpStore>> client = connect_tcp_store("127.0.0.1", ntohs(address.sin_port), 2s);
+  ASSERT_TRUE(client.ok()) << client.status().message();
+  const auto start = std::chrono::steady_clock::now();
+  Result<std::vector<std::byte>> got = (*client)->get("dp/left/0", 200ms);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("did not answer"), std::string::npos) << got.status().message();
+  EXPECT_GE(took, 200ms);
+  EXPECT_LT(took, 6s);
+  const auto again = std::chrono::steady_clock::now();
+  EXPECT_FALSE((*client)->add("dp/alive", 0).ok());  // the connection is given up: at once
+  EXPECT_LT(std::chrono::steady_clock::now() - again, 1s);
+  ::close(listener);
 }
 
 TEST(TcpStore, ConnectGivesUpWhenNoServerAnswers) {

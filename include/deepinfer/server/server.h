@@ -90,6 +90,9 @@ struct ServerConfig {
   // Install SIGINT/SIGTERM handlers: the first signal drains (stop accepting, finish in-flight requests,
   // stop); a second one cancels what is still running and stops at once.
   bool handle_signals = false;
+  // Called once, on the server's I/O thread, when it begins to stop (a signal or shutdown()); must not block. serve
+  // uses it in a data-parallel group to bound the stop: the engine may be waiting on a hung peer's collective.
+  std::function<void()> on_shutdown;
 };
 
 // What the server says and checks about the model.
