@@ -540,7 +540,15 @@ void TensorParallelGroup::watch_hosts() {
         ++beats;
         const Status beat = heartbeat_->set(heartbeat_key(node), std::as_bytes(std::span<const uint64_t>(&beats, 1)));
         if (!beat.ok()) {
-          failure = "rank 0's host is gone (" + beat.message() + ")";
+          // A store that stopped answering (its client gives up after 3 s) is rank 0 stopped or hung; one whose
+          // connection closed is rank 0 gone.
+          const int64_t answered = store_answered_ns_.load();
+          failure = beat.message().find("did not answer") != std::string::npos
+                        ? "rank 0's host (node 0) has not answered for " +
+                              std::to_string(answered == 0 ? 3 : (steady_ns() - answered) / 1000000000) +
+                              " s (stopped, hung or unreachable: its store at --master-addr does not answer): the "
+                              "model cannot run without it"
+                        : "rank 0's host is gone (" + beat.message() + ")";
           tell_rank0 = false;
         }
         for (int host = 0; host < nnodes_ && failure.empty(); ++host) {
