@@ -129,8 +129,7 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
       // yet. Their connections need a moment to write it; without a stop (or should it hang), the process ends here.
       std::function<void()> stop;
       {
-        std::lock_guard lock(stop_mu_);
-        failed_flag_ = true;
+        std::lock_guard lock(stop_mu_);  // failed_ is set: a later on_failure() calls its stop itself
         stop = stop_;
       }
       if (stop) stop();
@@ -148,7 +147,7 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
 void DataParallelGroup::on_failure(std::function<void()> stop) {
   {
     std::lock_guard lock(stop_mu_);
-    if (!failed_flag_) {
+    if (!failed_) {
       stop_ = std::move(stop);
       return;
     }

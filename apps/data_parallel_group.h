@@ -59,15 +59,14 @@ class DataParallelGroup final : public engine::StepGroup {
   // What to call once when the group fails (from the engine thread): serve stops its server without draining.
   // Thread-safe; a failure before it is set calls it here; an empty function clears it (before the server goes).
   void on_failure(std::function<void()> stop);
-  bool failed() const { return failed_flag_.load(); }
+  bool failed() const { return failed_.load(); }
 
  private:
   DataParallelGroup() = default;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<backend::TcpStore> store_;
   std::unique_ptr<backend::Communicator> comm_;
-  bool failed_ = false;
-  std::atomic<bool> failed_flag_{false};  // failed_, for other threads
+  std::atomic<bool> failed_{false};  // set by the engine thread, read by any
   std::mutex stop_mu_;
   std::function<void()> stop_;  // on_failure's
   std::string leave_reason_ = "was stopped (SIGTERM or Ctrl-C)";  // guarded by stop_mu_

@@ -37,13 +37,9 @@ std::string dims(const MatrixRef& m) { return "[" + std::to_string(m.rows) + ", 
 // cuBLAS and the GEMM kernels take int sizes and leading dimensions.
 bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
-}  // namespace
-
-void CudaBackend::invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, float* y32, int64_t ldy,
-                                 const char* what) {
-  BACKEND_CHECK(w.precision != Precision::kF32,
-                std::string(what) + ": batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) takes bf16 and FP8 " +
-                    "weights; this one is float32");
+// The expert GEMM kernels' parameters for one matrix (no offsets): y = x · wᵀ, bf16 y with row stride ldy.
+kc::MoeGroupedGemmParams one_matrix_params(const Tensor& x, const MatrixRef& w, void* y, int64_t ldy, int num_sms,
+                                           cudaStream_t stream) {
   kc::MoeGroupedGemmParams p;
   p.format = w.precision == Precision::kFP8 ? kc::MoeWeightFormat::kFP8 : kc::MoeWeightFormat::kBF16;
   p.rows = x.rows;
@@ -61,11 +57,22 @@ void CudaBackend::invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, f
     p.w_scale_matrix_stride = (w.rows + kc::kFp8GroupSize - 1) / kc::kFp8GroupSize * w.scale_ld;
   }
   p.y = static_cast<uint16_t*>(y);
-  p.y_f32 = y32;
   p.y_ld = ldy;
-  p.num_sms = num_sms_;
+  p.num_sms = num_sms;
+  p.stream = stream;
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, float* y32, int64_t ldy,
+                                 const char* what) {
+  BACKEND_CHECK(w.precision != Precision::kF32,
+                std::string(what) + ": batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) takes bf16 and FP8 " +
+                    "weights; this one is float32");
+  kc::MoeGroupedGemmParams p = one_matrix_params(x, w, y, ldy, num_sms_, stream_);
+  p.y_f32 = y32;
   p.tiled_order = true;
-  p.stream = stream_;
   BACKEND_CHECK(kc::moe_grouped_params_valid(p),
                 std::string(what) + ": batch-invariant mode needs K % 8 == 0 and 16-byte aligned rows of x and w (x " +
                     dims(x) + " at stride " + std::to_string(x.stride) + ", w " + dims(w) + ")");
@@ -98,26 +105,7 @@ void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
   // faster (V2-Lite batch 1 3.558 vs 3.541 ms, batch 8 7.506 vs 7.600).
   if (streaming_linear_ && x.rows <= kStreamingLinearMaxRows && w.precision == Precision::kFP8 && w.cols % 8 == 0 &&
       x.stride % 8 == 0 && aligned16(x.data) && aligned16(w.values)) {
-    kc::MoeGroupedGemmParams p;
-    p.format = w.precision == Precision::kFP8 ? kc::MoeWeightFormat::kFP8 : kc::MoeWeightFormat::kBF16;
-    p.rows = x.rows;
-    p.num_experts = 1;
-    p.n = w.rows;
-    p.k = w.cols;
-    p.x = static_cast<const uint16_t*>(x.data);
-    p.x_ld = x.stride;
-    p.w = w.values;
-    p.w_ld = w.stride;
-    p.w_matrix_stride = w.rows * w.stride;
-    if (w.precision == Precision::kFP8) {
-      p.w_scale = w.scales;
-      p.w_scale_ld = w.scale_ld;
-      p.w_scale_matrix_stride = (w.rows + kc::kFp8GroupSize - 1) / kc::kFp8GroupSize * w.scale_ld;
-    }
-    p.y = static_cast<uint16_t*>(y.data);
-    p.y_ld = y.stride;
-    p.num_sms = num_sms_;
-    p.stream = stream_;
+    const kc::MoeGroupedGemmParams p = one_matrix_params(x, w, y.data, y.stride, num_sms_, stream_);
     if (kc::moe_grouped_params_valid(p)) {  // else (an unpadded FP8 row stride) cuBLAS below
       check_cuda(kc::run_moe_grouped_gemm(p), "linear (streaming, a few rows)");
       return;
