@@ -102,6 +102,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     std::string master_addr = "127.0.0.1";
     int32_t master_port = 0;
     int32_t internal_tp_rank = 0;  // > 0: this process is that rank of rank 0's group (started by rank 0)
+    int32_t internal_dp_master_port = 0;  // with internal_tp_rank and data parallel: the data-parallel store's port
     int32_t data_parallel_size = 1, data_parallel_rank = 0;
     // The seed's cluster flags (its launch scripts run as written: each is honoured, or refused at startup naming
     // what this build lacks).
@@ -191,6 +192,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "This server's rank, 0 to --data-parallel-size - 1")
       ->capture_default_str();
   cmd->add_option("--internal-tp-rank", options->internal_tp_rank)
+      ->group("")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--internal-dp-master-port", options->internal_dp_master_port)
       ->group("")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--pipeline-parallel-size", options->pipeline_parallel_size,
@@ -431,8 +435,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
         return fail(dp + " with --expert-parallel-size " + std::to_string(options->expert_parallel_size) +
                     ": the data-parallel ranks hold the routed experts between them (give both the same size)");
       }
-      if (options->tensor_parallel_size > 1 || options->cluster_nodes > 1) {
-        return fail(dp + " with --tensor-parallel-size or --nnodes > 1: each data-parallel rank is one process in "
+      if (options->cluster_nodes > 1) {
+        return fail(dp + " with --nnodes > 1: a data-parallel rank's tensor-parallel ranks run on its own host in "
                     "this build (start each rank where it runs, with --master-addr pointing at rank 0's host)");
       }
       if (typed("--master-port").value_or("0") == "0") {
@@ -648,12 +652,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   std::to_string(config->vocab_size) + ": wrong tokenizer for this checkpoint?");
     }
 
-    // MTP drafts run tensor-parallel (the MTP layer splits as a decoder layer); the DSpark module's passes do not.
-    if (options->tensor_parallel_size > 1 && speculative->algorithm == engine::SpeculativeAlgorithm::kDspark &&
-        config->dspark.has_value()) {
-      return fail("--tensor-parallel-size > 1 with --dspark-enable on a checkpoint with a DSpark draft module: the "
-                  "module's passes are not tensor-parallel in this build (--speculative-algorithm mtp is)");
-    }
     // Tensor parallel: rank 0 (this process, the server) starts the other ranks; they load their shards and follow.
     std::unique_ptr<TensorParallelGroup> tp_group;
     // With several hosts, host R's first rank (R * local) is the process the user started there (a node leader).
@@ -662,7 +660,11 @@ std::function<int()> add_serve_command(CLI::App& app) {
     const bool tp_follower = tp_rank > 0;
     if (options->tensor_parallel_size > 1) {
       // What the hosts must agree on (several hosts): checked when each node leader joins, naming the difference.
-      GroupShape shape{options->tensor_parallel_size, options->cluster_nodes, local_ranks, {}};
+      GroupShape shape{options->tensor_parallel_size, options->cluster_nodes, local_ranks, {}, {}};
+      // Inside a data-parallel rank, --master-port is the data-parallel group's store: the tensor-parallel group
+      // takes any free port of its own, and its ranks are told the data-parallel store's (each joins the expert
+      // exchange of its tensor-parallel index there).
+      if (data_parallel) shape.rank_args = {"--internal-dp-master-port", std::to_string(options->master_port)};
       if (options->cluster_nodes > 1 && options->internal_tp_rank == 0) {
         Result<kvcache::ModelFingerprint> fingerprint = engine::checkpoint_fingerprint(model_path, "");
         if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
@@ -673,16 +675,20 @@ std::function<int()> add_serve_command(CLI::App& app) {
                                                                     options->master_addr, options->master_port)
           : tp_rank > 0
               ? TensorParallelGroup::lead_node(options->node_rank, shape, options->master_addr, options->master_port)
-              : TensorParallelGroup::lead(shape, options->master_addr, options->master_port);
+              : TensorParallelGroup::lead(shape, options->master_addr, data_parallel ? 0 : options->master_port);
       if (!group.ok()) return fail(group.status().to_string());
       tp_group = std::move(group).value();
     }
-    if (data_parallel && speculative->enabled()) {
-      return fail("--data-parallel-size with speculative decoding: the ranks step in lock step with one pass per "
-                  "step; draft passes are not in this build");
-    }
     std::unique_ptr<DataParallelGroup> dp_group;
-    if (data_parallel) {
+    if (data_parallel && tp_follower) {
+      // Tensor-parallel rank t of data-parallel rank d: the experts' exchange among the ranks t of every
+      // data-parallel rank (rank 0 of each tensor-parallel group is in the data-parallel group itself).
+      Result<std::unique_ptr<DataParallelGroup>> link =
+          DataParallelGroup::join_tensor_rank(tp_rank, options->data_parallel_rank, options->data_parallel_size,
+                                              options->master_addr, options->internal_dp_master_port);
+      if (!link.ok()) return fail(link.status().to_string());
+      dp_group = std::move(link).value();
+    } else if (data_parallel) {
       // What the ranks must agree on: the checkpoint, and every flag that places the experts or times the passes.
       Result<kvcache::ModelFingerprint> fingerprint = engine::checkpoint_fingerprint(model_path, "");
       if (!fingerprint.ok()) return fail(fingerprint.status().to_string());
@@ -694,7 +700,14 @@ std::function<int()> add_serve_command(CLI::App& app) {
           {"--eplb-policy", options->eplb_policy},
           {"--moe-capacity-factor", std::to_string(options->moe_capacity_factor)},
           {"--bf16", options->device.bf16 ? "on" : "off"},
-          {"--role", options->role}};  // a group is one pool: its ranks all prefill, all decode or all both
+          {"--role", options->role},  // a group is one pool: its ranks all prefill, all decode or all both
+          // Every data-parallel rank's tensor-parallel rank t joins the expert exchange of index t.
+          {"--tensor-parallel-size", std::to_string(options->tensor_parallel_size)},
+          // DSpark measures its step times at startup with target passes, which every rank must make alike.
+          {"--speculative-algorithm", speculative->algorithm == engine::SpeculativeAlgorithm::kDspark
+                                          ? "dspark (or --dspark-enable)"
+                                      : speculative->algorithm == engine::SpeculativeAlgorithm::kMtp ? "mtp"
+                                                                                                      : "none"}};
       Result<std::unique_ptr<DataParallelGroup>> group =
           DataParallelGroup::join(options->data_parallel_rank, options->data_parallel_size, options->master_addr,
                                   options->master_port, settings);

@@ -109,6 +109,33 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int
   return group;
 }
 
+Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join_tensor_rank(int tp_rank, int rank, int size,
+                                                                               const std::string& master_addr,
+                                                                               int master_port) {
+  std::unique_ptr<DataParallelGroup> group(new DataParallelGroup());
+  group->rank_ = rank;
+  group->size_ = size;
+  group->tensor_rank_ = true;
+  Result<std::unique_ptr<backend::TcpStore>> store = backend::connect_tcp_store(master_addr, master_port, 60s);
+  if (!store.ok()) {
+    return Status::io_error("data parallel: tensor-parallel rank " + std::to_string(tp_rank) + " of rank " +
+                            std::to_string(rank) + ": reaching the rendezvous store at " + master_addr + ":" +
+                            std::to_string(master_port) + ": " + store.status().message());
+  }
+  group->store_ = std::move(store).value();
+  Result<std::string> local = local_address_toward(master_addr, master_port);
+  if (!local.ok()) return local.status();
+  Result<std::unique_ptr<backend::Communicator>> comm = backend::make_gloo_communicator(
+      *group->store_, "dp-tp" + std::to_string(tp_rank), rank, size, *local, kCollectiveTimeout);
+  if (!comm.ok()) {
+    return Status::io_error("data parallel: tensor-parallel rank " + std::to_string(tp_rank) + " of rank " +
+                            std::to_string(rank) + ": the other ranks' tensor-parallel rank " +
+                            std::to_string(tp_rank) + " did not join within 60 s: " + comm.status().message());
+  }
+  group->comm_ = std::move(comm).value();
+  return group;
+}
+
 Result<bool> DataParallelGroup::any_pending(bool mine) {
   float pending = mine ? 1.0f : 0.0f;
   if (!failed_) comm_->all_reduce_sum(backend::Tensor{&pending, backend::DType::kF32, 1, 1, 1});
@@ -166,7 +193,7 @@ std::string DataParallelGroup::leave_reason() {
 }
 
 void DataParallelGroup::leave_because(const std::string& why) {
-  if (left_ || store_ == nullptr) return;
+  if (left_ || store_ == nullptr || tensor_rank_) return;
   left_ = true;
   (void)store_->set("dp/left/" + std::to_string(rank_), std::as_bytes(std::span(why)));
 }

@@ -43,6 +43,13 @@ class DataParallelGroup final : public engine::StepGroup {
   // values), IoError (the store; not every rank joined), Internal (the Gloo group).
   static Result<std::unique_ptr<DataParallelGroup>> join(int rank, int size, const std::string& master_addr,
                                                          int master_port, const GroupSettings& settings);
+  // Data parallel with tensor parallel inside each rank: tensor-parallel rank `tp_rank` (> 0, started by its
+  // data-parallel rank's leader) of data-parallel rank `rank` joins the group of the ranks `tp_rank` of every
+  // data-parallel rank (waiting up to 60 s for them), over which its model exchanges the experts' tokens (rank 0 of
+  // each tensor-parallel group exchanges over the data-parallel group itself). Only communicator() is for use: the
+  // lock step is the leaders' (this rank follows its leader's passes). Errors: IoError (the store, the rendezvous).
+  static Result<std::unique_ptr<DataParallelGroup>> join_tensor_rank(int tp_rank, int rank, int size,
+                                                                     const std::string& master_addr, int master_port);
   ~DataParallelGroup() override;
   backend::Communicator& communicator() { return *comm_; }
   Result<bool> any_pending(bool mine) override;
@@ -73,6 +80,7 @@ class DataParallelGroup final : public engine::StepGroup {
   std::string leave_reason();
   bool left_ = false;
   bool claimed_ = false;  // this rank's index is claimed in the store
+  bool tensor_rank_ = false;  // join_tensor_rank's: no index of its own, nothing to say when it leaves
   std::string why_;       // which rank left, when one said so
   int64_t idle_answers_ = 0;  // consecutive "nobody has work"
 };

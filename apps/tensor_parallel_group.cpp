@@ -294,6 +294,7 @@ Status TensorParallelGroup::spawn(int first, int last, const std::string& master
     std::vector<std::string> args = self;
     args.insert(args.end(), {"--internal-tp-rank", std::to_string(rank), "--master-addr", master_addr,
                              "--master-port", std::to_string(master_port)});
+    args.insert(args.end(), shape_.rank_args.begin(), shape_.rank_args.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

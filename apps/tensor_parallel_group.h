@@ -49,6 +49,7 @@ struct GroupShape {
   int nnodes = 1;      // --nnodes
   int local_size = 1;  // ranks on each host (size / nnodes)
   std::string model;   // the checkpoint's fingerprint (hex); empty: not compared
+  std::vector<std::string> rank_args;  // appended to the command line of the ranks this process starts
 };
 
 class LiveRequests;

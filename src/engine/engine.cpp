@@ -9,7 +9,10 @@
 
 #include <omp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -231,24 +234,61 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
                              std::span<const backend::Buffer> layer_caches, int32_t num_blocks, int32_t max_num_seqs,
                              int32_t max_rows, bool dspark_module) {
   namespace fs = std::filesystem;
+  // What this rank would do: 0 nothing ('const'), 1 use the file's table, 2 measure.
+  int mode = 2;
+  Result<StepTimes> loaded = Status::not_found("no step-time table file");
+  const fs::path path = config.step_time_table == "const" ? fs::path() : fs::path(config.step_time_table);
   if (config.step_time_table == "const") {
-    spdlog::info("dspark: step times 'const' (every draft made and verified)");
-    return StepTimes{};
-  }
-  const fs::path path = config.step_time_table;
-  if (!path.empty() && fs::exists(path)) {
+    mode = 0;
+  } else if (!path.empty() && fs::exists(path)) {
     std::ifstream in(path);
     std::stringstream text;
     text << in.rdbuf();
-    Result<StepTimes> loaded = StepTimes::from_json(text.str(), config.identity);
+    loaded = StepTimes::from_json(text.str(), config.identity);
     if (loaded.ok() && !loaded->verify.empty() && !loaded->draft.empty() && !loaded->mtp_kv.empty() &&
         loaded->verify.points().back().first >= max_rows) {
-      spdlog::info("dspark: step times from {}", path.string());
-      return loaded;
+      mode = 1;
+    } else {
+      spdlog::info("dspark: measuring the step times again ({})",
+                   loaded.ok() ? "the file has an empty table or stops short of " + std::to_string(max_rows) + " rows"
+                               : loaded.status().message());
     }
-    spdlog::info("dspark: measuring the step times again ({})",
-                 loaded.ok() ? "the file has an empty table or stops short of " + std::to_string(max_rows) + " rows"
-                             : loaded.status().message());
+  }
+  // Data-parallel ranks in lock step (expert parallel, tokens exchanged): the measurement's target passes exchange
+  // tokens in every MoE layer, so either every rank measures, making the same passes, or none does. The ranks agree
+  // first: a rank whose table file is missing or stale makes all of them measure.
+  const model::ExpertParallel& ep = model.expert_parallel();
+  if (ep.size > 1 && ep.comm != nullptr && !ep.replicated_tokens) {
+    const int size = ep.comm->size();
+    std::array<float, 4> mine{static_cast<float>(mode), static_cast<float>(num_blocks),
+                              static_cast<float>(max_num_seqs), static_cast<float>(max_rows)};
+    std::vector<float> all(static_cast<size_t>(size) * mine.size());
+    ep.comm->all_gather_rows(backend::Tensor{mine.data(), backend::DType::kF32, 1, 4, 4},
+                             backend::Tensor{all.data(), backend::DType::kF32, size, 4, 4});
+    if (Status s = ep.comm->status(); !s.ok()) return s;
+    static constexpr const char* kWhat[4] = {"--dspark-step-time-table const", "KV cache blocks", "--max-num-seqs",
+                                             "rows per step"};
+    for (int r = 0; r < size; ++r) {
+      for (size_t k = 0; k < mine.size(); ++k) {
+        const float theirs = all[static_cast<size_t>(r) * mine.size() + k];
+        const bool differs = k == 0 ? (theirs == 0.0f) != (mine[0] == 0.0f) : theirs != mine[k];
+        if (!differs) continue;
+        auto value = [&](float v) { return k == 0 ? std::string(v == 0.0f ? "on" : "off") : fmt::format("{}", v); };
+        return Status::failed_precondition(
+            fmt::format("dspark: the data-parallel ranks must measure the step times alike, but {} is {} on rank {} "
+                        "and {} on rank {}",
+                        kWhat[k], value(theirs), r, value(mine[k]), ep.comm->rank()));
+      }
+      if (all[static_cast<size_t>(r) * mine.size()] == 2.0f) mode = mode == 0 ? 0 : 2;
+    }
+  }
+  if (mode == 0) {
+    spdlog::info("dspark: step times 'const' (every draft made and verified)");
+    return StepTimes{};
+  }
+  if (mode == 1) {
+    spdlog::info("dspark: step times from {}", path.string());
+    return loaded;
   }
   const auto start = std::chrono::steady_clock::now();
   Result<StepTimes> measured = measure_step_times(model, layer_caches, num_blocks, max_num_seqs, max_rows, dspark_module);
@@ -266,7 +306,8 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
   if (!path.empty()) {
     std::error_code error;
     if (path.has_parent_path()) fs::create_directories(path.parent_path(), error);
-    const fs::path temporary = path.string() + ".tmp";
+    // Per process: data-parallel ranks on one host measure at once and write the same file.
+    const fs::path temporary = path.string() + ".tmp." + std::to_string(::getpid());
     {
       std::ofstream out(temporary, std::ios::trunc);
       out << measured->to_json(config.identity) << "\n";
@@ -497,9 +538,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
 }
 
 Status Engine::set_lockstep(bool on) {
-  if (on && (model_ == nullptr || mtp_executor_ != nullptr)) {
-    return Status::failed_precondition("lock-step passes need a V2/V3 model and one pass per step (no speculative "
-                                       "decoding)");
+  // Speculative decoding keeps one target pass per step (the verify); its draft passes (the MTP layer, whose experts
+  // every rank holds whole, or the dense DSpark module) exchange nothing, so the ranks may draft differently.
+  if (on && model_ == nullptr) {
+    return Status::failed_precondition("lock-step passes need a V2/V3 model (DeepSeekModel)");
   }
   lockstep_ = on;
   return Status();

@@ -1274,6 +1274,31 @@ Status DeepSeekModel::follow() {
         (void)s;  // as a forward pass's: it failed on rank 0 too
         break;
       }
+      case kDsparkInjectCommand:
+      case kDsparkBlockCommand: {
+        // payload: the first stage cache's draft index, then the rows as a ForwardBatch (the context rows or the
+        // block's token ids as its token ids).
+        const int64_t stages = config_.dspark ? config_.dspark->num_stages() : 0;
+        if (payload.empty() || payload[0] < 0 ||
+            config_.num_hidden_layers + payload[0] + stages > static_cast<int64_t>(caches.size())) {
+          return Status::internal("tensor parallel: a malformed DSpark pass command");
+        }
+        Result<ForwardBatch> rows = decode_batch(std::span<const int64_t>(payload).subspan(1));
+        if (!rows.ok()) return rows.status();
+        const LayerCaches stage_caches = std::span<const Buffer>(caches).subspan(
+            static_cast<size_t>(config_.num_hidden_layers + payload[0]), static_cast<size_t>(stages));
+        std::vector<float> hidden;
+        const Status s =
+            header[0] == kDsparkInjectCommand
+                ? forward_dspark_inject(DsparkInjectBatch{std::move(rows->token_ids), std::move(rows->sequences)},
+                                        stage_caches)
+                : forward_dspark_block(DsparkBlockBatch{std::move(rows->token_ids), std::move(rows->sequences)},
+                                       stage_caches, logits, hidden);
+        if (Status group = tp_.comm->status(); !group.ok()) return group;
+        if (Status group = tp_.host().status(); !group.ok()) return group;
+        (void)s;  // as a forward pass's: it failed on rank 0 too
+        break;
+      }
       case kCachesCommand: {
         if (payload.size() != 1) return Status::internal("tensor parallel: a malformed caches command");
         caches.clear();
@@ -2110,9 +2135,25 @@ const DeepSeekModel::DsparkHeads* DeepSeekModel::dspark_heads() const {
   return weights_->dspark ? &weights_->dspark_heads : nullptr;
 }
 
+Result<int64_t> DeepSeekModel::stage_cache_index(const char* where, LayerCaches stage_caches) const {
+  const auto first = stage_caches.empty()
+                         ? draft_caches_.end()
+                         : std::find(draft_caches_.begin(), draft_caches_.end(), stage_caches[0].data());
+  const int64_t index = first - draft_caches_.begin();
+  bool consecutive = first != draft_caches_.end() &&
+                     index + static_cast<int64_t>(stage_caches.size()) <= static_cast<int64_t>(draft_caches_.size());
+  for (size_t s = 1; consecutive && s < stage_caches.size(); ++s) {
+    consecutive = draft_caches_[static_cast<size_t>(index) + s] == stage_caches[s].data();
+  }
+  if (!consecutive) {
+    return Status::invalid_argument(std::string(where) + ": with tensor parallel the stage caches must be consecutive "
+                                    "caches from make_draft_layer_cache (the other ranks keep their own copies)");
+  }
+  return index;
+}
+
 Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, LayerCaches stage_caches) {
-  if (tp_.size > 1) return Status::unsupported("forward_dspark_inject: speculative decoding with tensor parallel");
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
   const Weights& w = *weights_;
   if (!w.dspark) return Status::invalid_argument("forward_dspark_inject: the model has no DSpark draft module");
   const int64_t S = c.dspark->num_stages(), hidden = c.hidden_size, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
@@ -2138,6 +2179,15 @@ Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, Laye
     return s;
   }
   if (T == 0) return Status();
+  if (leading_) {
+    // The followers write the same entries into their copies of the stage caches (the latent is replicated).
+    Result<int64_t> first = stage_cache_index("forward_dspark_inject", stage_caches);
+    if (!first.ok()) return first.status();
+    std::vector<int64_t> payload{*first};
+    const std::vector<int64_t> encoded = encode_batch(ForwardBatch{batch.context_rows, batch.sequences, {}});
+    payload.insert(payload.end(), encoded.begin(), encoded.end());
+    send_command(kDsparkInjectCommand, std::move(payload));
+  }
   backend::StepLayout layout = step_layout(token_ids, {}, rows);
   layout.rows_start_at_zero = false;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
@@ -2166,8 +2216,8 @@ Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, Laye
 
 Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches,
                                            std::vector<float>& logits, std::vector<float>& hidden) {
-  if (tp_.size > 1) return Status::unsupported("forward_dspark_block: speculative decoding with tensor parallel");
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
+  backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   const Weights& w = *weights_;
   if (!w.dspark) return Status::invalid_argument("forward_dspark_block: the model has no DSpark draft module");
   const int64_t S = c.dspark->num_stages(), d = c.hidden_size;
@@ -2187,6 +2237,14 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   logits.clear();
   hidden.clear();
   if (T == 0) return Status();
+  if (leading_) {
+    Result<int64_t> first = stage_cache_index("forward_dspark_block", stage_caches);
+    if (!first.ok()) return first.status();
+    std::vector<int64_t> payload{*first};
+    const std::vector<int64_t> encoded = encode_batch(ForwardBatch{batch.token_ids, batch.sequences, {}});
+    payload.insert(payload.end(), encoded.begin(), encoded.end());
+    send_command(kDsparkBlockCommand, std::move(payload));
+  }
   if (Status s = reserve_scratch(T); !s.ok()) return s;
   kept_hidden_rows_ = 0;
   kept_context_rows_ = 0;  // the pass overwrites the scratch the kept states live in
@@ -2200,11 +2258,12 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   const DsparkModule& M = *w.dspark;
   const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
   auto device_work = [&] {
-    backend_.embed(*w.embed_tokens, t.x, 0);
+    backend_.embed(*w.embed_tokens, t.x, tp_.rank * (c.vocab_size / tp_.size));
+    if (tp) tp->all_reduce_sum(t.x);
     for (int64_t s = 0; s < S; ++s) {
       const Layer& L = M.stages[static_cast<size_t>(s)];
       backend_.rms_norm(t.x, L.input_layernorm, eps, t.normed);
-      decoder_layer(backend_, c, w, L, stage_caches[static_cast<size_t>(s)], t, /*use_expanded=*/false, nullptr);
+      decoder_layer(backend_, c, w, L, stage_caches[static_cast<size_t>(s)], t, /*use_expanded=*/false, tp);
       backend_.add(t.x, t.ffn);
     }
     backend_.rms_norm(t.x, M.norm, eps, t.projected);  // h_k, what the head and the confidence see
@@ -2223,7 +2282,11 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   } else {
     device_work();
   }
-  if (Status s = backend_.read_logits(logits); !s.ok()) return s;
+  // The compact head is whole on every rank; a shared lm_head is this rank's vocabulary slice: gathered.
+  if (Status s = tp != nullptr && !M.head ? read_gathered_logits(&logits, nullptr) : backend_.read_logits(logits);
+      !s.ok()) {
+    return group_failure(s);
+  }
   const size_t count = static_cast<size_t>(T * d);
   hidden.resize(count);
   if (backend_.activation_dtype() == backend::DType::kF32) {

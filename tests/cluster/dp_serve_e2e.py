@@ -19,6 +19,9 @@ Checks:
     --decode`: long prompts give the one-process text, their KV blocks sent by the prefill ranks and received by the
     decode ranks; kill -9 decode rank 1 while rank 0's requests wait for their KV blocks (a prefill peer that never
     answers): rank 0 answers each with a 503 and exits non-zero (regression: it exited, cutting their connections);
+  - speculative decoding (MTP K=2, DSpark with the demo's module) on two ranks gives the one-process text, the MTP
+    drafts accepted at the demo's rate; ranks whose DSpark step-time files differ agree to measure again;
+  - tensor parallel inside each rank (DP=2 x TP=2, four processes) gives the one-process text with EPLB running;
   - what data parallel does not take is refused at startup with a message naming it.
 Usage: dp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
 """
@@ -274,14 +277,69 @@ def main():
           "rank 1 failed to start its server" in log_text("late-rank0"),
           f"a rank 1 whose --kv-transfer-port is taken: both exit ({codes}), rank 0 saying rank 1 failed to start")
 
+    # Speculative decoding on data-parallel ranks: each step's verify is the one target pass the ranks make in lock
+    # step; the drafts are each rank's own (the MTP layer's experts are whole on every rank, the DSpark module is
+    # dense). MTP K=2 and DSpark with the demo's module give the one-process text; the MTP drafts are the real ones
+    # (accepted at the demo's rate; a rank drafting with only its own experts would not be). The DSpark pair starts
+    # twice: the second time rank 0 has its step-time table file and rank 1 has none, and the ranks agree to measure
+    # again (regression: rank 0 would skip the measurement's target passes while rank 1 waits in them).
+    tables = os.path.join(logdir, "dspark-tables")
+    for name, flags, restarts in [("mtp", ["--speculative-algorithm", "mtp", "--speculative-num-draft-tokens", "2"], 1),
+                                  ("dspark", ["--dspark-enable"], 2)]:
+        for attempt in range(restarts):
+            master, sports = free_port(), [free_port(), free_port()]
+            pair = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr", "127.0.0.1",
+                    "--master-port", str(master), *flags]
+            spec = []
+            for r in (0, 1):
+                table = ["--dspark-step-time-table", os.path.join(tables, f"rank{r}-{attempt * r}.json")] \
+                    if name == "dspark" else []
+                spec.append(serve(f"{name}{attempt}-rank{r}", sports[r], *pair, "--data-parallel-rank", str(r),
+                                  *table))
+            healthy = all(wait_health(p, seconds=120) for p in sports)
+            jobs = [(sports[k % 2], p) for k, p in enumerate(PROMPTS)]
+            got = all_at_once(jobs) if healthy else []
+            drafted = sum(metrics(p).get("deepinfer_spec_draft_tokens_total", 0) for p in sports) if healthy else 0
+            accepted = sum(metrics(p).get("deepinfer_spec_accepted_tokens_total", 0) for p in sports) if healthy else 0
+            measured = [log_text(f"{name}{attempt}-rank{r}").count("step times measured") for r in (0, 1)]
+            enough = accepted >= 0.3 * drafted if name == "mtp" else True
+            check(healthy and got == [want[p] for _, p in jobs] and enough and
+                  (name == "mtp" or measured == [1, 1]),
+                  f"{name} on two data-parallel ranks{' (rank 1 without its table file)' if attempt else ''}: "
+                  f"6 requests give the one-process text; {accepted:.0f} of {drafted:.0f} drafts accepted; step "
+                  f"times measured {measured}")
+            for p in spec:
+                p.terminate()
+            for p in spec:
+                exit_code(p, 30)
+
+    # Tensor parallel inside each data-parallel rank (DP=2 x TP=2: four processes): each rank's leader starts its
+    # tensor-parallel rank 1, which joins the expert exchange of index 1 with the other rank's; the experts spread
+    # over the data-parallel ranks and split over each rank's tensor-parallel pair. EPLB moves them while they run.
+    master, tports = free_port(), [free_port(), free_port()]
+    pair = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--tensor-parallel-size", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(master), "--num-redundant-experts", "2",
+            "--enable-eplb", "--eplb-rebalance-num-iterations", "5"]
+    dptp = [serve(f"dptp-rank{r}", tports[r], *pair, "--data-parallel-rank", str(r)) for r in (0, 1)]
+    healthy = all(wait_health(p, seconds=120) for p in tports)
+    jobs = [(tports[k % 2], p) for k, p in enumerate(PROMPTS * 2)]
+    got = all_at_once(jobs) if healthy else []
+    rebalances = [metrics(p).get("deepinfer_eplb_rebalances_total", 0) for p in tports] if healthy else []
+    check(healthy and got == [want[p] for _, p in jobs] and all(r > 0 for r in rebalances),
+          f"DP=2 x TP=2 (four processes): 12 requests over both ranks give the one-process text; EPLB rebalances "
+          f"{rebalances}")
+    for p in dptp:
+        p.terminate()
+    for p in dptp:
+        exit_code(p, 30)
+
     # Refusals at startup.
     base = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", str(free_port())]
     for args, words in [(["--data-parallel-size", "2", "--expert-parallel-size", "2"], "explicit --master-port"),
                         (["--data-parallel-size", "2", "--master-port", "29997"], "give both the same size"),
                         (base + ["--data-parallel-rank", "2"], "a rank, 0 to"),
                         (["--data-parallel-rank", "1"], "a rank, 0 to"),
-                        (base + ["--tensor-parallel-size", "2"], "one process in this build"),
-                        (base + ["--speculative-algorithm", "mtp"], "speculative decoding"),
+                        (base + ["--tensor-parallel-size", "2", "--nnodes", "2"], "run on its own host"),
                         (["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", "29996",
                           "--device", "cuda"], "runs on the CPU"),
                         (base + ["--master-addr", "0.0.0.0"], "not a wildcard"),

@@ -11,7 +11,8 @@ Checks:
     and after a restart one loaded from the disk tier, give the one-process server's text (rank 1 gets the blocks
     rank 0 loads), with MTP drafts too (the MTP layer's blocks); a TP=2 prefill worker's blocks imported by a TP=2
     decode worker give it too;
-  - MTP speculative decoding (K=2) with TP=2: plain decoding's text, and the drafts and acceptance of one process;
+  - MTP speculative decoding (K=2) and DSpark's module with TP=2: plain decoding's text, and the drafts and
+    acceptance of one process;
   - kill -9 rank 1: rank 0 reports it and exits non-zero within 10 s (no hang); the requests in flight get a 503
     naming the failed group;
   - kill -9 rank 0: rank 1 is gone within 10 s (it dies with its parent);
@@ -240,24 +241,28 @@ def spec_counts(port):
     return (m.get("deepinfer_spec_draft_tokens_total", 0), m.get("deepinfer_spec_accepted_tokens_total", 0))
 
 
-def mtp_drafts(single_port, prompts):
-    """MTP speculative decoding with tensor parallel: the MTP layer's pass runs on both ranks (split as a decoder
-    layer). The text equals plain decoding's (verification is exact), and the drafts and their acceptance equal a
-    one-process MTP server's: a wrong draft pass would still give the right text, but not the same acceptance."""
-    flags = ["--speculative-algorithm", "mtp", "--speculative-num-draft-tokens", "2"]
-    one, one_port, _ = start("mtp-tp1", *flags)
-    two, two_port, _ = start("mtp-tp2", "--tensor-parallel-size", "2", *flags)
-    texts = {}
-    for name, port in (("plain", single_port), ("tp1", one_port), ("tp2", two_port)):
-        texts[name] = [ask(port, p, max_tokens=32) for p in prompts]
-    counts = {name: spec_counts(port) for name, port in (("tp1", one_port), ("tp2", two_port))}
-    check(texts["tp2"] == texts["plain"] and texts["tp1"] == texts["plain"],
-          "MTP drafts (K=2) with TP=2: the text of plain decoding")
-    check(counts["tp2"] == counts["tp1"] and counts["tp1"][1] > 0,
-          f"MTP with TP=2: the same drafts and acceptance as one process (drafted, accepted: {counts})")
-    for p in (one, two):
-        p.send_signal(signal.SIGTERM)
-        p.wait(timeout=30)
+def spec_drafts(single_port, prompts):
+    """Speculative decoding with tensor parallel: the MTP layer's pass, and the DSpark module's injection and block
+    passes, run on both ranks (split as decoder layers; the module's compact head whole on each). The text equals
+    plain decoding's (verification is exact), and the drafts and their acceptance equal a one-process server's: a
+    wrong draft pass would still give the right text, but not the same acceptance. DSpark with the step-time table
+    'const' (every draft the confidence rule keeps is verified), so that its choices do not follow measured times."""
+    texts = {"plain": [ask(single_port, p, max_tokens=32) for p in prompts]}
+    for name, flags in (("MTP drafts (K=2)", ["--speculative-algorithm", "mtp", "--speculative-num-draft-tokens", "2"]),
+                        ("DSpark's module", ["--dspark-enable", "--dspark-step-time-table", "const"])):
+        tag = "mtp" if name.startswith("MTP") else "dspark"
+        one, one_port, _ = start(f"{tag}-tp1", *flags)
+        two, two_port, _ = start(f"{tag}-tp2", "--tensor-parallel-size", "2", *flags)
+        for run, port in (("tp1", one_port), ("tp2", two_port)):
+            texts[run] = [ask(port, p, max_tokens=32) for p in prompts]
+        counts = {run: spec_counts(port) for run, port in (("tp1", one_port), ("tp2", two_port))}
+        check(texts["tp2"] == texts["plain"] and texts["tp1"] == texts["plain"],
+              f"{name} with TP=2: the text of plain decoding")
+        check(counts["tp2"] == counts["tp1"] and counts["tp1"][1] > 0,
+              f"{name} with TP=2: the same drafts and acceptance as one process (drafted, accepted: {counts})")
+        for p in (one, two):
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
 
 
 def main():
@@ -290,7 +295,7 @@ def main():
     ep.send_signal(signal.SIGTERM)
     ep.wait(timeout=30)
     tiers_and_roles(single_port)
-    mtp_drafts(single_port, prompts)
+    spec_drafts(single_port, prompts)
     single.send_signal(signal.SIGTERM)
 
     # kill -9 rank 1 while requests run: rank 0 exits non-zero within 10 s; the requests get a 503 saying why.
@@ -527,7 +532,6 @@ def main():
                         (["--tensor-parallel-size", "2", "--node-rank", "1"], "a host index"),
                         (["--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", "29999", "--node-rank", "2"],
                          "a host index"),
-                        (["--tensor-parallel-size", "2", "--dspark-enable"], "DSpark draft module"),
                         (["--tensor-parallel-size", "2", "--role", "prefill", "--kv-transfer-port", "29998",
                           "--master-port", "29998"], "is also --kv-transfer-port"),
                         (["--tensor-parallel-size", "3"], "num_attention_heads"),

@@ -277,17 +277,33 @@ TEST(EngineTest, LockStepRunsEmptyPassesAndKeepsOutputsExact) {
   const SequenceId id = *engine->submit(ref.prompts[0], greedy_params());
   Outcome outcome = drain(*engine);
   EXPECT_EQ(outcome.tokens[id], ref.greedy[0]);
-  // A pass per step is what the group counts on: speculative decoding's draft passes are refused.
+  // Speculative decoding in lock step: the verify is the step's one target pass (an idle step still makes one); the
+  // draft passes are this engine's own. Greedy output stays plain decoding's.
+  auto demo = [&](const EngineConfig& engine_config) {
+    auto backend = backend::make_cpu_backend();
+    auto model = model::DeepSeekModel::load(deepinfer::testing::source_path("models/demo"), *backend,
+                                            backend::Precision::kF32);
+    EXPECT_TRUE(model.ok()) << model.status().to_string();
+    return Engine::create(std::move(backend), std::move(model).value(), engine_config);
+  };
   EngineConfig speculative = config;
   speculative.speculative.algorithm = SpeculativeAlgorithm::kMtp;
-  speculative.speculative.num_draft_tokens = 1;
-  auto backend = backend::make_cpu_backend();
-  auto model = model::DeepSeekModel::load(deepinfer::testing::source_path("models/demo"), *backend,
-                                          backend::Precision::kF32);
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
-  auto drafting = Engine::create(std::move(backend), std::move(model).value(), speculative);
+  speculative.speculative.num_draft_tokens = 2;
+  auto drafting = demo(speculative);
   ASSERT_TRUE(drafting.ok()) << drafting.status().to_string();
-  EXPECT_EQ((*drafting)->set_lockstep(true).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*drafting)->set_lockstep(true).ok());
+  auto idle_draft = (*drafting)->step();
+  ASSERT_TRUE(idle_draft.ok()) << idle_draft.status().to_string();
+  EXPECT_TRUE(idle_draft->empty());
+  auto plain = demo(config);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  const std::vector<TokenId> prompt = {0, 1001, 4117, 344, 15390, 33, 2000};
+  const SequenceId want_id = *(*plain)->submit(prompt, greedy_params());
+  const SequenceId got_id = *(*drafting)->submit(prompt, greedy_params());
+  Outcome want = drain(**plain), got = drain(**drafting);
+  EXPECT_FALSE(want.tokens[want_id].empty());
+  EXPECT_EQ(got.tokens[got_id], want.tokens[want_id]);
+  EXPECT_GT((*drafting)->speculative_stats().draft_tokens, 0);
 }
 
 // A group double: answers whether any engine has work as told, records what this engine said.

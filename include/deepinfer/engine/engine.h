@@ -188,9 +188,11 @@ class Engine {
   Status cancel(SequenceId id);
   // Runs one step. Returns the events of the step (new tokens, finishes).
   Result<std::vector<TokenEvent>> step();
-  // Data parallel with expert parallel (StepGroup): in lock step every step() runs exactly one model pass, an empty
-  // one when nothing is scheduled (the MoE layers' exchanges need every rank). Only with a V2/V3 model and one pass
-  // per step (no speculative decoding): else FailedPrecondition.
+  // Data parallel with expert parallel (StepGroup): in lock step every step() runs exactly one target pass, an empty
+  // one when nothing is scheduled (the MoE layers' exchanges need every rank). With speculative decoding that pass
+  // is the verify; the draft passes exchange nothing (the MTP layer's experts are whole on every rank, the DSpark
+  // module is dense), so each rank drafts as its own planner says. Only with a V2/V3 model: else
+  // FailedPrecondition.
   Status set_lockstep(bool on);
   bool has_pending_work() const { return scheduler_.has_pending_work(); }
 

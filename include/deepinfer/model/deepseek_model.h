@@ -86,8 +86,9 @@ struct MtpBatch {
 //     are all-reduced, the logits' gathered, so every rank returns the whole vocabulary's logits.
 // Requires num_attention_heads, intermediate_size, moe_intermediate_size and vocab_size divisible by size. An MTP layer
 // splits as a decoder layer does (its eh_proj, norms and the latent replicated; the shared embedding and lm_head
-// vocabulary-parallel), so forward_mtp() runs tensor-parallel; the DSpark module's passes (forward_dspark_*) are
-// Unsupported with size > 1. size 1: the unsharded model (comm unused).
+// vocabulary-parallel), so forward_mtp() runs tensor-parallel; so do the DSpark module's passes (forward_dspark_*):
+// its stages split as decoder layers, main_proj and its own compact head (if any) replicated, the embedding and a
+// shared lm_head vocabulary-parallel (logits gathered). size 1: the unsharded model (comm unused).
 struct TensorParallel {
   int rank = 0, size = 1;
   backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
@@ -184,6 +185,7 @@ class DeepSeekModel {
 
   const ModelConfig& config() const;
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ExpertParallel& expert_parallel() const { return ep_; }
 
   // Serving with tensor parallel: rank 0 leads — its engine schedules, and each forward()/forward_greedy() and
   // make_layer_caches() is first broadcast to the other ranks as a command — and every other rank follows: follow()
@@ -370,7 +372,10 @@ class DeepSeekModel {
   // lead(): sends a command (kind, then its payload) to the followers.
   static constexpr uint64_t kStopCommand = 0, kCachesCommand = 1, kForwardCommand = 2, kForwardGreedyCommand = 3,
                             kRebalanceCommand = 4, kWriteBlocksCommand = 5, kDraftCacheCommand = 6,
-                            kForwardMtpCommand = 7;
+                            kForwardMtpCommand = 7, kDsparkInjectCommand = 8, kDsparkBlockCommand = 9;
+  // Tensor parallel, leader: the index in draft_caches_ of stage_caches[0], the S stage caches consecutive there
+  // (the followers' copies of the same index); InvalidArgument when they are not draft caches.
+  Result<int64_t> stage_cache_index(const char* where, LayerCaches stage_caches) const;
   // The draft layer caches made since the last make_layer_caches(), in order (the followers' commands name the index).
   mutable std::vector<const void*> draft_caches_;
   EplbSchedule eplb_schedule_;
