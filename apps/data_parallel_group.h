@@ -7,7 +7,8 @@
 // the group's size against rank 0's, and joins a Gloo group of all ranks, listening on its local address toward the
 // master. The model's MoE layers exchange tokens over that group (ExpertParallel, all-to-all dispatch and combine);
 // the engines step in lock step through it (engine::StepGroup: one all-reduce per engine-thread iteration says
-// whether any rank has work).
+// whether any rank has work). A rank may be a tensor-parallel group: its leader is the rank here, and its rank t > 0
+// joins the expert exchange of index t with the other ranks' rank t (join_tensor_rank).
 // Faults: a collective that fails (a rank died, closed, or stopped answering for the 60 s collective timeout) ends
 // the group for good: any_pending() returns ShuttingDown naming it (the engine client ends its live requests with it:
 // a 503) and calls the stop set by on_failure() (serve: the server stops at once, answering the requests that were
