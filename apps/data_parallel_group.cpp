@@ -152,18 +152,6 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
       if (why.empty() && rank_ != 0 && !store_->add("dp/alive", 0).ok()) why = "rank 0 (it serves the store) is gone; ";
       spdlog::error("data parallel: rank {} of {}: the group failed ({}{}); stopping the server", rank_, size_, why,
                     s.message());
-      // The engine client ends the live requests with the error below; the stop answers the ones not in the engine
-      // yet. Their connections need a moment to write it; without a stop (or should it hang), the process ends here.
-      std::function<void()> stop;
-      {
-        std::lock_guard lock(stop_mu_);  // failed_ is set: a later on_failure() calls its stop itself
-        stop = stop_;
-      }
-      if (stop) stop();
-      std::thread([has_stop = static_cast<bool>(stop)] {
-        std::this_thread::sleep_for(has_stop ? 10s : 500ms);
-        std::_Exit(1);
-      }).detach();
     }
     return Status::shutting_down("the server is stopping: its data-parallel group failed (" + why_ + s.message() + ")");
   }
@@ -171,15 +159,29 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
   return pending > 0.0f;
 }
 
+void DataParallelGroup::stop_after_failure() {
+  // The engine client has ended the live requests with the group's error (and tells later ones the same); the stop
+  // answers the ones not in the engine yet. Their connections need a moment to write it; without a stop (or should
+  // it hang), the process ends here.
+  std::function<void()> stop;
+  {
+    std::lock_guard lock(stop_mu_);  // failed_ is set: a later on_failure() calls its stop itself
+    stop = stop_;
+  }
+  if (stop) stop();
+  std::thread([has_stop = static_cast<bool>(stop)] {
+    std::this_thread::sleep_for(has_stop ? 10s : 500ms);
+    std::_Exit(1);
+  }).detach();
+}
+
 void DataParallelGroup::on_failure(std::function<void()> stop) {
   {
     std::lock_guard lock(stop_mu_);
-    if (!failed_) {
-      stop_ = std::move(stop);
-      return;
-    }
+    stop_ = stop;
+    if (!failed_) return;
   }
-  if (stop) stop();  // the group failed before the server started
+  if (stop) stop();  // the group failed before the server started (a second stop_after_failure() call is harmless)
 }
 
 void DataParallelGroup::set_leave_reason(std::string why) {

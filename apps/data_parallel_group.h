@@ -11,7 +11,7 @@
 // joins the expert exchange of index t with the other ranks' rank t (join_tensor_rank).
 // Faults: a collective that fails (a rank died, closed, or stopped answering for the 60 s collective timeout) ends
 // the group for good: any_pending() returns ShuttingDown naming it (the engine client ends its live requests with it:
-// a 503) and calls the stop set by on_failure() (serve: the server stops at once, answering the requests that were
+// a 503, and tells later ones the same) and then stop_after_failure() calls the stop set by on_failure() (serve: the server stops at once, answering the requests that were
 // not in the engine yet, e.g. waiting for their KV blocks, with a 503 too); the process exits 1 (at the latest 10 s
 // later: a stop that hangs on the dead group is cut short). A rank that stops (SIGTERM) leaves the group: the others then
 // stop too. CPU only in this build (the CUDA MoE kernels do not take given routing).
@@ -68,6 +68,9 @@ class DataParallelGroup final : public engine::StepGroup {
   // Thread-safe; a failure before it is set calls it here; an empty function clears it (before the server goes).
   void on_failure(std::function<void()> stop);
   bool failed() const { return failed_.load(); }
+  // The engine client ended its requests with the failure: calls the stop set by on_failure() (the server's), and
+  // ends the process 10 s later (500 ms without a stop) should that stop hang on the dead group.
+  void stop_after_failure() override;
 
  private:
   DataParallelGroup() = default;

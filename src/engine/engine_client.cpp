@@ -70,22 +70,28 @@ EngineClient::Ticket InProcessEngineClient::submit(std::vector<TokenId> prompt, 
                                       std::shared_ptr<EventSink> sink, KvHandoff handoff) {
   Ticket ticket;
   bool stopped = false;
+  Status why;
   {
     std::lock_guard lock(mu_);
     ticket = next_ticket_++;
     stopped = stopping_;
     if (!stopped) commands_.push_back(Submit{ticket, std::move(prompt), std::move(params), sink, std::move(handoff)});
+    if (stopped) why = stopping_status();
   }
   if (stopped) {  // the engine thread is gone: answer here
     GenerationEvent event;
     event.event.finished = true;
     event.event.finish_reason = FinishReason::kCancelled;
-    event.error = Status::shutting_down("the server is shutting down");
+    event.error = why;
     sink->deliver({std::move(event)});
     return ticket;
   }
   wake_.notify_one();
   return ticket;
+}
+
+Status InProcessEngineClient::stopping_status() const {
+  return Status::shutting_down(stop_reason_.empty() ? "the server is shutting down" : stop_reason_);
 }
 
 void InProcessEngineClient::cancel(Ticket ticket) {
@@ -99,15 +105,18 @@ void InProcessEngineClient::cancel(Ticket ticket) {
 
 void InProcessEngineClient::reserve_kv_blocks(std::vector<TokenId> tokens,
                                               std::function<void(Result<KvReservation>)> done) {
+  Status why;
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
       commands_.push_back(Reserve{std::move(tokens), std::move(done)});
       done = nullptr;
+    } else {
+      why = stopping_status();
     }
   }
   if (done) {  // the engine thread is gone: answer here
-    done(Status::shutting_down("the server is shutting down"));
+    done(why);
     return;
   }
   wake_.notify_one();
@@ -195,6 +204,7 @@ void InProcessEngineClient::run() {
   std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands;
   while (true) {
     bool stopping = false;
+    Status stopped_with;
     busy_since_ns_ = 0;
     {
       std::unique_lock lock(mu_);
@@ -206,6 +216,7 @@ void InProcessEngineClient::run() {
       }
       commands.swap(commands_);
       stopping = stopping_;
+      if (stopping) stopped_with = stopping_status();
     }
     busy_since_ns_ = steady_now_ns();
     for (auto& command : commands) {
@@ -214,13 +225,13 @@ void InProcessEngineClient::run() {
           GenerationEvent event;
           event.event.finished = true;
           event.event.finish_reason = FinishReason::kCancelled;
-          event.error = Status::shutting_down("the server is shutting down");
+          event.error = stopped_with;
           submit->sink->deliver({std::move(event)});
         } else {
           apply(*submit);
         }
       } else if (auto* reserve = std::get_if<Reserve>(&command)) {
-        reserve->done(stopping ? Result<KvReservation>(Status::shutting_down("the server is shutting down"))
+        reserve->done(stopping ? Result<KvReservation>(stopped_with)
                                : engine_->reserve_kv_blocks(reserve->tokens));
       } else if (auto* release = std::get_if<Release>(&command)) {
         engine_->release_kv_blocks(release->reservation);
@@ -230,7 +241,7 @@ void InProcessEngineClient::run() {
     }
     commands.clear();
     if (stopping) {
-      fail_all(Status::shutting_down("the server is shutting down"));
+      fail_all(stopped_with);
       // The cancellations below need no pass: this engine leaves the group here (the others' next question fails).
       if (group_ != nullptr) {
         (void)engine_->set_lockstep(false);
@@ -248,9 +259,16 @@ void InProcessEngineClient::run() {
       Result<bool> any = group_->any_pending(step);
       if (!any.ok()) {
         spdlog::error("data-parallel group: {}", any.status().to_string());
-        fail_all(any.status().code() == StatusCode::kShuttingDown ? any.status()
-                                                                  : Status::shutting_down(any.status().message()));
+        const Status failed = any.status().code() == StatusCode::kShuttingDown
+                                  ? any.status()
+                                  : Status::shutting_down(any.status().message());
+        {
+          std::lock_guard lock(mu_);
+          stop_reason_ = failed.message();  // what the requests that come while the server stops are told
+        }
+        fail_all(failed);
         (void)engine_->set_lockstep(false);
+        group_->stop_after_failure();
         group_ = nullptr;  // gone: this engine steps alone until the server stops
         publish_load();
         continue;

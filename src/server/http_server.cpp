@@ -897,6 +897,14 @@ awaitable<int> Server::Impl::dispatch(std::shared_ptr<Connection> conn, Request&
   if (route == Route::kModels && path != "/v1/models") route = Route::kModel;
   switch (route) {
     case Route::kHealth: {
+      if (draining) {
+        // Still answering its in-flight requests, taking no new ones: out of a router's or load balancer's rotation.
+        boost::json::object body{{"status", "draining"},
+                                 {"error", fmt::format("the server is shutting down: it finishes its {} in-flight "
+                                                       "request(s) and takes no new ones",
+                                                       active.load() - 1)}};  // not counting this probe
+        co_return co_await send(*conn, info, 503, boost::json::serialize(body), kJson);
+      }
       const double busy = client->load().busy_seconds;
       if (config.health_max_step_seconds > 0 && busy > config.health_max_step_seconds) {
         boost::json::object body{

@@ -256,7 +256,9 @@ def main():
         t.join(timeout=30)
     stall.close()
     statuses = [waiting.get(k, (None, "no answer"))[0] for k in range(3)]
-    check(statuses == [503] * 3 and code not in (None, 0),
+    # ... each naming why (regression: a bare "the server is shutting down").
+    named = all("group failed" in str(waiting.get(k, ("", ""))[1]) for k in range(3))
+    check(statuses == [503] * 3 and named and code not in (None, 0),
           f"kill -9 decode rank 1 while 3 requests on rank 0 wait for KV blocks: they got {statuses} "
           f"({str(waiting.get(0, ('', ''))[1])[:100]!r}), rank 0 exited {code} after {elapsed:.1f} s")
 

@@ -222,8 +222,16 @@ TEST(HardeningTest, DrainDeadlineEndsStreamsWithAnErrorEventAndStops) {
     if (metric_value(TestClient(port).get("/metrics").body, "deepinfer_num_requests_running") == 4) break;
     std::this_thread::sleep_for(10ms);
   }
+  TestClient prober(port);  // a keep-alive connection opened before the drain (new ones are refused then)
+  EXPECT_EQ(prober.get("/health").status, 200);
   const auto start = std::chrono::steady_clock::now();
   server->shutdown(/*drain=*/true);
+  // While it drains, /health says so on a connection still open (a router or load balancer stops sending it
+  // requests; regression: 200).
+  std::this_thread::sleep_for(50ms);
+  const HttpResponse health = prober.get("/health");
+  EXPECT_EQ(health.status, 503) << health.body;
+  EXPECT_NE(health.body.find("draining"), std::string::npos) << health.body;
   for (std::thread& stream : streams) stream.join();
   server->wait();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

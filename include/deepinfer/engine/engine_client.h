@@ -88,6 +88,9 @@ class StepGroup {
   virtual std::chrono::microseconds idle_poll() const { return std::chrono::microseconds(1000); }
   // This engine stops (the server's stop, after its drain): the group may tell the others why they lose it.
   virtual void leave() {}
+  // After any_pending() failed, once the engine client has ended its live requests with that error and will tell
+  // later ones the same: the group may now stop what else it serves (the server). Called once, on the engine thread.
+  virtual void stop_after_failure() {}
 };
 
 class EngineClient;
@@ -192,6 +195,11 @@ class InProcessEngineClient final : public EngineClient {
   std::condition_variable wake_;
   std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands_;  // GUARDED_BY(mu_)
   bool stopping_ = false;                              // GUARDED_BY(mu_)
+  // Why the engine stopped serving when it was not asked to (its step group failed): what later requests are told
+  // instead of "the server is shutting down". GUARDED_BY(mu_).
+  std::string stop_reason_;
+  // ShuttingDown with stop_reason_ (or "the server is shutting down"). REQUIRES: mu_ held.
+  Status stopping_status() const;
   Ticket next_ticket_ = 1;                             // GUARDED_BY(mu_)
   // Engine thread only.
   std::unordered_map<SequenceId, Live> live_;
