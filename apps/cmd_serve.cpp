@@ -283,13 +283,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
       ->transform(at_least(1));
   cmd->add_option("--max-json-depth", options->max_json_depth, "Deepest JSON nesting a request may use")
       ->capture_default_str()
-      ->check(CLI::Range(2, 100000));
+      ->transform(at_least(2, 100000));
   cmd->add_option("--default-max-tokens", options->default_max_tokens,
                   "max_tokens for chat and responses requests that give none (Anthropic requires it); 0: until max-model-len "
                   "(default: 0, or 256 for the built-in default model)");
   cmd->add_option("--http-threads", options->http_threads, "Threads serving HTTP")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->transform(at_least(1, 256));
   add_device_flags(cmd, options->device);
   cmd->add_option("--kv-host-cache-memory", options->kv_host_cache_memory,
                   "Host-RAM tier of the prefix cache below the device (e.g. 8GiB; default none, or 1GiB with "
@@ -314,7 +314,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "MiB for token ids of prompt text already seen (a growing conversation re-tokenizes only its new "
                   "turns); 0: off")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+      ->transform(at_least(0, int64_t{1} << 20));
 
   cmd->add_option("--max-header-bytes", options->max_header_bytes,
                   "Largest request line + header fields, and apart from them all trailer fields (431 beyond)")
@@ -332,21 +332,21 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--idle-timeout-s", options->idle_timeout_s,
                   "Seconds a connection may wait for (or send) its next request's header")
       ->capture_default_str()
-      ->check(CLI::Range(1, 86400));
+      ->transform(at_least(1, 86400));
   cmd->add_option("--body-read-timeout-s", options->body_read_timeout_s,
                   "Seconds a request body may take to arrive after its header")
       ->capture_default_str()
-      ->check(CLI::Range(1, 86400));
+      ->transform(at_least(1, 86400));
   cmd->add_option("--shutdown-timeout-s", options->shutdown_timeout_s,
                   "On SIGTERM: seconds in-flight requests may take to finish; then streams end with an error "
                   "event and the server exits")
       ->capture_default_str()
-      ->check(CLI::Range(0, 86400));
+      ->transform(at_least(0, 86400));
   cmd->add_option("--health-max-step-seconds", options->health_max_step_seconds,
                   "GET /health answers 503 while the engine has been in one step (or waiting on its data-parallel "
                   "peers) for longer than this: a hung peer takes the server out of the router's rotation; 0: off "
                   "(default: 20 with --tensor-parallel-size or --data-parallel-size > 1, else 0)")
-      ->check(CLI::Range(0, 86400));
+      ->transform(at_least(0, 86400));
   cmd->add_option("--allowed-origins", options->allowed_origins,
                   "CORS: browser origins allowed to call the API (e.g. https://app.example, or *); default none")
       ->delimiter(',');

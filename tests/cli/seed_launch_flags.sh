@@ -76,6 +76,8 @@ expect_refused "--max-model-len: must be a whole number from 2 to" --model-path 
 expect_refused "max_model_len (--max-model-len) 2048 does not fit the KV cache: kv_cache_bytes (--kv-cache-memory) 1048576 holds 10 blocks = 640 tokens" --model-path "$model" --max-model-len 2048 --kv-cache-memory 1MiB
 expect_refused "--max-num-batched-tokens: must be a whole number from 1 to 2147483647, got '0'" --model-path "$model" --max-num-batched-tokens 0
 expect_refused "--max-num-seqs: must be a whole number from 1 to 2147483647, got '99999999999999999999'" --model-path "$model" --max-num-seqs 99999999999999999999
+expect_refused "--health-max-step-seconds: must be a whole number from 0 to 86400, got 'abc'" --model-path "$model" --health-max-step-seconds abc
+expect_refused "--shutdown-timeout-s: must be a whole number from 0 to 86400, got '-1'" --model-path "$model" --shutdown-timeout-s -1
 # The flags that are 1 (or both) are honoured: a server with all of them answers /health.
 log=$(mktemp)
 "$bin" serve --device cpu --host 127.0.0.1 --port 0 --model-path "$model" --role both --tensor-parallel-size 1 \
