@@ -713,6 +713,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
                                   options->master_port, settings);
       if (!group.ok()) return fail(group.status().to_string());
       dp_group = std::move(group).value();
+      // A rank asked to stop drains, then keeps making the group's passes until every rank stops, within the same
+      // --shutdown-timeout-s.
+      dp_group->set_stop_budget(std::chrono::seconds(options->shutdown_timeout_s));
     }
     // Rank r of a tensor-parallel group on CUDA takes its host's GPU r % (ranks per host).
     Result<BackendChoice> choice = make_backend(options->device, tp_group ? tp_group->rank() % local_ranks : 0);
@@ -917,7 +920,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
       // The engine thread may be waiting in a collective on a hung peer (up to the 60 s timeout, and a hung rank 0's
       // store after it): a stop (SIGTERM) that the drain, its force stop and the engine's own stop have not finished
       // in --shutdown-timeout-s + 15 s ends the process.
-      server_config.on_shutdown = [limit = options->shutdown_timeout_s + 15] {
+      server_config.on_shutdown = [limit = options->shutdown_timeout_s + 15, group = dp_group.get()] {
+        if (group != nullptr) group->note_stopping();  // a peer's leaving from now on is part of this stop
         std::thread([limit] {
           std::this_thread::sleep_for(std::chrono::seconds(limit));
           spdlog::error("data parallel: the server did not stop within {} s of being asked (its engine waits on a "
@@ -950,7 +954,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     if (dp_group) dp_group->set_leave_reason("failed to start its server (see its log)");
     auto server = server::Server::start(server_config, info, std::move(engine_client), *tokenizer);
     if (!server.ok()) return fail(server.status().to_string());
-    if (dp_group) dp_group->set_leave_reason("was stopped (SIGTERM or Ctrl-C)");
+    if (dp_group) dp_group->set_leave_reason(DataParallelGroup::kStoppedBySignal);
     // The group's failure stops the server at once: the requests still waiting for KV blocks or queued get a 503.
     if (dp_group) dp_group->on_failure([s = server->get()] { s->shutdown(false); });
 
@@ -1024,7 +1028,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
     (*server)->wait();
     if (dp_group) {
       dp_group->on_failure({});  // the server goes next
-      if (dp_group->failed()) {
+      if (dp_group->failed() && !dp_group->stopped_cleanly()) {
         std::cout << "deepinfer serve: stopped (its data-parallel group failed)\n" << std::flush;
         return 1;
       }

@@ -16,6 +16,8 @@ using namespace std::chrono_literals;
 constexpr auto kCollectiveTimeout = 60s;
 }  // namespace
 
+const char* const DataParallelGroup::kStoppedBySignal = "was stopped (SIGTERM or Ctrl-C)";
+
 namespace {
 std::string encode(const GroupSettings& settings) {
   std::string out;
@@ -76,9 +78,12 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int
         if (f == flag) theirs_value = v;
       }
       if (theirs_value != value) {
-        return Status::invalid_argument(flag + " " + value + " on rank " + std::to_string(rank) + ", but rank 0 says " +
-                                        theirs_value + ": every data-parallel rank must run the same checkpoint with "
-                                        "the same expert and EPLB flags");
+        const std::string why = flag + " " + value + " on rank " + std::to_string(rank) + ", but rank 0 says " +
+                                theirs_value;
+        // Rank 0 names it when the group does not form (it waits for this rank until then).
+        (void)group->store_->set("dp/refused/" + std::to_string(rank), std::as_bytes(std::span(why)));
+        return Status::invalid_argument(why + ": every data-parallel rank must run the same checkpoint with the same "
+                                        "expert and EPLB flags");
       }
     }
   }
@@ -101,9 +106,14 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join(int rank, int
   Result<std::unique_ptr<backend::Communicator>> comm =
       backend::make_gloo_communicator(*group->store_, "dp", rank, size, *local, kCollectiveTimeout);
   if (!comm.ok()) {
+    std::string refused;
+    for (int r = 1; r < size && rank == 0; ++r) {
+      Result<std::vector<std::byte>> why = group->store_->get("dp/refused/" + std::to_string(r), 100ms);
+      if (why.ok()) refused += "; rank " + std::to_string(r) + " was refused: " + text_of(*why);
+    }
     return Status::io_error("data parallel: not every rank joined within 60 s (start each --data-parallel-rank 0 to " +
                             std::to_string(size - 1) + " with --master-addr " + master_addr + " --master-port " +
-                            std::to_string(master_port) + "): " + comm.status().message());
+                            std::to_string(master_port) + "): " + comm.status().message() + refused);
   }
   group->comm_ = std::move(comm).value();
   return group;
@@ -129,16 +139,32 @@ Result<std::unique_ptr<DataParallelGroup>> DataParallelGroup::join_tensor_rank(i
       *group->store_, "dp-tp" + std::to_string(tp_rank), rank, size, *local, kCollectiveTimeout);
   if (!comm.ok()) {
     return Status::io_error("data parallel: tensor-parallel rank " + std::to_string(tp_rank) + " of rank " +
-                            std::to_string(rank) + ": the other ranks' tensor-parallel rank " +
-                            std::to_string(tp_rank) + " did not join within 60 s: " + comm.status().message());
+                            std::to_string(rank) + ": joining the expert exchange of the ranks' tensor-parallel rank " +
+                            std::to_string(tp_rank) + ": " + comm.status().message());
   }
   group->comm_ = std::move(comm).value();
   return group;
 }
 
 Result<bool> DataParallelGroup::any_pending(bool mine) {
-  float pending = mine ? 1.0f : 0.0f;
-  if (!failed_) comm_->all_reduce_sum(backend::Tensor{&pending, backend::DType::kF32, 1, 1, 1});
+  Result<StopPoll> poll = exchange(mine, false);
+  if (!poll.ok()) return poll.status();
+  return poll->any_pending;
+}
+
+Result<engine::StepGroup::StopPoll> DataParallelGroup::stop_poll(bool mine) { return exchange(mine, true); }
+
+std::chrono::steady_clock::time_point DataParallelGroup::stop_deadline() const {
+  const int64_t since = stopping_since_ns_.load();
+  const auto start = since != 0 ? std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(since))
+                                : std::chrono::steady_clock::now();
+  return start + stop_budget_;
+}
+
+Result<engine::StepGroup::StopPoll> DataParallelGroup::exchange(bool mine, bool stopping) {
+  float answers[2] = {mine ? 1.0f : 0.0f, stopping ? 1.0f : 0.0f};
+  if (!failed_) comm_->all_reduce_sum(backend::Tensor{answers, backend::DType::kF32, 1, 2, 2});
+  const float pending = answers[0];
   if (Status s = comm_->status(); failed_ || !s.ok()) {
     if (!failed_) {
       failed_ = true;
@@ -147,16 +173,24 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
       for (int r = 0; r < size_ && why.empty(); ++r) {
         if (r == rank_) continue;
         Result<std::vector<std::byte>> left = store_->get("dp/left/" + std::to_string(r), 200ms);
-        if (left.ok()) why = "rank " + std::to_string(r) + " " + text_of(*left) + " and left the group; ";
+        if (left.ok()) {
+          why = "rank " + std::to_string(r) + " " + text_of(*left) + " and left the group; ";
+          peer_stopped_ = text_of(*left) == kStoppedBySignal;
+        }
       }
       if (why.empty() && rank_ != 0 && !store_->add("dp/alive", 0).ok()) why = "rank 0 (it serves the store) is gone; ";
-      spdlog::error("data parallel: rank {} of {}: the group failed ({}{}); stopping the server", rank_, size_, why,
-                    s.message());
+      if (stopped_cleanly()) {
+        spdlog::info("data parallel: rank {} of {}: the group ended ({}{}) while this rank stops too", rank_, size_,
+                     why, s.message());
+      } else {
+        spdlog::error("data parallel: rank {} of {}: the group failed ({}{}); stopping the server", rank_, size_, why,
+                      s.message());
+      }
     }
     return Status::shutting_down("the server is stopping: its data-parallel group failed (" + why_ + s.message() + ")");
   }
   idle_answers_ = pending > 0.0f ? 0 : idle_answers_ + 1;
-  return pending > 0.0f;
+  return StopPoll{answers[1] >= static_cast<float>(size_), pending > 0.0f};
 }
 
 void DataParallelGroup::stop_after_failure() {

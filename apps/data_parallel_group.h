@@ -54,6 +54,10 @@ class DataParallelGroup final : public engine::StepGroup {
   ~DataParallelGroup() override;
   backend::Communicator& communicator() { return *comm_; }
   Result<bool> any_pending(bool mine) override;
+  Result<StopPoll> stop_poll(bool mine) override;
+  // note_stopping()'s time + the stop budget (set_stop_budget; serve: --shutdown-timeout-s, which the drain shares).
+  std::chrono::steady_clock::time_point stop_deadline() const override;
+  void set_stop_budget(std::chrono::seconds budget) { stop_budget_ = budget; }
   // 1 ms while the group has been busy in the last ~200 ms; 10 ms after (an idle group then costs each rank ~2% of
   // a core instead of ~20%, and a request that arrives then waits up to 10 ms for the others to join its step).
   std::chrono::microseconds idle_poll() const override;
@@ -68,6 +72,17 @@ class DataParallelGroup final : public engine::StepGroup {
   // Thread-safe; a failure before it is set calls it here; an empty function clears it (before the server goes).
   void on_failure(std::function<void()> stop);
   bool failed() const { return failed_.load(); }
+  // serve's stop (SIGTERM, Ctrl-C) began before the group failed. Thread-safe.
+  void note_stopping() {
+    if (!failed_) asked_to_stop_ = true;
+    int64_t expected = 0;  // the first stop's time
+    stopping_since_ns_.compare_exchange_strong(
+        expected, std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  // The group ended because a peer was stopped on purpose while this rank was being stopped too (an orchestrator
+  // signalling every rank): a clean stop, exit 0, not a failure.
+  bool stopped_cleanly() const { return asked_to_stop_.load() && peer_stopped_.load(); }
+  static const char* const kStoppedBySignal;  // what leave() says by default
   // The engine client ended its requests with the failure: calls the stop set by on_failure() (the server's), and
   // ends the process 10 s later (500 ms without a stop) should that stop hang on the dead group.
   void stop_after_failure() override;
@@ -78,9 +93,15 @@ class DataParallelGroup final : public engine::StepGroup {
   std::unique_ptr<backend::TcpStore> store_;
   std::unique_ptr<backend::Communicator> comm_;
   std::atomic<bool> failed_{false};  // set by the engine thread, read by any
+  std::atomic<bool> asked_to_stop_{false};  // note_stopping()
+  std::atomic<int64_t> stopping_since_ns_{0};  // note_stopping()'s first call (steady clock), 0: none
+  std::chrono::seconds stop_budget_{30};
+  // One lock-step question: [this rank's work, this rank stopping] summed over the ranks (any_pending, stop_poll).
+  Result<StopPoll> exchange(bool mine, bool stopping);
+  std::atomic<bool> peer_stopped_{false};   // the failure: a peer that left because it was stopped on purpose
   std::mutex stop_mu_;
   std::function<void()> stop_;  // on_failure's
-  std::string leave_reason_ = "was stopped (SIGTERM or Ctrl-C)";  // guarded by stop_mu_
+  std::string leave_reason_ = kStoppedBySignal;  // guarded by stop_mu_
   std::string leave_reason();
   bool left_ = false;
   bool claimed_ = false;  // this rank's index is claimed in the store

@@ -610,9 +610,12 @@ void TensorParallelGroup::abort_group(const std::string& reason, bool tell_rank0
     std::lock_guard lock(live_mu_);
     live = live_requests_;
   }
-  // The server's streams get an error event rather than a cut connection: a moment for their coroutines to write it.
-  if (live && live->fail_all(Status::shutting_down("the server is stopping: its tensor-parallel group failed (" +
-                                                   reason + ")")) > 0) {
+  // The server's streams get an error event rather than a cut connection: a moment for their coroutines to write it,
+  // also when the engine's own failed step ended them just before (fail_all then finds none left; regression: the
+  // process exited at once and cut their connections).
+  if (live) {
+    (void)live->fail_all(
+        Status::shutting_down("the server is stopping: its tensor-parallel group failed (" + reason + ")"));
     std::this_thread::sleep_for(500ms);
   }
   std::_Exit(1);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 namespace deepinfer::engine {
@@ -242,8 +243,21 @@ void InProcessEngineClient::run() {
     commands.clear();
     if (stopping) {
       fail_all(stopped_with);
-      // The cancellations below need no pass: this engine leaves the group here (the others' next question fails).
       if (group_ != nullptr) {
+        // The others' tokens need this engine's experts: it keeps making the group's passes until every engine stops
+        // with no work left (an orchestrator stopping every rank: they leave together, nothing fails), or until the
+        // group's stop deadline (a rank stopped alone: the others then fail, naming it).
+        const auto deadline = group_->stop_deadline();
+        while (std::chrono::steady_clock::now() < deadline) {
+          Result<StepGroup::StopPoll> poll = group_->stop_poll(engine_->has_pending_work());
+          if (!poll.ok() || (poll->all_stopping && !poll->any_pending)) break;
+          if (!poll->any_pending) {
+            std::this_thread::sleep_for(group_->idle_poll());
+          } else if (!engine_->step().ok()) {
+            break;
+          }
+        }
+        // The cancellations below need no pass: this engine leaves the group here.
         (void)engine_->set_lockstep(false);
         group_->leave();
       }

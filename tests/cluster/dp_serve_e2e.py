@@ -22,6 +22,7 @@ Checks:
   - speculative decoding (MTP K=2, DSpark with the demo's module) on two ranks gives the one-process text, the MTP
     drafts accepted at the demo's rate; ranks whose DSpark step-time files differ agree to measure again;
   - tensor parallel inside each rank (DP=2 x TP=2, four processes) gives the one-process text with EPLB running;
+    SIGTERM to both ranks while they answer: every request answered, both exit 0 (they leave together);
   - what data parallel does not take is refused at startup with a message naming it.
 Usage: dp_serve_e2e.py DEEPINFER_BINARY MODEL_DIR
 """
@@ -165,10 +166,11 @@ def main():
           f"kill -9 rank 1 mid-request: rank 0's request got {status} {body[:120]!r}")
     check(code not in (None, 0) and elapsed < 10, f"kill -9 rank 1: rank 0 exited ({code}) after {elapsed:.1f} s")
 
-    # SIGTERM to rank 1 of a fresh pair: it drains and exits 0; rank 0 stops too, naming why.
+    # SIGTERM to rank 1 of a fresh pair: it drains, keeps making the group's passes for rank 0 until its
+    # --shutdown-timeout-s (3) is spent, and exits 0; rank 0 stops too, naming why.
     master, ports = free_port(), [free_port(), free_port()]
     pair = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-addr", "127.0.0.1", "--master-port",
-            str(master)]
+            str(master), "--shutdown-timeout-s", "3"]
     rank0 = serve("term-rank0", ports[0], *pair, "--data-parallel-rank", "0")
     # A rank 1 whose expert flags differ from rank 0's is refused naming the flag (regression: the group formed and
     # answered wrongly), and claims nothing: the right rank 1 then joins.
@@ -330,10 +332,20 @@ def main():
     check(healthy and got == [want[p] for _, p in jobs] and all(r > 0 for r in rebalances),
           f"DP=2 x TP=2 (four processes): 12 requests over both ranks give the one-process text; EPLB rebalances "
           f"{rebalances}")
+    # SIGTERM to both ranks while they answer (an orchestrator stopping the deployment): each drains its own
+    # requests while making the passes the other's still need, and they leave together: every request answered, both
+    # exit 0 (regression: the rank that drained first left, and the other failed its requests and exited 1).
+    stopping = {}
+    drain_jobs = [(tports[k % 2], p) for k, p in enumerate(PROMPTS)]
+    t = threading.Thread(target=lambda: stopping.update(got=all_at_once(drain_jobs)))
+    t.start()
+    time.sleep(1.0)
     for p in dptp:
         p.terminate()
-    for p in dptp:
-        exit_code(p, 30)
+    codes = [exit_code(p, 60) for p in dptp]
+    t.join(timeout=60)
+    check(stopping.get("got") == [want[p] for _, p in drain_jobs] and codes == [0, 0],
+          f"SIGTERM to both DP x TP ranks mid-requests: all 6 answered with the one-process text, exits {codes}")
 
     # Refusals at startup.
     base = ["--data-parallel-size", "2", "--expert-parallel-size", "2", "--master-port", str(free_port())]

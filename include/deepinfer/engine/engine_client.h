@@ -86,6 +86,17 @@ class StepGroup {
   virtual Result<bool> any_pending(bool mine) = 0;
   // How long an idle engine thread waits for work of its own before asking the group again.
   virtual std::chrono::microseconds idle_poll() const { return std::chrono::microseconds(1000); }
+  // This engine is stopping (its server has drained): whether every engine of the group is stopping and none has
+  // work (then they all leave together), and whether any has work (this engine's experts are still needed: it makes
+  // its passes). Paired with the others' any_pending() calls: one collective per call. The base: {true, false}
+  // (a group that does not wait: leave at once).
+  struct StopPoll {
+    bool all_stopping = true;
+    bool any_pending = false;
+  };
+  virtual Result<StopPoll> stop_poll(bool /*mine*/) { return StopPoll{}; }
+  // How long a stopping engine stays in the group's passes for the others (stop_poll) before it leaves anyway.
+  virtual std::chrono::steady_clock::time_point stop_deadline() const { return std::chrono::steady_clock::now(); }
   // This engine stops (the server's stop, after its drain): the group may tell the others why they lose it.
   virtual void leave() {}
   // After any_pending() failed, once the engine client has ended its live requests with that error and will tell
