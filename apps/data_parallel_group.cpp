@@ -155,10 +155,10 @@ Result<bool> DataParallelGroup::any_pending(bool mine) {
 Result<engine::StepGroup::StopPoll> DataParallelGroup::stop_poll(bool mine) { return exchange(mine, true); }
 
 std::chrono::steady_clock::time_point DataParallelGroup::stop_deadline() const {
+  // Not asked to stop (e.g. its server failed to start): nothing to wait for, the rank leaves at once.
   const int64_t since = stopping_since_ns_.load();
-  const auto start = since != 0 ? std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(since))
-                                : std::chrono::steady_clock::now();
-  return start + stop_budget_;
+  if (since == 0) return std::chrono::steady_clock::now();
+  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(since)) + stop_budget_;
 }
 
 Result<engine::StepGroup::StopPoll> DataParallelGroup::exchange(bool mine, bool stopping) {

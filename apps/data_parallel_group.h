@@ -55,7 +55,8 @@ class DataParallelGroup final : public engine::StepGroup {
   backend::Communicator& communicator() { return *comm_; }
   Result<bool> any_pending(bool mine) override;
   Result<StopPoll> stop_poll(bool mine) override;
-  // note_stopping()'s time + the stop budget (set_stop_budget; serve: --shutdown-timeout-s, which the drain shares).
+  // note_stopping()'s time + the stop budget (set_stop_budget; serve: --shutdown-timeout-s, which the drain shares);
+  // now when note_stopping() was never called.
   std::chrono::steady_clock::time_point stop_deadline() const override;
   void set_stop_budget(std::chrono::seconds budget) { stop_budget_ = budget; }
   // 1 ms while the group has been busy in the last ~200 ms; 10 ms after (an idle group then costs each rank ~2% of
