@@ -2135,6 +2135,21 @@ const DeepSeekModel::DsparkHeads* DeepSeekModel::dspark_heads() const {
   return weights_->dspark ? &weights_->dspark_heads : nullptr;
 }
 
+Status DeepSeekModel::send_dspark_command(uint64_t kind, const char* where, LayerCaches stage_caches,
+                                         std::span<const int32_t> rows, std::span<const SequenceChunk> sequences) {
+  if (!leading_) return Status();
+  Result<int64_t> first = stage_cache_index(where, stage_caches);
+  if (!first.ok()) return first.status();
+  std::vector<int64_t> payload{*first};
+  const std::vector<int64_t> encoded = encode_batch(ForwardBatch{std::vector<int32_t>(rows.begin(), rows.end()),
+                                                                 std::vector<SequenceChunk>(sequences.begin(),
+                                                                                            sequences.end()),
+                                                                 {}});
+  payload.insert(payload.end(), encoded.begin(), encoded.end());
+  send_command(kind, std::move(payload));
+  return Status();
+}
+
 Result<int64_t> DeepSeekModel::stage_cache_index(const char* where, LayerCaches stage_caches) const {
   const auto first = stage_caches.empty()
                          ? draft_caches_.end()
@@ -2179,14 +2194,11 @@ Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, Laye
     return s;
   }
   if (T == 0) return Status();
-  if (leading_) {
-    // The followers write the same entries into their copies of the stage caches (the latent is replicated).
-    Result<int64_t> first = stage_cache_index("forward_dspark_inject", stage_caches);
-    if (!first.ok()) return first.status();
-    std::vector<int64_t> payload{*first};
-    const std::vector<int64_t> encoded = encode_batch(ForwardBatch{batch.context_rows, batch.sequences, {}});
-    payload.insert(payload.end(), encoded.begin(), encoded.end());
-    send_command(kDsparkInjectCommand, std::move(payload));
+  // The followers write the same entries into their copies of the stage caches (the latent is replicated).
+  if (Status s = send_dspark_command(kDsparkInjectCommand, "forward_dspark_inject", stage_caches, batch.context_rows,
+                                     batch.sequences);
+      !s.ok()) {
+    return s;
   }
   backend::StepLayout layout = step_layout(token_ids, {}, rows);
   layout.rows_start_at_zero = false;
@@ -2237,13 +2249,10 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   logits.clear();
   hidden.clear();
   if (T == 0) return Status();
-  if (leading_) {
-    Result<int64_t> first = stage_cache_index("forward_dspark_block", stage_caches);
-    if (!first.ok()) return first.status();
-    std::vector<int64_t> payload{*first};
-    const std::vector<int64_t> encoded = encode_batch(ForwardBatch{batch.token_ids, batch.sequences, {}});
-    payload.insert(payload.end(), encoded.begin(), encoded.end());
-    send_command(kDsparkBlockCommand, std::move(payload));
+  if (Status s = send_dspark_command(kDsparkBlockCommand, "forward_dspark_block", stage_caches, batch.token_ids,
+                                     batch.sequences);
+      !s.ok()) {
+    return s;
   }
   if (Status s = reserve_scratch(T); !s.ok()) return s;
   kept_hidden_rows_ = 0;

@@ -376,6 +376,10 @@ class DeepSeekModel {
   // Tensor parallel, leader: the index in draft_caches_ of stage_caches[0], the S stage caches consecutive there
   // (the followers' copies of the same index); InvalidArgument when they are not draft caches.
   Result<int64_t> stage_cache_index(const char* where, LayerCaches stage_caches) const;
+  // Leader: sends a DSpark pass command (kind) naming stage_caches' index, then `rows` (the context rows or the
+  // block's token ids) and `sequences` as a ForwardBatch; followers and one-process models: nothing.
+  Status send_dspark_command(uint64_t kind, const char* where, LayerCaches stage_caches, std::span<const int32_t> rows,
+                             std::span<const SequenceChunk> sequences);
   // The draft layer caches made since the last make_layer_caches(), in order (the followers' commands name the index).
   mutable std::vector<const void*> draft_caches_;
   EplbSchedule eplb_schedule_;
