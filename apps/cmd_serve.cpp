@@ -721,10 +721,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
     Result<BackendChoice> choice = make_backend(options->device, tp_group ? tp_group->rank() % local_ranks : 0);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
-    if (dp_group && backend->name() != "cpu") {
-      return fail("--data-parallel-size on the " + std::string(backend->name()) + " backend: expert parallel across "
-                  "data-parallel ranks runs on the CPU in this build; --device cpu");
-    }
     // The model's collectives: Gloo on the CPU; on CUDA, NCCL for the tensors and Gloo for the host-side ones.
     std::unique_ptr<backend::Communicator> nccl;
     if (tp_group && backend->name() == "cuda") {
@@ -738,15 +734,27 @@ std::function<int()> add_serve_command(CLI::App& app) {
         tp_group ? tp_group->rank() : 0, options->tensor_parallel_size,
         nccl ? nccl.get() : tp_group ? &tp_group->communicator() : nullptr,
         nccl && tp_group ? &tp_group->communicator() : nullptr};
+    // Across data-parallel ranks on CUDA the experts' rows move over NCCL among the ranks of one tensor-parallel index
+    // (each rank its own GPU: CUDA_VISIBLE_DEVICES per rank), the counts and routing over the group's Gloo.
+    std::unique_ptr<backend::Communicator> dp_nccl;
+    if (dp_group && backend->name() == "cuda") {
+      Result<std::unique_ptr<backend::Communicator>> made = backend::make_nccl_communicator(
+          *backend, dp_group->store(), tp_rank > 0 ? "dp-tp" + std::to_string(tp_rank) + "-nccl" : "dp-nccl",
+          options->data_parallel_rank, options->data_parallel_size, std::chrono::seconds(60));
+      if (!made.ok()) return fail(made.status().to_string());
+      dp_nccl = std::move(made).value();
+    }
     // Expert parallel over the same ranks (ExpertParallel::replicated_tokens).
     // Or over the data-parallel ranks, each running its own tokens (all-to-all dispatch).
     const model::ExpertParallel expert_parallel =
         dp_group ? model::ExpertParallel{options->data_parallel_rank, options->data_parallel_size,
-                                         &dp_group->communicator(), options->num_redundant_experts, false,
-                                         options->moe_capacity_factor}
+                                         dp_nccl ? dp_nccl.get() : &dp_group->communicator(),
+                                         options->num_redundant_experts, false, options->moe_capacity_factor,
+                                         dp_nccl ? &dp_group->communicator() : nullptr}
         : options->expert_parallel_size > 1
             ? model::ExpertParallel{tensor_parallel.rank, tensor_parallel.size, tensor_parallel.comm,
-                                    options->num_redundant_experts, true, options->moe_capacity_factor}
+                                    options->num_redundant_experts, true, options->moe_capacity_factor,
+                                    tensor_parallel.host_comm}
             : model::ExpertParallel{};
     const std::string device_name(backend->name());
     std::string compute_mode = choice->compute_mode;
@@ -775,6 +783,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
                                          expert_parallel);
     }
     if (!model.ok()) return fail(model.status().to_string());
+    if (options->enable_eplb && *model && (*model)->expert_precision() == backend::Precision::kFP8) {
+      return fail("--enable-eplb with FP8 experts on the " + device_name + " backend: moving block-scaled experts "
+                  "between ranks is not implemented; serve the checkpoint's experts in bf16, or leave EPLB off");
+    }
     if (tp_follower) {
       Status followed = (*model)->follow();
       if (!followed.ok()) return fail("tensor-parallel rank " + std::to_string(tp_rank) + ": " + followed.to_string());

@@ -53,6 +53,8 @@ class DataParallelGroup final : public engine::StepGroup {
                                                                      const std::string& master_addr, int master_port);
   ~DataParallelGroup() override;
   backend::Communicator& communicator() { return *comm_; }
+  // The group's store (more groups over the same ranks: NCCL's on CUDA).
+  backend::TcpStore& store() { return *store_; }
   Result<bool> any_pending(bool mine) override;
   Result<StopPoll> stop_poll(bool mine) override;
   // note_stopping()'s time + the stop budget (set_stop_budget; serve: --shutdown-timeout-s, which the drain shares);

@@ -21,7 +21,9 @@
 #   pd       tests/cluster/pd_e2e.py with --device cuda: a --role prefill and two --role decode workers behind the
 #            router, greedy identity against a --role both worker, the KV transfer faults (four workers share the GPU)
 #   tp       with two or more GPUs: deepinfer serve --device cuda --tensor-parallel-size 2 (NCCL) on the demo model,
-#            greedy text against one GPU (skipped with one GPU; the backend stage checks NCCL with one rank)
+#            then TP=2 with --expert-parallel-size 2 and EPLB, then two --data-parallel-size 2 ranks (one GPU each,
+#            expert parallel over NCCL): greedy text against one GPU (skipped with one GPU; the backend stage checks
+#            NCCL with one rank, and model_tests' CudaBackendTest.ExpertParallel* expert parallel with one rank)
 #   moe      bench/gpu/bench_model --moe-sweep: one MoE layer (V2-Lite bf16, V3 FP8) at 1..16384 tokens on every
 #            expert GEMM path (auto, streaming, tiled, per-expert) against its byte and FLOP limits
 #   bench    bench/gpu/bench_model: V2-Lite bf16 and a 4-layer V3 slice FP8 on random weights, decode and prefill
@@ -175,6 +177,29 @@ if want tp; then
     done
     if cmp -s "$OUT/tp-1.txt" "$OUT/tp-2.txt" && [ -s "$OUT/tp-1.txt" ]; then log "tp: TP=2 on two GPUs gives one GPU's text"
     else log "tp: TP=2 text differs from one GPU's (bf16: a near-tie may flip; see $OUT/tp-*.txt)"; tp_ok=0; fi
+    # Expert parallel over the two tensor-parallel ranks (NCCL), with EPLB moving experts every 4 passes.
+    "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port 8124 --kv-cache-memory 1GiB --tensor-parallel-size 2 \
+      --expert-parallel-size 2 --num-redundant-experts 2 --enable-eplb --eplb-rebalance-num-iterations 4 \
+      >"$OUT/tp-ep-serve.stderr" 2>&1 &
+    server=$!
+    for _ in $(seq 1 90); do curl -sf localhost:8124/health >/dev/null 2>&1 && break; sleep 1; done
+    ask 8124 >"$OUT/tp-ep.txt" 2>&1 || tp_ok=0
+    kill $server 2>/dev/null; wait $server 2>/dev/null
+    # Two data-parallel ranks, one GPU each: the experts' rows over NCCL, counts and routing over Gloo.
+    for r in 0 1; do
+      CUDA_VISIBLE_DEVICES=$r "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port $((8130 + r)) \
+        --kv-cache-memory 1GiB --data-parallel-size 2 --data-parallel-rank $r --expert-parallel-size 2 \
+        --master-addr 127.0.0.1 --master-port 8140 >"$OUT/dp-serve-$r.stderr" 2>&1 &
+      dp_pids[$r]=$!
+    done
+    for _ in $(seq 1 120); do curl -sf localhost:8131/health >/dev/null 2>&1 && curl -sf localhost:8130/health >/dev/null 2>&1 && break; sleep 1; done
+    ask 8130 >"$OUT/dp-0.txt" 2>&1 || tp_ok=0
+    ask 8131 >"$OUT/dp-1.txt" 2>&1 || tp_ok=0
+    kill "${dp_pids[@]}" 2>/dev/null; wait "${dp_pids[@]}" 2>/dev/null
+    for f in tp-ep dp-0 dp-1; do
+      if cmp -s "$OUT/tp-1.txt" "$OUT/$f.txt"; then log "tp: $f gives one GPU's text"
+      else log "tp: $f text differs from one GPU's (see $OUT/$f.txt; bf16 near-ties may flip)"; tp_ok=0; fi
+    done
     [ $tp_ok = 1 ] || status=1
   fi
 fi

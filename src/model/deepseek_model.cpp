@@ -719,13 +719,14 @@ MoeRoutingRule routing_rule(const ModelConfig& c) {
 // Expert parallel's dispatch and combine of one MoE layer (ExpertParallel in the header), over backend buffers that
 // grow to the largest exchange seen. The routing runs on the host (route_token, as the CPU backend's own MoE), so the
 // ranks agree on it bit for bit: the owner's choice of replica (physical slot) travels with each row. It also counts
-// each logical expert's tokens per MoE layer (this rank's tokens), the load EPLB rebalances by.
+// each logical expert's tokens per MoE layer (this rank's tokens), the load EPLB rebalances by. The rows move over
+// `comm` (backend memory), the counts and the routing over `host` (host memory; the same group as comm on the CPU).
 class ExpertDispatch {
  public:
   // replicated: every rank holds the same tokens (ExpertParallel::replicated_tokens): no exchange.
-  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm, ExpertPlacement placement, bool replicated,
-                 double capacity_factor)
-      : b_(backend), comm_(comm), placement_(std::move(placement)), replicated_(replicated),
+  ExpertDispatch(backend::Backend& backend, backend::Communicator& comm, backend::Communicator& host,
+                 ExpertPlacement placement, bool replicated, double capacity_factor)
+      : b_(backend), comm_(comm), host_(host), placement_(std::move(placement)), replicated_(replicated),
         capacity_factor_(capacity_factor) {
     load_.assign(placement_.phy2log.size(), std::vector<double>(static_cast<size_t>(placement_.num_logical), 0.0));
     total_load_ = load_;
@@ -809,7 +810,7 @@ class ExpertDispatch {
     auto seconds_since = [&] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     };
-    comm_.all_to_all_counts(send_rows_, recv_rows_);
+    host_.all_to_all_counts(send_rows_, recv_rows_);
     dispatch_seconds_ += seconds_since();
     const int64_t S = static_cast<int64_t>(send_tokens_.size());
     int64_t R = 0;
@@ -817,9 +818,22 @@ class ExpertDispatch {
     // Dispatch: the rows, and their routing as floats (slot ids < 2^24 are exact) [rows, 2k].
     Tensor send = grow(send_, S, hidden, normed.dtype), recv = grow(recv_, R, hidden, normed.dtype);
     meta_send_.resize(static_cast<size_t>(S * 2 * k));
+    // The rows in one batched copy: a span per run of consecutive tokens (with every token going to every rank, one
+    // span per rank).
+    const size_t row_bytes = static_cast<size_t>(hidden) * backend::dtype_size(normed.dtype);
+    spans_.clear();
+    for_each_run([&](int64_t j, int64_t t, int64_t n) {
+      for (int64_t r = 0; r < (normed.stride == hidden ? 1 : n); ++r) {
+        const int64_t rows = normed.stride == hidden ? n : 1;
+        spans_.push_back({static_cast<const char*>(normed.data) + static_cast<size_t>((t + r) * normed.stride) *
+                                                                      backend::dtype_size(normed.dtype),
+                          static_cast<char*>(send.data) + static_cast<size_t>(j + r) * row_bytes,
+                          static_cast<size_t>(rows) * row_bytes});
+      }
+    });
+    if (!spans_.empty()) b_.copy_spans(spans_);
     for (int64_t j = 0; j < S; ++j) {
       const int64_t t = send_tokens_[static_cast<size_t>(j)];
-      b_.copy(normed.rows_slice(t, 1), send.rows_slice(j, 1));
       for (int64_t i = 0; i < k; ++i) {
         meta_send_[static_cast<size_t>(j * 2 * k + i)] = static_cast<float>(ids_[static_cast<size_t>(t * k + i)]);
         meta_send_[static_cast<size_t>(j * 2 * k + k + i)] = weights_[static_cast<size_t>(t * k + i)];
@@ -828,7 +842,7 @@ class ExpertDispatch {
     meta_recv_.resize(static_cast<size_t>(R * 2 * k));
     started = std::chrono::steady_clock::now();
     comm_.all_to_all_rows(send, send_rows_, recv, recv_rows_);
-    comm_.all_to_all_rows(Tensor{meta_send_.data(), backend::DType::kF32, S, 2 * k, 2 * k}, send_rows_,
+    host_.all_to_all_rows(Tensor{meta_send_.data(), backend::DType::kF32, S, 2 * k, 2 * k}, send_rows_,
                           Tensor{meta_recv_.data(), backend::DType::kF32, R, 2 * k, 2 * k}, recv_rows_);
     dispatch_seconds_ += seconds_since();
     // This rank's slots on what it received.
@@ -843,7 +857,7 @@ class ExpertDispatch {
     if (capacity_factor_ > 0.0) {
       // Every rank's tokens count toward the capacity.
       float tokens = static_cast<float>(T);
-      comm_.all_reduce_sum(Tensor{&tokens, backend::DType::kF32, 1, 1, 1});
+      host_.all_reduce_sum(Tensor{&tokens, backend::DType::kF32, 1, 1, 1});
       apply_capacity(static_cast<int64_t>(tokens), k, P, me * per_rank, per_rank, recv_ids_, recv_weights_);
     }
     Tensor computed = grow(computed_, R, hidden, normed.dtype), back = grow(back_, S, hidden, normed.dtype);
@@ -859,7 +873,7 @@ class ExpertDispatch {
     started = std::chrono::steady_clock::now();
     comm_.all_to_all_rows(computed, recv_rows_, back, send_rows_);
     combine_seconds_ += seconds_since();
-    for (int64_t j = 0; j < S; ++j) b_.add(ffn.rows_slice(send_tokens_[static_cast<size_t>(j)], 1), back.rows_slice(j, 1));
+    for_each_run([&](int64_t j, int64_t t, int64_t n) { b_.add(ffn.rows_slice(t, n), back.rows_slice(j, n)); });
   }
 
   // The first failure of a host copy (the collectives keep theirs).
@@ -883,6 +897,18 @@ class ExpertDispatch {
     }
   }
 
+  // f(j, t, n) for each run of send_tokens_ [j, j + n) holding consecutive tokens t, t + 1, ..., t + n - 1.
+  template <typename F>
+  void for_each_run(F&& f) const {
+    const int64_t S = static_cast<int64_t>(send_tokens_.size());
+    for (int64_t j = 0; j < S;) {
+      int64_t n = 1;
+      while (j + n < S && send_tokens_[static_cast<size_t>(j + n)] == send_tokens_[static_cast<size_t>(j)] + n) ++n;
+      f(j, send_tokens_[static_cast<size_t>(j)], n);
+      j += n;
+    }
+  }
+
   // A [rows, cols] view of `buffer`, grown to hold it.
   Tensor grow(Buffer& buffer, int64_t rows, int64_t cols, backend::DType dtype) {
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * backend::dtype_size(dtype);
@@ -900,6 +926,7 @@ class ExpertDispatch {
 
   backend::Backend& b_;
   backend::Communicator& comm_;
+  backend::Communicator& host_;
   ExpertPlacement placement_;
   bool replicated_ = false;
   double capacity_factor_ = 0.0;
@@ -913,6 +940,7 @@ class ExpertDispatch {
   std::vector<float> host_logits_, weights_, meta_send_, meta_recv_, recv_weights_;
   std::vector<int32_t> ids_, send_tokens_, recv_ids_;
   std::vector<int64_t> send_rows_, recv_rows_;
+  std::vector<backend::CopySpan> spans_;
 };
 
 DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp,
@@ -927,7 +955,7 @@ DeepSeekModel::DeepSeekModel(ModelConfig config, backend::Backend& backend, cons
     int64_t moe_layers = 0;
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) moe_layers += config_.is_moe_layer(l) ? 1 : 0;
     dispatch_ = std::make_unique<ExpertDispatch>(
-        backend, *ep.comm,
+        backend, *ep.comm, ep.host(),
         ExpertPlacement::contiguous(moe_layers, config_.n_routed_experts, ep.num_redundant_experts, ep.size),
         ep.replicated_tokens, ep.capacity_factor);
   }
@@ -976,13 +1004,20 @@ Status check_expert_parallel(const ModelConfig& c, const TensorParallel& tp, con
                                     std::to_string(ep.size) + " must equal --tensor-parallel-size " +
                                     std::to_string(tp.size));
   }
-  if (backend.name() != "cpu") {
+  if (backend.name() != "cpu" && backend.name() != "cuda") {
     return Status::unsupported("expert parallel on the " + std::string(backend.name()) +
-                               " backend: its MoE kernels do not take given routing yet (the CPU backend does)");
+                               " backend: its MoE op does not take given routing (the CPU and CUDA backends do)");
   }
   if (ep.comm == nullptr || ep.comm->size() != ep.size || ep.comm->rank() != ep.rank) {
     return Status::invalid_argument("expert parallel: the communicator is not this rank's group of " +
                                     std::to_string(ep.size));
+  }
+  // The counts, the routing and EPLB's weights are host memory: a device backend needs a host group beside.
+  if (backend.name() != "cpu" &&
+      (ep.host_comm == nullptr || ep.host_comm->size() != ep.size || ep.host_comm->rank() != ep.rank)) {
+    return Status::invalid_argument("expert parallel on the " + std::string(backend.name()) +
+                                    " backend: no host-memory group of " + std::to_string(ep.size) +
+                                    " ranks beside the device's (ExpertParallel::host_comm)");
   }
   return Status();
 }
@@ -1062,6 +1097,13 @@ void DeepSeekModel::send_command(uint64_t kind, std::vector<int64_t> payload) co
   tp_.host().broadcast_host(std::as_writable_bytes(std::span(payload)), 0);
 }
 
+backend::Precision DeepSeekModel::expert_precision() const {
+  for (const Layer& L : weights_->layers) {
+    if (L.moe && L.experts.gate_up) return L.experts.gate_up->precision;
+  }
+  return backend::Precision::kF32;
+}
+
 const ExpertPlacement* DeepSeekModel::expert_placement() const {
   return dispatch_ ? &dispatch_->placement() : nullptr;
 }
@@ -1077,7 +1119,7 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
   const int64_t layers = static_cast<int64_t>(old.phy2log.size()), E = old.num_logical, P = old.num_physical;
   const int64_t per_rank = old.slots_per_rank();
   const int size = ep_.size, me = ep_.rank;
-  backend::Communicator& comm = *ep_.comm;
+  backend::Communicator& comm = ep_.host();  // host floats: the load and the experts' weights
   // 1. The group's load.
   std::vector<float> summed(static_cast<size_t>(layers * E));
   for (int64_t m = 0; m < layers; ++m) {
@@ -1469,10 +1511,11 @@ Status DeepSeekModel::reserve_scratch(int64_t rows) {
 
 Status DeepSeekModel::group_failure(Status pass) const {
   if (pass.ok()) return pass;
-  for (backend::Communicator* comm : {tp_.comm, tp_.host_comm, ep_.comm}) {
+  for (backend::Communicator* comm : {tp_.comm, tp_.host_comm, ep_.comm, ep_.host_comm}) {
     if (comm != nullptr && comm->failed()) {
       return Status::shutting_down("the server is stopping: its " +
-                                   std::string(comm == ep_.comm ? "expert" : "tensor") + "-parallel group failed (" +
+                                   std::string(comm == ep_.comm || comm == ep_.host_comm ? "expert" : "tensor") +
+                                   "-parallel group failed (" +
                                    comm->status().message() + ")");
     }
   }
@@ -1770,7 +1813,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
         if (L.moe) dispatch_->run(w.rule, L, moe_layer++, none, none);
       }
       if (Status s = dispatch_->status(); !s.ok()) return s;
-      return ep_.comm->status();
+      if (Status s = ep_.comm->status(); !s.ok()) return s;
+      return ep_.host().status();
     }
     return Status();
   }
@@ -1818,7 +1862,8 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     // Final norm and lm_head for the requested rows only.
     backend_.compute_logits(t.x, w.norm, eps, *w.lm_head, device_greedy);
   };
-  if (decode_step && use_graphs_) {
+  // Not with expert parallel: its dispatch reads the routing on the host mid-step.
+  if (decode_step && use_graphs_ && !dispatch_) {
     track_graph_caches(graph_cache_layers_, layer_caches.first(static_cast<size_t>(c.num_hidden_layers)));
     backend::GraphKey key;
     key.rows = T;
@@ -1842,6 +1887,7 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
   }
   if (read.ok() && dispatch_) read = dispatch_->status();
   if (read.ok() && dispatch_) read = ep_.comm->status();
+  if (read.ok() && dispatch_) read = ep_.host().status();
   if (read.ok() && batch.keep_hidden) kept_hidden_rows_ = T;
   if (read.ok() && batch.keep_dspark_context) kept_context_rows_ = T;
   return read;

@@ -824,6 +824,8 @@ struct MoeBackend {
   Backend* gpu;
 };
 
+const be::Weight* pick_router(const WeightPair& w, bool cpu) { return cpu ? w.cpu.get() : w.gpu.get(); }
+
 void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
   const int64_t T = c.T, hidden = c.hidden, E = c.E, I = c.I;
   be::MoeRoutingRule rule;
@@ -871,6 +873,50 @@ void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
     const std::string label = std::string(c.label) + " [" + g.path + "]";
     expect_close(label.c_str(), run(*g.gpu, false), want,
                  quantized ? 8e-2 : 3e-2);
+  }
+
+  // Expert parallel (MoeWeights' given routing): two "ranks" holding experts [0, E/2) and [E/2, E) of the same rule,
+  // each applying the routing given on the host to all T rows; out accumulates both. The routing is random (distinct
+  // experts per row), with some weights 0 (a capacity factor's drops: not computed) and rows whose experts are all on
+  // the other half (nothing to add). Against the CPU backend's given routing on the same halves.
+  if (E % 2 != 0) return;
+  const int64_t half = E / 2, k = c.top_k;
+  std::vector<int32_t> ids(static_cast<size_t>(T * k));
+  std::vector<float> weights(static_cast<size_t>(T * k));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> experts(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) experts[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+    std::shuffle(experts.begin(), experts.end(), p.rng.engine);
+    if (t % 5 == 1) std::sort(experts.begin(), experts.end());  // all in the lower half (k <= E/2)
+    for (int64_t i = 0; i < k; ++i) {
+      ids[static_cast<size_t>(t * k + i)] = experts[static_cast<size_t>(i)];
+      weights[static_cast<size_t>(t * k + i)] = (t * k + i) % 7 == 3 ? 0.0f : 0.1f + 0.3f * static_cast<float>(i);
+    }
+  }
+  WeightPair halves_gate_up[2], halves_down[2];
+  for (int h = 0; h < 2; ++h) {
+    halves_gate_up[h] = make_weights(p.cpu, p.gpu, p.rng, half, 2 * I, hidden, c.precision,
+                                     1.0f / std::sqrt(static_cast<float>(hidden)));
+    halves_down[h] = make_weights(p.cpu, p.gpu, p.rng, half, hidden, I, c.precision,
+                                  1.0f / std::sqrt(static_cast<float>(I)));
+  }
+  expect_ok("synchronize (expert-parallel halves)", p.gpu.synchronize());
+  auto run_given = [&](Backend& b, bool cpu) {
+    Act xa = make_act(b, x, T, hidden, hidden + c.x_pad), oa = make_act(b, out0, T, hidden, hidden + c.out_pad);
+    for (int h = 0; h < 2; ++h) {
+      const be::Weight* gu = cpu ? halves_gate_up[h].cpu.get() : halves_gate_up[h].gpu.get();
+      const be::Weight* dn = cpu ? halves_down[h].cpu.get() : halves_down[h].gpu.get();
+      const be::MoeWeights mw{rule, pick_router(router, cpu), nullptr, gu, dn, h * half, ids, weights};
+      b.moe(xa.view, mw, oa.view);
+    }
+    return read_act(b, oa, c.label);
+  };
+  const std::vector<float> want_given = run_given(p.cpu, true);
+  for (const MoeBackend& g : gpus) {
+    const std::string path = g.path;
+    const bool quantized = c.precision == Precision::kFP8 && path != "streaming" && path != "tiled";
+    const std::string label = std::string(c.label) + " given routing, 2 halves [" + g.path + "]";
+    expect_close(label.c_str(), run_given(*g.gpu, false), want_given, quantized ? 8e-2 : 3e-2);
   }
 }
 

@@ -131,8 +131,8 @@ struct ModelShapes {
 // Expert parallel (a rank holding some experts, applying routing its tokens' owner computed): gate_up / down hold
 // experts [first_expert, first_expert + gate_up->count) of the rule's E, and `routed_ids` / `routed_weights` (host,
 // [T * top_k] each, route_token's order per row) replace the router: row t gets the sum over its ids in the held
-// range only. The CPU backend takes both; the CUDA backend neither yet (check_model_shapes is not asked: the model
-// refuses expert parallel on backends other than the CPU's).
+// range only. Both backends take it; the CUDA backend then builds the permutation on the host (a host
+// synchronization: not inside a graph) and computes only the pairs whose expert it holds with a weight other than 0.
 // DeepSeek-V4's variants (model/deepseek_v4.h): `hash_ids` ([vocab][top_k] int32, alloc + upload) routes a row by its
 // token id (begin_step's token_ids: the first num_hash_layers layers) instead of by top-k of the choice, the weights
 // being computed from the scores as for top-k; `swiglu_limit` > 0 clamps the expert activation: up to [-limit, limit],

@@ -107,8 +107,10 @@ struct TensorParallel {
 // output. Every rank makes every pass in lock step: a rank with nothing to run passes an empty batch (it still
 // receives and computes other ranks' tokens). With tensor parallel as well, each expert-parallel rank is a tensor-
 // parallel group (world tp.size x size: rank = ep_rank * tp.size + tp_rank) and `comm` links the ranks of one
-// tensor-parallel index; the experts' intermediate slices then follow TensorParallel. CPU backend only in this build
-// (the CUDA MoE kernels do not take given routing yet). Requires n_routed_experts divisible by size.
+// tensor-parallel index; the experts' intermediate slices then follow TensorParallel. CPU and CUDA backends (on
+// CUDA `comm` is NCCL's and moves the rows on the device; `host_comm`, a Gloo group of the same ranks, moves the
+// counts, the routing and EPLB's weights; CUDA graphs are not recorded, the routing being read on the host).
+// Requires n_routed_experts divisible by size.
 struct ExpertParallel {
   int rank = 0, size = 1;
   backend::Communicator* comm = nullptr;  // not owned, outlives the model; required when size > 1
@@ -126,6 +128,10 @@ struct ExpertParallel {
   // pairs past it, in arrival order (rank, then token), are dropped and the token keeps its residual path for that
   // expert (its other experts and the shared experts still apply). Counted in EplbStats::capacity_dropped.
   double capacity_factor = 0.0;
+  // The same group's collectives on host memory: a Gloo group beside an NCCL `comm` on CUDA (required there); null:
+  // `comm` (the CPU backend's memory is the host's). Not owned, outlives the model.
+  backend::Communicator* host_comm = nullptr;
+  backend::Communicator& host() const { return host_comm != nullptr ? *host_comm : *comm; }
 };
 
 // EPLB at run time (rank 0 decides; TensorParallel's followers do as told): every `interval_passes` forward passes,
@@ -186,6 +192,8 @@ class DeepSeekModel {
   const ModelConfig& config() const;
   const TensorParallel& tensor_parallel() const { return tp_; }
   const ExpertParallel& expert_parallel() const { return ep_; }
+  // The routed experts' precision on the backend (kF32 for a model without MoE layers).
+  backend::Precision expert_precision() const;
 
   // Serving with tensor parallel: rank 0 leads — its engine schedules, and each forward()/forward_greedy() and
   // make_layer_caches() is first broadcast to the other ranks as a command — and every other rank follows: follow()

@@ -173,6 +173,9 @@ class CudaBackend final : public Backend {
 
   Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols, Precision precision) override;
   Status set_matrix(Weight& w, int64_t index, const HostMatrix& host) override;
+  // bf16 and float32 weights (expert load balancing); FP8 ones: Unsupported (their block scales would not survive the
+  // float32 round trip).
+  Result<std::vector<float>> read_matrix(const Weight& w, int64_t index) override;
   void fill_random(Weight& w, uint64_t seed, float scale) override;
   Result<Buffer> make_vector(std::span<const float> values) override;
 
@@ -344,6 +347,9 @@ class CudaBackend final : public Backend {
   HeadResult head_;                       // compute_logits' results of this step
   std::vector<SampledLogprobs> sampled_logprobs_;  // read_sampled_tokens' logprobs (read_sampled_logprobs)
   size_t moe_offsets_capacity_ = 0;
+  // moe with given routing (expert parallel): the permutation built on the host, and its upload.
+  std::vector<int32_t> given_offsets_, given_sorted_, given_fill_;
+  std::vector<char> given_upload_;
 
   std::unordered_map<GraphKey, Graph, GraphKeyHash> graphs_;
   uint64_t buffers_generation_ = 0;  // bumped whenever a Scratch grows (graphs captured before it are stale)

@@ -7,6 +7,7 @@
 //   - one cuBLAS / cuBLASLt GEMM per non-empty expert, after copying the offsets to the host (a host
 //     synchronization, so a step that takes this path never runs as a CUDA graph).
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "check.h"
@@ -97,41 +98,70 @@ int grouping_of(MoeRoutingRule::TopK topk) {
 void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const MoeRoutingRule& rule = w.rule;
   const int64_t T = x.rows, hidden = x.cols, E = rule.num_experts, k = rule.top_k;
-  BACKEND_CHECK(w.router != nullptr && w.gate_up != nullptr && w.down != nullptr, "moe: missing weights");
-  BACKEND_CHECK(w.first_expert == 0 && w.routed_ids.empty(), "moe: expert parallel is not on the CUDA backend yet");
+  BACKEND_CHECK(w.gate_up != nullptr && w.down != nullptr, "moe: missing weights");
   BACKEND_CHECK(x.dtype == DType::kBF16 && out.dtype == DType::kBF16 && out.rows == T && out.cols == hidden,
                 "moe: x and out must be bf16 of the same shape");
-  BACKEND_CHECK(w.router->count == 1 && w.router->rows == E && w.router->cols == hidden,
-                "moe: the router must be one [" + std::to_string(E) + ", " + std::to_string(hidden) + "] matrix");
+  // Expert parallel (MoeWeights): the routing given on the host, experts [first, first + held) in the stacks.
+  const bool given = !w.routed_ids.empty() || w.first_expert != 0;
+  const int64_t first = given ? w.first_expert : 0, held = given ? w.gate_up->count : E;
   const int64_t I = w.gate_up->rows / 2;
-  BACKEND_CHECK(w.gate_up->count == E && w.gate_up->rows == 2 * I && w.gate_up->cols == hidden && w.down->count == E &&
-                    w.down->rows == hidden && w.down->cols == I,
+  BACKEND_CHECK(w.gate_up->count == held && w.gate_up->rows == 2 * I && w.gate_up->cols == hidden &&
+                    w.down->count == held && w.down->rows == hidden && w.down->cols == I,
                 "moe: experts must stack gate_up [E][2I][hidden] and down [E][hidden][I]");
-  // run_moe_routing's limits (fused_ops.h).
-  BACKEND_CHECK(E >= 1 && E <= 512 && k >= 1 && k <= 32 && k <= E,
-                "moe: " + std::to_string(E) + " experts, top " + std::to_string(k) +
-                    " (the routing kernel takes E <= 512, k <= min(E, 32))");
-  const int grouping = grouping_of(rule.topk);
-  BACKEND_CHECK(grouping == 0 || (rule.n_group >= 1 && rule.n_group <= 32 && E % rule.n_group == 0 &&
-                                  rule.topk_group >= 1 && rule.topk_group <= rule.n_group),
-                "moe: n_group " + std::to_string(rule.n_group) + ", topk_group " + std::to_string(rule.topk_group) +
-                    " (n_group <= 32 dividing E, topk_group <= n_group)");
-  const float* bias = w.bias != nullptr ? vector_f32(*w.bias, E, "moe (e_score_correction_bias)") : nullptr;
+  int grouping = 0;
+  const float* bias = nullptr;
+  if (given) {
+    BACKEND_CHECK(first >= 0 && held >= 1 && first + held <= E && k >= 1 && k <= E,
+                  "moe: experts [" + std::to_string(first) + ", " + std::to_string(first + held) + ") of " +
+                      std::to_string(E) + ", top " + std::to_string(k));
+    BACKEND_CHECK(static_cast<int64_t>(w.routed_ids.size()) == T * k && w.routed_weights.size() == w.routed_ids.size(),
+                  "moe: the given routing must be [T * top_k] ids and weights");
+  } else {
+    BACKEND_CHECK(w.router != nullptr, "moe: missing router");
+    BACKEND_CHECK(w.router->count == 1 && w.router->rows == E && w.router->cols == hidden,
+                  "moe: the router must be one [" + std::to_string(E) + ", " + std::to_string(hidden) + "] matrix");
+    // run_moe_routing's limits (fused_ops.h).
+    BACKEND_CHECK(E >= 1 && E <= 512 && k >= 1 && k <= 32 && k <= E,
+                  "moe: " + std::to_string(E) + " experts, top " + std::to_string(k) +
+                      " (the routing kernel takes E <= 512, k <= min(E, 32))");
+    grouping = grouping_of(rule.topk);
+    BACKEND_CHECK(grouping == 0 || (rule.n_group >= 1 && rule.n_group <= 32 && E % rule.n_group == 0 &&
+                                    rule.topk_group >= 1 && rule.topk_group <= rule.n_group),
+                  "moe: n_group " + std::to_string(rule.n_group) + ", topk_group " + std::to_string(rule.topk_group) +
+                      " (n_group <= 32 dividing E, topk_group <= n_group)");
+    bias = w.bias != nullptr ? vector_f32(*w.bias, E, "moe (e_score_correction_bias)") : nullptr;
+  }
   if (failed() || T == 0) return;
 
-  const int64_t P = T * k;  // token copies, one per (token, chosen expert)
+  // Given routing: the permutation built here on the host over the held experts only (entries routed elsewhere, or
+  // dropped by a capacity factor with weight 0, are not computed: their combine reads a zero row at weight 0).
+  given_offsets_.clear();
+  given_sorted_.clear();
+  if (given) {
+    if (!note_host_synchronization("moe (given routing)")) return;
+    given_offsets_.assign(static_cast<size_t>(held + 1), 0);
+    for (size_t j = 0; j < w.routed_ids.size(); ++j) {
+      const int64_t e = w.routed_ids[j] - first;
+      if (e >= 0 && e < held && w.routed_weights[j] != 0.0f) ++given_offsets_[static_cast<size_t>(e + 1)];
+    }
+    for (int64_t e = 0; e < held; ++e) given_offsets_[static_cast<size_t>(e + 1)] += given_offsets_[static_cast<size_t>(e)];
+    given_sorted_.resize(static_cast<size_t>(given_offsets_[static_cast<size_t>(held)]));
+    if (given_sorted_.empty()) return;  // none of these rows' experts is held here
+  }
+  const int64_t P = given ? static_cast<int64_t>(given_sorted_.size()) : T * k;  // token copies computed here
+  const int64_t E_held = held;                                                    // experts in the stacks
   // The path: by rows per expert, or forced (DEEPINFER_MOE_GEMM: where the forced kernel cannot take the shape, e.g.
   // wgmma with float32 weights or FP8 with K not in whole 128-groups, the per-expert path runs instead; FP8 wgmma
   // tiles are 128 columns whatever the width asked); float32 weights (tests) take cuBLAS.
   enum class Path { kStreaming, kTiled, kWgmma, kPerExpert } path = Path::kPerExpert;
   const bool kernels_take = grouped_supports(*w.gate_up) && grouped_supports(*w.down);
-  const bool tiled_fits = kc::moe_grouped_row_tiles(P, E, 64) <= kc::kMoeMaxRowTiles;  // the tiled kernel's grid.y
+  const bool tiled_fits = kc::moe_grouped_row_tiles(P, E_held, 64) <= kc::kMoeMaxRowTiles;  // the tiled kernel's grid.y
   // The wgmma kernel: bf16 experts, or FP8 ones whose K (hidden, I) are whole 128-wide groups (the activations are
   // quantized per 1 x 128); its grid.y (128-row tiles) within CUDA's limit.
   const bool fp8 = w.gate_up->precision == Precision::kFP8;
   const bool wgmma_takes = kernels_take && w.gate_up->precision == w.down->precision &&
                            (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
-                           kc::moe_grouped_row_tiles(P, E, 128) <= kc::kMoeMaxRowTiles;
+                           kc::moe_grouped_row_tiles(P, E_held, 128) <= kc::kMoeMaxRowTiles;
   int wgmma_tile_n = 0;  // automatic
   // Batch-invariant mode (cuda_backend.h): the streaming kernel in the tiled order or the tiled kernel, whose sums
   // are the same; the boundary is the auto one.
@@ -139,15 +169,16 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   if (batch_invariant_) {
     BACKEND_CHECK(kernels_take, "moe: batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) takes bf16 and FP8 experts "
                                 "with K % 8 == 0 (the grouped kernels); these are not");
-    choice = P > streaming_max_rows_per_expert(fp8) * E && tiled_fits ? MoeGemmPath::kTiled : MoeGemmPath::kStreaming;
+    choice = P > streaming_max_rows_per_expert(fp8) * E_held && tiled_fits ? MoeGemmPath::kTiled
+                                                                             : MoeGemmPath::kStreaming;
   }
   switch (choice) {
     case MoeGemmPath::kAuto:
-      if (kernels_take && P <= streaming_max_rows_per_expert(fp8) * E)
+      if (kernels_take && P <= streaming_max_rows_per_expert(fp8) * E_held)
         path = Path::kStreaming;
-      else if (wgmma_takes && (fp8 || P > kTiledMaxRowsPerExpert * E) && P <= kWgmmaMaxRowsPerExpert * E)
+      else if (wgmma_takes && (fp8 || P > kTiledMaxRowsPerExpert * E_held) && P <= kWgmmaMaxRowsPerExpert * E_held)
         path = Path::kWgmma;
-      else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E)
+      else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E_held)
         path = Path::kTiled;
       break;
     case MoeGemmPath::kStreaming:
@@ -172,19 +203,21 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const bool quantized = path == Path::kWgmma && fp8;
   const bool direct_x = x.stride == hidden, direct_out = out.stride == hidden;
   ScratchLayout l;
-  const size_t o_logits = l.add(static_cast<size_t>(T * E) * 4);
-  const size_t o_ids = l.add(static_cast<size_t>(P) * 4);
-  const size_t o_weights = l.add(static_cast<size_t>(P) * 4);
-  const size_t o_counts = l.add(static_cast<size_t>(E) * 4);
-  const size_t o_offsets = l.add(static_cast<size_t>(E + 1) * 4);
+  // Given routing: offsets [held + 1], sorted entries [P], entry positions [T k] and weights [T k] are one upload.
+  const size_t o_logits = given ? 0 : l.add(static_cast<size_t>(T * E) * 4);
+  const size_t o_ids = given ? 0 : l.add(static_cast<size_t>(T * k) * 4);
+  const size_t o_counts = given ? 0 : l.add(static_cast<size_t>(E) * 4);
+  const size_t o_workspace = given ? 0 : l.add(kc::moe_permute_workspace_bytes(T * k, E));
+  const size_t o_offsets = l.add(static_cast<size_t>(E_held + 1) * 4);
   const size_t o_sorted = l.add(static_cast<size_t>(P) * 4);
-  const size_t o_position = l.add(static_cast<size_t>(P) * 4);
-  const size_t o_workspace = l.add(kc::moe_permute_workspace_bytes(P, E));
+  const size_t o_position = l.add(static_cast<size_t>(T * k) * 4);
+  const size_t o_weights = l.add(static_cast<size_t>(T * k) * 4);
   const size_t o_x = direct_x ? 0 : l.add(static_cast<size_t>(T * hidden) * 2);
   const size_t o_permuted = l.add(static_cast<size_t>(P * hidden) * 2);
   const size_t o_gate_up = l.add(static_cast<size_t>(P * 2 * I) * 2);
   const size_t o_act = l.add(static_cast<size_t>(P * I) * 2);
-  const size_t o_expert_out = l.add(static_cast<size_t>(P * hidden) * 2);
+  // Given routing: one more row, of zeros, for the entries not computed here.
+  const size_t o_expert_out = l.add(static_cast<size_t>((P + (given ? 1 : 0)) * hidden) * 2);
   const size_t o_out = direct_out ? 0 : l.add(static_cast<size_t>(T * hidden) * 2);
   // FP8 experts on the wgmma kernel: the permuted rows, then the SiLU output, quantized per 1 x 128 (one at a time).
   const int64_t quant_cols = std::max(hidden, I);
@@ -200,6 +233,35 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   auto* position = reinterpret_cast<int32_t*>(base + o_position);
   auto* logits = reinterpret_cast<float*>(base + o_logits);
 
+  if (given) {
+    // The permutation (moe_permute's layout: within an expert in entry order) and the weights, in one upload.
+    given_upload_.assign(o_weights + static_cast<size_t>(T * k) * 4 - o_offsets, 0);
+    auto at = [&](size_t offset) { return given_upload_.data() + (offset - o_offsets); };
+    std::vector<int32_t>& fill = given_fill_;
+    fill.assign(given_offsets_.begin(), given_offsets_.end() - 1);
+    const auto zero_row = static_cast<int32_t>(P);
+    for (size_t j = 0; j < w.routed_ids.size(); ++j) {
+      const int64_t e = w.routed_ids[j] - first;
+      int32_t position_j = zero_row;
+      float weight_j = 0.0f;
+      if (e >= 0 && e < held && w.routed_weights[j] != 0.0f) {
+        position_j = fill[static_cast<size_t>(e)]++;
+        given_sorted_[static_cast<size_t>(position_j)] = static_cast<int32_t>(j);
+        weight_j = w.routed_weights[j];
+      }
+      std::memcpy(at(o_position) + j * 4, &position_j, 4);
+      std::memcpy(at(o_weights) + j * 4, &weight_j, 4);
+    }
+    std::memcpy(at(o_offsets), given_offsets_.data(), given_offsets_.size() * 4);
+    std::memcpy(at(o_sorted), given_sorted_.data(), given_sorted_.size() * 4);
+    if (Status st = upload_now(given_upload_.data(), given_upload_.size(), base + o_offsets); !st.ok()) {
+      fail(std::move(st));
+      return;
+    }
+    check_cuda(cudaMemsetAsync(base + o_expert_out + static_cast<size_t>(P * hidden) * 2, 0,
+                               static_cast<size_t>(hidden) * 2, stream_),
+               "moe (the zero row)");
+  } else {
   // Float32 router logits: for a few tokens one small kernel (cuBLAS's SGEMM path took three launches: widening x,
   // the dot products, their reduction); otherwise cuBLAS.
   const MatrixRef router = matrix_of(*w.router, 0);
@@ -254,13 +316,14 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   perm.workspace = base + o_workspace;
   perm.stream = stream_;
   check_cuda(kc::run_moe_route_and_permute(r, perm), "moe (routing and permutation)");
+  }
 
   const bool grouped = path != Path::kPerExpert;
 
   // Per-expert GEMMs: the per-expert row ranges decide which GEMMs to launch, so the host needs them: one
   // device-to-host copy and one stream synchronization per MoE layer. The grouped path reads them on the device.
-  const int32_t* host_offsets = nullptr;
-  if (!grouped) {
+  const int32_t* host_offsets = given ? given_offsets_.data() : nullptr;
+  if (!grouped && !given) {
     // The one op that waits for the device on the host: run_graph runs keys that reach it eagerly.
     if (!note_host_synchronization("moe (per-expert GEMMs)")) return;
     if (static_cast<size_t>(E + 1) > moe_offsets_capacity_) {
@@ -363,7 +426,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   } else {
     // One GEMM per non-empty expert over its contiguous rows.
     auto per_expert = [&](const Tensor& in, const Weight& weight, const Tensor& result) {
-      for (int64_t e = 0; e < E; ++e) {
+      for (int64_t e = 0; e < E_held; ++e) {
         const int64_t begin = host_offsets[e], count = host_offsets[e + 1] - begin;
         if (count > 0)
           linear_matrix(in.rows_slice(begin, count), matrix_of(weight, e), result.rows_slice(begin, count));

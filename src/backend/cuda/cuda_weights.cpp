@@ -152,6 +152,43 @@ Status CudaBackend::set_matrix(Weight& weight, int64_t index, const HostMatrix& 
   return upload_now(bf16.data(), n * sizeof(uint16_t), dst);
 }
 
+Result<std::vector<float>> CudaBackend::read_matrix(const Weight& weight, int64_t index) {
+  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
+  BACKEND_CHECK(w != nullptr, "a weight made by another backend was passed to the CUDA backend");
+  if (index < 0 || index >= w->count)
+    return Status::invalid_argument("read_matrix: matrix " + std::to_string(index) + " of a stack of " +
+                                    std::to_string(w->count));
+  if (w->precision == Precision::kFP8)
+    return Status::unsupported("CUDA backend: reading an FP8 block-scaled weight back (expert load balancing moves "
+                               "bf16 experts on CUDA; serve this checkpoint's experts in bf16 to rebalance them)");
+  activate();
+  const MatrixRef m = matrix_of(*w, index);
+  const size_t element = w->precision == Precision::kF32 ? 4 : 2;
+  std::vector<char> stored(static_cast<size_t>(w->rows * w->stride) * element);
+  if (cudaError_t err = cudaMemcpyAsync(stored.data(), m.values, stored.size(), cudaMemcpyDeviceToHost, stream_);
+      err != cudaSuccess || (err = cudaStreamSynchronize(stream_)) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::internal("read_matrix: " + std::string(cudaGetErrorString(err)));
+  }
+  std::vector<float> values(static_cast<size_t>(w->rows * w->cols));
+  for (int64_t r = 0; r < w->rows; ++r) {
+    for (int64_t c = 0; c < w->cols; ++c) {
+      const size_t at = static_cast<size_t>(r * w->stride + c);
+      float v = 0.0f;
+      if (element == 4) {
+        std::memcpy(&v, stored.data() + at * 4, 4);
+      } else {
+        uint16_t h = 0;
+        std::memcpy(&h, stored.data() + at * 2, 2);
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&v, &bits, 4);
+      }
+      values[static_cast<size_t>(r * w->cols + c)] = v;
+    }
+  }
+  return values;
+}
+
 void CudaBackend::fill_random(Weight& weight, uint64_t seed, float scale) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   BACKEND_CHECK(w != nullptr, "a weight made by another backend was passed to the CUDA backend");
