@@ -373,7 +373,8 @@ class Backend {
   // vocabulary-parallel shard holding ids [first_id, first_id + rows): rows of ids outside it are 0 (the tensor-
   // parallel ranks' shards then sum to the embedding). The caller checks ids against the vocabulary.
   virtual void embed(const Weight& table, Tensor out, int64_t first_id) = 0;
-  // y = x · wᵀ (y [rows, w.rows]; x [rows, w.cols]).
+  // y = x · wᵀ (y [rows, w.rows]; x [rows, w.cols]). y may be float32 where x is the activation dtype (router logits:
+  // expert parallel routes on the host from them; CUDA computes them as its moe op does).
   virtual void linear(const Tensor& x, const Weight& w, Tensor y) = 0;
   // Per stacked matrix h < w.count: y[:, h*y_head_stride ...+w.rows] = x[:, h*x_head_stride ...+w.cols] · w_hᵀ.
   virtual void linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y,

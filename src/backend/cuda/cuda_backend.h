@@ -282,6 +282,8 @@ class CudaBackend final : public Backend {
   Status read_head_values(const void* device, size_t n, void* host, const char* what);
   void linear_fp8(const Tensor& x, const MatrixRef& w, Tensor y);
   void gemm_f32_out(const Tensor& x, const MatrixRef& w, float* y, int64_t ldy);
+  // The router's float32 logits [x.rows, ld] (cuda_moe.cpp): MoE's own, and linear() into a float32 y.
+  void router_logits(const Tensor& x, const MatrixRef& router, float* logits, int64_t ld);
 
   // Row-wise helpers (cuda_rowwise.cpp): the RMSNorm kernel on a bf16 tensor whose rows share x's and y's stride.
   void rms_norm_same_stride(const Tensor& x, const uint16_t* weight, float eps, Tensor y, uint16_t* residual);

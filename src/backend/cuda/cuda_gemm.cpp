@@ -84,6 +84,14 @@ void CudaBackend::invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, f
 
 void CudaBackend::linear(const Tensor& x, const Weight& w, Tensor y) {
   BACKEND_CHECK(w.count == 1, "linear takes one matrix; this weight stacks " + std::to_string(w.count));
+  if (y.dtype == DType::kF32) {  // float32 logits (expert parallel's router, routed on the host): as moe's own
+    BACKEND_CHECK(x.dtype == DType::kBF16 && x.cols == w.cols && y.cols == w.rows && x.rows == y.rows,
+                  "linear into float32: bf16 x [rows, " + std::to_string(w.cols) + "] and y [rows, " +
+                      std::to_string(w.rows) + "] expected");
+    if (failed() || x.rows == 0) return;
+    router_logits(x, matrix_of(w, 0), static_cast<float*>(y.data), y.stride);
+    return;
+  }
   linear_matrix(x, matrix_of(w, 0), y);
 }
 

@@ -95,6 +95,27 @@ int grouping_of(MoeRoutingRule::TopK topk) {
 
 }  // namespace
 
+// Float32 router logits: for a few tokens one small kernel (cuBLAS's SGEMM path took three launches: widening x,
+// the dot products, their reduction); otherwise cuBLAS. The batch-invariant mode always takes the kernel.
+void CudaBackend::router_logits(const Tensor& x, const MatrixRef& router, float* logits, int64_t ld) {
+  if (router.precision == Precision::kF32 && (x.rows <= kRouterKernelMaxTokens || batch_invariant_)) {
+    kc::MoeRouterLogitsParams rl;
+    rl.tokens = x.rows;
+    rl.num_experts = router.rows;
+    rl.hidden = x.cols;
+    rl.x = static_cast<const uint16_t*>(x.data);
+    rl.x_stride = x.stride;
+    rl.w = static_cast<const float*>(router.values);
+    rl.w_stride = router.stride;
+    rl.logits = logits;
+    rl.logits_stride = ld;
+    rl.stream = stream_;
+    check_cuda(kc::run_moe_router_logits(rl), "moe (router logits)");
+  } else {
+    gemm_f32_out(x, router, logits, ld);
+  }
+}
+
 void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   const MoeRoutingRule& rule = w.rule;
   const int64_t T = x.rows, hidden = x.cols, E = rule.num_experts, k = rule.top_k;
@@ -262,25 +283,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
                                static_cast<size_t>(hidden) * 2, stream_),
                "moe (the zero row)");
   } else {
-  // Float32 router logits: for a few tokens one small kernel (cuBLAS's SGEMM path took three launches: widening x,
-  // the dot products, their reduction); otherwise cuBLAS.
-  const MatrixRef router = matrix_of(*w.router, 0);
-  if (router.precision == Precision::kF32 && (T <= kRouterKernelMaxTokens || batch_invariant_)) {
-    kc::MoeRouterLogitsParams rl;
-    rl.tokens = T;
-    rl.num_experts = E;
-    rl.hidden = hidden;
-    rl.x = static_cast<const uint16_t*>(x.data);
-    rl.x_stride = x.stride;
-    rl.w = static_cast<const float*>(router.values);
-    rl.w_stride = router.stride;
-    rl.logits = logits;
-    rl.logits_stride = E;
-    rl.stream = stream_;
-    check_cuda(kc::run_moe_router_logits(rl), "moe (router logits)");
-  } else {
-    gemm_f32_out(x, router, logits, E);
-  }
+  router_logits(x, matrix_of(*w.router, 0), logits, E);
 
   kc::MoeRoutingParams r;
   r.tokens = T;
