@@ -101,8 +101,15 @@ __device__ __forceinline__ void load_stage(Stage<kFp8>& s, const WarpView& v, in
     const int k = k0 + i * F::kStepK + v.t * F::kElems;
     const bool in_k = k < v.k;  // k % 8 == 0: a 16-byte x vector is wholly inside or outside
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    s.wa[i] = in_k && v.row_a ? load_weight(v.wa + static_cast<int64_t>(k) * F::kBytes) : zero;
-    s.wb[i] = in_k && v.row_b ? load_weight(v.wb + static_cast<int64_t>(k) * F::kBytes) : zero;
+    // load_weight is an asm statement the compiler may execute whatever the condition (it if-converts the select
+    // around the quad shuffles of the tiled order): its address stays inside the row (k 0 when past K or N), and the
+    // select keeps zeros. Regression: K = 32 (the demo's per-head weights in batch-invariant mode) read the 64 bytes
+    // after the last row.
+    const bool a_ok = in_k && v.row_a, b_ok = in_k && v.row_b;
+    const uint4 wa = load_weight(v.wa + static_cast<int64_t>(a_ok ? k : 0) * F::kBytes);
+    const uint4 wb = load_weight(v.wb + static_cast<int64_t>(b_ok ? k : 0) * F::kBytes);
+    s.wa[i] = a_ok ? wa : zero;
+    s.wb[i] = b_ok ? wb : zero;
 #pragma unroll
     for (int j = 0; j < F::kXLoads; ++j) {
       const int kx = k + 8 * j;
