@@ -107,7 +107,7 @@ memcheck() {
   local name=$1 limit=$2; shift 2
   [ -z "$SAN" ] && { log "compute-sanitizer not found"; status=1; return; }
   log "compute-sanitizer memcheck $name"
-  timeout "$limit" "$SAN" --tool memcheck --error-exitcode 3 "$@" >"$OUT/memcheck-$name.txt" 2>&1
+  timeout "$limit" "$SAN" --tool memcheck --error-exitcode 3 ${MEMCHECK_ARGS:-} "$@" >"$OUT/memcheck-$name.txt" 2>&1
   local rc=$?
   log "memcheck $name exit $rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-$name.txt" | tail -1)"
   [ $rc -ne 0 ] && { status=1; grep -m5 -A8 "Invalid\|Error" "$OUT/memcheck-$name.txt"; tail -n 5 "$OUT/memcheck-$name.txt"; }
@@ -120,7 +120,11 @@ want prefill && run gpu_check_prefill 90 "$BIN/gpu_check_prefill"
 want backend && { run gpu_check_backend 120 "$BIN/gpu_check_backend"; memcheck backend 200 "$BIN/gpu_check_backend" --no-nccl; }
 if want model; then
   run model_tests 200 "$BIN/model_tests" --gtest_filter='*Cuda*'
-  memcheck model 400 "$BIN/model_tests" --gtest_filter='*Cuda*'
+  memcheck model 400 "$BIN/model_tests" --gtest_filter='*Cuda*:-*ExpertParallel*'
+  # Expert parallel makes an NCCL group, whose init probes kernels of other architectures (API errors that memcheck
+  # counts by default: cudaErrorNoKernelImageForDevice inside ncclCommInitRank); memory errors still fail it.
+  MEMCHECK_ARGS="--report-api-errors no" memcheck model-expert-parallel 200 "$BIN/model_tests" \
+    --gtest_filter='*ExpertParallel*'
 fi
 unpack_demo() {
   [ -f "$WORK/models/demo/model.safetensors" ] && return 0
