@@ -819,14 +819,14 @@ class ExpertDispatch {
     Tensor send = grow(send_, S, hidden, normed.dtype), recv = grow(recv_, R, hidden, normed.dtype);
     meta_send_.resize(static_cast<size_t>(S * 2 * k));
     // The rows in one batched copy: a span per run of consecutive tokens (with every token going to every rank, one
-    // span per rank).
-    const size_t row_bytes = static_cast<size_t>(hidden) * backend::dtype_size(normed.dtype);
+    // span per rank), or per row when normed's rows are not contiguous.
+    const size_t element = backend::dtype_size(normed.dtype), row_bytes = static_cast<size_t>(hidden) * element;
+    const bool contiguous = normed.stride == hidden;
     spans_.clear();
     for_each_run([&](int64_t j, int64_t t, int64_t n) {
-      for (int64_t r = 0; r < (normed.stride == hidden ? 1 : n); ++r) {
-        const int64_t rows = normed.stride == hidden ? n : 1;
-        spans_.push_back({static_cast<const char*>(normed.data) + static_cast<size_t>((t + r) * normed.stride) *
-                                                                      backend::dtype_size(normed.dtype),
+      for (int64_t r = 0; r < n; r += contiguous ? n : 1) {
+        const int64_t rows = contiguous ? n : 1;
+        spans_.push_back({static_cast<const char*>(normed.data) + static_cast<size_t>((t + r) * normed.stride) * element,
                           static_cast<char*>(send.data) + static_cast<size_t>(j + r) * row_bytes,
                           static_cast<size_t>(rows) * row_bytes});
       }
