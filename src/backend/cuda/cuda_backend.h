@@ -350,7 +350,7 @@ class CudaBackend final : public Backend {
   std::vector<SampledLogprobs> sampled_logprobs_;  // read_sampled_tokens' logprobs (read_sampled_logprobs)
   size_t moe_offsets_capacity_ = 0;
   // moe with given routing (expert parallel): the permutation built on the host, and its upload.
-  std::vector<int32_t> given_offsets_, given_sorted_, given_fill_;
+  std::vector<int32_t> given_offsets_, given_sorted_, given_fill_, given_expert_;
   std::vector<char> given_upload_;
 
   std::unordered_map<GraphKey, Graph, GraphKeyHash> graphs_;

@@ -161,9 +161,11 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   if (given) {
     if (!note_host_synchronization("moe (given routing)")) return;
     given_offsets_.assign(static_cast<size_t>(held + 1), 0);
+    given_expert_.resize(w.routed_ids.size());  // each entry's held expert, -1: not computed here
     for (size_t j = 0; j < w.routed_ids.size(); ++j) {
       const int64_t e = w.routed_ids[j] - first;
-      if (e >= 0 && e < held && w.routed_weights[j] != 0.0f) ++given_offsets_[static_cast<size_t>(e + 1)];
+      given_expert_[j] = e >= 0 && e < held && w.routed_weights[j] != 0.0f ? static_cast<int32_t>(e) : -1;
+      if (given_expert_[j] >= 0) ++given_offsets_[static_cast<size_t>(e + 1)];
     }
     for (int64_t e = 0; e < held; ++e) given_offsets_[static_cast<size_t>(e + 1)] += given_offsets_[static_cast<size_t>(e)];
     given_sorted_.resize(static_cast<size_t>(given_offsets_[static_cast<size_t>(held)]));
@@ -262,10 +264,10 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     fill.assign(given_offsets_.begin(), given_offsets_.end() - 1);
     const auto zero_row = static_cast<int32_t>(P);
     for (size_t j = 0; j < w.routed_ids.size(); ++j) {
-      const int64_t e = w.routed_ids[j] - first;
+      const int32_t e = given_expert_[j];
       int32_t position_j = zero_row;
       float weight_j = 0.0f;
-      if (e >= 0 && e < held && w.routed_weights[j] != 0.0f) {
+      if (e >= 0) {
         position_j = fill[static_cast<size_t>(e)]++;
         given_sorted_[static_cast<size_t>(position_j)] = static_cast<int32_t>(j);
         weight_j = w.routed_weights[j];
@@ -283,42 +285,42 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
                                static_cast<size_t>(hidden) * 2, stream_),
                "moe (the zero row)");
   } else {
-  router_logits(x, matrix_of(*w.router, 0), logits, E);
+    router_logits(x, matrix_of(*w.router, 0), logits, E);
 
-  kc::MoeRoutingParams r;
-  r.tokens = T;
-  r.num_experts = E;
-  r.top_k = k;
-  r.sigmoid = rule.scoring == MoeRoutingRule::Scoring::kSigmoid;
-  r.sqrt_softplus = rule.scoring == MoeRoutingRule::Scoring::kSqrtSoftplus;
-  if (w.hash_ids != nullptr) {
-    r.fixed_ids = static_cast<const int32_t*>(w.hash_ids->data());
-    r.token_ids = step_.token_ids_device;
-  }
-  r.grouping = grouping;
-  r.n_group = static_cast<int>(rule.n_group);
-  r.topk_group = static_cast<int>(rule.topk_group);
-  r.norm_topk_prob = rule.norm_topk_prob;
-  r.scale_after_normalize = rule.scale_after_normalize;
-  r.routed_scaling_factor = rule.routed_scaling_factor;
-  r.logits = logits;
-  r.bias = bias;
-  r.ids = ids;
-  r.weights = weights;
-  r.stream = stream_;
+    kc::MoeRoutingParams r;
+    r.tokens = T;
+    r.num_experts = E;
+    r.top_k = k;
+    r.sigmoid = rule.scoring == MoeRoutingRule::Scoring::kSigmoid;
+    r.sqrt_softplus = rule.scoring == MoeRoutingRule::Scoring::kSqrtSoftplus;
+    if (w.hash_ids != nullptr) {
+      r.fixed_ids = static_cast<const int32_t*>(w.hash_ids->data());
+      r.token_ids = step_.token_ids_device;
+    }
+    r.grouping = grouping;
+    r.n_group = static_cast<int>(rule.n_group);
+    r.topk_group = static_cast<int>(rule.topk_group);
+    r.norm_topk_prob = rule.norm_topk_prob;
+    r.scale_after_normalize = rule.scale_after_normalize;
+    r.routed_scaling_factor = rule.routed_scaling_factor;
+    r.logits = logits;
+    r.bias = bias;
+    r.ids = ids;
+    r.weights = weights;
+    r.stream = stream_;
 
-  kc::MoePermuteParams perm;
-  perm.tokens = T;
-  perm.top_k = k;
-  perm.num_experts = E;
-  perm.ids = ids;
-  perm.counts = reinterpret_cast<int32_t*>(base + o_counts);
-  perm.offsets = offsets;
-  perm.sorted_entries = sorted;
-  perm.entry_position = position;
-  perm.workspace = base + o_workspace;
-  perm.stream = stream_;
-  check_cuda(kc::run_moe_route_and_permute(r, perm), "moe (routing and permutation)");
+    kc::MoePermuteParams perm;
+    perm.tokens = T;
+    perm.top_k = k;
+    perm.num_experts = E;
+    perm.ids = ids;
+    perm.counts = reinterpret_cast<int32_t*>(base + o_counts);
+    perm.offsets = offsets;
+    perm.sorted_entries = sorted;
+    perm.entry_position = position;
+    perm.workspace = base + o_workspace;
+    perm.stream = stream_;
+    check_cuda(kc::run_moe_route_and_permute(r, perm), "moe (routing and permutation)");
   }
 
   const bool grouped = path != Path::kPerExpert;

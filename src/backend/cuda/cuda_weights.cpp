@@ -163,27 +163,22 @@ Result<std::vector<float>> CudaBackend::read_matrix(const Weight& weight, int64_
                                "bf16 experts on CUDA; serve this checkpoint's experts in bf16 to rebalance them)");
   activate();
   const MatrixRef m = matrix_of(*w, index);
-  const size_t element = w->precision == Precision::kF32 ? 4 : 2;
-  std::vector<char> stored(static_cast<size_t>(w->rows * w->stride) * element);
-  if (cudaError_t err = cudaMemcpyAsync(stored.data(), m.values, stored.size(), cudaMemcpyDeviceToHost, stream_);
+  const bool f32 = w->precision == Precision::kF32;
+  // The stored rows (stride elements each), as float32 or bf16 bits.
+  std::vector<uint32_t> stored(static_cast<size_t>(w->rows * w->stride));
+  const size_t bytes = stored.size() * (f32 ? 4 : 2);
+  if (cudaError_t err = cudaMemcpyAsync(stored.data(), m.values, bytes, cudaMemcpyDeviceToHost, stream_);
       err != cudaSuccess || (err = cudaStreamSynchronize(stream_)) != cudaSuccess) {
     cudaGetLastError();
     return Status::internal("read_matrix: " + std::string(cudaGetErrorString(err)));
   }
+  const auto* bf16 = reinterpret_cast<const uint16_t*>(stored.data());
   std::vector<float> values(static_cast<size_t>(w->rows * w->cols));
   for (int64_t r = 0; r < w->rows; ++r) {
     for (int64_t c = 0; c < w->cols; ++c) {
       const size_t at = static_cast<size_t>(r * w->stride + c);
-      float v = 0.0f;
-      if (element == 4) {
-        std::memcpy(&v, stored.data() + at * 4, 4);
-      } else {
-        uint16_t h = 0;
-        std::memcpy(&h, stored.data() + at * 2, 2);
-        const uint32_t bits = static_cast<uint32_t>(h) << 16;
-        std::memcpy(&v, &bits, 4);
-      }
-      values[static_cast<size_t>(r * w->cols + c)] = v;
+      const uint32_t bits = f32 ? stored[at] : static_cast<uint32_t>(bf16[at]) << 16;  // bf16: float32's upper half
+      std::memcpy(&values[static_cast<size_t>(r * w->cols + c)], &bits, 4);
     }
   }
   return values;
