@@ -5,6 +5,7 @@ with a log each, chat bodies and their answers. Python 3 stdlib only.
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import time
 
 failures = []  # what check() found wrong
 procs = []  # every process start() started, for stop_all()
+names = []  # their log names, in the same order
 BIN = MODEL = logdir = None  # set by init()
 
 
@@ -22,13 +24,39 @@ def init(prefix):
     global BIN, MODEL, logdir
     BIN, MODEL = sys.argv[1], sys.argv[2]
     logdir = tempfile.mkdtemp(prefix=prefix)
+    default_hook = sys.excepthook
+
+    def print_logs_then_raise(kind, value, trace):  # a test that stops on an exception still shows its servers' logs
+        default_hook(kind, value, trace)
+        print_logs(names, lines=25)
+    sys.excepthook = print_logs_then_raise
     return BIN, MODEL, logdir
 
 
+_given_ports = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and below the kernel's ephemeral range, so that no socket bound to port 0 meanwhile (UCX's
+    listeners, the TCP stores, outgoing connections) can take it before the server it is meant for binds it: a
+    decode worker lost its --port to a UCX listener of the prefill worker started before it (CI, pd_ucx_e2e)."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _given_ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def check(ok, what):
@@ -72,6 +100,12 @@ def wait_health(port, seconds, want=200):
     return False
 
 
+def unhealthy(ports, seconds):
+    """{name: port} -> the names whose /health is not 200 within `seconds` (all waited for together)."""
+    deadline = time.time() + seconds
+    return [name for name, port in ports.items() if not wait_health(port, max(0.5, deadline - time.time()))]
+
+
 def wait_listening(port, seconds):  # a server whose /health is not 200 by design: until it answers at all
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -86,6 +120,8 @@ def wait_listening(port, seconds):  # a server whose /health is not 200 by desig
 def start(name, args):
     """`deepinfer ARGS`, its output in logdir/NAME.log."""
     log = open(os.path.join(logdir, f"{name}.log"), "a")
+    if name not in names:
+        names.append(name)
     p = subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT)
     procs.append(p)
     return p
@@ -140,9 +176,14 @@ def print_table(table, case="case"):
 def exit_failed(logs, lines):
     """How many checks failed and the last `lines` of each log in `logs` (names without .log); exit 1."""
     print(f"\n{len(failures)} failed; logs in {logdir}")
+    print_logs(logs, lines)
+    sys.exit(1)
+
+
+def print_logs(logs, lines):
+    """The last `lines` of each log in `logs` (names without .log) that exists."""
     for name in logs:
         path = os.path.join(logdir, f"{name}.log")
         if os.path.exists(path):
             print(f"--- {name}.log")
-            print("".join(open(path).readlines()[-lines:]))
-    sys.exit(1)
+            print("".join(open(path).readlines()[-lines:]), flush=True)

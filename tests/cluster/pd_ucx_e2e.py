@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import (chat, check, content, exit_failed, failures, free_port, init, metrics, print_table, request,
-                     start, stop_all, streamed_text, wait_health)
+                     start, stop_all, streamed_text, unhealthy, wait_health)
 
 BIN, MODEL, logdir = init("pd-ucx-e2e-")
 TIMEOUT_MS = 2000  # the decode workers' --kv-transfer-timeout-ms
@@ -61,8 +61,9 @@ try:
     start("router", ["router", "--prefill", f"http://127.0.0.1:{pport}", "--decode", f"http://127.0.0.1:{dport}",
                      "--model-path", MODEL, "--host", "127.0.0.1", "--port", str(rport),
                      "--health-check-interval-ms", "200", "--first-byte-timeout-ms", "60000"])
-    check(all(wait_health(p, seconds=120) for p in (pport, dport, tport, small_port, victim_port, bport, rport)),
-          "prefill, 3 decode, both and router healthy")
+    down = unhealthy({"prefill": pport, "decode": dport, "decode-tcp": tport, "decode-small": small_port,
+                      "decode-victim": victim_port, "both": bport, "router": rport}, seconds=120)
+    check(not down, f"prefill, 4 decode, both and router healthy (not healthy: {down})")
     time.sleep(1.0)
     info = json.loads(request(pport, "/worker/info")[1])
     check(info.get("kv_transfer_protocol") == "ucx" and info.get("kv_transfer_port") == kvport,
