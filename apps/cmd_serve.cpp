@@ -741,7 +741,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
       Result<std::unique_ptr<backend::Communicator>> made = backend::make_nccl_communicator(
           *backend, dp_group->store(), tp_rank > 0 ? "dp-tp" + std::to_string(tp_rank) + "-nccl" : "dp-nccl",
           options->data_parallel_rank, options->data_parallel_size, std::chrono::seconds(60));
-      if (!made.ok()) return fail(made.status().to_string());
+      if (!made.ok()) {
+        return fail(made.status().to_string() + " (each data-parallel rank needs a GPU of its own: start rank r with "
+                    "CUDA_VISIBLE_DEVICES=r on its host)");
+      }
       dp_nccl = std::move(made).value();
     }
     // Expert parallel over the same ranks (ExpertParallel::replicated_tokens).

@@ -1115,6 +1115,12 @@ std::vector<std::vector<double>> DeepSeekModel::expert_load() const {
 Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, int64_t num_nodes,
                                         std::vector<double>* before, std::vector<double>* after) {
   if (!dispatch_) return Status::invalid_argument("rebalance_experts: the model is not expert-parallel");
+  // Refused on every rank before any exchange: a rank failing to read its experts mid-way would leave the others
+  // waiting in the all-to-all (and the layers half rebalanced). Every rank holds the same precision.
+  if (expert_precision() == backend::Precision::kFP8) {
+    return Status::unsupported("rebalance_experts: the experts are FP8 (block-scaled): moving them between ranks is "
+                               "not implemented; load the experts in bf16, or leave EPLB off");
+  }
   const ExpertPlacement old = dispatch_->placement();
   const int64_t layers = static_cast<int64_t>(old.phy2log.size()), E = old.num_logical, P = old.num_physical;
   const int64_t per_rank = old.slots_per_rank();

@@ -123,7 +123,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   BACKEND_CHECK(x.dtype == DType::kBF16 && out.dtype == DType::kBF16 && out.rows == T && out.cols == hidden,
                 "moe: x and out must be bf16 of the same shape");
   // Expert parallel (MoeWeights): the routing given on the host, experts [first, first + held) in the stacks.
-  const bool given = !w.routed_ids.empty() || w.first_expert != 0;
+  // (A stack of fewer than E experts is a rank's share even with no rows to route: T = 0.)
+  const bool given = !w.routed_ids.empty() || w.first_expert != 0 || w.gate_up->count != E;
   const int64_t first = given ? w.first_expert : 0, held = given ? w.gate_up->count : E;
   const int64_t I = w.gate_up->rows / 2;
   BACKEND_CHECK(w.gate_up->count == held && w.gate_up->rows == 2 * I && w.gate_up->cols == hidden &&
