@@ -717,8 +717,16 @@ std::function<int()> add_serve_command(CLI::App& app) {
       // --shutdown-timeout-s.
       dp_group->set_stop_budget(std::chrono::seconds(options->shutdown_timeout_s));
     }
-    // Rank r of a tensor-parallel group on CUDA takes its host's GPU r % (ranks per host).
-    Result<BackendChoice> choice = make_backend(options->device, tp_group ? tp_group->rank() % local_ranks : 0);
+    // Rank r of a tensor-parallel group on CUDA takes its host's GPU r % (ranks per host). Data-parallel rank d's
+    // ranks come after those of the d ranks before it: GPU (d * ranks per host + r) modulo the GPUs this process
+    // sees, so that ranks started on one host without CUDA_VISIBLE_DEVICES take a GPU each (with it naming one GPU
+    // per rank, that one).
+    int device_index = tp_group ? tp_group->rank() % local_ranks : 0;
+    if (dp_group && options->device.device != "cpu") {
+      device_index += options->data_parallel_rank * local_ranks;
+      if (const int gpus = backend::cuda_device_count(); gpus > 0) device_index %= gpus;
+    }
+    Result<BackendChoice> choice = make_backend(options->device, device_index);
     if (!choice.ok()) return fail(choice.status().to_string());
     auto backend = std::move(choice->backend);
     // The model's collectives: Gloo on the CPU; on CUDA, NCCL for the tensors and Gloo for the host-side ones.

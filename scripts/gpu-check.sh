@@ -189,9 +189,10 @@ if want tp; then
     for _ in $(seq 1 90); do curl -sf localhost:8124/health >/dev/null 2>&1 && break; sleep 1; done
     ask 8124 >"$OUT/tp-ep.txt" 2>&1 || tp_ok=0
     kill $server 2>/dev/null; wait $server 2>/dev/null
-    # Two data-parallel ranks, one GPU each: the experts' rows over NCCL, counts and routing over Gloo.
+    # Two data-parallel ranks, one GPU each (rank r takes GPU r: no CUDA_VISIBLE_DEVICES), the experts' rows over
+    # NCCL, counts and routing over Gloo.
     for r in 0 1; do
-      CUDA_VISIBLE_DEVICES=$r "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port $((8130 + r)) \
+      "$BIN/deepinfer" serve "$WORK/models/demo" --device cuda --port $((8130 + r)) \
         --kv-cache-memory 1GiB --data-parallel-size 2 --data-parallel-rank $r --expert-parallel-size 2 \
         --master-addr 127.0.0.1 --master-port 8140 >"$OUT/dp-serve-$r.stderr" 2>&1 &
       dp_pids[$r]=$!

@@ -536,5 +536,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::string cpu_features();
 // The CUDA backend on device `device` (built with DEEPINFER_CUDA; else, or with no usable GPU, Unsupported).
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
+// How many CUDA devices this process sees (after CUDA_VISIBLE_DEVICES); 0 without the CUDA backend or a usable GPU.
+int cuda_device_count();
 
 }  // namespace deepinfer::backend

@@ -21,6 +21,15 @@ namespace deepinfer::backend {
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return cuda::CudaBackend::create(device); }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or no GPU: not an error of a later call
+    return 0;
+  }
+  return count;
+}
+
 namespace cuda {
 namespace {
 
