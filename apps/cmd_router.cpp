@@ -20,7 +20,7 @@ std::function<int()> add_router_command(CLI::App& app) {
   router::RouterConfig& c = options->config;
   CLI::App* cmd = app.add_subcommand(
       "router", "Route OpenAI/Anthropic requests to `deepinfer serve` workers by where their prefix is cached");
-  cmd->add_option("--worker", options->workers, "Worker base URL, http://HOST:PORT (repeat, or several after one flag)");
+  cmd->add_option("--worker", options->workers, "Worker base URL, http://HOST:PORT (repeat, several after one flag, or comma-separated)");
   cmd->add_option("--prefill", options->prefill,
                   "Prefill worker URL (`deepinfer serve --role prefill`; repeat or comma-separate; with --decode)");
   cmd->add_option("--decode", options->decode,
@@ -34,7 +34,8 @@ std::function<int()> add_router_command(CLI::App& app) {
                   "consistent-hash (the first 2,048 characters of system + user text), least-load")
       ->capture_default_str();
   cmd->add_option("--model-path,--model", options->model_path,
-                  "The checkpoint the workers serve (its tokenizer.json): kv-aware tokenizes prompts as they do");
+                  "The checkpoint the workers serve (its tokenizer.json): kv-aware tokenizes prompts as they do "
+                  "(this or --tokenizer is required with --policy kv-aware, the default)");
   cmd->add_option("--tokenizer", options->tokenizer, "tokenizer.json or its directory (instead of --model-path)");
   cmd->add_option("--affinity-chars", c.affinity_chars,
                   "consistent-hash: characters of system + user text in the key (the seed's gateway: 2048)")

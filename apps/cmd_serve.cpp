@@ -170,7 +170,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
           ->capture_default_str();
   cmd->add_option("--tensor-parallel-size", options->tensor_parallel_size,
                   "Processes (devices) per model: attention heads, MLP/expert intermediate and vocabulary split "
-                  "across them, one process each, started and supervised by this one (CPU: Gloo over TCP)")
+                  "across them, one process each, started and supervised by this one (CPU: Gloo over TCP; "
+                  "--device cuda: rank r on its host's GPU r, NCCL)")
       ->capture_default_str();
   cmd->add_option("--master-addr,--data-parallel-address", options->master_addr,
                   "Address of rank 0's rendezvous store and this host's collectives (tensor and data parallel)")
@@ -185,7 +186,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Attention data-parallel ranks, each a server of its own started by you with --data-parallel-rank "
                   "(its scheduler, KV cache and port; `deepinfer router` in front): the routed experts spread over "
                   "them (--expert-parallel-size equal to it), each MoE layer's tokens exchanged all-to-all, the "
-                  "ranks' passes in lock step (CPU; rank 0 serves the rendezvous at --master-addr:--master-port)")
+                  "ranks' passes in lock step (CPU: Gloo; CUDA: one GPU per rank, rank r on GPU r of those it sees, "
+                  "NCCL; rank 0 serves the rendezvous at --master-addr:--master-port)")
       ->capture_default_str()
       ->transform(at_least(1));
   cmd->add_option("--data-parallel-rank", options->data_parallel_rank,
@@ -239,7 +241,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-transfer-protocol", options->kv_transfer_protocol,
                   "tcp | ucx | rdma: how a prefill worker ships KV blocks to a decode worker (with --role prefill / "
                   "decode only; both sides alike). ucx: UCX picks shared memory, TCP or RDMA; rdma: RDMA "
-                  "transports only (refused at startup without an RDMA device)");
+                  "transports only (refused at startup without an RDMA device); default tcp");
   cmd->add_option("--rdma-device-names", options->rdma_device_names,
                   "RDMA NICs for the KV transfer, UCX_NET_DEVICES' form, e.g. mlx5_0:1,mlx5_1:1 (with "
                   "--kv-transfer-protocol rdma only)");
@@ -265,7 +267,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
                 "DeepSeek-V4 (default on): reuse a cached prefix whose last window's raw rows are gone (evicted, or "
                 "from the host/disk tier) by replaying only its last sliding_window tokens, an approximation; "
                 "--no-swa-bounded-replay reuses it up to where the rows are still cached (exact). Refused for models "
-                "without sliding-window layers");
+                "without sliding-window layers, and with --no-prefix-caching");
   cmd->add_option("--chat-format", options->chat_format,
                   "Prompt format: deepseek-v3, deepseek-r1, deepseek-v3.1, deepseek-v3.2, deepseek-v4, deepseek-v4.1 "
                   "(default: the checkpoint's config.json chat_format, else its encoding/encoding_dsv*.py, else its "
@@ -348,7 +350,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "(default: 20 with --tensor-parallel-size or --data-parallel-size > 1, else 0)")
       ->transform(at_least(0, 86400));
   cmd->add_option("--allowed-origins", options->allowed_origins,
-                  "CORS: browser origins allowed to call the API (e.g. https://app.example, or *); default none")
+                  "CORS: browser origins allowed to call the API, repeated or comma-separated (e.g. "
+                  "https://a.example,https://b.example, or *); default none")
       ->delimiter(',');
   cmd->add_flag("--metrics-require-api-key", options->metrics_require_api_key,
                 "Serve /metrics only with the API key (--api-key); /health stays open");
