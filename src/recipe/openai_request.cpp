@@ -28,6 +28,7 @@ Status parse_content(const json::value& content, const std::string& path, Messag
   }
   if (!content.is_array()) return type_error(path, "a string, an array of content parts or null", content);
   const json::array& parts = content.get_array();
+  if (parts.empty()) return Status::invalid_argument(path + " must not be an empty array (OpenAI's rule)");
   for (size_t i = 0; i < parts.size(); ++i) {
     std::string part_path = path + "[" + std::to_string(i) + "]";
     if (!parts[i].is_object()) return type_error(part_path, "an object", parts[i]);
@@ -192,6 +193,12 @@ Status parse_tools(const json::value& value, std::vector<ToolDefinition>& tools)
   for (size_t i = 0; i < list.size(); ++i) {
     ToolDefinition tool;
     if (Status s = parse_tool(list[i], "tools[" + std::to_string(i) + "]", tool); !s.ok()) return s;
+    for (const ToolDefinition& earlier : tools) {
+      if (earlier.name == tool.name) {
+        return Status::invalid_argument("tools[" + std::to_string(i) + "]: a second tool named \"" + tool.name +
+                                        "\" (tool names must be unique)");
+      }
+    }
     tools.push_back(std::move(tool));
   }
   return Status();
@@ -301,9 +308,31 @@ Result<Conversation> conversation_from_openai_chat(const json::value& request) {
   }
   if (const json::value* format = body.if_contains("response_format"); format != nullptr && !format->is_null()) {
     if (!format->is_object()) return type_error("response_format", "an object", *format);
-    const json::value* type = format->get_object().if_contains("type");
+    const json::object& fields = format->get_object();
+    const json::value* type = fields.if_contains("type");
+    if (type == nullptr || !type->is_string()) {
+      return type_error("response_format.type", "a string", type != nullptr ? *type : json::value());
+    }
+    const std::string_view kind = type->get_string();
+    if (kind == "json_schema") {
+      // OpenAI's {"type": "json_schema", "json_schema": {"name", "schema"?, "description"?, "strict"?}}.
+      const json::value* schema = fields.if_contains("json_schema");
+      if (schema == nullptr || !schema->is_object()) {
+        return Status::invalid_argument("response_format.json_schema must be an object with a name");
+      }
+      const json::value* name = schema->get_object().if_contains("name");
+      if (name == nullptr || !name->is_string() || name->get_string().empty()) {
+        return Status::invalid_argument("response_format.json_schema.name must be a non-empty string");
+      }
+      if (const json::value* body = schema->get_object().if_contains("schema"); body != nullptr && !body->is_object()) {
+        return type_error("response_format.json_schema.schema", "an object", *body);
+      }
+    } else if (kind != "text" && kind != "json_object") {
+      return Status::invalid_argument("response_format.type must be text, json_object or json_schema, got \"" +
+                                      std::string(kind) + "\"");
+    }
     // {"type": "text"} asks for nothing; the formats only print schemas.
-    if (type == nullptr || !type->is_string() || type->get_string() != "text") options.response_format = *format;
+    if (kind != "text") options.response_format = *format;
   }
   if (const json::value* choice = body.if_contains("tool_choice")) {
     if (Status s = apply_tool_choice(*choice, conversation); !s.ok()) return s;

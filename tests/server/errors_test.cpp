@@ -91,6 +91,28 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
       {"response_format json on V3", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", 400,
        "is not supported with the deepseek-v3 prompt format", "response_format"},
+      // Regression (a helper's break-it run): an unknown response_format type was accepted, its object printed into
+      // the prompt as a schema and the prose answer dropped as non-JSON; a json_schema without one likewise.
+      {"response_format xml", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}})", 400,
+       "response_format.type must be text, json_object or json_schema", "response_format.type"},
+      {"response_format empty", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {}})", 400, "response_format.type",
+       "response_format.type"},
+      {"response_format json_schema without one", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}})", 400,
+       "response_format.json_schema must be an object", "response_format.json_schema"},
+      {"response_format schema not an object", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", )"
+       R"("json_schema": {"name": "x", "schema": 5}}})",
+       400, "response_format.json_schema.schema", "response_format.json_schema.schema"},
+      {"duplicate tool names", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "tools": [)"
+       R"({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)"
+       R"({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})",
+       400, "tool names must be unique", "tools[1]"},
+      {"empty content array", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": []}]})", 400,
+       "must not be an empty array", "messages[0].content"},
       {"guided_json", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "x"}], "guided_json": {"type": "object"}})", 400,
        "guided_json is not supported yet", "guided_json"},
@@ -164,6 +186,14 @@ TEST_F(ErrorTest, AnthropicErrorsHaveAnthropicShape) {
           {R"({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]})",
            400},
           {R"({"model": "default", "max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "x"}]})",
+           400},
+          // Regression (a helper's break-it run): these were accepted.
+          {R"({"model": "default", "max_tokens": 5, "service_tier": "bogus", "messages": [{"role": "user", "content": "x"}]})",
+           400},
+          {R"({"model": "default", "max_tokens": 5, "metadata": {"user_id": 5}, "messages": [{"role": "user", "content": "x"}]})",
+           400},
+          {R"({"model": "default", "max_tokens": 30, "thinking": {"type": "enabled", "budget_tokens": 1024}, )"
+           R"("messages": [{"role": "user", "content": "x"}]})",
            400},
           {"{", 400}}) {
     HttpResponse response = client.post("/v1/messages", body);
