@@ -1,5 +1,7 @@
 // OpenAI dialect: /v1/chat/completions and /v1/completions (request -> GenerationPlan; the response and chunk
 // shapes are the recipe's, response_builder.h), /tokenize and /detokenize.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "deepinfer/server/api.h"
@@ -103,6 +105,21 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;
+  // Fields other servers take on chat: refused where they would change the answer, as /v1/completions does.
+  std::optional<int64_t> best_of;
+  if (auto e = read_integer(body, "best_of", 1, 128, best_of)) return *e;
+  if (best_of.value_or(1) > 1) return bad_request("best_of > 1 is not supported yet", "best_of");
+  std::optional<bool> echo;
+  if (auto e = read_bool(body, "echo", echo)) return *e;
+  if (echo.value_or(false)) return bad_request("echo is not supported yet", "echo");
+  std::optional<std::string> user;
+  if (auto e = read_string(body, "user", user)) return *e;
+  if (const json::value* modalities = body.if_contains("modalities"); modalities != nullptr && !modalities->is_null()) {
+    const bool text_only = modalities->is_array() && !modalities->get_array().empty() &&
+                           std::all_of(modalities->get_array().begin(), modalities->get_array().end(),
+                                       [](const json::value& m) { return m.is_string() && m.get_string() == "text"; });
+    if (!text_only) return bad_request("modalities: only [\"text\"] is supported (no audio output)", "modalities");
+  }
 
   GenerationPlan plan;
   std::vector<std::string> stops;
