@@ -61,16 +61,6 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
       tier != nullptr && !(tier->is_string() && (tier->get_string() == "auto" || tier->get_string() == "standard_only"))) {
     return bad_request("service_tier must be \"auto\" or \"standard_only\"", "service_tier");
   }
-  // Anthropic's rule: an enabled thinking budget is below max_tokens (validated, not enforced: README).
-  if (const json::value* thinking = present(body, "thinking"); thinking != nullptr && thinking->is_object()) {
-    const json::value* budget = thinking->get_object().if_contains("budget_tokens");
-    if (conversation.options.thinking && budget != nullptr && budget->is_int64() &&
-        budget->get_int64() >= *max_tokens) {
-      return bad_request(fmt::format("thinking.budget_tokens ({}) must be less than max_tokens ({})",
-                                     budget->get_int64(), *max_tokens),
-                         "thinking.budget_tokens");
-    }
-  }
 
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
