@@ -34,7 +34,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
     bool json = false;
   };
   auto options = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate from one prompt with a DeepSeek checkpoint (CPU, or --device cuda)");
+  CLI::App* cmd =
+      app.add_subcommand("generate", "Generate from one prompt with a DeepSeek checkpoint (CPU, or --device cuda)");
   cmd->add_option("--model", options->model, "Checkpoint directory (config.json + *.safetensors)")->required();
   auto* prompt = cmd->add_option("--prompt", options->prompt, "Prompt text (needs tokenizer.json in the model directory)");
   auto* ids = cmd->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated");
@@ -46,7 +47,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", options->seed, "Per-request seed");
   add_device_flags(cmd, options->device);
   add_speculative_flags(cmd, options->speculative);
-  cmd->add_flag("--json", options->json, "Print {\"output_ids\": [...], \"finish_reason\": ..., \"text\": ...} (text with a tokenizer.json)");
+  cmd->add_flag("--json", options->json,
+                "Print {\"output_ids\": [...], \"finish_reason\": ..., \"text\": ...} (text with a tokenizer.json)");
   return [options]() -> int {
     auto fail = [](const std::string& message) {
       std::cerr << "deepinfer generate: " << message << "\n";

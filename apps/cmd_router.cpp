@@ -20,7 +20,8 @@ std::function<int()> add_router_command(CLI::App& app) {
   router::RouterConfig& c = options->config;
   CLI::App* cmd = app.add_subcommand(
       "router", "Route OpenAI/Anthropic requests to `deepinfer serve` workers by where their prefix is cached");
-  cmd->add_option("--worker", options->workers, "Worker base URL, http://HOST:PORT (repeat, several after one flag, or comma-separated)");
+  cmd->add_option("--worker", options->workers,
+                  "Worker base URL, http://HOST:PORT (repeat, several after one flag, or comma-separated)");
   cmd->add_option("--prefill", options->prefill,
                   "Prefill worker URL (`deepinfer serve --role prefill`; repeat or comma-separate; with --decode)");
   cmd->add_option("--decode", options->decode,

@@ -753,8 +753,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
           *backend, dp_group->store(), tp_rank > 0 ? "dp-tp" + std::to_string(tp_rank) + "-nccl" : "dp-nccl",
           options->data_parallel_rank, options->data_parallel_size, std::chrono::seconds(60));
       if (!made.ok()) {
-        return fail(made.status().to_string() + " (each data-parallel rank needs a GPU of its own: start rank r with "
-                    "CUDA_VISIBLE_DEVICES=r on its host)");
+        return fail(made.status().to_string() + " (each data-parallel rank needs a GPU of its own: rank r takes GPU r "
+                    "of those it sees; with CUDA_VISIBLE_DEVICES, name a different GPU for each rank on a host)");
       }
       dp_nccl = std::move(made).value();
     }

@@ -826,7 +826,8 @@ class ExpertDispatch {
     for_each_run([&](int64_t j, int64_t t, int64_t n) {
       for (int64_t r = 0; r < n; r += contiguous ? n : 1) {
         const int64_t rows = contiguous ? n : 1;
-        spans_.push_back({static_cast<const char*>(normed.data) + static_cast<size_t>((t + r) * normed.stride) * element,
+        const size_t from = static_cast<size_t>((t + r) * normed.stride) * element;
+        spans_.push_back({static_cast<const char*>(normed.data) + from,
                           static_cast<char*>(send.data) + static_cast<size_t>(j + r) * row_bytes,
                           static_cast<size_t>(rows) * row_bytes});
       }

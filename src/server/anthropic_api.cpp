@@ -57,9 +57,10 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
       return bad_request("metadata.user_id must be a string", "metadata.user_id");
     }
   }
-  if (const json::value* tier = present(body, "service_tier");
-      tier != nullptr && !(tier->is_string() && (tier->get_string() == "auto" || tier->get_string() == "standard_only"))) {
-    return bad_request("service_tier must be \"auto\" or \"standard_only\"", "service_tier");
+  if (const json::value* tier = present(body, "service_tier"); tier != nullptr) {
+    if (!tier->is_string() || (tier->get_string() != "auto" && tier->get_string() != "standard_only")) {
+      return bad_request("service_tier must be \"auto\" or \"standard_only\"", "service_tier");
+    }
   }
 
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);

@@ -87,6 +87,17 @@ std::optional<ApiError> read_completion_prompt(const json::object& body, const A
   return std::nullopt;
 }
 
+// best_of and echo: the legacy completion fields, refused above their defaults on both OpenAI endpoints.
+std::optional<ApiError> refuse_best_of_and_echo(const json::object& body) {
+  std::optional<int64_t> best_of;
+  if (auto e = read_integer(body, "best_of", 1, 128, best_of)) return e;
+  if (best_of.value_or(1) > 1) return bad_request("best_of > 1 is not supported yet", "best_of");
+  std::optional<bool> echo;
+  if (auto e = read_bool(body, "echo", echo)) return e;
+  if (echo.value_or(false)) return bad_request("echo is not supported yet", "echo");
+  return std::nullopt;
+}
+
 }  // namespace
 
 ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const ApiContext& context) {
@@ -106,18 +117,13 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;
   // Fields other servers take on chat: refused where they would change the answer, as /v1/completions does.
-  std::optional<int64_t> best_of;
-  if (auto e = read_integer(body, "best_of", 1, 128, best_of)) return *e;
-  if (best_of.value_or(1) > 1) return bad_request("best_of > 1 is not supported yet", "best_of");
-  std::optional<bool> echo;
-  if (auto e = read_bool(body, "echo", echo)) return *e;
-  if (echo.value_or(false)) return bad_request("echo is not supported yet", "echo");
+  if (auto e = refuse_best_of_and_echo(body)) return *e;
   std::optional<std::string> user;
   if (auto e = read_string(body, "user", user)) return *e;
   if (const json::value* modalities = body.if_contains("modalities"); modalities != nullptr && !modalities->is_null()) {
+    const auto is_text = [](const json::value& m) { return m.is_string() && m.get_string() == "text"; };
     const bool text_only = modalities->is_array() && !modalities->get_array().empty() &&
-                           std::all_of(modalities->get_array().begin(), modalities->get_array().end(),
-                                       [](const json::value& m) { return m.is_string() && m.get_string() == "text"; });
+                           std::all_of(modalities->get_array().begin(), modalities->get_array().end(), is_text);
     if (!text_only) return bad_request("modalities: only [\"text\"] is supported (no audio output)", "modalities");
   }
 
@@ -170,15 +176,11 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
 ApiResult<GenerationPlan> plan_completion(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
   if (auto e = check_model(body, *context.model, false)) return *e;
-  std::optional<bool> echo, add_special_tokens;
-  if (auto e = read_bool(body, "echo", echo)) return *e;
-  if (echo.value_or(false)) return bad_request("echo is not supported yet", "echo");
+  if (auto e = refuse_best_of_and_echo(body)) return *e;
+  std::optional<bool> add_special_tokens;
   std::optional<std::string> suffix;
   if (auto e = read_string(body, "suffix", suffix)) return *e;
   if (suffix && !suffix->empty()) return bad_request("suffix is not supported", "suffix");
-  std::optional<int64_t> best_of;
-  if (auto e = read_integer(body, "best_of", 1, 128, best_of)) return *e;
-  if (best_of.value_or(1) > 1) return bad_request("best_of > 1 is not supported yet", "best_of");
   if (auto e = read_bool(body, "add_special_tokens", add_special_tokens)) return *e;
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;

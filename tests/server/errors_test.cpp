@@ -196,9 +196,11 @@ TEST_F(ErrorTest, AnthropicErrorsHaveAnthropicShape) {
           {R"({"model": "default", "max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "x"}]})",
            400},
           // Regression (a helper's break-it run): these were accepted.
-          {R"({"model": "default", "max_tokens": 5, "service_tier": "bogus", "messages": [{"role": "user", "content": "x"}]})",
+          {R"({"model": "default", "max_tokens": 5, "service_tier": "bogus", )"
+           R"("messages": [{"role": "user", "content": "x"}]})",
            400},
-          {R"({"model": "default", "max_tokens": 5, "metadata": {"user_id": 5}, "messages": [{"role": "user", "content": "x"}]})",
+          {R"({"model": "default", "max_tokens": 5, "metadata": {"user_id": 5}, )"
+           R"("messages": [{"role": "user", "content": "x"}]})",
            400},
           {"{", 400}}) {
     HttpResponse response = client.post("/v1/messages", body);
