@@ -8,6 +8,8 @@
 //
 // Usage: bench_speculative [--model DIR] [--draft-tokens 0,1,2,3] [--batches 1,8,32] [--max-tokens 64] [--reps 3]
 //                          [--bf16] [--dspark-max-draft-tokens 4 (0: no DSpark run)] [--dspark-confidence-threshold X]
+//                          [--dspark-step-time-table const|FILE (const: the planner verifies every draft, so that the
+//                          draft phases are timed; default: measured at each engine's start)]
 // Command of the recorded results (bench/results/*-cpu-speculative-mtp.jsonl):
 //   build/bench/bench_speculative --model models/demo --draft-tokens 0,1,2,3 --batches 1,8,32 --max-tokens 64 --reps 3
 #include <omp.h>
@@ -197,6 +199,7 @@ int main(int argc, char** argv) {
   bool bf16 = false;
   int64_t dspark_max_drafts = 4;
   double dspark_threshold = 0.85;
+  std::string dspark_step_times;  // --dspark-step-time-table: "const" makes and verifies every draft; empty measures
   std::string device = "cpu";
   std::vector<std::string> step_time_configs;
   std::vector<double> acceptance;
@@ -225,6 +228,8 @@ int main(int argc, char** argv) {
       dspark_max_drafts = std::stoll(next());
     } else if (arg == "--dspark-confidence-threshold") {
       dspark_threshold = std::stod(next());
+    } else if (arg == "--dspark-step-time-table") {
+      dspark_step_times = next();
     } else if (arg == "--device") {
       device = next();
     } else if (arg == "--step-times") {
@@ -238,8 +243,8 @@ int main(int argc, char** argv) {
     } else {
       std::cerr << "usage: bench_speculative [--model DIR] [--draft-tokens 0,1,2,3] [--batches 1,8,32] "
                    "[--max-tokens N] [--reps N] [--bf16] [--dspark-max-draft-tokens N] "
-                   "[--dspark-confidence-threshold X] [--device cpu|cuda] [--step-times CONFIG_DIR,... "
-                   "--acceptance A1,A2,...]\n";
+                   "[--dspark-confidence-threshold X] [--dspark-step-time-table const|FILE] [--device cpu|cuda] "
+                   "[--step-times CONFIG_DIR,... --acceptance A1,A2,...]\n";
       return 2;
     }
   }
@@ -308,6 +313,7 @@ int main(int argc, char** argv) {
           config.speculative.algorithm = engine::SpeculativeAlgorithm::kDspark;
           config.speculative.num_draft_tokens = static_cast<int32_t>(dspark_max_drafts);
           config.speculative.dspark.confidence_threshold = dspark_threshold;
+          config.speculative.dspark.step_time_table = dspark_step_times;
         }
         auto created = engine::Engine::create(std::move(backend), std::move(model).value(), config);
         if (!created.ok()) {

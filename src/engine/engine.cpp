@@ -97,8 +97,8 @@ namespace {
 // logits row, as a verify's) at 1, 2, 4, ... rows up to `max_rows`; and, where each sequence has one row, the MTP
 // pass over those rows with a logits row each and their confidences (a draft pass of that many chains). Median of 3
 // runs after a warm-up.
-// With a DSpark module (`module`) the draft pass is the module's block pass (one block per sequence) and "KV only"
-// its injection pass.
+// With a DSpark module (`module`) the draft pass is the module's block pass (one block per sequence) with its greedy
+// heads (on the device where the backend has them, else on the host), and "KV only" its injection pass.
 Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<const backend::Buffer> caches,
                                      int32_t num_blocks, int32_t max_num_seqs, int32_t max_rows, bool module) {
   constexpr int32_t kContext = 64;
@@ -111,6 +111,7 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
     sizes.insert(std::upper_bound(sizes.begin(), sizes.end(), max_num_seqs), max_num_seqs);
   }
   std::vector<std::pair<int32_t, double>> verify_points, draft_points, kv_points;
+  std::string heads_points;  // the host heads' share of a module's draft pass, for the log
   std::vector<int32_t> ids;
   std::vector<float> probabilities;
   auto median = [](std::vector<double> times) {
@@ -158,7 +159,7 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
       }
       batch.sequences.push_back(std::move(chunk));
     }
-    std::vector<double> verify_times, draft_times, kv_times;
+    std::vector<double> verify_times, draft_times, kv_times, heads_times;
     model::MtpBatch kv_only = draft;  // the same pass without logits rows: keeping the MTP KV current
     kv_only.logits_rows.clear();
     auto elapsed_ms = [](std::chrono::steady_clock::time_point start) {
@@ -179,6 +180,21 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
         if (Status s = model.forward_dspark_inject(inject, caches.subspan(main_caches.size())); !s.ok()) return s;
         if (timed) kv_times.push_back(elapsed_ms(start));
         start = std::chrono::steady_clock::now();
+        if (model.has_device_dspark_heads()) {  // the heads where the logits are, as the executor runs them
+          const int32_t gamma = static_cast<int32_t>(model.config().dspark->block_size);
+          std::vector<int32_t> previous, lengths(block.sequences.size(), gamma);
+          for (size_t chain = 0; chain < block.sequences.size(); ++chain) {
+            previous.push_back(block.token_ids[chain * static_cast<size_t>(gamma)]);
+          }
+          std::vector<double> confidences;
+          if (Status s = model.forward_dspark_block_greedy(block, caches.subspan(main_caches.size()), previous,
+                                                           lengths, ids, confidences);
+              !s.ok()) {
+            return s;
+          }
+          if (timed) draft_times.push_back(elapsed_ms(start));
+          continue;
+        }
         if (Status s = model.forward_dspark_block(block, caches.subspan(main_caches.size()), logits, hidden); !s.ok()) {
           return s;
         }
@@ -190,6 +206,7 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
         const size_t gamma = static_cast<size_t>(model.config().dspark->block_size);
         std::vector<int32_t> chain_drafts(block.token_ids.size());
         std::vector<double> chain_confidences(block.token_ids.size());
+        const auto heads_start = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(static)
         for (size_t chain = 0; chain < block.sequences.size(); ++chain) {
           const size_t first = chain * gamma;
@@ -198,7 +215,10 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
                              block.token_ids[first], std::span(chain_drafts).subspan(first, gamma),
                              std::span(chain_confidences).subspan(first, gamma));
         }
-        if (timed) draft_times.push_back(elapsed_ms(start));
+        if (timed) {
+          heads_times.push_back(elapsed_ms(heads_start));
+          draft_times.push_back(elapsed_ms(start));
+        }
         continue;
       }
       start = std::chrono::steady_clock::now();
@@ -212,7 +232,9 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
     add(verify_points, rows, median(verify_times));
     if (!draft_times.empty()) add(draft_points, rows, median(draft_times));
     if (!kv_times.empty()) add(kv_points, rows, median(kv_times));
+    if (!heads_times.empty()) heads_points += fmt::format(" {}:{:.2f}", rows, median(heads_times));
   }
+  if (!heads_points.empty()) spdlog::info("dspark: of the draft pass, the host heads (chains:ms){}", heads_points);
   Result<StepTimeTable> verify = StepTimeTable::create(std::move(verify_points));
   if (!verify.ok()) return verify.status();
   Result<StepTimeTable> draft = StepTimeTable::create(std::move(draft_points));

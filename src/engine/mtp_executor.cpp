@@ -455,9 +455,25 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
   }
   // Nobody drafts and keeping the stage caches current costs too much (the planner's rule): skip the injection.
   if (blocks.empty() && planner_->skips_idle_draft_pass()) return Status();
+  // Where every drafting request is plain greedy and the backend has DSpark's heads on the device, the chains are
+  // made there (the block pass's logits never reach the host); else the heads run here.
+  bool device_heads = model_.has_device_dspark_heads() && !blocks.empty();
+  for (const Block& b : blocks) device_heads = device_heads && b.request->params.is_plain_greedy();
+  const size_t rows = blocks.size() * static_cast<size_t>(gamma);
+  std::vector<TokenId> greedy_drafts(rows, 0);
+  std::vector<double> confidences(rows, 0.0);
   auto clock = std::chrono::steady_clock::now();
   Status passes = model_.forward_dspark_inject(inject, stage_caches);
-  if (passes.ok() && !blocks.empty()) passes = model_.forward_dspark_block(block, stage_caches, logits_, block_hidden_);
+  if (passes.ok() && device_heads) {
+    std::vector<int32_t> previous, lengths;
+    for (const Block& b : blocks) {
+      previous.push_back(b.request->token_at(b.position));
+      lengths.push_back(b.max_drafts);
+    }
+    passes = model_.forward_dspark_block_greedy(block, stage_caches, previous, lengths, greedy_drafts, confidences);
+  } else if (passes.ok() && !blocks.empty()) {
+    passes = model_.forward_dspark_block(block, stage_caches, logits_, block_hidden_);
+  }
   clock = lap(SpeculativeStats::kDraftPasses, clock);
   if (!passes.ok() || blocks.empty()) return passes;
   struct HeadsTime {  // whatever way this function returns
@@ -468,13 +484,16 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
   // Greedy requests' chains in parallel (each block on its own: the Markov head reads the block's previous draft);
   // the planner then cuts each chain in order. Sampled requests draw theirs with the sampler, one after another.
   const size_t draft_vocab = static_cast<size_t>(heads.draft_vocab());
-  const size_t rows = blocks.size() * static_cast<size_t>(gamma);
-  std::vector<TokenId> greedy_drafts(rows, 0);
-  std::vector<double> confidences(rows, 0.0);
-  corrected_.resize(rows * draft_vocab);
   int32_t bad_row = -1;
-#pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < blocks.size(); ++b) {
+  for (size_t b = 0; device_heads && b < blocks.size(); ++b) {
+    for (int32_t k = 0; k < blocks[b].max_drafts && bad_row < 0; ++k) {
+      const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
+      if (greedy_drafts[row] < 0) bad_row = static_cast<int32_t>(row);
+    }
+  }
+  if (!device_heads) corrected_.resize(rows * draft_vocab);
+#pragma omp parallel for schedule(static) if (!device_heads)
+  for (size_t b = 0; b < (device_heads ? 0 : blocks.size()); ++b) {
     const RequestState& request = *blocks[b].request;
     const TokenId previous = request.token_at(blocks[b].position);
     const size_t first = b * static_cast<size_t>(gamma), length = static_cast<size_t>(blocks[b].max_drafts);

@@ -92,8 +92,8 @@ struct MtpLayer {
   Layer layer;
 };
 
-// The DSpark draft module's backend half (config.h's DsparkDraftConfig); its Markov and confidence heads stay on the
-// host (DeepSeekModel::DsparkHeads).
+// The DSpark draft module's backend half (config.h's DsparkDraftConfig); its Markov and confidence heads are on the
+// host (DeepSeekModel::DsparkHeads), and also on the device where the backend runs them (Weights::dspark_device).
 struct DsparkModule {
   std::vector<Layer> stages;
   WeightPtr main_proj;  // [hidden, hidden * S]
@@ -109,6 +109,8 @@ struct DeepSeekModel::Weights {
   std::vector<MtpLayer> mtp_layers;
   std::unique_ptr<DsparkModule> dspark;
   DeepSeekModel::DsparkHeads dspark_heads;
+  // Device copies of dspark_heads' weights, when the backend has_device_dspark_heads() (w1 empty otherwise).
+  backend::Backend::DsparkHeadsOnDevice dspark_device;
   Buffer norm;
   WeightPtr lm_head;
   Buffer inv_freq;  // [R / 2]
@@ -660,6 +662,43 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, co
       }
       heads.markov_w2_norm[i] = static_cast<float>(std::sqrt(squares) * (1.0 + 1e-6));
       heads.markov_w2_norm_max = std::max(heads.markov_w2_norm_max, heads.markov_w2_norm[i]);
+    }
+  }
+  if (w.dspark && backend.has_device_dspark_heads()) {
+    const DeepSeekModel::DsparkHeads& heads = w.dspark_heads;
+    backend::Backend::DsparkHeadsOnDevice& d = w.dspark_device;
+    d.vocab = heads.vocab;
+    d.draft_vocab = heads.draft_vocab();
+    d.rank = heads.rank;
+    d.hidden = heads.hidden;
+    d.w2_norm_max = heads.markov_w2_norm_max;
+    d.outside = static_cast<int32_t>(heads.vocab);
+    if (!heads.active.empty()) {
+      int32_t outside = 0;
+      for (int32_t a : heads.active) {
+        if (a != outside) break;
+        ++outside;
+      }
+      d.outside = outside;
+    }
+    auto upload = [&](const void* data, size_t bytes, Buffer& buffer) -> Status {
+      if (bytes == 0) return Status();
+      Result<Buffer> made = backend.alloc(bytes);
+      if (!made.ok()) return made.status();
+      buffer = std::move(made).value();
+      return backend.upload(data, bytes, buffer, 0);
+    };
+    // Random weights keep no untransposed rows: theirs are zeros, like the transposed copy.
+    const std::vector<float> zeros =
+        heads.markov_w2_rows.empty() ? std::vector<float>(static_cast<size_t>(d.draft_vocab * d.rank), 0.0f)
+                                     : std::vector<float>();
+    const std::vector<float>& rows = heads.markov_w2_rows.empty() ? zeros : heads.markov_w2_rows;
+    for (Status u : {upload(heads.markov_w1.data(), heads.markov_w1.size() * 4, d.w1),
+                     upload(rows.data(), rows.size() * 4, d.w2_rows),
+                     upload(heads.markov_w2_norm.data(), heads.markov_w2_norm.size() * 4, d.w2_norm),
+                     upload(heads.confidence.data(), heads.confidence.size() * 4, d.confidence),
+                     upload(heads.active.data(), heads.active.size() * 4, d.active)}) {
+      if (!u.ok()) return u;
     }
   }
   std::vector<float> inv_freq;
@@ -2188,6 +2227,35 @@ const DeepSeekModel::DsparkHeads* DeepSeekModel::dspark_heads() const {
   return weights_->dspark ? &weights_->dspark_heads : nullptr;
 }
 
+bool DeepSeekModel::has_device_dspark_heads() const {
+  // Under tensor parallel a shared lm_head leaves each rank a slice of the logits: the host heads gather them.
+  return weights_->dspark && weights_->dspark_device.w1.bytes > 0 && (tp_.size == 1 || weights_->dspark->head);
+}
+
+Status DeepSeekModel::forward_dspark_block_greedy(const DsparkBlockBatch& batch, LayerCaches stage_caches,
+                                                  std::span<const int32_t> previous, std::span<const int32_t> lengths,
+                                                  std::vector<int32_t>& drafts, std::vector<double>& confidences) {
+  drafts.clear();
+  confidences.clear();
+  if (!has_device_dspark_heads()) {
+    return Status::unsupported("forward_dspark_block_greedy: the " + std::string(backend_.name()) +
+                               " backend has no DSpark heads on the device for this model");
+  }
+  const int64_t gamma = local_.dspark->block_size;
+  if (previous.size() != batch.sequences.size() || lengths.size() != previous.size() ||
+      static_cast<int64_t>(batch.token_ids.size()) != static_cast<int64_t>(previous.size()) * gamma) {
+    return Status::invalid_argument("forward_dspark_block_greedy: " + std::to_string(batch.sequences.size()) +
+                                    " blocks of " + std::to_string(batch.token_ids.size()) + " rows for " +
+                                    std::to_string(previous.size()) + " chains (block size " +
+                                    std::to_string(gamma) + ")");
+  }
+  if (Status s = run_dspark_block(batch, stage_caches); !s.ok() || batch.token_ids.empty()) return s;
+  const StepTensors t = step_tensors(*scratch_, local_, backend_.activation_dtype(),
+                                     static_cast<int64_t>(batch.token_ids.size()));
+  return backend_.read_dspark_greedy_chains(weights_->dspark_device, t.projected, static_cast<int32_t>(gamma),
+                                            previous, lengths, drafts, confidences);
+}
+
 Status DeepSeekModel::send_dspark_command(uint64_t kind, const char* where, LayerCaches stage_caches,
                                          std::span<const int32_t> rows, std::span<const SequenceChunk> sequences) {
   if (!leading_) return Status();
@@ -2279,13 +2347,12 @@ Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, Laye
   return backend_.synchronize();
 }
 
-Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches,
-                                           std::vector<float>& logits, std::vector<float>& hidden) {
+Status DeepSeekModel::run_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches) {
   const ModelConfig& c = local_;  // this rank's shapes (config_ without tensor parallel)
   backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   const Weights& w = *weights_;
   if (!w.dspark) return Status::invalid_argument("forward_dspark_block: the model has no DSpark draft module");
-  const int64_t S = c.dspark->num_stages(), d = c.hidden_size;
+  const int64_t S = c.dspark->num_stages();
   const int64_t T = static_cast<int64_t>(batch.token_ids.size());
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (static_cast<int64_t>(stage_caches.size()) != S) {
@@ -2299,8 +2366,6 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
       !s.ok()) {
     return s;
   }
-  logits.clear();
-  hidden.clear();
   if (T == 0) return Status();
   if (Status s = send_dspark_command(kDsparkBlockCommand, "forward_dspark_block", stage_caches, batch.token_ids,
                                      batch.sequences);
@@ -2344,8 +2409,19 @@ Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerC
   } else {
     device_work();
   }
+  return Status();
+}
+
+Status DeepSeekModel::forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches,
+                                           std::vector<float>& logits, std::vector<float>& hidden) {
+  logits.clear();
+  hidden.clear();
+  if (Status s = run_dspark_block(batch, stage_caches); !s.ok() || batch.token_ids.empty()) return s;
+  const int64_t T = static_cast<int64_t>(batch.token_ids.size()), d = local_.hidden_size;
+  backend::Communicator* tp = tp_.size > 1 ? tp_.comm : nullptr;
   // The compact head is whole on every rank; a shared lm_head is this rank's vocabulary slice: gathered.
-  if (Status s = tp != nullptr && !M.head ? read_gathered_logits(&logits, nullptr) : backend_.read_logits(logits);
+  if (Status s = tp != nullptr && !weights_->dspark->head ? read_gathered_logits(&logits, nullptr)
+                                                          : backend_.read_logits(logits);
       !s.ok()) {
     return group_failure(s);
   }

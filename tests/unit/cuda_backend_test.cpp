@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
@@ -23,6 +25,7 @@
 #include "deepinfer/model/random_checkpoint.h"
 #include "logits_compare.h"
 #include "temp_dir.h"
+#include "test_data.h"
 
 namespace deepinfer::model {
 namespace {
@@ -587,6 +590,96 @@ TEST(CudaBackendTest, ExpertParallelOnOneRankMatchesTheModelWithoutIt) {
   for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(step("decode after the rebalance"));
   EXPECT_LE(worst_median, 2e-2);
   EXPECT_GE(argmax_equal, rows_total - 1) << argmax_equal << " of " << rows_total << " greedy ids equal";
+}
+
+
+// DSpark's greedy heads on the device (Backend::read_dspark_greedy_chains through forward_dspark_block_greedy) make
+// the host heads' drafts on the demo model's trained draft module: the same block pass read back to the host and run
+// through DsparkHeads::greedy_chain gives the same drafts and confidences within 1e-9, for three chains at once of
+// lengths 4, 2 and 0, and after 40 other previous tokens (the Markov head's pruning against other e vectors).
+// Skipped without a GPU, and without the unpacked demo model (DEEPINFER_DEMO_MODEL_DIR, default models/demo:
+// scripts/gpu-check.sh unpacks it there).
+TEST(CudaBackendTest, DsparkHeadsOnTheDeviceMakeTheHostHeadsDrafts) {
+  Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+  if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
+  const char* env = std::getenv("DEEPINFER_DEMO_MODEL_DIR");
+  const std::string dir = env != nullptr && *env != '\0' ? env : deepinfer::testing::source_path("models/demo");
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) GTEST_SKIP() << "no " << dir;
+  auto loaded = DeepSeekModel::load(dir, **cuda, backend::Precision::kBF16);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  DeepSeekModel& model = **loaded;
+  ASSERT_TRUE(model.config().dspark.has_value());
+  ASSERT_TRUE(model.has_device_dspark_heads());
+  const DeepSeekModel::DsparkHeads& heads = *model.dspark_heads();
+  const int32_t gamma = static_cast<int32_t>(model.config().dspark->block_size);
+  const int64_t vocab = model.config().vocab_size, hidden = model.config().hidden_size;
+  constexpr int64_t kBlocks = 12;  // three sequences of four blocks
+  auto main_caches = model.make_layer_caches(kBlocks);
+  ASSERT_TRUE(main_caches.ok());
+  std::vector<backend::Buffer> stage_caches;
+  for (int64_t s = 0; s < model.config().dspark->num_stages(); ++s) {
+    stage_caches.push_back(*model.make_layer_cache(kBlocks));
+  }
+  // Three prompts (ids from the vocabulary's word range), prefilled at once with the draft's context kept.
+  ForwardBatch forward;
+  DsparkInjectBatch inject;
+  DsparkBlockBatch block;
+  std::vector<int32_t> lengths = {gamma, 2, 0};
+  for (int32_t s = 0; s < 3; ++s) {
+    const int32_t length = 37 + 11 * s;
+    const std::vector<int32_t> table = {4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3};
+    for (int32_t t = 0; t < length; ++t) {
+      inject.context_rows.push_back(static_cast<int32_t>(forward.token_ids.size()));
+      forward.token_ids.push_back(1000 + (t * 7919 + s * 104729) % 20000);
+    }
+    forward.sequences.push_back({length, 0, table});
+    forward.logits_rows.push_back(static_cast<int32_t>(forward.token_ids.size()) - 1);
+    inject.sequences.push_back({length, 0, table});
+    block.sequences.push_back({gamma, length, table});
+  }
+  forward.keep_dspark_context = true;
+  std::vector<int32_t> anchors;
+  ASSERT_TRUE(model.forward_greedy(forward, *main_caches, anchors).ok());
+  ASSERT_TRUE(model.forward_dspark_inject(inject, stage_caches).ok());
+  for (int32_t anchor : anchors) {
+    block.token_ids.push_back(anchor);
+    const int32_t noise = static_cast<int32_t>(model.config().dspark->noise_token_id);
+    for (int32_t k = 1; k < gamma; ++k) block.token_ids.push_back(noise);
+  }
+  std::vector<float> base, h;
+  ASSERT_TRUE(model.forward_dspark_block(block, stage_caches, base, h).ok());
+  const size_t n = static_cast<size_t>(heads.draft_vocab());
+  ASSERT_EQ(base.size(), 3 * static_cast<size_t>(gamma) * n);
+  ASSERT_EQ(h.size(), 3 * static_cast<size_t>(gamma * hidden));
+  int compared = 0;
+  auto check = [&](const std::vector<int32_t>& previous) {
+    std::vector<int32_t> drafts;
+    std::vector<double> confidences;
+    ASSERT_TRUE(model.forward_dspark_block_greedy(block, stage_caches, previous, lengths, drafts, confidences).ok());
+    ASSERT_EQ(drafts.size(), 3 * static_cast<size_t>(gamma));
+    for (size_t c = 0; c < 3; ++c) {
+      const size_t first = c * static_cast<size_t>(gamma), length = static_cast<size_t>(lengths[c]);
+      std::vector<int32_t> want(length);
+      std::vector<double> want_confidences(length);
+      heads.greedy_chain(std::span<const float>(base).subspan(first * n, length * n),
+                         std::span<const float>(h).subspan(first * static_cast<size_t>(hidden),
+                                                          length * static_cast<size_t>(hidden)),
+                         previous[c], want, want_confidences);
+      for (size_t k = 0; k < length; ++k) {
+        EXPECT_EQ(drafts[first + k], want[k]) << "chain " << c << " row " << k << " after " << previous[c];
+        EXPECT_NEAR(confidences[first + k], want_confidences[k], 1e-9) << "chain " << c << " row " << k;
+        ++compared;
+      }
+      for (size_t k = length; k < static_cast<size_t>(gamma); ++k) EXPECT_EQ(drafts[first + k], 0);
+    }
+  };
+  check(anchors);
+  for (int32_t p = 0; p < 40; ++p) {
+    std::vector<int32_t> previous;
+    for (int32_t c = 0; c < 3; ++c) previous.push_back(static_cast<int32_t>((p * 7919 + c * 31 + 17) % vocab));
+    check(previous);
+  }
+  EXPECT_EQ(compared, 41 * (gamma + 2));
 }
 
 }  // namespace

@@ -509,6 +509,34 @@ class Backend {
     return Status::unsupported(std::string(name()) + " backend: no sampling on the device");
   }
 
+  // DSpark's greedy heads where the logits are: after compute_logits (not greedy) of a DSpark block pass whose
+  // logits rows are chain * gamma + k, per chain DeepSeekModel::DsparkHeads::greedy_chain (the Markov head's pruned
+  // argmax and the confidence head; kernels/cuda/dspark_heads.h states the arithmetic, the host's to the bit but for
+  // the confidences' double sums' order) from previous[c] over its first lengths[c] rows, so that neither the
+  // [chains * gamma, draft_vocab] logits nor the heads' work reach the host. `heads`: device copies of the heads'
+  // weights (DeepSeekModel uploads them when has_device_dspark_heads()); h: the block's h rows [chains * gamma,
+  // hidden] in the activation dtype. Host out [chains * gamma]: drafts (-1 for a row whose values hold a NaN or
+  // infinity, and every later row of its chain; 0 past lengths[c]) and confidences in [0, 1]. Waits for the step.
+  // Others than CUDA return Unsupported. REQUIRES: compute_logits ran for this step with chains * gamma rows of
+  // heads.draft_vocab columns; previous and lengths of one size (chains); 0 <= lengths[c] <= gamma.
+  struct DsparkHeadsOnDevice {
+    Buffer w1;          // f32 [vocab, rank]: markov_w1
+    Buffer w2_rows;     // f32 [draft_vocab, rank]: markov_w2's active rows
+    Buffer w2_norm;     // f32 [draft_vocab]: their norms rounded up; empty: no pruning (every entry gets its term)
+    Buffer confidence;  // f32 [hidden + rank]
+    Buffer active;      // int32 [draft_vocab]: the draft vocabulary's ids, ascending; empty: ids 0..vocab-1
+    float w2_norm_max = 0.0f;
+    int64_t vocab = 0, draft_vocab = 0, rank = 0, hidden = 0;
+    int32_t outside = 0;  // the lowest id outside `active` (>= vocab: none)
+  };
+  virtual bool has_device_dspark_heads() const { return false; }
+  virtual Status read_dspark_greedy_chains(const DsparkHeadsOnDevice& heads, const Tensor& h, int32_t gamma,
+                                           std::span<const int32_t> previous, std::span<const int32_t> lengths,
+                                           std::vector<int32_t>& drafts, std::vector<double>& confidences) {
+    (void)heads, (void)h, (void)gamma, (void)previous, (void)lengths, (void)drafts, (void)confidences;
+    return Status::unsupported(std::string(name()) + " backend: no DSpark heads on the device");
+  }
+
   // compute_logits then read_logits: host logits [logits_rows.size(), lm_head.rows]. Waits for the step.
   Status logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head,
                 std::vector<float>& host_logits) {

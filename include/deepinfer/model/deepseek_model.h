@@ -347,6 +347,17 @@ class DeepSeekModel {
   // the decode steps' rules (below).
   Status forward_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches, std::vector<float>& logits,
                               std::vector<float>& hidden);
+  // The block pass with the greedy heads on the device (Backend::read_dspark_greedy_chains), when
+  // has_device_dspark_heads(): block c (batch.sequences[c], block_size rows) gives its first lengths[c] drafts and
+  // confidences after previous[c], as dspark_heads()->greedy_chain over forward_dspark_block's outputs would (the
+  // same drafts bit for bit; confidences to double rounding), without the logits or the heads' work on the host.
+  // drafts and confidences: [blocks * block_size]; 0 past lengths[c]; -1 from a row holding a NaN or infinity on.
+  // Errors: Unsupported without device heads; InvalidArgument when previous / lengths / rows disagree; as
+  // forward_dspark_block's. Same rules as forward_dspark_block.
+  bool has_device_dspark_heads() const;
+  Status forward_dspark_block_greedy(const DsparkBlockBatch& batch, LayerCaches stage_caches,
+                                     std::span<const int32_t> previous, std::span<const int32_t> lengths,
+                                     std::vector<int32_t>& drafts, std::vector<double>& confidences);
 
   // Decode steps (every sequence at most kGraphMaxRowsPerSequence rows — one, or a speculative verify's last token
   // and drafts —, at most kGraphMaxRows rows, not all at position 0) and DSpark block passes go through
@@ -369,6 +380,8 @@ class DeepSeekModel {
   struct Scratch;
 
  private:
+  // forward_dspark_block's device half: the pass, its logits left in the backend and h in the scratch.
+  Status run_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches);
   DeepSeekModel(ModelConfig config, backend::Backend& backend, const TensorParallel& tp, const ExpertParallel& ep);
   // The whole vocabulary's logits [rows, vocab] from this rank's [rows, vocab / tp.size] (gathered over tp.comm).
   Status gather_vocab(std::vector<float>& logits);

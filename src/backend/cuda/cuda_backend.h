@@ -226,6 +226,10 @@ class CudaBackend final : public Backend {
   Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
                              std::vector<int32_t>& host_ids) override;
   Status read_sampled_logprobs(std::vector<SampledLogprobs>& out) override;
+  bool has_device_dspark_heads() const override { return true; }
+  Status read_dspark_greedy_chains(const DsparkHeadsOnDevice& heads, const Tensor& h, int32_t gamma,
+                                   std::span<const int32_t> previous, std::span<const int32_t> lengths,
+                                   std::vector<int32_t>& drafts, std::vector<double>& confidences) override;
 
  private:
   CudaBackend() = default;
@@ -369,6 +373,7 @@ class CudaBackend final : public Backend {
   Scratch moe_;           // routing, permutation, permuted activations and expert outputs
   Scratch logits_;        // selected rows and their f32 logits
   Scratch sampling_;      // read_sampled_tokens: the rows' parameters and the sampled ids
+  Scratch dspark_;        // read_dspark_greedy_chains: chains' inputs, drafts, confidences, the kernels' scratch
   Scratch v4_;            // V4 ops: mHC mixes, indexer scores
   bool device_sampling_ = true;  // DEEPINFER_DEVICE_SAMPLING=0 turns it off (host sampling, for comparisons)
 };

@@ -14,6 +14,7 @@
 #include "check.h"
 #include "cuda_backend.h"
 #include "deepinfer/kernels/cuda/backend_ops.h"
+#include "deepinfer/kernels/cuda/dspark_heads.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
 #include "deepinfer/kernels/cuda/moe_grouped.h"
 #include "deepinfer/kernels/cuda/sampling.h"
@@ -542,6 +543,86 @@ Status CudaBackend::read_sampled_tokens(std::span<const DeviceSampling> rows, st
       out.top.emplace_back(top_ids[r * kTop + j], top_logprobs[r * kTop + j]);
     }
   }
+  return Status();
+}
+
+Status CudaBackend::read_dspark_greedy_chains(const DsparkHeadsOnDevice& heads, const Tensor& h, int32_t gamma,
+                                              std::span<const int32_t> previous, std::span<const int32_t> lengths,
+                                              std::vector<int32_t>& drafts, std::vector<double>& confidences) {
+  BACKEND_CHECK(!capturing_, "read_dspark_greedy_chains inside run_graph's ops");
+  BACKEND_CHECK(head_.computed && !head_.greedy,
+                "read_dspark_greedy_chains without compute_logits (not greedy) for this step");
+  const int64_t chains = static_cast<int64_t>(previous.size()), rows = chains * gamma;
+  BACKEND_CHECK(gamma > 0 && lengths.size() == previous.size() && head_.rows == rows &&
+                    head_.vocab == heads.draft_vocab && h.dtype == DType::kBF16 && h.rows >= rows &&
+                    h.cols == heads.hidden && heads.rank > 0 && heads.rank <= kc::kDsparkMaxRank,
+                "read_dspark_greedy_chains: " + std::to_string(chains) + " chains of " + std::to_string(gamma) +
+                    " rows over " + std::to_string(head_.rows) + " logits rows of " + std::to_string(head_.vocab) +
+                    " columns (draft vocabulary " + std::to_string(heads.draft_vocab) + "), h " + dims(h) +
+                    ", rank " + std::to_string(heads.rank));
+  BACKEND_CHECK(heads.w1.bytes >= static_cast<size_t>(heads.vocab * heads.rank) * 4 &&
+                    heads.w2_rows.bytes >= static_cast<size_t>(heads.draft_vocab * heads.rank) * 4 &&
+                    heads.confidence.bytes >= static_cast<size_t>(heads.hidden + heads.rank) * 4 &&
+                    (heads.w2_norm.bytes == 0 || heads.w2_norm.bytes >= static_cast<size_t>(heads.draft_vocab) * 4) &&
+                    (heads.active.bytes == 0 || heads.active.bytes >= static_cast<size_t>(heads.draft_vocab) * 4),
+                "read_dspark_greedy_chains: the heads' device weights are smaller than their shapes");
+  for (size_t c = 0; c < previous.size(); ++c) {
+    BACKEND_CHECK(previous[c] >= 0 && previous[c] < heads.vocab && lengths[c] >= 0 && lengths[c] <= gamma,
+                  "read_dspark_greedy_chains: chain " + std::to_string(c) + " after id " +
+                      std::to_string(previous[c]) + " with " + std::to_string(lengths[c]) + " rows");
+  }
+  activate();
+  drafts.assign(static_cast<size_t>(rows), 0);
+  confidences.assign(static_cast<size_t>(rows), 0.0);
+  if (rows == 0 || head_.logits == nullptr || failed()) return synchronize();
+  const size_t n = static_cast<size_t>(chains), r = static_cast<size_t>(rows);
+  ScratchLayout l;
+  const size_t o_previous = l.add(n * 4);
+  const size_t o_lengths = l.add(n * 4);
+  const size_t o_drafts = l.add(r * 4);
+  const size_t o_confidences = l.add(r * 8);
+  const size_t o_back_end = l.bytes;
+  const size_t o_kernel = l.add(kc::dspark_greedy_scratch_bytes(chains, gamma, heads.draft_vocab));
+  char* base = reserve(dspark_, l.bytes);
+  if (base == nullptr) return synchronize();
+  // In through the pinned buffer (its first bytes), out through it too (after them): no copy of it is in flight.
+  auto* pinned = static_cast<char*>(pinned_host(2 * o_back_end));
+  if (pinned == nullptr) return synchronize();
+  std::memcpy(pinned + o_previous, previous.data(), n * 4);
+  std::memcpy(pinned + o_lengths, lengths.data(), n * 4);
+  check_cuda(cudaMemcpyAsync(base, pinned, o_drafts, cudaMemcpyHostToDevice, stream_), "DSpark heads (inputs)");
+  kc::DsparkGreedyParams p;
+  p.chains = chains;
+  p.gamma = gamma;
+  p.n = heads.draft_vocab;
+  p.vocab = heads.vocab;
+  p.rank = static_cast<int32_t>(heads.rank);
+  p.hidden = static_cast<int32_t>(heads.hidden);
+  p.logits = head_.logits;
+  p.h = static_cast<const uint16_t*>(h.data);
+  p.h_stride = h.stride;
+  p.w1 = static_cast<const float*>(heads.w1.data());
+  p.w2_rows = static_cast<const float*>(heads.w2_rows.data());
+  p.w2_norm = heads.w2_norm.bytes > 0 ? static_cast<const float*>(heads.w2_norm.data()) : nullptr;
+  p.w2_norm_max = heads.w2_norm_max;
+  p.confidence = static_cast<const float*>(heads.confidence.data());
+  p.active = heads.active.bytes > 0 ? static_cast<const int32_t*>(heads.active.data()) : nullptr;
+  p.outside = heads.outside;
+  p.previous = reinterpret_cast<const int32_t*>(base + o_previous);
+  p.lengths = reinterpret_cast<const int32_t*>(base + o_lengths);
+  p.drafts = reinterpret_cast<int32_t*>(base + o_drafts);
+  p.confidences = reinterpret_cast<double*>(base + o_confidences);
+  p.scratch = base + o_kernel;
+  p.stream = stream_;
+  if (!failed()) check_cuda(cudaMemsetAsync(base + o_drafts, 0, o_back_end - o_drafts, stream_), "DSpark heads");
+  if (!failed()) check_cuda(kc::run_dspark_greedy_chains(p), "DSpark heads (kernels)");
+  if (failed()) return synchronize();
+  char* back = pinned + o_back_end;
+  check_cuda(cudaMemcpyAsync(back, base + o_drafts, o_back_end - o_drafts, cudaMemcpyDeviceToHost, stream_),
+             "DSpark heads (copy to host)");
+  if (Status s = synchronize(); !s.ok()) return s;
+  std::memcpy(drafts.data(), back, r * 4);
+  std::memcpy(confidences.data(), back + (o_confidences - o_drafts), r * 8);
   return Status();
 }
 
