@@ -35,9 +35,11 @@ __device__ __forceinline__ float markov_value(const float* __restrict__ base, co
   return sum;
 }
 
-// (v, i) beats (best, best_i): larger, or equal with a lower index; best_i < 0 is nothing yet. NaN never beats.
+// (v, i) beats (best, best_i): larger, or equal with a lower index; an index < 0 is nothing (never beats, always
+// beaten). NaN never beats.
 __device__ __forceinline__ bool beats(float v, int32_t i, float best, int32_t best_i) {
-  return best_i < 0 ? !isnan(v) : (v > best || (v == best && i < best_i));
+  if (i < 0 || isnan(v)) return false;
+  return best_i < 0 || v > best || (v == best && i < best_i);
 }
 
 // The CTA's best (value, index) into thread 0's; `whole` OR-reduced.
@@ -110,16 +112,18 @@ __global__ void __launch_bounds__(kThreads) markov_slices_kernel(DsparkGreedyPar
   float threshold = -INFINITY, e_norm_f = 0.0f;
   if (prune) {
     double e_norm = 0.0;
-    for (int32_t j = 0; j < p.rank; ++j) e_norm += static_cast<double>(e[j]) * e[j];
-    e_norm = sqrt(e_norm) * (1.0 + 1e-6);
+    for (int32_t j = 0; j < p.rank; ++j) e_norm = __dadd_rn(e_norm, __dmul_rn(e[j], e[j]));
+    e_norm = __dmul_rn(sqrt(e_norm), 1.0 + 1e-6);
     const float floor_value = top < 0 ? NAN : markov_value(base, p.w2_rows, e, p.rank, top);
     if (top < 0 || !isfinite(base[top]) || !isfinite(floor_value) || !isfinite(e_norm)) {
       whole = 1;
     } else {
       e_norm_f = static_cast<float>(e_norm);
-      const double reach = fabs(static_cast<double>(floor_value)) + fabs(static_cast<double>(base[top])) +
-                           static_cast<double>(p.w2_norm_max) * e_norm;
-      threshold = static_cast<float>(static_cast<double>(floor_value) - 1e-5 * reach - 1e-30);
+      // Each operation rounded on its own, as the host computes it (nvcc would fuse these into FMAs).
+      const double floor_d = floor_value;
+      const double reach = __dadd_rn(__dadd_rn(fabs(floor_d), fabs(static_cast<double>(base[top]))),
+                                     __dmul_rn(static_cast<double>(p.w2_norm_max), e_norm));
+      threshold = static_cast<float>(__dsub_rn(__dsub_rn(floor_d, __dmul_rn(1e-5, reach)), 1e-30));
     }
   }
   float best = 0.0f;
@@ -162,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) markov_finish_kernel(DsparkGreedyPar
   for (int64_t s = threadIdx.x; s < slices; s += kThreads) {
     const Partial part = partials[chain * slices + s];
     whole |= part.whole;
-    if (part.index >= 0 && beats(part.value, part.index, best, best_i)) {
+    if (beats(part.value, part.index, best, best_i)) {
       best = part.value;
       best_i = part.index;
     }

@@ -457,7 +457,8 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
   if (blocks.empty() && planner_->skips_idle_draft_pass()) return Status();
   // Where every drafting request is plain greedy and the backend has DSpark's heads on the device, the chains are
   // made there (the block pass's logits never reach the host); else the heads run here.
-  bool device_heads = model_.has_device_dspark_heads() && !blocks.empty();
+  bool device_heads = model_.has_device_dspark_heads() && !blocks.empty() &&
+                      static_cast<int64_t>(blocks.size()) <= backend::Backend::kMaxDeviceDsparkChains;
   for (const Block& b : blocks) device_heads = device_heads && b.request->params.is_plain_greedy();
   const size_t rows = blocks.size() * static_cast<size_t>(gamma);
   std::vector<TokenId> greedy_drafts(rows, 0);

@@ -664,7 +664,9 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, co
       heads.markov_w2_norm_max = std::max(heads.markov_w2_norm_max, heads.markov_w2_norm[i]);
     }
   }
-  if (w.dspark && backend.has_device_dspark_heads()) {
+  // Device copies where the backend runs the heads, and each rank's block pass has the whole draft vocabulary's
+  // logits (one rank, or the compact head, which is whole on every rank).
+  if (w.dspark && w.dspark_heads.rank <= backend.max_device_dspark_rank() && (shard.size == 1 || w.dspark->head)) {
     const DeepSeekModel::DsparkHeads& heads = w.dspark_heads;
     backend::Backend::DsparkHeadsOnDevice& d = w.dspark_device;
     d.vocab = heads.vocab;
@@ -1376,12 +1378,15 @@ Status DeepSeekModel::follow() {
         const LayerCaches stage_caches = std::span<const Buffer>(caches).subspan(
             static_cast<size_t>(config_.num_hidden_layers + payload[0]), static_cast<size_t>(stages));
         std::vector<float> hidden;
+        DsparkBlockBatch block{std::move(rows->token_ids), std::move(rows->sequences)};
+        // A compact head is whole on every rank: no gather to join, so the logits stay where they are. A shared
+        // lm_head's slices are gathered (forward_dspark_block's read).
         const Status s =
             header[0] == kDsparkInjectCommand
-                ? forward_dspark_inject(DsparkInjectBatch{std::move(rows->token_ids), std::move(rows->sequences)},
+                ? forward_dspark_inject(DsparkInjectBatch{std::move(block.token_ids), std::move(block.sequences)},
                                         stage_caches)
-                : forward_dspark_block(DsparkBlockBatch{std::move(rows->token_ids), std::move(rows->sequences)},
-                                       stage_caches, logits, hidden);
+            : weights_->dspark && weights_->dspark->head ? run_dspark_block(block, stage_caches)
+                                                         : forward_dspark_block(block, stage_caches, logits, hidden);
         if (Status group = tp_.comm->status(); !group.ok()) return group;
         if (Status group = tp_.host().status(); !group.ok()) return group;
         (void)s;  // as a forward pass's: it failed on rank 0 too
@@ -2228,8 +2233,7 @@ const DeepSeekModel::DsparkHeads* DeepSeekModel::dspark_heads() const {
 }
 
 bool DeepSeekModel::has_device_dspark_heads() const {
-  // Under tensor parallel a shared lm_head leaves each rank a slice of the logits: the host heads gather them.
-  return weights_->dspark && weights_->dspark_device.w1.bytes > 0 && (tp_.size == 1 || weights_->dspark->head);
+  return weights_->dspark && weights_->dspark_device.w1.bytes > 0;  // uploaded only where usable (load_weights)
 }
 
 Status DeepSeekModel::forward_dspark_block_greedy(const DsparkBlockBatch& batch, LayerCaches stage_caches,
@@ -2242,18 +2246,26 @@ Status DeepSeekModel::forward_dspark_block_greedy(const DsparkBlockBatch& batch,
                                " backend has no DSpark heads on the device for this model");
   }
   const int64_t gamma = local_.dspark->block_size;
-  if (previous.size() != batch.sequences.size() || lengths.size() != previous.size() ||
-      static_cast<int64_t>(batch.token_ids.size()) != static_cast<int64_t>(previous.size()) * gamma) {
+  bool blocks = previous.size() == batch.sequences.size() && lengths.size() == previous.size() &&
+                static_cast<int64_t>(previous.size()) <= backend::Backend::kMaxDeviceDsparkChains &&
+                static_cast<int64_t>(batch.token_ids.size()) == static_cast<int64_t>(previous.size()) * gamma;
+  for (const SequenceChunk& sequence : batch.sequences) blocks = blocks && sequence.num_tokens == gamma;
+  if (!blocks) {
     return Status::invalid_argument("forward_dspark_block_greedy: " + std::to_string(batch.sequences.size()) +
                                     " blocks of " + std::to_string(batch.token_ids.size()) + " rows for " +
                                     std::to_string(previous.size()) + " chains (block size " +
-                                    std::to_string(gamma) + ")");
+                                    std::to_string(gamma) + ", at most " +
+                                    std::to_string(backend::Backend::kMaxDeviceDsparkChains) + " chains)");
   }
   if (Status s = run_dspark_block(batch, stage_caches); !s.ok() || batch.token_ids.empty()) return s;
   const StepTensors t = step_tensors(*scratch_, local_, backend_.activation_dtype(),
                                      static_cast<int64_t>(batch.token_ids.size()));
-  return backend_.read_dspark_greedy_chains(weights_->dspark_device, t.projected, static_cast<int32_t>(gamma),
-                                            previous, lengths, drafts, confidences);
+  if (Status s = backend_.read_dspark_greedy_chains(weights_->dspark_device, t.projected, static_cast<int32_t>(gamma),
+                                                   previous, lengths, drafts, confidences);
+      !s.ok()) {
+    return group_failure(s);
+  }
+  return Status();
 }
 
 Status DeepSeekModel::send_dspark_command(uint64_t kind, const char* where, LayerCaches stage_caches,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/kernels/cuda/dspark_heads.h"
 #include "deepinfer/kernels/cuda/fused_ops.h"
 #include "deepinfer/kernels/cuda/sampling.h"
 #include "deepinfer/backend/moe_routing.h"
@@ -1052,6 +1053,155 @@ void check_sampling_paths() {
                0, ",\"entries\":" + std::to_string(entries));
 }
 
+// DSpark's greedy heads (kernels/cuda/dspark_heads.cu) against their definition on the host: every entry's Markov
+// value (base + w2[i][0] e[0] + ..., each operation rounded, as the host build computes it), std::max_element's
+// first largest, finish_argmax's ids (with a compact draft vocabulary: the ids outside it count as logit 0), and the
+// confidence sigmoid(confidence . [h ; e]) in double. Cases the demo model does not reach: every value negative, a
+// draft vocabulary smaller than a CTA, NaN inside a row (the whole-row path) and at entry 0 (-1, and the chain's
+// later rows -1), no row norms (no pruning).
+void check_dspark_heads() {
+  struct Case {
+    const char* name;
+    int64_t n, vocab;
+    float shift;     // added to every base logit
+    bool compact;    // draft vocabulary: the even ids
+    bool norms;
+    int nan_entry;   // -1: none; else row 1 of chain 0 gets a NaN there
+  };
+  const Case cases[] = {{"n 129280, mixed", 129280, 129280, 0.0f, false, true, -1},
+                        {"n 100, all negative", 100, 100, -6.0f, false, true, -1},
+                        {"n 5000 compact, all negative", 5000, 10000, -6.0f, true, true, -1},
+                        {"n 5000 compact, positive", 5000, 10000, 6.0f, true, true, -1},
+                        {"n 9000, NaN at 4321", 9000, 9000, 0.0f, false, true, 4321},
+                        {"n 9000, NaN at 0", 9000, 9000, 0.0f, false, true, 0},
+                        {"n 20000, no norms", 20000, 20000, -1.0f, false, false, -1}};
+  const int64_t chains = 3, gamma = 4, rank = 16, hidden = 160;
+  const std::vector<int32_t> lengths = {4, 2, 0}, previous = {7, 1234 % 100, 42};
+  uint64_t seed = 0xd5a7;
+  auto uniform = [&](double lo, double hi) {
+    const uint64_t x = splitmix64(seed++);
+    return static_cast<float>(lo + (hi - lo) * static_cast<double>(x >> 11) / 9007199254740992.0);
+  };
+  for (const Case& cs : cases) {
+    const size_t n = static_cast<size_t>(cs.n), rows = static_cast<size_t>(chains * gamma);
+    std::vector<float> base(rows * n), w1(static_cast<size_t>(cs.vocab * rank)), w2(n * rank), norm(n),
+        conf(static_cast<size_t>(hidden + rank));
+    std::vector<uint16_t> h(rows * static_cast<size_t>(hidden));
+    std::vector<int32_t> active;
+    for (float& v : base) v = cs.shift + uniform(-2.0, 2.0);
+    for (float& v : w1) v = uniform(-0.5, 0.5);
+    for (float& v : w2) v = uniform(-0.5, 0.5);
+    for (float& v : conf) v = uniform(-0.1, 0.1);
+    for (uint16_t& v : h) v = float_to_bf16(uniform(-1.0, 1.0));
+    if (cs.nan_entry >= 0) base[1 * n + static_cast<size_t>(cs.nan_entry)] = NAN;
+    float norm_max = 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+      double squares = 0.0;
+      for (int64_t j = 0; j < rank; ++j) squares += static_cast<double>(w2[i * rank + j]) * w2[i * rank + j];
+      norm[i] = static_cast<float>(std::sqrt(squares) * (1.0 + 1e-6));
+      norm_max = std::max(norm_max, norm[i]);
+    }
+    int32_t outside = static_cast<int32_t>(cs.vocab);
+    if (cs.compact) {
+      for (size_t i = 0; i < n; ++i) active.push_back(static_cast<int32_t>(2 * i));
+      outside = 1;
+    }
+    // The host's definition, chain by chain.
+    std::vector<int32_t> want(rows, 0);
+    std::vector<double> want_conf(rows, 0.0);
+    for (int64_t c = 0; c < chains; ++c) {
+      int32_t prev = c == 1 ? previous[1] % static_cast<int32_t>(cs.vocab) : previous[c];
+      for (int64_t k = 0; k < lengths[c]; ++k) {
+        const size_t row = static_cast<size_t>(c * gamma + k);
+        if (prev < 0) {
+          want[row] = -1;
+          continue;
+        }
+        const float* e = w1.data() + static_cast<size_t>(prev) * rank;
+        std::vector<float> value(n);
+        for (size_t i = 0; i < n; ++i) {
+          volatile float sum = base[row * n + i];  // no contraction: each product and sum rounded
+          for (int64_t j = 0; j < rank; ++j) {
+            volatile float product = w2[i * rank + j] * e[j];
+            sum = sum + product;
+          }
+          value[i] = sum;
+        }
+        const size_t best = static_cast<size_t>(std::max_element(value.begin(), value.end()) - value.begin());
+        int32_t id = -1;
+        if (std::isfinite(value[best])) {
+          id = cs.compact ? active[best] : static_cast<int32_t>(best);
+          if (cs.compact && !(value[best] > 0.0f)) id = value[best] < 0.0f ? outside : std::min(id, outside);
+        }
+        double z = 0.0;
+        for (int64_t j = 0; j < hidden; ++j) {
+          uint32_t bits = static_cast<uint32_t>(h[row * hidden + j]) << 16;
+          float hj;
+          std::memcpy(&hj, &bits, 4);
+          z += static_cast<double>(conf[j]) * hj;
+        }
+        for (int64_t j = 0; j < rank; ++j) z += static_cast<double>(conf[hidden + j]) * e[j];
+        want[row] = id;
+        want_conf[row] = 1.0 / (1.0 + std::exp(-z));
+        prev = id;
+      }
+    }
+    DeviceBuffer<float> d_base(base.size()), d_w1(w1.size()), d_w2(w2.size()), d_norm(norm.size()), d_conf(conf.size());
+    DeviceBuffer<uint16_t> d_h(h.size());
+    DeviceBuffer<int32_t> d_active(std::max<size_t>(active.size(), 1)), d_prev(3), d_len(3), d_drafts(rows);
+    DeviceBuffer<double> d_confidences(rows);
+    DeviceBuffer<char> scratch(k::dspark_greedy_scratch_bytes(chains, gamma, cs.n));
+    d_base.upload(base);
+    d_w1.upload(w1);
+    d_w2.upload(w2);
+    d_norm.upload(norm);
+    d_conf.upload(conf);
+    d_h.upload(h);
+    if (!active.empty()) d_active.upload(active);
+    d_prev.upload({previous[0], previous[1] % static_cast<int32_t>(cs.vocab), previous[2]});
+    d_len.upload(lengths);
+    CUDA_TRY(cudaMemset(d_drafts.ptr, 0, rows * 4));
+    CUDA_TRY(cudaMemset(d_confidences.ptr, 0, rows * 8));
+    k::DsparkGreedyParams p;
+    p.chains = chains;
+    p.gamma = gamma;
+    p.n = cs.n;
+    p.vocab = cs.vocab;
+    p.rank = static_cast<int32_t>(rank);
+    p.hidden = static_cast<int32_t>(hidden);
+    p.logits = d_base.ptr;
+    p.h = d_h.ptr;
+    p.h_stride = hidden;
+    p.w1 = d_w1.ptr;
+    p.w2_rows = d_w2.ptr;
+    p.w2_norm = cs.norms ? d_norm.ptr : nullptr;
+    p.w2_norm_max = norm_max;
+    p.confidence = d_conf.ptr;
+    p.active = cs.compact ? d_active.ptr : nullptr;
+    p.outside = outside;
+    p.previous = d_prev.ptr;
+    p.lengths = d_len.ptr;
+    p.drafts = d_drafts.ptr;
+    p.confidences = d_confidences.ptr;
+    p.scratch = scratch.ptr;
+    CUDA_TRY(k::run_dspark_greedy_chains(p));
+    CUDA_TRY(cudaDeviceSynchronize());
+    const std::vector<int32_t> got = d_drafts.download();
+    const std::vector<double> got_conf = d_confidences.download();
+    long bad = 0;
+    double err = 0.0;
+    for (size_t r = 0; r < rows; ++r) {
+      if (got[r] != want[r]) {
+        ++bad;
+        std::printf("{\"kind\":\"detail\",\"op\":\"dspark_heads\",\"case\":\"%s\",\"row\":%zu,\"got\":%d,\"want\":%d}\n",
+                    cs.name, r, got[r], want[r]);
+      }
+      err = std::max(err, std::fabs(got_conf[r] - want_conf[r]));
+    }
+    report_check("dspark_heads", cs.name, err, 1e-9, bad, 0);
+  }
+}
+
 void run_checks(bool quick) {
   using S = be::MoeRoutingRule::Scoring;
   using K = be::MoeRoutingRule::TopK;
@@ -1074,6 +1224,7 @@ void run_checks(bool quick) {
     check_rope(dt, 11, 48, 48, 2);           // 48 / 8 = 6 lanes per row does not divide 32: scalar path
   }
   check_sampling_paths();
+  check_dspark_heads();
   const RouteCase cases[] = {
       {"v3_256e_top8_g8_tg4", make_rule(S::kSigmoid, K::kNoauxTc, 256, 8, 8, 4, true, true, 2.5), 0, -0.1f, 0.1f},
       {"v3_negative_bias", make_rule(S::kSigmoid, K::kNoauxTc, 256, 8, 8, 4, true, true, 2.5), 0, -1.0f, -0.3f},

@@ -518,7 +518,8 @@ class Backend {
   // hidden] in the activation dtype. Host out [chains * gamma]: drafts (-1 for a row whose values hold a NaN or
   // infinity, and every later row of its chain; 0 past lengths[c]) and confidences in [0, 1]. Waits for the step.
   // Others than CUDA return Unsupported. REQUIRES: compute_logits ran for this step with chains * gamma rows of
-  // heads.draft_vocab columns; previous and lengths of one size (chains); 0 <= lengths[c] <= gamma.
+  // heads.draft_vocab columns; previous and lengths of one size (chains, at most kMaxDeviceDsparkChains);
+  // 0 <= lengths[c] <= gamma; heads.rank <= max_device_dspark_rank().
   struct DsparkHeadsOnDevice {
     Buffer w1;          // f32 [vocab, rank]: markov_w1
     Buffer w2_rows;     // f32 [draft_vocab, rank]: markov_w2's active rows
@@ -529,7 +530,9 @@ class Backend {
     int64_t vocab = 0, draft_vocab = 0, rank = 0, hidden = 0;
     int32_t outside = 0;  // the lowest id outside `active` (>= vocab: none)
   };
-  virtual bool has_device_dspark_heads() const { return false; }
+  // The largest Markov rank read_dspark_greedy_chains takes (0: it is Unsupported), and the most chains per call.
+  virtual int64_t max_device_dspark_rank() const { return 0; }
+  static constexpr int64_t kMaxDeviceDsparkChains = 65535;
   virtual Status read_dspark_greedy_chains(const DsparkHeadsOnDevice& heads, const Tensor& h, int32_t gamma,
                                            std::span<const int32_t> previous, std::span<const int32_t> lengths,
                                            std::vector<int32_t>& drafts, std::vector<double>& confidences) {

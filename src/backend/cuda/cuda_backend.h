@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
+#include "deepinfer/kernels/cuda/dspark_heads.h"
 #include "deepinfer/kernels/cuda/gemm.h"
 
 namespace deepinfer::backend::cuda {
@@ -226,7 +227,7 @@ class CudaBackend final : public Backend {
   Status read_sampled_tokens(std::span<const DeviceSampling> rows, std::span<const LogitAdjustment> adjustments,
                              std::vector<int32_t>& host_ids) override;
   Status read_sampled_logprobs(std::vector<SampledLogprobs>& out) override;
-  bool has_device_dspark_heads() const override { return true; }
+  int64_t max_device_dspark_rank() const override { return kernels::cuda::kDsparkMaxRank; }
   Status read_dspark_greedy_chains(const DsparkHeadsOnDevice& heads, const Tensor& h, int32_t gamma,
                                    std::span<const int32_t> previous, std::span<const int32_t> lengths,
                                    std::vector<int32_t>& drafts, std::vector<double>& confidences) override;

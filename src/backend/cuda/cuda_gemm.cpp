@@ -553,7 +553,8 @@ Status CudaBackend::read_dspark_greedy_chains(const DsparkHeadsOnDevice& heads, 
   BACKEND_CHECK(head_.computed && !head_.greedy,
                 "read_dspark_greedy_chains without compute_logits (not greedy) for this step");
   const int64_t chains = static_cast<int64_t>(previous.size()), rows = chains * gamma;
-  BACKEND_CHECK(gamma > 0 && lengths.size() == previous.size() && head_.rows == rows &&
+  BACKEND_CHECK(gamma > 0 && lengths.size() == previous.size() && chains <= kMaxDeviceDsparkChains &&
+                    head_.rows == rows &&
                     head_.vocab == heads.draft_vocab && h.dtype == DType::kBF16 && h.rows >= rows &&
                     h.cols == heads.hidden && heads.rank > 0 && heads.rank <= kc::kDsparkMaxRank,
                 "read_dspark_greedy_chains: " + std::to_string(chains) + " chains of " + std::to_string(gamma) +
