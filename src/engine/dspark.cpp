@@ -96,14 +96,21 @@ Result<StepTimes> StepTimes::from_json(std::string_view text, std::string_view i
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
                           std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft) {
   if (chains <= 0) return 0;
-  const double none = static_cast<double>(committing) / times.verify.milliseconds(base_tokens);
+  // Keeping the draft's KV current: a DSpark module's injection pass runs in every step that drafts (before its
+  // block pass); a step without drafts runs it (or the MTP layer's KV-only pass) only while it costs at most
+  // kMaxKeepKvFraction of the step (DsparkPlanner::begin_drafting).
+  const double plain = times.verify.milliseconds(base_tokens);
+  const double kv = times.mtp_kv.empty() ? 0.0 : times.mtp_kv.milliseconds(chains);
+  const double none = static_cast<double>(committing) /
+                      (plain + (kv <= DsparkPlanner::kMaxKeepKvFraction * plain ? kv : 0.0));
   double best_rate = none, expected = static_cast<double>(committing);
   int32_t best = 0;
   for (int32_t length = 1; length <= max_draft_tokens && length <= static_cast<int32_t>(all_accepted_rate.size());
        ++length) {
     expected += static_cast<double>(chains) * std::clamp(all_accepted_rate[static_cast<size_t>(length - 1)], 0.0, 1.0);
     const double ms = times.verify.milliseconds(base_tokens + chains * length) +
-                      (times.draft.empty() ? 0.0 : (block_draft ? 1 : length) * times.draft.milliseconds(chains));
+                      (times.draft.empty() ? 0.0 : (block_draft ? 1 : length) * times.draft.milliseconds(chains)) +
+                      (block_draft ? kv : 0.0);
     const double rate = expected / ms;
     if (rate > best_rate * (1.0 + 1e-9)) {
       best_rate = rate;

@@ -97,6 +97,15 @@ TEST(DsparkTest, DraftLengthWeighsTheDraftPassesCost) {
   EXPECT_EQ(plan_draft_length(1, 1, 1, 2, rates, cheap), 2) << "clamped to the longest chain";
   EXPECT_EQ(plan_draft_length(1, 1, 0, 3, rates, cheap), 0) << "no chains";
   EXPECT_EQ(plan_draft_length(1, 1, 1, 3, rates, StepTimes{}), 3) << "const: drafting looks free";
+  // A DSpark module on a GPU where the target step is a few launches (the demo model on the H100: verify 0.34 ms,
+  // block pass 0.26, injection 0.13). Rates 0.5, 0.3, 0.1: L = 3 buys 1.9 tokens in 0.34 + 0.26 + 0.13 = 0.73 ms
+  // (2.6 per ms) against 1 in 0.34 (2.9; the idle injection, 38% of the step, is skipped): no drafting. Without the
+  // injection's cost the block looked like 1.9 in 0.60 ms (3.2 per ms).
+  const std::vector<double> falling{0.5, 0.3, 0.1};
+  const StepTimes gpu{table({{1, 0.34}, {64, 0.34}}), table({{1, 0.26}}), table({{1, 0.13}})};
+  EXPECT_EQ(plan_draft_length(1, 1, 1, 3, falling, gpu, true), 0);
+  const StepTimes no_injection{table({{1, 0.34}, {64, 0.34}}), table({{1, 0.26}}), StepTimeTable()};
+  EXPECT_EQ(plan_draft_length(1, 1, 1, 3, falling, no_injection, true), 3);
 }
 
 TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {
