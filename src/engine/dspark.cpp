@@ -94,7 +94,8 @@ Result<StepTimes> StepTimes::from_json(std::string_view text, std::string_view i
 }
 
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
-                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft) {
+                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft,
+                          double plain_scale, double draft_scale) {
   if (chains <= 0) return 0;
   // Keeping the draft's KV current: a DSpark module's injection pass runs in every step that drafts (before its
   // block pass); a step without drafts runs it (or the MTP layer's KV-only pass) only while it costs at most
@@ -102,7 +103,7 @@ int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chain
   const double plain = times.verify.milliseconds(base_tokens);
   const double kv = times.mtp_kv.empty() ? 0.0 : times.mtp_kv.milliseconds(chains);
   const double none = static_cast<double>(committing) /
-                      (plain + (kv <= DsparkPlanner::kMaxKeepKvFraction * plain ? kv : 0.0));
+                      ((plain + (kv <= DsparkPlanner::kMaxKeepKvFraction * plain ? kv : 0.0)) * plain_scale);
   double best_rate = none, expected = static_cast<double>(committing);
   int32_t best = 0;
   for (int32_t length = 1; length <= max_draft_tokens && length <= static_cast<int32_t>(all_accepted_rate.size());
@@ -111,7 +112,7 @@ int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chain
     const double ms = times.verify.milliseconds(base_tokens + chains * length) +
                       (times.draft.empty() ? 0.0 : (block_draft ? 1 : length) * times.draft.milliseconds(chains)) +
                       (block_draft ? kv : 0.0);
-    const double rate = expected / ms;
+    const double rate = expected / (ms * draft_scale);
     if (rate > best_rate * (1.0 + 1e-9)) {
       best_rate = rate;
       best = length;
@@ -181,8 +182,9 @@ std::vector<double> DsparkPlanner::all_accepted_rate() const {
 
 void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
   const std::vector<double> rates = all_accepted_rate();
-  step_draft_length_ =
-      plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_, block_draft_);
+  chains_ = chains;
+  step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_,
+                                         block_draft_, scale_[0], scale_[1]);
   probe_step_ = false;
   probe_taken_ = false;
   skip_idle_pass_ = !times_.mtp_kv.empty() && !times_.verify.empty() &&
@@ -234,6 +236,24 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
     return false;
   }
   return confident;
+}
+
+void DsparkPlanner::on_step(int64_t rows, int64_t drafts_verified, double milliseconds) {
+  if (times_.verify.empty() || rows <= 0 || !(milliseconds > 0.0)) return;  // 'const' tables predict nothing
+  const bool drafting = drafts_verified > 0 || step_draft_length_ > 0;
+  const double kv = times_.mtp_kv.empty() || chains_ <= 0 ? 0.0 : times_.mtp_kv.milliseconds(chains_);
+  double predicted = times_.verify.milliseconds(rows);
+  if (step_draft_length_ > 0 && chains_ > 0 && !times_.draft.empty()) {
+    predicted += (block_draft_ ? 1 : step_draft_length_) * times_.draft.milliseconds(chains_) +
+                 (block_draft_ ? kv : 0.0);
+  } else if (!skip_idle_pass_) {
+    predicted += kv;
+  }
+  if (!(predicted > 0.0)) return;
+  double& scale = scale_[drafting ? 1 : 0];
+  scale += kStepTimeWeight * (std::clamp(milliseconds / predicted, 0.25, 8.0) - scale);
+  // A drafting scale learnt on another batch fades while nothing drafts, so that drafting is tried again.
+  if (!drafting) scale_[1] += kForgetWeight * (1.0 - scale_[1]);
 }
 
 void DsparkPlanner::plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) {

@@ -72,6 +72,7 @@ std::chrono::steady_clock::time_point MtpExecutor::lap(SpeculativeStats::Phase p
 
 Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   auto clock = std::chrono::steady_clock::now();
+  const auto step_start = clock;
   const size_t num_entries = batch.entries.size();
   // 1. The target pass: every entry's tokens, plus the drafts of those that drafted for this very step.
   model::ForwardBatch forward;
@@ -201,9 +202,11 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
     }
     return s;
   }
-  if (std::all_of(out.drafts_verified.begin(), out.drafts_verified.end(), [](int32_t n) { return n == 0; })) {
-    out.drafts_verified.clear();
-  }
+  int64_t drafts_verified = 0;
+  for (int32_t n : out.drafts_verified) drafts_verified += n;
+  planner_->on_step(static_cast<int64_t>(forward.token_ids.size()), drafts_verified,
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
+  if (drafts_verified == 0) out.drafts_verified.clear();
   return out;
 }
 

@@ -23,6 +23,7 @@
 // lagged (SGLang lags them one step for its overlap scheduler).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -92,8 +93,11 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
 // draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
 // large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding; the MTP layer's
 // pass still keeps its KV current unless that costs more than DsparkPlanner::kMaxKeepKvFraction of the step.
+// `plain_scale` and `draft_scale` multiply the two kinds of step's costs: what steps of each kind really took
+// against the table (DsparkPlanner::on_step).
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
-                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft = false);
+                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft = false,
+                          double plain_scale = 1.0, double draft_scale = 1.0);
 
 // How long each request's draft chain is and how much of it a step verifies: the MTP executor's seam
 // (mtp_executor.h). The default drafts and verifies the maximum (plain MTP). Called on the step thread only.
@@ -118,6 +122,9 @@ class DraftPlanner {
   // After acceptance: request `id` verified `verified` drafts (0 when plan chose none) and accepted `accepted`.
   virtual void on_verified(SequenceId /*id*/, int32_t /*verified*/, int32_t /*accepted*/) {}
   virtual void on_removed(SequenceId /*id*/) {}
+  // After the whole step (target pass, acceptance, the next step's draft passes): it verified `rows` rows, of which
+  // `drafts_verified` were drafts, and took `milliseconds` of wall time.
+  virtual void on_step(int64_t /*rows*/, int64_t /*drafts_verified*/, double /*milliseconds*/) {}
   // Counters for SpeculativeStats (fallbacks, fallback_returns, requests_in_fallback).
   virtual void add_counters(SpeculativeStats& /*stats*/) const {}
 };
@@ -137,6 +144,18 @@ class DsparkPlanner final : public DraftPlanner {
   void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
   void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
   void on_removed(SequenceId id) override;
+  // The table is measured at startup on decode-shaped passes; a serving step differs (its verify rows spread
+  // unevenly over the sequences, graphs per shape, the host's work between passes). Per kind of step (with drafts
+  // verified or made, or without), the running ratio of its wall time to the table's prediction scales that kind's
+  // cost in plan_draft_length (exponential average, weight kStepTimeWeight per step, each ratio clamped to
+  // [0.25, 8]), so that drafting stops where it was predicted to pay and did not. Each step without drafts moves
+  // the drafting ratio back towards 1 by kForgetWeight (a batch where drafting did not pay may be followed by one
+  // where it does: about every 100 plain steps drafting is tried again, and a few slow steps stop it again).
+  void on_step(int64_t rows, int64_t drafts_verified, double milliseconds) override;
+  static constexpr double kStepTimeWeight = 0.2;
+  static constexpr double kForgetWeight = 0.02;
+  double plain_scale() const { return scale_[0]; }
+  double draft_scale() const { return scale_[1]; }
   void add_counters(SpeculativeStats& stats) const override;
 
   const StepTimes& times() const { return times_; }
@@ -173,6 +192,8 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t probe_interval_ = kProbeEverySteps;
   bool probe_step_ = false;    // this step only probes: one request drafts one token
   bool skip_idle_pass_ = false;
+  int64_t chains_ = 0;                  // this step's drafting requests (begin_drafting)
+  std::array<double, 2> scale_{1.0, 1.0};  // steps without drafts, with drafts: wall time / the table's
   bool probe_taken_ = false;
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
   // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
