@@ -183,8 +183,13 @@ std::vector<double> DsparkPlanner::all_accepted_rate() const {
 void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
   const std::vector<double> rates = all_accepted_rate();
   chains_ = chains;
+  committing_ = committing;
   step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_,
                                          block_draft_, scale_[0], scale_[1]);
+  if (step_draft_length_ > 0 && drafting_samples_ >= kMinDraftSamples && !times_.verify.empty() &&
+      drafting_rate_ < 1.0 / (times_.verify.milliseconds(base_tokens) * scale_[0])) {
+    step_draft_length_ = 0;  // drafting steps delivered less than plain ones would
+  }
   probe_step_ = false;
   probe_taken_ = false;
   skip_idle_pass_ = !times_.mtp_kv.empty() && !times_.verify.empty() &&
@@ -238,9 +243,18 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
   return confident;
 }
 
-void DsparkPlanner::on_step(int64_t rows, int64_t drafts_verified, double milliseconds) {
+void DsparkPlanner::on_step(int64_t rows, int64_t drafts_verified, int64_t committed, double milliseconds) {
   if (times_.verify.empty() || rows <= 0 || !(milliseconds > 0.0)) return;  // 'const' tables predict nothing
   const bool drafting = drafts_verified > 0 || step_draft_length_ > 0;
+  if (drafting && committing_ > 0) {
+    const double rate = static_cast<double>(committed) / (static_cast<double>(committing_) * milliseconds);
+    drafting_rate_ = drafting_samples_ == 0 ? rate : drafting_rate_ + kStepTimeWeight * (rate - drafting_rate_);
+    ++drafting_samples_;
+    plain_steps_ = 0;
+  } else if (!drafting && ++plain_steps_ >= kRetryAfterPlainSteps) {
+    drafting_samples_ = 0;
+    plain_steps_ = 0;
+  }
   const double kv = times_.mtp_kv.empty() || chains_ <= 0 ? 0.0 : times_.mtp_kv.milliseconds(chains_);
   double predicted = times_.verify.milliseconds(rows);
   if (step_draft_length_ > 0 && chains_ > 0 && !times_.draft.empty()) {

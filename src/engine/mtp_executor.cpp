@@ -202,9 +202,10 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
     }
     return s;
   }
-  int64_t drafts_verified = 0;
+  int64_t drafts_verified = 0, committed = 0;
   for (int32_t n : out.drafts_verified) drafts_verified += n;
-  planner_->on_step(static_cast<int64_t>(forward.token_ids.size()), drafts_verified,
+  for (const std::vector<SampledToken>& tokens : out.entries) committed += static_cast<int64_t>(tokens.size());
+  planner_->on_step(static_cast<int64_t>(forward.token_ids.size()), drafts_verified, committed,
                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
   if (drafts_verified == 0) out.drafts_verified.clear();
   return out;

@@ -120,7 +120,7 @@ TEST(DsparkTest, StepsSlowerThanTheTableStopDrafting) {
   ASSERT_GT(planner.max_drafts(1, 4), 0) << "the table alone: drafting pays";
   for (int step = 0; step < 12; ++step) {
     planner.begin_drafting(8, 8, 8);
-    planner.on_step(40, 32, 2.3 * (0.36 + 0.30 + 0.12));
+    planner.on_step(40, 32, 8 * 2, 2.3 * (0.36 + 0.30 + 0.12));
   }
   EXPECT_GT(planner.draft_scale(), 2.0);
   EXPECT_DOUBLE_EQ(planner.plain_scale(), 1.0);
@@ -131,11 +131,37 @@ TEST(DsparkTest, StepsSlowerThanTheTableStopDrafting) {
   for (; plain_steps < 300; ++plain_steps) {
     planner.begin_drafting(8, 8, 8);
     if (planner.max_drafts(1, 4) > 0) break;
-    planner.on_step(8, 0, 0.35);
+    planner.on_step(8, 0, 8, 0.35);
   }
   EXPECT_GT(plain_steps, 10);
   EXPECT_LT(plain_steps, 150);
   EXPECT_NEAR(planner.plain_scale(), 1.0, 1e-9);
+}
+
+// The table's times hold, but drafting steps commit fewer tokens than the acceptance rates promise (the H200's
+// demo run at batch 32: 2.06 per request per step, in 1.4 ms, against a plain step's 1 in 0.42 ms): after
+// kMinDraftSamples such steps no step drafts; after kRetryAfterPlainSteps plain steps drafting is tried again.
+TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
+  const StepTimes gpu{table({{32, 0.42}, {160, 0.53}}), table({{32, 0.45}}), table({{32, 0.12}})};
+  DsparkConfig config;
+  DsparkPlanner planner(config, gpu, 4, /*block_draft=*/true);
+  for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 4);
+  int drafting_steps = 0;
+  for (int step = 0; step < 10; ++step) {
+    planner.begin_drafting(32, 32, 32);
+    if (planner.max_drafts(1, 4) == 0) break;
+    ++drafting_steps;
+    planner.on_step(32 + 96, 96, 32 * 2, 0.53 + 0.45 + 0.12);  // as the table says, but 2 tokens per request
+  }
+  EXPECT_EQ(drafting_steps, DsparkPlanner::kMinDraftSamples);
+  EXPECT_NEAR(planner.drafting_rate(), 2.0 / 1.1, 1e-9);
+  int plain_steps = 0;
+  for (; plain_steps < 300; ++plain_steps) {
+    planner.begin_drafting(32, 32, 32);
+    if (planner.max_drafts(1, 4) > 0) break;
+    planner.on_step(32, 0, 32, 0.42);
+  }
+  EXPECT_EQ(plain_steps, DsparkPlanner::kRetryAfterPlainSteps);
 }
 
 TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {

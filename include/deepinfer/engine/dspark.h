@@ -123,8 +123,8 @@ class DraftPlanner {
   virtual void on_verified(SequenceId /*id*/, int32_t /*verified*/, int32_t /*accepted*/) {}
   virtual void on_removed(SequenceId /*id*/) {}
   // After the whole step (target pass, acceptance, the next step's draft passes): it verified `rows` rows, of which
-  // `drafts_verified` were drafts, and took `milliseconds` of wall time.
-  virtual void on_step(int64_t /*rows*/, int64_t /*drafts_verified*/, double /*milliseconds*/) {}
+  // `drafts_verified` were drafts, committed `committed` tokens, and took `milliseconds` of wall time.
+  virtual void on_step(int64_t /*rows*/, int64_t /*drafts_verified*/, int64_t /*committed*/, double /*milliseconds*/) {}
   // Counters for SpeculativeStats (fallbacks, fallback_returns, requests_in_fallback).
   virtual void add_counters(SpeculativeStats& /*stats*/) const {}
 };
@@ -151,9 +151,17 @@ class DsparkPlanner final : public DraftPlanner {
   // [0.25, 8]), so that drafting stops where it was predicted to pay and did not. Each step without drafts moves
   // the drafting ratio back towards 1 by kForgetWeight (a batch where drafting did not pay may be followed by one
   // where it does: about every 100 plain steps drafting is tried again, and a few slow steps stop it again).
-  void on_step(int64_t rows, int64_t drafts_verified, double milliseconds) override;
+  // Beside the times, what drafting steps delivered: their committed tokens per committing request per ms
+  // (exponential average, same weight). Once kMinDraftSamples drafting steps are counted, a step does not draft while
+  // that rate is below a plain step's (1 / (verify_ms(base_tokens) x plain scale)): the expected tokens come from
+  // acceptance rates that the per-request verify cut (plan) does not reach, so the table's choice alone can draft
+  // where drafting loses. The count restarts after kRetryAfterPlainSteps plain steps.
+  void on_step(int64_t rows, int64_t drafts_verified, int64_t committed, double milliseconds) override;
   static constexpr double kStepTimeWeight = 0.2;
   static constexpr double kForgetWeight = 0.02;
+  static constexpr int32_t kMinDraftSamples = 3;
+  static constexpr int32_t kRetryAfterPlainSteps = 100;
+  double drafting_rate() const { return drafting_rate_; }
   double plain_scale() const { return scale_[0]; }
   double draft_scale() const { return scale_[1]; }
   void add_counters(SpeculativeStats& stats) const override;
@@ -193,6 +201,10 @@ class DsparkPlanner final : public DraftPlanner {
   bool probe_step_ = false;    // this step only probes: one request drafts one token
   bool skip_idle_pass_ = false;
   int64_t chains_ = 0;                  // this step's drafting requests (begin_drafting)
+  int64_t committing_ = 0;              // and committing ones
+  double drafting_rate_ = 0.0;          // committed tokens per committing request per ms of drafting steps
+  int32_t drafting_samples_ = 0;
+  int32_t plain_steps_ = 0;             // since the last drafting step
   std::array<double, 2> scale_{1.0, 1.0};  // steps without drafts, with drafts: wall time / the table's
   bool probe_taken_ = false;
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
