@@ -1193,7 +1193,8 @@ void check_dspark_heads() {
     for (size_t r = 0; r < rows; ++r) {
       if (got[r] != want[r]) {
         ++bad;
-        std::printf("{\"kind\":\"detail\",\"op\":\"dspark_heads\",\"case\":\"%s\",\"row\":%zu,\"got\":%d,\"want\":%d}\n",
+        std::printf("{\"kind\":\"detail\",\"op\":\"dspark_heads\",\"case\":\"%s\",\"row\":%zu,"
+                    "\"got\":%d,\"want\":%d}\n",
                     cs.name, r, got[r], want[r]);
       }
       err = std::max(err, std::fabs(got_conf[r] - want_conf[r]));

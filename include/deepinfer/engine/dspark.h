@@ -89,8 +89,8 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
 // (committing + chains * sum_{k<=L} A_k) / (verify_ms(base_tokens + chains * L) + L * draft_ms(chains)) (with a
 // `block_draft`, a DSpark module's, one block pass makes every length: draft_ms(chains) once, plus its injection
 // pass, mtp_kv_ms(chains), which every drafting step runs), where A_k is the running rate at which drafts 1..k were
-// all accepted; L = 0 costs verify_ms(base_tokens), plus mtp_kv_ms(chains) where the idle pass is kept. Drafting pays only where it buys more tokens than the
-// draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
+// all accepted; L = 0 costs verify_ms(base_tokens), plus mtp_kv_ms(chains) where the idle pass is kept. Drafting
+// pays only where it buys more tokens than the draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
 // large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding; the MTP layer's
 // pass still keeps its KV current unless that costs more than DsparkPlanner::kMaxKeepKvFraction of the step.
 // `plain_scale` and `draft_scale` multiply the two kinds of step's costs: what steps of each kind really took
