@@ -94,8 +94,7 @@ Result<StepTimes> StepTimes::from_json(std::string_view text, std::string_view i
 }
 
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
-                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft,
-                          double plain_scale, double draft_scale) {
+                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft) {
   if (chains <= 0) return 0;
   // Keeping the draft's KV current: a DSpark module's injection pass runs in every step that drafts (before its
   // block pass); a step without drafts runs it (or the MTP layer's KV-only pass) only while it costs at most
@@ -103,7 +102,7 @@ int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chain
   const double plain = times.verify.milliseconds(base_tokens);
   const double kv = times.mtp_kv.empty() ? 0.0 : times.mtp_kv.milliseconds(chains);
   const double none = static_cast<double>(committing) /
-                      ((plain + (kv <= DsparkPlanner::kMaxKeepKvFraction * plain ? kv : 0.0)) * plain_scale);
+                      (plain + (kv <= DsparkPlanner::kMaxKeepKvFraction * plain ? kv : 0.0));
   double best_rate = none, expected = static_cast<double>(committing);
   int32_t best = 0;
   for (int32_t length = 1; length <= max_draft_tokens && length <= static_cast<int32_t>(all_accepted_rate.size());
@@ -112,7 +111,7 @@ int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chain
     const double ms = times.verify.milliseconds(base_tokens + chains * length) +
                       (times.draft.empty() ? 0.0 : (block_draft ? 1 : length) * times.draft.milliseconds(chains)) +
                       (block_draft ? kv : 0.0);
-    const double rate = expected / (ms * draft_scale);
+    const double rate = expected / ms;
     if (rate > best_rate * (1.0 + 1e-9)) {
       best_rate = rate;
       best = length;
@@ -184,10 +183,10 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
   const std::vector<double> rates = all_accepted_rate();
   chains_ = chains;
   committing_ = committing;
-  step_draft_length_ = plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_,
-                                         block_draft_, scale_[0], scale_[1]);
-  if (step_draft_length_ > 0 && drafting_samples_ >= kMinDraftSamples && !times_.verify.empty() &&
-      drafting_rate_ < 1.0 / (times_.verify.milliseconds(base_tokens) * scale_[0])) {
+  step_draft_length_ =
+      plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_, block_draft_);
+  if (step_draft_length_ > 0 && all_greedy_ && drafting_samples_ >= kMinDraftSamples && !times_.verify.empty() &&
+      drafting_rate_ < kGuardMargin / times_.verify.milliseconds(base_tokens)) {
     step_draft_length_ = 0;  // drafting steps delivered less than plain ones would
   }
   probe_step_ = false;
@@ -244,7 +243,7 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
 }
 
 void DsparkPlanner::on_step(int64_t rows, int64_t drafts_verified, int64_t committed, double milliseconds) {
-  if (times_.verify.empty() || rows <= 0 || !(milliseconds > 0.0)) return;  // 'const' tables predict nothing
+  if (times_.verify.empty() || rows <= 0 || !(milliseconds > 0.0) || !all_greedy_) return;  // 'const': no table
   const bool drafting = drafts_verified > 0 || step_draft_length_ > 0;
   if (drafting && committing_ > 0) {
     const double rate = static_cast<double>(committed) / (static_cast<double>(committing_) * milliseconds);
@@ -255,19 +254,6 @@ void DsparkPlanner::on_step(int64_t rows, int64_t drafts_verified, int64_t commi
     drafting_samples_ = 0;
     plain_steps_ = 0;
   }
-  const double kv = times_.mtp_kv.empty() || chains_ <= 0 ? 0.0 : times_.mtp_kv.milliseconds(chains_);
-  double predicted = times_.verify.milliseconds(rows);
-  if (step_draft_length_ > 0 && chains_ > 0 && !times_.draft.empty()) {
-    predicted += (block_draft_ ? 1 : step_draft_length_) * times_.draft.milliseconds(chains_) +
-                 (block_draft_ ? kv : 0.0);
-  } else if (!skip_idle_pass_) {
-    predicted += kv;
-  }
-  if (!(predicted > 0.0)) return;
-  double& scale = scale_[drafting ? 1 : 0];
-  scale += kStepTimeWeight * (std::clamp(milliseconds / predicted, 0.25, 8.0) - scale);
-  // A drafting scale learnt on another batch fades while nothing drafts, so that drafting is tried again.
-  if (!drafting) scale_[1] += kForgetWeight * (1.0 - scale_[1]);
 }
 
 void DsparkPlanner::plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) {

@@ -291,6 +291,9 @@ Status MtpExecutor::draft_from_logits(RequestState& request, std::span<const flo
 void MtpExecutor::begin_drafting(const ScheduledBatch& batch) {
   const int64_t sampling = std::count_if(batch.entries.begin(), batch.entries.end(),
                                          [](const ScheduledEntry& entry) { return entry.samples; });
+  planner_->set_all_greedy(std::all_of(batch.entries.begin(), batch.entries.end(), [&](const ScheduledEntry& entry) {
+    return !entry.samples || requests_.at(entry.sequence_id).params.is_plain_greedy();
+  }));
   planner_->begin_drafting(sampling, sampling, sampling);
 }
 

@@ -93,11 +93,8 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
 // pays only where it buys more tokens than the draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
 // large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding; the MTP layer's
 // pass still keeps its KV current unless that costs more than DsparkPlanner::kMaxKeepKvFraction of the step.
-// `plain_scale` and `draft_scale` multiply the two kinds of step's costs: what steps of each kind really took
-// against the table (DsparkPlanner::on_step).
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
-                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft = false,
-                          double plain_scale = 1.0, double draft_scale = 1.0);
+                          std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft = false);
 
 // How long each request's draft chain is and how much of it a step verifies: the MTP executor's seam
 // (mtp_executor.h). The default drafts and verifies the maximum (plain MTP). Called on the step thread only.
@@ -125,6 +122,8 @@ class DraftPlanner {
   // After the whole step (target pass, acceptance, the next step's draft passes): it verified `rows` rows, of which
   // `drafts_verified` were drafts, committed `committed` tokens, and took `milliseconds` of wall time.
   virtual void on_step(int64_t /*rows*/, int64_t /*drafts_verified*/, int64_t /*committed*/, double /*milliseconds*/) {}
+  // Before begin_drafting: whether every request committing this step decodes greedily (plain greedy sampling).
+  virtual void set_all_greedy(bool /*all_greedy*/) {}
   // Counters for SpeculativeStats (fallbacks, fallback_returns, requests_in_fallback).
   virtual void add_counters(SpeculativeStats& /*stats*/) const {}
 };
@@ -144,26 +143,23 @@ class DsparkPlanner final : public DraftPlanner {
   void plan(int64_t base_tokens, int64_t committing, std::span<VerifyRequest> requests) override;
   void on_verified(SequenceId id, int32_t verified, int32_t accepted) override;
   void on_removed(SequenceId id) override;
-  // The table is measured at startup on decode-shaped passes; a serving step differs (its verify rows spread
-  // unevenly over the sequences, graphs per shape, the host's work between passes). Per kind of step (with drafts
-  // verified or made, or without), the running ratio of its wall time to the table's prediction scales that kind's
-  // cost in plan_draft_length (exponential average, weight kStepTimeWeight per step, each ratio clamped to
-  // [0.25, 8]), so that drafting stops where it was predicted to pay and did not. Each step without drafts moves
-  // the drafting ratio back towards 1 by kForgetWeight (a batch where drafting did not pay may be followed by one
-  // where it does: about every 100 plain steps drafting is tried again, and a few slow steps stop it again).
-  // Beside the times, what drafting steps delivered: their committed tokens per committing request per ms
-  // (exponential average, same weight). Once kMinDraftSamples drafting steps are counted, a step does not draft while
-  // that rate is below a plain step's (1 / (verify_ms(base_tokens) x plain scale)): the expected tokens come from
-  // acceptance rates that the per-request verify cut (plan) does not reach, so the table's choice alone can draft
-  // where drafting loses. The count restarts after kRetryAfterPlainSteps plain steps.
+  // The table is measured at startup on even, decode-shaped passes; serving steps are not (verify rows spread
+  // unevenly over the sequences, new shapes warming up, a per-request verify cut that does not reach the acceptance
+  // rates). So the planner also counts what drafting steps delivered: their committed tokens per committing request
+  // per ms of wall time (exponential average, weight kStepTimeWeight). Once kMinDraftSamples drafting steps are
+  // counted, a step does not draft while that rate is below kGuardMargin x a plain step's (1 / verify_ms(
+  // base_tokens)); the count restarts after kRetryAfterPlainSteps plain steps. Only that clear loss stops drafting
+  // (the margin): where drafting pays, the choice of L stays the table's, so that a seeded request's verify
+  // lengths, and with them its sampled tokens, do not follow the machine's timing noise. For the same reason the
+  // rule counts, and acts on, only steps whose committing requests are all greedy (set_all_greedy): greedy tokens
+  // are the same whatever is verified; a seeded sampled request's are the same only for the same verify lengths.
   void on_step(int64_t rows, int64_t drafts_verified, int64_t committed, double milliseconds) override;
+  void set_all_greedy(bool all_greedy) override { all_greedy_ = all_greedy; }
   static constexpr double kStepTimeWeight = 0.2;
-  static constexpr double kForgetWeight = 0.02;
+  static constexpr double kGuardMargin = 0.9;
   static constexpr int32_t kMinDraftSamples = 3;
   static constexpr int32_t kRetryAfterPlainSteps = 100;
   double drafting_rate() const { return drafting_rate_; }
-  double plain_scale() const { return scale_[0]; }
-  double draft_scale() const { return scale_[1]; }
   void add_counters(SpeculativeStats& stats) const override;
 
   const StepTimes& times() const { return times_; }
@@ -205,7 +201,7 @@ class DsparkPlanner final : public DraftPlanner {
   double drafting_rate_ = 0.0;          // committed tokens per committing request per ms of drafting steps
   int32_t drafting_samples_ = 0;
   int32_t plain_steps_ = 0;             // since the last drafting step
-  std::array<double, 2> scale_{1.0, 1.0};  // steps without drafts, with drafts: wall time / the table's
+  bool all_greedy_ = true;              // this step's committing requests (set_all_greedy)
   bool probe_taken_ = false;
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
   // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
