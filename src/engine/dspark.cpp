@@ -181,7 +181,6 @@ std::vector<double> DsparkPlanner::all_accepted_rate() const {
 
 void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
   const std::vector<double> rates = all_accepted_rate();
-  chains_ = chains;
   committing_ = committing;
   step_draft_length_ =
       plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_, block_draft_);
@@ -242,8 +241,8 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
   return confident;
 }
 
-void DsparkPlanner::on_step(int64_t rows, int64_t drafts_verified, int64_t committed, double milliseconds) {
-  if (times_.verify.empty() || rows <= 0 || !(milliseconds > 0.0) || !all_greedy_) return;  // 'const': no table
+void DsparkPlanner::on_step(int64_t drafts_verified, int64_t committed, double milliseconds) {
+  if (times_.verify.empty() || !(milliseconds > 0.0) || !all_greedy_) return;  // 'const': no table
   const bool drafting = drafts_verified > 0 || step_draft_length_ > 0;
   if (drafting && committing_ > 0) {
     const double rate = static_cast<double>(committed) / (static_cast<double>(committing_) * milliseconds);

@@ -205,7 +205,7 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   int64_t drafts_verified = 0, committed = 0;
   for (int32_t n : out.drafts_verified) drafts_verified += n;
   for (const std::vector<SampledToken>& tokens : out.entries) committed += static_cast<int64_t>(tokens.size());
-  planner_->on_step(static_cast<int64_t>(forward.token_ids.size()), drafts_verified, committed,
+  planner_->on_step(drafts_verified, committed,
                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
   if (drafts_verified == 0) out.drafts_verified.clear();
   return out;
@@ -493,31 +493,35 @@ Status MtpExecutor::draft_block(const ScheduledBatch& batch, std::span<const int
   // the planner then cuts each chain in order. Sampled requests draw theirs with the sampler, one after another.
   const size_t draft_vocab = static_cast<size_t>(heads.draft_vocab());
   int32_t bad_row = -1;
-  for (size_t b = 0; device_heads && b < blocks.size(); ++b) {
-    for (int32_t k = 0; k < blocks[b].max_drafts && bad_row < 0; ++k) {
-      const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
-      if (greedy_drafts[row] < 0) bad_row = static_cast<int32_t>(row);
+  if (device_heads) {  // the chains came back made: find a failed row
+    for (size_t b = 0; b < blocks.size() && bad_row < 0; ++b) {
+      for (int32_t k = 0; k < blocks[b].max_drafts && bad_row < 0; ++k) {
+        const size_t row = b * static_cast<size_t>(gamma) + static_cast<size_t>(k);
+        if (greedy_drafts[row] < 0) bad_row = static_cast<int32_t>(row);
+      }
     }
-  }
-  if (!device_heads) corrected_.resize(rows * draft_vocab);
-#pragma omp parallel for schedule(static) if (!device_heads)
-  for (size_t b = 0; b < (device_heads ? 0 : blocks.size()); ++b) {
-    const RequestState& request = *blocks[b].request;
-    const TokenId previous = request.token_at(blocks[b].position);
-    const size_t first = b * static_cast<size_t>(gamma), length = static_cast<size_t>(blocks[b].max_drafts);
-    if (!request.params.is_plain_greedy()) {  // drawn below, row by row; the first row's heads here
-      confidences[first] = heads.confidence_of(std::span(block_hidden_.data() + first * hidden, hidden), previous);
-      heads.markov(std::span(logits_.data() + first * draft_vocab, draft_vocab), previous,
-                   std::span(corrected_.data() + first * draft_vocab, draft_vocab));
-      continue;
-    }
-    const size_t made = heads.greedy_chain(std::span(logits_.data() + first * draft_vocab, length * draft_vocab),
-                                           std::span(block_hidden_.data() + first * hidden, length * hidden), previous,
-                                           std::span(greedy_drafts.data() + first, length),
-                                           std::span(confidences.data() + first, length));
-    if (made > 0 && greedy_drafts[first + made - 1] < 0) {
+  } else {
+    corrected_.resize(rows * draft_vocab);
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const RequestState& request = *blocks[b].request;
+      const TokenId previous = request.token_at(blocks[b].position);
+      const size_t first = b * static_cast<size_t>(gamma), length = static_cast<size_t>(blocks[b].max_drafts);
+      if (!request.params.is_plain_greedy()) {  // drawn below, row by row; the first row's heads here
+        confidences[first] = heads.confidence_of(std::span(block_hidden_.data() + first * hidden, hidden), previous);
+        heads.markov(std::span(logits_.data() + first * draft_vocab, draft_vocab), previous,
+                     std::span(corrected_.data() + first * draft_vocab, draft_vocab));
+        continue;
+      }
+      const size_t made =
+          heads.greedy_chain(std::span(logits_.data() + first * draft_vocab, length * draft_vocab),
+                             std::span(block_hidden_.data() + first * hidden, length * hidden), previous,
+                             std::span(greedy_drafts.data() + first, length),
+                             std::span(confidences.data() + first, length));
+      if (made > 0 && greedy_drafts[first + made - 1] < 0) {
 #pragma omp critical
-      bad_row = static_cast<int32_t>(first + made - 1);
+        bad_row = static_cast<int32_t>(first + made - 1);
+      }
     }
   }
   if (bad_row >= 0) return Status::invalid_argument("the DSpark draft's logits hold a NaN or inf");

@@ -109,7 +109,8 @@ struct DeepSeekModel::Weights {
   std::vector<MtpLayer> mtp_layers;
   std::unique_ptr<DsparkModule> dspark;
   DeepSeekModel::DsparkHeads dspark_heads;
-  // Device copies of dspark_heads' weights, when the backend has_device_dspark_heads() (w1 empty otherwise).
+  // Device copies of dspark_heads' weights where the backend runs the heads (build: the rank it takes, the whole
+  // draft vocabulary on this rank); w1 empty otherwise.
   backend::Backend::DsparkHeadsOnDevice dspark_device;
   Buffer norm;
   WeightPtr lm_head;
@@ -674,15 +675,7 @@ Status build(Loader& loader, backend::Backend& backend, const ModelConfig& c, co
     d.rank = heads.rank;
     d.hidden = heads.hidden;
     d.w2_norm_max = heads.markov_w2_norm_max;
-    d.outside = static_cast<int32_t>(heads.vocab);
-    if (!heads.active.empty()) {
-      int32_t outside = 0;
-      for (int32_t a : heads.active) {
-        if (a != outside) break;
-        ++outside;
-      }
-      d.outside = outside;
-    }
+    d.outside = heads.first_outside();
     auto upload = [&](const void* data, size_t bytes, Buffer& buffer) -> Status {
       if (bytes == 0) return Status();
       Result<Buffer> made = backend.alloc(bytes);
@@ -2200,13 +2193,18 @@ int32_t DeepSeekModel::DsparkHeads::finish_argmax(size_t best, float best_value)
   const int32_t id = id_of(static_cast<int64_t>(best));
   if (active.empty() || best_value > 0.0f) return id;
   // The ids outside the draft's vocabulary hold 0: the lowest of them competes.
+  const int32_t outside = first_outside();
+  if (outside >= vocab) return id;
+  return best_value < 0.0f ? outside : std::min(id, outside);
+}
+
+int32_t DeepSeekModel::DsparkHeads::first_outside() const {
   int32_t outside = 0;
   for (int32_t a : active) {
     if (a != outside) break;
     ++outside;
   }
-  if (outside >= vocab) return id;
-  return best_value < 0.0f ? outside : std::min(id, outside);
+  return active.empty() ? static_cast<int32_t>(vocab) : outside;
 }
 
 void DeepSeekModel::DsparkHeads::expand(std::span<const float> logits, std::span<float> full) const {

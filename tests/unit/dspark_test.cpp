@@ -121,7 +121,7 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
     planner.begin_drafting(32, 32, 32);
     if (planner.max_drafts(1, 4) == 0) break;
     ++drafting_steps;
-    planner.on_step(32 + 96, 96, 32 * 2, 0.53 + 0.45 + 0.12);  // as the table says, but 2 tokens per request
+    planner.on_step(96, 32 * 2, 0.53 + 0.45 + 0.12);  // as the table says, but 2 tokens per request
   }
   EXPECT_EQ(drafting_steps, DsparkPlanner::kMinDraftSamples);
   EXPECT_NEAR(planner.drafting_rate(), 2.0 / 1.1, 1e-9);
@@ -129,7 +129,7 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
   for (; plain_steps < 300; ++plain_steps) {
     planner.begin_drafting(32, 32, 32);
     if (planner.max_drafts(1, 4) > 0) break;
-    planner.on_step(32, 0, 32, 0.42);
+    planner.on_step(0, 32, 0.42);
   }
   EXPECT_EQ(plain_steps, DsparkPlanner::kRetryAfterPlainSteps);
 }

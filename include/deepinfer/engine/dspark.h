@@ -23,7 +23,6 @@
 // lagged (SGLang lags them one step for its overlap scheduler).
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -90,8 +89,9 @@ double plan_verify(int64_t base_tokens, int64_t committing, const StepTimeTable&
 // `block_draft`, a DSpark module's, one block pass makes every length: draft_ms(chains) once, plus its injection
 // pass, mtp_kv_ms(chains), which every drafting step runs), where A_k is the running rate at which drafts 1..k were
 // all accepted; L = 0 costs verify_ms(base_tokens), plus mtp_kv_ms(chains) where the idle pass is kept. Drafting
-// pays only where it buys more tokens than the draft passes and the longer verify cost; on a machine where a draft pass costs as much as a step (a CPU with a
-// large vocabulary head, or a tiny model whose step is a few launches) that is L = 0: plain decoding; the MTP layer's
+// pays only where it buys more tokens than the draft passes and the longer verify cost; on a machine where a draft
+// pass costs as much as a step (a CPU with a large vocabulary head, or a tiny model whose step is a few launches)
+// that is L = 0: plain decoding; the MTP layer's
 // pass still keeps its KV current unless that costs more than DsparkPlanner::kMaxKeepKvFraction of the step.
 int32_t plan_draft_length(int64_t base_tokens, int64_t committing, int64_t chains, int32_t max_draft_tokens,
                           std::span<const double> all_accepted_rate, const StepTimes& times, bool block_draft = false);
@@ -119,9 +119,9 @@ class DraftPlanner {
   // After acceptance: request `id` verified `verified` drafts (0 when plan chose none) and accepted `accepted`.
   virtual void on_verified(SequenceId /*id*/, int32_t /*verified*/, int32_t /*accepted*/) {}
   virtual void on_removed(SequenceId /*id*/) {}
-  // After the whole step (target pass, acceptance, the next step's draft passes): it verified `rows` rows, of which
-  // `drafts_verified` were drafts, committed `committed` tokens, and took `milliseconds` of wall time.
-  virtual void on_step(int64_t /*rows*/, int64_t /*drafts_verified*/, int64_t /*committed*/, double /*milliseconds*/) {}
+  // After the whole step (target pass, acceptance, the next step's draft passes): it verified `drafts_verified`
+  // drafts, committed `committed` tokens, and took `milliseconds` of wall time.
+  virtual void on_step(int64_t /*drafts_verified*/, int64_t /*committed*/, double /*milliseconds*/) {}
   // Before begin_drafting: whether every request committing this step decodes greedily (plain greedy sampling).
   virtual void set_all_greedy(bool /*all_greedy*/) {}
   // Counters for SpeculativeStats (fallbacks, fallback_returns, requests_in_fallback).
@@ -153,7 +153,7 @@ class DsparkPlanner final : public DraftPlanner {
   // lengths, and with them its sampled tokens, do not follow the machine's timing noise. For the same reason the
   // rule counts, and acts on, only steps whose committing requests are all greedy (set_all_greedy): greedy tokens
   // are the same whatever is verified; a seeded sampled request's are the same only for the same verify lengths.
-  void on_step(int64_t rows, int64_t drafts_verified, int64_t committed, double milliseconds) override;
+  void on_step(int64_t drafts_verified, int64_t committed, double milliseconds) override;
   void set_all_greedy(bool all_greedy) override { all_greedy_ = all_greedy; }
   static constexpr double kStepTimeWeight = 0.2;
   static constexpr double kGuardMargin = 0.9;
@@ -196,8 +196,7 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t probe_interval_ = kProbeEverySteps;
   bool probe_step_ = false;    // this step only probes: one request drafts one token
   bool skip_idle_pass_ = false;
-  int64_t chains_ = 0;                  // this step's drafting requests (begin_drafting)
-  int64_t committing_ = 0;              // and committing ones
+  int64_t committing_ = 0;              // this step's committing requests (begin_drafting)
   double drafting_rate_ = 0.0;          // committed tokens per committing request per ms of drafting steps
   int32_t drafting_samples_ = 0;
   int32_t plain_steps_ = 0;             // since the last drafting step

@@ -330,6 +330,8 @@ class DeepSeekModel {
     int32_t argmax(std::span<const float> logits) const;
     // argmax's answer once the draft vocabulary's first largest entry `best` (value `best_value`) is known.
     int32_t finish_argmax(size_t best, float best_value) const;
+    // The lowest id outside the draft vocabulary (`active`, ascending); vocab when there is none.
+    int32_t first_outside() const;
     // The row over the whole vocabulary (zeros outside the draft's), for a sampled draft. full: [vocab].
     void expand(std::span<const float> logits, std::span<float> full) const;
     // sigmoid(confidence · [h ; markov_w1[previous]]) (h: [hidden], the row's h_k).
