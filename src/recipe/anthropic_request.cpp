@@ -216,6 +216,14 @@ Status apply_tool_choice(const json::value* choice, Conversation& conversation) 
   if (!choice->is_object()) return Status::invalid_argument("tool_choice must be an object");
   std::string type;
   if (Status s = required_string(choice->get_object(), "type", "tool_choice", type); !s.ok()) return s;
+  // disable_parallel_tool_use (auto, any, tool): at most one tool_use block in the answer (ToolChoice::parallel).
+  if (const json::value* single = present(choice->get_object(), "disable_parallel_tool_use"); single != nullptr) {
+    if (!single->is_bool()) return Status::invalid_argument("tool_choice.disable_parallel_tool_use must be a boolean");
+    if (type == "none") {
+      return Status::invalid_argument("tool_choice.disable_parallel_tool_use is not allowed with {\"type\": \"none\"}");
+    }
+    conversation.tool_choice.parallel = !single->get_bool();
+  }
   if (type == "none") {
     conversation.tools.clear();
   } else if (type == "any") {
@@ -227,7 +235,8 @@ Status apply_tool_choice(const json::value* choice, Conversation& conversation) 
     bool found = false;
     for (const ToolDefinition& tool : conversation.tools) found = found || tool.name == name;
     if (!found) return Status::invalid_argument("tool_choice.name '" + name + "' is not one of the request's tools");
-    conversation.tool_choice = {ToolChoice::Mode::kNamed, name};
+    conversation.tool_choice.mode = ToolChoice::Mode::kNamed;
+    conversation.tool_choice.name = name;
   } else if (type != "auto") {
     return Status::invalid_argument("tool_choice.type must be auto, any, tool or none, got " + quoted(type));
   }

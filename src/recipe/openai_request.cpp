@@ -337,6 +337,10 @@ Result<Conversation> conversation_from_openai_chat(const json::value& request) {
   if (const json::value* choice = body.if_contains("tool_choice")) {
     if (Status s = apply_tool_choice(*choice, conversation); !s.ok()) return s;
   }
+  if (const json::value* parallel = body.if_contains("parallel_tool_calls"); parallel != nullptr && !parallel->is_null()) {
+    if (!parallel->is_bool()) return type_error("parallel_tool_calls", "a boolean", *parallel);
+    conversation.tool_choice.parallel = parallel->get_bool();
+  }
   return conversation;
 }
 

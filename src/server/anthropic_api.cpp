@@ -78,6 +78,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   plan.prompt_token_ids = std::move(prompt->token_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
                                                  context.tokenizer, std::move(stops));
+  if (!conversation.tool_choice.parallel) plan.builder->set_max_tool_calls(1);
   plan.writer = std::make_unique<ResponseWriter>(
       recipe::messages_builder({random_id("msg_"), context.model->served_model_name, 0}), plan.stream);
   return plan;

@@ -1224,7 +1224,9 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
         const bool stopped = plan.builder->push(*event.token, deltas);
         finish.reasoning_tokens = plan.builder->reasoning_tokens();
         if (stopped) {
-          finish.kind = FinishInfo::Kind::kStopString;
+          // A stop string, or the one tool call parallel_tool_calls: false allows (then the answer ends as the
+          // model's own end after a call would: finish_reason tool_calls, stop_reason tool_use).
+          finish.kind = plan.builder->tool_call_limit_reached() ? FinishInfo::Kind::kStop : FinishInfo::Kind::kStopString;
           finish.stop_string = plan.builder->stop_string();
           done = true;
         }

@@ -112,8 +112,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
       return bad_request(fmt::format("{} is not supported yet (no constrained decoding)", guided), guided);
     }
   }
-  std::optional<bool> parallel;
-  if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
+  // parallel_tool_calls: read into the conversation (ToolChoice::parallel), honoured by the output builder below.
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;
   // Fields other servers take on chat: refused where they would change the answer, as /v1/completions does.
@@ -163,6 +162,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   plan.prompt_token_ids = std::move(prompt->token_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
                                                  context.tokenizer, std::move(stops));
+  if (!conversation->tool_choice.parallel) plan.builder->set_max_tool_calls(1);
   plan.writer = std::make_unique<ResponseWriter>(
       recipe::chat_completion_builder({random_id("chatcmpl-"), context.model->served_model_name, unix_time()},
                                       include_usage, plan.params.logprobs.has_value(), context.tokenizer),

@@ -67,6 +67,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   plan.prompt_token_ids = std::move(prompt->token_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
                                                  context.tokenizer, std::move(stops));
+  if (!conversation.tool_choice.parallel) plan.builder->set_max_tool_calls(1);
   plan.writer = std::make_unique<ResponseWriter>(
       recipe::responses_builder({random_id("resp_"), context.model->served_model_name, unix_time()}, std::move(echo)),
       plan.stream);

@@ -54,6 +54,29 @@ TEST(AnthropicRequestTest, ToolChoiceNoneDropsTheTools) {
   EXPECT_TRUE(c->tools.empty());
 }
 
+// disable_parallel_tool_use: true allows one tool call (ToolChoice::parallel false); a non-boolean, or the field
+// with "none", is refused.
+TEST(AnthropicRequestTest, DisableParallelToolUseAllowsOneCall) {
+  const std::string head = R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {}}], )";
+  Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(head + R"("tool_choice": {"type": "auto"}})"));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->tool_choice.parallel);
+  for (const char* choice : {R"({"type": "auto", "disable_parallel_tool_use": true})",
+                             R"({"type": "any", "disable_parallel_tool_use": true})",
+                             R"({"type": "tool", "name": "f", "disable_parallel_tool_use": true})"}) {
+    c = conversation_from_anthropic_messages(std::string_view(head + "\"tool_choice\": " + choice + "}"));
+    ASSERT_TRUE(c.ok()) << choice << ": " << c.status().to_string();
+    EXPECT_FALSE(c->tool_choice.parallel) << choice;
+  }
+  c = conversation_from_anthropic_messages(
+      std::string_view(head + R"("tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}})"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "tool_choice.disable_parallel_tool_use must be a boolean");
+  c = conversation_from_anthropic_messages(
+      std::string_view(head + R"("tool_choice": {"type": "none", "disable_parallel_tool_use": true}})"));
+  ASSERT_FALSE(c.ok());
+}
+
 TEST(AnthropicRequestTest, OutputConfigEffortIsTheReasoningEffortAndOtherKeysAreRefused) {
   Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(
       R"({"messages": [{"role": "user", "content": "x"}], "output_config": {"effort": "high"}})"));

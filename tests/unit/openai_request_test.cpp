@@ -1,5 +1,7 @@
 // OpenAI Chat Completions requests -> Conversation: what is accepted, and errors that name the field.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
@@ -81,6 +83,8 @@ TEST(OpenAIRequestTest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": {"name": "g"}},
           "tools": [{"type": "function", "function": {"name": "f"}}]})",
        "tool_choice.function.name 'g' is not one of the request's tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "no"})",
+       "parallel_tool_calls must be a boolean"},
   };
   for (const Case& c : cases) {
     Result<Conversation> result = conversation_from_openai_chat(std::string_view(c.request));
@@ -88,6 +92,17 @@ TEST(OpenAIRequestTest, ErrorsNameTheField) {
     EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument) << c.request;
     EXPECT_NE(result.status().message().find(c.expected_fragment), std::string::npos)
         << "request: " << c.request << "\nmessage: " << result.status().message();
+  }
+}
+
+TEST(OpenAIRequestTest, ParallelToolCallsFalseAllowsOneCall) {
+  for (const auto& [field, parallel] : std::vector<std::pair<std::string, bool>>{
+           {"", true}, {R"(, "parallel_tool_calls": null)", true}, {R"(, "parallel_tool_calls": true)", true},
+           {R"(, "parallel_tool_calls": false)", false}}) {
+    const std::string request = R"({"messages": [{"role": "user", "content": "x"}])" + field + "}";
+    Result<Conversation> c = conversation_from_openai_chat(std::string_view(request));
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->tool_choice.parallel, parallel) << request;
   }
 }
 

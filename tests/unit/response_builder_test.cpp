@@ -216,5 +216,50 @@ TEST(ResponseBuilderTest, TextInputEqualsTokenInput) {
   EXPECT_EQ(by_text.stop_string(), std::optional<std::string>("weather"));
 }
 
+// At most one tool call (parallel_tool_calls: false): push() reports the end when the first call is complete, the
+// second call never reaches the events or the message, and finish() adds nothing.
+TEST(ResponseBuilderTest, OneToolCallWhenParallelCallsAreOff) {
+  constexpr std::string_view kTwoCalls =
+      "Let me look.</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n"
+      "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n"
+      "<｜DSML｜ invoke name=\"get_time\">\n"
+      "<｜DSML｜ parameter name=\"city\" string=\"true\">Rome</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n"
+      "</｜DSML｜ calls>";
+  for (int32_t limit : {0, 1}) {
+    OutputBuilder builder = v41_builder();
+    if (limit > 0) builder.set_max_tool_calls(limit);
+    std::vector<StreamEvent> events;
+    bool stopped = false;
+    size_t pushed = 0;
+    const std::vector<TokenId> ids = tokenizer()->encode(kTwoCalls, TextTrust::kUntrusted);
+    for (TokenId id : ids) {
+      ++pushed;
+      if ((stopped = builder.push(id, events))) break;
+    }
+    if (!stopped) builder.finish(events);
+    const auto begins = std::count_if(events.begin(), events.end(),
+                                      [](const StreamEvent& e) { return e.kind == StreamEvent::Kind::kToolCallBegin; });
+    if (limit == 0) {
+      EXPECT_FALSE(stopped);
+      EXPECT_EQ(begins, 2);
+      ASSERT_EQ(builder.message().tool_calls.size(), 2u);
+      EXPECT_FALSE(builder.tool_call_limit_reached());
+    } else {
+      EXPECT_TRUE(stopped);
+      EXPECT_TRUE(builder.tool_call_limit_reached());
+      EXPECT_FALSE(builder.stop_string().has_value());
+      EXPECT_LT(pushed, ids.size());  // generation ends at the first call's end, not at the block's
+      EXPECT_EQ(begins, 1);
+      ASSERT_EQ(builder.message().tool_calls.size(), 1u);
+      EXPECT_EQ(builder.message().tool_calls[0].name, "get_weather");
+      EXPECT_EQ(builder.message().tool_calls[0].arguments_text, R"({"city": "Paris"})");
+      std::vector<StreamEvent> after;
+      EXPECT_TRUE(builder.push(ids.back(), after));
+      builder.finish(after);
+      EXPECT_TRUE(after.empty());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::recipe

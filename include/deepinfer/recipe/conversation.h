@@ -91,6 +91,10 @@ struct ToolChoice {
   enum class Mode { kAuto, kRequired, kNamed };
   Mode mode = Mode::kAuto;
   std::string name;  // kNamed: the function
+  // false: the answer holds at most one tool call (OpenAI's parallel_tool_calls: false, Anthropic's
+  // tool_choice.disable_parallel_tool_use: true). The prompt is unchanged; the server stops generating when the
+  // first call is complete (OutputBuilder::set_max_tool_calls), so no later call reaches the client.
+  bool parallel = true;
 };
 
 struct Conversation {

@@ -39,8 +39,13 @@ class OutputBuilder {
   // Completions: the incremental detokenizer; special tokens (EOS, ...) add no text.
   OutputBuilder(std::shared_ptr<const Tokenizer> tokenizer, std::vector<std::string> stops);
 
+  // At most `n` tool calls (n >= 1; ToolChoice::parallel false is 1): when the n-th call is complete, push()
+  // returns true (generation is over, as for a stop string) and nothing after it is shown. Default: no limit.
+  void set_max_tool_calls(int32_t n) { max_tool_calls_ = n; }
+  // Whether push() stopped because the tool-call limit was reached (then stop_string() is empty).
+  bool tool_call_limit_reached() const { return tool_limit_reached_; }
   // Feeds one generated token and appends what may be shown now to `out`. Returns true when a stop string
-  // completed: generation is over, feed nothing more.
+  // completed or the tool-call limit was reached: generation is over, feed nothing more.
   bool push(TokenId token, std::vector<StreamEvent>& out);
   // Feeds generated text instead of ids (a backend that reports text): it is encoded with the tokenizer,
   // added tokens matched (TextTrust::kTrusted, so the model's marker text becomes the ids it stands for), and
@@ -72,6 +77,9 @@ class OutputBuilder {
   std::vector<TokenId> text_ids_;
   OutputMessage message_;
   int64_t reasoning_tokens_ = 0;
+  int32_t max_tool_calls_ = 0;  // 0: no limit
+  int32_t tool_calls_ended_ = 0;
+  bool tool_limit_reached_ = false;
 };
 
 }  // namespace deepinfer::recipe

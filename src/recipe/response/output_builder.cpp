@@ -15,7 +15,7 @@ OutputBuilder::OutputBuilder(std::shared_ptr<const Tokenizer> tokenizer, std::ve
 int32_t OutputBuilder::malformed_tool_calls() const { return parser_ ? parser_->malformed_tool_calls() : 0; }
 
 bool OutputBuilder::push(TokenId token, std::vector<StreamEvent>& out) {
-  if (matcher_.matched()) return true;
+  if (matcher_.matched() || tool_limit_reached_) return true;
   scratch_.clear();
   if (parser_) {
     const bool was_reasoning = parser_->in_reasoning();
@@ -35,7 +35,7 @@ bool OutputBuilder::push_text(std::string_view text, std::vector<StreamEvent>& o
   // one call, are merged.
   const size_t first = out.size();
   std::vector<StreamEvent> step;
-  bool stopped = matcher_.matched().has_value();
+  bool stopped = matcher_.matched().has_value() || tool_limit_reached_;
   for (TokenId id : text_ids_) {
     if (stopped) break;
     step.clear();
@@ -56,7 +56,7 @@ bool OutputBuilder::push_text(std::string_view text, std::vector<StreamEvent>& o
 }
 
 void OutputBuilder::finish(std::vector<StreamEvent>& out) {
-  if (matcher_.matched()) return;
+  if (matcher_.matched() || tool_limit_reached_) return;
   scratch_.clear();
   if (parser_) {
     parser_->finish(scratch_);
@@ -81,7 +81,12 @@ bool OutputBuilder::filter(std::vector<StreamEvent>& events, std::vector<StreamE
       if (matcher_.matched()) return true;
     } else {
       flush_text(out);
+      const bool call_ended = event.kind == Kind::kToolCallEnd;
       emit(std::move(event), out);
+      if (call_ended && max_tool_calls_ > 0 && ++tool_calls_ended_ >= max_tool_calls_) {
+        tool_limit_reached_ = true;  // the rest of this token's events (a next call's start) is not shown
+        return true;
+      }
     }
   }
   return false;
