@@ -312,6 +312,18 @@ std::optional<ApiError> refuse_return_token_ids(const json::object& body, std::s
                      "return_token_ids");
 }
 
+std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, std::string_view messages_field) {
+  for (size_t i = 0; i < conversation.messages.size(); ++i) {
+    if (!conversation.messages[i].has_images()) continue;
+    return bad_request(fmt::format("image input is not supported: the prompt format renders an image as its "
+                                   "placeholder token, but DeepInfer does not run DeepSeek-V4.1's vision encoder, "
+                                   "so the model would not see the image; send text only (message {} has an image)",
+                                   i),
+                       std::string(messages_field));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,
                                     std::string_view max_tokens_field, engine::SamplingParams& params) {
   const int64_t max_model_len = context.model->max_model_len;

@@ -502,6 +502,38 @@ TEST(ChatFormatRevisionTest, TheCheckpointNamesItsChatFormat) {
   fs::remove_all(dir);
 }
 
+// Image input on deepseek-v4.1: the format renders a placeholder token, but there is no vision encoder, so every
+// generation endpoint refuses it (400 naming the message list) instead of answering without the image; /tokenize
+// and count_tokens still render it.
+TEST(ImageInputTest, GenerationEndpointsRefuseImagesTheModelCouldNotSee) {
+  TestServerOptions options;
+  options.config.chat_format = recipe::PromptFormat::kDeepSeekV41;
+  std::unique_ptr<Server> server = start_server(options);
+  TestClient c(server->port());
+  const std::string png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+  const std::string chat_image = R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+      {"type": "image_url", "image_url": {"url": "data:image/png;base64,)" + png + R"("}}]}], "max_tokens": 4)";
+  HttpResponse chat_response = c.post("/v1/chat/completions", chat_image + "}");
+  EXPECT_EQ(chat_response.status, 400) << chat_response.body;
+  EXPECT_EQ(chat_response.json().at("error").at("param"), "messages");
+  EXPECT_NE(chat_response.body.find("vision encoder"), std::string::npos) << chat_response.body;
+  EXPECT_EQ(c.post("/tokenize", chat_image + "}").status, 200);
+  const std::string anthropic = R"({"model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": [
+      {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ")" + png + R"("}},
+      {"type": "text", "text": "What is it?"}]}]})";
+  HttpResponse messages = c.post("/v1/messages", anthropic, {{"anthropic-version", "2023-06-01"}});
+  EXPECT_EQ(messages.status, 400) << messages.body;
+  EXPECT_EQ(messages.json().at("type"), "error");
+  EXPECT_EQ(c.post("/v1/messages/count_tokens", anthropic).status, 200);
+  HttpResponse responses = c.post("/v1/responses", R"({"max_output_tokens": 4, "input": [{"role": "user", "content": [
+      {"type": "input_text", "text": "What is it?"},
+      {"type": "input_image", "image_url": "data:image/png;base64,)" + png + R"("}]}]})");
+  EXPECT_EQ(responses.status, 400) << responses.body;
+  EXPECT_EQ(responses.json().at("error").at("param"), "input");
+  // Text alone is served as before.
+  EXPECT_EQ(c.post("/v1/chat/completions", chat()).status, 200);
+}
+
 // A DSML format (issue 16): tool_choice required / named prefill the tool-call block of the prompt the server
 // generates from (the parser then starts inside it, recipe::stream_parser_options); a forced tool call with
 // thinking and json_object without the word "json" are 400s naming their field.

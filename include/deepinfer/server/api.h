@@ -92,6 +92,11 @@ struct ApiContext {
 std::optional<ApiError> check_model(const boost::json::object& body, const ModelInfo& model, bool required);
 // The 400 for vLLM's `return_token_ids` (anything but absent, null or false) on an endpoint that returns no ids.
 std::optional<ApiError> refuse_return_token_ids(const boost::json::object& body, std::string_view endpoint);
+// The 400 for image input on a generation endpoint: the prompt formats that take images (deepseek-v4.1) render a
+// placeholder token, but DeepInfer does not run DeepSeek-V4.1's vision encoder, so the model would never see the
+// image. `messages_field` names the request's message list ("messages", or "input" for Responses). /tokenize
+// and count_tokens render images as the placeholder and are not refused.
+std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, std::string_view messages_field);
 
 // Fills max_tokens against the prompt length and max_model_len: 400 when the prompt does not leave room for
 // one token or prompt + requested max_tokens exceed max_model_len (both numbers in the message).
