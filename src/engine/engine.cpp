@@ -891,9 +891,16 @@ Result<std::vector<TokenEvent>> Engine::step() {
   // Each kept token is one event, in order; a finish (stop token, length) is reported once, by the next step's
   // `finished` list.
   for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const SequenceId id = batch.entries[i].sequence_id;
+    int64_t cached = 0;
+    if (!out->entries[i].empty()) {
+      const SequenceState* seq = scheduler_.find(id);
+      const int64_t replayed = v4_executor_ ? v4_executor_->replayed_tokens(id) : 0;
+      cached = seq != nullptr ? std::max<int64_t>(seq->num_cached_tokens - replayed, 0) : 0;
+    }
     for (SampledToken& token : out->entries[i]) {
-      events.push_back({batch.entries[i].sequence_id, token.token_id, token.logprob, std::move(token.top_logprobs),
-                        false, FinishReason::kNone, {}, 0});
+      events.push_back({id, token.token_id, token.logprob, std::move(token.top_logprobs), false, FinishReason::kNone,
+                        {}, cached});
     }
   }
   return events;

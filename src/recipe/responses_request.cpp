@@ -361,7 +361,9 @@ Result<Conversation> conversation_from_responses(const json::value& request) {
   if (Status s = convert_tools(present(body, "tools"), conversation); !s.ok()) return s;
   if (Status s = apply_tool_choice(present(body, "tool_choice"), conversation); !s.ok()) return s;
   if (const json::value* parallel = present(body, "parallel_tool_calls"); parallel != nullptr) {
-    if (!parallel->is_bool()) return Status::invalid_argument("parallel_tool_calls must be a boolean");
+    if (!parallel->is_bool()) {
+      return Status::invalid_argument("parallel_tool_calls must be a boolean, got " + std::string(kind_name(*parallel)));
+    }
     conversation.tool_choice.parallel = parallel->get_bool();
   }
   if (Status s = apply_reasoning(present(body, "reasoning"), conversation); !s.ok()) return s;

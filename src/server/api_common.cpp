@@ -40,7 +40,8 @@ ApiError bad_request_from(const Status& status) {
                                                    "input",
                                                    "instructions",
                                                    "reasoning",
-                                                   "text"};
+                                                   "text",
+                                                   "parallel_tool_calls"};
   const bool path_like = first.find_first_of(".[") != std::string::npos ||
                          std::find(std::begin(kTopLevel), std::end(kTopLevel), first) != std::end(kTopLevel);
   const bool path_chars = std::all_of(first.begin(), first.end(), [](char c) {
@@ -317,8 +318,8 @@ std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, 
     if (!conversation.messages[i].has_images()) continue;
     return bad_request(fmt::format("image input is not supported: the prompt format renders an image as its "
                                    "placeholder token, but DeepInfer does not run DeepSeek-V4.1's vision encoder, "
-                                   "so the model would not see the image; send text only (message {} has an image)",
-                                   i),
+                                   "so the model would not see the image; send text only ({} holds an image)",
+                                   messages_field),
                        std::string(messages_field));
   }
   return std::nullopt;

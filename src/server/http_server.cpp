@@ -1225,8 +1225,11 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
         finish.reasoning_tokens = plan.builder->reasoning_tokens();
         if (stopped) {
           // A stop string, or the one tool call parallel_tool_calls: false allows (then the answer ends as the
-          // model's own end after a call would: finish_reason tool_calls, stop_reason tool_use).
+          // model's own end after a call would: finish_reason tool_calls, stop_reason tool_use). The engine's finish
+          // event will not be read: its cached-token count comes from this token's event.
           finish.kind = plan.builder->tool_call_limit_reached() ? FinishInfo::Kind::kStop : FinishInfo::Kind::kStopString;
+          finish.cached_tokens = event.num_cached_tokens;
+          metrics.prompt_tokens_cached += event.num_cached_tokens;
           finish.stop_string = plan.builder->stop_string();
           done = true;
         }

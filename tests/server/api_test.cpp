@@ -51,6 +51,32 @@ TEST_F(ApiTest, ChatNonStreamingHasExactUsage) {
   EXPECT_EQ(usage.at("prompt_tokens_details").at("cached_tokens").as_int64(), 0);
 }
 
+// A request the server ends itself (a stop string here; the one tool call of parallel_tool_calls: false too) still
+// reports the prompt tokens read from the prefix cache: the engine's finish event is not waited for, so the count
+// comes with the tokens (regression: it was 0, and the metric undercounted).
+TEST_F(ApiTest, AStopStringKeepsTheCachedTokenCount) {
+  TestClient c = client();
+  std::string system;
+  for (int i = 0; i < 40; ++i) system += "The cache keeps every whole block of this prompt. ";
+  const std::string head = R"({"model": "default", "messages": [{"role": "system", "content": ")" + system +
+                           R"("}, {"role": "user", "content": "Go on."}], "temperature": 0, "ignore_eos": true)";
+  HttpResponse first = c.post("/v1/chat/completions", head + R"(, "max_tokens": 4})");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string content(first.json().at("choices").at(0).at("message").at("content").as_string());
+  ASSERT_FALSE(content.empty()) << first.body;
+  size_t length = 1;  // the first UTF-8 character of the answer: a stop string that ends it at once
+  while (length < content.size() && (static_cast<unsigned char>(content[length]) & 0xC0) == 0x80) ++length;
+  const std::string stop = json::serialize(json::value(content.substr(0, length)));
+  HttpResponse second = c.post("/v1/chat/completions", head + R"(, "max_tokens": 4, "stop": [)" + stop + "]}");
+  ASSERT_EQ(second.status, 200) << second.body;
+  const json::value& body = second.json();
+  EXPECT_EQ(body.at("choices").at(0).at("finish_reason"), "stop") << second.body;
+  const int64_t prompt = body.at("usage").at("prompt_tokens").as_int64();
+  ASSERT_GE(prompt, 128);
+  EXPECT_EQ(body.at("usage").at("prompt_tokens_details").at("cached_tokens").as_int64(), (prompt - 1) / 64 * 64)
+      << second.body;
+}
+
 TEST_F(ApiTest, ChatStreamingMatchesNonStreamingAndCountsUsage) {
   TestClient c = client();
   HttpResponse plain = c.post("/v1/chat/completions", chat());
@@ -532,6 +558,15 @@ TEST(ImageInputTest, GenerationEndpointsRefuseImagesTheModelCouldNotSee) {
   EXPECT_EQ(responses.json().at("error").at("param"), "input");
   // Text alone is served as before.
   EXPECT_EQ(c.post("/v1/chat/completions", chat()).status, 200);
+  // parallel_tool_calls must be a boolean: a 400 naming it (both dialects that have it).
+  for (const char* path : {"/v1/chat/completions", "/v1/responses"}) {
+    const std::string body = std::string(path) == "/v1/responses"
+                                 ? std::string(R"({"input": "hi", "parallel_tool_calls": 0})")
+                                 : chat(R"(, "parallel_tool_calls": "false")");
+    HttpResponse refused = c.post(path, body);
+    EXPECT_EQ(refused.status, 400) << path << ": " << refused.body;
+    EXPECT_EQ(refused.json().at("error").at("param"), "parallel_tool_calls") << path << ": " << refused.body;
+  }
 }
 
 // A DSML format (issue 16): tool_choice required / named prefill the tool-call block of the prompt the server

@@ -261,5 +261,35 @@ TEST(ResponseBuilderTest, OneToolCallWhenParallelCallsAreOff) {
   }
 }
 
+// A call the parser closes on malformed markup (an unknown tag inside the invoke) is not the one complete call:
+// with the limit, generation goes on as without it, and the markup is content as before (regression: the limit
+// stopped there and the client got arguments "{" and no content).
+TEST(ResponseBuilderTest, AMalformedCallDoesNotCountTowardTheLimit) {
+  constexpr std::string_view kMalformed =
+      "Let me look.</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n"
+      "<｜DSML｜ param name=\"city\" string=\"true\">Paris</｜DSML｜ param>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  OutputMessage unlimited;
+  for (int32_t limit : {0, 1}) {
+    OutputBuilder builder = v41_builder();
+    if (limit > 0) builder.set_max_tool_calls(limit);
+    std::vector<StreamEvent> events;
+    bool stopped = false;
+    for (TokenId id : tokenizer()->encode(kMalformed, TextTrust::kUntrusted)) {
+      if ((stopped = builder.push(id, events))) break;
+    }
+    EXPECT_FALSE(stopped) << "limit " << limit;
+    builder.finish(events);
+    EXPECT_EQ(builder.malformed_tool_calls(), 1);
+    EXPECT_FALSE(builder.tool_call_limit_reached());
+    EXPECT_NE(builder.message().content.find("param name="), std::string::npos) << builder.message().content;
+    if (limit == 0) {
+      unlimited = builder.message();
+    } else {
+      EXPECT_EQ(builder.message().content, unlimited.content);
+      EXPECT_EQ(builder.message().tool_calls.size(), unlimited.tool_calls.size());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::recipe

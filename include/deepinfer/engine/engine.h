@@ -111,7 +111,9 @@ struct TokenEvent {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string message;  // why an aborted request was aborted
-  // On the finish event: prompt tokens whose KV was reused from the prefix cache (a multiple of 64).
+  // Prompt tokens whose KV was reused from the prefix cache (a multiple of 64), on the finish event and on every
+  // token event (fixed at the request's first admission), so that a client that stops early (a stop string, the
+  // tool-call limit) still reports them.
   int64_t num_cached_tokens = 0;
 };
 

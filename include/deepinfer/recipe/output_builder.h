@@ -40,7 +40,8 @@ class OutputBuilder {
   OutputBuilder(std::shared_ptr<const Tokenizer> tokenizer, std::vector<std::string> stops);
 
   // At most `n` tool calls (n >= 1; ToolChoice::parallel false is 1): when the n-th call is complete, push()
-  // returns true (generation is over, as for a stop string) and nothing after it is shown. Default: no limit.
+  // returns true (generation is over, as for a stop string) and nothing after it is shown. A call the parser
+  // closes on malformed markup is not complete and does not count. Default: no limit.
   void set_max_tool_calls(int32_t n) { max_tool_calls_ = n; }
   // Whether push() stopped because the tool-call limit was reached (then stop_string() is empty).
   bool tool_call_limit_reached() const { return tool_limit_reached_; }
@@ -78,7 +79,8 @@ class OutputBuilder {
   OutputMessage message_;
   int64_t reasoning_tokens_ = 0;
   int32_t max_tool_calls_ = 0;  // 0: no limit
-  int32_t tool_calls_ended_ = 0;
+  int32_t tool_calls_ended_ = 0;  // complete calls (not closed on malformed markup)
+  int32_t malformed_seen_ = 0;
   bool tool_limit_reached_ = false;
 };
 

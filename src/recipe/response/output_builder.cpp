@@ -81,7 +81,13 @@ bool OutputBuilder::filter(std::vector<StreamEvent>& events, std::vector<StreamE
       if (matcher_.matched()) return true;
     } else {
       flush_text(out);
-      const bool call_ended = event.kind == Kind::kToolCallEnd;
+      // A call the parser closed on malformed markup (whose text it then emits as content) is not a complete call:
+      // it does not count toward the limit, and generation goes on as without one.
+      bool call_ended = event.kind == Kind::kToolCallEnd;
+      if (call_ended && parser_ && parser_->malformed_tool_calls() > malformed_seen_) {
+        malformed_seen_ = parser_->malformed_tool_calls();
+        call_ended = false;
+      }
       emit(std::move(event), out);
       if (call_ended && max_tool_calls_ > 0 && ++tool_calls_ended_ >= max_tool_calls_) {
         tool_limit_reached_ = true;  // the rest of this token's events (a next call's start) is not shown
