@@ -36,6 +36,11 @@ constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 // Decode steps pad their block tables to a power of two of at least this many blocks (1024 tokens), so that a
 // growing context keeps its CUDA graph until it doubles (one graph per bucket, not per block).
 constexpr int64_t kMinGraphBlocks = 16;
+// Steps of at most this many rows run the shared experts on the backend's side lane (Backend::begin_side_lane),
+// beside the routed ones. Measured on an H100 (bench/gpu/NOTES.md, 2026-12-05): V2-Lite decode -0.2 ms at batch 1,
+// 8 and 64, but +0.35 ms at 256, the V3 slice +0.15 ms at 64 and its 512-token chunk +2%: where both paths fill
+// the GPU they only compete. SGLang's alt_stream threshold is 1,024 tokens.
+constexpr int64_t kSharedExpertLaneMaxRows = 32;
 // Steps recorded as graphs (DeepSeekModel::set_use_graphs): few rows, few per sequence.
 bool graph_sized(int64_t rows, std::span<const SequenceChunk> sequences) {
   return rows <= DeepSeekModel::kGraphMaxRows &&
@@ -1742,11 +1747,17 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
   if (!L.moe) {
     run_mlp(L.dense, t.ffn);
   } else {
+    // The shared experts on the backend's side lane, beside the routed ones up to kSharedExpertLaneMaxRows rows:
+    // moe() joins it before its combine adds the routed experts into t.ffn.
+    const bool side_lane =
+        L.has_shared && ep == nullptr && b.has_side_lane() && t.normed.rows <= kSharedExpertLaneMaxRows;
+    if (side_lane) b.begin_side_lane();
     if (L.has_shared) {
       run_mlp(L.shared, t.ffn);
     } else {
       b.fill_zero(t.ffn);
     }
+    if (side_lane) b.end_side_lane();
     if (ep != nullptr) {
       ep->run(w.rule, L, moe_layer, t.normed, t.ffn);
     } else {

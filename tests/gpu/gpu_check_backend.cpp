@@ -920,6 +920,53 @@ void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
   }
 }
 
+// The side lane (Backend::begin_side_lane): a shared-expert MLP (linear, silu_mul, linear into out) queued on it,
+// then moe() on the main lane, which joins it before its combine adds into out. The same bits as running them one
+// after the other on the same backend: each op's arithmetic is the same on either lane. bf16 and FP8 weights (FP8
+// at a few rows on the streaming kernel, at more on cuBLASLt: the side lane's own library and scratch), a decode
+// batch and a prefill chunk, out strided; three layers in a row, so that a lane reused before the previous join's
+// work has drained is covered.
+void check_side_lane(Pair& p) {
+  Backend& b = p.gpu;
+  expect("side lane available", b.has_side_lane());
+  for (Precision precision : {Precision::kBF16, Precision::kFP8}) {
+    for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{300}}) {
+      const int64_t hidden = 256, I = 128, shared_I = 256, E = 16;
+      be::MoeRoutingRule rule;
+      rule.scoring = be::MoeRoutingRule::Scoring::kSoftmax;
+      rule.num_experts = E;
+      rule.top_k = 4;
+      WeightPair router = make_weights(p.cpu, p.gpu, p.rng, 1, E, hidden, Precision::kF32, 0.3f);
+      WeightPair gate_up = make_weights(p.cpu, p.gpu, p.rng, E, 2 * I, hidden, precision, 0.06f);
+      WeightPair down = make_weights(p.cpu, p.gpu, p.rng, E, hidden, I, precision, 0.09f);
+      WeightPair shared_gate_up = make_weights(p.cpu, p.gpu, p.rng, 1, 2 * shared_I, hidden, precision, 0.06f);
+      WeightPair shared_down = make_weights(p.cpu, p.gpu, p.rng, 1, hidden, shared_I, precision, 0.06f);
+      const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden));
+      const be::MoeWeights mw{rule, router.gpu.get(), nullptr, gate_up.gpu.get(), down.gpu.get()};
+      auto run = [&](bool lane) {
+        Act xa = make_act(b, x, T, hidden, hidden), oa = make_act(b, T, hidden, hidden + 8);
+        Act gu = make_act(b, T, 2 * shared_I, 2 * shared_I), act = make_act(b, T, shared_I, shared_I);
+        for (int layer = 0; layer < 3; ++layer) {
+          if (lane) b.begin_side_lane();
+          b.linear(xa.view, *shared_gate_up.gpu, gu.view);
+          b.silu_mul(gu.view, act.view);
+          b.linear(act.view, *shared_down.gpu, oa.view);
+          if (lane) b.end_side_lane();
+          b.moe(xa.view, mw, oa.view);
+          b.copy(oa.view, xa.view.cols_slice(0, hidden));  // the next layer's input
+        }
+        return read_act(b, oa, "side lane");
+      };
+      const std::vector<float> sequential = run(false), beside = run(true);
+      size_t differ = 0;
+      for (size_t i = 0; i < sequential.size(); ++i) differ += sequential[i] != beside[i] ? 1 : 0;
+      expect(std::string("side lane: shared MLP beside moe, ") + (precision == Precision::kFP8 ? "fp8" : "bf16") +
+                 ", T " + std::to_string(T) + ": bit-identical to one after the other",
+             differ == 0, std::to_string(differ) + " values differ");
+    }
+  }
+}
+
 void check_logits(Pair& p) {
   Backend* backends[2] = {&p.cpu, &p.gpu};
   const int64_t hidden = 160, vocab = 1000;
@@ -1357,6 +1404,7 @@ int main(int argc, char** argv) {
   }
   unsetenv("DEEPINFER_MOE_GEMM");
   for (const MoeCase& c : moe_cases) check_moe(p, c, moe_backends);
+  check_side_lane(p);
   check_logits(p);
   check_device_sampling(p, 3001, false);
   check_device_sampling(p, 129280, true);

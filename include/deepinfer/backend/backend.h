@@ -418,8 +418,22 @@ class Backend {
   virtual bool mla_expanded_pays(const MlaExpanded&) const { return false; }
   virtual void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, const Buffer& cache_layer,
                             Tensor out) = 0;
-  // out += sum over the token's top-k experts of weight_e * down_e(silu(gate_e x) * up_e x).
+  // out += sum over the token's top-k experts of weight_e * down_e(silu(gate_e x) * up_e x). `out` is read only by
+  // the last step (the combine), after join_side_lane(): a side lane's ops (the shared experts) may write it.
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor out) = 0;
+  // A second lane of work, for ops that may run beside the ones after them (SGLang's alt_stream for DeepSeek's
+  // shared experts). begin_side_lane(): the ops issued from now on go to the side lane, after everything issued so
+  // far; end_side_lane(): ops go to the main lane again, not waiting for the side lane's; join_side_lane(): the main
+  // lane's later ops run after the side lane's (moe() joins before it reads `out`; a no-op with nothing pending).
+  // The two lanes' ops must not write what the other reads or writes; each op's arithmetic is the same on either
+  // lane. Calls pair in that order, one lane at a time (begin inside an open lane: InvalidArgument, recorded). The
+  // base backend has none (has_side_lane false: the calls are no-ops and ops run in order). On CUDA: a second stream
+  // with its own cuBLAS handles, workspaces and GEMM scratch, forked and joined by events (CUDA graphs capture them
+  // as edges); off with DEEPINFER_SIDE_LANE=0. Not thread-safe (the backend's rule).
+  virtual bool has_side_lane() const { return false; }
+  virtual void begin_side_lane() {}
+  virtual void end_side_lane() {}
+  virtual void join_side_lane() {}
   // ---- DeepSeek-V4 ops (the structs above). has_v4_ops(): whether this backend has them (the model refuses to
   // load otherwise); the base versions abort.
   virtual bool has_v4_ops() const { return false; }

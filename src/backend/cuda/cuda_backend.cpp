@@ -133,6 +133,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   Result<int> sampling = env_choice("DEEPINFER_DEVICE_SAMPLING", {"0", "1"}, "1 samples on the GPU, 0 on the host");
   if (!sampling.ok()) return sampling.status();
   if (*sampling >= 0) backend->device_sampling_ = *sampling == 1;
+  Result<int> side_lane =
+      env_choice("DEEPINFER_SIDE_LANE", {"0", "1"}, "1: the shared experts beside the routed ones, 0: after them");
+  if (!side_lane.ok()) return side_lane.status();
+  backend->side_lane_enabled_ = *side_lane != 0;
   if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
     const std::string v = keys;
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
@@ -175,12 +179,84 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     return setup_error(std::string("gemm_library_create: ") + gemm_status.where,
                        gemm_status.cuda != cudaSuccess ? cuda_error_text(gemm_status.cuda)
                                                        : "cuBLAS status " + std::to_string(gemm_status.cublas));
+  if (backend->side_lane_enabled_) {
+    SideLane& side = backend->side_;
+    if (cudaError_t err = cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking); err != cudaSuccess)
+      return setup_error("cudaStreamCreate (side lane)", cuda_error_text(err));
+    for (cudaEvent_t* event : {&side.fork, &side.join}) {
+      if (cudaError_t err = cudaEventCreateWithFlags(event, cudaEventDisableTiming); err != cudaSuccess)
+        return setup_error("cudaEventCreate (side lane)", cuda_error_text(err));
+    }
+    if (cublasStatus_t st = cublasCreate(&side.blas); st != CUBLAS_STATUS_SUCCESS)
+      return setup_error("cublasCreate (side lane)", cublasGetStatusString(st));
+    if (cublasStatus_t st = cublasSetStream(side.blas, side.stream); st != CUBLAS_STATUS_SUCCESS)
+      return setup_error("cublasSetStream (side lane)", cublasGetStatusString(st));
+    if (cudaError_t err = cudaMalloc(&side.blas_workspace, kCublasWorkspaceBytes); err != cudaSuccess)
+      return setup_error("cudaMalloc (side lane's cuBLAS workspace)", cuda_error_text(err));
+    if (cublasStatus_t st = cublasSetWorkspace(side.blas, side.blas_workspace, kCublasWorkspaceBytes);
+        st != CUBLAS_STATUS_SUCCESS)
+      return setup_error("cublasSetWorkspace (side lane)", cublasGetStatusString(st));
+    side.gemm = kernels::cuda::gemm_library_create(kCublasLtWorkspaceBytes, &gemm_status);
+    if (side.gemm == nullptr)
+      return setup_error(std::string("gemm_library_create (side lane): ") + gemm_status.where,
+                         gemm_status.cuda != cudaSuccess ? cuda_error_text(gemm_status.cuda)
+                                                         : "cuBLAS status " + std::to_string(gemm_status.cublas));
+  }
   return std::unique_ptr<Backend>(std::move(backend));
+}
+
+// The side lane's resources trade places with the main lane's: every op queues on whichever is in the members.
+void CudaBackend::swap_lanes() {
+  std::swap(stream_, side_.stream);
+  std::swap(blas_, side_.blas);
+  std::swap(blas_workspace_, side_.blas_workspace);
+  std::swap(gemm_, side_.gemm);
+  gemm_in_.swap(side_.gemm_in);
+  gemm_out_.swap(side_.gemm_out);
+  gemm_staging_.swap(side_.gemm_staging);
+  rowwise_.swap(side_.rowwise);
+}
+
+// The fork and join run even after a failed op: a capture must end with the side stream joined.
+void CudaBackend::begin_side_lane() {
+  if (!side_lane_enabled_) return;
+  if (lane_state_ == LaneState::kOpen) {
+    fail(Status::invalid_argument("begin_side_lane: the side lane is already open"));
+    return;
+  }
+  activate();
+  join_side_lane();  // one lane's work at a time
+  check_cuda(cudaEventRecord(side_.fork, stream_), "begin_side_lane (cudaEventRecord)");
+  check_cuda(cudaStreamWaitEvent(side_.stream, side_.fork, 0), "begin_side_lane (cudaStreamWaitEvent)");
+  swap_lanes();
+  lane_state_ = LaneState::kOpen;
+}
+
+void CudaBackend::end_side_lane() {
+  if (lane_state_ != LaneState::kOpen) return;
+  check_cuda(cudaEventRecord(side_.join, stream_), "end_side_lane (cudaEventRecord)");
+  swap_lanes();
+  lane_state_ = LaneState::kPending;
+}
+
+void CudaBackend::join_side_lane() {
+  if (lane_state_ == LaneState::kOpen) end_side_lane();
+  if (lane_state_ != LaneState::kPending) return;
+  check_cuda(cudaStreamWaitEvent(stream_, side_.join, 0), "join_side_lane (cudaStreamWaitEvent)");
+  lane_state_ = LaneState::kNone;
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
+  if (lane_state_ == LaneState::kOpen) swap_lanes();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (side_.stream != nullptr) cudaStreamSynchronize(side_.stream);
+  if (side_.gemm != nullptr) kernels::cuda::gemm_library_destroy(side_.gemm);
+  if (side_.blas != nullptr) cublasDestroy(side_.blas);
+  if (side_.blas_workspace != nullptr) cudaFree(side_.blas_workspace);
+  for (cudaEvent_t event : {side_.fork, side_.join}) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
   for (auto& [key, graph] : graphs_) destroy_graph(graph);
   free_descriptor_arenas();
   if (gemm_ != nullptr) kernels::cuda::gemm_library_destroy(gemm_);
@@ -195,6 +271,7 @@ CudaBackend::~CudaBackend() {
   }
   if (staging_copied_ != nullptr) cudaEventDestroy(staging_copied_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (side_.stream != nullptr) cudaStreamDestroy(side_.stream);
 }
 
 void CudaBackend::fail(Status status) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "deepinfer/backend/backend.h"
@@ -74,6 +75,10 @@ class Scratch {
   // kernels may still read the old memory). Returns the CUDA error, leaving the scratch empty, on failure.
   cudaError_t reserve(size_t bytes, cudaStream_t stream);
   char* data() const { return static_cast<char*>(ptr_); }
+  void swap(Scratch& other) noexcept {
+    std::swap(ptr_, other.ptr_);
+    std::swap(bytes_, other.bytes_);
+  }
   size_t capacity() const { return bytes_; }
   // Whether reserve(bytes) would keep the current memory (no allocation, no synchronization).
   bool fits(size_t bytes) const { return ptr_ != nullptr && bytes <= bytes_; }
@@ -207,6 +212,10 @@ class CudaBackend final : public Backend {
   void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, const Buffer& cache_layer,
                     Tensor out) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor out) override;
+  bool has_side_lane() const override { return side_lane_enabled_; }
+  void begin_side_lane() override;
+  void end_side_lane() override;
+  void join_side_lane() override;
   void compute_logits(const Tensor& x, const Buffer& norm, float eps, const Weight& lm_head, bool greedy) override;
   Status read_logits(std::vector<float>& host_logits) override;
   Status read_greedy_tokens(std::vector<int32_t>& host_ids) override;
@@ -376,6 +385,23 @@ class CudaBackend final : public Backend {
   Scratch sampling_;      // read_sampled_tokens: the rows' parameters and the sampled ids
   Scratch dspark_;        // read_dspark_greedy_chains: chains' inputs, drafts, confidences, the kernels' scratch
   Scratch v4_;            // V4 ops: mHC mixes, indexer scores
+
+  // The side lane (Backend::begin_side_lane; cuda_backend.cpp): while it is open, its stream, cuBLAS handle, GEMM
+  // library and the scratch of the ops that may run there (linear, silu_mul) are swapped into the members above, so
+  // every op queues on it unchanged; end_side_lane swaps them back. Created with the backend (64 MiB of
+  // workspaces) unless DEEPINFER_SIDE_LANE=0.
+  struct SideLane {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;
+    void* blas_workspace = nullptr;
+    kernels::cuda::GemmLibrary* gemm = nullptr;
+    Scratch gemm_in, gemm_out, gemm_staging, rowwise;
+    cudaEvent_t fork = nullptr, join = nullptr;  // recorded on the main lane at begin, on the side lane at end
+  };
+  SideLane side_;
+  bool side_lane_enabled_ = false;
+  enum class LaneState { kNone, kOpen, kPending } lane_state_ = LaneState::kNone;
+  void swap_lanes();
   bool device_sampling_ = true;  // DEEPINFER_DEVICE_SAMPLING=0 turns it off (host sampling, for comparisons)
 };
 

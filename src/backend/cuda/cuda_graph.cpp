@@ -75,6 +75,7 @@ Status CudaBackend::capture(Graph& graph, const std::function<void()>& ops) {
   if (failed()) return take_sticky();
   capturing_ = true;
   ops();
+  join_side_lane();  // the capture must end with every forked stream joined
   capturing_ = false;
   // End the capture whatever happened inside: the stream must leave capture mode before anything else runs on it.
   cudaGraph_t recorded = nullptr;

@@ -117,6 +117,12 @@ void CudaBackend::router_logits(const Tensor& x, const MatrixRef& router, float*
 }
 
 void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
+  // A side lane's ops (the shared experts writing `out`) are joined before the combine reads it, and on every
+  // early return: the ops after this one read `out`.
+  struct JoinAtExit {
+    CudaBackend* backend;
+    ~JoinAtExit() { backend->join_side_lane(); }
+  } join_at_exit{this};
   const MoeRoutingRule& rule = w.rule;
   const int64_t T = x.rows, hidden = x.cols, E = rule.num_experts, k = rule.top_k;
   BACKEND_CHECK(w.gate_up != nullptr && w.down != nullptr, "moe: missing weights");
@@ -445,6 +451,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
 
   // combine: out = base + Σ_slot weight · expert_out, in float, rounded once; base may alias out, but both are
   // indexed as contiguous [T, hidden], so a strided out goes through a contiguous copy.
+  join_side_lane();
   Tensor accumulated = out;
   if (!direct_out) {
     accumulated = Tensor{base + o_out, DType::kBF16, T, hidden, hidden};
