@@ -104,6 +104,11 @@ class ProfilingBackend final : public backend::Backend {
   void moe(const backend::Tensor& x, const backend::MoeWeights& w, backend::Tensor out) override {
     timed("moe", [&] { inner_.moe(x, w, out); });
   }
+  // The side lane only while not timing: per-op times need the ops one after the other.
+  bool has_side_lane() const override { return !enabled && inner_.has_side_lane(); }
+  void begin_side_lane() override { inner_.begin_side_lane(); }
+  void end_side_lane() override { inner_.end_side_lane(); }
+  void join_side_lane() override { inner_.join_side_lane(); }
   // While timing, the ops run eagerly (each is synchronized on its own, which a recorded graph could not be);
   // otherwise the inner backend may record and replay them as usual.
   Status run_graph(const backend::GraphKey& key, const std::function<void()>& ops) override {

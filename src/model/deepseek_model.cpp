@@ -37,9 +37,10 @@ constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 // growing context keeps its CUDA graph until it doubles (one graph per bucket, not per block).
 constexpr int64_t kMinGraphBlocks = 16;
 // Steps of at most this many rows run the shared experts on the backend's side lane (Backend::begin_side_lane),
-// beside the routed ones. Measured on an H100 (bench/gpu/NOTES.md, 2026-12-05): V2-Lite decode -0.2 ms at batch 1,
-// 8 and 64, but +0.35 ms at 256, the V3 slice +0.15 ms at 64 and its 512-token chunk +2%: where both paths fill
-// the GPU they only compete. SGLang's alt_stream threshold is 1,024 tokens.
+// beside the routed ones. Measured on an H100 with the lane up to 1,024 rows (bench/gpu/NOTES.md, 2026-12-05):
+// V2-Lite decode -0.2 ms at batch 1, 8 and 64, but +0.35 ms at 256, the V3 slice +0.15 ms at 64 and its 512-token
+// chunks +2%: where both paths fill the GPU they compete. 32 keeps the measured gains at 1 and 8 and gives up
+// V2-Lite's at 64 to avoid the V3 slice's loss there. SGLang's alt_stream threshold is 1,024 tokens.
 constexpr int64_t kSharedExpertLaneMaxRows = 32;
 // Steps recorded as graphs (DeepSeekModel::set_use_graphs): few rows, few per sequence.
 bool graph_sized(int64_t rows, std::span<const SequenceChunk> sequences) {

@@ -424,7 +424,8 @@ class Backend {
   // A second lane of work, for ops that may run beside the ones after them (SGLang's alt_stream for DeepSeek's
   // shared experts). begin_side_lane(): the ops issued from now on go to the side lane, after everything issued so
   // far; end_side_lane(): ops go to the main lane again, not waiting for the side lane's; join_side_lane(): the main
-  // lane's later ops run after the side lane's (moe() joins before it reads `out`; a no-op with nothing pending).
+  // lane's later ops run after the side lane's (moe() joins before it reads `out`, synchronize() and begin_step()
+  // before anything else; a no-op with nothing pending).
   // The two lanes' ops must not write what the other reads or writes; each op's arithmetic is the same on either
   // lane. Calls pair in that order, one lane at a time (begin inside an open lane: InvalidArgument, recorded). The
   // base backend has none (has_side_lane false: the calls are no-ops and ops run in order). On CUDA: a second stream

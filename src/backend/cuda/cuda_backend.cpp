@@ -592,6 +592,7 @@ Result<Backend::DeviceMemory> CudaBackend::device_memory() {
 Status CudaBackend::synchronize() {
   BACKEND_CHECK(!capturing_, "synchronize inside run_graph's ops");
   activate();
+  join_side_lane();  // everything queued so far, the side lane's too
   check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   check_cuda(cudaGetLastError(), "a kernel of this step");
   return take_sticky();

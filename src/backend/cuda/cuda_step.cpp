@@ -27,6 +27,7 @@ std::string row_text(size_t t) { return "row " + std::to_string(t); }
 Status CudaBackend::begin_step(const StepLayout& layout) {
   BACKEND_CHECK(!capturing_, "begin_step inside run_graph's ops");
   activate();
+  join_side_lane();  // a lane left pending by the previous step's ops ends with that step
   // Whatever happens below, no op may run on the previous step's arrays: until this call succeeds the step has no
   // rows (ops given rows then fail their shape checks).
   step_ = StepState{};
