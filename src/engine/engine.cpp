@@ -854,11 +854,13 @@ Result<std::vector<TokenEvent>> Engine::step() {
   ScheduledBatch batch = scheduler_.schedule();
   num_preemptions_ += static_cast<int64_t>(batch.preempted.size());
   std::vector<TokenEvent> events;
+  // Prompt tokens reused from the cache; V4: those a restore recomputed (bounded replay) were matched but not reused.
+  auto reused = [&](SequenceId id, int64_t cached) {
+    return std::max<int64_t>(cached - (v4_executor_ ? v4_executor_->replayed_tokens(id) : 0), 0);
+  };
   for (const FinishedSequence& finished : batch.finished) {
-    // V4: prompt tokens a restore recomputed (bounded replay) were matched in the cache but not reused.
-    const int64_t replayed = v4_executor_ ? v4_executor_->replayed_tokens(finished.id) : 0;
     events.push_back({finished.id, std::nullopt, std::nullopt, {}, true, finished.reason, finished.message,
-                      std::max<int64_t>(finished.num_cached_tokens - replayed, 0)});
+                      reused(finished.id, finished.num_cached_tokens)});
     executor_->remove_request(finished.id);
     exports_.erase(finished.id);
   }
@@ -892,12 +894,8 @@ Result<std::vector<TokenEvent>> Engine::step() {
   // `finished` list.
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     const SequenceId id = batch.entries[i].sequence_id;
-    int64_t cached = 0;
-    if (!out->entries[i].empty()) {
-      const SequenceState* seq = scheduler_.find(id);
-      const int64_t replayed = v4_executor_ ? v4_executor_->replayed_tokens(id) : 0;
-      cached = seq != nullptr ? std::max<int64_t>(seq->num_cached_tokens - replayed, 0) : 0;
-    }
+    const SequenceState* seq = out->entries[i].empty() ? nullptr : scheduler_.find(id);
+    const int64_t cached = seq != nullptr ? reused(id, seq->num_cached_tokens) : 0;
     for (SampledToken& token : out->entries[i]) {
       events.push_back({id, token.token_id, token.logprob, std::move(token.top_logprobs), false, FinishReason::kNone,
                         {}, cached});

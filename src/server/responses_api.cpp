@@ -27,8 +27,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   Result<recipe::Conversation> converted = recipe::conversation_from_responses(request);
   if (!converted.ok()) return bad_request_from(converted.status());
   recipe::Conversation& conversation = *converted;
-  std::optional<bool> parallel, store;
-  if (auto e = read_bool(body, "parallel_tool_calls", parallel)) return *e;
+  std::optional<bool> store;  // parallel_tool_calls: read into the conversation (ToolChoice::parallel)
   if (auto e = read_bool(body, "store", store)) return *e;  // accepted; nothing is stored
 
   GenerationPlan plan;
@@ -59,7 +58,8 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
   json::object echo =
-      recipe::responses_echo(body, max_output_tokens, parallel.value_or(true), float_for_json(plan.params.temperature),
+      recipe::responses_echo(body, max_output_tokens, conversation.tool_choice.parallel,
+                             float_for_json(plan.params.temperature),
                              float_for_json(plan.params.top_p));
   add_turn_marker_stops(context, plan.params);
   // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).

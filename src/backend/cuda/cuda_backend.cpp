@@ -159,48 +159,40 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
     return setup_error("the tiled MoE kernel's shared memory", cuda_error_text(err));
   if (cudaError_t err = kernels::cuda::init_moe_grouped_gemm_wgmma(); err != cudaSuccess)
     return setup_error("the wgmma MoE kernel's shared memory", cuda_error_text(err));
-  if (cudaError_t err = cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking); err != cudaSuccess)
-    return setup_error("cudaStreamCreate", cuda_error_text(err));
+  // One lane's stream, cuBLAS handle with its own workspace, and cuBLASLt library (the main lane, and the side
+  // lane's own set); `lane` names it in the errors.
+  auto make_lane = [&](const std::string& lane, cudaStream_t& stream, cublasHandle_t& blas, void*& workspace,
+                       kernels::cuda::GemmLibrary*& gemm) -> Status {
+    if (cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); err != cudaSuccess)
+      return setup_error("cudaStreamCreate" + lane, cuda_error_text(err));
+    if (cublasStatus_t st = cublasCreate(&blas); st != CUBLAS_STATUS_SUCCESS)
+      return setup_error("cublasCreate" + lane, cublasGetStatusString(st));
+    if (cublasStatus_t st = cublasSetStream(blas, stream); st != CUBLAS_STATUS_SUCCESS)
+      return setup_error("cublasSetStream" + lane, cublasGetStatusString(st));
+    // After cublasSetStream, which resets the handle to the default workspace pool.
+    if (cudaError_t err = cudaMalloc(&workspace, kCublasWorkspaceBytes); err != cudaSuccess)
+      return setup_error("cudaMalloc (cuBLAS workspace)" + lane, cuda_error_text(err));
+    if (cublasStatus_t st = cublasSetWorkspace(blas, workspace, kCublasWorkspaceBytes); st != CUBLAS_STATUS_SUCCESS)
+      return setup_error("cublasSetWorkspace" + lane, cublasGetStatusString(st));
+    kernels::cuda::GemmStatus gemm_status;
+    gemm = kernels::cuda::gemm_library_create(kCublasLtWorkspaceBytes, &gemm_status);
+    if (gemm == nullptr)
+      return setup_error("gemm_library_create" + lane + ": " + gemm_status.where,
+                         gemm_status.cuda != cudaSuccess ? cuda_error_text(gemm_status.cuda)
+                                                         : "cuBLAS status " + std::to_string(gemm_status.cublas));
+    return Status();
+  };
+  if (Status s = make_lane("", backend->stream_, backend->blas_, backend->blas_workspace_, backend->gemm_); !s.ok())
+    return s;
   if (cudaError_t err = cudaEventCreateWithFlags(&backend->staging_copied_, cudaEventDisableTiming); err != cudaSuccess)
     return setup_error("cudaEventCreate", cuda_error_text(err));
-  if (cublasStatus_t st = cublasCreate(&backend->blas_); st != CUBLAS_STATUS_SUCCESS)
-    return setup_error("cublasCreate", cublasGetStatusString(st));
-  if (cublasStatus_t st = cublasSetStream(backend->blas_, backend->stream_); st != CUBLAS_STATUS_SUCCESS)
-    return setup_error("cublasSetStream", cublasGetStatusString(st));
-  // After cublasSetStream, which resets the handle to the default workspace pool.
-  if (cudaError_t err = cudaMalloc(&backend->blas_workspace_, kCublasWorkspaceBytes); err != cudaSuccess)
-    return setup_error("cudaMalloc (cuBLAS workspace)", cuda_error_text(err));
-  if (cublasStatus_t st = cublasSetWorkspace(backend->blas_, backend->blas_workspace_, kCublasWorkspaceBytes);
-      st != CUBLAS_STATUS_SUCCESS)
-    return setup_error("cublasSetWorkspace", cublasGetStatusString(st));
-  kernels::cuda::GemmStatus gemm_status;
-  backend->gemm_ = kernels::cuda::gemm_library_create(kCublasLtWorkspaceBytes, &gemm_status);
-  if (backend->gemm_ == nullptr)
-    return setup_error(std::string("gemm_library_create: ") + gemm_status.where,
-                       gemm_status.cuda != cudaSuccess ? cuda_error_text(gemm_status.cuda)
-                                                       : "cuBLAS status " + std::to_string(gemm_status.cublas));
   if (backend->side_lane_enabled_) {
     SideLane& side = backend->side_;
-    if (cudaError_t err = cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking); err != cudaSuccess)
-      return setup_error("cudaStreamCreate (side lane)", cuda_error_text(err));
+    if (Status s = make_lane(" (side lane)", side.stream, side.blas, side.blas_workspace, side.gemm); !s.ok()) return s;
     for (cudaEvent_t* event : {&side.fork, &side.join}) {
       if (cudaError_t err = cudaEventCreateWithFlags(event, cudaEventDisableTiming); err != cudaSuccess)
         return setup_error("cudaEventCreate (side lane)", cuda_error_text(err));
     }
-    if (cublasStatus_t st = cublasCreate(&side.blas); st != CUBLAS_STATUS_SUCCESS)
-      return setup_error("cublasCreate (side lane)", cublasGetStatusString(st));
-    if (cublasStatus_t st = cublasSetStream(side.blas, side.stream); st != CUBLAS_STATUS_SUCCESS)
-      return setup_error("cublasSetStream (side lane)", cublasGetStatusString(st));
-    if (cudaError_t err = cudaMalloc(&side.blas_workspace, kCublasWorkspaceBytes); err != cudaSuccess)
-      return setup_error("cudaMalloc (side lane's cuBLAS workspace)", cuda_error_text(err));
-    if (cublasStatus_t st = cublasSetWorkspace(side.blas, side.blas_workspace, kCublasWorkspaceBytes);
-        st != CUBLAS_STATUS_SUCCESS)
-      return setup_error("cublasSetWorkspace (side lane)", cublasGetStatusString(st));
-    side.gemm = kernels::cuda::gemm_library_create(kCublasLtWorkspaceBytes, &gemm_status);
-    if (side.gemm == nullptr)
-      return setup_error(std::string("gemm_library_create (side lane): ") + gemm_status.where,
-                         gemm_status.cuda != cudaSuccess ? cuda_error_text(gemm_status.cuda)
-                                                         : "cuBLAS status " + std::to_string(gemm_status.cublas));
   }
   return std::unique_ptr<Backend>(std::move(backend));
 }
