@@ -1219,6 +1219,9 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
         }
         last_token = now;
         ++finish.completion_tokens;
+        // Known from the first token on, so the streamed opening reports it too (regression: Anthropic's
+        // message_start counted the cached tokens as input_tokens).
+        finish.cached_tokens = event.num_cached_tokens;
         plan.writer->push_token(*event.token);
         if (event.logprob) batch_logprobs.push_back(token_logprobs(*event.token, *event.logprob, event.top_logprobs));
         const bool stopped = plan.builder->push(*event.token, deltas);
@@ -1228,7 +1231,6 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
           // model's own end after a call would: finish_reason tool_calls, stop_reason tool_use). The engine's finish
           // event will not be read: its cached-token count comes from this token's event.
           finish.kind = plan.builder->tool_call_limit_reached() ? FinishInfo::Kind::kStop : FinishInfo::Kind::kStopString;
-          finish.cached_tokens = event.num_cached_tokens;
           metrics.prompt_tokens_cached += event.num_cached_tokens;
           finish.stop_string = plan.builder->stop_string();
           done = true;

@@ -77,6 +77,31 @@ TEST_F(ApiTest, AStopStringKeepsTheCachedTokenCount) {
       << second.body;
 }
 
+// A streamed Anthropic answer's message_start splits the prompt as the final usage does: the tokens read from the
+// prefix cache are cache_read_input_tokens, not input_tokens (regression: message_start went out before the count
+// was known and reported every prompt token as input).
+TEST_F(ApiTest, AnthropicMessageStartReportsTheCachedTokens) {
+  TestClient c = client();
+  std::string system;
+  for (int i = 0; i < 40; ++i) system += "Every whole block of this prompt is read from the cache. ";
+  const std::string request = R"({"model": "default", "system": ")" + system +
+                              R"(", "messages": [{"role": "user", "content": "Go on."}], "max_tokens": 3,
+                              "temperature": 0, "stream": true})";
+  HttpResponse first = c.post("/v1/messages", request);
+  ASSERT_EQ(first.status, 200) << first.body;
+  HttpResponse second = c.post("/v1/messages", request);
+  ASSERT_EQ(second.status, 200) << second.body;
+  std::vector<SseEvent> events = parse_sse(second.body);
+  ASSERT_GE(events.size(), 3u);
+  ASSERT_EQ(events.front().event, "message_start");
+  const json::value start = json::parse(events.front().data);
+  const json::value& usage = start.at("message").at("usage");
+  const int64_t cached = usage.at("cache_read_input_tokens").as_int64();
+  const int64_t prompt = usage.at("input_tokens").as_int64() + cached;
+  ASSERT_GE(prompt, 128);
+  EXPECT_EQ(cached, (prompt - 1) / 64 * 64) << events.front().data;
+}
+
 TEST_F(ApiTest, ChatStreamingMatchesNonStreamingAndCountsUsage) {
   TestClient c = client();
   HttpResponse plain = c.post("/v1/chat/completions", chat());
