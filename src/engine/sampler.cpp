@@ -82,6 +82,19 @@ Status SamplingParams::validate(int64_t vocab_size) const {
                                       format_number(bias));
     }
   }
+  if (reasoning_budget) {
+    if (*reasoning_budget < 0) {
+      return Status::invalid_argument("reasoning_budget must be >= 0, got " + std::to_string(*reasoning_budget));
+    }
+    if (reasoning_end_token_ids.empty()) {
+      return Status::invalid_argument("reasoning_budget needs reasoning_end_token_ids (the token that ends reasoning)");
+    }
+    for (size_t i = 0; i < reasoning_end_token_ids.size(); ++i) {
+      Status status =
+          check_token_id(reasoning_end_token_ids[i], vocab_size, "reasoning_end_token_ids[" + std::to_string(i) + "]");
+      if (!status.ok()) return status;
+    }
+  }
   if (max_tokens && *max_tokens < 1) {
     return Status::invalid_argument("max_tokens must be >= 1, got " + std::to_string(*max_tokens));
   }
@@ -178,12 +191,27 @@ Status Sampler::check_row(const SamplerRow& row, size_t row_index) const {
   return Status();
 }
 
+TokenId SamplingParams::forced_token(std::span<const TokenId> output_token_ids) const {
+  if (!reasoning_budget || static_cast<int64_t>(output_token_ids.size()) != *reasoning_budget) return -1;
+  for (TokenId token : output_token_ids) {
+    if (std::find(reasoning_end_token_ids.begin(), reasoning_end_token_ids.end(), token) !=
+        reasoning_end_token_ids.end()) {
+      return -1;
+    }
+  }
+  return reasoning_end_token_ids.front();
+}
+
 void Sampler::process_logits(const SamplerRow& row) {
   const SamplingParams& params = *row.params;
   std::copy(row.logits.begin(), row.logits.end(), logits_.begin());
   for (const auto& [id, bias] : params.logit_bias) {
     float& logit = logits_[static_cast<size_t>(id)];
     logit = saturate_logit(logit, logit + std::clamp(bias, -kMaxLogitBias, kMaxLogitBias));
+  }
+  if (const TokenId forced = params.forced_token(row.output_token_ids); forced >= 0) {
+    float& logit = logits_[static_cast<size_t>(forced)];
+    logit = saturate_logit(logit, logit + kForcedTokenBias);
   }
   if (!penalties_active(params)) return;
 
@@ -447,7 +475,8 @@ void append_logit_adjustments(const SamplingParams& p, std::span<const TokenId> 
                               std::vector<backend::Backend::LogitAdjustment>& out) {
   const bool repetition = p.repetition_penalty != 1.0f;
   const bool output_penalties = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-  if (p.logit_bias.empty() && !repetition && !output_penalties) return;
+  const TokenId forced = p.forced_token(output_token_ids);
+  if (p.logit_bias.empty() && !repetition && !output_penalties && forced < 0) return;
   // Per distinct token, what process_logits does to it (ascending ids; one entry each).
   std::map<TokenId, backend::Backend::LogitAdjustment> by_token;
   auto entry = [&](TokenId token) -> backend::Backend::LogitAdjustment& {
@@ -462,6 +491,11 @@ void append_logit_adjustments(const SamplingParams& p, std::span<const TokenId> 
     auto& a = entry(token);
     a.has_bias = true;
     a.bias = std::clamp(bias, -kMaxLogitBias, kMaxLogitBias);
+  }
+  if (forced >= 0) {  // after its logit_bias, as process_logits adds them (the device adds the sum once)
+    auto& a = entry(forced);
+    a.bias = a.has_bias ? a.bias + kForcedTokenBias : kForcedTokenBias;
+    a.has_bias = true;
   }
   if (repetition) {
     for (TokenId token : prompt_token_ids) entry(token).repetition = p.repetition_penalty;

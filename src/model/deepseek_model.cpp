@@ -39,9 +39,11 @@ constexpr int64_t kMinGraphBlocks = 16;
 // Steps of at most this many rows run the shared experts on the backend's side lane (Backend::begin_side_lane),
 // beside the routed ones. Measured on an H100 with the lane up to 1,024 rows (bench/gpu/NOTES.md, 2026-12-05):
 // V2-Lite decode -0.2 ms at batch 1, 8 and 64, but +0.35 ms at 256, the V3 slice +0.15 ms at 64 and its 512-token
-// chunks +2%: where both paths fill the GPU they compete. 32 keeps the measured gains at 1 and 8 and gives up
-// V2-Lite's at 64 to avoid the V3 slice's loss there. SGLang's alt_stream threshold is 1,024 tokens.
-constexpr int64_t kSharedExpertLaneMaxRows = 32;
+// chunks +2%: where both paths fill the GPU they compete. Then on an H200 with the lane up to 32 rows (2026-12-06):
+// V2-Lite -0.19 ms at batch 1 and -0.17 at 8, but +0.62 ms at 32, the V3 slice +0.17 ms at 32; and on an H100 up
+// to 16 rows: V2-Lite -0.21 / -0.20 / -0.13 ms at 1 / 8 / 16, the V3 slice (one 2,048-wide shared expert) even at
+// 1 and 8 but +0.11 ms (+2.8%) at 16. So 8 rows. SGLang's alt_stream threshold is 1,024 tokens.
+constexpr int64_t kSharedExpertLaneMaxRows = 8;
 // Steps recorded as graphs (DeepSeekModel::set_use_graphs): few rows, few per sequence.
 bool graph_sized(int64_t rows, std::span<const SequenceChunk> sequences) {
   return rows <= DeepSeekModel::kGraphMaxRows &&

@@ -268,8 +268,8 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
           "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
     }
     conversation.options.thinking = type->get_string() == "enabled";
-    // Anthropic's rule: budget_tokens is required with "enabled", an integer of at least 1,024. It is
-    // validated, not enforced (generation stops at max_tokens; src/server/README.md says so).
+    // Anthropic's rule: budget_tokens is required with "enabled", an integer of at least 1,024. The server
+    // enforces it (a thinking budget in the engine) and checks that max_tokens exceeds it.
     const json::value* budget = thinking->get_object().if_contains("budget_tokens");
     if (conversation.options.thinking) {
       const bool integer = budget != nullptr && (budget->is_int64() || budget->is_uint64());

@@ -6,6 +6,7 @@
 
 #include "deepinfer/server/api.h"
 #include "deepinfer/recipe/anthropic_request.h"
+#include "deepinfer/recipe/stream_parser.h"
 
 namespace deepinfer::server {
 namespace json = boost::json;
@@ -22,6 +23,41 @@ ApiResult<std::string> count_tokens_endpoint(const json::value& request, const A
   if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
   return to_json_text(json::object{{"input_tokens", prompt->token_ids.size()}});
 }
+
+namespace {
+
+// thinking.budget_tokens (the recipe validated it: an integer >= 1,024 with "enabled") is enforced: after that
+// many reasoning tokens the next token is `</think>` (SamplingParams::reasoning_budget). Anthropic's rule that
+// max_tokens exceed it is kept.
+std::optional<ApiError> apply_thinking_budget(const json::object& body, int64_t max_tokens,
+                                              const recipe::Conversation& conversation,
+                                              const recipe::StreamParserOptions& options, const ApiContext& context,
+                                              engine::SamplingParams& params) {
+  if (!conversation.options.thinking) return std::nullopt;
+  const json::value& budget_value = body.at("thinking").at("budget_tokens");
+  const int64_t budget = budget_value.is_int64() ? budget_value.get_int64() : std::numeric_limits<int64_t>::max();
+  if (budget >= max_tokens) {
+    return bad_request("max_tokens must be greater than thinking.budget_tokens (max_tokens " +
+                           std::to_string(max_tokens) + ", budget_tokens " + json::serialize(budget_value) + ")",
+                       "max_tokens");
+  }
+  std::vector<recipe::TokenId> ends =
+      options.starts_in_reasoning
+          ? recipe::reasoning_end_ids(*context.tokenizer, context.chat_format, options.tools_enabled)
+          : std::vector<recipe::TokenId>{};
+  if (ends.empty()) {
+    return bad_request("thinking.budget_tokens cannot be enforced with the " +
+                           std::string(recipe::format_name(context.chat_format)) +
+                           " prompt format and this tokenizer (the answer must start in reasoning and `</think>` be "
+                           "one token)",
+                       "thinking.budget_tokens");
+  }
+  params.reasoning_budget = budget;
+  params.reasoning_end_token_ids = std::move(ends);
+  return std::nullopt;
+}
+
+}  // namespace
 
 ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
@@ -70,11 +106,12 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
           fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_tokens, "max_tokens", plan.params)) {
     return *e;
   }
+  // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).
+  recipe::StreamParserOptions options = recipe::stream_parser_options(conversation, *prompt);
+  if (auto e = apply_thinking_budget(body, *max_tokens, conversation, options, context, plan.params)) return *e;
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
   add_turn_marker_stops(context, plan.params);
-  // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).
-  recipe::StreamParserOptions options = recipe::stream_parser_options(conversation, *prompt);
   plan.dialect = Dialect::kAnthropic;
   plan.prompt_token_ids = std::move(prompt->token_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),

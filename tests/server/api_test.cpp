@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "deepinfer/server/api.h"
 #include "deepinfer/server/metrics.h"
 #include "server_fixture.h"
 
@@ -682,6 +683,58 @@ TEST(CorsTest, AListedOriginIsAnsweredAndOthersAreNot) {
                                            {{"Origin", "https://evil.example"}, {"Access-Control-Request-Method", "POST"}});
   EXPECT_NE(other_preflight.status, 204);
   EXPECT_FALSE(other_preflight.headers.contains("access-control-allow-origin"));
+}
+
+}  // namespace
+}  // namespace deepinfer::server::testing
+
+namespace deepinfer::server::testing {
+namespace {
+
+// Anthropic's thinking.budget_tokens reaches the engine as a thinking budget (the engine's forcing is tested in
+// tests/unit/sampler_test.cpp and mtp_engine_test.cpp): after that many reasoning tokens, `</think>` (or, with
+// tools, the DSML token that opens a call block inside reasoning). Anthropic's rule max_tokens > budget_tokens is
+// kept; without thinking there is no budget. The demo model's tokenizer and the deepseek-v4.1 format.
+TEST(ThinkingBudgetTest, BudgetTokensBecomeTheEnginesThinkingBudget) {
+  auto loaded = recipe::Tokenizer::load(std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models/demo");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  std::shared_ptr<const recipe::Tokenizer> demo = std::move(loaded).value();
+  ModelInfo model;
+  model.served_model_name = "default";
+  model.vocab_size = 129280;
+  model.max_model_len = 8192;
+  ApiContext context{&model, demo, nullptr, recipe::PromptFormat::kDeepSeekV41};
+  auto plan = [&](const std::string& extra) {
+    return plan_anthropic_messages(
+        json::parse(R"({"model": "default", "messages": [{"role": "user", "content": "Think first."}])" + extra + "}"), context);
+  };
+  const recipe::TokenId think_end = *demo->added_token_id("</think>");
+  const recipe::TokenId dsml = *demo->added_token_id("｜DSML｜");
+
+  auto thinking = plan(R"(, "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1024})");
+  ASSERT_TRUE(std::holds_alternative<GenerationPlan>(thinking)) << std::get<ApiError>(thinking).message;
+  const engine::SamplingParams& params = std::get<GenerationPlan>(thinking).params;
+  EXPECT_EQ(params.reasoning_budget, 1024);
+  EXPECT_EQ(params.reasoning_end_token_ids, std::vector<recipe::TokenId>{think_end});
+  EXPECT_FALSE(params.is_plain_greedy());
+
+  auto tools = plan(R"(, "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1500},
+                      "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}])");
+  ASSERT_TRUE(std::holds_alternative<GenerationPlan>(tools)) << std::get<ApiError>(tools).message;
+  EXPECT_EQ(std::get<GenerationPlan>(tools).params.reasoning_budget, 1500);
+  EXPECT_EQ(std::get<GenerationPlan>(tools).params.reasoning_end_token_ids,
+            (std::vector<recipe::TokenId>{think_end, dsml}));
+
+  auto too_small = plan(R"(, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(too_small));
+  EXPECT_EQ(std::get<ApiError>(too_small).status, 400);
+  EXPECT_EQ(std::get<ApiError>(too_small).param, "max_tokens");
+  EXPECT_EQ(std::get<ApiError>(too_small).message,
+            "max_tokens must be greater than thinking.budget_tokens (max_tokens 1024, budget_tokens 1024)");
+
+  auto disabled = plan(R"(, "max_tokens": 16, "thinking": {"type": "disabled"})");
+  ASSERT_TRUE(std::holds_alternative<GenerationPlan>(disabled));
+  EXPECT_FALSE(std::get<GenerationPlan>(disabled).params.reasoning_budget.has_value());
 }
 
 }  // namespace

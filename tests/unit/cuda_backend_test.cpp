@@ -182,7 +182,8 @@ TEST(CudaBackendTest, AgreesWithTheCpuBackendWithTheAbsorbedFormOverTheCache) {
 
 // DeepSeekModel::forward_sampled (sampling where the logits are) against forward() + the engine's host Sampler on
 // the same step: 6 sequences' last rows, seeded, 30 draws each under top-k / top-p / min-p, and with logit_bias and
-// the three penalties (engine::append_logit_adjustments on the device's side); the tokens must be the
+// the three penalties (engine::append_logit_adjustments on the device's side), and with a thinking budget that
+// forces one token (sampled and greedy: every draw is that token on both sides); the tokens must be the
 // host's (a draw may differ only when u * total falls within rounding of a boundary: at most 1 in 100 allowed). The
 // model's logits are deterministic, so the two passes see the same values.
 TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
@@ -214,6 +215,7 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
     int32_t top_k;
     float top_p, min_p;
     bool penalties;  // logit_bias on 3 tokens, repetition 1.3, frequency 0.5, presence 0.4
+    bool budget = false;  // a thinking budget that forces `end` at every row (each output is as long as the budget)
   };
   // Each row's "prompt" is its sequence's tokens; its "output" some of them again and a few others.
   std::vector<std::vector<TokenId>> prompts(6), outputs(6);
@@ -224,11 +226,18 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
     for (size_t i = 0; i < 12; ++i) outputs[r].push_back(i % 3 == 0 ? prompts[r][i] : static_cast<TokenId>((i * 37 + r) % vocab));
     first += n;
   }
-  int draws = 0, mismatches = 0, logprob_rows = 0, logprob_mismatches = 0;
+  TokenId end = 23;  // a token no row's output holds
+  auto in_outputs = [&](TokenId t) {
+    return std::any_of(outputs.begin(), outputs.end(),
+                       [&](const auto& o) { return std::find(o.begin(), o.end(), t) != o.end(); });
+  };
+  while (in_outputs(end)) ++end;
+  int draws = 0, mismatches = 0, logprob_rows = 0, logprob_mismatches = 0, forced = 0;
   for (const Case& c : {Case{1.0f, -1, 1.0f, 0.0f, false}, Case{0.8f, 20, 1.0f, 0.0f, false},
                         Case{1.0f, -1, 0.9f, 0.0f, false}, Case{1.2f, 50, 0.8f, 0.05f, false},
                         Case{0.0f, -1, 1.0f, 0.0f, false}, Case{1.0f, -1, 0.95f, 0.0f, true},
-                        Case{0.0f, -1, 1.0f, 0.0f, true}}) {
+                        Case{0.0f, -1, 1.0f, 0.0f, true}, Case{1.0f, -1, 0.9f, 0.0f, true, true},
+                        Case{0.0f, -1, 1.0f, 0.0f, false, true}}) {
     engine::SamplingParams params;
     params.temperature = c.temperature;
     params.top_k = c.top_k;
@@ -240,10 +249,14 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
       params.frequency_penalty = 0.5f;
       params.presence_penalty = 0.4f;
     }
+    if (c.budget) {
+      params.reasoning_budget = 12;
+      params.reasoning_end_token_ids = {end};
+    }
     std::vector<backend::Backend::LogitAdjustment> adjustments;
     for (size_t r = 0; r < 6; ++r)
       engine::append_logit_adjustments(params, prompts[r], outputs[r], static_cast<int32_t>(r), adjustments);
-    EXPECT_EQ(adjustments.empty(), !c.penalties);
+    EXPECT_EQ(adjustments.empty(), !c.penalties && !c.budget);
     // Rows 0, 2 and 4 also ask for logprobs (5 alternatives; row 4 none, only the drawn token's).
     engine::SamplingParams with_5 = params, with_0 = params;
     with_5.logprobs = 5;
@@ -275,6 +288,11 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
       for (size_t r = 0; r < 6; ++r) {
         ++draws;
         mismatches += got[r] == want[r].token_id ? 0 : 1;
+        if (c.budget) {
+          EXPECT_EQ(want[r].token_id, end);
+          EXPECT_EQ(got[r], end);
+          ++forced;
+        }
         if (!params_of(r).logprobs) {
           EXPECT_TRUE(got_logprobs[r].top.empty());
           continue;
@@ -297,6 +315,7 @@ TEST(CudaBackendTest, SamplingOnTheDeviceDrawsTheHostSamplersTokens) {
   EXPECT_LE(mismatches * 100, draws);
   EXPECT_EQ(logprob_mismatches, 0);
   EXPECT_GT(logprob_rows, 0);
+  EXPECT_EQ(forced, 2 * 30 * 6);
 }
 
 // CUDA graphs (Backend::run_graph) must change nothing but the launch count: the same decode steps with graphs off

@@ -3,8 +3,8 @@
 //     K = 1, 2, 3, alone and with all prompts at once under a small token budget (chunked prefill), and again with
 //     prefix-cache hits; and on the trained demo model (models/demo, against its PyTorch reference tokens), where
 //     the drafts are mostly accepted;
-//   - stop tokens, max_tokens, logprobs, penalties and logit_bias keep their meaning (same tokens, finish reasons and
-//     logprobs as plain decoding);
+//   - stop tokens, max_tokens, logprobs, penalties, logit_bias and a thinking budget keep their meaning (same tokens,
+//     finish reasons and logprobs as plain decoding);
 //   - sampled output has plain sampling's distribution (two-sample chi-square over 400 + 400 seeded requests, fixed
 //     seeds so it cannot flake);
 //   - a checkpoint without next-n layers is refused with a message naming what is missing;
@@ -12,6 +12,7 @@
 //     plain decoding's greedy tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -203,6 +204,14 @@ TEST(MtpEngineTest, StopTokensMaxTokensLogprobsAndPenaltiesKeepTheirMeaning) {
   penalised.frequency_penalty = 0.5f;
   penalised.logit_bias = {{reference[5][1], -100.0f}};
   requests.push_back({prompts[5], penalised});
+  // A thinking budget of 4: the fifth token is forced (the drafts past it were made after the model's own fifth
+  // token, and must be rejected).
+  TokenId end = 7;
+  while (std::find(reference[6].begin(), reference[6].begin() + 5, end) != reference[6].begin() + 5) ++end;
+  SamplingParams budgeted = greedy();
+  budgeted.reasoning_budget = 4;
+  budgeted.reasoning_end_token_ids = {end};
+  requests.push_back({prompts[6], budgeted});
   SamplingParams sampled;
   sampled.temperature = 0.8f;
   sampled.seed = 11;
@@ -233,10 +242,15 @@ TEST(MtpEngineTest, StopTokensMaxTokensLogprobsAndPenaltiesKeepTheirMeaning) {
   EXPECT_EQ(outcomes[1].reasons[ids[1][1]], FinishReason::kStop);
   EXPECT_EQ(outcomes[1].tokens[ids[1][1]].back(), reference[2][6]);
   EXPECT_EQ(outcomes[1].logprobs[ids[1][2]].size(), 16u);
+  const std::vector<TokenId>& forced = outcomes[1].tokens[ids[1][4]];
+  ASSERT_EQ(forced.size(), 16u);
+  EXPECT_EQ(std::vector<TokenId>(forced.begin(), forced.begin() + 4),
+            std::vector<TokenId>(reference[6].begin(), reference[6].begin() + 4));
+  EXPECT_EQ(forced[4], end);
   // The sampled request: 12 tokens, each with the logprob of the target's distribution (finite, <= 0).
-  ASSERT_EQ(outcomes[1].tokens[ids[1][4]].size(), 12u);
-  ASSERT_EQ(outcomes[1].logprobs[ids[1][4]].size(), 12u);
-  for (float lp : outcomes[1].logprobs[ids[1][4]]) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f);
+  ASSERT_EQ(outcomes[1].tokens[ids[1][5]].size(), 12u);
+  ASSERT_EQ(outcomes[1].logprobs[ids[1][5]].size(), 12u);
+  for (float lp : outcomes[1].logprobs[ids[1][5]]) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f);
 }
 
 // Token frequencies at positions 2..4 (the ones verified against drafts) of 400 seeded requests with MTP (K = 2),

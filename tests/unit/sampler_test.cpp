@@ -449,6 +449,52 @@ TEST(ProcessingTest, BiasOfMinus100BansAToken) {
   EXPECT_EQ(draw_counts(favourite, 10000)[0], 0);
 }
 
+// A thinking budget (SamplingParams::reasoning_budget, Anthropic's thinking.budget_tokens): after `budget` output
+// tokens with none of the end ids, the next token is the first end id with probability 1, greedy or sampled, even
+// when the model all but bans it; before that position, after it, and once an end id has appeared, nothing changes.
+TEST(ProcessingTest, AThinkingBudgetForcesTheEndOfReasoningAtItsPosition) {
+  Request request{{5.0f, 0.0f, 1.0f, -30.0f, 2.0f}, {}, {}, {1, 2, 4}, {}};
+  request.params.reasoning_budget = 3;
+  request.params.reasoning_end_token_ids = {3, 0};
+  request.params.seed = 11;
+  request.rng = make_request_rng(request.params, 0);
+  EXPECT_EQ(request.params.forced_token(request.output), 3);
+  std::vector<int64_t> counts = draw_counts(request, 2000);
+  EXPECT_EQ(counts[3], 2000);
+  request.params.temperature = 0.0f;
+  EXPECT_EQ(kept_set(request), (std::set<TokenId>{3}));
+  request.params.logit_bias = {{3, -100.0f}};  // a ban of the end token does not outweigh the budget
+  EXPECT_EQ(kept_set(request), (std::set<TokenId>{3}));
+  request.params.logit_bias.clear();
+  // One token short, one past, or reasoning already ended by either end id: the model's own argmax.
+  for (const std::vector<TokenId>& output : {std::vector<TokenId>{1, 2}, std::vector<TokenId>{1, 2, 4, 1},
+                                             std::vector<TokenId>{1, 3, 4}, std::vector<TokenId>{0, 2, 4}}) {
+    request.output = output;
+    EXPECT_EQ(request.params.forced_token(output), -1);
+    EXPECT_EQ(kept_set(request), (std::set<TokenId>{0}));
+  }
+  // The device sampler's adjustments carry the same bias, added once to the token's own logit_bias.
+  request.output = {1, 2, 4};
+  request.params.logit_bias = {{3, 7.0f}};
+  std::vector<backend::Backend::LogitAdjustment> adjustments;
+  append_logit_adjustments(request.params, request.prompt, request.output, 2, adjustments);
+  ASSERT_EQ(adjustments.size(), 1u);
+  EXPECT_EQ(adjustments[0].row, 2);
+  EXPECT_EQ(adjustments[0].token, 3);
+  EXPECT_TRUE(adjustments[0].has_bias);
+  EXPECT_EQ(adjustments[0].bias, 7.0f + kForcedTokenBias);
+  // Validation: a budget needs an end id in the vocabulary, and is not negative.
+  EXPECT_FALSE(request.params.is_plain_greedy());
+  request.params.reasoning_end_token_ids = {};
+  EXPECT_EQ(request.params.validate(5).message(),
+            "reasoning_budget needs reasoning_end_token_ids (the token that ends reasoning)");
+  request.params.reasoning_end_token_ids = {5};
+  EXPECT_FALSE(request.params.validate(5).ok());
+  request.params.reasoning_end_token_ids = {3};
+  request.params.reasoning_budget = -1;
+  EXPECT_EQ(request.params.validate(5).message(), "reasoning_budget must be >= 0, got -1");
+}
+
 TEST(ProcessingTest, BuffersAreCleanBetweenRows) {
   // A penalised row followed by an unpenalised one with the same tokens: the second must be unaffected.
   Request penalised{{1.0f, 1.0f, 1.0f}, {}, {0}, {1, 1}, {}};

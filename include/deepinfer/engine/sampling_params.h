@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "deepinfer/core/status.h"
@@ -21,6 +22,9 @@ using ::deepinfer::TokenId;  // core/types.h
 inline constexpr float kGreedyTemperature = 1e-5f;
 // logit_bias values are clamped to [-kMaxLogitBias, kMaxLogitBias] when applied (OpenAI's range).
 inline constexpr float kMaxLogitBias = 100.0f;
+// What a forced token's logit gets added (SamplingParams::reasoning_budget): far past any logit, so the softmax gives
+// every other token exactly 0 in float and double.
+inline constexpr float kForcedTokenBias = 1e30f;
 // At most this many top alternatives per token (OpenAI's top_logprobs limit).
 inline constexpr int32_t kMaxLogprobs = 20;
 
@@ -63,14 +67,24 @@ struct SamplingParams {
   // Unset: no logprobs. Set to n in [0, 20]: return the sampled token's logprob and the n most likely
   // alternatives, all from the raw model distribution (log_softmax of the logits before any processing).
   std::optional<int32_t> logprobs;
+  // A thinking budget (Anthropic's thinking.budget_tokens; SGLang's thinking-budget logit processor): the output
+  // starts inside reasoning, and when its first reasoning_budget tokens hold none of reasoning_end_token_ids, the
+  // next token is reasoning_end_token_ids[0] (`</think>`): the sampler adds kForcedTokenBias to its logit, so every
+  // other token's probability is 0, greedy or not, on the host and on the device alike; a draft is verified against
+  // that distribution. Logprobs stay the raw model's. Unset: no budget. >= 0; the ids non-empty and in the vocabulary.
+  std::optional<int64_t> reasoning_budget;
+  std::vector<TokenId> reasoning_end_token_ids;
 
   bool is_greedy() const { return temperature < kGreedyTemperature; }
-  // Greedy with nothing that reads or changes the logits first (penalties, logit_bias, logprobs): the token is the
-  // plain argmax, which the backend computes where the logits are (DeepSeekModel::forward_greedy).
+  // Greedy with nothing that reads or changes the logits first (penalties, logit_bias, logprobs, a thinking budget):
+  // the token is the plain argmax, which the backend computes where the logits are (DeepSeekModel::forward_greedy).
   bool is_plain_greedy() const {
     return is_greedy() && repetition_penalty == 1.0f && presence_penalty == 0.0f && frequency_penalty == 0.0f &&
-           logit_bias.empty() && !logprobs.has_value();
+           logit_bias.empty() && !logprobs.has_value() && !reasoning_budget.has_value();
   }
+  // The thinking budget forces the token after `output_token_ids` (the output so far, drafts before the row
+  // included): reasoning_end_token_ids[0], or -1 when nothing is forced. O(budget) at the one position it can force.
+  TokenId forced_token(std::span<const TokenId> output_token_ids) const;
 
   // Ok, or InvalidArgument naming the first bad field, its value and the allowed range, e.g.
   // "top_p must be in (0, 1], got 0". Checks NaN/inf too. Ranges follow vLLM's SamplingParams.

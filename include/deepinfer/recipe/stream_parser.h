@@ -122,6 +122,12 @@ struct ParsedMessage {
 // fixed order; empty when it has none.
 std::vector<TokenId> turn_marker_ids(const Tokenizer& tokenizer, PromptFormat format);
 
+// The ids of the tokens whose appearance ends reasoning for this parser, for a thinking budget
+// (engine::SamplingParams::reasoning_budget): `</think>` first, then, with tools enabled, the token that opens the
+// format's tool-call block (`<｜tool▁calls▁begin｜>` on V3, R1 and V3.1, `｜DSML｜` on V3.2 and later), where the
+// tokenizer has it as an added token. Empty when `</think>` is not one (a budget cannot be enforced then).
+std::vector<TokenId> reasoning_end_ids(const Tokenizer& tokenizer, PromptFormat format, bool tools_enabled);
+
 class StreamParser {
  public:
   // REQUIRES: tokenizer != nullptr (the model's tokenizer: token bytes and the end-of-sequence id).

@@ -1014,4 +1014,18 @@ std::vector<TokenId> turn_marker_ids(const Tokenizer& tokenizer, PromptFormat fo
   return ids;
 }
 
+std::vector<TokenId> reasoning_end_ids(const Tokenizer& tokenizer, PromptFormat format, bool tools_enabled) {
+  std::optional<TokenId> think_end = tokenizer.added_token_id(kThinkEnd);
+  if (!think_end) return {};
+  std::vector<TokenId> ids = {*think_end};
+  if (tools_enabled) {
+    const bool template_format =
+        format == PromptFormat::kDeepSeekV3 || format == PromptFormat::kDeepSeekR1 || format == PromptFormat::kDeepSeekV31;
+    std::optional<TokenId> opener =
+        tokenizer.added_token_id(template_format ? kToolCallsBegin : kDsmlOpen.substr(1));  // "｜DSML｜"
+    if (opener) ids.push_back(*opener);
+  }
+  return ids;
+}
+
 }  // namespace deepinfer::recipe
