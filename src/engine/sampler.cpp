@@ -95,6 +95,10 @@ Status SamplingParams::validate(int64_t vocab_size) const {
       if (!status.ok()) return status;
     }
   }
+  for (size_t i = 0; i < forced_output_prefix.size(); ++i) {
+    Status status = check_token_id(forced_output_prefix[i], vocab_size, "forced_output_prefix[" + std::to_string(i) + "]");
+    if (!status.ok()) return status;
+  }
   if (max_tokens && *max_tokens < 1) {
     return Status::invalid_argument("max_tokens must be >= 1, got " + std::to_string(*max_tokens));
   }
@@ -192,6 +196,7 @@ Status Sampler::check_row(const SamplerRow& row, size_t row_index) const {
 }
 
 TokenId SamplingParams::forced_token(std::span<const TokenId> output_token_ids) const {
+  if (output_token_ids.size() < forced_output_prefix.size()) return forced_output_prefix[output_token_ids.size()];
   if (!reasoning_budget || static_cast<int64_t>(output_token_ids.size()) != *reasoning_budget) return -1;
   for (TokenId token : output_token_ids) {
     if (std::find(reasoning_end_token_ids.begin(), reasoning_end_token_ids.end(), token) !=

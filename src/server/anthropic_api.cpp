@@ -41,15 +41,13 @@ std::optional<ApiError> apply_thinking_budget(const json::object& body, int64_t 
                            std::to_string(max_tokens) + ", budget_tokens " + json::serialize(budget_value) + ")",
                        "max_tokens");
   }
+  // Where the format does not open reasoning for this turn (V3.1 after a tool result: the answer goes on without
+  // thinking), there is no reasoning to budget.
+  if (!options.starts_in_reasoning) return std::nullopt;
   std::vector<recipe::TokenId> ends =
-      options.starts_in_reasoning
-          ? recipe::reasoning_end_ids(*context.tokenizer, context.chat_format, options.tools_enabled)
-          : std::vector<recipe::TokenId>{};
+      recipe::reasoning_end_ids(*context.tokenizer, context.chat_format, options.tools_enabled);
   if (ends.empty()) {
-    return bad_request("thinking.budget_tokens cannot be enforced with the " +
-                           std::string(recipe::format_name(context.chat_format)) +
-                           " prompt format and this tokenizer (the answer must start in reasoning and `</think>` be "
-                           "one token)",
+    return bad_request("thinking.budget_tokens cannot be enforced with this tokenizer: `</think>` is not one token",
                        "thinking.budget_tokens");
   }
   params.reasoning_budget = budget;
@@ -114,9 +112,11 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   add_turn_marker_stops(context, plan.params);
   plan.dialect = Dialect::kAnthropic;
   plan.prompt_token_ids = std::move(prompt->token_ids);
+  // A tool_choice naming a function: the answer begins with its call (RenderedPrompt::answer_prefix).
+  plan.params.forced_output_prefix = std::move(prompt->answer_prefix_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
                                                  context.tokenizer, std::move(stops));
-  if (!conversation.tool_choice.parallel) plan.builder->set_max_tool_calls(1);
+  if (conversation.tool_choice.single_call()) plan.builder->set_max_tool_calls(1);
   plan.writer = std::make_unique<ResponseWriter>(
       recipe::messages_builder({random_id("msg_"), context.model->served_model_name, 0}), plan.stream);
   return plan;

@@ -161,9 +161,11 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   recipe::StreamParserOptions options = recipe::stream_parser_options(*conversation, *prompt);
   plan.dialect = Dialect::kOpenAI;
   plan.prompt_token_ids = std::move(prompt->token_ids);
+  // A tool_choice naming a function: the answer begins with its call (RenderedPrompt::answer_prefix).
+  plan.params.forced_output_prefix = std::move(prompt->answer_prefix_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
                                                  context.tokenizer, std::move(stops));
-  if (!conversation->tool_choice.parallel) plan.builder->set_max_tool_calls(1);
+  if (conversation->tool_choice.single_call()) plan.builder->set_max_tool_calls(1);
   plan.writer = std::make_unique<ResponseWriter>(
       recipe::chat_completion_builder({random_id("chatcmpl-"), context.model->served_model_name, unix_time()},
                                       include_usage, plan.params.logprobs.has_value(), context.tokenizer),

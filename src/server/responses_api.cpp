@@ -66,9 +66,11 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   recipe::StreamParserOptions options = recipe::stream_parser_options(conversation, *prompt);
   plan.dialect = Dialect::kOpenAI;
   plan.prompt_token_ids = std::move(prompt->token_ids);
+  // A tool_choice naming a function: the answer begins with its call (RenderedPrompt::answer_prefix).
+  plan.params.forced_output_prefix = std::move(prompt->answer_prefix_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
                                                  context.tokenizer, std::move(stops));
-  if (!conversation.tool_choice.parallel) plan.builder->set_max_tool_calls(1);
+  if (conversation.tool_choice.single_call()) plan.builder->set_max_tool_calls(1);
   plan.writer = std::make_unique<ResponseWriter>(
       recipe::responses_builder({random_id("resp_"), context.model->served_model_name, unix_time()}, std::move(echo)),
       plan.stream);

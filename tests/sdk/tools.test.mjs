@@ -37,7 +37,7 @@ for (const [format, variable] of [['deepseek-v3.1', 'DEEPINFER_SCRIPTED_URL_V31'
       chat_template_kwargs: { thinking: true },
     };
     const messagesRequest = {
-      model, max_tokens: 2048, messages: [{ role: 'user', content: ask }], tools: anthropicTools,
+      model, max_tokens: 1500, messages: [{ role: 'user', content: ask }], tools: anthropicTools,
       thinking: { type: 'enabled', budget_tokens: 1024 },
     };
 

@@ -618,6 +618,41 @@ TEST(DsmlFormatTest, AForcedToolChoicePrefillsTheToolCallBlockAndRefusalsNameThe
     ASSERT_EQ(response.status, 200) << response.body;
     EXPECT_EQ(response.json().at("usage").at("prompt_tokens").as_int64(), static_cast<int64_t>(ids.size()));
   }
+  // A named function is the one the answer calls, even from random weights: the answer is forced to begin with its
+  // invoke header (RenderedPrompt::answer_prefix; the prompt above is unchanged), in both dialects, streamed or not.
+  const std::string named_tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+                   {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}])";
+  for (const bool stream : {false, true}) {
+    const std::string body = R"({"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 30,
+        "temperature": 0, )" + named_tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        "stream": )" + (stream ? "true" : "false") + "}";
+    HttpResponse named = c.post("/v1/chat/completions", body);
+    ASSERT_EQ(named.status, 200) << named.body;
+    if (!stream) {
+      const json::value reply = named.json();
+      const json::value& message = reply.at("choices").at(0).at("message");
+      ASSERT_TRUE(message.at("tool_calls").is_array()) << named.body;
+      ASSERT_EQ(message.at("tool_calls").as_array().size(), 1u) << named.body;
+      EXPECT_EQ(message.at("tool_calls").at(0).at("function").at("name"), "get_time") << named.body;
+    } else {
+      EXPECT_NE(named.body.find(R"("name":"get_time")"), std::string::npos) << named.body;
+      EXPECT_EQ(named.body.find(R"("name":"get_weather")"), std::string::npos) << named.body;
+    }
+  }
+  HttpResponse anthropic = c.post("/v1/messages", R"({"model": "default", "max_tokens": 30, "temperature": 0,
+      "messages": [{"role": "user", "content": "Hi"}], "tool_choice": {"type": "tool", "name": "get_time"},
+      "tools": [{"name": "get_weather", "input_schema": {"type": "object"}},
+                {"name": "get_time", "input_schema": {"type": "object"}}]})");
+  ASSERT_EQ(anthropic.status, 200) << anthropic.body;
+  int uses = 0;
+  const json::value answer = anthropic.json();
+  for (const json::value& block : answer.at("content").as_array()) {
+    if (block.at("type") != "tool_use") continue;
+    ++uses;
+    EXPECT_EQ(block.at("name"), "get_time") << anthropic.body;
+  }
+  EXPECT_EQ(uses, 1) << anthropic.body;
   HttpResponse thinking =
       c.post("/v1/chat/completions", chat(tools + R"(, "tool_choice": "required", "thinking": true)"));
   EXPECT_EQ(thinking.status, 400);

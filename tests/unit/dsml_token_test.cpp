@@ -174,6 +174,7 @@ TEST(DsmlTokenTest, ToolChoiceRequiredAppendsTheBlockOpenerToTheAutoPrompt) {
       Result<RenderedPrompt> required = render_and_tokenize(*conversation, format, v4_tokenizer());
       ASSERT_TRUE(required.ok() && automatic.ok()) << required.status().to_string();
       EXPECT_TRUE(required->opens_tool_calls);
+      EXPECT_TRUE(required->answer_prefix.empty() && required->answer_prefix_ids.empty());
       EXPECT_FALSE(automatic->opens_tool_calls);
       if (!anthropic) {
         EXPECT_EQ(required->text, automatic->text + block_opener(format)) << format_name(format);
@@ -212,6 +213,19 @@ TEST(DsmlTokenTest, ANamedToolChoiceDescribesOnlyThatFunctionAndPrefillsTheBlock
     ASSERT_TRUE(anthropic_named.ok());
     EXPECT_TRUE(anthropic_named->opens_tool_calls);
     EXPECT_EQ(anthropic_named->text.find("get_weather"), std::string::npos);
+    // The answer must begin with the named function's invoke header (not part of the prompt text above): the DSML
+    // marker as its added token, the header text as the model writes a call.
+    const std::string invoke = format == PromptFormat::kDeepSeekV41 ? " invoke" : "invoke";
+    for (RenderedPrompt* prompt : {&*named, &*anthropic_named}) {
+      std::string text;
+      for (const PromptSegment& segment : prompt->answer_prefix) text += segment.text;
+      EXPECT_EQ(text, "<｜DSML｜" + invoke + " name=\"get_time\">\n") << format_name(format);
+      tokenize_prompt(v4_tokenizer(), *prompt);
+      ASSERT_FALSE(prompt->answer_prefix_ids.empty());
+      EXPECT_EQ(prompt->answer_prefix_ids[1], *v4_tokenizer().added_token_id("｜DSML｜")) << format_name(format);
+      EXPECT_EQ(v4_tokenizer().decode(prompt->answer_prefix_ids), text) << format_name(format);
+    }
+    EXPECT_TRUE(only_time->answer_prefix.empty());
   }
 }
 

@@ -495,6 +495,24 @@ TEST(ProcessingTest, AThinkingBudgetForcesTheEndOfReasoningAtItsPosition) {
   EXPECT_EQ(request.params.validate(5).message(), "reasoning_budget must be >= 0, got -1");
 }
 
+// A forced output prefix (a named tool_choice's invoke header): output token i is prefix[i], then the model's own.
+TEST(ProcessingTest, AForcedOutputPrefixIsTheAnswersFirstTokens) {
+  Request request{{5.0f, 0.0f, 1.0f, -30.0f, 2.0f}, {}, {}, {}, {}};
+  request.params.forced_output_prefix = {3, 1};
+  request.params.seed = 4;
+  request.rng = make_request_rng(request.params, 0);
+  EXPECT_FALSE(request.params.is_plain_greedy());
+  EXPECT_EQ(draw_counts(request, 500)[3], 500);
+  request.output = {3};
+  EXPECT_EQ(draw_counts(request, 500)[1], 500);
+  request.output = {3, 1};
+  EXPECT_EQ(request.params.forced_token(request.output), -1);
+  request.params.temperature = 0.0f;
+  EXPECT_EQ(kept_set(request), (std::set<TokenId>{0}));
+  request.params.forced_output_prefix = {5};
+  EXPECT_EQ(request.params.validate(5).message(), "forced_output_prefix[0] = 5 is not a token id: must be in [0, 5)");
+}
+
 TEST(ProcessingTest, BuffersAreCleanBetweenRows) {
   // A penalised row followed by an unpenalised one with the same tokens: the second must be unaffected.
   Request penalised{{1.0f, 1.0f, 1.0f}, {}, {0}, {1, 1}, {}};

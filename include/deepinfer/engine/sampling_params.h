@@ -74,16 +74,22 @@ struct SamplingParams {
   // that distribution. Logprobs stay the raw model's. Unset: no budget. >= 0; the ids non-empty and in the vocabulary.
   std::optional<int64_t> reasoning_budget;
   std::vector<TokenId> reasoning_end_token_ids;
+  // Output token i < size() is forced_output_prefix[i], the same way (kForcedTokenBias): the answer a request must
+  // begin with (a tool_choice naming a function: its invoke header, recipe::RenderedPrompt::answer_prefix). They are
+  // output tokens like any other (counted, streamed, parsed). Ids in the vocabulary.
+  std::vector<TokenId> forced_output_prefix;
 
   bool is_greedy() const { return temperature < kGreedyTemperature; }
-  // Greedy with nothing that reads or changes the logits first (penalties, logit_bias, logprobs, a thinking budget):
+  // Greedy with nothing that reads or changes the logits first (penalties, logit_bias, logprobs, forced tokens):
   // the token is the plain argmax, which the backend computes where the logits are (DeepSeekModel::forward_greedy).
   bool is_plain_greedy() const {
     return is_greedy() && repetition_penalty == 1.0f && presence_penalty == 0.0f && frequency_penalty == 0.0f &&
-           logit_bias.empty() && !logprobs.has_value() && !reasoning_budget.has_value();
+           logit_bias.empty() && !logprobs.has_value() && !reasoning_budget.has_value() &&
+           forced_output_prefix.empty();
   }
-  // The thinking budget forces the token after `output_token_ids` (the output so far, drafts before the row
-  // included): reasoning_end_token_ids[0], or -1 when nothing is forced. O(budget) at the one position it can force.
+  // The token forced after `output_token_ids` (the output so far, drafts before the row included): the prefix's next
+  // token, or the thinking budget's reasoning_end_token_ids[0]; -1 when nothing is forced. O(budget) at the one
+  // position the budget can force, O(1) elsewhere.
   TokenId forced_token(std::span<const TokenId> output_token_ids) const;
 
   // Ok, or InvalidArgument naming the first bad field, its value and the allowed range, e.g.

@@ -85,8 +85,8 @@ struct ConversationOptions {
 
 // What the request asked of the tools: OpenAI "auto" / "required" / a named function, Anthropic "auto" / "any" /
 // "tool" ("none" drops the tools instead). The DSML formats honour required and named by prefilling the
-// tool-call block (named: with only that function described); the others refuse them when rendering
-// (renderer.h).
+// tool-call block (named: with only that function described, and the answer forced to begin with its call); the
+// others refuse them when rendering (renderer.h).
 struct ToolChoice {
   enum class Mode { kAuto, kRequired, kNamed };
   Mode mode = Mode::kAuto;
@@ -95,6 +95,10 @@ struct ToolChoice {
   // tool_choice.disable_parallel_tool_use: true). The prompt is unchanged; the server stops generating when the
   // first call is complete (OutputBuilder::set_max_tool_calls), so no later call reaches the client.
   bool parallel = true;
+
+  // The answer holds one call at most: parallel false, or a named function (that one call, as vLLM's named
+  // tool_choice gives; the forced header makes it the named one, and no other may follow).
+  bool single_call() const { return !parallel || mode == Mode::kNamed; }
 };
 
 struct Conversation {

@@ -31,7 +31,9 @@
 // "any") prefills the tool-call block's opener after the generation prompt (`\n\n<｜DSML｜tool_calls>\n`; V3.2
 // `function_calls`, V4.1 ` calls`), so the model's output starts inside the block (RenderedPrompt::
 // opens_tool_calls; the parser then starts there, stream_parser_options()). A named function (Anthropic
-// "tool") does the same with only that function's definition in the prompt. Both are refused with thinking on
+// "tool") does the same with only that function's definition in the prompt, and the answer must then begin with
+// that function's invoke header (RenderedPrompt::answer_prefix, which the server forces). Both are refused with
+// thinking on
 // (the block would open where the reasoning starts) and on V3, R1 and V3.1, whose templates do not describe
 // tools. A JSON response_format (json_object, json_schema) is printed as a "## Response Format" section of the
 // system prompt on V3.2 and later; json_object needs the word "json" in some message's content (OpenAI's and
@@ -74,6 +76,14 @@ struct RenderedPrompt {
   // The generation prompt ends with a prefilled tool-call block opener (tool_choice required or named, see
   // above): the model's output starts inside the block (StreamParserOptions::starts_in_tool_calls).
   bool opens_tool_calls = false;
+  // What the answer must begin with, not part of the prompt (which stays deepseek-recipe's, byte for byte): with a
+  // tool_choice naming a function on the DSML formats, that function's invoke header (`<｜DSML｜invoke
+  // name="NAME">\n`; V4.1 ` invoke`), so that the model cannot call another one. The engine forces these tokens
+  // (engine::SamplingParams::forced_output_prefix) and the parser reads them as the model's output, as the call's
+  // first bytes. `answer_prefix_ids` is filled by tokenize_prompt, as the prompt's ids (control segments as added
+  // tokens, the name untrusted). Empty: nothing forced.
+  std::vector<PromptSegment> answer_prefix;
+  std::vector<TokenId> answer_prefix_ids;
 };
 
 // What rendering needs to know of the tokenizer the prompt is for (render_options_for() reads it off one).
@@ -90,7 +100,8 @@ RenderOptions render_options_for(const Tokenizer& tokenizer);
 // the DSML token, a tool_choice or response_format the format cannot honour (see above).
 Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format, RenderOptions options = {});
 
-// Fills `prompt.token_ids`: control segments as their added-token ids where the tokenizer has them, and
+// Fills `prompt.token_ids` (and `prompt.answer_prefix_ids` the same way, without the cache): control segments as
+// their added-token ids where the tokenizer has them, and
 // each maximal run of other text tokenized untrusted as one string (so ids equal the reference
 // tokenizer's on the whole prompt text whenever the request text holds no marker text).
 // With a `cache`, each run's ids come from it when it holds that run (a conversation that grew by a turn

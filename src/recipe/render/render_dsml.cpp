@@ -217,6 +217,17 @@ class DsmlRenderer {
     }
     RenderedPrompt prompt = std::move(out_).finish();
     prompt.opens_tool_calls = prefill;
+    // A named function: the answer begins with its invoke header, written as put_tool_calls writes a call.
+    if (prefill && conversation_.tool_choice.mode == ToolChoice::Mode::kNamed) {
+      PromptBuilder header;
+      header.fixed("<");
+      header.control(kDsml);
+      header.fixed(dialect_.invoke);
+      header.fixed(" name=\"");
+      header.content(conversation_.tool_choice.name);
+      header.fixed("\">\n");
+      prompt.answer_prefix = std::move(header).finish().segments;
+    }
     return prompt;
   }
 

@@ -141,10 +141,11 @@ Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFor
   }
 }
 
-void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache,
-                     TokenizationCache::PendingInserts* pending) {
-  prompt.token_ids.clear();
-  prompt.token_ids.reserve(prompt.text.size() / 3 + 16);
+namespace {
+
+void tokenize_segments(const Tokenizer& tokenizer, std::span<const PromptSegment> segments,
+                       std::vector<TokenId>& token_ids, TokenizationCache* cache,
+                       TokenizationCache::PendingInserts* pending) {
   // The pending run of non-control text: a view of one segment while it is one (the usual case), copied
   // into `joined` once a second segment extends it.
   std::string_view run;
@@ -153,18 +154,18 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, Tokeniz
     if (run.empty()) return;
     // The run is the unit of tokenization, so it is also the unit of the cache (tokenization_cache.h).
     if (cache != nullptr) {
-      cache->encode(tokenizer, run, TextTrust::kUntrusted, prompt.token_ids, pending);
+      cache->encode(tokenizer, run, TextTrust::kUntrusted, token_ids, pending);
     } else {
-      tokenizer.encode(run, TextTrust::kUntrusted, prompt.token_ids);
+      tokenizer.encode(run, TextTrust::kUntrusted, token_ids);
     }
     run = {};
     joined.clear();
   };
-  for (const PromptSegment& segment : prompt.segments) {
+  for (const PromptSegment& segment : segments) {
     if (segment.kind == PromptSegment::Kind::kControl) {
       if (std::optional<TokenId> id = tokenizer.added_token_id(segment.text)) {
         flush();
-        prompt.token_ids.push_back(*id);
+        token_ids.push_back(*id);
         continue;
       }
     }
@@ -178,6 +179,17 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, Tokeniz
     }
   }
   flush();
+}
+
+}  // namespace
+
+void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, TokenizationCache* cache,
+                     TokenizationCache::PendingInserts* pending) {
+  prompt.token_ids.clear();
+  prompt.token_ids.reserve(prompt.text.size() / 3 + 16);
+  tokenize_segments(tokenizer, prompt.segments, prompt.token_ids, cache, pending);
+  prompt.answer_prefix_ids.clear();
+  tokenize_segments(tokenizer, prompt.answer_prefix, prompt.answer_prefix_ids, nullptr, nullptr);
 }
 
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
