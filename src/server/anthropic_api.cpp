@@ -100,6 +100,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
   if (auto e = refuse_images(conversation, "messages")) return *e;
+  if (auto e = refuse_unopened_tool_choice(conversation, *prompt)) return *e;
   if (auto e =
           fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_tokens, "max_tokens", plan.params)) {
     return *e;

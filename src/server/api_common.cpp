@@ -325,6 +325,19 @@ std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, 
   return std::nullopt;
 }
 
+std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& conversation,
+                                                    const recipe::RenderedPrompt& prompt) {
+  const recipe::ToolChoice& choice = conversation.tool_choice;
+  if (choice.mode == recipe::ToolChoice::Mode::kAuto || prompt.opens_tool_calls) return std::nullopt;
+  return bad_request(fmt::format("tool_choice {} needs the answer to start after the generation prompt, but this "
+                                 "conversation ends with an assistant message that the answer would continue (or "
+                                 "add_generation_prompt is false); use \"auto\" or end with a user or tool message",
+                                 choice.mode == recipe::ToolChoice::Mode::kRequired
+                                     ? std::string("requiring a tool call")
+                                     : "naming the function '" + choice.name + "'"),
+                     "tool_choice");
+}
+
 std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,
                                     std::string_view max_tokens_field, engine::SamplingParams& params) {
   const int64_t max_model_len = context.model->max_model_len;

@@ -148,6 +148,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status());
   if (auto e = refuse_images(*conversation, "messages")) return *e;
+  if (auto e = refuse_unopened_tool_choice(*conversation, *prompt)) return *e;
   const std::string_view max_field = max_completion_tokens ? "max_completion_tokens" : "max_tokens";
   if (auto e = fit_context(context, static_cast<int64_t>(prompt->token_ids.size()),
                            max_completion_tokens ? max_completion_tokens : max_tokens, max_field, plan.params)) {

@@ -50,6 +50,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
     return bad_request_from(prompt.status(), kRenames);
   }
   if (auto e = refuse_images(conversation, "input")) return *e;
+  if (auto e = refuse_unopened_tool_choice(conversation, *prompt)) return *e;
   if (auto e = fit_context(context, static_cast<int64_t>(prompt->token_ids.size()), max_output_tokens,
                            "max_output_tokens", plan.params)) {
     e->param = e->param.empty() ? "input" : e->param;

@@ -640,6 +640,18 @@ TEST(DsmlFormatTest, AForcedToolChoicePrefillsTheToolCallBlockAndRefusalsNameThe
       EXPECT_EQ(named.body.find(R"("name":"get_weather")"), std::string::npos) << named.body;
     }
   }
+  // A forced choice with nothing to force: the answer would continue the last assistant message (a helper found
+  // it generated plain text, the choice dropped). A 400 naming tool_choice, in each dialect.
+  HttpResponse continued = c.post("/v1/chat/completions", R"({"model": "default", "max_tokens": 4,
+      "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Let me check."}], )" +
+                                      named_tools + R"(, "tool_choice": "required"})");
+  EXPECT_EQ(continued.status, 400) << continued.body;
+  EXPECT_EQ(continued.json().at("error").at("param"), "tool_choice") << continued.body;
+  HttpResponse continued_anthropic = c.post("/v1/messages", R"({"model": "default", "max_tokens": 4,
+      "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Let me check."}],
+      "tool_choice": {"type": "tool", "name": "get_time"}, "tools": [{"name": "get_time", "input_schema": {}}]})");
+  EXPECT_EQ(continued_anthropic.status, 400) << continued_anthropic.body;
+  EXPECT_EQ(continued_anthropic.json().at("error").at("type"), "invalid_request_error") << continued_anthropic.body;
   HttpResponse anthropic = c.post("/v1/messages", R"({"model": "default", "max_tokens": 30, "temperature": 0,
       "messages": [{"role": "user", "content": "Hi"}], "tool_choice": {"type": "tool", "name": "get_time"},
       "tools": [{"name": "get_weather", "input_schema": {"type": "object"}},

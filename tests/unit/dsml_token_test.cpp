@@ -247,7 +247,16 @@ TEST(DsmlTokenTest, AForcedToolChoiceIsRefusedWithThinkingOrWithoutItsTool) {
     unknown.tool_choice = {ToolChoice::Mode::kRequired, ""};
     EXPECT_FALSE(render_prompt(unknown, format).ok());
   }
-  // Without a generation prompt there is nothing to prefill.
+  // A tool name a DSML call cannot carry (a quote would end its name="..." attribute) is refused, in any mode.
+  for (PromptFormat format : kDsmlFormats) {
+    Conversation quoted = openai(chat_request(
+        R"("tools": [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+                     {"type": "function", "function": {"name": "a\"b", "parameters": {"type": "object"}}}])"));
+    Result<RenderedPrompt> refused = render_prompt(quoted, format);
+    ASSERT_FALSE(refused.ok()) << format_name(format);
+    EXPECT_TRUE(refused.status().message().starts_with("tools[1] is named \"a\\\"b\", which a ")) << refused.status().message();
+  }
+  // Without a generation prompt there is nothing to prefill (the server refuses such a request: api_test.cpp).
   Conversation no_generation = openai(chat_request(std::string(kTwoTools) + R"(, "tool_choice": "required")"));
   no_generation.options.add_generation_prompt = false;
   Result<RenderedPrompt> prompt = render_prompt(no_generation, PromptFormat::kDeepSeekV4);

@@ -97,6 +97,11 @@ std::optional<ApiError> refuse_return_token_ids(const boost::json::object& body,
 // image. `messages_field` names the request's message list ("messages", or "input" for Responses). /tokenize
 // and count_tokens render images as the placeholder and are not refused.
 std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, std::string_view messages_field);
+// The 400 for a forced tool_choice (required, a named function; Anthropic any, tool) that the prompt could not open
+// the answer for: the conversation ends with an assistant message the answer continues, or add_generation_prompt is
+// false (recipe::RenderedPrompt::opens_tool_calls is false then), so nothing would make the answer a call.
+std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& conversation,
+                                                    const recipe::RenderedPrompt& prompt);
 
 // Fills max_tokens against the prompt length and max_model_len: 400 when the prompt does not leave room for
 // one token or prompt + requested max_tokens exceed max_model_len (both numbers in the message).

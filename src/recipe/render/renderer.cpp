@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <array>
 
+#include <boost/json/serialize.hpp>
+#include <boost/json/value.hpp>
+
 #include "prompt_builder.h"
 
 namespace deepinfer::recipe {
@@ -93,6 +96,21 @@ Status check_capabilities(const Conversation& conversation, PromptFormat format)
                                     " prompt format (deepseek-v4 and deepseek-v4.1 have it)");
   }
   if (template_formats) return Status();
+  // A DSML call names its function in a quoted attribute (`invoke name="NAME">`): a name holding a quote, an angle
+  // bracket or a control character could never be called (the call's markup would break), so it is refused.
+  for (size_t i = 0; i < conversation.tools.size(); ++i) {
+    const std::string& tool = conversation.tools[i].name;
+    const auto bad = std::find_if(tool.begin(), tool.end(), [](char c) {
+      const auto u = static_cast<unsigned char>(c);
+      return c == '"' || c == '<' || c == '>' || u < 0x20 || u == 0x7f;
+    });
+    if (bad != tool.end()) {
+      return Status::invalid_argument("tools[" + std::to_string(i) + "] is named " +
+                                      boost::json::serialize(boost::json::value(tool)) + ", which a " + name + " tool call cannot carry (quotes, angle brackets and "
+                                      "control characters break its markup; OpenAI and Anthropic allow letters, "
+                                      "digits, '_' and '-')");
+    }
+  }
   // The DSML formats honour tool_choice by prefilling the tool-call block (renderer.h).
   const ToolChoice& choice = conversation.tool_choice;
   if (choice.mode != ToolChoice::Mode::kAuto) {
