@@ -281,6 +281,7 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
                                         "enabled, got " +
                                         (budget == nullptr ? std::string("none") : json::serialize(*budget)));
       }
+      conversation.options.thinking_budget_tokens = value;
     } else if (budget != nullptr) {
       return Status::invalid_argument("thinking.budget_tokens is only allowed with {\"type\": \"enabled\"}");
     }

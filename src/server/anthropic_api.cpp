@@ -29,16 +29,14 @@ namespace {
 // thinking.budget_tokens (the recipe validated it: an integer >= 1,024 with "enabled") is enforced: after that
 // many reasoning tokens the next token is `</think>` (SamplingParams::reasoning_budget). Anthropic's rule that
 // max_tokens exceed it is kept.
-std::optional<ApiError> apply_thinking_budget(const json::object& body, int64_t max_tokens,
-                                              const recipe::Conversation& conversation,
+std::optional<ApiError> apply_thinking_budget(int64_t max_tokens, const recipe::Conversation& conversation,
                                               const recipe::StreamParserOptions& options, const ApiContext& context,
                                               engine::SamplingParams& params) {
-  if (!conversation.options.thinking) return std::nullopt;
-  const json::value& budget_value = body.at("thinking").at("budget_tokens");
-  const int64_t budget = budget_value.is_int64() ? budget_value.get_int64() : std::numeric_limits<int64_t>::max();
-  if (budget >= max_tokens) {
+  const std::optional<int64_t>& budget = conversation.options.thinking_budget_tokens;
+  if (!conversation.options.thinking || !budget) return std::nullopt;
+  if (*budget >= max_tokens) {
     return bad_request("max_tokens must be greater than thinking.budget_tokens (max_tokens " +
-                           std::to_string(max_tokens) + ", budget_tokens " + json::serialize(budget_value) + ")",
+                           std::to_string(max_tokens) + ", budget_tokens " + std::to_string(*budget) + ")",
                        "max_tokens");
   }
   // Where the format does not open reasoning for this turn (V3.1 after a tool result: the answer goes on without
@@ -50,7 +48,7 @@ std::optional<ApiError> apply_thinking_budget(const json::object& body, int64_t 
     return bad_request("thinking.budget_tokens cannot be enforced with this tokenizer: `</think>` is not one token",
                        "thinking.budget_tokens");
   }
-  params.reasoning_budget = budget;
+  params.reasoning_budget = *budget;
   params.reasoning_end_token_ids = std::move(ends);
   return std::nullopt;
 }
@@ -107,7 +105,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   }
   // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).
   recipe::StreamParserOptions options = recipe::stream_parser_options(conversation, *prompt);
-  if (auto e = apply_thinking_budget(body, *max_tokens, conversation, options, context, plan.params)) return *e;
+  if (auto e = apply_thinking_budget(*max_tokens, conversation, options, context, plan.params)) return *e;
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
   add_turn_marker_stops(context, plan.params);

@@ -16,8 +16,9 @@ namespace deepinfer::recipe {
 // tool message, in block order, between the user text before and after it), `tools` (client tools: name,
 // description, input_schema), `tool_choice` ("none" drops the tools; "any" requires a call and "tool" names
 // one, as the renderer honours them; a named tool must exist; disable_parallel_tool_use sets
-// ToolChoice::parallel) and `thinking` ({"type": "enabled"|"disabled"}; budget_tokens is validated here and
-// enforced by the server as the engine's thinking budget). Sampling fields (`max_tokens`, `temperature`, ...) and `model` are left to the caller.
+// ToolChoice::parallel) and `thinking` ({"type": "enabled"|"disabled"}; budget_tokens is validated here, kept in
+// ConversationOptions::thinking_budget_tokens, and enforced by the server as the engine's thinking budget).
+// Sampling fields (`max_tokens`, `temperature`, ...) and `model` are left to the caller.
 Result<Conversation> conversation_from_anthropic_messages(const boost::json::value& request);
 // The same from JSON text. Malformed JSON is an InvalidArgument.
 Result<Conversation> conversation_from_anthropic_messages(std::string_view json_text);

@@ -77,6 +77,9 @@ std::string_view v4_revision_name(V4Revision revision);
 
 struct ConversationOptions {
   bool thinking = false;                        // reasoning on (thinking mode) or off (chat mode)
+  // Anthropic's thinking.budget_tokens with thinking on (>= 1,024; a uint64 past INT64_MAX reads as INT64_MAX): the
+  // most reasoning tokens; the server enforces it (engine::SamplingParams::reasoning_budget). Unset: no budget.
+  std::optional<int64_t> thinking_budget_tokens;
   std::optional<std::string> reasoning_effort;  // "low" | "medium" | "high" | "xhigh" | "max" | "1".."100"
   V4Revision v4_revision = V4Revision::k0731;   // deepseek-v4 only: which effort preambles (see above)
   bool add_generation_prompt = true;            // end with the assistant turn opener

@@ -106,9 +106,9 @@ Status check_capabilities(const Conversation& conversation, PromptFormat format)
     });
     if (bad != tool.end()) {
       return Status::invalid_argument("tools[" + std::to_string(i) + "] is named " +
-                                      boost::json::serialize(boost::json::value(tool)) + ", which a " + name + " tool call cannot carry (quotes, angle brackets and "
-                                      "control characters break its markup; OpenAI and Anthropic allow letters, "
-                                      "digits, '_' and '-')");
+                                      boost::json::serialize(boost::json::value(tool)) + ", which a " + name +
+                                      " tool call cannot carry (quotes, angle brackets and control characters break "
+                                      "its markup; OpenAI and Anthropic allow letters, digits, '_' and '-')");
     }
   }
   // The DSML formats honour tool_choice by prefilling the tool-call block (renderer.h).
