@@ -79,7 +79,7 @@ template <bool kFp8>
 struct Stage {
   uint4 wa[kStepsPerStage], wb[kStepsPerStage];     // weight rows n0 + g and n0 + g + 8
   uint4 x[kStepsPerStage * Format<kFp8>::kXLoads];  // x row g at the same k
-  float scale;                                      // FP8: the stage's block scale
+  float scale, scale_b;                             // FP8: the stage's block scales of rows a and of rows b
 };
 
 // What one warp streams: its two weight rows of one expert, x row g of the current chunk.
@@ -89,7 +89,8 @@ struct WarpView {
   bool row_a = false, row_b = false;
   const uint16_t* x = nullptr;  // x row g of the chunk, valid when x_row
   bool x_row = false;
-  const float* scales = nullptr;  // FP8: the block-scale row of this warp's 16 columns
+  const float* scales = nullptr;    // FP8: the block-scale row of this warp's rows a (n0 + g)
+  const float* scales_b = nullptr;  // and of its rows b (n0 + g + 8; gated: the up rows): the same row unless gated
   int k = 0, t = 0;
 };
 
@@ -116,7 +117,10 @@ __device__ __forceinline__ void load_stage(Stage<kFp8>& s, const WarpView& v, in
       s.x[i * F::kXLoads + j] = v.x_row && kx < v.k ? __ldg(reinterpret_cast<const uint4*>(v.x + kx)) : zero;
     }
   }
-  if constexpr (kFp8) s.scale = v.scales[k0 / kFp8Group];
+  if constexpr (kFp8) {
+    s.scale = v.scales[k0 / kFp8Group];
+    s.scale_b = v.scales_b[k0 / kFp8Group];
+  }
 }
 
 // Fragments: a lane's 16-byte load of row n0 + g holds consecutive k; pairs (0,1) (2,3) go to one mma as
@@ -179,8 +183,9 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[4], const Stage<kFp8
           mma_bf16(part, pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1], xp[2 * j], xp[2 * j + 1]);
       }
     }
+    // D fragment: acc[0..1] come from the rows a, acc[2..3] from the rows b.
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc[r] = fmaf(s.scale, part[r], acc[r]);
+    for (int r = 0; r < 4; ++r) acc[r] = fmaf(r < 2 ? s.scale : s.scale_b, part[r], acc[r]);
   }
 }
 
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
   pdl_begin();
   using F = Format<kFp8>;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
-  const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : p.n;
+  const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : (p.gated ? p.n / 2 : p.n);
   int e = 0, begin = 0, end = rows;  // offsets == null: one matrix over every row, one slot
   if (p.offsets != nullptr) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 &&
@@ -256,22 +261,30 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
   const int g = lane / 4, t = lane % 4;
   const int col_warps = kWarps / split;  // warps side by side over N; `split` warps share K for each
   const int part = warp % split;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * col_warps + warp / split) * kWarpCols;
-  const int64_t n_a = n0 + g, n_b = n0 + g + 8;
-  const bool active = n0 < p.n;
+  // A warp's 16 weight rows: n0 .. n0 + 15 (rows a: n0 + g, rows b: n0 + g + 8), or gated, the gate rows n0 .. n0 + 7
+  // and the up rows n_out + n0 .. + 7, for the 8 output columns n0 .. n0 + 7.
+  const bool gated = p.gated;
+  const int64_t n_out = gated ? p.n / 2 : p.n;
+  const int warp_cols = gated ? kWarpCols / 2 : kWarpCols;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * col_warps + warp / split) * warp_cols;
+  const int64_t n_a = n0 + g, n_b = gated ? n_out + n0 + g : n0 + g + 8;
+  const bool active = n0 < n_out;
 
   WarpView v;
   v.k = static_cast<int>(p.k);
   v.t = t;
-  v.row_a = n_a < p.n;
-  v.row_b = n_b < p.n;
+  v.row_a = n_a < n_out;
+  v.row_b = gated ? v.row_a : n_b < p.n;
   const char* w = static_cast<const char*>(p.w) + static_cast<int64_t>(e) * p.w_matrix_stride * F::kBytes;
   // Rows past N are never dereferenced; clamping keeps even the pointer arithmetic inside the matrix.
   v.wa = w + min64(n_a, p.n - 1) * p.w_ld * F::kBytes;
   v.wb = w + min64(n_b, p.n - 1) * p.w_ld * F::kBytes;
-  if constexpr (kFp8)
-    v.scales = p.w_scale + static_cast<int64_t>(e) * p.w_scale_matrix_stride +
-               min64(n0, p.n - 1) / kFp8Group * p.w_scale_ld;  // 16 | 128: the warp's columns share a block
+  if constexpr (kFp8) {
+    // 16 | 128: a warp's rows a share a block, and so do its rows b (gated: n_out % 8 == 0, so 8 up rows do).
+    const float* scales = p.w_scale + static_cast<int64_t>(e) * p.w_scale_matrix_stride;
+    v.scales = scales + min64(n0, p.n - 1) / kFp8Group * p.w_scale_ld;
+    v.scales_b = gated ? scales + min64(n_out + n0, p.n - 1) / kFp8Group * p.w_scale_ld : v.scales;
+  }
 
   const int stages = (v.k + F::kStageK - 1) / F::kStageK;
   const int first = part * stages / split, last = (part + 1) * stages / split;
@@ -294,6 +307,20 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
       __syncthreads();  // partial free for the next chunk
     }
     if (!active || part != 0) continue;
+    if (gated) {
+      // acc[0..1]: the gate column n0 + g of rows 2t, 2t + 1; acc[2..3]: its up column. Each rounded to bf16 as
+      // the unfused path stores them, then silu_mul's arithmetic (kernels/cuda/fused_ops.cu), rounded once more.
+      __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = 2 * t + i;
+        if (!v.row_a || r >= chunk_rows) continue;
+        const float gate = __bfloat162float(__float2bfloat16(acc[i]));
+        const float up = __bfloat162float(__float2bfloat16(acc[i + 2]));
+        y[(c0 + r) * y_ld + n_a] = __float2bfloat16(gate / (1.0f + expf(-gate)) * up);
+      }
+      continue;
+    }
     // D fragment: acc[0..1] = rows 2t, 2t+1 of column n0 + g; acc[2..3] the same rows of column n0 + g + 8.
     const int r0 = 2 * t, r1 = 2 * t + 1;
     const bool ok[4] = {v.row_a && r0 < chunk_rows, v.row_a && r1 < chunk_rows, v.row_b && r0 < chunk_rows,
@@ -341,7 +368,8 @@ bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
   if (p.tiled_order && p.k_split > 1) return false;
   if (p.x_rows != nullptr && p.x_rows_divisor < 1) return false;
   if (p.x_ld != 0 && (p.x_ld < p.k || p.x_ld % 8 != 0)) return false;
-  if (p.y_ld != 0 && p.y_ld < p.n) return false;
+  if (p.y_ld != 0 && p.y_ld < (p.gated ? p.n / 2 : p.n)) return false;
+  if (p.gated && (p.n % 16 != 0 || p.y == nullptr || p.y_f32 != nullptr)) return false;
   if (fp8) {
     const int64_t groups = (p.k + kFp8Group - 1) / kFp8Group, scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
     return p.w_ld >= (p.k + 15) / 16 * 16 && p.w_ld % 16 == 0 && p.w_matrix_stride >= p.n * p.w_ld &&
@@ -360,8 +388,9 @@ cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
   const int stage_k = fp8 ? Format<true>::kStageK : Format<false>::kStageK;
   const int stages = static_cast<int>((p.k + stage_k - 1) / stage_k);
   const int split = choose_split(p, slots, stages);
-  const int64_t cta_cols = kWarpCols * (kWarps / split);
-  const dim3 grid(static_cast<unsigned>((p.n + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
+  const int64_t cta_cols = (p.gated ? kWarpCols / 2 : kWarpCols) * (kWarps / split);  // output columns
+  const int64_t n_out = p.gated ? p.n / 2 : p.n;
+  const dim3 grid(static_cast<unsigned>((n_out + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
   if (fp8 && p.tiled_order)
     launch_pdl(moe_grouped_gemm_kernel<true, true>, grid, kThreads, 0, p.stream, p, split);
   else if (fp8)

@@ -256,7 +256,7 @@ cudaError_t init_moe_grouped_gemm_tiled() {
 }
 
 cudaError_t run_moe_grouped_gemm_tiled(const MoeGroupedGemmParams& p) {
-  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr ||
+  if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.gated ||
       (p.y_f32 == nullptr && reinterpret_cast<uintptr_t>(p.y) % 4 != 0))
     return cudaErrorInvalidValue;
   const bool fp8 = p.format == MoeWeightFormat::kFP8;

@@ -228,7 +228,7 @@ cudaError_t init_moe_grouped_gemm_wgmma() {
 cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& p) {
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 ||
-      p.y == nullptr || p.y_f32 != nullptr || p.tiled_order || reinterpret_cast<uintptr_t>(p.y) % 4 != 0 ||
+      p.gated || p.y == nullptr || p.y_f32 != nullptr || p.tiled_order || reinterpret_cast<uintptr_t>(p.y) % 4 != 0 ||
       (p.wgmma_tile_n != 0 && p.wgmma_tile_n != 128 && p.wgmma_tile_n != 256))
     return cudaErrorInvalidValue;
   // FP8: quantized activations, whole 128-wide K groups, 128-column tiles.

@@ -190,6 +190,16 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
   }
   probe_step_ = false;
   probe_taken_ = false;
+  drafted_ = false;
+  chains_ = chains;
+  plain_ms_ = times_.verify.empty() ? 0.0 : times_.verify.milliseconds(base_tokens);
+  // A retry's kMinDraftSamples drafting steps cost at most kMaxRetryCost of the plain steps between retries.
+  const double pass_ms = (times_.draft.empty() ? 0.0 : times_.draft.milliseconds(chains)) +
+                         (times_.mtp_kv.empty() ? 0.0 : times_.mtp_kv.milliseconds(chains));
+  min_retry_steps_ = plain_ms_ > 0.0 ? static_cast<int32_t>(std::min<double>(
+                                           std::ceil(kMinDraftSamples * pass_ms / (kMaxRetryCost * plain_ms_)),
+                                           kMaxRetryAfterPlainSteps))
+                                     : 0;
   skip_idle_pass_ = !times_.mtp_kv.empty() && !times_.verify.empty() &&
                     times_.mtp_kv.milliseconds(chains) > kMaxKeepKvFraction * times_.verify.milliseconds(base_tokens);
 
@@ -208,18 +218,26 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
 }
 
 int32_t DsparkPlanner::max_drafts(SequenceId id, int32_t max_draft_tokens) {
-  // In fallback: one probe draft every kProbeEveryFallbackSteps steps, for its confidence (never verified).
   RequestState& state = state_[id];
   if (state.fallback) {
-    if (probe_step_ || ++state.steps_since_probe < kProbeEveryFallbackSteps) return 0;
+    // In fallback: one probe draft every kProbeEveryFallbackSteps steps, for its confidence (never verified). Where
+    // the idle pass is skipped, only in a step whose draft pass runs anyway (a request not in fallback drafts:
+    // chains_ counts this step's requests, requests_in_fallback_ every live one in fallback, so more chains than
+    // that means at least one drafter); alone, a probe would cost a whole draft pass for a draft of stale entries.
+    const bool pass_runs_anyway = step_draft_length_ > 0 && !probe_step_ && chains_ > requests_in_fallback_;
+    if (probe_step_ || (skip_idle_pass_ && !pass_runs_anyway)) return 0;
+    if (++state.steps_since_probe < kProbeEveryFallbackSteps) return 0;
     state.steps_since_probe = 0;
+    drafted_ = drafted_ || max_draft_tokens > 0;
     return std::min(max_draft_tokens, 1);
   }
   if (probe_step_) {  // the first request asked probes; the others decode plainly
     if (probe_taken_) return 0;
     probe_taken_ = true;
   }
-  return std::min(max_draft_tokens, step_draft_length_);
+  const int32_t drafts = std::min(max_draft_tokens, step_draft_length_);
+  drafted_ = drafted_ || drafts > 0;
+  return drafts;
 }
 
 bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confidence) {
@@ -243,15 +261,21 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
 
 void DsparkPlanner::on_step(int64_t drafts_verified, int64_t committed, double milliseconds) {
   if (times_.verify.empty() || !(milliseconds > 0.0) || !all_greedy_) return;  // 'const': no table
-  const bool drafting = drafts_verified > 0 || step_draft_length_ > 0;
+  // A drafting step: one that verified drafts or made some (a fallback probe included: its draft pass is in the
+  // step's time). A step whose plan allowed drafts that nobody made (every request in fallback) is a plain one.
+  const bool drafting = drafts_verified > 0 || drafted_;
   if (drafting && committing_ > 0) {
     const double rate = static_cast<double>(committed) / (static_cast<double>(committing_) * milliseconds);
     drafting_rate_ = drafting_samples_ == 0 ? rate : drafting_rate_ + kStepTimeWeight * (rate - drafting_rate_);
     ++drafting_samples_;
     plain_steps_ = 0;
-  } else if (!drafting && ++plain_steps_ >= kRetryAfterPlainSteps) {
+    if (drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0 && drafting_rate_ >= kGuardMargin / plain_ms_) {
+      retry_after_ = kRetryAfterPlainSteps;  // drafting pays: a later loss is retried soon
+    }
+  } else if (!drafting && ++plain_steps_ >= std::max(retry_after_, min_retry_steps_)) {
     drafting_samples_ = 0;
     plain_steps_ = 0;
+    retry_after_ = std::min(2 * retry_after_, kMaxRetryAfterPlainSteps);  // unless this retry pays
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <boost/json.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "request_json.h"
@@ -272,10 +273,19 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
     // enforces it (a thinking budget in the engine) and checks that max_tokens exceeds it.
     const json::value* budget = thinking->get_object().if_contains("budget_tokens");
     if (conversation.options.thinking) {
-      const bool integer = budget != nullptr && (budget->is_int64() || budget->is_uint64());
-      const int64_t value = budget == nullptr ? 0 : budget->is_int64() ? budget->get_int64()
-                                                 : budget->is_uint64() ? static_cast<int64_t>(std::min<uint64_t>(budget->get_uint64(), INT64_MAX))
-                                                                       : 0;
+      // A whole number written as a double (1024.0, as Python's json writes a float) is that integer, as the
+      // server's other integer fields take it (api_common.cpp's read_int).
+      bool integer = budget != nullptr && (budget->is_int64() || budget->is_uint64());
+      int64_t value = 0;
+      if (budget != nullptr && budget->is_int64()) {
+        value = budget->get_int64();
+      } else if (budget != nullptr && budget->is_uint64()) {
+        value = static_cast<int64_t>(std::min<uint64_t>(budget->get_uint64(), INT64_MAX));
+      } else if (budget != nullptr && budget->is_double()) {
+        const double d = budget->get_double();
+        integer = std::isfinite(d) && d == std::floor(d);
+        value = integer ? static_cast<int64_t>(std::clamp(d, -9.2e18, 9.2e18)) : 0;
+      }
       if (!integer || value < 1024) {
         return Status::invalid_argument("thinking.budget_tokens must be an integer of at least 1024 when thinking is "
                                         "enabled, got " +

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "deepinfer/kernels/cuda/fused_ops.h"
 #include "deepinfer/kernels/cuda/gemm.h"
 #include "deepinfer/kernels/cuda/moe_grouped.h"
 #include "gpu_check_common.h"
@@ -496,6 +497,71 @@ void check_tiled_order() {
     }
 }
 
+// The MoE's gate_up with SwiGLU in the streaming kernel's epilogue (moe_grouped.h, gated) against the unfused pair
+// (the same kernel's gate_up, then run_silu_mul): bit for bit, bf16 and FP8 weights, M in {1, 3, 8, 9, 33, 130}, I
+// 160 and 168 (a half-filled last warp; FP8: the up rows start inside a 128-row scale block), each k_split in the
+// streaming kernel's own order and the tiled order.
+void check_gated_swiglu() {
+  const int m = 130, kdim = 384;
+  for (const int inter : {160, 168}) {
+    const int n = 2 * inter;
+    Problem p = make_problem(m, n, kdim, 77 + inter);
+    const int scale_ld = k::fp8_weight_scale_ld(kdim), nblocks = (n + kG - 1) / kG;
+    for (const bool fp8 : {false, true}) {
+      int bad = 0, runs = 0;
+      std::string first;
+      DeviceBuffer<uint16_t> gate_up(static_cast<size_t>(m) * n), want(static_cast<size_t>(m) * inter),
+          got(static_cast<size_t>(m) * inter);
+      for (const bool tiled_order : {false, true})
+        for (const int split : {1, 2, 4}) {
+          if (tiled_order && split > 1) continue;
+          for (const int rows : {1, 3, 8, 9, 33, 130}) {
+            k::MoeGroupedGemmParams g;
+            g.format = fp8 ? k::MoeWeightFormat::kFP8 : k::MoeWeightFormat::kBF16;
+            g.rows = rows;
+            g.num_experts = 1;
+            g.n = n;
+            g.k = kdim;
+            g.x = p.x.ptr;
+            g.w = fp8 ? static_cast<const void*>(p.wq.ptr) : static_cast<const void*>(p.w.ptr);
+            g.w_ld = kdim;
+            g.w_matrix_stride = static_cast<int64_t>(n) * kdim;
+            if (fp8) {
+              g.w_scale = p.ws.ptr;
+              g.w_scale_ld = scale_ld;
+              g.w_scale_matrix_stride = static_cast<int64_t>(nblocks) * scale_ld;
+            }
+            g.tiled_order = tiled_order;
+            g.k_split = split;
+            g.y = gate_up.ptr;
+            CUDA_TRY(k::run_moe_grouped_gemm(g));
+            k::SiluMulParams sm;
+            sm.rows = rows;
+            sm.n = inter;
+            sm.gate_up = gate_up.ptr;
+            sm.out = want.ptr;
+            CUDA_TRY(k::run_silu_mul(sm));
+            CUDA_TRY(cudaMemset(got.ptr, 0xff, got.count * sizeof(uint16_t)));
+            g.gated = true;
+            g.y = got.ptr;
+            CUDA_TRY(k::run_moe_grouped_gemm(g));
+            CUDA_TRY(cudaDeviceSynchronize());
+            const std::vector<uint16_t> a = want.download(), b = got.download();
+            ++runs;
+            if (std::memcmp(a.data(), b.data(), static_cast<size_t>(rows) * inter * sizeof(uint16_t)) != 0 &&
+                bad++ == 0)
+              first = "M " + std::to_string(rows) + " k_split " + std::to_string(split) +
+                      (tiled_order ? " tiled order" : "");
+          }
+        }
+      std::printf("{\"kind\":\"check\",\"case\":\"gated_swiglu_%s_i%d\",\"ok\":%s,\"runs\":%d,\"differing\":%d%s%s%s}\n",
+                  fp8 ? "fp8" : "bf16", inter, bad == 0 ? "true" : "false", runs, bad, bad ? ",\"first\":\"" : "",
+                  first.c_str(), bad ? "\"" : "");
+      if (bad != 0) g_all_ok = false;
+    }
+  }
+}
+
 void print_summary() {
   std::printf("\n%-40s %9s %8s %7s %8s %9s %10s\n", "case", "us", "TFLOPS", "%bf16", "GB/s", "DG_H800", "rel_err");
   std::printf("%-40s %9s %8.1f %7s %8s %9s %10s\n", "ceiling cuBLAS bf16 8192^3", "-", g_gemm_tflops, "100", "-", "-", "-");
@@ -541,6 +607,12 @@ int main(int argc, char** argv) {
     check_tiled_order();
   } catch (const std::exception& ex) {
     std::printf("{\"kind\":\"check\",\"case\":\"tiled_order\",\"ok\":false,\"error\":\"%s\"}\n", ex.what());
+    g_all_ok = false;
+  }
+  try {
+    check_gated_swiglu();
+  } catch (const std::exception& ex) {
+    std::printf("{\"kind\":\"check\",\"case\":\"gated_swiglu\",\"ok\":false,\"error\":\"%s\"}\n", ex.what());
     g_all_ok = false;
   }
   int ci = 0;

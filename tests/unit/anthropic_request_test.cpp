@@ -46,6 +46,15 @@ TEST(AnthropicRequestTest, BlocksBecomeMessages) {
   EXPECT_TRUE(c->options.thinking);
 }
 
+// Regression: 1024.0 (a whole number as Python's json writes a float) was refused as "not an integer", while the
+// server's integer fields (max_tokens, ...) take it.
+TEST(AnthropicRequestTest, AWholeNumberBudgetWrittenAsAFloatIsThatInteger) {
+  Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1500.0}})"));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->options.thinking_budget_tokens.value_or(0), 1500);
+}
+
 TEST(AnthropicRequestTest, ToolChoiceNoneDropsTheTools) {
   Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(
       R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {}}],
@@ -121,8 +130,10 @@ TEST(AnthropicRequestTest, ErrorsNameTheField) {
        "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got -1"},
       {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled"}})",
        "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got none"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1.5e3}})",
-       "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got 1.5E3"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1500.5}})",
+       "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got 1.5005E3"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1023.0}})",
+       "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got 1.023E3"},
   };
   for (const Case& c : cases) {
     Result<Conversation> result = conversation_from_anthropic_messages(std::string_view(c.request));

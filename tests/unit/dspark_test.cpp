@@ -110,7 +110,7 @@ TEST(DsparkTest, DraftLengthWeighsTheDraftPassesCost) {
 
 // The table's times hold, but drafting steps commit fewer tokens than the acceptance rates promise (the H200's
 // demo run at batch 32: 2.06 per request per step, in 1.4 ms, against a plain step's 1 in 0.42 ms): after
-// kMinDraftSamples such steps no step drafts; after kRetryAfterPlainSteps plain steps drafting is tried again.
+// kMinDraftSamples such steps no step drafts; after enough plain steps drafting is tried again.
 TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
   const StepTimes gpu{table({{32, 0.42}, {160, 0.53}}), table({{32, 0.45}}), table({{32, 0.12}})};
   DsparkConfig config;
@@ -126,12 +126,14 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
   EXPECT_EQ(drafting_steps, DsparkPlanner::kMinDraftSamples);
   EXPECT_NEAR(planner.drafting_rate(), 2.0 / 1.1, 1e-9);
   int plain_steps = 0;
-  for (; plain_steps < 300; ++plain_steps) {
+  for (; plain_steps < 1000; ++plain_steps) {
     planner.begin_drafting(32, 32, 32);
     if (planner.max_drafts(1, 4) > 0) break;
     planner.on_step(0, 32, 0.42);
   }
-  EXPECT_EQ(plain_steps, DsparkPlanner::kRetryAfterPlainSteps);
+  // Not sooner than three draft passes (0.45 + 0.12 ms each) costing 1% of the plain steps (0.42 ms) between.
+  EXPECT_EQ(plain_steps, 408);
+  static_assert(DsparkPlanner::kMinDraftSamples == 3 && DsparkPlanner::kMaxRetryCost == 0.01);
 }
 
 TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {
@@ -182,6 +184,105 @@ TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {
   EXPECT_EQ(planner.max_drafts(1, 4), 4);
   planner.on_removed(1);
   EXPECT_FALSE(planner.in_fallback(1));
+}
+
+// The H100's demo-model case at batch 1 (bench/gpu/NOTES.md, 2026-12-06): a step is 0.30 ms, a DSpark block pass
+// 0.25 ms plus its 0.06 ms injection pass, which costs more than 5% of the step, so the idle pass is skipped. Requests
+// of `tokens` tokens run one after another, each step driven as MtpExecutor drives the planner (drafts made at the
+// end of a step, verified in the next), every draft confident (0.9) and accepted, given the ones before it were, with
+// probability accept_percent / 100 (a fixed pseudo-random sequence). Returns the simulated milliseconds.
+double simulate_batch_one(DsparkPlanner& planner, const StepTimes& times, int requests, int tokens, int accept_percent,
+                          int& draft_passes) {
+  double total_ms = 0.0;
+  draft_passes = 0;
+  uint64_t lcg = 12345;
+  auto accept = [&] {
+    lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int>((lcg >> 33) % 100) < accept_percent;
+  };
+  for (SequenceId id = 1; id <= static_cast<SequenceId>(requests); ++id) {
+    std::vector<double> drafts;
+    for (int committed = 0; committed < tokens;) {
+      int32_t verified = 0;
+      if (!drafts.empty()) {
+        std::vector<VerifyRequest> verify{request(id, drafts)};
+        planner.plan(1, 1, verify);
+        verified = verify[0].verify_drafts;
+      }
+      int32_t accepted = 0;
+      while (accepted < verified && accept()) ++accepted;
+      planner.on_verified(id, verified, accepted);
+      planner.set_all_greedy(true);
+      planner.begin_drafting(1, 1, 1);
+      drafts.clear();
+      const int32_t most = planner.max_drafts(id, 4);
+      for (int32_t k = 0; k < most; ++k) {
+        drafts.push_back(0.9);
+        if (!planner.continue_after(id, k, 0.9)) break;
+      }
+      const bool pass = !drafts.empty() || !planner.skips_idle_draft_pass();
+      draft_passes += drafts.empty() ? 0 : 1;
+      const double ms = times.verify.milliseconds(1 + verified) + (pass ? times.mtp_kv.milliseconds(1) : 0.0) +
+                        (drafts.empty() ? 0.0 : times.draft.milliseconds(1));
+      total_ms += ms;
+      planner.on_step(verified, 1 + accepted, ms);
+      committed += 1 + accepted;
+    }
+    planner.on_removed(id);
+  }
+  return total_ms;
+}
+
+// Before this rule a request in fallback probed alone every 4 steps (a whole draft pass each, reading stale entries),
+// and the planner counted steps in which nobody drafted as drafting ones. Every draft rejected: the first request's
+// three rollbacks end drafting for the run (3 draft passes in 20 requests; 6 before). Drafts accepted at 60%:
+// drafting pays when verified (0.990x of plain decoding's time for the same tokens, 93 draft passes); before, the
+// fallbacks' lone probes cost more than the drafting gained (1.004x, drafting stopped after 8 passes).
+TEST(DsparkTest, AtBatchOneRejectedDraftsCostNoLoneProbes) {
+  const StepTimes h100{table({{1, 0.30}, {2, 0.305}, {5, 0.32}}), table({{1, 0.25}, {8, 0.27}}),
+                       table({{1, 0.06}, {8, 0.07}})};
+  DsparkConfig config;
+  config.confidence_threshold = 0.85;
+  config.abort_on_rollback_rate = 0.30;
+  const int requests = 20, tokens = 64;
+  const double plain = requests * tokens * 0.30;
+  {
+    DsparkPlanner planner(config, h100, 4, /*block_draft=*/true);
+    int draft_passes = 0;
+    const double ms = simulate_batch_one(planner, h100, requests, tokens, 0, draft_passes);
+    EXPECT_LE(draft_passes, 4) << ms / plain;
+  }
+  {
+    DsparkPlanner planner(config, h100, 4, /*block_draft=*/true);
+    int draft_passes = 0;
+    const double ms = simulate_batch_one(planner, h100, requests, tokens, 60, draft_passes);
+    EXPECT_LE(ms / plain, 1.0) << draft_passes << " draft passes";
+  }
+}
+
+// Where another request drafts (its draft pass runs anyway), a request in fallback still probes every
+// kProbeEveryFallbackSteps steps, even with the idle pass skipped: it can return when its confidence does.
+TEST(DsparkTest, AFallbackProbeRidesOnAStepWhereAnotherRequestDrafts) {
+  const StepTimes h100{table({{1, 0.30}, {8, 0.31}, {40, 0.40}}), table({{1, 0.25}, {8, 0.27}}),
+                       table({{1, 0.06}, {8, 0.07}})};
+  DsparkConfig config;
+  DsparkPlanner planner(config, h100, 4, /*block_draft=*/true);
+  for (int i = 0; i < 40; ++i) planner.on_verified(2, 4, 4);  // request 2's drafts are good
+  for (int i = 0; i < DsparkConfig::kRollbacksToFallBack; ++i) planner.on_verified(1, 4, 0);
+  ASSERT_TRUE(planner.in_fallback(1));
+  int probes = 0, alone = 0;
+  for (int step = 0; step < 4 * DsparkPlanner::kProbeEveryFallbackSteps; ++step) {
+    planner.begin_drafting(2, 2, 2);
+    ASSERT_TRUE(planner.skips_idle_draft_pass());
+    probes += planner.max_drafts(1, 4);
+    EXPECT_EQ(planner.max_drafts(2, 4), 4);
+  }
+  EXPECT_EQ(probes, 4);
+  for (int step = 0; step < 4 * DsparkPlanner::kProbeEveryFallbackSteps; ++step) {
+    planner.begin_drafting(1, 1, 1);  // request 1 alone
+    alone += planner.max_drafts(1, 4);
+  }
+  EXPECT_EQ(alone, 0) << "alone, a probe would cost a whole draft pass to read stale entries";
 }
 
 TEST(DsparkTest, AcceptanceRatesFollowTheVerifiesAndTheDraftLengthFollowsThem) {

@@ -148,7 +148,13 @@ class DsparkPlanner final : public DraftPlanner {
   // rates). So the planner also counts what drafting steps delivered: their committed tokens per committing request
   // per ms of wall time (exponential average, weight kStepTimeWeight). Once kMinDraftSamples drafting steps are
   // counted, a step does not draft while that rate is below kGuardMargin x a plain step's (1 / verify_ms(
-  // base_tokens)); the count restarts after kRetryAfterPlainSteps plain steps. Only that clear loss stops drafting
+  // base_tokens)); the count restarts after kRetryAfterPlainSteps plain steps, twice as many after each retry that
+  // keeps losing (up to kMaxRetryAfterPlainSteps), back to kRetryAfterPlainSteps once drafting pays, and never sooner
+  // than the retry's kMinDraftSamples draft passes (draft_ms + mtp_kv_ms of the step's chains) cost kMaxRetryCost of
+  // the plain steps between (a tiny model whose draft pass costs a step: ~320 steps). A drafting step
+  // is one that verified drafts or made some (fallback probes included); a step in which every request is in
+  // fallback and none probes is a plain one, so a new request starts from that verdict instead of drafting until it
+  // rolls back. Only that clear loss stops drafting
   // (the margin): where drafting pays, the choice of L stays the table's, so that a seeded request's verify
   // lengths, and with them its sampled tokens, do not follow the machine's timing noise. For the same reason the
   // rule counts, and acts on, only steps whose committing requests are all greedy (set_all_greedy): greedy tokens
@@ -159,6 +165,8 @@ class DsparkPlanner final : public DraftPlanner {
   static constexpr double kGuardMargin = 0.9;
   static constexpr int32_t kMinDraftSamples = 3;
   static constexpr int32_t kRetryAfterPlainSteps = 100;
+  static constexpr int32_t kMaxRetryAfterPlainSteps = 1600;
+  static constexpr double kMaxRetryCost = 0.01;
   double drafting_rate() const { return drafting_rate_; }
   void add_counters(SpeculativeStats& stats) const override;
 
@@ -177,7 +185,10 @@ class DsparkPlanner final : public DraftPlanner {
   // costs nothing and stays off until the batch changes to where keeping the KV is cheap again; drafts made after
   // that read the stale entries of the skipped positions (worse drafts, never wrong tokens).
   static constexpr double kMaxKeepKvFraction = 0.05;
-  // A request in fallback drafts its probe every this many steps (a probe costs a draft pass's logits row).
+  // A request in fallback drafts its probe every this many steps (a probe costs a draft pass's logits row). Where
+  // the idle pass is skipped (kMaxKeepKvFraction), only in steps where a request not in fallback drafts, so that the
+  // draft pass runs anyway: at batch 1 a probe alone would cost a whole draft pass (on the H100's demo model, 0.31
+  // ms against a 0.28 ms step) to read stale entries.
   static constexpr int32_t kProbeEveryFallbackSteps = 4;
 
  private:
@@ -202,6 +213,11 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t plain_steps_ = 0;             // since the last drafting step
   bool all_greedy_ = true;              // this step's committing requests (set_all_greedy)
   bool probe_taken_ = false;
+  bool drafted_ = false;                // some max_drafts of this step returned drafts (probes included)
+  int64_t chains_ = 0;                  // this step's requests that may draft (begin_drafting)
+  double plain_ms_ = 0.0;               // verify_ms(base_tokens) of this step: a plain step's time
+  int32_t retry_after_ = kRetryAfterPlainSteps;
+  int32_t min_retry_steps_ = 0;         // this step's floor of retry_after_ (begin_drafting)
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
   // Seeded with a prior of 4 verifies accepting at 0.7^k, so that drafting starts before anything is measured.
   std::vector<double> verified_at_, all_accepted_at_;

@@ -137,6 +137,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
       env_choice("DEEPINFER_SIDE_LANE", {"0", "1"}, "1: the shared experts beside the routed ones, 0: after them");
   if (!side_lane.ok()) return side_lane.status();
   backend->side_lane_enabled_ = *side_lane != 0;
+  Result<int> fused_swiglu = env_choice("DEEPINFER_FUSED_SWIGLU", {"0", "1"},
+                                        "1: SwiGLU in the streaming MoE kernel's epilogue, 0: silu_mul after it");
+  if (!fused_swiglu.ok()) return fused_swiglu.status();
+  backend->fused_swiglu_ = *fused_swiglu != 0;
   if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
     const std::string v = keys;
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;

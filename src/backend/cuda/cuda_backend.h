@@ -400,6 +400,9 @@ class CudaBackend final : public Backend {
   };
   SideLane side_;
   bool side_lane_enabled_ = false;
+  // The routed experts' SwiGLU in the streaming gate_up kernel's epilogue (moe_grouped.h, gated) unless
+  // DEEPINFER_FUSED_SWIGLU=0: the same bits either way.
+  bool fused_swiglu_ = true;
   enum class LaneState { kNone, kOpen, kPending } lane_state_ = LaneState::kNone;
   void swap_lanes();
   bool device_sampling_ = true;  // DEEPINFER_DEVICE_SAMPLING=0 turns it off (host sampling, for comparisons)

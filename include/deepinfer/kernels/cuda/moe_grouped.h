@@ -73,6 +73,12 @@ struct MoeGroupedGemmParams {
   // so that a row's result is bit for bit the tiled kernel's whatever the rows beside it or the kernel chosen. The
   // batch-invariant mode's GEMMs (cuda_backend.h). k_split must be 0 or 1. The wgmma kernel refuses it.
   bool tiled_order = false;
+  // Streaming kernel only (the tiled and wgmma kernels refuse it): the MoE's gate_up GEMM with SwiGLU in its epilogue.
+  // w holds [E][n][w_ld] with n = 2 * I, the gate rows first, then the up rows (the checkpoint's gate_up layout); y is
+  // bf16 [rows, I] (y_ld: its row stride, >= I; 0: I): y[r][j] = silu(g) * u with g and u the bf16 roundings of the
+  // products of gate row j and up row I + j, computed as run_silu_mul does (fused_ops.h), so that the result is bit
+  // for bit the unfused pair's (tiled_order included). Requires n % 16 == 0, y set and y_f32 null.
+  bool gated = false;
   int num_sms = 0;                    // the device's SMs, for choosing k_split (0: 132, an H100/H200)
   int k_split = 0;                    // 0: automatic; 1, 2 or 4: forced (checks, benchmarks)
   int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
