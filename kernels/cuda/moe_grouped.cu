@@ -343,14 +343,18 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // Warps along K per column tile: enough warps to keep ~16 per SM streaming (about 2-4 KB of loads in flight each,
-// which covers HBM latency x bandwidth per SM), counting every slot as a non-empty expert (an upper bound).
+// which covers HBM latency x bandwidth per SM), counting every slot as a non-empty expert (an upper bound), but never
+// so many that the CTAs no longer fit one wave (4 resident per SM): a second wave of short streams waits for the
+// first (V2-Lite's down GEMM at batch 1: split 4 made 768 CTAs for 528 places, 1.45 waves of 5-6 stages a warp).
 int choose_split(const MoeGroupedGemmParams& p, int64_t slots, int stages) {
   if (p.k_split != 0) return p.k_split;
   if (p.tiled_order) return 1;  // a row's sum in one warp, in the tiled kernel's order
   const int64_t sms = p.num_sms > 0 ? p.num_sms : 132;
   const int64_t column_warps = (p.n + kWarpCols - 1) / kWarpCols * slots;
   int split = 1;
-  while (split < kWarps && column_warps * split < 16 * sms && stages >= 4 * split) split *= 2;
+  while (split < kWarps && column_warps * split < 16 * sms && stages >= 4 * split &&
+         column_warps * split * 2 <= static_cast<int64_t>(kWarps) * 4 * sms)
+    split *= 2;
   return split;
 }
 
