@@ -274,22 +274,29 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
     const json::value* budget = thinking->get_object().if_contains("budget_tokens");
     if (conversation.options.thinking) {
       // A whole number written as a double (1024.0, as Python's json writes a float) is that integer, as the
-      // server's other integer fields take it (api_common.cpp's read_int).
+      // server's other integer fields take it (api_common.cpp's read_int). At most kMaxBudget: a larger one is
+      // refused as such, not clamped (max_tokens, which must exceed it, is bounded by max_model_len anyway).
+      constexpr int64_t kMaxBudget = INT32_MAX;
       bool integer = budget != nullptr && (budget->is_int64() || budget->is_uint64());
+      bool too_large = budget != nullptr && budget->is_uint64() && budget->get_uint64() > kMaxBudget;
       int64_t value = 0;
       if (budget != nullptr && budget->is_int64()) {
         value = budget->get_int64();
-      } else if (budget != nullptr && budget->is_uint64()) {
-        value = static_cast<int64_t>(std::min<uint64_t>(budget->get_uint64(), INT64_MAX));
       } else if (budget != nullptr && budget->is_double()) {
         const double d = budget->get_double();
         integer = std::isfinite(d) && d == std::floor(d);
-        value = integer ? static_cast<int64_t>(std::clamp(d, -9.2e18, 9.2e18)) : 0;
+        too_large = integer && d > static_cast<double>(kMaxBudget);
+        value = integer && !too_large && d >= 0.0 ? static_cast<int64_t>(d) : 0;
+      }
+      const std::string got = budget == nullptr ? std::string("none") : json::serialize(*budget);
+      too_large = too_large || value > kMaxBudget;
+      if (too_large) {
+        return Status::invalid_argument("thinking.budget_tokens must be at most " + std::to_string(kMaxBudget) +
+                                        ", got " + got);
       }
       if (!integer || value < 1024) {
-        return Status::invalid_argument("thinking.budget_tokens must be an integer of at least 1024 when thinking is "
-                                        "enabled, got " +
-                                        (budget == nullptr ? std::string("none") : json::serialize(*budget)));
+        return Status::invalid_argument(
+            "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got " + got);
       }
       conversation.options.thinking_budget_tokens = value;
     } else if (budget != nullptr) {

@@ -134,6 +134,14 @@ TEST(AnthropicRequestTest, ErrorsNameTheField) {
        "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got 1.5005E3"},
       {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1023.0}})",
        "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got 1.023E3"},
+      // Regression: a budget beyond int64 was clamped to 9.2e18, so the refusal named max_tokens and a value the
+      // client never sent.
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1e19}})",
+       "thinking.budget_tokens must be at most 2147483647, got 1E19"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 18446744073709551615}})",
+       "thinking.budget_tokens must be at most 2147483647, got 18446744073709551615"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 2147483648}})",
+       "thinking.budget_tokens must be at most 2147483647, got 2147483648"},
   };
   for (const Case& c : cases) {
     Result<Conversation> result = conversation_from_anthropic_messages(std::string_view(c.request));
