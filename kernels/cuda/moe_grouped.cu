@@ -44,6 +44,11 @@ struct Format {
 };
 static_assert(Format<true>::kStageK == kFp8Group, "an FP8 stage is one block-scale group");
 
+// Columns of y: n, or gated, I = n / 2 (the activation's).
+__host__ __device__ __forceinline__ int64_t output_cols(const MoeGroupedGemmParams& p) {
+  return p.gated ? p.n / 2 : p.n;
+}
+
 // Weights are read once per chunk: keep them out of L1 so that x stays there (DeepEP's ld_nc_global idiom).
 __device__ __forceinline__ uint4 load_weight(const void* p) {
   uint4 v;
@@ -244,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
   pdl_begin();
   using F = Format<kFp8>;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
-  const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : (p.gated ? p.n / 2 : p.n);
+  const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : output_cols(p);
   int e = 0, begin = 0, end = rows;  // offsets == null: one matrix over every row, one slot
   if (p.offsets != nullptr) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 &&
@@ -264,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
   // A warp's 16 weight rows: n0 .. n0 + 15 (rows a: n0 + g, rows b: n0 + g + 8), or gated, the gate rows n0 .. n0 + 7
   // and the up rows n_out + n0 .. + 7, for the 8 output columns n0 .. n0 + 7.
   const bool gated = p.gated;
-  const int64_t n_out = gated ? p.n / 2 : p.n;
+  const int64_t n_out = output_cols(p);
   const int warp_cols = gated ? kWarpCols / 2 : kWarpCols;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * col_warps + warp / split) * warp_cols;
   const int64_t n_a = n0 + g, n_b = gated ? n_out + n0 + g : n0 + g + 8;
@@ -372,7 +377,7 @@ bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
   if (p.tiled_order && p.k_split > 1) return false;
   if (p.x_rows != nullptr && p.x_rows_divisor < 1) return false;
   if (p.x_ld != 0 && (p.x_ld < p.k || p.x_ld % 8 != 0)) return false;
-  if (p.y_ld != 0 && p.y_ld < (p.gated ? p.n / 2 : p.n)) return false;
+  if (p.y_ld != 0 && p.y_ld < output_cols(p)) return false;
   if (p.gated && (p.n % 16 != 0 || p.y == nullptr || p.y_f32 != nullptr)) return false;
   if (fp8) {
     const int64_t groups = (p.k + kFp8Group - 1) / kFp8Group, scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
@@ -393,8 +398,7 @@ cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
   const int stages = static_cast<int>((p.k + stage_k - 1) / stage_k);
   const int split = choose_split(p, slots, stages);
   const int64_t cta_cols = (p.gated ? kWarpCols / 2 : kWarpCols) * (kWarps / split);  // output columns
-  const int64_t n_out = p.gated ? p.n / 2 : p.n;
-  const dim3 grid(static_cast<unsigned>((n_out + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
+  const dim3 grid(static_cast<unsigned>((output_cols(p) + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
   if (fp8 && p.tiled_order)
     launch_pdl(moe_grouped_gemm_kernel<true, true>, grid, kThreads, 0, p.stream, p, split);
   else if (fp8)

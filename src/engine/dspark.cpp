@@ -182,26 +182,25 @@ std::vector<double> DsparkPlanner::all_accepted_rate() const {
 void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int64_t chains) {
   const std::vector<double> rates = all_accepted_rate();
   committing_ = committing;
+  chains_ = chains;
+  plain_ms_ = times_.verify.empty() ? 0.0 : times_.verify.milliseconds(base_tokens);
+  const double kv_ms = times_.mtp_kv.empty() ? 0.0 : times_.mtp_kv.milliseconds(chains);
   step_draft_length_ =
       plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_, block_draft_);
-  if (step_draft_length_ > 0 && all_greedy_ && drafting_samples_ >= kMinDraftSamples && !times_.verify.empty() &&
-      drafting_rate_ < kGuardMargin / times_.verify.milliseconds(base_tokens)) {
+  if (step_draft_length_ > 0 && all_greedy_ && drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0 &&
+      drafting_rate_ < kGuardMargin / plain_ms_) {
     step_draft_length_ = 0;  // drafting steps delivered less than plain ones would
   }
   probe_step_ = false;
   probe_taken_ = false;
   drafted_ = false;
-  chains_ = chains;
-  plain_ms_ = times_.verify.empty() ? 0.0 : times_.verify.milliseconds(base_tokens);
   // A retry's kMinDraftSamples drafting steps cost at most kMaxRetryCost of the plain steps between retries.
-  const double pass_ms = (times_.draft.empty() ? 0.0 : times_.draft.milliseconds(chains)) +
-                         (times_.mtp_kv.empty() ? 0.0 : times_.mtp_kv.milliseconds(chains));
+  const double pass_ms = (times_.draft.empty() ? 0.0 : times_.draft.milliseconds(chains)) + kv_ms;
   min_retry_steps_ = plain_ms_ > 0.0 ? static_cast<int32_t>(std::min<double>(
                                            std::ceil(kMinDraftSamples * pass_ms / (kMaxRetryCost * plain_ms_)),
                                            kMaxRetryAfterPlainSteps))
                                      : 0;
-  skip_idle_pass_ = !times_.mtp_kv.empty() && !times_.verify.empty() &&
-                    times_.mtp_kv.milliseconds(chains) > kMaxKeepKvFraction * times_.verify.milliseconds(base_tokens);
+  skip_idle_pass_ = !times_.mtp_kv.empty() && plain_ms_ > 0.0 && kv_ms > kMaxKeepKvFraction * plain_ms_;
 
   // No probes while the MTP KV is not kept current: drafts would read stale entries and measure nothing useful.
   if (step_draft_length_ == 0 && chains > 0 && !skip_idle_pass_ && ++steps_without_drafts_ >= probe_interval_) {

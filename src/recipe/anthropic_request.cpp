@@ -276,29 +276,21 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
       // A whole number written as a double (1024.0, as Python's json writes a float) is that integer, as the
       // server's other integer fields take it (api_common.cpp's read_int). At most kMaxBudget: a larger one is
       // refused as such, not clamped (max_tokens, which must exceed it, is bounded by max_model_len anyway).
-      constexpr int64_t kMaxBudget = INT32_MAX;
-      bool integer = budget != nullptr && (budget->is_int64() || budget->is_uint64());
-      bool too_large = budget != nullptr && budget->is_uint64() && budget->get_uint64() > kMaxBudget;
-      int64_t value = 0;
-      if (budget != nullptr && budget->is_int64()) {
-        value = budget->get_int64();
-      } else if (budget != nullptr && budget->is_double()) {
-        const double d = budget->get_double();
-        integer = std::isfinite(d) && d == std::floor(d);
-        too_large = integer && d > static_cast<double>(kMaxBudget);
-        value = integer && !too_large && d >= 0.0 ? static_cast<int64_t>(d) : 0;
-      }
+      constexpr double kMaxBudget = INT32_MAX;
+      // Every JSON number as a double: int64 and uint64 values above kMaxBudget stay above it.
+      const double number = budget != nullptr && budget->is_number() ? budget->to_number<double>() : 0.0;
+      const bool integer = budget != nullptr && budget->is_number() && std::isfinite(number) &&
+                           number == std::floor(number);
       const std::string got = budget == nullptr ? std::string("none") : json::serialize(*budget);
-      too_large = too_large || value > kMaxBudget;
-      if (too_large) {
-        return Status::invalid_argument("thinking.budget_tokens must be at most " + std::to_string(kMaxBudget) +
-                                        ", got " + got);
+      if (integer && number > kMaxBudget) {
+        return Status::invalid_argument("thinking.budget_tokens must be at most " +
+                                        std::to_string(static_cast<int64_t>(kMaxBudget)) + ", got " + got);
       }
-      if (!integer || value < 1024) {
+      if (!integer || number < 1024) {
         return Status::invalid_argument(
             "thinking.budget_tokens must be an integer of at least 1024 when thinking is enabled, got " + got);
       }
-      conversation.options.thinking_budget_tokens = value;
+      conversation.options.thinking_budget_tokens = static_cast<int64_t>(number);
     } else if (budget != nullptr) {
       return Status::invalid_argument("thinking.budget_tokens is only allowed with {\"type\": \"enabled\"}");
     }

@@ -434,6 +434,28 @@ void bench_shape(int m, int n, int kdim, size_t l2_bytes) {
   }
 }
 
+// One matrix of the problem's weights (bf16 or FP8 with its block scales) over its first `rows` x rows, for the
+// grouped GEMM kernels (num_experts 1, no offsets); the output and ordering fields are the caller's.
+k::MoeGroupedGemmParams one_matrix(const Problem& p, bool fp8, int rows) {
+  k::MoeGroupedGemmParams g;
+  g.format = fp8 ? k::MoeWeightFormat::kFP8 : k::MoeWeightFormat::kBF16;
+  g.rows = rows;
+  g.num_experts = 1;
+  g.n = p.n;
+  g.k = p.kdim;
+  g.x = p.x.ptr;
+  g.w = fp8 ? static_cast<const void*>(p.wq.ptr) : static_cast<const void*>(p.w.ptr);
+  g.w_ld = p.kdim;
+  g.w_matrix_stride = static_cast<int64_t>(p.n) * p.kdim;
+  if (fp8) {
+    const int scale_ld = k::fp8_weight_scale_ld(p.kdim);
+    g.w_scale = p.ws.ptr;
+    g.w_scale_ld = scale_ld;
+    g.w_scale_matrix_stride = static_cast<int64_t>((p.n + kG - 1) / kG) * scale_ld;
+  }
+  return g;
+}
+
 // The batch-invariant mode's GEMM pair (moe_grouped.h, tiled_order; cuda_backend.h): the streaming kernel summing in
 // the tiled kernel's order and the tiled kernel give bit-identical rows, and a row's result does not depend on the
 // rows beside it. bf16 and FP8 weights, bf16 and float32 outputs; M in {1, 3, 8, 9, 33, 64, 130} on both kernels
@@ -442,26 +464,11 @@ void bench_shape(int m, int n, int kdim, size_t l2_bytes) {
 void check_tiled_order() {
   const int m = 130, n = 320, kdim = 384;  // make_problem's act_quant takes whole 128-groups
   Problem p = make_problem(m, n, kdim, 99);
-  const int scale_ld = k::fp8_weight_scale_ld(kdim), nblocks = (n + kG - 1) / kG;
   for (const bool fp8 : {false, true})
     for (const bool f32 : {false, true}) {
       const size_t es = f32 ? 4 : 2;
       auto run = [&](int rows, bool tiled, bool tiled_order, void* out) {
-        k::MoeGroupedGemmParams g;
-        g.format = fp8 ? k::MoeWeightFormat::kFP8 : k::MoeWeightFormat::kBF16;
-        g.rows = rows;
-        g.num_experts = 1;
-        g.n = n;
-        g.k = kdim;
-        g.x = p.x.ptr;
-        g.w = fp8 ? static_cast<const void*>(p.wq.ptr) : static_cast<const void*>(p.w.ptr);
-        g.w_ld = kdim;
-        g.w_matrix_stride = static_cast<int64_t>(n) * kdim;
-        if (fp8) {
-          g.w_scale = p.ws.ptr;
-          g.w_scale_ld = scale_ld;
-          g.w_scale_matrix_stride = static_cast<int64_t>(nblocks) * scale_ld;
-        }
+        k::MoeGroupedGemmParams g = one_matrix(p, fp8, rows);
         if (f32)
           g.y_f32 = static_cast<float*>(out);
         else
@@ -506,7 +513,6 @@ void check_gated_swiglu() {
   for (const int inter : {160, 168}) {
     const int n = 2 * inter;
     Problem p = make_problem(m, n, kdim, 77 + inter);
-    const int scale_ld = k::fp8_weight_scale_ld(kdim), nblocks = (n + kG - 1) / kG;
     for (const bool fp8 : {false, true}) {
       int bad = 0, runs = 0;
       std::string first;
@@ -516,21 +522,7 @@ void check_gated_swiglu() {
         for (const int split : {1, 2, 4}) {
           if (tiled_order && split > 1) continue;
           for (const int rows : {1, 3, 8, 9, 33, 130}) {
-            k::MoeGroupedGemmParams g;
-            g.format = fp8 ? k::MoeWeightFormat::kFP8 : k::MoeWeightFormat::kBF16;
-            g.rows = rows;
-            g.num_experts = 1;
-            g.n = n;
-            g.k = kdim;
-            g.x = p.x.ptr;
-            g.w = fp8 ? static_cast<const void*>(p.wq.ptr) : static_cast<const void*>(p.w.ptr);
-            g.w_ld = kdim;
-            g.w_matrix_stride = static_cast<int64_t>(n) * kdim;
-            if (fp8) {
-              g.w_scale = p.ws.ptr;
-              g.w_scale_ld = scale_ld;
-              g.w_scale_matrix_stride = static_cast<int64_t>(nblocks) * scale_ld;
-            }
+            k::MoeGroupedGemmParams g = one_matrix(p, fp8, rows);
             g.tiled_order = tiled_order;
             g.k_split = split;
             g.y = gate_up.ptr;

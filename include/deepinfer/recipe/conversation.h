@@ -77,7 +77,7 @@ std::string_view v4_revision_name(V4Revision revision);
 
 struct ConversationOptions {
   bool thinking = false;                        // reasoning on (thinking mode) or off (chat mode)
-  // Anthropic's thinking.budget_tokens with thinking on (>= 1,024; a uint64 past INT64_MAX reads as INT64_MAX): the
+  // Anthropic's thinking.budget_tokens with thinking on (in [1,024, 2^31 - 1]; the recipe refuses others): the
   // most reasoning tokens; the server enforces it (engine::SamplingParams::reasoning_budget). Unset: no budget.
   std::optional<int64_t> thinking_budget_tokens;
   std::optional<std::string> reasoning_effort;  // "low" | "medium" | "high" | "xhigh" | "max" | "1".."100"
