@@ -575,16 +575,33 @@ __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_logits_kernel(Mo
 
 // ---- token permutation ----
 
+// Entries are cut into chunks of kPermThreads x items, one CTA each (count, then a stable scatter in `items`
+// sub-rounds). Few entries take 1 item a thread, so that a prefill chunk's 3,072 entries (512 tokens x 6) spread
+// over 12 CTAs rather than one CTA's 16 sub-rounds (17.6 us a layer on an H100); more take up to kPermMaxItems so
+// that the chunk count, which moe_scan_kernel walks serially, stays at kPermTargetChunks until the entries exceed
+// kPermTargetChunks x kPermThreads x kPermMaxItems.
 constexpr int kPermThreads = 256;
-constexpr int kPermItems = 16;
-constexpr int kPermChunk = kPermThreads * kPermItems;  // entries per chunk (CTA)
+constexpr int kPermMaxItems = 16;
+constexpr int64_t kPermTargetChunks = 16;
 
-__global__ void moe_chunk_count_kernel(const int32_t* ids, int64_t entries, int E, int32_t* chunk_counts) {
+int perm_items(int64_t entries) {
+  int items = 1;
+  while (items < kPermMaxItems && entries > kPermTargetChunks * kPermThreads * items) items *= 2;
+  return items;
+}
+
+int64_t perm_chunks(int64_t entries) {
+  const int64_t chunk = static_cast<int64_t>(kPermThreads) * perm_items(entries);
+  return (entries + chunk - 1) / chunk;
+}
+
+__global__ void moe_chunk_count_kernel(const int32_t* ids, int64_t entries, int E, int chunk,
+                                       int32_t* chunk_counts) {
   extern __shared__ int hist[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
   __syncthreads();
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPermChunk;
-  for (int i = threadIdx.x; i < kPermChunk; i += blockDim.x)
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * chunk;
+  for (int i = threadIdx.x; i < chunk; i += blockDim.x)
     if (base + i < entries) atomicAdd(&hist[ids[base + i]], 1);
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) chunk_counts[static_cast<int64_t>(blockIdx.x) * E + e] = hist[e];
@@ -595,11 +612,17 @@ __global__ void moe_scan_kernel(int32_t* chunk_base, int chunks, int E, int32_t*
   __shared__ int warp_total[32];
   const int e = threadIdx.x, lane = e % 32, warp = e / 32;
   int running = 0;
-  if (e < E) {
-    for (int c = 0; c < chunks; ++c) {
-      const int v = chunk_base[static_cast<int64_t>(c) * E + e];
-      chunk_base[static_cast<int64_t>(c) * E + e] = running;
-      running += v;
+  if (e < E) {  // four chunks' loads issued before their stores (the compiler cannot prove they do not alias)
+    constexpr int kBatch = 4;
+    for (int c0 = 0; c0 < chunks; c0 += kBatch) {
+      int v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = c0 + i < chunks ? chunk_base[static_cast<int64_t>(c0 + i) * E + e] : 0;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (c0 + i < chunks) chunk_base[static_cast<int64_t>(c0 + i) * E + e] = running;
+        running += v[i];
+      }
     }
   }
   int incl = running;  // inclusive scan over experts
@@ -629,9 +652,10 @@ __global__ void moe_scan_kernel(int32_t* chunk_base, int chunks, int E, int32_t*
   }
 }
 
-// Stable scatter of one chunk: 16 sub-rounds of 256 consecutive entries; within a warp, equal experts are ranked
+// Stable scatter of one chunk: kItems sub-rounds of 256 consecutive entries; within a warp, equal experts are ranked
 // by __match_any_sync; across the 8 warps by their per-expert counts in shared memory; across sub-rounds by a
 // running per-expert counter.
+template <int kItems>
 __global__ void __launch_bounds__(kPermThreads) moe_chunk_scatter_kernel(const int32_t* ids, int64_t entries, int E,
                                                                           const int32_t* chunk_base,
                                                                           int32_t* sorted_entries,
@@ -641,21 +665,21 @@ __global__ void __launch_bounds__(kPermThreads) moe_chunk_scatter_kernel(const i
   int* running = smem;               // [E]
   int* warp_counts = smem + E;       // [kWarps][E]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPermChunk;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPermThreads * kItems;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     running[e] = chunk_base[static_cast<int64_t>(blockIdx.x) * E + e];
     for (int w = 0; w < kWarps; ++w) warp_counts[w * E + e] = 0;
   }
-  int item[kPermItems];
+  int item[kItems];
 #pragma unroll
-  for (int r = 0; r < kPermItems; ++r) {
+  for (int r = 0; r < kItems; ++r) {
     const int64_t j = base + r * kPermThreads + threadIdx.x;
     item[r] = j < entries ? ids[j] : -1;
   }
   __syncthreads();
   const unsigned lower = (1u << lane) - 1u;
 #pragma unroll
-  for (int r = 0; r < kPermItems; ++r) {
+  for (int r = 0; r < kItems; ++r) {
     const int e = item[r];
     const int64_t j = base + r * kPermThreads + threadIdx.x;
     const unsigned peers = __match_any_sync(0xffffffffu, e >= 0 ? e : -1 - lane);
@@ -880,7 +904,7 @@ cudaError_t run_moe_router_logits(const MoeRouterLogitsParams& params) {
 }
 
 size_t moe_permute_workspace_bytes(int64_t entries, int64_t num_experts) {
-  const int64_t chunks = (entries + kPermChunk - 1) / kPermChunk;
+  const int64_t chunks = perm_chunks(entries);
   return static_cast<size_t>((chunks < 1 ? 1 : chunks) * num_experts) * sizeof(int32_t);
 }
 
@@ -892,18 +916,29 @@ cudaError_t run_moe_permute(const MoePermuteParams& p) {
     launch_pdl(moe_small_permute_kernel, 1, kSmallPermuteThreads, 0, p.stream, p);
     return cudaGetLastError();
   }
-  const int chunks = static_cast<int>((entries + kPermChunk - 1) / kPermChunk);
+  const int items = perm_items(entries);
+  const int chunks = static_cast<int>(perm_chunks(entries));
   int32_t* chunk_base = static_cast<int32_t*>(p.workspace);
   if (chunks > 0) {
-    moe_chunk_count_kernel<<<chunks, kPermThreads, E * sizeof(int), p.stream>>>(p.ids, entries, E, chunk_base);
+    moe_chunk_count_kernel<<<chunks, kPermThreads, E * sizeof(int), p.stream>>>(p.ids, entries, E,
+                                                                               kPermThreads * items, chunk_base);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }
   moe_scan_kernel<<<1, (E + 31) / 32 * 32, 0, p.stream>>>(chunk_base, chunks, E, p.counts, p.offsets);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (chunks > 0) {
     const size_t smem = static_cast<size_t>(E) * (1 + kPermThreads / 32) * sizeof(int);  // <= 36 KB
-    moe_chunk_scatter_kernel<<<chunks, kPermThreads, smem, p.stream>>>(p.ids, entries, E, chunk_base,
-                                                                       p.sorted_entries, p.entry_position);
+    auto scatter = [&](auto kernel) {
+      kernel<<<chunks, kPermThreads, smem, p.stream>>>(p.ids, entries, E, chunk_base, p.sorted_entries,
+                                                       p.entry_position);
+    };
+    switch (items) {
+      case 1: scatter(moe_chunk_scatter_kernel<1>); break;
+      case 2: scatter(moe_chunk_scatter_kernel<2>); break;
+      case 4: scatter(moe_chunk_scatter_kernel<4>); break;
+      case 8: scatter(moe_chunk_scatter_kernel<8>); break;
+      default: scatter(moe_chunk_scatter_kernel<16>); break;
+    }
   }
   return cudaGetLastError();
 }

@@ -10,7 +10,10 @@
 //     not matter as long as A and B agree, so the fragments come straight from global memory, no shared memory
 //     and no barriers in the streaming loop (weights: ld.global.nc.L1::no_allocate, used once; x: the read-only
 //     path, L1-resident and shared by every warp working on the same chunk).
-//   - Stages of 2 loads per row are double-buffered in registers: stage s + 1 is in flight while s is multiplied.
+//   - Stages of 2 loads per row: by default each warp keeps the next 3 (or 5) stages of weights in flight as cp.async
+//     copies into its own ring of shared memory and takes one stage at a time into registers (stream_k_ring); the
+//     register path (stream_ring -1) double-buffers them in registers, one stage in flight, which left the kernel
+//     latency-bound at 55-63% of DRAM bandwidth (registers cap it at 16 warps an SM).
 //   - FP8: e4m3 bytes become bf16 exactly by bit moves (sign, then exponent/mantissa shifted into bf16's fields,
 //     which leaves the value scaled by 2^-120, undone by one bf16x2 multiply that is exact, subnormals included),
 //     one 128-wide K group per stage; the group's f32 partial sum is multiplied by its block scale and added.
@@ -211,6 +214,101 @@ __device__ __forceinline__ void stream_k(float (&acc)[4], const WarpView& v, int
   }
 }
 
+// ---- the shared-memory ring (kRing > 0) ----
+// Each warp keeps its next kRing - 1 stages of weights in flight as cp.async copies into its own slots of shared
+// memory (2 KB a stage: 4 cells of 32 lanes x 16 bytes), so the bytes in flight no longer cost registers: ncu put
+// the register path at 63% of DRAM bandwidth with 72% of its stalls waiting on loads, 16 warps an SM (occupancy
+// limited by registers), one stage in flight each. A lane copies and reads only its own cells: no barrier is needed,
+// only cp.async.wait_group. x (and the FP8 scales) stay on the register path, one stage ahead (Stage's x fields).
+constexpr int kRingCells = 2 * kStepsPerStage;  // wa[0..1], wb[0..1]
+
+__device__ __forceinline__ void ring_copy(uint4* cell, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(cell))),
+               "l"(global), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void ring_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Stage s's weights into `slot` (kRingCells x 32 cells), zeros past K or N, as load_stage reads them.
+template <bool kFp8>
+__device__ __forceinline__ void ring_issue(uint4* slot, const WarpView& v, int k0, int lane) {
+  using F = Format<kFp8>;
+#pragma unroll
+  for (int i = 0; i < kStepsPerStage; ++i) {
+    const int k = k0 + i * F::kStepK + v.t * F::kElems;
+    const bool a_ok = k < v.k && v.row_a, b_ok = k < v.k && v.row_b;
+    ring_copy(slot + i * 32 + lane, v.wa + static_cast<int64_t>(a_ok ? k : 0) * F::kBytes, a_ok);
+    ring_copy(slot + (kStepsPerStage + i) * 32 + lane, v.wb + static_cast<int64_t>(b_ok ? k : 0) * F::kBytes, b_ok);
+  }
+}
+
+// x (and the FP8 block scales) of the stage at k0 into s, as load_stage does; the weights come from the ring.
+template <bool kFp8>
+__device__ __forceinline__ void load_stage_x(Stage<kFp8>& s, const WarpView& v, int k0) {
+  using F = Format<kFp8>;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < kStepsPerStage; ++i) {
+    const int k = k0 + i * F::kStepK + v.t * F::kElems;
+#pragma unroll
+    for (int j = 0; j < F::kXLoads; ++j) {
+      const int kx = k + 8 * j;
+      s.x[i * F::kXLoads + j] = v.x_row && kx < v.k ? __ldg(reinterpret_cast<const uint4*>(v.x + kx)) : zero;
+    }
+  }
+  if constexpr (kFp8) {
+    s.scale = v.scales[k0 / kFp8Group];
+    s.scale_b = v.scales_b[k0 / kFp8Group];
+  }
+}
+
+// Stage s: wait for its copies, take its weights from the ring into st, refill the slot freed one stage ago with
+// stage s + kRing - 1, multiply.
+template <bool kFp8, bool kTiledOrder, int kRing>
+__device__ __forceinline__ void ring_consume(float (&acc)[4], Stage<kFp8>& st, const WarpView& v, uint4* ring, int s,
+                                             int first, int last, int lane) {
+  constexpr int kStageK = Format<kFp8>::kStageK;
+  ring_wait<kRing - 2>();
+  const uint4* slot = ring + ((s - first) % kRing) * kRingCells * 32;
+#pragma unroll
+  for (int i = 0; i < kStepsPerStage; ++i) {
+    st.wa[i] = slot[i * 32 + lane];
+    st.wb[i] = slot[(kStepsPerStage + i) * 32 + lane];
+  }
+  const int ahead = s + kRing - 1;
+  if (ahead < last) ring_issue<kFp8>(ring + ((ahead - first) % kRing) * kRingCells * 32, v, ahead * kStageK, lane);
+  ring_commit();  // empty past the last stage: the wait above counts one group a stage
+  multiply_stage<kFp8, kTiledOrder>(acc, st);
+}
+
+// stream_k through the ring: the same multiplies in the same order, so the same sums bit for bit.
+template <bool kFp8, bool kTiledOrder, int kRing>
+__device__ __forceinline__ void stream_k_ring(float (&acc)[4], const WarpView& v, int first, int last, uint4* ring) {
+  constexpr int kStageK = Format<kFp8>::kStageK;
+  if (first >= last) return;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll
+  for (int j = 0; j < kRing - 1; ++j) {
+    if (first + j < last) ring_issue<kFp8>(ring + j * kRingCells * 32, v, (first + j) * kStageK, lane);
+    ring_commit();
+  }
+  Stage<kFp8> even, odd;
+  load_stage_x(even, v, first * kStageK);
+  for (int s = first; s < last; s += 2) {
+    if (s + 1 < last) load_stage_x(odd, v, (s + 1) * kStageK);
+    ring_consume<kFp8, kTiledOrder, kRing>(acc, even, v, ring, s, first, last, lane);
+    if (s + 1 >= last) break;
+    if (s + 2 < last) load_stage_x(even, v, (s + 2) * kStageK);
+    ring_consume<kFp8, kTiledOrder, kRing>(acc, odd, v, ring, s + 1, first, last, lane);
+  }
+  ring_wait<0>();  // the ring is free for the next chunk
+}
+
 // Slot blockIdx.y serves the blockIdx.y-th non-empty expert (in expert order); -1 when there are fewer. Also
 // checks the offsets it reads. Contains __syncthreads: every thread of the CTA calls it.
 __device__ int find_expert(const int32_t* offsets, int num_experts, int slot) {
@@ -244,7 +342,9 @@ __device__ int find_expert(const int32_t* offsets, int num_experts, int slot) {
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // 4 CTAs (16 warps) per SM: at most 128 registers per thread.
-template <bool kFp8, bool kTiledOrder>
+// kRing 0: the register path (stream_k); otherwise the shared-memory ring of kRing stages a warp (dynamic shared
+// memory: kWarps x kRing x kRingCells x 32 cells of 16 bytes).
+template <bool kFp8, bool kTiledOrder, int kRing>
 __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const MoeGroupedGemmParams p, int split) {
   pdl_begin();
   using F = Format<kFp8>;
@@ -301,7 +401,13 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
     const int r = c0 + (v.x_row ? g : 0);
     v.x = p.x + (p.x_rows != nullptr ? static_cast<int64_t>(p.x_rows[r]) / p.x_rows_divisor : r) * x_ld;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (active) stream_k<kFp8, kTiledOrder>(acc, v, first, last);
+    if constexpr (kRing > 0) {
+      extern __shared__ uint4 ring_cells[];
+      uint4* ring = ring_cells + warp * kRing * kRingCells * 32;
+      if (active) stream_k_ring<kFp8, kTiledOrder, kRing>(acc, v, first, last, ring);
+    } else {
+      if (active) stream_k<kFp8, kTiledOrder>(acc, v, first, last);
+    }
     if (split > 1) {  // uniform over the CTA, as is the chunk loop
       if (part > 0)
         for (int r = 0; r < 4; ++r) partial[warp][r][lane] = acc[r];
@@ -363,6 +469,26 @@ int choose_split(const MoeGroupedGemmParams& p, int64_t slots, int stages) {
   return split;
 }
 
+template <bool kFp8, bool kTiledOrder, int kRing>
+void launch_ring(dim3 grid, int split, const MoeGroupedGemmParams& p) {
+  constexpr size_t kSmem = static_cast<size_t>(kWarps) * kRing * kRingCells * 32 * sizeof(uint4);
+  // Past 48 KB of shared memory in all (the split's partial sums are static) a kernel must opt in; once for each.
+  static const cudaError_t opted = cudaFuncSetAttribute(moe_grouped_gemm_kernel<kFp8, kTiledOrder, kRing>,
+                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  (void)opted;  // a failure shows as the launch's error
+  launch_pdl(moe_grouped_gemm_kernel<kFp8, kTiledOrder, kRing>, grid, kThreads, kSmem, p.stream, p, split);
+}
+
+template <bool kFp8, bool kTiledOrder>
+void launch_streaming(int ring, dim3 grid, int split, const MoeGroupedGemmParams& p) {
+  if (ring == -1)
+    launch_pdl(moe_grouped_gemm_kernel<kFp8, kTiledOrder, 0>, grid, kThreads, 0, p.stream, p, split);
+  else if (ring == 6)
+    launch_ring<kFp8, kTiledOrder, 6>(grid, split, p);
+  else
+    launch_ring<kFp8, kTiledOrder, 4>(grid, split, p);
+}
+
 }  // namespace
 
 bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
@@ -374,6 +500,7 @@ bool moe_grouped_params_valid(const MoeGroupedGemmParams& p) {
       (p.y == nullptr && p.y_f32 == nullptr) || !aligned16(p.x) || !aligned16(p.w))
     return false;
   if (p.k_split != 0 && p.k_split != 1 && p.k_split != 2 && p.k_split != 4) return false;
+  if (p.stream_ring != -1 && p.stream_ring != 0 && p.stream_ring != 4 && p.stream_ring != 6) return false;
   if (p.tiled_order && p.k_split > 1) return false;
   if (p.x_rows != nullptr && p.x_rows_divisor < 1) return false;
   if (p.x_ld != 0 && (p.x_ld < p.k || p.x_ld % 8 != 0)) return false;
@@ -399,14 +526,15 @@ cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& p) {
   const int split = choose_split(p, slots, stages);
   const int64_t cta_cols = (p.gated ? kWarpCols / 2 : kWarpCols) * (kWarps / split);  // output columns
   const dim3 grid(static_cast<unsigned>((output_cols(p) + cta_cols - 1) / cta_cols), static_cast<unsigned>(slots));
+  const int ring = p.stream_ring;
   if (fp8 && p.tiled_order)
-    launch_pdl(moe_grouped_gemm_kernel<true, true>, grid, kThreads, 0, p.stream, p, split);
+    launch_streaming<true, true>(ring, grid, split, p);
   else if (fp8)
-    launch_pdl(moe_grouped_gemm_kernel<true, false>, grid, kThreads, 0, p.stream, p, split);
+    launch_streaming<true, false>(ring, grid, split, p);
   else if (p.tiled_order)
-    launch_pdl(moe_grouped_gemm_kernel<false, true>, grid, kThreads, 0, p.stream, p, split);
+    launch_streaming<false, true>(ring, grid, split, p);
   else
-    launch_pdl(moe_grouped_gemm_kernel<false, false>, grid, kThreads, 0, p.stream, p, split);
+    launch_streaming<false, false>(ring, grid, split, p);
   return cudaGetLastError();
 }
 

@@ -554,6 +554,52 @@ void check_gated_swiglu() {
   }
 }
 
+// The streaming kernel's shared-memory ring (moe_grouped.h, stream_ring): rings of 4 and 6 stages give the register
+// path's (stream_ring -1) float32 sums bit for bit, bf16 and FP8 weights, K of 1, 3 and 5 FP8 stages (2, 6 and 10 bf16 ones: rings
+// cut short and longer than the stream), M in {1, 3, 8, 9, 33, 130} (several chunks reuse the ring), each k_split in
+// the kernel's own order and the tiled order.
+void check_stream_ring() {
+  const int m = 130, n = 320;
+  for (const int kdim : {128, 384, 640}) {
+    Problem p = make_problem(m, n, kdim, 55 + kdim);
+    for (const bool fp8 : {false, true}) {
+      int bad = 0, runs = 0;
+      std::string first;
+      DeviceBuffer<float> off(static_cast<size_t>(m) * n), on(static_cast<size_t>(m) * n);
+      for (const bool tiled_order : {false, true})
+        for (const int split : {1, 2, 4}) {
+          if (tiled_order && split > 1) continue;
+          for (const int rows : {1, 3, 8, 9, 33, 130}) {
+            k::MoeGroupedGemmParams g = one_matrix(p, fp8, rows);
+            g.tiled_order = tiled_order;
+            g.k_split = split;
+            g.stream_ring = -1;  // registers
+            g.y_f32 = off.ptr;
+            CUDA_TRY(k::run_moe_grouped_gemm(g));
+            const std::vector<float> a = off.download();
+            for (const int ahead : {4, 6}) {
+              CUDA_TRY(cudaMemset(on.ptr, 0xff, on.count * sizeof(float)));
+              g.stream_ring = ahead;
+              g.y_f32 = on.ptr;
+              CUDA_TRY(k::run_moe_grouped_gemm(g));
+              CUDA_TRY(cudaDeviceSynchronize());
+              const std::vector<float> b = on.download();
+              ++runs;
+              if (std::memcmp(a.data(), b.data(), static_cast<size_t>(rows) * n * sizeof(float)) != 0 && bad++ == 0)
+                first = "M " + std::to_string(rows) + " k_split " + std::to_string(split) + " ring " +
+                        std::to_string(ahead) + (tiled_order ? " tiled order" : "");
+            }
+          }
+        }
+      std::printf("{\"kind\":\"check\",\"case\":\"stream_ring_%s_k%d\",\"ok\":%s,\"runs\":%d,"
+                  "\"differing\":%d%s%s%s}\n",
+                  fp8 ? "fp8" : "bf16", kdim, bad == 0 ? "true" : "false", runs, bad, bad ? ",\"first\":\"" : "",
+                  first.c_str(), bad ? "\"" : "");
+      if (bad != 0) g_all_ok = false;
+    }
+  }
+}
+
 void print_summary() {
   std::printf("\n%-40s %9s %8s %7s %8s %9s %10s\n", "case", "us", "TFLOPS", "%bf16", "GB/s", "DG_H800", "rel_err");
   std::printf("%-40s %9s %8.1f %7s %8s %9s %10s\n", "ceiling cuBLAS bf16 8192^3", "-", g_gemm_tflops, "100", "-", "-", "-");
@@ -605,6 +651,12 @@ int main(int argc, char** argv) {
     check_gated_swiglu();
   } catch (const std::exception& ex) {
     std::printf("{\"kind\":\"check\",\"case\":\"gated_swiglu\",\"ok\":false,\"error\":\"%s\"}\n", ex.what());
+    g_all_ok = false;
+  }
+  try {
+    check_stream_ring();
+  } catch (const std::exception& ex) {
+    std::printf("{\"kind\":\"check\",\"case\":\"stream_ring\",\"ok\":false,\"error\":\"%s\"}\n", ex.what());
     g_all_ok = false;
   }
   int ci = 0;

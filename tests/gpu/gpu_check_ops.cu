@@ -1248,6 +1248,10 @@ void run_checks(bool quick) {
   check_permute("T1_top8", skewed_ids(1, 8, 256), 1, 8, 256);
   check_permute("skewed_1024e_top8_hot9_T32", skewed_ids(32, 8, 9), 32, 8, 1024);  // 256 entries: one CTA
   check_permute("skewed_1024e_top8_hot9_T33", skewed_ids(33, 8, 9), 33, 8, 1024);  // 264: the chunked kernels
+  // The chunk sizes (fused_ops.cu, perm_items): 1 item a thread up to 4,096 entries, then 2, 4, 8, 16; 72,000
+  // entries are 18 chunks of 16 items (the scan's batches of 4 with a remainder).
+  for (const int64_t T : {int64_t{700}, int64_t{1500}, int64_t{3000}, int64_t{9000}})
+    check_permute("skewed_64e_top8_hot12_T" + std::to_string(T), skewed_ids(T, 8, 12), T, 8, 64);
   check_router_logits("v2lite_T1_64x2048", 1, 64, 2048, 2048);
   check_router_logits("v3_T37_256x7168_strided", 37, 256, 7168, 7168 + 64);
   check_router_logits("odd_T3_72x100", 3, 72, 100, 100);

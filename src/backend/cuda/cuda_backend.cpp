@@ -141,6 +141,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                                         "1: SwiGLU in the streaming MoE kernel's epilogue, 0: silu_mul after it");
   if (!fused_swiglu.ok()) return fused_swiglu.status();
   backend->fused_swiglu_ = *fused_swiglu != 0;
+  Result<int> stream_ring = env_choice("DEEPINFER_MOE_STREAM", {"registers", "ring4", "ring6"},
+                                       "how the streaming GEMM kernel keeps its weight loads in flight");
+  if (!stream_ring.ok()) return stream_ring.status();
+  if (*stream_ring >= 0) backend->moe_stream_ring_ = *stream_ring == 0 ? -1 : *stream_ring == 1 ? 4 : 6;
   if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
     const std::string v = keys;
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;

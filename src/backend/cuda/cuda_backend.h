@@ -403,6 +403,9 @@ class CudaBackend final : public Backend {
   // The routed experts' SwiGLU in the streaming gate_up kernel's epilogue (moe_grouped.h, gated) unless
   // DEEPINFER_FUSED_SWIGLU=0: the same bits either way.
   bool fused_swiglu_ = true;
+  // The streaming kernel's weight ring (moe_grouped.h, stream_ring): 0 automatic (4 stages of shared memory), or
+  // DEEPINFER_MOE_STREAM=registers|ring4|ring6 (-1, 4, 6; A/B). The same bits whichever.
+  int moe_stream_ring_ = 0;
   enum class LaneState { kNone, kOpen, kPending } lane_state_ = LaneState::kNone;
   void swap_lanes();
   bool device_sampling_ = true;  // DEEPINFER_DEVICE_SAMPLING=0 turns it off (host sampling, for comparisons)

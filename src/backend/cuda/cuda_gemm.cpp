@@ -40,7 +40,7 @@ bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
 // The expert GEMM kernels' parameters for one matrix (no offsets): y = x · wᵀ, bf16 y with row stride ldy.
 kc::MoeGroupedGemmParams one_matrix_params(const Tensor& x, const MatrixRef& w, void* y, int64_t ldy, int num_sms,
-                                           cudaStream_t stream) {
+                                           int stream_ring, cudaStream_t stream) {
   kc::MoeGroupedGemmParams p;
   p.format = w.precision == Precision::kFP8 ? kc::MoeWeightFormat::kFP8 : kc::MoeWeightFormat::kBF16;
   p.rows = x.rows;
@@ -60,6 +60,7 @@ kc::MoeGroupedGemmParams one_matrix_params(const Tensor& x, const MatrixRef& w, 
   p.y = static_cast<uint16_t*>(y);
   p.y_ld = ldy;
   p.num_sms = num_sms;
+  p.stream_ring = stream_ring;
   p.stream = stream;
   return p;
 }
@@ -71,7 +72,7 @@ void CudaBackend::invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, f
   BACKEND_CHECK(w.precision != Precision::kF32,
                 std::string(what) + ": batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) takes bf16 and FP8 " +
                     "weights; this one is float32");
-  kc::MoeGroupedGemmParams p = one_matrix_params(x, w, y, ldy, num_sms_, stream_);
+  kc::MoeGroupedGemmParams p = one_matrix_params(x, w, y, ldy, num_sms_, moe_stream_ring_, stream_);
   p.y_f32 = y32;
   p.tiled_order = true;
   BACKEND_CHECK(kc::moe_grouped_params_valid(p),
@@ -114,7 +115,8 @@ void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
   // faster (V2-Lite batch 1 3.558 vs 3.541 ms, batch 8 7.506 vs 7.600).
   if (streaming_linear_ && x.rows <= kStreamingLinearMaxRows && w.precision == Precision::kFP8 && w.cols % 8 == 0 &&
       x.stride % 8 == 0 && aligned16(x.data) && aligned16(w.values)) {
-    const kc::MoeGroupedGemmParams p = one_matrix_params(x, w, y.data, y.stride, num_sms_, stream_);
+    const kc::MoeGroupedGemmParams p =
+        one_matrix_params(x, w, y.data, y.stride, num_sms_, moe_stream_ring_, stream_);
     if (kc::moe_grouped_params_valid(p)) {  // else (an unpadded FP8 row stride) cuBLAS below
       check_cuda(kc::run_moe_grouped_gemm(p), "linear (streaming, a few rows)");
       return;

@@ -53,7 +53,7 @@ bool grouped_supports(const Weight& w) {
 // (x and y contiguous scratch views; CudaWeight's layout: matrices rows * stride elements apart, FP8 scales
 // scale_rows * scale_ld floats apart).
 kc::MoeGroupedGemmParams grouped_params(const Tensor& x, const Weight& weight, const int32_t* offsets, Tensor y,
-                                        int num_sms, cudaStream_t stream) {
+                                        int num_sms, int stream_ring, cudaStream_t stream) {
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
   BACKEND_CHECK(w != nullptr, "a weight made by another backend was passed to the CUDA backend");
   BACKEND_CHECK(x.stride == x.cols && y.stride == y.cols && x.cols == w->cols && y.cols == w->rows && x.rows == y.rows,
@@ -77,6 +77,7 @@ kc::MoeGroupedGemmParams grouped_params(const Tensor& x, const Weight& weight, c
   }
   p.y = static_cast<uint16_t*>(y.data);
   p.num_sms = num_sms;
+  p.stream_ring = stream_ring;
   p.stream = stream;
   return p;
 }
@@ -415,7 +416,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
       params.x_fp8 = q.x_fp8;
       params.x_scale = q.x_scale;
     };
-    kc::MoeGroupedGemmParams gp = grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, stream_);
+    kc::MoeGroupedGemmParams gp =
+        grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, moe_stream_ring_, stream_);
     gp.wgmma_tile_n = wgmma_tile_n;
     gp.tiled_order = batch_invariant_ && path == Path::kStreaming;
     quantize(permuted, gp);
@@ -436,7 +438,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
                         : fused_swiglu         ? "moe (grouped gate_up with SwiGLU)"
                                                : "moe (grouped gate_up)");
     if (!fused_swiglu) activate(gate_up, act);
-    kc::MoeGroupedGemmParams dp = grouped_params(act, *w.down, offsets, expert_out, num_sms_, stream_);
+    kc::MoeGroupedGemmParams dp =
+        grouped_params(act, *w.down, offsets, expert_out, num_sms_, moe_stream_ring_, stream_);
     dp.wgmma_tile_n = wgmma_tile_n;
     dp.tiled_order = gp.tiled_order;
     quantize(act, dp);

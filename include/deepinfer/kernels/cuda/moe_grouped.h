@@ -81,6 +81,11 @@ struct MoeGroupedGemmParams {
   bool gated = false;
   int num_sms = 0;                    // the device's SMs, for choosing k_split (0: 132, an H100/H200)
   int k_split = 0;                    // 0: automatic; 1, 2 or 4: forced (checks, benchmarks)
+  // Streaming kernel: how a warp keeps its weight loads in flight. 4 or 6: a ring of that many stages in shared memory
+  // (cp.async; 32 or 48 KB a CTA, 3 or 5 stages in flight); -1: registers (one stage in flight; the path before
+  // 2026-12-06, for comparison); 0: automatic (the ring of 4). The sums do not depend on it (DEEPINFER_MOE_STREAM
+  // chooses it in the CUDA backend).
+  int stream_ring = 0;
   int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
   // run_moe_grouped_gemm_wgmma with kFP8 weights: the activations quantized by run_act_quant (gemm.h) instead of x:
   // e4m3 [rows, k] (16-byte aligned) and float32 scales [k / 128][rows] ("M-major"); x's values are not read (x must
