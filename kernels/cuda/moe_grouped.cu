@@ -286,17 +286,27 @@ __device__ __forceinline__ void ring_consume(float (&acc)[4], Stage<kFp8>& st, c
   multiply_stage<kFp8, kTiledOrder>(acc, st);
 }
 
-// stream_k through the ring: the same multiplies in the same order, so the same sums bit for bit.
-template <bool kFp8, bool kTiledOrder, int kRing>
-__device__ __forceinline__ void stream_k_ring(float (&acc)[4], const WarpView& v, int first, int last, uint4* ring) {
+// The ring's first kRing - 1 stages, one commit group each (empty past the last stage).
+template <bool kFp8, int kRing>
+__device__ __forceinline__ void ring_prime(const WarpView& v, int first, int last, uint4* ring) {
   constexpr int kStageK = Format<kFp8>::kStageK;
-  if (first >= last) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
 #pragma unroll
   for (int j = 0; j < kRing - 1; ++j) {
     if (first + j < last) ring_issue<kFp8>(ring + j * kRingCells * 32, v, (first + j) * kStageK, lane);
     ring_commit();
   }
+}
+
+// stream_k through the ring: the same multiplies in the same order, so the same sums bit for bit. `primed`: the
+// caller has run ring_prime for these stages already (the weights copied before waiting for the previous kernel).
+template <bool kFp8, bool kTiledOrder, int kRing>
+__device__ __forceinline__ void stream_k_ring(float (&acc)[4], const WarpView& v, int first, int last, uint4* ring,
+                                              bool primed) {
+  constexpr int kStageK = Format<kFp8>::kStageK;
+  if (first >= last) return;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (!primed) ring_prime<kFp8, kRing>(v, first, last, ring);
   Stage<kFp8> even, odd;
   load_stage_x(even, v, first * kStageK);
   for (int s = first; s < last; s += 2) {
@@ -346,7 +356,10 @@ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? 
 // memory: kWarps x kRing x kRingCells x 32 cells of 16 bytes).
 template <bool kFp8, bool kTiledOrder, int kRing>
 __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const MoeGroupedGemmParams p, int split) {
-  pdl_begin();
+  // weights_before_wait (ring only): the expert ranges and the weights are read before the previous kernel has
+  // finished, x and y only after (moe_grouped.h says when a caller may ask it).
+  const bool early = kRing > 0 && p.weights_before_wait;
+  if (!early) pdl_begin();
   using F = Format<kFp8>;
   const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
   const int64_t x_ld = p.x_ld > 0 ? p.x_ld : p.k, y_ld = p.y_ld > 0 ? p.y_ld : output_cols(p);
@@ -394,6 +407,18 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
   const int stages = (v.k + F::kStageK - 1) / F::kStageK;
   const int first = part * stages / split, last = (part + 1) * stages / split;
   __shared__ float partial[kWarps][4][32];  // split > 1: each warp's sums, [value][lane] (conflict-free)
+  extern __shared__ uint4 ring_cells[];
+  uint4* ring = ring_cells + warp * kRing * kRingCells * 32;
+  bool primed = false;  // the first chunk's first stages already copied
+  if constexpr (kRing > 0) {
+    if (early) {
+      if (active && begin < end && first < last) {
+        ring_prime<kFp8, kRing>(v, first, last, ring);
+        primed = true;
+      }
+      pdl_begin();
+    }
+  }
 
   for (int c0 = begin; c0 < end; c0 += kChunkRows) {
     const int chunk_rows = min(kChunkRows, end - c0);
@@ -402,9 +427,8 @@ __global__ void __launch_bounds__(kThreads, 4) moe_grouped_gemm_kernel(const Moe
     v.x = p.x + (p.x_rows != nullptr ? static_cast<int64_t>(p.x_rows[r]) / p.x_rows_divisor : r) * x_ld;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if constexpr (kRing > 0) {
-      extern __shared__ uint4 ring_cells[];
-      uint4* ring = ring_cells + warp * kRing * kRingCells * 32;
-      if (active) stream_k_ring<kFp8, kTiledOrder, kRing>(acc, v, first, last, ring);
+      if (active) stream_k_ring<kFp8, kTiledOrder, kRing>(acc, v, first, last, ring, primed);
+      primed = false;
     } else {
       if (active) stream_k<kFp8, kTiledOrder>(acc, v, first, last);
     }

@@ -557,7 +557,8 @@ void check_gated_swiglu() {
 // The streaming kernel's shared-memory ring (moe_grouped.h, stream_ring): rings of 4 and 6 stages give the register
 // path's (stream_ring -1) float32 sums bit for bit, bf16 and FP8 weights, K of 1, 3 and 5 FP8 stages (2, 6 and 10 bf16 ones: rings
 // cut short and longer than the stream), M in {1, 3, 8, 9, 33, 130} (several chunks reuse the ring), each k_split in
-// the kernel's own order and the tiled order.
+// the kernel's own order and the tiled order; each ring also with weights_before_wait (its first stages copied before
+// the kernel's griddepcontrol.wait).
 void check_stream_ring() {
   const int m = 130, n = 320;
   for (const int kdim : {128, 384, 640}) {
@@ -577,9 +578,11 @@ void check_stream_ring() {
             g.y_f32 = off.ptr;
             CUDA_TRY(k::run_moe_grouped_gemm(g));
             const std::vector<float> a = off.download();
-            for (const int ahead : {4, 6}) {
+            for (const int variant : {4, 6, 4 + 100, 6 + 100}) {  // + 100: the weights copied before the wait
+              const int ahead = variant % 100;
               CUDA_TRY(cudaMemset(on.ptr, 0xff, on.count * sizeof(float)));
               g.stream_ring = ahead;
+              g.weights_before_wait = variant > 100;
               g.y_f32 = on.ptr;
               CUDA_TRY(k::run_moe_grouped_gemm(g));
               CUDA_TRY(cudaDeviceSynchronize());
@@ -587,7 +590,7 @@ void check_stream_ring() {
               ++runs;
               if (std::memcmp(a.data(), b.data(), static_cast<size_t>(rows) * n * sizeof(float)) != 0 && bad++ == 0)
                 first = "M " + std::to_string(rows) + " k_split " + std::to_string(split) + " ring " +
-                        std::to_string(ahead) + (tiled_order ? " tiled order" : "");
+                        std::to_string(ahead) + (variant > 100 ? " early" : "") + (tiled_order ? " tiled order" : "");
             }
           }
         }

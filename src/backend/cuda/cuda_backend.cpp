@@ -145,6 +145,14 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                                        "how the streaming GEMM kernel keeps its weight loads in flight");
   if (!stream_ring.ok()) return stream_ring.status();
   if (*stream_ring >= 0) backend->moe_stream_ring_ = *stream_ring == 0 ? -1 : *stream_ring == 1 ? 4 : 6;
+  Result<int> early = env_choice("DEEPINFER_EARLY_WEIGHTS", {"0", "1"},
+                                 "1: the streaming kernel copies weights before the previous kernel ends, 0: after");
+  if (!early.ok()) return early.status();
+  if (*early >= 0) backend->early_weights_ = *early == 1;
+  Result<int> linear_bf16 = env_choice("DEEPINFER_SMALL_LINEAR_BF16", {"0", "1", "8"},
+                                       "the most rows a bf16 projection runs on the streaming kernel (0: cuBLAS)");
+  if (!linear_bf16.ok()) return linear_bf16.status();
+  if (*linear_bf16 >= 0) backend->streaming_linear_bf16_rows_ = *linear_bf16 == 0 ? 0 : *linear_bf16 == 1 ? 1 : 8;
   if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
     const std::string v = keys;
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;

@@ -406,6 +406,13 @@ class CudaBackend final : public Backend {
   // The streaming kernel's weight ring (moe_grouped.h, stream_ring): 0 automatic (4 stages of shared memory), or
   // DEEPINFER_MOE_STREAM=registers|ring4|ring6 (-1, 4, 6; A/B). The same bits whichever.
   int moe_stream_ring_ = 0;
+  // The streaming kernel copies its first stages of weights before the previous kernel has ended (moe_grouped.h,
+  // weights_before_wait) where that is safe: the projections and the MoE's down GEMM. DEEPINFER_EARLY_WEIGHTS=0: off.
+  bool early_weights_ = true;
+  // The most rows at which a bf16 projection runs on the streaming kernel instead of cuBLAS: 1 (H100, 2026-12-06: at
+  // 1 row -0.10 ms a V2-Lite step, at 8 rows +0.08 ms); DEEPINFER_SMALL_LINEAR_BF16=0|1|8. FP8 projections take it up
+  // to kStreamingLinearMaxRows unless DEEPINFER_SMALL_LINEAR=cublas.
+  int64_t streaming_linear_bf16_rows_ = 1;
   enum class LaneState { kNone, kOpen, kPending } lane_state_ = LaneState::kNone;
   void swap_lanes();
   bool device_sampling_ = true;  // DEEPINFER_DEVICE_SAMPLING=0 turns it off (host sampling, for comparisons)

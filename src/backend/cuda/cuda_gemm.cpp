@@ -73,6 +73,7 @@ void CudaBackend::invariant_gemm(const Tensor& x, const MatrixRef& w, void* y, f
                 std::string(what) + ": batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) takes bf16 and FP8 " +
                     "weights; this one is float32");
   kc::MoeGroupedGemmParams p = one_matrix_params(x, w, y, ldy, num_sms_, moe_stream_ring_, stream_);
+  p.weights_before_wait = early_weights_;  // w is a checkpoint weight (matrix_of), written only at load
   p.y_f32 = y32;
   p.tiled_order = true;
   BACKEND_CHECK(kc::moe_grouped_params_valid(p),
@@ -111,12 +112,15 @@ void CudaBackend::linear_matrix(const Tensor& x, const MatrixRef& w, Tensor y) {
   // FP8 weights at a few rows (decode): the streaming kernel, one launch that widens the weights exactly and
   // multiplies them with the bf16 activations, instead of linear_fp8's activation quantization, zero rows up to 16
   // and block-scaled cuBLASLt GEMM. Measured on the H200 (bench/gpu/NOTES.md, 2026-12-04): the V3 slice's decode at
-  // batch 1 1.885 -> 1.720 ms, batch 8 2.676 -> 2.539. bf16 weights stay on cuBLAS: there the streaming kernel was no
-  // faster (V2-Lite batch 1 3.558 vs 3.541 ms, batch 8 7.506 vs 7.600).
-  if (streaming_linear_ && x.rows <= kStreamingLinearMaxRows && w.precision == Precision::kFP8 && w.cols % 8 == 0 &&
+  // batch 1 1.885 -> 1.720 ms, batch 8 2.676 -> 2.539. bf16 weights: on the register path the streaming kernel was no
+  // faster than cuBLAS (V2-Lite batch 1 3.558 vs 3.541 ms, batch 8 7.506 vs 7.600); on the shared-memory ring (H100,
+  // 2026-12-06) a V2-Lite step at 1 row 3.18 -> 3.07 ms, at 8 rows 7.90 -> 7.98: so bf16 at 1 row only.
+  const bool streamed_precision =
+      w.precision == Precision::kFP8 || (w.precision == Precision::kBF16 && x.rows <= streaming_linear_bf16_rows_);
+  if (streaming_linear_ && x.rows <= kStreamingLinearMaxRows && streamed_precision && w.cols % 8 == 0 &&
       x.stride % 8 == 0 && aligned16(x.data) && aligned16(w.values)) {
-    const kc::MoeGroupedGemmParams p =
-        one_matrix_params(x, w, y.data, y.stride, num_sms_, moe_stream_ring_, stream_);
+    kc::MoeGroupedGemmParams p = one_matrix_params(x, w, y.data, y.stride, num_sms_, moe_stream_ring_, stream_);
+    p.weights_before_wait = early_weights_;  // every caller passes a checkpoint weight (matrix_of), written at load
     if (kc::moe_grouped_params_valid(p)) {  // else (an unpadded FP8 row stride) cuBLAS below
       check_cuda(kc::run_moe_grouped_gemm(p), "linear (streaming, a few rows)");
       return;

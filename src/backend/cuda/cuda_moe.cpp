@@ -442,6 +442,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
         grouped_params(act, *w.down, offsets, expert_out, num_sms_, moe_stream_ring_, stream_);
     dp.wgmma_tile_n = wgmma_tile_n;
     dp.tiled_order = gp.tiled_order;
+    dp.weights_before_wait = early_weights_;  // the offsets were written before gate_up ran (moe_grouped.h)
     quantize(act, dp);
     check_cuda(run(dp), path == Path::kTiled   ? "moe (tiled down)"
                         : path == Path::kWgmma ? "moe (wgmma down)"

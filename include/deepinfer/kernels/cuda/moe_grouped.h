@@ -86,6 +86,13 @@ struct MoeGroupedGemmParams {
   // 2026-12-06, for comparison); 0: automatic (the ring of 4). The sums do not depend on it (DEEPINFER_MOE_STREAM
   // chooses it in the CUDA backend).
   int stream_ring = 0;
+  // Streaming kernel on a ring: read the expert ranges (offsets) and start copying the weights before waiting for the
+  // previous kernel in the stream (programmatic dependent launch, kernels/cuda/launch.cuh), so that the copies overlap
+  // its tail; x, x_rows and y are touched only after. Set it only when nothing the previous kernel may still be
+  // running writes the offsets or the weights: offsets null (the weights are constant), or offsets written at least
+  // two kernels earlier (the MoE's down GEMM: the routing wrote them before the gate_up kernel ran; a kernel starts
+  // early only after every CTA of the one before it has passed its own wait, so by then the routing has finished).
+  bool weights_before_wait = false;
   int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
   // run_moe_grouped_gemm_wgmma with kFP8 weights: the activations quantized by run_act_quant (gemm.h) instead of x:
   // e4m3 [rows, k] (16-byte aligned) and float32 scales [k / 128][rows] ("M-major"); x's values are not read (x must
