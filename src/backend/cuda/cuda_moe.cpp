@@ -38,7 +38,11 @@ namespace kc = kernels::cuda;
 //   tiled 2,221, wgmma 1,321, per-expert 1,523; at 768 wgmma 2,441, per-expert 2,146.
 //   V3 FP8: at 2 rows streaming 2,733, at 16 streaming 7,680, tiled 8,102, wgmma 5,655; at 64 tiled 12,325, wgmma
 //   6,611, per-expert 13,662; at 128 wgmma 9,759, per-expert 16,770; at 512 wgmma 30,398, per-expert 32,241.
-int64_t streaming_max_rows_per_expert(bool fp8) { return fp8 ? 8 : 16; }
+// The streaming bound again after its shared-memory ring (H100, 2026-12-06, --moe-sweep 16,32,64,128,256,
+// bench/results/2026-12-06-h100-moe-sweep-ring-16-256.jsonl): V2-Lite bf16 streaming / tiled at 1.5 rows per expert
+// 314 / 355, at 3 375 / 413, at 6 455 / 431, at 12 764 / 449 (the 16 of before cost 0.3 ms a layer there); V3 FP8
+// streaming / wgmma at 2 3,306 / 4,601, at 4 3,826 / 5,318, at 8 5,470 / 5,594.
+int64_t streaming_max_rows_per_expert(bool fp8) { return fp8 ? 8 : 4; }
 constexpr int64_t kTiledMaxRowsPerExpert = 64;
 constexpr int64_t kWgmmaMaxRowsPerExpert = 512;
 constexpr int64_t kRouterKernelMaxTokens = 64;  // run_moe_router_logits up to this many tokens, cuBLAS beyond
