@@ -3,6 +3,8 @@
 #include "deepinfer/recipe/openai_request.h"
 
 #include <boost/json.hpp>
+#include <cmath>
+#include <cstdint>
 
 #include "request_json.h"
 
@@ -205,15 +207,34 @@ Status parse_tools(const json::value& value, std::vector<ToolDefinition>& tools)
 }
 
 // Reads a thinking switch: a bool, or {"type": "enabled"|"disabled"} as Anthropic writes it.
-Status parse_thinking(const json::value& value, const std::string& path, bool& thinking) {
+// `thinking`: a boolean, or {"type": "enabled"|"disabled"} (DeepSeek's API), with "enabled" optionally an Anthropic-
+// style "budget_tokens" (a positive integer, at most 2^31 - 1), enforced by the server as on /v1/messages. Other keys
+// are refused, not ignored.
+Status parse_thinking(const json::value& value, const std::string& path, ConversationOptions& options) {
   if (value.is_bool()) {
-    thinking = value.get_bool();
+    options.thinking = value.get_bool();
     return Status();
   }
   if (value.is_object()) {
-    const json::value* type = value.get_object().if_contains("type");
+    const json::object& fields = value.get_object();
+    const json::value* type = fields.if_contains("type");
     if (type != nullptr && type->is_string() && (type->get_string() == "enabled" || type->get_string() == "disabled")) {
-      thinking = type->get_string() == "enabled";
+      options.thinking = type->get_string() == "enabled";
+      for (const auto& [key, field] : fields) {
+        if (key != "type" && key != "budget_tokens")
+          return Status::invalid_argument(path + "." + std::string(key) +
+                                          " is not supported (thinking takes \"type\" and \"budget_tokens\")");
+      }
+      if (const json::value* budget = fields.if_contains("budget_tokens"); budget != nullptr) {
+        if (!options.thinking)
+          return Status::invalid_argument(path + ".budget_tokens is only allowed with {\"type\": \"enabled\"}");
+        const double number = budget->is_number() ? budget->to_number<double>() : 0.0;
+        const bool integer = budget->is_number() && std::isfinite(number) && number == std::floor(number);
+        if (!integer || number < 1 || number > INT32_MAX)
+          return Status::invalid_argument(path + ".budget_tokens must be an integer from 1 to 2147483647, got " +
+                                          json::serialize(*budget));
+        options.thinking_budget_tokens = static_cast<int64_t>(number);
+      }
       return Status();
     }
   }
@@ -280,7 +301,7 @@ Result<Conversation> conversation_from_openai_chat(const json::value& request) {
   }
   ConversationOptions& options = conversation.options;
   if (const json::value* thinking = body.if_contains("thinking"); thinking != nullptr && !thinking->is_null()) {
-    if (Status s = parse_thinking(*thinking, "thinking", options.thinking); !s.ok()) return s;
+    if (Status s = parse_thinking(*thinking, "thinking", options); !s.ok()) return s;
   }
   if (const json::value* kwargs = body.if_contains("chat_template_kwargs"); kwargs != nullptr && !kwargs->is_null()) {
     if (!kwargs->is_object()) return type_error("chat_template_kwargs", "an object", *kwargs);

@@ -26,33 +26,6 @@ ApiResult<std::string> count_tokens_endpoint(const json::value& request, const A
 
 namespace {
 
-// thinking.budget_tokens (the recipe validated it: an integer >= 1,024 with "enabled") is enforced: after that
-// many reasoning tokens the next token is `</think>` (SamplingParams::reasoning_budget). Anthropic's rule that
-// max_tokens exceed it is kept.
-std::optional<ApiError> apply_thinking_budget(int64_t max_tokens, const recipe::Conversation& conversation,
-                                              const recipe::StreamParserOptions& options, const ApiContext& context,
-                                              engine::SamplingParams& params) {
-  const std::optional<int64_t>& budget = conversation.options.thinking_budget_tokens;
-  if (!conversation.options.thinking || !budget) return std::nullopt;
-  if (*budget >= max_tokens) {
-    return bad_request("max_tokens must be greater than thinking.budget_tokens (max_tokens " +
-                           std::to_string(max_tokens) + ", budget_tokens " + std::to_string(*budget) + ")",
-                       "max_tokens");
-  }
-  // Where the format does not open reasoning for this turn (V3.1 after a tool result: the answer goes on without
-  // thinking), there is no reasoning to budget.
-  if (!options.starts_in_reasoning) return std::nullopt;
-  std::vector<recipe::TokenId> ends =
-      recipe::reasoning_end_ids(*context.tokenizer, context.chat_format, options.tools_enabled);
-  if (ends.empty()) {
-    return bad_request("thinking.budget_tokens cannot be enforced with this tokenizer: `</think>` is not one token",
-                       "thinking.budget_tokens");
-  }
-  params.reasoning_budget = *budget;
-  params.reasoning_end_token_ids = std::move(ends);
-  return std::nullopt;
-}
-
 }  // namespace
 
 ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, const ApiContext& context) {
@@ -78,12 +51,28 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   if (auto e = read_integer(body, "top_k", 0, context.model->vocab_size, top_k)) return *e;
   if (top_k && *top_k > 0) plan.params.top_k = static_cast<int32_t>(*top_k);
   std::vector<std::string> stops;
+  if (const json::value* sequences = present(body, "stop_sequences"); sequences != nullptr && !sequences->is_array())
+    return bad_request("stop_sequences must be an array of strings", "stop_sequences");
   if (auto e = read_string_list(body, "stop_sequences", stops)) return *e;
+  // Beta fields that would change the answer and are not implemented: refused, never accepted and ignored.
+  static constexpr std::pair<const char*, const char*> kRefused[] = {
+      {"output_format", "output_format (structured outputs) is not supported"},
+      {"mcp_servers", "mcp_servers is not supported (no MCP connector)"},
+      {"container", "container is not supported (no code execution tool)"},
+  };
+  for (const auto& [key, message] : kRefused) {
+    if (present(body, key) != nullptr) return bad_request(message, key);
+  }
   std::optional<bool> stream;
   if (auto e = read_bool(body, "stream", stream)) return *e;
   plan.stream = stream.value_or(false);
   if (const json::value* metadata = present(body, "metadata"); metadata != nullptr) {
     if (!metadata->is_object()) return bad_request("metadata must be an object", "metadata");
+    for (const auto& [key, value] : metadata->get_object()) {
+      if (key != "user_id")
+        return bad_request("metadata." + std::string(key) + ": only metadata.user_id is accepted",
+                           "metadata." + std::string(key));
+    }
     const json::value* user = metadata->get_object().if_contains("user_id");
     if (user != nullptr && !user->is_null() && !user->is_string()) {
       return bad_request("metadata.user_id must be a string", "metadata.user_id");
@@ -105,7 +94,8 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   }
   // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).
   recipe::StreamParserOptions options = recipe::stream_parser_options(conversation, *prompt);
-  if (auto e = apply_thinking_budget(*max_tokens, conversation, options, context, plan.params)) return *e;
+  if (auto e = apply_thinking_budget(*max_tokens, "max_tokens", conversation, options, context, plan.params))
+    return *e;
   if (Status s = plan.params.validate(context.model->vocab_size); !s.ok()) return bad_request_from(s);
 
   add_turn_marker_stops(context, plan.params);

@@ -338,6 +338,35 @@ std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& 
                      "tool_choice");
 }
 
+// thinking.budget_tokens (the recipe validated it: a positive integer with thinking on; Anthropic's: at least 1,024)
+// is enforced: after that many reasoning tokens the next token is `</think>` (SamplingParams::reasoning_budget).
+// Anthropic's rule that max_tokens exceed it is kept on every route.
+std::optional<ApiError> apply_thinking_budget(int64_t max_tokens, std::string_view max_tokens_field,
+                                              const recipe::Conversation& conversation,
+                                              const recipe::StreamParserOptions& options, const ApiContext& context,
+                                              engine::SamplingParams& params) {
+  const std::optional<int64_t>& budget = conversation.options.thinking_budget_tokens;
+  if (!conversation.options.thinking || !budget) return std::nullopt;
+  if (*budget >= max_tokens) {
+    return bad_request(std::string(max_tokens_field) + " must be greater than thinking.budget_tokens (" +
+                           std::string(max_tokens_field) + " " + std::to_string(max_tokens) + ", budget_tokens " +
+                           std::to_string(*budget) + ")",
+                       std::string(max_tokens_field));
+  }
+  // Where the format does not open reasoning for this turn (V3.1 after a tool result: the answer goes on without
+  // thinking), there is no reasoning to budget.
+  if (!options.starts_in_reasoning) return std::nullopt;
+  std::vector<recipe::TokenId> ends =
+      recipe::reasoning_end_ids(*context.tokenizer, context.chat_format, options.tools_enabled);
+  if (ends.empty()) {
+    return bad_request("thinking.budget_tokens cannot be enforced with this tokenizer: `</think>` is not one token",
+                       "thinking.budget_tokens");
+  }
+  params.reasoning_budget = *budget;
+  params.reasoning_end_token_ids = std::move(ends);
+  return std::nullopt;
+}
+
 std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,
                                     std::string_view max_tokens_field, engine::SamplingParams& params) {
   const int64_t max_model_len = context.model->max_model_len;

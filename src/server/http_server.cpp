@@ -1245,7 +1245,7 @@ awaitable<int> Server::Impl::generate(std::shared_ptr<Connection> conn, Request&
             event.finish_reason == engine::FinishReason::kLength) {
           finish.kind = event.finish_reason == engine::FinishReason::kLength ? FinishInfo::Kind::kLength
                                                                              : FinishInfo::Kind::kStop;
-          plan.builder->finish(deltas);
+          plan.builder->finish(deltas, finish.kind == FinishInfo::Kind::kLength);
         } else if (event.finish_reason == engine::FinishReason::kAborted) {
           failure = bad_request(event.message.empty() ? "the engine could not run this request" : event.message);
         } else {

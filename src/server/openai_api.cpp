@@ -112,6 +112,20 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
       return bad_request(fmt::format("{} is not supported yet (no constrained decoding)", guided), guided);
     }
   }
+  // Fields other OpenAI-style servers take that would change the answer and are not implemented here: refused
+  // naming what to send instead, never accepted and ignored (a break-it pass, 2026-12-06, found them ignored).
+  static constexpr std::pair<const char*, const char*> kRefused[] = {
+      {"functions", "functions (the deprecated form of tools) is not supported; send tools"},
+      {"function_call", "function_call (the deprecated form of tool_choice) is not supported; send tool_choice"},
+      {"chat_template", "chat_template is not supported: the prompt is the model's own format (DeepSeek's renderer)"},
+      {"web_search_options", "web_search_options is not supported (no built-in web search)"},
+      {"audio", "audio output is not supported"},
+      {"enable_thinking", "enable_thinking is not a top-level field; send chat_template_kwargs.enable_thinking, or "
+                          "thinking"},
+  };
+  for (const auto& [key, message] : kRefused) {
+    if (present(body, key) != nullptr) return bad_request(message, key);
+  }
   // parallel_tool_calls: read into the conversation (ToolChoice::parallel), honoured by the output builder below.
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;
@@ -160,6 +174,11 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   add_turn_marker_stops(context, plan.params);
   // Where the answer starts (reasoning, a prefilled tool-call block) and what it may hold (tools, JSON).
   recipe::StreamParserOptions options = recipe::stream_parser_options(*conversation, *prompt);
+  // fit_context filled max_tokens (the room left when the request gave none).
+  if (auto e = apply_thinking_budget(plan.params.max_tokens.value_or(0), max_field, *conversation, options, context,
+                                     plan.params)) {
+    return *e;
+  }
   plan.dialect = Dialect::kOpenAI;
   plan.prompt_token_ids = std::move(prompt->token_ids);
   // A tool_choice naming a function: the answer begins with its call (RenderedPrompt::answer_prefix).

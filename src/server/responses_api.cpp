@@ -2,6 +2,9 @@
 // the reply comes back in the recipe's Responses shapes (response_builder.h): reasoning, message and
 // function_call output items, streamed as response.created / output_item / content_part / *.delta / *.done
 // events ending in response.completed (or response.incomplete when max_output_tokens ran out).
+#include <algorithm>
+#include <iterator>
+
 #include <fmt/format.h>
 
 #include "deepinfer/server/api.h"
@@ -22,6 +25,43 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   }
   if (present(body, "conversation") != nullptr) {
     return bad_request("conversation is not supported: send the whole conversation in input", "conversation");
+  }
+  if (const json::value* background = present(body, "background");
+      background != nullptr && !(background->is_bool() && !background->get_bool())) {
+    return bad_request("background is not supported: responses are not stored; send background: false", "background");
+  }
+  if (present(body, "prompt") != nullptr) {
+    return bad_request("prompt (a stored prompt template) is not supported: send instructions and input",
+                       "prompt");
+  }
+  if (const json::value* top = present(body, "top_logprobs");
+      top != nullptr && !(top->is_int64() && top->get_int64() == 0)) {
+    return bad_request("top_logprobs is not supported on /v1/responses yet; use /v1/chat/completions with logprobs",
+                       "top_logprobs");
+  }
+  // include: what the answer carries besides the output. Logprobs are refused (not produced here); values OpenAI
+  // does not define are refused; the others name outputs of tools this server has none of (nothing to include), or
+  // reasoning.encrypted_content (reasoning items are returned in the clear and taken back as they are).
+  if (const json::value* include = present(body, "include"); include != nullptr) {
+    if (!include->is_array()) return bad_request("include must be an array of strings", "include");
+    static constexpr std::string_view kKnown[] = {
+        "file_search_call.results",        "web_search_call.results", "web_search_call.action.sources",
+        "message.input_image.image_url",   "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",   "reasoning.encrypted_content"};
+    const json::array& list = include->get_array();
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string param = "include[" + std::to_string(i) + "]";
+      if (!list[i].is_string()) return bad_request(param + " must be a string", param);
+      const std::string_view value = list[i].get_string();
+      if (value == "message.output_text.logprobs") {
+        return bad_request("include message.output_text.logprobs is not supported on /v1/responses yet; use "
+                           "/v1/chat/completions with logprobs",
+                           param);
+      }
+      if (std::find(std::begin(kKnown), std::end(kKnown), value) == std::end(kKnown)) {
+        return bad_request("include value \"" + std::string(value) + "\" is not one OpenAI defines", param);
+      }
+    }
   }
 
   Result<recipe::Conversation> converted = recipe::conversation_from_responses(request);

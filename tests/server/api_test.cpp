@@ -784,5 +784,48 @@ TEST(ThinkingBudgetTest, BudgetTokensBecomeTheEnginesThinkingBudget) {
   EXPECT_FALSE(std::get<GenerationPlan>(disabled).params.reasoning_budget.has_value());
 }
 
+// The same budget on /v1/chat/completions (Regression, a break-it pass 2026-12-06: `thinking.budget_tokens` was
+// accepted there and ignored). Any positive budget; max_tokens (or max_completion_tokens) must exceed it; without a
+// max_tokens the budget still applies (the request may run to the context's end).
+TEST(ThinkingBudgetTest, ChatCompletionsEnforceTheBudgetToo) {
+  auto loaded = recipe::Tokenizer::load(std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models/demo");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  std::shared_ptr<const recipe::Tokenizer> demo = std::move(loaded).value();
+  ModelInfo model;
+  model.served_model_name = "default";
+  model.vocab_size = 129280;
+  model.max_model_len = 8192;
+  ApiContext context{&model, demo, nullptr, recipe::PromptFormat::kDeepSeekV41};
+  auto plan = [&](const std::string& extra) {
+    return plan_chat_completion(
+        json::parse(R"({"model": "default", "messages": [{"role": "user", "content": "Think first."}])" + extra + "}"),
+        context);
+  };
+  const recipe::TokenId think_end = *demo->added_token_id("</think>");
+
+  auto small = plan(R"(, "max_tokens": 24, "thinking": {"type": "enabled", "budget_tokens": 3})");
+  ASSERT_TRUE(std::holds_alternative<GenerationPlan>(small)) << std::get<ApiError>(small).message;
+  EXPECT_EQ(std::get<GenerationPlan>(small).params.reasoning_budget, 3);
+  EXPECT_EQ(std::get<GenerationPlan>(small).params.reasoning_end_token_ids, std::vector<recipe::TokenId>{think_end});
+
+  auto no_max = plan(R"(, "thinking": {"type": "enabled", "budget_tokens": 100})");
+  ASSERT_TRUE(std::holds_alternative<GenerationPlan>(no_max)) << std::get<ApiError>(no_max).message;
+  EXPECT_EQ(std::get<GenerationPlan>(no_max).params.reasoning_budget, 100);
+
+  auto too_small = plan(R"(, "max_completion_tokens": 8, "thinking": {"type": "enabled", "budget_tokens": 8})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(too_small));
+  EXPECT_EQ(std::get<ApiError>(too_small).param, "max_completion_tokens");
+  EXPECT_EQ(std::get<ApiError>(too_small).message, "max_completion_tokens must be greater than "
+                                                   "thinking.budget_tokens (max_completion_tokens 8, budget_tokens 8)");
+
+  auto no_budget = plan(R"(, "max_tokens": 24, "thinking": {"type": "enabled"})");
+  ASSERT_TRUE(std::holds_alternative<GenerationPlan>(no_budget));
+  EXPECT_FALSE(std::get<GenerationPlan>(no_budget).params.reasoning_budget.has_value());
+
+  auto disabled = plan(R"(, "max_tokens": 24, "thinking": {"type": "disabled", "budget_tokens": 3})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(disabled));
+  EXPECT_EQ(std::get<ApiError>(disabled).param, "thinking.budget_tokens");
+}
+
 }  // namespace
 }  // namespace deepinfer::server::testing

@@ -1125,6 +1125,59 @@ TEST(StreamParserTest, MultiByteCharacterSplitAcrossTokensIsNeverEmittedPartiall
   EXPECT_EQ(parser.result().content, rain + "\xEF\xBF\xBD");
 }
 
+// Regression (a break-it pass, 2026-12-06): max_tokens cutting a tool call sent its markup to the client as
+// content ("<｜DSML｜invoke name=\"get_wea"). Cut by the length limit (finish(events, true)) after every token of a
+// one-call answer, in the V3 and the V4 formats: no markup in the content, nothing counted malformed, the content a
+// prefix of the whole answer's, and a call whose name was read kept with the arguments streamed so far (V4.1 too).
+// The same prefix ended without the flag (the model's own end inside a call) still gives the markup back as content.
+TEST(StreamParserTest, OutputCutByTheLengthLimitInsideACallShowsNoMarkup) {
+  using P = PromptFormat;
+  struct Variant {
+    P format;
+    std::shared_ptr<const Tokenizer> tokenizer;
+    std::string output;
+  };
+  const std::vector<Variant> variants = {
+      {P::kDeepSeekV3, deepseek_v3_tokenizer(),
+       "Checking." + rendered_turn(P::kDeepSeekR1, false, assistant_message("", one_call()), "<｜Assistant｜>")},
+      {P::kDeepSeekV4, v4_tokenizer(),
+       rendered_turn(P::kDeepSeekV4, false, assistant_message("Checking.", one_call()), "<｜Assistant｜></think>")},
+      {P::kDeepSeekV41, v4_tokenizer(),
+       rendered_turn(P::kDeepSeekV41, false, assistant_message("Checking.", one_call()), "<｜Assistant｜></think>")},
+  };
+  for (const Variant& v : variants) {
+    ASSERT_NE(v.tokenizer, nullptr);
+    const std::vector<TokenId> ids = v.tokenizer->encode(v.output, TextTrust::kTrusted);
+    const Outcome whole = run_parser(v.format, {}, ids, nullptr, v.tokenizer);
+    ASSERT_EQ(whole.calls.size(), 1u) << v.output;
+    int kept_calls = 0, marked_up_without_flag = 0;
+    for (size_t cut = 1; cut < ids.size(); ++cut) {
+      const std::vector<TokenId> prefix(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(cut));
+      StreamParser parser(v.format, v.tokenizer, {});
+      std::vector<StreamEvent> events;
+      for (TokenId id : prefix) parser.push(id, events);
+      parser.finish(events, /*cut_off=*/true);
+      EXPECT_EQ(check_events(events), "") << "cut after " << cut;
+      const Outcome got = collect(parser, events);
+      const std::string where = std::string(format_name(v.format)) + ", cut after token " + std::to_string(cut);
+      for (std::string_view marker : {"｜DSML｜", "<｜tool", "｜tool▁", "```json"})
+        EXPECT_EQ(got.content.find(marker), std::string::npos) << where << ": " << json_quoted(got.content);
+      EXPECT_TRUE(whole.content.starts_with(got.content)) << where << ": " << json_quoted(got.content);
+      EXPECT_EQ(got.malformed, 0) << where;
+      ASSERT_LE(got.calls.size(), 1u) << where;
+      if (!got.calls.empty()) {
+        ++kept_calls;
+        EXPECT_EQ(got.calls[0].name, "get_weather") << where;
+        EXPECT_TRUE(whole.calls[0].arguments_text.starts_with(got.calls[0].arguments_text)) << where;
+      }
+      const Outcome plain = run_parser(v.format, {}, prefix, nullptr, v.tokenizer);
+      if (plain.malformed > 0) ++marked_up_without_flag;
+    }
+    EXPECT_GT(kept_calls, 0) << format_name(v.format);
+    EXPECT_GT(marked_up_without_flag, 0) << format_name(v.format);
+  }
+}
+
 TEST(StreamParserTest, EndOfSequenceEndsTheMessage) {
   auto tokenizer = deepseek_v3_tokenizer();
   ASSERT_NE(tokenizer, nullptr);

@@ -54,8 +54,9 @@ class OutputBuilder {
   // model's own ids whenever their decoded text is `text`; adjacent deltas of one kind (text, or one call's
   // arguments) are merged, so one push gives one delta per run. Returns true as push() does.
   bool push_text(std::string_view text, std::vector<StreamEvent>& out);
-  // Generation ended by the engine (EOS, stop token, length): appends what was held back.
-  void finish(std::vector<StreamEvent>& out);
+  // Generation ended by the engine (EOS, stop token, length): appends what was held back. `cut_off`: the length
+  // limit ended it (StreamParser::finish: a call cut short keeps no markup).
+  void finish(std::vector<StreamEvent>& out, bool cut_off = false);
   const OutputMessage& message() const { return message_; }
   // Tokens pushed while the parser was in the reasoning block, the token that closes it included (the usage's
   // reasoning_tokens). 0 for completions.

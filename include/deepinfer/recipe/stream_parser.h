@@ -141,8 +141,11 @@ class StreamParser {
   // one push are merged into one event. The end-of-sequence token does what finish() does; tokens after it
   // (or after finish()) are ignored.
   void push(TokenId token, std::vector<StreamEvent>& events);
-  // End of generation (EOS, length or stop): flushes what was held back by the rule above.
-  void finish(std::vector<StreamEvent>& events);
+  // End of generation (EOS, length or stop): flushes what was held back by the rule above. Output that ends inside
+  // tool-call markup is malformed and comes back as content, unless `cut_off` (the length limit ended it): then
+  // the markup is dropped and a call whose name was read stands with the arguments read so far (OpenAI's partial
+  // arguments at finish_reason "length"); the markup never reaches the client.
+  void finish(std::vector<StreamEvent>& events, bool cut_off = false);
   // The message so far (complete after finish()).
   const ParsedMessage& result() const;
   int32_t malformed_tool_calls() const;

@@ -103,6 +103,13 @@ std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, 
 std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& conversation,
                                                     const recipe::RenderedPrompt& prompt);
 
+// Enforces conversation.options.thinking_budget_tokens (when thinking is on) as the engine's reasoning budget:
+// 400 unless max_tokens (named max_tokens_field in the message) exceeds it, or when `</think>` is not one token.
+std::optional<ApiError> apply_thinking_budget(int64_t max_tokens, std::string_view max_tokens_field,
+                                              const recipe::Conversation& conversation,
+                                              const recipe::StreamParserOptions& options, const ApiContext& context,
+                                              engine::SamplingParams& params);
+
 // Fills max_tokens against the prompt length and max_model_len: 400 when the prompt does not leave room for
 // one token or prompt + requested max_tokens exceed max_model_len (both numbers in the message).
 std::optional<ApiError> fit_context(const ApiContext& context, int64_t prompt_tokens, std::optional<int64_t> requested,

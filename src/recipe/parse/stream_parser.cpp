@@ -149,12 +149,13 @@ struct StreamParser::Impl {
   Impl(PromptFormat format, std::shared_ptr<const Tokenizer> tokenizer, StreamParserOptions options);
 
   void push(TokenId token, std::vector<StreamEvent>& events);
-  void finish(std::vector<StreamEvent>& events);
+  void finish(std::vector<StreamEvent>& events, bool cut_off);
 
   // Drives the state machine over the undecided input until it needs more.
   void run();
   bool step();
-  void end_of_output();
+  void end_of_output(bool cut_off = false);
+  void cut_short();
 
   bool step_start();
   bool step_text();
@@ -222,6 +223,7 @@ struct StreamParser::Impl {
   size_t position_ = 0;
   std::string raw_;      // consumed markup not yet represented by an event
   bool at_end_ = false;  // no more input will come
+  bool cut_off_ = false;  // ...because the length limit ended the output (finish(events, true))
   bool ended_ = false;
 
   // Tool-call block state.
@@ -315,16 +317,17 @@ void StreamParser::Impl::push(TokenId token, std::vector<StreamEvent>& events) {
   position_ = 0;
 }
 
-void StreamParser::Impl::finish(std::vector<StreamEvent>& events) {
+void StreamParser::Impl::finish(std::vector<StreamEvent>& events, bool cut_off) {
   if (ended_) return;
   events_ = &events;
   first_event_ = events.size();
-  end_of_output();
+  end_of_output(cut_off);
 }
 
-void StreamParser::Impl::end_of_output() {
+void StreamParser::Impl::end_of_output(bool cut_off) {
   buffer_ += detokenizer_.flush();
   at_end_ = true;
+  cut_off_ = cut_off;
   run();
   switch (state_) {
     case State::kStart:
@@ -341,10 +344,10 @@ void StreamParser::Impl::end_of_output() {
         raw_.clear();
         break;
       }
-      malformed();
+      cut_off ? cut_short() : malformed();
       break;
     default:
-      malformed();  // output ended inside a call
+      cut_off ? cut_short() : malformed();  // output ended inside a call
       break;
   }
   buffer_.clear();
@@ -443,11 +446,16 @@ bool StreamParser::Impl::step_text() {
     markers = kJsonEndMarker;
   }
   size_t safe = 0;
-  std::optional<MarkerMatch> match = find_marker(text, markers, at_end_, safe);
+  // Cut by the length limit, a tail that could have become a marker (a tool-call block's "\n\n<｜DSML｜") is dropped,
+  // not shown as text.
+  std::optional<MarkerMatch> match = find_marker(text, markers, at_end_ && !cut_off_, safe);
   // Text around the JSON text is dropped (JSON output).
   if (state_ != State::kJsonLead && state_ != State::kJsonDone) emit_text(kind, text.substr(0, safe));
   position_ += safe;
-  if (!match) return false;
+  if (!match) {
+    if (at_end_) position_ = buffer_.size();
+    return false;
+  }
   std::string_view marker = markers[match->index];
   if (marker == kThinkEnd && reasoning) {
     position_ += marker.size();
@@ -478,6 +486,16 @@ void StreamParser::Impl::start_block(std::string_view opener) {
 void StreamParser::Impl::end_block() {
   raw_.clear();
   state_ = content_state_;
+}
+
+// The length limit ended the output inside tool-call markup: the markup read and the undecided tail are dropped,
+// a call whose name was read ends with the arguments streamed so far. Not counted as malformed (the model was
+// stopped, not wrong).
+void StreamParser::Impl::cut_short() {
+  raw_.clear();
+  if (call_open_) end_call();
+  position_ = buffer_.size();
+  state_ = State::kPlainContent;
 }
 
 void StreamParser::Impl::malformed() {
@@ -987,7 +1005,7 @@ StreamParser::~StreamParser() = default;
 StreamParser::StreamParser(StreamParser&&) noexcept = default;
 
 void StreamParser::push(TokenId token, std::vector<StreamEvent>& events) { impl_->push(token, events); }
-void StreamParser::finish(std::vector<StreamEvent>& events) { impl_->finish(events); }
+void StreamParser::finish(std::vector<StreamEvent>& events, bool cut_off) { impl_->finish(events, cut_off); }
 const ParsedMessage& StreamParser::result() const { return impl_->message_; }
 int32_t StreamParser::malformed_tool_calls() const { return impl_->malformed_; }
 bool StreamParser::in_reasoning() const { return impl_->state_ == Impl::State::kReasoning; }

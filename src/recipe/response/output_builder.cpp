@@ -55,11 +55,11 @@ bool OutputBuilder::push_text(std::string_view text, std::vector<StreamEvent>& o
   return stopped;
 }
 
-void OutputBuilder::finish(std::vector<StreamEvent>& out) {
+void OutputBuilder::finish(std::vector<StreamEvent>& out, bool cut_off) {
   if (matcher_.matched() || tool_limit_reached_) return;
   scratch_.clear();
   if (parser_) {
-    parser_->finish(scratch_);
+    parser_->finish(scratch_, cut_off);
   } else {
     std::string text = detokenizer_->flush();
     if (!text.empty()) scratch_.push_back({Kind::kContent, std::move(text), -1, {}, {}});
