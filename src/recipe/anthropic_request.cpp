@@ -96,6 +96,9 @@ Status convert_message(const json::value& value, const std::string& path, std::v
     return Status::invalid_argument(path + ".content must be a string or an array of content blocks");
   }
   const json::array& blocks = content->get_array();
+  // An empty user turn names itself (it used to vanish, and the error named the whole messages list); an assistant
+  // turn may be empty (the prefill the answer continues from).
+  if (blocks.empty() && !assistant) return Status::invalid_argument(path + ".content must not be an empty array");
   auto flush_user = [&] {
     if (!message.content.empty()) out.push_back(std::move(message));
     message = Message{};

@@ -5,6 +5,9 @@
 #include <boost/json.hpp>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "request_json.h"
 
@@ -300,17 +303,30 @@ Result<Conversation> conversation_from_openai_chat(const json::value& request) {
     if (Status s = parse_tools(*tools, conversation.tools); !s.ok()) return s;
   }
   ConversationOptions& options = conversation.options;
+  // The thinking switches: `thinking`, `chat_template_kwargs.enable_thinking` and `chat_template_kwargs.thinking`.
+  // Any of them may be given; two that disagree are a 400 naming both (the official V3.1 template would let
+  // `thinking` win silently).
+  std::optional<std::pair<std::string, bool>> switched;  // the first switch given, and its value
+  auto set_switch = [&](const std::string& path, bool value) -> Status {
+    if (switched && switched->second != value)
+      return Status::invalid_argument(path + " (" + (value ? "true" : "false") + ") disagrees with " + switched->first +
+                                      " (" + (switched->second ? "true" : "false") + "): send one thinking switch");
+    if (!switched) switched.emplace(path, value);
+    options.thinking = value;
+    return Status();
+  };
   if (const json::value* thinking = body.if_contains("thinking"); thinking != nullptr && !thinking->is_null()) {
     if (Status s = parse_thinking(*thinking, "thinking", options); !s.ok()) return s;
+    if (Status s = set_switch("thinking", options.thinking); !s.ok()) return s;
   }
   if (const json::value* kwargs = body.if_contains("chat_template_kwargs"); kwargs != nullptr && !kwargs->is_null()) {
     if (!kwargs->is_object()) return type_error("chat_template_kwargs", "an object", *kwargs);
-    // `thinking` wins over `enable_thinking`, as in the official V3.1 template.
     for (const char* key : {"enable_thinking", "thinking"}) {
       const json::value* value = kwargs->get_object().if_contains(key);
       if (value == nullptr) continue;
-      if (!value->is_bool()) return type_error(std::string("chat_template_kwargs.") + key, "a boolean", *value);
-      options.thinking = value->get_bool();
+      const std::string path = std::string("chat_template_kwargs.") + key;
+      if (!value->is_bool()) return type_error(path, "a boolean", *value);
+      if (Status s = set_switch(path, value->get_bool()); !s.ok()) return s;
     }
   }
   if (const json::value* effort = body.if_contains("reasoning_effort"); effort != nullptr && !effort->is_null()) {

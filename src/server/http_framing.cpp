@@ -95,6 +95,17 @@ std::optional<FramingError> check_framing(const http::request_header<>& header) 
   if (header.count(http::field::host) > 1) {
     return FramingError{400, "malformed HTTP request: more than one Host header"};
   }
+  // A compressed body would be parsed as JSON as it is: refused (RFC 9110 section 15.5.16), "identity" only.
+  const auto [first, last] = header.equal_range(http::field::content_encoding);
+  for (auto field = first; field != last; ++field) {
+    std::string_view coding(field->value().data(), field->value().size());
+    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) coding.remove_prefix(1);
+    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.remove_suffix(1);
+    if (!coding.empty() && !beast::iequals(coding, "identity")) {
+      return FramingError{415, fmt::format("Content-Encoding '{}' is not supported: send the body uncompressed",
+                                           std::string(field->value().substr(0, 200)))};
+    }
+  }
   const auto te = header.find(http::field::transfer_encoding);
   if (te == header.end()) return std::nullopt;
   if (header.version() < 11) {

@@ -143,6 +143,14 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
       {"thinking unknown key", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget": 5}})", 400,
        "thinking.budget is not supported", "thinking.budget"},
+      {"thinking switches disagree", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "thinking": true,)"
+       R"( "chat_template_kwargs": {"thinking": false}})",
+       400, "disagrees with thinking", "chat_template_kwargs.thinking"},
+      {"thinking kwargs disagree", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}],)"
+       R"( "chat_template_kwargs": {"enable_thinking": false, "thinking": true}})",
+       400, "send one thinking switch", "chat_template_kwargs.thinking"},
       {"responses logprobs", "/v1/responses", R"({"input": "x", "top_logprobs": 3})", 400,
        "top_logprobs is not supported", "top_logprobs"},
       {"responses include logprobs", "/v1/responses",
@@ -243,6 +251,7 @@ TEST_F(ErrorTest, AnthropicErrorsHaveAnthropicShape) {
           {R"({"model": "default", "max_tokens": 5, "stop_sequences": "table", )"
            R"("messages": [{"role": "user", "content": "x"}]})",
            400},
+          {R"({"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": []}]})", 400},
           {"{", 400}}) {
     HttpResponse response = client.post("/v1/messages", body);
     EXPECT_EQ(response.status, status) << body << " -> " << response.body;

@@ -281,6 +281,20 @@ TEST(HardeningTest, FramingTheServerCannotReadIsRefused) {
     EXPECT_EQ(status_of(response), 400) << response;
     EXPECT_NE(response.find("requires a Host header"), std::string::npos) << response;
   }
+  {  // Regression (a break-it pass, 2026-12-06): a body declared gzip-compressed was parsed as it was.
+    RawClient client(server->port());
+    client.send("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: " +
+                std::to_string(kTokenize.size()) + "\r\n\r\n" + kTokenize);
+    const std::string response = client.read_all();
+    EXPECT_EQ(status_of(response), 415) << response;
+    EXPECT_NE(response.find("Content-Encoding 'gzip' is not supported"), std::string::npos) << response;
+  }
+  {  // identity is no encoding
+    RawClient client(server->port());
+    client.send("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Encoding: identity\r\nConnection: close\r\n"
+                "Content-Length: " + std::to_string(kTokenize.size()) + "\r\n\r\n" + kTokenize);
+    EXPECT_EQ(status_of(client.read_all()), 200);
+  }
   expect_serving(server->port());
 }
 
