@@ -430,6 +430,16 @@ std::optional<ApiError> read_openai_sampling(const json::object& body, const Api
       params.seed = static_cast<uint64_t>(seed->get_int64());
     } else if (seed->is_uint64()) {
       params.seed = seed->get_uint64();
+    } else if (seed->is_double() && std::isfinite(seed->get_double()) &&
+               seed->get_double() == std::floor(seed->get_double())) {
+      // A whole number written as a double (42.0), as the other integer fields take it; past 64 bits a range error,
+      // not a type error (a break-it pass: 2^64 was "must be an integer" while 2^63 was taken).
+      const double d = seed->get_double();
+      if (d < -9.2e18 || d >= 18446744073709551616.0) {
+        return bad_request(fmt::format("seed must be an integer from -2^63 to 2^64 - 1, got {}", to_json_text(*seed)),
+                           "seed");
+      }
+      params.seed = d < 0 ? static_cast<uint64_t>(static_cast<int64_t>(d)) : static_cast<uint64_t>(d);
     } else {
       return type_error("seed", "an integer", *seed);
     }

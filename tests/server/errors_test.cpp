@@ -151,6 +151,9 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
        R"({"messages": [{"role": "user", "content": "x"}],)"
        R"( "chat_template_kwargs": {"enable_thinking": false, "thinking": true}})",
        400, "send one thinking switch", "chat_template_kwargs.thinking"},
+      {"seed past 64 bits", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "seed": 18446744073709551616})", 400,
+       "seed must be an integer from -2^63 to 2^64 - 1", "seed"},
       {"responses logprobs", "/v1/responses", R"({"input": "x", "top_logprobs": 3})", 400,
        "top_logprobs is not supported", "top_logprobs"},
       {"responses include logprobs", "/v1/responses",
