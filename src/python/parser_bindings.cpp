@@ -351,14 +351,17 @@ void bind_parser(py::module_& module) {
           "argument deltas merged.")
       .def(
           "finish",
-          [](PyStreamParser& self) {
+          [](PyStreamParser& self, bool cut_off) {
             PyStepEvent event;
-            self.parser.finish(event.events);
+            self.parser.finish(event.events, cut_off);
             self.finish_called = true;
             return complete(self, std::move(event));
           },
+          py::arg("cut_off") = false,
           "End of generation without the end-of-sequence token (length limit, stop string): flushes what was "
-          "held back.")
+          "held back. cut_off=True when the length limit ended it: tool-call markup cut short is dropped (a call "
+          "whose name was read keeps the arguments so far) instead of coming back as content, as the server "
+          "does at finish_reason \"length\".")
       .def(
           "result",
           [](const PyStreamParser& self) {

@@ -155,6 +155,29 @@ def test_malformed_markup_is_content_verbatim(tokenizer):
     assert parser.result().malformed_tool_calls == 1
 
 
+def test_a_call_cut_by_the_length_limit_shows_no_markup(tokenizer):
+    ids = tokenizer.encode("Checking." + V3_CALL)
+
+    def cut_at(marker):  # the ids up to where `marker` begins in the call
+        return ids[:len(tokenizer.encode("Checking." + V3_CALL[:V3_CALL.index(marker)]))]
+
+    in_name, in_arguments = cut_at("weather"), cut_at("city")
+    parser = ds.StreamOutputParser("deepseek-ai/DeepSeek-V3")
+    run(parser, in_name)
+    assert parser.finish(cut_off=True).is_finished()
+    assert parser.result().content == "Checking." and parser.result().tool_calls == []
+    assert parser.result().malformed_tool_calls == 0
+    plain = ds.StreamOutputParser("deepseek-ai/DeepSeek-V3")  # the model's own end there: malformed, kept as text
+    run(plain, in_name)
+    plain.finish()
+    assert "｜tool▁sep｜" in plain.result().content and plain.result().malformed_tool_calls == 1
+    parser = ds.StreamOutputParser("deepseek-ai/DeepSeek-V3")
+    run(parser, in_arguments)
+    parser.finish(cut_off=True)
+    assert parser.result().content == "Checking."
+    assert [c.name for c in parser.result().tool_calls] == ["get_weather"]
+
+
 def test_tool_call_objects(tokenizer):
     parser = ds.StreamOutputParser("deepseek-ai/DeepSeek-V4.1-Flash")
     _, _, calls, _ = run(parser, tokenizer.encode("Let me check." + dsml_call(" calls", " ") + EOS))
