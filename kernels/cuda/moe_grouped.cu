@@ -102,13 +102,35 @@ struct WarpView {
   int k = 0, t = 0;
 };
 
+// x (and the FP8 block scales) of the stage at k0 into s: the register path's load_stage and the ring's, whose
+// weights come from shared memory.
+template <bool kFp8>
+__device__ __forceinline__ void load_stage_x(Stage<kFp8>& s, const WarpView& v, int k0) {
+  using F = Format<kFp8>;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < kStepsPerStage; ++i) {
+    const int k = k0 + i * F::kStepK + v.t * F::kElems;
+#pragma unroll
+    for (int j = 0; j < F::kXLoads; ++j) {
+      const int kx = k + 8 * j;  // k % 8 == 0: a 16-byte x vector is wholly inside or outside K
+      s.x[i * F::kXLoads + j] = v.x_row && kx < v.k ? __ldg(reinterpret_cast<const uint4*>(v.x + kx)) : zero;
+    }
+  }
+  if constexpr (kFp8) {
+    s.scale = v.scales[k0 / kFp8Group];
+    s.scale_b = v.scales_b[k0 / kFp8Group];
+  }
+}
+
+// The stage at k0, weights and x, into s (the register path).
 template <bool kFp8>
 __device__ __forceinline__ void load_stage(Stage<kFp8>& s, const WarpView& v, int k0) {
   using F = Format<kFp8>;
 #pragma unroll
   for (int i = 0; i < kStepsPerStage; ++i) {
     const int k = k0 + i * F::kStepK + v.t * F::kElems;
-    const bool in_k = k < v.k;  // k % 8 == 0: a 16-byte x vector is wholly inside or outside
+    const bool in_k = k < v.k;
     const uint4 zero = make_uint4(0, 0, 0, 0);
     // load_weight is an asm statement the compiler may execute whatever the condition (it if-converts the select
     // around the quad shuffles of the tiled order): its address stays inside the row (k 0 when past K or N), and the
@@ -119,16 +141,8 @@ __device__ __forceinline__ void load_stage(Stage<kFp8>& s, const WarpView& v, in
     const uint4 wb = load_weight(v.wb + static_cast<int64_t>(b_ok ? k : 0) * F::kBytes);
     s.wa[i] = a_ok ? wa : zero;
     s.wb[i] = b_ok ? wb : zero;
-#pragma unroll
-    for (int j = 0; j < F::kXLoads; ++j) {
-      const int kx = k + 8 * j;
-      s.x[i * F::kXLoads + j] = v.x_row && kx < v.k ? __ldg(reinterpret_cast<const uint4*>(v.x + kx)) : zero;
-    }
   }
-  if constexpr (kFp8) {
-    s.scale = v.scales[k0 / kFp8Group];
-    s.scale_b = v.scales_b[k0 / kFp8Group];
-  }
+  load_stage_x(s, v, k0);
 }
 
 // Fragments: a lane's 16-byte load of row n0 + g holds consecutive k; pairs (0,1) (2,3) go to one mma as
@@ -244,26 +258,6 @@ __device__ __forceinline__ void ring_issue(uint4* slot, const WarpView& v, int k
     const bool a_ok = k < v.k && v.row_a, b_ok = k < v.k && v.row_b;
     ring_copy(slot + i * 32 + lane, v.wa + static_cast<int64_t>(a_ok ? k : 0) * F::kBytes, a_ok);
     ring_copy(slot + (kStepsPerStage + i) * 32 + lane, v.wb + static_cast<int64_t>(b_ok ? k : 0) * F::kBytes, b_ok);
-  }
-}
-
-// x (and the FP8 block scales) of the stage at k0 into s, as load_stage does; the weights come from the ring.
-template <bool kFp8>
-__device__ __forceinline__ void load_stage_x(Stage<kFp8>& s, const WarpView& v, int k0) {
-  using F = Format<kFp8>;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-  for (int i = 0; i < kStepsPerStage; ++i) {
-    const int k = k0 + i * F::kStepK + v.t * F::kElems;
-#pragma unroll
-    for (int j = 0; j < F::kXLoads; ++j) {
-      const int kx = k + 8 * j;
-      s.x[i * F::kXLoads + j] = v.x_row && kx < v.k ? __ldg(reinterpret_cast<const uint4*>(v.x + kx)) : zero;
-    }
-  }
-  if constexpr (kFp8) {
-    s.scale = v.scales[k0 / kFp8Group];
-    s.scale_b = v.scales_b[k0 / kFp8Group];
   }
 }
 

@@ -17,6 +17,7 @@ using request_json::indexed;
 using request_json::present;
 using request_json::quoted;
 using request_json::required_string;
+using request_json::whole_number;
 
 ContentPart text_part(std::string text) { return {ContentPart::Kind::kText, std::move(text), {}}; }
 
@@ -280,10 +281,9 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
       // server's other integer fields take it (api_common.cpp's read_int). At most kMaxBudget: a larger one is
       // refused as such, not clamped (max_tokens, which must exceed it, is bounded by max_model_len anyway).
       constexpr double kMaxBudget = INT32_MAX;
-      // Every JSON number as a double: int64 and uint64 values above kMaxBudget stay above it.
-      const double number = budget != nullptr && budget->is_number() ? budget->to_number<double>() : 0.0;
-      const bool integer = budget != nullptr && budget->is_number() && std::isfinite(number) &&
-                           number == std::floor(number);
+      const std::optional<double> whole = budget != nullptr ? whole_number(*budget) : std::nullopt;
+      const bool integer = whole.has_value();
+      const double number = whole.value_or(0.0);
       const std::string got = budget == nullptr ? std::string("none") : json::serialize(*budget);
       if (integer && number > kMaxBudget) {
         return Status::invalid_argument("thinking.budget_tokens must be at most " +

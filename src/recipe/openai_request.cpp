@@ -3,7 +3,6 @@
 #include "deepinfer/recipe/openai_request.h"
 
 #include <boost/json.hpp>
-#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,6 +15,7 @@ namespace json = boost::json;
 namespace {
 
 using request_json::kind_name;
+using request_json::whole_number;
 
 Status type_error(const std::string& path, std::string_view expected, const json::value& got) {
   return Status::invalid_argument(path + " must be " + std::string(expected) + ", got " + kind_name(got));
@@ -231,12 +231,11 @@ Status parse_thinking(const json::value& value, const std::string& path, Convers
       if (const json::value* budget = fields.if_contains("budget_tokens"); budget != nullptr) {
         if (!options.thinking)
           return Status::invalid_argument(path + ".budget_tokens is only allowed with {\"type\": \"enabled\"}");
-        const double number = budget->is_number() ? budget->to_number<double>() : 0.0;
-        const bool integer = budget->is_number() && std::isfinite(number) && number == std::floor(number);
-        if (!integer || number < 1 || number > INT32_MAX)
+        const std::optional<double> number = whole_number(*budget);
+        if (!number || *number < 1 || *number > INT32_MAX)
           return Status::invalid_argument(path + ".budget_tokens must be an integer from 1 to 2147483647, got " +
                                           json::serialize(*budget));
-        options.thinking_budget_tokens = static_cast<int64_t>(number);
+        options.thinking_budget_tokens = static_cast<int64_t>(*number);
       }
       return Status();
     }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <boost/json.hpp>
+#include <cmath>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -36,6 +38,15 @@ inline Status required_string(const boost::json::object& object, std::string_vie
   }
   out = value->get_string();
   return Status();
+}
+
+// A JSON number that is a whole number, as a double (1024, and 1024.0 as Python's json writes a float; int64 and
+// uint64 values keep their size, so a range check on the double sees them); nullopt for anything else.
+inline std::optional<double> whole_number(const boost::json::value& v) {
+  if (!v.is_number()) return std::nullopt;
+  const double number = v.to_number<double>();
+  if (!std::isfinite(number) || number != std::floor(number)) return std::nullopt;
+  return number;
 }
 
 // "a string", "an array", ...: what a value is, for "must be X, got Y" messages.

@@ -55,14 +55,12 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
     return bad_request("stop_sequences must be an array of strings", "stop_sequences");
   if (auto e = read_string_list(body, "stop_sequences", stops)) return *e;
   // Beta fields that would change the answer and are not implemented: refused, never accepted and ignored.
-  static constexpr std::pair<const char*, const char*> kRefused[] = {
+  static constexpr RefusedField kRefused[] = {
       {"output_format", "output_format (structured outputs) is not supported"},
       {"mcp_servers", "mcp_servers is not supported (no MCP connector)"},
       {"container", "container is not supported (no code execution tool)"},
   };
-  for (const auto& [key, message] : kRefused) {
-    if (present(body, key) != nullptr) return bad_request(message, key);
-  }
+  if (auto e = refuse_fields(body, kRefused)) return *e;
   std::optional<bool> stream;
   if (auto e = read_bool(body, "stream", stream)) return *e;
   plan.stream = stream.value_or(false);

@@ -325,6 +325,13 @@ std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, 
   return std::nullopt;
 }
 
+std::optional<ApiError> refuse_fields(const json::object& body, std::span<const RefusedField> fields) {
+  for (const RefusedField& refused : fields) {
+    if (present(body, refused.name) != nullptr) return bad_request(refused.message, refused.name);
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& conversation,
                                                     const recipe::RenderedPrompt& prompt) {
   const recipe::ToolChoice& choice = conversation.tool_choice;

@@ -13,6 +13,14 @@ namespace {
 // (basic_fields::new_element), i.e. from 65,534 bytes on: refuse those before they reach it.
 constexpr size_t kMaxFieldPartBytes = 65533;
 constexpr size_t kBodyReserveBytes = 64 * 1024;  // most reserved up front; the rest grows as bytes arrive
+
+// A field's value without its optional whitespace (spaces and tabs) on either side.
+std::string_view trimmed(beast::string_view value) {
+  std::string_view out(value.data(), value.size());
+  while (!out.empty() && (out.front() == ' ' || out.front() == '\t')) out.remove_prefix(1);
+  while (!out.empty() && (out.back() == ' ' || out.back() == '\t')) out.remove_suffix(1);
+  return out;
+}
 }  // namespace
 
 RequestParser::RequestParser(const HttpLimits& limits) : limits_(limits) {
@@ -98,9 +106,7 @@ std::optional<FramingError> check_framing(const http::request_header<>& header) 
   // A compressed body would be parsed as JSON as it is: refused (RFC 9110 section 15.5.16), "identity" only.
   const auto [first, last] = header.equal_range(http::field::content_encoding);
   for (auto field = first; field != last; ++field) {
-    std::string_view coding(field->value().data(), field->value().size());
-    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) coding.remove_prefix(1);
-    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.remove_suffix(1);
+    const std::string_view coding = trimmed(field->value());
     if (!coding.empty() && !beast::iequals(coding, "identity")) {
       return FramingError{415, fmt::format("Content-Encoding '{}' is not supported: send the body uncompressed",
                                            std::string(field->value().substr(0, 200)))};
@@ -112,9 +118,7 @@ std::optional<FramingError> check_framing(const http::request_header<>& header) 
     return FramingError{400, "malformed HTTP request: Transfer-Encoding on an HTTP/1.0 request"};
   }
   // Exactly one coding, "chunked" (any case, optional whitespace), in exactly one field.
-  std::string_view value(te->value().data(), te->value().size());
-  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
-  while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+  const std::string_view value = trimmed(te->value());
   if (header.count(http::field::transfer_encoding) != 1 || !beast::iequals(value, "chunked")) {
     std::string shown(te->value().substr(0, 200));
     return FramingError{501, fmt::format("Transfer-Encoding '{}' is not supported: send the body as is, with "

@@ -114,7 +114,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   }
   // Fields other OpenAI-style servers take that would change the answer and are not implemented here: refused
   // naming what to send instead, never accepted and ignored (a break-it pass, 2026-12-06, found them ignored).
-  static constexpr std::pair<const char*, const char*> kRefused[] = {
+  static constexpr RefusedField kRefused[] = {
       {"functions", "functions (the deprecated form of tools) is not supported; send tools"},
       {"function_call", "function_call (the deprecated form of tool_choice) is not supported; send tool_choice"},
       {"chat_template", "chat_template is not supported: the prompt is the model's own format (DeepSeek's renderer)"},
@@ -123,9 +123,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
       {"enable_thinking", "enable_thinking is not a top-level field; send chat_template_kwargs.enable_thinking, or "
                           "thinking"},
   };
-  for (const auto& [key, message] : kRefused) {
-    if (present(body, key) != nullptr) return bad_request(message, key);
-  }
+  if (auto e = refuse_fields(body, kRefused)) return *e;
   // parallel_tool_calls: read into the conversation (ToolChoice::parallel), honoured by the output builder below.
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;

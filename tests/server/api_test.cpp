@@ -738,19 +738,34 @@ TEST(CorsTest, AListedOriginIsAnsweredAndOthersAreNot) {
 namespace deepinfer::server::testing {
 namespace {
 
+// The demo model's tokenizer behind an ApiContext in the deepseek-v4.1 format (max_model_len 8,192).
+struct DemoApi {
+  std::shared_ptr<const recipe::Tokenizer> tokenizer;
+  ModelInfo model;
+  ApiContext context() const { return ApiContext{&model, tokenizer, nullptr, recipe::PromptFormat::kDeepSeekV41}; }
+};
+
+std::unique_ptr<DemoApi> demo_api() {
+  auto loaded = recipe::Tokenizer::load(std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models/demo");
+  EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
+  if (!loaded.ok()) return nullptr;
+  auto api = std::make_unique<DemoApi>();
+  api->tokenizer = std::move(loaded).value();
+  api->model.served_model_name = "default";
+  api->model.vocab_size = 129280;
+  api->model.max_model_len = 8192;
+  return api;
+}
+
 // Anthropic's thinking.budget_tokens reaches the engine as a thinking budget (the engine's forcing is tested in
 // tests/unit/sampler_test.cpp and mtp_engine_test.cpp): after that many reasoning tokens, `</think>` (or, with
 // tools, the DSML token that opens a call block inside reasoning). Anthropic's rule max_tokens > budget_tokens is
 // kept; without thinking there is no budget. The demo model's tokenizer and the deepseek-v4.1 format.
 TEST(ThinkingBudgetTest, BudgetTokensBecomeTheEnginesThinkingBudget) {
-  auto loaded = recipe::Tokenizer::load(std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models/demo");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  std::shared_ptr<const recipe::Tokenizer> demo = std::move(loaded).value();
-  ModelInfo model;
-  model.served_model_name = "default";
-  model.vocab_size = 129280;
-  model.max_model_len = 8192;
-  ApiContext context{&model, demo, nullptr, recipe::PromptFormat::kDeepSeekV41};
+  std::unique_ptr<DemoApi> api = demo_api();
+  ASSERT_NE(api, nullptr);
+  const std::shared_ptr<const recipe::Tokenizer>& demo = api->tokenizer;
+  const ApiContext context = api->context();
   auto plan = [&](const std::string& extra) {
     return plan_anthropic_messages(
         json::parse(R"({"model": "default", "messages": [{"role": "user", "content": "Think first."}])" + extra + "}"), context);
@@ -788,14 +803,10 @@ TEST(ThinkingBudgetTest, BudgetTokensBecomeTheEnginesThinkingBudget) {
 // accepted there and ignored). Any positive budget; max_tokens (or max_completion_tokens) must exceed it; without a
 // max_tokens the budget still applies (the request may run to the context's end).
 TEST(ThinkingBudgetTest, ChatCompletionsEnforceTheBudgetToo) {
-  auto loaded = recipe::Tokenizer::load(std::filesystem::path(DEEPINFER_SOURCE_DIR) / "models/demo");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  std::shared_ptr<const recipe::Tokenizer> demo = std::move(loaded).value();
-  ModelInfo model;
-  model.served_model_name = "default";
-  model.vocab_size = 129280;
-  model.max_model_len = 8192;
-  ApiContext context{&model, demo, nullptr, recipe::PromptFormat::kDeepSeekV41};
+  std::unique_ptr<DemoApi> api = demo_api();
+  ASSERT_NE(api, nullptr);
+  const std::shared_ptr<const recipe::Tokenizer>& demo = api->tokenizer;
+  const ApiContext context = api->context();
   auto plan = [&](const std::string& extra) {
     return plan_chat_completion(
         json::parse(R"({"model": "default", "messages": [{"role": "user", "content": "Think first."}])" + extra + "}"),

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -100,6 +101,14 @@ std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, 
 // The 400 for a forced tool_choice (required, a named function; Anthropic any, tool) that the prompt could not open
 // the answer for: the conversation ends with an assistant message the answer continues, or add_generation_prompt is
 // false (recipe::RenderedPrompt::opens_tool_calls is false then), so nothing would make the answer a call.
+// A field the dialect defines but this server does not implement, where ignoring it would change the answer: the 400
+// for the first of `fields` (name, message naming what to send instead) present in the body (and not null).
+struct RefusedField {
+  const char* name;
+  const char* message;
+};
+std::optional<ApiError> refuse_fields(const boost::json::object& body, std::span<const RefusedField> fields);
+
 std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& conversation,
                                                     const recipe::RenderedPrompt& prompt);
 
