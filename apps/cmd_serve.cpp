@@ -797,10 +797,6 @@ std::function<int()> add_serve_command(CLI::App& app) {
                                          expert_parallel);
     }
     if (!model.ok()) return fail(model.status().to_string());
-    if (options->enable_eplb && *model && (*model)->expert_precision() == backend::Precision::kFP8) {
-      return fail("--enable-eplb with FP8 experts on the " + device_name + " backend: moving block-scaled experts "
-                  "between ranks is not implemented; serve the checkpoint's experts in bf16, or leave EPLB off");
-    }
     if (tp_follower) {
       Status followed = (*model)->follow();
       if (!followed.ok()) return fail("tensor-parallel rank " + std::to_string(tp_rank) + ": " + followed.to_string());

@@ -1158,12 +1158,6 @@ std::vector<std::vector<double>> DeepSeekModel::expert_load() const {
 Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, int64_t num_nodes,
                                         std::vector<double>* before, std::vector<double>* after) {
   if (!dispatch_) return Status::invalid_argument("rebalance_experts: the model is not expert-parallel");
-  // Refused on every rank before any exchange: a rank failing to read its experts mid-way would leave the others
-  // waiting in the all-to-all (and the layers half rebalanced). Every rank holds the same precision.
-  if (expert_precision() == backend::Precision::kFP8) {
-    return Status::unsupported("rebalance_experts: the experts are FP8 (block-scaled): moving them between ranks is "
-                               "not implemented; load the experts in bf16, or leave EPLB off");
-  }
   const ExpertPlacement old = dispatch_->placement();
   const int64_t layers = static_cast<int64_t>(old.phy2log.size()), E = old.num_logical, P = old.num_physical;
   const int64_t per_rank = old.slots_per_rank();
@@ -1210,8 +1204,27 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
     if (!L.moe) continue;
     const Weight& gate_up = *L.experts.gate_up;
     const Weight& down = *L.experts.down;
-    const int64_t gate_up_n = gate_up.rows * gate_up.cols, row = gate_up_n + down.rows * down.cols;
+    // One expert as a row of float32 words, moved as bits: its values (bf16 widened exactly), or, FP8 experts, the
+    // e4m3 bytes of both matrices packed four to a word, then their block scales (128 x 128 blocks).
+    const bool fp8 = gate_up.precision == backend::Precision::kFP8;
+    const int64_t gate_up_n = gate_up.rows * gate_up.cols, down_n = down.rows * down.cols;
+    auto scale_count = [](const Weight& w) { return ((w.rows + 127) / 128) * ((w.cols + 127) / 128); };
+    const int64_t byte_words = (gate_up_n + down_n + 3) / 4;
+    const int64_t row = fp8 ? byte_words + scale_count(gate_up) + scale_count(down) : gate_up_n + down_n;
     auto read_expert = [&](int64_t local, float* out) -> Status {
+      if (fp8) {
+        Result<backend::Backend::Fp8Matrix> a = backend_.read_matrix_fp8(gate_up, local);
+        if (!a.ok()) return a.status();
+        Result<backend::Backend::Fp8Matrix> b = backend_.read_matrix_fp8(down, local);
+        if (!b.ok()) return b.status();
+        auto* bytes = reinterpret_cast<uint8_t*>(out);
+        std::fill(bytes, bytes + byte_words * 4, uint8_t{0});
+        std::copy(a->values.begin(), a->values.end(), bytes);
+        std::copy(b->values.begin(), b->values.end(), bytes + gate_up_n);
+        std::copy(a->scales.begin(), a->scales.end(), out + byte_words);
+        std::copy(b->scales.begin(), b->scales.end(), out + byte_words + scale_count(gate_up));
+        return Status();
+      }
       Result<std::vector<float>> a = backend_.read_matrix(gate_up, local);
       if (!a.ok()) return a.status();
       Result<std::vector<float>> b = backend_.read_matrix(down, local);
@@ -1219,6 +1232,33 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
       std::copy(a->begin(), a->end(), out);
       std::copy(b->begin(), b->end(), out + gate_up_n);
       return Status();
+    };
+    auto set_expert = [&](Weight& new_gate_up, Weight& new_down, int64_t j, const float* expert) -> Status {
+      if (fp8) {
+        const auto* bytes = reinterpret_cast<const uint8_t*>(expert);
+        const float* scales = expert + byte_words;
+        Status s = backend_.set_matrix(
+            new_gate_up, j,
+            backend::HostMatrix{gate_up.rows, gate_up.cols, {},
+                                std::span<const uint8_t>(bytes, static_cast<size_t>(gate_up_n)),
+                                std::span<const float>(scales, static_cast<size_t>(scale_count(gate_up)))});
+        if (!s.ok()) return s;
+        return backend_.set_matrix(
+            new_down, j,
+            backend::HostMatrix{down.rows, down.cols, {},
+                                std::span<const uint8_t>(bytes + gate_up_n, static_cast<size_t>(down_n)),
+                                std::span<const float>(scales + scale_count(gate_up),
+                                                       static_cast<size_t>(scale_count(down)))});
+      }
+      Status s = backend_.set_matrix(
+          new_gate_up, j,
+          backend::HostMatrix{gate_up.rows, gate_up.cols,
+                              std::span<const float>(expert, static_cast<size_t>(gate_up_n)), {}, {}});
+      if (!s.ok()) return s;
+      return backend_.set_matrix(
+          new_down, j,
+          backend::HostMatrix{down.rows, down.cols, std::span<const float>(expert + gate_up_n, static_cast<size_t>(down_n)),
+                              {}, {}});
     };
     std::vector<int64_t> send_rows(static_cast<size_t>(size), 0), recv_rows(static_cast<size_t>(size), 0);
     std::vector<float> send, recv;
@@ -1261,18 +1301,7 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
       } else {
         expert = recv.data() + next_from[rank]++ * row;
       }
-      Status s = backend_.set_matrix(**new_gate_up, j,
-                                     backend::HostMatrix{gate_up.rows, gate_up.cols,
-                                                         std::span<const float>(expert, static_cast<size_t>(gate_up_n)),
-                                                         {}, {}});
-      if (s.ok()) {
-        s = backend_.set_matrix(**new_down, j,
-                                backend::HostMatrix{down.rows, down.cols,
-                                                    std::span<const float>(expert + gate_up_n,
-                                                                           static_cast<size_t>(row - gate_up_n)),
-                                                    {}, {}});
-      }
-      if (!s.ok()) return s;
+      if (Status s = set_expert(**new_gate_up, **new_down, j, expert); !s.ok()) return s;
     }
     L.experts.gate_up = std::move(new_gate_up).value();
     L.experts.down = std::move(new_down).value();

@@ -525,13 +525,43 @@ TEST(CudaBackendTest, BatchInvariantModeGivesEveryRowTheSameLogitsInAnyBatch) {
 }
 
 
+// An FP8 weight reads back (read_matrix_fp8: what EPLB moves) bit for bit as set: the e4m3 bytes and the block
+// scales of a 300 x 200 matrix (rows and columns not multiples of 128: the stored rows and scale rows are padded),
+// every byte value but the NaNs, in the second matrix of a stack of 3; read_matrix refuses it, naming
+// read_matrix_fp8, and an index past the stack is an InvalidArgument.
+TEST(CudaBackendTest, Fp8WeightsReadBackAsSet) {
+  Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
+  if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
+  constexpr int64_t kRows = 300, kCols = 200;
+  auto weight = (*cuda)->make_weight(3, kRows, kCols, backend::Precision::kFP8);
+  ASSERT_TRUE(weight.ok()) << weight.status().to_string();
+  std::vector<uint8_t> bytes(static_cast<size_t>(kRows * kCols));
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const auto b = static_cast<uint8_t>((i * 37 + i / 200) & 0xff);
+    bytes[i] = (b & 0x7f) == 0x7f ? uint8_t{0x3c} : b;  // e4m3's NaNs (S.1111.111) left out
+  }
+  std::vector<float> scales(3 * 2);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.001f * static_cast<float>(i + 1) + 1e-7f;
+  ASSERT_TRUE((*cuda)->set_matrix(**weight, 1, backend::HostMatrix{kRows, kCols, {}, bytes, scales}).ok());
+  auto read = (*cuda)->read_matrix_fp8(**weight, 1);
+  ASSERT_TRUE(read.ok()) << read.status().to_string();
+  EXPECT_EQ(read->values, bytes);
+  EXPECT_EQ(read->scales, scales);
+  auto as_floats = (*cuda)->read_matrix(**weight, 1);
+  ASSERT_FALSE(as_floats.ok());
+  EXPECT_NE(as_floats.status().message().find("read_matrix_fp8"), std::string::npos) << as_floats.status().to_string();
+  EXPECT_EQ((*cuda)->read_matrix_fp8(**weight, 3).status().code(), StatusCode::kInvalidArgument);
+}
+
+
 // Expert parallel on the CUDA backend with one rank (what one GPU can show; two GPUs: scripts/gpu-check.sh's tp
 // stage): the model with ExpertParallel over a one-rank NCCL group (the rows) and a one-rank Gloo group (counts,
 // routing, EPLB's weights) and 4 redundant expert slots, against the same checkpoint without expert parallel on the
 // same GPU. The routing then runs on the host (route_token) and the MoE op takes it given (cuda_moe.cpp), with the
 // dispatch's batched row copies, the all-to-all of one rank and the combine. Prefill of three sequences, decode
 // steps, an EPLB rebalance that moves the experts to new slots (read back from the device, set anew), decode again.
-// Bound: bf16 noise (the router logits come from another kernel), every greedy id equal but for a near-tie.
+// bf16 experts, then FP8 ones (moved as their bytes and block scales). Bound: bf16 noise (the router logits come
+// from another kernel), every greedy id equal but for a near-tie.
 TEST(CudaBackendTest, ExpertParallelOnOneRankMatchesTheModelWithoutIt) {
   Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
   if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
@@ -543,74 +573,79 @@ TEST(CudaBackendTest, ExpertParallelOnOneRankMatchesTheModelWithoutIt) {
   ASSERT_TRUE(nccl.ok()) << nccl.status().to_string();
   auto gloo = backend::make_gloo_communicator(**store, "ep-host", 0, 1, "127.0.0.1", std::chrono::seconds(10));
   ASSERT_TRUE(gloo.ok()) << gloo.status().to_string();
-  auto plain = DeepSeekModel::load(dir.path(), **cuda, backend::Precision::kBF16);
-  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   // Without the host group the CUDA backend refuses expert parallel, naming it.
   auto refused = DeepSeekModel::load(dir.path(), **cuda, backend::Precision::kBF16, false, TensorParallel{},
                                      ExpertParallel{0, 1, nccl->get(), 4, false, 0.0});
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("host"), std::string::npos) << refused.status().to_string();
-  auto ep = DeepSeekModel::load(dir.path(), **cuda, backend::Precision::kBF16, false, TensorParallel{},
-                                ExpertParallel{0, 1, nccl->get(), 4, false, 0.0, gloo->get()});
-  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
-  const int64_t vocab = (*plain)->config().vocab_size;
-  constexpr int64_t kBlocks = 16;
-  auto plain_caches = (*plain)->make_layer_caches(kBlocks);
-  auto ep_caches = (*ep)->make_layer_caches(kBlocks);
-  ASSERT_TRUE(plain_caches.ok() && ep_caches.ok());
+  for (const backend::Precision precision : {backend::Precision::kBF16, backend::Precision::kFP8}) {
+    const char* form = precision == backend::Precision::kFP8 ? "FP8" : "bf16";
+    auto plain = DeepSeekModel::load(dir.path(), **cuda, precision);
+    ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+    auto ep = DeepSeekModel::load(dir.path(), **cuda, precision, false, TensorParallel{},
+                                  ExpertParallel{0, 1, nccl->get(), 4, false, 0.0, gloo->get()});
+    ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+    ASSERT_EQ((*ep)->expert_precision(), precision);
+    const int64_t vocab = (*plain)->config().vocab_size;
+    constexpr int64_t kBlocks = 16;
+    auto plain_caches = (*plain)->make_layer_caches(kBlocks);
+    auto ep_caches = (*ep)->make_layer_caches(kBlocks);
+    ASSERT_TRUE(plain_caches.ok() && ep_caches.ok());
 
-  const std::vector<int32_t> prompts = {70, 5, 130};
-  std::vector<Sequence> seqs(prompts.size());
-  uint32_t rng = 4242;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    for (int32_t i = 0; i < prompts[s]; ++i) {
-      rng = rng * 1664525u + 1013904223u;
-      seqs[s].tokens.push_back(static_cast<int32_t>((rng >> 8) % vocab));
-    }
-    for (int b = 0; b < 4; ++b) seqs[s].table.push_back(static_cast<int32_t>(s * 4 + b));
-  }
-  double worst_median = 0.0;
-  int rows_total = 0, argmax_equal = 0;
-  auto step = [&](const char* what) {
-    ForwardBatch batch;
-    for (Sequence& q : seqs) {
-      const int32_t n = static_cast<int32_t>(q.tokens.size()) - q.cached;
-      batch.token_ids.insert(batch.token_ids.end(), q.tokens.begin() + q.cached, q.tokens.end());
-      batch.sequences.push_back({n, q.cached, q.table});
-      batch.logits_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
-    }
-    std::vector<float> a, b;
-    Status st = (*plain)->forward(batch, *plain_caches, a);
-    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
-    st = (*ep)->forward(batch, *ep_caches, b);
-    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
-    ASSERT_EQ(a.size(), b.size());
-    std::vector<double> errors;
+    const std::vector<int32_t> prompts = {70, 5, 130};
+    std::vector<Sequence> seqs(prompts.size());
+    uint32_t rng = 4242;
     for (size_t s = 0; s < seqs.size(); ++s) {
-      const float* ra = a.data() + s * static_cast<size_t>(vocab);
-      const float* rb = b.data() + s * static_cast<size_t>(vocab);
-      errors.push_back(relative_error(rb, ra, vocab));
-      ++rows_total;
-      const int32_t next = argmax(ra, vocab);
-      argmax_equal += next == argmax(rb, vocab) ? 1 : 0;
-      seqs[s].cached = static_cast<int32_t>(seqs[s].tokens.size());
-      seqs[s].tokens.push_back(next);
+      for (int32_t i = 0; i < prompts[s]; ++i) {
+        rng = rng * 1664525u + 1013904223u;
+        seqs[s].tokens.push_back(static_cast<int32_t>((rng >> 8) % vocab));
+      }
+      for (int b = 0; b < 4; ++b) seqs[s].table.push_back(static_cast<int32_t>(s * 4 + b));
     }
-    std::sort(errors.begin(), errors.end());
-    worst_median = std::max(worst_median, errors[errors.size() / 2]);
-    std::printf("[ expert parallel, 1 rank ] %s: row errors %.2e %.2e %.2e\n", what, errors[0], errors[1], errors[2]);
-  };
-  ASSERT_NO_FATAL_FAILURE(step("prefill"));
-  for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(step("decode"));
-  std::vector<double> before, after;
-  Status rebalanced = (*ep)->rebalance_experts(EplbPolicy::kGlobal, 1, 1, &before, &after);
-  ASSERT_TRUE(rebalanced.ok()) << rebalanced.to_string();
-  EXPECT_EQ((*ep)->eplb_stats().rebalances, 1);
-  for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(step("decode after the rebalance"));
-  EXPECT_LE(worst_median, 2e-2);
-  EXPECT_GE(argmax_equal, rows_total - 1) << argmax_equal << " of " << rows_total << " greedy ids equal";
+    double worst_median = 0.0;
+    int rows_total = 0, argmax_equal = 0;
+    auto step = [&](const char* what) {
+      ForwardBatch batch;
+      for (Sequence& q : seqs) {
+        const int32_t n = static_cast<int32_t>(q.tokens.size()) - q.cached;
+        batch.token_ids.insert(batch.token_ids.end(), q.tokens.begin() + q.cached, q.tokens.end());
+        batch.sequences.push_back({n, q.cached, q.table});
+        batch.logits_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
+      }
+      std::vector<float> a, b;
+      Status st = (*plain)->forward(batch, *plain_caches, a);
+      ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+      st = (*ep)->forward(batch, *ep_caches, b);
+      ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+      ASSERT_EQ(a.size(), b.size());
+      std::vector<double> errors;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const float* ra = a.data() + s * static_cast<size_t>(vocab);
+        const float* rb = b.data() + s * static_cast<size_t>(vocab);
+        errors.push_back(relative_error(rb, ra, vocab));
+        ++rows_total;
+        const int32_t next = argmax(ra, vocab);
+        argmax_equal += next == argmax(rb, vocab) ? 1 : 0;
+        seqs[s].cached = static_cast<int32_t>(seqs[s].tokens.size());
+        seqs[s].tokens.push_back(next);
+      }
+      std::sort(errors.begin(), errors.end());
+      worst_median = std::max(worst_median, errors[errors.size() / 2]);
+      std::printf("[ expert parallel, 1 rank, %s ] %s: row errors %.2e %.2e %.2e\n", form, what, errors[0], errors[1],
+                  errors[2]);
+    };
+    ASSERT_NO_FATAL_FAILURE(step("prefill"));
+    for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(step("decode"));
+    std::vector<double> before, after;
+    Status rebalanced = (*ep)->rebalance_experts(EplbPolicy::kGlobal, 1, 1, &before, &after);
+    ASSERT_TRUE(rebalanced.ok()) << rebalanced.to_string();
+    EXPECT_EQ((*ep)->eplb_stats().rebalances, 1);
+    for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(step("decode after the rebalance"));
+    EXPECT_LE(worst_median, 2e-2) << form;
+    EXPECT_GE(argmax_equal, rows_total - 1)
+        << form << ": " << argmax_equal << " of " << rows_total << " greedy ids equal";
+  }
 }
-
 
 // DSpark's greedy heads on the device (Backend::read_dspark_greedy_chains through forward_dspark_block_greedy) make
 // the host heads' drafts on the demo model's trained draft module: the same block pass read back to the host and run

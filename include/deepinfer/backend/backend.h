@@ -335,11 +335,25 @@ class Backend {
   virtual Status set_matrix(Weight& w, int64_t index, const HostMatrix& host) = 0;
   virtual void fill_random(Weight& w, uint64_t seed, float scale) = 0;
   // The float32 values of matrix `index` of `w` [rows * cols] (bf16 widened exactly): a weight moving to another rank
-  // (expert load balancing). Errors: InvalidArgument (index); Unsupported on a backend that cannot read weights back.
+  // (expert load balancing). Errors: InvalidArgument (index, or an FP8 weight: read_matrix_fp8 reads those);
+  // Unsupported on a backend that cannot read weights back.
   virtual Result<std::vector<float>> read_matrix(const Weight& w, int64_t index) {
     (void)w;
     (void)index;
     return Status::unsupported(std::string(name()) + " backend: reading a weight back (expert load balancing)");
+  }
+  // Matrix `index` of an FP8 block-scaled weight as set_matrix takes it (and a checkpoint stores it): the e4m3 bytes
+  // [rows * cols] and the float32 block scales [ceil(rows / 128)][ceil(cols / 128)], bit for bit what was set: an FP8
+  // expert moving to another rank (expert load balancing). Errors: InvalidArgument (index, or a weight that is not
+  // FP8); Unsupported on a backend that keeps no FP8 weights (the CPU's: it stores them dequantized, kBF16).
+  struct Fp8Matrix {
+    std::vector<uint8_t> values;
+    std::vector<float> scales;
+  };
+  virtual Result<Fp8Matrix> read_matrix_fp8(const Weight& w, int64_t index) {
+    (void)w;
+    (void)index;
+    return Status::unsupported(std::string(name()) + " backend: no FP8 weights to read back");
   }
   // A float32 vector (norm weights, biases) in whatever form the backend's ops read.
   virtual Result<Buffer> make_vector(std::span<const float> values) = 0;

@@ -221,7 +221,8 @@ class DeepSeekModel {
   // EPLB: sums the ranks' expert load (all-reduce over the expert-parallel group), computes a new placement with
   // `policy` (expert_placement.h; num_groups: the expert groups, n_group; num_nodes: hosts), and moves the experts'
   // weights between ranks to it (all-to-all of the slots whose expert changed; a rank keeps what it already holds),
-  // then starts counting anew. Outputs do not change (greedy tokens identical: the same experts, elsewhere). Every
+  // then starts counting anew. FP8 experts move as their stored bytes and block scales (Backend::read_matrix_fp8),
+  // bf16 ones as their values. Outputs do not change (greedy tokens identical: the same experts, elsewhere). Every
   // rank of the group calls it between the same two passes; requests continue after it. Errors: the collectives',
   // ResourceExhausted, Unsupported (a backend that cannot read weights back); InvalidArgument without expert parallel.
   // `before` / `after` (optional): per MoE layer the max/mean rank load of the summed load under the old / new

@@ -182,6 +182,7 @@ class CudaBackend final : public Backend {
   // bf16 and float32 weights (expert load balancing); FP8 ones: Unsupported (their block scales would not survive the
   // float32 round trip).
   Result<std::vector<float>> read_matrix(const Weight& w, int64_t index) override;
+  Result<Fp8Matrix> read_matrix_fp8(const Weight& w, int64_t index) override;
   void fill_random(Weight& w, uint64_t seed, float scale) override;
   Result<Buffer> make_vector(std::span<const float> values) override;
 

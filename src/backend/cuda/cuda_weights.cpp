@@ -152,6 +152,40 @@ Status CudaBackend::set_matrix(Weight& weight, int64_t index, const HostMatrix& 
   return upload_now(bf16.data(), n * sizeof(uint16_t), dst);
 }
 
+Result<Backend::Fp8Matrix> CudaBackend::read_matrix_fp8(const Weight& weight, int64_t index) {
+  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
+  BACKEND_CHECK(w != nullptr, "a weight made by another backend was passed to the CUDA backend");
+  if (index < 0 || index >= w->count)
+    return Status::invalid_argument("read_matrix_fp8: matrix " + std::to_string(index) + " of a stack of " +
+                                    std::to_string(w->count));
+  if (w->precision != Precision::kFP8)
+    return Status::invalid_argument("read_matrix_fp8: the weight is not FP8 (read_matrix reads it)");
+  activate();
+  const MatrixRef m = matrix_of(*w, index);
+  // The stored form (set_matrix's): rows padded to `stride` bytes, scale rows padded to `scale_ld` floats.
+  std::vector<uint8_t> stored(static_cast<size_t>(w->rows * w->stride));
+  std::vector<float> stored_scales(static_cast<size_t>(w->scale_rows * w->scale_ld));
+  cudaError_t err = cudaMemcpyAsync(stored.data(), m.values, stored.size(), cudaMemcpyDeviceToHost, stream_);
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(stored_scales.data(), m.scales, stored_scales.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream_);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::internal("read_matrix_fp8: " + std::string(cudaGetErrorString(err)));
+  }
+  const int64_t scale_cols = ceil_div(w->cols, kc::kFp8GroupSize);
+  Fp8Matrix out;
+  out.values.resize(static_cast<size_t>(w->rows * w->cols));
+  for (int64_t r = 0; r < w->rows; ++r)
+    std::memcpy(out.values.data() + r * w->cols, stored.data() + r * w->stride, static_cast<size_t>(w->cols));
+  out.scales.resize(static_cast<size_t>(w->scale_rows * scale_cols));
+  for (int64_t r = 0; r < w->scale_rows; ++r)
+    std::memcpy(out.scales.data() + r * scale_cols, stored_scales.data() + r * w->scale_ld,
+                static_cast<size_t>(scale_cols) * sizeof(float));
+  return out;
+}
+
 Result<std::vector<float>> CudaBackend::read_matrix(const Weight& weight, int64_t index) {
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
   BACKEND_CHECK(w != nullptr, "a weight made by another backend was passed to the CUDA backend");
@@ -159,8 +193,7 @@ Result<std::vector<float>> CudaBackend::read_matrix(const Weight& weight, int64_
     return Status::invalid_argument("read_matrix: matrix " + std::to_string(index) + " of a stack of " +
                                     std::to_string(w->count));
   if (w->precision == Precision::kFP8)
-    return Status::unsupported("CUDA backend: reading an FP8 block-scaled weight back (expert load balancing moves "
-                               "bf16 experts on CUDA; serve this checkpoint's experts in bf16 to rebalance them)");
+    return Status::invalid_argument("read_matrix: an FP8 block-scaled weight (read_matrix_fp8 reads it)");
   activate();
   const MatrixRef m = matrix_of(*w, index);
   const bool f32 = w->precision == Precision::kF32;
