@@ -791,6 +791,42 @@ __global__ void moe_gather_kernel(const uint16_t* x, const int32_t* sorted_entri
   }
 }
 
+// One 8-value vector of a combined row: acc = (base ? base : 0) + Σ_slot weight · expert row, in float, slot order.
+// Slots in groups of 8: the group's positions and weights, then its rows, all loads in flight together (a
+// slot-by-slot loop waited for each position before loading its row). Both combine kernels call it, so they agree
+// bit for bit.
+__device__ __forceinline__ void combine_vec(const bf16* expert_out, const int32_t* entry_position, const float* weights,
+                                            const bf16* base, int64_t t, int64_t c, int64_t top_k, int64_t hidden,
+                                            float (&acc)[8]) {
+  constexpr int N = 8;
+  if (base != nullptr) {
+    load16(base + t * hidden + c * N, acc);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+  }
+  constexpr int kGroup = 8;
+  for (int64_t s0 = 0; s0 < top_k; s0 += kGroup) {
+    int64_t pos[kGroup];
+    float w[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const bool in = s0 + g < top_k;
+      pos[g] = in ? entry_position[t * top_k + s0 + g] : 0;
+      w[g] = in ? weights[t * top_k + s0 + g] : 0.0f;
+    }
+    float v[kGroup][N];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g)
+      if (s0 + g < top_k) load16(expert_out + pos[g] * hidden + c * N, v[g]);
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g)
+      if (s0 + g < top_k)
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[i] += w[g] * v[g][i];
+  }
+}
+
 __global__ void moe_combine_kernel(const bf16* expert_out, const int32_t* entry_position, const float* weights,
                                    const bf16* base, bf16* out, int64_t tokens, int64_t top_k, int64_t hidden,
                                    bool vec) {
@@ -802,40 +838,58 @@ __global__ void moe_combine_kernel(const bf16* expert_out, const int32_t* entry_
     const int64_t t = idx / per_row, c = idx % per_row;
     if (vec) {
       float acc[N];
-      if (base != nullptr) {
-        load16(base + t * hidden + c * N, acc);
-      } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-      }
-      // Slots in groups of 8: the group's positions and weights, then its rows, all loads in flight together (a
-      // slot-by-slot loop waited for each position before loading its row); the sum stays in slot order.
-      constexpr int kGroup = 8;
-      for (int64_t s0 = 0; s0 < top_k; s0 += kGroup) {
-        int64_t pos[kGroup];
-        float w[kGroup];
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g) {
-          const bool in = s0 + g < top_k;
-          pos[g] = in ? entry_position[t * top_k + s0 + g] : 0;
-          w[g] = in ? weights[t * top_k + s0 + g] : 0.0f;
-        }
-        float v[kGroup][N];
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g)
-          if (s0 + g < top_k) load16(expert_out + pos[g] * hidden + c * N, v[g]);
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g)
-          if (s0 + g < top_k)
-#pragma unroll
-            for (int i = 0; i < N; ++i) acc[i] += w[g] * v[g][i];
-      }
+      combine_vec(expert_out, entry_position, weights, base, t, c, top_k, hidden, acc);
       store16(out + t * hidden + c * N, acc);
     } else {
       float acc = base != nullptr ? __bfloat162float(base[t * hidden + c]) : 0.0f;
       for (int64_t s = 0; s < top_k; ++s)
         acc += weights[t * top_k + s] * __bfloat162float(expert_out[entry_position[t * top_k + s] * hidden + c]);
       out[t * hidden + c] = __float2bfloat16(acc);
+    }
+  }
+}
+
+// The combine, then the next layer's residual add and input norm (run_moe_combine with a residual): one CTA per
+// token row, the thread layout and arithmetic of rms_norm_vec_kernel (VPT vectors of 8 a thread, the same
+// block_sum), so out, residual and normed are bit for bit what moe_combine_kernel and then the fused add + RMSNorm
+// write.
+template <int VPT>
+__global__ void __launch_bounds__(256) moe_combine_rms_norm_kernel(const bf16* expert_out, const int32_t* entry_position,
+                                                                   const float* weights, const bf16* base, bf16* out,
+                                                                   bf16* residual, const bf16* __restrict__ norm_weight,
+                                                                   bf16* normed, int64_t top_k, int64_t hidden,
+                                                                   float eps) {
+  pdl_begin();
+  constexpr int N = 8;
+  const int64_t t = blockIdx.x, row = t * hidden;
+  const int nvec = static_cast<int>(hidden / N);
+  float v[VPT][N];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int vi = threadIdx.x + j * blockDim.x;
+    if (vi < nvec) {
+      combine_vec(expert_out, entry_position, weights, base, t, vi, top_k, hidden, v[j]);
+      store16(out + row + static_cast<int64_t>(vi) * N, v[j]);
+      float r[N];
+      load16(residual + row + static_cast<int64_t>(vi) * N, r);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[j][i] = round_trip<bf16>(round_trip<bf16>(v[j][i]) + r[i]);
+      store16(residual + row + static_cast<int64_t>(vi) * N, v[j]);
+#pragma unroll
+      for (int i = 0; i < N; ++i) ss += v[j][i] * v[j][i];
+    }
+  }
+  const float inv = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(hidden) + eps);
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int vi = threadIdx.x + j * blockDim.x;
+    if (vi < nvec) {
+      float w[N];
+      load16(norm_weight + static_cast<int64_t>(vi) * N, w);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[j][i] = v[j][i] * inv * w[i];
+      store16(normed + row + static_cast<int64_t>(vi) * N, v[j]);
     }
   }
 }
@@ -975,9 +1029,42 @@ cudaError_t run_moe_gather(const MoeGatherParams& p) {
   return cudaGetLastError();
 }
 
+bool moe_combine_norm_fits(const MoeCombineParams& p) {
+  return p.hidden % 8 == 0 && p.hidden / 8 <= 8 * 256 && p.tokens <= 0x7fffffff && aligned16(p.expert_out) &&
+         aligned16(p.base) && aligned16(p.out) && aligned16(p.residual) && aligned16(p.norm_weight) &&
+         aligned16(p.normed) && p.normed != nullptr && p.norm_weight != nullptr;
+}
+
 cudaError_t run_moe_combine(const MoeCombineParams& p) {
   if (p.tokens <= 0 || p.hidden <= 0) return cudaSuccess;
   const bool vec = p.hidden % 8 == 0 && aligned16(p.expert_out) && aligned16(p.base) && aligned16(p.out);
+  if (p.residual != nullptr) {
+    if (!moe_combine_norm_fits(p)) return cudaErrorInvalidValue;
+    const auto* eo = reinterpret_cast<const bf16*>(p.expert_out);
+    const auto* base = reinterpret_cast<const bf16*>(p.base);
+    auto* out = reinterpret_cast<bf16*>(p.out);
+    auto* residual = reinterpret_cast<bf16*>(p.residual);
+    const auto* w = reinterpret_cast<const bf16*>(p.norm_weight);
+    auto* normed = reinterpret_cast<bf16*>(p.normed);
+    // rms_norm's launch rule (launch_rms_norm), so the block sums match it.
+    const int64_t nvec = p.hidden / 8;
+    const int threads = nvec >= 256 ? 256 : static_cast<int>((nvec + 31) / 32 * 32);
+    const int64_t vpt = (nvec + threads - 1) / threads;
+    const dim3 grid(static_cast<unsigned>(p.tokens));
+    if (vpt <= 1)
+      launch_pdl(moe_combine_rms_norm_kernel<1>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
+                 residual, w, normed, p.top_k, p.hidden, p.eps);
+    else if (vpt <= 2)
+      launch_pdl(moe_combine_rms_norm_kernel<2>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
+                 residual, w, normed, p.top_k, p.hidden, p.eps);
+    else if (vpt <= 4)
+      launch_pdl(moe_combine_rms_norm_kernel<4>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
+                 residual, w, normed, p.top_k, p.hidden, p.eps);
+    else
+      launch_pdl(moe_combine_rms_norm_kernel<8>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
+                 residual, w, normed, p.top_k, p.hidden, p.eps);
+    return cudaGetLastError();
+  }
   launch_pdl(moe_combine_kernel, grid_for(p.tokens * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream,
              reinterpret_cast<const bf16*>(p.expert_out), p.entry_position, p.weights,
              reinterpret_cast<const bf16*>(p.base), reinterpret_cast<bf16*>(p.out), p.tokens, p.top_k, p.hidden, vec);

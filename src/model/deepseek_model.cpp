@@ -1732,9 +1732,12 @@ StepTensors step_tensors(const DeepSeekModel::Scratch& S, const ModelConfig& c, 
 // post-attention norm into t.ffn (the caller adds it to t.x). `c` holds this rank's shapes (heads and intermediate
 // sizes divided by the tensor-parallel size); with `tp`, the partial sums of o_proj and of the feed-forward are
 // all-reduced over it.
-void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekModel::Weights& w, const Layer& L,
+// `next_norm` (optional): the next layer's input norm. Where the layer's MoE can take them (no expert or tensor
+// parallel), the residual add (t.x += t.ffn) and that norm (into t.normed) run with it (moe_add_rms_norm), and the
+// layer returns true; false: the caller adds and norms.
+bool decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekModel::Weights& w, const Layer& L,
                    const Buffer& cache, const StepTensors& t, bool use_expanded, backend::Communicator* tp,
-                   ExpertDispatch* ep = nullptr, int64_t moe_layer = 0) {
+                   ExpertDispatch* ep = nullptr, int64_t moe_layer = 0, const Buffer* next_norm = nullptr) {
   const int64_t H = c.num_attention_heads, C = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim(), V = c.v_head_dim, entry = C + R;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -1795,10 +1798,15 @@ void decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
     } else {
       backend::MoeWeights moe{w.rule, L.gate.get(), L.has_gate_bias ? &L.gate_bias : nullptr,
                               L.experts.gate_up.get(), L.experts.down.get()};
+      if (next_norm != nullptr && tp == nullptr) {
+        b.moe_add_rms_norm(t.normed, moe, t.ffn, t.x, *next_norm, eps, t.normed);
+        return true;
+      }
       b.moe(t.normed, moe, t.ffn);
     }
   }
   if (tp) tp->all_reduce_sum(t.ffn);
+  return false;
 }
 
 // Per row of host logits [rows, vocab]: the argmax (lowest id among equal maxima), -1 for a row holding a NaN or
@@ -1930,13 +1938,15 @@ Status DeepSeekModel::run(const ForwardBatch& batch, LayerCaches layer_caches, s
     backend_.rms_norm(t.x, w.layers[0].input_layernorm, eps, t.normed);
     for (int64_t l = 0, moe_layer = 0; l < c.num_hidden_layers; ++l) {
       const bool moe = w.layers[static_cast<size_t>(l)].moe;
-      decoder_layer(backend_, c, w, w.layers[static_cast<size_t>(l)], layer_caches[static_cast<size_t>(l)], t,
-                    use_expanded, tp, dispatch_.get(), moe_layer);
+      const bool last = l + 1 == c.num_hidden_layers;
+      const bool added = decoder_layer(
+          backend_, c, w, w.layers[static_cast<size_t>(l)], layer_caches[static_cast<size_t>(l)], t, use_expanded, tp,
+          dispatch_.get(), moe_layer, last ? nullptr : &w.layers[static_cast<size_t>(l + 1)].input_layernorm);
       moe_layer += moe ? 1 : 0;
-      // The residual add, fused with the next layer's input norm.
-      if (l + 1 < c.num_hidden_layers) {
+      // The residual add, fused with the next layer's input norm (unless the MoE's combine took them).
+      if (!added && !last) {
         backend_.add_rms_norm(t.x, t.ffn, w.layers[static_cast<size_t>(l + 1)].input_layernorm, eps, t.normed);
-      } else {
+      } else if (last) {
         backend_.add(t.x, t.ffn);
       }
       if (const int64_t j = context_slot[static_cast<size_t>(l)]; j >= 0) {

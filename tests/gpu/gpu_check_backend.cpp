@@ -970,6 +970,67 @@ void check_side_lane(Pair& p) {
   }
 }
 
+// moe_add_rms_norm: the MoE, then the next layer's residual add and input norm, which the CUDA backend runs in the
+// combine's launch (run_moe_combine with a residual). The same bits as moe() and then add_rms_norm() on the same
+// backend, in out, the residual and the normed rows: hidden 256, 2,048 (V2-Lite) and 7,168 (V3: 4 vectors a
+// thread), bf16 and FP8 experts, 1, 8 and 300 rows; y the MoE's own input x (as the model calls it); and out
+// strided (the fused launch does not apply: the two ops run). Against the CPU backend's moe + add_rms_norm too.
+void check_moe_norm(Pair& p) {
+  for (Precision precision : {Precision::kBF16, Precision::kFP8}) {
+    for (int64_t hidden : {int64_t{256}, int64_t{2048}, int64_t{7168}}) {
+      for (int64_t T : {int64_t{1}, int64_t{8}, int64_t{300}}) {
+        for (int64_t out_pad : {int64_t{0}, int64_t{8}}) {
+          if (out_pad != 0 && (hidden != 256 || T != 8)) continue;
+          const int64_t I = 128, E = 16;
+          be::MoeRoutingRule rule;
+          rule.scoring = be::MoeRoutingRule::Scoring::kSoftmax;
+          rule.num_experts = E;
+          rule.top_k = 4;
+          WeightPair router = make_weights(p.cpu, p.gpu, p.rng, 1, E, hidden, Precision::kF32, 0.3f);
+          WeightPair gate_up = make_weights(p.cpu, p.gpu, p.rng, E, 2 * I, hidden, precision,
+                                            1.0f / std::sqrt(static_cast<float>(hidden)));
+          WeightPair down = make_weights(p.cpu, p.gpu, p.rng, E, hidden, I, precision, 0.09f);
+          const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden));
+          const std::vector<float> base = p.rng.values(static_cast<size_t>(T * hidden));
+          const std::vector<float> residual = p.rng.values(static_cast<size_t>(T * hidden), 4.0f);
+          const std::vector<float> norm = p.rng.values(static_cast<size_t>(hidden), 2.0f);
+          // Returns out, residual and y (= x) one after the other.
+          auto run = [&](Backend& b, bool cpu, bool fused) {
+            const be::MoeWeights mw{rule, cpu ? router.cpu.get() : router.gpu.get(), nullptr,
+                                    cpu ? gate_up.cpu.get() : gate_up.gpu.get(), cpu ? down.cpu.get() : down.gpu.get()};
+            Buffer nw = must(b.make_vector(norm), "make_vector");
+            Act xa = make_act(b, x, T, hidden, hidden), oa = make_act(b, base, T, hidden, hidden + out_pad);
+            Act ra = make_act(b, residual, T, hidden, hidden);
+            if (fused) {
+              b.moe_add_rms_norm(xa.view, mw, oa.view, ra.view, nw, 1e-6f, xa.view);
+            } else {
+              b.moe(xa.view, mw, oa.view);
+              b.add_rms_norm(ra.view, oa.view, nw, 1e-6f, xa.view);
+            }
+            std::vector<float> all = read_act(b, oa, "moe norm (out)");
+            for (const Act* a : {&ra, &xa}) {
+              const std::vector<float> part = read_act(b, *a, "moe norm");
+              all.insert(all.end(), part.begin(), part.end());
+            }
+            return all;
+          };
+          const std::vector<float> separate = run(p.gpu, false, false), fused = run(p.gpu, false, true);
+          size_t differ = separate.size() == fused.size() ? 0 : separate.size() + 1;
+          for (size_t i = 0; differ == 0 && i < separate.size(); ++i) differ += separate[i] != fused[i] ? 1 : 0;
+          const std::string label = std::string("moe_add_rms_norm, ") +
+                                    (precision == Precision::kFP8 ? "fp8" : "bf16") + ", hidden " +
+                                    std::to_string(hidden) + ", T " + std::to_string(T) +
+                                    (out_pad != 0 ? ", out strided" : "");
+          expect(label + ": bit-identical to moe then add_rms_norm", differ == 0,
+                 std::to_string(differ) + " values differ");
+          expect_close((label + " (vs the CPU backend)").c_str(), fused, run(p.cpu, true, true),
+                       precision == Precision::kFP8 ? 8e-2 : 3e-2);
+        }
+      }
+    }
+  }
+}
+
 void check_logits(Pair& p) {
   Backend* backends[2] = {&p.cpu, &p.gpu};
   const int64_t hidden = 160, vocab = 1000;
@@ -1407,6 +1468,7 @@ int main(int argc, char** argv) {
   }
   unsetenv("DEEPINFER_MOE_GEMM");
   for (const MoeCase& c : moe_cases) check_moe(p, c, moe_backends);
+  check_moe_norm(p);
   check_side_lane(p);
   check_logits(p);
   check_device_sampling(p, 3001, false);

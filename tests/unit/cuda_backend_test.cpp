@@ -560,8 +560,8 @@ TEST(CudaBackendTest, Fp8WeightsReadBackAsSet) {
 // same GPU. The routing then runs on the host (route_token) and the MoE op takes it given (cuda_moe.cpp), with the
 // dispatch's batched row copies, the all-to-all of one rank and the combine. Prefill of three sequences, decode
 // steps, an EPLB rebalance that moves the experts to new slots (read back from the device, set anew), decode again.
-// bf16 experts, then FP8 ones (moved as their bytes and block scales). Bound: bf16 noise (the router logits come
-// from another kernel), every greedy id equal but for a near-tie.
+// bf16 experts (a random checkpoint), then FP8 ones (the FP8 fixture; moved as their bytes and block scales). Bound:
+// bf16 noise (the router logits come from another kernel), every greedy id equal but for a near-tie.
 TEST(CudaBackendTest, ExpertParallelOnOneRankMatchesTheModelWithoutIt) {
   Result<std::unique_ptr<backend::Backend>> cuda = backend::make_cuda_backend(0);
   if (!cuda.ok()) GTEST_SKIP() << cuda.status().to_string();
@@ -578,11 +578,14 @@ TEST(CudaBackendTest, ExpertParallelOnOneRankMatchesTheModelWithoutIt) {
                                      ExpertParallel{0, 1, nccl->get(), 4, false, 0.0});
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("host"), std::string::npos) << refused.status().to_string();
+  // bf16: the random checkpoint; FP8: the FP8 fixture (block-scaled experts as stored; a bf16 checkpoint loads bf16).
+  const std::string fp8_fixture = deepinfer::testing::source_path("tests/data/models/tiny-deepseek-v3-fp8");
   for (const backend::Precision precision : {backend::Precision::kBF16, backend::Precision::kFP8}) {
     const char* form = precision == backend::Precision::kFP8 ? "FP8" : "bf16";
-    auto plain = DeepSeekModel::load(dir.path(), **cuda, precision);
+    const std::string path = precision == backend::Precision::kFP8 ? fp8_fixture : dir.path().string();
+    auto plain = DeepSeekModel::load(path, **cuda, precision);
     ASSERT_TRUE(plain.ok()) << plain.status().to_string();
-    auto ep = DeepSeekModel::load(dir.path(), **cuda, precision, false, TensorParallel{},
+    auto ep = DeepSeekModel::load(path, **cuda, precision, false, TensorParallel{},
                                   ExpertParallel{0, 1, nccl->get(), 4, false, 0.0, gloo->get()});
     ASSERT_TRUE(ep.ok()) << ep.status().to_string();
     ASSERT_EQ((*ep)->expert_precision(), precision);

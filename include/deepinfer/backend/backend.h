@@ -435,6 +435,14 @@ class Backend {
   // out += sum over the token's top-k experts of weight_e * down_e(silu(gate_e x) * up_e x). `out` is read only by
   // the last step (the combine), after join_side_lane(): a side lane's ops (the shared experts) may write it.
   virtual void moe(const Tensor& x, const MoeWeights& w, Tensor out) = 0;
+  // moe(x, w, out), then add_rms_norm(residual, out, norm_weight, eps, y): the next layer's residual add and input
+  // norm after a MoE layer, which a backend may fuse into the MoE's combine (CUDA: one launch fewer per layer, the
+  // same bits). `y` may be `x` (read by the MoE before y is written). The default runs the two ops.
+  virtual void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor out, Tensor residual,
+                                const Buffer& norm_weight, float eps, Tensor y) {
+    moe(x, w, out);
+    add_rms_norm(residual, out, norm_weight, eps, y);
+  }
   // A second lane of work, for ops that may run beside the ones after them (SGLang's alt_stream for DeepSeek's
   // shared experts). begin_side_lane(): the ops issued from now on go to the side lane, after everything issued so
   // far; end_side_lane(): ops go to the main lane again, not waiting for the side lane's; join_side_lane(): the main

@@ -149,6 +149,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                                  "1: the streaming kernel copies weights before the previous kernel ends, 0: after");
   if (!early.ok()) return early.status();
   if (*early >= 0) backend->early_weights_ = *early == 1;
+  Result<int> moe_norm = env_choice("DEEPINFER_FUSED_MOE_NORM", {"0", "1"},
+                                    "1: the next layer's residual add and input norm in the MoE's combine, 0: after it");
+  if (!moe_norm.ok()) return moe_norm.status();
+  if (*moe_norm >= 0) backend->fused_moe_norm_ = *moe_norm == 1;
   Result<int> linear_bf16 = env_choice("DEEPINFER_SMALL_LINEAR_BF16", {"0", "1", "8"},
                                        "the most rows a bf16 projection runs on the streaming kernel (0: cuBLAS)");
   if (!linear_bf16.ok()) return linear_bf16.status();

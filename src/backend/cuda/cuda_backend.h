@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -213,6 +214,8 @@ class CudaBackend final : public Backend {
   void mla_expanded(const MlaExpanded& a, const Tensor& q, const Tensor& kv, const Buffer& cache_layer,
                     Tensor out) override;
   void moe(const Tensor& x, const MoeWeights& w, Tensor out) override;
+  void moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor out, Tensor residual, const Buffer& norm_weight,
+                        float eps, Tensor y) override;
   bool has_side_lane() const override { return side_lane_enabled_; }
   void begin_side_lane() override;
   void end_side_lane() override;
@@ -410,6 +413,16 @@ class CudaBackend final : public Backend {
   // The streaming kernel copies its first stages of weights before the previous kernel has ended (moe_grouped.h,
   // weights_before_wait) where that is safe: the projections and the MoE's down GEMM. DEEPINFER_EARLY_WEIGHTS=0: off.
   bool early_weights_ = true;
+  // moe_add_rms_norm: the residual add and norm in the combine's launch (run_moe_combine with a residual) unless
+  // DEEPINFER_FUSED_MOE_NORM=0; the same bits either way. `pending_norm_` carries them into moe() for one call.
+  bool fused_moe_norm_ = true;
+  struct PendingNorm {
+    Tensor residual, y;
+    const Buffer* weight = nullptr;
+    float eps = 0.0f;
+    bool done = false;
+  };
+  std::optional<PendingNorm> pending_norm_;
   // The most rows at which a bf16 projection runs on the streaming kernel instead of cuBLAS: 1 (H100, 2026-12-06: at
   // 1 row -0.10 ms a V2-Lite step, at 8 rows +0.08 ms); DEEPINFER_SMALL_LINEAR_BF16=0|1|8. FP8 projections take it up
   // to kStreamingLinearMaxRows unless DEEPINFER_SMALL_LINEAR=cublas.

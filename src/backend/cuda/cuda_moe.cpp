@@ -483,8 +483,43 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   c.base = static_cast<const uint16_t*>(accumulated.data);
   c.out = static_cast<uint16_t*>(accumulated.data);
   c.stream = stream_;
+  // moe_add_rms_norm's residual add and norm in the same launch, where the matrices are contiguous bf16 rows.
+  if (PendingNorm* norm = pending_norm_ ? &*pending_norm_ : nullptr;
+      norm != nullptr && direct_out && norm->residual.dtype == DType::kBF16 && norm->y.dtype == DType::kBF16 &&
+      norm->residual.rows == T && norm->residual.cols == hidden && norm->residual.stride == hidden &&
+      norm->y.rows == T && norm->y.cols == hidden && norm->y.stride == hidden) {
+    c.residual = static_cast<uint16_t*>(norm->residual.data);
+    c.norm_weight = vector_bf16(*norm->weight, hidden, "moe_add_rms_norm");
+    c.normed = static_cast<uint16_t*>(norm->y.data);
+    c.eps = norm->eps;
+    if (kc::moe_combine_norm_fits(c)) {
+      check_cuda(kc::run_moe_combine(c), "moe (combine with the residual add and norm)");
+      norm->done = true;
+      return;
+    }
+    c.residual = nullptr;
+    c.norm_weight = nullptr;
+    c.normed = nullptr;
+  }
   check_cuda(kc::run_moe_combine(c), "moe (combine)");
   if (!direct_out) copy(accumulated, out);
+}
+
+void CudaBackend::moe_add_rms_norm(const Tensor& x, const MoeWeights& w, Tensor out, Tensor residual,
+                                   const Buffer& norm_weight, float eps, Tensor y) {
+  bool fused = false;
+  if (fused_moe_norm_) {
+    pending_norm_ = PendingNorm{residual, y, &norm_weight, eps, false};
+    struct Clear {
+      std::optional<PendingNorm>& pending;
+      ~Clear() { pending.reset(); }
+    } clear{pending_norm_};
+    moe(x, w, out);
+    fused = pending_norm_->done;
+  } else {
+    moe(x, w, out);
+  }
+  if (!fused) add_rms_norm(residual, out, norm_weight, eps, y);
 }
 
 }  // namespace deepinfer::backend::cuda

@@ -166,6 +166,11 @@ cudaError_t run_moe_gather(const MoeGatherParams& params);
 
 // Combine: out[t, :] = (base ? base[t, :] : 0) + Σ_slot weights[t, slot] · expert_out[entry_position[t k + slot], :]
 // in float (slot order), rounded once to bf16. base (e.g. the shared experts' output) may alias out.
+// With `residual`: then the next layer's residual add and input norm in the same launch (one CTA per row):
+// residual[t, :] = bf16(out[t, :] + residual[t, :]), normed[t, :] = rms_norm(residual[t, :]) · norm_weight, bit for
+// bit what run_rms_norm with that residual writes after the plain combine. Every matrix contiguous [T, hidden];
+// needs moe_combine_norm_fits (hidden % 8 == 0 and <= 16,384, 16-byte aligned pointers), else
+// cudaErrorInvalidValue. normed may not alias the others; base may alias out.
 struct MoeCombineParams {
   int64_t tokens = 0, top_k = 0, hidden = 0;
   const uint16_t* expert_out = nullptr;    // bf16 [T * k, hidden], permuted order
@@ -173,8 +178,13 @@ struct MoeCombineParams {
   const float* weights = nullptr;          // [T, k]
   const uint16_t* base = nullptr;          // bf16 [T, hidden] or null
   uint16_t* out = nullptr;                 // bf16 [T, hidden]
+  uint16_t* residual = nullptr;            // bf16 [T, hidden] or null (no norm)
+  const uint16_t* norm_weight = nullptr;   // bf16 [hidden]
+  uint16_t* normed = nullptr;              // bf16 [T, hidden]
+  float eps = 1e-6f;
   cudaStream_t stream = nullptr;
 };
+bool moe_combine_norm_fits(const MoeCombineParams& params);
 cudaError_t run_moe_combine(const MoeCombineParams& params);
 
 }  // namespace deepinfer::kernels::cuda
