@@ -1199,80 +1199,83 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
     }
     return std::pair<int64_t, int64_t>{-1, -1};  // unreachable: every expert has a slot
   };
+  // Every rank learns whether any rank failed (an all-reduce of a flag), so that all return together instead of some
+  // waiting in the next collective; the failing rank returns its own error, the others an Internal naming this.
+  auto agree = [&](Status s) -> Status {
+    float failed = s.ok() ? 0.0f : 1.0f;
+    comm.all_reduce_sum(Tensor{&failed, backend::DType::kF32, 1, 1, 1});
+    if (Status c = comm.status(); !c.ok()) return c;
+    if (!s.ok()) return s;
+    return failed > 0.0f ? Status::internal("rebalance_experts: another rank failed to move its experts") : Status();
+  };
+  // One matrix of an expert in its all-to-all row, as float32 words moved as bits: bf16 / f32 weights as their
+  // values (bf16 widened exactly); FP8 ones as their e4m3 bytes, four to a word, then their 128 x 128 block scales.
+  auto words_of = [](const Weight& w) {
+    const int64_t n = w.rows * w.cols;
+    if (w.precision != backend::Precision::kFP8) return n;
+    return (n + 3) / 4 + ((w.rows + 127) / 128) * ((w.cols + 127) / 128);
+  };
+  auto read_into = [&](const Weight& w, int64_t local, float* out) -> Status {
+    const int64_t n = w.rows * w.cols;
+    if (w.precision == backend::Precision::kFP8) {
+      Result<backend::Backend::Fp8Matrix> a = backend_.read_matrix_fp8(w, local);
+      if (!a.ok()) return a.status();
+      auto* bytes = reinterpret_cast<uint8_t*>(out);
+      std::fill(bytes, bytes + (n + 3) / 4 * 4, uint8_t{0});
+      std::copy(a->values.begin(), a->values.end(), bytes);
+      std::copy(a->scales.begin(), a->scales.end(), out + (n + 3) / 4);
+      return Status();
+    }
+    Result<std::vector<float>> a = backend_.read_matrix(w, local);
+    if (!a.ok()) return a.status();
+    std::copy(a->begin(), a->end(), out);
+    return Status();
+  };
+  auto set_from = [&](Weight& w, int64_t j, const float* in) -> Status {
+    const int64_t n = w.rows * w.cols;
+    if (w.precision == backend::Precision::kFP8) {
+      return backend_.set_matrix(
+          w, j,
+          backend::HostMatrix{w.rows, w.cols, {}, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(in),
+                                                                          static_cast<size_t>(n)),
+                              std::span<const float>(in + (n + 3) / 4, static_cast<size_t>(words_of(w) - (n + 3) / 4))});
+    }
+    return backend_.set_matrix(w, j, backend::HostMatrix{w.rows, w.cols, std::span<const float>(in, static_cast<size_t>(n)),
+                                                         {}, {}});
+  };
+  // The placement as installed so far: a failure after some layers were moved leaves each layer routed to the
+  // experts it now holds.
+  ExpertPlacement installed = old;
+  auto fail = [&](Status s) {
+    backend_.reset_graphs();
+    dispatch_->set_placement(std::move(installed));
+    return s;
+  };
   for (int64_t l = 0, m = 0; l < config_.num_hidden_layers; ++l) {
     Layer& L = weights_->layers[static_cast<size_t>(l)];
     if (!L.moe) continue;
     const Weight& gate_up = *L.experts.gate_up;
     const Weight& down = *L.experts.down;
-    // One expert as a row of float32 words, moved as bits: its values (bf16 widened exactly), or, FP8 experts, the
-    // e4m3 bytes of both matrices packed four to a word, then their block scales (128 x 128 blocks).
-    const bool fp8 = gate_up.precision == backend::Precision::kFP8;
-    const int64_t gate_up_n = gate_up.rows * gate_up.cols, down_n = down.rows * down.cols;
-    auto scale_count = [](const Weight& w) { return ((w.rows + 127) / 128) * ((w.cols + 127) / 128); };
-    const int64_t byte_words = (gate_up_n + down_n + 3) / 4;
-    const int64_t row = fp8 ? byte_words + scale_count(gate_up) + scale_count(down) : gate_up_n + down_n;
+    const int64_t gate_up_words = words_of(gate_up), row = gate_up_words + words_of(down);
     auto read_expert = [&](int64_t local, float* out) -> Status {
-      if (fp8) {
-        Result<backend::Backend::Fp8Matrix> a = backend_.read_matrix_fp8(gate_up, local);
-        if (!a.ok()) return a.status();
-        Result<backend::Backend::Fp8Matrix> b = backend_.read_matrix_fp8(down, local);
-        if (!b.ok()) return b.status();
-        auto* bytes = reinterpret_cast<uint8_t*>(out);
-        std::fill(bytes, bytes + byte_words * 4, uint8_t{0});
-        std::copy(a->values.begin(), a->values.end(), bytes);
-        std::copy(b->values.begin(), b->values.end(), bytes + gate_up_n);
-        std::copy(a->scales.begin(), a->scales.end(), out + byte_words);
-        std::copy(b->scales.begin(), b->scales.end(), out + byte_words + scale_count(gate_up));
-        return Status();
-      }
-      Result<std::vector<float>> a = backend_.read_matrix(gate_up, local);
-      if (!a.ok()) return a.status();
-      Result<std::vector<float>> b = backend_.read_matrix(down, local);
-      if (!b.ok()) return b.status();
-      std::copy(a->begin(), a->end(), out);
-      std::copy(b->begin(), b->end(), out + gate_up_n);
-      return Status();
-    };
-    auto set_expert = [&](Weight& new_gate_up, Weight& new_down, int64_t j, const float* expert) -> Status {
-      if (fp8) {
-        const auto* bytes = reinterpret_cast<const uint8_t*>(expert);
-        const float* scales = expert + byte_words;
-        Status s = backend_.set_matrix(
-            new_gate_up, j,
-            backend::HostMatrix{gate_up.rows, gate_up.cols, {},
-                                std::span<const uint8_t>(bytes, static_cast<size_t>(gate_up_n)),
-                                std::span<const float>(scales, static_cast<size_t>(scale_count(gate_up)))});
-        if (!s.ok()) return s;
-        return backend_.set_matrix(
-            new_down, j,
-            backend::HostMatrix{down.rows, down.cols, {},
-                                std::span<const uint8_t>(bytes + gate_up_n, static_cast<size_t>(down_n)),
-                                std::span<const float>(scales + scale_count(gate_up),
-                                                       static_cast<size_t>(scale_count(down)))});
-      }
-      Status s = backend_.set_matrix(
-          new_gate_up, j,
-          backend::HostMatrix{gate_up.rows, gate_up.cols,
-                              std::span<const float>(expert, static_cast<size_t>(gate_up_n)), {}, {}});
-      if (!s.ok()) return s;
-      return backend_.set_matrix(
-          new_down, j,
-          backend::HostMatrix{down.rows, down.cols, std::span<const float>(expert + gate_up_n, static_cast<size_t>(down_n)),
-                              {}, {}});
+      if (Status s = read_into(gate_up, local, out); !s.ok()) return s;
+      return read_into(down, local, out + gate_up_words);
     };
     std::vector<int64_t> send_rows(static_cast<size_t>(size), 0), recv_rows(static_cast<size_t>(size), 0);
     std::vector<float> send, recv;
+    Status read = Status();
     for (int64_t q = 0; q < size; ++q) {
       for (int64_t j = 0; j < per_rank; ++j) {
         const auto [rank, local] = source_of(m, q * per_rank + j);
         if (q != me && rank == me) {
           send.resize(send.size() + static_cast<size_t>(row));
-          if (Status s = read_expert(local, send.data() + send.size() - row); !s.ok()) return s;
+          if (read.ok()) read = read_expert(local, send.data() + send.size() - row);
           ++send_rows[q];
         }
         if (q == me && rank != me) ++recv_rows[rank];
       }
     }
+    if (Status s = agree(read); !s.ok()) return fail(s);
     int64_t received = 0;
     for (int64_t n : recv_rows) received += n;
     recv.resize(static_cast<size_t>(received * row));
@@ -1280,31 +1283,35 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
     comm.all_to_all_rows(Tensor{send.empty() ? nullptr : send.data(), backend::DType::kF32, sent, row, row}, send_rows,
                          Tensor{recv.empty() ? nullptr : recv.data(), backend::DType::kF32, received, row, row},
                          recv_rows);
-    if (Status s = comm.status(); !s.ok()) return s;
+    if (Status s = comm.status(); !s.ok()) return fail(s);
     // The received rows come by source rank, each source's in slot order.
     std::vector<int64_t> next_from(static_cast<size_t>(size), 0);
     for (int64_t q = 0, at = 0; q < size; ++q) {
       next_from[q] = at;
       at += recv_rows[q];
     }
+    Status made = Status();
     Result<WeightPtr> new_gate_up = backend_.make_weight(per_rank, gate_up.rows, gate_up.cols, gate_up.precision);
-    if (!new_gate_up.ok()) return new_gate_up.status();
     Result<WeightPtr> new_down = backend_.make_weight(per_rank, down.rows, down.cols, down.precision);
-    if (!new_down.ok()) return new_down.status();
+    if (!new_gate_up.ok()) made = new_gate_up.status();
+    if (made.ok() && !new_down.ok()) made = new_down.status();
     std::vector<float> values(static_cast<size_t>(row));
-    for (int64_t j = 0; j < per_rank; ++j) {
+    for (int64_t j = 0; made.ok() && j < per_rank; ++j) {
       const auto [rank, local] = source_of(m, me * per_rank + j);
       const float* expert = nullptr;
       if (rank == me) {
-        if (Status s = read_expert(local, values.data()); !s.ok()) return s;
+        made = read_expert(local, values.data());
         expert = values.data();
       } else {
         expert = recv.data() + next_from[rank]++ * row;
       }
-      if (Status s = set_expert(**new_gate_up, **new_down, j, expert); !s.ok()) return s;
+      if (made.ok()) made = set_from(**new_gate_up, j, expert);
+      if (made.ok()) made = set_from(**new_down, j, expert + gate_up_words);
     }
+    if (Status s = agree(made); !s.ok()) return fail(s);
     L.experts.gate_up = std::move(new_gate_up).value();
     L.experts.down = std::move(new_down).value();
+    installed.phy2log[static_cast<size_t>(m)] = next.phy2log[static_cast<size_t>(m)];
     ++m;
   }
   backend_.reset_graphs();

@@ -225,6 +225,8 @@ class DeepSeekModel {
   // bf16 ones as their values. Outputs do not change (greedy tokens identical: the same experts, elsewhere). Every
   // rank of the group calls it between the same two passes; requests continue after it. Errors: the collectives',
   // ResourceExhausted, Unsupported (a backend that cannot read weights back); InvalidArgument without expert parallel.
+  // A failure on any rank fails every rank at the same layer (each layer's reads and writes are agreed on before the
+  // next exchange); the layers moved before it keep their new experts and placement, the rest their old ones.
   // `before` / `after` (optional): per MoE layer the max/mean rank load of the summed load under the old / new
   // placement.
   Status rebalance_experts(EplbPolicy policy, int64_t num_groups, int64_t num_nodes,

@@ -180,8 +180,8 @@ class CudaBackend final : public Backend {
 
   Result<std::unique_ptr<Weight>> make_weight(int64_t count, int64_t rows, int64_t cols, Precision precision) override;
   Status set_matrix(Weight& w, int64_t index, const HostMatrix& host) override;
-  // bf16 and float32 weights (expert load balancing); FP8 ones: Unsupported (their block scales would not survive the
-  // float32 round trip).
+  // Expert load balancing: read_matrix reads bf16 and float32 weights (an FP8 one: InvalidArgument, its block scales
+  // would not survive the float32 round trip); read_matrix_fp8 reads FP8 ones as stored.
   Result<std::vector<float>> read_matrix(const Weight& w, int64_t index) override;
   Result<Fp8Matrix> read_matrix_fp8(const Weight& w, int64_t index) override;
   void fill_random(Weight& w, uint64_t seed, float scale) override;
