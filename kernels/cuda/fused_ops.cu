@@ -7,6 +7,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "launch.cuh"
 
@@ -79,6 +80,42 @@ __device__ float block_sum(float v) {
 
 // ---- RMSNorm ----
 
+// A row-norm kernel's second pass over the VPT vectors a thread holds (vector vi = threadIdx.x + j * blockDim.x):
+// y_row = v * inv * weight, each rounded once to T.
+template <typename T, int VPT>
+__device__ __forceinline__ void scale_rows_vectors(float (&v)[VPT][kVec<T>], float inv, const T* __restrict__ weight,
+                                                   T* y_row, int nvec) {
+  constexpr int N = kVec<T>;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int vi = threadIdx.x + j * blockDim.x;
+    if (vi < nvec) {
+      float w[N];
+      load16(weight + static_cast<int64_t>(vi) * N, w);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[j][i] = v[j][i] * inv * w[i];
+      store16(y_row + static_cast<int64_t>(vi) * N, v[j]);
+    }
+  }
+}
+
+// The launch rule of the one-CTA-a-row kernels (the row in registers): 256 threads, fewer (a multiple of 32) for
+// rows of fewer vectors, and `launch(threads, std::integral_constant<int, VPT>)` with VPT 1, 2, 4 or 8 vectors a
+// thread. One rule, so that rms_norm and the combine with a norm sum their rows alike. REQUIRES nvec <= 8 * 256.
+template <typename Launch>
+void launch_row_kernel(int64_t nvec, Launch&& launch) {
+  const int threads = nvec >= 256 ? 256 : static_cast<int>((nvec + 31) / 32 * 32);
+  const int64_t vpt = (nvec + threads - 1) / threads;
+  if (vpt <= 1)
+    launch(threads, std::integral_constant<int, 1>{});
+  else if (vpt <= 2)
+    launch(threads, std::integral_constant<int, 2>{});
+  else if (vpt <= 4)
+    launch(threads, std::integral_constant<int, 4>{});
+  else
+    launch(threads, std::integral_constant<int, 8>{});
+}
+
 // One CTA per row; each thread keeps VPT 16-byte vectors of the row in registers (read once, written once).
 template <typename T, int VPT>
 __global__ void __launch_bounds__(256) rms_norm_vec_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* residual, T* y,
@@ -106,17 +143,7 @@ __global__ void __launch_bounds__(256) rms_norm_vec_kernel(const T* __restrict__
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int vi = threadIdx.x + j * blockDim.x;
-    if (vi < nvec) {
-      float w[N];
-      load16(weight + static_cast<int64_t>(vi) * N, w);
-#pragma unroll
-      for (int i = 0; i < N; ++i) v[j][i] = v[j][i] * inv * w[i];
-      store16(y + base + static_cast<int64_t>(vi) * N, v[j]);
-    }
-  }
+  scale_rows_vectors<T, VPT>(v, inv, weight, y + base, nvec);
 }
 
 // Any size / alignment: two passes over the row (the second re-reads x, or the residual just written).
@@ -153,16 +180,10 @@ cudaError_t launch_rms_norm(const RmsNormParams& p) {
                    aligned16(p.residual) && aligned16(p.y);
   const int64_t nvec = p.dim / N;
   if (vec && nvec <= 8 * 256) {  // bf16 dim <= 16384, f32 dim <= 8192 in registers; wider rows: scalar path
-    const int threads = nvec >= 256 ? 256 : static_cast<int>((nvec + 31) / 32 * 32);
-    const int64_t vpt = (nvec + threads - 1) / threads;
-    if (vpt <= 1)
-      launch_pdl(rms_norm_vec_kernel<T, 1>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
-    else if (vpt <= 2)
-      launch_pdl(rms_norm_vec_kernel<T, 2>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
-    else if (vpt <= 4)
-      launch_pdl(rms_norm_vec_kernel<T, 4>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
-    else
-      launch_pdl(rms_norm_vec_kernel<T, 8>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
+    launch_row_kernel(nvec, [&](int threads, auto vpt) {
+      launch_pdl(rms_norm_vec_kernel<T, decltype(vpt)::value>, grid, threads, 0, p.stream, x, w, r, y, p.dim, p.stride,
+                 p.eps);
+    });
   } else {
     launch_pdl(rms_norm_scalar_kernel<T>, grid, 256, 0, p.stream, x, w, r, y, p.dim, p.stride, p.eps);
   }
@@ -881,17 +902,7 @@ __global__ void __launch_bounds__(256) moe_combine_rms_norm_kernel(const bf16* e
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(ss) / static_cast<float>(hidden) + eps);
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int vi = threadIdx.x + j * blockDim.x;
-    if (vi < nvec) {
-      float w[N];
-      load16(norm_weight + static_cast<int64_t>(vi) * N, w);
-#pragma unroll
-      for (int i = 0; i < N; ++i) v[j][i] = v[j][i] * inv * w[i];
-      store16(normed + row + static_cast<int64_t>(vi) * N, v[j]);
-    }
-  }
+  scale_rows_vectors<bf16, VPT>(v, inv, norm_weight, normed + row, nvec);
 }
 
 }  // namespace
@@ -1046,23 +1057,12 @@ cudaError_t run_moe_combine(const MoeCombineParams& p) {
     auto* residual = reinterpret_cast<bf16*>(p.residual);
     const auto* w = reinterpret_cast<const bf16*>(p.norm_weight);
     auto* normed = reinterpret_cast<bf16*>(p.normed);
-    // rms_norm's launch rule (launch_rms_norm), so the block sums match it.
-    const int64_t nvec = p.hidden / 8;
-    const int threads = nvec >= 256 ? 256 : static_cast<int>((nvec + 31) / 32 * 32);
-    const int64_t vpt = (nvec + threads - 1) / threads;
+    // rms_norm's launch rule, so the block sums match it.
     const dim3 grid(static_cast<unsigned>(p.tokens));
-    if (vpt <= 1)
-      launch_pdl(moe_combine_rms_norm_kernel<1>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
-                 residual, w, normed, p.top_k, p.hidden, p.eps);
-    else if (vpt <= 2)
-      launch_pdl(moe_combine_rms_norm_kernel<2>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
-                 residual, w, normed, p.top_k, p.hidden, p.eps);
-    else if (vpt <= 4)
-      launch_pdl(moe_combine_rms_norm_kernel<4>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
-                 residual, w, normed, p.top_k, p.hidden, p.eps);
-    else
-      launch_pdl(moe_combine_rms_norm_kernel<8>, grid, threads, 0, p.stream, eo, p.entry_position, p.weights, base, out,
-                 residual, w, normed, p.top_k, p.hidden, p.eps);
+    launch_row_kernel(p.hidden / 8, [&](int threads, auto vpt) {
+      launch_pdl(moe_combine_rms_norm_kernel<decltype(vpt)::value>, grid, threads, 0, p.stream, eo, p.entry_position,
+                 p.weights, base, out, residual, w, normed, p.top_k, p.hidden, p.eps);
+    });
     return cudaGetLastError();
   }
   launch_pdl(moe_combine_kernel, grid_for(p.tokens * (vec ? p.hidden / 8 : p.hidden), 256), 256, 0, p.stream,
