@@ -560,6 +560,7 @@ __global__ void __launch_bounds__(128 * kWN, 1) mla_decode_v2_kernel(const MlaDe
 // combine took 10 us at batch 1). Same sums in the same order as a plain loop.
 constexpr int kCombineSmemSplits = 1024;
 
+template <int kGroup>
 __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecodeParams p) {
   pdl_begin();
   __shared__ float s_weight[kCombineSmemSplits];
@@ -583,9 +584,8 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecode
       __syncthreads();
     }
     float weight_sum = 0.0f;
-    // 8 splits' partial outputs loaded together (an empty split's partial is written as zeros, so every load is
-    // of written memory), then added in split order, skipping zero weights as before.
-    constexpr int kGroup = 8;
+    // kGroup splits' partial outputs loaded together (an empty split's partial is written as zeros, so every load
+    // is of written memory), then added in split order, skipping zero weights as before.
     for (int s0 = 0; s0 < splits; s0 += kGroup) {
       float4 o[kGroup];
 #pragma unroll
@@ -661,6 +661,20 @@ bool common_params_valid(const MlaDecodeParams& p) {
          p.block_table != nullptr && p.context_lens != nullptr && p.out != nullptr && p.batch <= 65535;
 }
 
+cudaError_t launch_combine(const MlaDecodeParams& p) {
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
+  // Automatic: all of up to 32 splits' partials in flight at once past 16 splits (batch 1: one round trip to L2
+  // instead of four; V2-Lite decode at batch 1 -0.015 ms on an H100), else 8 (fewer registers).
+  const int loads = p.combine_loads != 0 ? p.combine_loads : p.num_splits > 16 ? 32 : kMlaCombineLoads;
+  switch (loads) {
+    case 8: launch_pdl(mla_decode_combine_kernel<8>, grid, 128, 0, p.stream, p); break;
+    case 16: launch_pdl(mla_decode_combine_kernel<16>, grid, 128, 0, p.stream, p); break;
+    case 32: launch_pdl(mla_decode_combine_kernel<32>, grid, 128, 0, p.stream, p); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 template <int kGroups>
 cudaError_t launch_fast(const MlaDecodeParams& p) {
   constexpr int kSmem = fast_smem_bytes<kGroups>();
@@ -678,9 +692,7 @@ cudaError_t launch_fast(const MlaDecodeParams& p) {
   launch_pdl(mla_decode_fast_kernel<kGroups>, grid, 128 * kGroups, kSmem, p.stream, p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
-  launch_pdl(mla_decode_combine_kernel, dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 128,
-             0, p.stream, p);
-  return cudaGetLastError();
+  return launch_combine(p);
 }
 
 template <int kWN>
@@ -700,9 +712,7 @@ cudaError_t launch_v2(const MlaDecodeParams& p) {
   mla_decode_v2_kernel<kWN><<<grid, 128 * kWN, kSmem, p.stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
-  launch_pdl(mla_decode_combine_kernel, dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch)), 128,
-             0, p.stream, p);
-  return cudaGetLastError();
+  return launch_combine(p);
 }
 
 }  // namespace
@@ -712,7 +722,7 @@ size_t mla_decode_workspace_floats(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_heads * num_splits * (kMlaLatentDim + 1);
 }
 
-int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms) {
+int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms, int min_pages_per_split) {
   const int heads_per_cta = num_heads % 64 == 0 ? 64 : 16;
   const int ctas = batch * std::max(1, num_heads / heads_per_cta);
   // One split once the grid nearly fills the chip: on an H200 (132 SMs), batch 128 x H=16 (128 CTAs) ran
@@ -720,11 +730,14 @@ int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms
   // per SM already saturates HBM; the split workspace and combine pass are pure overhead there.
   if (10 * ctas >= 9 * num_sms) return 1;
   const int pages = (max_context + kMlaBlockTokens - 1) / kMlaBlockTokens;
-  int splits = (2 * num_sms + ctas - 1) / ctas;
-  // At least two pages per split (at batch 1, H = 16, context 4,096: 32 splits of 2 pages; 4 pages each took
-  // 14 us of kernel for 4.7 MB, each CTA's pages loaded one after another).
-  splits = std::min(splits, std::max(1, pages / 2));
-  return std::clamp(splits, 1, 64);
+  // One wave: the kernel's shared memory (two 72 KB pages) leaves room for one CTA an SM, so splits past
+  // num_sms / ctas queue a second wave. H100, V2-Lite decode at context 4,096 (bench/gpu/NOTES.md, 2026-12-06):
+  // batch 8 with 16 splits (128 CTAs) 7.63 ms against 7.83 with 32 (256 CTAs, the old rule of two CTAs an SM).
+  const int target = (num_sms + ctas - 1) / ctas;
+  // At least `min_pages_per_split` pages a split (default 2: at batch 1, H = 16, context 4,096, 32 splits of 2
+  // pages ran the step as fast as 64 of 1 and 0.09 ms faster than 16 of 4), then the fewest splits at that size.
+  const int per_split = std::max({1, min_pages_per_split, (pages + target - 1) / std::max(1, target)});
+  return std::clamp((pages + per_split - 1) / per_split, 1, 64);
 }
 
 int mla_decode_invariant_splits(int max_context) {
@@ -739,6 +752,8 @@ cudaError_t run_mla_decode(const MlaDecodeParams& p) {
     return cudaErrorInvalidValue;
   }
   if (p.num_splits > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
+  if (p.combine_loads != 0 && p.combine_loads != 8 && p.combine_loads != 16 && p.combine_loads != 32)
+    return cudaErrorInvalidValue;
   int heads_per_cta = p.heads_per_cta;
   if (heads_per_cta == 0) heads_per_cta = p.num_heads % 64 == 0 ? 64 : 16;
   if (p.num_heads % heads_per_cta != 0) return cudaErrorInvalidValue;

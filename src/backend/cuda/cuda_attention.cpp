@@ -78,7 +78,8 @@ void CudaBackend::mla_attention(const MlaAttention& a, const Tensor& q, const Bu
     // Splits past a row's pages are empty (the kernel writes lse -inf for them); a padded stride costs a little
     // combine work, never a wrong result.
     p.num_splits = kc::mla_decode_num_splits(p.batch, p.num_heads, static_cast<int>(step_.max_blocks * kBlockTokens),
-                                             num_sms_);
+                                             num_sms_, mla_split_min_pages_);
+    p.combine_loads = mla_combine_loads_;
     if (batch_invariant_) {  // splits at fixed pages: a row's sums whatever the batch (cuda_backend.h)
       p.split_pages = kc::kMlaInvariantSplitPages;
       p.num_splits = kc::mla_decode_invariant_splits(static_cast<int>(step_.max_blocks * kBlockTokens));

@@ -157,6 +157,14 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
                                        "the most rows a bf16 projection runs on the streaming kernel (0: cuBLAS)");
   if (!linear_bf16.ok()) return linear_bf16.status();
   if (*linear_bf16 >= 0) backend->streaming_linear_bf16_rows_ = *linear_bf16 == 0 ? 0 : *linear_bf16 == 1 ? 1 : 8;
+  Result<int> split_pages = env_choice("DEEPINFER_MLA_SPLIT_PAGES", {"1", "2", "4"},
+                                      "the fewest cache pages an MLA decode split reads (batch-invariant mode: 8)");
+  if (!split_pages.ok()) return split_pages.status();
+  if (*split_pages >= 0) backend->mla_split_min_pages_ = 1 << *split_pages;
+  Result<int> combine_loads = env_choice("DEEPINFER_MLA_COMBINE_LOADS", {"8", "16", "32"},
+                                         "partial outputs the MLA decode combine loads together");
+  if (!combine_loads.ok()) return combine_loads.status();
+  if (*combine_loads >= 0) backend->mla_combine_loads_ = 8 << *combine_loads;
   if (const char* keys = std::getenv("DEEPINFER_MLA_CONTEXT_CHUNK"); keys != nullptr && *keys != '\0') {
     const std::string v = keys;
     const bool digits = v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;

@@ -47,6 +47,10 @@ struct MlaDecodeParams {
   // per 16 heads (256 threads). v2 keeps Q in registers and needs 64 heads per CTA (H % 64 == 0, heads_per_cta
   // 0 or 64).
   int kernel_version = 0;
+  // Partial outputs the combine kernel loads together per thread before adding them (in split order, so the sums
+  // are the same for any value): 0 = automatic (32 past 16 splits, else kMlaCombineLoads), else 8, 16 or 32. More loads in flight cut the
+  // combine's round trips to L2 when there are many splits (batch 1: 32 to 64 splits).
+  int combine_loads = 0;
   cudaStream_t stream = nullptr;
 };
 
@@ -54,10 +58,12 @@ struct MlaDecodeParams {
 size_t mla_decode_workspace_floats(int batch, int num_heads, int num_splits);
 
 // The split count the fast kernel should use so that batch x head-blocks x splits fills `num_sms`
-// multiprocessors: 1 when the grid already nearly fills them (batch x head-blocks >= 0.9 x num_sms; measured on
-// an H200 at batch 128, H=16, 128 CTAs on 132 SMs: 1 split 158.5 us vs 3 splits 180.5 us at ctx 4096), else
-// about two CTAs per SM, at most one split per 2 pages of `max_context` and at most 64.
-int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms);
+// multiprocessors once: 1 when the grid already nearly fills them (batch x head-blocks >= 0.9 x num_sms; measured
+// on an H200 at batch 128, H=16, 128 CTAs on 132 SMs: 1 split 158.5 us vs 3 splits 180.5 us at ctx 4096), else
+// about one wave of CTAs (one CTA an SM fits), splits of at least `min_pages_per_split` pages of `max_context`,
+// at most 64 splits.
+int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms, int min_pages_per_split = 2);
+inline constexpr int kMlaCombineLoads = 8;
 
 // The batch-invariant split: kMlaInvariantSplitPages pages per split (512 keys), and the splits that cover
 // `max_context` keys (at least 1).
