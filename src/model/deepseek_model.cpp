@@ -37,13 +37,13 @@ constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 // growing context keeps its CUDA graph until it doubles (one graph per bucket, not per block).
 constexpr int64_t kMinGraphBlocks = 16;
 // Steps of at most this many rows run the shared experts on the backend's side lane (Backend::begin_side_lane),
-// beside the routed ones. Measured on an H100 with the lane up to 1,024 rows (bench/gpu/NOTES.md, 2026-12-05):
+// beside the routed ones, and the latent's projection (kv_a) beside the queries'. Measured on an H100 with the lane up to 1,024 rows (bench/gpu/NOTES.md, 2026-12-05):
 // V2-Lite decode -0.2 ms at batch 1, 8 and 64, but +0.35 ms at 256, the V3 slice +0.15 ms at 64 and its 512-token
 // chunks +2%: where both paths fill the GPU they compete. Then on an H200 with the lane up to 32 rows (2026-12-06):
 // V2-Lite -0.19 ms at batch 1 and -0.17 at 8, but +0.62 ms at 32, the V3 slice +0.17 ms at 32; and on an H100 up
 // to 16 rows: V2-Lite -0.21 / -0.20 / -0.13 ms at 1 / 8 / 16, the V3 slice (one 2,048-wide shared expert) even at
 // 1 and 8 but +0.11 ms (+2.8%) at 16. So 8 rows. SGLang's alt_stream threshold is 1,024 tokens.
-constexpr int64_t kSharedExpertLaneMaxRows = 8;
+constexpr int64_t kSideLaneMaxRows = 8;
 // Steps recorded as graphs (DeepSeekModel::set_use_graphs): few rows, few per sequence.
 bool graph_sized(int64_t rows, std::span<const SequenceChunk> sequences) {
   return rows <= DeepSeekModel::kGraphMaxRows &&
@@ -1751,6 +1751,14 @@ bool decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
   // Per-head views: head h's rope part of q, and of the absorbed query, as rows of R values.
   Tensor q_rope = t.q.reshaped(qk).cols_slice(nope, R);
   Tensor q_absorbed_rope = t.q_absorbed.reshaped(entry).cols_slice(C, R);
+  // Latent and rope key [T, C + R] (kv_a), on the backend's side lane beside the queries' projections up to
+  // kSideLaneMaxRows rows (at decode two small weight reads, one launch fewer on the step's critical path).
+  const bool kv_lane = b.has_side_lane() && t.normed.rows <= kSideLaneMaxRows;
+  if (kv_lane) {
+    b.begin_side_lane();
+    b.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
+    b.end_side_lane();
+  }
   // Queries [T, H * qk].
   if (c.q_lora_rank) {
     b.linear(t.normed, *L.q_a_proj, t.q_a);
@@ -1759,9 +1767,13 @@ bool decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
   } else {
     b.linear(t.normed, *L.q_proj, t.q);
   }
-  // Latent and rope key [T, C + R]: normalize the latent, rope the key, store both in the cache; rope the queries'
-  // rope parts (for the absorbed form also into the absorbed query, whose latent part linear_heads writes below).
-  b.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
+  if (kv_lane) {
+    b.join_side_lane();
+  } else {
+    b.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
+  }
+  // Normalize the latent, rope the key, store both in the cache; rope the queries' rope parts (for the absorbed
+  // form also into the absorbed query, whose latent part linear_heads writes below).
   b.mla_prepare(t.kv, C, L.kv_a_layernorm, eps, q_rope, H, w.inv_freq, w.rope_attention_factor, cache,
                 use_expanded ? Tensor{} : q_absorbed_rope);
   if (use_expanded) {
@@ -1789,10 +1801,10 @@ bool decoder_layer(backend::Backend& b, const ModelConfig& c, const DeepSeekMode
   if (!L.moe) {
     run_mlp(L.dense, t.ffn);
   } else {
-    // The shared experts on the backend's side lane, beside the routed ones up to kSharedExpertLaneMaxRows rows:
+    // The shared experts on the backend's side lane, beside the routed ones up to kSideLaneMaxRows rows:
     // moe() joins it before its combine adds the routed experts into t.ffn.
     const bool side_lane =
-        L.has_shared && ep == nullptr && b.has_side_lane() && t.normed.rows <= kSharedExpertLaneMaxRows;
+        L.has_shared && ep == nullptr && b.has_side_lane() && t.normed.rows <= kSideLaneMaxRows;
     if (side_lane) b.begin_side_lane();
     if (L.has_shared) {
       run_mlp(L.shared, t.ffn);
