@@ -733,8 +733,10 @@ int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms
   // One wave: the kernel's shared memory (two 72 KB pages) leaves room for one CTA an SM, so splits past
   // num_sms / ctas queue a second wave. H100, V2-Lite decode at context 4,096 (bench/gpu/NOTES.md, 2026-12-06):
   // batch 8 with 16 splits (128 CTAs) 7.63 ms against 7.83 with 32 (256 CTAs, the old rule of two CTAs an SM).
-  // Rounded down: at batch 32, 5 splits (160 CTAs: a second wave of 28) ran 0.32 ms slower than 8 (two full waves).
-  const int target = std::max(1, num_sms / ctas);
+  // Rounded down: at batch 32, 5 splits (160 CTAs: a second wave of 28) ran 0.32 ms slower than the old rule's 9
+  // (288 CTAs, 8 of them empty). Between half and 0.9 of the SMs (one split would leave the rest idle; not measured
+  // with one wave) the old rule stays: about two CTAs an SM (batch 80 x H = 16: 4 splits).
+  const int target = 2 * ctas > num_sms ? (2 * num_sms + ctas - 1) / ctas : num_sms / ctas;
   // At least `min_pages_per_split` pages a split (default 2: at batch 1, H = 16, context 4,096, 32 splits of 2
   // pages ran the step as fast as 64 of 1 and 0.09 ms faster than 16 of 4), then the fewest splits at that size.
   const int per_split = std::max({1, min_pages_per_split, (pages + target - 1) / std::max(1, target)});

@@ -37,7 +37,8 @@ constexpr int64_t kBlockTokens = ::deepinfer::kBlockTokens;  // core/types.h
 // growing context keeps its CUDA graph until it doubles (one graph per bucket, not per block).
 constexpr int64_t kMinGraphBlocks = 16;
 // Steps of at most this many rows run the shared experts on the backend's side lane (Backend::begin_side_lane),
-// beside the routed ones, and the latent's projection (kv_a) beside the queries'. Measured on an H100 with the lane up to 1,024 rows (bench/gpu/NOTES.md, 2026-12-05):
+// beside the routed ones, and the latent's projection (kv_a) beside the queries'. The bound was measured for the
+// shared experts on an H100 with the lane up to 1,024 rows (bench/gpu/NOTES.md, 2026-12-05):
 // V2-Lite decode -0.2 ms at batch 1, 8 and 64, but +0.35 ms at 256, the V3 slice +0.15 ms at 64 and its 512-token
 // chunks +2%: where both paths fill the GPU they compete. Then on an H200 with the lane up to 32 rows (2026-12-06):
 // V2-Lite -0.19 ms at batch 1 and -0.17 at 8, but +0.62 ms at 32, the V3 slice +0.17 ms at 32; and on an H100 up

@@ -134,7 +134,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   if (!sampling.ok()) return sampling.status();
   if (*sampling >= 0) backend->device_sampling_ = *sampling == 1;
   Result<int> side_lane =
-      env_choice("DEEPINFER_SIDE_LANE", {"0", "1"}, "1: the shared experts beside the routed ones, 0: after them");
+      env_choice("DEEPINFER_SIDE_LANE", {"0", "1"},
+                 "1: at decode the shared experts beside the routed ones and kv_a beside the queries, 0: in turn");
   if (!side_lane.ok()) return side_lane.status();
   backend->side_lane_enabled_ = *side_lane != 0;
   Result<int> fused_swiglu = env_choice("DEEPINFER_FUSED_SWIGLU", {"0", "1"},
