@@ -739,7 +739,7 @@ int mla_decode_num_splits(int batch, int num_heads, int max_context, int num_sms
   const int target = 2 * ctas > num_sms ? (2 * num_sms + ctas - 1) / ctas : num_sms / ctas;
   // At least `min_pages_per_split` pages a split (default 2: at batch 1, H = 16, context 4,096, 32 splits of 2
   // pages ran the step as fast as 64 of 1 and 0.09 ms faster than 16 of 4), then the fewest splits at that size.
-  const int per_split = std::max({1, min_pages_per_split, (pages + target - 1) / std::max(1, target)});
+  const int per_split = std::max({1, min_pages_per_split, (pages + target - 1) / target});
   return std::clamp((pages + per_split - 1) / per_split, 1, 64);
 }
 

@@ -1211,20 +1211,18 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
   };
   // One matrix of an expert in its all-to-all row, as float32 words moved as bits: bf16 / f32 weights as their
   // values (bf16 widened exactly); FP8 ones as their e4m3 bytes, four to a word, then their 128 x 128 block scales.
-  auto words_of = [](const Weight& w) {
-    const int64_t n = w.rows * w.cols;
-    if (w.precision != backend::Precision::kFP8) return n;
-    return (n + 3) / 4 + ((w.rows + 127) / 128) * ((w.cols + 127) / 128);
-  };
+  auto byte_words = [](const Weight& w) { return (w.rows * w.cols + 3) / 4; };
+  auto scale_count = [](const Weight& w) { return ((w.rows + 127) / 128) * ((w.cols + 127) / 128); };
+  auto fp8 = [](const Weight& w) { return w.precision == backend::Precision::kFP8; };
+  auto words_of = [&](const Weight& w) { return fp8(w) ? byte_words(w) + scale_count(w) : w.rows * w.cols; };
   auto read_into = [&](const Weight& w, int64_t local, float* out) -> Status {
-    const int64_t n = w.rows * w.cols;
-    if (w.precision == backend::Precision::kFP8) {
+    if (fp8(w)) {
       Result<backend::Backend::Fp8Matrix> a = backend_.read_matrix_fp8(w, local);
       if (!a.ok()) return a.status();
       auto* bytes = reinterpret_cast<uint8_t*>(out);
-      std::fill(bytes, bytes + (n + 3) / 4 * 4, uint8_t{0});
+      std::fill(bytes, bytes + byte_words(w) * 4, uint8_t{0});
       std::copy(a->values.begin(), a->values.end(), bytes);
-      std::copy(a->scales.begin(), a->scales.end(), out + (n + 3) / 4);
+      std::copy(a->scales.begin(), a->scales.end(), out + byte_words(w));
       return Status();
     }
     Result<std::vector<float>> a = backend_.read_matrix(w, local);
@@ -1233,16 +1231,13 @@ Status DeepSeekModel::rebalance_experts(EplbPolicy policy, int64_t num_groups, i
     return Status();
   };
   auto set_from = [&](Weight& w, int64_t j, const float* in) -> Status {
-    const int64_t n = w.rows * w.cols;
-    if (w.precision == backend::Precision::kFP8) {
-      return backend_.set_matrix(
-          w, j,
-          backend::HostMatrix{w.rows, w.cols, {}, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(in),
-                                                                          static_cast<size_t>(n)),
-                              std::span<const float>(in + (n + 3) / 4, static_cast<size_t>(words_of(w) - (n + 3) / 4))});
+    const auto n = static_cast<size_t>(w.rows * w.cols);
+    if (fp8(w)) {
+      const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(in), n);
+      const std::span<const float> scales(in + byte_words(w), static_cast<size_t>(scale_count(w)));
+      return backend_.set_matrix(w, j, backend::HostMatrix{w.rows, w.cols, {}, bytes, scales});
     }
-    return backend_.set_matrix(w, j, backend::HostMatrix{w.rows, w.cols, std::span<const float>(in, static_cast<size_t>(n)),
-                                                         {}, {}});
+    return backend_.set_matrix(w, j, backend::HostMatrix{w.rows, w.cols, std::span<const float>(in, n), {}, {}});
   };
   // The placement as installed so far: a failure after some layers were moved leaves each layer routed to the
   // experts it now holds.

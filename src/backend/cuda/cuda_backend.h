@@ -322,9 +322,9 @@ class CudaBackend final : public Backend {
   bool mla_prefill_mma_ = false;
   int64_t mla_context_chunk_ = 0;
   // MLA decode's split-KV outside batch-invariant mode: the fewest pages a split reads
-  // (DEEPINFER_MLA_SPLIT_PAGES=1|2|4), and the partials its combine loads together (DEEPINFER_MLA_COMBINE_LOADS=8|16|32;
-  // 0: the kernel's default). For measuring: the loads change no sum, the split pages change their order (as the batch
-  // does outside batch-invariant mode).
+  // (DEEPINFER_MLA_SPLIT_PAGES=1|2|4), and the partials its combine loads together
+  // (DEEPINFER_MLA_COMBINE_LOADS=8|16|32; 0: the kernel's default). For measuring: the loads change no sum, the split
+  // pages change their order (as the batch does outside batch-invariant mode).
   int mla_split_min_pages_ = 2;
   int mla_combine_loads_ = 0;
   // FP8 dense projections at a few rows (cuda_gemm.cpp): the streaming kernel of moe_grouped.h (one matrix, weights

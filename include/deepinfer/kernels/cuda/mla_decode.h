@@ -48,8 +48,8 @@ struct MlaDecodeParams {
   // 0 or 64).
   int kernel_version = 0;
   // Partial outputs the combine kernel loads together per thread before adding them (in split order, so the sums
-  // are the same for any value): 0 = automatic (32 past 16 splits, else kMlaCombineLoads), else 8, 16 or 32. More loads in flight cut the
-  // combine's round trips to L2 when there are many splits (batch 1: 32 to 64 splits).
+  // are the same for any value): 0 = automatic (32 past 16 splits, else kMlaCombineLoads), else 8, 16 or 32. More
+  // loads in flight cut the combine's round trips to L2 when there are many splits (batch 1: 32 to 64 splits).
   int combine_loads = 0;
   cudaStream_t stream = nullptr;
 };
