@@ -80,12 +80,13 @@ __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileCont
 __device__ __forceinline__ float (&quad(float* a, int j))[4] { return *reinterpret_cast<float(*)[4]>(a + 4 * j); }
 
 // Online softmax over one key tile (keys k0..k0+63): scale (log2 domain), causal mask and keys past the sequence,
-// running max/sum per row, O rescaled; P = exp2(S - m) packed into pf as the A operand of P · V (k16 step kk =
-// S's n8 blocks 2kk, 2kk + 1).
-__device__ __forceinline__ void softmax_tile(float (&s)[kTileN / 2], int k0, int key_len, const int (&row_key)[2],
-                                             int first_row_key, float scale_log2, float (&m_row)[2],
-                                             float (&l_row)[2], float (&acc)[kMlaPrefillVDim / 2],
-                                             uint32_t (&pf)[kTileN / 16][4], int t) {
+// running max/sum per row; alpha = the factor O must be rescaled by before this tile's P · V is added (the caller
+// applies it: at once, or after the previous tile's P · V has landed); P = exp2(S - m) packed into pf as the A
+// operand of P · V (k16 step kk = S's n8 blocks 2kk, 2kk + 1).
+__device__ __forceinline__ void softmax_stats(float (&s)[kTileN / 2], int k0, int key_len, const int (&row_key)[2],
+                                              int first_row_key, float scale_log2, float (&m_row)[2],
+                                              float (&l_row)[2], float (&alpha)[2], uint32_t (&pf)[kTileN / 16][4],
+                                              int t) {
   const bool need_mask = k0 + kTileN - 1 > first_row_key || k0 + kTileN > key_len;
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -101,7 +102,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kTileN / 2], int k0, int
       tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
     }
   }
-  float alpha[2];
   float m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -115,13 +115,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kTileN / 2], int k0, int
     l_row[r] *= alpha[r];
   }
 #pragma unroll
-  for (int i = 0; i < kMlaPrefillVDim / 8; ++i) {
-    acc[4 * i + 0] *= alpha[0];
-    acc[4 * i + 1] *= alpha[0];
-    acc[4 * i + 2] *= alpha[1];
-    acc[4 * i + 3] *= alpha[1];
-  }
-#pragma unroll
   for (int j = 0; j < kTileN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -131,6 +124,26 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kTileN / 2], int k0, int
     pf[j / 2][(j % 2) * 2 + 0] = pack_bf16x2(s[4 * j + 0], s[4 * j + 1]);
     pf[j / 2][(j % 2) * 2 + 1] = pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
   }
+}
+
+__device__ __forceinline__ void rescale_rows(float (&acc)[kMlaPrefillVDim / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < kMlaPrefillVDim / 8; ++i) {
+    acc[4 * i + 0] *= alpha[0];
+    acc[4 * i + 1] *= alpha[0];
+    acc[4 * i + 2] *= alpha[1];
+    acc[4 * i + 3] *= alpha[1];
+  }
+}
+
+// softmax_stats with O rescaled at once (before this tile's P · V).
+__device__ __forceinline__ void softmax_tile(float (&s)[kTileN / 2], int k0, int key_len, const int (&row_key)[2],
+                                             int first_row_key, float scale_log2, float (&m_row)[2],
+                                             float (&l_row)[2], float (&acc)[kMlaPrefillVDim / 2],
+                                             uint32_t (&pf)[kTileN / 16][4], int t) {
+  float alpha[2];
+  softmax_stats(s, k0, key_len, row_key, first_row_key, scale_log2, m_row, l_row, alpha, pf, t);
+  rescale_rows(acc, alpha);
 }
 
 // Row sums across the quad, normalize; store (or merge) this thread's rows inside the sequence (rows 16 warp + g,
@@ -221,15 +234,15 @@ __device__ __forceinline__ void load_q(uint8_t* s_q, const MlaPrefillParams& p, 
   }
 }
 
+// Key tile `key_tile` (64 keys) of head h into dk: each key row is 16 chunks of k_nope, then 8 of the roped key
+// (separate loops: no divergent select). Rows past the sequence are zero-filled.
 template <bool kWgmma, int kCtaThreads = kThreads>
-__device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefillParams& p, const TileContext& c,
-                                        int h, int key_tile, int tid) {
+__device__ __forceinline__ void load_k(uint8_t* dk, const MlaPrefillParams& p, const TileContext& c, int h,
+                                       int key_tile, int tid) {
   constexpr int kNopeChunks = (kMlaPrefillQkDim - 64) * 2 / 16;  // 16 of the 24 chunks of a key row
   const uint16_t* k_nope = p.k_nope + static_cast<int64_t>(h) * p.k_head_stride;
   const uint16_t* k_rope = p.k_rope + static_cast<int64_t>(h) * p.k_rope_head_stride;
-  const uint16_t* v_head = p.v + static_cast<int64_t>(h) * p.v_head_stride;
   const int k0 = key_tile * kTileN;
-  // Each key row: 16 chunks of k_nope, then 8 of the roped key (separate loops: no divergent select).
 #pragma unroll
   for (int i = 0; i < kTileN * kNopeChunks / kCtaThreads; ++i) {
     const int ci = tid + i * kCtaThreads;
@@ -250,6 +263,14 @@ __device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefi
     cp_async_16(dk + tile_offset<kWgmma, kQkChunks, kTileN>(row, kNopeChunks + chunk),
                 k_rope + token * p.k_rope_token_stride + chunk * 8, valid);
   }
+}
+
+// Value tile `key_tile` of head h into dv (rows past the sequence zero-filled).
+template <bool kWgmma, int kCtaThreads = kThreads>
+__device__ __forceinline__ void load_v(uint8_t* dv, const MlaPrefillParams& p, const TileContext& c, int h,
+                                       int key_tile, int tid) {
+  const uint16_t* v_head = p.v + static_cast<int64_t>(h) * p.v_head_stride;
+  const int k0 = key_tile * kTileN;
 #pragma unroll
   for (int i = 0; i < kTileN * kVChunks / kCtaThreads; ++i) {
     const int ci = tid + i * kCtaThreads;
@@ -260,6 +281,13 @@ __device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefi
     cp_async_16(dv + tile_offset<kWgmma, kVChunks, kTileN>(row, chunk), v_head + token * p.v_token_stride + chunk * 8,
                 valid);
   }
+}
+
+template <bool kWgmma, int kCtaThreads = kThreads>
+__device__ __forceinline__ void load_kv(uint8_t* dk, uint8_t* dv, const MlaPrefillParams& p, const TileContext& c,
+                                        int h, int key_tile, int tid) {
+  load_k<kWgmma, kCtaThreads>(dk, p, c, h, key_tile, tid);
+  load_v<kWgmma, kCtaThreads>(dv, p, c, h, key_tile, tid);
 }
 
 // The mma.sync kernel (any sm_80+ tensor core; kept beside the wgmma one for comparison: DEEPINFER_MLA_PREFILL=mma).
@@ -364,7 +392,7 @@ struct WgmmaTile {
                 kTileN * 8 % kCtaThreads == 0);
 };
 
-template <int kRows>
+template <int kRows, bool kOverlap>
 __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wgmma_kernel(const MlaPrefillParams p) {
   using W = WgmmaTile<kRows>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -383,10 +411,6 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
   const int t = lane % 4;
   const uint32_t warpgroup_rows = static_cast<uint32_t>(tid / 128) * 64 * 128;  // its 64 rows inside a Q atom
 
-  load_q<true, kRows, W::kCtaThreads>(s_q, p, c, h, tid);
-  if (c.num_key_tiles > 0) load_kv<true, W::kCtaThreads>(s_k, s_v, p, c, h, 0, tid);
-  cp_async_commit();
-
   const float scale_log2 = p.scale * kLog2e;
   float acc[kMlaPrefillVDim / 2];
 #pragma unroll
@@ -397,24 +421,11 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
   const int row_key[2] = {c.q_pos0 + row_pos[0], c.q_pos0 + row_pos[1]};
   const int first_row_key = c.q_pos0 + c.q0 + warp / 4 * 64;  // this warpgroup's first row
   const uint32_t q_addr = smem_addr(s_q) + warpgroup_rows;
-
-  // Every warpgroup runs all the CTA's key tiles (the barrier is shared); a tile past a row's last key is masked.
   const int last_tile = c.num_key_tiles - 1;
-  for (int kt = 0; kt <= last_tile; ++kt) {
-    const int buffer = kt & 1;
-    cp_async_wait_all();
-    fence_async_shared();  // this thread's copies visible to wgmma (the async proxy)
-    __syncthreads();       // tile kt (and Q) landed for all; every wgmma of tile kt - 1 finished (waited below)
-    if (kt + 1 <= last_tile)
-      load_kv<true, W::kCtaThreads>(s_k + (buffer ^ 1) * kKTileBytes, s_v + (buffer ^ 1) * kVTileBytes, p, c, h,
-                                    kt + 1, tid);
-    cp_async_commit();
-    const uint32_t k_addr = smem_addr(s_k + buffer * kKTileBytes), v_addr = smem_addr(s_v + buffer * kVTileBytes);
 
-    float s[kTileN / 2];
-#pragma unroll
-    for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
-    wgmma_fence();
+  // S = Q · K(kt)ᵀ over 192 dims as 12 wgmma m64n64k16 (one batch; s must hold zeros).
+  auto issue_scores = [&](float(&s)[kTileN / 2], int kt) {
+    const uint32_t k_addr = smem_addr(s_k + (kt & 1) * kKTileBytes);
 #pragma unroll
     for (int ks = 0; ks < kMlaPrefillQkDim / 16; ++ks) {
       const uint32_t step = static_cast<uint32_t>(ks % 4) * 32u;
@@ -422,19 +433,111 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       wgmma_m64n64k16_bf16(s, wgmma_descriptor(q_addr + q_atom + step), wgmma_descriptor(k_addr + k_atom + step));
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(s);
-
-    uint32_t pf[kTileN / 16][4];
-    softmax_tile(s, kt * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, acc, pf, t);
-
-    wgmma_fence();  // acc was rescaled by ordinary instructions
+  };
+  // O += P · V(kt) as 4 wgmma m64n128k16, P from registers (one batch).
+  auto issue_values = [&](const uint32_t(&pf)[kTileN / 16][4], int kt) {
+    const uint32_t v_addr = smem_addr(s_v + (kt & 1) * kVTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kTileN / 16; ++kk)  // keys 16kk..16kk+15: two 8-row groups of V's atoms
       wgmma_m64n128k16_bf16_rs_tn(acc, pf[kk], wgmma_descriptor_mn(v_addr + kk * 2048u, kTileN * 128u));
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(acc);
+  };
+
+  if constexpr (!kOverlap) {
+    // Serial: per tile, S's MMAs, wait, softmax (O rescaled), P · V's MMAs, wait. Tile kt's K and V share buffer
+    // kt & 1; the next tile's are loaded while this one computes.
+    load_q<true, kRows, W::kCtaThreads>(s_q, p, c, h, tid);
+    if (c.num_key_tiles > 0) load_kv<true, W::kCtaThreads>(s_k, s_v, p, c, h, 0, tid);
+    cp_async_commit();
+    // Every warpgroup runs all the CTA's key tiles (the barrier is shared); a tile past a row's last key is masked.
+    for (int kt = 0; kt <= last_tile; ++kt) {
+      const int buffer = kt & 1;
+      cp_async_wait_all();
+      fence_async_shared();  // this thread's copies visible to wgmma (the async proxy)
+      __syncthreads();       // tile kt (and Q) landed for all; every wgmma of tile kt - 1 finished (waited below)
+      if (kt + 1 <= last_tile)
+        load_kv<true, W::kCtaThreads>(s_k + (buffer ^ 1) * kKTileBytes, s_v + (buffer ^ 1) * kVTileBytes, p, c, h,
+                                      kt + 1, tid);
+      cp_async_commit();
+      float s[kTileN / 2];
+#pragma unroll
+      for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+      wgmma_fence();
+      issue_scores(s, kt);
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+      uint32_t pf[kTileN / 16][4];
+      softmax_tile(s, kt * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, acc, pf, t);
+      wgmma_fence();  // acc was rescaled by ordinary instructions
+      issue_values(pf, kt);
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+    }
+  } else {
+    // Overlapped (FlashAttention-3's intra-warpgroup pipelining): at tile kt the scores of tile kt and P · V of tile
+    // kt - 1 are issued together; the softmax of tile kt runs while P · V(kt - 1) is on the tensor cores, and O is
+    // rescaled once it has landed. The additions and rescales come in the serial order, so the result is the same
+    // bit for bit. Loads: K(kt) is needed a tile before V(kt), so the group issued at tile kt is {K(kt + 1), V(kt)}
+    // (K(kt + 1) into the K buffer S(kt - 1) read, V(kt) into the V buffer P · V(kt - 2) read; both waited for
+    // before the barrier).
+    load_q<true, kRows, W::kCtaThreads>(s_q, p, c, h, tid);
+    if (c.num_key_tiles > 0) load_k<true, W::kCtaThreads>(s_k, p, c, h, 0, tid);
+    cp_async_commit();
+    uint32_t pf[kTileN / 16][4];  // P of the tile before the current one (its P · V not yet issued)
+    // Top of tile kt: K(kt) and V(kt - 1) landed for all, and every wgmma of tile kt - 1 finished (each warpgroup
+    // waited for its own before the barrier); then the loads of K(kt + 1) and V(kt) start.
+    auto next_tile = [&](int kt) {
+      cp_async_wait_all();
+      fence_async_shared();
+      __syncthreads();
+      if (kt + 1 <= last_tile) load_k<true, W::kCtaThreads>(s_k + ((kt + 1) & 1) * kKTileBytes, p, c, h, kt + 1, tid);
+      load_v<true, W::kCtaThreads>(s_v + (kt & 1) * kVTileBytes, p, c, h, kt, tid);
+      cp_async_commit();
+    };
+    if (last_tile >= 0) {  // tile 0: its scores and softmax (O is zero: nothing to rescale)
+      next_tile(0);
+      float s[kTileN / 2];
+#pragma unroll
+      for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+      wgmma_fence();
+      issue_scores(s, 0);
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+      float alpha[2];
+      softmax_stats(s, 0, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, alpha, pf, t);
+      rescale_rows(acc, alpha);  // 0 * 0, as the serial kernel does
+    }
+    for (int kt = 1; kt <= last_tile; ++kt) {
+      next_tile(kt);
+      float s[kTileN / 2];
+#pragma unroll
+      for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+      wgmma_fence();  // s zeroed, acc rescaled and pf written by ordinary instructions
+      issue_scores(s, kt);
+      issue_values(pf, kt - 1);
+      wgmma_wait<1>();  // the scores (the older batch) landed; P · V(kt - 1) may still run
+      wgmma_fence_operands(s);
+      float alpha[2];
+      uint32_t pf_next[kTileN / 16][4];
+      softmax_stats(s, kt * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, alpha, pf_next, t);
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+      wgmma_fence_operands(pf);  // P · V(kt - 1)'s A operand: its registers keep their values until it landed
+      rescale_rows(acc, alpha);
+#pragma unroll
+      for (int kk = 0; kk < kTileN / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pf[kk][e] = pf_next[kk][e];
+    }
+    if (last_tile >= 0) {
+      cp_async_wait_all();
+      fence_async_shared();
+      __syncthreads();  // V(last) landed for all
+      wgmma_fence();
+      issue_values(pf, last_tile);
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+    }
   }
   cp_async_wait_all();
   write_rows(p, c, h, acc, m_row, l_row, row_pos, t);
@@ -537,9 +640,11 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
     case MlaPrefillKernel::kMma:
       return {mla_prefill_fast_kernel, kSmemBytes, kTileM, kThreads};
     case MlaPrefillKernel::kWgmma128:
-      return {mla_prefill_wgmma_kernel<128>, WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads};
+      return {p.wgmma_overlap ? mla_prefill_wgmma_kernel<128, true> : mla_prefill_wgmma_kernel<128, false>,
+              WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads};
     default:
-      return {mla_prefill_wgmma_kernel<64>, WgmmaTile<64>::kSmemBytes, 64, WgmmaTile<64>::kCtaThreads};
+      return {p.wgmma_overlap ? mla_prefill_wgmma_kernel<64, true> : mla_prefill_wgmma_kernel<64, false>,
+              WgmmaTile<64>::kSmemBytes, 64, WgmmaTile<64>::kCtaThreads};
   }
 }
 

@@ -56,6 +56,15 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&acc)[kRegs]) {
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
+// The same for a register A operand (e.g. P of an attention's P · V): its registers must keep their values until the
+// wgmma reading them has been waited for.
+template <int kSteps, int kRegs>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[kSteps][kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i)
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
 
 // acc += A (64 x 16, K-major, descriptor a) · B (n128 x 16, K-major, descriptor b); acc [64] in the layout above.
 __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&acc)[64], uint64_t a, uint64_t b) {

@@ -60,6 +60,7 @@ void poison(uint16_t* p, size_t n) {  // every element NaN (0x7fc0 -> bytes c0 7
 bool g_all_ok = true;
 // The fast kernel every check and bench launches (main runs them all for each).
 k::MlaPrefillKernel g_kernel = k::MlaPrefillKernel::kWgmma;
+bool g_overlap = true;  // MlaPrefillParams::wgmma_overlap of every launch
 double g_gemm_tflops = 0.0;
 struct Summary {
   std::string name;
@@ -121,6 +122,7 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   poison(out_ref.ptr, out_ref.count);
   k::MlaPrefillParams p;
   p.kernel = g_kernel;
+  p.wgmma_overlap = g_overlap;
   p.num_seqs = B;
   p.num_heads = H;
   p.max_seqlen = max_len;
@@ -132,6 +134,19 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   p.out = out.ptr;
   CUDA_TRY(k::run_mla_prefill(p));
   CUDA_TRY(cudaDeviceSynchronize());
+  // The wgmma kernels with the other overlap setting must give the same bytes (the same additions, in order).
+  int overlap_bytes_differ = -1;  // -1: not compared (mma.sync)
+  if (g_kernel != k::MlaPrefillKernel::kMma) {
+    DeviceBuffer<uint16_t> out_other(out.count);
+    poison(out_other.ptr, out_other.count);
+    k::MlaPrefillParams other = p;
+    other.wgmma_overlap = !g_overlap;
+    other.out = out_other.ptr;
+    CUDA_TRY(k::run_mla_prefill(other));
+    CUDA_TRY(cudaDeviceSynchronize());
+    const std::vector<uint16_t> a = out.download(), b = out_other.download();
+    overlap_bytes_differ = std::memcmp(a.data(), b.data(), a.size() * sizeof(uint16_t)) != 0 ? 1 : 0;
+  }
   p.out = out_ref.ptr;
   CUDA_TRY(k::run_mla_prefill_reference(p));
   CUDA_TRY(cudaDeviceSynchronize());
@@ -176,7 +191,7 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
     worst_ref = std::max(worst_ref, row_rel_err(hr.data() + (static_cast<size_t>(token) * H + h) * kV, ref));
   }
   const bool ok = non_finite == 0 && non_finite_ref == 0 && worst <= kTolerance && worst_ref <= kTolerance &&
-                  fast_vs_ref_kernel <= kTolerance;
+                  fast_vs_ref_kernel <= kTolerance && overlap_bytes_differ != 1;
   g_all_ok = g_all_ok && ok;
   std::string lens_s;
   for (int b = 0; b < B; ++b) {
@@ -186,9 +201,11 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"heads\":%d,\"lens\":[%s],\"tokens\":%d,\"scale\":%.4f,"
               "\"sampled_rows\":%zu,\"max_row_rel_err_fast\":%.3e,\"max_row_rel_err_reference_kernel\":%.3e,"
               "\"fast_vs_reference_kernel_rel_err\":%.3e,\"non_finite_fast\":%ld,\"non_finite_reference\":%ld,"
-              "\"ok\":%s}\n",
+              "\"other_overlap_bytes_equal\":%s,\"ok\":%s}\n",
               name, H, lens_s.c_str(), T, scale, rows.size(), worst, worst_ref, fast_vs_ref_kernel, non_finite,
-              non_finite_ref, ok ? "true" : "false");
+              non_finite_ref,
+              overlap_bytes_differ < 0 ? "null" : (overlap_bytes_differ == 0 ? "true" : "false"),
+              ok ? "true" : "false");
   std::fflush(stdout);
   g_summary.push_back({std::string("check ") + name, 0, 0, 0, ok ? worst : INFINITY});
 }
@@ -237,6 +254,7 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
   auto params = [&](const uint16_t* kvb_ptr, const uint16_t* lat_ptr, const int32_t* cu_keys) {
     k::MlaPrefillParams p;
     p.kernel = g_kernel;
+    p.wgmma_overlap = g_overlap;
     p.num_seqs = B;
     p.num_heads = H;
     p.max_seqlen = max_q;
@@ -376,6 +394,7 @@ void bench_case(const char* name, int H, int batch, int len, int reps) {
   const float scale = 0.3f;
   k::MlaPrefillParams p;
   p.kernel = g_kernel;
+  p.wgmma_overlap = g_overlap;
   p.num_seqs = batch;
   p.num_heads = H;
   p.max_seqlen = len;
@@ -436,6 +455,7 @@ void bench_context_case(const char* name, int H, int rows, int context, int reps
   fill_random(lat.ptr, lat.count, 13, 1.0f);
   k::MlaPrefillParams p;
   p.kernel = g_kernel;
+  p.wgmma_overlap = g_overlap;
   p.num_seqs = 1;
   p.num_heads = H;
   p.max_seqlen = rows;
@@ -517,14 +537,20 @@ int main(int argc, char** argv) {
       {"ctx_h128_chunks320", 128, {{130, 700}, {3, 1200}, {64, 64}}, 320},
       {"ctx_h16_from_zero", 16, {{300, 300}, {1, 1}}, 128},  // no cached prefix, chunked keys
   };
-  // Every check and bench for each fast kernel: the default (wgmma, rows per CTA by waves), then wgmma with 64
-  // and with 128 rows per CTA forced, then mma.sync (names end in " w64", " w128", " mma").
-  for (const k::MlaPrefillKernel kernel : {k::MlaPrefillKernel::kWgmma, k::MlaPrefillKernel::kWgmma64,
-                                           k::MlaPrefillKernel::kWgmma128, k::MlaPrefillKernel::kMma}) {
+  // Every check and bench for each fast kernel: the default (wgmma, rows per CTA by waves, softmax overlapped with
+  // P · V), the same without the overlap, then wgmma with 64 and with 128 rows per CTA forced, then mma.sync (names
+  // end in " serial", " w64", " w128", " mma").
+  const std::pair<k::MlaPrefillKernel, bool> variants[] = {
+      {k::MlaPrefillKernel::kWgmma, true},    {k::MlaPrefillKernel::kWgmma, false},
+      {k::MlaPrefillKernel::kWgmma64, true},  {k::MlaPrefillKernel::kWgmma128, true},
+      {k::MlaPrefillKernel::kMma, true}};
+  for (const auto& [kernel, overlap] : variants) {
     g_kernel = kernel;
+    g_overlap = overlap;
     const std::string suffix = kernel == k::MlaPrefillKernel::kMma        ? " mma"
                                : kernel == k::MlaPrefillKernel::kWgmma64  ? " w64"
                                : kernel == k::MlaPrefillKernel::kWgmma128 ? " w128"
+                               : !overlap                                 ? " serial"
                                                                            : "";
     auto named = [&](const char* name) { return std::string(name) + suffix; };
     for (const ContextCase& c : context_checks) {
@@ -552,7 +578,7 @@ int main(int argc, char** argv) {
     }
     if (!quick) {
       try {
-        if (kernel == k::MlaPrefillKernel::kWgmma) measure_ceiling();
+        if (kernel == k::MlaPrefillKernel::kWgmma && overlap) measure_ceiling();
       } catch (const std::exception& ex) {
         std::printf("{\"kind\":\"ceiling\",\"error\":\"%s\"}\n", ex.what());
       }

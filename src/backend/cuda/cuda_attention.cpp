@@ -250,6 +250,7 @@ void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tens
   p.k_nope = kvb_data;
   p.v = kvb_data + nope;
   p.kernel = mla_prefill_mma_ ? kc::MlaPrefillKernel::kMma : kc::MlaPrefillKernel::kWgmma;
+  p.wgmma_overlap = mla_prefill_overlap_;
   for (int32_t rows : step_.group_rows) {  // the CTAs with work, for the kernel's choice of rows per CTA
     p.tiles_64 += (rows + 63) / 64;
     p.tiles_128 += (rows + 127) / 128;

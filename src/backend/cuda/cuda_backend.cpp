@@ -114,9 +114,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   if (!mla_form.ok()) return mla_form.status();
   if (*mla_form >= 0) backend->mla_form_ = static_cast<MlaForm>(*mla_form);
   Result<int> mla_prefill =
-      env_choice("DEEPINFER_MLA_PREFILL", {"wgmma", "mma"}, "the expanded form's attention kernel");
+      env_choice("DEEPINFER_MLA_PREFILL", {"wgmma", "mma", "wgmma-serial"}, "the expanded form's attention kernel");
   if (!mla_prefill.ok()) return mla_prefill.status();
   backend->mla_prefill_mma_ = *mla_prefill == 1;
+  backend->mla_prefill_overlap_ = *mla_prefill != 2;
   Result<int> small_linear =
       env_choice("DEEPINFER_SMALL_LINEAR", {"streaming", "cublas"}, "the dense projections at a few rows");
   if (!small_linear.ok()) return small_linear.status();

@@ -318,8 +318,10 @@ class CudaBackend final : public Backend {
   // replaces the workspace-derived keys per context chunk when > 0. Measurements and checks.
   enum class MlaForm { kAuto, kAbsorbed, kExpanded };
   MlaForm mla_form_ = MlaForm::kAuto;
-  // The expanded form's attention kernel (DEEPINFER_MLA_PREFILL=wgmma|mma; measurements).
+  // The expanded form's attention kernel (DEEPINFER_MLA_PREFILL=wgmma|mma|wgmma-serial; measurements): mma.sync,
+  // and the wgmma kernel without its softmax / P · V overlap.
   bool mla_prefill_mma_ = false;
+  bool mla_prefill_overlap_ = true;
   int64_t mla_context_chunk_ = 0;
   // MLA decode's split-KV outside batch-invariant mode: the fewest pages a split reads
   // (DEEPINFER_MLA_SPLIT_PAGES=1|2|4), and the partials its combine loads together

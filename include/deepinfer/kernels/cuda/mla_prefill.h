@@ -64,6 +64,10 @@ struct MlaPrefillParams {
   float* o_acc = nullptr;            // f32 [T, H, 128] (merges other than kNone)
   float* lse_acc = nullptr;          // f32 [T, H], log2 domain (merges other than kNone)
   MlaPrefillKernel kernel = MlaPrefillKernel::kWgmma;
+  // The wgmma kernels: each tile's softmax runs while the previous tile's P · V is on the tensor cores
+  // (FlashAttention-3's intra-warpgroup pipelining; the default), or false: serially, as before it (comparisons).
+  // The same additions in the same order either way: the outputs are equal bit for bit.
+  bool wgmma_overlap = true;
   // kWgmma's choice of rows per CTA counts the CTAs with work: Σ_b ceil(L_b / 64) and Σ_b ceil(L_b / 128) when the
   // caller knows the lengths on the host (a chunk beside a few decode rows is not num_seqs chunks); 0: estimated as
   // ceil(max_seqlen / 64) * num_seqs (resp. 128).
