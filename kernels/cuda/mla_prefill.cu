@@ -462,13 +462,16 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       float s[kTileN / 2];
 #pragma unroll
       for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+      wgmma_fence_operands(s);  // the zeros written before the fence (PTX: register writes, then wgmma.fence)
       wgmma_fence();
       issue_scores(s, kt);
       wgmma_wait<0>();
       wgmma_fence_operands(s);
       uint32_t pf[kTileN / 16][4];
       softmax_tile(s, kt * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, acc, pf, t);
-      wgmma_fence();  // acc was rescaled by ordinary instructions
+      wgmma_fence_operands(acc);
+      wgmma_fence_operands(pf);
+      wgmma_fence();  // acc was rescaled and pf written by ordinary instructions
       issue_values(pf, kt);
       wgmma_wait<0>();
       wgmma_fence_operands(acc);
@@ -499,6 +502,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       float s[kTileN / 2];
 #pragma unroll
       for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+      wgmma_fence_operands(s);
       wgmma_fence();
       issue_scores(s, 0);
       wgmma_wait<0>();
@@ -512,7 +516,10 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       float s[kTileN / 2];
 #pragma unroll
       for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
-      wgmma_fence();  // s zeroed, acc rescaled and pf written by ordinary instructions
+      wgmma_fence_operands(s);  // s zeroed, acc rescaled and pf written by ordinary instructions before the fence
+      wgmma_fence_operands(acc);
+      wgmma_fence_operands(pf);
+      wgmma_fence();
       issue_scores(s, kt);
       issue_values(pf, kt - 1);
       wgmma_wait<1>();  // the scores (the older batch) landed; P · V(kt - 1) may still run
@@ -533,6 +540,8 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       cp_async_wait_all();
       fence_async_shared();
       __syncthreads();  // V(last) landed for all
+      wgmma_fence_operands(acc);
+      wgmma_fence_operands(pf);
       wgmma_fence();
       issue_values(pf, last_tile);
       wgmma_wait<0>();

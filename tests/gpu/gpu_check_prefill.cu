@@ -134,7 +134,8 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   p.out = out.ptr;
   CUDA_TRY(k::run_mla_prefill(p));
   CUDA_TRY(cudaDeviceSynchronize());
-  // The wgmma kernels with the other overlap setting must give the same bytes (the same additions, in order).
+  // The wgmma kernels with the other overlap setting must give the same bytes (the same additions, in order): the
+  // bf16 output, and the f32 rows and log-sum-exps a first merge chunk (kFirst) writes.
   int overlap_bytes_differ = -1;  // -1: not compared (mma.sync)
   if (g_kernel != k::MlaPrefillKernel::kMma) {
     DeviceBuffer<uint16_t> out_other(out.count);
@@ -143,9 +144,27 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
     other.wgmma_overlap = !g_overlap;
     other.out = out_other.ptr;
     CUDA_TRY(k::run_mla_prefill(other));
-    CUDA_TRY(cudaDeviceSynchronize());
+    std::vector<std::vector<float>> f32;  // o_acc, lse_acc of this setting, then of the other
+    for (const bool overlap : {g_overlap, !g_overlap}) {
+      DeviceBuffer<float> o_acc(size_t{1} * T * H * kV), lse(size_t{1} * T * H);
+      CUDA_TRY(cudaMemset(o_acc.ptr, 0xff, o_acc.count * sizeof(float)));
+      CUDA_TRY(cudaMemset(lse.ptr, 0xff, lse.count * sizeof(float)));
+      k::MlaPrefillParams first = p;
+      first.wgmma_overlap = overlap;
+      first.merge = k::MlaPrefillMerge::kFirst;
+      first.o_acc = o_acc.ptr;
+      first.lse_acc = lse.ptr;
+      CUDA_TRY(k::run_mla_prefill(first));
+      CUDA_TRY(cudaDeviceSynchronize());
+      f32.push_back(o_acc.download());
+      f32.push_back(lse.download());
+    }
     const std::vector<uint16_t> a = out.download(), b = out_other.download();
-    overlap_bytes_differ = std::memcmp(a.data(), b.data(), a.size() * sizeof(uint16_t)) != 0 ? 1 : 0;
+    overlap_bytes_differ = std::memcmp(a.data(), b.data(), a.size() * sizeof(uint16_t)) != 0 ||
+                                   std::memcmp(f32[0].data(), f32[2].data(), f32[0].size() * sizeof(float)) != 0 ||
+                                   std::memcmp(f32[1].data(), f32[3].data(), f32[1].size() * sizeof(float)) != 0
+                               ? 1
+                               : 0;
   }
   p.out = out_ref.ptr;
   CUDA_TRY(k::run_mla_prefill_reference(p));
@@ -276,42 +295,79 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
     return p;
   };
   k::MlaPrefillParams whole = params(kvb.ptr, lat.ptr, d_cu_k.ptr);
-  whole.out = out.ptr;
-  CUDA_TRY(k::run_mla_prefill(whole));
+  auto whole_pass = [&](uint16_t* out_ptr, bool overlap) {
+    whole.out = out_ptr;
+    whole.wgmma_overlap = overlap;
+    CUDA_TRY(k::run_mla_prefill(whole));
+    CUDA_TRY(cudaDeviceSynchronize());
+    whole.wgmma_overlap = g_overlap;
+  };
+  // Chunks of key positions [c * chunk, (c + 1) * chunk), packed per chunk.
+  const int num_chunks = (max_ctx + chunk - 1) / chunk;
+  auto chunked_pass = [&](uint16_t* out_chunked_ptr, float* acc_ptr, float* lse_ptr, bool overlap) {
+    for (int c = 0; c < num_chunks; ++c) {
+      std::vector<int32_t> cu_c(B + 1, 0);
+      std::vector<uint16_t> kvb_c, lat_c;
+      for (int b = 0; b < B; ++b) {
+        const int first = c * chunk, end = std::min(groups[b].second, (c + 1) * chunk);
+        for (int pos = first; pos < end; ++pos) {
+          const size_t row = static_cast<size_t>(cu_k[b] + pos);
+          kvb_c.insert(kvb_c.end(), hkvb.begin() + row * H * kKvb, hkvb.begin() + (row + 1) * H * kKvb);
+          lat_c.insert(lat_c.end(), hlat.begin() + row * kLatent, hlat.begin() + (row + 1) * kLatent);
+        }
+        cu_c[b + 1] = cu_c[b] + std::max(0, end - first);
+      }
+      DeviceBuffer<uint16_t> d_kvb_c(std::max<size_t>(kvb_c.size(), 8)), d_lat_c(std::max<size_t>(lat_c.size(), 8));
+      DeviceBuffer<int32_t> d_cu_c(B + 1);
+      if (!kvb_c.empty()) d_kvb_c.upload(kvb_c);
+      if (!lat_c.empty()) d_lat_c.upload(lat_c);
+      d_cu_c.upload(cu_c);
+      k::MlaPrefillParams p = params(d_kvb_c.ptr, d_lat_c.ptr, d_cu_c.ptr);
+      p.wgmma_overlap = overlap;
+      p.key_position = c * chunk;
+      p.out = out_chunked_ptr;
+      p.o_acc = acc_ptr;
+      p.lse_acc = lse_ptr;
+      p.merge = num_chunks == 1 ? k::MlaPrefillMerge::kNone
+                : c == 0        ? k::MlaPrefillMerge::kFirst
+                : c + 1 == num_chunks ? k::MlaPrefillMerge::kLast
+                                      : k::MlaPrefillMerge::kMiddle;
+      CUDA_TRY(k::run_mla_prefill(p));
+      CUDA_TRY(cudaDeviceSynchronize());  // the chunk's buffers are freed at the end of this iteration
+    }
+  };
+  whole_pass(out.ptr, g_overlap);
   whole.out = out_ref.ptr;
   CUDA_TRY(k::run_mla_prefill_reference(whole));
   CUDA_TRY(cudaDeviceSynchronize());
-  // Chunks of key positions [c * chunk, (c + 1) * chunk), packed per chunk.
-  const int num_chunks = (max_ctx + chunk - 1) / chunk;
   DeviceBuffer<float> acc(size_t{1} * Tq * H * kV), lse(size_t{1} * Tq * H);
-  for (int c = 0; c < num_chunks; ++c) {
-    std::vector<int32_t> cu_c(B + 1, 0);
-    std::vector<uint16_t> kvb_c, lat_c;
-    for (int b = 0; b < B; ++b) {
-      const int first = c * chunk, end = std::min(groups[b].second, (c + 1) * chunk);
-      for (int pos = first; pos < end; ++pos) {
-        const size_t row = static_cast<size_t>(cu_k[b] + pos);
-        kvb_c.insert(kvb_c.end(), hkvb.begin() + row * H * kKvb, hkvb.begin() + (row + 1) * H * kKvb);
-        lat_c.insert(lat_c.end(), hlat.begin() + row * kLatent, hlat.begin() + (row + 1) * kLatent);
-      }
-      cu_c[b + 1] = cu_c[b] + std::max(0, end - first);
-    }
-    DeviceBuffer<uint16_t> d_kvb_c(std::max<size_t>(kvb_c.size(), 8)), d_lat_c(std::max<size_t>(lat_c.size(), 8));
-    DeviceBuffer<int32_t> d_cu_c(B + 1);
-    if (!kvb_c.empty()) d_kvb_c.upload(kvb_c);
-    if (!lat_c.empty()) d_lat_c.upload(lat_c);
-    d_cu_c.upload(cu_c);
-    k::MlaPrefillParams p = params(d_kvb_c.ptr, d_lat_c.ptr, d_cu_c.ptr);
-    p.key_position = c * chunk;
-    p.out = out_chunked.ptr;
-    p.o_acc = acc.ptr;
-    p.lse_acc = lse.ptr;
-    p.merge = num_chunks == 1 ? k::MlaPrefillMerge::kNone
-              : c == 0        ? k::MlaPrefillMerge::kFirst
-              : c + 1 == num_chunks ? k::MlaPrefillMerge::kLast
-                                    : k::MlaPrefillMerge::kMiddle;
-    CUDA_TRY(k::run_mla_prefill(p));
-    CUDA_TRY(cudaDeviceSynchronize());  // the chunk's buffers are freed at the end of this iteration
+  CUDA_TRY(cudaMemset(acc.ptr, 0xff, acc.count * sizeof(float)));  // NaN: a row no merge wrote shows
+  CUDA_TRY(cudaMemset(lse.ptr, 0xff, lse.count * sizeof(float)));
+  chunked_pass(out_chunked.ptr, acc.ptr, lse.ptr, g_overlap);
+  // The wgmma kernels with the other overlap setting must give the same bytes: the whole pass's and the chunked
+  // pass's bf16 outputs, and the f32 rows and log-sum-exps the merges leave (after the last kFirst / kMiddle).
+  int overlap_bytes_differ = -1;  // -1: not compared (mma.sync)
+  if (g_kernel != k::MlaPrefillKernel::kMma) {
+    DeviceBuffer<uint16_t> out_other(out.count), out_chunked_other(out.count);
+    DeviceBuffer<float> acc_other(acc.count), lse_other(lse.count);
+    poison(out_other.ptr, out_other.count);
+    poison(out_chunked_other.ptr, out_chunked_other.count);
+    CUDA_TRY(cudaMemset(acc_other.ptr, 0xff, acc_other.count * sizeof(float)));
+    CUDA_TRY(cudaMemset(lse_other.ptr, 0xff, lse_other.count * sizeof(float)));
+    whole_pass(out_other.ptr, !g_overlap);
+    chunked_pass(out_chunked_other.ptr, acc_other.ptr, lse_other.ptr, !g_overlap);
+    auto differ16 = [](const DeviceBuffer<uint16_t>& x, const DeviceBuffer<uint16_t>& y) {
+      const std::vector<uint16_t> a = x.download(), b = y.download();
+      return std::memcmp(a.data(), b.data(), a.size() * sizeof(uint16_t)) != 0;
+    };
+    auto differ32 = [](const DeviceBuffer<float>& x, const DeviceBuffer<float>& y) {
+      const std::vector<float> a = x.download(), b = y.download();
+      return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0;
+    };
+    overlap_bytes_differ = differ16(out, out_other) || differ16(out_chunked, out_chunked_other) ||
+                                   (num_chunks > 1 && (differ32(acc, acc_other) || differ32(lse, lse_other)))
+                               ? 1
+                               : 0;
   }
   const std::vector<uint16_t> ho = out.download(), hr = out_ref.download(), hc = out_chunked.download();
   long non_finite = 0;
@@ -355,7 +411,7 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
     worst_chunked = std::max(worst_chunked, row_rel_err(hc.data() + (static_cast<size_t>(row) * H + h) * kV, ref));
   }
   const bool ok = non_finite == 0 && worst <= kTolerance && worst_chunked <= kTolerance && fast_vs_ref <= kTolerance &&
-                  chunked_vs_whole <= kTolerance;
+                  chunked_vs_whole <= kTolerance && overlap_bytes_differ != 1;
   g_all_ok = g_all_ok && ok;
   std::string groups_s;
   for (int b = 0; b < B; ++b) {
@@ -365,9 +421,10 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
   std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"heads\":%d,\"groups_rows_context\":[%s],\"chunk\":%d,"
               "\"chunks\":%d,\"sampled_rows\":%zu,\"max_row_rel_err_fast\":%.3e,\"max_row_rel_err_chunked\":%.3e,"
               "\"fast_vs_reference_kernel_rel_err\":%.3e,\"chunked_vs_whole_rel_err\":%.3e,\"non_finite\":%ld,"
-              "\"ok\":%s}\n",
+              "\"other_overlap_bytes_equal\":%s,\"ok\":%s}\n",
               name, H, groups_s.c_str(), chunk, num_chunks, rows.size(), worst, worst_chunked, fast_vs_ref,
-              chunked_vs_whole, non_finite, ok ? "true" : "false");
+              chunked_vs_whole, non_finite,
+              overlap_bytes_differ < 0 ? "null" : (overlap_bytes_differ == 0 ? "true" : "false"), ok ? "true" : "false");
   std::fflush(stdout);
   g_summary.push_back({std::string("check ") + name, 0, 0, 0, ok ? std::max(worst, worst_chunked) : INFINITY});
 }
