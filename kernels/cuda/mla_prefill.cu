@@ -621,8 +621,9 @@ bool params_valid(const MlaPrefillParams& p, bool fast) {
 }
 
 // The kernel, its shared memory, rows per CTA and threads for `p`. kWgmma picks the rows per CTA by waves: 64-row
-// CTAs run two per SM, 128-row ones one per SM at ~1.1x the SM's throughput (measured: 1 x 32,768 at H = 128, 133 vs
-// 118.5 ms; 8 x 4,096, 17.6 vs 16.1), so 128 rows win unless their last wave is mostly empty (V2-Lite's 3,080 rows
+// CTAs run two per SM, 128-row ones one per SM at ~1.2x the SM's throughput with the softmax overlapped (H100,
+// H = 128: 1 x 32,768 127.8 vs 102.5 ms, 3,080 after 73,920 57.4 vs 47.0, 8 x 4,096 17.0 vs 14.6) and ~1.1x without
+// (H200: 133 vs 118.5 ms; 17.6 vs 16.1), so 128 rows win unless their last wave is mostly empty (V2-Lite's 3,080 rows
 // at H = 16: 400 CTAs = 3.03 waves at 128 rows against 784 = 2.97 at 64; 285 vs 230 ms at the model level).
 struct PrefillLaunch {
   void (*kernel)(MlaPrefillParams);
@@ -637,11 +638,13 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
         p.tiles_128 > 0 ? p.tiles_128 : static_cast<int64_t>((p.max_seqlen + 127) / 128) * p.num_seqs;
     const int64_t waves_64 = (tiles_64 * heads + 2 * sms - 1) / (2 * sms);
     const int64_t waves_128 = (tiles_128 * heads + sms - 1) / sms;
-    // In units of a 64-row CTA's work: a wave of two 64-row CTAs per SM takes 2, one of 128-row CTAs 2 / 1.1.
+    // In units of a 64-row CTA's work: a wave of two 64-row CTAs per SM takes 2, one of 128-row CTAs 2 / 1.2
+    // (2 / 1.1 serial).
     // And 128 rows only when their CTAs cover every SM (H = 16, 512 rows: 64 CTAs of 128 rows leave half the SMs
     // idle; 127-143 µs against 88 with 64 rows in two runs).
     const bool fills = tiles_128 * heads >= sms;
-    k = fills && 2.0 * static_cast<double>(waves_128) / 1.1 < 2.0 * static_cast<double>(waves_64)
+    const double speedup_128 = p.wgmma_overlap ? 1.2 : 1.1;
+    k = fills && 2.0 * static_cast<double>(waves_128) / speedup_128 < 2.0 * static_cast<double>(waves_64)
             ? MlaPrefillKernel::kWgmma128
             : MlaPrefillKernel::kWgmma64;
   }
