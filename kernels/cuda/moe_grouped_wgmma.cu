@@ -140,76 +140,33 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
     if (s < k_tiles) load_stage<kBN, kFp8>(smem_base + s * T::kStageBytes, o, s);
     cp_async_commit();
   }
-  // Top of stage kt: its copies landed and are visible to wgmma, every thread's, and the MMAs of stage kt - 2 are done
-  // in both warpgroups (each waited before this barrier); then the load of stage kt + kStages - 2 starts.
-  auto next_stage = [&](int kt) {
-    cp_async_wait<kStages - 3>();
-    fence_async_shared();
-    __syncthreads();
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 3>();  // this thread's copies of stage kt landed
+    fence_async_shared();          // ... and are visible to wgmma (the async proxy)
+    __syncthreads();               // every thread's; and MMAs kt - 2 are done in both warpgroups
     const int next = kt + kStages - 2;
     if (next < k_tiles) load_stage<kBN, kFp8>(smem_base + (next % kStages) * T::kStageBytes, o, next);
     cp_async_commit();
-  };
-  if constexpr (kFp8) {
-    // Each K group's sums land in part0 or part1 (even and odd stages), and acc += sums · row scale · block scale
-    // (the scales of rows past the tile: 0) for stage kt - 1 runs while stage kt's MMAs are on the tensor cores;
-    // stage kt's scales are read right after its MMAs are issued. The promotions keep the order of K, so the sums are
-    // the same bit for bit as promoting each stage at once.
-    float part0[T::kAccRegs], part1[T::kAccRegs], scale0[2], scale1[2];
-    auto issue = [&](float(&part)[T::kAccRegs], int kt) {
+    if constexpr (kFp8) {
+      // This K group's sums, then acc += sums · row scale · block scale (the scales of rows past the tile: 0).
+      float part[T::kAccRegs];
 #pragma unroll
       for (int i = 0; i < T::kAccRegs; ++i) part[i] = 0.0f;
-      wgmma_fence_operands(part);
       wgmma_fence();
       multiply_stage<kBN, true>(part, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
       wgmma_commit();
-    };
-    auto read_scales = [&](int kt, float(&scale)[2]) {
       const float w_scale = w_scales[kt];
+      float scale[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         scale[h] = my_rows[h] < job.rows ? p.x_scale[static_cast<int64_t>(kt) * p.rows + job.row_begin + my_rows[h]] *
                                                w_scale
                                          : 0.0f;
-    };
-    auto promote = [&](float(&part)[T::kAccRegs], const float(&scale)[2]) {
+      wgmma_wait<0>();
       wgmma_fence_operands(part);
 #pragma unroll
       for (int i = 0; i < T::kAccRegs; ++i) acc[i] = fmaf(part[i], scale[(i / 2) % 2], acc[i]);
-    };
-    if (k_tiles > 0) {  // stage 0 into part0; then pairs of stages, part1 and part0; then the odd one out
-      next_stage(0);
-      issue(part0, 0);
-      read_scales(0, scale0);
-      int kt = 1;
-      for (; kt + 1 < k_tiles; kt += 2) {
-        next_stage(kt);
-        issue(part1, kt);
-        read_scales(kt, scale1);
-        wgmma_wait<1>();  // stage kt - 1 landed
-        promote(part0, scale0);
-        next_stage(kt + 1);
-        issue(part0, kt + 1);
-        read_scales(kt + 1, scale0);
-        wgmma_wait<1>();  // stage kt landed
-        promote(part1, scale1);
-      }
-      if (kt < k_tiles) {
-        next_stage(kt);
-        issue(part1, kt);
-        read_scales(kt, scale1);
-        wgmma_wait<1>();
-        promote(part0, scale0);
-        wgmma_wait<0>();
-        promote(part1, scale1);
-      } else {
-        wgmma_wait<0>();
-        promote(part0, scale0);
-      }
-    }
-  } else {
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      next_stage(kt);
+    } else {
       wgmma_fence();
       multiply_stage<kBN, false>(acc, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
       wgmma_commit();
