@@ -488,23 +488,28 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     cp_async_commit();
     uint32_t pf[kTileN / 16][4];  // P of the tile before the current one (its P · V not yet issued)
     // Top of tile kt: K(kt) and V(kt - 1) landed for all, and every wgmma of tile kt - 1 finished (each warpgroup
-    // waited for its own before the barrier); then the loads of K(kt + 1) and V(kt) start.
-    auto next_tile = [&](int kt) {
+    // waited for its own before the barrier).
+    auto arrive = [] {
       cp_async_wait_all();
       fence_async_shared();
       __syncthreads();
+    };
+    // The loads of K(kt + 1) and V(kt), issued after tile kt's MMAs (which read neither buffer) so that the tensor
+    // cores start first.
+    auto load_next = [&](int kt) {
       if (kt + 1 <= last_tile) load_k<true, W::kCtaThreads>(s_k + ((kt + 1) & 1) * kKTileBytes, p, c, h, kt + 1, tid);
       load_v<true, W::kCtaThreads>(s_v + (kt & 1) * kVTileBytes, p, c, h, kt, tid);
       cp_async_commit();
     };
     if (last_tile >= 0) {  // tile 0: its scores and softmax (O is zero: nothing to rescale)
-      next_tile(0);
+      arrive();
       float s[kTileN / 2];
 #pragma unroll
       for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
       wgmma_fence_operands(s);
       wgmma_fence();
       issue_scores(s, 0);
+      load_next(0);
       wgmma_wait<0>();
       wgmma_fence_operands(s);
       float alpha[2];
@@ -512,7 +517,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       rescale_rows(acc, alpha);  // 0 * 0, as the serial kernel does
     }
     for (int kt = 1; kt <= last_tile; ++kt) {
-      next_tile(kt);
+      arrive();
       float s[kTileN / 2];
 #pragma unroll
       for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
@@ -522,6 +527,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       wgmma_fence();
       issue_scores(s, kt);
       issue_values(pf, kt - 1);
+      load_next(kt);
       wgmma_wait<1>();  // the scores (the older batch) landed; P · V(kt - 1) may still run
       wgmma_fence_operands(s);
       float alpha[2];

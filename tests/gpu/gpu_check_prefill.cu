@@ -651,7 +651,8 @@ int main(int argc, char** argv) {
       };
       const ContextBench context_benches[] = {{"ctx h16 512 after 3584", 16, 512, 4096, 20},
                                               {"ctx h128 512 after 3584", 128, 512, 4096, 20},
-                                              {"ctx h128 3080 after 73920", 128, 3080, 77000, 3}};
+                                              {"ctx h128 3080 after 73920", 128, 3080, 77000, 3},
+                                              {"ctx h16 3080 after 73920", 16, 3080, 77000, 3}};
       for (const ContextBench& bc : context_benches) {
         try {
           bench_context_case(named(bc.name).c_str(), bc.heads, bc.rows, bc.context, bc.reps);
