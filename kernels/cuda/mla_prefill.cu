@@ -52,6 +52,8 @@ struct TileContext {
   int q_pos0 = 0;                   // position of query row 0 relative to key 0
   int q0 = 0;                       // the tile's first query row (local to the sequence)
   int num_key_tiles = 0;            // key tiles visible to some row of the tile
+  int split = 0;                    // which of the key splits (MlaPrefillParams::key_splits) this CTA runs
+  int kt_begin = 0, kt_end = 0;     // its key tiles: [kt_begin, kt_end) of the num_key_tiles
 };
 
 // False when the CTA has no rows (past the sequence's tiles). Heaviest (last) tiles first. kRows query rows per CTA.
@@ -64,13 +66,18 @@ __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileCont
   c.key_len = p.cu_seqlens_k != nullptr ? p.cu_seqlens_k[b + 1] - c.key_begin : c.len;
   c.q_pos0 = (p.q_positions != nullptr ? p.q_positions[b] : 0) - p.key_position;
   const int num_tiles = (c.len + kRows - 1) / kRows;
-  const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  // blockIdx.x = query tile (heaviest first) x key split.
+  const int splits = max(p.key_splits, 1);
+  const int tile = static_cast<int>(gridDim.x) / splits - 1 - static_cast<int>(blockIdx.x) / splits;
+  c.split = static_cast<int>(blockIdx.x) % splits;
   if (tile >= num_tiles) return false;
   c.q0 = tile * kRows;
   // Keys visible to some row of the tile: positions up to its last row's (relative to the first key).
   const int last_row_pos = c.q_pos0 + min(c.q0 + kRows, c.len) - 1;
   const int visible = min(c.key_len, last_row_pos + 1);
   c.num_key_tiles = visible > 0 ? (visible + kTileN - 1) / kTileN : 0;
+  c.kt_begin = c.num_key_tiles * c.split / splits;
+  c.kt_end = c.num_key_tiles * (c.split + 1) / splits;
   return true;
 }
 
@@ -152,6 +159,12 @@ __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const Tile
                                            const float (&acc)[kMlaPrefillVDim / 2], const float (&m_row)[2],
                                            float (&l_row)[2], const int (&row_pos)[2], int t) {
   const size_t H = static_cast<size_t>(p.num_heads);
+  // A CTA of a key split writes its normalised rows and log-sum-exps to its split's slot, as a first merge chunk;
+  // the combine pass merges the splits and applies p.merge.
+  const bool split = p.key_splits > 1;
+  const MlaPrefillMerge merge = split ? MlaPrefillMerge::kFirst : p.merge;
+  float* const o_acc = split ? p.split_o + static_cast<size_t>(c.split) * p.split_rows * H * kMlaPrefillVDim : p.o_acc;
+  float* const lse_acc = split ? p.split_lse + static_cast<size_t>(c.split) * p.split_rows * H : p.lse_acc;
   float inv[2], lse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -160,12 +173,12 @@ __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const Tile
     inv[r] = l_row[r] > 0.0f ? 1.0f / l_row[r] : 0.0f;
     lse[r] = l_row[r] > 0.0f ? m_row[r] + log2f(l_row[r]) : -INFINITY;  // log2 domain, scale included
   }
-  const bool merging = p.merge == MlaPrefillMerge::kMiddle || p.merge == MlaPrefillMerge::kLast;
+  const bool merging = merge == MlaPrefillMerge::kMiddle || merge == MlaPrefillMerge::kLast;
   float old_lse[2] = {-INFINITY, -INFINITY};
   if (merging) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      if (row_pos[r] < c.len) old_lse[r] = p.lse_acc[(static_cast<size_t>(c.seq_begin) + row_pos[r]) * H + h];
+      if (row_pos[r] < c.len) old_lse[r] = lse_acc[(static_cast<size_t>(c.seq_begin) + row_pos[r]) * H + h];
     __syncwarp();  // every lane read lse_acc before a t == 0 lane writes it (kMiddle)
   }
 #pragma unroll
@@ -174,8 +187,8 @@ __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const Tile
     const size_t out_row = (static_cast<size_t>(c.seq_begin) + row_pos[r]) * H + h;
     uint16_t* o = p.out + out_row * kMlaPrefillVDim;
     float w_old = 0.0f, w_new = inv[r];  // the row = o_acc * w_old + acc * w_new
-    if (p.merge == MlaPrefillMerge::kFirst) {
-      if (t == 0) p.lse_acc[out_row] = lse[r];
+    if (merge == MlaPrefillMerge::kFirst) {
+      if (t == 0) lse_acc[out_row] = lse[r];
     } else if (merging) {
       const float mx = fmaxf(old_lse[r], lse[r]);
       if (mx == -INFINITY) {
@@ -184,10 +197,10 @@ __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const Tile
         const float a = exp2f(old_lse[r] - mx), cc = exp2f(lse[r] - mx), sum = a + cc;
         w_old = a / sum;
         w_new = inv[r] * (cc / sum);
-        if (p.merge == MlaPrefillMerge::kMiddle && t == 0) p.lse_acc[out_row] = mx + log2f(sum);
+        if (merge == MlaPrefillMerge::kMiddle && t == 0) lse_acc[out_row] = mx + log2f(sum);
       }
     }
-    float* oa = p.o_acc == nullptr ? nullptr : p.o_acc + out_row * kMlaPrefillVDim;
+    float* oa = o_acc == nullptr ? nullptr : o_acc + out_row * kMlaPrefillVDim;
 #pragma unroll
     for (int nt = 0; nt < kMlaPrefillVDim / 8; ++nt) {
       float x0 = acc[4 * nt + 2 * r] * w_new, x1 = acc[4 * nt + 2 * r + 1] * w_new;
@@ -196,7 +209,7 @@ __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const Tile
         x0 += prev.x * w_old;
         x1 += prev.y * w_old;
       }
-      if (p.merge == MlaPrefillMerge::kNone || p.merge == MlaPrefillMerge::kLast)
+      if (merge == MlaPrefillMerge::kNone || merge == MlaPrefillMerge::kLast)
         *reinterpret_cast<uint32_t*>(o + nt * 8 + 2 * t) = pack_bf16x2(x0, x1);
       else
         *reinterpret_cast<float2*>(oa + nt * 8 + 2 * t) = make_float2(x0, x1);
@@ -421,7 +434,8 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
   const int row_key[2] = {c.q_pos0 + row_pos[0], c.q_pos0 + row_pos[1]};
   const int first_row_key = c.q_pos0 + c.q0 + warp / 4 * 64;  // this warpgroup's first row
   const uint32_t q_addr = smem_addr(s_q) + warpgroup_rows;
-  const int last_tile = c.num_key_tiles - 1;
+  // This CTA's key tiles (all of them unless the keys are split); tile kt sits in buffer kt & 1.
+  const int first_tile = c.kt_begin, last_tile = c.kt_end - 1;
 
   // S = Q · K(kt)ᵀ over 192 dims as 12 wgmma m64n64k16 (one batch; s must hold zeros).
   auto issue_scores = [&](float(&s)[kTileN / 2], int kt) {
@@ -447,10 +461,12 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     // Serial: per tile, S's MMAs, wait, softmax (O rescaled), P · V's MMAs, wait. Tile kt's K and V share buffer
     // kt & 1; the next tile's are loaded while this one computes.
     load_q<true, kRows, W::kCtaThreads>(s_q, p, c, h, tid);
-    if (c.num_key_tiles > 0) load_kv<true, W::kCtaThreads>(s_k, s_v, p, c, h, 0, tid);
+    if (last_tile >= first_tile)
+      load_kv<true, W::kCtaThreads>(s_k + (first_tile & 1) * kKTileBytes, s_v + (first_tile & 1) * kVTileBytes, p, c,
+                                    h, first_tile, tid);
     cp_async_commit();
     // Every warpgroup runs all the CTA's key tiles (the barrier is shared); a tile past a row's last key is masked.
-    for (int kt = 0; kt <= last_tile; ++kt) {
+    for (int kt = first_tile; kt <= last_tile; ++kt) {
       const int buffer = kt & 1;
       cp_async_wait_all();
       fence_async_shared();  // this thread's copies visible to wgmma (the async proxy)
@@ -484,7 +500,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     // (K(kt + 1) into the K buffer S(kt - 1) read, V(kt) into the V buffer P · V(kt - 2) read; both waited for
     // before the barrier).
     load_q<true, kRows, W::kCtaThreads>(s_q, p, c, h, tid);
-    if (c.num_key_tiles > 0) load_k<true, W::kCtaThreads>(s_k, p, c, h, 0, tid);
+    if (last_tile >= first_tile) load_k<true, W::kCtaThreads>(s_k + (first_tile & 1) * kKTileBytes, p, c, h, first_tile, tid);
     cp_async_commit();
     uint32_t pf[kTileN / 16][4];  // P of the tile before the current one (its P · V not yet issued)
     // Top of tile kt: K(kt) and V(kt - 1) landed for all, and every wgmma of tile kt - 1 finished (each warpgroup
@@ -501,22 +517,22 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       load_v<true, W::kCtaThreads>(s_v + (kt & 1) * kVTileBytes, p, c, h, kt, tid);
       cp_async_commit();
     };
-    if (last_tile >= 0) {  // tile 0: its scores and softmax (O is zero: nothing to rescale)
+    if (last_tile >= first_tile) {  // the first tile: its scores and softmax (O is zero: nothing to rescale)
       arrive();
       float s[kTileN / 2];
 #pragma unroll
       for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
       wgmma_fence_operands(s);
       wgmma_fence();
-      issue_scores(s, 0);
-      load_next(0);
+      issue_scores(s, first_tile);
+      load_next(first_tile);
       wgmma_wait<0>();
       wgmma_fence_operands(s);
       float alpha[2];
-      softmax_stats(s, 0, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, alpha, pf, t);
+      softmax_stats(s, first_tile * kTileN, c.key_len, row_key, first_row_key, scale_log2, m_row, l_row, alpha, pf, t);
       rescale_rows(acc, alpha);  // 0 * 0, as the serial kernel does
     }
-    for (int kt = 1; kt <= last_tile; ++kt) {
+    for (int kt = first_tile + 1; kt <= last_tile; ++kt) {
       arrive();
       float s[kTileN / 2];
 #pragma unroll
@@ -542,7 +558,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
 #pragma unroll
         for (int e = 0; e < 4; ++e) pf[kk][e] = pf_next[kk][e];
     }
-    if (last_tile >= 0) {
+    if (last_tile >= first_tile) {
       cp_async_wait_all();
       fence_async_shared();
       __syncthreads();  // V(last) landed for all
@@ -634,43 +650,121 @@ bool params_valid(const MlaPrefillParams& p, bool fast) {
 struct PrefillLaunch {
   void (*kernel)(MlaPrefillParams);
   int smem, rows, threads;
+  int splits;  // key splits (MlaPrefillParams::key_splits as launched)
 };
 PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
   MlaPrefillKernel k = p.kernel;
-  if (k == MlaPrefillKernel::kWgmma) {
+  int splits = std::max(p.key_splits, 1);
+  if (p.key_splits > 1) k = MlaPrefillKernel::kWgmma128;  // forced splits (validated by the caller)
+  if (k == MlaPrefillKernel::kWgmma && p.key_splits == 0) {
     const int64_t sms = std::max(num_sms, 1), heads = p.num_heads;
     const int64_t tiles_64 = p.tiles_64 > 0 ? p.tiles_64 : static_cast<int64_t>((p.max_seqlen + 63) / 64) * p.num_seqs;
     const int64_t tiles_128 =
         p.tiles_128 > 0 ? p.tiles_128 : static_cast<int64_t>((p.max_seqlen + 127) / 128) * p.num_seqs;
-    const int64_t waves_64 = (tiles_64 * heads + 2 * sms - 1) / (2 * sms);
-    const int64_t waves_128 = (tiles_128 * heads + sms - 1) / sms;
-    // In units of a 64-row CTA's work: a wave of two 64-row CTAs per SM takes 2, one of 128-row CTAs 2 / 1.2
-    // (2 / 1.1 serial).
-    // And 128 rows only when their CTAs cover every SM (H = 16, 512 rows: 64 CTAs of 128 rows leave half the SMs
-    // idle; 127-143 µs against 88 with 64 rows in two runs).
-    const bool fills = tiles_128 * heads >= sms;
-    const double speedup_128 = p.wgmma_overlap ? 1.2 : 1.1;
-    k = fills && 2.0 * static_cast<double>(waves_128) / speedup_128 < 2.0 * static_cast<double>(waves_64)
-            ? MlaPrefillKernel::kWgmma128
-            : MlaPrefillKernel::kWgmma64;
+    const int64_t ctas_64 = tiles_64 * heads, ctas_128 = tiles_128 * heads;
+    // In units of a 64-row CTA's work: a wave of two 64-row CTAs per SM takes 2; a 64-row CTA alone on its SM
+    // (no more CTAs than SMs) 1.3 (H = 16, 512 after 3,584: 128 CTAs in 85 us against 131 us a double wave at
+    // H = 128); a wave of 128-row CTAs 2 / 1.2 with the softmax overlapped (2 / 1.1 serial), 1 / s of that when
+    // the keys are split s ways, plus 0.05 for the combine pass.
+    const double cost_64 = ctas_64 <= sms ? 1.3 : 2.0 * static_cast<double>((ctas_64 + 2 * sms - 1) / (2 * sms));
+    const double wave_128 = 2.0 / (p.wgmma_overlap ? 1.2 : 1.1);
+    // Splits need the workspace, and at least 4 key tiles each (the keys a CTA sees at most: max_seqlen_k, or the
+    // rows themselves from position 0).
+    const int64_t max_keys = p.max_seqlen_k > 0 ? p.max_seqlen_k : p.max_seqlen;
+    const bool can_split = p.split_o != nullptr && p.split_lse != nullptr && p.split_rows > 0;
+    const int64_t max_splits =
+        can_split ? std::clamp<int64_t>(std::min<int64_t>(p.max_key_splits, max_keys / (4 * kTileN)), 1, 8) : 1;
+    double best = cost_64;
+    k = MlaPrefillKernel::kWgmma64;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+      const double waves = static_cast<double>((ctas_128 * s + sms - 1) / sms);
+      const double cost = waves * wave_128 / static_cast<double>(s) + (s > 1 ? 0.05 : 0.0);
+      if (cost < best) {
+        best = cost;
+        k = MlaPrefillKernel::kWgmma128;
+        splits = static_cast<int>(s);
+      }
+    }
   }
+  if (k != MlaPrefillKernel::kWgmma128) splits = 1;
   switch (k) {
     case MlaPrefillKernel::kMma:
-      return {mla_prefill_fast_kernel, kSmemBytes, kTileM, kThreads};
+      return {mla_prefill_fast_kernel, kSmemBytes, kTileM, kThreads, 1};
     case MlaPrefillKernel::kWgmma128:
       return {p.wgmma_overlap ? mla_prefill_wgmma_kernel<128, true> : mla_prefill_wgmma_kernel<128, false>,
-              WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads};
+              WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads, splits};
     default:
       return {p.wgmma_overlap ? mla_prefill_wgmma_kernel<64, true> : mla_prefill_wgmma_kernel<64, false>,
-              WgmmaTile<64>::kSmemBytes, 64, WgmmaTile<64>::kCtaThreads};
+              WgmmaTile<64>::kSmemBytes, 64, WgmmaTile<64>::kCtaThreads, 1};
+  }
+}
+
+// Merges the key splits' rows (one warp per query row and head, 4 of the 128 values a lane) by their log-sum-exps,
+// then applies the launch's merge as write_rows does: kNone writes out, kFirst o_acc and lse_acc, kMiddle merges into
+// them, kLast merges and writes out.
+__global__ void __launch_bounds__(256) mla_prefill_split_combine_kernel(const MlaPrefillParams p, int64_t items) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + static_cast<int64_t>(threadIdx.x) / 32;  // row * H + h
+  if (item >= items) return;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t stride = p.split_rows * p.num_heads;
+  float m = -INFINITY;
+  for (int s = 0; s < p.key_splits; ++s) m = fmaxf(m, p.split_lse[s * stride + item]);
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float sum = 0.0f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < p.key_splits; ++s) {
+      const float w = exp2f(p.split_lse[s * stride + item] - m);  // an empty split: lse -inf, w 0
+      const float4 x = reinterpret_cast<const float4*>(p.split_o + (s * stride + item) * kMlaPrefillVDim)[lane];
+      sum += w;
+      o.x += w * x.x;
+      o.y += w * x.y;
+      o.z += w * x.z;
+      o.w += w * x.w;
+    }
+    const float inv = 1.0f / sum;
+    o.x *= inv;
+    o.y *= inv;
+    o.z *= inv;
+    o.w *= inv;
+  }
+  const float lse = m == -INFINITY ? -INFINITY : m + log2f(sum);
+  float4 result = o;
+  if (p.merge == MlaPrefillMerge::kMiddle || p.merge == MlaPrefillMerge::kLast) {
+    const float old_lse = p.lse_acc[item];
+    __syncwarp();  // every lane read lse_acc before lane 0 writes it (kMiddle)
+    const float mx = fmaxf(old_lse, lse);
+    float w_old = 0.0f, w_new = 0.0f;
+    if (mx != -INFINITY) {
+      const float a = exp2f(old_lse - mx), cc = exp2f(lse - mx), total = a + cc;
+      w_old = a / total;
+      w_new = cc / total;
+      if (p.merge == MlaPrefillMerge::kMiddle && lane == 0) p.lse_acc[item] = mx + log2f(total);
+    }
+    const float4 prev = reinterpret_cast<const float4*>(p.o_acc + item * kMlaPrefillVDim)[lane];
+    result = make_float4(prev.x * w_old + o.x * w_new, prev.y * w_old + o.y * w_new, prev.z * w_old + o.z * w_new,
+                         prev.w * w_old + o.w * w_new);
+  } else if (p.merge == MlaPrefillMerge::kFirst && lane == 0) {
+    p.lse_acc[item] = lse;
+  }
+  if (p.merge == MlaPrefillMerge::kNone || p.merge == MlaPrefillMerge::kLast) {
+    uint32_t* out = reinterpret_cast<uint32_t*>(p.out + item * kMlaPrefillVDim) + 2 * lane;
+    out[0] = pack_bf16x2(result.x, result.y);
+    out[1] = pack_bf16x2(result.z, result.w);
+  } else {
+    reinterpret_cast<float4*>(p.o_acc + item * kMlaPrefillVDim)[lane] = result;
   }
 }
 
 }  // namespace
 
 cudaError_t run_mla_prefill(const MlaPrefillParams& params) {
-  const MlaPrefillParams p = mla_prefill_contiguous(params);
+  MlaPrefillParams p = mla_prefill_contiguous(params);
   if (!params_valid(p, true)) return cudaErrorInvalidValue;
+  if (p.key_splits > 1 &&
+      (p.key_splits > p.max_key_splits || p.split_o == nullptr || p.split_lse == nullptr || p.split_rows <= 0 ||
+       (p.kernel != MlaPrefillKernel::kWgmma && p.kernel != MlaPrefillKernel::kWgmma128)))
+    return cudaErrorInvalidValue;
+  if (p.split_o != nullptr && reinterpret_cast<uintptr_t>(p.split_o) % 16 != 0) return cudaErrorInvalidValue;
   if (p.max_seqlen == 0) return cudaSuccess;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -683,10 +777,26 @@ cudaError_t run_mla_prefill(const MlaPrefillParams& params) {
   if (l.smem > smem_optin) return cudaErrorInvalidConfiguration;
   err = cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((p.max_seqlen + l.rows - 1) / l.rows), static_cast<unsigned>(p.num_heads),
+  p.key_splits = l.splits;
+  const int64_t q_tiles = (static_cast<int64_t>(p.max_seqlen) + l.rows - 1) / l.rows;
+  if (q_tiles * l.splits > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(q_tiles * l.splits), static_cast<unsigned>(p.num_heads),
                   static_cast<unsigned>(p.num_seqs));
   l.kernel<<<grid, l.threads, l.smem, p.stream>>>(p);
+  if (l.splits > 1) {
+    const int64_t items = p.split_rows * p.num_heads;
+    mla_prefill_split_combine_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, p.stream>>>(p, items);
+  }
   return cudaGetLastError();
+}
+
+MlaPrefillShape mla_prefill_shape(const MlaPrefillParams& params) {
+  int device = 0, num_sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return {};
+  const PrefillLaunch l = prefill_launch(mla_prefill_contiguous(params), num_sms);
+  return {l.rows, l.splits};
 }
 
 cudaError_t run_mla_prefill_reference(const MlaPrefillParams& params) {

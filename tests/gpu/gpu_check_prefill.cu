@@ -61,6 +61,27 @@ bool g_all_ok = true;
 // The fast kernel every check and bench launches (main runs them all for each).
 k::MlaPrefillKernel g_kernel = k::MlaPrefillKernel::kWgmma;
 bool g_overlap = true;  // MlaPrefillParams::wgmma_overlap of every launch
+int g_splits = 0;       // MlaPrefillParams::key_splits of every launch (0: by waves, with a 4-split workspace)
+constexpr int kMaxSplits = 4;
+
+// The key-split workspace of every launch (run_mla_prefill splits only where it pays, or where g_splits forces it).
+struct SplitWorkspace {
+  DeviceBuffer<float> buffer;
+  int64_t rows;
+  int heads;
+  SplitWorkspace(int64_t t, int h)
+      : buffer(static_cast<size_t>(std::max<int64_t>(k::mla_prefill_split_floats(t, h, kMaxSplits), 1))),
+        rows(t),
+        heads(h) {}
+  void apply(k::MlaPrefillParams& p) const {
+    if (g_kernel == k::MlaPrefillKernel::kMma) return;
+    p.key_splits = g_splits;
+    p.max_key_splits = kMaxSplits;
+    p.split_rows = rows;
+    p.split_o = buffer.ptr;
+    p.split_lse = buffer.ptr + static_cast<size_t>(kMaxSplits) * rows * heads * kV;
+  }
+};
 double g_gemm_tflops = 0.0;
 struct Summary {
   std::string name;
@@ -123,6 +144,8 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
   k::MlaPrefillParams p;
   p.kernel = g_kernel;
   p.wgmma_overlap = g_overlap;
+  const SplitWorkspace splits(T, H);
+  splits.apply(p);
   p.num_seqs = B;
   p.num_heads = H;
   p.max_seqlen = max_len;
@@ -270,10 +293,12 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
   poison(out.ptr, out.count);
   poison(out_ref.ptr, out_ref.count);
   poison(out_chunked.ptr, out_chunked.count);
+  const SplitWorkspace splits(Tq, H);
   auto params = [&](const uint16_t* kvb_ptr, const uint16_t* lat_ptr, const int32_t* cu_keys) {
     k::MlaPrefillParams p;
     p.kernel = g_kernel;
     p.wgmma_overlap = g_overlap;
+    splits.apply(p);
     p.num_seqs = B;
     p.num_heads = H;
     p.max_seqlen = max_q;
@@ -452,6 +477,8 @@ void bench_case(const char* name, int H, int batch, int len, int reps) {
   k::MlaPrefillParams p;
   p.kernel = g_kernel;
   p.wgmma_overlap = g_overlap;
+  const SplitWorkspace splits(static_cast<int64_t>(T), H);
+  splits.apply(p);
   p.num_seqs = batch;
   p.num_heads = H;
   p.max_seqlen = len;
@@ -513,9 +540,12 @@ void bench_context_case(const char* name, int H, int rows, int context, int reps
   k::MlaPrefillParams p;
   p.kernel = g_kernel;
   p.wgmma_overlap = g_overlap;
+  const SplitWorkspace splits(rows, H);
+  splits.apply(p);
   p.num_seqs = 1;
   p.num_heads = H;
   p.max_seqlen = rows;
+  p.max_seqlen_k = context;
   p.scale = 0.3f;
   p.cu_seqlens = d_cu_q.ptr;
   p.cu_seqlens_k = d_cu_k.ptr;
@@ -536,9 +566,12 @@ void bench_context_case(const char* name, int H, int rows, int context, int reps
   const double flops = pairs * H * 2.0 * (kQK + kV);
   const double tflops = flops / (st.median_us * 1e-6) / 1e12;
   const double pct = g_gemm_tflops > 0 ? 100.0 * tflops / g_gemm_tflops : 0.0;
+  const k::MlaPrefillShape shape = k::mla_prefill_shape(p);
   std::printf("{\"kind\":\"bench\",\"case\":\"%s\",\"heads\":%d,\"rows\":%d,\"context\":%d,\"flops\":%.4e,"
-              "\"reps\":%d,\"median_us\":%.1f,\"min_us\":%.1f,\"tflops\":%.1f,\"pct_gemm\":%.1f}\n",
-              name, H, rows, context, flops, reps, st.median_us, st.min_us, tflops, pct);
+              "\"reps\":%d,\"median_us\":%.1f,\"min_us\":%.1f,\"tflops\":%.1f,\"pct_gemm\":%.1f,"
+              "\"rows_per_cta\":%d,\"key_splits\":%d}\n",
+              name, H, rows, context, flops, reps, st.median_us, st.min_us, tflops, pct, shape.rows_per_cta,
+              shape.key_splits);
   std::fflush(stdout);
   g_summary.push_back({name, st.median_us, tflops, pct, 0.0});
 }
@@ -594,21 +627,30 @@ int main(int argc, char** argv) {
       {"ctx_h128_chunks320", 128, {{130, 700}, {3, 1200}, {64, 64}}, 320},
       {"ctx_h16_from_zero", 16, {{300, 300}, {1, 1}}, 128},  // no cached prefix, chunked keys
   };
-  // Every check and bench for each fast kernel: the default (wgmma, rows per CTA by waves, softmax overlapped with
-  // P · V), the same without the overlap, then wgmma with 64 and with 128 rows per CTA forced, then mma.sync (names
-  // end in " serial", " w64", " w128", " mma").
-  const std::pair<k::MlaPrefillKernel, bool> variants[] = {
-      {k::MlaPrefillKernel::kWgmma, true},    {k::MlaPrefillKernel::kWgmma, false},
-      {k::MlaPrefillKernel::kWgmma64, true},  {k::MlaPrefillKernel::kWgmma128, true},
-      {k::MlaPrefillKernel::kMma, true}};
-  for (const auto& [kernel, overlap] : variants) {
+  // Every check and bench for each fast kernel: the default (wgmma, rows per CTA and key splits by waves, softmax
+  // overlapped with P · V), the same without the overlap, then wgmma with 64 and with 128 rows per CTA forced, the
+  // keys split 2 and 3 ways (128 rows), then mma.sync (names end in " serial", " w64", " w128", " s2", " s3",
+  // " mma").
+  struct Variant {
+    k::MlaPrefillKernel kernel;
+    bool overlap;
+    int splits;
+    const char* suffix;
+  };
+  const Variant variants[] = {{k::MlaPrefillKernel::kWgmma, true, 0, ""},
+                              {k::MlaPrefillKernel::kWgmma, false, 0, " serial"},
+                              {k::MlaPrefillKernel::kWgmma64, true, 1, " w64"},
+                              {k::MlaPrefillKernel::kWgmma128, true, 1, " w128"},
+                              {k::MlaPrefillKernel::kWgmma, true, 2, " s2"},
+                              {k::MlaPrefillKernel::kWgmma, true, 3, " s3"},
+                              {k::MlaPrefillKernel::kMma, true, 1, " mma"}};
+  for (const Variant& variant : variants) {
+    const k::MlaPrefillKernel kernel = variant.kernel;
+    const bool overlap = variant.overlap;
     g_kernel = kernel;
     g_overlap = overlap;
-    const std::string suffix = kernel == k::MlaPrefillKernel::kMma        ? " mma"
-                               : kernel == k::MlaPrefillKernel::kWgmma64  ? " w64"
-                               : kernel == k::MlaPrefillKernel::kWgmma128 ? " w128"
-                               : !overlap                                 ? " serial"
-                                                                           : "";
+    g_splits = variant.splits;
+    const std::string suffix = variant.suffix;
     auto named = [&](const char* name) { return std::string(name) + suffix; };
     for (const ContextCase& c : context_checks) {
       try {
@@ -635,7 +677,7 @@ int main(int argc, char** argv) {
     }
     if (!quick) {
       try {
-        if (kernel == k::MlaPrefillKernel::kWgmma && overlap) measure_ceiling();
+        if (kernel == k::MlaPrefillKernel::kWgmma && overlap && variant.splits == 0) measure_ceiling();
       } catch (const std::exception& ex) {
         std::printf("{\"kind\":\"ceiling\",\"error\":\"%s\"}\n", ex.what());
       }
@@ -652,7 +694,8 @@ int main(int argc, char** argv) {
       const ContextBench context_benches[] = {{"ctx h16 512 after 3584", 16, 512, 4096, 20},
                                               {"ctx h128 512 after 3584", 128, 512, 4096, 20},
                                               {"ctx h128 3080 after 73920", 128, 3080, 77000, 3},
-                                              {"ctx h16 3080 after 73920", 16, 3080, 77000, 3}};
+                                              {"ctx h16 3080 after 73920", 16, 3080, 77000, 3},
+                                              {"ctx h16 1024 after 3072", 16, 1024, 4096, 20}};
       for (const ContextBench& bc : context_benches) {
         try {
           bench_context_case(named(bc.name).c_str(), bc.heads, bc.rows, bc.context, bc.reps);

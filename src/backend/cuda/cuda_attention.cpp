@@ -132,6 +132,9 @@ constexpr double kAbsorbedTflopsAt16 = 117.0, kAbsorbedTflopsAt128 = 229.0, kPre
                  kGemmTflops = 600.0, kCopyBytesPerUs = 3.5e6, kChunkOverheadUs = 15.0;
 // Device memory one context chunk may take (packed latents, kv_b output): bounds the keys per chunk.
 constexpr int64_t kChunkWorkspaceBytes = int64_t{512} << 20;
+// The expanded kernel's key-split partials (f32 rows and log-sum-exps per split): V2-Lite's 3,080-row chunk at 16
+// heads takes 25 MB a split, so 3 splits.
+constexpr int64_t kSplitWorkspaceBytes = int64_t{96} << 20;
 
 int64_t chunk_keys(int64_t heads, int64_t latent_dim, int64_t kvb_dim, int64_t groups) {
   const int64_t per_key = (latent_dim + heads * kvb_dim) * 2;
@@ -223,6 +226,14 @@ void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tens
       step_.rows_start_at_zero ? 0 : l.add(static_cast<size_t>(num_chunks * (step_.num_groups + 1)) * 4);
   const size_t o_acc = num_chunks > 1 ? l.add(static_cast<size_t>(T * H * V) * 4) : 0;
   const size_t o_lse = num_chunks > 1 ? l.add(static_cast<size_t>(T * H) * 4) : 0;
+  // The key splits' workspace (run_mla_prefill picks 1 to max_splits by waves; few heads and long keys split).
+  const int64_t split_bytes = kc::mla_prefill_split_floats(T, H, 1) * 4;
+  const int64_t max_splits =
+      mla_prefill_mma_ || mla_key_splits_ == 1 ? 1
+      : mla_key_splits_ > 1                  ? mla_key_splits_
+                                             : std::min<int64_t>(4, kSplitWorkspaceBytes / std::max<int64_t>(split_bytes, 1));
+  const size_t o_split_o = max_splits > 1 ? l.add(static_cast<size_t>(max_splits * T * H * V) * 4) : 0;
+  const size_t o_split_lse = max_splits > 1 ? l.add(static_cast<size_t>(max_splits * T * H) * 4) : 0;
   char* base = reserve(attention_, l.bytes);
   if (base == nullptr) return;
 
@@ -251,6 +262,15 @@ void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tens
   p.v = kvb_data + nope;
   p.kernel = mla_prefill_mma_ ? kc::MlaPrefillKernel::kMma : kc::MlaPrefillKernel::kWgmma;
   p.wgmma_overlap = mla_prefill_overlap_;
+  if (max_splits > 1) {
+    p.key_splits = mla_key_splits_ > 1 ? mla_key_splits_ : 0;
+    p.max_key_splits = static_cast<int>(max_splits);
+    p.split_rows = T;
+    p.split_o = reinterpret_cast<float*>(base + o_split_o);
+    p.split_lse = reinterpret_cast<float*>(base + o_split_lse);
+  } else {
+    p.key_splits = 1;
+  }
   for (int32_t rows : step_.group_rows) {  // the CTAs with work, for the kernel's choice of rows per CTA
     p.tiles_64 += (rows + 63) / 64;
     p.tiles_128 += (rows + 127) / 128;

@@ -118,6 +118,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
   if (!mla_prefill.ok()) return mla_prefill.status();
   backend->mla_prefill_mma_ = *mla_prefill == 1;
   backend->mla_prefill_overlap_ = *mla_prefill != 2;
+  Result<int> key_splits =
+      env_choice("DEEPINFER_MLA_KEY_SPLITS", {"auto", "1", "2", "3", "4"}, "the expanded kernel's key splits");
+  if (!key_splits.ok()) return key_splits.status();
+  backend->mla_key_splits_ = std::max(*key_splits, 0);
   Result<int> small_linear =
       env_choice("DEEPINFER_SMALL_LINEAR", {"streaming", "cublas"}, "the dense projections at a few rows");
   if (!small_linear.ok()) return small_linear.status();

@@ -322,6 +322,9 @@ class CudaBackend final : public Backend {
   // and the wgmma kernel without its softmax / P · V overlap.
   bool mla_prefill_mma_ = false;
   bool mla_prefill_overlap_ = true;
+  // The expanded kernel's key splits (DEEPINFER_MLA_KEY_SPLITS=auto|1|2|3|4; measurements): 0 = chosen by waves
+  // within a 96 MiB workspace, 1 = never, n = forced.
+  int mla_key_splits_ = 0;
   int64_t mla_context_chunk_ = 0;
   // MLA decode's split-KV outside batch-invariant mode: the fewest pages a split reads
   // (DEEPINFER_MLA_SPLIT_PAGES=1|2|4), and the partials its combine loads together

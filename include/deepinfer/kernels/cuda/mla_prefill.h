@@ -68,12 +68,28 @@ struct MlaPrefillParams {
   // (FlashAttention-3's intra-warpgroup pipelining; the default), or false: serially, as before it (comparisons).
   // The same additions in the same order either way: the outputs are equal bit for bit.
   bool wgmma_overlap = true;
+  // Key splits (the wgmma kernel at 128 query rows a CTA): each CTA's visible key tiles are cut into key_splits
+  // equal ranges run by separate CTAs, which write their normalised rows and log-sum-exps to their split's slot of
+  // split_o / split_lse; a combine pass then merges the splits and applies `merge` (the same result as one CTA, up to
+  // the order of f32 sums). For grids whose last wave of 128-row CTAs would be mostly empty (few heads: V2-Lite's 16,
+  // V3's 16 a GPU at TP8). 0: run_mla_prefill chooses 1 to max_key_splits by waves (1 when the workspace is not
+  // given or kernel is not kWgmma); >= 1: forced (> 1 takes the 128-row kernel; kernel must be kWgmma or kWgmma128).
+  int key_splits = 0;
+  int max_key_splits = 0;        // splits the workspace holds
+  int64_t split_rows = 0;        // its rows per split: T
+  float* split_o = nullptr;      // f32 [max_key_splits, split_rows, H, 128], 16-byte aligned
+  float* split_lse = nullptr;    // f32 [max_key_splits, split_rows, H]
   // kWgmma's choice of rows per CTA counts the CTAs with work: Σ_b ceil(L_b / 64) and Σ_b ceil(L_b / 128) when the
   // caller knows the lengths on the host (a chunk beside a few decode rows is not num_seqs chunks); 0: estimated as
   // ceil(max_seqlen / 64) * num_seqs (resp. 128).
   int64_t tiles_64 = 0, tiles_128 = 0;
   cudaStream_t stream = nullptr;
 };
+
+// Floats of the key-split workspace (split_o and split_lse) for `splits` splits of `rows` query rows at `heads` heads.
+inline int64_t mla_prefill_split_floats(int64_t rows, int64_t heads, int64_t splits) {
+  return splits * rows * heads * (kMlaPrefillVDim + 1);
+}
 
 // Fills in the contiguous layout's strides where the params leave them 0 (k [T, H, 192], v [T, H, 128]).
 inline MlaPrefillParams mla_prefill_contiguous(MlaPrefillParams p) {
@@ -97,6 +113,13 @@ inline MlaPrefillParams mla_prefill_contiguous(MlaPrefillParams p) {
 // kMma: both by mma.sync m16n8k16 with Q fragments in registers. bf16 inputs, f32 accumulation.
 // Returns cudaErrorInvalidValue on bad parameters, else the launch's error. Asynchronous on params.stream.
 cudaError_t run_mla_prefill(const MlaPrefillParams& params);
+
+// What run_mla_prefill launches for `params` on the current device: query rows per CTA (64 or 128) and key splits.
+struct MlaPrefillShape {
+  int rows_per_cta = 0;
+  int key_splits = 0;
+};
+MlaPrefillShape mla_prefill_shape(const MlaPrefillParams& params);
 
 // The simple kernel: one CTA of 128 threads per (token, head), f32 CUDA-core math, scores in shared memory.
 // Slow; the on-GPU reference for the fast one; merge kNone only. REQUIRES: max_seqlen_k * 4 bytes fit in shared
