@@ -656,7 +656,7 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
   MlaPrefillKernel k = p.kernel;
   int splits = std::max(p.key_splits, 1);
   if (p.key_splits > 1) k = MlaPrefillKernel::kWgmma128;  // forced splits (validated by the caller)
-  if (k == MlaPrefillKernel::kWgmma && p.key_splits == 0) {
+  if (k == MlaPrefillKernel::kWgmma) {
     const int64_t sms = std::max(num_sms, 1), heads = p.num_heads;
     const int64_t tiles_64 = p.tiles_64 > 0 ? p.tiles_64 : static_cast<int64_t>((p.max_seqlen + 63) / 64) * p.num_seqs;
     const int64_t tiles_128 =
@@ -671,7 +671,7 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
     // Splits need the workspace, and at least 4 key tiles each (the keys a CTA sees at most: max_seqlen_k, or the
     // rows themselves from position 0).
     const int64_t max_keys = p.max_seqlen_k > 0 ? p.max_seqlen_k : p.max_seqlen;
-    const bool can_split = p.split_o != nullptr && p.split_lse != nullptr && p.split_rows > 0;
+    const bool can_split = p.key_splits == 0 && p.split_o != nullptr && p.split_lse != nullptr && p.split_rows > 0;
     const int64_t max_splits =
         can_split ? std::clamp<int64_t>(std::min<int64_t>(p.max_key_splits, max_keys / (4 * kTileN)), 1, 8) : 1;
     double best = cost_64;
@@ -704,7 +704,8 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
 // them, kLast merges and writes out.
 __global__ void __launch_bounds__(256) mla_prefill_split_combine_kernel(const MlaPrefillParams p, int64_t items) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + static_cast<int64_t>(threadIdx.x) / 32;  // row * H + h
-  if (item >= items) return;
+  // Rows past the sequences' (split_rows larger than T) have no partials.
+  if (item >= items || item / p.num_heads >= p.cu_seqlens[p.num_seqs]) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t stride = p.split_rows * p.num_heads;
   float m = -INFINITY;
@@ -760,6 +761,7 @@ __global__ void __launch_bounds__(256) mla_prefill_split_combine_kernel(const Ml
 cudaError_t run_mla_prefill(const MlaPrefillParams& params) {
   MlaPrefillParams p = mla_prefill_contiguous(params);
   if (!params_valid(p, true)) return cudaErrorInvalidValue;
+  if (p.key_splits < 0) return cudaErrorInvalidValue;
   if (p.key_splits > 1 &&
       (p.key_splits > p.max_key_splits || p.split_o == nullptr || p.split_lse == nullptr || p.split_rows <= 0 ||
        (p.kernel != MlaPrefillKernel::kWgmma && p.kernel != MlaPrefillKernel::kWgmma128)))
