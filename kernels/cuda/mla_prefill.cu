@@ -668,12 +668,15 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
     // the keys are split s ways, plus 0.05 for the combine pass.
     const double cost_64 = ctas_64 <= sms ? 1.3 : 2.0 * static_cast<double>((ctas_64 + 2 * sms - 1) / (2 * sms));
     const double wave_128 = 2.0 / (p.wgmma_overlap ? 1.2 : 1.1);
-    // Splits need the workspace, and at least 4 key tiles each (the keys a CTA sees at most: max_seqlen_k, or the
-    // rows themselves from position 0).
+    // Splits need the workspace, fewer than 4 waves of 128-row CTAs (where the last wave's emptiness matters), and
+    // at least 1,024 keys each (the keys a CTA sees at most: max_seqlen_k, or the rows themselves from position 0):
+    // their partials cost a write and a read of T x H x 129 floats a split, which many short CTAs do not repay
+    // (H100, H = 128, 1 x 4,096 from position 0: 2.00 ms unsplit, 2.33 with 2 splits, 2.71 with 4).
     const int64_t max_keys = p.max_seqlen_k > 0 ? p.max_seqlen_k : p.max_seqlen;
-    const bool can_split = p.key_splits == 0 && p.split_o != nullptr && p.split_lse != nullptr && p.split_rows > 0;
+    const bool can_split = p.key_splits == 0 && p.split_o != nullptr && p.split_lse != nullptr && p.split_rows > 0 &&
+                           ctas_128 < 4 * sms;
     const int64_t max_splits =
-        can_split ? std::clamp<int64_t>(std::min<int64_t>(p.max_key_splits, max_keys / (4 * kTileN)), 1, 8) : 1;
+        can_split ? std::clamp<int64_t>(std::min<int64_t>(p.max_key_splits, max_keys / 1024), 1, 8) : 1;
     double best = cost_64;
     k = MlaPrefillKernel::kWgmma64;
     for (int64_t s = 1; s <= max_splits; ++s) {
