@@ -661,33 +661,18 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
     const int64_t tiles_64 = p.tiles_64 > 0 ? p.tiles_64 : static_cast<int64_t>((p.max_seqlen + 63) / 64) * p.num_seqs;
     const int64_t tiles_128 =
         p.tiles_128 > 0 ? p.tiles_128 : static_cast<int64_t>((p.max_seqlen + 127) / 128) * p.num_seqs;
-    const int64_t ctas_64 = tiles_64 * heads, ctas_128 = tiles_128 * heads;
-    // In units of a 64-row CTA's work: a wave of two 64-row CTAs per SM takes 2; a 64-row CTA alone on its SM
-    // (no more CTAs than SMs) 1.3 (H = 16, 512 after 3,584: 128 CTAs in 85 us against 131 us a double wave at
-    // H = 128); a wave of 128-row CTAs 2 / 1.2 with the softmax overlapped (2 / 1.1 serial), 1 / s of that when
-    // the keys are split s ways, plus 0.05 for the combine pass.
-    const double cost_64 = ctas_64 <= sms ? 1.3 : 2.0 * static_cast<double>((ctas_64 + 2 * sms - 1) / (2 * sms));
-    const double wave_128 = 2.0 / (p.wgmma_overlap ? 1.2 : 1.1);
-    // Splits need the workspace, fewer than 4 waves of 128-row CTAs (where the last wave's emptiness matters), and
-    // at least 1,024 keys each (the keys a CTA sees at most: max_seqlen_k, or the rows themselves from position 0):
-    // their partials cost a write and a read of T x H x 129 floats a split, which many short CTAs do not repay
-    // (H100, H = 128, 1 x 4,096 from position 0: 2.00 ms unsplit, 2.33 with 2 splits, 2.71 with 4).
-    const int64_t max_keys = p.max_seqlen_k > 0 ? p.max_seqlen_k : p.max_seqlen;
-    const bool can_split = p.key_splits == 0 && p.split_o != nullptr && p.split_lse != nullptr && p.split_rows > 0 &&
-                           ctas_128 < 4 * sms;
-    const int64_t max_splits =
-        can_split ? std::clamp<int64_t>(std::min<int64_t>(p.max_key_splits, max_keys / 1024), 1, 8) : 1;
-    double best = cost_64;
-    k = MlaPrefillKernel::kWgmma64;
-    for (int64_t s = 1; s <= max_splits; ++s) {
-      const double waves = static_cast<double>((ctas_128 * s + sms - 1) / sms);
-      const double cost = waves * wave_128 / static_cast<double>(s) + (s > 1 ? 0.05 : 0.0);
-      if (cost < best) {
-        best = cost;
-        k = MlaPrefillKernel::kWgmma128;
-        splits = static_cast<int>(s);
-      }
-    }
+    const bool can_split = p.key_splits == 0 && p.split_o != nullptr && p.split_lse != nullptr && p.split_rows > 0;
+    MlaPrefillGrid g;
+    g.tiles_64 = tiles_64;
+    g.tiles_128 = tiles_128;
+    g.heads = heads;
+    g.sms = sms;
+    g.max_keys = p.max_seqlen_k > 0 ? p.max_seqlen_k : p.max_seqlen;
+    g.overlap = p.wgmma_overlap;
+    g.max_splits = can_split ? p.max_key_splits : 1;
+    const MlaPrefillShape shape = choose_mla_prefill_shape(g);
+    k = shape.rows_per_cta == 128 ? MlaPrefillKernel::kWgmma128 : MlaPrefillKernel::kWgmma64;
+    splits = shape.key_splits;
   }
   if (k != MlaPrefillKernel::kWgmma128) splits = 1;
   switch (k) {

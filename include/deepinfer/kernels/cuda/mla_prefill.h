@@ -23,6 +23,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "deepinfer/kernels/cuda/mla_prefill_shape.h"
+
 namespace deepinfer::kernels::cuda {
 
 inline constexpr int kMlaPrefillQkDim = 192;   // qk_nope_head_dim 128 + qk_rope_head_dim 64 (V2/V3)
@@ -114,11 +116,7 @@ inline MlaPrefillParams mla_prefill_contiguous(MlaPrefillParams p) {
 // Returns cudaErrorInvalidValue on bad parameters, else the launch's error. Asynchronous on params.stream.
 cudaError_t run_mla_prefill(const MlaPrefillParams& params);
 
-// What run_mla_prefill launches for `params` on the current device: query rows per CTA (64 or 128) and key splits.
-struct MlaPrefillShape {
-  int rows_per_cta = 0;
-  int key_splits = 0;
-};
+// What run_mla_prefill launches for `params` on the current device (choose_mla_prefill_shape for kWgmma).
 MlaPrefillShape mla_prefill_shape(const MlaPrefillParams& params);
 
 // The simple kernel: one CTA of 128 threads per (token, head), f32 CUDA-core math, scores in shared memory.
