@@ -153,6 +153,23 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kTileN / 2], int k0, int
   rescale_rows(acc, alpha);
 }
 
+// Merging a normalised row with log-sum-exp `lse` into a running one with `old_lse` (log2 domain): the weights of the
+// old and new rows, and the merged log-sum-exp. Neither has a visible key (both -inf): weights 0, lse -inf.
+struct MergeWeights {
+  float w_old = 0.0f, w_new = 0.0f, lse = -INFINITY;
+};
+__device__ __forceinline__ MergeWeights merge_weights(float old_lse, float lse) {
+  MergeWeights m;
+  const float mx = fmaxf(old_lse, lse);
+  if (mx != -INFINITY) {
+    const float a = exp2f(old_lse - mx), cc = exp2f(lse - mx), sum = a + cc;
+    m.w_old = a / sum;
+    m.w_new = cc / sum;
+    m.lse = mx + log2f(sum);
+  }
+  return m;
+}
+
 // Row sums across the quad, normalize; store (or merge) this thread's rows inside the sequence (rows 16 warp + g,
 // + 8 of the tile).
 __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const TileContext& c, int h,
@@ -190,15 +207,10 @@ __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const Tile
     if (merge == MlaPrefillMerge::kFirst) {
       if (t == 0) lse_acc[out_row] = lse[r];
     } else if (merging) {
-      const float mx = fmaxf(old_lse[r], lse[r]);
-      if (mx == -INFINITY) {
-        w_new = 0.0f;
-      } else {
-        const float a = exp2f(old_lse[r] - mx), cc = exp2f(lse[r] - mx), sum = a + cc;
-        w_old = a / sum;
-        w_new = inv[r] * (cc / sum);
-        if (merge == MlaPrefillMerge::kMiddle && t == 0) lse_acc[out_row] = mx + log2f(sum);
-      }
+      const MergeWeights m = merge_weights(old_lse[r], lse[r]);
+      w_old = m.w_old;
+      w_new = inv[r] * m.w_new;
+      if (merge == MlaPrefillMerge::kMiddle && t == 0 && m.lse != -INFINITY) lse_acc[out_row] = m.lse;
     }
     float* oa = o_acc == nullptr ? nullptr : o_acc + out_row * kMlaPrefillVDim;
 #pragma unroll
@@ -448,6 +460,12 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     }
     wgmma_commit();
   };
+  // S's accumulators zeroed, the zeros fenced before the next wgmma.fence (PTX: register writes, then the fence).
+  auto zero_scores = [](float(&s)[kTileN / 2]) {
+#pragma unroll
+    for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
+    wgmma_fence_operands(s);
+  };
   // O += P · V(kt) as 4 wgmma m64n128k16, P from registers (one batch).
   auto issue_values = [&](const uint32_t(&pf)[kTileN / 16][4], int kt) {
     const uint32_t v_addr = smem_addr(s_v + (kt & 1) * kVTileBytes);
@@ -476,9 +494,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
                                       kt + 1, tid);
       cp_async_commit();
       float s[kTileN / 2];
-#pragma unroll
-      for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
-      wgmma_fence_operands(s);  // the zeros written before the fence (PTX: register writes, then wgmma.fence)
+      zero_scores(s);
       wgmma_fence();
       issue_scores(s, kt);
       wgmma_wait<0>();
@@ -500,7 +516,8 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     // (K(kt + 1) into the K buffer S(kt - 1) read, V(kt) into the V buffer P · V(kt - 2) read; both waited for
     // before the barrier).
     load_q<true, kRows, W::kCtaThreads>(s_q, p, c, h, tid);
-    if (last_tile >= first_tile) load_k<true, W::kCtaThreads>(s_k + (first_tile & 1) * kKTileBytes, p, c, h, first_tile, tid);
+    if (last_tile >= first_tile)
+      load_k<true, W::kCtaThreads>(s_k + (first_tile & 1) * kKTileBytes, p, c, h, first_tile, tid);
     cp_async_commit();
     uint32_t pf[kTileN / 16][4];  // P of the tile before the current one (its P · V not yet issued)
     // Top of tile kt: K(kt) and V(kt - 1) landed for all, and every wgmma of tile kt - 1 finished (each warpgroup
@@ -521,9 +538,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       arrive();
       load_next(first_tile);
       float s[kTileN / 2];
-#pragma unroll
-      for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
-      wgmma_fence_operands(s);
+      zero_scores(s);
       wgmma_fence();
       issue_scores(s, first_tile);
       wgmma_wait<0>();
@@ -536,9 +551,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
       arrive();
       load_next(kt);
       float s[kTileN / 2];
-#pragma unroll
-      for (int j = 0; j < kTileN / 2; ++j) s[j] = 0.0f;
-      wgmma_fence_operands(s);  // s zeroed, acc rescaled and pf written by ordinary instructions before the fence
+      zero_scores(s);  // s zeroed, acc rescaled and pf written by ordinary instructions before the fence
       wgmma_fence_operands(acc);
       wgmma_fence_operands(pf);
       wgmma_fence();
@@ -559,9 +572,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
         for (int e = 0; e < 4; ++e) pf[kk][e] = pf_next[kk][e];
     }
     if (last_tile >= first_tile) {
-      cp_async_wait_all();
-      fence_async_shared();
-      __syncthreads();  // V(last) landed for all
+      arrive();  // V(last) landed for all
       wgmma_fence_operands(acc);
       wgmma_fence_operands(pf);
       wgmma_fence();
@@ -719,19 +730,12 @@ __global__ void __launch_bounds__(256) mla_prefill_split_combine_kernel(const Ml
   const float lse = m == -INFINITY ? -INFINITY : m + log2f(sum);
   float4 result = o;
   if (p.merge == MlaPrefillMerge::kMiddle || p.merge == MlaPrefillMerge::kLast) {
-    const float old_lse = p.lse_acc[item];
+    const MergeWeights w = merge_weights(p.lse_acc[item], lse);
     __syncwarp();  // every lane read lse_acc before lane 0 writes it (kMiddle)
-    const float mx = fmaxf(old_lse, lse);
-    float w_old = 0.0f, w_new = 0.0f;
-    if (mx != -INFINITY) {
-      const float a = exp2f(old_lse - mx), cc = exp2f(lse - mx), total = a + cc;
-      w_old = a / total;
-      w_new = cc / total;
-      if (p.merge == MlaPrefillMerge::kMiddle && lane == 0) p.lse_acc[item] = mx + log2f(total);
-    }
+    if (p.merge == MlaPrefillMerge::kMiddle && lane == 0 && w.lse != -INFINITY) p.lse_acc[item] = w.lse;
     const float4 prev = reinterpret_cast<const float4*>(p.o_acc + item * kMlaPrefillVDim)[lane];
-    result = make_float4(prev.x * w_old + o.x * w_new, prev.y * w_old + o.y * w_new, prev.z * w_old + o.z * w_new,
-                         prev.w * w_old + o.w * w_new);
+    result = make_float4(prev.x * w.w_old + o.x * w.w_new, prev.y * w.w_old + o.y * w.w_new,
+                         prev.z * w.w_old + o.z * w.w_new, prev.w * w.w_old + o.w * w.w_new);
   } else if (p.merge == MlaPrefillMerge::kFirst && lane == 0) {
     p.lse_acc[item] = lse;
   }

@@ -91,6 +91,9 @@ struct Summary {
 };
 std::vector<Summary> g_summary;
 
+// "other_overlap_bytes_equal" from a comparison's result: -1 not compared (null), 0 equal, 1 different.
+const char* equal_field(int differ) { return differ < 0 ? "null" : (differ == 0 ? "true" : "false"); }
+
 // float64 reference of one output row (local query position i of a sequence starting at packed token s0, head h)
 // from host copies: q row [192], keys/values rows 0..i of that head, each `key_stride` / `val_stride` apart.
 std::vector<double> reference_row(const uint16_t* q, const uint16_t* keys, size_t key_stride, const uint16_t* vals,
@@ -247,14 +250,13 @@ void check_case(const char* name, int H, const std::vector<int>& lens, float sca
     if (b) lens_s.push_back(',');
     lens_s.append(std::to_string(lens[b]));
   }
-  std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"heads\":%d,\"lens\":[%s],\"tokens\":%d,\"scale\":%.4f,"
-              "\"sampled_rows\":%zu,\"max_row_rel_err_fast\":%.3e,\"max_row_rel_err_reference_kernel\":%.3e,"
-              "\"fast_vs_reference_kernel_rel_err\":%.3e,\"non_finite_fast\":%ld,\"non_finite_reference\":%ld,"
-              "\"other_overlap_bytes_equal\":%s,\"ok\":%s}\n",
-              name, H, lens_s.c_str(), T, scale, rows.size(), worst, worst_ref, fast_vs_ref_kernel, non_finite,
-              non_finite_ref,
-              overlap_bytes_differ < 0 ? "null" : (overlap_bytes_differ == 0 ? "true" : "false"),
-              ok ? "true" : "false");
+  std::printf(
+      "{\"kind\":\"check\",\"case\":\"%s\",\"heads\":%d,\"lens\":[%s],\"tokens\":%d,\"scale\":%.4f,"
+      "\"sampled_rows\":%zu,\"max_row_rel_err_fast\":%.3e,\"max_row_rel_err_reference_kernel\":%.3e,"
+      "\"fast_vs_reference_kernel_rel_err\":%.3e,\"non_finite_fast\":%ld,\"non_finite_reference\":%ld,"
+      "\"other_overlap_bytes_equal\":%s,\"ok\":%s}\n",
+      name, H, lens_s.c_str(), T, scale, rows.size(), worst, worst_ref, fast_vs_ref_kernel, non_finite, non_finite_ref,
+      equal_field(overlap_bytes_differ), ok ? "true" : "false");
   std::fflush(stdout);
   g_summary.push_back({std::string("check ") + name, 0, 0, 0, ok ? worst : INFINITY});
 }
@@ -450,13 +452,13 @@ void check_context_case(const char* name, int H, const std::vector<std::pair<int
     if (b) groups_s.push_back(',');
     groups_s += "[" + std::to_string(groups[b].first) + "," + std::to_string(groups[b].second) + "]";
   }
-  std::printf("{\"kind\":\"check\",\"case\":\"%s\",\"heads\":%d,\"groups_rows_context\":[%s],\"chunk\":%d,"
-              "\"chunks\":%d,\"sampled_rows\":%zu,\"max_row_rel_err_fast\":%.3e,\"max_row_rel_err_chunked\":%.3e,"
-              "\"fast_vs_reference_kernel_rel_err\":%.3e,\"chunked_vs_whole_rel_err\":%.3e,\"non_finite\":%ld,"
-              "\"other_overlap_bytes_equal\":%s,\"ok\":%s}\n",
-              name, H, groups_s.c_str(), chunk, num_chunks, rows.size(), worst, worst_chunked, fast_vs_ref,
-              chunked_vs_whole, non_finite,
-              overlap_bytes_differ < 0 ? "null" : (overlap_bytes_differ == 0 ? "true" : "false"), ok ? "true" : "false");
+  std::printf(
+      "{\"kind\":\"check\",\"case\":\"%s\",\"heads\":%d,\"groups_rows_context\":[%s],\"chunk\":%d,"
+      "\"chunks\":%d,\"sampled_rows\":%zu,\"max_row_rel_err_fast\":%.3e,\"max_row_rel_err_chunked\":%.3e,"
+      "\"fast_vs_reference_kernel_rel_err\":%.3e,\"chunked_vs_whole_rel_err\":%.3e,\"non_finite\":%ld,"
+      "\"other_overlap_bytes_equal\":%s,\"ok\":%s}\n",
+      name, H, groups_s.c_str(), chunk, num_chunks, rows.size(), worst, worst_chunked, fast_vs_ref, chunked_vs_whole,
+      non_finite, equal_field(overlap_bytes_differ), ok ? "true" : "false");
   std::fflush(stdout);
   g_summary.push_back({std::string("check ") + name, 0, 0, 0, ok ? std::max(worst, worst_chunked) : INFINITY});
 }

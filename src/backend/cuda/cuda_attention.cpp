@@ -228,10 +228,9 @@ void CudaBackend::mla_expanded(const MlaExpanded& a, const Tensor& q, const Tens
   const size_t o_lse = num_chunks > 1 ? l.add(static_cast<size_t>(T * H) * 4) : 0;
   // The key splits' workspace (run_mla_prefill picks 1 to max_splits by waves; few heads and long keys split).
   const int64_t split_bytes = kc::mla_prefill_split_floats(T, H, 1) * 4;
-  const int64_t max_splits =
-      mla_prefill_mma_ || mla_key_splits_ == 1 ? 1
-      : mla_key_splits_ > 1                  ? mla_key_splits_
-                                             : std::min<int64_t>(4, kSplitWorkspaceBytes / std::max<int64_t>(split_bytes, 1));
+  int64_t max_splits = std::min<int64_t>(4, kSplitWorkspaceBytes / std::max<int64_t>(split_bytes, 1));
+  if (mla_key_splits_ > 1) max_splits = mla_key_splits_;
+  if (mla_prefill_mma_ || mla_key_splits_ == 1) max_splits = 1;
   const size_t o_split_o = max_splits > 1 ? l.add(static_cast<size_t>(max_splits * T * H * V) * 4) : 0;
   const size_t o_split_lse = max_splits > 1 ? l.add(static_cast<size_t>(max_splits * T * H) * 4) : 0;
   char* base = reserve(attention_, l.bytes);
