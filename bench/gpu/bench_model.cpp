@@ -698,7 +698,8 @@ void bench_moe_sweep(const std::string& name, Precision precision, const std::fi
   const double expert_bytes = 3.0 * static_cast<double>(hidden * I) * weight_bytes;
   const double peak = precision == Precision::kFP8 ? ceilings.fp8_tflops : ceilings.bf16_tflops;
   const int64_t max_tokens = *std::max_element(tokens_list.begin(), tokens_list.end());
-  for (const char* path : {"auto", "streaming", "tiled", "wgmma-128", "wgmma-256", "per-expert"}) {
+  for (const char* path :
+       {"auto", "streaming", "tiled", "wgmma-128", "wgmma-256", "wgmma-swap32", "wgmma-swap64", "per-expert"}) {
     setenv("DEEPINFER_MOE_GEMM", path, 1);
     Result<std::unique_ptr<backend::Backend>> made = backend::make_cuda_backend(0);
     unsetenv("DEEPINFER_MOE_GEMM");

@@ -17,6 +17,11 @@
 //     a scale per row and K group), a stage is one 128-wide K group, four wgmma m64n128k32 e4m3 sum it in float, and
 //     the partial sums are added scaled by the row's and the weight block's scales (DeepGEMM's promotion per K
 //     group; the semantics of fp8_gemm in gemm.h).
+//   - Few rows per expert (a 512-token chunk of V3: ~16): the operands swapped, as TensorRT-LLM and DeepGEMM do at
+//     small M. A tile is 128 weight rows (output columns: one FP8 scale block) x 32 or 64 tokens, each warpgroup 64
+//     weight rows as wgmma's M and the tokens as its N (m64n32 / m64n64), so an MMA multiplies no rows past the
+//     expert's instead of 128 - 16 of 128; 20 or 24 KB a stage, two CTAs an SM. The output is the transpose of the
+//     accumulators: each thread stores its bf16 values one by one (the output is ~1% of the weights' bytes).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -192,6 +197,159 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
   }
 }
 
+// The swapped tiles: 128 weight rows x kBT tokens, 128 bytes of K a stage (64 bf16 or 128 e4m3).
+template <int kBT>
+struct SwapTile {
+  static constexpr int kBW = 128;                    // weight rows (output columns) per tile: one FP8 scale block
+  static constexpr int kStages = kBT == 32 ? 5 : 4;  // two CTAs an SM (227 KB)
+  static constexpr int kWBytes = kBW * kRowBytes;    // 16 KB
+  static constexpr int kXBytes = kBT * kRowBytes;    // 4 or 8 KB
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+  static constexpr int kAccRegs = kBT / 2;
+  static_assert(kStageBytes % 1024 == 0 && kWBytes % 1024 == 0, "tiles must stay 1,024-byte aligned");
+  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs an SM");
+};
+
+// Stage kt of the swapped tile: the weight block's 128 rows, then the tokens' kBT rows, K zero-filled past the end.
+template <int kBT, bool kFp8>
+__device__ __forceinline__ void swap_load_stage(uint32_t stage, const Operands& o, int kt) {
+  constexpr int kChunks = kRowBytes / 16, kElems = kFp8 ? 1 : 2;  // bytes per element
+  const int k0 = kt * (kRowBytes / kElems);
+#pragma unroll
+  for (int i = 0; i < SwapTile<kBT>::kBW * kChunks / kThreads; ++i) {
+    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int k = k0 + c * 16 / kElems;  // a chunk is wholly inside or outside K (k % 8; FP8: k % 128)
+    const bool ok = r < o.w_rows && k < o.k;
+    const char* src = ok ? o.w + static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * kElems : o.w;
+    cp_async_16(stage + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
+  }
+  constexpr int kXChunks = kBT * kChunks;
+#pragma unroll
+  for (int i = 0; i < (kXChunks + kThreads - 1) / kThreads; ++i) {
+    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
+    if (kXChunks % kThreads != 0 && idx >= kXChunks) break;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int k = k0 + c * 16 / kElems;
+    const bool ok = r < o.x_rows && k < o.k;
+    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * kElems : o.x;
+    cp_async_16(stage + SwapTile<kBT>::kWBytes + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
+  }
+}
+
+template <int kBT, bool kFp8>
+__device__ __forceinline__ void swap_multiply_stage(float (&acc)[SwapTile<kBT>::kAccRegs], uint32_t stage,
+                                                    int warpgroup) {
+  const uint32_t a = stage + static_cast<uint32_t>(warpgroup) * 64 * kRowBytes;  // this warpgroup's 64 weight rows
+  const uint32_t b = stage + SwapTile<kBT>::kWBytes;                             // the tokens
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {  // k16 (bf16) or k32 (e4m3) steps: 32 bytes of each 128-byte row
+    const uint64_t da = wgmma_descriptor(a + 32 * s), db = wgmma_descriptor(b + 32 * s);
+    if constexpr (kFp8 && kBT == 32)
+      wgmma_m64n32k32_e4m3(acc, da, db);
+    else if constexpr (kFp8)
+      wgmma_m64n64k32_e4m3(acc, da, db);
+    else if constexpr (kBT == 32)
+      wgmma_m64n32k16_bf16(acc, da, db);
+    else
+      wgmma_m64n64k16_bf16(acc, da, db);
+  }
+}
+
+// Accumulator i of a thread (wgmma.cuh's layout, rows = weight rows, columns = tokens): weight row
+// 16 warp + g + 8 ((i / 2) % 2) of its warpgroup's 64, token 8 (i / 4) + 2 t + i % 2.
+template <int kBT, bool kFp8>
+__global__ void __launch_bounds__(kThreads, 2) moe_grouped_wgmma_swap_kernel(const MoeGroupedGemmParams p) {
+  using T = SwapTile<kBT>;
+  constexpr int kStages = T::kStages;
+  const int num_experts = static_cast<int>(p.num_experts), rows = static_cast<int>(p.rows);
+  const MoeTile job = checked_moe_tile<kBT, kThreads>(p.offsets, num_experts, rows, static_cast<int>(blockIdx.y));
+  if (job.expert < 0) return;  // past the real tile count (uniform over the CTA)
+
+  extern __shared__ __align__(1024) char smem[];
+  const uint32_t smem_base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int64_t n_block = static_cast<int64_t>(blockIdx.x) * T::kBW;
+
+  constexpr int kElems = kFp8 ? 1 : 2;  // bytes per element
+  Operands o;
+  o.x = kFp8 ? reinterpret_cast<const char*>(p.x_fp8) + static_cast<int64_t>(job.row_begin) * p.k
+             : reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
+  o.x_rows = job.rows;
+  o.w_ld_bytes = p.w_ld * kElems;
+  o.w = static_cast<const char*>(p.w) + p.w_matrix_stride * job.expert * kElems + n_block * o.w_ld_bytes;
+  o.w_rows = static_cast<int>(min(static_cast<int64_t>(T::kBW), p.n - n_block));
+  o.k = static_cast<int>(p.k);
+  const float* w_scales = nullptr;
+  if constexpr (kFp8)
+    w_scales = p.w_scale + static_cast<int64_t>(job.expert) * p.w_scale_matrix_stride + n_block / 128 * p.w_scale_ld;
+
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) / 32) % 4;
+  const int g = lane / 4, t = lane % 4;
+
+  float acc[T::kAccRegs];
+#pragma unroll
+  for (int i = 0; i < T::kAccRegs; ++i) acc[i] = 0.0f;
+
+  // The ring as in moe_grouped_wgmma_kernel: stage kt loaded kStages - 2 iterations ahead.
+  const int k_tiles = (o.k + kRowBytes / kElems - 1) / (kRowBytes / kElems);
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s) {
+    if (s < k_tiles) swap_load_stage<kBT, kFp8>(smem_base + s * T::kStageBytes, o, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 3>();
+    fence_async_shared();
+    __syncthreads();  // stage kt landed for every thread; the MMAs of kt - 2 done in both warpgroups
+    const int next = kt + kStages - 2;
+    if (next < k_tiles) swap_load_stage<kBT, kFp8>(smem_base + (next % kStages) * T::kStageBytes, o, next);
+    cp_async_commit();
+    if constexpr (kFp8) {
+      // This K group's sums, then acc += sums · token scale · block scale (0 past the tile's tokens).
+      float part[T::kAccRegs];
+#pragma unroll
+      for (int i = 0; i < T::kAccRegs; ++i) part[i] = 0.0f;
+      wgmma_fence();
+      swap_multiply_stage<kBT, true>(part, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
+      wgmma_commit();
+      const float w_scale = w_scales[kt];
+      const float* x_scale = p.x_scale + static_cast<int64_t>(kt) * p.rows + job.row_begin;
+      float scale[kBT / 4];
+#pragma unroll
+      for (int j = 0; j < kBT / 8; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int token = 8 * j + 2 * t + b;
+          scale[2 * j + b] = token < job.rows ? x_scale[token] * w_scale : 0.0f;
+        }
+      wgmma_wait<0>();
+      wgmma_fence_operands(part);
+#pragma unroll
+      for (int i = 0; i < T::kAccRegs; ++i) acc[i] = fmaf(part[i], scale[(i / 4) * 2 + i % 2], acc[i]);
+    } else {
+      wgmma_fence();
+      swap_multiply_stage<kBT, false>(acc, smem_base + (kt % kStages) * T::kStageBytes, warpgroup);
+      wgmma_commit();
+      wgmma_wait<1>();  // MMAs kt - 1 done: their slot may be refilled after the next barrier
+      wgmma_fence_operands(acc);
+    }
+  }
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
+  cp_async_wait<0>();
+
+  __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(p.y);
+#pragma unroll
+  for (int i = 0; i < T::kAccRegs; ++i) {
+    const int64_t column = n_block + warpgroup * 64 + warp * 16 + g + 8 * ((i / 2) % 2);
+    const int token = 8 * (i / 4) + 2 * t + i % 2;
+    if (token < job.rows && column < p.n)
+      y[static_cast<int64_t>(job.row_begin + token) * p.n + column] = __float2bfloat16(acc[i]);
+  }
+}
+
 // bf16: the tile width asked (wgmma_tile_n), else 256 columns when n >= 1024 (measured: bench/gpu/NOTES.md).
 int bf16_tile_n(const MoeGroupedGemmParams& p) {
   if (p.wgmma_tile_n == 128 || p.wgmma_tile_n == 256) return p.wgmma_tile_n;
@@ -208,10 +366,29 @@ cudaError_t launch(const MoeGroupedGemmParams& p) {
   return cudaGetLastError();
 }
 
+template <int kBT, bool kFp8>
+cudaError_t launch_swap(const MoeGroupedGemmParams& p) {
+  if (cudaError_t e = init_moe_grouped_gemm_wgmma(); e != cudaSuccess) return e;
+  const int64_t row_tiles = moe_grouped_row_tiles(p.rows, p.num_experts, kBT);
+  if (row_tiles > kMoeMaxRowTiles) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((p.n + SwapTile<kBT>::kBW - 1) / SwapTile<kBT>::kBW),
+                  static_cast<unsigned>(row_tiles));
+  moe_grouped_wgmma_swap_kernel<kBT, kFp8><<<grid, kThreads, SwapTile<kBT>::kSmemBytes, p.stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t init_moe_grouped_gemm_wgmma() {
   static const cudaError_t result = [] {
+    // The swapped tiles' two CTAs an SM need the largest shared-memory carveout.
+    auto set_smem = [](auto kernel, int bytes) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+      return e;
+    };
     cudaError_t e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<128, false>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<128>::kSmemBytes);
     if (e == cudaSuccess)
@@ -220,6 +397,10 @@ cudaError_t init_moe_grouped_gemm_wgmma() {
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                Tile<128, true>::kSmemBytes);
+    if (e == cudaSuccess) e = set_smem(moe_grouped_wgmma_swap_kernel<32, true>, SwapTile<32>::kSmemBytes);
+    if (e == cudaSuccess) e = set_smem(moe_grouped_wgmma_swap_kernel<64, true>, SwapTile<64>::kSmemBytes);
+    if (e == cudaSuccess) e = set_smem(moe_grouped_wgmma_swap_kernel<32, false>, SwapTile<32>::kSmemBytes);
+    if (e == cudaSuccess) e = set_smem(moe_grouped_wgmma_swap_kernel<64, false>, SwapTile<64>::kSmemBytes);
     return e;
   }();
   return result;
@@ -229,13 +410,19 @@ cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& p) {
   const bool fp8 = p.format == MoeWeightFormat::kFP8;
   if (!moe_grouped_params_valid(p) || p.x_rows != nullptr || p.offsets == nullptr || p.x_ld != 0 || p.y_ld != 0 ||
       p.gated || p.y == nullptr || p.y_f32 != nullptr || p.tiled_order || reinterpret_cast<uintptr_t>(p.y) % 4 != 0 ||
-      (p.wgmma_tile_n != 0 && p.wgmma_tile_n != 128 && p.wgmma_tile_n != 256))
+      (p.wgmma_tile_n != 0 && p.wgmma_tile_n != 128 && p.wgmma_tile_n != 256) ||
+      (p.wgmma_swap_tokens != 0 && p.wgmma_swap_tokens != -1 && p.wgmma_swap_tokens != 32 &&
+       p.wgmma_swap_tokens != 64) ||
+      (p.wgmma_swap_tokens > 0 && p.wgmma_tile_n == 256))
     return cudaErrorInvalidValue;
   // FP8: quantized activations, whole 128-wide K groups, 128-column tiles.
   if (fp8 && (p.x_fp8 == nullptr || p.x_scale == nullptr || p.k % 128 != 0 || p.wgmma_tile_n == 256 ||
               reinterpret_cast<uintptr_t>(p.x_fp8) % 16 != 0))
     return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
+  const int swap = moe_wgmma_swap_tokens(p.rows, p.num_experts, fp8, p.wgmma_swap_tokens);
+  if (swap == 32) return fp8 ? launch_swap<32, true>(p) : launch_swap<32, false>(p);
+  if (swap == 64) return fp8 ? launch_swap<64, true>(p) : launch_swap<64, false>(p);
   if (fp8) return launch<128, true>(p);
   return bf16_tile_n(p) == 256 ? launch<256, false>(p) : launch<128, false>(p);
 }

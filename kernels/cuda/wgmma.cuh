@@ -141,6 +141,19 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&acc)[32], uint64_t 
       : "l"(a), "l"(b));
 }
 
+// acc += A (64 x 16, K-major, descriptor a) · B (n32 x 16, K-major, descriptor b); acc [16] in the layout above.
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&acc)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]),
+        "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]),
+        "+f"(acc[15])
+      : "l"(a), "l"(b));
+}
+
 // acc += A (64 x 16 in registers: a[4], the mma.sync m16n8k16 A fragment of warp w's rows 16w..16w+15) ·
 // B (16 x n128, N-major: descriptor b of an MN-major tile, imm-trans-b 1); acc [64] in the layout above.
 __device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_tn(float (&acc)[64], const uint32_t (&a)[4], uint64_t b) {
@@ -190,5 +203,35 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&acc)[64], uint64_t
       : "l"(a), "l"(b));
 }
 
+// acc += A (64 x 32 e4m3, K-major, descriptor a) · B (n32 x 32 e4m3, K-major, descriptor b); acc [16] in the layout
+// above (the swapped expert GEMM: A the weights, B the tokens).
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&acc)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]),
+        "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]),
+        "+f"(acc[15])
+      : "l"(a), "l"(b));
+}
+
+// acc += A (64 x 32 e4m3, K-major, descriptor a) · B (n64 x 32 e4m3, K-major, descriptor b); acc [32] in the layout
+// above (the swapped expert GEMM: A the weights, B the tokens).
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&acc)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]), "+f"(acc[4]), "+f"(acc[5]), "+f"(acc[6]), "+f"(acc[7]),
+        "+f"(acc[8]), "+f"(acc[9]), "+f"(acc[10]), "+f"(acc[11]), "+f"(acc[12]), "+f"(acc[13]), "+f"(acc[14]),
+        "+f"(acc[15]), "+f"(acc[16]), "+f"(acc[17]), "+f"(acc[18]), "+f"(acc[19]), "+f"(acc[20]), "+f"(acc[21]),
+        "+f"(acc[22]), "+f"(acc[23]), "+f"(acc[24]), "+f"(acc[25]), "+f"(acc[26]), "+f"(acc[27]), "+f"(acc[28]),
+        "+f"(acc[29]), "+f"(acc[30]), "+f"(acc[31])
+      : "l"(a), "l"(b));
+}
 
 }  // namespace deepinfer::kernels::cuda

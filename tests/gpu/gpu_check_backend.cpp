@@ -849,7 +849,12 @@ void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
     bias[3] = 8.0f;  // sigmoid scores are in (0, 1): expert 3 (and its group) wins for every token
     for (int64_t e = E - E / rule.n_group; e < E; ++e) bias[e] = -8.0f;  // the last group never wins
   }
-  const std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden));
+  std::vector<float> x = p.rng.values(static_cast<size_t>(T * hidden));
+  // FP8: rows of magnitudes 1/4 to 4, so that the activations' per-row scales differ (a kernel taking one token's
+  // scale for another's shows).
+  if (c.precision == Precision::kFP8)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < hidden; ++j) x[static_cast<size_t>(t * hidden + j)] *= std::ldexp(1.0f, t % 5 - 2);
   const std::vector<float> out0 = p.rng.values(static_cast<size_t>(T * hidden));
   auto run = [&](Backend& b, bool cpu) {
     auto pick = [&](WeightPair& w) { return cpu ? w.cpu.get() : w.gpu.get(); };
@@ -861,9 +866,10 @@ void check_moe(Pair& p, const MoeCase& c, const std::vector<MoeBackend>& gpus) {
   };
   const std::vector<float> want = run(p.cpu, true);
   for (const MoeBackend& g : gpus) {
-    // FP8 activations are quantized to e4m3 per 1 x 128 (act_quant) on the per-expert path and on the wgmma kernel;
-    // the streaming and tiled kernels keep them bf16. Auto (cuda_moe.cpp) takes the wgmma kernel past 8 rows per
-    // expert when hidden and I are whole 128-groups, else the tiled kernel up to 64 and per-expert GEMMs beyond.
+    // FP8 activations are quantized to e4m3 per 1 x 128 (act_quant) on the per-expert path and on the wgmma kernel
+    // (its swapped tiles included); the streaming and tiled kernels keep them bf16. Auto (cuda_moe.cpp) takes the
+    // wgmma kernel past 8 rows per expert when hidden and I are whole 128-groups (swapped tiles up to 64), else the
+    // tiled kernel up to 64 and per-expert GEMMs beyond.
     const std::string path = g.path;
     const int64_t P = c.T * c.top_k;
     const bool whole_groups = c.hidden % 128 == 0 && c.I % 128 == 0;
@@ -1439,8 +1445,8 @@ int main(int argc, char** argv) {
   const MoeCase moe_cases[] = {
       {"moe bf16 experts (strided x, out)", bf16, 7, 160, 96, 16, 4, false, 8, 16},
       {"moe fp8 experts (strided x, out)", fp8, 7, 160, 96, 16, 4, false, 8, 16},
-      {"moe bf16 skewed (one expert 21 rows, empty experts; K 200/104, N 200 tails)", bf16, 21, 200, 104, 16, 4, true, 0,
-       0},
+      {"moe bf16 skewed (one expert 21 rows, empty experts; K 200/104, N 200 tails)", bf16, 21, 200, 104, 16, 4, true,
+       0, 0},
       {"moe fp8 skewed (one expert 21 rows, empty experts; K 200/104, N 200 tails)", fp8, 21, 200, 104, 16, 4, true, 0,
        0},
       {"moe bf16 (down K 1408 as V2-Lite, K split 1 and 4)", bf16, 5, 256, 1408, 16, 6, false, 0, 8},
@@ -1449,19 +1455,24 @@ int main(int argc, char** argv) {
       {"moe bf16 (64 experts, K split 1 and 4)", bf16, 21, 256, 704, 64, 6, false, 8, 0},
       {"moe bf16 prefill (P 1200: 75 rows per expert, one expert 300 rows)", bf16, 300, 160, 96, 16, 4, true, 8, 16},
       {"moe fp8 prefill (P 1200: 75 rows per expert, one expert 300 rows)", fp8, 300, 160, 96, 16, 4, true, 0, 0},
-      {"moe bf16 prefill (P 3072 over 64 experts: 48 rows each; N 1408, K 704, N 200)", bf16, 512, 200, 704, 64, 6, false,
-       0, 0},
+      {"moe bf16 prefill (P 3072 over 64 experts: 48 rows each; N 1408, K 704, N 200)", bf16, 512, 200, 704, 64, 6,
+       false, 0, 0},
       {"moe fp8 prefill (P 3072 over 64 experts; N 1424, K 712 and 200: FP8 K tails)", fp8, 512, 200, 712, 64, 6, false,
        0, 0},
       {"moe bf16 prefill (P 6144 over 16 experts: 384 rows each, auto takes wgmma; N 1024, K 256 and 512)", bf16, 1024,
        256, 512, 16, 6, false, 0, 0},
       {"moe fp8 prefill (P 1536 over 16 experts: 96 rows each, auto takes wgmma; K 384 and 256, N 512 and 384)", fp8,
        256, 384, 256, 16, 6, true, 0, 0},
+      {"moe fp8 chunk (P 288 over 16 experts: 18 rows each, auto takes the 32-token swapped tiles; one expert 48 rows)",
+       fp8, 48, 384, 256, 16, 6, true, 0, 0},
+      {"moe fp8 chunk (P 768 over 16 experts: 48 rows each, auto takes the 64-token swapped tiles; N 768 and 384)", fp8,
+       128, 384, 384, 16, 6, false, 0, 0},
   };
   // The same cases on one more CUDA backend per forced expert GEMM path.
   std::vector<std::unique_ptr<Backend>> forced;
   std::vector<MoeBackend> moe_backends = {{"auto", &p.gpu}};
-  for (const char* path : {"streaming", "tiled", "wgmma-128", "wgmma-256", "per-expert"}) {
+  for (const char* path :
+       {"streaming", "tiled", "wgmma-128", "wgmma-256", "wgmma-swap32", "wgmma-swap64", "per-expert"}) {
     setenv("DEEPINFER_MOE_GEMM", path, 1);
     forced.push_back(must(be::make_cuda_backend(0), "make_cuda_backend (DEEPINFER_MOE_GEMM)"));
     moe_backends.push_back({path, forced.back().get()});

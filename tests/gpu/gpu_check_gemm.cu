@@ -504,6 +504,68 @@ void check_tiled_order() {
     }
 }
 
+// The wgmma kernel's swapped tiles (moe_grouped.h, wgmma_swap_tokens 32 and 64: the weights as wgmma's M) against its
+// 128-row tiles (-1), FP8 and bf16 weights, on three experts sharing one matrix (offsets [0, a, b, rows]): rows whose
+// magnitudes differ by up to 16x (so a token's FP8 scale taken from another row shows), N 320 (a partial 128-column
+// block), K 384, rows 1 to 130 (partial and several token tiles an expert). The sums differ only in order inside a K
+// group: each output within 1% of the largest |reference| (a bf16 rounding is 0.4%).
+void check_wgmma_swap() {
+  const int m = 130, n = 320, kdim = 384;
+  Problem p = make_problem(m, n, kdim, 31);
+  for (int r = 0; r < m; ++r)
+    fill_random(p.x.ptr + static_cast<size_t>(r) * kdim, 1, kdim, 5000 + r, std::ldexp(1.0f, r % 5 - 2));
+  k::ActQuantParams aq;
+  aq.m = m;
+  aq.k = kdim;
+  aq.x = p.x.ptr;
+  aq.x_fp8 = p.xq.ptr;
+  aq.x_scale = p.xs.ptr;
+  CUDA_TRY(k::run_act_quant(aq));
+  DeviceBuffer<int32_t> offsets(4);
+  DeviceBuffer<uint16_t> ref(static_cast<size_t>(m) * n), out(static_cast<size_t>(m) * n);
+  for (const bool fp8 : {false, true})
+    for (const int rows : {1, 17, 64, 130}) {
+      const int a = rows / 5, b = rows / 5 + (rows * 3) / 5;  // experts of rows / 5, 3 rows / 5 and the rest
+      offsets.upload({0, a, b, rows});
+      auto run = [&](int swap, uint16_t* y) {
+        k::MoeGroupedGemmParams g = one_matrix(p, fp8, rows);
+        g.num_experts = 3;
+        g.offsets = offsets.ptr;
+        g.w_matrix_stride = 0;  // one matrix for the three experts
+        g.w_scale_matrix_stride = 0;
+        g.y = y;
+        g.wgmma_swap_tokens = swap;
+        if (fp8) {
+          g.x_fp8 = p.xq.ptr;
+          g.x_scale = p.xs.ptr;
+        }
+        CUDA_TRY(cudaMemset(y, 0xff, static_cast<size_t>(m) * n * 2));
+        CUDA_TRY(k::run_moe_grouped_gemm_wgmma(g));
+        CUDA_TRY(cudaDeviceSynchronize());
+      };
+      run(-1, ref.ptr);
+      const std::vector<uint16_t> want = ref.download();
+      double scale = 0.0;
+      for (size_t i = 0; i < static_cast<size_t>(rows) * n; ++i)
+        scale = std::max(scale, static_cast<double>(std::fabs(bf16_to_float(want[i]))));
+      for (const int swap : {32, 64}) {
+        run(swap, out.ptr);
+        const std::vector<uint16_t> got = out.download();
+        double worst = 0.0;
+        for (size_t i = 0; i < static_cast<size_t>(rows) * n; ++i) {
+          const double d = std::fabs(static_cast<double>(bf16_to_float(got[i])) - bf16_to_float(want[i]));
+          worst = std::isfinite(d) ? std::max(worst, d) : 1e30;
+        }
+        const bool ok = scale > 0.0 && worst <= 1e-2 * scale;
+        std::printf(
+            "{\"kind\":\"check\",\"case\":\"wgmma_swap%d_%s_m%d\",\"ok\":%s,\"max_abs_diff\":%.3g,"
+            "\"max_abs_ref\":%.3g}\n",
+            swap, fp8 ? "fp8" : "bf16", rows, ok ? "true" : "false", worst, scale);
+        if (!ok) g_all_ok = false;
+      }
+    }
+}
+
 // The MoE's gate_up with SwiGLU in the streaming kernel's epilogue (moe_grouped.h, gated) against the unfused pair
 // (the same kernel's gate_up, then run_silu_mul): bit for bit, bf16 and FP8 weights, M in {1, 3, 8, 9, 33, 130}, I
 // 160 and 168 (a half-filled last warp; FP8: the up rows start inside a 128-row scale block), each k_split in the
@@ -648,6 +710,12 @@ int main(int argc, char** argv) {
     check_tiled_order();
   } catch (const std::exception& ex) {
     std::printf("{\"kind\":\"check\",\"case\":\"tiled_order\",\"ok\":false,\"error\":\"%s\"}\n", ex.what());
+    g_all_ok = false;
+  }
+  try {
+    check_wgmma_swap();
+  } catch (const std::exception& ex) {
+    std::printf("{\"kind\":\"check\",\"case\":\"wgmma_swap\",\"ok\":false,\"error\":\"%s\"}\n", ex.what());
     g_all_ok = false;
   }
   try {

@@ -104,9 +104,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(int device) {
 
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
   // Forced paths for measurements and comparisons: each variable names one of its choices (in enum order).
-  Result<int> moe_path = env_choice("DEEPINFER_MOE_GEMM",
-                                    {"auto", "streaming", "tiled", "per-expert", "wgmma", "wgmma-128", "wgmma-256"},
-                                    "the routed experts' GEMM path");
+  Result<int> moe_path = env_choice(
+      "DEEPINFER_MOE_GEMM",
+      {"auto", "streaming", "tiled", "per-expert", "wgmma", "wgmma-128", "wgmma-256", "wgmma-swap32", "wgmma-swap64"},
+      "the routed experts' GEMM path");
   if (!moe_path.ok()) return moe_path.status();
   if (*moe_path >= 0) backend->moe_gemm_path_ = static_cast<MoeGemmPath>(*moe_path);
   Result<int> mla_form =

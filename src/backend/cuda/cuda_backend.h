@@ -309,9 +309,20 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int num_sms_ = 0;
   // The expert GEMMs' path (cuda_moe.cpp): kAuto picks by rows per expert; the others are forced through the
-  // DEEPINFER_MOE_GEMM environment variable (streaming, tiled, per-expert, wgmma, wgmma-128, wgmma-256; in the enum's
-  // order after auto), for measurements and comparisons.
-  enum class MoeGemmPath { kAuto, kStreaming, kTiled, kPerExpert, kWgmma, kWgmma128, kWgmma256 };
+  // DEEPINFER_MOE_GEMM environment variable (streaming, tiled, per-expert, wgmma, wgmma-128, wgmma-256, wgmma-swap32,
+  // wgmma-swap64; in the enum's order after auto), for measurements and comparisons. wgmma-128 and wgmma-256 take the
+  // 128-row tiles (never the swapped ones; FP8 tiles are 128 columns wide whatever the width asked).
+  enum class MoeGemmPath {
+    kAuto,
+    kStreaming,
+    kTiled,
+    kPerExpert,
+    kWgmma,
+    kWgmma128,
+    kWgmma256,
+    kWgmmaSwap32,
+    kWgmmaSwap64
+  };
   MoeGemmPath moe_gemm_path_ = MoeGemmPath::kAuto;
   // MLA over a cached prefix (cuda_attention.cpp): kAuto by the cost model of mla_expanded_pays, or forced by
   // DEEPINFER_MLA_FORM=absorbed|expanded; mla_context_chunk_ (DEEPINFER_MLA_CONTEXT_CHUNK, keys, a multiple of 64)

@@ -29,7 +29,8 @@ namespace kc = kernels::cuda;
 //   - then up to kWgmmaMaxRowsPerExpert: the wgmma kernel (128-row tiles on Hopper's warpgroup MMA, one launch, no
 //     host sync); FP8 experts take it right after the streaming kernel, with the activations quantized per 1 x 128
 //     first, as the per-expert path does (FP8 shapes whose K is not whole 128-wide groups take the tiled kernel up
-//     to kTiledMaxRowsPerExpert instead);
+//     to kTiledMaxRowsPerExpert instead), up to 64 rows per expert on its swapped tiles (the weights as wgmma's M,
+//     32 or 64 tokens as its N: kc::moe_wgmma_swap_tokens);
 //   - beyond: one cuBLAS GEMM per expert (after the offsets' host copy), whose large tiles (and TMA multicast) win
 //     once every expert has hundreds of rows.
 // The bounds are measured (bench_model --moe-sweep on the H200; bench/gpu/NOTES.md, "Grouped MoE GEMMs" and "FP8
@@ -194,10 +195,18 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   // The wgmma kernel: bf16 experts, or FP8 ones whose K (hidden, I) are whole 128-wide groups (the activations are
   // quantized per 1 x 128); its grid.y (128-row tiles) within CUDA's limit.
   const bool fp8 = w.gate_up->precision == Precision::kFP8;
-  const bool wgmma_takes = kernels_take && w.gate_up->precision == w.down->precision &&
-                           (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
-                           kc::moe_grouped_row_tiles(P, E_held, 128) <= kc::kMoeMaxRowTiles;
   int wgmma_tile_n = 0;  // automatic
+  // Swapped tiles: forced by the path (wgmma-128 / wgmma-256: never), else the kernel's automatic choice.
+  const int wgmma_swap_tokens = moe_gemm_path_ == MoeGemmPath::kWgmmaSwap32   ? 32
+                                : moe_gemm_path_ == MoeGemmPath::kWgmmaSwap64 ? 64
+                                : moe_gemm_path_ == MoeGemmPath::kWgmma128 || moe_gemm_path_ == MoeGemmPath::kWgmma256
+                                    ? -1
+                                    : 0;
+  const int wgmma_swap = kc::moe_wgmma_swap_tokens(P, E_held, fp8, wgmma_swap_tokens);
+  const bool wgmma_takes =
+      kernels_take && w.gate_up->precision == w.down->precision &&
+      (!fp8 || (hidden % kc::kFp8GroupSize == 0 && I % kc::kFp8GroupSize == 0)) &&
+      kc::moe_grouped_row_tiles(P, E_held, wgmma_swap > 0 ? wgmma_swap : 128) <= kc::kMoeMaxRowTiles;
   // Batch-invariant mode (cuda_backend.h): the streaming kernel in the tiled order or the tiled kernel, whose sums
   // are the same; the boundary is the auto one.
   MoeGemmPath choice = moe_gemm_path_;
@@ -225,6 +234,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     case MoeGemmPath::kWgmma:
     case MoeGemmPath::kWgmma128:
     case MoeGemmPath::kWgmma256:
+    case MoeGemmPath::kWgmmaSwap32:
+    case MoeGemmPath::kWgmmaSwap64:
       if (wgmma_takes) path = Path::kWgmma;
       if (!fp8)  // FP8 tiles are 128 columns wide
         wgmma_tile_n = moe_gemm_path_ == MoeGemmPath::kWgmma128   ? 128
@@ -423,6 +434,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     kc::MoeGroupedGemmParams gp =
         grouped_params(permuted, *w.gate_up, offsets, gate_up, num_sms_, moe_stream_ring_, stream_);
     gp.wgmma_tile_n = wgmma_tile_n;
+    gp.wgmma_swap_tokens = wgmma_swap_tokens;
     gp.tiled_order = batch_invariant_ && path == Path::kStreaming;
     quantize(permuted, gp);
     if (gather_in_kernel) {
@@ -445,6 +457,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
     kc::MoeGroupedGemmParams dp =
         grouped_params(act, *w.down, offsets, expert_out, num_sms_, moe_stream_ring_, stream_);
     dp.wgmma_tile_n = wgmma_tile_n;
+    dp.wgmma_swap_tokens = wgmma_swap_tokens;
     dp.tiled_order = gp.tiled_order;
     dp.weights_before_wait = early_weights_;  // the offsets were written before gate_up ran (moe_grouped.h)
     quantize(act, dp);

@@ -2,8 +2,10 @@
 // read on the device, so the MoE layer needs no device-to-host copy and no stream synchronization (the per-expert
 // cuBLAS loop needs both, and one launch per expert). Three kernels by rows per expert: streaming (decode: each
 // weight streamed once per chunk of <= 8 rows at memory speed), tiled (64-row tiles, mma.sync) and wgmma (128-row
-// tiles, Hopper's warpgroup MMA); past ~500 rows per expert per-expert cuBLAS is still faster (the backend's choice:
-// src/backend/cuda/cuda_moe.cpp). Checked through the backend by tests/gpu/gpu_check_backend.cpp.
+// tiles, Hopper's warpgroup MMA; at few rows per expert swapped tiles of 128 weight rows x 32 or 64 tokens); past
+// ~500 rows per expert per-expert cuBLAS is still faster (the backend's choice: src/backend/cuda/cuda_moe.cpp).
+// Checked through the backend by tests/gpu/gpu_check_backend.cpp, the kernels' variants against each other by
+// tests/gpu/gpu_check_gemm.cu.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -94,6 +96,10 @@ struct MoeGroupedGemmParams {
   // early only after every CTA of the one before it has passed its own wait, so by then the routing has finished).
   bool weights_before_wait = false;
   int wgmma_tile_n = 0;               // run_moe_grouped_gemm_wgmma: columns per tile, 0 automatic, 128 or 256 forced
+  // run_moe_grouped_gemm_wgmma: the swapped tiles (128 weight rows x 32 or 64 tokens, the weights as wgmma's M) for
+  // few rows per expert. 0 automatic (FP8: by the rows per expert on average; bf16: never), -1 never (128-row tiles),
+  // 32 or 64 forced (with wgmma_tile_n 0 or 128).
+  int wgmma_swap_tokens = 0;
   // run_moe_grouped_gemm_wgmma with kFP8 weights: the activations quantized by run_act_quant (gemm.h) instead of x:
   // e4m3 [rows, k] (16-byte aligned) and float32 scales [k / 128][rows] ("M-major"); x's values are not read (x must
   // still be set and valid: moe_grouped_params_valid checks it).
@@ -103,12 +109,26 @@ struct MoeGroupedGemmParams {
 };
 cudaError_t run_moe_grouped_gemm(const MoeGroupedGemmParams& params);
 
-// The row-tile grid of the tiled (tile_rows 64) and wgmma (128) kernels: an upper bound of the tile count,
+// The row-tile grid of the tiled (tile_rows 64) and wgmma (128; swapped tiles 32 or 64) kernels: an upper bound of
+// the tile count,
 // ceil(rows / tile_rows) + min(E, rows) (each expert's last tile may be partial). The launchers refuse more than
 // kMoeMaxRowTiles (CUDA's grid.y); a caller choosing a kernel asks the same.
 inline constexpr int64_t kMoeMaxRowTiles = 65535;
 inline int64_t moe_grouped_row_tiles(int64_t rows, int64_t num_experts, int64_t tile_rows) {
   return (rows + tile_rows - 1) / tile_rows + (num_experts < rows ? num_experts : rows);
+}
+
+// Tokens per swapped tile that run_moe_grouped_gemm_wgmma takes for `rows` token copies over `num_experts` (32 or
+// 64), or 0 for its 128-row tiles: `forced` (MoeGroupedGemmParams::wgmma_swap_tokens) when not 0 (-1: 0), else 0
+// for now (the automatic choice waits for its GPU measurement). Host arithmetic; a caller checks the grid with
+// moe_grouped_row_tiles at the tile's rows.
+inline int moe_wgmma_swap_tokens(int64_t rows, int64_t num_experts, bool fp8, int forced) {
+  if (forced != 0) return forced < 0 ? 0 : forced;
+  // Not automatic until measured on a GPU (bench/gpu/NOTES.md, "the operands swapped": the prediction, run pending).
+  (void)rows;
+  (void)num_experts;
+  (void)fp8;
+  return 0;
 }
 
 // Whether `params` meet the REQUIRES above (the three launchers check it first; rows <= INT32_MAX / 2,
@@ -138,10 +158,14 @@ cudaError_t init_moe_grouped_gemm_tiled();
 // and compute fp8_gemm's formula of gemm.h per expert: y[r, n] = bf16(Σ_g x_scale[g][r] · w_scale[e][n/128][g] ·
 // Σ_{k in g} x_fp8[r, k] · W[e][n, k]) (e4m3 products on the tensor cores, the activations' rounding to e4m3 as
 // the per-expert cuBLASLt path). Returns cudaErrorInvalidValue for x_rows, x_ld, y_ld, y_f32, tiled_order, a null
-// offsets, y not 4-byte aligned, wgmma_tile_n other than 0, 128 or 256, ceil(rows / 128) + min(E, rows) > 65535, and FP8 without
-// x_fp8 / x_scale, with x_fp8 not 16-byte aligned, with k % 128 != 0 or with wgmma_tile_n 256. Shape of the work:
-// grid (ceil(n / tile_n), ceil(rows / 128) + min(E, rows)), 256 threads (two warpgroups of 64 rows), 161 KB (128
-// columns) or 193 KB (256) of dynamic shared memory; CTAs past the real tile count return at once.
+// offsets, y not 4-byte aligned, wgmma_tile_n other than 0, 128 or 256, ceil(rows / tile rows) + min(E, rows) > 65535,
+// and FP8 without x_fp8 / x_scale, with x_fp8 not 16-byte aligned, with k % 128 != 0 or with wgmma_tile_n 256; also for
+// wgmma_swap_tokens other than 0, -1, 32 or 64 (or > 0 with wgmma_tile_n 256). Shape of the work: grid (ceil(n /
+// tile_n), ceil(rows / 128) + min(E, rows)), 256 threads (two warpgroups of 64 rows), 161 KB (128 columns) or 193 KB
+// (256) of dynamic shared memory; CTAs past the real tile count return at once. At few rows per expert
+// (wgmma_swap_tokens; automatic for FP8: up to 24 on average 32-token tiles, up to 64 64-token ones) the operands swap:
+// grid (ceil(n / 128), ceil(rows / tokens) + min(E, rows)), 256 threads (two warpgroups of 64 weight rows), 101 or 97
+// KB (two CTAs an SM); the same formula, the same sums per K group, the products in another order inside a group.
 cudaError_t run_moe_grouped_gemm_wgmma(const MoeGroupedGemmParams& params);
 // As init_moe_grouped_gemm_tiled, for the wgmma kernel.
 cudaError_t init_moe_grouped_gemm_wgmma();
