@@ -505,13 +505,14 @@ void check_tiled_order() {
 }
 
 // The wgmma kernel's swapped tiles (moe_grouped.h, wgmma_swap_tokens 32 and 64: the weights as wgmma's M) against its
-// 128-row tiles (-1), FP8 and bf16 weights, on three experts sharing one matrix (offsets [0, a, b, rows]): rows whose
+// 128-row tiles (-1), FP8 and bf16 weights, on three experts (offsets [0, a, b, rows]; their matrices consecutive
+// 320-row slices of one quantized 1,280-row matrix, 3 scale blocks each: the two kernels read the same): rows whose
 // magnitudes differ by up to 16x (so a token's FP8 scale taken from another row shows), N 320 (a partial 128-column
 // block), K 384, rows 1 to 130 (partial and several token tiles an expert). The sums differ only in order inside a K
 // group: each output within 1% of the largest |reference| (a bf16 rounding is 0.4%).
 void check_wgmma_swap() {
   const int m = 130, n = 320, kdim = 384;
-  Problem p = make_problem(m, n, kdim, 31);
+  Problem p = make_problem(m, 4 * n, kdim, 31);  // the experts' scale blocks 3e .. 3e + 2 stay inside its 10
   for (int r = 0; r < m; ++r)
     fill_random(p.x.ptr + static_cast<size_t>(r) * kdim, 1, kdim, 5000 + r, std::ldexp(1.0f, r % 5 - 2));
   k::ActQuantParams aq;
@@ -531,8 +532,9 @@ void check_wgmma_swap() {
         k::MoeGroupedGemmParams g = one_matrix(p, fp8, rows);
         g.num_experts = 3;
         g.offsets = offsets.ptr;
-        g.w_matrix_stride = 0;  // one matrix for the three experts
-        g.w_scale_matrix_stride = 0;
+        g.n = n;
+        g.w_matrix_stride = static_cast<int64_t>(n) * kdim;
+        if (fp8) g.w_scale_matrix_stride = static_cast<int64_t>((n + kG - 1) / kG) * k::fp8_weight_scale_ld(kdim);
         g.y = y;
         g.wgmma_swap_tokens = swap;
         if (fp8) {
