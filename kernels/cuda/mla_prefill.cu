@@ -56,8 +56,10 @@ struct TileContext {
   int kt_begin = 0, kt_end = 0;     // its key tiles: [kt_begin, kt_end) of the num_key_tiles
 };
 
-// False when the CTA has no rows (past the sequence's tiles). Heaviest (last) tiles first. kRows query rows per CTA.
-template <int kRows = kTileM>
+// False when the CTA has no rows (past the sequence's tiles). Heaviest (last) tiles first. kRows query rows per CTA;
+// kSplit: the launch splits the keys (p.key_splits > 1), else the CTA takes all of them (compiled without the split's
+// arithmetic: with it in every launch the 128-row kernel measured 5-6% slower, bench/gpu/NOTES.md).
+template <int kRows = kTileM, bool kSplit = false>
 __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileContext& c) {
   const int b = static_cast<int>(blockIdx.z);
   c.seq_begin = p.cu_seqlens[b];
@@ -67,7 +69,7 @@ __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileCont
   c.q_pos0 = (p.q_positions != nullptr ? p.q_positions[b] : 0) - p.key_position;
   const int num_tiles = (c.len + kRows - 1) / kRows;
   // blockIdx.x = query tile (heaviest first) x key split.
-  const int splits = max(p.key_splits, 1);
+  const int splits = kSplit ? max(p.key_splits, 1) : 1;
   const int tile = static_cast<int>(gridDim.x) / splits - 1 - static_cast<int>(blockIdx.x) / splits;
   c.split = static_cast<int>(blockIdx.x) % splits;
   if (tile >= num_tiles) return false;
@@ -76,8 +78,8 @@ __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileCont
   const int last_row_pos = c.q_pos0 + min(c.q0 + kRows, c.len) - 1;
   const int visible = min(c.key_len, last_row_pos + 1);
   c.num_key_tiles = visible > 0 ? (visible + kTileN - 1) / kTileN : 0;
-  c.kt_begin = c.num_key_tiles * c.split / splits;
-  c.kt_end = c.num_key_tiles * (c.split + 1) / splits;
+  c.kt_begin = kSplit ? c.num_key_tiles * c.split / splits : 0;
+  c.kt_end = kSplit ? c.num_key_tiles * (c.split + 1) / splits : c.num_key_tiles;
   return true;
 }
 
@@ -172,13 +174,14 @@ __device__ __forceinline__ MergeWeights merge_weights(float old_lse, float lse) 
 
 // Row sums across the quad, normalize; store (or merge) this thread's rows inside the sequence (rows 16 warp + g,
 // + 8 of the tile).
+template <bool kSplit = false>
 __device__ __forceinline__ void write_rows(const MlaPrefillParams& p, const TileContext& c, int h,
                                            const float (&acc)[kMlaPrefillVDim / 2], const float (&m_row)[2],
                                            float (&l_row)[2], const int (&row_pos)[2], int t) {
   const size_t H = static_cast<size_t>(p.num_heads);
   // A CTA of a key split writes its normalised rows and log-sum-exps to its split's slot, as a first merge chunk;
   // the combine pass merges the splits and applies p.merge.
-  const bool split = p.key_splits > 1;
+  constexpr bool split = kSplit;
   const MlaPrefillMerge merge = split ? MlaPrefillMerge::kFirst : p.merge;
   float* const o_acc = split ? p.split_o + static_cast<size_t>(c.split) * p.split_rows * H * kMlaPrefillVDim : p.o_acc;
   float* const lse_acc = split ? p.split_lse + static_cast<size_t>(c.split) * p.split_rows * H : p.lse_acc;
@@ -417,7 +420,7 @@ struct WgmmaTile {
                 kTileN * 8 % kCtaThreads == 0);
 };
 
-template <int kRows, bool kOverlap>
+template <int kRows, bool kOverlap, bool kSplit>
 __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wgmma_kernel(const MlaPrefillParams p) {
   using W = WgmmaTile<kRows>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -427,7 +430,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
   uint8_t* s_v = s_k + 2 * kKTileBytes;             // two V buffers
 
   TileContext c;
-  if (!tile_context<kRows>(p, c)) return;
+  if (!tile_context<kRows, kSplit>(p, c)) return;
   const int h = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;  // rows 16 warp .. + 15 of the tile
@@ -447,7 +450,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
   const int first_row_key = c.q_pos0 + c.q0 + warp / 4 * 64;  // this warpgroup's first row
   const uint32_t q_addr = smem_addr(s_q) + warpgroup_rows;
   // This CTA's key tiles (all of them unless the keys are split); tile kt sits in buffer kt & 1.
-  const int first_tile = c.kt_begin, last_tile = c.kt_end - 1;
+  const int first_tile = kSplit ? c.kt_begin : 0, last_tile = c.kt_end - 1;
 
   // S = Q · K(kt)ᵀ over 192 dims as 12 wgmma m64n64k16 (one batch; s must hold zeros).
   auto issue_scores = [&](float(&s)[kTileN / 2], int kt) {
@@ -582,7 +585,7 @@ __global__ void __launch_bounds__(kRows * 2, kRows == 64 ? 2 : 1) mla_prefill_wg
     }
   }
   cp_async_wait_all();
-  write_rows(p, c, h, acc, m_row, l_row, row_pos, t);
+  write_rows<kSplit>(p, c, h, acc, m_row, l_row, row_pos, t);
 }
 
 // Reference: one CTA of 128 threads per (token, head) -- blockIdx.x = packed token, blockIdx.y = head; the
@@ -690,10 +693,15 @@ PrefillLaunch prefill_launch(const MlaPrefillParams& p, int num_sms) {
     case MlaPrefillKernel::kMma:
       return {mla_prefill_fast_kernel, kSmemBytes, kTileM, kThreads, 1};
     case MlaPrefillKernel::kWgmma128:
-      return {p.wgmma_overlap ? mla_prefill_wgmma_kernel<128, true> : mla_prefill_wgmma_kernel<128, false>,
-              WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads, splits};
+      if (splits > 1)
+        return {
+            p.wgmma_overlap ? mla_prefill_wgmma_kernel<128, true, true> : mla_prefill_wgmma_kernel<128, false, true>,
+            WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads, splits};
+      return {
+          p.wgmma_overlap ? mla_prefill_wgmma_kernel<128, true, false> : mla_prefill_wgmma_kernel<128, false, false>,
+          WgmmaTile<128>::kSmemBytes, 128, WgmmaTile<128>::kCtaThreads, 1};
     default:
-      return {p.wgmma_overlap ? mla_prefill_wgmma_kernel<64, true> : mla_prefill_wgmma_kernel<64, false>,
+      return {p.wgmma_overlap ? mla_prefill_wgmma_kernel<64, true, false> : mla_prefill_wgmma_kernel<64, false, false>,
               WgmmaTile<64>::kSmemBytes, 64, WgmmaTile<64>::kCtaThreads, 1};
   }
 }
