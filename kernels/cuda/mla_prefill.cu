@@ -58,7 +58,7 @@ struct TileContext {
 
 // False when the CTA has no rows (past the sequence's tiles). Heaviest (last) tiles first. kRows query rows per CTA;
 // kSplit: the launch splits the keys (p.key_splits > 1), else the CTA takes all of them (compiled without the split's
-// arithmetic: with it in every launch the 128-row kernel measured 5-6% slower, bench/gpu/NOTES.md).
+// arithmetic: with it in every launch the 128-row kernel measured 5-8% slower, bench/gpu/NOTES.md).
 template <int kRows = kTileM, bool kSplit = false>
 __device__ __forceinline__ bool tile_context(const MlaPrefillParams& p, TileContext& c) {
   const int b = static_cast<int>(blockIdx.z);
