@@ -97,6 +97,16 @@ struct Problem {
   DeviceBuffer<uint8_t> xq, wq;
   DeviceBuffer<float> xs, ws;
 };
+// x's FP8 form (xq, xs) from its current bf16 values, through run_act_quant.
+void quantize_x(Problem& p) {
+  k::ActQuantParams aq;
+  aq.m = p.m;
+  aq.k = p.kdim;
+  aq.x = p.x.ptr;
+  aq.x_fp8 = p.xq.ptr;
+  aq.x_scale = p.xs.ptr;
+  CUDA_TRY(k::run_act_quant(aq));
+}
 Problem make_problem(int m, int n, int kdim, uint64_t seed) {
   Problem p;
   p.m = m;
@@ -117,13 +127,7 @@ Problem make_problem(int m, int n, int kdim, uint64_t seed) {
   weight_quant_kernel<<<dim3((kdim + kG - 1) / kG, nblocks), 256>>>(reinterpret_cast<const __nv_bfloat16*>(p.w.ptr),
                                                                      p.wq.ptr, p.ws.ptr, n, kdim, ld);
   CUDA_TRY(cudaGetLastError());
-  k::ActQuantParams aq;
-  aq.m = m;
-  aq.k = kdim;
-  aq.x = p.x.ptr;
-  aq.x_fp8 = p.xq.ptr;
-  aq.x_scale = p.xs.ptr;
-  CUDA_TRY(k::run_act_quant(aq));
+  quantize_x(p);
   CUDA_TRY(cudaDeviceSynchronize());
   return p;
 }
@@ -386,13 +390,7 @@ void bench_shape(int m, int n, int kdim, size_t l2_bytes) {
       } else if (v.kind == 1) {
         GEMM_TRY(run_fp8(p, k::Fp8GemmPath::kAuto, &used));
       } else {
-        k::ActQuantParams aq;
-        aq.m = p.m;
-        aq.k = p.kdim;
-        aq.x = p.x.ptr;
-        aq.x_fp8 = p.xq.ptr;
-        aq.x_scale = p.xs.ptr;
-        CUDA_TRY(k::run_act_quant(aq));
+        quantize_x(p);
       }
     };
     Stats st{};
@@ -515,13 +513,7 @@ void check_wgmma_swap() {
   Problem p = make_problem(m, 4 * n, kdim, 31);  // the experts' scale blocks 3e .. 3e + 2 stay inside its 10
   for (int r = 0; r < m; ++r)
     fill_random(p.x.ptr + static_cast<size_t>(r) * kdim, 1, kdim, 5000 + r, std::ldexp(1.0f, r % 5 - 2));
-  k::ActQuantParams aq;
-  aq.m = m;
-  aq.k = kdim;
-  aq.x = p.x.ptr;
-  aq.x_fp8 = p.xq.ptr;
-  aq.x_scale = p.xs.ptr;
-  CUDA_TRY(k::run_act_quant(aq));
+  quantize_x(p);
   DeviceBuffer<int32_t> offsets(4);
   DeviceBuffer<uint16_t> ref(static_cast<size_t>(m) * n), out(static_cast<size_t>(m) * n);
   for (const bool fp8 : {false, true})
