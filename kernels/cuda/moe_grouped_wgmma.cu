@@ -59,28 +59,49 @@ struct Operands {
   int k = 0;
 };
 
-template <int kBN, bool kFp8>
-__device__ __forceinline__ void load_stage(uint32_t stage, const Operands& o, int kt) {
-  constexpr int kChunks = kRowBytes / 16, kElems = kFp8 ? 1 : 2;  // bytes per element
-  const int k0 = kt * Tile<kBN, kFp8>::kBK;
+// The tile's operands for expert job.expert: its x rows (the FP8 copy when kFp8) and the weight block at row n_block
+// of the expert's matrix, w_rows_max rows at most (both kernels' tiles).
+template <bool kFp8>
+__device__ __forceinline__ Operands tile_operands(const MoeGroupedGemmParams& p, const MoeTile& job, int64_t n_block,
+                                                  int w_rows_max) {
+  constexpr int kElems = kFp8 ? 1 : 2;  // bytes per element
+  Operands o;
+  o.x = kFp8 ? reinterpret_cast<const char*>(p.x_fp8) + static_cast<int64_t>(job.row_begin) * p.k
+             : reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
+  o.x_rows = job.rows;
+  o.w_ld_bytes = p.w_ld * kElems;
+  o.w = static_cast<const char*>(p.w) + p.w_matrix_stride * job.expert * kElems + n_block * o.w_ld_bytes;
+  o.w_rows = static_cast<int>(min(static_cast<int64_t>(w_rows_max), p.n - n_block));
+  o.k = static_cast<int>(p.k);
+  return o;
+}
+
+// kRows rows of 128 bytes of K from k0 on (64 bf16 or 128 e4m3) into `dst`, 128-byte swizzled, rows past `valid`
+// and K past the end zero-filled: the rows at `src` + r * ld_bytes. Both operands of both kernels' stages.
+template <int kRows, bool kFp8>
+__device__ __forceinline__ void load_rows(uint32_t dst, const char* src, int64_t ld_bytes, int valid, int k_end,
+                                          int k0) {
+  constexpr int kChunks = kRowBytes / 16, kElems = kFp8 ? 1 : 2;  // 16-byte chunks a row; bytes per element
+  constexpr int kAll = kRows * kChunks;
 #pragma unroll
-  for (int i = 0; i < kBM * kChunks / kThreads; ++i) {
+  for (int i = 0; i < (kAll + kThreads - 1) / kThreads; ++i) {
     const int idx = i * kThreads + static_cast<int>(threadIdx.x);
+    if (kAll % kThreads != 0 && idx >= kAll) break;
     const int r = idx / kChunks, c = idx % kChunks;
     const int k = k0 + c * 16 / kElems;  // a chunk is wholly inside or outside K (k % 8; FP8: k % 128)
-    const bool ok = r < o.x_rows && k < o.k;
-    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * kElems : o.x;
-    cp_async_16(stage + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
+    const bool ok = r < valid && k < k_end;
+    const char* from = ok ? src + static_cast<int64_t>(r) * ld_bytes + static_cast<int64_t>(k) * kElems : src;
+    cp_async_16(dst + swizzle_chunk(r, c, kRowBytes), from, ok ? 16 : 0);
   }
-#pragma unroll
-  for (int i = 0; i < kBN * kChunks / kThreads; ++i) {
-    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int k = k0 + c * 16 / kElems;
-    const bool ok = r < o.w_rows && k < o.k;
-    const char* src = ok ? o.w + static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * kElems : o.w;
-    cp_async_16(stage + Tile<kBN, kFp8>::kXBytes + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
-  }
+}
+
+// Stage kt: the tile's kBM x rows, then its kBN weight rows.
+template <int kBN, bool kFp8>
+__device__ __forceinline__ void load_stage(uint32_t stage, const Operands& o, int kt) {
+  constexpr int kElems = kFp8 ? 1 : 2;
+  const int k0 = kt * Tile<kBN, kFp8>::kBK;
+  load_rows<kBM, kFp8>(stage, o.x, static_cast<int64_t>(o.k) * kElems, o.x_rows, o.k, k0);
+  load_rows<kBN, kFp8>(stage + Tile<kBN, kFp8>::kXBytes, o.w, o.w_ld_bytes, o.w_rows, o.k, k0);
 }
 
 template <int kBN, bool kFp8>
@@ -114,15 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_grouped_wgmma_kernel(const Mo
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int64_t n_block = static_cast<int64_t>(blockIdx.x) * kBN;
 
-  constexpr int kElems = kFp8 ? 1 : 2;  // bytes per element
-  Operands o;
-  o.x = kFp8 ? reinterpret_cast<const char*>(p.x_fp8) + static_cast<int64_t>(job.row_begin) * p.k
-             : reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
-  o.x_rows = job.rows;
-  o.w_ld_bytes = p.w_ld * kElems;
-  o.w = static_cast<const char*>(p.w) + p.w_matrix_stride * job.expert * kElems + n_block * o.w_ld_bytes;
-  o.w_rows = static_cast<int>(min(static_cast<int64_t>(kBN), p.n - n_block));
-  o.k = static_cast<int>(p.k);
+  const Operands o = tile_operands<kFp8>(p, job, n_block, kBN);
 
   float acc[T::kAccRegs];
 #pragma unroll
@@ -211,31 +224,13 @@ struct SwapTile {
   static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs an SM");
 };
 
-// Stage kt of the swapped tile: the weight block's 128 rows, then the tokens' kBT rows, K zero-filled past the end.
+// Stage kt of the swapped tile: the weight block's 128 rows, then the tokens' kBT rows.
 template <int kBT, bool kFp8>
 __device__ __forceinline__ void swap_load_stage(uint32_t stage, const Operands& o, int kt) {
-  constexpr int kChunks = kRowBytes / 16, kElems = kFp8 ? 1 : 2;  // bytes per element
+  constexpr int kElems = kFp8 ? 1 : 2;
   const int k0 = kt * (kRowBytes / kElems);
-#pragma unroll
-  for (int i = 0; i < SwapTile<kBT>::kBW * kChunks / kThreads; ++i) {
-    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int k = k0 + c * 16 / kElems;  // a chunk is wholly inside or outside K (k % 8; FP8: k % 128)
-    const bool ok = r < o.w_rows && k < o.k;
-    const char* src = ok ? o.w + static_cast<int64_t>(r) * o.w_ld_bytes + static_cast<int64_t>(k) * kElems : o.w;
-    cp_async_16(stage + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
-  }
-  constexpr int kXChunks = kBT * kChunks;
-#pragma unroll
-  for (int i = 0; i < (kXChunks + kThreads - 1) / kThreads; ++i) {
-    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
-    if (kXChunks % kThreads != 0 && idx >= kXChunks) break;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int k = k0 + c * 16 / kElems;
-    const bool ok = r < o.x_rows && k < o.k;
-    const char* src = ok ? o.x + (static_cast<int64_t>(r) * o.k + k) * kElems : o.x;
-    cp_async_16(stage + SwapTile<kBT>::kWBytes + swizzle_chunk(r, c, kRowBytes), src, ok ? 16 : 0);
-  }
+  load_rows<SwapTile<kBT>::kBW, kFp8>(stage, o.w, o.w_ld_bytes, o.w_rows, o.k, k0);
+  load_rows<kBT, kFp8>(stage + SwapTile<kBT>::kWBytes, o.x, static_cast<int64_t>(o.k) * kElems, o.x_rows, o.k, k0);
 }
 
 template <int kBT, bool kFp8>
@@ -273,14 +268,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_grouped_wgmma_swap_kernel(con
   const int64_t n_block = static_cast<int64_t>(blockIdx.x) * T::kBW;
 
   constexpr int kElems = kFp8 ? 1 : 2;  // bytes per element
-  Operands o;
-  o.x = kFp8 ? reinterpret_cast<const char*>(p.x_fp8) + static_cast<int64_t>(job.row_begin) * p.k
-             : reinterpret_cast<const char*>(p.x + static_cast<int64_t>(job.row_begin) * p.k);
-  o.x_rows = job.rows;
-  o.w_ld_bytes = p.w_ld * kElems;
-  o.w = static_cast<const char*>(p.w) + p.w_matrix_stride * job.expert * kElems + n_block * o.w_ld_bytes;
-  o.w_rows = static_cast<int>(min(static_cast<int64_t>(T::kBW), p.n - n_block));
-  o.k = static_cast<int>(p.k);
+  const Operands o = tile_operands<kFp8>(p, job, n_block, T::kBW);
   const float* w_scales = nullptr;
   if constexpr (kFp8)
     w_scales = p.w_scale + static_cast<int64_t>(job.expert) * p.w_scale_matrix_stride + n_block / 128 * p.w_scale_ld;
