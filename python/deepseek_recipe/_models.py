@@ -116,8 +116,27 @@ def _read_json(path):
         return None
 
 
+# A checkpoint's encoding/ directory (DeepSeek's own Python encoders, shipped from V3.2 on) names its format, as
+# `deepinfer serve` reads it (src/server/http_server.cpp, checkpoint_chat_format).
+_ENCODER_FORMATS = (("encoding_dsv41.py", "deepseek-v4.1"), ("encoding_dsv4.py", "deepseek-v4"),
+                    ("encoding_dsv32.py", "deepseek-v3.2"))
+
+
 def detect_format(directory):
-    """The prompt format a checkpoint or tokenizer directory identifies, or None."""
+    """The prompt format a checkpoint or tokenizer directory identifies, or None. In the order `deepinfer serve`
+    uses: config.json's "chat_format" (a format name; anything else is a ValueError), DeepSeek's encoder file in
+    encoding/, then an official chat template we know (tokenizer_config.json or chat_template.jinja) or a model
+    name in tokenizer_config.json's name_or_path / config.json's _name_or_path."""
+    model_config = _read_json(os.path.join(directory, "config.json"))
+    if isinstance(model_config, dict) and "chat_format" in model_config:
+        named = model_config["chat_format"]
+        if not isinstance(named, str) or named not in FORMATS:
+            raise ValueError("%s: config.json's chat_format must be one of %s, got %r"
+                             % (directory, ", ".join(FORMATS), named))
+        return named
+    for file, fmt in _ENCODER_FORMATS:
+        if os.path.isfile(os.path.join(directory, "encoding", file)):
+            return fmt
     templates = []
     config = _read_json(os.path.join(directory, "tokenizer_config.json"))
     if isinstance(config, dict):
@@ -132,7 +151,6 @@ def detect_format(directory):
         fmt = _TEMPLATE_FORMATS.get(hashlib.sha256(template.encode("utf-8")).hexdigest())
         if fmt is not None:
             return fmt
-    model_config = _read_json(os.path.join(directory, "config.json"))
     for source, key in ((config, "name_or_path"), (model_config, "_name_or_path")):
         if isinstance(source, dict) and isinstance(source.get(key), str):
             fmt = format_for_model(source[key].rstrip("/").split("/")[-1])

@@ -77,6 +77,25 @@ def test_directory_named_by_its_configs(tmp_path):
     assert conversation.render_for_engine(b).format == "deepseek-v4.1"
 
 
+def test_directory_named_as_the_server_reads_it(tmp_path):
+    # config.json's chat_format (the demo model's way) and DeepSeek's encoder files, as `deepinfer serve` reads them.
+    (tmp_path / "a").mkdir()
+    a = make_checkpoint(tmp_path / "a", config={"model_type": "deepseek_v3", "chat_format": "deepseek-v4.1"})
+    assert ds.detect_format(a) == "deepseek-v4.1"
+    conversation = ds.Conversation()
+    conversation.add_user_message("Hi")
+    assert conversation.render_for_engine(a).format == "deepseek-v4.1"
+    (tmp_path / "b").mkdir()
+    b = make_checkpoint(tmp_path / "b", config={"model_type": "deepseek_v3", "chat_format": "chatml"})
+    with pytest.raises(ValueError, match=r"config.json's chat_format must be one of deepseek-v3.*got 'chatml'"):
+        ds.detect_format(b)
+    (tmp_path / "c").mkdir()
+    c = make_checkpoint(tmp_path / "c", config={"model_type": "deepseek_v4"})
+    (tmp_path / "c" / "encoding").mkdir()
+    (tmp_path / "c" / "encoding" / "encoding_dsv4.py").write_text("# DeepSeek's encoder\n")
+    assert ds.detect_format(c) == "deepseek-v4"
+
+
 def test_unidentified_directory_needs_format(tmp_path, tokenizer):
     directory = make_checkpoint(tmp_path, config={"model_type": "deepseek_v3"})
     conversation = ds.Conversation()
