@@ -13,10 +13,17 @@ namespace json = boost::json;
 
 // The recipe names the Conversation's fields; Anthropic's effort lives in output_config.
 constexpr FieldRename kAnthropicRenames[] = {{"reasoning_effort", "output_config.effort"}};
+// The fields of a Messages request (the conversation's, then the sampling and stream fields read below).
+constexpr std::string_view kConversationFields[] = {"model",       "messages", "system",       "tools",
+                                                    "tool_choice", "thinking", "output_config"};
+constexpr std::string_view kMessagesFields[] = {"max_tokens",  "metadata", "stop_sequences", "stream",
+                                                "temperature", "top_k",    "top_p",          "service_tier"};
 
 ApiResult<std::string> count_tokens_endpoint(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
   if (auto e = check_model(body, *context.model, true)) return *e;
+  // count_tokens also takes the Messages fields that cannot change the count (clients send one body to both).
+  if (auto e = refuse_unknown_fields(body, kConversationFields, Dialect::kAnthropic, kMessagesFields)) return *e;
   Result<recipe::Conversation> conversation = recipe::conversation_from_anthropic_messages(request);
   if (!conversation.ok()) return bad_request_from(conversation.status());
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
@@ -61,6 +68,7 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
       {"container", "container is not supported (no code execution tool)"},
   };
   if (auto e = refuse_fields(body, kRefused)) return *e;
+  if (auto e = refuse_unknown_fields(body, kConversationFields, Dialect::kAnthropic, kMessagesFields)) return *e;
   std::optional<bool> stream;
   if (auto e = read_bool(body, "stream", stream)) return *e;
   plan.stream = stream.value_or(false);

@@ -260,6 +260,12 @@ std::optional<ApiError> read_number(const json::object& body, std::string_view k
                                    to_json_text(*value)),
                        std::string(key));
   }
+  // The engine keeps these as 32-bit floats: a value above an exclusive bound that rounds onto it is out of range.
+  if (min_exclusive && !(static_cast<double>(static_cast<float>(number)) > min)) {
+    return bad_request(fmt::format("{} must be in ({}, {}], got {} (which rounds to {} as a 32-bit float)", key, min,
+                                   max, to_json_text(*value), static_cast<float>(number)),
+                       std::string(key));
+  }
   out = number;
   return std::nullopt;
 }
@@ -331,6 +337,28 @@ std::optional<ApiError> refuse_fields(const json::object& body, std::span<const 
   }
   return std::nullopt;
 }
+
+std::optional<ApiError> refuse_unknown_fields(const json::object& body, std::span<const std::string_view> known,
+                                              Dialect dialect, std::span<const std::string_view> also) {
+  for (const auto& [key, value] : body) {
+    const auto is_key = [&](std::string_view name) { return name == std::string_view(key); };
+    if (std::any_of(known.begin(), known.end(), is_key) || std::any_of(also.begin(), also.end(), is_key)) continue;
+    if (dialect == Dialect::kAnthropic) {
+      return bad_request(fmt::format("{}: Extra inputs are not permitted", std::string_view(key)), std::string(key));
+    }
+    return bad_request(fmt::format("Unrecognized request argument supplied: {}", std::string_view(key)),
+                       std::string(key));
+  }
+  return std::nullopt;
+}
+
+namespace {
+constexpr std::string_view kSamplingFieldNames[] = {
+    "temperature",    "top_p",     "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "top_k",          "seed",      "n",     "min_tokens",       "ignore_eos",        "stop",
+    "stop_token_ids", "logit_bias"};
+}  // namespace
+const std::span<const std::string_view> kOpenAISamplingFields = kSamplingFieldNames;
 
 std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& conversation,
                                                     const recipe::RenderedPrompt& prompt) {

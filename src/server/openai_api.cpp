@@ -21,6 +21,13 @@ std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream
   if (options == nullptr || options->is_null()) return std::nullopt;
   if (!stream) return bad_request("stream_options is only allowed with stream: true", "stream_options");
   if (!options->is_object()) return bad_request("stream_options must be an object", "stream_options");
+  for (const auto& [key, value] : options->get_object()) {
+    if (std::string_view(key) != "include_usage") {
+      return bad_request(fmt::format("stream_options.{} is not supported; only stream_options.include_usage is",
+                                     std::string_view(key)),
+                         "stream_options." + std::string(key));
+    }
+  }
   std::optional<bool> usage;
   if (auto e = read_bool(options->get_object(), "include_usage", usage)) {
     e->message = "stream_options." + e->message;
@@ -98,6 +105,16 @@ std::optional<ApiError> refuse_best_of_and_echo(const json::object& body) {
   return std::nullopt;
 }
 
+// vLLM's guided decoding fields: refused on both OpenAI endpoints (there is no constrained decoding).
+std::optional<ApiError> refuse_guided(const json::object& body) {
+  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (body.contains(guided)) {
+      return bad_request(fmt::format("{} is not supported yet (no constrained decoding)", guided), guided);
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const ApiContext& context) {
@@ -107,11 +124,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
   if (!conversation.ok()) return bad_request_from(conversation.status());
   // A JSON response_format is honoured only where the prompt format describes it to the model (V3.2 and later);
   // render_prompt refuses it elsewhere (renderer.h). vLLM's guided_* extensions are refused everywhere.
-  for (const char* guided : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
-    if (body.contains(guided)) {
-      return bad_request(fmt::format("{} is not supported yet (no constrained decoding)", guided), guided);
-    }
-  }
+  if (auto e = refuse_guided(body)) return *e;
   // Fields other OpenAI-style servers take that would change the answer and are not implemented here: refused
   // naming what to send instead, never accepted and ignored (a break-it pass, 2026-12-06, found them ignored).
   static constexpr RefusedField kRefused[] = {
@@ -124,6 +137,28 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
                           "thinking"},
   };
   if (auto e = refuse_fields(body, kRefused)) return *e;
+  static constexpr std::string_view kChatFields[] = {"model",
+                                                     "messages",
+                                                     "tools",
+                                                     "tool_choice",
+                                                     "parallel_tool_calls",
+                                                     "reasoning_effort",
+                                                     "thinking",
+                                                     "chat_template_kwargs",
+                                                     "response_format",
+                                                     "add_generation_prompt",
+                                                     "return_token_ids",
+                                                     "best_of",
+                                                     "echo",
+                                                     "user",
+                                                     "modalities",
+                                                     "logprobs",
+                                                     "top_logprobs",
+                                                     "max_tokens",
+                                                     "max_completion_tokens",
+                                                     "stream",
+                                                     "stream_options"};
+  if (auto e = refuse_unknown_fields(body, kChatFields, Dialect::kOpenAI, kOpenAISamplingFields)) return *e;
   // parallel_tool_calls: read into the conversation (ToolChoice::parallel), honoured by the output builder below.
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;
@@ -197,7 +232,15 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
 ApiResult<GenerationPlan> plan_completion(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
   if (auto e = check_model(body, *context.model, false)) return *e;
+  if (auto e = refuse_guided(body)) return *e;
+  static constexpr std::string_view kCompletionFields[] = {
+      "model",          "prompt", "suffix",   "add_special_tokens", "return_token_ids",
+      "best_of",        "echo",   "logprobs", "max_tokens",         "stream",
+      "stream_options", "user"};
+  if (auto e = refuse_unknown_fields(body, kCompletionFields, Dialect::kOpenAI, kOpenAISamplingFields)) return *e;
   if (auto e = refuse_best_of_and_echo(body)) return *e;
+  std::optional<std::string> user;
+  if (auto e = read_string(body, "user", user)) return *e;
   std::optional<bool> add_special_tokens;
   std::optional<std::string> suffix;
   if (auto e = read_string(body, "suffix", suffix)) return *e;

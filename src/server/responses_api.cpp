@@ -64,6 +64,35 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
     }
   }
 
+  if (present(body, "max_tokens") != nullptr) {
+    return bad_request("max_tokens is not a /v1/responses field; send max_output_tokens", "max_tokens");
+  }
+  // The fields read here and by the conversion (recipe/responses_request.h); store, metadata and user are taken and
+  // have nothing to change (nothing is stored; no output depends on them); max_tool_calls counts built-in tool calls,
+  // of which this server has none; truncation "disabled" is what happens (an input past the context is refused).
+  static constexpr std::string_view kResponsesFields[] = {
+      "model",     "input",    "instructions", "reasoning",
+      "text",      "tools",    "tool_choice",  "parallel_tool_calls",
+      "store",     "include",  "top_logprobs", "max_output_tokens",
+      "stream",    "metadata", "user",         "max_tool_calls",
+      "truncation"};
+  if (auto e = refuse_unknown_fields(body, kResponsesFields, Dialect::kOpenAI, kOpenAISamplingFields)) return *e;
+  if (const json::value* truncation = present(body, "truncation");
+      truncation != nullptr && !(truncation->is_string() && truncation->get_string() == "disabled")) {
+    return bad_request("truncation: only \"disabled\" is supported (an input longer than the context is refused)",
+                       "truncation");
+  }
+  std::optional<int64_t> max_tool_calls;
+  if (auto e = read_integer(body, "max_tool_calls", 1, std::numeric_limits<int64_t>::max(), max_tool_calls)) return *e;
+  std::optional<std::string> user;
+  if (auto e = read_string(body, "user", user)) return *e;
+  if (const json::value* metadata = present(body, "metadata"); metadata != nullptr) {
+    if (!metadata->is_object()) return bad_request("metadata must be an object of strings", "metadata");
+    for (const auto& [key, value] : metadata->get_object()) {
+      if (!value.is_string())
+        return bad_request("metadata." + std::string(key) + " must be a string", "metadata." + std::string(key));
+    }
+  }
   Result<recipe::Conversation> converted = recipe::conversation_from_responses(request);
   if (!converted.ok()) return bad_request_from(converted.status());
   recipe::Conversation& conversation = *converted;

@@ -109,6 +109,16 @@ struct RefusedField {
 };
 std::optional<ApiError> refuse_fields(const boost::json::object& body, std::span<const RefusedField> fields);
 
+// Every top-level field of a request must be one its endpoint reads: honoured, or refused by the endpoint's own
+// check with a specific message. Any other field is refused as the dialect's own API does (OpenAI: "Unrecognized
+// request argument supplied: NAME"; Anthropic: "NAME: Extra inputs are not permitted"), never accepted and then
+// ignored (a break-it pass, 2026-12-07, found vLLM's and OpenAI's extras silently dropped). `known` and `also`
+// (e.g. kOpenAISamplingFields) are the endpoint's fields.
+std::optional<ApiError> refuse_unknown_fields(const boost::json::object& body, std::span<const std::string_view> known,
+                                              Dialect dialect, std::span<const std::string_view> also = {});
+// The fields read_openai_sampling reads (OpenAI's sampling fields and vLLM's extensions).
+extern const std::span<const std::string_view> kOpenAISamplingFields;
+
 std::optional<ApiError> refuse_unopened_tool_choice(const recipe::Conversation& conversation,
                                                     const recipe::RenderedPrompt& prompt);
 
