@@ -561,9 +561,11 @@ json::object* first_choice(json::object& object) {
 
 }  // namespace
 
-void ResponseWriter::attach_ids(std::span<recipe::StreamChunk> chunks) {
+void ResponseWriter::attach_ids(std::span<recipe::StreamChunk> chunks, bool generated) {
   if (!token_ids_) return;
-  // The prompt's ids go on the first chunk with a choice; the pending generated ids on the last one.
+  // The prompt's ids go on the first chunk with a choice; the pending generated ids on the last one, except on the
+  // opening (role) chunk, which carries no text: they wait for the chunk with their text (a new user's pass found
+  // the first token's id one chunk ahead of it).
   recipe::StreamChunk* first = nullptr;
   recipe::StreamChunk* last = nullptr;
   for (recipe::StreamChunk& chunk : chunks) {
@@ -577,13 +579,14 @@ void ResponseWriter::attach_ids(std::span<recipe::StreamChunk> chunks) {
     target["prompt_token_ids"] = id_array(*prompt_ids_);
     prompt_ids_.reset();
   }
+  if (!generated) return;
   (*first_choice(last->data))["token_ids"] = id_array(pending_ids_);
   pending_ids_.clear();
 }
 
 std::string ResponseWriter::start(const FinishInfo& usage_so_far) {
   builder_->start(usage_so_far, chunks_);
-  attach_ids(chunks_);
+  attach_ids(chunks_, false);
   return frames();
 }
 

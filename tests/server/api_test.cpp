@@ -180,6 +180,14 @@ TEST_F(ApiTest, ReturnTokenIdsGivesThePromptAndTheGeneratedIds) {
     const json::object& choice = chunk["choices"].at(0).as_object();
     if (const json::value* delta_ids = choice.if_contains("token_ids")) {
       for (const json::value& id : delta_ids->as_array()) streamed_ids.push_back(id);
+      // Regression (a new user's pass): the opening chunk (the role, no text) carried the first token's id, and
+      // the chunk with its text none. A chunk's ids are those of its own text.
+      const json::object& delta = choice.at("delta").as_object();
+      const json::value* content = delta.if_contains("content");
+      const bool has_text = content != nullptr && content->is_string() && !content->as_string().empty();
+      if (!delta_ids->as_array().empty()) {
+        EXPECT_TRUE(has_text) << event.data;
+      }
     }
   }
   EXPECT_EQ(prompt_ids_seen, 1);

@@ -168,7 +168,8 @@ class ResponseWriter {
 
  private:
   std::string frames();  // the SSE bytes of chunks_, which it clears
-  void attach_ids(std::span<recipe::StreamChunk> chunks);  // the pending ids (and the prompt's, once) on a chunk
+  void attach_ids(std::span<recipe::StreamChunk> chunks,
+                  bool generated = true);  // the pending ids (and the prompt's, once) on a chunk
 
   std::unique_ptr<recipe::ResponseBuilder> builder_;
   bool stream_;
