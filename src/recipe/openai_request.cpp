@@ -187,6 +187,7 @@ Status parse_tool(const json::value& value, const std::string& path, ToolDefinit
       parameters != nullptr && !parameters->is_object()) {
     return type_error(path + ".function.parameters", "a JSON Schema object", *parameters);
   }
+  if (Status s = request_json::refuse_strict(function->get_object(), path + ".function"); !s.ok()) return s;
   out = {std::string(name->get_string()), function->get_object()};
   return Status();
 }
@@ -363,6 +364,8 @@ Result<Conversation> conversation_from_openai_chat(const json::value& request) {
       if (const json::value* body = schema->get_object().if_contains("schema"); body != nullptr && !body->is_object()) {
         return type_error("response_format.json_schema.schema", "an object", *body);
       }
+      if (Status s = request_json::refuse_strict(schema->get_object(), "response_format.json_schema"); !s.ok())
+        return s;
     } else if (kind != "text" && kind != "json_object") {
       return Status::invalid_argument("response_format.type must be text, json_object or json_schema, got \"" +
                                       std::string(kind) + "\"");

@@ -40,6 +40,19 @@ inline Status required_string(const boost::json::object& object, std::string_vie
   return Status();
 }
 
+// OpenAI's `strict` (a JSON schema the output must follow exactly: response_format.json_schema.strict,
+// tools[].function.strict): a boolean, and true is refused. Enforcing it needs constrained decoding, which this
+// server does not do; accepting it would promise what nothing checks (a break-it pass, 2026-12-07).
+inline Status refuse_strict(const boost::json::object& object, const std::string& path) {
+  const boost::json::value* strict = present(object, "strict");
+  if (strict == nullptr) return Status();
+  if (!strict->is_bool()) return Status::invalid_argument(path + ".strict must be a boolean");
+  if (!strict->get_bool()) return Status();
+  return Status::invalid_argument(path +
+                                  ".strict: true needs constrained decoding, which this server does not do; "
+                                  "send strict: false or leave it out (the schema is still given to the model)");
+}
+
 // A JSON number that is a whole number, as a double (1024, and 1024.0 as Python's json writes a float; int64 and
 // uint64 values keep their size, so a range check on the double sees them); nullopt for anything else.
 inline std::optional<double> whole_number(const boost::json::value& v) {

@@ -332,6 +332,7 @@ Status apply_text_format(const json::value* text, Conversation& conversation) {
       if (!schema.contains("schema") || !schema.at("schema").is_object()) {
         return Status::invalid_argument("text.format.schema must be an object");
       }
+      if (Status s = request_json::refuse_strict(format, "text.format"); !s.ok()) return s;
       conversation.options.response_format = json::object{{"type", "json_schema"}, {"json_schema", std::move(schema)}};
     } else {
       return Status::invalid_argument("text.format.type must be text, json_object or json_schema, got " + quoted(type));

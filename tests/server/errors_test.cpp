@@ -190,6 +190,23 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
        "max_tool_calls", "max_tool_calls"},
       {"responses unknown field", "/v1/responses", R"({"input": "x", "verbosity": "low"})", 400,
        "Unrecognized request argument supplied: verbosity", "verbosity"},
+      // Regression (the same pass): strict schemas were accepted and not enforced (no constrained decoding).
+      {"json_schema strict", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "json"}], "response_format": {"type": "json_schema", )"
+       R"("json_schema": {"name": "x", "strict": true, "schema": {"type": "object"}}}})",
+       400, "strict: true needs constrained decoding", "response_format.json_schema.strict"},
+      {"json_schema strict not a boolean", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "json"}], "response_format": {"type": "json_schema", )"
+       R"("json_schema": {"name": "x", "strict": "yes", "schema": {"type": "object"}}}})",
+       400, "strict must be a boolean", "response_format.json_schema.strict"},
+      {"tool strict", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": )"
+       R"({"name": "f", "strict": true, "parameters": {"type": "object"}}}]})",
+       400, "strict: true needs constrained decoding", "tools[0].function.strict"},
+      {"responses text.format strict", "/v1/responses",
+       R"({"input": "json", "text": {"format": {"type": "json_schema", "name": "x", "strict": true, )"
+       R"("schema": {"type": "object"}}}})",
+       400, "strict: true needs constrained decoding", "text.format.strict"},
       // Regression (the same pass): a top_p above 0 that is 0 as a 32-bit float was refused by the engine with a
       // message contradicting the input and no param.
       {"top_p below float precision", "/v1/chat/completions",
