@@ -3,6 +3,7 @@
 // (render_prompt checks the Conversation both build; the server maps it to a 400 and Python to a ValueError).
 #include <gtest/gtest.h>
 
+#include <boost/json/parse.hpp>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,52 @@ TEST(RenderCapabilitiesTest, MarkerTextInUserContentIsOrdinaryTextInTheTemplateF
   ASSERT_TRUE(conversation.ok());
   for (PromptFormat format : {PromptFormat::kDeepSeekV3, PromptFormat::kDeepSeekR1, PromptFormat::kDeepSeekV31}) {
     EXPECT_TRUE(render_prompt(*conversation, format).ok()) << format_name(format);
+  }
+}
+
+// DeepSeek's chat prefix completion (a break-it pass, 2026-12-07: prefix: true was accepted and the prompt still
+// closed the message with <｜end▁of▁sentence｜>, so the model wrote after the end of its turn): on every format the
+// last assistant message with prefix: true is left open, and the answer continues it; prefix elsewhere is refused.
+TEST(RenderCapabilitiesTest, APrefixAssistantMessageIsContinuedNotClosed) {
+  using F = PromptFormat;
+  const std::string request =
+      R"({"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Sure, the", )"
+      R"("prefix": true}]})";
+  const std::string closed =
+      R"({"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Sure, the"}]})";
+  for (F format : {F::kDeepSeekV3, F::kDeepSeekR1, F::kDeepSeekV31, F::kDeepSeekV32, F::kDeepSeekV4, F::kDeepSeekV41}) {
+    Result<Conversation> open = conversation_from_openai_chat(boost::json::parse(request));
+    Result<Conversation> plain = conversation_from_openai_chat(boost::json::parse(closed));
+    ASSERT_TRUE(open.ok() && plain.ok());
+    Result<RenderedPrompt> continued = render_prompt(*open, format);
+    Result<RenderedPrompt> ended = render_prompt(*plain, format);
+    ASSERT_TRUE(continued.ok()) << format_name(format) << ": " << continued.status().to_string();
+    ASSERT_TRUE(ended.ok()) << format_name(format);
+    EXPECT_TRUE(continued->text.ends_with("Sure, the")) << format_name(format) << ": " << continued->text;
+    // The same prompt up to the message's end (V3 and R1 open a new turn after a closed one).
+    EXPECT_TRUE(ended->text.starts_with(continued->text + "<｜end▁of▁sentence｜>")) << format_name(format);
+    EXPECT_FALSE(prompt_opens_reasoning(*continued)) << format_name(format);
+  }
+  // V3.1 in thinking mode opens <think> before a prefix: the answer continues the reasoning.
+  Result<Conversation> thinking = conversation_from_openai_chat(boost::json::parse(
+      R"({"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Let me see", )"
+      R"("prefix": true}], "chat_template_kwargs": {"thinking": true}})"));
+  ASSERT_TRUE(thinking.ok());
+  Result<RenderedPrompt> reasoning = render_prompt(*thinking, F::kDeepSeekV31);
+  ASSERT_TRUE(reasoning.ok()) << reasoning.status().to_string();
+  EXPECT_TRUE(reasoning->text.ends_with("<think>Let me see")) << reasoning->text;
+  EXPECT_TRUE(prompt_opens_reasoning(*reasoning));
+  // Anywhere but the last message, or on a user message: refused, naming the field.
+  for (const std::string& bad :
+       {std::string(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A", )"
+                    R"("prefix": true}, {"role": "user", "content": "B"}]})"),
+        std::string(R"({"messages": [{"role": "user", "content": "Hi", "prefix": true}]})")}) {
+    Result<Conversation> conversation = conversation_from_openai_chat(boost::json::parse(bad));
+    ASSERT_TRUE(conversation.ok()) << bad;
+    Result<RenderedPrompt> refused = render_prompt(*conversation, F::kDeepSeekV31);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find(".prefix: prefix: true is for the last message only"), std::string::npos)
+        << refused.status().message();
   }
 }
 

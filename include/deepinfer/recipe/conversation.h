@@ -50,7 +50,7 @@ struct Message {
   std::vector<ToolCall> tool_calls;              // assistant
   std::string tool_call_id;                      // tool: which call this result answers
   std::string name;                              // optional participant or tool name
-  bool prefix = false;                           // assistant: a prefix the model must continue (V3.1)
+  bool prefix = false;  // the last message, an assistant one: the start of the answer, continued (render_prompt)
 
   // The text parts joined with `separator`; images are skipped. "" when content is null.
   std::string text(std::string_view separator = "\n") const;

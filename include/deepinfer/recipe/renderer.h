@@ -84,6 +84,9 @@ struct RenderedPrompt {
   // tokens, the name untrusted). Empty: nothing forced.
   std::vector<PromptSegment> answer_prefix;
   std::vector<TokenId> answer_prefix_ids;
+  // The last message is an assistant prefix (Message::prefix, DeepSeek's chat prefix completion) inside an open
+  // reasoning block: the answer continues the reasoning (prompt_opens_reasoning).
+  bool continues_reasoning = false;
 };
 
 // What rendering needs to know of the tokenizer the prompt is for (render_options_for() reads it off one).

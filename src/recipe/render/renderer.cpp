@@ -148,15 +148,72 @@ RenderOptions render_options_for(const Tokenizer& tokenizer) {
   return RenderOptions{.dsml_token = tokenizer.added_token_id(kDsml).has_value()};
 }
 
-Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format, RenderOptions options) {
-  if (conversation.messages.empty()) return Status::invalid_argument("messages must not be empty");
-  if (Status s = check_capabilities(conversation, format); !s.ok()) return s;
+namespace {
+
+// DeepSeek's chat prefix completion: a last assistant message with prefix: true is the start of the answer, which
+// the model continues, so its closing end-of-sentence is left off (the rest of the prompt is the format's own).
+// Elsewhere `prefix` is refused: on another message it would mean nothing.
+Status check_prefix(const Conversation& conversation) {
+  for (size_t i = 0; i < conversation.messages.size(); ++i) {
+    const Message& message = conversation.messages[i];
+    if (!message.prefix) continue;
+    const std::string path = "messages[" + std::to_string(i) + "].prefix";
+    if (i + 1 != conversation.messages.size() || message.role != Role::kAssistant || !message.tool_calls.empty()) {
+      return Status::invalid_argument(path +
+                                      ": prefix: true is for the last message only, an assistant message "
+                                      "without tool calls (the start of the answer, which the model continues)");
+    }
+  }
+  return Status();
+}
+
+Result<RenderedPrompt> continue_prefix(const Conversation& conversation, PromptFormat format,
+                                       Result<RenderedPrompt> prompt) {
+  if (!prompt.ok()) return prompt;
+  std::vector<PromptSegment>& segments = prompt->segments;
+  // Adjacent control segments are merged (PromptBuilder): the marker ends the last one.
+  if (segments.empty() || segments.back().kind != PromptSegment::Kind::kControl ||
+      !segments.back().text.ends_with(kEos)) {
+    return Status::invalid_argument("messages[" + std::to_string(conversation.messages.size() - 1) + "].prefix: the " +
+                                    std::string(format_name(format)) +
+                                    " prompt format does not end an assistant message where it could be continued");
+  }
+  prompt->text.resize(prompt->text.size() - kEos.size());
+  segments.back().text.resize(segments.back().text.size() - kEos.size());
+  if (segments.back().text.empty()) segments.pop_back();
+  // The answer goes on as reasoning when the message's last think marker opened a block.
+  for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
+    if (it->kind != PromptSegment::Kind::kControl) continue;
+    const size_t start = it->text.rfind(kThinkStart), end = it->text.rfind(kThinkEnd);
+    if (end != std::string::npos && (start == std::string::npos || end > start)) break;
+    if (start != std::string::npos) {
+      prompt->continues_reasoning = true;
+      break;
+    }
+  }
+  return prompt;
+}
+
+Result<RenderedPrompt> render_format(const Conversation& conversation, PromptFormat format, RenderOptions options) {
   switch (format) {
     case PromptFormat::kDeepSeekV3: return render_v3(conversation);
     case PromptFormat::kDeepSeekR1: return render_r1(conversation);
     case PromptFormat::kDeepSeekV31: return render_v31(conversation);
     default: return render_dsml(conversation, format, options);
   }
+}
+
+}  // namespace
+
+Result<RenderedPrompt> render_prompt(const Conversation& conversation, PromptFormat format, RenderOptions options) {
+  if (conversation.messages.empty()) return Status::invalid_argument("messages must not be empty");
+  if (Status s = check_capabilities(conversation, format); !s.ok()) return s;
+  if (Status s = check_prefix(conversation); !s.ok()) return s;
+  if (!conversation.messages.back().prefix) return render_format(conversation, format, options);
+  // The prefix is the answer's start: no generation prompt after it (V3's template opens a new turn there).
+  Conversation open = conversation;
+  open.options.add_generation_prompt = false;
+  return continue_prefix(open, format, render_format(open, format, options));
 }
 
 namespace {
@@ -219,6 +276,7 @@ Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, Pro
 }
 
 bool prompt_opens_reasoning(const RenderedPrompt& prompt) {
+  if (prompt.continues_reasoning) return true;
   std::string_view text = prompt.text;
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
   return text.ends_with("<think>");
