@@ -72,3 +72,13 @@ def parse_engine_stream_output(raw_token_stream: List[int]) -> Dict[str, Any]:
             parsed_result["detected_tool_calls"].append(ev.get_tool_call())
 
     return parsed_result
+
+
+if __name__ == "__main__":  # (filled in) a demonstration: `PYTHONPATH=build/python-site python3 <this file>`
+    rendered = handle_chat_completion_request({
+        "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
+    })
+    print("prompt:", len(rendered.token_ids), "token ids")
+    # An answer as the engine would stream it: token ids of the same (shipped) tokenizer.
+    answer = ds_recipe.Tokenizer("deepseek-ai/DeepSeek-V4.1-Flash").encode("It is mild and clear in Tokyo.")
+    print(parse_engine_stream_output(answer))
