@@ -229,6 +229,24 @@ TEST(DsmlTokenTest, ANamedToolChoiceDescribesOnlyThatFunctionAndPrefillsTheBlock
   }
 }
 
+// "required" with one tool means that tool: its invoke header is forced as for a named choice (a break-it pass: the
+// demo model, offered get_weather alone under "required", called a search_docs it knew from training).
+TEST(DsmlTokenTest, RequiredWithOneToolForcesThatToolsInvokeHeader) {
+  for (PromptFormat format : kDsmlFormats) {
+    Result<RenderedPrompt> required = render_prompt(
+        openai(chat_request(
+            R"("tools": [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}], )"
+            R"("tool_choice": "required")")),
+        format);
+    ASSERT_TRUE(required.ok()) << required.status().to_string();
+    EXPECT_TRUE(required->opens_tool_calls);
+    std::string text;
+    for (const PromptSegment& segment : required->answer_prefix) text += segment.text;
+    const std::string invoke = format == PromptFormat::kDeepSeekV41 ? " invoke" : "invoke";
+    EXPECT_EQ(text, "<｜DSML｜" + invoke + " name=\"get_time\">\n") << format_name(format);
+  }
+}
+
 TEST(DsmlTokenTest, AForcedToolChoiceIsRefusedWithThinkingOrWithoutItsTool) {
   for (PromptFormat format : kDsmlFormats) {
     Conversation thinking =

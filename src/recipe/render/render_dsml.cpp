@@ -217,14 +217,18 @@ class DsmlRenderer {
     }
     RenderedPrompt prompt = std::move(out_).finish();
     prompt.opens_tool_calls = prefill;
-    // A named function: the answer begins with its invoke header, written as put_tool_calls writes a call.
-    if (prefill && conversation_.tool_choice.mode == ToolChoice::Mode::kNamed) {
+    // A named function: the answer begins with its invoke header, written as put_tool_calls writes a call. So does
+    // "required" with one tool, the only function it can mean (a break-it pass: the demo model, offered one tool,
+    // called another it knew from training).
+    const bool one_tool =
+        conversation_.tool_choice.mode == ToolChoice::Mode::kRequired && conversation_.tools.size() == 1;
+    if (prefill && (conversation_.tool_choice.mode == ToolChoice::Mode::kNamed || one_tool)) {
       PromptBuilder header;
       header.fixed("<");
       header.control(kDsml);
       header.fixed(dialect_.invoke);
       header.fixed(" name=\"");
-      header.content(conversation_.tool_choice.name);
+      header.content(one_tool ? conversation_.tools.front().name : conversation_.tool_choice.name);
       header.fixed("\">\n");
       prompt.answer_prefix = std::move(header).finish().segments;
     }
