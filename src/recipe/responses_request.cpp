@@ -245,6 +245,12 @@ Status convert_tools(const json::value* tools, Conversation& conversation) {
       if (!parameters->is_object()) return Status::invalid_argument(path + ".parameters must be a JSON Schema object");
       function["parameters"] = *parameters;
     }
+    // strict is true by default in this API (every Responses client sends function tools so): taken, type-checked,
+    // and not enforced (no constrained decoding; the README says so). The chat dialect, where it is opt-in, refuses
+    // true (request_json::refuse_strict).
+    if (const json::value* strict = present(tool, "strict"); strict != nullptr && !strict->is_bool()) {
+      return Status::invalid_argument(path + ".strict must be a boolean");
+    }
     conversation.tools.push_back({name, std::move(function)});
   }
   return Status();

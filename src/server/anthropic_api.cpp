@@ -16,13 +16,21 @@ constexpr FieldRename kAnthropicRenames[] = {{"reasoning_effort", "output_config
 // The fields of a Messages request (the conversation's, then the sampling and stream fields read below).
 constexpr std::string_view kConversationFields[] = {"model",       "messages", "system",       "tools",
                                                     "tool_choice", "thinking", "output_config"};
-constexpr std::string_view kMessagesFields[] = {"max_tokens",  "metadata", "stop_sequences", "stream",
-                                                "temperature", "top_k",    "top_p",          "service_tier"};
+constexpr std::string_view kMessagesFields[] = {"max_tokens", "metadata",     "stop_sequences",
+                                                "stream",     "temperature",  "top_k",
+                                                "top_p",      "service_tier", "return_token_ids"};
+// Beta fields that would change the answer and are not implemented: refused, never accepted and ignored.
+constexpr RefusedField kRefused[] = {
+    {"output_format", "output_format (structured outputs) is not supported"},
+    {"mcp_servers", "mcp_servers is not supported (no MCP connector)"},
+    {"container", "container is not supported (no code execution tool)"},
+};
 
 ApiResult<std::string> count_tokens_endpoint(const json::value& request, const ApiContext& context) {
   const json::object& body = request.get_object();
   if (auto e = check_model(body, *context.model, true)) return *e;
   // count_tokens also takes the Messages fields that cannot change the count (clients send one body to both).
+  if (auto e = refuse_fields(body, kRefused)) return *e;
   if (auto e = refuse_unknown_fields(body, kConversationFields, Dialect::kAnthropic, kMessagesFields)) return *e;
   Result<recipe::Conversation> conversation = recipe::conversation_from_anthropic_messages(request);
   if (!conversation.ok()) return bad_request_from(conversation.status());
@@ -61,12 +69,6 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   if (const json::value* sequences = present(body, "stop_sequences"); sequences != nullptr && !sequences->is_array())
     return bad_request("stop_sequences must be an array of strings", "stop_sequences");
   if (auto e = read_string_list(body, "stop_sequences", stops)) return *e;
-  // Beta fields that would change the answer and are not implemented: refused, never accepted and ignored.
-  static constexpr RefusedField kRefused[] = {
-      {"output_format", "output_format (structured outputs) is not supported"},
-      {"mcp_servers", "mcp_servers is not supported (no MCP connector)"},
-      {"container", "container is not supported (no code execution tool)"},
-  };
   if (auto e = refuse_fields(body, kRefused)) return *e;
   if (auto e = refuse_unknown_fields(body, kConversationFields, Dialect::kAnthropic, kMessagesFields)) return *e;
   std::optional<bool> stream;

@@ -341,6 +341,7 @@ std::optional<ApiError> refuse_fields(const json::object& body, std::span<const 
 std::optional<ApiError> refuse_unknown_fields(const json::object& body, std::span<const std::string_view> known,
                                               Dialect dialect, std::span<const std::string_view> also) {
   for (const auto& [key, value] : body) {
+    if (value.is_null()) continue;  // null is absent, as every field reader takes it (present())
     const auto is_key = [&](std::string_view name) { return name == std::string_view(key); };
     if (std::any_of(known.begin(), known.end(), is_key) || std::any_of(also.begin(), also.end(), is_key)) continue;
     if (dialect == Dialect::kAnthropic) {

@@ -70,12 +70,25 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   // The fields read here and by the conversion (recipe/responses_request.h); store, metadata and user are taken and
   // have nothing to change (nothing is stored; no output depends on them); max_tool_calls counts built-in tool calls,
   // of which this server has none; truncation "disabled" is what happens (an input past the context is refused).
-  static constexpr std::string_view kResponsesFields[] = {
-      "model",     "input",    "instructions", "reasoning",
-      "text",      "tools",    "tool_choice",  "parallel_tool_calls",
-      "store",     "include",  "top_logprobs", "max_output_tokens",
-      "stream",    "metadata", "user",         "max_tool_calls",
-      "truncation"};
+  static constexpr std::string_view kResponsesFields[] = {"model",
+                                                          "input",
+                                                          "instructions",
+                                                          "reasoning",
+                                                          "text",
+                                                          "tools",
+                                                          "tool_choice",
+                                                          "parallel_tool_calls",
+                                                          "store",
+                                                          "include",
+                                                          "top_logprobs",
+                                                          "max_output_tokens",
+                                                          "stream",
+                                                          "metadata",
+                                                          "user",
+                                                          "max_tool_calls",
+                                                          "truncation",
+                                                          "background",
+                                                          "return_token_ids"};
   if (auto e = refuse_unknown_fields(body, kResponsesFields, Dialect::kOpenAI, kOpenAISamplingFields)) return *e;
   if (const json::value* truncation = present(body, "truncation");
       truncation != nullptr && !(truncation->is_string() && truncation->get_string() == "disabled")) {

@@ -190,6 +190,9 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
        "max_tool_calls", "max_tool_calls"},
       {"responses unknown field", "/v1/responses", R"({"input": "x", "verbosity": "low"})", 400,
        "Unrecognized request argument supplied: verbosity", "verbosity"},
+      {"responses tool strict not a boolean", "/v1/responses",
+       R"({"input": "x", "tools": [{"type": "function", "name": "f", "strict": "yes"}]})", 400,
+       "strict must be a boolean", "tools[0].strict"},
       // Regression (the same pass): strict schemas were accepted and not enforced (no constrained decoding).
       {"json_schema strict", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "json"}], "response_format": {"type": "json_schema", )"
@@ -236,6 +239,26 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
       {"detokenize bad ids", "/detokenize", R"({"tokens": [-1]})", 400, "tokens[0]", "tokens"},
   };
   TestClient client(server_->port());
+  // A review's regressions: values an endpoint takes (its own check accepts them, or null: absent) are not refused
+  // as unknown fields.
+  for (const auto& [target, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/responses",
+            R"({"input": "x", "max_output_tokens": 2, "background": false, "return_token_ids": false})"},
+           {"/v1/responses", R"({"input": "x", "max_output_tokens": 2, "previous_response_id": null, "prompt": null})"},
+           {"/v1/chat/completions",
+            R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "functions": null, "foo": null})"},
+           {"/v1/messages", R"({"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], )"
+                            R"("return_token_ids": false, )"
+                            R"("container": null})"}}) {
+    HttpResponse taken = client.post(target, body);
+    EXPECT_EQ(taken.status, 200) << target << " " << body << " -> " << taken.body;
+  }
+  // count_tokens names a refused Messages field as /v1/messages does.
+  HttpResponse counted =
+      client.post("/v1/messages/count_tokens",
+                  R"({"model": "default", "messages": [{"role": "user", "content": "x"}], "mcp_servers": []})");
+  EXPECT_EQ(counted.status, 400);
+  EXPECT_NE(counted.body.find("no MCP connector"), std::string::npos) << counted.body;
   for (const BadRequest& bad : cases) {
     HttpResponse response = client.post(bad.target, bad.body);
     expect_openai_error(response, bad.status, bad.message_part, bad.param, bad.name);

@@ -171,7 +171,7 @@ Result<RenderedPrompt> continue_prefix(const Conversation& conversation, PromptF
                                        Result<RenderedPrompt> prompt) {
   if (!prompt.ok()) return prompt;
   std::vector<PromptSegment>& segments = prompt->segments;
-  // Adjacent control segments are merged (PromptBuilder): the marker ends the last one.
+  // The marker is the last control segment (PromptBuilder keeps control segments apart; ends_with stays safe).
   if (segments.empty() || segments.back().kind != PromptSegment::Kind::kControl ||
       !segments.back().text.ends_with(kEos)) {
     return Status::invalid_argument("messages[" + std::to_string(conversation.messages.size() - 1) + "].prefix: the " +
