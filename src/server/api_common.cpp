@@ -342,7 +342,8 @@ std::optional<ApiError> refuse_unknown_fields(const json::object& body, std::spa
                                               Dialect dialect, std::span<const std::string_view> also) {
   for (const auto& [key, value] : body) {
     if (value.is_null()) continue;  // null is absent, as every field reader takes it (present())
-    const auto is_key = [&](std::string_view name) { return name == std::string_view(key); };
+    const std::string_view field = key;  // a plain variable: clang (the fuzz build) cannot capture a binding
+    const auto is_key = [field](std::string_view name) { return name == field; };
     if (std::any_of(known.begin(), known.end(), is_key) || std::any_of(also.begin(), also.end(), is_key)) continue;
     if (dialect == Dialect::kAnthropic) {
       return bad_request(fmt::format("{}: Extra inputs are not permitted", std::string_view(key)), std::string(key));
