@@ -40,14 +40,20 @@ inline Status required_string(const boost::json::object& object, std::string_vie
   return Status();
 }
 
-// OpenAI's `strict` (a JSON schema the output must follow exactly: response_format.json_schema.strict,
-// tools[].function.strict): a boolean, and true is refused. Enforcing it needs constrained decoding, which this
-// server does not do; accepting it would promise what nothing checks (a break-it pass, 2026-12-07).
+// OpenAI's `strict` (a JSON schema the output must follow exactly): absent, or a boolean; `strict` = its value.
+inline Status read_strict(const boost::json::object& object, const std::string& path, bool& strict) {
+  const boost::json::value* value = present(object, "strict");
+  strict = value != nullptr && value->is_bool() && value->get_bool();
+  if (value != nullptr && !value->is_bool()) return Status::invalid_argument(path + ".strict must be a boolean");
+  return Status();
+}
+
+// read_strict, and true refused (response_format.json_schema.strict, tools[].function.strict, text.format.strict):
+// enforcing it needs constrained decoding, which this server does not do; accepting it would promise what nothing
+// checks (a break-it pass, 2026-12-07).
 inline Status refuse_strict(const boost::json::object& object, const std::string& path) {
-  const boost::json::value* strict = present(object, "strict");
-  if (strict == nullptr) return Status();
-  if (!strict->is_bool()) return Status::invalid_argument(path + ".strict must be a boolean");
-  if (!strict->get_bool()) return Status();
+  bool strict = false;
+  if (Status s = read_strict(object, path, strict); !s.ok() || !strict) return s;
   return Status::invalid_argument(path +
                                   ".strict: true needs constrained decoding, which this server does not do; "
                                   "send strict: false or leave it out (the schema is still given to the model)");

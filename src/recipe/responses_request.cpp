@@ -248,9 +248,8 @@ Status convert_tools(const json::value* tools, Conversation& conversation) {
     // strict is true by default in this API (every Responses client sends function tools so): taken, type-checked,
     // and not enforced (no constrained decoding; the README says so). The chat dialect, where it is opt-in, refuses
     // true (request_json::refuse_strict).
-    if (const json::value* strict = present(tool, "strict"); strict != nullptr && !strict->is_bool()) {
-      return Status::invalid_argument(path + ".strict must be a boolean");
-    }
+    bool strict = false;
+    if (Status s = request_json::read_strict(tool, path, strict); !s.ok()) return s;
     conversation.tools.push_back({name, std::move(function)});
   }
   return Status();

@@ -346,10 +346,9 @@ std::optional<ApiError> refuse_unknown_fields(const json::object& body, std::spa
     const auto is_key = [field](std::string_view name) { return name == field; };
     if (std::any_of(known.begin(), known.end(), is_key) || std::any_of(also.begin(), also.end(), is_key)) continue;
     if (dialect == Dialect::kAnthropic) {
-      return bad_request(fmt::format("{}: Extra inputs are not permitted", std::string_view(key)), std::string(key));
+      return bad_request(fmt::format("{}: Extra inputs are not permitted", field), std::string(field));
     }
-    return bad_request(fmt::format("Unrecognized request argument supplied: {}", std::string_view(key)),
-                       std::string(key));
+    return bad_request(fmt::format("Unrecognized request argument supplied: {}", field), std::string(field));
   }
   return std::nullopt;
 }

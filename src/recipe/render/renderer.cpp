@@ -171,25 +171,19 @@ Result<RenderedPrompt> continue_prefix(const Conversation& conversation, PromptF
                                        Result<RenderedPrompt> prompt) {
   if (!prompt.ok()) return prompt;
   std::vector<PromptSegment>& segments = prompt->segments;
-  // The marker is the last control segment (PromptBuilder keeps control segments apart; ends_with stays safe).
-  if (segments.empty() || segments.back().kind != PromptSegment::Kind::kControl ||
-      !segments.back().text.ends_with(kEos)) {
+  // The marker is the last segment (PromptBuilder keeps each control marker a segment of its own).
+  if (segments.empty() || segments.back().kind != PromptSegment::Kind::kControl || segments.back().text != kEos) {
     return Status::invalid_argument("messages[" + std::to_string(conversation.messages.size() - 1) + "].prefix: the " +
                                     std::string(format_name(format)) +
                                     " prompt format does not end an assistant message where it could be continued");
   }
   prompt->text.resize(prompt->text.size() - kEos.size());
-  segments.back().text.resize(segments.back().text.size() - kEos.size());
-  if (segments.back().text.empty()) segments.pop_back();
-  // The answer goes on as reasoning when the message's last think marker opened a block.
+  segments.pop_back();
+  // The answer goes on as reasoning when the last think marker opened a block.
   for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
-    if (it->kind != PromptSegment::Kind::kControl) continue;
-    const size_t start = it->text.rfind(kThinkStart), end = it->text.rfind(kThinkEnd);
-    if (end != std::string::npos && (start == std::string::npos || end > start)) break;
-    if (start != std::string::npos) {
-      prompt->continues_reasoning = true;
-      break;
-    }
+    if (it->kind != PromptSegment::Kind::kControl || (it->text != kThinkStart && it->text != kThinkEnd)) continue;
+    prompt->continues_reasoning = it->text == kThinkStart;
+    break;
   }
   return prompt;
 }
