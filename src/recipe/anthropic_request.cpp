@@ -2,8 +2,9 @@
 // field's JSON path (the server derives the error's `param` from it).
 #include "deepinfer/recipe/anthropic_request.h"
 
-#include <boost/json.hpp>
 #include <algorithm>
+#include <boost/json.hpp>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 
@@ -75,7 +76,22 @@ Status tool_result_content(const json::value* content, const std::string& path, 
 
 // One Anthropic message -> one or more Conversation messages (each tool_result becomes a tool message, in
 // block order, between the user text before and after it).
-Status convert_message(const json::value& value, const std::string& path, std::vector<Message>& out) {
+// Anthropic's rules on empty content, as its API words them: every message has content except an assistant message
+// that ends the list (the prefill the answer continues from), and no text block is empty.
+constexpr const char* kEmptyMessage =
+    ": all messages must have non-empty content except for the optional final "
+    "assistant message";
+constexpr const char* kEmptyTextBlock = ": text content blocks must be non-empty";
+
+// The prefill the answer continues from (a final assistant message) may not end in whitespace: Anthropic refuses it
+// (the model's next token usually carries its own leading space).
+Status check_prefill_end(const Message& message, bool last, const std::string& path) {
+  if (!last || message.content.empty() || message.content.back().text.empty()) return Status();
+  if (!std::isspace(static_cast<unsigned char>(message.content.back().text.back()))) return Status();
+  return Status::invalid_argument(path + ": final assistant content cannot end with trailing whitespace");
+}
+
+Status convert_message(const json::value& value, const std::string& path, bool last, std::vector<Message>& out) {
   if (!value.is_object()) return Status::invalid_argument(path + " must be an object");
   const json::object& object = value.get_object();
   std::string role;
@@ -86,10 +102,17 @@ Status convert_message(const json::value& value, const std::string& path, std::v
   const bool assistant = role == "assistant";
   const json::value* content = present(object, "content");
   if (content == nullptr) return Status::invalid_argument(path + ".content is required");
+  const bool may_be_empty = assistant && last;
+  const bool empty =
+      (content->is_string() && content->get_string().empty()) || (content->is_array() && content->get_array().empty());
+  if (empty && !may_be_empty) return Status::invalid_argument(path + kEmptyMessage);
   Message message;
   message.role = assistant ? Role::kAssistant : Role::kUser;
   if (content->is_string()) {
     message.content.push_back(text_part(std::string(content->get_string())));
+    if (assistant) {
+      if (Status s = check_prefill_end(message, last, path); !s.ok()) return s;
+    }
     out.push_back(std::move(message));
     return Status();
   }
@@ -97,9 +120,6 @@ Status convert_message(const json::value& value, const std::string& path, std::v
     return Status::invalid_argument(path + ".content must be a string or an array of content blocks");
   }
   const json::array& blocks = content->get_array();
-  // An empty user turn names itself (it used to vanish, and the error named the whole messages list); an assistant
-  // turn may be empty (the prefill the answer continues from).
-  if (blocks.empty() && !assistant) return Status::invalid_argument(path + ".content must not be an empty array");
   auto flush_user = [&] {
     if (!message.content.empty()) out.push_back(std::move(message));
     message = Message{};
@@ -114,6 +134,7 @@ Status convert_message(const json::value& value, const std::string& path, std::v
     if (type == "text") {
       ContentPart part;
       if (Status s = required_string(block, "text", block_path, part.text); !s.ok()) return s;
+      if (part.text.empty()) return Status::invalid_argument(block_path + ".text" + kEmptyTextBlock);
       message.content.push_back(std::move(part));
     } else if (type == "image" && !assistant) {
       ContentPart part;
@@ -149,6 +170,7 @@ Status convert_message(const json::value& value, const std::string& path, std::v
     }
   }
   if (assistant) {
+    if (Status s = check_prefill_end(message, last, path); !s.ok()) return s;
     if (message.content.empty()) message.content_is_null = !message.tool_calls.empty();
     if (message.content.empty() && message.tool_calls.empty()) message.content.push_back(text_part(""));
     out.push_back(std::move(message));
@@ -174,6 +196,7 @@ Status convert_system(const json::value* system, Conversation& conversation) {
       if (type != "text") return Status::invalid_argument(path + ".type must be \"text\"");
       ContentPart part;
       if (Status s = required_string(blocks[i].get_object(), "text", path, part.text); !s.ok()) return s;
+      if (part.text.empty()) return Status::invalid_argument(path + ".text" + kEmptyTextBlock);
       message.content.push_back(std::move(part));
     }
   } else {
@@ -259,7 +282,9 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
   if (messages == nullptr || !messages->is_array()) return Status::invalid_argument("messages must be an array");
   if (messages->get_array().empty()) return Status::invalid_argument("messages must not be empty");
   for (size_t i = 0; i < messages->get_array().size(); ++i) {
-    if (Status s = convert_message(messages->get_array()[i], indexed("messages", i), conversation.messages); !s.ok()) {
+    const bool last = i + 1 == messages->get_array().size();
+    if (Status s = convert_message(messages->get_array()[i], indexed("messages", i), last, conversation.messages);
+        !s.ok()) {
       return s;
     }
   }

@@ -101,6 +101,21 @@ TEST(AnthropicRequestTest, OutputConfigEffortIsTheReasoningEffortAndOtherKeysAre
   EXPECT_EQ(c.status().message(), "output_config.effort must be a string");
 }
 
+TEST(AnthropicRequestTest, OnlyTheFinalAssistantMessageMayBeEmpty) {
+  for (const char* last : {R"("")", "[]"}) {
+    const std::string request =
+        std::string(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": )") + last +
+        "}]}";
+    Result<Conversation> c = conversation_from_anthropic_messages(std::string_view(request));
+    ASSERT_TRUE(c.ok()) << request << ": " << c.status().message();
+    ASSERT_EQ(c->messages.size(), 2u);
+    EXPECT_EQ(c->messages[1].role, Role::kAssistant);
+  }
+  Result<Conversation> prefill = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]})"));
+  ASSERT_TRUE(prefill.ok()) << prefill.status().message();
+}
+
 TEST(AnthropicRequestTest, ErrorsNameTheField) {
   struct Case {
     const char* request;
@@ -117,6 +132,21 @@ TEST(AnthropicRequestTest, ErrorsNameTheField) {
        "messages[0].content[0].input must be an object"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]}]})",
        "messages[0].content[0].source.type must be \"base64\" or \"url\", got \"file\""},
+      // Regression: an empty user turn was accepted (Anthropic refuses every empty message but a final assistant
+      // one, and every empty text block).
+      {R"({"messages": [{"role": "user", "content": ""}]})",
+       "messages[0]: all messages must have non-empty content except for the optional final assistant message"},
+      {R"({"messages": [{"role": "user", "content": []}]})",
+       "messages[0]: all messages must have non-empty content except for the optional final assistant message"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}, )"
+       R"({"role": "user", "content": "y"}]})",
+       "messages[1]: all messages must have non-empty content except for the optional final assistant message"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}]})",
+       "messages[0].content[1].text: text content blocks must be non-empty"},
+      {R"({"system": [{"type": "text", "text": ""}], "messages": [{"role": "user", "content": "x"}]})",
+       "system[0].text: text content blocks must be non-empty"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is "}]})",
+       "messages[1]: final assistant content cannot end with trailing whitespace"},
       {R"({"system": 3, "messages": [{"role": "user", "content": "x"}]})",
        "system must be a string or an array of text blocks"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]})",
