@@ -10,8 +10,6 @@ A `tokenizer_model` is one of (or a Tokenizer object, with format=):
     byte for byte, or a `name_or_path` in MODELS) or config.json (`_name_or_path`); otherwise ValueError.
 Tokenizers are loaded once per file and shared (they are immutable and thread-safe).
 """
-import hashlib
-import json
 import os
 import threading
 import warnings
@@ -20,28 +18,10 @@ from . import _core
 
 FORMATS = tuple(_core.formats())
 
-# Hugging Face model name -> prompt format. The formats' references are listed in
-# include/deepinfer/recipe/renderer.h; the goldens in tests/data/chat-templates/goldens.
-MODELS = {
-    "deepseek-ai/DeepSeek-V3": "deepseek-v3",
-    "deepseek-ai/DeepSeek-V3-0324": "deepseek-v3",
-    "deepseek-ai/DeepSeek-R1": "deepseek-r1",
-    "deepseek-ai/DeepSeek-V3.1": "deepseek-v3.1",
-    "deepseek-ai/DeepSeek-V3.1-Terminus": "deepseek-v3.1",
-    "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
-    "deepseek-ai/DeepSeek-V4-Flash": "deepseek-v4",
-    "deepseek-ai/DeepSeek-V4-Pro": "deepseek-v4",
-    "deepseek-ai/DeepSeek-V4.1-Flash": "deepseek-v4.1",
-}
-
-# SHA-256 of official chat templates (tokenizer_config.json "chat_template", or chat_template.jinja), so that
-# a checkpoint directory names its own format: DeepSeek-V3's (the tokenizer_config.json shipped here), the R1
-# template (DeepSeek-R1-Distill, as llama.cpp keeps it) and V3.1's (as llama.cpp keeps it).
-_TEMPLATE_FORMATS = {
-    "3b8267e54b67df6500f231ffa969955cc9d26b3444a291ced4eb96ca7d3ca1ea": "deepseek-v3",
-    "03cb8191637dd031cf7dca8bffd267b741d0cb46ab490dc7e452f62f02184b02": "deepseek-r1",
-    "7fe7159748925dc7d9e2aaeb11e4bd3121c311d8d0e3a0d6377fb8550e64c560": "deepseek-v3.1",
-}
+# Hugging Face model name -> prompt format: the C++ table (include/deepinfer/recipe/model_formats.h), which
+# `deepinfer serve` reads too. The formats' references are listed in include/deepinfer/recipe/renderer.h; the
+# goldens in tests/data/chat-templates/goldens.
+MODELS = dict(_core.models())
 
 _PACKAGE_TOKENIZER = os.path.join(os.path.dirname(__file__), "tokenizers", "deepseek-v3")
 
@@ -55,17 +35,9 @@ _tokenizers = {}  # realpath of tokenizer.json -> Tokenizer
 _warned = set()   # model names warned about
 
 
-def _model_key(name):
-    name = name.strip().lower()
-    return name[len("deepseek-ai/"):] if name.startswith("deepseek-ai/") else name
-
-
-_MODEL_KEYS = {_model_key(name): fmt for name, fmt in MODELS.items()}
-
-
 def format_for_model(name):
     """The prompt format of a known model name ("deepseek-ai/DeepSeek-V4.1-Flash" -> "deepseek-v4.1"), or None."""
-    return _MODEL_KEYS.get(_model_key(name))
+    return _core.format_for_model(name)
 
 
 def _known_names():
@@ -92,8 +64,9 @@ def _tokenizer_file(tokenizer_model):
         return path, os.path.dirname(path) or ".", None
     fmt = format_for_model(path)
     if fmt is not None:
-        if fmt not in _EXACT_WITH_SHIPPED_TOKENIZER and _model_key(path) not in _warned:
-            _warned.add(_model_key(path))
+        warn_key = path.strip().lower().removeprefix("deepseek-ai/")  # one warning per model, however named
+        if fmt not in _EXACT_WITH_SHIPPED_TOKENIZER and warn_key not in _warned:
+            _warned.add(warn_key)
             warnings.warn("deepseek_recipe: %s is tokenized with the shipped DeepSeek-V3 tokenizer, which lacks "
                           "this model's newer added tokens (such as <think> and </think>): the prompt text is "
                           "exact but those markers become several ids; pass tokenizer_model=<the checkpoint's "
@@ -108,55 +81,13 @@ def _tokenizer_file(tokenizer_model):
                      "or one of: %s" % (path, _known_names()))
 
 
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-# A checkpoint's encoding/ directory (DeepSeek's own Python encoders, shipped from V3.2 on) names its format, as
-# `deepinfer serve` reads it (src/server/http_server.cpp, checkpoint_chat_format).
-_ENCODER_FORMATS = (("encoding_dsv41.py", "deepseek-v4.1"), ("encoding_dsv4.py", "deepseek-v4"),
-                    ("encoding_dsv32.py", "deepseek-v3.2"))
-
-
 def detect_format(directory):
-    """The prompt format a checkpoint or tokenizer directory identifies, or None. In the order `deepinfer serve`
-    uses: config.json's "chat_format" (a format name; anything else is a ValueError), DeepSeek's encoder file in
-    encoding/, then an official chat template we know (tokenizer_config.json or chat_template.jinja) or a model
-    name in tokenizer_config.json's name_or_path / config.json's _name_or_path."""
-    model_config = _read_json(os.path.join(directory, "config.json"))
-    if isinstance(model_config, dict) and "chat_format" in model_config:
-        named = model_config["chat_format"]
-        if not isinstance(named, str) or named not in FORMATS:
-            raise ValueError("%s: config.json's chat_format must be one of %s, got %r"
-                             % (directory, ", ".join(FORMATS), named))
-        return named
-    for file, fmt in _ENCODER_FORMATS:
-        if os.path.isfile(os.path.join(directory, "encoding", file)):
-            return fmt
-    templates = []
-    config = _read_json(os.path.join(directory, "tokenizer_config.json"))
-    if isinstance(config, dict):
-        if isinstance(config.get("chat_template"), str):
-            templates.append(config["chat_template"])
-    try:
-        with open(os.path.join(directory, "chat_template.jinja"), encoding="utf-8") as f:
-            templates.append(f.read())
-    except OSError:
-        pass
-    for template in templates:
-        fmt = _TEMPLATE_FORMATS.get(hashlib.sha256(template.encode("utf-8")).hexdigest())
-        if fmt is not None:
-            return fmt
-    for source, key in ((config, "name_or_path"), (model_config, "_name_or_path")):
-        if isinstance(source, dict) and isinstance(source.get(key), str):
-            fmt = format_for_model(source[key].rstrip("/").split("/")[-1])
-            if fmt is not None:
-                return fmt
-    return None
+    """The prompt format a checkpoint or tokenizer directory identifies, or None, decided as `deepinfer serve`
+    decides it (the same C++ code, include/deepinfer/recipe/model_formats.h): config.json's "chat_format" (a format
+    name; anything else is a ValueError), DeepSeek's encoder file in encoding/, then an official chat template we
+    know (tokenizer_config.json or chat_template.jinja, byte for byte) or a model name in tokenizer_config.json's
+    name_or_path / config.json's _name_or_path."""
+    return _core.detect_format(os.fspath(directory))
 
 
 def _load(file):

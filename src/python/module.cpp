@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "deepinfer/recipe/model_formats.h"
 #include "deepinfer/recipe/response_builder.h"
 #include "deepinfer/recipe/responses_request.h"
 
@@ -29,6 +30,34 @@ PYBIND11_MODULE(_core, module) {
   bind_parser(module);
   bind_response(module);
   module.def("formats", &format_names, "The prompt formats, by name.");
+  module.def(
+      "models",
+      [] {
+        std::vector<std::pair<std::string, std::string>> models;
+        for (const deepinfer::recipe::KnownModel& model : deepinfer::recipe::known_models()) {
+          models.emplace_back(model.name, deepinfer::recipe::format_name(model.format));
+        }
+        return models;
+      },
+      "DeepSeek's chat models: (Hugging Face name, prompt format name) pairs (recipe known_models).");
+  module.def(
+      "format_for_model",
+      [](std::string_view name) -> std::optional<std::string> {
+        std::optional<deepinfer::recipe::PromptFormat> format = deepinfer::recipe::format_for_model(name);
+        if (!format) return std::nullopt;
+        return std::string(deepinfer::recipe::format_name(*format));
+      },
+      py::arg("name"), "The prompt format of a known model name, or None (recipe format_for_model).");
+  module.def(
+      "detect_format",
+      [](const std::string& directory) -> std::optional<std::string> {
+        std::optional<deepinfer::recipe::PromptFormat> format = unwrap(deepinfer::recipe::detect_format(directory));
+        if (!format) return std::nullopt;
+        return std::string(deepinfer::recipe::format_name(*format));
+      },
+      py::arg("directory"),
+      "The prompt format a checkpoint or tokenizer directory names, or None; ValueError for a config.json "
+      "chat_format that is not a format name (recipe detect_format).");
   module.def(
       "json_value",
       [](py::handle value) {

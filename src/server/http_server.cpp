@@ -5,11 +5,11 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
-#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -23,6 +23,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "deepinfer/recipe/model_formats.h"
 #include "deepinfer/server/api.h"
 #include "deepinfer/server/http_framing.h"
 #include "deepinfer/server/server.h"
@@ -227,29 +228,9 @@ Result<recipe::PromptFormat> default_chat_format(const std::string& model_type) 
 }
 
 Result<recipe::PromptFormat> checkpoint_chat_format(const std::filesystem::path& root, const std::string& model_type) {
-  std::ifstream config_file(root / "config.json", std::ios::binary);
-  if (config_file) {
-    const std::string text((std::istreambuf_iterator<char>(config_file)), std::istreambuf_iterator<char>());
-    boost::system::error_code ec;
-    boost::json::value config = boost::json::parse(text, ec);
-    const boost::json::object* object = ec ? nullptr : config.if_object();
-    if (const boost::json::value* named = object != nullptr ? object->if_contains("chat_format") : nullptr) {
-      const boost::json::string* name = named->if_string();
-      if (name == nullptr) return Status::invalid_argument("config.json: chat_format must be a format name string");
-      Result<recipe::PromptFormat> format = recipe::parse_format(std::string(*name));
-      if (!format.ok()) return Status::invalid_argument("config.json: chat_format: " + format.status().message());
-      return format;
-    }
-  }
-  static constexpr std::pair<std::string_view, recipe::PromptFormat> kEncoders[] = {
-      {"encoding_dsv41.py", recipe::PromptFormat::kDeepSeekV41},
-      {"encoding_dsv4.py", recipe::PromptFormat::kDeepSeekV4},
-      {"encoding_dsv32.py", recipe::PromptFormat::kDeepSeekV32},
-  };
-  for (const auto& [file, format] : kEncoders) {
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(root / "encoding" / file, ec)) return format;
-  }
+  Result<std::optional<recipe::PromptFormat>> named = recipe::detect_format(root);
+  if (!named.ok()) return named.status();
+  if (named->has_value()) return **named;
   return default_chat_format(model_type);
 }
 

@@ -87,7 +87,7 @@ def test_directory_named_as_the_server_reads_it(tmp_path):
     assert conversation.render_for_engine(a).format == "deepseek-v4.1"
     (tmp_path / "b").mkdir()
     b = make_checkpoint(tmp_path / "b", config={"model_type": "deepseek_v3", "chat_format": "chatml"})
-    with pytest.raises(ValueError, match=r"config.json's chat_format must be one of deepseek-v3.*got 'chatml'"):
+    with pytest.raises(ValueError, match=r"config.json's chat_format must be one of deepseek-v3.*got \"chatml\""):
         ds.detect_format(b)
     (tmp_path / "c").mkdir()
     c = make_checkpoint(tmp_path / "c", config={"model_type": "deepseek_v4"})

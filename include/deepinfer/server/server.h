@@ -115,11 +115,10 @@ void keep_freed_kv_blocks_in_the_heap();
 
 // The chat format a checkpoint's model_type implies: deepseek_v2 and deepseek_v3 -> deepseek-v3.
 Result<recipe::PromptFormat> default_chat_format(const std::string& model_type);
-// The chat format of the checkpoint under `root`, in this order: config.json's "chat_format" key (a format name
-// as --chat-format takes it; DeepInfer's own key, which the built-in demo model sets), then the encoder DeepSeek
-// ships with the checkpoint (`encoding/encoding_dsv41.py` -> deepseek-v4.1, `encoding_dsv4.py` -> deepseek-v4,
-// `encoding_dsv32.py` -> deepseek-v3.2), then default_chat_format(model_type). Errors: InvalidArgument for a
-// "chat_format" value that is not a string or not a format name; Unsupported when nothing names a format.
+// The chat format of the checkpoint under `root`: what recipe::detect_format reads there (config.json's
+// "chat_format" key, DeepInfer's own, which the built-in demo model sets; DeepSeek's encoder in encoding/; an
+// official chat template; a known model name in name_or_path / _name_or_path), else default_chat_format(model_type).
+// Errors: InvalidArgument for a "chat_format" value that is not a format name; Unsupported when nothing names one.
 Result<recipe::PromptFormat> checkpoint_chat_format(const std::filesystem::path& root, const std::string& model_type);
 // The deepseek-v4 revision a checkpoint's own encoder says (`encoding/encoding_dsv4.py` under `root`: its
 // "Beyond maximum" preamble is 0731's, an "Absolute maximum" one alone the preview's); nullopt when the
