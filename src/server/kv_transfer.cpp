@@ -104,11 +104,16 @@ class Outbox final : public engine::EventSink, public std::enable_shared_from_th
   // Engine thread: the prefill's end (its one token is not needed: the decode worker samples its own).
   void deliver(std::vector<engine::GenerationEvent> events) override {
     for (engine::GenerationEvent& event : events) {
+      // The prefill's cache hits, as a completion's are counted: once, at its token (the step that ends the
+      // prompt, before its last blocks go out), or at its end if it ends before one. Counted at the end only, the
+      // count lagged the decode worker's answer: the request ends cancelled once every block is out.
+      if (!cache_hits_counted_ && event.error.ok() && (event.event.token.has_value() || event.event.finished)) {
+        cache_hits_counted_ = true;
+        metrics_.prompt_tokens_cached += event.event.num_cached_tokens;
+      }
       if (!event.error.ok()) {
         push({Item::Kind::kError, 0, {}, event.error.message()});
       } else if (event.event.finished) {
-        // The prefill's cache hits, as a completion's are counted (it ends cancelled once every block is out).
-        metrics_.prompt_tokens_cached += event.event.num_cached_tokens;
         const engine::FinishReason reason = event.event.finish_reason;
         if (reason == engine::FinishReason::kStop || reason == engine::FinishReason::kLength) {
           push({Item::Kind::kDone, 0, {}, {}});
@@ -166,6 +171,7 @@ class Outbox final : public engine::EventSink, public std::enable_shared_from_th
   std::mutex mu_;
   std::deque<Item> items_;   // GUARDED_BY(mu_)
   bool wake_posted_ = false;  // GUARDED_BY(mu_)
+  bool cache_hits_counted_ = false;  // the engine thread's
   bool peer_gone_ = false;    // strand only
 };
 

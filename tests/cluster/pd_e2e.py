@@ -101,8 +101,9 @@ def kv_request(fingerprint, tokens, ttl_class=0, first_block=0):
 class FakePrefill:
     """A KV transfer endpoint that relays to the real prefill worker and misbehaves as told:
     stall (never answers), lose_done (relays blocks, never the completion record, keeps the connection open),
-    corrupt (flips a byte of block 0), close_mid (closes after the first block), trickle (relays each block 1.5 s
-    after the last: every wait inside --kv-transfer-timeout-ms, the whole transfer past --kv-transfer-deadline-ms)."""
+    corrupt (flips a byte of block 0), close_mid (closes after the first block), trickle (relays each block after
+    the first 1.5 s after the last: every wait inside --kv-transfer-timeout-ms, the whole transfer past
+    --kv-transfer-deadline-ms)."""
 
     def __init__(self, mode, real_port):
         self.mode, self.real_port = mode, real_port
@@ -132,13 +133,17 @@ class FakePrefill:
             real = socket.create_connection(("127.0.0.1", self.real_port))
             self.held.append(real)
             real.sendall(frame(kind, body))
+            relayed = 0  # blocks
             while True:
                 kind, body = read_frame(real)
                 if kind == DONE and self.mode == "lose_done":
                     time.sleep(30)
                     return
-                if kind == BLOCK and self.mode == "trickle":
+                # Not before the first block: its wait already holds the real worker's prefill, which on 2 loaded
+                # cores plus 1.5 s passed the 2 s timeout (counted as timeout, not deadline).
+                if kind == BLOCK and self.mode == "trickle" and relayed > 0:
                     time.sleep(1.5)
+                relayed += kind == BLOCK
                 if kind == BLOCK and self.mode == "corrupt" and body[:4] == b"\0\0\0\0":
                     body = body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
                 conn.sendall(frame(kind, body))
