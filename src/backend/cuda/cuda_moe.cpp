@@ -23,9 +23,11 @@ namespace {
 namespace kc = kernels::cuda;
 
 // Which kernel runs the expert GEMMs, by token copies per expert on average (P / E):
-//   - up to streaming_max_rows_per_expert(): the streaming kernel (moe_grouped.h), each expert's weights read once
-//     per chunk of 8 rows: decode and small batches, where the layer is bound by reading the weights;
-//   - bf16 up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles, mma.sync, one launch, no host sync);
+//   - the streaming kernel (moe_grouped.h), each expert's weights read once per chunk of 8 rows: bf16 up to
+//     streaming_max_rows_per_expert() (4), FP8 below one row an expert (decode at batches up to E / top_k; FP8
+//     shapes the wgmma kernel cannot take up to 8 rows), where the layer is bound by reading the weights;
+//   - bf16 up to kTiledMaxRowsPerExpert: the tiled kernel (64-row tiles, mma.sync, one launch, no host sync), but
+//     from 24 to 64 rows the wgmma kernel's 64-token swapped tiles (kc::moe_wgmma_swap_tokens);
 //   - then up to kWgmmaMaxRowsPerExpert: the wgmma kernel (128-row tiles on Hopper's warpgroup MMA, one launch, no
 //     host sync); FP8 experts take it right after the streaming kernel, with the activations quantized per 1 x 128
 //     first, as the per-expert path does (FP8 shapes whose K is not whole 128-wide groups take the tiled kernel up
@@ -43,6 +45,10 @@ namespace kc = kernels::cuda;
 // bench/results/2026-12-06-h100-moe-sweep-ring-16-256.jsonl): V2-Lite bf16 streaming / tiled at 1.5 rows per expert
 // 314 / 355, at 3 375 / 413, at 6 455 / 431, at 12 764 / 449 (the 16 of before cost 0.3 ms a layer there); V3 FP8
 // streaming / wgmma at 2 3,306 / 4,601, at 4 3,826 / 5,318, at 8 5,470 / 5,594.
+// FP8 streaming / swapped 32-token tiles (H200, 2026-12-07, bench/results/2026-12-07-h200-run32-sweep-v3.jsonl): at
+// 1 row an expert 1,974 / 1,927, at 2 2,712 / 2,539, at 4 3,168 / 2,894, at 8 5,068 / 3,105. The bound below is
+// the automatic one for bf16 and for FP8 shapes the wgmma kernel cannot take, and batch-invariant mode's (which
+// pairs the streaming kernel with the tiled one).
 int64_t streaming_max_rows_per_expert(bool fp8) { return fp8 ? 8 : 4; }
 constexpr int64_t kTiledMaxRowsPerExpert = 64;
 constexpr int64_t kWgmmaMaxRowsPerExpert = 512;
@@ -218,9 +224,10 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, Tensor out) {
   }
   switch (choice) {
     case MoeGemmPath::kAuto:
-      if (kernels_take && P <= streaming_max_rows_per_expert(fp8) * E_held)
+      if (kernels_take && (fp8 && wgmma_takes ? P < E_held : P <= streaming_max_rows_per_expert(fp8) * E_held))
         path = Path::kStreaming;
-      else if (wgmma_takes && (fp8 || P > kTiledMaxRowsPerExpert * E_held) && P <= kWgmmaMaxRowsPerExpert * E_held)
+      else if (wgmma_takes && (fp8 || wgmma_swap > 0 || P > kTiledMaxRowsPerExpert * E_held) &&
+               P <= kWgmmaMaxRowsPerExpert * E_held)
         path = Path::kWgmma;
       else if (kernels_take && tiled_fits && P <= kTiledMaxRowsPerExpert * E_held)
         path = Path::kTiled;

@@ -119,12 +119,14 @@ inline int64_t moe_grouped_row_tiles(int64_t rows, int64_t num_experts, int64_t 
 }
 
 // Tokens per swapped tile that run_moe_grouped_gemm_wgmma takes for `rows` token copies over `num_experts` (32 or
-// 64), or 0 for its 128-row tiles: `forced` (MoeGroupedGemmParams::wgmma_swap_tokens) when not 0 (-1: 0), else FP8
-// by the rows per expert on average (up to 24: 32, up to 64: 64; bench/gpu/NOTES.md, "the operands swapped"), bf16
-// never. Host arithmetic; a caller checks the grid with moe_grouped_row_tiles at the tile's rows.
+// 64), or 0 for its 128-row tiles: `forced` (MoeGroupedGemmParams::wgmma_swap_tokens) when not 0 (-1: 0), else by
+// the rows per expert on average: FP8 up to 24: 32, up to 64: 64 (bench/gpu/NOTES.md, "the operands swapped");
+// bf16 from 24 to 64: 64, else 0 (NOTES, "The first H200 run in five sessions"; below 24 bf16 experts take the
+// tiled kernel, not this one). Host arithmetic; a caller checks the grid with moe_grouped_row_tiles at the tile's
+// rows.
 inline int moe_wgmma_swap_tokens(int64_t rows, int64_t num_experts, bool fp8, int forced) {
   if (forced != 0) return forced < 0 ? 0 : forced;
-  if (!fp8) return 0;
+  if (!fp8) return rows >= 24 * num_experts && rows <= 64 * num_experts ? 64 : 0;
   if (rows <= 24 * num_experts) return 32;
   if (rows <= 64 * num_experts) return 64;
   return 0;
