@@ -82,6 +82,18 @@ constexpr const char* kEmptyMessage =
     ": all messages must have non-empty content except for the optional final "
     "assistant message";
 constexpr const char* kEmptyTextBlock = ": text content blocks must be non-empty";
+constexpr const char* kBlankTextBlock = ": text content blocks must contain non-whitespace text";
+
+bool blank(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
+}
+
+// A text block's text: refused when empty or only whitespace (Anthropic's rules).
+Status check_text_block(const std::string& text, const std::string& path) {
+  if (text.empty()) return Status::invalid_argument(path + kEmptyTextBlock);
+  if (blank(text)) return Status::invalid_argument(path + kBlankTextBlock);
+  return Status();
+}
 
 // The prefill the answer continues from (a final assistant message) may not end in whitespace: Anthropic refuses it
 // (the model's next token usually carries its own leading space).
@@ -109,6 +121,8 @@ Status convert_message(const json::value& value, const std::string& path, bool l
   Message message;
   message.role = assistant ? Role::kAssistant : Role::kUser;
   if (content->is_string()) {
+    if (!empty && !may_be_empty && blank(content->get_string()))
+      return Status::invalid_argument(path + ".content" + kBlankTextBlock);
     message.content.push_back(text_part(std::string(content->get_string())));
     if (assistant) {
       if (Status s = check_prefill_end(message, last, path); !s.ok()) return s;
@@ -125,7 +139,9 @@ Status convert_message(const json::value& value, const std::string& path, bool l
     message = Message{};
     message.role = Role::kUser;
   };
+  bool ends_in_text = false;  // the last block is a text block (tool_use and thinking blocks are not)
   for (size_t i = 0; i < blocks.size(); ++i) {
+    ends_in_text = false;
     const std::string block_path = indexed(path + ".content", i);
     if (!blocks[i].is_object()) return Status::invalid_argument(block_path + " must be an object");
     const json::object& block = blocks[i].get_object();
@@ -134,8 +150,10 @@ Status convert_message(const json::value& value, const std::string& path, bool l
     if (type == "text") {
       ContentPart part;
       if (Status s = required_string(block, "text", block_path, part.text); !s.ok()) return s;
-      if (part.text.empty()) return Status::invalid_argument(block_path + ".text" + kEmptyTextBlock);
+      if (Status s = check_text_block(part.text, block_path + ".text"); !s.ok()) return s;
       message.content.push_back(std::move(part));
+      ends_in_text = true;
+      continue;
     } else if (type == "image" && !assistant) {
       ContentPart part;
       if (Status s = image_part(block, block_path, part); !s.ok()) return s;
@@ -144,6 +162,10 @@ Status convert_message(const json::value& value, const std::string& path, bool l
       Message result;
       result.role = Role::kTool;
       if (Status s = required_string(block, "tool_use_id", block_path, result.tool_call_id); !s.ok()) return s;
+      // is_error has nowhere to go in DeepSeek's formats (a tool result is its text; DeepSeek's own Anthropic API
+      // ignores the flag too): type-checked, and the README says to put the error in the content.
+      if (const json::value* is_error = present(block, "is_error"); is_error != nullptr && !is_error->is_bool())
+        return Status::invalid_argument(block_path + ".is_error must be a boolean");
       if (Status s = tool_result_content(present(block, "content"), block_path + ".content", result); !s.ok()) {
         return s;
       }
@@ -170,7 +192,9 @@ Status convert_message(const json::value& value, const std::string& path, bool l
     }
   }
   if (assistant) {
-    if (Status s = check_prefill_end(message, last, path); !s.ok()) return s;
+    if (ends_in_text) {
+      if (Status s = check_prefill_end(message, last, path); !s.ok()) return s;
+    }
     if (message.content.empty()) message.content_is_null = !message.tool_calls.empty();
     if (message.content.empty() && message.tool_calls.empty()) message.content.push_back(text_part(""));
     out.push_back(std::move(message));
@@ -196,7 +220,7 @@ Status convert_system(const json::value* system, Conversation& conversation) {
       if (type != "text") return Status::invalid_argument(path + ".type must be \"text\"");
       ContentPart part;
       if (Status s = required_string(blocks[i].get_object(), "text", path, part.text); !s.ok()) return s;
-      if (part.text.empty()) return Status::invalid_argument(path + ".text" + kEmptyTextBlock);
+      if (Status s = check_text_block(part.text, path + ".text"); !s.ok()) return s;
       message.content.push_back(std::move(part));
     }
   } else {

@@ -26,54 +26,34 @@ constexpr RefusedField kRefused[] = {
     {"container", "container is not supported (no code execution tool)"},
 };
 
-ApiResult<std::string> count_tokens_endpoint(const json::value& request, const ApiContext& context) {
-  const json::object& body = request.get_object();
-  if (auto e = check_model(body, *context.model, true)) return *e;
-  // count_tokens also takes the Messages fields that cannot change the count (clients send one body to both).
-  if (auto e = refuse_fields(body, kRefused)) return *e;
-  if (auto e = refuse_unknown_fields(body, kConversationFields, Dialect::kAnthropic, kMessagesFields)) return *e;
-  Result<recipe::Conversation> conversation = recipe::conversation_from_anthropic_messages(request);
-  if (!conversation.ok()) return bad_request_from(conversation.status());
-  Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
-  if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
-  return to_json_text(json::object{{"input_tokens", prompt->token_ids.size()}});
-}
-
 namespace {
 
-}  // namespace
-
-ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, const ApiContext& context) {
-  const json::object& body = request.get_object();
-  if (auto e = check_model(body, *context.model, true)) return *e;
-  if (auto e = refuse_return_token_ids(body, "/v1/messages")) return *e;
+// The Messages fields beside the conversation (sampling, stop sequences, stream, metadata, service tier), read and
+// checked: /v1/messages and count_tokens take the same body and refuse the same values (count_tokens used to check
+// only their names).
+struct MessagesFields {
   std::optional<int64_t> max_tokens;
-  if (auto e = read_integer(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), max_tokens)) return *e;
-  if (!max_tokens) return bad_request("max_tokens is required", "max_tokens");
-
-  Result<recipe::Conversation> parsed = recipe::conversation_from_anthropic_messages(request);
-  if (!parsed.ok()) return bad_request_from(parsed.status());
-  recipe::Conversation& conversation = *parsed;
-
-  GenerationPlan plan;
-  std::optional<double> number;
-  if (auto e = read_number(body, "temperature", 0.0, 1.0, false, number)) return *e;
-  if (number) plan.params.temperature = static_cast<float>(*number);
-  number.reset();
-  if (auto e = read_number(body, "top_p", 0.0, 1.0, true, number)) return *e;
-  if (number) plan.params.top_p = static_cast<float>(*number);
+  std::optional<double> temperature, top_p;
   std::optional<int64_t> top_k;
-  if (auto e = read_integer(body, "top_k", 0, context.model->vocab_size, top_k)) return *e;
-  if (top_k && *top_k > 0) plan.params.top_k = static_cast<int32_t>(*top_k);
   std::vector<std::string> stops;
+  bool stream = false;
+};
+
+std::optional<ApiError> read_messages_fields(const json::object& body, const ApiContext& context,
+                                             std::string_view endpoint, MessagesFields& out) {
+  if (auto e = refuse_return_token_ids(body, endpoint)) return e;
+  if (auto e = read_integer(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), out.max_tokens)) return e;
+  if (auto e = read_number(body, "temperature", 0.0, 1.0, false, out.temperature)) return e;
+  if (auto e = read_number(body, "top_p", 0.0, 1.0, true, out.top_p)) return e;
+  if (auto e = read_integer(body, "top_k", 0, context.model->vocab_size, out.top_k)) return e;
   if (const json::value* sequences = present(body, "stop_sequences"); sequences != nullptr && !sequences->is_array())
     return bad_request("stop_sequences must be an array of strings", "stop_sequences");
-  if (auto e = read_string_list(body, "stop_sequences", stops)) return *e;
-  if (auto e = refuse_fields(body, kRefused)) return *e;
-  if (auto e = refuse_unknown_fields(body, kConversationFields, Dialect::kAnthropic, kMessagesFields)) return *e;
+  if (auto e = read_string_list(body, "stop_sequences", out.stops)) return e;
+  if (auto e = refuse_fields(body, kRefused)) return e;
+  if (auto e = refuse_unknown_fields(body, kConversationFields, Dialect::kAnthropic, kMessagesFields)) return e;
   std::optional<bool> stream;
-  if (auto e = read_bool(body, "stream", stream)) return *e;
-  plan.stream = stream.value_or(false);
+  if (auto e = read_bool(body, "stream", stream)) return e;
+  out.stream = stream.value_or(false);
   if (const json::value* metadata = present(body, "metadata"); metadata != nullptr) {
     if (!metadata->is_object()) return bad_request("metadata must be an object", "metadata");
     for (const auto& [key, value] : metadata->get_object()) {
@@ -91,6 +71,50 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
       return bad_request("service_tier must be \"auto\" or \"standard_only\"", "service_tier");
     }
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiResult<std::string> count_tokens_endpoint(const json::value& request, const ApiContext& context) {
+  const json::object& body = request.get_object();
+  if (auto e = check_model(body, *context.model, true)) return *e;
+  // count_tokens also takes the Messages fields that cannot change the count (clients send one body to both), and
+  // refuses what /v1/messages would refuse. max_tokens is optional here.
+  MessagesFields fields;
+  if (auto e = read_messages_fields(body, context, "/v1/messages/count_tokens", fields)) return *e;
+  Result<recipe::Conversation> conversation = recipe::conversation_from_anthropic_messages(request);
+  if (!conversation.ok()) return bad_request_from(conversation.status());
+  Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
+  if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);
+  // Images are counted (as their placeholder tokens on deepseek-v4.1), as /tokenize renders them.
+  if (fields.max_tokens) {  // the thinking budget must fit below it, as on /v1/messages
+    engine::SamplingParams params;
+    recipe::StreamParserOptions options = recipe::stream_parser_options(*conversation, *prompt);
+    if (auto e = apply_thinking_budget(*fields.max_tokens, "max_tokens", *conversation, options, context, params))
+      return *e;
+  }
+  return to_json_text(json::object{{"input_tokens", prompt->token_ids.size()}});
+}
+
+ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, const ApiContext& context) {
+  const json::object& body = request.get_object();
+  if (auto e = check_model(body, *context.model, true)) return *e;
+  MessagesFields fields;
+  if (auto e = read_messages_fields(body, context, "/v1/messages", fields)) return *e;
+  if (!fields.max_tokens) return bad_request("max_tokens is required", "max_tokens");
+  const std::optional<int64_t> max_tokens = fields.max_tokens;
+
+  Result<recipe::Conversation> parsed = recipe::conversation_from_anthropic_messages(request);
+  if (!parsed.ok()) return bad_request_from(parsed.status());
+  recipe::Conversation& conversation = *parsed;
+
+  GenerationPlan plan;
+  if (fields.temperature) plan.params.temperature = static_cast<float>(*fields.temperature);
+  if (fields.top_p) plan.params.top_p = static_cast<float>(*fields.top_p);
+  if (fields.top_k && *fields.top_k > 0) plan.params.top_k = static_cast<int32_t>(*fields.top_k);
+  std::vector<std::string> stops = std::move(fields.stops);
+  plan.stream = fields.stream;
 
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status(), kAnthropicRenames);

@@ -259,6 +259,27 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
                   R"({"model": "default", "messages": [{"role": "user", "content": "x"}], "mcp_servers": []})");
   EXPECT_EQ(counted.status, 400);
   EXPECT_NE(counted.body.find("no MCP connector"), std::string::npos) << counted.body;
+  // Regression: count_tokens took values /v1/messages refuses (it checked the Messages fields' names only).
+  for (const auto& [extra, part] : std::initializer_list<std::pair<const char*, const char*>>{
+           {R"("max_tokens": "4")", "max_tokens"},
+           {R"("max_tokens": 0)", "max_tokens"},
+           {R"("temperature": 1e308)", "temperature"},
+           {R"("top_k": -1)", "top_k"},
+           {R"("stop_sequences": "x")", "stop_sequences"},
+           {R"("metadata": {"x": "y"})", "metadata.x"},
+           {R"("service_tier": "priority")", "service_tier"},
+           {R"("return_token_ids": true)", "return_token_ids"}}) {
+    HttpResponse refused = client.post(
+        "/v1/messages/count_tokens",
+        std::string(R"({"model": "default", "messages": [{"role": "user", "content": "x"}], )") + extra + "}");
+    EXPECT_EQ(refused.status, 400) << extra << " -> " << refused.body;
+    EXPECT_NE(refused.body.find(part), std::string::npos) << extra << " -> " << refused.body;
+  }
+  HttpResponse with_fields =
+      client.post("/v1/messages/count_tokens",
+                  R"({"model": "default", "messages": [{"role": "user", "content": "x"}], )"
+                  R"("max_tokens": 4, "temperature": 0.5, "stream": true, "metadata": {"user_id": "u"}})");
+  EXPECT_EQ(with_fields.status, 200) << with_fields.body;
   for (const BadRequest& bad : cases) {
     HttpResponse response = client.post(bad.target, bad.body);
     expect_openai_error(response, bad.status, bad.message_part, bad.param, bad.name);

@@ -114,6 +114,15 @@ TEST(AnthropicRequestTest, OnlyTheFinalAssistantMessageMayBeEmpty) {
   Result<Conversation> prefill = conversation_from_anthropic_messages(std::string_view(
       R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]})"));
   ASSERT_TRUE(prefill.ok()) << prefill.status().message();
+  // Regression: the trailing-whitespace rule read the last text block, so text before a final tool_use was refused.
+  Result<Conversation> call = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [)"
+      R"({"type": "text", "text": "Let me check. "}, {"type": "tool_use", "id": "t1", "name": "get", "input": {}}]}]})"));
+  ASSERT_TRUE(call.ok()) << call.status().message();
+  Result<Conversation> failed_tool = conversation_from_anthropic_messages(std::string_view(
+      R"({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "no such )"
+      R"(file", "is_error": true}]}]})"));
+  ASSERT_TRUE(failed_tool.ok()) << failed_tool.status().message();
 }
 
 TEST(AnthropicRequestTest, ErrorsNameTheField) {
@@ -143,6 +152,12 @@ TEST(AnthropicRequestTest, ErrorsNameTheField) {
        "messages[1]: all messages must have non-empty content except for the optional final assistant message"},
       {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}]}]})",
        "messages[0].content[1].text: text content blocks must be non-empty"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": " \n"}]}]})",
+       "messages[0].content[0].text: text content blocks must contain non-whitespace text"},
+      {R"({"messages": [{"role": "user", "content": "   "}]})",
+       "messages[0].content: text content blocks must contain non-whitespace text"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "yes"}]}]})",
+       "messages[0].content[0].is_error must be a boolean"},
       {R"({"system": [{"type": "text", "text": ""}], "messages": [{"role": "user", "content": "x"}]})",
        "system[0].text: text content blocks must be non-empty"},
       {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is "}]})",
