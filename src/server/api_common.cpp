@@ -319,6 +319,39 @@ std::optional<ApiError> refuse_return_token_ids(const json::object& body, std::s
                      "return_token_ids");
 }
 
+std::optional<ApiError> read_openai_bookkeeping(const json::object& body) {
+  std::optional<bool> store;
+  if (auto e = read_bool(body, "store", store)) return e;
+  if (const json::value* metadata = present(body, "metadata"); metadata != nullptr) {
+    if (!metadata->is_object()) return bad_request("metadata must be an object of strings", "metadata");
+    for (const auto& [key, value] : metadata->get_object()) {
+      if (!value.is_string())
+        return bad_request("metadata." + std::string(key) + " must be a string", "metadata." + std::string(key));
+    }
+  }
+  std::optional<std::string> text;
+  for (std::string_view field : {"prompt_cache_key", "safety_identifier"}) {
+    if (auto e = read_string(body, field, text)) return e;
+  }
+  text.reset();
+  if (auto e = read_string(body, "service_tier", text)) return e;
+  if (text && *text != "auto" && *text != "default") {
+    return bad_request("service_tier \"" + *text +
+                           "\" is not available: this server has one tier (\"auto\" or "
+                           "\"default\")",
+                       "service_tier");
+  }
+  text.reset();
+  if (auto e = read_string(body, "prompt_cache_retention", text)) return e;
+  if (text && *text != "in-memory" && *text != "24h") {
+    return bad_request(
+        "prompt_cache_retention must be \"in-memory\" or \"24h\" (the KV tiers keep blocks for "
+        "--kv-cache-ttl-hours either way)",
+        "prompt_cache_retention");
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> refuse_images(const recipe::Conversation& conversation, std::string_view messages_field) {
   for (size_t i = 0; i < conversation.messages.size(); ++i) {
     if (!conversation.messages[i].has_images()) continue;

@@ -22,8 +22,13 @@ std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream
   if (!stream) return bad_request("stream_options is only allowed with stream: true", "stream_options");
   if (!options->is_object()) return bad_request("stream_options must be an object", "stream_options");
   for (const auto& [key, value] : options->get_object()) {
-    if (std::string_view(key) != "include_usage") {
-      return bad_request(fmt::format("stream_options.{} is not supported; only stream_options.include_usage is",
+    if (std::string_view(key) == "include_obfuscation") {  // OpenAI's padding of stream events: none is sent
+      if (!value.is_bool() && !value.is_null())
+        return bad_request("stream_options.include_obfuscation must be a boolean",
+                           "stream_options.include_obfuscation");
+    } else if (std::string_view(key) != "include_usage") {
+      return bad_request(fmt::format("stream_options.{} is not supported; only stream_options.include_usage (and "
+                                     "include_obfuscation, which changes nothing here) are",
                                      std::string_view(key)),
                          "stream_options." + std::string(key));
     }
@@ -157,8 +162,15 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
                                                      "max_tokens",
                                                      "max_completion_tokens",
                                                      "stream",
-                                                     "stream_options"};
+                                                     "stream_options",
+                                                     "store",
+                                                     "metadata",
+                                                     "service_tier",
+                                                     "prompt_cache_key",
+                                                     "safety_identifier",
+                                                     "prompt_cache_retention"};
   if (auto e = refuse_unknown_fields(body, kChatFields, Dialect::kOpenAI, kOpenAISamplingFields)) return *e;
+  if (auto e = read_openai_bookkeeping(body)) return *e;
   // parallel_tool_calls: read into the conversation (ToolChoice::parallel), honoured by the output builder below.
   std::optional<bool> return_token_ids;  // vLLM's extension (ResponseWriter::return_token_ids)
   if (auto e = read_bool(body, "return_token_ids", return_token_ids)) return *e;

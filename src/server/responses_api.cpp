@@ -88,7 +88,12 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
                                                           "max_tool_calls",
                                                           "truncation",
                                                           "background",
-                                                          "return_token_ids"};
+                                                          "return_token_ids",
+                                                          "service_tier",
+                                                          "prompt_cache_key",
+                                                          "safety_identifier",
+                                                          "prompt_cache_retention",
+                                                          "stream_options"};
   if (auto e = refuse_unknown_fields(body, kResponsesFields, Dialect::kOpenAI, kOpenAISamplingFields)) return *e;
   if (const json::value* truncation = present(body, "truncation");
       truncation != nullptr && !(truncation->is_string() && truncation->get_string() == "disabled")) {
@@ -99,18 +104,11 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   if (auto e = read_integer(body, "max_tool_calls", 1, std::numeric_limits<int64_t>::max(), max_tool_calls)) return *e;
   std::optional<std::string> user;
   if (auto e = read_string(body, "user", user)) return *e;
-  if (const json::value* metadata = present(body, "metadata"); metadata != nullptr) {
-    if (!metadata->is_object()) return bad_request("metadata must be an object of strings", "metadata");
-    for (const auto& [key, value] : metadata->get_object()) {
-      if (!value.is_string())
-        return bad_request("metadata." + std::string(key) + " must be a string", "metadata." + std::string(key));
-    }
-  }
+  if (auto e = read_openai_bookkeeping(body)) return *e;  // store, metadata, service_tier, prompt_cache_key, ...
   Result<recipe::Conversation> converted = recipe::conversation_from_responses(request);
   if (!converted.ok()) return bad_request_from(converted.status());
   recipe::Conversation& conversation = *converted;
-  std::optional<bool> store;  // parallel_tool_calls: read into the conversation (ToolChoice::parallel)
-  if (auto e = read_bool(body, "store", store)) return *e;  // accepted; nothing is stored
+  // parallel_tool_calls: read into the conversation (ToolChoice::parallel)
 
   GenerationPlan plan;
   std::vector<std::string> stops;
@@ -121,6 +119,17 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   std::optional<bool> stream;
   if (auto e = read_bool(body, "stream", stream)) return *e;
   plan.stream = stream.value_or(false);
+  // Responses' stream_options holds only include_obfuscation (OpenAI's padding of stream events: none is sent).
+  if (const json::value* options = present(body, "stream_options"); options != nullptr) {
+    if (!plan.stream) return bad_request("stream_options is only allowed with stream: true", "stream_options");
+    if (!options->is_object()) return bad_request("stream_options must be an object", "stream_options");
+    for (const auto& [key, value] : options->get_object()) {
+      if (std::string_view(key) != "include_obfuscation" || !(value.is_bool() || value.is_null())) {
+        return bad_request("stream_options takes only include_obfuscation (a boolean) on /v1/responses",
+                           "stream_options." + std::string(key));
+      }
+    }
+  }
 
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);
   if (!prompt.ok()) {

@@ -106,6 +106,17 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
        R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", )"
        R"("json_schema": {"name": "x", "schema": 5}}})",
        400, "response_format.json_schema.schema", "response_format.json_schema.schema"},
+      {"service_tier priority", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "service_tier": "priority"})", 400, "one tier",
+       "service_tier"},
+      {"prompt_cache_key not a string", "/v1/responses", R"({"input": "x", "prompt_cache_key": 5})", 400,
+       "prompt_cache_key", "prompt_cache_key"},
+      {"metadata value not a string", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "metadata": {"k": 1}})", 400, "must be a string",
+       "metadata.k"},
+      {"responses stream_options include_usage", "/v1/responses",
+       R"({"input": "x", "stream": true, "stream_options": {"include_usage": true}})", 400, "include_obfuscation",
+       "stream_options.include_usage"},
       {"duplicate tool names", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "x"}], "tools": [)"
        R"({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)"
@@ -247,6 +258,16 @@ TEST_F(ErrorTest, EachBadRequestGetsItsStatusAndTheServerKeepsServing) {
            {"/v1/responses", R"({"input": "x", "max_output_tokens": 2, "previous_response_id": null, "prompt": null})"},
            {"/v1/chat/completions",
             R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "functions": null, "foo": null})"},
+           // OpenAI's bookkeeping fields, which the SDKs and agent clients send (regression: refused as unknown).
+           {"/v1/chat/completions",
+            R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "store": false, )"
+            R"("metadata": {"k": "v"}, "service_tier": "auto", "prompt_cache_key": "s1", "safety_identifier": "u1", )"
+            R"("prompt_cache_retention": "24h", "stream": true, )"
+            R"("stream_options": {"include_usage": true, "include_obfuscation": false}})"},
+           {"/v1/responses",
+            R"({"input": "x", "max_output_tokens": 2, "prompt_cache_key": "s1", "safety_identifier": "u1", )"
+            R"("service_tier": "default", "prompt_cache_retention": "in-memory", "stream": true, )"
+            R"("stream_options": {"include_obfuscation": true}})"},
            {"/v1/messages", R"({"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], )"
                             R"("return_token_ids": false, )"
                             R"("container": null})"}}) {

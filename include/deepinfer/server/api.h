@@ -93,6 +93,12 @@ struct ApiContext {
 std::optional<ApiError> check_model(const boost::json::object& body, const ModelInfo& model, bool required);
 // The 400 for vLLM's `return_token_ids` (anything but absent, null or false) on an endpoint that returns no ids.
 std::optional<ApiError> refuse_return_token_ids(const boost::json::object& body, std::string_view endpoint);
+// OpenAI's bookkeeping fields, which change no output, type-checked (a wrong type or value is a 400 naming the
+// field): `store` (bool; nothing is stored), `metadata` (object of strings), `service_tier` ("auto" or "default":
+// one tier here), `prompt_cache_key`, `safety_identifier` (strings: the prefix cache is keyed by the prompt's
+// content, so the key is not needed), `prompt_cache_retention` ("in-memory" or "24h": the KV tiers' TTLs apply,
+// --kv-cache-ttl-hours). Chat Completions and Responses list these among their fields.
+std::optional<ApiError> read_openai_bookkeeping(const boost::json::object& body);
 // The 400 for image input on a generation endpoint: the prompt formats that take images (deepseek-v4.1) render a
 // placeholder token, but DeepInfer does not run DeepSeek-V4.1's vision encoder, so the model would never see the
 // image. `messages_field` names the request's message list ("messages", or "input" for Responses). /tokenize
