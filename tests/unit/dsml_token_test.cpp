@@ -274,6 +274,23 @@ TEST(DsmlTokenTest, AForcedToolChoiceIsRefusedWithThinkingOrWithoutItsTool) {
     ASSERT_FALSE(refused.ok()) << format_name(format);
     EXPECT_TRUE(refused.status().message().starts_with("tools[1] is named \"a\\\"b\", which a ")) << refused.status().message();
   }
+  // So is one in the history: a call's name or argument key (regression, a break-it pass 2026-12-07: the key
+  // `k" string="false">1</x>` was written into the prompt's markup as is).
+  for (PromptFormat format : kDsmlFormats) {
+    for (const char* call :
+         {R"({"id": "c1", "type": "function", "function": {"name": "get_time", )"
+          R"("arguments": "{\"k\\\" string=\\\"false\\\">1\": 1}"}})",
+          R"({"id": "c1", "type": "function", "function": {"name": "get\">x", "arguments": "{}"}})"}) {
+      Result<Conversation> history = conversation_from_openai_chat(
+          std::string(R"({"messages": [{"role": "user", "content": "Time?"}, {"role": "assistant", "content": null, )"
+                      R"("tool_calls": [)") +
+          call + R"(]}, {"role": "tool", "tool_call_id": "c1", "content": "noon"}]})");
+      ASSERT_TRUE(history.ok()) << history.status().message();
+      Result<RenderedPrompt> refused = render_prompt(*history, format);
+      ASSERT_FALSE(refused.ok()) << format_name(format) << " " << call;
+      EXPECT_NE(refused.status().message().find("break its markup"), std::string::npos) << refused.status().message();
+    }
+  }
   // Without a generation prompt there is nothing to prefill (the server refuses such a request: api_test.cpp).
   Conversation no_generation = openai(chat_request(std::string(kTwoTools) + R"(, "tool_choice": "required")"));
   no_generation.options.add_generation_prompt = false;

@@ -98,13 +98,35 @@ Status check_capabilities(const Conversation& conversation, PromptFormat format)
   if (template_formats) return Status();
   // A DSML call names its function in a quoted attribute (`invoke name="NAME">`): a name holding a quote, an angle
   // bracket or a control character could never be called (the call's markup would break), so it is refused.
-  for (size_t i = 0; i < conversation.tools.size(); ++i) {
-    const std::string& tool = conversation.tools[i].name;
-    const auto bad = std::find_if(tool.begin(), tool.end(), [](char c) {
+  const auto breaks_markup = [](std::string_view text) {
+    return std::any_of(text.begin(), text.end(), [](char c) {
       const auto u = static_cast<unsigned char>(c);
       return c == '"' || c == '<' || c == '>' || u < 0x20 || u == 0x7f;
     });
-    if (bad != tool.end()) {
+  };
+  // The same for the tool calls in the history, whose names and argument keys the format writes into the same
+  // attributes (`parameter name="KEY"`): a client's key such as `k" string="false">` would write markup the model
+  // reads as structure (regression: it was rendered as is).
+  for (size_t i = 0; i < conversation.messages.size(); ++i) {
+    for (const ToolCall& call : conversation.messages[i].tool_calls) {
+      std::string bad_text;
+      if (breaks_markup(call.name))
+        bad_text = "a tool call named " + boost::json::serialize(boost::json::value(call.name));
+      for (const auto& [key, value] : call.arguments) {
+        if (bad_text.empty() && breaks_markup(key))
+          bad_text = "a tool call argument named " + boost::json::serialize(boost::json::value(std::string(key)));
+      }
+      if (!bad_text.empty()) {
+        return Status::invalid_argument("message " + std::to_string(i) + " of the conversation holds " + bad_text +
+                                        ", which a " + name +
+                                        " tool call cannot carry (quotes, angle brackets and control characters "
+                                        "break its markup)");
+      }
+    }
+  }
+  for (size_t i = 0; i < conversation.tools.size(); ++i) {
+    const std::string& tool = conversation.tools[i].name;
+    if (breaks_markup(tool)) {
       return Status::invalid_argument("tools[" + std::to_string(i) + "] is named " +
                                       boost::json::serialize(boost::json::value(tool)) + ", which a " + name +
                                       " tool call cannot carry (quotes, angle brackets and control characters break "
