@@ -230,6 +230,18 @@ Status convert_system(const json::value* system, Conversation& conversation) {
   return Status();
 }
 
+// Anthropic's refusal of a key its schema does not have, for the nested objects read here (the server refuses
+// unknown top-level fields). `allowed` lists the keys read or taken.
+Status refuse_extra_keys(const json::object& object, std::initializer_list<std::string_view> allowed,
+                         const std::string& path) {
+  for (const auto& [key, value] : object) {
+    const std::string_view name = key;
+    if (value.is_null() || std::find(allowed.begin(), allowed.end(), name) != allowed.end()) continue;
+    return Status::invalid_argument(path + "." + std::string(name.substr(0, 256)) + ": Extra inputs are not permitted");
+  }
+  return Status();
+}
+
 Status convert_tools(const json::value* tools, Conversation& conversation) {
   if (tools == nullptr) return Status();
   if (!tools->is_array()) return Status::invalid_argument("tools must be an array");
@@ -238,6 +250,11 @@ Status convert_tools(const json::value* tools, Conversation& conversation) {
     const std::string path = indexed("tools", i);
     if (!list[i].is_object()) return Status::invalid_argument(path + " must be an object");
     const json::object& tool = list[i].get_object();
+    // cache_control is taken: every prompt's blocks are cached by content (the prefix cache).
+    if (Status s = refuse_extra_keys(tool, {"type", "name", "description", "input_schema", "cache_control"}, path);
+        !s.ok()) {
+      return s;
+    }
     if (const json::value* type = present(tool, "type");
         type != nullptr && !(type->is_string() && type->get_string() == "custom")) {
       return Status::invalid_argument(path + ".type " + json::serialize(*type) +
@@ -268,6 +285,10 @@ Status apply_tool_choice(const json::value* choice, Conversation& conversation) 
   if (!choice->is_object()) return Status::invalid_argument("tool_choice must be an object");
   std::string type;
   if (Status s = required_string(choice->get_object(), "type", "tool_choice", type); !s.ok()) return s;
+  if (Status s = refuse_extra_keys(choice->get_object(), {"type", "name", "disable_parallel_tool_use"}, "tool_choice");
+      !s.ok()) {
+    return s;
+  }
   // disable_parallel_tool_use (auto, any, tool): at most one tool_use block in the answer (ToolChoice::parallel).
   if (const json::value* single = present(choice->get_object(), "disable_parallel_tool_use"); single != nullptr) {
     if (!single->is_bool()) return Status::invalid_argument("tool_choice.disable_parallel_tool_use must be a boolean");
@@ -321,6 +342,7 @@ Result<Conversation> conversation_from_anthropic_messages(const json::value& req
       return Status::invalid_argument(
           "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
     }
+    if (Status s = refuse_extra_keys(thinking->get_object(), {"type", "budget_tokens"}, "thinking"); !s.ok()) return s;
     conversation.options.thinking = type->get_string() == "enabled";
     // Anthropic's rule: budget_tokens is required with "enabled", an integer of at least 1,024. The server
     // enforces it (a thinking budget in the engine) and checks that max_tokens exceeds it.

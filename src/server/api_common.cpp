@@ -378,10 +378,14 @@ std::optional<ApiError> refuse_unknown_fields(const json::object& body, std::spa
     const std::string_view field = key;  // a plain variable: clang (the fuzz build) cannot capture a binding
     const auto is_key = [field](std::string_view name) { return name == field; };
     if (std::any_of(known.begin(), known.end(), is_key) || std::any_of(also.begin(), also.end(), is_key)) continue;
+    // The name as sent, up to 256 bytes (a 100 KB key came back whole in the message and the param).
+    constexpr size_t kMaxEcho = 256;
+    const std::string shown =
+        field.size() <= kMaxEcho ? std::string(field) : std::string(field.substr(0, kMaxEcho)) + "...";
     if (dialect == Dialect::kAnthropic) {
-      return bad_request(fmt::format("{}: Extra inputs are not permitted", field), std::string(field));
+      return bad_request(fmt::format("{}: Extra inputs are not permitted", shown), shown);
     }
-    return bad_request(fmt::format("Unrecognized request argument supplied: {}", field), std::string(field));
+    return bad_request(fmt::format("Unrecognized request argument supplied: {}", shown), shown);
   }
   return std::nullopt;
 }

@@ -162,6 +162,14 @@ TEST(AnthropicRequestTest, ErrorsNameTheField) {
        "system[0].text: text content blocks must be non-empty"},
       {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is "}]})",
        "messages[1]: final assistant content cannot end with trailing whitespace"},
+      // Regression: extra keys in nested objects were taken and ignored.
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {}, "strict": true}]})",
+       "tools[0].strict: Extra inputs are not permitted"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1024, "foo": 1}})",
+       "thinking.foo: Extra inputs are not permitted"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {}}], )"
+       R"("tool_choice": {"type": "auto", "foo": 1}})",
+       "tool_choice.foo: Extra inputs are not permitted"},
       {R"({"system": 3, "messages": [{"role": "user", "content": "x"}]})",
        "system must be a string or an array of text blocks"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]})",
