@@ -1018,7 +1018,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
         std::cout << ", disk " << tiers.lower->disk.capacity_blocks << " at " << engine_config.disk_cache_path << " ("
                   << r.recovered_blocks << " recovered; dropped at open: " << r.corrupt_dropped << " corrupt, "
                   << r.foreign_dropped << " of another model, " << r.expired_dropped << " expired, " << r.evicted
-                  << " over capacity; " << r.temp_files_removed << " unfinished writes removed)";
+                  << " over capacity, " << r.unchained_dropped << " whose earlier block was gone; "
+                  << r.temp_files_removed << " unfinished writes removed)";
       }
     }
     std::cout << "; prefix caching " << (engine_config.enable_prefix_caching ? "on" : "off") << "\n";

@@ -10,16 +10,18 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -329,6 +331,7 @@ Status DiskBlockStore::scan() {
     BlockHash hash;
     BlockHash parent;
     int64_t expires_at_unix_ms;
+    int64_t depth = 0;  // blocks before it among the files found
   };
   std::vector<Found> found;
   uint64_t max_sequence = 0;
@@ -422,8 +425,42 @@ Status DiskBlockStore::scan() {
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
     ++foreign;
   }
+  // The recency order (least recent first: what the capacity trim below and later evictions drop first) must put
+  // every block before the block it follows, or a trim drops a chain's head and strands the rest (the next start
+  // then loses them all). A block's time is the latest of its own and of every block after it (a use of a later
+  // block is a use of its prefix), ties deepest first.
+  {
+    std::unordered_map<BlockHash, size_t, BlockHashHasher> at;
+    for (size_t i = 0; i < found.size(); ++i) at.emplace(found[i].hash, i);
+    std::vector<int64_t> depth(found.size(), -1);
+    for (size_t i = 0; i < found.size(); ++i) {  // depth within the files found (a missing parent ends a chain)
+      std::vector<size_t> path;
+      size_t k = i;
+      while (depth[k] < 0) {
+        path.push_back(k);
+        auto parent = at.find(found[k].parent);
+        if (parent == at.end() || path.size() > found.size()) break;
+        k = parent->second;
+      }
+      int64_t d = depth[k] >= 0 ? depth[k] + 1 : 0;
+      for (auto it = path.rbegin(); it != path.rend(); ++it) {
+        if (depth[*it] < 0) depth[*it] = d++;
+      }
+    }
+    std::vector<size_t> deepest_first(found.size());
+    std::iota(deepest_first.begin(), deepest_first.end(), size_t{0});
+    std::sort(deepest_first.begin(), deepest_first.end(), [&](size_t a, size_t b) { return depth[a] > depth[b]; });
+    for (size_t i : deepest_first) {  // children before parents: each parent takes the latest time below it
+      auto parent = at.find(found[i].parent);
+      if (parent != at.end() && depth[parent->second] < depth[i])
+        found[parent->second].mtime_ns = std::max(found[parent->second].mtime_ns, found[i].mtime_ns);
+    }
+    for (size_t i = 0; i < found.size(); ++i) found[i].depth = depth[i];
+  }
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
-    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.sequence < b.sequence;
+    if (a.mtime_ns != b.mtime_ns) return a.mtime_ns < b.mtime_ns;
+    if (a.depth != b.depth) return a.depth > b.depth;
+    return a.sequence < b.sequence;
   });
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& block : found) {
@@ -440,6 +477,12 @@ Status DiskBlockStore::scan() {
   recovery_ = DiskRecoveryStats{static_cast<int64_t>(index_.size()), corrupt, foreign, expired_files, temps,
                                 stats_.evictions - evictions_before};
   return Status::ok_status();
+}
+
+void DiskBlockStore::finish_recovery(int64_t unchained) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recovery_.unchained_dropped = unchained;
+  recovery_.recovered_blocks = static_cast<int64_t>(index_.size());
 }
 
 Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload,

@@ -140,10 +140,15 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(KvCacheConfig con
       }
     }
     manager->context_ = {};
-    // A block whose chain does not reach the root can never be matched.
+    // A block whose chain does not reach the root can never be matched: deleted, and counted (recovered_blocks
+    // is what is left; before, the log and the metric counted these as recovered and the next start found fewer).
+    int64_t unchained = 0;
     for (size_t i = 0; i < listed.size(); ++i) {
-      if (!placed[i]) (void)manager->disk_->remove(listed[i].hash);
+      if (placed[i]) continue;
+      (void)manager->disk_->remove(listed[i].hash);
+      ++unchained;
     }
+    manager->disk_->finish_recovery(unchained);
   }
   return manager;
 }

@@ -138,8 +138,9 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
     out += "# HELP deepinfer_kv_disk_recovery_blocks What the disk tier found in its directory at startup.\n"
            "# TYPE deepinfer_kv_disk_recovery_blocks gauge\n";
     const std::pair<std::string_view, int64_t> outcomes[] = {
-        {"recovered", r.recovered_blocks}, {"corrupt", r.corrupt_dropped},       {"foreign", r.foreign_dropped},
-        {"expired", r.expired_dropped},    {"temp_file", r.temp_files_removed}, {"evicted", r.evicted}};
+        {"recovered", r.recovered_blocks}, {"corrupt", r.corrupt_dropped},      {"foreign", r.foreign_dropped},
+        {"expired", r.expired_dropped},    {"temp_file", r.temp_files_removed}, {"evicted", r.evicted},
+        {"unchained", r.unchained_dropped}};
     for (const auto& [outcome, value] : outcomes) {
       out += fmt::format("deepinfer_kv_disk_recovery_blocks{{outcome=\"{}\"}} {}\n", outcome, value);
     }

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "deepinfer/kvcache/transfer/block_mover.h"
 #include "temp_dir.h"
 
 namespace deepinfer::kvcache {
@@ -72,9 +73,9 @@ std::unique_ptr<DiskBlockStore> open_store(DiskBlockStoreOptions options) {
   return store.ok() ? std::move(store).value() : nullptr;
 }
 
-void put_block(DiskBlockStore& store, uint64_t id) {
+void put_block(DiskBlockStore& store, uint64_t id, bool first_block = false) {
   const std::vector<std::byte> payload = payload_of(id);
-  Status status = store.put(hash_of(id), parent_of(id), payload);
+  Status status = store.put(hash_of(id), first_block ? kRootBlockHash : parent_of(id), payload);
   ASSERT_TRUE(status.ok()) << "put block " << id << ": " << status.to_string();
 }
 
@@ -613,16 +614,17 @@ TEST(DiskBlockStoreTest, CapacityEvictsLeastRecentlyUsedAndGetRefreshesRecency) 
 
 TEST(DiskBlockStoreTest, RecencyOfGetsSurvivesRestartAndSmallerCapacityEvictsOldestAtOpen) {
   TempDir dir;
+  // Independent blocks (each the first of its prompt): the order at open is their recency alone.
   {
     auto store = open_store(options_for(dir.path(), 10));
     ASSERT_NE(store, nullptr);
-    for (uint64_t id = 1; id <= 4; ++id) put_block(*store, id);
+    for (uint64_t id = 1; id <= 4; ++id) put_block(*store, id, true);
     EXPECT_TRUE(serves_intact(*store, 1));  // write order 1 2 3 4, use order 2 3 4 1
   }
   {
     auto store = open_store(options_for(dir.path(), 4));
     ASSERT_NE(store, nullptr);
-    put_block(*store, 5);  // evicts 2: by write order alone it would be 1
+    put_block(*store, 5, true);  // evicts 2: by write order alone it would be 1
     EXPECT_TRUE(store->contains(hash_of(1)));
     EXPECT_FALSE(store->contains(hash_of(2)));
     EXPECT_EQ(store->stats().evictions, 1);
@@ -635,6 +637,74 @@ TEST(DiskBlockStoreTest, RecencyOfGetsSurvivesRestartAndSmallerCapacityEvictsOld
   for (uint64_t id : {2, 3, 4}) {
     EXPECT_FALSE(store->contains(hash_of(id))) << "block " << id;
     EXPECT_FALSE(fs::exists(store->block_path(hash_of(id)))) << "block " << id;
+  }
+}
+
+// Regression (a break-it pass, 2026-12-07): a restart with a smaller capacity trimmed the oldest files first, which
+// are the chains' first blocks, so every block kept lost its chain and the next start dropped them all (the log said
+// 21 recovered; 0 were left). A block now goes before the block it follows, and a chain counts as used when any of
+// its blocks was.
+TEST(DiskBlockStoreTest, ASmallerCapacityAtOpenTrimsChainsFromTheirEnds) {
+  TempDir dir;
+  {
+    auto store = open_store(options_for(dir.path(), 20));
+    ASSERT_NE(store, nullptr);
+    for (uint64_t id = 1; id <= 4; ++id) put_block(*store, id, id == 1);     // chain 1 2 3 4
+    for (uint64_t id = 11; id <= 13; ++id) put_block(*store, id, id == 11);  // chain 11 12 13, written later
+    EXPECT_TRUE(serves_intact(*store, 4));                                   // chain 1-4 used last
+  }
+  auto store = open_store(options_for(dir.path(), 4));
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->stats().evictions, 3);
+  // The least recently used chain (11-13) goes from its end, then chain 1-4 would; 4 blocks stay, each chained.
+  for (uint64_t id : {1, 2, 3, 4}) EXPECT_TRUE(store->contains(hash_of(id))) << "block " << id;
+  for (uint64_t id : {11, 12, 13}) EXPECT_FALSE(store->contains(hash_of(id))) << "block " << id;
+}
+
+// Regression (the same pass): the background writers kept writes of one block in order but not a chain's, so a
+// block's file could land before its parent's, and a kill -9 between the two left a gap the next start dropped
+// everything after. A disk write now starts only once its parent's write is done: every completion comes after its
+// parent's. Four chains of 24 blocks on 4 workers (without the rule, children overtook parents in most runs).
+TEST(DiskBlockStoreTest, BackgroundWritesLandParentsBeforeChildren) {
+  TempDir dir;
+  auto store = open_store(options_for(dir.path(), 1000));
+  ASSERT_NE(store, nullptr);
+  std::vector<std::pair<BlockHash, BlockHash>> links;  // (hash, parent)
+  std::vector<transfer::Transfer> transfers;
+  uint64_t next_id = 0;
+  for (uint64_t chain = 0; chain < 4; ++chain) {
+    for (uint64_t b = 0; b < 24; ++b) {
+      const uint64_t id = 1000 * (chain + 1) + b;
+      transfer::Transfer t;
+      t.kind = transfer::Transfer::Kind::kToDisk;
+      t.id = next_id++;
+      t.hash = hash_of(id);
+      t.parent = b == 0 ? kRootBlockHash : hash_of(id - 1);
+      t.host = std::make_shared<transfer::HostBlock>();
+      t.host->bytes = payload_of(id);
+      t.host->state.store(transfer::HostBlock::kReady);
+      links.emplace_back(t.hash, t.parent);
+      transfers.push_back(std::move(t));
+    }
+  }
+  // Interleaved by position, as several prompts' blocks arrive: chain 0's block 0, chain 1's block 0, ...
+  std::vector<transfer::Transfer> interleaved;
+  for (size_t b = 0; b < 24; ++b) {
+    for (size_t chain = 0; chain < 4; ++chain) interleaved.push_back(transfers[chain * 24 + b]);
+  }
+  transfer::BlockMover mover(nullptr, store.get(), kBlockBytes, 4);
+  mover.submit(std::move(interleaved));
+  mover.drain();
+  std::vector<transfer::TransferResult> done = mover.poll();
+  ASSERT_EQ(done.size(), links.size());
+  std::unordered_map<BlockHash, size_t, BlockHashHasher> finished_at;
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_TRUE(done[i].status.ok()) << done[i].status.to_string();
+    finished_at[done[i].hash] = i;
+  }
+  for (const auto& [hash, parent] : links) {
+    if (parent == kRootBlockHash) continue;
+    EXPECT_LT(finished_at.at(parent), finished_at.at(hash)) << "block " << hash.to_hex();
   }
 }
 

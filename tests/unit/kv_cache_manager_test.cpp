@@ -336,6 +336,41 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
   EXPECT_TRUE(reopened->blocks_in(Tier::kDisk).empty());
 }
 
+// Regression (a break-it pass, 2026-12-07): blocks whose earlier block's file is gone (a kill -9 between two
+// background writes, before those were ordered) were deleted at open but counted as recovered, so the next start
+// reported fewer with nothing said. Now they are counted apart and recovered_blocks is what is left.
+TEST(KvCacheManagerTest, BlocksCutOffFromTheirChainAtOpenAreCountedNotRecovered) {
+  TempDir dir;
+  int64_t clock = 1'800'000'000'000;
+  std::vector<BlockHash> chain;
+  {
+    FakeDevice device(8);
+    KvCacheConfig config = cache_config(8, 4, &clock);
+    config.disk = disk_options(dir.path());
+    auto cache = std::move(KvCacheManager::create(config)).value();
+    cache->set_device_io(&device);
+    KvCacheManager* manager = cache.get();
+    Scheduler scheduler = std::move(Scheduler::create(scheduler_config(8), std::move(cache))).value();
+    ASSERT_TRUE(scheduler.add(request(1, 100, 260, 1)).ok());
+    run_to_end(scheduler, device, 20);
+    manager->flush();
+    chain = block_hash_chain(request(1, 100, 260, 1).prompt_token_ids, {3, 4});
+    ASSERT_EQ(manager->blocks_in(Tier::kDisk).size(), 4u);
+  }
+  {
+    auto store = std::move(DiskBlockStore::open(*disk_options(dir.path()))).value();
+    ASSERT_TRUE(std::filesystem::remove(store->block_path(chain[1])));
+  }
+  KvCacheConfig config = cache_config(8, 4, &clock);
+  config.disk = disk_options(dir.path());
+  auto cache = std::move(KvCacheManager::create(config)).value();
+  const DiskRecoveryStats recovery = cache->counters().lower->disk_recovery;  // a copy: counters() is a value
+  EXPECT_EQ(recovery.recovered_blocks, 1);
+  EXPECT_EQ(recovery.unchained_dropped, 2);
+  EXPECT_EQ(cache->blocks_in(Tier::kDisk).size(), 1u);
+  EXPECT_EQ(cache->match(chain).lower_blocks, 1);
+}
+
 // A fake model caching two kinds: the latent of every token (2 layers) and a sliding window of 128 tokens
 // (1 layer), as V4's window layers do. Each kind has its own pool: a sequence holds window blocks only for its
 // last window; a prefix is reused when its blocks hold the latent and its last two blocks hold the window too;

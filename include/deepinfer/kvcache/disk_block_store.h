@@ -101,6 +101,10 @@ struct DiskRecoveryStats {
   int64_t expired_dropped = 0;     // files whose expiry had passed, deleted
   int64_t temp_files_removed = 0;  // leftovers of interrupted put()s
   int64_t evicted = 0;             // valid blocks beyond capacity_blocks, deleted
+  // Valid blocks whose chain does not reach a first block (the block before them is gone: expired, trimmed, or
+  // never written), deleted by KvCacheManager::create after it rebuilt the chains: they could never be matched.
+  // recovered_blocks counts what is left after them.
+  int64_t unchained_dropped = 0;
 };
 
 // The store. Every method may be called from any thread: an internal mutex guards the index, the recency
@@ -183,6 +187,9 @@ class DiskBlockStore {
 
   // What open() recovered and dropped. Immutable after open(); any thread.
   const DiskRecoveryStats& recovery() const { return recovery_; }
+  // Called once by the index's owner after open(), when it has removed (remove()) the `unchained` blocks it could
+  // not chain: counts them and sets recovered_blocks to the blocks left.
+  void finish_recovery(int64_t unchained);
 
   const DiskBlockStoreOptions& options() const { return options_; }
   // The final path of block `hash`: <directory>/<hh>/<32 hex>.kvb (whether or not it exists).

@@ -98,7 +98,18 @@ size_t BlockMover::next_runnable_locked() const {
   // Only the first few: what waits behind a running hash is usually right behind it.
   const size_t window = std::min<size_t>(queue_.size(), 4 * threads_.size() + 16);
   for (size_t i = 0; i < window; ++i) {
-    if (!running_.contains(queue_[i].hash)) return i;
+    const Transfer& t = queue_[i];
+    if (running_.contains(t.hash)) continue;
+    // A disk write waits for its parent block's transfers queued before it or running: a block file lands only
+    // after the one it follows, so a kill -9 never leaves a chain with a gap, whose later blocks the next start
+    // could not reach and would drop. Only earlier entries block it, so the queue's first entry is always runnable
+    // once its own hash is idle (no deadlock).
+    if (t.kind == Transfer::Kind::kToDisk) {
+      bool parent_pending = running_.contains(t.parent);
+      for (size_t j = 0; j < i && !parent_pending; ++j) parent_pending = queue_[j].hash == t.parent;
+      if (parent_pending) continue;
+    }
+    return i;
   }
   return queue_.size();
 }
