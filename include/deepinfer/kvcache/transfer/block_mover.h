@@ -87,8 +87,10 @@ struct TransferResult {
 // One queue of transfers and a few worker threads (the disk's queue depth: a cold block read is a random read,
 // so one thread at a time would leave the disk idle between them). The dependency rule: transfers of the same
 // hash run one at a time in submission order (a transfer reading a HostBlock runs after the one filling it, a
-// disk read after the write of that hash); transfers of different hashes run in any order, concurrently. The
-// caller never reuses a device block while a transfer of it is in flight (KvCacheManager counts them).
+// disk read after the write of that hash); a disk write (kToDisk) also waits for the transfers of its parent hash
+// queued before it or running, so a block's file lands only after the one it follows (a kill -9 leaves no chain
+// with a gap); other transfers of different hashes run in any order, concurrently. The caller never reuses a device
+// block while a transfer of it is in flight (KvCacheManager counts them).
 // Thread-safety: submit, poll, wait, drain, queued may be called from any thread; the engine calls them from
 // its step thread.
 class BlockMover {
@@ -123,7 +125,7 @@ class BlockMover {
   TransferResult execute(const Transfer& transfer, std::vector<std::byte>& scratch);
   // With mu_ held: appends `transfers` (urgent ones ahead, see Transfer::urgent).
   void enqueue_locked(std::vector<Transfer>& transfers);
-  // With mu_ held: the position in queue_ of the first transfer whose hash is not running, or queue_.size().
+  // With mu_ held: the position in queue_ of the first transfer the dependency rule lets run, or queue_.size().
   size_t next_runnable_locked() const;
 
   std::atomic<DeviceBlockIo*> io_;
