@@ -319,6 +319,41 @@ std::optional<ApiError> refuse_return_token_ids(const json::object& body, std::s
                      "return_token_ids");
 }
 
+std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream, bool* include_usage) {
+  std::optional<bool> flag;
+  if (auto e = read_bool(body, "stream", flag)) return e;
+  stream = flag.value_or(false);
+  const json::value* options = body.if_contains("stream_options");
+  if (options == nullptr || options->is_null()) return std::nullopt;
+  if (!stream) return bad_request("stream_options is only allowed with stream: true", "stream_options");
+  if (!options->is_object()) return bad_request("stream_options must be an object", "stream_options");
+  for (const auto& [key, value] : options->get_object()) {
+    if (std::string_view(key) == "include_obfuscation") {  // OpenAI's padding of stream events: none is sent
+      if (!value.is_bool() && !value.is_null())
+        return bad_request("stream_options.include_obfuscation must be a boolean",
+                           "stream_options.include_obfuscation");
+    } else if (include_usage == nullptr || std::string_view(key) != "include_usage") {
+      return bad_request(include_usage != nullptr
+                             ? fmt::format("stream_options.{} is not supported; only stream_options.include_usage "
+                                           "(and include_obfuscation, which changes nothing here) are",
+                                           std::string_view(key))
+                             : fmt::format("stream_options.{} is not supported; this endpoint's stream_options takes "
+                                           "only include_obfuscation (a boolean, which changes nothing here)",
+                                           std::string_view(key)),
+                         "stream_options." + std::string(key));
+    }
+  }
+  if (include_usage == nullptr) return std::nullopt;
+  std::optional<bool> usage;
+  if (auto e = read_bool(options->get_object(), "include_usage", usage)) {
+    e->message = "stream_options." + e->message;
+    e->param = "stream_options.include_usage";
+    return e;
+  }
+  *include_usage = usage.value_or(false);
+  return std::nullopt;
+}
+
 std::optional<ApiError> read_openai_bookkeeping(const json::object& body) {
   std::optional<bool> store;
   if (auto e = read_bool(body, "store", store)) return e;

@@ -12,37 +12,6 @@ namespace json = boost::json;
 
 namespace {
 
-// Reads the stream flags: `stream`, and `stream_options` (only with stream: true).
-std::optional<ApiError> read_stream_flags(const json::object& body, bool& stream, bool& include_usage) {
-  std::optional<bool> flag;
-  if (auto e = read_bool(body, "stream", flag)) return e;
-  stream = flag.value_or(false);
-  const json::value* options = body.if_contains("stream_options");
-  if (options == nullptr || options->is_null()) return std::nullopt;
-  if (!stream) return bad_request("stream_options is only allowed with stream: true", "stream_options");
-  if (!options->is_object()) return bad_request("stream_options must be an object", "stream_options");
-  for (const auto& [key, value] : options->get_object()) {
-    if (std::string_view(key) == "include_obfuscation") {  // OpenAI's padding of stream events: none is sent
-      if (!value.is_bool() && !value.is_null())
-        return bad_request("stream_options.include_obfuscation must be a boolean",
-                           "stream_options.include_obfuscation");
-    } else if (std::string_view(key) != "include_usage") {
-      return bad_request(fmt::format("stream_options.{} is not supported; only stream_options.include_usage (and "
-                                     "include_obfuscation, which changes nothing here) are",
-                                     std::string_view(key)),
-                         "stream_options." + std::string(key));
-    }
-  }
-  std::optional<bool> usage;
-  if (auto e = read_bool(options->get_object(), "include_usage", usage)) {
-    e->message = "stream_options." + e->message;
-    e->param = "stream_options.include_usage";
-    return e;
-  }
-  include_usage = usage.value_or(false);
-  return std::nullopt;
-}
-
 // Text prompt -> ids as Hugging Face encodes with add_special_tokens (the DeepSeek tokenizers prepend BOS).
 std::vector<recipe::TokenId> encode_text_prompt(const ApiContext& context, std::string_view text,
                                                 bool add_special_tokens) {
@@ -202,7 +171,7 @@ ApiResult<GenerationPlan> plan_chat_completion(const json::value& request, const
     return *e;
   }
   bool include_usage = false;
-  if (auto e = read_stream_flags(body, plan.stream, include_usage)) return *e;
+  if (auto e = read_stream_flags(body, plan.stream, &include_usage)) return *e;
 
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(*conversation, context);
   if (!prompt.ok()) return bad_request_from(prompt.status());
@@ -270,7 +239,7 @@ ApiResult<GenerationPlan> plan_completion(const json::value& request, const ApiC
   std::optional<int64_t> max_tokens;
   if (auto e = read_integer(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), max_tokens)) return *e;
   bool include_usage = false;
-  if (auto e = read_stream_flags(body, plan.stream, include_usage)) return *e;
+  if (auto e = read_stream_flags(body, plan.stream, &include_usage)) return *e;
 
   if (auto e = read_completion_prompt(body, context, add_special_tokens.value_or(true), plan.prompt_token_ids))
     return *e;

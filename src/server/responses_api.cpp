@@ -116,20 +116,7 @@ ApiResult<GenerationPlan> plan_responses(const json::value& request, const ApiCo
   std::optional<int64_t> max_output_tokens;
   if (auto e = read_integer(body, "max_output_tokens", 1, std::numeric_limits<int64_t>::max(), max_output_tokens))
     return *e;
-  std::optional<bool> stream;
-  if (auto e = read_bool(body, "stream", stream)) return *e;
-  plan.stream = stream.value_or(false);
-  // Responses' stream_options holds only include_obfuscation (OpenAI's padding of stream events: none is sent).
-  if (const json::value* options = present(body, "stream_options"); options != nullptr) {
-    if (!plan.stream) return bad_request("stream_options is only allowed with stream: true", "stream_options");
-    if (!options->is_object()) return bad_request("stream_options must be an object", "stream_options");
-    for (const auto& [key, value] : options->get_object()) {
-      if (std::string_view(key) != "include_obfuscation" || !(value.is_bool() || value.is_null())) {
-        return bad_request("stream_options takes only include_obfuscation (a boolean) on /v1/responses",
-                           "stream_options." + std::string(key));
-      }
-    }
-  }
+  if (auto e = read_stream_flags(body, plan.stream, nullptr)) return *e;
 
   Result<recipe::RenderedPrompt> prompt = render_chat_prompt(conversation, context);
   if (!prompt.ok()) {

@@ -284,25 +284,28 @@ TEST(KvCacheManagerTest, ExpiredBlocksNeverMatchAndTickDropsThemFromEveryTier) {
   EXPECT_EQ(manager->pool().num_free_uncached(), 8) << "the expired blocks are plain free blocks again";
 }
 
+// One process serving a 260-token prompt with a disk tier under `dir`, until its 4 whole blocks are on disk; their
+// hash chain.
+std::vector<BlockHash> write_one_prompt_to_disk(const std::filesystem::path& dir, int64_t* clock) {
+  FakeDevice device(8);
+  KvCacheConfig config = cache_config(8, 4, clock);
+  config.disk = disk_options(dir);
+  auto cache = std::move(KvCacheManager::create(config)).value();
+  cache->set_device_io(&device);
+  KvCacheManager* manager = cache.get();
+  Scheduler scheduler = std::move(Scheduler::create(scheduler_config(8), std::move(cache))).value();
+  EXPECT_TRUE(scheduler.add(request(1, 100, 260, 1)).ok());
+  run_to_end(scheduler, device, 20);
+  manager->flush();
+  EXPECT_EQ(manager->blocks_in(Tier::kDisk).size(), 4u);
+  EXPECT_EQ(manager->counters().lower->disk.stored_blocks, 4);
+  return block_hash_chain(request(1, 100, 260, 1).prompt_token_ids, {3, 4});
+}
+
 TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARestart) {
   TempDir dir;
   int64_t clock = 1'800'000'000'000;
-  std::vector<BlockHash> chain;
-  {
-    FakeDevice device(8);
-    KvCacheConfig config = cache_config(8, 4, &clock);
-    config.disk = disk_options(dir.path());
-    auto cache = std::move(KvCacheManager::create(config)).value();
-    cache->set_device_io(&device);
-    KvCacheManager* manager = cache.get();
-    Scheduler scheduler = std::move(Scheduler::create(scheduler_config(8), std::move(cache))).value();
-    ASSERT_TRUE(scheduler.add(request(1, 100, 260, 1)).ok());
-    run_to_end(scheduler, device, 20);
-    manager->flush();
-    chain = block_hash_chain(request(1, 100, 260, 1).prompt_token_ids, {3, 4});
-    EXPECT_EQ(manager->blocks_in(Tier::kDisk).size(), 4u);
-    EXPECT_EQ(manager->counters().lower->disk.stored_blocks, 4);
-  }
+  const std::vector<BlockHash> chain = write_one_prompt_to_disk(dir.path(), &clock);
   // A new process: only the disk tier survives; its index is rebuilt from the block files' parent hashes.
   FakeDevice device(8);
   KvCacheConfig config = cache_config(8, 4, &clock);
@@ -342,21 +345,7 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
 TEST(KvCacheManagerTest, BlocksCutOffFromTheirChainAtOpenAreCountedNotRecovered) {
   TempDir dir;
   int64_t clock = 1'800'000'000'000;
-  std::vector<BlockHash> chain;
-  {
-    FakeDevice device(8);
-    KvCacheConfig config = cache_config(8, 4, &clock);
-    config.disk = disk_options(dir.path());
-    auto cache = std::move(KvCacheManager::create(config)).value();
-    cache->set_device_io(&device);
-    KvCacheManager* manager = cache.get();
-    Scheduler scheduler = std::move(Scheduler::create(scheduler_config(8), std::move(cache))).value();
-    ASSERT_TRUE(scheduler.add(request(1, 100, 260, 1)).ok());
-    run_to_end(scheduler, device, 20);
-    manager->flush();
-    chain = block_hash_chain(request(1, 100, 260, 1).prompt_token_ids, {3, 4});
-    ASSERT_EQ(manager->blocks_in(Tier::kDisk).size(), 4u);
-  }
+  const std::vector<BlockHash> chain = write_one_prompt_to_disk(dir.path(), &clock);
   {
     auto store = std::move(DiskBlockStore::open(*disk_options(dir.path()))).value();
     ASSERT_TRUE(std::filesystem::remove(store->block_path(chain[1])));

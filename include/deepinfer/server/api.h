@@ -93,6 +93,10 @@ struct ApiContext {
 std::optional<ApiError> check_model(const boost::json::object& body, const ModelInfo& model, bool required);
 // The 400 for vLLM's `return_token_ids` (anything but absent, null or false) on an endpoint that returns no ids.
 std::optional<ApiError> refuse_return_token_ids(const boost::json::object& body, std::string_view endpoint);
+// The stream flags of the OpenAI endpoints: `stream`, and `stream_options` (only with stream: true) holding
+// `include_obfuscation` (type-checked; no padding is sent) and, where `include_usage` is not null (chat, completions;
+// Responses has none), `include_usage`. Any other key is a 400 naming it.
+std::optional<ApiError> read_stream_flags(const boost::json::object& body, bool& stream, bool* include_usage);
 // OpenAI's bookkeeping fields, which change no output, type-checked (a wrong type or value is a 400 naming the
 // field): `store` (bool; nothing is stored), `metadata` (object of strings), `service_tier` ("auto" or "default":
 // one tier here), `prompt_cache_key`, `safety_identifier` (strings: the prefix cache is keyed by the prompt's
