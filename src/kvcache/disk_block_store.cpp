@@ -330,8 +330,9 @@ Status DiskBlockStore::scan() {
     uint64_t sequence;
     BlockHash hash;
     BlockHash parent;
-    int64_t expires_at_unix_ms;
-    int64_t depth = 0;  // blocks before it among the files found
+    int64_t expires_at_unix_ms;  // 0: never
+    int64_t depth = 0;           // blocks before it among the files found
+    fs::path path;
   };
   std::vector<Found> found;
   uint64_t max_sequence = 0;
@@ -393,15 +394,9 @@ Status DiskBlockStore::scan() {
           fields = checked.fields;
         }
       }
-      const int64_t expiry = static_cast<int64_t>(fields.expires_at_unix_ms);
-      if (verdict == Verdict::kValid && expiry != 0 && expiry <= now) {
-        if (::unlink(path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", path, errno);
-        ++expired_files;
-        max_sequence = std::max(max_sequence, fields.sequence);
-        continue;
-      }
-      if (verdict == Verdict::kValid) {
-        found.push_back({mtime_ns(st), fields.sequence, fields.hash, fields.parent, expiry});
+      if (verdict == Verdict::kValid) {  // expired ones too: a later block may extend their expiry (below)
+        found.push_back({mtime_ns(st), fields.sequence, fields.hash, fields.parent,
+                         static_cast<int64_t>(fields.expires_at_unix_ms), 0, path});
         max_sequence = std::max(max_sequence, fields.sequence);
         continue;
       }
@@ -428,7 +423,9 @@ Status DiskBlockStore::scan() {
   // The recency order (least recent first: what the capacity trim below and later evictions drop first) must put
   // every block before the block it follows, or a trim drops a chain's head and strands the rest (the next start
   // then loses them all). A block's time is the latest of its own and of every block after it (a use of a later
-  // block is a use of its prefix), ties deepest first.
+  // block is a use of its prefix), ties deepest first. Its expiry likewise: the latest of its own and of every block
+  // after it (a prefix reused by a later request is refreshed in memory, not in its file; without this, a chain's
+  // first block expired at the next start before the blocks written after it, and took them with it).
   {
     std::unordered_map<BlockHash, size_t, BlockHashHasher> at;
     for (size_t i = 0; i < found.size(); ++i) at.emplace(found[i].hash, i);
@@ -452,10 +449,28 @@ Status DiskBlockStore::scan() {
     std::sort(deepest_first.begin(), deepest_first.end(), [&](size_t a, size_t b) { return depth[a] > depth[b]; });
     for (size_t i : deepest_first) {  // children before parents: each parent takes the latest time below it
       auto parent = at.find(found[i].parent);
-      if (parent != at.end() && depth[parent->second] < depth[i])
-        found[parent->second].mtime_ns = std::max(found[parent->second].mtime_ns, found[i].mtime_ns);
+      if (parent != at.end() && depth[parent->second] < depth[i]) {
+        Found& up = found[parent->second];
+        up.mtime_ns = std::max(up.mtime_ns, found[i].mtime_ns);
+        if (up.expires_at_unix_ms != 0)
+          up.expires_at_unix_ms =
+              found[i].expires_at_unix_ms == 0 ? 0 : std::max(up.expires_at_unix_ms, found[i].expires_at_unix_ms);
+      }
     }
     for (size_t i = 0; i < found.size(); ++i) found[i].depth = depth[i];
+  }
+  {  // the expired: their files go
+    std::vector<Found> live;
+    live.reserve(found.size());
+    for (Found& block : found) {
+      if (block.expires_at_unix_ms != 0 && block.expires_at_unix_ms <= now) {
+        if (::unlink(block.path.c_str()) != 0 && errno != ENOENT) return io_error("unlink", block.path, errno);
+        ++expired_files;
+      } else {
+        live.push_back(std::move(block));
+      }
+    }
+    found = std::move(live);
   }
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
     if (a.mtime_ns != b.mtime_ns) return a.mtime_ns < b.mtime_ns;
@@ -498,8 +513,7 @@ Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = index_.find(hash); it != index_.end() && !expired(it->second, now_unix_ms())) {
       touch_locked(hash);
-      int64_t& expiry = it->second.expires_at_unix_ms;
-      if (expiry != 0 && (expires_at_unix_ms == 0 || expires_at_unix_ms > expiry)) expiry = expires_at_unix_ms;
+      extend_expiry_locked(hash, expires_at_unix_ms);
       return Status::ok_status();
     }
     sequence = next_sequence_++;
@@ -554,6 +568,7 @@ Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::
     }
     recency_.push_back(hash);
     index_.emplace(hash, Entry{parent, expires_at_unix_ms, std::prev(recency_.end())});
+    extend_expiry_locked(parent, expires_at_unix_ms);
     if (sink_ != nullptr) sink_->publish(KvEvent::stored(kMediumDisk, hash, parent, token_ids));
     ++stats_.writes;
     stats_.bytes_written += payload.size();
@@ -730,6 +745,16 @@ int64_t DiskBlockStore::now_unix_ms() const {
   if (options_.now_unix_ms) return options_.now_unix_ms();
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+void DiskBlockStore::extend_expiry_locked(const BlockHash& hash, int64_t expires_at_unix_ms) {
+  auto it = index_.find(hash);
+  for (size_t steps = 0; it != index_.end() && steps <= index_.size(); ++steps) {
+    int64_t& expiry = it->second.expires_at_unix_ms;
+    if (expiry == 0 || (expires_at_unix_ms != 0 && expires_at_unix_ms <= expiry)) return;
+    expiry = expires_at_unix_ms;
+    it = index_.find(it->second.parent);
+  }
 }
 
 void DiskBlockStore::touch_locked(const BlockHash& hash) {

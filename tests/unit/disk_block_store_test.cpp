@@ -774,9 +774,10 @@ TEST(DiskBlockStoreTest, ExpiredBlocksAreAbsentMissesDroppedAtOpenAndRewritable)
   auto store = open_store(options);
   ASSERT_NE(store, nullptr);
   const std::vector<std::byte> p0 = payload_of(0), p1 = payload_of(1), p2 = payload_of(2);
-  ASSERT_TRUE(store->put(hash_of(0), parent_of(0), p0, 1000).ok());  // expires at now + 1 s
-  ASSERT_TRUE(store->put(hash_of(1), parent_of(1), p1, 5000).ok());  // at now + 5 s
-  ASSERT_TRUE(store->put(hash_of(2), parent_of(2), p2).ok());        // never
+  // Three first blocks (a later block extends the expiry of the blocks before it: the next test).
+  ASSERT_TRUE(store->put(hash_of(0), kRootBlockHash, p0, 1000).ok());  // expires at now + 1 s
+  ASSERT_TRUE(store->put(hash_of(1), kRootBlockHash, p1, 5000).ok());  // at now + 5 s
+  ASSERT_TRUE(store->put(hash_of(2), kRootBlockHash, p2).ok());        // never
   EXPECT_EQ(le_u64(read_file(store->block_path(hash_of(0))), 88), static_cast<uint64_t>(now + 1000));
   const std::vector<BlockHash> chain = {hash_of(0), hash_of(1), hash_of(2)};
   EXPECT_EQ(store->match_prefix(chain), 3u);
@@ -793,7 +794,7 @@ TEST(DiskBlockStoreTest, ExpiredBlocksAreAbsentMissesDroppedAtOpenAndRewritable)
   EXPECT_EQ(store->stats().misses, 1);
   EXPECT_TRUE(serves_intact(*store, 1));
 
-  ASSERT_TRUE(store->put(hash_of(0), parent_of(0), p0, 1000).ok());  // written afresh, a new expiry
+  ASSERT_TRUE(store->put(hash_of(0), kRootBlockHash, p0, 1000).ok());  // written afresh, a new expiry
   EXPECT_TRUE(serves_intact(*store, 0));
 
   // A restart after block 1's expiry: open() drops it, keeps the others with their expiries.
@@ -807,6 +808,44 @@ TEST(DiskBlockStoreTest, ExpiredBlocksAreAbsentMissesDroppedAtOpenAndRewritable)
   EXPECT_TRUE(serves_intact(*store, 2)) << "a block without a TTL never expires";
   now += int64_t{365} * 24 * 3600 * 1000;
   EXPECT_TRUE(serves_intact(*store, 2));
+}
+
+// Regression (stop 54's note, left): a reused prefix's expiry was refreshed in memory only, so after a restart a
+// chain's first block could expire before the blocks written after it, and those were then unchained and lost. A
+// block's expiry now covers the blocks before it: in memory at put(), and at open() from the files (the latest
+// expiry below a block applies to it).
+TEST(DiskBlockStoreTest, ALaterBlockKeepsTheBlocksBeforeItFromExpiringAlsoAcrossARestart) {
+  TempDir dir;
+  const int64_t t0 = 1'800'000'000'000;  // Unix ms
+  int64_t now = t0;
+  DiskBlockStoreOptions options = options_for(dir.path());
+  options.now_unix_ms = [&now] { return now; };
+  auto store = open_store(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->put(hash_of(0), kRootBlockHash, payload_of(0), 1000).ok());  // A: t0 + 1 s in its file
+  now = t0 + 500;
+  ASSERT_TRUE(store->put(hash_of(1), hash_of(0), payload_of(1), 1000).ok());  // B after A: t0 + 1.5 s
+  EXPECT_EQ(le_u64(read_file(store->block_path(hash_of(0))), 88), static_cast<uint64_t>(t0 + 1000));
+  const std::vector<BlockHash> chain = {hash_of(0), hash_of(1)};
+  now = t0 + 1200;  // past A's own expiry, before B's
+  EXPECT_TRUE(store->contains(hash_of(0)));
+  EXPECT_EQ(store->match_prefix(chain), 2u);
+
+  store.reset();  // a restart at the same time: A's file still says t0 + 1 s
+  store = open_store(options);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->recovery().expired_dropped, 0);
+  EXPECT_EQ(store->stats().blocks, 2);
+  EXPECT_TRUE(serves_intact(*store, 0));
+  EXPECT_TRUE(serves_intact(*store, 1));
+
+  store.reset();  // past B's expiry too: both go
+  now = t0 + 1600;
+  store = open_store(options);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->recovery().expired_dropped, 2);
+  EXPECT_EQ(store->stats().blocks, 0);
+  EXPECT_FALSE(fs::exists(store->block_path(hash_of(0))));
 }
 
 // --- threads --------------------------------------------------------------------------------------------

@@ -132,9 +132,11 @@ class DiskBlockStore {
   DiskBlockStore& operator=(const DiskBlockStore&) = delete;
 
   // Stores one block, to expire `ttl_ms` after now by the store's clock (ttl_ms 0: never; an expired block is
-  // absent to contains(), match_prefix() and get(), and deleted by get() and open()). When `hash` is already on disk, only refreshes its
-  // recency (same hash, same KV) and, in the index, moves its expiry later when this one is later (the file keeps
-  // the expiry it was written with: after a restart that one applies).
+  // absent to contains(), match_prefix() and get(), and deleted by get() and open()). When `hash` is already on disk,
+  // only refreshes its recency (same hash, same KV) and, in the index, moves its expiry later when this one is later
+  // (the file keeps the expiry it was written with). Either way the blocks before it (parent links) expire no earlier
+  // than it: a block is usable only with its prefix. After a restart a block's expiry is the latest among its file's
+  // and those of the files after it, so a reused prefix outlives its own file's expiry as long as a later block does.
   // Otherwise writes <hh>/<hash>.<seq>.tmp (header, payload, fsync when options.sync), renames it over
   // <hh>/<hash>.kvb, fsyncs the directory (when options.sync), adds it to the index as most recently used,
   // and evicts least recently used blocks beyond capacity_blocks. A reader never sees a partial file under
@@ -214,6 +216,10 @@ class DiskBlockStore {
   void evict_over_capacity_locked();
   // Removes `hash` from the index and unlinks its file; Ok when absent. REQUIRES: mu_ held.
   Status erase_locked(const BlockHash& hash);
+  // Moves the expiry of `hash` and of every block before it (parent links) out to `expires_at_unix_ms` (0: never)
+  // where theirs is earlier: a block is usable only with its prefix. In memory; scan() derives the same from the
+  // files after a restart. REQUIRES: mu_ held.
+  void extend_expiry_locked(const BlockHash& hash, int64_t expires_at_unix_ms);
   // Makes an indexed `hash` the most recently used. REQUIRES: mu_ held.
   void touch_locked(const BlockHash& hash);
   int64_t now_unix_ms() const;
