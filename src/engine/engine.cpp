@@ -559,6 +559,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   return engine;
 }
 
+bool Engine::idle_tick() {
+  scheduler_.cache().tick();
+  return scheduler_.cache().has_background_work();
+}
+
 Status Engine::set_lockstep(bool on) {
   // Speculative decoding keeps one target pass per step (the verify); its draft passes (the MTP layer, whose experts
   // every rank holds whole, or the dense DSpark module) exchange nothing, so the ranks may draft differently.

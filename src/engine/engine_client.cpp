@@ -35,6 +35,8 @@ class EngineAdapter final : public StepEngine {
   void release_kv_blocks(uint64_t reservation) override { engine_->release_kv_blocks(reservation); }
   Status cancel(SequenceId id) override { return engine_->cancel(id); }
   Result<std::vector<TokenEvent>> step() override { return engine_->step(); }
+  bool idle_tick() override { return engine_->idle_tick(); }
+  bool has_background_work() const override { return engine_->has_background_work(); }
   Status set_lockstep(bool on) override { return engine_->set_lockstep(on); }
   bool has_pending_work() const override { return engine_->has_pending_work(); }
   EngineLoad load() const override {
@@ -203,6 +205,9 @@ void InProcessEngineClient::fail_all(const Status& error) {
 
 void InProcessEngineClient::run() {
   std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands;
+  // While idle with KV transfers in flight (blocks on their way to disk): how often the loop takes them in.
+  constexpr auto kBackgroundPoll = std::chrono::milliseconds(10);
+  bool background = false;  // the last idle tick left KV cache work (engine_->idle_tick())
   while (true) {
     bool stopping = false;
     Status stopped_with;
@@ -210,10 +215,12 @@ void InProcessEngineClient::run() {
     {
       std::unique_lock lock(mu_);
       auto ready = [&] { return stopping_ || !commands_.empty() || engine_->has_pending_work(); };
-      if (group_ == nullptr) {
-        wake_.wait(lock, ready);
-      } else {
+      if (group_ != nullptr) {
         wake_.wait_for(lock, group_->idle_poll(), ready);  // the group may have work while this engine has none
+      } else if (background) {
+        wake_.wait_for(lock, kBackgroundPoll, ready);  // the KV cache's transfers go on without steps
+      } else {
+        wake_.wait(lock, ready);
       }
       commands.swap(commands_);
       stopping = stopping_;
@@ -289,7 +296,9 @@ void InProcessEngineClient::run() {
       }
       step = *any;
     }
-    if (step) {
+    if (!step) {
+      background = engine_->idle_tick();  // idle: hand the KV cache's transfers on, take their completions in
+    } else {
       Result<std::vector<TokenEvent>> events = engine_->step();
       if (!events.ok()) {
         spdlog::error("engine step failed: {}", events.status().to_string());
@@ -314,6 +323,7 @@ void InProcessEngineClient::run() {
           }
         }
       }
+      background = engine_->has_background_work();
     }
     publish_load();
   }

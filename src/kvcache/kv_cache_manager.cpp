@@ -654,6 +654,10 @@ void KvCacheManager::tick() {
   flush_submissions();
 }
 
+bool KvCacheManager::has_background_work() const {
+  return mover_ && (!submissions_.empty() || mover_->queued() > 0 || mover_->has_completions());
+}
+
 bool KvCacheManager::wait_for_transfers(std::chrono::milliseconds timeout) {
   if (!mover_) return false;
   mover_->submit(std::exchange(submissions_, {}));

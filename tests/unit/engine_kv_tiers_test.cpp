@@ -3,32 +3,33 @@
 // engine when turn 1's blocks come back from host RAM (after the device evicted them), from disk after a
 // restart, from disk after the first process was killed with SIGKILL, and when a disk block is corrupted
 // (then it is dropped and recomputed, never used).
-#include <algorithm>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "deepinfer/engine/engine.h"
+#include "deepinfer/engine/engine_client.h"
 #include "deepinfer/kvcache/block_hash.h"
 #include "deepinfer/model/safetensors.h"
 #include "fixture_engine.h"
-#include "test_data.h"
 #include "temp_dir.h"
+#include "test_data.h"
 
 extern char** environ;
 
@@ -305,6 +306,46 @@ TEST(EngineKvTiersTest, DiskTierServesBlocksAfterARestart) {
   EXPECT_EQ(stats.loaded_blocks, 4);
   EXPECT_GE(stats.lower->disk.hit_blocks, 4);
   EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
+}
+
+// Regression (stop 54's note, left): the engine thread handed the KV cache's transfers to the disk writer and took
+// their completions in only inside a step, so on a server gone idle the last blocks' writes sat in the manager (a
+// failed try-lock) or their completions went uncounted, and deepinfer_kv_disk_queue_blocks stayed above zero. The
+// idle engine thread now polls the cache while it has transfers in flight.
+TEST(EngineKvTiersTest, AnIdleServerFinishesItsDiskWritesWithoutAnotherStep) {
+  TempDir dir;
+  InProcessEngineClient client(wrap_engine(make_engine(tiered_config(dir.path()))));
+  struct Done final : EventSink {
+    std::promise<void> finished;
+    void deliver(std::vector<GenerationEvent> events) override {
+      for (const GenerationEvent& e : events)
+        if (e.event.finished || !e.error.ok()) finished.set_value();
+    }
+  };
+  auto sink = std::make_shared<Done>();
+  std::future<void> finished = sink->finished.get_future();
+  client.submit(turn1_prompt(), greedy_params(), sink);
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  auto files_on_disk = [&] {
+    int64_t files = 0;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path()))
+      files += entry.path().extension() == ".kvb" ? 1 : 0;
+    return files;
+  };
+  // No more requests: what is on its way to disk lands, and the engine counts it, within a few seconds.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  EngineLoad load = client.load();
+  while (std::chrono::steady_clock::now() < deadline &&
+         (!load.kv_tiers.lower || load.kv_tiers.lower->disk_queue_blocks != 0 ||
+          load.kv_tiers.lower->disk.usage_blocks != files_on_disk() || files_on_disk() < 4)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    load = client.load();
+  }
+  ASSERT_TRUE(load.kv_tiers.lower.has_value());
+  EXPECT_EQ(load.kv_tiers.lower->disk_queue_blocks, 0);
+  EXPECT_GE(files_on_disk(), 4) << "the prompt's 4 full blocks";
+  EXPECT_EQ(load.kv_tiers.lower->disk.usage_blocks, files_on_disk());
+  client.stop();
 }
 
 TEST(EngineKvTiersTest, ACorruptDiskBlockIsDroppedAndRecomputed) {

@@ -197,6 +197,10 @@ class Engine {
   // FailedPrecondition.
   Status set_lockstep(bool on);
   bool has_pending_work() const { return scheduler_.has_pending_work(); }
+  // Between steps, with no step to run: the KV cache's background work (transfers done or still to hand to the
+  // mover, retention). Returns whether some is left (the caller comes back soon while true). Engine thread only.
+  bool idle_tick();
+  bool has_background_work() const { return scheduler_.cache().has_background_work(); }
 
   // The model's config (for V4: DeepSeekV4Model::engine_config(), the fields the engine and server read).
   const model::ModelConfig& model_config() const { return model_config_; }

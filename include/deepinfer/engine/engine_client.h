@@ -67,6 +67,9 @@ class StepEngine {
   // Engine::set_lockstep; an engine without model passes ignores it.
   virtual Status set_lockstep(bool /*on*/) { return Status(); }
   virtual bool has_pending_work() const = 0;
+  // Engine::idle_tick / has_background_work: work between steps (the KV cache's transfers); none by default.
+  virtual bool idle_tick() { return false; }
+  virtual bool has_background_work() const { return false; }
   virtual EngineLoad load() const = 0;
 };
 

@@ -216,6 +216,10 @@ class KvCacheManager {
   // Takes in completed transfers, drops the subtrees of failed loads nobody pins, and runs the policy's
   // retention work (expiry, watermarks, within the rate limits). Every engine step.
   void tick();
+  // Whether transfers are still to hand to the mover, running, or done and not taken in: tick() has work to do even
+  // with no step to run (the engine's idle loop polls while this is true, so an idle server still writes its
+  // blocks to disk and takes their completions in).
+  bool has_background_work() const;
   // Until some transfer completes or `timeout` (the engine waits here when only loading requests remain).
   // Takes the completions in. True when one arrived.
   bool wait_for_transfers(std::chrono::milliseconds timeout);

@@ -81,6 +81,11 @@ void BlockMover::drain() {
 
 int64_t BlockMover::queued() const { return in_flight_.load(); }
 
+bool BlockMover::has_completions() const {
+  std::lock_guard lock(mu_);
+  return !completed_.empty();
+}
+
 void BlockMover::enqueue_locked(std::vector<Transfer>& transfers) {
   size_t front = 0;  // urgent ones keep their order among themselves, ahead of the rest
   for (Transfer& transfer : transfers) {

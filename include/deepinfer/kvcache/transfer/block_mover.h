@@ -119,6 +119,8 @@ class BlockMover {
   void drain();
   // Transfers submitted and not yet completed.
   int64_t queued() const;
+  // Whether completed transfers wait for poll(). Takes the lock.
+  bool has_completions() const;
 
  private:
   void run();
