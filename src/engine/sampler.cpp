@@ -95,6 +95,17 @@ Status SamplingParams::validate(int64_t vocab_size) const {
       if (!status.ok()) return status;
     }
   }
+  if (!forced_output_choices.empty() && !forced_output_prefix.empty()) {
+    return Status::invalid_argument("forced_output_choices and forced_output_prefix are exclusive");
+  }
+  for (size_t c = 0; c < forced_output_choices.size(); ++c) {
+    const std::string where = "forced_output_choices[" + std::to_string(c) + "]";
+    if (forced_output_choices[c].empty()) return Status::invalid_argument(where + " is empty");
+    for (size_t i = 0; i < forced_output_choices[c].size(); ++i) {
+      Status status = check_token_id(forced_output_choices[c][i], vocab_size, where + "[" + std::to_string(i) + "]");
+      if (!status.ok()) return status;
+    }
+  }
   for (size_t i = 0; i < forced_output_prefix.size(); ++i) {
     Status status = check_token_id(forced_output_prefix[i], vocab_size, "forced_output_prefix[" + std::to_string(i) + "]");
     if (!status.ok()) return status;
@@ -195,8 +206,35 @@ Status Sampler::check_row(const SamplerRow& row, size_t row_index) const {
   return Status();
 }
 
+namespace {
+// forced_output_choices' distinct next tokens after `output` (ascending): those of the choices longer than the
+// output that begin with it.
+std::vector<TokenId> next_choice_tokens(const std::vector<std::vector<TokenId>>& choices,
+                                        std::span<const TokenId> output) {
+  std::vector<TokenId> next;
+  for (const std::vector<TokenId>& choice : choices) {
+    if (choice.size() <= output.size() || !std::equal(output.begin(), output.end(), choice.begin())) continue;
+    next.push_back(choice[output.size()]);
+  }
+  std::sort(next.begin(), next.end());
+  next.erase(std::unique(next.begin(), next.end()), next.end());
+  return next;
+}
+}  // namespace
+
+std::vector<TokenId> SamplingParams::choice_tokens(std::span<const TokenId> output_token_ids) const {
+  if (forced_output_choices.empty()) return {};
+  std::vector<TokenId> next = next_choice_tokens(forced_output_choices, output_token_ids);
+  if (next.size() < 2) next.clear();
+  return next;
+}
+
 TokenId SamplingParams::forced_token(std::span<const TokenId> output_token_ids) const {
   if (output_token_ids.size() < forced_output_prefix.size()) return forced_output_prefix[output_token_ids.size()];
+  if (!forced_output_choices.empty()) {
+    const std::vector<TokenId> next = next_choice_tokens(forced_output_choices, output_token_ids);
+    if (next.size() == 1) return next.front();
+  }
   if (!reasoning_budget || static_cast<int64_t>(output_token_ids.size()) != *reasoning_budget) return -1;
   for (TokenId token : output_token_ids) {
     if (std::find(reasoning_end_token_ids.begin(), reasoning_end_token_ids.end(), token) !=
@@ -217,6 +255,10 @@ void Sampler::process_logits(const SamplerRow& row) {
   if (const TokenId forced = params.forced_token(row.output_token_ids); forced >= 0) {
     float& logit = logits_[static_cast<size_t>(forced)];
     logit = saturate_logit(logit, logit + kForcedTokenBias);
+  }
+  for (TokenId allowed : params.choice_tokens(row.output_token_ids)) {
+    float& logit = logits_[static_cast<size_t>(allowed)];
+    logit = saturate_logit(logit, logit + kChoiceTokenBias);
   }
   if (!penalties_active(params)) return;
 
@@ -481,7 +523,8 @@ void append_logit_adjustments(const SamplingParams& p, std::span<const TokenId> 
   const bool repetition = p.repetition_penalty != 1.0f;
   const bool output_penalties = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
   const TokenId forced = p.forced_token(output_token_ids);
-  if (p.logit_bias.empty() && !repetition && !output_penalties && forced < 0) return;
+  const std::vector<TokenId> choices = p.choice_tokens(output_token_ids);
+  if (p.logit_bias.empty() && !repetition && !output_penalties && forced < 0 && choices.empty()) return;
   // Per distinct token, what process_logits does to it (ascending ids; one entry each).
   std::map<TokenId, backend::Backend::LogitAdjustment> by_token;
   auto entry = [&](TokenId token) -> backend::Backend::LogitAdjustment& {
@@ -500,6 +543,11 @@ void append_logit_adjustments(const SamplingParams& p, std::span<const TokenId> 
   if (forced >= 0) {  // after its logit_bias, as process_logits adds them (the device adds the sum once)
     auto& a = entry(forced);
     a.bias = a.has_bias ? a.bias + kForcedTokenBias : kForcedTokenBias;
+    a.has_bias = true;
+  }
+  for (TokenId allowed : choices) {  // the same order as process_logits
+    auto& a = entry(allowed);
+    a.bias = a.has_bias ? a.bias + kChoiceTokenBias : kChoiceTokenBias;
     a.has_bias = true;
   }
   if (repetition) {

@@ -135,6 +135,8 @@ ApiResult<GenerationPlan> plan_anthropic_messages(const json::value& request, co
   plan.prompt_token_ids = std::move(prompt->token_ids);
   // A tool_choice naming a function: the answer begins with its call (RenderedPrompt::answer_prefix).
   plan.params.forced_output_prefix = std::move(prompt->answer_prefix_ids);
+  // "required" with several tools: the call names one of them (RenderedPrompt::answer_prefix_choices).
+  plan.params.forced_output_choices = std::move(prompt->answer_prefix_choice_ids);
   plan.builder = std::make_unique<OutputBuilder>(recipe::StreamParser(context.chat_format, context.tokenizer, options),
                                                  context.tokenizer, std::move(stops));
   if (conversation.tool_choice.single_call()) plan.builder->set_max_tool_calls(1);

@@ -649,6 +649,37 @@ TEST(DsmlFormatTest, AForcedToolChoicePrefillsTheToolCallBlockAndRefusalsNameThe
       EXPECT_EQ(named.body.find(R"("name":"get_weather")"), std::string::npos) << named.body;
     }
   }
+  // "required" with several tools: the call names one of them, even from random weights (the answer may begin only
+  // with one of their invoke headers: RenderedPrompt::answer_prefix_choices; before, the model could name a tool
+  // it knew from training that the request did not offer). Greedy and sampled, in both dialects.
+  for (const int seed : {0, 1, 2, 3, 4, 5}) {
+    const std::string sampling =
+        seed == 0 ? R"("temperature": 0)" : R"("temperature": 1, "seed": )" + std::to_string(seed);
+    HttpResponse required =
+        c.post("/v1/chat/completions", R"({"model": "default", "max_tokens": 30, )" + sampling +
+                                           R"(, "messages": [{"role": "user", "content": "Hi"}], )" + named_tools +
+                                           R"(, "tool_choice": "required"})");
+    ASSERT_EQ(required.status, 200) << required.body;
+    const json::value reply = required.json();
+    const json::value& message = reply.at("choices").at(0).at("message");
+    ASSERT_TRUE(message.at("tool_calls").is_array()) << required.body;
+    ASSERT_GE(message.at("tool_calls").as_array().size(), 1u) << required.body;
+    const std::string name(message.at("tool_calls").at(0).at("function").at("name").as_string());
+    EXPECT_TRUE(name == "get_weather" || name == "get_time") << required.body;
+  }
+  HttpResponse any = c.post("/v1/messages", R"({"model": "default", "max_tokens": 30, "temperature": 0,
+      "messages": [{"role": "user", "content": "Hi"}], "tool_choice": {"type": "any"},
+      "tools": [{"name": "get_weather", "input_schema": {"type": "object"}},
+                {"name": "get_time", "input_schema": {"type": "object"}}]})");
+  ASSERT_EQ(any.status, 200) << any.body;
+  const json::value any_answer = any.json();
+  int any_uses = 0;
+  for (const json::value& block : any_answer.at("content").as_array()) {
+    if (block.at("type") != "tool_use") continue;
+    ++any_uses;
+    EXPECT_TRUE(block.at("name") == "get_weather" || block.at("name") == "get_time") << any.body;
+  }
+  EXPECT_GE(any_uses, 1) << any.body;
   // A forced choice with nothing to force: the answer would continue the last assistant message (a helper found
   // it generated plain text, the choice dropped). A 400 naming tool_choice, in each dialect.
   HttpResponse continued = c.post("/v1/chat/completions", R"({"model": "default", "max_tokens": 4,

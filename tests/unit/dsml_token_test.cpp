@@ -175,6 +175,21 @@ TEST(DsmlTokenTest, ToolChoiceRequiredAppendsTheBlockOpenerToTheAutoPrompt) {
       ASSERT_TRUE(required.ok() && automatic.ok()) << required.status().to_string();
       EXPECT_TRUE(required->opens_tool_calls);
       EXPECT_TRUE(required->answer_prefix.empty() && required->answer_prefix_ids.empty());
+      // Two tools: the answer may begin only with one of their invoke headers, in the request's order, tokenized as
+      // answer_prefix is (the DSML marker as its added token).
+      const std::string invoke = format == PromptFormat::kDeepSeekV41 ? " invoke" : "invoke";
+      ASSERT_EQ(required->answer_prefix_choices.size(), 2u);
+      ASSERT_EQ(required->answer_prefix_choice_ids.size(), 2u);
+      for (size_t i = 0; i < 2; ++i) {
+        std::string text;
+        for (const PromptSegment& segment : required->answer_prefix_choices[i]) text += segment.text;
+        EXPECT_EQ(text, "<｜DSML｜" + invoke + " name=\"" + (i == 0 ? "get_weather" : "get_time") + "\">\n")
+            << format_name(format);
+        ASSERT_GT(required->answer_prefix_choice_ids[i].size(), 1u);
+        EXPECT_EQ(required->answer_prefix_choice_ids[i][1], kDsmlId) << format_name(format);
+        EXPECT_EQ(v4_tokenizer().decode(required->answer_prefix_choice_ids[i]), text) << format_name(format);
+      }
+      EXPECT_TRUE(automatic->answer_prefix_choices.empty());
       EXPECT_FALSE(automatic->opens_tool_calls);
       if (!anthropic) {
         EXPECT_EQ(required->text, automatic->text + block_opener(format)) << format_name(format);
@@ -244,6 +259,7 @@ TEST(DsmlTokenTest, RequiredWithOneToolForcesThatToolsInvokeHeader) {
     for (const PromptSegment& segment : required->answer_prefix) text += segment.text;
     const std::string invoke = format == PromptFormat::kDeepSeekV41 ? " invoke" : "invoke";
     EXPECT_EQ(text, "<｜DSML｜" + invoke + " name=\"get_time\">\n") << format_name(format);
+    EXPECT_TRUE(required->answer_prefix_choices.empty());
   }
 }
 

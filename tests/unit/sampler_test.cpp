@@ -513,6 +513,59 @@ TEST(ProcessingTest, AForcedOutputPrefixIsTheAnswersFirstTokens) {
   EXPECT_EQ(request.params.validate(5).message(), "forced_output_prefix[0] = 5 is not a token id: must be in [0, 5)");
 }
 
+// Forced output choices ("required" with several tools: one invoke header each): where the choices agree the
+// token is forced; where they part, only their next tokens can be drawn, in the model's proportions among them;
+// past every choice, nothing is constrained. Choices {3, 1}, {3, 2, 0}, {3, 2, 4} over 5 tokens.
+TEST(ProcessingTest, ForcedOutputChoicesAllowOnlyTheirNextTokens) {
+  Request request{{5.0f, 0.0f, 1.0f, -30.0f, 2.0f}, {}, {}, {}, {}};
+  request.params.forced_output_choices = {{3, 1}, {3, 2, 0}, {3, 2, 4}};
+  request.params.seed = 9;
+  request.rng = make_request_rng(request.params, 0);
+  EXPECT_FALSE(request.params.is_plain_greedy());
+  EXPECT_EQ(request.params.forced_token(request.output), 3);  // all three begin with 3
+  EXPECT_TRUE(request.params.choice_tokens(request.output).empty());
+  EXPECT_EQ(draw_counts(request, 500)[3], 500);
+  // After 3: 1 or 2 (logits 0 and 1: probabilities 0.269 and 0.731 among them), never the model's favourite 0.
+  request.output = {3};
+  EXPECT_EQ(request.params.forced_token(request.output), -1);
+  EXPECT_EQ(request.params.choice_tokens(request.output), (std::vector<TokenId>{1, 2}));
+  std::vector<int64_t> counts = draw_counts(request, 20000);
+  EXPECT_EQ(counts[1] + counts[2], 20000);
+  EXPECT_NEAR(static_cast<double>(counts[2]) / 20000, std::exp(1.0) / (1.0 + std::exp(1.0)), 0.01);
+  request.params.temperature = 0.0f;
+  EXPECT_EQ(kept_set(request), (std::set<TokenId>{2}));
+  request.params.temperature = 1.0f;
+  // After 3, 2: 0 or 4; after 3, 1 (a choice ended) or past every choice: the model's own.
+  request.output = {3, 2};
+  EXPECT_EQ(request.params.choice_tokens(request.output), (std::vector<TokenId>{0, 4}));
+  counts = draw_counts(request, 2000);
+  EXPECT_EQ(counts[0] + counts[4], 2000);
+  for (const std::vector<TokenId>& output : {std::vector<TokenId>{3, 1}, std::vector<TokenId>{3, 2, 4}}) {
+    request.output = output;
+    EXPECT_EQ(request.params.forced_token(output), -1);
+    EXPECT_TRUE(request.params.choice_tokens(output).empty());
+  }
+  // The device sampler's adjustments carry the same bias (kChoiceTokenBias, after the token's own logit_bias).
+  request.output = {3};
+  request.params.logit_bias = {{2, -5.0f}};
+  std::vector<backend::Backend::LogitAdjustment> adjustments;
+  append_logit_adjustments(request.params, request.prompt, request.output, 1, adjustments);
+  ASSERT_EQ(adjustments.size(), 2u);
+  EXPECT_EQ(adjustments[0].token, 1);
+  EXPECT_EQ(adjustments[0].bias, kChoiceTokenBias);
+  EXPECT_EQ(adjustments[1].token, 2);
+  EXPECT_EQ(adjustments[1].bias, -5.0f + kChoiceTokenBias);
+  // Validation.
+  request.params.forced_output_choices = {{3}, {}};
+  EXPECT_EQ(request.params.validate(5).message(), "forced_output_choices[1] is empty");
+  request.params.forced_output_choices = {{3, 5}};
+  EXPECT_EQ(request.params.validate(5).message(),
+            "forced_output_choices[0][1] = 5 is not a token id: must be in [0, 5)");
+  request.params.forced_output_choices = {{3}};
+  request.params.forced_output_prefix = {3};
+  EXPECT_EQ(request.params.validate(5).message(), "forced_output_choices and forced_output_prefix are exclusive");
+}
+
 TEST(ProcessingTest, BuffersAreCleanBetweenRows) {
   // A penalised row followed by an unpenalised one with the same tokens: the second must be unaffected.
   Request penalised{{1.0f, 1.0f, 1.0f}, {}, {0}, {1, 1}, {}};

@@ -25,6 +25,10 @@ inline constexpr float kMaxLogitBias = 100.0f;
 // What a forced token's logit gets added (SamplingParams::reasoning_budget): far past any logit, so the softmax gives
 // every other token exactly 0 in float and double.
 inline constexpr float kForcedTokenBias = 1e30f;
+// What each allowed token's logit gets added where SamplingParams::forced_output_choices allow several: past every
+// other token by far more than a logit's range (probability exactly 0 in float up to temperature 2, OpenAI's
+// largest), while keeping the model's preferences among the allowed ones (a float's step at 1,000 is 6e-5).
+inline constexpr float kChoiceTokenBias = 1000.0f;
 // At most this many top alternatives per token (OpenAI's top_logprobs limit).
 inline constexpr int32_t kMaxLogprobs = 20;
 
@@ -78,6 +82,13 @@ struct SamplingParams {
   // begin with (a tool_choice naming a function: its invoke header, recipe::RenderedPrompt::answer_prefix). They are
   // output tokens like any other (counted, streamed, parsed). Ids in the vocabulary.
   std::vector<TokenId> forced_output_prefix;
+  // The output must begin with one of these token sequences (tool_choice "required" with several tools: one invoke
+  // header per offered tool, recipe::RenderedPrompt::answer_prefix_choices). At output position i, the choices
+  // that agree with the output so far name the allowed next tokens: one token is forced (as forced_output_prefix's
+  // are); several each get kChoiceTokenBias (the model picks among them, every other token has probability 0); none
+  // (position i past every choice) constrain nothing. Each choice non-empty; ids in the vocabulary. Exclusive
+  // with forced_output_prefix.
+  std::vector<std::vector<TokenId>> forced_output_choices;
 
   bool is_greedy() const { return temperature < kGreedyTemperature; }
   // Greedy with nothing that reads or changes the logits first (penalties, logit_bias, logprobs, forced tokens):
@@ -85,12 +96,15 @@ struct SamplingParams {
   bool is_plain_greedy() const {
     return is_greedy() && repetition_penalty == 1.0f && presence_penalty == 0.0f && frequency_penalty == 0.0f &&
            logit_bias.empty() && !logprobs.has_value() && !reasoning_budget.has_value() &&
-           forced_output_prefix.empty();
+           forced_output_prefix.empty() && forced_output_choices.empty();
   }
   // The token forced after `output_token_ids` (the output so far, drafts before the row included): the prefix's next
   // token, or the thinking budget's reasoning_end_token_ids[0]; -1 when nothing is forced. O(budget) at the one
   // position the budget can force, O(1) elsewhere.
   TokenId forced_token(std::span<const TokenId> output_token_ids) const;
+  // forced_output_choices' allowed next tokens after `output_token_ids` when they are several (ascending, distinct);
+  // empty when one token is forced (forced_token returns it) or nothing is constrained. O(choices x position).
+  std::vector<TokenId> choice_tokens(std::span<const TokenId> output_token_ids) const;
 
   // Ok, or InvalidArgument naming the first bad field, its value and the allowed range, e.g.
   // "top_p must be in (0, 1], got 0". Checks NaN/inf too. Ranges follow vLLM's SamplingParams.

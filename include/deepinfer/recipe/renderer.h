@@ -32,7 +32,8 @@
 // `function_calls`, V4.1 ` calls`), so the model's output starts inside the block (RenderedPrompt::
 // opens_tool_calls; the parser then starts there, stream_parser_options()). A named function (Anthropic
 // "tool") does the same with only that function's definition in the prompt, and the answer must then begin with
-// that function's invoke header (RenderedPrompt::answer_prefix, which the server forces). Both are refused with
+// that function's invoke header (RenderedPrompt::answer_prefix, which the server forces); "required" with several
+// tools allows only their invoke headers (RenderedPrompt::answer_prefix_choices). Both are refused with
 // thinking on
 // (the block would open where the reasoning starts) and on V3, R1 and V3.1, whose templates do not describe
 // tools. A JSON response_format (json_object, json_schema) is printed as a "## Response Format" section of the
@@ -84,6 +85,12 @@ struct RenderedPrompt {
   // tokens, the name untrusted). Empty: nothing forced.
   std::vector<PromptSegment> answer_prefix;
   std::vector<TokenId> answer_prefix_ids;
+  // tool_choice "required" (Anthropic "any") with several tools on the DSML formats: the answer must begin with one
+  // of their invoke headers, one per tool in the request's order, so that the call names a tool the request offered
+  // (the model picks which; the engine allows only these: engine::SamplingParams::forced_output_choices).
+  // `answer_prefix_choice_ids` is filled by tokenize_prompt as answer_prefix_ids is. Empty otherwise.
+  std::vector<std::vector<PromptSegment>> answer_prefix_choices;
+  std::vector<std::vector<TokenId>> answer_prefix_choice_ids;
   // The last message is an assistant prefix (Message::prefix, DeepSeek's chat prefix completion) inside an open
   // reasoning block: the answer continues the reasoning (prompt_opens_reasoning).
   bool continues_reasoning = false;

@@ -222,15 +222,23 @@ class DsmlRenderer {
     // called another it knew from training).
     const bool one_tool =
         conversation_.tool_choice.mode == ToolChoice::Mode::kRequired && conversation_.tools.size() == 1;
-    if (prefill && (conversation_.tool_choice.mode == ToolChoice::Mode::kNamed || one_tool)) {
+    auto invoke_header = [&](const std::string& name) {
       PromptBuilder header;
       header.fixed("<");
       header.control(kDsml);
       header.fixed(dialect_.invoke);
       header.fixed(" name=\"");
-      header.content(one_tool ? conversation_.tools.front().name : conversation_.tool_choice.name);
+      header.content(name);
       header.fixed("\">\n");
-      prompt.answer_prefix = std::move(header).finish().segments;
+      return std::move(header).finish().segments;
+    };
+    if (prefill && (conversation_.tool_choice.mode == ToolChoice::Mode::kNamed || one_tool)) {
+      prompt.answer_prefix =
+          invoke_header(one_tool ? conversation_.tools.front().name : conversation_.tool_choice.name);
+    } else if (prefill && conversation_.tool_choice.mode == ToolChoice::Mode::kRequired) {
+      // Several tools: the call names one of them (the model chooses which). Without this a model called a tool it
+      // knew from training that the request did not offer.
+      for (const auto& tool : conversation_.tools) prompt.answer_prefix_choices.push_back(invoke_header(tool.name));
     }
     return prompt;
   }

@@ -281,6 +281,10 @@ void tokenize_prompt(const Tokenizer& tokenizer, RenderedPrompt& prompt, Tokeniz
   tokenize_segments(tokenizer, prompt.segments, prompt.token_ids, cache, pending);
   prompt.answer_prefix_ids.clear();
   tokenize_segments(tokenizer, prompt.answer_prefix, prompt.answer_prefix_ids, nullptr, nullptr);
+  prompt.answer_prefix_choice_ids.assign(prompt.answer_prefix_choices.size(), {});
+  for (size_t i = 0; i < prompt.answer_prefix_choices.size(); ++i) {
+    tokenize_segments(tokenizer, prompt.answer_prefix_choices[i], prompt.answer_prefix_choice_ids[i], nullptr, nullptr);
+  }
 }
 
 Result<RenderedPrompt> render_and_tokenize(const Conversation& conversation, PromptFormat format,
