@@ -300,7 +300,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--tiered-kv-storage-path", options->tiered_kv_storage_path,
                   "Directory of the durable disk tier (below host; implies a 1GiB host tier unless "
                   "--kv-host-cache-memory is set). Blocks survive restarts and crashes; corrupt ones are dropped; a "
-                  "directory of another model is refused (see --kv-disk-reset)");
+                  "directory of another model is refused (see --kv-disk-reset)")
+      ->check(
+          [](const std::string& value) { return value.empty() ? std::string("must not be empty") : std::string(); });
   cmd->add_option("--kv-disk-cache-size", options->kv_disk_cache_size, "Capacity of the disk tier")
       ->capture_default_str();
   cmd->add_option("--kv-cache-ttl-hours", options->kv_cache_ttl_hours,
@@ -870,7 +872,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
       }
       engine_config.disk_cache_bytes = *disk_bytes;
     }
-    if (!(options->kv_cache_ttl_hours > 0)) return fail("--kv-cache-ttl-hours must be positive");
+    // Up to 10 years: the TTL becomes milliseconds on a 64-bit clock (inf or 1e300 overflowed it).
+    if (!(options->kv_cache_ttl_hours > 0) || !(options->kv_cache_ttl_hours <= 87'600.0))
+      return fail("--kv-cache-ttl-hours must be positive and at most 87600 (10 years)");
     engine_config.kv_cache_ttl_hours = options->kv_cache_ttl_hours;
     if (options->kv_host_evict_rate != "unlimited") {
       std::optional<int64_t> rate = parse_bytes(options->kv_host_evict_rate);

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -289,8 +290,21 @@ std::string refusal(const fs::path& directory, const std::string& theirs, const 
 
 Status DiskBlockStore::check_manifest() {
   const fs::path path = options_.directory / std::string(kManifestName);
-  std::ifstream in(path);
-  if (!in) return Status::ok_status();  // a new directory, or one of before MODEL: the scan decides
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (error || !fs::exists(status)) return Status::ok_status();  // a new directory, or one of before MODEL
+  // A FIFO would block the open forever, /dev/zero feed getline without end (a break-it pass): regular files only,
+  // and only their first 4 KiB (the manifest is two short lines).
+  if (!fs::is_regular_file(status)) {
+    return Status::failed_precondition("disk KV tier: " + path.string() +
+                                       " is not a regular file; remove it (DeepInfer writes it again)");
+  }
+  std::ifstream file(path);
+  if (!file) return Status::ok_status();
+  std::string head(4096, '\0');
+  file.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(file.gcount()));
+  std::istringstream in(head);
   std::string line, fingerprint_hex, name;
   while (std::getline(in, line)) {
     if (line.starts_with("fingerprint ")) fingerprint_hex = line.substr(12);
@@ -333,6 +347,7 @@ Status DiskBlockStore::scan() {
     int64_t expires_at_unix_ms;  // 0: never
     int64_t depth = 0;           // blocks before it among the files found
     fs::path path;
+    int64_t file_expires_at_unix_ms = 0;  // the header's own (expires_at_unix_ms may be a later block's)
   };
   std::vector<Found> found;
   uint64_t max_sequence = 0;
@@ -396,7 +411,8 @@ Status DiskBlockStore::scan() {
       }
       if (verdict == Verdict::kValid) {  // expired ones too: a later block may extend their expiry (below)
         found.push_back({mtime_ns(st), fields.sequence, fields.hash, fields.parent,
-                         static_cast<int64_t>(fields.expires_at_unix_ms), 0, path});
+                         static_cast<int64_t>(fields.expires_at_unix_ms), 0, path,
+                         static_cast<int64_t>(fields.expires_at_unix_ms)});
         max_sequence = std::max(max_sequence, fields.sequence);
         continue;
       }
@@ -480,7 +496,8 @@ Status DiskBlockStore::scan() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& block : found) {
     recency_.push_back(block.hash);
-    index_.emplace(block.hash, Entry{block.parent, block.expires_at_unix_ms, std::prev(recency_.end())});
+    index_.emplace(block.hash, Entry{block.parent, block.expires_at_unix_ms, std::prev(recency_.end()),
+                                     block.file_expires_at_unix_ms});
   }
   next_sequence_ = max_sequence + 1;
   const int64_t evictions_before = stats_.evictions;
@@ -567,7 +584,7 @@ Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::
       index_.erase(it);
     }
     recency_.push_back(hash);
-    index_.emplace(hash, Entry{parent, expires_at_unix_ms, std::prev(recency_.end())});
+    index_.emplace(hash, Entry{parent, expires_at_unix_ms, std::prev(recency_.end()), expires_at_unix_ms});
     extend_expiry_locked(parent, expires_at_unix_ms);
     if (sink_ != nullptr) sink_->publish(KvEvent::stored(kMediumDisk, hash, parent, token_ids));
     ++stats_.writes;
@@ -745,6 +762,43 @@ int64_t DiskBlockStore::now_unix_ms() const {
   if (options_.now_unix_ms) return options_.now_unix_ms();
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+Status DiskBlockStore::refresh(const BlockHash& hash, int64_t ttl_ms) {
+  int64_t rewrite_to = -1;  // the header's new expiry, when it is to be rewritten
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t now = now_unix_ms();
+    auto it = index_.find(hash);
+    if (it == index_.end() || expired(it->second, now)) return Status::ok_status();
+    const int64_t expiry = ttl_ms > 0 ? now + ttl_ms : 0;
+    extend_expiry_locked(hash, expiry);
+    int64_t& file = it->second.file_expires_at_unix_ms;
+    if (file != 0 && (expiry == 0 || expiry > file + refresh_slack_ms(ttl_ms))) {
+      rewrite_to = expiry;
+      file = expiry;  // one rewrite per slack, even if this one fails (the next restart then trims sooner)
+    }
+  }
+  if (rewrite_to < 0) return Status::ok_status();
+  const fs::path path = block_path(hash);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? Status::ok_status() : io_error("open", path, errno);  // evicted meanwhile
+  FdCloser closer(fd);
+  Header header;
+  if (const int error = pread_all(fd, header, 0); error != 0) {
+    return error > 0 ? io_error("read", path, error) : Status::ok_status();  // replaced meanwhile
+  }
+  std::optional<HeaderFields> fields = decode_header(header);
+  if (!fields || fields->hash != hash) return Status::ok_status();  // get() and open() deal with it
+  fields->expires_at_unix_ms = static_cast<uint64_t>(rewrite_to);
+  const Header updated = encode_header(*fields);
+  for (size_t written = 0; written < updated.size();) {
+    const ssize_t n = ::pwrite(fd, updated.data() + written, updated.size() - written, static_cast<off_t>(written));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return io_error("write", path, errno);
+    written += static_cast<size_t>(n);
+  }
+  return Status::ok_status();
 }
 
 void DiskBlockStore::extend_expiry_locked(const BlockHash& hash, int64_t expires_at_unix_ms) {

@@ -566,6 +566,7 @@ KvCacheManager::Admission KvCacheManager::admit(std::span<const BlockHash> chain
     admission.blocks.push_back(block);
   }
   admission.nodes = std::move(lookup.nodes);
+  refresh_disk_expiry(admission.nodes);
   for (BlockId block : reserved) release(block);  // loads the lookup did not need
   // The window kinds' blocks of the prefix's last window (the match checked they are there).
   const size_t n = admission.nodes.size();
@@ -584,6 +585,19 @@ KvCacheManager::Admission KvCacheManager::admit(std::span<const BlockHash> chain
   }
   flush_submissions();
   return admission;
+}
+
+void KvCacheManager::refresh_disk_expiry(std::span<const NodeId> nodes) {
+  if (!disk_) return;
+  // The policy just moved these nodes' expiries (a use); the disk tier's copies must not expire before them. The
+  // deepest one on disk is enough: the store extends the blocks before it (and open() derives theirs from it).
+  const PrefixIndex& index = policy_->index();
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    if (!index.contains(*it) || !index.node(*it).tiers.has(Tier::kDisk)) continue;
+    const int64_t ttl_ms = std::max<int64_t>(index.node(*it).expiry_ms - now_ms(), 1);
+    if (Status status = disk_->refresh(index.node(*it).hash, ttl_ms); !status.ok()) ++disk_write_failures_;
+    return;
+  }
 }
 
 bool KvCacheManager::loading(std::span<const NodeId> nodes) const {
@@ -620,6 +634,7 @@ std::vector<NodeId> KvCacheManager::insert(std::span<const BlockHash> chain, std
   context_.tokens = tokens;
   InsertResult result = policy_->insert(chain, now_ms(), ttl_class);
   context_ = {};
+  refresh_disk_expiry(result.nodes);
   // The sequence's window blocks of these blocks join the cache with them (unless one is cached already).
   for (size_t slot = 0; slot < window_tables.size(); ++slot) {
     WindowPool& window = windows_[slot];

@@ -132,7 +132,8 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
   scalar(out, "deepinfer_kv_tier_loaded_blocks_total", "counter",
          "Device blocks filled from host or disk instead of prefill.", s.loaded_blocks);
   if (s.lower && s.lower->disk.capacity_blocks > 0) {
-    scalar(out, "deepinfer_kv_disk_queue_blocks", "gauge", "Blocks waiting for the background disk writer.",
+    scalar(out, "deepinfer_kv_disk_queue_blocks", "gauge",
+           "KV block transfers queued or running on the background mover (disk writes and reads, host copies).",
            s.lower->disk_queue_blocks);
     const kvcache::DiskRecoveryStats& r = s.lower->disk_recovery;
     out += "# HELP deepinfer_kv_disk_recovery_blocks What the disk tier found in its directory at startup.\n"

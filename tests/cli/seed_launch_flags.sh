@@ -57,6 +57,10 @@ expect_refused "--tensor-parallel-size 8 does not divide the model's num_attenti
 expect_refused "--pipeline-parallel-size 2: this build splits a model over devices by tensor and expert parallel" --model-path "$model" --pipeline-parallel-size 2
 expect_refused "--expert-parallel-size 8 with --tensor-parallel-size 1: the experts spread over the tensor-parallel ranks" --model-path "$model" --expert-parallel-size 8
 expect_refused "--enable-eplb needs expert parallel" --model-path "$model" --enable-eplb
+# A break-it pass (2026-12-07): an empty disk path ran without a disk tier, an infinite TTL overflowed its clock.
+expect_refused "--tiered-kv-storage-path: must not be empty" --model-path "$model" --tiered-kv-storage-path ""
+expect_refused "--kv-cache-ttl-hours must be positive and at most 87600" --model-path "$model" --kv-cache-ttl-hours inf
+expect_refused "--kv-cache-ttl-hours must be positive and at most 87600" --model-path "$model" --kv-cache-ttl-hours 1e300
 expect_refused "--num-redundant-experts needs expert parallel" --model-path "$model" --num-redundant-experts 2
 expect_refused "--nnodes/--cluster-nodes 8: the hosts hold the --tensor-parallel-size 1 ranks evenly" --model-path "$model" --cluster-nodes 8
 expect_refused "--nnodes 0: must be at least 1" --model-path "$model" --cluster-nodes 0

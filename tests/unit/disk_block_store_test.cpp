@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -529,6 +530,30 @@ TEST(DiskBlockStoreTest, ADirectoryOfAnotherModelIsRefusedNamingBothModelsAndKep
   EXPECT_EQ(again->stats().blocks, 5);
 }
 
+// Regression (a break-it pass, 2026-12-07): a MODEL that was a FIFO blocked open() forever, one linked to /dev/zero
+// read without end (16 GB in 45 s). Not a regular file: a clear refusal; a huge one: its first 4 KiB.
+TEST(DiskBlockStoreTest, AManifestThatIsNotARegularFileIsRefusedAndAHugeOneIsNotReadWhole) {
+  TempDir dir;
+  { ASSERT_NE(open_store(options_for(dir.path())), nullptr); }
+  const fs::path manifest = dir.path() / "MODEL";
+  fs::remove(manifest);
+  ASSERT_EQ(::mkfifo(manifest.c_str(), 0644), 0);
+  Result<std::unique_ptr<DiskBlockStore>> refused = DiskBlockStore::open(options_for(dir.path()));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("is not a regular file"), std::string::npos) << refused.status().message();
+  fs::remove(manifest);
+  fs::create_symlink("/dev/zero", manifest);
+  refused = DiskBlockStore::open(options_for(dir.path()));
+  EXPECT_FALSE(refused.ok());
+  fs::remove(manifest);
+  {
+    std::ofstream huge(manifest);
+    huge << std::string(1 << 20, 'x');  // one line of 1 MiB: unreadable, rewritten after the scan
+  }
+  EXPECT_NE(open_store(options_for(dir.path())), nullptr);
+}
+
 TEST(DiskBlockStoreTest, WithResetBlocksOfAnotherModelAreDroppedAtOpenAndNeverServed) {
   TempDir dir;
   {
@@ -846,6 +871,37 @@ TEST(DiskBlockStoreTest, ALaterBlockKeepsTheBlocksBeforeItFromExpiringAlsoAcross
   EXPECT_EQ(store->recovery().expired_dropped, 2);
   EXPECT_EQ(store->stats().blocks, 0);
   EXPECT_FALSE(fs::exists(store->block_path(hash_of(0))));
+}
+
+// refresh() (a prompt reused the block from any tier): the index's expiry of the block and the blocks before it,
+// and the block's file header once the new expiry is past the header's by more than the slack.
+TEST(DiskBlockStoreTest, RefreshMovesExpiriesOutAndRewritesTheHeaderPastTheSlack) {
+  TempDir dir;
+  const int64_t t0 = 1'800'000'000'000;
+  int64_t now = t0;
+  DiskBlockStoreOptions options = options_for(dir.path());
+  options.now_unix_ms = [&now] { return now; };
+  auto store = open_store(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->put(hash_of(0), kRootBlockHash, payload_of(0), 10'000).ok());
+  ASSERT_TRUE(store->put(hash_of(1), hash_of(0), payload_of(1), 10'000).ok());
+  ASSERT_EQ(DiskBlockStore::refresh_slack_ms(10'000), 1'000);
+  now = t0 + 500;  // within the slack: the index moves, the header stays
+  ASSERT_TRUE(store->refresh(hash_of(1), 10'000).ok());
+  EXPECT_EQ(le_u64(read_file(store->block_path(hash_of(1))), 88), static_cast<uint64_t>(t0 + 10'000));
+  now = t0 + 5'000;  // past it: the header of block 1 (only) is rewritten, still a valid block
+  ASSERT_TRUE(store->refresh(hash_of(1), 10'000).ok());
+  EXPECT_EQ(le_u64(read_file(store->block_path(hash_of(1))), 88), static_cast<uint64_t>(t0 + 15'000));
+  EXPECT_EQ(le_u64(read_file(store->block_path(hash_of(0))), 88), static_cast<uint64_t>(t0 + 10'000));
+  now = t0 + 12'000;  // both live in the index; after a restart too (block 0 from block 1's header)
+  EXPECT_TRUE(store->contains(hash_of(0)) && store->contains(hash_of(1)));
+  store.reset();
+  store = open_store(options);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->stats().blocks, 2);
+  EXPECT_TRUE(serves_intact(*store, 0));
+  EXPECT_TRUE(serves_intact(*store, 1));
+  EXPECT_TRUE(store->refresh(hash_of(7), 10'000).ok()) << "absent: nothing to refresh";
 }
 
 // --- threads --------------------------------------------------------------------------------------------

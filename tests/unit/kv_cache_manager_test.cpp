@@ -339,6 +339,45 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
   EXPECT_TRUE(reopened->blocks_in(Tier::kDisk).empty());
 }
 
+// Regression (a break-it pass, 2026-12-07): a prefix reused from any tier had its expiry moved in the policy's
+// index only; the disk store kept the expiry it was written with, so its copies expired while still in use (their
+// loads then failed, counted as corrupt) and a restart dropped them. A use now refreshes the disk copies too, and
+// the file header of the chain's last block, so they outlive their first expiry across a restart.
+TEST(KvCacheManagerTest, AReusedPrefixKeepsItsDiskCopiesPastTheirFirstExpiryAcrossARestart) {
+  TempDir dir;
+  int64_t clock = 1'800'000'000'000;
+  const int64_t t0 = clock;
+  const std::vector<BlockHash> chain = write_one_prompt_to_disk(dir.path(), &clock);  // expire at t0 + 1 h
+  auto open_manager = [&] {
+    KvCacheConfig config = cache_config(8, 4, &clock);
+    config.disk = disk_options(dir.path());
+    return std::move(KvCacheManager::create(config)).value();
+  };
+  FakeDevice device(8);
+  {
+    clock = t0 + 40 * 60'000;  // a restart and a reuse 40 minutes in: from disk, to expire at t0 + 100 min
+    auto cache = open_manager();
+    cache->set_device_io(&device);
+    KvCacheManager::Admission admission = cache->admit(chain, {}, 260, kDefaultTtlClass);
+    ASSERT_EQ(admission.loaded_blocks, 4);
+    cache->flush();
+    cache->release_nodes(admission.nodes);
+    for (BlockId block : admission.blocks) cache->release(block);
+  }
+  clock = t0 + 70 * 60'000;  // past the first expiry: the next start keeps them, and they load
+  auto cache = open_manager();
+  cache->set_device_io(&device);
+  EXPECT_EQ(cache->blocks_in(Tier::kDisk).size(), 4u);
+  KvCacheManager::Admission admission = cache->admit(chain, {}, 260, kDefaultTtlClass);
+  EXPECT_EQ(admission.loaded_blocks, 4);
+  cache->flush();
+  EXPECT_EQ(cache->usable_prefix(admission.nodes), 4u);
+  EXPECT_EQ(cache->counters().failed_loads, 0);
+  EXPECT_EQ(cache->counters().lower->disk.corrupt_blocks, 0);
+  cache->release_nodes(admission.nodes);
+  for (BlockId block : admission.blocks) cache->release(block);
+}
+
 // Regression (a break-it pass, 2026-12-07): blocks whose earlier block's file is gone (a kill -9 between two
 // background writes, before those were ordered) were deleted at open but counted as recovered, so the next start
 // reported fewer with nothing said. Now they are counted apart and recovered_blocks is what is left.

@@ -148,6 +148,16 @@ class DiskBlockStore {
   Status put(const BlockHash& hash, const BlockHash& parent, std::span<const std::byte> payload, int64_t ttl_ms = 0,
              std::span<const TokenId> token_ids = {});
 
+  // A use of block `hash` (a prompt reused it, from whichever tier): moves its expiry, and that of the blocks before
+  // it, out to `ttl_ms` after now where theirs is earlier (ttl_ms 0: never), as put() of a block already on disk
+  // does. The file's header gets the new expiry too when it is later than the header's by more than
+  // refresh_slack_ms(ttl_ms) (a read-modify-write of the 128-byte header; at most one per block per slack), so a
+  // restart keeps a prefix that stayed in use (open() gives a block the latest expiry of the blocks after it, so
+  // refreshing a chain's last block on disk is enough). Ok when `hash` is absent or expired (nothing to refresh).
+  // Errors: IoError when the header cannot be rewritten (the index keeps the new expiry).
+  Status refresh(const BlockHash& hash, int64_t ttl_ms);
+  static int64_t refresh_slack_ms(int64_t ttl_ms) { return std::max<int64_t>(1'000, ttl_ms / 16); }
+
   // Reads block `hash` into `out` and verifies the header and the payload checksum; on success marks it
   // most recently used (also in the file's mtime) and counts a hit. Any failure counts a miss, and the caller
   // treats it as one: `out`'s content is then unspecified.
@@ -202,6 +212,7 @@ class DiskBlockStore {
     BlockHash parent;
     int64_t expires_at_unix_ms = 0;  // 0: never
     std::list<BlockHash>::iterator recency;  // into recency_
+    int64_t file_expires_at_unix_ms = 0;     // what the file's header says (refresh() rewrites it)
   };
 
   DiskBlockStore(DiskBlockStoreOptions options, int lock_fd);

@@ -261,6 +261,9 @@ class KvCacheManager {
   // Queues a transfer (sent to the mover by flush_submissions(), once per manager call).
   uint64_t submit(transfer::Transfer transfer, NodeId node);
   void flush_submissions();
+  // The disk tier's expiry of the deepest of `nodes` with a disk copy (and of the blocks before it) follows the
+  // policy's, just moved by a lookup or insert (DiskBlockStore::refresh).
+  void refresh_disk_expiry(std::span<const NodeId> nodes);
   void take_completions(std::vector<transfer::TransferResult> results);
   void drop_failed_subtrees();
   // How many of the matched nodes may be reused under the layout's bounded-replay rule.
