@@ -378,6 +378,30 @@ TEST(KvCacheManagerTest, AReusedPrefixKeepsItsDiskCopiesPastTheirFirstExpiryAcro
   for (BlockId block : admission.blocks) cache->release(block);
 }
 
+// Regression (a break-it pass, 2026-12-07): a disk write that failed (a full disk; here a directory where the block's
+// file goes) left the block counted in the disk tier, whose usage then exceeded the files; its loads failed later.
+TEST(KvCacheManagerTest, AFailedDiskWriteLeavesTheDiskTierOfTheIndex) {
+  TempDir dir;
+  int64_t clock = 1'800'000'000'000;
+  const std::vector<BlockHash> chain = block_hash_chain(request(1, 100, 260, 1).prompt_token_ids, {3, 4});
+  const std::string hex = chain[3].to_hex();
+  std::filesystem::create_directories(dir.path() / hex.substr(0, 2) / (hex + ".kvb"));  // the last block's path
+  FakeDevice device(8);
+  KvCacheConfig config = cache_config(8, 4, &clock);
+  config.disk = disk_options(dir.path());
+  auto cache = std::move(KvCacheManager::create(config)).value();
+  cache->set_device_io(&device);
+  KvCacheManager* manager = cache.get();
+  Scheduler scheduler = std::move(Scheduler::create(scheduler_config(8), std::move(cache))).value();
+  ASSERT_TRUE(scheduler.add(request(1, 100, 260, 1)).ok());
+  run_to_end(scheduler, device, 20);
+  manager->flush();
+  EXPECT_EQ(manager->blocks_in(Tier::kDisk).size(), 3u);
+  EXPECT_EQ(manager->counters().lower->disk.usage_blocks, 3);
+  EXPECT_EQ(manager->counters().lower->disk.refused_blocks, 1);
+  EXPECT_TRUE(manager->policy().index().check_invariants().ok());
+}
+
 // Regression (a break-it pass, 2026-12-07): blocks whose earlier block's file is gone (a kill -9 between two
 // background writes, before those were ordered) were deleted at open but counted as recovered, so the next start
 // reported fewer with nothing said. Now they are counted apart and recovered_blocks is what is left.
