@@ -207,6 +207,9 @@ void InProcessEngineClient::run() {
   std::deque<std::variant<Submit, Cancel, Reserve, Release>> commands;
   // While idle with KV transfers in flight (blocks on their way to disk): how often the loop takes them in.
   constexpr auto kBackgroundPoll = std::chrono::milliseconds(10);
+  // While idle otherwise: how often the KV cache's retention runs (expired blocks leave every tier, their disk
+  // files too, without waiting for the next request; a break-it pass saw them stay on an idle server).
+  constexpr auto kIdleTick = std::chrono::seconds(1);
   bool background = false;  // the last idle tick left KV cache work (engine_->idle_tick())
   while (true) {
     bool stopping = false;
@@ -220,7 +223,7 @@ void InProcessEngineClient::run() {
       } else if (background) {
         wake_.wait_for(lock, kBackgroundPoll, ready);  // the KV cache's transfers go on without steps
       } else {
-        wake_.wait(lock, ready);
+        wake_.wait_for(lock, kIdleTick, ready);
       }
       commands.swap(commands_);
       stopping = stopping_;

@@ -348,6 +348,46 @@ TEST(EngineKvTiersTest, AnIdleServerFinishesItsDiskWritesWithoutAnotherStep) {
   client.stop();
 }
 
+// Regression (a break-it pass, 2026-12-07): retention ran only inside a step, so on an idle server expired blocks
+// stayed in every tier and their disk files stayed on disk. The idle engine thread now ticks the cache every second.
+TEST(EngineKvTiersTest, AnIdleServerDropsExpiredBlocksFromDisk) {
+  TempDir dir;
+  EngineConfig config = tiered_config(dir.path());
+  config.kv_cache_ttl_hours = 1.0 / 3600;  // 1 s
+  InProcessEngineClient client(wrap_engine(make_engine(config)));
+  struct Done final : EventSink {
+    std::promise<void> finished;
+    void deliver(std::vector<GenerationEvent> events) override {
+      for (const GenerationEvent& e : events)
+        if (e.event.finished || !e.error.ok()) finished.set_value();
+    }
+  };
+  auto sink = std::make_shared<Done>();
+  std::future<void> finished = sink->finished.get_future();
+  client.submit(turn1_prompt(), greedy_params(), sink);
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  auto files_on_disk = [&] {
+    int64_t files = 0;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path()))
+      files += entry.path().extension() == ".kvb" ? 1 : 0;
+    return files;
+  };
+  // No more requests: within a few seconds the blocks expire and leave, files included.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  EngineLoad load = client.load();
+  while (std::chrono::steady_clock::now() < deadline &&
+         (!load.kv_tiers.lower || load.kv_tiers.lower->disk.expired_blocks < 4 || files_on_disk() != 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    load = client.load();
+  }
+  ASSERT_TRUE(load.kv_tiers.lower.has_value());
+  EXPECT_GE(load.kv_tiers.lower->disk.stored_blocks, 4);
+  EXPECT_GE(load.kv_tiers.lower->disk.expired_blocks, 4);
+  EXPECT_EQ(load.kv_tiers.lower->disk.usage_blocks, 0);
+  EXPECT_EQ(files_on_disk(), 0);
+  client.stop();
+}
+
 TEST(EngineKvTiersTest, ACorruptDiskBlockIsDroppedAndRecomputed) {
   TempDir dir;
   std::vector<TokenId> turn1_output;
