@@ -178,6 +178,20 @@ int pread_all(int fd, std::span<std::byte> out, uint64_t offset) {
   return 0;
 }
 
+// Writes all of `bytes` at `offset`, retrying on EINTR and short writes. 0 or an errno.
+int pwrite_all(int fd, std::span<const std::byte> bytes, uint64_t offset) {
+  while (!bytes.empty()) {
+    const ssize_t written = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset));
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    bytes = bytes.subspan(static_cast<size_t>(written));
+    offset += static_cast<uint64_t>(written);
+  }
+  return 0;
+}
+
 int fsync_directory(const fs::path& directory) {
   const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return errno;
@@ -791,13 +805,7 @@ Status DiskBlockStore::refresh(const BlockHash& hash, int64_t ttl_ms) {
   std::optional<HeaderFields> fields = decode_header(header);
   if (!fields || fields->hash != hash) return Status::ok_status();  // get() and open() deal with it
   fields->expires_at_unix_ms = static_cast<uint64_t>(rewrite_to);
-  const Header updated = encode_header(*fields);
-  for (size_t written = 0; written < updated.size();) {
-    const ssize_t n = ::pwrite(fd, updated.data() + written, updated.size() - written, static_cast<off_t>(written));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_error("write", path, errno);
-    written += static_cast<size_t>(n);
-  }
+  if (const int error = pwrite_all(fd, encode_header(*fields), 0); error != 0) return io_error("write", path, error);
   return Status::ok_status();
 }
 

@@ -308,13 +308,8 @@ TEST(EngineKvTiersTest, DiskTierServesBlocksAfterARestart) {
   EXPECT_EQ(turn2.tokens, uncached_turn2(prompt2));
 }
 
-// Regression (stop 54's note, left): the engine thread handed the KV cache's transfers to the disk writer and took
-// their completions in only inside a step, so on a server gone idle the last blocks' writes sat in the manager (a
-// failed try-lock) or their completions went uncounted, and deepinfer_kv_disk_queue_blocks stayed above zero. The
-// idle engine thread now polls the cache while it has transfers in flight.
-TEST(EngineKvTiersTest, AnIdleServerFinishesItsDiskWritesWithoutAnotherStep) {
-  TempDir dir;
-  InProcessEngineClient client(wrap_engine(make_engine(tiered_config(dir.path()))));
+// Submits turn 1 through the server's engine thread (InProcessEngineClient) and waits for its end.
+void serve_turn1(InProcessEngineClient& client) {
   struct Done final : EventSink {
     std::promise<void> finished;
     void deliver(std::vector<GenerationEvent> events) override {
@@ -326,25 +321,44 @@ TEST(EngineKvTiersTest, AnIdleServerFinishesItsDiskWritesWithoutAnotherStep) {
   std::future<void> finished = sink->finished.get_future();
   client.submit(turn1_prompt(), greedy_params(), sink);
   ASSERT_EQ(finished.wait_for(std::chrono::seconds(60)), std::future_status::ready);
-  auto files_on_disk = [&] {
-    int64_t files = 0;
-    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path()))
-      files += entry.path().extension() == ".kvb" ? 1 : 0;
-    return files;
-  };
-  // No more requests: what is on its way to disk lands, and the engine counts it, within a few seconds.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+}
+
+int64_t block_files(const std::filesystem::path& dir) {
+  int64_t files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir))
+    files += entry.path().extension() == ".kvb" ? 1 : 0;
+  return files;
+}
+
+// The client's load once `settled(load)` holds (with the lower tiers present), or at `timeout`; polled every 20 ms.
+template <typename Settled>
+EngineLoad load_once(const InProcessEngineClient& client, std::chrono::seconds timeout, Settled settled) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   EngineLoad load = client.load();
-  while (std::chrono::steady_clock::now() < deadline &&
-         (!load.kv_tiers.lower || load.kv_tiers.lower->disk_queue_blocks != 0 ||
-          load.kv_tiers.lower->disk.usage_blocks != files_on_disk() || files_on_disk() < 4)) {
+  while (std::chrono::steady_clock::now() < deadline && (!load.kv_tiers.lower || !settled(load))) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     load = client.load();
   }
+  return load;
+}
+
+// Regression (stop 54's note, left): the engine thread handed the KV cache's transfers to the disk writer and took
+// their completions in only inside a step, so on a server gone idle the last blocks' writes sat in the manager (a
+// failed try-lock) or their completions went uncounted, and deepinfer_kv_disk_queue_blocks stayed above zero. The
+// idle engine thread now polls the cache while it has transfers in flight.
+TEST(EngineKvTiersTest, AnIdleServerFinishesItsDiskWritesWithoutAnotherStep) {
+  TempDir dir;
+  InProcessEngineClient client(wrap_engine(make_engine(tiered_config(dir.path()))));
+  serve_turn1(client);
+  // No more requests: what is on its way to disk lands, and the engine counts it, within a few seconds.
+  const EngineLoad load = load_once(client, std::chrono::seconds(10), [&](const EngineLoad& l) {
+    return l.kv_tiers.lower->disk_queue_blocks == 0 && l.kv_tiers.lower->disk.usage_blocks == block_files(dir.path()) &&
+           block_files(dir.path()) >= 4;
+  });
   ASSERT_TRUE(load.kv_tiers.lower.has_value());
   EXPECT_EQ(load.kv_tiers.lower->disk_queue_blocks, 0);
-  EXPECT_GE(files_on_disk(), 4) << "the prompt's 4 full blocks";
-  EXPECT_EQ(load.kv_tiers.lower->disk.usage_blocks, files_on_disk());
+  EXPECT_GE(block_files(dir.path()), 4) << "the prompt's 4 full blocks";
+  EXPECT_EQ(load.kv_tiers.lower->disk.usage_blocks, block_files(dir.path()));
   client.stop();
 }
 
@@ -355,36 +369,16 @@ TEST(EngineKvTiersTest, AnIdleServerDropsExpiredBlocksFromDisk) {
   EngineConfig config = tiered_config(dir.path());
   config.kv_cache_ttl_hours = 1.0 / 3600;  // 1 s
   InProcessEngineClient client(wrap_engine(make_engine(config)));
-  struct Done final : EventSink {
-    std::promise<void> finished;
-    void deliver(std::vector<GenerationEvent> events) override {
-      for (const GenerationEvent& e : events)
-        if (e.event.finished || !e.error.ok()) finished.set_value();
-    }
-  };
-  auto sink = std::make_shared<Done>();
-  std::future<void> finished = sink->finished.get_future();
-  client.submit(turn1_prompt(), greedy_params(), sink);
-  ASSERT_EQ(finished.wait_for(std::chrono::seconds(60)), std::future_status::ready);
-  auto files_on_disk = [&] {
-    int64_t files = 0;
-    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path()))
-      files += entry.path().extension() == ".kvb" ? 1 : 0;
-    return files;
-  };
+  serve_turn1(client);
   // No more requests: within a few seconds the blocks expire and leave, files included.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  EngineLoad load = client.load();
-  while (std::chrono::steady_clock::now() < deadline &&
-         (!load.kv_tiers.lower || load.kv_tiers.lower->disk.expired_blocks < 4 || files_on_disk() != 0)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    load = client.load();
-  }
+  const EngineLoad load = load_once(client, std::chrono::seconds(15), [&](const EngineLoad& l) {
+    return l.kv_tiers.lower->disk.expired_blocks >= 4 && block_files(dir.path()) == 0;
+  });
   ASSERT_TRUE(load.kv_tiers.lower.has_value());
   EXPECT_GE(load.kv_tiers.lower->disk.stored_blocks, 4);
   EXPECT_GE(load.kv_tiers.lower->disk.expired_blocks, 4);
   EXPECT_EQ(load.kv_tiers.lower->disk.usage_blocks, 0);
-  EXPECT_EQ(files_on_disk(), 0);
+  EXPECT_EQ(block_files(dir.path()), 0);
   client.stop();
 }
 

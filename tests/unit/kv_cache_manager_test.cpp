@@ -284,13 +284,18 @@ TEST(KvCacheManagerTest, ExpiredBlocksNeverMatchAndTickDropsThemFromEveryTier) {
   EXPECT_EQ(manager->pool().num_free_uncached(), 8) << "the expired blocks are plain free blocks again";
 }
 
+// A manager of 8 device and 4 host blocks with a disk tier under `dir` (a process starting on that directory).
+std::unique_ptr<KvCacheManager> disk_manager(const std::filesystem::path& dir, int64_t* clock) {
+  KvCacheConfig config = cache_config(8, 4, clock);
+  config.disk = disk_options(dir);
+  return std::move(KvCacheManager::create(config)).value();
+}
+
 // One process serving a 260-token prompt with a disk tier under `dir`, until its 4 whole blocks are on disk; their
 // hash chain.
 std::vector<BlockHash> write_one_prompt_to_disk(const std::filesystem::path& dir, int64_t* clock) {
   FakeDevice device(8);
-  KvCacheConfig config = cache_config(8, 4, clock);
-  config.disk = disk_options(dir);
-  auto cache = std::move(KvCacheManager::create(config)).value();
+  auto cache = disk_manager(dir, clock);
   cache->set_device_io(&device);
   KvCacheManager* manager = cache.get();
   Scheduler scheduler = std::move(Scheduler::create(scheduler_config(8), std::move(cache))).value();
@@ -308,9 +313,7 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
   const std::vector<BlockHash> chain = write_one_prompt_to_disk(dir.path(), &clock);
   // A new process: only the disk tier survives; its index is rebuilt from the block files' parent hashes.
   FakeDevice device(8);
-  KvCacheConfig config = cache_config(8, 4, &clock);
-  config.disk = disk_options(dir.path());
-  auto cache = std::move(KvCacheManager::create(config)).value();
+  auto cache = disk_manager(dir.path(), &clock);
   cache->set_device_io(&device);
   EXPECT_EQ(cache->blocks_in(Tier::kDisk).size(), 4u);
   KvCacheManager::PrefixMatch match = cache->match(chain);
@@ -332,10 +335,8 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
   cache->tick();
   EXPECT_TRUE(cache->blocks_in(Tier::kDisk).empty());
   cache->flush();
-  auto reopened_config = cache_config(8, 4, &clock);
-  reopened_config.disk = disk_options(dir.path());
   cache.reset();
-  auto reopened = std::move(KvCacheManager::create(reopened_config)).value();
+  auto reopened = disk_manager(dir.path(), &clock);
   EXPECT_TRUE(reopened->blocks_in(Tier::kDisk).empty());
 }
 
@@ -348,15 +349,10 @@ TEST(KvCacheManagerTest, AReusedPrefixKeepsItsDiskCopiesPastTheirFirstExpiryAcro
   int64_t clock = 1'800'000'000'000;
   const int64_t t0 = clock;
   const std::vector<BlockHash> chain = write_one_prompt_to_disk(dir.path(), &clock);  // expire at t0 + 1 h
-  auto open_manager = [&] {
-    KvCacheConfig config = cache_config(8, 4, &clock);
-    config.disk = disk_options(dir.path());
-    return std::move(KvCacheManager::create(config)).value();
-  };
   FakeDevice device(8);
   {
     clock = t0 + 40 * 60'000;  // a restart and a reuse 40 minutes in: from disk, to expire at t0 + 100 min
-    auto cache = open_manager();
+    auto cache = disk_manager(dir.path(), &clock);
     cache->set_device_io(&device);
     KvCacheManager::Admission admission = cache->admit(chain, {}, 260, kDefaultTtlClass);
     ASSERT_EQ(admission.loaded_blocks, 4);
@@ -365,7 +361,7 @@ TEST(KvCacheManagerTest, AReusedPrefixKeepsItsDiskCopiesPastTheirFirstExpiryAcro
     for (BlockId block : admission.blocks) cache->release(block);
   }
   clock = t0 + 70 * 60'000;  // past the first expiry: the next start keeps them, and they load
-  auto cache = open_manager();
+  auto cache = disk_manager(dir.path(), &clock);
   cache->set_device_io(&device);
   EXPECT_EQ(cache->blocks_in(Tier::kDisk).size(), 4u);
   KvCacheManager::Admission admission = cache->admit(chain, {}, 260, kDefaultTtlClass);
@@ -387,9 +383,7 @@ TEST(KvCacheManagerTest, AFailedDiskWriteLeavesTheDiskTierOfTheIndex) {
   const std::string hex = chain[3].to_hex();
   std::filesystem::create_directories(dir.path() / hex.substr(0, 2) / (hex + ".kvb"));  // the last block's path
   FakeDevice device(8);
-  KvCacheConfig config = cache_config(8, 4, &clock);
-  config.disk = disk_options(dir.path());
-  auto cache = std::move(KvCacheManager::create(config)).value();
+  auto cache = disk_manager(dir.path(), &clock);
   cache->set_device_io(&device);
   KvCacheManager* manager = cache.get();
   Scheduler scheduler = std::move(Scheduler::create(scheduler_config(8), std::move(cache))).value();
@@ -413,9 +407,7 @@ TEST(KvCacheManagerTest, BlocksCutOffFromTheirChainAtOpenAreCountedNotRecovered)
     auto store = std::move(DiskBlockStore::open(*disk_options(dir.path()))).value();
     ASSERT_TRUE(std::filesystem::remove(store->block_path(chain[1])));
   }
-  KvCacheConfig config = cache_config(8, 4, &clock);
-  config.disk = disk_options(dir.path());
-  auto cache = std::move(KvCacheManager::create(config)).value();
+  auto cache = disk_manager(dir.path(), &clock);
   const DiskRecoveryStats recovery = cache->counters().lower->disk_recovery;  // a copy: counters() is a value
   EXPECT_EQ(recovery.recovered_blocks, 1);
   EXPECT_EQ(recovery.unchained_dropped, 2);

@@ -99,7 +99,8 @@ struct SamplingParams {
            forced_output_prefix.empty() && forced_output_choices.empty();
   }
   // The token forced after `output_token_ids` (the output so far, drafts before the row included): the prefix's next
-  // token, or the thinking budget's reasoning_end_token_ids[0]; -1 when nothing is forced. O(budget) at the one
+  // token, the one next token the choices still allow, or the thinking budget's reasoning_end_token_ids[0]; -1 when
+  // nothing is forced. O(budget) at the one
   // position the budget can force, O(1) elsewhere.
   TokenId forced_token(std::span<const TokenId> output_token_ids) const;
   // forced_output_choices' allowed next tokens after `output_token_ids` when they are several (ascending, distinct);

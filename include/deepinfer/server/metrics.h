@@ -36,8 +36,7 @@
 //   deepinfer_kv_tier_bytes_written_total{tier}  counter    bytes copied into the tier
 //   deepinfer_kv_tier_bytes_read_total{tier}     counter    bytes copied out of the tier (load-back)
 //   deepinfer_kv_tier_loaded_blocks_total        counter    device blocks filled from host or disk instead of prefill
-//   deepinfer_kv_disk_queue_blocks               gauge      KV block transfers queued or running on the background
-//   mover
+//   deepinfer_kv_disk_queue_blocks               gauge      block transfers queued or running (disk, host copies)
 // Speculative decoding (--speculative-algorithm mtp; all zero when off). A verify: one request's step that checked
 // drafts.
 //   deepinfer_spec_draft_tokens_total            counter    draft tokens the target verified
@@ -47,8 +46,7 @@
 //   deepinfer_spec_draft_tokens_by_position_total{position}    counter  drafts verified at draft position 1..K
 //   deepinfer_spec_accepted_tokens_by_position_total{position} counter  drafts accepted there (acceptance by position
 //                                                           = accepted / draft, per position)
-//   deepinfer_spec_verify_length                 histogram  tokens per verify: the last token plus the drafts
-//   (le 1..K+1)
+//   deepinfer_spec_verify_length                 histogram  tokens per verify: the last token + drafts (le 1..K+1)
 #pragma once
 
 #include <atomic>
