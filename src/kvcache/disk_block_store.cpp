@@ -603,7 +603,7 @@ Status DiskBlockStore::put(const BlockHash& hash, const BlockHash& parent, std::
     if (sink_ != nullptr) sink_->publish(KvEvent::stored(kMediumDisk, hash, parent, token_ids));
     ++stats_.writes;
     stats_.bytes_written += payload.size();
-    evict_over_capacity_locked();
+    if (options_.evict_on_put) evict_over_capacity_locked();
   }
   if (options_.sync) {
     if (int error = fsync_directory(directory); error != 0) return io_error("fsync", directory, error);

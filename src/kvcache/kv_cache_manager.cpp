@@ -104,6 +104,7 @@ Result<std::unique_ptr<KvCacheManager>> KvCacheManager::create(KvCacheConfig con
   if (c.disk.has_value()) {
     DiskBlockStoreOptions disk = *c.disk;
     if (!disk.now_unix_ms && c.clock) disk.now_unix_ms = c.clock;  // one clock for the index and the files
+    disk.evict_on_put = false;  // the policy evicts (from chains' ends) and removes; see DiskBlockStoreOptions
     Result<std::unique_ptr<DiskBlockStore>> opened = DiskBlockStore::open(std::move(disk));
     if (!opened.ok()) return opened.status();
     manager->disk_ = std::move(opened).value();
@@ -697,9 +698,13 @@ bool KvCacheManager::wait_for_transfers(std::chrono::milliseconds timeout) {
 
 void KvCacheManager::flush() {
   if (!mover_) return;
-  mover_->submit(std::exchange(submissions_, {}));
-  mover_->drain();
-  take_completions(mover_->poll());
+  // Until nothing is left: a completion may queue more (a failed load's cleanup, a copy that frees a block).
+  for (int round = 0; round < 64; ++round) {
+    mover_->submit(std::exchange(submissions_, {}));
+    mover_->drain();
+    take_completions(mover_->poll());
+    if (submissions_.empty()) return;
+  }
 }
 
 int64_t KvCacheManager::num_cached_device_blocks() const { return policy_->index().num_in_tier(Tier::kDevice); }

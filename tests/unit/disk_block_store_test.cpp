@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -731,6 +732,84 @@ TEST(DiskBlockStoreTest, BackgroundWritesLandParentsBeforeChildren) {
     if (parent == kRootBlockHash) continue;
     EXPECT_LT(finished_at.at(parent), finished_at.at(hash)) << "block " << hash.to_hex();
   }
+}
+
+// Regression (CI of a3b1732: KvEventsTest saw 13 block files where the index counted 12, and a restart dropped a
+// chain): a disk write passed over while its parent's write ran let the same block's removal, queued after it, run
+// first; the write then left a file nobody counted. One hash's transfers now run in queue order.
+TEST(DiskBlockStoreTest, ABlocksRemovalWaitsForItsOwnWriteHeldBehindItsParent) {
+  TempDir dir;
+  DiskBlockStoreOptions options = options_for(dir.path());
+  std::promise<void> parent_entered, release_parent;
+  std::shared_future<void> release = release_parent.get_future().share();
+  const BlockHash parent = hash_of(1), child = hash_of(2);
+  options.test_hook_mid_write = [&](const BlockHash& hash) {
+    if (hash != parent) return;
+    parent_entered.set_value();
+    release.wait();
+  };
+  auto store = open_store(std::move(options));
+  ASSERT_NE(store, nullptr);
+  auto write = [&](const BlockHash& hash, const BlockHash& after, uint64_t id) {
+    transfer::Transfer t;
+    t.kind = transfer::Transfer::Kind::kToDisk;
+    t.id = id;
+    t.hash = hash;
+    t.parent = after;
+    t.host = std::make_shared<transfer::HostBlock>();
+    t.host->bytes = payload_of(id);
+    t.host->state.store(transfer::HostBlock::kReady);
+    t.ttl_ms = 3'600'000;
+    return t;
+  };
+  transfer::BlockMover mover(nullptr, store.get(), kBlockBytes, 4);
+  std::vector<transfer::Transfer> first;
+  first.push_back(write(parent, kRootBlockHash, 1));
+  mover.submit(std::move(first));
+  parent_entered.get_future().wait();  // the parent's write is running, held mid-file
+  std::vector<transfer::Transfer> then;
+  then.push_back(write(child, parent, 2));
+  transfer::Transfer remove;
+  remove.kind = transfer::Transfer::Kind::kRemoveFromDisk;
+  remove.id = 3;
+  remove.hash = child;
+  then.push_back(std::move(remove));
+  mover.submit(std::move(then));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // idle workers look for work meanwhile
+  release_parent.set_value();
+  mover.drain();
+  std::vector<transfer::TransferResult> done = mover.poll();
+  ASSERT_EQ(done.size(), 3u);
+  std::vector<uint64_t> order;
+  for (const transfer::TransferResult& result : done) {
+    EXPECT_TRUE(result.status.ok()) << result.status.to_string();
+    order.push_back(result.id);
+  }
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 2, 3})) << "parent's write, child's write, child's removal";
+  EXPECT_TRUE(store->contains(parent));
+  EXPECT_FALSE(store->contains(child)) << "the removal came after the write";
+  EXPECT_FALSE(fs::exists(store->block_path(child))) << "no file the index does not count";
+}
+
+// An owner that keeps the count itself (KvCacheManager) opens the store with evict_on_put off: put() past capacity
+// keeps every block (a removal of another block may still be on its way), open() trims to capacity from chains' ends.
+TEST(DiskBlockStoreTest, WithoutEvictionOnPutTheOwnerKeepsTheCountAndOpenStillTrims) {
+  TempDir dir;
+  {
+    DiskBlockStoreOptions options = options_for(dir.path(), 3);
+    options.evict_on_put = false;
+    auto store = open_store(std::move(options));
+    ASSERT_NE(store, nullptr);
+    for (uint64_t id = 0; id < 5; ++id) put_block(*store, id, id == 0);
+    EXPECT_EQ(store->stats().blocks, 5);
+    EXPECT_EQ(store->stats().evictions, 0);
+    for (uint64_t id = 0; id < 5; ++id) EXPECT_TRUE(store->contains(hash_of(id))) << id;
+  }
+  auto reopened = open_store(options_for(dir.path(), 3));
+  ASSERT_NE(reopened, nullptr);
+  EXPECT_EQ(reopened->recovery().evicted, 2);
+  for (uint64_t id = 0; id < 3; ++id) EXPECT_TRUE(reopened->contains(hash_of(id))) << "kept: " << id;
+  for (uint64_t id = 3; id < 5; ++id) EXPECT_FALSE(reopened->contains(hash_of(id))) << "trimmed: " << id;
 }
 
 // --- match_prefix ---------------------------------------------------------------------------------------

@@ -212,8 +212,20 @@ TEST(KvEventsTest, ASubscriberRebuildsEveryTierExactlyAlsoAfterARestart) {
     const Sets expected = engine_sets(*engine);
     EXPECT_TRUE(rebuilt == expected) << "after restart: rebuilt " << describe(rebuilt) << " vs " << describe(expected);
     EXPECT_EQ(rebuilt.size(), 1u) << "only the disk tier holds blocks after a restart";
+    // Flaky before the mover ran one hash's transfers in order (2 to 9 in 100 runs under load; CI of a3b1732): a
+    // block's removal overtook its write, the file outlived its count and the restart trimmed a chain to fit.
     EXPECT_TRUE(rebuilt[std::string(kvcache::kMediumDisk)] == live[std::string(kvcache::kMediumDisk)])
-        << "the recovered disk blocks are the ones the first process left";
+        << "the recovered disk blocks are the ones the first process left; " << [&] {
+             const std::string disk(kvcache::kMediumDisk);
+             int only_live = 0, only_rebuilt = 0;
+             for (const auto& h : live[disk]) only_live += !rebuilt[disk].contains(h);
+             for (const auto& h : rebuilt[disk]) only_rebuilt += !live[disk].contains(h);
+             const auto r = engine->kv_tier_stats().lower->disk_recovery;
+             return "only_live=" + std::to_string(only_live) + " only_rebuilt=" + std::to_string(only_rebuilt) +
+                    " recovered=" + std::to_string(r.recovered_blocks) +
+                    " corrupt=" + std::to_string(r.corrupt_dropped) + " expired=" + std::to_string(r.expired_dropped) +
+                    " evicted=" + std::to_string(r.evicted) + " unchained=" + std::to_string(r.unchained_dropped);
+           }();
   }
   zmq_ctx_term(context);
 }

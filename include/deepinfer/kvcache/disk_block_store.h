@@ -63,6 +63,12 @@ struct DiskBlockStoreOptions {
   bool reset_foreign = false;
   size_t block_bytes = 0;           // exact payload size of one block (all layers' latent KV of 64 tokens)
   int64_t capacity_blocks = 0;      // max blocks kept on disk; put() beyond it evicts the least recently used
+  // false: put() never evicts (open() still trims to capacity_blocks). For an owner that keeps the count itself by
+  // remove(): KvCacheManager, whose policy evicts a chain from its end and whose removes may land after the next
+  // put()s (other hashes, other mover workers), so the store holds at most the writes in flight beyond capacity for
+  // a moment. With put() evicting too, such a race took the least recently used block, often a chain's first, which
+  // the policy still counted on disk: its loads failed and the next start dropped the blocks after it.
+  bool evict_on_put = true;
   // fsync each block file before its rename and the fan-out directory after it, so a put() that returned
   // survives a power loss or kernel crash, at the price of one or two disk flushes per block. false skips
   // both: a put() that returned still survives kill -9 (the page cache outlives the process), but after a
