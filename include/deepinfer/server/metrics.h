@@ -32,7 +32,7 @@
 //   deepinfer_kv_tier_evictions_total{tier}      counter    blocks dropped under capacity pressure
 //   deepinfer_kv_tier_expired_total{tier}        counter    blocks dropped because their TTL passed (host)
 //   deepinfer_kv_tier_refused_total{tier}        counter    stores refused (tier full, eviction bucket empty) or failed
-//   deepinfer_kv_tier_corrupt_total{tier}        counter    blocks found corrupt or foreign and dropped (disk)
+//   deepinfer_kv_tier_corrupt_total{tier}        counter    loads that found the block corrupt, foreign or gone (disk)
 //   deepinfer_kv_tier_bytes_written_total{tier}  counter    bytes copied into the tier
 //   deepinfer_kv_tier_bytes_read_total{tier}     counter    bytes copied out of the tier (load-back)
 //   deepinfer_kv_tier_loaded_blocks_total        counter    device blocks filled from host or disk instead of prefill
