@@ -141,6 +141,18 @@ bool TierPolicy::evict_one(Tier tier, int64_t now_ms, bool expired_only, TickRes
 bool TierPolicy::admit(NodeId node, Tier tier, int64_t now_ms) {
   if (index_.node(node).tiers.has(tier)) return true;
   TierCounters& counters = tier_counters(tier);
+  // A disk copy of a block whose parent has none takes only free room: a start rebuilds disk chains from their first
+  // block, so until the parent follows (a host tier demotes a chain from its end) the copy would be dropped at the
+  // next start, and evicting for it lost a chain's end that would have survived (a break-it pass: with the disk full,
+  // a host eviction demoted block 9 of a prompt whose blocks 5-8 the disk had refused, in block 4's place).
+  if (tier == Tier::kDisk && tier_present(tier)) {
+    const NodeId parent = index_.node(node).parent;
+    if (parent != kNoNode && !index_.node(parent).tiers.has(Tier::kDisk) &&
+        index_.num_in_tier(tier) >= tier_config(tier).capacity_blocks) {
+      ++counters.refused_blocks;
+      return false;
+    }
+  }
   if (!tier_present(tier) || !make_room(tier, now_ms)) {
     if (tier_present(tier)) ++counters.refused_blocks;
     return false;

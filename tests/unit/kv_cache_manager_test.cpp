@@ -340,6 +340,43 @@ TEST(KvCacheManagerTest, TheDiskTierIsWrittenThroughAndRebuildsTheIndexAfterARes
   EXPECT_TRUE(reopened->blocks_in(Tier::kDisk).empty());
 }
 
+// Regression (a break-it pass, 2026-12-07, eighteenth session): with the disk tier full, a host eviction demoted a
+// prompt's later block to disk although the blocks before it were not there, evicting a chain's end to make room;
+// the next start dropped the stray block (unchained) and recovered one block less. The disk tier now admits a block
+// only below its parent's disk copy. A 10-block prompt, 2 host and 4 disk blocks.
+TEST(KvCacheManagerTest, TheDiskTierHoldsOnlyBlocksWhoseChainReachesItsFirstBlockOnDisk) {
+  TempDir dir;
+  int64_t clock = 1'800'000'000'000;
+  const SequenceRequest prompt = request(1, 100, 650, 2);
+  {
+    FakeDevice device(16);
+    KvCacheConfig config = cache_config(16, 10, &clock);
+    config.disk = disk_options(dir.path());
+    config.disk->capacity_blocks = 5;
+    auto cache = std::move(KvCacheManager::create(config)).value();
+    cache->set_device_io(&device);
+    KvCacheManager* manager = cache.get();
+    Scheduler scheduler = std::move(Scheduler::create(scheduler_config(16), std::move(cache))).value();
+    ASSERT_TRUE(scheduler.add(prompt).ok());
+    run_to_end(scheduler, device, 10);
+    manager->flush();
+    // The host tier above its high watermark evicts its leaves (the prompt's last blocks) over the next seconds,
+    // offering each to the full disk.
+    for (int second = 0; second < 30; ++second) {
+      clock += 1000;
+      manager->tick();
+      manager->flush();
+    }
+    EXPECT_EQ(manager->blocks_in(Tier::kDisk).size(), 5u);
+  }
+  auto reopened = disk_manager(dir.path(), &clock);
+  const DiskRecoveryStats recovery = reopened->counters().lower->disk_recovery;
+  EXPECT_EQ(recovery.unchained_dropped, 0) << "a disk block whose parent was not on disk";
+  EXPECT_EQ(recovery.recovered_blocks, 5);
+  const std::vector<BlockHash> chain = block_hash_chain(prompt.prompt_token_ids, {3, 4});
+  EXPECT_EQ(reopened->match(chain).lower_blocks, 5) << "the prompt's first 5 blocks, from disk";
+}
+
 // Regression (a break-it pass, 2026-12-07): a prefix reused from any tier had its expiry moved in the policy's
 // index only; the disk store kept the expiry it was written with, so its copies expired while still in use (their
 // loads then failed, counted as corrupt) and a restart dropped them. A use now refreshes the disk copies too, and

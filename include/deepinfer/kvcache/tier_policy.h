@@ -141,6 +141,10 @@ struct TickResult {
 // block no tier admits; a load-back stops the match there). So a request never waits for more eviction work
 // than its own blocks, bounded by the bucket.
 //
+// Disk chains: a block whose parent has no disk copy enters the disk tier only into free room, never by evicting
+// (a restart rebuilds the disk tier from chains' first blocks: such a block survives one only once its parent
+// follows it down, as a host tier's eviction from chains' ends brings it).
+//
 // Thread-safety: not thread-safe; one owner (the engine thread) calls everything, including tick().
 class TierPolicy {
  public:
