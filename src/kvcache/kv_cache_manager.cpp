@@ -732,7 +732,8 @@ KvCacheCounters KvCacheManager::counters() const {
   out.device_capacity_blocks = pool_.num_total();
   out.device_hit_blocks = device.hit_blocks;
   out.device_miss_blocks = device.miss_blocks;
-  out.device_evicted_blocks = device.evicted_blocks + device.expired_blocks;
+  out.device_evicted_blocks = device.evicted_blocks;
+  out.device_expired_blocks = device.expired_blocks;
   out.completed_loads = loaded_blocks_;
   out.failed_loads = failed_loads_;
   out.lookup_blocks = c.lookup_blocks;

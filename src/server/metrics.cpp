@@ -120,7 +120,7 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
   tier_family(out, "deepinfer_kv_tier_evictions_total", "counter", "Blocks dropped under capacity pressure.",
               per_tier(s.device_evicted_blocks, &C::evicted_blocks));
   tier_family(out, "deepinfer_kv_tier_expired_total", "counter", "Blocks dropped because their TTL passed.",
-              lower_only(&C::expired_blocks));
+              per_tier(s.device_expired_blocks, &C::expired_blocks));
   tier_family(out, "deepinfer_kv_tier_refused_total", "counter", "Stores refused or failed.",
               lower_only(&C::refused_blocks));
   tier_family(out, "deepinfer_kv_tier_corrupt_total", "counter", "Loads that found the block corrupt, foreign or gone (deleted behind the index) and dropped it.",

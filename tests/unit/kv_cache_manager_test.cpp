@@ -281,6 +281,9 @@ TEST(KvCacheManagerTest, ExpiredBlocksNeverMatchAndTickDropsThemFromEveryTier) {
   manager->tick();
   EXPECT_EQ(manager->num_cached_device_blocks(), 0);
   EXPECT_TRUE(manager->blocks_in(Tier::kHost).empty());
+  // Counted as expired, not as evicted (a break-it pass saw a TTL drop counted in evictions_total{device}).
+  EXPECT_EQ(manager->counters().device_expired_blocks, 2);
+  EXPECT_EQ(manager->counters().device_evicted_blocks, 0);
   EXPECT_EQ(manager->pool().num_free_uncached(), 8) << "the expired blocks are plain free blocks again";
 }
 

@@ -112,7 +112,8 @@ struct KvCacheCounters {
   int64_t device_capacity_blocks = 0;
   int64_t device_hit_blocks = 0;
   int64_t device_miss_blocks = 0;
-  int64_t device_evicted_blocks = 0;  // cached device copies dropped (evicted or expired)
+  int64_t device_evicted_blocks = 0;  // cached device copies dropped under capacity pressure
+  int64_t device_expired_blocks = 0;  // cached device copies dropped because their TTL passed
   int64_t completed_loads = 0;        // device blocks filled from a lower tier
   int64_t failed_loads = 0;           // loads that failed (the block was recomputed)
   int64_t loaded_blocks = 0;          // prompt blocks a request used from loads (the scheduler's count; 0 here)

@@ -30,7 +30,7 @@
 //   deepinfer_kv_tier_misses_total{tier}         counter    prompt blocks an admitted request needed from the tier and
 //                                                           did not get from it (absent, expired or corrupt)
 //   deepinfer_kv_tier_evictions_total{tier}      counter    blocks dropped under capacity pressure
-//   deepinfer_kv_tier_expired_total{tier}        counter    blocks dropped because their TTL passed (host)
+//   deepinfer_kv_tier_expired_total{tier}        counter    blocks dropped because their TTL passed
 //   deepinfer_kv_tier_refused_total{tier}        counter    stores refused (tier full, eviction bucket empty) or failed
 //   deepinfer_kv_tier_corrupt_total{tier}        counter    loads that found the block corrupt, foreign or gone (disk)
 //   deepinfer_kv_tier_bytes_written_total{tier}  counter    bytes copied into the tier
