@@ -123,7 +123,8 @@ void render_kv_tiers(const engine::KvTierStats& s, std::string& out) {
               per_tier(s.device_expired_blocks, &C::expired_blocks));
   tier_family(out, "deepinfer_kv_tier_refused_total", "counter", "Stores refused or failed.",
               lower_only(&C::refused_blocks));
-  tier_family(out, "deepinfer_kv_tier_corrupt_total", "counter", "Loads that found the block corrupt, foreign or gone (deleted behind the index) and dropped it.",
+  tier_family(out, "deepinfer_kv_tier_corrupt_total", "counter",
+              "Loads that found the block corrupt, foreign or gone (deleted behind the index) and dropped it.",
               lower_only(&C::corrupt_blocks));
   tier_family(out, "deepinfer_kv_tier_bytes_written_total", "counter", "Bytes copied into the tier.",
               lower_only(&C::bytes_written));
