@@ -105,22 +105,16 @@ size_t BlockMover::next_runnable_locked() const {
   for (size_t i = 0; i < window; ++i) {
     const Transfer& t = queue_[i];
     if (running_.contains(t.hash)) continue;
-    // One hash's transfers run in their queue order: an entry passed over above (a disk write waiting for its
-    // parent) holds back those after it. Without this a block's removal from disk ran before its own write, and
-    // the write left a file the index no longer counted (a test saw 13 files for 12 counted, and a restart that
-    // trimmed a chain's first block to fit).
-    bool earlier_same_hash = false;
-    for (size_t j = 0; j < i && !earlier_same_hash; ++j) earlier_same_hash = queue_[j].hash == t.hash;
-    if (earlier_same_hash) continue;
-    // A disk write waits for its parent block's transfers queued before it or running: a block file lands only
-    // after the one it follows, so a kill -9 never leaves a chain with a gap, whose later blocks the next start
-    // could not reach and would drop. Only earlier entries block it, so the queue's first entry is always runnable
+    // An earlier queued entry holds this one back when it has the same hash (one hash's transfers run in their queue
+    // order: without it a block's removal from disk overtook its own write, held behind its parent's, and the write
+    // left a file the index no longer counted) or, for a disk write, when it is the parent's (a block file lands
+    // only after the one it follows, so a kill -9 never leaves a chain with a gap, whose later blocks the next start
+    // could not reach and would drop). Only earlier entries block, so the queue's first entry is always runnable
     // once its own hash is idle (no deadlock).
-    if (t.kind == Transfer::Kind::kToDisk) {
-      bool parent_pending = running_.contains(t.parent);
-      for (size_t j = 0; j < i && !parent_pending; ++j) parent_pending = queue_[j].hash == t.parent;
-      if (parent_pending) continue;
-    }
+    const bool to_disk = t.kind == Transfer::Kind::kToDisk;
+    bool held = to_disk && running_.contains(t.parent);
+    for (size_t j = 0; j < i && !held; ++j) held = queue_[j].hash == t.hash || (to_disk && queue_[j].hash == t.parent);
+    if (held) continue;
     return i;
   }
   return queue_.size();
