@@ -1,4 +1,6 @@
 // deepinfer: one binary, one subcommand per job.
+#include <spdlog/cfg/env.h>
+
 #include <iostream>
 #include <map>
 #include <string>
@@ -6,6 +8,7 @@
 #include "commands.h"
 
 int main(int argc, char** argv) {
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug (or info, warn, ...; per logger: name=level)
   CLI::App app{"DeepInfer: DeepSeek inference stack"};
   app.require_subcommand(1);
   std::map<std::string, std::function<int()>> runs;

@@ -13,11 +13,14 @@
 // Command of the recorded results (bench/results/*-cpu-speculative-mtp.jsonl):
 //   build/bench/bench_speculative --model models/demo --draft-tokens 0,1,2,3 --batches 1,8,32 --max-tokens 64 --reps 3
 #include <omp.h>
+#include <spdlog/cfg/env.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
 #include <boost/json.hpp>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <iostream>
 #include <map>
@@ -25,9 +28,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "deepinfer/backend/backend.h"
 #include "deepinfer/engine/dspark.h"
@@ -192,6 +192,7 @@ int project(const std::vector<std::string>& configs, const std::vector<double>& 
 int main(int argc, char** argv) {
   // The engine's log lines (the planner's measured step times) to stderr: stdout is JSON lines.
   spdlog::set_default_logger(spdlog::stderr_color_mt("bench_speculative"));
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: the DSpark planner's trace of every step
   std::string model_dir = std::string(DEEPINFER_SOURCE_DIR) + "/models/demo";
   std::vector<int64_t> draft_tokens = {0, 1, 2, 3}, batches = {1, 8, 32};
   int64_t max_tokens = 64;

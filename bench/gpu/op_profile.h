@@ -118,6 +118,7 @@ class ProfilingBackend final : public backend::Backend {
   }
   void reset_graphs() override { inner_.reset_graphs(); }
   int64_t graph_replays() const override { return inner_.graph_replays(); }
+  int64_t graph_recordings() const override { return inner_.graph_recordings(); }
   void compute_logits(const backend::Tensor& x, const backend::Buffer& norm, float eps, const backend::Weight& head,
                       bool greedy) override {
     timed(greedy ? "greedy head" : "logits head", [&] { inner_.compute_logits(x, norm, eps, head, greedy); });

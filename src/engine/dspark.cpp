@@ -1,6 +1,8 @@
 // DSpark's verify-length planner, its step-time table and the rollback fallback (dspark.h).
 #include "deepinfer/engine/dspark.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cmath>
@@ -258,12 +260,19 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
   return confident;
 }
 
-void DsparkPlanner::on_step(int64_t drafts_verified, int64_t committed, double milliseconds) {
+void DsparkPlanner::on_step(int64_t drafts_verified, int64_t committed, double milliseconds, bool steady) {
+  spdlog::debug(
+      "dspark step: L {} verified {} committed {} of {} requests in {:.3f} ms{}{}; drafting rate {:.3f} ({} "
+      "samples) against a plain step's {:.3f} tokens/ms; {} in fallback",
+      step_draft_length_, drafts_verified, committed, committing_, milliseconds, steady ? "" : " (not steady)",
+      probe_step_ ? " (probe)" : "", drafting_rate_, drafting_samples_, plain_ms_ > 0.0 ? 1.0 / plain_ms_ : 0.0,
+      requests_in_fallback_);
   if (times_.verify.empty() || !(milliseconds > 0.0) || !all_greedy_) return;  // 'const': no table
   // A drafting step: one that verified drafts or made some (a fallback probe included: its draft pass is in the
   // step's time). A step whose plan allowed drafts that nobody made (every request in fallback) is a plain one.
   const bool drafting = drafts_verified > 0 || drafted_;
   if (drafting && committing_ > 0) {
+    if (!steady) return;  // prompt rows or graph recordings in its time: no sample
     const double rate = static_cast<double>(committed) / (static_cast<double>(committing_) * milliseconds);
     drafting_rate_ = drafting_samples_ == 0 ? rate : drafting_rate_ + kStepTimeWeight * (rate - drafting_rate_);
     ++drafting_samples_;

@@ -73,6 +73,7 @@ std::chrono::steady_clock::time_point MtpExecutor::lap(SpeculativeStats::Phase p
 Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   auto clock = std::chrono::steady_clock::now();
   const auto step_start = clock;
+  const int64_t graph_recordings = model_.graph_recordings();
   const size_t num_entries = batch.entries.size();
   // 1. The target pass: every entry's tokens, plus the drafts of those that drafted for this very step.
   model::ForwardBatch forward;
@@ -206,7 +207,8 @@ Result<StepOutput> MtpExecutor::run(const ScheduledBatch& batch) {
   for (int32_t n : out.drafts_verified) drafts_verified += n;
   for (const std::vector<SampledToken>& tokens : out.entries) committed += static_cast<int64_t>(tokens.size());
   planner_->on_step(drafts_verified, committed,
-                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count());
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count(),
+                    base_tokens == committing && model_.graph_recordings() == graph_recordings);
   if (drafts_verified == 0) out.drafts_verified.clear();
   return out;
 }

@@ -121,7 +121,7 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
     planner.begin_drafting(32, 32, 32);
     if (planner.max_drafts(1, 4) == 0) break;
     ++drafting_steps;
-    planner.on_step(96, 32 * 2, 0.53 + 0.45 + 0.12);  // as the table says, but 2 tokens per request
+    planner.on_step(96, 32 * 2, 0.53 + 0.45 + 0.12, true);  // as the table says, but 2 tokens per request
   }
   EXPECT_EQ(drafting_steps, DsparkPlanner::kMinDraftSamples);
   EXPECT_NEAR(planner.drafting_rate(), 2.0 / 1.1, 1e-9);
@@ -129,11 +129,45 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
   for (; plain_steps < 1000; ++plain_steps) {
     planner.begin_drafting(32, 32, 32);
     if (planner.max_drafts(1, 4) > 0) break;
-    planner.on_step(0, 32, 0.42);
+    planner.on_step(0, 32, 0.42, true);
   }
   // Not sooner than three draft passes (0.45 + 0.12 ms each) costing 1% of the plain steps (0.42 ms) between.
   EXPECT_EQ(plain_steps, 408);
   static_assert(DsparkPlanner::kMinDraftSamples == 3 && DsparkPlanner::kMaxRetryCost == 0.01);
+}
+
+// A request's prefill step (its prompt rows) and a new verify or block shape's first steps (CUDA graphs recorded: an
+// eager run, then the capture) take several times a decode step: the guard above must not count them (the demo
+// model at batch 1, CPU and H100: the prefill and the first drafting steps stopped drafting for the next 100-310
+// steps).
+TEST(DsparkTest, StepsThatAreNotSteadyDoNotStopDrafting) {
+  const StepTimes gpu{table({{1, 0.30}, {5, 0.30}}), table({{1, 0.25}}), table({{1, 0.06}})};
+  DsparkPlanner planner(DsparkConfig{}, gpu, 4, /*block_draft=*/true);
+  for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 3);
+  int drafting_steps = 0;
+  for (int step = 0; step < 20; ++step) {
+    planner.set_all_greedy(true);
+    planner.begin_drafting(1, 1, 1);
+    if (planner.max_drafts(1, 4) == 0) break;
+    ++drafting_steps;
+    // Four tokens a step in 0.61 ms (6.6 per ms against a plain step's 3.3); the first is the prefill, the next four
+    // record graphs.
+    planner.on_step(step == 0 ? 0 : 3, step == 0 ? 1 : 4, step < 5 ? 4.0 : 0.61, step >= 5);
+  }
+  EXPECT_EQ(drafting_steps, 20);
+  EXPECT_NEAR(planner.drafting_rate(), 4.0 / 0.61, 1e-9);
+  // The same steps counted as steady: the first samples' 1 token in 4 ms stop drafting.
+  DsparkPlanner counted(DsparkConfig{}, gpu, 4, /*block_draft=*/true);
+  for (int i = 0; i < 40; ++i) counted.on_verified(1, 4, 3);
+  int counted_steps = 0;
+  for (int step = 0; step < 20; ++step) {
+    counted.set_all_greedy(true);
+    counted.begin_drafting(1, 1, 1);
+    if (counted.max_drafts(1, 4) == 0) break;
+    ++counted_steps;
+    counted.on_step(step == 0 ? 0 : 3, step == 0 ? 1 : 4, step < 5 ? 4.0 : 0.61, true);
+  }
+  EXPECT_EQ(counted_steps, DsparkPlanner::kMinDraftSamples);
 }
 
 TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {
@@ -225,7 +259,7 @@ double simulate_batch_one(DsparkPlanner& planner, const StepTimes& times, int re
       const double ms = times.verify.milliseconds(1 + verified) + (pass ? times.mtp_kv.milliseconds(1) : 0.0) +
                         (drafts.empty() ? 0.0 : times.draft.milliseconds(1));
       total_ms += ms;
-      planner.on_step(verified, 1 + accepted, ms);
+      planner.on_step(verified, 1 + accepted, ms, true);
       committed += 1 + accepted;
     }
     planner.on_removed(id);

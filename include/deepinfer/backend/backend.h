@@ -382,6 +382,10 @@ class Backend {
   // How many times a recording was launched in place of calling ops (0 on backends that do not record): tests
   // use it to check that graphs ran.
   virtual int64_t graph_replays() const { return 0; }
+  // How many times run_graph ran ops to make a recording: a new key's eager first run, then its capture (0 on
+  // backends that do not record). Such a step takes several times its steady time; timing rules that learn from
+  // step times (DSpark's drafting guard, dspark.h) leave those steps out.
+  virtual int64_t graph_recordings() const { return 0; }
 
   // out[t] = table[token_ids[t] - first_id] for the step's rows. table: count 1, [vocab, hidden], or a
   // vocabulary-parallel shard holding ids [first_id, first_id + rows): rows of ids outside it are 0 (the tensor-

@@ -120,8 +120,10 @@ class DraftPlanner {
   virtual void on_verified(SequenceId /*id*/, int32_t /*verified*/, int32_t /*accepted*/) {}
   virtual void on_removed(SequenceId /*id*/) {}
   // After the whole step (target pass, acceptance, the next step's draft passes): it verified `drafts_verified`
-  // drafts, committed `committed` tokens, and took `milliseconds` of wall time.
-  virtual void on_step(int64_t /*drafts_verified*/, int64_t /*committed*/, double /*milliseconds*/) {}
+  // drafts, committed `committed` tokens, and took `milliseconds` of wall time. `steady`: a decode step (one row per
+  // request besides its drafts: no prompt rows) during which the backend recorded no graphs
+  // (Backend::graph_recordings): its time is the steady state's, which timing rules may learn from.
+  virtual void on_step(int64_t /*drafts_verified*/, int64_t /*committed*/, double /*milliseconds*/, bool /*steady*/) {}
   // Before begin_drafting: whether every request committing this step decodes greedily (plain greedy sampling).
   virtual void set_all_greedy(bool /*all_greedy*/) {}
   // Counters for SpeculativeStats (fallbacks, fallback_returns, requests_in_fallback).
@@ -146,7 +148,10 @@ class DsparkPlanner final : public DraftPlanner {
   // The table is measured at startup on even, decode-shaped passes; serving steps are not (verify rows spread
   // unevenly over the sequences, new shapes warming up, a per-request verify cut that does not reach the acceptance
   // rates). So the planner also counts what drafting steps delivered: their committed tokens per committing request
-  // per ms of wall time (exponential average, weight kStepTimeWeight). Once kMinDraftSamples drafting steps are
+  // per ms of wall time (exponential average, weight kStepTimeWeight) of steady steps only (on_step): a step with
+  // prompt rows takes longer for them, and a step that recorded CUDA graphs (a new verify or block shape's first
+  // two runs: eager, then the capture) several times a replay's time; the average, seeded by its first sample, would
+  // keep either for tens of steps. Once kMinDraftSamples drafting steps are
   // counted, a step does not draft while that rate is below kGuardMargin x a plain step's (1 / verify_ms(
   // base_tokens)); the count restarts after kRetryAfterPlainSteps plain steps, twice as many after each retry that
   // keeps losing (up to kMaxRetryAfterPlainSteps), back to kRetryAfterPlainSteps once drafting pays, and never sooner
@@ -159,7 +164,7 @@ class DsparkPlanner final : public DraftPlanner {
   // lengths, and with them its sampled tokens, do not follow the machine's timing noise. For the same reason the
   // rule counts, and acts on, only steps whose committing requests are all greedy (set_all_greedy): greedy tokens
   // are the same whatever is verified; a seeded sampled request's are the same only for the same verify lengths.
-  void on_step(int64_t drafts_verified, int64_t committed, double milliseconds) override;
+  void on_step(int64_t drafts_verified, int64_t committed, double milliseconds, bool steady) override;
   void set_all_greedy(bool all_greedy) override { all_greedy_ = all_greedy; }
   static constexpr double kStepTimeWeight = 0.2;
   static constexpr double kGuardMargin = 0.9;

@@ -373,6 +373,8 @@ class DeepSeekModel {
   // values bit for bit. Switching to another set of layer caches, or growing the per-model scratch, discards the
   // backend's graphs (they bake in those addresses).
   void set_use_graphs(bool use_graphs) { use_graphs_ = use_graphs; }
+  // The backend's Backend::graph_recordings(): a step during which it grew ran some of its work eagerly to record it.
+  int64_t graph_recordings() const { return backend_.graph_recordings(); }
   // Why 256: launch overhead matters at small batches (a 256-row step already takes tens of ms), and up to 256 rows
   // the MoE layers stay on the grouped kernel, which never waits for the host (256 x top-8 = 2048 token copies,
   // under cuda_moe.cpp's 4096); a step that does wait runs eagerly anyway.

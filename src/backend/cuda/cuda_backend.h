@@ -191,6 +191,7 @@ class CudaBackend final : public Backend {
   Status run_graph(const GraphKey& key, const std::function<void()>& ops) override;
   void reset_graphs() override;
   int64_t graph_replays() const override { return graph_replays_; }
+  int64_t graph_recordings() const override { return graph_recordings_; }
 
   void embed(const Weight& table, Tensor out, int64_t first_id) override;
   void linear(const Tensor& x, const Weight& w, Tensor y) override;
@@ -398,6 +399,7 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;           // inside cudaStreamBeginCapture .. EndCapture
   bool host_synchronized_ = false;   // an op synchronized with the host since the last run_graph began
   int64_t graph_replays_ = 0;
+  int64_t graph_recordings_ = 0;
 
   // Temporaries by purpose; a function uses only its own, so nested calls never clobber their caller's.
   Scratch gemm_in_;       // linear_fp8 / gemm_f32_out: converted, padded, quantized activations

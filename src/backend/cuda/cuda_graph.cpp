@@ -40,6 +40,7 @@ Status CudaBackend::run_graph(const GraphKey& key, const std::function<void()>& 
   }
   if (it == graphs_.end()) {
     // Warm-up: eager, and the sizes every later run of this key reserves.
+    ++graph_recordings_;
     host_synchronized_ = false;
     ops();
     if (failed()) return take_sticky();
@@ -55,6 +56,7 @@ Status CudaBackend::run_graph(const GraphKey& key, const std::function<void()>& 
     return take_sticky();
   }
   if (graph.exec == nullptr) {
+    ++graph_recordings_;
     if (Status s = capture(graph, ops); !s.ok()) {
       graphs_.erase(it);  // warm up again next time
       return s;
