@@ -207,9 +207,10 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
   // No probes while the MTP KV is not kept current: drafts would read stale entries and measure nothing useful.
   if (step_draft_length_ == 0 && chains > 0 && !skip_idle_pass_ && ++steps_without_drafts_ >= probe_interval_) {
     probe_step_ = true;
-    // Keep A_1 measured, less often while probing keeps showing that drafting does not pay (a probe step costs
-    // a draft pass and a longer verify).
-    step_draft_length_ = 1;
+    // Keep A_1 measured (a DSpark module's block pass makes every length at once: A_1..A_K, for a longer verify of
+    // one request), less often while probing keeps showing that drafting does not pay (a probe step costs a draft
+    // pass and a longer verify).
+    step_draft_length_ = block_draft_ ? max_draft_tokens_ : 1;
     steps_without_drafts_ = 0;
     probe_interval_ = std::min(2 * probe_interval_, kMaxProbeInterval);
   } else if (step_draft_length_ > 0) {
@@ -267,7 +268,11 @@ void DsparkPlanner::on_step(int64_t drafts_verified, int64_t committed, double m
       step_draft_length_, drafts_verified, committed, committing_, milliseconds, steady ? "" : " (not steady)",
       probe_step_ ? " (probe)" : "", drafting_rate_, drafting_samples_, plain_ms_ > 0.0 ? 1.0 / plain_ms_ : 0.0,
       requests_in_fallback_);
-  if (times_.verify.empty() || !(milliseconds > 0.0) || !all_greedy_) return;  // 'const': no table
+  // The planner's own probe (begin_drafting) is not what the plan would draft: neither the step that made its drafts
+  // nor the one that verified them is a sample of drafting (nor a plain step).
+  const bool probing = (probe_step_ && drafted_) || probe_verify_pending_;
+  probe_verify_pending_ = probe_step_ && drafted_;
+  if (times_.verify.empty() || !(milliseconds > 0.0) || !all_greedy_ || probing) return;  // 'const': no table
   // A drafting step: one that verified drafts or made some (a fallback probe included: its draft pass is in the
   // step's time). A step whose plan allowed drafts that nobody made (every request in fallback) is a plain one.
   const bool drafting = drafts_verified > 0 || drafted_;

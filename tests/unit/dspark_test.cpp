@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <vector>
 
 namespace deepinfer::engine {
@@ -168,6 +169,54 @@ TEST(DsparkTest, StepsThatAreNotSteadyDoNotStopDrafting) {
     counted.on_step(step == 0 ? 0 : 3, step == 0 ? 1 : 4, step < 5 ? 4.0 : 0.61, true);
   }
   EXPECT_EQ(counted_steps, DsparkPlanner::kMinDraftSamples);
+}
+
+// The demo model on the 2-core CPU at batch 8 (its measured table, the block pass a little dearer): with the
+// prior's acceptance (0.7^k) no length pays, so only probes draft. A module whose drafts 1..3 are always accepted
+// makes L = 3 pay (32 tokens in 37.1 ms against 8 in 13.0); a probe of one token could never show it (A_1 -> 1, but
+// A_2.. stayed the prior: at best 22.6 tokens in 37.1 ms), and a probe step counted as a drafting one (one
+// request's draft) put the guard's rate below a plain step's. Probes of a block draft verify the whole block, and
+// are no samples of the guard: the planner drafts after its first probe and keeps drafting.
+TEST(DsparkTest, ProbesOfABlockDraftMeasureEveryPositionAndDoNotFeedTheGuard) {
+  const StepTimes cpu{table({{8, 12.89}, {16, 15.78}, {32, 22.99}, {40, 31.29}}), table({{8, 14.0}}),
+                      table({{8, 0.08}})};
+  DsparkPlanner planner(DsparkConfig{}, cpu, 4, /*block_draft=*/true);
+  std::map<SequenceId, std::vector<double>> drafts;  // made last step, verified this one
+  int drafting_steps_late = 0, verified_late = 0;
+  for (int step = 0; step < 400; ++step) {
+    std::vector<VerifyRequest> verify;
+    for (const auto& [id, confidences] : drafts) verify.push_back(request(id, confidences));
+    planner.plan(8, 8, verify);
+    int64_t verified_total = 0, committed = 0;
+    for (const VerifyRequest& v : verify) {
+      const int32_t accepted = std::min(v.verify_drafts, 3);
+      planner.on_verified(v.id, v.verify_drafts, accepted);
+      verified_total += v.verify_drafts;
+      committed += accepted;
+    }
+    committed += 8;
+    planner.set_all_greedy(true);
+    planner.begin_drafting(8, 8, 8);
+    drafts.clear();
+    int64_t chains = 0;
+    for (SequenceId id = 1; id <= 8; ++id) {
+      const int32_t most = planner.max_drafts(id, 4);
+      for (int32_t k = 0; k < most; ++k) {
+        drafts[id].push_back(0.95);
+        if (!planner.continue_after(id, k, 0.95)) break;
+      }
+      chains += most > 0 ? 1 : 0;
+    }
+    const double ms = cpu.verify.milliseconds(8 + verified_total) + (chains > 0 ? cpu.draft.milliseconds(8) : 0.0) +
+                      cpu.mtp_kv.milliseconds(8);
+    planner.on_step(verified_total, committed, ms, true);
+    if (step >= 300) {
+      drafting_steps_late += chains == 8 ? 1 : 0;
+      verified_late += static_cast<int>(verified_total);
+    }
+  }
+  EXPECT_EQ(drafting_steps_late, 100);
+  EXPECT_GE(verified_late, 100 * 8 * 3);
 }
 
 TEST(DsparkTest, ConsecutiveRollbacksFallBackAndConfidentProbesReturn) {

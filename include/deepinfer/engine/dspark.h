@@ -180,8 +180,10 @@ class DsparkPlanner final : public DraftPlanner {
   // A_k (k = 1..K): the decayed rate at which a verify of at least k drafts accepted drafts 1..k.
   std::vector<double> all_accepted_rate() const;
   // Steps in a row without drafting after which one step drafts a single token for one request anyway, so that A_1
-  // keeps being measured (the batch's acceptance may have changed); doubled after each such probe up to kMaxProbeInterval,
-  // back to kProbeEverySteps once drafting pays again.
+  // keeps being measured (the batch's acceptance may have changed; with a DSpark module the whole block, which its
+  // one pass makes anyway: A_1..A_K, else a pessimistic prior on the later positions could keep a good module from
+  // ever drafting); doubled after each such probe up to kMaxProbeInterval, back to kProbeEverySteps once drafting
+  // pays again. Neither a probe's step nor the step verifying it is a sample of the drafting rate (on_step).
   static constexpr int32_t kProbeEverySteps = 16;
   static constexpr int32_t kMaxProbeInterval = 512;
   // A step where nobody drafts skips the MTP pass when keeping its KV current would cost more than this fraction of
@@ -210,7 +212,8 @@ class DsparkPlanner final : public DraftPlanner {
   int32_t step_draft_length_ = 0;  // this step's L (begin_drafting)
   int32_t steps_without_drafts_ = 0;
   int32_t probe_interval_ = kProbeEverySteps;
-  bool probe_step_ = false;    // this step only probes: one request drafts one token
+  bool probe_step_ = false;  // this step only probes: one request drafts (one token; a block with a DSpark module)
+  bool probe_verify_pending_ = false;  // the last step made a probe's drafts: this one verifies them
   bool skip_idle_pass_ = false;
   int64_t committing_ = 0;              // this step's committing requests (begin_drafting)
   double drafting_rate_ = 0.0;          // committed tokens per committing request per ms of drafting steps
