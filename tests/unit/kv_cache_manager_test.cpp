@@ -432,7 +432,10 @@ TEST(KvCacheManagerTest, AFailedDiskWriteLeavesTheDiskTierOfTheIndex) {
   manager->flush();
   EXPECT_EQ(manager->blocks_in(Tier::kDisk).size(), 3u);
   EXPECT_EQ(manager->counters().lower->disk.usage_blocks, 3);
-  EXPECT_EQ(manager->counters().lower->disk.refused_blocks, 1);
+  // At least the failed write. On a slow machine (ASan: 2 of 24 runs) a second failure may count too: the block's
+  // file refreshed on a use while its failed write was still queued, or the block written again after it left the
+  // disk tier; either fails against the directory and counts.
+  EXPECT_GE(manager->counters().lower->disk.refused_blocks, 1);
   EXPECT_TRUE(manager->policy().index().check_invariants().ok());
 }
 
