@@ -143,32 +143,27 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
 // steps).
 TEST(DsparkTest, StepsThatAreNotSteadyDoNotStopDrafting) {
   const StepTimes gpu{table({{1, 0.30}, {5, 0.30}}), table({{1, 0.25}}), table({{1, 0.06}})};
+  // Up to 20 steps that draft, each reported with `steady(step)`: how many drafted before the guard stopped them.
+  auto drafting_steps = [&](DsparkPlanner& planner, auto steady) {
+    for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 3);
+    int steps = 0;
+    for (int step = 0; step < 20; ++step) {
+      planner.set_all_greedy(true);
+      planner.begin_drafting(1, 1, 1);
+      if (planner.max_drafts(1, 4) == 0) break;
+      ++steps;
+      // Four tokens a step in 0.61 ms (6.6 per ms against a plain step's 3.3); the first is the prefill, the next
+      // four record graphs.
+      planner.on_step(step == 0 ? 0 : 3, step == 0 ? 1 : 4, step < 5 ? 4.0 : 0.61, steady(step));
+    }
+    return steps;
+  };
   DsparkPlanner planner(DsparkConfig{}, gpu, 4, /*block_draft=*/true);
-  for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 3);
-  int drafting_steps = 0;
-  for (int step = 0; step < 20; ++step) {
-    planner.set_all_greedy(true);
-    planner.begin_drafting(1, 1, 1);
-    if (planner.max_drafts(1, 4) == 0) break;
-    ++drafting_steps;
-    // Four tokens a step in 0.61 ms (6.6 per ms against a plain step's 3.3); the first is the prefill, the next four
-    // record graphs.
-    planner.on_step(step == 0 ? 0 : 3, step == 0 ? 1 : 4, step < 5 ? 4.0 : 0.61, step >= 5);
-  }
-  EXPECT_EQ(drafting_steps, 20);
+  EXPECT_EQ(drafting_steps(planner, [](int step) { return step >= 5; }), 20);
   EXPECT_NEAR(planner.drafting_rate(), 4.0 / 0.61, 1e-9);
   // The same steps counted as steady: the first samples' 1 token in 4 ms stop drafting.
   DsparkPlanner counted(DsparkConfig{}, gpu, 4, /*block_draft=*/true);
-  for (int i = 0; i < 40; ++i) counted.on_verified(1, 4, 3);
-  int counted_steps = 0;
-  for (int step = 0; step < 20; ++step) {
-    counted.set_all_greedy(true);
-    counted.begin_drafting(1, 1, 1);
-    if (counted.max_drafts(1, 4) == 0) break;
-    ++counted_steps;
-    counted.on_step(step == 0 ? 0 : 3, step == 0 ? 1 : 4, step < 5 ? 4.0 : 0.61, true);
-  }
-  EXPECT_EQ(counted_steps, DsparkPlanner::kMinDraftSamples);
+  EXPECT_EQ(drafting_steps(counted, [](int) { return true; }), DsparkPlanner::kMinDraftSamples);
 }
 
 // The demo model on the 2-core CPU at batch 8 (its measured table, the block pass a little dearer): with the
