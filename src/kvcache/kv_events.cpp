@@ -3,6 +3,7 @@
 
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -10,6 +11,7 @@
 #include <deque>
 #include <msgpack.hpp>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 namespace deepinfer::kvcache {
@@ -67,6 +69,81 @@ KvEvent KvEvent::stored(std::string_view medium, const BlockHash& hash, const Bl
   event.token_ids.assign(token_ids.begin(), token_ids.end());
   event.medium = std::string(medium);
   return event;
+}
+
+void order_parents_first(std::vector<KvEvent>& events) {
+  // A block on a medium: where its BlockStored and BlockRemoved events are in the batch (ascending).
+  struct Key {
+    BlockHash hash;
+    std::string_view medium;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHasher {
+    size_t operator()(const Key& k) const {
+      return BlockHashHasher()(k.hash) ^ (std::hash<std::string_view>()(k.medium) * 0x9e3779b97f4a7c15ULL);
+    }
+  };
+  std::unordered_map<Key, std::vector<size_t>, KeyHasher> stored_at, removed_at;
+  std::vector<size_t> cleared_at;
+  bool any_parent = false;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const KvEvent& e = events[i];
+    if (e.kind == KvEvent::Kind::kAllBlocksCleared) {
+      cleared_at.push_back(i);
+      continue;
+    }
+    auto& at = e.kind == KvEvent::Kind::kBlockStored ? stored_at : removed_at;
+    for (const BlockHash& hash : e.block_hashes) at[Key{hash, e.medium}].push_back(i);
+    any_parent = any_parent || (e.kind == KvEvent::Kind::kBlockStored && e.parent_block_hash.has_value());
+  }
+  if (!any_parent) return;
+  // Whether sorted `at` holds an index in (i, j).
+  auto between = [](const std::vector<size_t>* at, size_t i, size_t j) {
+    if (at == nullptr) return false;
+    auto it = std::upper_bound(at->begin(), at->end(), i);
+    return it != at->end() && *it < j;
+  };
+  std::vector<char> emitted(events.size(), 0);
+  std::vector<size_t> order;
+  order.reserve(events.size());
+  // Emits event i, after the first later BlockStored of its parent that may move ahead of it (recursively).
+  std::vector<size_t> stack;
+  for (size_t first = 0; first < events.size(); ++first) {
+    if (emitted[first]) continue;
+    stack.push_back(first);
+    emitted[first] = 1;
+    while (!stack.empty()) {
+      const size_t i = stack.back();
+      const KvEvent& e = events[i];
+      size_t parent_event = events.size();
+      if (e.kind == KvEvent::Kind::kBlockStored && e.parent_block_hash.has_value()) {
+        const Key parent{*e.parent_block_hash, e.medium};
+        if (auto s = stored_at.find(parent); s != stored_at.end()) {
+          auto r = removed_at.find(parent);
+          const std::vector<size_t>* removed = r == removed_at.end() ? nullptr : &r->second;
+          auto j = std::upper_bound(s->second.begin(), s->second.end(), i);
+          // Stored earlier in the batch and still there at i: nothing to move.
+          const bool known =
+              j != s->second.begin() && !between(removed, *(j - 1), i) && !between(&cleared_at, *(j - 1), i);
+          if (!known && j != s->second.end() && !emitted[*j] && !between(removed, i, *j) &&
+              !between(&cleared_at, i, *j)) {
+            parent_event = *j;
+          }
+        }
+      }
+      if (parent_event < events.size()) {
+        emitted[parent_event] = 1;
+        stack.push_back(parent_event);
+        continue;
+      }
+      order.push_back(i);
+      stack.pop_back();
+    }
+  }
+  std::vector<KvEvent> sorted;
+  sorted.reserve(events.size());
+  for (size_t i : order) sorted.push_back(std::move(events[i]));
+  events = std::move(sorted);
 }
 
 KvEvent KvEvent::removed(std::string_view medium, const BlockHash& hash) {
@@ -207,6 +284,7 @@ struct KvEventPublisher::Impl {
     if (pending.empty()) return;
     KvEventBatch batch{unix_seconds(), std::move(pending)};
     pending.clear();
+    order_parents_first(batch.events);
     to_send.emplace_back(next_sequence++, encode_kv_event_batch(batch));
   }
 

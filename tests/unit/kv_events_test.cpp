@@ -112,6 +112,25 @@ void apply_batch(const kvcache::KvEventBatch& batch, Sets& sets) {
   }
 }
 
+// BlockStored events of a batch that come before the BlockStored of their parent on the same medium, later in
+// the same batch (an indexer that drops a block whose parent it does not know would lose them).
+int children_before_parents(const kvcache::KvEventBatch& batch) {
+  int count = 0;
+  for (size_t i = 0; i < batch.events.size(); ++i) {
+    const KvEvent& child = batch.events[i];
+    if (child.kind != KvEvent::Kind::kBlockStored || !child.parent_block_hash) continue;
+    for (size_t j = i + 1; j < batch.events.size(); ++j) {
+      const KvEvent& later = batch.events[j];
+      if (later.kind == KvEvent::Kind::kBlockStored && later.medium == child.medium &&
+          std::ranges::find(later.block_hashes, *child.parent_block_hash) != later.block_hashes.end()) {
+        ++count;
+        break;
+      }
+    }
+  }
+  return count;
+}
+
 Sets engine_sets(const Engine& engine) {
   Sets sets;
   for (const auto& [medium, hashes] : engine.kv_blocks_by_medium()) {
@@ -152,6 +171,8 @@ TEST(KvEventsTest, ASubscriberRebuildsEveryTierExactlyAlsoAfterARestart) {
     ASSERT_EQ(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the subscription reaches the publisher
     for (int round = 0; round < 8; ++round) run_prompt(*engine, round % 5, 130 + 20 * round);
+    // Long prompts: each pushes a whole chain out of host at once (demoted to disk from its end).
+    for (int round = 0; round < 3; ++round) run_prompt(*engine, 7 + round, 370);
     engine->flush_kv_tiers();  // every disk write done (its events published)
     // Drain the live stream (events of the disk writer leave within the flush interval).
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -173,12 +194,17 @@ TEST(KvEventsTest, ASubscriberRebuildsEveryTierExactlyAlsoAfterARestart) {
     EXPECT_EQ(history.front().first, 0u);
     ASSERT_FALSE(history.front().second.events.empty());
     EXPECT_EQ(history.front().second.events.front().kind, KvEvent::Kind::kAllBlocksCleared);
-    int64_t stored = 0, removed = 0;
+    int64_t stored = 0, removed = 0, stored_not_device = 0;
+    int out_of_order = 0;
     for (size_t i = 0; i < history.size(); ++i) {
       EXPECT_EQ(history[i].first, i) << "sequence numbers are dense from 0";
+      // Before order_parents_first: 1 in this run, on the disk tier (a long prompt pushes a chain out of host in one
+      // step, demoted from its end).
+      out_of_order += children_before_parents(history[i].second);
       for (const KvEvent& event : history[i].second.events) {
         stored += event.kind == KvEvent::Kind::kBlockStored;
         removed += event.kind == KvEvent::Kind::kBlockRemoved;
+        stored_not_device += event.kind == KvEvent::Kind::kBlockStored && event.medium != kvcache::kMediumDevice;
         if (event.kind == KvEvent::Kind::kBlockStored && event.medium == kvcache::kMediumDevice) {
           EXPECT_EQ(event.token_ids.size(), 64u) << "a computed block carries its tokens";
           EXPECT_EQ(event.block_size, 64);
@@ -188,6 +214,8 @@ TEST(KvEventsTest, ASubscriberRebuildsEveryTierExactlyAlsoAfterARestart) {
     }
     EXPECT_EQ(history.back().first, last_live_sequence) << "the live stream and the replay agree";
     EXPECT_GT(removed, 0) << "the tiers were small enough to evict";
+    EXPECT_GT(stored_not_device, 0) << "blocks reached the host and disk tiers";
+    EXPECT_EQ(out_of_order, 0) << "within a batch, a block's BlockStored follows its parent's";
     const Sets expected = engine_sets(*engine);
     EXPECT_TRUE(live == expected) << "rebuilt " << describe(live) << " vs engine " << describe(expected);
     EXPECT_TRUE(expected.contains(std::string(kvcache::kMediumDisk)));
@@ -228,6 +256,50 @@ TEST(KvEventsTest, ASubscriberRebuildsEveryTierExactlyAlsoAfterARestart) {
            }();
   }
   zmq_ctx_term(context);
+}
+
+TEST(KvEventsTest, ABatchStoresParentsBeforeTheirChildren) {
+  const BlockHash a{1, 1}, b{2, 2}, c{3, 3}, d{4, 4};
+  const std::string_view host = kvcache::kMediumHost, disk = kvcache::kMediumDisk;
+  auto names = [&](const std::vector<KvEvent>& events) {
+    std::string out;
+    for (const KvEvent& e : events) {
+      if (e.kind == KvEvent::Kind::kAllBlocksCleared) {
+        out += "clear ";
+        continue;
+      }
+      const BlockHash h = e.block_hashes.front();
+      out += std::string(e.kind == KvEvent::Kind::kBlockRemoved ? "-" : "+") + std::string(1, char('a' + h.high - 1)) +
+             (e.medium == disk ? "@disk " : " ");
+    }
+    return out;
+  };
+  // A chain demoted from its end: c (child of b), b (child of a), a (a root).
+  std::vector<KvEvent> events{KvEvent::stored(host, c, b, {}), KvEvent::stored(host, b, a, {}),
+                              KvEvent::stored(host, a, kvcache::kRootBlockHash, {})};
+  kvcache::order_parents_first(events);
+  EXPECT_EQ(names(events), "+a +b +c ");
+  // Another medium's copy of the parent is not the parent; an unrelated event keeps its place.
+  events = {KvEvent::stored(disk, b, a, {}), KvEvent::removed(host, d), KvEvent::stored(host, a, d, {})};
+  kvcache::order_parents_first(events);
+  EXPECT_EQ(names(events), "+b@disk -d +a ");
+  // The parent stored earlier in the batch: nothing moves (its later store is a second copy).
+  events = {KvEvent::stored(host, a, d, {}), KvEvent::stored(host, b, a, {}), KvEvent::removed(host, a),
+            KvEvent::stored(host, a, d, {})};
+  kvcache::order_parents_first(events);
+  EXPECT_EQ(names(events), "+a +b -a +a ");
+  // A parent's store never passes a removal of that block, or an AllBlocksCleared.
+  events = {KvEvent::stored(host, b, a, {}), KvEvent::removed(host, a), KvEvent::stored(host, a, d, {})};
+  kvcache::order_parents_first(events);
+  EXPECT_EQ(names(events), "+b -a +a ");
+  events = {KvEvent::stored(host, b, a, {}), KvEvent::all_cleared(), KvEvent::stored(host, a, d, {})};
+  kvcache::order_parents_first(events);
+  EXPECT_EQ(names(events), "+b clear +a ");
+  // It moves past other blocks' events, and a moved parent brings its own parent with it.
+  events = {KvEvent::stored(host, c, b, {}), KvEvent::removed(host, d), KvEvent::stored(host, b, a, {}),
+            KvEvent::stored(disk, d, a, {}), KvEvent::stored(host, a, d, {})};
+  kvcache::order_parents_first(events);
+  EXPECT_EQ(names(events), "+a +b +c -d +d@disk ");
 }
 
 TEST(KvEventsTest, TheWireFormatRoundTripsAndRejectsGarbage) {

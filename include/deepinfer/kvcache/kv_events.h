@@ -59,6 +59,13 @@ struct KvEventBatch {
   std::vector<KvEvent> events;
 };
 
+// Reorders one batch's events so that a BlockStored comes after the BlockStored of its parent on the same medium
+// where both are in the batch (tiers fed by demotion store a chain's end first; an indexer that drops a block whose
+// parent it does not know yet, as vLLM-schema consumers may, would lose those). A parent's event moves only ahead of
+// events it can pass without changing what a replay of the batch leaves: never past a BlockRemoved of the same block
+// on that medium or an AllBlocksCleared. Otherwise the order is kept. O(n log n) in the batch's events.
+void order_parents_first(std::vector<KvEvent>& events);
+
 // The payload bytes of one batch (the format above).
 std::string encode_kv_event_batch(const KvEventBatch& batch);
 // The inverse, for subscribers (the router, tests). Errors: Corruption naming what is malformed.
