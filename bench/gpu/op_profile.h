@@ -64,6 +64,9 @@ class ProfilingBackend final : public backend::Backend {
   void embed(const backend::Weight& table, backend::Tensor out, int64_t first_id) override {
     timed("embed", [&] { inner_.embed(table, out, first_id); });
   }
+  void gather_step_rows(const backend::Tensor& src, backend::Tensor out) override {
+    timed("gather_step_rows", [&] { inner_.gather_step_rows(src, out); });
+  }
   void linear(const backend::Tensor& x, const backend::Weight& w, backend::Tensor y) override {
     const char* kind = w.precision == backend::Precision::kFP8 ? "linear fp8" : "linear bf16";
     timed(std::string(kind) + " " + std::to_string(w.rows) + "x" + std::to_string(w.cols),

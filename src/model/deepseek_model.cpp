@@ -2387,9 +2387,12 @@ Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, Laye
     return Status::invalid_argument("forward_dspark_inject: " + std::to_string(T) + " rows, more than the scratch's " +
                                     std::to_string(scratch_->capacity));
   }
-  const std::vector<int32_t> token_ids(static_cast<size_t>(T), 0);  // no embedding: the rows are the context
+  // The step's token ids are the kept rows to gather (no embedding: the rows are the context), checked against the
+  // rows the previous pass kept.
+  const std::span<const int32_t> token_ids = batch.context_rows;
   RowLayout rows;
-  if (Status s = layout_rows("forward_dspark_inject", token_ids, batch.sequences, {}, c.vocab_size, rows); !s.ok()) {
+  if (Status s = layout_rows("forward_dspark_inject", token_ids, batch.sequences, {}, kept_context_rows_, rows);
+      !s.ok()) {
     return s;
   }
   if (T == 0) return Status();
@@ -2399,30 +2402,47 @@ Status DeepSeekModel::forward_dspark_inject(const DsparkInjectBatch& batch, Laye
       !s.ok()) {
     return s;
   }
+  // Recorded as a graph where a decode step would be (the next block pass reads these entries on the same stream:
+  // nothing to wait for here).
+  const bool graphed = use_graphs_ && graph_sized(T, batch.sequences);
+  const int64_t table_stride = graph_table_stride(batch.sequences);
   backend::StepLayout layout = step_layout(token_ids, {}, rows);
   layout.rows_start_at_zero = false;
+  layout.block_table_stride = table_stride;
   if (Status s = backend_.begin_step(layout); !s.ok()) return s;
   const DsparkModule& M = *w.dspark;
   const StepTensors t = step_tensors(*scratch_, c, backend_.activation_dtype(), T);
-  const Tensor kept = t.rows_of(scratch_->dspark_context, hidden * S);
+  // Every row the scratch holds is a valid source (the ids were checked against the kept ones): a recording does
+  // not depend on how many the previous pass kept.
+  const Tensor kept{scratch_->dspark_context.data(), backend_.activation_dtype(), scratch_->capacity, hidden * S,
+                    hidden * S};
   const Tensor gathered = t.rows_of(scratch_->dspark_gathered, hidden * S);
-  for (int64_t begin = 0; begin < T;) {
-    int64_t end = begin + 1;
-    while (end < T && batch.context_rows[end] == batch.context_rows[end - 1] + 1) ++end;
-    backend_.copy(kept.rows_slice(batch.context_rows[begin], end - begin), gathered.rows_slice(begin, end - begin));
-    begin = end;
+  auto device_work = [&] {
+    backend_.gather_step_rows(kept, gathered);
+    // c_t = main_norm(main_proj([h_l1 | h_l2 ...])); each stage's latent entry and rope key from c_t (no input norm).
+    backend_.linear(gathered, *M.main_proj, t.x);
+    backend_.rms_norm(t.x, M.main_norm, eps, t.normed);
+    for (int64_t s = 0; s < S; ++s) {
+      const Layer& L = M.stages[static_cast<size_t>(s)];
+      backend_.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
+      backend_.rms_norm(t.kv.cols_slice(0, C), L.kv_a_layernorm, eps, t.kv.cols_slice(0, C));
+      backend_.rope(t.kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
+      backend_.store_kv(t.kv, stage_caches[static_cast<size_t>(s)]);
+    }
+  };
+  if (!graphed) {
+    device_work();
+    return Status();
   }
-  // c_t = main_norm(main_proj([h_l1 | h_l2 ...])); each stage's latent entry and rope key from c_t (no input norm).
-  backend_.linear(gathered, *M.main_proj, t.x);
-  backend_.rms_norm(t.x, M.main_norm, eps, t.normed);
-  for (int64_t s = 0; s < S; ++s) {
-    const Layer& L = M.stages[static_cast<size_t>(s)];
-    backend_.linear(t.normed, *L.kv_a_proj_with_mqa, t.kv);
-    backend_.rms_norm(t.kv.cols_slice(0, C), L.kv_a_layernorm, eps, t.kv.cols_slice(0, C));
-    backend_.rope(t.kv.cols_slice(C, R), 1, w.inv_freq, w.rope_attention_factor);
-    backend_.store_kv(t.kv, stage_caches[static_cast<size_t>(s)]);
-  }
-  return backend_.synchronize();
+  track_graph_caches(graph_stage_layers_, stage_caches);
+  backend::GraphKey key;
+  key.rows = T;
+  key.sequences = static_cast<int64_t>(batch.sequences.size());
+  key.max_blocks_per_sequence = table_stride;
+  key.logits_rows = 0;
+  key.variant = 9;  // forward()'s are 0..7, the block pass's 8
+  key.owner = graph_owner_;
+  return backend_.run_graph(key, device_work);
 }
 
 Status DeepSeekModel::run_dspark_block(const DsparkBlockBatch& batch, LayerCaches stage_caches) {

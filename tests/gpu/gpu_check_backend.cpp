@@ -349,7 +349,9 @@ void check_step_ops(Pair& p) {
   std::vector<float> inv_freq(R / 2);
   for (int64_t i = 0; i < R / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / R);
   const std::vector<float> q = p.rng.values(static_cast<size_t>(T * H * (nope + R)));
-  std::vector<float> embedded[2], roped[2], sharded[2];
+  std::vector<float> embedded[2], roped[2], sharded[2], gathered[2];
+  // gather_step_rows: the step's ids index an activation of vocab rows (strided source, DSpark's injection).
+  const std::vector<float> source = p.rng.values(static_cast<size_t>(vocab * 32));
   const be::Weight* tables[2] = {table.cpu.get(), table.gpu.get()};
   // A vocabulary shard (tensor parallel): ids [600, 1600) of a table of 1000 rows; the others' rows are zeros.
   WeightPair shard = make_weights(p.cpu, p.gpu, p.rng, 1, vocab, hidden, Precision::kBF16, 1.0f);
@@ -363,6 +365,10 @@ void check_step_ops(Pair& p) {
     Act es = make_act(b, T, hidden, hidden);
     b.embed(*shards[i], es.view, 600);
     sharded[i] = read_act(b, es, "embed (vocabulary shard)");
+    Act src = make_act(b, source, vocab, 24, 32);
+    Act g = make_act(b, T, 24, 24);
+    b.gather_step_rows(src.view, g.view);
+    gathered[i] = read_act(b, g, "gather_step_rows");
     Buffer freq = must(b.make_vector(inv_freq), "make_vector");
     Act qa = make_act(b, q, T, H * (nope + R), H * (nope + R));
     // The rope part of every head: T * H vectors of R values at stride nope + R.
@@ -374,6 +380,7 @@ void check_step_ops(Pair& p) {
   expect_close("embed", embedded[1], embedded[0], 0.0);
   expect_close("embed (vocabulary shard, first id 600)", sharded[1], sharded[0], 0.0);
   expect_close("rope (q heads, strided)", roped[1], roped[0], 1e-2);
+  expect_close("gather_step_rows", gathered[1], gathered[0], 0.0);
 }
 
 // mla_prepare (rms_norm + rope + store_kv + rope + copy) at DeepSeek-V3's sizes (128 heads: the kernel's rope loop

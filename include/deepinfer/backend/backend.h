@@ -391,6 +391,10 @@ class Backend {
   // vocabulary-parallel shard holding ids [first_id, first_id + rows): rows of ids outside it are 0 (the tensor-
   // parallel ranks' shards then sum to the embedding). The caller checks ids against the vocabulary.
   virtual void embed(const Weight& table, Tensor out, int64_t first_id) = 0;
+  // out[t] = src[token_ids[t]] for the step's rows: the step's token ids index src's rows (DSpark's injection
+  // gathers the kept target rows so, inside a recorded graph). src and out: the activation dtype, same cols; the
+  // caller checks every id < src.rows.
+  virtual void gather_step_rows(const Tensor& src, Tensor out) = 0;
   // y = x · wᵀ (y [rows, w.rows]; x [rows, w.cols]). y may be float32 where x is the activation dtype (router logits:
   // expert parallel routes on the host from them; CUDA computes them as its moe op does).
   virtual void linear(const Tensor& x, const Weight& w, Tensor y) = 0;

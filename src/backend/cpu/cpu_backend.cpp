@@ -211,6 +211,12 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void gather_step_rows(const Tensor& src, Tensor out) override {
+    for (int64_t t = 0; t < out.rows; ++t) {
+      std::copy_n(f32(src) + token_ids_[static_cast<size_t>(t)] * src.stride, out.cols, f32(out) + t * out.stride);
+    }
+  }
+
   void linear(const Tensor& x, const Weight& w, Tensor y) override { linear_matrix(x, cpu(w), 0, y); }
 
   void linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y, int64_t y_head_stride) override {

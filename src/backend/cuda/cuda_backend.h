@@ -194,6 +194,7 @@ class CudaBackend final : public Backend {
   int64_t graph_recordings() const override { return graph_recordings_; }
 
   void embed(const Weight& table, Tensor out, int64_t first_id) override;
+  void gather_step_rows(const Tensor& src, Tensor out) override;
   void linear(const Tensor& x, const Weight& w, Tensor y) override;
   void linear_heads(const Tensor& x, int64_t x_head_stride, const Weight& w, Tensor y, int64_t y_head_stride) override;
   void rms_norm(const Tensor& x, const Buffer& weight, float eps, Tensor y) override;

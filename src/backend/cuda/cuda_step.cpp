@@ -237,6 +237,25 @@ void CudaBackend::embed(const Weight& table, Tensor out, int64_t first_id) {
   check_cuda(kc::run_gather_rows(p), "embed");
 }
 
+void CudaBackend::gather_step_rows(const Tensor& src, Tensor out) {
+  BACKEND_CHECK(
+      src.dtype == DType::kBF16 && out.dtype == DType::kBF16 && out.rows == step_.rows && out.cols == src.cols,
+      "gather_step_rows: src and out must be bf16 with the same cols, out [" + std::to_string(step_.rows) + ", cols]");
+  if (failed() || out.rows == 0) return;
+  kc::GatherRowsParams p;
+  p.rows = out.rows;
+  p.cols = out.cols;
+  p.indices = step_.token_ids_device;
+  p.format = kc::TableFormat::kBF16;
+  p.table = src.data;
+  p.table_rows = src.rows;
+  p.table_stride = src.stride;
+  p.dst = static_cast<uint16_t*>(out.data);
+  p.dst_stride = out.stride;
+  p.stream = stream_;
+  check_cuda(kc::run_gather_rows(p), "gather_step_rows");
+}
+
 void CudaBackend::store_kv(const Tensor& kv, const Buffer& cache_layer) {
   const size_t entry_bytes = static_cast<size_t>(kv.cols) * 2;
   BACKEND_CHECK(kv.dtype == DType::kBF16 && kv.rows == step_.rows,
