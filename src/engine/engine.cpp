@@ -178,6 +178,7 @@ Result<StepTimes> measure_step_times(model::DeepSeekModel& model, std::span<cons
       if (module) {
         start = std::chrono::steady_clock::now();
         if (Status s = model.forward_dspark_inject(inject, caches.subspan(main_caches.size())); !s.ok()) return s;
+        if (Status s = model.synchronize(); !s.ok()) return s;  // the pass's whole time (it does not wait itself)
         if (timed) kv_times.push_back(elapsed_ms(start));
         start = std::chrono::steady_clock::now();
         if (model.has_device_dspark_heads()) {  // the heads where the logits are, as the executor runs them

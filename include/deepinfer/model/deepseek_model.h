@@ -342,9 +342,13 @@ class DeepSeekModel {
   };
   const DsparkHeads* dspark_heads() const;
   // The injection pass (see DsparkInjectBatch) into `stage_caches` (S of them), following a forward() with
-  // keep_dspark_context; waits for the device. Errors: InvalidArgument (no module, rows beyond the kept context,
-  // bad block tables), the backend's. Not thread-safe; always eager.
+  // keep_dspark_context. Queued on the device, not waited for (the next pass on the stream reads its entries;
+  // synchronize() waits); recorded as a graph where a decode step would be (set_use_graphs). Errors: InvalidArgument
+  // (no module, rows beyond the kept context, bad block tables), the backend's (a device error may surface at the
+  // next call that waits). Not thread-safe.
   Status forward_dspark_inject(const DsparkInjectBatch& batch, LayerCaches stage_caches);
+  // Waits for the work queued on the device (the backend's synchronize). Errors: the backend's. Not thread-safe.
+  Status synchronize() { return backend_.synchronize(); }
   // The block pass: base logits [T, dspark_heads()->draft_vocab()] float32 (host, in the draft's vocabulary) and h
   // [T, hidden] float32 (host) of every row; writes the
   // rows' entries into the stage caches. Drops any kept hidden state or context (it may grow the scratch). Errors as
