@@ -103,10 +103,35 @@ void order_parents_first(std::vector<KvEvent>& events) {
     auto it = std::upper_bound(at->begin(), at->end(), i);
     return it != at->end() && *it < j;
   };
+  // The events go out in order; before event `first` goes out, the stored events its chain of parents needs are
+  // pulled ahead of it. A pulled event passes every event not yet out between `first` and its own place, so it
+  // may not pass a removal of its block or a clear there (removals and clears are never pulled: those not yet out
+  // are exactly those after `first`). `held` is what a subscriber holds after the events out so far.
   std::vector<char> emitted(events.size(), 0);
   std::vector<size_t> order;
   order.reserve(events.size());
-  // Emits event i, after the first later BlockStored of its parent that may move ahead of it (recursively).
+  std::unordered_map<Key, int32_t, KeyHasher> held;  // stored minus removed, per block and medium
+  auto emit = [&](size_t i) {
+    order.push_back(i);
+    const KvEvent& e = events[i];
+    if (e.kind == KvEvent::Kind::kAllBlocksCleared) {
+      held.clear();
+      return;
+    }
+    for (const BlockHash& hash : e.block_hashes) {
+      int32_t& count = held[Key{hash, e.medium}];
+      count = e.kind == KvEvent::Kind::kBlockStored ? 1 : 0;
+    }
+  };
+  // Whether stored event j may go out just before `first`: no removal of any of its blocks, and no clear, between.
+  auto may_pass = [&](size_t j, size_t first) {
+    if (between(&cleared_at, first, j)) return false;
+    for (const BlockHash& hash : events[j].block_hashes) {
+      auto r = removed_at.find(Key{hash, events[j].medium});
+      if (r != removed_at.end() && between(&r->second, first, j)) return false;
+    }
+    return true;
+  };
   std::vector<size_t> stack;
   for (size_t first = 0; first < events.size(); ++first) {
     if (emitted[first]) continue;
@@ -118,17 +143,13 @@ void order_parents_first(std::vector<KvEvent>& events) {
       size_t parent_event = events.size();
       if (e.kind == KvEvent::Kind::kBlockStored && e.parent_block_hash.has_value()) {
         const Key parent{*e.parent_block_hash, e.medium};
-        if (auto s = stored_at.find(parent); s != stored_at.end()) {
-          auto r = removed_at.find(parent);
-          const std::vector<size_t>* removed = r == removed_at.end() ? nullptr : &r->second;
-          auto j = std::upper_bound(s->second.begin(), s->second.end(), i);
-          // Stored earlier in the batch and still there at i: nothing to move.
-          const bool known =
-              j != s->second.begin() && !between(removed, *(j - 1), i) && !between(&cleared_at, *(j - 1), i);
-          if (!known && j != s->second.end() && !emitted[*j] && !between(removed, i, *j) &&
-              !between(&cleared_at, i, *j)) {
-            parent_event = *j;
-          }
+        auto h = held.find(parent);
+        auto s = stored_at.find(parent);
+        if ((h == held.end() || h->second == 0) && s != stored_at.end()) {
+          // The parent's first store not yet out, after `first` (earlier ones are out).
+          auto j = std::upper_bound(s->second.begin(), s->second.end(), first);
+          while (j != s->second.end() && emitted[*j]) ++j;
+          if (j != s->second.end() && may_pass(*j, first)) parent_event = *j;
         }
       }
       if (parent_event < events.size()) {
@@ -136,7 +157,7 @@ void order_parents_first(std::vector<KvEvent>& events) {
         stack.push_back(parent_event);
         continue;
       }
-      order.push_back(i);
+      emit(i);
       stack.pop_back();
     }
   }

@@ -95,18 +95,23 @@ std::vector<std::pair<uint64_t, kvcache::KvEventBatch>> replay(void* context, co
   return out;
 }
 
-// What a router does with the stream: one set of block hashes per medium.
-void apply_batch(const kvcache::KvEventBatch& batch, Sets& sets) {
+// What a router does with the stream: one set of block hashes per medium. `inconsistent` counts stores of a block
+// the medium already holds and removals of one it does not (a tier does neither: such an event was reordered).
+void apply_batch(const kvcache::KvEventBatch& batch, Sets& sets, int* inconsistent = nullptr) {
   for (const KvEvent& event : batch.events) {
     switch (event.kind) {
       case KvEvent::Kind::kAllBlocksCleared:
         sets.clear();
         break;
       case KvEvent::Kind::kBlockStored:
-        for (const BlockHash& hash : event.block_hashes) sets[event.medium].insert(hash);
+        for (const BlockHash& hash : event.block_hashes) {
+          if (!sets[event.medium].insert(hash).second && inconsistent != nullptr) ++*inconsistent;
+        }
         break;
       case KvEvent::Kind::kBlockRemoved:
-        for (const BlockHash& hash : event.block_hashes) sets[event.medium].erase(hash);
+        for (const BlockHash& hash : event.block_hashes) {
+          if (sets[event.medium].erase(hash) == 0 && inconsistent != nullptr) ++*inconsistent;
+        }
         break;
     }
   }
@@ -195,7 +200,7 @@ TEST(KvEventsTest, ASubscriberRebuildsEveryTierExactlyAlsoAfterARestart) {
     ASSERT_FALSE(history.front().second.events.empty());
     EXPECT_EQ(history.front().second.events.front().kind, KvEvent::Kind::kAllBlocksCleared);
     int64_t stored = 0, removed = 0, stored_not_device = 0;
-    int out_of_order = 0;
+    int out_of_order = 0, inconsistent = 0;
     for (size_t i = 0; i < history.size(); ++i) {
       EXPECT_EQ(history[i].first, i) << "sequence numbers are dense from 0";
       // Before order_parents_first: 1 in this run, on the disk tier (a long prompt pushes a chain out of host in one
@@ -210,12 +215,13 @@ TEST(KvEventsTest, ASubscriberRebuildsEveryTierExactlyAlsoAfterARestart) {
           EXPECT_EQ(event.block_size, 64);
         }
       }
-      apply_batch(history[i].second, live);
+      apply_batch(history[i].second, live, &inconsistent);
     }
     EXPECT_EQ(history.back().first, last_live_sequence) << "the live stream and the replay agree";
     EXPECT_GT(removed, 0) << "the tiers were small enough to evict";
     EXPECT_GT(stored_not_device, 0) << "blocks reached the host and disk tiers";
     EXPECT_EQ(out_of_order, 0) << "within a batch, a block's BlockStored follows its parent's";
+    EXPECT_EQ(inconsistent, 0) << "no block stored twice or removed while absent, medium by medium";
     const Sets expected = engine_sets(*engine);
     EXPECT_TRUE(live == expected) << "rebuilt " << describe(live) << " vs engine " << describe(expected);
     EXPECT_TRUE(expected.contains(std::string(kvcache::kMediumDisk)));
@@ -295,6 +301,13 @@ TEST(KvEventsTest, ABatchStoresParentsBeforeTheirChildren) {
   events = {KvEvent::stored(host, b, a, {}), KvEvent::all_cleared(), KvEvent::stored(host, a, d, {})};
   kvcache::order_parents_first(events);
   EXPECT_EQ(names(events), "+b clear +a ");
+  // Regression (break-it of a139d0d: a replayed host set ended with blocks the server had removed): a pulled
+  // parent's own parent is checked against the removals it would pass from the child's place, not from the
+  // parent's. With A held from an earlier batch, [+C<-B, -A, +B<-A, +A] must not become [+A +B +C -A].
+  events = {KvEvent::stored(host, c, b, {}), KvEvent::removed(host, a), KvEvent::stored(host, b, a, {}),
+            KvEvent::stored(host, a, d, {})};
+  kvcache::order_parents_first(events);
+  EXPECT_EQ(names(events), "+b +c -a +a ");
   // It moves past other blocks' events, and a moved parent brings its own parent with it.
   events = {KvEvent::stored(host, c, b, {}), KvEvent::removed(host, d), KvEvent::stored(host, b, a, {}),
             KvEvent::stored(disk, d, a, {}), KvEvent::stored(host, a, d, {})};
