@@ -12,6 +12,7 @@
 #include <msgpack.hpp>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 namespace deepinfer::kvcache {
@@ -98,10 +99,9 @@ void order_parents_first(std::vector<KvEvent>& events) {
   }
   if (!any_parent) return;
   // Whether sorted `at` holds an index in (i, j).
-  auto between = [](const std::vector<size_t>* at, size_t i, size_t j) {
-    if (at == nullptr) return false;
-    auto it = std::upper_bound(at->begin(), at->end(), i);
-    return it != at->end() && *it < j;
+  auto between = [](const std::vector<size_t>& at, size_t i, size_t j) {
+    auto it = std::upper_bound(at.begin(), at.end(), i);
+    return it != at.end() && *it < j;
   };
   // The events go out in order; before event `first` goes out, the stored events its chain of parents needs are
   // pulled ahead of it. A pulled event passes every event not yet out between `first` and its own place, so it
@@ -110,7 +110,7 @@ void order_parents_first(std::vector<KvEvent>& events) {
   std::vector<char> emitted(events.size(), 0);
   std::vector<size_t> order;
   order.reserve(events.size());
-  std::unordered_map<Key, int32_t, KeyHasher> held;  // stored minus removed, per block and medium
+  std::unordered_set<Key, KeyHasher> held;
   auto emit = [&](size_t i) {
     order.push_back(i);
     const KvEvent& e = events[i];
@@ -119,16 +119,19 @@ void order_parents_first(std::vector<KvEvent>& events) {
       return;
     }
     for (const BlockHash& hash : e.block_hashes) {
-      int32_t& count = held[Key{hash, e.medium}];
-      count = e.kind == KvEvent::Kind::kBlockStored ? 1 : 0;
+      if (e.kind == KvEvent::Kind::kBlockStored) {
+        held.insert(Key{hash, e.medium});
+      } else {
+        held.erase(Key{hash, e.medium});
+      }
     }
   };
   // Whether stored event j may go out just before `first`: no removal of any of its blocks, and no clear, between.
   auto may_pass = [&](size_t j, size_t first) {
-    if (between(&cleared_at, first, j)) return false;
+    if (between(cleared_at, first, j)) return false;
     for (const BlockHash& hash : events[j].block_hashes) {
       auto r = removed_at.find(Key{hash, events[j].medium});
-      if (r != removed_at.end() && between(&r->second, first, j)) return false;
+      if (r != removed_at.end() && between(r->second, first, j)) return false;
     }
     return true;
   };
@@ -143,9 +146,8 @@ void order_parents_first(std::vector<KvEvent>& events) {
       size_t parent_event = events.size();
       if (e.kind == KvEvent::Kind::kBlockStored && e.parent_block_hash.has_value()) {
         const Key parent{*e.parent_block_hash, e.medium};
-        auto h = held.find(parent);
         auto s = stored_at.find(parent);
-        if ((h == held.end() || h->second == 0) && s != stored_at.end()) {
+        if (!held.contains(parent) && s != stored_at.end()) {
           // The parent's first store not yet out, after `first` (earlier ones are out).
           auto j = std::upper_bound(s->second.begin(), s->second.end(), first);
           while (j != s->second.end() && emitted[*j]) ++j;
