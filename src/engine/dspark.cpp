@@ -189,9 +189,17 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
   const double kv_ms = times_.mtp_kv.empty() ? 0.0 : times_.mtp_kv.milliseconds(chains);
   step_draft_length_ =
       plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_, block_draft_);
-  if (step_draft_length_ > 0 && all_greedy_ && drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0 &&
-      drafting_rate_ < kGuardMargin / plain_ms_) {
-    step_draft_length_ = 0;  // drafting steps delivered less than plain ones would
+  measuring_plain_ = false;
+  if (step_draft_length_ > 0 && all_greedy_ && drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0) {
+    if (drafting_rate_ < kGuardMargin * plain_rate()) {
+      step_draft_length_ = 0;  // drafting steps delivered less than plain ones would
+    } else if (plain_samples_ < kMinPlainSamples && measuring_plain_steps_ < kMaxPlainMeasuringSteps &&
+               drafting_rate_ < kMeasurePlainBelow / plain_ms_) {
+      // A close call on the table's word: plain steps are measured first (a few, once, until counted).
+      step_draft_length_ = 0;
+      measuring_plain_ = true;
+      ++measuring_plain_steps_;
+    }
   }
   probe_step_ = false;
   probe_taken_ = false;
@@ -264,28 +272,42 @@ bool DsparkPlanner::continue_after(SequenceId id, int32_t index, double confiden
 void DsparkPlanner::on_step(int64_t drafts_verified, int64_t committed, double milliseconds, bool steady) {
   spdlog::debug(
       "dspark step: L {} verified {} committed {} of {} requests in {:.3f} ms{}{}; drafting rate {:.3f} ({} "
-      "samples) against a plain step's {:.3f} tokens/ms; {} in fallback",
+      "samples) against a plain step's {:.3f} tokens/ms ({} measured); {} in fallback",
       step_draft_length_, drafts_verified, committed, committing_, milliseconds, steady ? "" : " (not steady)",
-      probe_step_ ? " (probe)" : "", drafting_rate_, drafting_samples_, plain_ms_ > 0.0 ? 1.0 / plain_ms_ : 0.0,
+      probe_step_ ? " (probe)" : "", drafting_rate_, drafting_samples_, plain_rate(), plain_samples_,
       requests_in_fallback_);
   // The planner's own probe (begin_drafting) is not what the plan would draft: neither the step that made its drafts
   // nor the one that verified them is a sample of drafting (nor a plain step).
   const bool probing = (probe_step_ && drafted_) || probe_verify_pending_;
   probe_verify_pending_ = probe_step_ && drafted_;
+  // The first step of a run of drafting steps (none made the step before, none in fallback to probe) pays a draft
+  // pass with nothing to verify: its rate, one token per request, says nothing of the run's.
+  const bool first_drafts = drafted_ && drafts_verified == 0 && !last_step_drafted_ && requests_in_fallback_ == 0;
+  last_step_drafted_ = drafted_;
   if (times_.verify.empty() || !(milliseconds > 0.0) || !all_greedy_ || probing) return;  // 'const': no table
   // A drafting step: one that verified drafts or made some (a fallback probe included: its draft pass is in the
   // step's time). A step whose plan allowed drafts that nobody made (every request in fallback) is a plain one.
   const bool drafting = drafts_verified > 0 || drafted_;
   if (drafting && committing_ > 0) {
-    if (!steady) return;  // prompt rows or graph recordings in its time: no sample
+    // Prompt rows or graph recordings in its time, the run's first step, or a step kept plain to measure plain steps
+    // that verifies the drafts before (a verify without a draft pass): no sample.
+    if (!steady || measuring_plain_ || first_drafts) return;
     const double rate = static_cast<double>(committed) / (static_cast<double>(committing_) * milliseconds);
     drafting_rate_ = drafting_samples_ == 0 ? rate : drafting_rate_ + kStepTimeWeight * (rate - drafting_rate_);
     ++drafting_samples_;
     plain_steps_ = 0;
-    if (drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0 && drafting_rate_ >= kGuardMargin / plain_ms_) {
+    if (drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0 && drafting_rate_ >= kGuardMargin * plain_rate()) {
       retry_after_ = kRetryAfterPlainSteps;  // drafting pays: a later loss is retried soon
     }
-  } else if (!drafting && ++plain_steps_ >= std::max(retry_after_, min_retry_steps_)) {
+  } else if (!drafting && committing_ > 0 && steady && plain_ms_ > 0.0) {
+    // What a plain step delivered against the table's 1 / plain_ms_: the guard's reference (plain_rate).
+    const double factor =
+        std::clamp(static_cast<double>(committed) * plain_ms_ / (static_cast<double>(committing_) * milliseconds),
+                   kMinPlainFactor, kMaxPlainFactor);
+    plain_factor_ = plain_samples_ == 0 ? factor : plain_factor_ + kStepTimeWeight * (factor - plain_factor_);
+    ++plain_samples_;
+  }
+  if (!drafting && ++plain_steps_ >= std::max(retry_after_, min_retry_steps_)) {
     drafting_samples_ = 0;
     plain_steps_ = 0;
     retry_after_ = std::min(2 * retry_after_, kMaxRetryAfterPlainSteps);  // unless this retry pays
@@ -332,6 +354,11 @@ void DsparkPlanner::on_verified(SequenceId id, int32_t verified, int32_t accepte
 bool DsparkPlanner::in_fallback(SequenceId id) const {
   auto it = state_.find(id);
   return it != state_.end() && it->second.fallback;
+}
+
+double DsparkPlanner::plain_rate() const {
+  if (!(plain_ms_ > 0.0)) return 0.0;
+  return (plain_samples_ >= kMinPlainSamples ? plain_factor_ : 1.0) / plain_ms_;
 }
 
 void DsparkPlanner::add_counters(SpeculativeStats& stats) const {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <string>
 #include <vector>
 
 namespace deepinfer::engine {
@@ -137,6 +138,48 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
   static_assert(DsparkPlanner::kMinDraftSamples == 3 && DsparkPlanner::kMaxRetryCost == 0.01);
 }
 
+// The demo model on an H100 at batch 1 (bench_speculative, 2026-12-07): the table's plain step (a verify of one
+// row) 0.26 ms, a serving plain step 0.238 ms (4.2 tokens per ms); DSpark steps commit 2 tokens in 0.532 ms (3.76
+// per ms: 0.90x of plain decoding, but 0.98x of the table's plain step, so the guard went on drafting, and the run
+// ended at 0.86x of plain decoding). So close a call is checked against measured plain steps first; drafting stops
+// where they are faster than the table's, and goes on where they take what it says (3.76 >= 0.95 x 3.85).
+TEST(DsparkTest, TheGuardComparesDraftingWithMeasuredPlainSteps) {
+  const StepTimes h100{table({{1, 0.26}, {5, 0.27}}), table({{1, 0.24}}), table({{1, 0.03}})};
+  // 40 steps of one request from its prefill (not steady): 'D' a step that drafts or verifies drafts, 'p' a plain one.
+  auto run = [&](double plain_step_ms) {
+    DsparkPlanner planner(DsparkConfig{}, h100, 4, /*block_draft=*/true);
+    for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 3);  // the plan expects 4 tokens a step; 2 come
+    std::string steps;
+    int32_t pending = 0;  // drafts made by the step before, verified by this one
+    for (int step = 0; step < 40; ++step) {
+      planner.set_all_greedy(true);
+      planner.begin_drafting(1, 1, 1);
+      const int32_t drafts = planner.max_drafts(1, 4);
+      const double ms = (pending > 0 ? 0.27 : plain_step_ms) + (drafts > 0 ? 0.262 : 0.0);
+      planner.on_step(pending, pending > 0 ? 2 : 1, ms, step > 0);
+      steps += pending > 0 || drafts > 0 ? 'D' : 'p';
+      pending = drafts;
+    }
+    return std::pair(steps, planner.plain_rate());
+  };
+  static_assert(DsparkPlanner::kMinDraftSamples == 3 && DsparkPlanner::kMinPlainSamples == 3);
+  const auto [faster, faster_rate] = run(0.238);
+  // The prefill and 3 drafting samples; a step verifying the last drafts, 3 plain samples; then plain decoding.
+  EXPECT_EQ(faster,
+            "DDDD"
+            "D"
+            "ppp" +
+                std::string(32, 'p'));
+  EXPECT_NEAR(faster_rate, 1.0 / 0.238, 1e-9);
+  const auto [as_table, as_table_rate] = run(0.26);
+  EXPECT_EQ(as_table,
+            "DDDD"
+            "D"
+            "ppp" +
+                std::string(32, 'D'));
+  EXPECT_NEAR(as_table_rate, 1.0 / 0.26, 1e-9);
+}
+
 // A request's prefill step (its prompt rows) and a new verify or block shape's first steps (CUDA graphs recorded: an
 // eager run, then the capture) take several times a decode step: the guard above must not count them (the demo
 // model at batch 1, CPU and H100: the prefill and the first drafting steps stopped drafting for the next 100-310
@@ -162,8 +205,9 @@ TEST(DsparkTest, StepsThatAreNotSteadyDoNotStopDrafting) {
   EXPECT_EQ(drafting_steps(planner, [](int step) { return step >= 5; }), 20);
   EXPECT_NEAR(planner.drafting_rate(), 4.0 / 0.61, 1e-9);
   // The same steps counted as steady: the first samples' 1 token in 4 ms stop drafting.
+  // (The first step, which drafts with nothing to verify, is no sample in any case.)
   DsparkPlanner counted(DsparkConfig{}, gpu, 4, /*block_draft=*/true);
-  EXPECT_EQ(drafting_steps(counted, [](int) { return true; }), DsparkPlanner::kMinDraftSamples);
+  EXPECT_EQ(drafting_steps(counted, [](int) { return true; }), 1 + DsparkPlanner::kMinDraftSamples);
 }
 
 // The demo model on the 2-core CPU at batch 8 (its measured table, the block pass a little dearer): with the

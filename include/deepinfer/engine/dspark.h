@@ -152,8 +152,8 @@ class DsparkPlanner final : public DraftPlanner {
   // prompt rows takes longer for them, and a step that recorded CUDA graphs (a new verify or block shape's first
   // two runs: eager, then the capture) several times a replay's time; the average, seeded by its first sample, would
   // keep either for tens of steps. Once kMinDraftSamples drafting steps are
-  // counted, a step does not draft while that rate is below kGuardMargin x a plain step's (1 / verify_ms(
-  // base_tokens)); the count restarts after kRetryAfterPlainSteps plain steps, twice as many after each retry that
+  // counted, a step does not draft while that rate is below kGuardMargin x a plain step's (plain_rate()); the count
+  // restarts after kRetryAfterPlainSteps plain steps, twice as many after each retry that
   // keeps losing (up to kMaxRetryAfterPlainSteps), back to kRetryAfterPlainSteps once drafting pays, and never sooner
   // than the retry's kMinDraftSamples draft passes (draft_ms + mtp_kv_ms of the step's chains) cost kMaxRetryCost of
   // the plain steps between (a tiny model whose draft pass costs a step: ~320 steps). A drafting step
@@ -167,8 +167,22 @@ class DsparkPlanner final : public DraftPlanner {
   void on_step(int64_t drafts_verified, int64_t committed, double milliseconds, bool steady) override;
   void set_all_greedy(bool all_greedy) override { all_greedy_ = all_greedy; }
   static constexpr double kStepTimeWeight = 0.2;
-  static constexpr double kGuardMargin = 0.9;
+  static constexpr double kGuardMargin = 0.95;
   static constexpr int32_t kMinDraftSamples = 3;
+  // A plain step's rate, in committed tokens per committing request per ms: the table's 1 / verify_ms(base_tokens)
+  // times what steady plain steps delivered against it (their exponential average, weight kStepTimeWeight, clamped
+  // to [kMinPlainFactor, kMaxPlainFactor]) once kMinPlainSamples are counted, the table's alone before. The table
+  // is timed on passes alone; a serving step's wall time also holds sampling, the MTP KV pass and the host's work,
+  // and overlaps some of it (the demo model on an H100 at batch 1: a 0.26 ms verify of one row in the table, 0.24
+  // ms a plain step, so drafting at 0.86x of plain decoding looked like 0.92x of the table's plain step and went
+  // on). Where drafting has not yet been seen beside plain steps and the verdict is close (the drafting rate below
+  // kMeasurePlainBelow x the table's plain rate), steps do not draft until kMinPlainSamples plain steps are counted
+  // (at most kMaxPlainMeasuringSteps such steps in the planner's life; later plain steps keep the average current).
+  double plain_rate() const;
+  static constexpr int32_t kMinPlainSamples = 3;
+  static constexpr int32_t kMaxPlainMeasuringSteps = 8;
+  static constexpr double kMeasurePlainBelow = 1.25;
+  static constexpr double kMinPlainFactor = 0.5, kMaxPlainFactor = 2.0;
   static constexpr int32_t kRetryAfterPlainSteps = 100;
   static constexpr int32_t kMaxRetryAfterPlainSteps = 1600;
   static constexpr double kMaxRetryCost = 0.01;
@@ -219,6 +233,11 @@ class DsparkPlanner final : public DraftPlanner {
   double drafting_rate_ = 0.0;          // committed tokens per committing request per ms of drafting steps
   int32_t drafting_samples_ = 0;
   int32_t plain_steps_ = 0;             // since the last drafting step
+  double plain_factor_ = 1.0;           // steady plain steps' rate against the table's (plain_rate)
+  int32_t plain_samples_ = 0;
+  int32_t measuring_plain_steps_ = 0;   // steps kept plain to measure plain_factor_ (begin_drafting)
+  bool measuring_plain_ = false;        // this step is one of them
+  bool last_step_drafted_ = false;      // the step before made drafts (on_step)
   bool all_greedy_ = true;              // this step's committing requests (set_all_greedy)
   bool probe_taken_ = false;
   bool drafted_ = false;                // some max_drafts of this step returned drafts (probes included)
