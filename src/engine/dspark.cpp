@@ -186,15 +186,18 @@ void DsparkPlanner::begin_drafting(int64_t base_tokens, int64_t committing, int6
   committing_ = committing;
   chains_ = chains;
   plain_ms_ = times_.verify.empty() ? 0.0 : times_.verify.milliseconds(base_tokens);
+  // The guard's plain step is a decode step of this batch: one row per committing request (a step with prompt rows
+  // is no sample, and its verify_ms(base_tokens) would make a plain decode step look slow).
+  decode_ms_ = times_.verify.empty() ? 0.0 : times_.verify.milliseconds(committing > 0 ? committing : base_tokens);
   const double kv_ms = times_.mtp_kv.empty() ? 0.0 : times_.mtp_kv.milliseconds(chains);
   step_draft_length_ =
       plan_draft_length(base_tokens, committing, chains, max_draft_tokens_, rates, times_, block_draft_);
   measuring_plain_ = false;
-  if (step_draft_length_ > 0 && all_greedy_ && drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0) {
+  if (step_draft_length_ > 0 && all_greedy_ && drafting_samples_ >= kMinDraftSamples && decode_ms_ > 0.0) {
     if (drafting_rate_ < kGuardMargin * plain_rate()) {
       step_draft_length_ = 0;  // drafting steps delivered less than plain ones would
     } else if (plain_samples_ < kMinPlainSamples && measuring_plain_steps_ < kMaxPlainMeasuringSteps &&
-               drafting_rate_ < kMeasurePlainBelow / plain_ms_) {
+               drafting_rate_ < kMeasurePlainBelow / decode_ms_) {
       // A close call on the table's word: plain steps are measured first (a few, once, until counted).
       step_draft_length_ = 0;
       measuring_plain_ = true;
@@ -296,13 +299,13 @@ void DsparkPlanner::on_step(int64_t drafts_verified, int64_t committed, double m
     drafting_rate_ = drafting_samples_ == 0 ? rate : drafting_rate_ + kStepTimeWeight * (rate - drafting_rate_);
     ++drafting_samples_;
     plain_steps_ = 0;
-    if (drafting_samples_ >= kMinDraftSamples && plain_ms_ > 0.0 && drafting_rate_ >= kGuardMargin * plain_rate()) {
+    if (drafting_samples_ >= kMinDraftSamples && decode_ms_ > 0.0 && drafting_rate_ >= kGuardMargin * plain_rate()) {
       retry_after_ = kRetryAfterPlainSteps;  // drafting pays: a later loss is retried soon
     }
-  } else if (!drafting && committing_ > 0 && steady && plain_ms_ > 0.0) {
-    // What a plain step delivered against the table's 1 / plain_ms_: the guard's reference (plain_rate).
+  } else if (!drafting && committing_ > 0 && steady && decode_ms_ > 0.0) {
+    // What a plain step delivered against the table's 1 / decode_ms_: the guard's reference (plain_rate).
     const double factor =
-        std::clamp(static_cast<double>(committed) * plain_ms_ / (static_cast<double>(committing_) * milliseconds),
+        std::clamp(static_cast<double>(committed) * decode_ms_ / (static_cast<double>(committing_) * milliseconds),
                    kMinPlainFactor, kMaxPlainFactor);
     plain_factor_ = plain_samples_ == 0 ? factor : plain_factor_ + kStepTimeWeight * (factor - plain_factor_);
     ++plain_samples_;
@@ -357,8 +360,8 @@ bool DsparkPlanner::in_fallback(SequenceId id) const {
 }
 
 double DsparkPlanner::plain_rate() const {
-  if (!(plain_ms_ > 0.0)) return 0.0;
-  return (plain_samples_ >= kMinPlainSamples ? plain_factor_ : 1.0) / plain_ms_;
+  if (!(decode_ms_ > 0.0)) return 0.0;
+  return (plain_samples_ >= kMinPlainSamples ? plain_factor_ : 1.0) / decode_ms_;
 }
 
 void DsparkPlanner::add_counters(SpeculativeStats& stats) const {

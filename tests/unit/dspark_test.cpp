@@ -180,6 +180,28 @@ TEST(DsparkTest, TheGuardComparesDraftingWithMeasuredPlainSteps) {
   EXPECT_NEAR(as_table_rate, 1.0 / 0.26, 1e-9);
 }
 
+// A new request's prefill step (its prompt's rows and one committing request) is compared with a plain decode step
+// of the batch, not with a pass over the prompt's rows (H100, 2026-12-07: verify_ms(30 rows) made a plain step look
+// slow enough that every new request at batch 1 drafted again, at 0.83x of plain decoding over 64 tokens).
+TEST(DsparkTest, APrefillStepDoesNotReopenDraftingTheGuardClosed) {
+  const StepTimes h100{table({{1, 0.26}, {5, 0.27}, {64, 0.60}}), table({{1, 0.24}}), table({{1, 0.03}})};
+  DsparkPlanner planner(DsparkConfig{}, h100, 4, /*block_draft=*/true);
+  for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 3);
+  int32_t pending = 0;
+  for (int step = 0; step < 12; ++step) {  // drafting at 2 tokens in 0.7 ms (2.9 per ms against 3.8): stopped
+    planner.set_all_greedy(true);
+    planner.begin_drafting(1, 1, 1);
+    const int32_t drafts = planner.max_drafts(1, 4);
+    planner.on_step(pending, pending > 0 ? 2 : 1, (pending > 0 ? 0.45 : 0.26) + (drafts > 0 ? 0.25 : 0.0), step > 0);
+    pending = drafts;
+  }
+  ASSERT_EQ(pending, 0);
+  planner.on_removed(1);
+  planner.set_all_greedy(true);
+  planner.begin_drafting(30, 1, 1);  // request 2's prefill step: 30 prompt rows, its first token
+  EXPECT_EQ(planner.max_drafts(2, 4), 0);
+}
+
 // A request's prefill step (its prompt rows) and a new verify or block shape's first steps (CUDA graphs recorded: an
 // eager run, then the capture) take several times a decode step: the guard above must not count them (the demo
 // model at batch 1, CPU and H100: the prefill and the first drafting steps stopped drafting for the next 100-310

@@ -169,7 +169,7 @@ class DsparkPlanner final : public DraftPlanner {
   static constexpr double kStepTimeWeight = 0.2;
   static constexpr double kGuardMargin = 0.95;
   static constexpr int32_t kMinDraftSamples = 3;
-  // A plain step's rate, in committed tokens per committing request per ms: the table's 1 / verify_ms(base_tokens)
+  // A plain step's rate, in committed tokens per committing request per ms: the table's 1 / verify_ms(committing)
   // times what steady plain steps delivered against it (their exponential average, weight kStepTimeWeight, clamped
   // to [kMinPlainFactor, kMaxPlainFactor]) once kMinPlainSamples are counted, the table's alone before. The table
   // is timed on passes alone; a serving step's wall time also holds sampling, the MTP KV pass and the host's work,
@@ -243,6 +243,7 @@ class DsparkPlanner final : public DraftPlanner {
   bool drafted_ = false;                // some max_drafts of this step returned drafts (probes included)
   int64_t chains_ = 0;                  // this step's requests that may draft (begin_drafting)
   double plain_ms_ = 0.0;               // verify_ms(base_tokens) of this step: a plain step's time
+  double decode_ms_ = 0.0;              // verify_ms(committing): a plain decode step of this batch (the guard's)
   int32_t retry_after_ = kRetryAfterPlainSteps;
   int32_t min_retry_steps_ = 0;         // this step's floor of retry_after_ (begin_drafting)
   // Decayed counts per draft position k: verifies that checked k drafts or more, and those that accepted 1..k.
