@@ -28,8 +28,9 @@ python-test: setup
 sdk-test: build
 	BUILD=$(BUILD) bash tests/sdk/run.sh
 
+# SERVE_ARGS: more flags for the server, e.g. make serve SERVE_ARGS=--dspark-enable
 serve: build
-	$(BUILD)/apps/deepinfer serve --model-path models/demo --host 127.0.0.1 --port 8000
+	$(BUILD)/apps/deepinfer serve --model-path models/demo --host 127.0.0.1 --port 8000 $(SERVE_ARGS)
 
 asan-test: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEEPINFER_SANITIZE=ON

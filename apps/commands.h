@@ -38,4 +38,11 @@ inline CLI::Validator at_least(int64_t min, int64_t max = INT32_MAX) {
       ">=" + std::to_string(min));
 }
 
+// A validator refusing an empty value ("--flag ''"), which CLI11 would otherwise take as the option not given.
+inline CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? std::string("must not be empty") : std::string(); },
+      "NOT EMPTY");
+}
+
 }  // namespace deepinfer::apps

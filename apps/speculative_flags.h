@@ -7,10 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
 #include <optional>
 #include <string>
+#include <thread>
 
+#include "commands.h"
 #include "deepinfer/core/status.h"
 #include "deepinfer/engine/checkpoint_fingerprint.h"
 #include "deepinfer/engine/speculative.h"
@@ -32,28 +33,34 @@ inline void add_speculative_flags(CLI::App* cmd, SpeculativeOptions& options) {
   cmd->add_option("--speculative-algorithm", options.algorithm,
                   "mtp: draft with the checkpoint's multi-token-prediction layer (num_nextn_predict_layers >= 1), "
                   "verified exactly by the model; dspark: the same drafts under DSpark's planner (as --dspark-enable); "
-                  "none (default): no speculation");
+                  "none (default): no speculation")
+      ->check(non_empty());
   cmd->add_option("--speculative-num-draft-tokens", options.num_draft_tokens,
                   "Drafts per request per step with --speculative-algorithm mtp (the MTP layer chained K times), "
                   "1.." +
-                      std::to_string(engine::SpeculativeConfig::kMaxDraftTokens) + "; default 1");
+                      std::to_string(engine::SpeculativeConfig::kMaxDraftTokens) + "; default 1")
+      ->check(at_least(1, engine::SpeculativeConfig::kMaxDraftTokens));
   cmd->add_flag("--dspark-enable", options.dspark_enable,
                 "DSpark: draft with the checkpoint's DSpark draft module (dspark_* config keys; else its MTP layer) "
                 "and let the planner choose, per step and request, how many drafts to verify from their confidence "
                 "and the step time measured on this machine (same as --speculative-algorithm dspark)");
   cmd->add_option("--dspark-confidence-threshold", options.dspark_confidence_threshold,
                   "A draft chain stops after a draft less confident than this; a request on plain decoding returns "
-                  "after 3 probes at or above it (0..1, default 0.85)");
+                  "after 3 probes at or above it (0..1, default 0.85)")
+      ->check(non_empty());
   cmd->add_option("--dspark-max-draft-tokens", options.dspark_max_draft_tokens,
                   "The most drafts per request per step with DSpark (1.." +
-                      std::to_string(engine::SpeculativeConfig::kMaxDraftTokens) + ", default 6)");
+                      std::to_string(engine::SpeculativeConfig::kMaxDraftTokens) + ", default 6)")
+      ->check(at_least(1, engine::SpeculativeConfig::kMaxDraftTokens));
   cmd->add_option("--dspark-abort-on-rollback-rate", options.dspark_abort_on_rollback_rate,
                   "A verify rejecting more than this fraction of its drafts is a rollback; 3 in a row put the request "
-                  "on plain decoding until its drafts are confident again (in (0, 1], default 0.30)");
+                  "on plain decoding until its drafts are confident again (in (0, 1], default 0.30)")
+      ->check(non_empty());
   cmd->add_option("--dspark-step-time-table", options.dspark_step_time_table,
                   "JSON file of the step time per verified rows (measured at startup when missing or measured for "
                   "other weights or another device, then written there), or 'const' (verify every draft); default "
-                  "$XDG_CACHE_HOME/deepinfer/dspark/step-time-<checkpoint>.json");
+                  "$XDG_CACHE_HOME/deepinfer/dspark/step-time-<checkpoint>.json")
+      ->check(non_empty());
 }
 
 // Where the step-time table of a checkpoint lives by default: $XDG_CACHE_HOME (else $HOME/.cache)/deepinfer/dspark/

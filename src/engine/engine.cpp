@@ -253,6 +253,9 @@ std::string describe(const StepTimeTable& table) {
 
 }  // namespace
 
+// A step-time table's file is a few hundred bytes; one far larger is not one.
+constexpr uintmax_t kMaxStepTimeFileBytes = 1 << 20;
+
 Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& model,
                              std::span<const backend::Buffer> layer_caches, int32_t num_blocks, int32_t max_num_seqs,
                              int32_t max_rows, bool dspark_module) {
@@ -264,6 +267,21 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
   if (config.step_time_table == "const") {
     mode = 0;
   } else if (!path.empty() && fs::exists(path)) {
+    // Only a regular file (or a link to one) of a table's size: a device, a FIFO or a directory would block the
+    // read, never end it, or be replaced by the table written below.
+    std::error_code error;
+    if (!fs::is_regular_file(path, error)) {
+      return Status::invalid_argument("--dspark-step-time-table " + path.string() +
+                                      ": not a regular file (the step-time table is a JSON file DeepInfer writes "
+                                      "there, or 'const')");
+    }
+    const uintmax_t size = fs::file_size(path, error);
+    if (error || size > kMaxStepTimeFileBytes) {
+      return Status::invalid_argument("--dspark-step-time-table " + path.string() + ": " +
+                                      (error ? error.message()
+                                             : std::to_string(size) + " bytes, more than a step-time table's " +
+                                                   std::to_string(kMaxStepTimeFileBytes)));
+    }
     std::ifstream in(path);
     std::stringstream text;
     text << in.rdbuf();
@@ -272,7 +290,7 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
         loaded->verify.points().back().first >= max_rows) {
       mode = 1;
     } else {
-      spdlog::info("dspark: measuring the step times again ({})",
+      spdlog::info("dspark: measuring the step times again, {} ({})", path.string(),
                    loaded.ok() ? "the file has an empty table or stops short of " + std::to_string(max_rows) + " rows"
                                : loaded.status().message());
     }
@@ -331,13 +349,19 @@ Result<StepTimes> step_times(const DsparkConfig& config, model::DeepSeekModel& m
     if (path.has_parent_path()) fs::create_directories(path.parent_path(), error);
     // Per process: data-parallel ranks on one host measure at once and write the same file.
     const fs::path temporary = path.string() + ".tmp." + std::to_string(::getpid());
-    {
+    if (!error) {
       std::ofstream out(temporary, std::ios::trunc);
       out << measured->to_json(config.identity) << "\n";
       if (!out) error = std::make_error_code(std::errc::io_error);
     }
     if (!error) fs::rename(temporary, path, error);
-    if (error) spdlog::warn("dspark: could not write the step times to {}: {}", path.string(), error.message());
+    if (error) {
+      std::error_code ignored;
+      fs::remove(temporary, ignored);
+      spdlog::warn("dspark: could not write the step times to {}: {}", path.string(), error.message());
+    } else {
+      spdlog::info("dspark: step times written to {}", path.string());
+    }
   }
   return measured;
 }
