@@ -1,6 +1,6 @@
 // DSpark's greedy heads on the GPU (contract in include/deepinfer/kernels/cuda/dspark_heads.h). Three kernels:
 //   base_top: one CTA per row, the first index of the base row's largest value (independent of the chain);
-//   markov_slices (per draft index k): CTAs (chain, slice of 4,096 entries) compute the chain's e = w1[previous]
+//   markov_slices (per draft index k): CTAs (chain, slice of 1,024 entries) compute the chain's e = w1[previous]
 //     and the bound, give the Markov term to the entries that pass it, and leave their slice's first largest value
 //     (or a "whole row" flag);
 //   markov_finish (per k): one CTA per chain reduces the slices, falls back to the whole row where the host would,
@@ -17,7 +17,7 @@ namespace deepinfer::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kSlice = 4096;  // entries per CTA of markov_slices
+constexpr int64_t kSlice = 1024;  // entries per CTA of markov_slices (4 per thread: one wave of CTAs, short loops)
 
 struct Partial {
   float value;
