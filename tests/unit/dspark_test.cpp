@@ -138,6 +138,28 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
   static_assert(DsparkPlanner::kMinDraftSamples == 3 && DsparkPlanner::kMaxRetryCost == 0.01);
 }
 
+// `steps` steps of one request alone, from its prefill step (not steady): a step that verifies the drafts the step
+// before made commits 2 tokens in verify_ms, one that verifies none 1 token in plain_ms, each plus draft_ms where it
+// drafts. `pattern`: per step 'D' (it drafts or verifies drafts) or 'p' (plain); `pending`: the last step's drafts.
+struct Decoded {
+  std::string pattern;
+  int32_t pending = 0;
+};
+Decoded decode_alone(DsparkPlanner& planner, int steps, double verify_ms, double plain_ms, double draft_ms) {
+  Decoded out;
+  for (int step = 0; step < steps; ++step) {
+    planner.set_all_greedy(true);
+    planner.begin_drafting(1, 1, 1);
+    const int32_t drafts = planner.max_drafts(1, 4);
+    const int32_t pending = out.pending;
+    planner.on_step(pending, pending > 0 ? 2 : 1, (pending > 0 ? verify_ms : plain_ms) + (drafts > 0 ? draft_ms : 0.0),
+                    step > 0);
+    out.pattern += pending > 0 || drafts > 0 ? 'D' : 'p';
+    out.pending = drafts;
+  }
+  return out;
+}
+
 // The demo model on an H100 at batch 1 (bench_speculative, 2026-12-07): the table's plain step (a verify of one
 // row) 0.26 ms, a serving plain step 0.238 ms (4.2 tokens per ms); DSpark steps commit 2 tokens in 0.532 ms (3.76
 // per ms: 0.90x of plain decoding, but 0.98x of the table's plain step, so the guard went on drafting, and the run
@@ -145,38 +167,20 @@ TEST(DsparkTest, DraftingStepsThatDeliverLessThanPlainOnesStop) {
 // where they are faster than the table's, and goes on where they take what it says (3.76 >= 0.95 x 3.85).
 TEST(DsparkTest, TheGuardComparesDraftingWithMeasuredPlainSteps) {
   const StepTimes h100{table({{1, 0.26}, {5, 0.27}}), table({{1, 0.24}}), table({{1, 0.03}})};
-  // 40 steps of one request from its prefill (not steady): 'D' a step that drafts or verifies drafts, 'p' a plain one.
   auto run = [&](double plain_step_ms) {
     DsparkPlanner planner(DsparkConfig{}, h100, 4, /*block_draft=*/true);
     for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 3);  // the plan expects 4 tokens a step; 2 come
-    std::string steps;
-    int32_t pending = 0;  // drafts made by the step before, verified by this one
-    for (int step = 0; step < 40; ++step) {
-      planner.set_all_greedy(true);
-      planner.begin_drafting(1, 1, 1);
-      const int32_t drafts = planner.max_drafts(1, 4);
-      const double ms = (pending > 0 ? 0.27 : plain_step_ms) + (drafts > 0 ? 0.262 : 0.0);
-      planner.on_step(pending, pending > 0 ? 2 : 1, ms, step > 0);
-      steps += pending > 0 || drafts > 0 ? 'D' : 'p';
-      pending = drafts;
-    }
-    return std::pair(steps, planner.plain_rate());
+    std::string pattern = decode_alone(planner, 40, 0.27, plain_step_ms, 0.262).pattern;
+    return std::pair(pattern, planner.plain_rate());
   };
   static_assert(DsparkPlanner::kMinDraftSamples == 3 && DsparkPlanner::kMinPlainSamples == 3);
   const auto [faster, faster_rate] = run(0.238);
-  // The prefill and 3 drafting samples; a step verifying the last drafts, 3 plain samples; then plain decoding.
-  EXPECT_EQ(faster,
-            "DDDD"
-            "D"
-            "ppp" +
-                std::string(32, 'p'));
+  // The prefill and 3 drafting samples (DDDD); a step verifying the last drafts (D), 3 plain samples (ppp); then
+  // plain decoding.
+  EXPECT_EQ(faster, "DDDDDppp" + std::string(32, 'p'));
   EXPECT_NEAR(faster_rate, 1.0 / 0.238, 1e-9);
   const auto [as_table, as_table_rate] = run(0.26);
-  EXPECT_EQ(as_table,
-            "DDDD"
-            "D"
-            "ppp" +
-                std::string(32, 'D'));
+  EXPECT_EQ(as_table, "DDDDDppp" + std::string(32, 'D'));
   EXPECT_NEAR(as_table_rate, 1.0 / 0.26, 1e-9);
 }
 
@@ -187,15 +191,8 @@ TEST(DsparkTest, APrefillStepDoesNotReopenDraftingTheGuardClosed) {
   const StepTimes h100{table({{1, 0.26}, {5, 0.27}, {64, 0.60}}), table({{1, 0.24}}), table({{1, 0.03}})};
   DsparkPlanner planner(DsparkConfig{}, h100, 4, /*block_draft=*/true);
   for (int i = 0; i < 40; ++i) planner.on_verified(1, 4, 3);
-  int32_t pending = 0;
-  for (int step = 0; step < 12; ++step) {  // drafting at 2 tokens in 0.7 ms (2.9 per ms against 3.8): stopped
-    planner.set_all_greedy(true);
-    planner.begin_drafting(1, 1, 1);
-    const int32_t drafts = planner.max_drafts(1, 4);
-    planner.on_step(pending, pending > 0 ? 2 : 1, (pending > 0 ? 0.45 : 0.26) + (drafts > 0 ? 0.25 : 0.0), step > 0);
-    pending = drafts;
-  }
-  ASSERT_EQ(pending, 0);
+  // Drafting at 2 tokens in 0.7 ms (2.9 per ms against 3.8): stopped.
+  ASSERT_EQ(decode_alone(planner, 12, 0.45, 0.26, 0.25).pending, 0);
   planner.on_removed(1);
   planner.set_all_greedy(true);
   planner.begin_drafting(30, 1, 1);  // request 2's prefill step: 30 prompt rows, its first token
